@@ -1,0 +1,541 @@
+package main
+
+import (
+	"encoding"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/server"
+)
+
+// Config is the daemon's whole configuration: the schema of the YAML file.
+// Every leaf is also settable as DECODEPLANE_<KEY> (dots → underscores,
+// upper case) and with --set key=value; precedence is
+// defaults < file < environment < flags.
+type Config struct {
+	Server    server.Config            `yaml:"server"`
+	Log       LogConfig                `yaml:"log"`
+	Transfer  kvmanager.TransferConfig `yaml:"transfer"`
+	KVPool    prealloc.PoolConfig      `yaml:"kv_pool"`
+	Parallel  prealloc.ParallelConfig  `yaml:"parallel"`
+	Staging   prealloc.StagingConfig   `yaml:"staging"`
+	Admission prealloc.AdmissionConfig `yaml:"admission"`
+	Timeouts  kvmanager.TimeoutConfig  `yaml:"timeouts"`
+	DPRank    kvmanager.DPRankConfig   `yaml:"dp_rank"`
+	Rooms     kvmanager.RoomsConfig    `yaml:"rooms"`
+}
+
+// LogConfig configures logging (log).
+type LogConfig struct {
+	// Level is debug, info, warn or error.
+	Level string `yaml:"level"`
+	// Format is text or json.
+	Format string `yaml:"format"`
+}
+
+// DefaultConfig returns the embedded defaults.
+func DefaultConfig() Config {
+	p := prealloc.DefaultConfig()
+	k := kvmanager.DefaultConfig()
+	return Config{
+		Server:    server.DefaultConfig(),
+		Log:       LogConfig{Level: "info", Format: "text"},
+		Transfer:  k.Transfer,
+		KVPool:    p.Pool,
+		Parallel:  p.Parallel,
+		Staging:   p.Staging,
+		Admission: p.Admission,
+		Timeouts:  k.Timeouts,
+		DPRank:    k.DPRank,
+		Rooms:     k.Rooms,
+	}
+}
+
+// Decode returns the prealloc view of the configuration.
+func (c Config) Decode() prealloc.Config {
+	return prealloc.Config{Backend: c.Transfer.Backend, Pool: c.KVPool, Parallel: c.Parallel, Staging: c.Staging, Admission: c.Admission}
+}
+
+// Manager returns the kvmanager view of the configuration.
+func (c Config) Manager() kvmanager.Config {
+	return kvmanager.Config{Timeouts: c.Timeouts, DPRank: c.DPRank, Rooms: c.Rooms, Transfer: c.Transfer}
+}
+
+// Validate checks every section and returns every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	errs = append(errs, c.Server.Validate(), c.Decode().Validate(), c.Manager().Validate())
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
+		errs = append(errs, &prealloc.ConfigError{Key: "log.level", Value: c.Log.Level, Problem: "unknown log level.", Fix: "set it to debug, info, warn or error."})
+	}
+	if !slices.Contains([]string{"text", "json"}, c.Log.Format) {
+		errs = append(errs, &prealloc.ConfigError{Key: "log.format", Value: c.Log.Format, Problem: "unknown log format.", Fix: "set it to text or json."})
+	}
+	return errors.Join(errs...)
+}
+
+// Warnings collects every section's warnings.
+func (c Config) Warnings() []prealloc.Warning {
+	w := c.Decode().Warnings()
+	w = append(w, c.Manager().Warnings()...)
+	if c.Server.AuthToken == "" {
+		w = append(w, prealloc.Warning{Key: "server.auth_token", Message: "no bootstrap token: any client can register prefill ranks and mutate rooms (set SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)."})
+	}
+	return w
+}
+
+// setting is one configuration leaf.
+type setting struct {
+	key    string
+	env    string
+	index  []int
+	typ    reflect.Type
+	secret bool
+}
+
+var (
+	durationType      = reflect.TypeFor[time.Duration]()
+	textUnmarshalType = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// settings enumerates every leaf of Config, in declaration order.
+func settings() []setting {
+	var out []setting
+	var walk func(t reflect.Type, prefix string, index []int)
+	walk = func(t reflect.Type, prefix string, index []int) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			tag := strings.Split(f.Tag.Get("yaml"), ",")[0]
+			if tag == "" || tag == "-" || !f.IsExported() {
+				continue
+			}
+			key := tag
+			if prefix != "" {
+				key = prefix + "." + tag
+			}
+			idx := append(slices.Clone(index), i)
+			if f.Type.Kind() == reflect.Struct && f.Type != durationType && !reflect.PointerTo(f.Type).Implements(textUnmarshalType) {
+				walk(f.Type, key, idx)
+				continue
+			}
+			out = append(out, setting{
+				key:    key,
+				env:    "DECODEPLANE_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_")),
+				index:  idx,
+				typ:    f.Type,
+				secret: f.Tag.Get("secret") == "true",
+			})
+		}
+	}
+	walk(reflect.TypeFor[Config](), "", nil)
+	return out
+}
+
+// Loaded is a configuration with the source of every value.
+type Loaded struct {
+	Config  Config
+	Sources map[string]string // key → "default", "file F:L", "env NAME", "flag --x"
+	byKey   map[string]setting
+	order   []setting
+}
+
+// sglangEnv maps the SGLang variables operators already set to our keys,
+// with SGLang's parsing (srt/environ.py EnvBool/EnvInt/EnvFloat/EnvStr).
+var sglangEnv = []struct {
+	name, key string
+	parse     func(string) (any, error)
+}{
+	{"SGLANG_DISAGG_STAGING_BUFFER", "staging.enabled", pyBool},
+	{"SGLANG_DISAGG_STAGING_POOL_SIZE_MB", "staging.pool_size_mb", pyIntAny},
+	{"SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "timeouts.waiting", pyIntSeconds},
+	{"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "timeouts.bootstrap", pyIntSeconds},
+	{"SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "timeouts.heartbeat_interval", pyFloatSeconds},
+	{"SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", "timeouts.heartbeat_max_failures", pyIntAny},
+	{"SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", "server.auth_token", pyStr},
+	{"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "admission.clip_max_new_tokens", pyIntAny},
+	{"SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL", "dp_rank.binding_ttl", pyIntSeconds},
+	{"SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK", "dp_rank.force_query", pyBool},
+	// The legacy name first, so the current one wins when both are set.
+	{"DISAGGREGATION_TEST_FAILURE_PROB", "transfer.sim.failure_probability", pyFloat},
+	{"SGLANG_TEST_DISAGG_FAILURE_PROB", "transfer.sim.failure_probability", pyFloat},
+}
+
+// nonConfigEnv are DECODEPLANE_* variables that are not configuration keys.
+var nonConfigEnv = []string{"DECODEPLANE_CONFIG", "DECODEPLANE_ADDR", "DECODEPLANE_TOKEN", "DECODEPLANE_TLS_CA", "DECODEPLANE_TLS_CERT", "DECODEPLANE_TLS_KEY", "DECODEPLANE_TLS_SERVER_NAME"}
+
+// Overrides are flag-level settings, applied last.
+type Overrides struct {
+	// Pairs are key=value settings (from --set and the dedicated flags), with
+	// the flag that set them.
+	Pairs []FlagSetting
+}
+
+// FlagSetting is one key set on the command line.
+type FlagSetting struct {
+	Flag, Key, Value string
+}
+
+// Load builds the configuration from defaults, the file (if path != ""),
+// the environment (environ as from os.Environ) and the flag overrides. It
+// returns every problem it finds at once; the returned Loaded holds what
+// could be parsed, so Validate can still report the rest.
+func Load(path string, environ []string, ov Overrides) (*Loaded, error) {
+	l := &Loaded{Config: DefaultConfig(), Sources: map[string]string{}, byKey: map[string]setting{}}
+	l.order = settings()
+	for _, s := range l.order {
+		l.byKey[s.key] = s
+		l.Sources[s.key] = "default"
+	}
+	var errs []error
+	if path != "" {
+		errs = append(errs, l.loadFile(path)...)
+	}
+	errs = append(errs, l.loadEnv(environ)...)
+	for _, f := range ov.Pairs {
+		s, ok := l.byKey[f.Key]
+		if !ok {
+			errs = append(errs, fmt.Errorf("flag %s: unknown configuration key %q (see 'decodeplane validate --explain' for every key)", f.Flag, f.Key))
+			continue
+		}
+		if err := l.setString(s, f.Value); err != nil {
+			errs = append(errs, fmt.Errorf("flag %s: %s: %w", f.Flag, f.Key, err))
+			continue
+		}
+		l.Sources[f.Key] = "flag " + f.Flag
+	}
+	return l, errors.Join(errs...)
+}
+
+func (l *Loaded) field(s setting) reflect.Value {
+	return reflect.ValueOf(&l.Config).Elem().FieldByIndex(s.index)
+}
+
+// setString parses a textual value into the setting's type.
+func (l *Loaded) setString(s setting, raw string) error {
+	v, err := parseValue(s.typ, raw)
+	if err != nil {
+		return err
+	}
+	l.field(s).Set(v)
+	return nil
+}
+
+func parseValue(t reflect.Type, raw string) (reflect.Value, error) {
+	v := reflect.New(t).Elem()
+	if reflect.PointerTo(t).Implements(textUnmarshalType) {
+		if err := v.Addr().Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(raw)); err != nil {
+			return v, err
+		}
+		return v, nil
+	}
+	s := strings.TrimSpace(raw)
+	switch {
+	case t == durationType:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return v, fmt.Errorf("%q is not a duration (use a unit, e.g. 300s, 1m30s, 20us)", raw)
+		}
+		v.SetInt(int64(d))
+	case t.Kind() == reflect.String:
+		v.SetString(raw)
+	case t.Kind() == reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			return v, fmt.Errorf("%q is not a boolean (use true or false)", raw)
+		}
+		v.SetBool(b)
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, t.Bits())
+		if err != nil {
+			return v, fmt.Errorf("%q is not an integer", raw)
+		}
+		v.SetInt(n)
+	case t.Kind() == reflect.Float64:
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return v, fmt.Errorf("%q is not a finite number", raw)
+		}
+		v.SetFloat(f)
+	default:
+		return v, fmt.Errorf("unsupported setting type %s", t)
+	}
+	return v, nil
+}
+
+// loadFile applies a YAML file strictly: unknown keys, non-scalar leaves and
+// unparsable values are errors naming the file and line.
+func (l *Loaded) loadFile(path string) []error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return []error{fmt.Errorf("config file: %w", err)}
+	}
+	var doc yaml.Node
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return []error{fmt.Errorf("config file %s: %v", path, err)}
+	}
+	if doc.Kind == 0 || len(doc.Content) == 0 {
+		return nil // empty file: all defaults
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return []error{fmt.Errorf("%s:%d: the configuration must be a mapping of sections (server, transfer, kv_pool, ...)", path, root.Line)}
+	}
+	var errs []error
+	var walk func(n *yaml.Node, prefix string)
+	walk = func(n *yaml.Node, prefix string) {
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			kn, vn := n.Content[i], n.Content[i+1]
+			key := kn.Value
+			if prefix != "" {
+				key = prefix + "." + kn.Value
+			}
+			if seen[key] {
+				errs = append(errs, fmt.Errorf("%s:%d: key %q is set twice", path, kn.Line, key))
+				continue
+			}
+			seen[key] = true
+			if s, ok := l.byKey[key]; ok {
+				if vn.Kind != yaml.ScalarNode {
+					errs = append(errs, fmt.Errorf("%s:%d: %s takes a single value, not a %s", path, vn.Line, key, nodeKind(vn)))
+					continue
+				}
+				if vn.Tag == "!!null" {
+					continue
+				}
+				if err := l.setString(s, vn.Value); err != nil {
+					errs = append(errs, fmt.Errorf("%s:%d: %s: %v", path, vn.Line, key, err))
+					continue
+				}
+				l.Sources[key] = fmt.Sprintf("file %s:%d", path, vn.Line)
+				continue
+			}
+			if children := l.childrenOf(key); len(children) > 0 {
+				if vn.Kind == yaml.MappingNode {
+					walk(vn, key)
+				} else if vn.Tag != "!!null" {
+					errs = append(errs, fmt.Errorf("%s:%d: %s is a section (keys: %s), not a value", path, vn.Line, key, strings.Join(children, ", ")))
+				}
+				continue
+			}
+			allowed := l.childrenOf(prefix)
+			where := "at the top level"
+			if prefix != "" {
+				where = "in " + prefix
+			}
+			errs = append(errs, fmt.Errorf("%s:%d: unknown key %q %s (allowed: %s)", path, kn.Line, kn.Value, where, strings.Join(allowed, ", ")))
+		}
+	}
+	walk(root, "")
+	return errs
+}
+
+func nodeKind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "mapping"
+	case yaml.SequenceNode:
+		return "list"
+	}
+	return "value"
+}
+
+// childrenOf lists the direct children names of a section ("" = top level).
+func (l *Loaded) childrenOf(prefix string) []string {
+	var out []string
+	for _, s := range l.order {
+		rest, ok := strings.CutPrefix(s.key, prefix)
+		if prefix != "" {
+			if !ok || !strings.HasPrefix(rest, ".") {
+				continue
+			}
+			rest = rest[1:]
+		}
+		name, _, _ := strings.Cut(rest, ".")
+		if !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// loadEnv applies SGLang's variables, then DECODEPLANE_* (which win).
+func (l *Loaded) loadEnv(environ []string) []error {
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	var errs []error
+	for _, e := range sglangEnv {
+		raw, ok := env[e.name]
+		if !ok {
+			continue
+		}
+		val, err := e.parse(raw)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("env %s=%q: %v (it sets %s)", e.name, raw, err, e.key))
+			continue
+		}
+		l.field(l.byKey[e.key]).Set(reflect.ValueOf(val).Convert(l.byKey[e.key].typ))
+		l.Sources[e.key] = "env " + e.name
+	}
+	var names []string
+	for k := range env {
+		if strings.HasPrefix(k, "DECODEPLANE_") {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	envToKey := map[string]setting{}
+	for _, s := range l.order {
+		envToKey[s.env] = s
+	}
+	for _, name := range names {
+		s, ok := envToKey[name]
+		if !ok {
+			if !slices.Contains(nonConfigEnv, name) {
+				errs = append(errs, fmt.Errorf("env %s: not a configuration variable (variables mirror the keys, e.g. DECODEPLANE_KV_POOL_KIND for kv_pool.kind)", name))
+			}
+			continue
+		}
+		if err := l.setString(s, env[name]); err != nil {
+			errs = append(errs, fmt.Errorf("env %s: %v", name, err))
+			continue
+		}
+		l.Sources[s.key] = "env " + name
+	}
+	return errs
+}
+
+// Value renders a key's effective value (secrets redacted).
+func (l *Loaded) Value(key string) string {
+	s, ok := l.byKey[key]
+	if !ok {
+		return ""
+	}
+	v := l.field(s)
+	if s.secret {
+		if v.String() == "" {
+			return `""`
+		}
+		return "<redacted>"
+	}
+	return renderValue(v)
+}
+
+func renderValue(v reflect.Value) string {
+	if m, ok := v.Interface().(encoding.TextMarshaler); ok {
+		b, _ := m.MarshalText()
+		return string(b)
+	}
+	switch {
+	case v.Type() == durationType:
+		return time.Duration(v.Int()).String()
+	case v.Kind() == reflect.String:
+		return strconv.Quote(v.String())
+	}
+	return fmt.Sprint(v.Interface())
+}
+
+// Keys lists every key in declaration order.
+func (l *Loaded) Keys() []string {
+	out := make([]string, len(l.order))
+	for i, s := range l.order {
+		out[i] = s.key
+	}
+	return out
+}
+
+// EnvName returns the DECODEPLANE_* variable of a key.
+func (l *Loaded) EnvName(key string) string { return l.byKey[key].env }
+
+// pyBool parses like SGLang's EnvBool.
+func pyBool(s string) (any, error) {
+	switch strings.ToLower(s) {
+	case "true", "1", "yes", "y":
+		return true, nil
+	case "false", "0", "no", "n":
+		return false, nil
+	}
+	return nil, fmt.Errorf("%q is not a valid boolean value (SGLang accepts true/1/yes/y and false/0/no/n)", s)
+}
+
+func pyStr(s string) (any, error) { return s, nil }
+
+// pyInt parses like Python's int(): surrounding whitespace, an optional sign,
+// and single underscores between digits.
+func pyInt(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	body := strings.TrimLeft(t, "+-")
+	if len(t)-len(body) > 1 || body == "" || strings.HasPrefix(body, "_") || strings.HasSuffix(body, "_") || strings.Contains(body, "__") {
+		return 0, fmt.Errorf("%q is not a valid integer value", s)
+	}
+	n, err := strconv.ParseInt(strings.ReplaceAll(t, "_", ""), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a valid integer value", s)
+	}
+	return n, nil
+}
+
+func pyIntAny(s string) (any, error) {
+	n, err := pyInt(s)
+	if err != nil {
+		return nil, err
+	}
+	if n < math.MinInt32 || n > math.MaxInt32 {
+		return nil, fmt.Errorf("%d is out of range", n)
+	}
+	return int(n), nil
+}
+
+func pyIntSeconds(s string) (any, error) {
+	n, err := pyInt(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w (seconds)", err)
+	}
+	if n > math.MaxInt64/int64(time.Second) || n < math.MinInt64/int64(time.Second) {
+		return nil, fmt.Errorf("%d seconds is out of range", n)
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+// pyFloat parses like Python's float() but refuses NaN and infinities.
+func pyFloat(s string) (any, error) {
+	t := strings.TrimSpace(s)
+	if strings.Contains(t, "__") || strings.HasPrefix(t, "_") || strings.HasSuffix(t, "_") {
+		return nil, fmt.Errorf("%q is not a valid float value", s)
+	}
+	f, err := strconv.ParseFloat(strings.ReplaceAll(t, "_", ""), 64)
+	if err != nil {
+		return nil, fmt.Errorf("%q is not a valid float value", s)
+	}
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return nil, fmt.Errorf("%q is not finite", s)
+	}
+	return f, nil
+}
+
+func pyFloatSeconds(s string) (any, error) {
+	f, err := pyFloat(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w (seconds)", err)
+	}
+	secs := f.(float64)
+	if math.Abs(secs) > float64(math.MaxInt64)/float64(time.Second) {
+		return nil, fmt.Errorf("%v seconds is out of range", secs)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}

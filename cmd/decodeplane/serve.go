@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os/signal"
+	"syscall"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/decodeplane/decodeplane/server"
+)
+
+func cmdServe(args, environ []string, stdout, stderr io.Writer) int {
+	cf := newConfigFlags("serve", stderr)
+	if err := cf.parse(args, environ); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "decodeplane serve: %v\n", err)
+		return exitUsage
+	}
+	// Signals first, so that SIGTERM during a slow start is honoured.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	l, problems := loadConfig(cf, environ)
+	if len(problems) > 0 {
+		printProblems(stderr, l, problems)
+		fmt.Fprintln(stderr, "decodeplane: refusing to start; fix the configuration (check it with 'decodeplane validate').")
+		return exitUsage
+	}
+	cfg := l.Config
+	log := newLogger(stderr, cfg.Log)
+	for _, w := range cfg.Warnings() {
+		log.Warn("configuration warning", "key", w.Key, "message", w.Message)
+	}
+	d, err := buildDaemon(ctx, l, log, environ)
+	if err != nil {
+		var ue *usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(stderr, "decodeplane: %v\n", err)
+			return exitUsage
+		}
+		log.Error("startup failed", "err", err)
+		return exitFailure
+	}
+	if err := d.run(ctx); err != nil {
+		log.Error("daemon failed", "err", err)
+		return exitFailure
+	}
+	log.Info("decodeplane stopped")
+	return exitOK
+}
+
+// usageError is a startup problem the operator fixes in the configuration
+// or environment (exit 2), e.g. a malformed OTEL_* variable.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// daemon is a built, not yet serving, decodeplane.
+type daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	srv      *server.Server
+	lis      net.Listener
+	closers  []func(context.Context) error // run in reverse order after the gRPC server stopped
+	loops    []func(context.Context) error // background loops, run under the errgroup
+	extra    []func(context.Context) error // other servers (metrics), stopped with ctx
+	beforeGo func(context.Context)         // ends rooms in flight during shutdown
+}
+
+// buildDaemon constructs every component; it starts nothing but the
+// listeners (so that a busy port fails startup, not later).
+func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []string) (*daemon, error) {
+	cfg := l.Config
+	d := &daemon{cfg: cfg, log: log}
+	var entries []server.ConfigEntry
+	for _, k := range l.Keys() {
+		entries = append(entries, server.ConfigEntry{Key: k, Value: l.Value(k), Source: l.Sources[k]})
+	}
+	srv, err := server.New(cfg.Server, server.Deps{
+		Logger:       log,
+		Version:      version,
+		Config:       entries,
+		Layout:       cfg.Decode().Layout(),
+		TransferPath: cfg.Transfer.Path,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.srv = srv
+	lis, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s (server.listen): %w", cfg.Server.Listen, err)
+	}
+	d.lis = lis
+	return d, nil
+}
+
+// run serves until ctx is cancelled (SIGINT/SIGTERM), then shuts down within
+// server.shutdown_timeout.
+func (d *daemon) run(ctx context.Context) error {
+	log := d.log
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.srv.Serve(d.lis) })
+	loopCtx, cancelLoops := context.WithCancel(context.Background())
+	defer cancelLoops()
+	for _, loop := range d.loops {
+		g.Go(func() error {
+			if err := loop(loopCtx); err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			return nil
+		})
+	}
+	for _, x := range d.extra {
+		g.Go(func() error { return x(loopCtx) })
+	}
+	d.srv.SetReady(true, "serving")
+	log.Info("decodeplane serving", "listen", d.lis.Addr().String(), "version", version,
+		"transfer_path", d.cfg.Transfer.Path, "layout", d.cfg.Decode().Layout().String())
+
+	<-gctx.Done()
+	if ctx.Err() != nil {
+		log.Info("shutting down", "reason", context.Cause(ctx), "deadline", d.cfg.Server.ShutdownTimeout)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), d.cfg.Server.ShutdownTimeout)
+	defer cancel()
+	shutdownErr := d.srv.Shutdown(sctx, d.beforeGo)
+	cancelLoops()
+	runErr := g.Wait()
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		if err := d.closers[i](sctx); err != nil {
+			log.Warn("shutdown step failed", "err", err)
+		}
+	}
+	if shutdownErr != nil {
+		log.Warn("graceful stop cut short by the deadline", "err", shutdownErr)
+	}
+	if runErr != nil && ctx.Err() == nil {
+		return runErr
+	}
+	return nil
+}

@@ -1,0 +1,231 @@
+package kvmanager
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// Config is the room manager's configuration: timeouts, DP-rank resolution,
+// room retention and the transfer path. The yaml tags are the daemon's
+// configuration keys.
+type Config struct {
+	Timeouts TimeoutConfig  `yaml:"timeouts"`
+	DPRank   DPRankConfig   `yaml:"dp_rank"`
+	Rooms    RoomsConfig    `yaml:"rooms"`
+	Transfer TransferConfig `yaml:"transfer"`
+}
+
+// TimeoutConfig bounds every wait of a room (timeouts). Defaults are SGLang's.
+type TimeoutConfig struct {
+	// Waiting bounds the time from the claim of the destination until all KV
+	// landed (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, 300s); it also bounds a
+	// staged room's scatter completion.
+	Waiting time.Duration `yaml:"waiting"`
+	// Bootstrap bounds the time from OpenRoom until every required prefill
+	// rank claimed the destination (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT,
+	// 300s): the same bound the prefill applies to itself, so the decode side
+	// fails a room no later than prefill would. SGLang has no decode-side
+	// deadline before the destination is sent.
+	Bootstrap time.Duration `yaml:"bootstrap"`
+	// HeartbeatInterval is how often prefill ranks must heartbeat
+	// (SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL, 5s, floored at 2s as SGLang does).
+	HeartbeatInterval time.Duration `yaml:"heartbeat_interval"`
+	// HeartbeatMaxFailures is how many intervals may be missed before the
+	// prefill instance is dead (SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE,
+	// 2, floored at 1).
+	HeartbeatMaxFailures int `yaml:"heartbeat_max_failures"`
+	// PrefillInfoAttempts is how many times a room's prefill registration is
+	// checked before the room fails with "Could not fetch prefill parallel
+	// info from {addr} after {n} attempts" (SGLang: 15), with back-off
+	// 1, 1, 2, 4, 4, ... seconds (PrefillInfoBackoff doubling, capped at
+	// PrefillInfoBackoffMax).
+	PrefillInfoAttempts   int           `yaml:"prefill_info_attempts"`
+	PrefillInfoBackoff    time.Duration `yaml:"prefill_info_backoff"`
+	PrefillInfoBackoffMax time.Duration `yaml:"prefill_info_backoff_max"`
+	// DPRankResolution bounds the wait for a room's prefill DP rank once the
+	// prefill is known (SGLang retries forever; 60s).
+	DPRankResolution time.Duration `yaml:"dp_rank_resolution"`
+}
+
+// DPRankConfig configures room → prefill DP rank resolution (dp_rank).
+type DPRankConfig struct {
+	// BindingTTL is how long a BindRoom entry lives
+	// (SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL, 120s).
+	BindingTTL time.Duration `yaml:"binding_ttl"`
+	// ForceQuery disables the room % dp_size fast path and allows a BindRoom
+	// that contradicts follow_bootstrap_room
+	// (SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK).
+	ForceQuery bool `yaml:"force_query"`
+}
+
+// RoomsConfig bounds how long finished rooms stay visible (rooms).
+type RoomsConfig struct {
+	// Retention keeps a finished room for GetRoom/WatchRoom/ListRooms.
+	Retention time.Duration `yaml:"retention"`
+	// MaxRetained caps the finished rooms kept; the oldest go first.
+	MaxRetained int `yaml:"max_retained"`
+}
+
+// Transfer paths.
+const (
+	PathSim      = "sim"
+	PathDelegate = "delegate"
+)
+
+// TransferConfig selects how KV moves (transfer).
+type TransferConfig struct {
+	// Path is "sim" (the embedded simulated engine) or "delegate" (an
+	// external transfer agent over gRPC).
+	Path string `yaml:"path"`
+	// Backend is the engine transfer backend decodeplane stands in for
+	// (mooncake, nixl, ascend, mori, fake); see prealloc.TransferBackends.
+	Backend string `yaml:"backend"`
+	// Sim configures the simulated engine.
+	Sim SimConfig `yaml:"sim"`
+	// Delegate configures the external transfer agent.
+	Delegate DelegateConfig `yaml:"delegate"`
+}
+
+// SimConfig configures the simulated transfer engine (transfer.sim).
+type SimConfig struct {
+	// BandwidthGBps is the simulated bandwidth in GB/s (64); 0 means infinite.
+	BandwidthGBps float64 `yaml:"bandwidth_gbps"`
+	// Latency is the fixed cost of one transfer (20µs); 0 means none.
+	Latency time.Duration `yaml:"latency"`
+	// FailureProbability fails a chunk with this probability
+	// (SGLANG_TEST_DISAGG_FAILURE_PROB); 0 disables it.
+	FailureProbability float64 `yaml:"failure_probability"`
+	// Seed seeds fault injection; 0 picks a random seed.
+	Seed int64 `yaml:"seed"`
+}
+
+// DelegateConfig configures the delegated path (transfer.delegate).
+type DelegateConfig struct {
+	// Target is the transfer agent's gRPC address, "host:port".
+	Target string `yaml:"target"`
+	// BatchTimeout bounds one copy batch at the agent.
+	BatchTimeout time.Duration `yaml:"batch_timeout"`
+	// HealthInterval is how often the agent's health is checked.
+	HealthInterval time.Duration `yaml:"health_interval"`
+}
+
+// DefaultConfig returns SGLang's defaults and the simulated path.
+func DefaultConfig() Config {
+	return Config{
+		Timeouts: TimeoutConfig{
+			Waiting:               300 * time.Second,
+			Bootstrap:             300 * time.Second,
+			HeartbeatInterval:     5 * time.Second,
+			HeartbeatMaxFailures:  2,
+			PrefillInfoAttempts:   15,
+			PrefillInfoBackoff:    time.Second,
+			PrefillInfoBackoffMax: 4 * time.Second,
+			DPRankResolution:      60 * time.Second,
+		},
+		DPRank:   DPRankConfig{BindingTTL: 120 * time.Second},
+		Rooms:    RoomsConfig{Retention: 10 * time.Minute, MaxRetained: 10000},
+		Transfer: TransferConfig{Path: PathSim, Backend: "mooncake", Sim: SimConfig{BandwidthGBps: 64, Latency: 20 * time.Microsecond}, Delegate: DelegateConfig{BatchTimeout: 30 * time.Second, HealthInterval: time.Second}},
+	}
+}
+
+// SGLang's floors for heartbeat settings (CommonKVManager.__init__).
+const (
+	minHeartbeatInterval    = 2 * time.Second
+	minHeartbeatMaxFailures = 1
+)
+
+// EffectiveHeartbeat applies SGLang's floors: max(interval, 2s), max(failures, 1).
+func (t TimeoutConfig) EffectiveHeartbeat() (time.Duration, int) {
+	return max(t.HeartbeatInterval, minHeartbeatInterval), max(t.HeartbeatMaxFailures, minHeartbeatMaxFailures)
+}
+
+// Validate returns every problem at once (errors.Join of *prealloc.ConfigError).
+func (c Config) Validate() error {
+	var errs []error
+	add := func(key string, val any, problem, fix string) {
+		errs = append(errs, &prealloc.ConfigError{Key: key, Value: val, Problem: problem, Fix: fix})
+	}
+	positive := []struct {
+		key string
+		d   time.Duration
+		env string
+	}{
+		{"timeouts.waiting", c.Timeouts.Waiting, "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"},
+		{"timeouts.bootstrap", c.Timeouts.Bootstrap, "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"},
+		{"timeouts.heartbeat_interval", c.Timeouts.HeartbeatInterval, "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"},
+		{"timeouts.prefill_info_backoff", c.Timeouts.PrefillInfoBackoff, ""},
+		{"timeouts.prefill_info_backoff_max", c.Timeouts.PrefillInfoBackoffMax, ""},
+		{"timeouts.dp_rank_resolution", c.Timeouts.DPRankResolution, ""},
+		{"dp_rank.binding_ttl", c.DPRank.BindingTTL, "SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL"},
+	}
+	for _, p := range positive {
+		if p.d <= 0 {
+			fix := "set a positive duration such as 300s."
+			if p.env != "" {
+				fix = fmt.Sprintf("set a positive duration such as 300s (or %s in seconds).", p.env)
+			}
+			add(p.key, p.d, "must be > 0: every wait of a room is bounded.", fix)
+		}
+	}
+	if c.Timeouts.HeartbeatMaxFailures < 0 {
+		add("timeouts.heartbeat_max_failures", c.Timeouts.HeartbeatMaxFailures, "must not be negative.", "set it to 1 or more (SGLang's default is 2).")
+	}
+	if c.Timeouts.PrefillInfoAttempts < 1 {
+		add("timeouts.prefill_info_attempts", c.Timeouts.PrefillInfoAttempts, "must be >= 1.", "set it to SGLang's 15.")
+	}
+	if c.Timeouts.PrefillInfoBackoffMax > 0 && c.Timeouts.PrefillInfoBackoffMax < c.Timeouts.PrefillInfoBackoff {
+		add("timeouts.prefill_info_backoff_max", c.Timeouts.PrefillInfoBackoffMax, fmt.Sprintf("is below timeouts.prefill_info_backoff (%s).", c.Timeouts.PrefillInfoBackoff), "set the cap at or above the first back-off (SGLang: 1s doubling to 4s).")
+	}
+	if c.Rooms.Retention < 0 {
+		add("rooms.retention", c.Rooms.Retention, "must not be negative.", "set a duration such as 10m, or 0 to forget finished rooms at once.")
+	}
+	if c.Rooms.MaxRetained < 0 {
+		add("rooms.max_retained", c.Rooms.MaxRetained, "must not be negative.", "set it to 0 or more.")
+	}
+	t := c.Transfer
+	switch t.Path {
+	case PathSim:
+	case PathDelegate:
+		if _, _, err := net.SplitHostPort(t.Delegate.Target); err != nil {
+			add("transfer.delegate.target", t.Delegate.Target, "the delegated path needs the transfer agent's address (host:port).", "set transfer.delegate.target, e.g. 127.0.0.1:7700, or use transfer.path: sim.")
+		}
+		if t.Delegate.BatchTimeout <= 0 {
+			add("transfer.delegate.batch_timeout", t.Delegate.BatchTimeout, "must be > 0.", "set a duration such as 30s.")
+		}
+		if t.Delegate.HealthInterval <= 0 {
+			add("transfer.delegate.health_interval", t.Delegate.HealthInterval, "must be > 0.", "set a duration such as 1s.")
+		}
+	default:
+		add("transfer.path", t.Path, "unknown transfer path.", "set transfer.path to sim (simulated transfers) or delegate (an external transfer agent).")
+	}
+	if t.Sim.BandwidthGBps < 0 {
+		add("transfer.sim.bandwidth_gbps", t.Sim.BandwidthGBps, "must not be negative.", "set it in GB/s (64 by default), or 0 for instant transfers.")
+	}
+	if t.Sim.Latency < 0 {
+		add("transfer.sim.latency", t.Sim.Latency, "must not be negative.", "set a duration such as 20us, or 0.")
+	}
+	if t.Sim.FailureProbability < 0 || t.Sim.FailureProbability > 1 || t.Sim.FailureProbability != t.Sim.FailureProbability {
+		add("transfer.sim.failure_probability", t.Sim.FailureProbability, "must be between 0 and 1.", "set SGLANG_TEST_DISAGG_FAILURE_PROB / transfer.sim.failure_probability to a probability, or 0.")
+	}
+	return errors.Join(errs...)
+}
+
+// Warnings returns settings that are valid but adjusted or suspicious.
+func (c Config) Warnings() []prealloc.Warning {
+	var w []prealloc.Warning
+	iv, mf := c.Timeouts.EffectiveHeartbeat()
+	if iv != c.Timeouts.HeartbeatInterval && c.Timeouts.HeartbeatInterval > 0 {
+		w = append(w, prealloc.Warning{Key: "timeouts.heartbeat_interval", Message: fmt.Sprintf("%s is below SGLang's floor; the effective interval is %s.", c.Timeouts.HeartbeatInterval, iv)})
+	}
+	if mf != c.Timeouts.HeartbeatMaxFailures && c.Timeouts.HeartbeatMaxFailures >= 0 {
+		w = append(w, prealloc.Warning{Key: "timeouts.heartbeat_max_failures", Message: fmt.Sprintf("%d is below SGLang's floor; the effective value is %d.", c.Timeouts.HeartbeatMaxFailures, mf)})
+	}
+	if c.Transfer.Sim.FailureProbability > 0 && c.Transfer.Path == PathSim {
+		w = append(w, prealloc.Warning{Key: "transfer.sim.failure_probability", Message: fmt.Sprintf("%.3g of simulated chunks will fail on purpose.", c.Transfer.Sim.FailureProbability)})
+	}
+	return w
+}

@@ -1,0 +1,60 @@
+package prealloc
+
+import "fmt"
+
+// RoomState is where a room is in the ledger's lifecycle (see the package
+// documentation for the transitions).
+type RoomState int
+
+// Room states.
+const (
+	// RoomWaiting: enqueued, handshake not done; holds nothing, keeps its
+	// queue position, skipped by admission.
+	RoomWaiting RoomState = iota + 1
+	// RoomReady: handshake done; eligible for admission in queue order.
+	RoomReady
+	// RoomAdmitted: pre-allocated (req slot, metadata slot, pages, state);
+	// waiting for every prefill rank to claim it before its claim deadline.
+	RoomAdmitted
+	// RoomClaimed: claimed by prefill, KV transferring.
+	RoomClaimed
+	// RoomResumed: a retracted room whose pages an admission pass restored;
+	// the engine reloads its CPU copy and calls StartRunning.
+	RoomResumed
+	// RoomRunning: decoding; grows through UpdateRunning.
+	RoomRunning
+	// RoomRetracted: retracted under KV pressure; holds nothing, resumed
+	// first by the next admission passes.
+	RoomRetracted
+	// RoomHeld: retracted for rebootstrap (pause_generation retract mode);
+	// holds nothing, re-enters the queue on ResumeHeld.
+	RoomHeld
+)
+
+var roomStateNames = [...]string{
+	RoomWaiting:   "waiting",
+	RoomReady:     "ready",
+	RoomAdmitted:  "admitted",
+	RoomClaimed:   "claimed",
+	RoomResumed:   "resumed",
+	RoomRunning:   "running",
+	RoomRetracted: "retracted",
+	RoomHeld:      "held",
+}
+
+// numRoomStates sizes per-state counters (index 0 unused).
+const numRoomStates = int(RoomHeld) + 1
+
+// String returns the state's name.
+func (s RoomState) String() string {
+	if s > 0 && int(s) < len(roomStateNames) {
+		return roomStateNames[s]
+	}
+	return fmt.Sprintf("RoomState(%d)", int(s))
+}
+
+// holdsAllocation reports whether a room in this state holds a req slot,
+// pages and state slots.
+func (s RoomState) holdsAllocation() bool {
+	return s == RoomAdmitted || s == RoomClaimed || s == RoomResumed || s == RoomRunning
+}

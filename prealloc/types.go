@@ -1,0 +1,196 @@
+package prealloc
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Clock is the ledger's only source of time (reservation deadlines). Tests use
+// a fake clock or testing/synctest with RealClock.
+type Clock interface {
+	Now() time.Time
+}
+
+// RealClock reads the wall clock.
+type RealClock struct{}
+
+// Now returns time.Now().
+func (RealClock) Now() time.Time { return time.Now() }
+
+// Request is what the ledger needs to know about a room to admit it
+// (the fields of SGLang's Req that the admission budget reads).
+type Request struct {
+	// Room is the bootstrap room id, unique per request.
+	Room uint64
+	// RID is the request id, used in messages.
+	RID string
+	// PromptLen is len(origin_input_ids).
+	PromptLen int
+	// OutputLen is len(output_ids) so far (non-zero for rebootstrap).
+	OutputLen int
+	// MaxNewTokens is the request's max_new_tokens.
+	MaxNewTokens int
+	// Priority orders the queue when AdmissionConfig.Priority is not fifo.
+	Priority int
+	// Rebootstrap marks a request re-bootstrapped after a retract for
+	// recompute: its fill length has no -1 (spec §2.8).
+	Rebootstrap bool
+}
+
+// StateIndices are one state component's destination indices
+// (SGLang's state_indices entry for one StateType).
+type StateIndices struct {
+	Type    StateType
+	Indices []int32
+}
+
+// Allocation is what an admitted room holds. Slices are owned by the ledger
+// and valid until the room is released; copy them to keep them longer.
+type Allocation struct {
+	// ReqSlot is the req_to_token row (>= 1; row 0 is padding as in SGLang).
+	ReqSlot int32
+	// MetadataSlot is the aux/metadata slot prefill writes the first token
+	// and the room marker into.
+	MetadataSlot int32
+	// Pages are the destination KV page indices for the tokens prefill
+	// writes, in token order (kv_to_page_indices of the allocated tokens).
+	Pages []int32
+	// FillLen is the number of tokens prefill writes (fill_len).
+	FillLen int
+	// AllocTokens is the page-rounded number of tokens allocated.
+	AllocTokens int
+	// State holds one entry per StateType of the pool's kind, in order.
+	State []StateIndices
+	// MambaPingPong are the extra-buffer ping-pong track slots a
+	// hybrid-linear room holds besides its main state slot (SGLang's
+	// req_index_to_mamba_ping_pong_track_buffer_mapping). Empty without the
+	// Mamba extra buffer. They are not sent to prefill: the StateMamba entry
+	// of State carries only the main slot.
+	MambaPingPong []int32
+}
+
+// Admission is one room admitted by an admission pass.
+type Admission struct {
+	Room uint64
+	// Resumed is true for a retracted room that got its pages back; it needs
+	// no prefill transfer (its KV is restored from the engine's CPU copy).
+	Resumed bool
+	Alloc   Allocation
+}
+
+// BlockReason says why an admission pass stopped before the queue was empty.
+type BlockReason int
+
+// Block reasons, in the order SGLang checks them.
+const (
+	BlockNone BlockReason = iota
+	// BlockRetracted: retracted requests are waiting to resume; new
+	// admissions are blocked until they do (spec §2.4).
+	BlockRetracted
+	BlockReqSlots
+	BlockMetadataSlots
+	BlockMamba
+	BlockTokens
+	BlockSWA
+	BlockDraining
+)
+
+var blockNames = [...]string{"none", "retracted", "req_slots", "metadata_slots", "mamba", "tokens", "swa", "draining"}
+
+func (b BlockReason) String() string {
+	if b < 0 || int(b) >= len(blockNames) {
+		return fmt.Sprintf("BlockReason(%d)", int(b))
+	}
+	return blockNames[b]
+}
+
+// Expired is a reservation released because no prefill claimed it in time.
+type Expired struct {
+	Room     uint64
+	Deadline time.Time
+}
+
+// Errors returned by the ledger. Callers branch with errors.Is.
+var (
+	// ErrExceedsCapacity: the request can never fit in this pool; nothing was
+	// allocated. The error is a *CapacityError carrying SGLang's message.
+	// Map to InvalidArgument.
+	ErrExceedsCapacity = errors.New("request exceeds the KV pool capacity")
+	// ErrQueueFull: the admission queue is at admission.max_queued; retry later.
+	// Map to ResourceExhausted with a retry hint.
+	ErrQueueFull = errors.New("admission queue is full")
+	// ErrNoCapacity: pages for a running room's growth are not available now.
+	// The engine should retract a request. Map to ResourceExhausted.
+	ErrNoCapacity = errors.New("no free KV pages")
+	// ErrRoomExists: the room is already in the ledger. Map to AlreadyExists.
+	ErrRoomExists = errors.New("room already in the ledger")
+	// ErrUnknownRoom: the room is not in the ledger (never added, or already
+	// released: a second release is this error, never a double free).
+	// Map to NotFound.
+	ErrUnknownRoom = errors.New("room not in the ledger")
+	// ErrWrongState: the operation does not apply to the room's current
+	// state (e.g. Claim before admission). Map to FailedPrecondition.
+	ErrWrongState = errors.New("operation not valid in the room's ledger state")
+	// ErrDraining: the ledger no longer takes new rooms. Map to Unavailable.
+	ErrDraining = errors.New("ledger is draining")
+	// ErrInvalidRequest: the request's lengths are malformed (negative,
+	// absurdly large, or an output length that shrinks). Nothing changed.
+	// Map to InvalidArgument.
+	ErrInvalidRequest = errors.New("invalid request")
+)
+
+// CapacityError is a request that can never fit, with SGLang's message
+// (spec §2.3): "Request {rid} exceeds the maximum number of tokens: {n} > {max}"
+// or, for the SWA tail, "Request {rid} requires too many SWA KV tokens for
+// decode preallocation: {n} > {max}".
+type CapacityError struct {
+	RID  string
+	Need int64
+	Max  int64
+	SWA  bool
+}
+
+func (e *CapacityError) Error() string {
+	if e.SWA {
+		return fmt.Sprintf("Request %s requires too many SWA KV tokens for decode preallocation: %d > %d", e.RID, e.Need, e.Max)
+	}
+	return fmt.Sprintf("Request %s exceeds the maximum number of tokens: %d > %d", e.RID, e.Need, e.Max)
+}
+
+// Unwrap makes errors.Is(err, ErrExceedsCapacity) true.
+func (e *CapacityError) Unwrap() error { return ErrExceedsCapacity }
+
+// ResourceStats is one pool's accounting: Free + Used == Total always.
+type ResourceStats struct {
+	Total int64
+	Free  int64
+	Used  int64
+}
+
+// Stats is a snapshot of one shard's ledger.
+type Stats struct {
+	Shard       int
+	Pages       ResourceStats
+	ReqSlots    ResourceStats
+	MetaSlots   ResourceStats
+	MambaSlots  ResourceStats // zero unless hybrid-linear
+	SWAPages    ResourceStats // zero unless hybrid-swa
+	Waiting     int           // enqueued, handshake not ready
+	Ready       int           // ready, waiting for admission
+	Admitted    int           // pre-allocated, not yet claimed
+	Claimed     int           // claimed by prefill, transferring
+	Running     int           // transferred, decoding
+	Retracted   int
+	Held        int
+	LastBlocked BlockReason // why the last admission pass stopped
+	FullBudget  int64       // the last pass's full-attention token budget
+	Retractable int64       // Σ running (prompt + output)
+	// Resumed counts retracted rooms whose pages were restored by an
+	// admission pass and that have not yet called StartRunning (SGLang's
+	// waiting_queue for resumed requests).
+	Resumed int
+	// SWABudget is the last pass's SWA token budget (hybrid-swa with a page
+	// size > 1 only).
+	SWABudget int64
+}

@@ -1,0 +1,60 @@
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"strings"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+)
+
+// readOnlyMethods never need the token: reads, health, reflection.
+var readOnlyMethods = map[string]bool{
+	"/decodeplane.v1.Admin/GetStatus":         true,
+	"/decodeplane.v1.Bootstrap/LookupDPRanks": true,
+	"/decodeplane.v1.Rooms/GetRoom":           true,
+	"/decodeplane.v1.Rooms/ListRooms":         true,
+	"/decodeplane.v1.Rooms/WatchRoom":         true,
+	"/decodeplane.v1.Staging/WatchWatermark":  true,
+}
+
+// needsToken reports whether a method mutates decodeplane's state: every
+// method of decodeplane's own services except the reads above.
+func needsToken(fullMethod string) bool {
+	return strings.HasPrefix(fullMethod, "/decodeplane.v1.") && !readOnlyMethods[fullMethod]
+}
+
+// checkToken implements SGLang's bootstrap auth semantics (spec §4.1): when a
+// token is configured a mutating call needs "authorization: Bearer <token>"
+// (scheme case-insensitive, constant-time compare); otherwise Unauthenticated
+// and nothing is stored (the handler never runs).
+func (s *Server) checkToken(ctx context.Context, fullMethod string) error {
+	if s.cfg.AuthToken == "" || !needsToken(fullMethod) {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		scheme, tok, ok := strings.Cut(strings.TrimSpace(v), " ")
+		if ok && strings.EqualFold(scheme, "bearer") && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.cfg.AuthToken)) == 1 {
+			return nil
+		}
+	}
+	return status.Error(codes.Unauthenticated, "Unauthorized: this call needs \"authorization: Bearer <token>\" with the daemon's bootstrap token (SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)")
+}
+
+func (s *Server) authUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := s.checkToken(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (s *Server) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := s.checkToken(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}

@@ -1,0 +1,274 @@
+// Package server is decodeplane's gRPC adapter: the only package that imports
+// both the generated API and the domain packages. Each handler validates the
+// request (through the validator interceptor and the messages' Validate
+// methods), converts it to domain types, calls the domain, maps the error
+// with toStatus and converts the answer back. No business rule lives here.
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/validator"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// ConfigEntry is one effective configuration value for Admin.GetStatus.
+type ConfigEntry struct {
+	Key, Value, Source string
+}
+
+// Deps are the server's collaborators, built by cmd.
+type Deps struct {
+	// Logger receives call logs and lifecycle events; nil means slog.Default().
+	Logger *slog.Logger
+	// TracerProvider feeds the otelgrpc stats handler; nil means no-op.
+	TracerProvider trace.TracerProvider
+	// Propagator extracts W3C trace context; nil means TraceContext+Baggage.
+	Propagator propagation.TextMapPropagator
+	// Version is reported by Admin.GetStatus.
+	Version string
+	// Config is the effective configuration, secrets already redacted.
+	Config []ConfigEntry
+	// Layout is the decode KV layout.
+	Layout prealloc.Layout
+	// TransferPath is "sim" or "delegate".
+	TransferPath string
+	// ExtraServerOptions are appended to the grpc.Server options (metrics
+	// interceptors, TLS credentials).
+	ExtraServerOptions []grpc.ServerOption
+	// UnaryInterceptors and StreamInterceptors run outermost, before logging
+	// (e.g. Prometheus server metrics).
+	UnaryInterceptors  []grpc.UnaryServerInterceptor
+	StreamInterceptors []grpc.StreamServerInterceptor
+}
+
+// Server is the daemon's gRPC server.
+type Server struct {
+	cfg     Config
+	deps    Deps
+	log     *slog.Logger
+	grpc    *grpc.Server
+	health  *health.Server
+	started time.Time
+
+	mu        sync.Mutex
+	ready     bool
+	readiness string
+	draining  bool
+	drainHook []func()
+}
+
+// New builds the gRPC server and registers every service, the standard health
+// service (NOT_SERVING until SetReady(true)) and, if configured, reflection.
+// It starts nothing: call Serve.
+func New(cfg Config, deps Deps) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	if deps.TracerProvider == nil {
+		deps.TracerProvider = noop.NewTracerProvider()
+	}
+	if deps.Propagator == nil {
+		deps.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	s := &Server{cfg: cfg, deps: deps, log: deps.Logger, started: time.Now(), readiness: "starting"}
+
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithLevels(callLevel),
+		logging.WithFieldsFromContext(traceFields),
+	}
+	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return c.Service != healthpb.Health_ServiceDesc.ServiceName
+	})
+	recoveryOpt := recovery.WithRecoveryHandlerContext(s.recoverPanic)
+	unary := append(append([]grpc.UnaryServerInterceptor{}, deps.UnaryInterceptors...),
+		selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...), notHealth),
+		recovery.UnaryServerInterceptor(recoveryOpt),
+		s.authUnary,
+		validator.UnaryServerInterceptor(),
+	)
+	stream := append(append([]grpc.StreamServerInterceptor{}, deps.StreamInterceptors...),
+		selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...), notHealth),
+		recovery.StreamServerInterceptor(recoveryOpt),
+		s.authStream,
+		validator.StreamServerInterceptor(),
+	)
+	opts := []grpc.ServerOption{
+		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider), otelgrpc.WithPropagators(deps.Propagator))),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
+	}
+	opts = append(opts, deps.ExtraServerOptions...)
+	s.grpc = grpc.NewServer(opts...)
+
+	s.health = health.NewServer()
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
+	if cfg.Reflection {
+		reflection.Register(s.grpc)
+	}
+	s.setHealth(false, "starting")
+	return s, nil
+}
+
+// GRPC exposes the underlying server so that cmd and tests can register more
+// services before Serve.
+func (s *Server) GRPC() *grpc.Server { return s.grpc }
+
+// Serve serves on lis until Shutdown; it returns nil after a Shutdown.
+func (s *Server) Serve(lis net.Listener) error {
+	err := s.grpc.Serve(lis)
+	if errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return err
+}
+
+// SetReady flips readiness (health SERVING / NOT_SERVING) with a reason. A
+// draining server stays NOT_SERVING.
+func (s *Server) SetReady(ready bool, reason string) {
+	s.mu.Lock()
+	if s.draining {
+		ready, reason = false, "draining"
+	}
+	changed := s.ready != ready || s.readiness != reason
+	s.ready, s.readiness = ready, reason
+	s.mu.Unlock()
+	if changed {
+		s.setHealth(ready, reason)
+	}
+}
+
+func (s *Server) setHealth(ready bool, reason string) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	s.health.SetServingStatus("", st)
+	for name := range s.grpc.GetServiceInfo() {
+		if name != healthpb.Health_ServiceDesc.ServiceName {
+			s.health.SetServingStatus(name, st)
+		}
+	}
+	s.log.Info("readiness changed", "status", st.String(), "reason", reason)
+}
+
+// Readiness reports the current readiness and its reason.
+func (s *Server) Readiness() (bool, string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ready, s.readiness, s.draining
+}
+
+// OnDrain registers a function called once when the server starts draining
+// (Admin.Drain or Shutdown): the domain stops admitting there.
+func (s *Server) OnDrain(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.drainHook = append(s.drainHook, f)
+}
+
+// Drain flips health to NOT_SERVING and runs the drain hooks once.
+func (s *Server) Drain() {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		return
+	}
+	s.draining = true
+	s.ready, s.readiness = false, "draining"
+	hooks := s.drainHook
+	s.mu.Unlock()
+	s.setHealth(false, "draining")
+	for _, h := range hooks {
+		h()
+	}
+}
+
+// Shutdown stops the gRPC layer, in this order:
+//  1. drain: health NOT_SERVING, the domain stops admitting (OnDrain hooks);
+//  2. beforeStop runs (cmd uses it to end the rooms in flight, which also
+//     ends their streams) with what is left of ctx;
+//  3. GracefulStop, raced against ctx's deadline, then Stop;
+//  4. health.Shutdown.
+//
+// Closing the domain and flushing traces happen in cmd after Shutdown.
+func (s *Server) Shutdown(ctx context.Context, beforeStop func(context.Context)) error {
+	s.Drain()
+	if beforeStop != nil {
+		beforeStop(ctx)
+	}
+	done := make(chan struct{})
+	go func() {
+		s.grpc.GracefulStop()
+		close(done)
+	}()
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.log.Warn("graceful stop did not finish before the deadline; cancelling in-flight RPCs")
+		s.grpc.Stop()
+		<-done
+		err = ctx.Err()
+	}
+	s.health.Shutdown()
+	return err
+}
+
+func (s *Server) recoverPanic(ctx context.Context, p any) error {
+	s.log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
+	return status.Error(codes.Internal, "internal error (logged by the daemon)")
+}
+
+// callLevel logs successful calls at debug (the control path is hot) and
+// failures by severity.
+func callLevel(code codes.Code) logging.Level {
+	switch code {
+	case codes.OK, codes.NotFound, codes.Canceled, codes.AlreadyExists:
+		return logging.LevelDebug
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted, codes.Unauthenticated,
+		codes.PermissionDenied, codes.Unavailable, codes.Aborted, codes.DeadlineExceeded, codes.OutOfRange:
+		return logging.LevelWarn
+	}
+	return logging.LevelError
+}
+
+func traceFields(ctx context.Context) logging.Fields {
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		return logging.Fields{"trace_id", sc.TraceID().String()}
+	}
+	return nil
+}
+
+func slogAdapter(l *slog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(ctx context.Context, lvl logging.Level, msg string, fields ...any) {
+		l.Log(ctx, slog.Level(lvl), msg, fields...)
+	})
+}
