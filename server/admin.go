@@ -7,6 +7,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -33,10 +34,45 @@ func (a *adminService) GetStatus(ctx context.Context, _ *pb.GetStatusRequest) (*
 	for _, c := range s.deps.Config {
 		resp.Config = append(resp.Config, &pb.ConfigValue{Key: c.Key, Value: c.Value, Source: c.Source})
 	}
+	if m := s.deps.Manager; m != nil {
+		st := m.Status()
+		resp.RoomsByPhase = map[string]uint32{}
+		for p, n := range st.RoomsByPhase {
+			resp.RoomsByPhase[p.String()] = uint32(n)
+		}
+		for _, sh := range st.Shards {
+			resp.Shards = append(resp.Shards, shardToProto(sh))
+		}
+		for _, p := range st.Prefills {
+			resp.Prefills = append(resp.Prefills, &pb.PrefillStatus{
+				BootstrapAddr: p.Addr, RegisteredRanks: uint32(p.Registered), ExpectedRanks: uint32(p.Expected),
+				AttnTpSize: uint32(p.Topology.AttnTP), DpSize: uint32(p.Topology.DP), PpSize: uint32(p.Topology.PP),
+				AttnCpSize: uint32(p.Topology.AttnCP), FollowBootstrapRoom: p.Topology.FollowBootstrapRoom,
+				LastHeartbeat: timestamppb.New(p.LastHeartbeat), MissedHeartbeats: uint32(p.MissedHeartbeats),
+				ActiveRooms: uint32(p.ActiveRooms),
+			})
+		}
+	}
 	return resp, nil
+}
+
+func shardToProto(sh prealloc.Stats) *pb.ShardStatus {
+	return &pb.ShardStatus{
+		DpRank: uint32(sh.Shard), PagesTotal: uint64(sh.Pages.Total), PagesFree: uint64(sh.Pages.Free),
+		ReqSlotsTotal: uint32(sh.ReqSlots.Total), ReqSlotsFree: uint32(sh.ReqSlots.Free),
+		MetadataSlotsTotal: uint32(sh.MetaSlots.Total), MetadataSlotsFree: uint32(sh.MetaSlots.Free),
+		Waiting: uint32(sh.Waiting), Queued: uint32(sh.Ready), Admitted: uint32(sh.Admitted), Claimed: uint32(sh.Claimed),
+		Running: uint32(sh.Running), Retracted: uint32(sh.Retracted), Held: uint32(sh.Held),
+		BlockedBy:       sh.LastBlocked.String(),
+		StateSlotsTotal: uint64(sh.MambaSlots.Total + sh.SWAPages.Total), StateSlotsFree: uint64(sh.MambaSlots.Free + sh.SWAPages.Free),
+	}
 }
 
 func (a *adminService) Drain(ctx context.Context, _ *pb.DrainRequest) (*pb.DrainResponse, error) {
 	a.s.Drain()
-	return &pb.DrainResponse{}, nil
+	resp := &pb.DrainResponse{}
+	if m := a.s.deps.Manager; m != nil {
+		resp.RoomsInFlight = uint32(m.InFlight())
+	}
+	return resp, nil
 }

@@ -1,6 +1,10 @@
 package server
 
 import (
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -41,4 +45,189 @@ func stateTypeToProto(t prealloc.StateType) pb.StateType {
 		return pb.StateType_STATE_TYPE_DSA
 	}
 	return pb.StateType_STATE_TYPE_UNSPECIFIED
+}
+
+func rankFromProto(r *pb.PrefillRank) kvmanager.RankID {
+	return kvmanager.RankID{Addr: r.GetBootstrapAddr(), DP: int(r.GetDpRank()), CP: int(r.GetCpRank()), TP: int(r.GetTpRank()), PP: int(r.GetPpRank())}
+}
+
+func registrationFromProto(req *pb.RegisterPrefillRequest) kvmanager.Registration {
+	p := req.GetParallel()
+	m := req.GetModel()
+	return kvmanager.Registration{
+		Addr:       req.GetBootstrapAddr(),
+		Endpoint:   req.GetRankEndpoint(),
+		InstanceID: req.GetInstanceId(),
+		Parallel: kvmanager.ParallelInfo{
+			AttnTP: int(p.GetAttnTpSize()), AttnTPRank: int(p.GetAttnTpRank()),
+			AttnCP: int(p.GetAttnCpSize()), AttnCPRank: int(p.GetAttnCpRank()),
+			AttnDP: int(p.GetAttnDpSize()), AttnDPRank: int(p.GetAttnDpRank()),
+			PP: int(p.GetPpSize()), PPRank: int(p.GetPpRank()),
+			SystemDP: int(p.GetSystemDpSize()), SystemDPRank: int(p.GetSystemDpRank()),
+		},
+		PageSize:           int(req.GetPageSize()),
+		KVDType:            req.GetKvCacheDtype(),
+		LoadBalanceMethod:  req.GetLoadBalanceMethod(),
+		DSACacheLayerSplit: req.GetEnableDsaCacheLayerSplit(),
+		HTTPPort:           int(req.GetPrefillHttpPort()),
+		Model: kvmanager.ModelFacts{
+			Kind: m.GetKvPoolKind(), NumLayers: int(m.GetNumLayers()), TotalKVHeads: int(m.GetTotalKvHeads()),
+			HeadDim: int(m.GetHeadDim()), KVLoraRank: int(m.GetKvLoraRank()), QKRopeHeadDim: int(m.GetQkRopeHeadDim()),
+		},
+	}
+}
+
+func u32s(in []int) []uint32 {
+	out := make([]uint32, len(in))
+	for i, v := range in {
+		out[i] = uint32(v)
+	}
+	return out
+}
+
+func registrationToProto(res kvmanager.RegistrationResult, l prealloc.Layout) *pb.RegisterPrefillResponse {
+	out := &pb.RegisterPrefillResponse{
+		DecodeLayout: layoutToProto(l),
+		Mapping: &pb.PrefillRankMapping{
+			ServesDecodeTpRanks: u32s(res.ServesDecodeTP),
+			Dummy:               res.Dummy,
+			RequiredDstInfoNum:  uint32(res.RequiredDstInfoNum),
+			StagingRequired:     res.Staging,
+		},
+		HeartbeatInterval:    durationpb.New(res.HeartbeatInterval),
+		HeartbeatMaxFailures: uint32(res.MaxFailures),
+		RegisteredRanks:      uint32(res.Registered),
+		ExpectedRanks:        uint32(res.Expected),
+		Replaced:             res.Replaced,
+		RoomsFailed:          uint32(res.RoomsFailed),
+	}
+	for _, m := range res.Mapping {
+		out.Mapping.DecodeRanks = append(out.Mapping.DecodeRanks, &pb.DecodeRankMapping{
+			DecodeTpRank:               uint32(m.DecodeTP),
+			TargetTpRanks:              u32s(m.TargetTPRanks),
+			TargetTpRank:               uint32(m.TargetTPRank),
+			TargetCpRanks:              u32s(m.TargetCPRanks),
+			TargetPpRanks:              u32s(m.TargetPPRanks),
+			RequiredDstInfoNum:         uint32(m.RequiredDstInfoNum),
+			RequiredPrefillResponseNum: uint32(m.RequiredPrefillResponseNum),
+			DummyTpRanks:               u32s(m.DummyTPRanks),
+		})
+	}
+	return out
+}
+
+func dpRuleToProto(r kvmanager.DPRule) pb.DPRankRule {
+	switch r {
+	case kvmanager.DPRuleHint:
+		return pb.DPRankRule_DP_RANK_RULE_HINT
+	case kvmanager.DPRuleSingleDP:
+		return pb.DPRankRule_DP_RANK_RULE_SINGLE_DP
+	case kvmanager.DPRuleFollowRoom:
+		return pb.DPRankRule_DP_RANK_RULE_FOLLOW_ROOM
+	case kvmanager.DPRuleBinding:
+		return pb.DPRankRule_DP_RANK_RULE_BINDING
+	}
+	return pb.DPRankRule_DP_RANK_RULE_UNSPECIFIED
+}
+
+func openFromProto(req *pb.OpenRoomRequest) kvmanager.OpenRequest {
+	o := kvmanager.OpenRequest{
+		RID: req.GetRid(), Addr: req.GetBootstrapAddr(), Room: req.GetRoom(), PrefillDP: -1, DecodeDP: -1,
+		PromptLen: int(req.GetPromptLen()), OutputLen: int(req.GetOutputLen()), MaxNewTokens: int(req.GetMaxNewTokens()),
+		Priority: int(req.GetPriority()), Rebootstrap: req.GetRebootstrap(), IdempotencyKey: req.GetIdempotencyKey(),
+	}
+	if req.PrefillDpRank != nil {
+		o.PrefillDP = int(req.GetPrefillDpRank())
+	}
+	if req.DecodeDpRank != nil {
+		o.DecodeDP = int(req.GetDecodeDpRank())
+	}
+	return o
+}
+
+// Phases map one to one, by value (kvmanager.Phase mirrors pb.RoomPhase).
+func phaseToProto(p kvmanager.Phase) pb.RoomPhase   { return pb.RoomPhase(p) }
+func phaseFromProto(p pb.RoomPhase) kvmanager.Phase { return kvmanager.Phase(p) }
+
+func failureToProto(f *kvmanager.Failure) *pb.Failure {
+	if f == nil {
+		return nil
+	}
+	return &pb.Failure{Code: pb.FailureCode(f.Code), Message: f.Message, FromAnotherRank: f.FromAnotherRank}
+}
+
+func transitionToProto(t kvmanager.Transition) *pb.Transition {
+	return &pb.Transition{Phase: phaseToProto(t.Phase), Poll: pb.KVPoll(t.Poll), At: timestamppb.New(t.At), Sglang: t.SGLang, Note: t.Note, Attempt: t.Attempt}
+}
+
+func roomToProto(s kvmanager.RoomSnapshot) *pb.Room {
+	out := &pb.Room{
+		Room: s.Room, Rid: s.RID, BootstrapAddr: s.Addr, DecodeDpRank: uint32(s.DecodeDP),
+		DpRankRule: dpRuleToProto(s.DPRule), Poll: pb.KVPoll(s.Poll), Phase: phaseToProto(s.Phase),
+		Failure: failureToProto(s.Failure), PromptLen: uint32(s.PromptLen), MaxNewTokens: uint32(s.MaxNewTokens),
+		Priority: int32(s.Priority), NumPages: uint32(s.NumPages), MetadataSlot: s.MetadataSlot,
+		BytesTransferred: s.BytesTransferred, ChunksDone: uint32(s.ChunksDone),
+		OpenedAt: timestamppb.New(s.OpenedAt), UpdatedAt: timestamppb.New(s.UpdatedAt),
+		Attempt: s.Attempt, PageIndices: s.Pages, TraceId: s.TraceID, Staging: s.Staging,
+	}
+	if s.PrefillDP >= 0 {
+		dp := uint32(s.PrefillDP)
+		out.PrefillDpRank = &dp
+	}
+	for _, t := range s.Transitions {
+		out.Transitions = append(out.Transitions, transitionToProto(t))
+	}
+	return out
+}
+
+func stateToProto(in []prealloc.StateIndices) []*pb.StateIndices {
+	out := make([]*pb.StateIndices, len(in))
+	for i, s := range in {
+		out[i] = &pb.StateIndices{Type: stateTypeToProto(s.Type), Indices: s.Indices}
+	}
+	return out
+}
+
+func destinationEventToProto(ev kvmanager.DestinationEvent) *pb.DestinationEvent {
+	switch {
+	case ev.Destination != nil:
+		d := ev.Destination
+		out := &pb.Destination{
+			Room: d.Room, DecodeDpRank: uint32(d.DecodeDP), PageIndices: d.Pages, PageSize: uint32(d.PageSize),
+			FillLen: uint32(d.FillLen), MetadataSlot: d.MetadataSlot, StateIndices: stateToProto(d.State),
+			RequiredDstInfoNum: uint32(d.RequiredDstInfoNum), DecodePrefixLen: uint32(d.DecodePrefixLen),
+			Dummy: d.Dummy, Staging: d.Staging, Attempt: d.Attempt,
+		}
+		for _, t := range d.Targets {
+			out.Targets = append(out.Targets, &pb.DecodeTarget{DecodeTpRank: uint32(t.DecodeTP), Dummy: t.Dummy,
+				SrcHeadStart: uint32(t.SrcHeadStart), DstHeadStart: uint32(t.DstHeadStart), NumHeads: uint32(t.NumHeads)})
+		}
+		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Destination{Destination: out}}
+	case ev.Failure != nil:
+		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Failure{Failure: failureToProto(ev.Failure)}}
+	default:
+		p := kvmanager.PhaseSucceeded
+		if ev.Done != nil {
+			p = *ev.Done
+		}
+		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Done{Done: &pb.RoomDone{Poll: pb.KVPoll(p.Poll()), Phase: phaseToProto(p)}}}
+	}
+}
+
+func chunkFromTransfer(req *pb.TransferRequest) kvmanager.ChunkRequest {
+	return kvmanager.ChunkRequest{
+		Room: req.GetRoom(), Rank: rankFromProto(req.GetRank()), Index: int(req.GetChunkIndex()),
+		PageOffset: int(req.GetPageOffset()), NumPages: int(req.GetNumPages()), Last: req.GetLast(),
+		SrcBuffer: req.GetSource().GetBuffer(), SrcPages: req.GetSource().GetPageIndices(),
+		Marker: req.GetAux().GetRoomMarker(), OutputIDs: req.GetAux().GetOutputIds(),
+	}
+}
+
+func chunkFromReport(req *pb.ReportTransferRequest) kvmanager.ChunkRequest {
+	return kvmanager.ChunkRequest{
+		Room: req.GetRoom(), Rank: rankFromProto(req.GetRank()), Index: int(req.GetChunkIndex()),
+		PageOffset: int(req.GetPageOffset()), NumPages: int(req.GetNumPages()), Last: req.GetLast(),
+		Failed: !req.GetSuccess(), Reason: req.GetFailureReason(), Bytes: int64(req.GetBytes()),
+		Marker: req.GetMetadataRoomMarker(),
+	}
 }

@@ -30,6 +30,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -55,6 +56,9 @@ type Deps struct {
 	Layout prealloc.Layout
 	// TransferPath is "sim" or "delegate".
 	TransferPath string
+	// Manager is the room manager behind Bootstrap and Rooms; nil serves
+	// only Admin and health (used by tests of the gRPC layer alone).
+	Manager *kvmanager.Manager
 	// ExtraServerOptions are appended to the grpc.Server options (metrics
 	// interceptors, TLS credentials).
 	ExtraServerOptions []grpc.ServerOption
@@ -130,6 +134,11 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, s.health)
 	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
+	if m := deps.Manager; m != nil {
+		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m})
+		pb.RegisterRoomsServer(s.grpc, &roomsService{s: s, m: m})
+		s.OnDrain(m.Drain)
+	}
 	if cfg.Reflection {
 		reflection.Register(s.grpc)
 	}

@@ -13,6 +13,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/server"
 )
 
@@ -86,17 +88,44 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 	for _, k := range l.Keys() {
 		entries = append(entries, server.ConfigEntry{Key: k, Value: l.Value(k), Source: l.Sources[k]})
 	}
+	dec := cfg.Decode()
+	ledgers := make([]kvmanager.Ledger, max(1, cfg.Parallel.DP))
+	for i := range ledgers {
+		l, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
+		if err != nil {
+			return nil, fmt.Errorf("decode shard %d: %w", i, err)
+		}
+		ledgers[i] = l
+	}
+	var engine kvmanager.TransferEngine
+	switch cfg.Transfer.Path {
+	case kvmanager.PathSim:
+		engine = kvmanager.NewSimEngine(cfg.Transfer.Sim, kvmanager.RealClock{})
+	default:
+		return nil, &usageError{fmt.Errorf("transfer.path %q is not available in this build", cfg.Transfer.Path)}
+	}
+	mgr, err := kvmanager.New(cfg.Manager(), dec, kvmanager.Deps{
+		Ledgers: ledgers,
+		Engine:  engine,
+		Logger:  log,
+	})
+	if err != nil {
+		return nil, err
+	}
 	srv, err := server.New(cfg.Server, server.Deps{
 		Logger:       log,
 		Version:      version,
 		Config:       entries,
-		Layout:       cfg.Decode().Layout(),
+		Layout:       dec.Layout(),
 		TransferPath: cfg.Transfer.Path,
+		Manager:      mgr,
 	})
 	if err != nil {
 		return nil, err
 	}
 	d.srv = srv
+	d.loops = append(d.loops, mgr.Run)
+	d.beforeGo = mgr.Shutdown
 	lis, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s (server.listen): %w", cfg.Server.Listen, err)

@@ -1,0 +1,64 @@
+package kvmanager
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Errors returned by the Manager. The server maps them to gRPC codes with
+// errors.Is; ledger errors (prealloc.Err*) pass through wrapped.
+var (
+	// ErrRoomNotFound: the room is unknown (never opened, or forgotten after
+	// its retention). NotFound.
+	ErrRoomNotFound = errors.New("room not found")
+	// ErrRoomExists: a room with this id is open under another idempotency
+	// key. AlreadyExists.
+	ErrRoomExists = errors.New("room already exists")
+	// ErrPrefillNotFound: the prefill instance or rank is not registered (or
+	// was declared dead). NotFound.
+	ErrPrefillNotFound = errors.New("prefill not registered")
+	// ErrPrefillMismatch: the prefill's layout cannot serve this decode side
+	// (page size, KV dtype, parallel sizes, model facts). FailedPrecondition.
+	ErrPrefillMismatch = errors.New("prefill incompatible with the decode side")
+	// ErrWrongState: the operation does not apply to the room now.
+	// FailedPrecondition.
+	ErrWrongState = errors.New("operation not valid in the room's state")
+	// ErrDPRankConflict: a binding contradicts follow_bootstrap_room or an
+	// earlier resolution. FailedPrecondition.
+	ErrDPRankConflict = errors.New("prefill DP rank conflict")
+	// ErrTransferFailed: the chunk failed; the room is failed. Aborted.
+	ErrTransferFailed = errors.New("transfer failed")
+	// ErrEngineUnavailable: the transfer engine cannot be reached (delegated
+	// path). Unavailable.
+	ErrEngineUnavailable = errors.New("transfer engine unavailable")
+	// ErrDraining: the daemon no longer opens rooms. Unavailable.
+	ErrDraining = errors.New("decodeplane is draining")
+	// ErrTooManyWaiters: too many claims wait for rooms that are not open.
+	// ResourceExhausted.
+	ErrTooManyWaiters = errors.New("too many claims for rooms that are not open")
+	// ErrSlowConsumer: a watch stream did not keep up and was dropped.
+	// ResourceExhausted; watch again.
+	ErrSlowConsumer = errors.New("watch stream too slow; events were dropped")
+)
+
+// InvalidError is a request field with a bad value. InvalidArgument.
+type InvalidError struct {
+	Field string
+	Msg   string
+}
+
+func (e *InvalidError) Error() string { return e.Field + ": " + e.Msg }
+
+func invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// RetryError carries a retry hint for ResourceExhausted answers.
+type RetryError struct {
+	Err        error
+	RetryAfter time.Duration
+}
+
+func (e *RetryError) Error() string { return e.Err.Error() }
+func (e *RetryError) Unwrap() error { return e.Err }

@@ -1,0 +1,1012 @@
+package kvmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// OpenRequest opens a room (OpenRoom).
+type OpenRequest struct {
+	RID  string
+	Addr string
+	Room uint64
+	// PrefillDP is the router's hint (disagg_prefill_dp_rank), -1 if none.
+	PrefillDP int
+	// DecodeDP is the decode shard (routed_dp_rank), -1 for room % dp.
+	DecodeDP       int
+	PromptLen      int
+	OutputLen      int
+	MaxNewTokens   int
+	Priority       int
+	Rebootstrap    bool
+	IdempotencyKey string
+}
+
+// OpenRoom admits a request to the decode side. It returns at once: the
+// room then waits for its prefill's registration, its DP rank and admission.
+// Capacity errors (prealloc.ErrExceedsCapacity, ErrQueueFull) leave nothing
+// allocated.
+func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.draining || m.closed {
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d: %w", req.Room, ErrDraining)
+	}
+	if r := m.rooms[req.Room]; r != nil {
+		if req.IdempotencyKey != "" && r.idemKey == req.IdempotencyKey {
+			return r.snapshot(false, false), true, nil
+		}
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d (rid %q): %w (rid %q, phase %s)", req.Room, req.RID, ErrRoomExists, r.rid, r.phase)
+	}
+	shard := req.DecodeDP
+	if shard < 0 {
+		shard = int(req.Room % uint64(len(m.shards)))
+	} else if shard >= len(m.shards) {
+		return RoomSnapshot{}, false, invalid("decode_dp_rank", "%d is out of range: this daemon hosts %d decode DP shards (allowed 0..%d)", shard, len(m.shards), len(m.shards)-1)
+	}
+	if inst := m.prefills[req.Addr]; inst != nil && inst.complete && req.PrefillDP >= inst.topo.DP {
+		return RoomSnapshot{}, false, invalid("prefill_dp_rank", "%d is out of range: %s has dp_size %d (allowed 0..%d)", req.PrefillDP, req.Addr, inst.topo.DP, inst.topo.DP-1)
+	}
+	preq := prealloc.Request{Room: req.Room, RID: req.RID, PromptLen: req.PromptLen, OutputLen: req.OutputLen,
+		MaxNewTokens: req.MaxNewTokens, Priority: req.Priority, Rebootstrap: req.Rebootstrap}
+	led := m.shards[shard]
+	if err := led.Enqueue(preq); err != nil {
+		if errors.Is(err, prealloc.ErrQueueFull) {
+			err = &RetryError{Err: err, RetryAfter: time.Second}
+		}
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d on decode shard %d: %w", req.Room, shard, err)
+	}
+	now := m.clock.Now()
+	r := &room{
+		id: req.Room, rid: req.RID, addr: req.Addr, idemKey: req.IdempotencyKey, req: preq,
+		decodeDP: shard, led: led, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
+		attempt: 1, openedAt: now, updatedAt: now, metaSlot: -1,
+		claims: map[rankKey]*Claim{}, watchers: map[*Watcher]struct{}{},
+		bootstrapAt: now.Add(m.cfg.Timeouts.Bootstrap),
+	}
+	r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
+	m.startSpanLocked(ctx, r)
+	m.rooms[r.id] = r
+	m.transitionLocked(r, PhaseWaitingPrefill, "T1", fmt.Sprintf("opened on decode shard %d", shard))
+	if cs := m.pending[r.id]; cs != nil {
+		delete(m.pending, r.id)
+		m.pendingCount -= len(cs)
+		for _, c := range cs {
+			m.attachClaimLocked(r, c)
+		}
+	}
+	if inst := m.prefills[r.addr]; inst != nil && inst.complete {
+		m.afterPrefillKnownLocked(r, inst, "T4")
+	} else if !r.phase.Terminal() {
+		m.waitForPrefillLocked(r)
+	}
+	return r.snapshot(false, false), false, nil
+}
+
+func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
+	attrs := []attribute.KeyValue{
+		attribute.Int64("decodeplane.room", int64(r.id)),
+		attribute.String("decodeplane.rid", r.rid),
+		attribute.String("decodeplane.prefill.addr", r.addr),
+		attribute.Int("decodeplane.decode_dp_rank", r.decodeDP),
+		attribute.Int("decodeplane.prompt_len", r.req.PromptLen),
+		attribute.Int("decodeplane.attempt", int(r.attempt)),
+	}
+	_, span := m.tracer.Start(ctx, "room", trace.WithAttributes(attrs...))
+	r.span = span
+	r.spanCtx = trace.ContextWithSpan(context.Background(), span)
+}
+
+// afterPrefillKnownLocked continues a room once its prefill instance is
+// fully registered: plan the ranks, then resolve the DP rank.
+func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang string) {
+	if w := m.waitPrefill[r.addr]; w != nil {
+		delete(w.rooms, r.id)
+	}
+	r.plan = inst.plan
+	r.staging = inst.plan.staging
+	r.ranks = make(map[rankKey]*rankProgress, len(inst.plan.required))
+	for _, k := range inst.plan.required {
+		r.ranks[k] = &rankProgress{chunks: map[int]*chunkState{}, last: -1}
+	}
+	if r.hintDP >= inst.topo.DP {
+		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, inst.topo.DP)})
+		return
+	}
+	if r.prefillDP >= 0 { // rebootstrap: stay on the bound DP rank (SGLang #40730)
+		m.dpResolvedLocked(r, inst, r.prefillDP, r.dpRule)
+		return
+	}
+	if dp, rule, ok := m.resolveDPLocked(r.addr, r.id, r.hintDP, inst.topo); ok {
+		m.dpResolvedLocked(r, inst, dp, rule)
+		return
+	}
+	r.dpAt = m.clock.Now().Add(m.cfg.Timeouts.DPRankResolution)
+	inst.unresolved[r.id] = r
+	m.transitionLocked(r, PhaseResolvingDP, "", fmt.Sprintf("%s: dp_size %d, follow_bootstrap_room %v: waiting for BindRoom", r.addr, inst.topo.DP, inst.topo.FollowBootstrapRoom))
+}
+
+// dpResolvedLocked records the room's prefill DP rank and queues it for
+// admission (handshake done: KVPoll WaitingForInput).
+func (m *Manager) dpResolvedLocked(r *room, inst *prefillInstance, dp int, rule DPRule) {
+	r.prefillDP, r.dpRule, r.dpAt = dp, rule, time.Time{}
+	m.obs.DPRankResolved(rule)
+	if r.span != nil {
+		r.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", dp), attribute.String("decodeplane.dp_rank_rule", rule.String()))
+	}
+	for k, c := range r.claims {
+		if c.rank.DP != dp {
+			c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", c.rank, r.id, dp, rule)}})
+			delete(r.claims, k)
+		}
+	}
+	m.transitionLocked(r, PhaseQueued, "T2/T4/T8", fmt.Sprintf("prefill dp rank %d (%s)", dp, rule))
+	if err := r.led.SetReady(r.id); err != nil {
+		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused room %d: %v", r.id, err)})
+		return
+	}
+	m.admitLocked(r.decodeDP)
+}
+
+// admitLocked runs one admission pass on a shard and hands out what it
+// admitted: destinations to the prefill ranks, pages back to resumed rooms.
+func (m *Manager) admitLocked(shard int) {
+	if m.closed {
+		return
+	}
+	led := m.shards[shard]
+	adms, blocked := led.Admit()
+	m.obs.AdmissionPass(shard, len(adms), blocked)
+	now := m.clock.Now()
+	for _, a := range adms {
+		r := m.rooms[a.Room]
+		if r == nil || r.phase.Terminal() {
+			m.log.Error("ledger admitted a room the manager does not hold; releasing it", "room", a.Room)
+			_ = led.Release(a.Room)
+			continue
+		}
+		r.pages = slices.Clone(a.Alloc.Pages)
+		r.fillLen = a.Alloc.FillLen
+		r.metaSlot = a.Alloc.MetadataSlot
+		r.state = cloneState(a.Alloc.State)
+		if a.Resumed {
+			m.transitionLocked(r, PhaseSucceeded, "T20", fmt.Sprintf("resumed after retraction with %d pages", len(r.pages)))
+			continue
+		}
+		r.admittedAt = now
+		m.obs.DestinationLatency(now.Sub(r.openedAt))
+		m.transitionLocked(r, PhaseAdmitted, "T11", fmt.Sprintf("%d pages, metadata slot %d", len(r.pages), r.metaSlot))
+		for _, c := range r.claims {
+			c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.key())})
+		}
+	}
+	m.armShardTimerLocked(shard)
+}
+
+func cloneState(in []prealloc.StateIndices) []prealloc.StateIndices {
+	out := make([]prealloc.StateIndices, len(in))
+	for i, s := range in {
+		out[i] = prealloc.StateIndices{Type: s.Type, Indices: slices.Clone(s.Indices)}
+	}
+	return out
+}
+
+// destinationLocked builds the destination one prefill rank needs.
+func (m *Manager) destinationLocked(r *room, k rankKey) *Destination {
+	d := &Destination{
+		Room: r.id, DecodeDP: r.decodeDP, Pages: r.pages, PageSize: m.layout.PageSize, FillLen: r.fillLen,
+		MetadataSlot: r.metaSlot, State: r.state, Staging: r.staging, Attempt: r.attempt, Dummy: true,
+	}
+	if rp := r.plan.perRank[k]; rp != nil {
+		d.Targets = rp.targets
+		d.Dummy = rp.dummy
+		d.RequiredDstInfoNum = rp.requiredDstInfoNum
+	}
+	if d.Dummy {
+		// Dummy targets get an empty destination, as SGLang sends empty
+		// frames to MLA's extra ranks.
+		d.Pages, d.State, d.MetadataSlot = nil, nil, -1
+	}
+	return d
+}
+
+// AwaitDestination registers a prefill rank's claim on a room. A claim for a
+// room not opened yet waits (bounded by timeouts.bootstrap) for OpenRoom.
+func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c := &Claim{m: m, room: room, rank: rank, ch: make(chan DestinationEvent, claimBuffer)}
+	r := m.rooms[room]
+	if r == nil {
+		if m.draining || m.closed {
+			return nil, fmt.Errorf("await destination of room %d: %w", room, ErrDraining)
+		}
+		if m.pendingCount >= maxPendingClaims {
+			return nil, &RetryError{Err: fmt.Errorf("await destination of room %d: %w (%d)", room, ErrTooManyWaiters, m.pendingCount), RetryAfter: time.Second}
+		}
+		m.pending[room] = append(m.pending[room], c)
+		m.pendingCount++
+		m.clock.AfterFunc(m.cfg.Timeouts.Bootstrap, func() { m.expirePendingClaim(c) })
+		return c, nil
+	}
+	if err := m.attachClaimLocked(r, c); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (m *Manager) expirePendingClaim(c *Claim) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	cs := m.pending[c.room]
+	for i, x := range cs {
+		if x == c {
+			m.pending[c.room] = append(cs[:i], cs[i+1:]...)
+			m.pendingCount--
+			if len(m.pending[c.room]) == 0 {
+				delete(m.pending, c.room)
+			}
+			c.finish(DestinationEvent{Failure: &Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
+				"Request %d timed out after %.1fs in KVPoll.Bootstrapping: the decode side never opened the room", c.room, m.cfg.Timeouts.Bootstrap.Seconds())}})
+			return
+		}
+	}
+}
+
+// attachClaimLocked binds a claim to an open room and replays what the rank
+// has missed (destination, end).
+func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
+	if c.rank.Addr != r.addr {
+		err := invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", c.rank.Addr, r.id, r.addr)
+		c.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: err.Error()}})
+		return err
+	}
+	if r.prefillDP >= 0 && c.rank.DP != r.prefillDP {
+		err := invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", c.rank.DP, r.id, r.prefillDP, r.dpRule)
+		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: err.Error()}})
+		return err
+	}
+	k := c.rank.key()
+	if old := r.claims[k]; old != nil && old != c {
+		old.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: "superseded by a newer AwaitDestination from the same rank"}})
+	}
+	switch {
+	case r.phase == PhaseFailed:
+		c.finish(DestinationEvent{Failure: r.failure})
+		return nil
+	case r.phase.Poll() == PollSuccess || r.phase == PhaseReleased:
+		p := r.phase
+		c.finish(DestinationEvent{Done: &p})
+		return nil
+	}
+	r.claims[k] = c
+	if r.pages != nil && (r.phase == PhaseAdmitted || r.phase == PhaseClaimed || r.phase == PhaseTransferring) {
+		c.queue(DestinationEvent{Destination: m.destinationLocked(r, k)})
+	}
+	return nil
+}
+
+// delivered records that a rank received its destination: its claim.
+func (m *Manager) delivered(c *Claim, d *Destination) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[c.room]
+	if r == nil || d == nil || d.Attempt != r.attempt || r.phase != PhaseAdmitted {
+		return
+	}
+	rp := r.ranks[c.rank.key()]
+	if rp == nil || rp.claimed {
+		return
+	}
+	rp.claimed = true
+	for _, k := range r.plan.required {
+		if !r.ranks[k].claimed {
+			return
+		}
+	}
+	m.claimedLocked(r)
+}
+
+// claimedLocked: every required rank holds the destination. The ledger's
+// claim deadline stops and SGLang's waiting timeout starts (T11).
+func (m *Manager) claimedLocked(r *room) {
+	now := m.clock.Now()
+	r.claimedAt = now
+	r.waitingAt = now.Add(m.cfg.Timeouts.Waiting)
+	if err := r.led.Claim(r.id); err != nil {
+		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused the claim of room %d: %v", r.id, err)})
+		return
+	}
+	m.armShardTimerLocked(r.decodeDP)
+	m.transitionLocked(r, PhaseClaimed, "T11", fmt.Sprintf("destination claimed by %d prefill ranks; waiting timeout %s", len(r.plan.required), m.cfg.Timeouts.Waiting))
+	if r.chunksDone > 0 {
+		m.transitionLocked(r, PhaseTransferring, "", "chunks landed before every rank claimed")
+		m.checkSuccessLocked(r)
+	}
+}
+
+// ChunkRequest is one chunk for the daemon's transfer engine (Transfer) or a
+// chunk the prefill moved itself (ReportTransfer).
+type ChunkRequest struct {
+	Room       uint64
+	Rank       RankID
+	Index      int
+	PageOffset int
+	NumPages   int
+	Last       bool
+	// Transfer only.
+	SrcBuffer string
+	SrcPages  []int32
+	Marker    uint64
+	OutputIDs []int32
+	// ReportTransfer only.
+	Failed bool
+	Reason string
+	Bytes  int64
+}
+
+// Transfer moves one chunk with the transfer engine and returns when it
+// landed. (room, rank, index) is the idempotency key: a retry of a landed
+// chunk returns its result with duplicate = true; a retry of a chunk in
+// flight waits for it.
+func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, bool, error) {
+	m.mu.Lock()
+	r, rp, cs, fresh, err := m.chunkBeginLocked(req)
+	if err != nil || !fresh {
+		m.mu.Unlock()
+		if err != nil {
+			return ChunkResult{}, false, err
+		}
+		return m.awaitChunk(ctx, cs)
+	}
+	op := m.chunkOpLocked(r, req)
+	xctx := r.xferCtx
+	roomSpan := r.spanCtx
+	r.inflight++
+	m.mu.Unlock()
+
+	ctx2, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(xctx, cancel)
+	sctx, span := m.tracer.Start(ctx2, "chunk", trace.WithLinks(trace.LinkFromContext(roomSpan)), trace.WithAttributes(
+		attribute.Int64("decodeplane.room", int64(req.Room)), attribute.Int("decodeplane.chunk", req.Index),
+		attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
+		attribute.Bool("decodeplane.last", req.Last)))
+	res, terr := m.engine.Transfer(sctx, op)
+	span.SetAttributes(attribute.Int64("decodeplane.bytes", res.Bytes))
+	if terr != nil {
+		span.RecordError(terr)
+		span.SetStatus(codes.Error, terr.Error())
+	}
+	span.End()
+	stop()
+	cancel()
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r.inflight--
+	return m.chunkEndLocked(ctx, r, rp, req, cs, res, terr)
+}
+
+func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState) (ChunkResult, bool, error) {
+	if cs.inflight != nil {
+		select {
+		case <-cs.inflight:
+		case <-ctx.Done():
+			return ChunkResult{}, false, ctx.Err()
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return cs.result, cs.done, cs.err
+}
+
+// chunkBeginLocked validates a chunk and registers it in flight. fresh is
+// false for a chunk already landed or in flight (cs tells which).
+func (m *Manager) chunkBeginLocked(req ChunkRequest) (*room, *rankProgress, *chunkState, bool, error) {
+	r := m.rooms[req.Room]
+	if r == nil {
+		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
+	}
+	if req.Rank.Addr != r.addr {
+		return nil, nil, nil, false, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", req.Rank.Addr, r.id, r.addr)
+	}
+	if r.phase == PhaseFailed {
+		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
+	}
+	if r.plan == nil || r.prefillDP < 0 {
+		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: the room has no destination yet (phase %s)", req.Index, r.id, ErrWrongState, r.phase)
+	}
+	if req.Rank.DP != r.prefillDP {
+		return nil, nil, nil, false, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", req.Rank.DP, r.id, r.prefillDP, r.dpRule)
+	}
+	rp := r.ranks[req.Rank.key()]
+	if rp == nil {
+		return nil, nil, nil, false, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", req.Rank, r.id)
+	}
+	if cs := rp.chunks[req.Index]; cs != nil {
+		return r, rp, cs, false, nil
+	}
+	switch r.phase {
+	case PhaseAdmitted, PhaseClaimed, PhaseTransferring:
+	default:
+		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: phase %s", req.Index, r.id, ErrWrongState, r.phase)
+	}
+	if !rp.claimed {
+		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
+	}
+	if req.NumPages < 0 || req.PageOffset < 0 || req.PageOffset+req.NumPages > len(r.pages) {
+		return nil, nil, nil, false, invalid("page_offset", "pages [%d, %d) are outside the destination's %d pages", req.PageOffset, req.PageOffset+req.NumPages, len(r.pages))
+	}
+	if req.NumPages == 0 && !req.Last {
+		return nil, nil, nil, false, invalid("num_pages", "must be > 0 (only the last chunk may carry no pages)")
+	}
+	if len(req.SrcPages) > 0 && len(req.SrcPages) != req.NumPages {
+		return nil, nil, nil, false, invalid("source.page_indices", "has %d entries for %d pages", len(req.SrcPages), req.NumPages)
+	}
+	if rp.last >= 0 && req.Index > rp.last {
+		return nil, nil, nil, false, invalid("chunk_index", "%d comes after this rank's last chunk %d", req.Index, rp.last)
+	}
+	if req.Last {
+		for i := range rp.chunks {
+			if i > req.Index {
+				return nil, nil, nil, false, invalid("chunk_index", "last chunk %d, but chunk %d was already sent", req.Index, i)
+			}
+		}
+	}
+	cs := &chunkState{inflight: make(chan struct{})}
+	rp.chunks[req.Index] = cs
+	return r, rp, cs, true, nil
+}
+
+func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) ChunkOp {
+	ps := m.layout.PageSize
+	tokens := min((req.PageOffset+req.NumPages)*ps, r.fillLen) - req.PageOffset*ps
+	op := ChunkOp{
+		Room: r.id, RID: r.rid, Attempt: r.attempt, Rank: req.Rank, ChunkIndex: req.Index,
+		DestPages: r.pages[req.PageOffset : req.PageOffset+req.NumPages], Tokens: max(tokens, 0),
+		SrcBuffer: req.SrcBuffer, SrcPages: req.SrcPages, Layout: m.layout, DecodeDP: r.decodeDP,
+		Last: req.Last, MetadataSlot: r.metaSlot, Marker: req.Marker, OutputIDs: req.OutputIDs,
+	}
+	if rpl := r.plan.perRank[req.Rank.key()]; rpl != nil {
+		op.Targets = rpl.targets
+	}
+	if req.Last {
+		op.State = r.state
+	}
+	return op
+}
+
+// chunkEndLocked records a chunk's outcome and advances the room.
+func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress, req ChunkRequest, cs *chunkState, res ChunkResult, terr error) (ChunkResult, bool, error) {
+	finish := func(err error) (ChunkResult, bool, error) {
+		cs.err = err
+		close(cs.inflight)
+		cs.inflight = nil
+		m.releaseIfIdleLocked(r)
+		return res, false, err
+	}
+	if r.phase == PhaseFailed {
+		return finish(fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message))
+	}
+	if terr != nil {
+		retryable := errors.Is(terr, ErrEngineUnavailable) || (ctx.Err() != nil && r.xferCtx.Err() == nil)
+		if retryable {
+			delete(rp.chunks, req.Index) // nothing landed: a retry may send it again
+			return finish(terr)
+		}
+		m.obs.ChunkDone(res.Bytes, res.Duration, false)
+		f := Failure{Code: FailureTransferFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): chunk %d from %s failed: %v", r.id, req.Index, req.Rank, terr)}
+		m.failLocked(r, f)
+		return finish(fmt.Errorf("%w: %s", ErrTransferFailed, f.Message))
+	}
+	cs.done, cs.result = true, res
+	close(cs.inflight)
+	cs.inflight = nil
+	m.chunkLandedLocked(r, rp, req, res)
+	return res, false, nil
+}
+
+// chunkLandedLocked advances a room after a chunk landed (moved by the
+// engine or reported by the prefill).
+func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest, res ChunkResult) {
+	r.bytes += uint64(res.Bytes)
+	r.chunksDone++
+	m.obs.ChunkDone(res.Bytes, res.Duration, true)
+	if req.Last {
+		rp.last = req.Index
+	}
+	if res.MarkerWritten != 0 {
+		r.marker = res.MarkerWritten
+		if err := r.led.SetMetadataMarker(r.id, res.MarkerWritten); err != nil {
+			m.log.Error("ledger refused the metadata marker", "room", r.id, "err", err)
+		}
+	}
+	if rp.last >= 0 && !rp.done {
+		done := true
+		for i := 0; i <= rp.last; i++ {
+			if cs := rp.chunks[i]; cs == nil || !cs.done {
+				done = false
+				break
+			}
+		}
+		rp.done = done
+	}
+	if r.phase == PhaseClaimed {
+		m.transitionLocked(r, PhaseTransferring, "", fmt.Sprintf("chunk %d from %s landed", req.Index, req.Rank))
+	}
+	m.checkSuccessLocked(r)
+}
+
+// ReportTransfer records a chunk the prefill moved itself. A failure fails
+// the room with the prefill's reason (SGLang T13).
+func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, rp, cs, fresh, err := m.chunkBeginLocked(req)
+	if err != nil {
+		return PollFailed, false, err
+	}
+	if !fresh {
+		if cs.inflight != nil {
+			return r.phase.Poll(), false, fmt.Errorf("chunk %d of room %d: %w: the chunk is being moved by Transfer", req.Index, r.id, ErrWrongState)
+		}
+		return r.phase.Poll(), true, cs.err
+	}
+	close(cs.inflight)
+	cs.inflight = nil
+	if req.Failed {
+		reason := req.Reason
+		if reason == "" {
+			reason = "Failed to get kvcache from prefill instance, it might be dead"
+		}
+		m.obs.ChunkDone(req.Bytes, 0, false)
+		f := Failure{Code: FailureTransferFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): %s (reported by %s, chunk %d)", r.id, reason, req.Rank, req.Index), FromAnotherRank: true}
+		m.failLocked(r, f)
+		cs.err = fmt.Errorf("%w: %s", ErrTransferFailed, f.Message)
+		return PollFailed, false, nil
+	}
+	cs.done = true
+	cs.result = ChunkResult{Bytes: req.Bytes, MarkerWritten: req.Marker}
+	m.chunkLandedLocked(r, rp, req, cs.result)
+	return r.phase.Poll(), false, nil
+}
+
+// checkSuccessLocked declares Success once every required rank's chunks
+// landed, no success gate is pending and the metadata slot holds the room's
+// marker (SGLang's metadata gate, §2.2).
+func (m *Manager) checkSuccessLocked(r *room) {
+	if r.phase != PhaseTransferring {
+		return
+	}
+	for _, k := range r.plan.required {
+		if !r.ranks[k].done {
+			return
+		}
+	}
+	if len(r.gates) > 0 {
+		return
+	}
+	switch {
+	case r.marker == 0:
+		return // aux not landed yet: stay Transferring (the waiting timeout bounds it)
+	case r.marker != r.id:
+		m.failLocked(r, Failure{Code: FailureMetadataCorruption, Message: fmt.Sprintf(
+			"Metadata corruption detected - bootstrap_room mismatch: metadata slot %d holds room %d, expected %d", r.metaSlot, r.marker, r.id)})
+		return
+	}
+	if err := r.led.StartRunning(r.id); err != nil {
+		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to start room %d: %v", r.id, err)})
+		return
+	}
+	now := m.clock.Now()
+	m.obs.TransferLatency(now.Sub(r.admittedAt))
+	m.obs.RoomFinished(PhaseSucceeded, FailureUnspecified, now.Sub(r.openedAt))
+	m.transitionLocked(r, PhaseSucceeded, "T12/T17", fmt.Sprintf("%d chunks, %d bytes", r.chunksDone, r.bytes))
+	p := PhaseSucceeded
+	for k, c := range r.claims {
+		c.finish(DestinationEvent{Done: &p})
+		delete(r.claims, k)
+	}
+}
+
+// sglangFor names the SGLang transition a failure code corresponds to.
+var sglangFor = map[FailureCode]string{
+	FailureAborted:            "T16",
+	FailurePrefillUnavailable: "T3",
+	FailurePrefillLost:        "T15",
+	FailureWaitingTimeout:     "T14",
+	FailureTransferFailed:     "T13/T18",
+	FailureMetadataCorruption: "T19",
+	FailureStagingFailed:      "T18",
+}
+
+// failLocked ends a room with a failure: in-flight transfers are cancelled,
+// claims and watchers are told, and every resource goes back once nothing
+// is in flight.
+func (m *Manager) failLocked(r *room, f Failure) {
+	if r.phase.Terminal() {
+		return
+	}
+	fc := f
+	r.failure = &fc
+	if w := m.waitPrefill[r.addr]; w != nil {
+		delete(w.rooms, r.id)
+	}
+	if inst := m.prefills[r.addr]; inst != nil {
+		delete(inst.unresolved, r.id)
+	}
+	r.xferCancel()
+	for k, c := range r.claims {
+		c.finish(DestinationEvent{Failure: &fc})
+		delete(r.claims, k)
+	}
+	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt))
+	m.log.WarnContext(r.spanCtx, "room failed", "room", r.id, "rid", r.rid, "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
+	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], f.Message)
+	m.endLocked(r)
+}
+
+// releaseRoomLocked ends a room the decode engine is done with.
+func (m *Manager) releaseRoomLocked(r *room, note string) {
+	m.transitionLocked(r, PhaseReleased, "", note)
+	m.endLocked(r)
+}
+
+// endLocked retains a terminal room and releases its resources.
+func (m *Manager) endLocked(r *room) {
+	r.finishedAt = m.clock.Now()
+	r.releasePending = true
+	m.releaseIfIdleLocked(r)
+	m.retained = append(m.retained, r)
+	m.trimRetainedLocked(r.finishedAt)
+}
+
+// releaseIfIdleLocked returns a terminal room's resources to the ledger once
+// no transfer is in flight, exactly once.
+func (m *Manager) releaseIfIdleLocked(r *room) {
+	if !r.releasePending || r.inflight > 0 {
+		return
+	}
+	r.releasePending = false
+	if r.inLedger {
+		r.inLedger = false
+		if err := r.led.Release(r.id); err != nil {
+			m.log.Error("ledger release failed", "room", r.id, "err", err)
+		}
+	}
+	for _, f := range r.onEnd {
+		f()
+	}
+	r.onEnd = nil
+	r.gates = nil
+	m.admitLocked(r.decodeDP)
+}
+
+// trimRetainedLocked forgets finished rooms past retention or beyond the cap.
+func (m *Manager) trimRetainedLocked(now time.Time) {
+	for len(m.retained) > 0 {
+		old := m.retained[0]
+		if len(m.retained) <= m.cfg.Rooms.MaxRetained && now.Sub(old.finishedAt) < m.cfg.Rooms.Retention {
+			break
+		}
+		m.retained[0] = nil
+		m.retained = m.retained[1:]
+		if m.rooms[old.id] == old && old.phase.Terminal() && !old.releasePending {
+			delete(m.rooms, old.id)
+			m.obs.RoomForgotten(old.phase)
+		} else if m.rooms[old.id] == old && old.releasePending {
+			m.retained = append(m.retained, old) // still draining transfers: look again later
+			break
+		}
+	}
+}
+
+// AbortRoom fails a room in any phase (held rebootstrap included) with
+// "Aborted by AbortReq." or reason. Aborting a finished room is a no-op.
+func (m *Manager) AbortRoom(room uint64, reason string) (RoomSnapshot, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[room]
+	if r == nil {
+		return RoomSnapshot{}, false, fmt.Errorf("abort room %d: %w", room, ErrRoomNotFound)
+	}
+	if r.phase.Terminal() {
+		return r.snapshot(false, false), true, nil
+	}
+	msg := "Aborted by AbortReq."
+	if reason != "" {
+		msg = reason
+	}
+	m.failLocked(r, Failure{Code: FailureAborted, Message: msg})
+	return r.snapshot(false, false), false, nil
+}
+
+// ReleaseRoom returns a successful room's pages; idempotent.
+func (m *Manager) ReleaseRoom(room uint64) (pages int, already bool, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[room]
+	switch {
+	case r == nil:
+		return 0, false, fmt.Errorf("release room %d: %w", room, ErrRoomNotFound)
+	case r.phase == PhaseReleased:
+		return 0, true, nil
+	case r.phase == PhaseFailed:
+		return 0, false, fmt.Errorf("release room %d: %w: the room failed (its pages are already back): %s", room, ErrWrongState, r.failure.Message)
+	case r.phase.Poll() != PollSuccess:
+		return 0, false, fmt.Errorf("release room %d: %w: the room has not succeeded (phase %s); abort it instead", room, ErrWrongState, r.phase)
+	}
+	pages = len(r.pages)
+	m.releaseRoomLocked(r, "released by the decode engine")
+	return pages, false, nil
+}
+
+// Watch streams a room's transitions: its current state (every earlier
+// transition when history is set), then each transition until terminal.
+func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[room]
+	if r == nil {
+		return nil, fmt.Errorf("watch room %d: %w", room, ErrRoomNotFound)
+	}
+	past := r.transitions[len(r.transitions)-1:]
+	if history {
+		past = r.transitions
+	}
+	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(past)), m: m, room: room}
+	snap := r.snapshot(false, false)
+	for i, t := range past {
+		w.ch <- RoomEvent{Room: snap, Transition: t, Terminal: r.phase.Terminal() && i == len(past)-1}
+	}
+	if r.phase.Terminal() {
+		w.close(nil)
+		return w, nil
+	}
+	r.watchers[w] = struct{}{}
+	return w, nil
+}
+
+// GetRoom returns a room's state and timeline.
+func (m *Manager) GetRoom(room uint64, withPages bool) (RoomSnapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[room]
+	if r == nil {
+		return RoomSnapshot{}, fmt.Errorf("get room %d: %w", room, ErrRoomNotFound)
+	}
+	return r.snapshot(true, withPages), nil
+}
+
+// ListFilter selects rooms for ListRooms.
+type ListFilter struct {
+	Phases   []Phase
+	Addr     string
+	LiveOnly bool
+	Limit    int
+}
+
+// ListRooms returns matching rooms, oldest first, and the total before Limit.
+func (m *Manager) ListRooms(f ListFilter) ([]RoomSnapshot, int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var match []*room
+	for _, r := range m.rooms {
+		if f.Addr != "" && r.addr != f.Addr {
+			continue
+		}
+		if f.LiveOnly && r.phase.Terminal() {
+			continue
+		}
+		if len(f.Phases) > 0 && !slices.Contains(f.Phases, r.phase) {
+			continue
+		}
+		match = append(match, r)
+	}
+	sort.Slice(match, func(i, j int) bool {
+		if !match[i].openedAt.Equal(match[j].openedAt) {
+			return match[i].openedAt.Before(match[j].openedAt)
+		}
+		return match[i].id < match[j].id
+	})
+	total := len(match)
+	if f.Limit > 0 && len(match) > f.Limit {
+		match = match[:f.Limit]
+	}
+	out := make([]RoomSnapshot, len(match))
+	for i, r := range match {
+		out[i] = r.snapshot(false, false)
+	}
+	return out, total
+}
+
+// Usage is a running room's output length.
+type Usage struct {
+	Room      uint64
+	OutputLen int
+}
+
+// Grown are the pages a running room gained.
+type Grown struct {
+	Room     uint64
+	NewPages []int32
+}
+
+// ReportRunning grows running rooms' allocations to their output lengths.
+// Rooms that could not grow (no pages) are listed in noCapacity: the engine
+// should retract one. Unknown or non-running rooms are in notRunning.
+func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRunning []uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, u := range usage {
+		r := m.rooms[u.Room]
+		if r == nil || r.phase != PhaseSucceeded {
+			notRunning = append(notRunning, u.Room)
+			continue
+		}
+		pages, err := r.led.UpdateRunning(r.id, u.OutputLen)
+		switch {
+		case errors.Is(err, prealloc.ErrNoCapacity):
+			noCapacity = append(noCapacity, u.Room)
+		case err != nil:
+			notRunning = append(notRunning, u.Room)
+		case len(pages) > 0:
+			r.pages = append(r.pages, pages...)
+			grown = append(grown, Grown{Room: r.id, NewPages: slices.Clone(pages)})
+		}
+	}
+	return grown, noCapacity, notRunning
+}
+
+// RetractMode says what RetractRoom does with a running room.
+type RetractMode int
+
+// Retract modes.
+const (
+	// RetractCPU: the engine keeps a CPU copy; the room resumes (gets pages
+	// again) before any new admission.
+	RetractCPU RetractMode = iota + 1
+	// RetractRebootstrap: held until ContinueGeneration, then re-bootstrapped
+	// from its prefill (pause_generation in retract mode).
+	RetractRebootstrap
+)
+
+// RetractRoom takes a running room's pages back.
+func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[room]
+	if r == nil {
+		return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, ErrRoomNotFound)
+	}
+	if r.phase != PhaseSucceeded {
+		return RoomSnapshot{}, fmt.Errorf("retract room %d: %w: only a running (succeeded) room can be retracted (phase %s)", room, ErrWrongState, r.phase)
+	}
+	switch mode {
+	case RetractCPU:
+		if err := r.led.Retract(r.id); err != nil {
+			return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, err)
+		}
+		r.pages = nil
+		m.transitionLocked(r, PhaseRetracted, "T20", "retracted; resumes before new admissions")
+		m.admitLocked(r.decodeDP)
+	case RetractRebootstrap:
+		if err := r.led.Hold(r.id); err != nil {
+			return RoomSnapshot{}, fmt.Errorf("hold room %d: %w", room, err)
+		}
+		r.pages = nil
+		m.transitionLocked(r, PhaseHeld, "T21", "held for rebootstrap until ContinueGeneration")
+		m.admitLocked(r.decodeDP)
+	default:
+		return RoomSnapshot{}, invalid("mode", "must be RETRACT or REBOOTSTRAP")
+	}
+	return r.snapshot(false, false), nil
+}
+
+// ContinueGeneration re-enqueues every held room as a rebootstrap request
+// (SGLang T22): a new attempt that bootstraps again from the same prefill DP
+// rank.
+func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var ids []uint64
+	for _, led := range m.shards {
+		ids = append(ids, led.ResumeHeld()...)
+	}
+	now := m.clock.Now()
+	for _, id := range ids {
+		r := m.rooms[id]
+		if r == nil {
+			continue
+		}
+		r.attempt++
+		r.req.Rebootstrap = true
+		r.pages, r.state, r.metaSlot, r.fillLen, r.marker = nil, nil, -1, 0, 0
+		r.chunksDone, r.bytes = 0, 0
+		r.claims = map[rankKey]*Claim{}
+		r.gates = nil
+		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = now.Add(m.cfg.Timeouts.Bootstrap), time.Time{}, time.Time{}, time.Time{}
+		r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
+		m.startSpanLocked(ctx, r)
+		m.transitionLocked(r, PhaseWaitingPrefill, "T22", fmt.Sprintf("rebootstrap attempt %d", r.attempt))
+		if inst := m.prefills[r.addr]; inst != nil && inst.complete {
+			m.afterPrefillKnownLocked(r, inst, "T22")
+		} else {
+			m.waitForPrefillLocked(r)
+		}
+	}
+	return ids
+}
+
+// HoldSuccess adds a condition the room's success waits for (for example a
+// staged chunk still scattering). ReleaseHold removes it.
+func (m *Manager) HoldSuccess(room uint64, gate string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[room]
+	if r == nil {
+		return fmt.Errorf("hold success of room %d: %w", room, ErrRoomNotFound)
+	}
+	if r.phase.Terminal() || r.phase.Poll() == PollSuccess {
+		return fmt.Errorf("hold success of room %d: %w (phase %s)", room, ErrWrongState, r.phase)
+	}
+	if r.gates == nil {
+		r.gates = map[string]bool{}
+	}
+	r.gates[gate] = true
+	return nil
+}
+
+// ReleaseHold removes a success condition; a non-nil failure fails the room.
+func (m *Manager) ReleaseHold(room uint64, gate string, failure *Failure) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[room]
+	if r == nil || r.phase.Terminal() {
+		return
+	}
+	delete(r.gates, gate)
+	if failure != nil {
+		m.failLocked(r, *failure)
+		return
+	}
+	m.checkSuccessLocked(r)
+}
+
+// OnRoomEnd runs f exactly once when the room's resources are released, on
+// every exit path (release, failure, abort, timeout, shutdown). f runs with
+// the manager's lock held and must not call back into the manager.
+func (m *Manager) OnRoomEnd(room uint64, f func()) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[room]
+	if r == nil {
+		return fmt.Errorf("on end of room %d: %w", room, ErrRoomNotFound)
+	}
+	if r.phase.Terminal() && !r.releasePending {
+		f()
+		return nil
+	}
+	r.onEnd = append(r.onEnd, f)
+	return nil
+}
+
+// Poll returns a room's KVPoll (Failed for an unknown room).
+func (m *Manager) Poll(room uint64) KVPoll {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r := m.rooms[room]; r != nil {
+		return r.phase.Poll()
+	}
+	return PollFailed
+}

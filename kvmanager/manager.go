@@ -1,0 +1,397 @@
+package kvmanager
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// Ledger is what the manager needs of one decode DP shard's KV ledger
+// (prealloc.Ledger implements it).
+type Ledger interface {
+	Enqueue(req prealloc.Request) error
+	SetReady(room uint64) error
+	Admit() ([]prealloc.Admission, prealloc.BlockReason)
+	Claim(room uint64) error
+	Allocation(room uint64) (prealloc.Allocation, bool)
+	StartRunning(room uint64) error
+	UpdateRunning(room uint64, outputLen int) ([]int32, error)
+	Retract(room uint64) error
+	Hold(room uint64) error
+	ResumeHeld() []uint64
+	Release(room uint64) error
+	Expire() []prealloc.Expired
+	NextDeadline() (time.Time, bool)
+	Drain()
+	Stats() prealloc.Stats
+	SetMetadataMarker(room uint64, marker uint64) error
+}
+
+var _ Ledger = (*prealloc.Ledger)(nil)
+
+// Deps are the manager's collaborators.
+type Deps struct {
+	// Ledgers are the decode DP shards, index = decode DP rank; required.
+	Ledgers []Ledger
+	// Engine moves chunks; required.
+	Engine TransferEngine
+	// Clock defaults to RealClock.
+	Clock Clock
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// TracerProvider defaults to a no-op provider.
+	TracerProvider trace.TracerProvider
+	// Observer defaults to NopObserver.
+	Observer Observer
+}
+
+// Manager owns rooms, prefill registrations, DP-rank bindings and the
+// transfer state machine. It is safe for concurrent use.
+type Manager struct {
+	cfg    Config
+	dec    prealloc.Config
+	layout prealloc.Layout
+	clock  Clock
+	log    *slog.Logger
+	tracer trace.Tracer
+	obs    Observer
+	engine TransferEngine
+	shards []Ledger
+
+	mu           sync.Mutex
+	rooms        map[uint64]*room
+	prefills     map[string]*prefillInstance
+	waitPrefill  map[string]*addrWait // rooms waiting for an instance's registration
+	bindings     map[string]map[uint64]binding
+	pending      map[uint64][]*Claim // claims for rooms not opened yet
+	pendingCount int
+	retained     []*room // terminal rooms, oldest first
+	shardTimers  []Stopper
+	draining     bool
+	closed       bool
+	progress     chan struct{}              // closed (and replaced) when a room stops handing off
+}
+
+// maxPendingClaims bounds claims waiting for rooms that are not open yet.
+const maxPendingClaims = 65536
+
+// New builds a manager. dec must be validated.
+func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(deps.Ledgers) == 0 {
+		return nil, errors.New("kvmanager: at least one ledger (decode DP shard) is required")
+	}
+	if len(deps.Ledgers) != max(1, dec.Parallel.DP) {
+		return nil, fmt.Errorf("kvmanager: %d ledgers for parallel.dp = %d", len(deps.Ledgers), dec.Parallel.DP)
+	}
+	if deps.Engine == nil {
+		return nil, errors.New("kvmanager: a transfer engine is required")
+	}
+	if deps.Clock == nil {
+		deps.Clock = RealClock{}
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	if deps.TracerProvider == nil {
+		deps.TracerProvider = noop.NewTracerProvider()
+	}
+	if deps.Observer == nil {
+		deps.Observer = NopObserver{}
+	}
+	m := &Manager{
+		cfg:         cfg,
+		dec:         dec,
+		layout:      dec.Layout(),
+		clock:       deps.Clock,
+		log:         deps.Logger,
+		tracer:      deps.TracerProvider.Tracer("github.com/decodeplane/decodeplane/kvmanager"),
+		obs:         deps.Observer,
+		engine:      deps.Engine,
+		shards:      deps.Ledgers,
+		rooms:       map[uint64]*room{},
+		prefills:    map[string]*prefillInstance{},
+		waitPrefill: map[string]*addrWait{},
+		bindings:    map[string]map[uint64]binding{},
+		pending:     map[uint64][]*Claim{},
+		shardTimers: make([]Stopper, len(deps.Ledgers)),
+		progress:    make(chan struct{}),
+	}
+	return m, nil
+}
+
+// Layout returns the decode KV layout.
+func (m *Manager) Layout() prealloc.Layout { return m.layout }
+
+// Run runs the background checks until ctx is done: prefill heartbeat
+// liveness (every effective heartbeat interval), DP-rank binding expiry and
+// the retention of finished rooms. It returns ctx's error.
+func (m *Manager) Run(ctx context.Context) error {
+	interval, _ := m.cfg.Timeouts.EffectiveHeartbeat()
+	hb := newTicker(m.clock, interval)
+	defer hb.stop()
+	sweep := newTicker(m.clock, min(m.cfg.DPRank.BindingTTL, time.Minute))
+	defer sweep.stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-hb.c:
+			m.checkLiveness()
+		case <-sweep.c:
+			m.sweep()
+		}
+	}
+}
+
+// ticker is a clock-driven ticker (time.Ticker on the injected clock).
+type ticker struct {
+	c    chan struct{}
+	mu   sync.Mutex
+	t    Stopper
+	done bool
+}
+
+func newTicker(c Clock, d time.Duration) *ticker {
+	t := &ticker{c: make(chan struct{}, 1)}
+	var arm func()
+	arm = func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.done {
+			return
+		}
+		t.t = c.AfterFunc(d, func() {
+			select {
+			case t.c <- struct{}{}:
+			default: // a tick is already pending
+			}
+			arm()
+		})
+	}
+	arm()
+	return t
+}
+
+func (t *ticker) stop() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.done = true
+	if t.t != nil {
+		t.t.Stop()
+	}
+}
+
+// sweep expires DP-rank bindings and forgets finished rooms past retention.
+func (m *Manager) sweep() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	for addr, tab := range m.bindings {
+		for room, b := range tab {
+			if now.Sub(b.at) >= m.cfg.DPRank.BindingTTL {
+				delete(tab, room)
+			}
+		}
+		if len(tab) == 0 {
+			delete(m.bindings, addr)
+		}
+	}
+	m.trimRetainedLocked(now)
+}
+
+// Drain stops opening rooms (OpenRoom returns ErrDraining) and stops the
+// ledgers admitting; rooms in flight go on.
+func (m *Manager) Drain() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.draining {
+		return
+	}
+	m.draining = true
+	m.log.Info("draining: no new rooms")
+}
+
+// InFlight counts rooms that have not reached a terminal phase.
+func (m *Manager) InFlight() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	n := 0
+	for _, r := range m.rooms {
+		if !r.phase.Terminal() {
+			n++
+		}
+	}
+	return n
+}
+
+// Shutdown drains, waits for the rooms still handing off KV until ctx is
+// done (Succeeded rooms do not hold it up), then fails every room still
+// handing off with FailureShutdown and releases every room's resources, so
+// that every ledger is back to full. Claim and watch streams end.
+func (m *Manager) Shutdown(ctx context.Context) {
+	m.Drain()
+	for {
+		m.mu.Lock()
+		busy := 0
+		for _, r := range m.rooms {
+			if r.handingOff() {
+				busy++
+			}
+		}
+		progress := m.progress
+		m.mu.Unlock()
+		if busy == 0 {
+			break
+		}
+		select {
+		case <-progress:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ids := make([]uint64, 0, len(m.rooms))
+	for id, r := range m.rooms {
+		if !r.phase.Terminal() {
+			ids = append(ids, id)
+		}
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		r := m.rooms[id]
+		if r.phase.Poll() == PollSuccess {
+			m.releaseRoomLocked(r, "released at shutdown")
+			continue
+		}
+		m.failLocked(r, Failure{Code: FailureShutdown, Message: fmt.Sprintf("decodeplane shut down before room %d finished (phase %s)", r.id, r.phase)})
+	}
+	for room, cs := range m.pending {
+		for _, c := range cs {
+			c.finish(DestinationEvent{Failure: &Failure{Code: FailureShutdown, Message: "decodeplane shut down"}})
+		}
+		delete(m.pending, room)
+	}
+	m.pendingCount = 0
+	for i, t := range m.shardTimers {
+		if t != nil {
+			t.Stop()
+			m.shardTimers[i] = nil
+		}
+	}
+	for _, w := range m.waitPrefill {
+		w.stop()
+	}
+	m.closed = true
+}
+
+// ShardStats returns every shard's ledger stats.
+func (m *Manager) ShardStats() []prealloc.Stats {
+	out := make([]prealloc.Stats, len(m.shards))
+	for i, l := range m.shards {
+		out[i] = l.Stats()
+	}
+	return out
+}
+
+// Status is a summary for operators.
+type Status struct {
+	Draining     bool
+	RoomsByPhase map[Phase]int
+	Shards       []prealloc.Stats
+	Prefills     []PrefillStatus
+}
+
+// PrefillStatus is one known prefill instance.
+type PrefillStatus struct {
+	Addr             string
+	Registered       int
+	Expected         int
+	Topology         PrefillTopology
+	LastHeartbeat    time.Time
+	MissedHeartbeats int
+	ActiveRooms      int
+}
+
+// Status returns rooms by phase, shard stats and prefill instances.
+func (m *Manager) Status() Status {
+	m.mu.Lock()
+	st := Status{Draining: m.draining, RoomsByPhase: map[Phase]int{}}
+	for _, r := range m.rooms {
+		st.RoomsByPhase[r.phase]++
+	}
+	now := m.clock.Now()
+	interval, _ := m.cfg.Timeouts.EffectiveHeartbeat()
+	for _, p := range m.prefills {
+		ps := PrefillStatus{Addr: p.addr, Registered: len(p.ranks), Expected: p.expected, Topology: p.topo}
+		for _, rk := range p.ranks {
+			if rk.lastSeen.After(ps.LastHeartbeat) || ps.LastHeartbeat.IsZero() {
+				ps.LastHeartbeat = rk.lastSeen
+			}
+			ps.MissedHeartbeats = max(ps.MissedHeartbeats, int(now.Sub(rk.lastSeen)/interval))
+		}
+		for _, r := range m.rooms {
+			if r.addr == p.addr && !r.phase.Terminal() {
+				ps.ActiveRooms++
+			}
+		}
+		st.Prefills = append(st.Prefills, ps)
+	}
+	m.mu.Unlock()
+	sort.Slice(st.Prefills, func(i, j int) bool { return st.Prefills[i].Addr < st.Prefills[j].Addr })
+	st.Shards = m.ShardStats()
+	return st
+}
+
+// armShardTimer keeps one timer per shard at the ledger's next claim
+// deadline; it calls Expire when it fires.
+func (m *Manager) armShardTimerLocked(shard int) {
+	if m.closed {
+		return
+	}
+	if t := m.shardTimers[shard]; t != nil {
+		t.Stop()
+		m.shardTimers[shard] = nil
+	}
+	next, ok := m.shards[shard].NextDeadline()
+	if !ok {
+		return
+	}
+	d := next.Sub(m.clock.Now())
+	m.shardTimers[shard] = m.clock.AfterFunc(max(d, 0), func() { m.expireShard(shard) })
+}
+
+func (m *Manager) expireShard(shard int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return
+	}
+	for _, e := range m.shards[shard].Expire() {
+		r := m.rooms[e.Room]
+		if r == nil {
+			continue
+		}
+		r.inLedger = false // the ledger already released it
+		waited := m.clock.Now().Sub(r.admittedAt)
+		m.failLocked(r, Failure{Code: FailureClaimTimeout, Message: fmt.Sprintf(
+			"Request %d timed out after %.1fs in KVPoll.WaitingForInput: the pre-allocated destination was not claimed by every required prefill rank (%s) within admission.claim_timeout",
+			r.id, waited.Seconds(), r.unclaimedRanks())})
+	}
+	m.armShardTimerLocked(shard)
+	m.admitLocked(shard)
+}

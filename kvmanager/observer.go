@@ -1,0 +1,54 @@
+package kvmanager
+
+import (
+	"time"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// Observer receives the manager's events, for metrics. Calls are made with
+// the manager's lock held: implementations must be fast and must not call
+// back into the manager.
+type Observer interface {
+	// RoomPhase is a room moving from one phase to another (from is
+	// PhaseUnspecified for a new room; to may be terminal).
+	RoomPhase(from, to Phase)
+	// RoomForgotten is a terminal room leaving the retained set.
+	RoomForgotten(p Phase)
+	// RoomFinished is a room reaching Succeeded or Failed: its hand-off
+	// outcome and the time from OpenRoom. code is FailureUnspecified on success.
+	RoomFinished(outcome Phase, code FailureCode, sinceOpen time.Duration)
+	// DestinationLatency is the time from OpenRoom to admission (the
+	// destination is ready for prefill).
+	DestinationLatency(d time.Duration)
+	// TransferLatency is the time from admission to success.
+	TransferLatency(d time.Duration)
+	// ChunkDone is one chunk that landed (ok) or failed.
+	ChunkDone(bytes int64, d time.Duration, ok bool)
+	// DPRankResolved counts resolutions by rule.
+	DPRankResolved(rule DPRule)
+	// AdmissionPass is one admission pass on a shard.
+	AdmissionPass(shard, admitted int, blocked prealloc.BlockReason)
+	// PrefillRegistered counts rank registrations (replaced: a new endpoint
+	// or instance for a known rank).
+	PrefillRegistered(addr string, replaced bool)
+	// PrefillLost is an instance declared dead (heartbeats stopped).
+	PrefillLost(addr string, rooms int)
+	// HeartbeatMissed is a rank whose heartbeat is overdue at a check.
+	HeartbeatMissed(addr string)
+}
+
+// NopObserver ignores every event.
+type NopObserver struct{}
+
+func (NopObserver) RoomPhase(from, to Phase)                       {}
+func (NopObserver) RoomForgotten(p Phase)                          {}
+func (NopObserver) RoomFinished(Phase, FailureCode, time.Duration) {}
+func (NopObserver) DestinationLatency(time.Duration)               {}
+func (NopObserver) TransferLatency(time.Duration)                  {}
+func (NopObserver) ChunkDone(int64, time.Duration, bool)           {}
+func (NopObserver) DPRankResolved(DPRule)                          {}
+func (NopObserver) AdmissionPass(int, int, prealloc.BlockReason)   {}
+func (NopObserver) PrefillRegistered(string, bool)                 {}
+func (NopObserver) PrefillLost(string, int)                        {}
+func (NopObserver) HeartbeatMissed(string)                         {}

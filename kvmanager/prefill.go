@@ -1,0 +1,420 @@
+package kvmanager
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// ParallelInfo is a prefill rank's parallel layout (SGLang's PUT /route body).
+type ParallelInfo struct {
+	AttnTP, AttnTPRank     int
+	AttnCP, AttnCPRank     int
+	AttnDP, AttnDPRank     int
+	PP, PPRank             int
+	SystemDP, SystemDPRank int
+}
+
+// dp returns the prefill's DP size and this rank's DP group as SGLang's
+// bootstrap server keys them: attention DP when system_dp_size == 1, else
+// the system DP rank.
+func (p ParallelInfo) dp() (size, group int) {
+	if p.SystemDP <= 1 {
+		return max(1, p.AttnDP), p.AttnDPRank
+	}
+	return p.SystemDP, p.SystemDPRank
+}
+
+// ModelFacts are the prefill's KV layout facts; zero fields are not checked.
+type ModelFacts struct {
+	Kind          string
+	NumLayers     int
+	TotalKVHeads  int
+	HeadDim       int
+	KVLoraRank    int
+	QKRopeHeadDim int
+}
+
+// Registration is one prefill rank registering (RegisterPrefill).
+type Registration struct {
+	Addr               string
+	Endpoint           string
+	InstanceID         string
+	Parallel           ParallelInfo
+	PageSize           int
+	KVDType            string
+	LoadBalanceMethod  string
+	DSACacheLayerSplit bool
+	HTTPPort           int
+	Model              ModelFacts
+}
+
+// RegistrationResult is what a prefill rank learns when it registers.
+type RegistrationResult struct {
+	Mapping []DecodeRankMapping
+	// Rank view: the decode TP ranks addressing this rank, whether it is a
+	// dummy for all of them, and how many destinations it receives.
+	ServesDecodeTP     []int
+	Dummy              bool
+	RequiredDstInfoNum int
+	Staging            bool
+	HeartbeatInterval  time.Duration
+	MaxFailures        int
+	Registered         int
+	Expected           int
+	Replaced           bool
+	RoomsFailed        int
+}
+
+type prefillInstance struct {
+	addr       string
+	instanceID string
+	topo       PrefillTopology
+	pageSize   int
+	dtype      string
+	lbMethod   string
+	httpPort   int
+	ranks      map[RankID]*prefillRank
+	expected   int
+	complete   bool
+	mapping    []DecodeRankMapping
+	plan       *roomPlan
+	unresolved map[uint64]*room // rooms waiting for a DP-rank binding
+}
+
+type prefillRank struct {
+	id         RankID
+	endpoint   string
+	instanceID string
+	lastSeen   time.Time
+}
+
+// addrWait is SGLang's per-address topology retry budget (spec §4.3): rooms
+// waiting for an instance's registration are re-checked with back-off
+// 1, 1, 2, 4, 4, ... s; after PrefillInfoAttempts checks they fail (T3).
+type addrWait struct {
+	rooms    map[uint64]*room
+	attempts int
+	timer    Stopper
+}
+
+func (w *addrWait) stop() {
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
+}
+
+// backoff returns the delay before check number n (0-based): base, base,
+// 2·base, 4·base, ... capped.
+func (t TimeoutConfig) backoff(n int) time.Duration {
+	d := t.PrefillInfoBackoff
+	for i := 1; i < n && d < t.PrefillInfoBackoffMax; i++ {
+		d *= 2
+	}
+	return min(d, t.PrefillInfoBackoffMax)
+}
+
+func followsRoom(lbMethod string) bool {
+	return lbMethod == "" || lbMethod == "follow_bootstrap_room"
+}
+
+// checkCompat applies SGLang's fatal checks (spec §4.3, §9.3) and the model
+// facts; messages are SGLang's where it has them.
+func (m *Manager) checkCompat(reg Registration) error {
+	d := m.layout
+	if reg.PageSize != d.PageSize {
+		return fmt.Errorf("%w: Page size mismatch: prefill server has page_size=%d, but decode server has page_size=%d. Both servers must use the same --page-size value.", ErrPrefillMismatch, reg.PageSize, d.PageSize)
+	}
+	pd, ok := prealloc.CanonicalDType(reg.KVDType)
+	if strings.EqualFold(strings.TrimSpace(reg.KVDType), "auto") && (d.DType == "bf16" || d.DType == "fp16") {
+		pd, ok = d.DType, true
+	}
+	if !ok || pd != d.DType {
+		return fmt.Errorf("%w: KV cache dtype mismatch: prefill server has kv_cache_dtype=%s, but decode server has kv_cache_dtype=%s. Both servers must use the same --kv-cache-dtype value.", ErrPrefillMismatch, reg.KVDType, d.DType)
+	}
+	f := reg.Model
+	var bad []string
+	if f.Kind != "" {
+		if k, err := prealloc.ParseKind(f.Kind); err != nil || k != d.Kind {
+			bad = append(bad, fmt.Sprintf("kv_pool_kind %q (decode: %s)", f.Kind, d.Kind))
+		}
+	}
+	check := func(name string, got, want int) {
+		if got != 0 && got != want {
+			bad = append(bad, fmt.Sprintf("%s %d (decode: %d)", name, got, want))
+		}
+	}
+	check("num_layers", f.NumLayers, d.NumLayers)
+	if d.IsMLA {
+		if f.KVLoraRank != 0 || f.QKRopeHeadDim != 0 {
+			check("kv_lora_rank + qk_rope_head_dim", f.KVLoraRank+f.QKRopeHeadDim, d.HeadDim)
+		}
+	} else {
+		check("total_kv_heads", f.TotalKVHeads, d.TotalKVHeads)
+		check("head_dim", f.HeadDim, d.HeadDim)
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: the prefill's model does not match the decode KV pool: %s", ErrPrefillMismatch, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+// RegisterPrefill registers one prefill rank. It is idempotent per rank; a
+// new endpoint for a known rank, or a new instance id for a known address,
+// replaces the old registration and fails the rooms that depended on it.
+func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) {
+	if err := m.checkCompat(reg); err != nil {
+		return RegistrationResult{}, err
+	}
+	par := reg.Parallel
+	dpSize, dpGroup := par.dp()
+	topo := PrefillTopology{AttnTP: max(1, par.AttnTP), AttnCP: max(1, par.AttnCP), DP: dpSize, PP: max(1, par.PP),
+		FollowBootstrapRoom: followsRoom(reg.LoadBalanceMethod), DSACacheLayerSplit: reg.DSACacheLayerSplit}
+	mapping, err := rankMapping(m.layout.AttnTP, m.layout.PP, m.layout.IsMLA, m.layout.Kind == prealloc.KindHybridMLA, topo)
+	if err != nil {
+		return RegistrationResult{}, fmt.Errorf("%w: %v", ErrPrefillMismatch, err)
+	}
+	id := RankID{Addr: reg.Addr, DP: dpGroup, CP: par.AttnCPRank, TP: par.AttnTPRank, PP: par.PPRank}
+
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.clock.Now()
+	res := RegistrationResult{}
+	inst := m.prefills[reg.Addr]
+	if inst != nil && reg.InstanceID != "" && inst.instanceID != "" && reg.InstanceID != inst.instanceID {
+		res.RoomsFailed += m.killInstanceLocked(reg.Addr, FailurePrefillLost, fmt.Sprintf(
+			"prefill instance %s was replaced (instance id %s -> %s)", reg.Addr, inst.instanceID, reg.InstanceID))
+		res.Replaced = true
+		inst = nil
+	}
+	if inst != nil && inst.topo != topo {
+		return RegistrationResult{}, fmt.Errorf("%w: rank %s reports attn_tp=%d attn_cp=%d dp=%d pp=%d load_balance_method=%q, but %s registered attn_tp=%d attn_cp=%d dp=%d pp=%d follow_bootstrap_room=%v first; restart the instance with one layout (or with a new instance id)",
+			ErrPrefillMismatch, id, topo.AttnTP, topo.AttnCP, topo.DP, topo.PP, reg.LoadBalanceMethod, reg.Addr,
+			inst.topo.AttnTP, inst.topo.AttnCP, inst.topo.DP, inst.topo.PP, inst.topo.FollowBootstrapRoom)
+	}
+	if inst == nil {
+		inst = &prefillInstance{
+			addr: reg.Addr, instanceID: reg.InstanceID, topo: topo, pageSize: reg.PageSize, dtype: reg.KVDType,
+			lbMethod: reg.LoadBalanceMethod, httpPort: reg.HTTPPort, ranks: map[RankID]*prefillRank{},
+			expected: topo.DP * topo.AttnCP * topo.AttnTP * topo.PP, mapping: mapping,
+			plan:       buildPlan(mapping, topo, m.layout.AttnTP, m.layout.TotalKVHeads, m.layout.IsMLA, m.layout.Staging),
+			unresolved: map[uint64]*room{},
+		}
+		m.prefills[reg.Addr] = inst
+	}
+	if inst.instanceID == "" {
+		inst.instanceID = reg.InstanceID
+	}
+	if old := inst.ranks[id]; old != nil && old.endpoint != reg.Endpoint {
+		res.Replaced = true
+		res.RoomsFailed += m.failRoomsLocked(func(r *room) bool { return r.addr == reg.Addr && r.prefillDP == id.DP && r.handingOff() },
+			Failure{Code: FailurePrefillLost, Message: fmt.Sprintf(
+				"Prefill server with bootstrap_addr: %s is healthy before, but now it is down: rank %s re-registered with a new endpoint (%s -> %s). Requests bound to the old registration have been marked as failed.",
+				reg.Addr, id, old.endpoint, reg.Endpoint)})
+	}
+	inst.ranks[id] = &prefillRank{id: id, endpoint: reg.Endpoint, instanceID: reg.InstanceID, lastSeen: now}
+	m.obs.PrefillRegistered(reg.Addr, res.Replaced)
+	if !inst.complete && len(inst.ranks) >= inst.expected {
+		inst.complete = true
+		m.log.Info("prefill instance registered", "bootstrap_addr", reg.Addr, "ranks", len(inst.ranks),
+			"attn_tp", topo.AttnTP, "dp", topo.DP, "pp", topo.PP, "attn_cp", topo.AttnCP, "follow_bootstrap_room", topo.FollowBootstrapRoom)
+		if w := m.waitPrefill[reg.Addr]; w != nil {
+			w.stop()
+			delete(m.waitPrefill, reg.Addr)
+			for _, r := range sortedRooms(w.rooms) {
+				if r.phase == PhaseWaitingPrefill {
+					m.afterPrefillKnownLocked(r, inst, "T4")
+				}
+			}
+		}
+	}
+	iv, mf := m.cfg.Timeouts.EffectiveHeartbeat()
+	res.Mapping = mapping
+	res.HeartbeatInterval, res.MaxFailures = iv, mf
+	res.Registered, res.Expected = len(inst.ranks), inst.expected
+	if rp := inst.plan.perRank[id.key()]; rp != nil {
+		for _, t := range rp.targets {
+			if !slices.Contains(res.ServesDecodeTP, t.DecodeTP) {
+				res.ServesDecodeTP = append(res.ServesDecodeTP, t.DecodeTP)
+			}
+		}
+		res.Dummy = rp.dummy
+		res.RequiredDstInfoNum = rp.requiredDstInfoNum
+	} else {
+		res.Dummy = true // addressed by no decode rank (CP ranks beyond 0, for instance)
+	}
+	res.Staging = inst.plan.staging
+	return res, nil
+}
+
+// Heartbeat refreshes a registered rank. An unknown rank (never registered,
+// or its instance was declared dead or replaced) is ErrPrefillNotFound: the
+// rank must register again.
+func (m *Manager) Heartbeat(rank RankID, instanceID string) (time.Duration, int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	inst := m.prefills[rank.Addr]
+	if inst == nil {
+		return 0, 0, fmt.Errorf("heartbeat from %s: %w (register again)", rank, ErrPrefillNotFound)
+	}
+	rk := inst.ranks[rank]
+	if rk == nil {
+		return 0, 0, fmt.Errorf("heartbeat from %s: %w: this rank is not registered (register again)", rank, ErrPrefillNotFound)
+	}
+	if instanceID != "" && rk.instanceID != "" && instanceID != rk.instanceID {
+		return 0, 0, fmt.Errorf("heartbeat from %s: %w: instance %s replaced %s (register again)", rank, ErrPrefillNotFound, rk.instanceID, instanceID)
+	}
+	rk.lastSeen = m.clock.Now()
+	iv, mf := m.cfg.Timeouts.EffectiveHeartbeat()
+	return iv, mf, nil
+}
+
+// checkLiveness declares dead every instance with a rank silent for
+// max_failures heartbeat intervals (SGLang T15).
+func (m *Manager) checkLiveness() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	iv, mf := m.cfg.Timeouts.EffectiveHeartbeat()
+	now := m.clock.Now()
+	var dead []string
+	for addr, inst := range m.prefills {
+		for _, rk := range inst.ranks {
+			silent := now.Sub(rk.lastSeen)
+			if silent >= iv {
+				m.obs.HeartbeatMissed(addr)
+			}
+			if silent >= iv*time.Duration(mf) {
+				dead = append(dead, addr)
+				break
+			}
+		}
+	}
+	slices.Sort(dead)
+	for _, addr := range dead {
+		n := m.countRoomsLocked(func(r *room) bool { return r.addr == addr && r.handingOff() })
+		m.log.Warn("prefill instance lost: heartbeats stopped", "bootstrap_addr", addr, "rooms_affected", n)
+		m.killInstanceLocked(addr, FailurePrefillLost, fmt.Sprintf("Lost connection with prefill instance (bootstrap_addr: %s), %d requests affected", addr, n))
+		m.obs.PrefillLost(addr, n)
+	}
+}
+
+// killInstanceLocked forgets an instance and fails its rooms that are still
+// handing off; it returns how many failed.
+func (m *Manager) killInstanceLocked(addr string, code FailureCode, msg string) int {
+	n := m.failRoomsLocked(func(r *room) bool { return r.addr == addr && r.handingOff() }, Failure{Code: code, Message: msg})
+	delete(m.prefills, addr)
+	delete(m.bindings, addr)
+	return n
+}
+
+func (m *Manager) countRoomsLocked(match func(*room) bool) int {
+	n := 0
+	for _, r := range m.rooms {
+		if match(r) {
+			n++
+		}
+	}
+	return n
+}
+
+func (m *Manager) failRoomsLocked(match func(*room) bool, f Failure) int {
+	var victims []*room
+	for _, r := range m.rooms {
+		if match(r) {
+			victims = append(victims, r)
+		}
+	}
+	slices.SortFunc(victims, func(a, b *room) int { return compareU64(a.id, b.id) })
+	for _, r := range victims {
+		m.failLocked(r, f)
+	}
+	return len(victims)
+}
+
+func compareU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func sortedRooms(set map[uint64]*room) []*room {
+	out := make([]*room, 0, len(set))
+	for _, r := range set {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b *room) int { return compareU64(a.id, b.id) })
+	return out
+}
+
+// waitForPrefillLocked parks a room until its instance completes its
+// registration, under SGLang's retry budget.
+func (m *Manager) waitForPrefillLocked(r *room) {
+	w := m.waitPrefill[r.addr]
+	if w == nil {
+		w = &addrWait{rooms: map[uint64]*room{}}
+		m.waitPrefill[r.addr] = w
+	}
+	w.rooms[r.id] = r
+	if w.timer == nil {
+		m.scheduleAttemptLocked(r.addr, w)
+	}
+}
+
+func (m *Manager) scheduleAttemptLocked(addr string, w *addrWait) {
+	if m.closed {
+		return
+	}
+	w.timer = m.clock.AfterFunc(m.cfg.Timeouts.backoff(w.attempts), func() { m.prefillAttempt(addr, w) })
+}
+
+// prefillAttempt is one check of an address's registration (one of SGLang's
+// _ensure_prefill_info attempts).
+func (m *Manager) prefillAttempt(addr string, w *addrWait) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.waitPrefill[addr] != w {
+		return
+	}
+	w.timer = nil
+	for id, r := range w.rooms {
+		if r.phase != PhaseWaitingPrefill {
+			delete(w.rooms, id)
+		}
+	}
+	if len(w.rooms) == 0 {
+		delete(m.waitPrefill, addr)
+		return
+	}
+	w.attempts++
+	if inst := m.prefills[addr]; inst != nil && inst.complete {
+		delete(m.waitPrefill, addr)
+		for _, r := range sortedRooms(w.rooms) {
+			m.afterPrefillKnownLocked(r, inst, "T4")
+		}
+		return
+	}
+	if w.attempts >= m.cfg.Timeouts.PrefillInfoAttempts {
+		delete(m.waitPrefill, addr)
+		registered := 0
+		if inst := m.prefills[addr]; inst != nil {
+			registered = len(inst.ranks)
+		}
+		msg := fmt.Sprintf("Could not fetch prefill parallel info from %s after %d attempts", addr, w.attempts)
+		if registered > 0 {
+			msg += fmt.Sprintf(" (Prefill server not fully registered yet (%d workers registered).)", registered)
+		}
+		for _, r := range sortedRooms(w.rooms) {
+			m.failLocked(r, Failure{Code: FailurePrefillUnavailable, Message: msg})
+		}
+		return
+	}
+	m.scheduleAttemptLocked(addr, w)
+}

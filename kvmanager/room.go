@@ -1,0 +1,319 @@
+package kvmanager
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// room is one request's KV hand-off. Every field is guarded by Manager.mu.
+type room struct {
+	id       uint64
+	rid      string
+	addr     string
+	idemKey  string
+	req      prealloc.Request
+	decodeDP int
+	led      Ledger
+	inLedger bool // the ledger holds this room (any ledger state)
+
+	hintDP    int // -1: no hint
+	prefillDP int // -1: unresolved
+	dpRule    DPRule
+
+	phase       Phase
+	failure     *Failure
+	attempt     uint32
+	openedAt    time.Time
+	updatedAt   time.Time
+	admittedAt  time.Time
+	claimedAt   time.Time
+	finishedAt  time.Time
+	transitions []Transition
+
+	// Deadlines, zero when not armed.
+	bootstrapAt time.Time
+	dpAt        time.Time
+	waitingAt   time.Time
+	timer       Stopper
+
+	// Admission results (copies, safe to hand out).
+	pages    []int32
+	fillLen  int
+	metaSlot int32
+	state    []prealloc.StateIndices
+
+	plan   *roomPlan
+	ranks  map[rankKey]*rankProgress
+	claims map[rankKey]*Claim
+
+	watchers map[*Watcher]struct{}
+
+	// Transfers in flight; the ledger is released only when none remain, so
+	// that nothing writes into pages another room may get.
+	xferCtx        context.Context
+	xferCancel     context.CancelFunc
+	inflight       int
+	releasePending bool
+	onEnd          []func()
+
+	gates      map[string]bool // conditions success waits for (e.g. staged scatters)
+	marker     uint64
+	bytes      uint64
+	chunksDone int
+	staging    bool
+
+	span      trace.Span
+	spanCtx   context.Context
+	phaseSpan trace.Span
+}
+
+// rankProgress is one required prefill rank's transfer of one attempt.
+type rankProgress struct {
+	claimed bool
+	chunks  map[int]*chunkState
+	last    int // index of the last chunk, -1 until seen
+	done    bool
+}
+
+type chunkState struct {
+	done     bool
+	inflight chan struct{} // closed when the in-flight attempt ends
+	result   ChunkResult
+	err      error
+}
+
+func (r *room) handingOff() bool {
+	return !r.phase.Terminal() && r.phase.Poll() != PollSuccess
+}
+
+// snapshot renders the room; the caller holds the lock.
+func (r *room) snapshot(withTransitions, withPages bool) RoomSnapshot {
+	s := RoomSnapshot{
+		Room: r.id, RID: r.rid, Addr: r.addr, DecodeDP: r.decodeDP,
+		PrefillDP: r.prefillDP, DPRule: r.dpRule, Poll: r.phase.Poll(), Phase: r.phase,
+		PromptLen: r.req.PromptLen, MaxNewTokens: r.req.MaxNewTokens, Priority: r.req.Priority,
+		NumPages: len(r.pages), MetadataSlot: r.metaSlot, BytesTransferred: r.bytes,
+		ChunksDone: r.chunksDone, OpenedAt: r.openedAt, UpdatedAt: r.updatedAt,
+		Attempt: r.attempt, Staging: r.staging,
+	}
+	if r.failure != nil {
+		f := *r.failure
+		s.Failure = &f
+	}
+	if withTransitions {
+		s.Transitions = slices.Clone(r.transitions)
+	}
+	if withPages {
+		s.Pages = slices.Clone(r.pages)
+	}
+	if r.span != nil {
+		if sc := r.span.SpanContext(); sc.IsValid() {
+			s.TraceID = sc.TraceID().String()
+		}
+	}
+	return s
+}
+
+// phaseSpanName names the child span of each phase.
+var phaseSpanName = map[Phase]string{
+	PhaseWaitingPrefill: "room.bootstrap",
+	PhaseResolvingDP:    "room.dp_rank",
+	PhaseQueued:         "room.admission",
+	PhaseAdmitted:       "room.claim",
+	PhaseClaimed:        "room.transfer",
+	PhaseRetracted:      "room.retracted",
+}
+
+// transitionLocked moves the room to phase, records the transition, ends
+// and starts phase spans, and tells watchers, claims and the observer.
+func (m *Manager) transitionLocked(r *room, to Phase, sglang, note string) {
+	now := m.clock.Now()
+	from := r.phase
+	r.phase = to
+	r.updatedAt = now
+	t := Transition{Phase: to, Poll: to.Poll(), At: now, SGLang: sglang, Note: note, Attempt: r.attempt}
+	r.transitions = append(r.transitions, t)
+	m.obs.RoomPhase(from, to)
+	m.phaseSpanLocked(r, from, to, note)
+	if from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
+		close(m.progress)
+		m.progress = make(chan struct{})
+	}
+	ev := RoomEvent{Room: r.snapshot(false, false), Transition: t, Terminal: to.Terminal()}
+	for w := range r.watchers {
+		if !w.send(ev) {
+			delete(r.watchers, w)
+		}
+	}
+	if to.Terminal() {
+		for w := range r.watchers {
+			w.close(nil)
+		}
+		r.watchers = nil
+	}
+	if m.log.Enabled(r.spanCtx, levelDebug) {
+		m.log.DebugContext(r.spanCtx, "room transition", "room", r.id, "rid", r.rid, "from", from.String(), "to", to.String(), "sglang", sglang, "note", note)
+	}
+	m.armTimerLocked(r)
+}
+
+const levelDebug = -4
+
+// phaseSpanLocked keeps one child span per phase under the room span, which
+// covers the hand-off from OpenRoom to success or failure.
+func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note string) {
+	if r.span == nil {
+		return
+	}
+	if r.phaseSpan != nil && from != to {
+		if note != "" {
+			r.phaseSpan.AddEvent(note)
+		}
+		r.phaseSpan.End()
+		r.phaseSpan = nil
+	}
+	r.span.AddEvent("phase", trace.WithAttributes(attribute.String("phase", to.String()), attribute.Int("kvpoll", int(to.Poll()))))
+	switch {
+	case to == PhaseSucceeded && from != PhaseRetracted:
+		r.span.SetAttributes(attribute.Int("kvpoll", int(PollSuccess)), attribute.Int64("bytes", int64(r.bytes)), attribute.Int("pages", len(r.pages)))
+		r.span.SetStatus(codes.Ok, "")
+		r.span.End()
+	case to == PhaseFailed:
+		if r.failure != nil {
+			r.span.SetAttributes(attribute.String("failure.code", r.failure.Code.String()), attribute.String("failure.reason", r.failure.Message))
+			r.span.SetStatus(codes.Error, r.failure.Message)
+		}
+		r.span.SetAttributes(attribute.Int("kvpoll", int(PollFailed)))
+		r.span.End()
+		r.span = nil
+	case to == PhaseReleased:
+		r.span = nil
+	default:
+		if name, ok := phaseSpanName[to]; ok {
+			_, r.phaseSpan = m.tracer.Start(r.spanCtx, name, trace.WithAttributes(attribute.Int64("room", int64(r.id))))
+		}
+	}
+}
+
+// armTimerLocked keeps one timer per room at its earliest deadline.
+func (m *Manager) armTimerLocked(r *room) {
+	if r.timer != nil {
+		r.timer.Stop()
+		r.timer = nil
+	}
+	if r.phase.Terminal() || m.closed {
+		return
+	}
+	var next time.Time
+	consider := func(t time.Time) {
+		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	switch r.phase {
+	case PhaseWaitingPrefill, PhaseQueued, PhaseAdmitted:
+		consider(r.bootstrapAt)
+	case PhaseResolvingDP:
+		consider(r.bootstrapAt)
+		consider(r.dpAt)
+	case PhaseClaimed, PhaseTransferring:
+		consider(r.waitingAt)
+	}
+	if next.IsZero() {
+		return
+	}
+	id, attempt := r.id, r.attempt
+	r.timer = m.clock.AfterFunc(max(next.Sub(m.clock.Now()), 0), func() { m.roomDeadline(id, attempt) })
+}
+
+// roomDeadline fails a room whose current phase's deadline passed.
+func (m *Manager) roomDeadline(id uint64, attempt uint32) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rooms[id]
+	if r == nil || r.attempt != attempt || r.phase.Terminal() {
+		return
+	}
+	now := m.clock.Now()
+	elapsed := func(since time.Time) float64 { return now.Sub(since).Seconds() }
+	switch r.phase {
+	case PhaseResolvingDP:
+		if !r.dpAt.IsZero() && !now.Before(r.dpAt) {
+			m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
+				"Request %d timed out after %.1fs in KVPoll.Bootstrapping: no rule resolved its prefill DP rank at %s within timeouts.dp_rank_resolution (no router hint, prefill dp_size %d, follow_bootstrap_room %v, no BindRoom received)",
+				r.id, elapsed(r.openedAt), r.addr, m.topoLocked(r.addr).DP, m.topoLocked(r.addr).FollowBootstrapRoom)})
+			return
+		}
+		fallthrough
+	case PhaseWaitingPrefill, PhaseQueued, PhaseAdmitted:
+		if !r.bootstrapAt.IsZero() && !now.Before(r.bootstrapAt) {
+			m.failLocked(r, Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
+				"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)",
+				r.id, elapsed(r.openedAt), r.phase.Poll(), r.phase, r.unclaimedNote())})
+			return
+		}
+	case PhaseClaimed, PhaseTransferring:
+		if !r.waitingAt.IsZero() && !now.Before(r.waitingAt) {
+			m.failLocked(r, Failure{Code: FailureWaitingTimeout, Message: fmt.Sprintf(
+				"Request %d timed out after %.1fs in KVPoll.WaitingForInput%s",
+				r.id, elapsed(r.claimedAt), r.waitingNote())})
+			return
+		}
+	}
+	m.armTimerLocked(r)
+}
+
+func (m *Manager) topoLocked(addr string) PrefillTopology {
+	if p := m.prefills[addr]; p != nil {
+		return p.topo
+	}
+	return PrefillTopology{}
+}
+
+func (r *room) unclaimedRanks() string {
+	var out []string
+	if r.plan == nil {
+		return "none known"
+	}
+	for _, k := range r.plan.required {
+		if rp := r.ranks[k]; rp == nil || !rp.claimed {
+			out = append(out, fmt.Sprintf("cp %d tp %d pp %d", k.CP, k.TP, k.PP))
+		}
+	}
+	return strings.Join(out, "; ")
+}
+
+func (r *room) unclaimedNote() string {
+	if r.phase != PhaseAdmitted {
+		return ""
+	}
+	return "; unclaimed prefill ranks: " + r.unclaimedRanks()
+}
+
+func (r *room) waitingNote() string {
+	if r.plan == nil {
+		return ""
+	}
+	var pending []string
+	for _, k := range r.plan.required {
+		if rp := r.ranks[k]; rp == nil || !rp.done {
+			pending = append(pending, fmt.Sprintf("cp %d tp %d pp %d", k.CP, k.TP, k.PP))
+		}
+	}
+	if len(pending) == 0 {
+		if r.marker == 0 {
+			return " (every chunk landed but the metadata slot never received the room marker)"
+		}
+		return " (every chunk landed; waiting for staged chunks to be scattered)"
+	}
+	return " (prefill ranks still sending: " + strings.Join(pending, "; ") + ")"
+}

@@ -1,0 +1,104 @@
+package kvmanager
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// SimEngine is the simulated transfer engine, the embedded default: it
+// computes a chunk's bytes from the KV layout, takes latency + bytes /
+// bandwidth on the injected clock, writes the room marker into the metadata
+// slot with the last chunk, and injects faults (a failure probability, as
+// SGLANG_TEST_DISAGG_FAILURE_PROB does, and deterministic faults for tests).
+type SimEngine struct {
+	cfg   SimConfig
+	clock Clock
+
+	mu    sync.Mutex
+	rng   *rand.Rand
+	fault func(ChunkOp) error
+}
+
+// NewSimEngine builds a simulated engine.
+func NewSimEngine(cfg SimConfig, clock Clock) *SimEngine {
+	if clock == nil {
+		clock = RealClock{}
+	}
+	seed := uint64(cfg.Seed)
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	return &SimEngine{cfg: cfg, clock: clock, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}
+}
+
+// SetFault installs a deterministic fault: fn is called for every chunk
+// before it moves; a non-nil error fails the chunk with that reason.
+func (e *SimEngine) SetFault(fn func(ChunkOp) error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.fault = fn
+}
+
+// Transfer implements TransferEngine.
+func (e *SimEngine) Transfer(ctx context.Context, op ChunkOp) (ChunkResult, error) {
+	bytes := ChunkBytes(op)
+	d := e.cfg.Latency
+	if e.cfg.BandwidthGBps > 0 {
+		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBps * 1e9) * float64(time.Second))
+	}
+	e.mu.Lock()
+	fault := e.fault
+	fail := e.cfg.FailureProbability > 0 && e.rng.Float64() < e.cfg.FailureProbability
+	e.mu.Unlock()
+	if fault != nil {
+		if err := fault(op); err != nil {
+			return ChunkResult{}, fmt.Errorf("%w: %v", ErrTransferFailed, err)
+		}
+	}
+	if err := sleep(ctx, e.clock, d); err != nil {
+		return ChunkResult{}, err
+	}
+	if fail {
+		return ChunkResult{Duration: d}, fmt.Errorf("%w: injected failure (transfer.sim.failure_probability = %g)", ErrTransferFailed, e.cfg.FailureProbability)
+	}
+	res := ChunkResult{Bytes: bytes, Duration: d}
+	if op.Last && op.Marker != 0 {
+		res.MarkerWritten = op.Marker
+	}
+	return res, nil
+}
+
+// ChunkBytes is what a chunk moves over the wire from one prefill rank: per
+// non-dummy target decode rank, tokens × the per-token KV of the heads it
+// receives (MHA/GQA: 2 × heads × head_dim × dtype × layers; MLA: (latent +
+// rope) × dtype × layers, plus DSA indexer-K), and on the last chunk the
+// per-request state (Mamba).
+func ChunkBytes(op ChunkOp) int64 {
+	l := op.Layout
+	var total int64
+	for _, t := range op.Targets {
+		if t.Dummy {
+			continue
+		}
+		var perToken int64
+		if l.IsMLA {
+			perToken = (l.HeadBytes() + int64(l.DSAIndexBytes)) * int64(l.NumLayers)
+		} else {
+			heads := t.NumHeads
+			if heads == 0 {
+				heads = l.HeadsPerRank
+			}
+			perToken = 2 * int64(heads) * l.HeadBytes() * int64(l.NumLayers)
+		}
+		total += int64(op.Tokens) * perToken
+		if op.Last && l.Kind == prealloc.KindHybridLinear {
+			total += l.MambaBytes
+		}
+	}
+	return total
+}

@@ -1,0 +1,126 @@
+package kvmanager
+
+import (
+	"sync"
+)
+
+// watchBuffer is how many events a watch stream may fall behind before it is
+// dropped with ErrSlowConsumer. A room has about a dozen transitions.
+const watchBuffer = 64
+
+// Watcher is one WatchRoom stream.
+type Watcher struct {
+	ch   chan RoomEvent
+	once sync.Once
+	err  error
+	m    *Manager
+	room uint64
+}
+
+// Events delivers the room's events; it is closed after the terminal event,
+// when the watcher falls behind (Err returns ErrSlowConsumer) or on Close.
+func (w *Watcher) Events() <-chan RoomEvent { return w.ch }
+
+// Err reports why Events was closed early (nil after the terminal event).
+func (w *Watcher) Err() error {
+	w.m.mu.Lock()
+	defer w.m.mu.Unlock()
+	return w.err
+}
+
+// send queues an event without blocking; false means the watcher was dropped.
+// Called with the manager lock held.
+func (w *Watcher) send(ev RoomEvent) bool {
+	select {
+	case w.ch <- ev:
+		return true
+	default:
+		w.close(ErrSlowConsumer)
+		return false
+	}
+}
+
+// close ends the stream; called with the manager lock held.
+func (w *Watcher) close(err error) {
+	w.once.Do(func() {
+		w.err = err
+		close(w.ch)
+	})
+}
+
+// Close stops watching.
+func (w *Watcher) Close() {
+	w.m.mu.Lock()
+	defer w.m.mu.Unlock()
+	if r := w.m.rooms[w.room]; r != nil {
+		delete(r.watchers, w)
+	}
+	w.close(nil)
+}
+
+// claimBuffer holds a room's destination and its end.
+const claimBuffer = 4
+
+// Claim is one prefill rank's AwaitDestination stream: the claim on a room.
+type Claim struct {
+	m       *Manager
+	room    uint64
+	rank    RankID
+	ch      chan DestinationEvent
+	once    sync.Once
+	attempt uint32 // attempt of the destination last queued
+	acked   uint32 // attempt whose destination was delivered
+}
+
+// Events delivers the destination, then the room's end. The channel is
+// closed after a Failure or Done event, or on Close.
+func (c *Claim) Events() <-chan DestinationEvent { return c.ch }
+
+// Rank is the claiming rank.
+func (c *Claim) Rank() RankID { return c.rank }
+
+// queue adds an event without blocking; called with the manager lock held.
+// The buffer is sized so that a room never queues more than it holds.
+func (c *Claim) queue(ev DestinationEvent) {
+	select {
+	case c.ch <- ev:
+	default:
+		// Only possible for a claim that stopped reading; its stream is gone.
+	}
+}
+
+// finish queues a final event and closes the stream; lock held.
+func (c *Claim) finish(ev DestinationEvent) {
+	c.once.Do(func() {
+		c.queue(ev)
+		close(c.ch)
+	})
+}
+
+// Delivered tells the manager the destination was written to the stream: the
+// rank has claimed the room. Call it after each Destination event is sent.
+func (c *Claim) Delivered(d *Destination) {
+	c.m.delivered(c, d)
+}
+
+// Close ends the claim (the stream ended). Claims already made stand.
+func (c *Claim) Close() {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	if r := c.m.rooms[c.room]; r != nil && r.claims[c.rank.key()] == c {
+		delete(r.claims, c.rank.key())
+	}
+	if cs := c.m.pending[c.room]; cs != nil {
+		for i, x := range cs {
+			if x == c {
+				c.m.pending[c.room] = append(cs[:i], cs[i+1:]...)
+				c.m.pendingCount--
+				break
+			}
+		}
+		if len(c.m.pending[c.room]) == 0 {
+			delete(c.m.pending, c.room)
+		}
+	}
+	c.once.Do(func() { close(c.ch) })
+}

@@ -1,0 +1,90 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// errorCodes maps domain errors to gRPC codes, checked in order with errors.Is.
+var errorCodes = []struct {
+	err  error
+	code codes.Code
+}{
+	{prealloc.ErrExceedsCapacity, codes.InvalidArgument},
+	{prealloc.ErrQueueFull, codes.ResourceExhausted},
+	{kvmanager.ErrTooManyWaiters, codes.ResourceExhausted},
+	{prealloc.ErrNoCapacity, codes.ResourceExhausted},
+	{kvmanager.ErrSlowConsumer, codes.ResourceExhausted},
+	{kvmanager.ErrDraining, codes.Unavailable},
+	{prealloc.ErrDraining, codes.Unavailable},
+	{kvmanager.ErrEngineUnavailable, codes.Unavailable},
+	{kvmanager.ErrRoomNotFound, codes.NotFound},
+	{kvmanager.ErrPrefillNotFound, codes.NotFound},
+	{prealloc.ErrUnknownRoom, codes.NotFound},
+	{kvmanager.ErrRoomExists, codes.AlreadyExists},
+	{prealloc.ErrRoomExists, codes.AlreadyExists},
+	{kvmanager.ErrPrefillMismatch, codes.FailedPrecondition},
+	{kvmanager.ErrWrongState, codes.FailedPrecondition},
+	{kvmanager.ErrDPRankConflict, codes.FailedPrecondition},
+	{prealloc.ErrWrongState, codes.FailedPrecondition},
+	{kvmanager.ErrTransferFailed, codes.Aborted},
+}
+
+// toStatus is the one place where errors become gRPC statuses. Unknown
+// errors become Internal with a generic message; the real error is logged.
+func toStatus(ctx context.Context, log *slog.Logger, err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return status.FromContextError(err).Err()
+	}
+	var inv *kvmanager.InvalidError
+	if errors.As(err, &inv) {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	var capErr *prealloc.CapacityError
+	if errors.As(err, &capErr) {
+		return status.Error(codes.InvalidArgument, capErr.Error())
+	}
+	for _, e := range errorCodes {
+		if errors.Is(err, e.err) {
+			st := status.New(e.code, err.Error())
+			if e.code == codes.ResourceExhausted || e.code == codes.Unavailable {
+				st = withRetry(st, err)
+			}
+			return st.Err()
+		}
+	}
+	log.ErrorContext(ctx, "unexpected error", "err", err)
+	return status.Error(codes.Internal, "internal error (logged by the daemon)")
+}
+
+// withRetry attaches a RetryInfo so clients back off instead of hammering.
+func withRetry(st *status.Status, err error) *status.Status {
+	delay := defaultRetryAfter
+	var re *kvmanager.RetryError
+	if errors.As(err, &re) && re.RetryAfter > 0 {
+		delay = re.RetryAfter
+	}
+	if d, derr := st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(delay)}); derr == nil {
+		return d
+	}
+	return st
+}
+
+// defaultRetryAfter is the retry hint when the domain gives none.
+const defaultRetryAfter = time.Second
