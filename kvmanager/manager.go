@@ -331,8 +331,12 @@ type PrefillStatus struct {
 func (m *Manager) Status() Status {
 	m.mu.Lock()
 	st := Status{Draining: m.draining, RoomsByPhase: map[Phase]int{}}
+	active := map[string]int{}
 	for _, r := range m.rooms {
 		st.RoomsByPhase[r.phase]++
+		if !r.phase.Terminal() {
+			active[r.addr]++
+		}
 	}
 	now := m.clock.Now()
 	interval, _ := m.cfg.Timeouts.EffectiveHeartbeat()
@@ -344,11 +348,7 @@ func (m *Manager) Status() Status {
 			}
 			ps.MissedHeartbeats = max(ps.MissedHeartbeats, int(now.Sub(rk.lastSeen)/interval))
 		}
-		for _, r := range m.rooms {
-			if r.addr == p.addr && !r.phase.Terminal() {
-				ps.ActiveRooms++
-			}
-		}
+		ps.ActiveRooms = active[p.addr]
 		st.Prefills = append(st.Prefills, ps)
 	}
 	m.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
@@ -124,7 +126,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		validator.StreamServerInterceptor(),
 	)
 	opts := []grpc.ServerOption{
-		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider), otelgrpc.WithPropagators(deps.Propagator))),
+		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider),
+			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 	}
@@ -142,7 +145,9 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if cfg.Reflection {
 		reflection.Register(s.grpc)
 	}
+	s.mu.Lock()
 	s.setHealth(false, "starting")
+	s.mu.Unlock()
 	return s, nil
 }
 
@@ -166,14 +171,15 @@ func (s *Server) SetReady(ready bool, reason string) {
 	if s.draining {
 		ready, reason = false, "draining"
 	}
-	changed := s.ready != ready || s.readiness != reason
-	s.ready, s.readiness = ready, reason
-	s.mu.Unlock()
-	if changed {
+	defer s.mu.Unlock()
+	if s.ready != ready || s.readiness != reason {
+		s.ready, s.readiness = ready, reason
 		s.setHealth(ready, reason)
 	}
 }
 
+// setHealth publishes readiness; called with s.mu held so that a concurrent
+// SetReady cannot publish SERVING after Drain published NOT_SERVING.
 func (s *Server) setHealth(ready bool, reason string) {
 	st := healthpb.HealthCheckResponse_NOT_SERVING
 	if ready {
@@ -212,9 +218,9 @@ func (s *Server) Drain() {
 	}
 	s.draining = true
 	s.ready, s.readiness = false, "draining"
+	s.setHealth(false, "draining")
 	hooks := s.drainHook
 	s.mu.Unlock()
-	s.setHealth(false, "draining")
 	for _, h := range hooks {
 		h()
 	}
@@ -249,6 +255,11 @@ func (s *Server) Shutdown(ctx context.Context, beforeStop func(context.Context))
 	}
 	s.health.Shutdown()
 	return err
+}
+
+// traced keeps health checks and reflection out of traces.
+func traced(info *stats.RPCTagInfo) bool {
+	return !strings.HasPrefix(info.FullMethodName, "/grpc.health.") && !strings.HasPrefix(info.FullMethodName, "/grpc.reflection.")
 }
 
 func (s *Server) recoverPanic(ctx context.Context, p any) error {

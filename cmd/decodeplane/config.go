@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"encoding"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -148,6 +151,7 @@ type Loaded struct {
 	Sources map[string]string // key → "default", "file F:L", "env NAME", "flag --x"
 	byKey   map[string]setting
 	order   []setting
+	env     map[string]string // the environment Load was given
 }
 
 // sglangEnv maps the SGLang variables operators already set to our keys,
@@ -252,7 +256,12 @@ func parseValue(t reflect.Type, raw string) (reflect.Value, error) {
 	case t.Kind() == reflect.Bool:
 		b, err := strconv.ParseBool(s)
 		if err != nil {
-			return v, fmt.Errorf("%q is not a boolean (use true or false)", raw)
+			// Also SGLang's spellings, so that every boolean reads the same way.
+			pb, perr := pyBool(s)
+			if perr != nil {
+				return v, fmt.Errorf("%q is not a boolean (use true or false; 1/0, yes/no, y/n also work)", raw)
+			}
+			b = pb.(bool)
 		}
 		v.SetBool(b)
 	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
@@ -281,11 +290,29 @@ func (l *Loaded) loadFile(path string) []error {
 		return []error{fmt.Errorf("config file: %w", err)}
 	}
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return []error{fmt.Errorf("config file %s: %v", path, err)}
 	}
-	if doc.Kind == 0 || len(doc.Content) == 0 {
-		return nil // empty file: all defaults
+	isEmpty := func(d *yaml.Node) bool {
+		return len(d.Content) == 0 || d.Content[0].Kind == yaml.ScalarNode && d.Content[0].Tag == "!!null"
+	}
+	for {
+		// Only one document: a second one would otherwise be ignored silently.
+		var next yaml.Node
+		err := dec.Decode(&next)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return []error{fmt.Errorf("config file %s: %v", path, err)}
+		}
+		if !isEmpty(&next) {
+			return []error{fmt.Errorf("%s:%d: a second YAML document; the configuration must be a single document", path, next.Content[0].Line)}
+		}
+	}
+	if isEmpty(&doc) {
+		return nil // empty file or empty document: all defaults
 	}
 	root := doc.Content[0]
 	if root.Kind != yaml.MappingNode {
@@ -312,6 +339,14 @@ func (l *Loaded) loadFile(path string) []error {
 					continue
 				}
 				if vn.Tag == "!!null" {
+					// "key:" with no value: an empty string for text settings
+					// (e.g. metrics_listen: disables /metrics), an error otherwise.
+					if s.typ.Kind() != reflect.String {
+						errs = append(errs, fmt.Errorf("%s:%d: %s has no value", path, vn.Line, key))
+						continue
+					}
+					l.field(s).SetString("")
+					l.Sources[key] = fmt.Sprintf("file %s:%d", path, vn.Line)
 					continue
 				}
 				if err := l.setString(s, vn.Value); err != nil {
@@ -378,6 +413,7 @@ func (l *Loaded) loadEnv(environ []string) []error {
 			env[k] = v
 		}
 	}
+	l.env = env
 	var errs []error
 	for _, e := range sglangEnv {
 		raw, ok := env[e.name]
@@ -512,10 +548,19 @@ func pyIntSeconds(s string) (any, error) {
 	return time.Duration(n) * time.Second, nil
 }
 
+// pyFloatSyntax is Python's float() literal without inf/nan: decimal digits
+// with single underscores only between digits, an optional fraction and an
+// optional exponent (no hexadecimal, which Go's ParseFloat would accept).
+var pyFloatSyntax = regexp.MustCompile(`^[+-]?(?:\d(?:_?\d)*(?:\.(?:\d(?:_?\d)*)?)?|\.\d(?:_?\d)*)(?:[eE][+-]?\d(?:_?\d)*)?$`)
+
 // pyFloat parses like Python's float() but refuses NaN and infinities.
 func pyFloat(s string) (any, error) {
 	t := strings.TrimSpace(s)
-	if strings.Contains(t, "__") || strings.HasPrefix(t, "_") || strings.HasSuffix(t, "_") {
+	if !pyFloatSyntax.MatchString(t) {
+		switch strings.TrimLeft(strings.ToLower(t), "+-") {
+		case "inf", "infinity", "nan":
+			return nil, fmt.Errorf("%q is not finite", s)
+		}
 		return nil, fmt.Errorf("%q is not a valid float value", s)
 	}
 	f, err := strconv.ParseFloat(strings.ReplaceAll(t, "_", ""), 64)
@@ -538,4 +583,32 @@ func pyFloatSeconds(s string) (any, error) {
 		return nil, fmt.Errorf("%v seconds is out of range", secs)
 	}
 	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// shapeWarnings are warnings about a pool setting that does not apply to the
+// kind; they are noise when the value is only the built-in default (an MLA
+// file layered on the GQA defaults inherits kv_heads: 8).
+var shapeWarnings = map[string][]string{
+	"kv_pool.kv_heads": {"kv_pool.kv_heads", "kv_pool.head_dim"},
+	"kv_pool.swa":      {"kv_pool.swa.window", "kv_pool.swa.total_tokens"},
+	"kv_pool.mamba":    {"kv_pool.mamba.state_slots"},
+}
+
+// Warnings returns the configuration's warnings, without those about
+// settings the operator never set.
+func (l *Loaded) Warnings() []prealloc.Warning {
+	var out []prealloc.Warning
+	for _, w := range l.Config.Warnings() {
+		if keys, ok := shapeWarnings[w.Key]; ok {
+			set := false
+			for _, k := range keys {
+				set = set || l.Sources[k] != "default"
+			}
+			if !set {
+				continue
+			}
+		}
+		out = append(out, w)
+	}
+	return out
 }

@@ -76,7 +76,6 @@ type configFlags struct {
 	overrides  Overrides
 	fs         *flag.FlagSet
 	sets       setFlag
-	reflection *bool
 }
 
 type setFlag struct{ pairs *[]FlagSetting }
@@ -103,6 +102,11 @@ func (k keyFlag) Set(v string) error {
 	return nil
 }
 
+// boolKeyFlag is a keyFlag that may be given without a value (--reflection).
+type boolKeyFlag struct{ keyFlag }
+
+func (boolKeyFlag) IsBoolFlag() bool { return true }
+
 func newConfigFlags(name string, stderr io.Writer) *configFlags {
 	cf := &configFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
 	cf.fs.SetOutput(stderr)
@@ -118,7 +122,7 @@ func newConfigFlags(name string, stderr io.Writer) *configFlags {
 	} {
 		cf.fs.Var(keyFlag{name: kf.name, key: kf.key, pairs: &cf.overrides.Pairs}, kf.name, kf.usage)
 	}
-	cf.reflection = cf.fs.Bool("reflection", true, "register gRPC server reflection (server.reflection); --reflection=false turns it off")
+	cf.fs.Var(boolKeyFlag{keyFlag{name: "reflection", key: "server.reflection", pairs: &cf.overrides.Pairs}}, "reflection", "register gRPC server reflection (server.reflection, default true); --reflection=false turns it off")
 	cf.fs.Var(cf.sets, "set", "set any configuration key: --set kv_pool.kind=mla (repeatable)")
 	return cf
 }
@@ -130,11 +134,6 @@ func (cf *configFlags) parse(args, environ []string) error {
 	if cf.fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments: %s", strings.Join(cf.fs.Args(), " "))
 	}
-	cf.fs.Visit(func(f *flag.Flag) {
-		if f.Name == "reflection" {
-			cf.overrides.Pairs = append(cf.overrides.Pairs, FlagSetting{Flag: "--reflection", Key: "server.reflection", Value: fmt.Sprint(*cf.reflection)})
-		}
-	})
 	if cf.path == "" {
 		for _, kv := range environ {
 			if v, ok := strings.CutPrefix(kv, "DECODEPLANE_CONFIG="); ok {
@@ -198,7 +197,7 @@ func printProblems(w io.Writer, l *Loaded, problems []error) {
 
 func describeSource(l *Loaded, key, src string) string {
 	if name, ok := strings.CutPrefix(src, "env "); ok {
-		if v, ok := os.LookupEnv(name); ok && !l.byKey[key].secret {
+		if v, ok := l.env[name]; ok && !l.byKey[key].secret {
 			return fmt.Sprintf("env %s=%q", name, v)
 		}
 	}
@@ -229,7 +228,7 @@ func cmdValidate(args, environ []string, stdout, stderr io.Writer) int {
 		printProblems(stderr, l, problems)
 		return exitUsage
 	}
-	printWarnings(stderr, l.Config.Warnings())
+	printWarnings(stderr, l.Warnings())
 	src := "the embedded defaults"
 	if cf.path != "" {
 		src = cf.path

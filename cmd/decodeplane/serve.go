@@ -8,10 +8,14 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"go.opentelemetry.io/otel"
 	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -39,7 +43,7 @@ func cmdServe(args, environ []string, stdout, stderr io.Writer) int {
 	}
 	cfg := l.Config
 	log := newLogger(stderr, cfg.Log)
-	for _, w := range cfg.Warnings() {
+	for _, w := range l.Warnings() {
 		log.Warn("configuration warning", "key", w.Key, "message", w.Message)
 	}
 	d, err := buildDaemon(ctx, l, log, environ)
@@ -73,6 +77,8 @@ type daemon struct {
 	log      *slog.Logger
 	srv      *server.Server
 	lis      net.Listener
+	mlis     net.Listener
+	tracing  string                        // OTLP endpoint spans go to ("" = tracing off)
 	closers  []func(context.Context) error // run in reverse order after the gRPC server stopped
 	loops    []func(context.Context) error // background loops, run under the errgroup
 	extra    []func(context.Context) error // other servers (metrics), stopped with ctx
@@ -84,18 +90,30 @@ type daemon struct {
 func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []string) (*daemon, error) {
 	cfg := l.Config
 	d := &daemon{cfg: cfg, log: log}
-	var entries []server.ConfigEntry
-	for _, k := range l.Keys() {
-		entries = append(entries, server.ConfigEntry{Key: k, Value: l.Value(k), Source: l.Sources[k]})
+	ok := false
+	defer func() {
+		if !ok {
+			d.closeListeners()
+		}
+	}()
+
+	tr, err := newTracing(ctx, environ)
+	if err != nil {
+		return nil, err
 	}
+	otel.SetTracerProvider(tr.provider)
+	otel.SetTextMapPropagator(tr.propagator)
+	d.closers = append(d.closers, tr.shutdown) // closers run in reverse: spans flush last
+
+	metrics := server.NewMetrics()
 	dec := cfg.Decode()
 	ledgers := make([]kvmanager.Ledger, max(1, cfg.Parallel.DP))
 	for i := range ledgers {
-		l, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
+		led, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
 		if err != nil {
 			return nil, fmt.Errorf("decode shard %d: %w", i, err)
 		}
-		ledgers[i] = l
+		ledgers[i] = led
 	}
 	var engine kvmanager.TransferEngine
 	switch cfg.Transfer.Path {
@@ -105,33 +123,80 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 		return nil, &usageError{fmt.Errorf("transfer.path %q is not available in this build", cfg.Transfer.Path)}
 	}
 	mgr, err := kvmanager.New(cfg.Manager(), dec, kvmanager.Deps{
-		Ledgers: ledgers,
-		Engine:  engine,
-		Logger:  log,
+		Ledgers:        ledgers,
+		Engine:         engine,
+		Logger:         log,
+		TracerProvider: tr.provider,
+		Observer:       metrics,
 	})
 	if err != nil {
 		return nil, err
 	}
+	metrics.Attach(mgr)
+	var entries []server.ConfigEntry
+	for _, k := range l.Keys() {
+		entries = append(entries, server.ConfigEntry{Key: k, Value: l.Value(k), Source: l.Sources[k]})
+	}
+	unary, stream := metrics.Interceptors()
 	srv, err := server.New(cfg.Server, server.Deps{
-		Logger:       log,
-		Version:      version,
-		Config:       entries,
-		Layout:       dec.Layout(),
-		TransferPath: cfg.Transfer.Path,
-		Manager:      mgr,
+		Logger:             log,
+		TracerProvider:     tr.provider,
+		Propagator:         tr.propagator,
+		Version:            version,
+		Config:             entries,
+		Layout:             dec.Layout(),
+		TransferPath:       cfg.Transfer.Path,
+		Manager:            mgr,
+		UnaryInterceptors:  []grpc.UnaryServerInterceptor{unary},
+		StreamInterceptors: []grpc.StreamServerInterceptor{stream},
 	})
 	if err != nil {
 		return nil, err
 	}
+	metrics.InitializeGRPC(srv.GRPC())
 	d.srv = srv
 	d.loops = append(d.loops, mgr.Run)
 	d.beforeGo = mgr.Shutdown
+	d.tracing = tr.exporting
+
 	lis, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s (server.listen): %w", cfg.Server.Listen, err)
 	}
 	d.lis = lis
+	if cfg.Server.MetricsListen != "" {
+		mlis, err := net.Listen("tcp", cfg.Server.MetricsListen)
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s (server.metrics_listen): %w", cfg.Server.MetricsListen, err)
+		}
+		d.mlis = mlis
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", metrics.Handler())
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		d.extra = append(d.extra, func(ctx context.Context) error {
+			go func() {
+				<-ctx.Done()
+				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				_ = hs.Shutdown(sctx)
+			}()
+			if err := hs.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("metrics server: %w", err)
+			}
+			return nil
+		})
+	}
+	ok = true
 	return d, nil
+}
+
+func (d *daemon) closeListeners() {
+	if d.lis != nil {
+		d.lis.Close()
+	}
+	if d.mlis != nil {
+		d.mlis.Close()
+	}
 }
 
 // run serves until ctx is cancelled (SIGINT/SIGTERM), then shuts down within
@@ -154,8 +219,15 @@ func (d *daemon) run(ctx context.Context) error {
 		g.Go(func() error { return x(loopCtx) })
 	}
 	d.srv.SetReady(true, "serving")
-	log.Info("decodeplane serving", "listen", d.lis.Addr().String(), "version", version,
-		"transfer_path", d.cfg.Transfer.Path, "layout", d.cfg.Decode().Layout().String())
+	metricsAddr, traces := "off", "off"
+	if d.mlis != nil {
+		metricsAddr = "http://" + d.mlis.Addr().String() + "/metrics"
+	}
+	if d.tracing != "" {
+		traces = d.tracing + " (OTLP gRPC; Jaeger UI/API on :16686)"
+	}
+	log.Info("decodeplane serving", "listen", d.lis.Addr().String(), "metrics", metricsAddr, "traces", traces,
+		"version", version, "transfer_path", d.cfg.Transfer.Path, "layout", d.cfg.Decode().Layout().String())
 
 	<-gctx.Done()
 	if ctx.Err() != nil {
