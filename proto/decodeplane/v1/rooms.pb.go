@@ -78,7 +78,8 @@ type OpenRoomRequest struct {
 	Rid string `protobuf:"bytes,1,opt,name=rid,proto3" json:"rid,omitempty"`
 	// bootstrap_addr is the prefill instance's bootstrap address, "host:port".
 	BootstrapAddr string `protobuf:"bytes,2,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
-	// room is the bootstrap room, 0 <= room < 2^63.
+	// room is the bootstrap room, 1 <= room < 2^63 (0 is reserved: the
+	// metadata slot's marker uses 0 for "not written").
 	Room uint64 `protobuf:"varint,3,opt,name=room,proto3" json:"room,omitempty"`
 	// prefill_dp_rank is the router's hint of the prefill DP rank holding the
 	// request (disagg_prefill_dp_rank).

@@ -135,6 +135,9 @@ func (x *OpenRoomRequest) Validate() error {
 		errs = append(errs, fieldErr("rid", "is %d bytes long (at most %d)", len(x.GetRid()), maxRIDLen))
 	}
 	errs = append(errs, checkAddr("bootstrap_addr", x.GetBootstrapAddr()), checkRoom("room", x.GetRoom()))
+	if x.GetRoom() == 0 {
+		errs = append(errs, fieldErr("room", "0 is reserved: the metadata slot's room marker uses 0 for \"not written yet\" (SGLang's metadata gate), so room 0 could never succeed; use 1..2^63-1"))
+	}
 	if x.GetPromptLen() == 0 {
 		errs = append(errs, fieldErr("prompt_len", "must be > 0 (len(origin_input_ids))"))
 	}
