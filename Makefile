@@ -12,7 +12,7 @@ CONFIG    ?= deploy/local/decodeplane.yaml
 
 export GOTOOLCHAIN := local
 
-.PHONY: help build run demo test test-short check fmt fmt-check vet proto proto-check tidy-check bench jaeger clean
+.PHONY: help build run run-traced demo test test-short check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build clean
 
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -21,7 +21,27 @@ build: ## Build the binaries into bin/.
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 run: build ## Run the daemon with the embedded defaults (simulated transfers, in-memory state).
+	@echo "decodeplane: gRPC on 127.0.0.1:7600, metrics on http://127.0.0.1:7601/metrics"
+	@echo "  watch rooms:   $(BIN)/decodectl rooms      (in another terminal; 'make demo' pushes traffic)"
+	@echo "  traces:        'make jaeger' in another terminal, then 'make run-traced'; UI/API on http://127.0.0.1:16686"
 	$(BIN)/decodeplane serve --config $(CONFIG)
+
+run-traced: build ## Like run, exporting traces to a local Jaeger (make jaeger) on 127.0.0.1:4317.
+	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 $(BIN)/decodeplane serve --config $(CONFIG)
+
+demo: build ## Push demo traffic (prefill fleet + decode engine) at a running daemon (make run).
+	$(BIN)/decodeplane bench --target 127.0.0.1:7600 --rate 20 --duration 0 --prefill-ranks 2 --concurrency 8
+
+bench: build ## Benchmark the control path against bare gRPC (see BENCHMARKS.md).
+	$(BIN)/decodeplane bench --rooms 100000 --concurrency 256
+
+jaeger-build: $(BIN)/jaeger ## Build Jaeger v2 (v1.76.0) from tools/jaeger into bin/jaeger (~6 min cold).
+
+$(BIN)/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum
+	cd tools/jaeger && $(GO) build -o $(BIN)/jaeger github.com/jaegertracing/jaeger/cmd/jaeger
+
+jaeger: $(BIN)/jaeger ## Run Jaeger all-in-one (memory storage): OTLP gRPC :4317, query API/UI :16686.
+	$(BIN)/jaeger
 
 test: ## Run every test with the race detector (what CI runs).
 	$(GO) test -race -count=1 ./...

@@ -1205,7 +1205,9 @@ func (x *WatchRoomRequest) GetHistory() bool {
 	return false
 }
 
-// RoomEvent is one transition of a room, with the room's state after it.
+// RoomEvent is one transition of a room. room is the room's state when the
+// event was sent: after the transition for live events, the current state
+// for events replayed from history (read transition for what happened then).
 type RoomEvent struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Room       *Room                  `protobuf:"bytes,1,opt,name=room,proto3" json:"room,omitempty"`

@@ -76,24 +76,26 @@ type RoomsClient interface {
 	// Codes: OK; NOT_FOUND. Safe to retry.
 	WatchRoom(ctx context.Context, in *WatchRoomRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RoomEvent], error)
 	// GetRoom returns a room's state and timeline. Codes: OK; NOT_FOUND.
+	// Safe to retry.
 	GetRoom(ctx context.Context, in *GetRoomRequest, opts ...grpc.CallOption) (*Room, error)
 	// AbortRoom fails the room in any state (including held rebootstrap) with
 	// "Aborted by AbortReq." or the given reason, tells its prefill ranks, and
 	// returns every resource. Idempotent: aborting a terminal room is OK.
-	// Codes: OK; NOT_FOUND; UNAUTHENTICATED.
+	// Codes: OK; NOT_FOUND; UNAUTHENTICATED. Safe to retry.
 	AbortRoom(ctx context.Context, in *AbortRoomRequest, opts ...grpc.CallOption) (*AbortRoomResponse, error)
 	// ReleaseRoom: the decode engine is done with a successful room; its pages
 	// and slots go back. Idempotent.
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (room not successful yet: abort
-	// it instead); UNAUTHENTICATED.
+	// it instead); UNAUTHENTICATED. Safe to retry.
 	ReleaseRoom(ctx context.Context, in *ReleaseRoomRequest, opts ...grpc.CallOption) (*ReleaseRoomResponse, error)
 	// ListRooms lists live and recently finished rooms.
-	// Codes: OK; INVALID_ARGUMENT.
+	// Codes: OK; INVALID_ARGUMENT. Safe to retry.
 	ListRooms(ctx context.Context, in *ListRoomsRequest, opts ...grpc.CallOption) (*ListRoomsResponse, error)
 	// ReportRunning reports the decode engine's running rooms' output lengths;
 	// the ledger grows their page allocations and returns the new pages.
 	// Codes: OK (rooms that could not grow are listed); INVALID_ARGUMENT;
-	// UNAUTHENTICATED. Not safe to retry blindly: report absolute lengths.
+	// UNAUTHENTICATED. Not retried by the Go client: a retry after a lost
+	// answer would not return the pages the first call already granted.
 	ReportRunning(ctx context.Context, in *ReportRunningRequest, opts ...grpc.CallOption) (*ReportRunningResponse, error)
 	// RetractRoom takes a running room's pages back: RETRACT (the engine keeps a
 	// CPU copy; the room resumes before new admissions) or REBOOTSTRAP (held
@@ -294,24 +296,26 @@ type RoomsServer interface {
 	// Codes: OK; NOT_FOUND. Safe to retry.
 	WatchRoom(*WatchRoomRequest, grpc.ServerStreamingServer[RoomEvent]) error
 	// GetRoom returns a room's state and timeline. Codes: OK; NOT_FOUND.
+	// Safe to retry.
 	GetRoom(context.Context, *GetRoomRequest) (*Room, error)
 	// AbortRoom fails the room in any state (including held rebootstrap) with
 	// "Aborted by AbortReq." or the given reason, tells its prefill ranks, and
 	// returns every resource. Idempotent: aborting a terminal room is OK.
-	// Codes: OK; NOT_FOUND; UNAUTHENTICATED.
+	// Codes: OK; NOT_FOUND; UNAUTHENTICATED. Safe to retry.
 	AbortRoom(context.Context, *AbortRoomRequest) (*AbortRoomResponse, error)
 	// ReleaseRoom: the decode engine is done with a successful room; its pages
 	// and slots go back. Idempotent.
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (room not successful yet: abort
-	// it instead); UNAUTHENTICATED.
+	// it instead); UNAUTHENTICATED. Safe to retry.
 	ReleaseRoom(context.Context, *ReleaseRoomRequest) (*ReleaseRoomResponse, error)
 	// ListRooms lists live and recently finished rooms.
-	// Codes: OK; INVALID_ARGUMENT.
+	// Codes: OK; INVALID_ARGUMENT. Safe to retry.
 	ListRooms(context.Context, *ListRoomsRequest) (*ListRoomsResponse, error)
 	// ReportRunning reports the decode engine's running rooms' output lengths;
 	// the ledger grows their page allocations and returns the new pages.
 	// Codes: OK (rooms that could not grow are listed); INVALID_ARGUMENT;
-	// UNAUTHENTICATED. Not safe to retry blindly: report absolute lengths.
+	// UNAUTHENTICATED. Not retried by the Go client: a retry after a lost
+	// answer would not return the pages the first call already granted.
 	ReportRunning(context.Context, *ReportRunningRequest) (*ReportRunningResponse, error)
 	// RetractRoom takes a running room's pages back: RETRACT (the engine keeps a
 	// CPU copy; the room resumes before new admissions) or REBOOTSTRAP (held

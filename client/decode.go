@@ -1,0 +1,84 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+
+	"google.golang.org/grpc/codes"
+
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// OpenAndWait opens a room (OpenRoom) and watches it until its KV has
+// landed: it returns the room once it is ROOM_PHASE_SUCCEEDED (the decode
+// engine then owns its pages until ReleaseRoom). A room that fails is
+// returned with a *RoomFailedError (errors.Is(err, ErrRoomFailed)); an
+// OpenRoom error is returned as is, with a nil room. Bound the wait with
+// ctx; on ctx's end the room is left as it is (abort it if it is no longer
+// wanted).
+func (c *Client) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
+	resp, err := c.OpenRoom(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	r := resp.GetRoom()
+	if r.GetPhase() == pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+		return r, nil
+	}
+	return c.WaitRoom(ctx, r.GetRoom(), pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+}
+
+// WaitRoom watches a room until it has reached one of phases (a phase it
+// went through before the call counts: the watch replays the room's
+// timeline) and returns its state as of that event, which may be later than
+// the phase waited for. With no phases it waits for the room's end (released
+// or failed). A room that fails without reaching one of phases is returned
+// with a *RoomFailedError (unless ROOM_PHASE_FAILED is among phases); a room
+// released first is returned with an ErrFailedPrecondition error.
+func (c *Client) WaitRoom(ctx context.Context, room uint64, phases ...pb.RoomPhase) (*pb.Room, error) {
+	w, err := c.WatchRoom(ctx, &pb.WatchRoomRequest{Room: room, History: true})
+	if err != nil {
+		return nil, err
+	}
+	defer w.Close()
+	for {
+		ev, err := w.Next()
+		if errors.Is(err, io.EOF) {
+			// Next returns EOF only after a terminal event, handled below.
+			return nil, localError("WaitRoom", codes.Internal, "room %d: the watch ended without a terminal event", room)
+		}
+		if err != nil {
+			return nil, err
+		}
+		r := ev.GetRoom()
+		// The transition's phase, not the room's: replayed events carry the
+		// room's current state with each past transition.
+		ph := ev.GetTransition().GetPhase()
+		if ev.GetTransition() == nil {
+			ph = r.GetPhase()
+		}
+		if slices.Contains(phases, ph) {
+			return r, nil
+		}
+		if !ev.GetTerminal() {
+			continue
+		}
+		if ph == pb.RoomPhase_ROOM_PHASE_FAILED {
+			return r, roomFailed(room, r.GetFailure())
+		}
+		if len(phases) == 0 {
+			return r, nil
+		}
+		return r, localError("WaitRoom", codes.FailedPrecondition, "room %d ended in %s before reaching %s", room, ph, phaseList(phases))
+	}
+}
+
+func phaseList(ps []pb.RoomPhase) string {
+	if len(ps) == 1 {
+		return ps[0].String()
+	}
+	return fmt.Sprint(ps)
+}

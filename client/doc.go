@@ -1,0 +1,123 @@
+// Package client is the Go client of decodeplane, the decode-side control
+// plane for prefill/decode disaggregated LLM serving. It wraps the
+// decodeplane.v1 services (Admin, Bootstrap, Rooms) with one method per RPC,
+// typed errors, per-RPC retries and trace propagation, and adds the two
+// helpers most callers need: Prefill (a prefill rank: register, heartbeat,
+// deliver a room's KV) and OpenAndWait (the decode engine: open a room and
+// wait for its KV).
+//
+// # Construction and Close
+//
+// New builds a client for a target ("127.0.0.1:7600",
+// "unix:///run/decodeplane.sock", "dns:///decodeplane:7600"):
+//
+//	c, err := client.New("127.0.0.1:7600", client.WithToken(token))
+//	if err != nil { ... }
+//	defer c.Close()
+//
+// The connection is insecure unless WithTLS is given. WithToken sends the
+// daemon's bootstrap token (SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN) as
+// "authorization: Bearer <token>", which mutating RPCs need when the daemon
+// has one; it is allowed on an insecure connection so that a daemon on
+// loopback can require it without TLS, and is then sent in clear text. New
+// does not connect: the first RPC does, and an unreachable daemon is
+// ErrUnavailable there. NewFromConn wraps a connection the caller made (tests
+// over bufconn, programs sharing a connection); Close then leaves the
+// connection to its owner. Close must be called; it is idempotent, and calls
+// after it fail with ErrCanceled.
+//
+// A Client is safe for concurrent use by any number of goroutines, and so is
+// a Prefill: build one client per daemon and share it. A stream
+// (DestinationStream, RoomWatch) belongs to the goroutine that calls its
+// Next; Close may be called from any goroutine.
+//
+// # Timeouts
+//
+// There are no hidden timeouts: every method takes a context, and its
+// deadline bounds the call, its retries included (a retry that could not
+// start before the deadline is not attempted, and the last error is returned
+// instead of a bare deadline error). Streams and the helpers (SendRoom,
+// OpenAndWait, WaitRoom) wait as long as their context allows; the daemon's
+// own timeouts (bootstrap, waiting, claim) bound a room's life in any case.
+//
+//	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+//	defer cancel()
+//	room, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 42})
+//
+// # Errors
+//
+// Every error returned by an RPC is a *Error: it carries the gRPC status
+// (status.Code(err) and status.FromError(err) work, also through wrapping)
+// and matches one family with errors.Is: ErrNotFound, ErrAlreadyExists,
+// ErrInvalidArgument, ErrFailedPrecondition, ErrResourceExhausted,
+// ErrUnavailable, ErrUnauthenticated, ErrPermissionDenied, ErrAborted,
+// ErrDeadlineExceeded, ErrCanceled, ErrUnimplemented and ErrInternal.
+// ErrDeadlineExceeded and ErrCanceled also match context.DeadlineExceeded and
+// context.Canceled. A room that fails, seen on a stream or by a helper, is a
+// *RoomFailedError (errors.Is(err, ErrRoomFailed)) with the room's
+// FailureCode and SGLang's message; when a Transfer revealed it, it also
+// matches ErrAborted. Tell them apart with errors.Is and errors.As, never
+// with the message text:
+//
+//	room, err := c.OpenAndWait(ctx, req)
+//	var failed *client.RoomFailedError
+//	switch {
+//	case err == nil:
+//		// KV landed: decode, then c.ReleaseRoom.
+//	case errors.As(err, &failed):
+//		log.Printf("room %d failed: %s: %s", failed.Room, failed.Code, failed.Message)
+//	case errors.Is(err, client.ErrResourceExhausted):
+//		d, _ := client.RetryAfter(err) // the daemon's hint
+//		retryLater(d)
+//	case errors.Is(err, client.ErrUnavailable):
+//		// draining or unreachable: use another decode instance
+//	case errors.Is(err, client.ErrInvalidArgument), errors.Is(err, client.ErrFailedPrecondition):
+//		// a bug or a misconfiguration: the message names the field or
+//		// uses SGLang's wording ("Page size mismatch: ...")
+//	}
+//
+// # Retries
+//
+// Retries are declared per RPC, in one table (retry.go), from the contract
+// in each RPC's proto comment. Only two answers are retried: Unavailable, and
+// ResourceExhausted carrying an errdetails.RetryInfo (the daemon's admission
+// queue is full). The wait honours the daemon's RetryInfo delay when it gives
+// one, else it backs off exponentially with jitter (DefaultRetryPolicy: 4
+// attempts, 50ms doubling to 1s; see WithRetry). InvalidArgument,
+// FailedPrecondition, NotFound, AlreadyExists and every other code are never
+// retried.
+//
+//   - Retried: GetStatus, RegisterPrefill, Heartbeat, BindRoom, LookupDPRanks,
+//     GetRoom, ListRooms, AbortRoom, ReleaseRoom, and Transfer and
+//     ReportTransfer ((room, rank, chunk_index) is the daemon's idempotency
+//     key). The streams AwaitDestination and WatchRoom are re-opened when
+//     they break: the daemon re-delivers the destination or the room's
+//     timeline, and Next does not return an event twice.
+//   - OpenRoom: retried only when the request carries an idempotency_key; the
+//     answer's existing field then tells whether an earlier attempt opened the
+//     room. WithAutoIdempotencyKey fills in a key for every call.
+//   - Never retried: Drain, ReportRunning, RetractRoom, ContinueGeneration.
+//     Decide yourself (ReportRunning reports absolute lengths: send the next
+//     report instead).
+//
+// gRPC's own transparent retry still resends any call that never reached the
+// daemon. One helper-level exception to "FailedPrecondition is never
+// retried": SendRoom and ReportRoom send a chunk again when it was refused
+// with FailedPrecondition while the room is still handing off, because the
+// daemon records a rank's claim just after sending it the destination and a
+// quick first chunk can arrive before that (within the same policy).
+//
+// # Tracing
+//
+// New installs the otelgrpc client handler: each RPC is a client span of the
+// provider given with WithTracerProvider (default: the global provider), and
+// the caller's trace context travels to the daemon in W3C traceparent and
+// baggage headers (WithPropagator replaces them), so the daemon's spans, and
+// its room spans, join the caller's trace.
+//
+// # Services to come
+//
+// Conn exposes the connection for services this package does not wrap yet
+// (a Staging service will be added); their methods belong in this package,
+// with a row per RPC in the retry table.
+package client

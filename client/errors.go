@@ -1,0 +1,232 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// Error families. Every error returned by an RPC method of this package is a
+// *Error that matches exactly one of these with errors.Is (ErrDeadlineExceeded
+// and ErrCanceled also match context.DeadlineExceeded and context.Canceled).
+// Compare with errors.Is, never with ==.
+var (
+	// ErrNotFound: the room or prefill rank is unknown (never opened, forgotten
+	// after its retention, or, for Heartbeat, declared dead: register again).
+	// codes.NotFound. Not retried.
+	ErrNotFound = errors.New("not found")
+	// ErrAlreadyExists: the room is already open (under another idempotency
+	// key, or without one). codes.AlreadyExists. Not retried.
+	ErrAlreadyExists = errors.New("already exists")
+	// ErrInvalidArgument: a request field is wrong; the message names the
+	// field. codes.InvalidArgument (and OutOfRange). Not retried.
+	ErrInvalidArgument = errors.New("invalid argument")
+	// ErrFailedPrecondition: the call does not apply now (the room is not in
+	// the right phase, the prefill's layout cannot serve this decode side).
+	// codes.FailedPrecondition. Not retried.
+	ErrFailedPrecondition = errors.New("failed precondition")
+	// ErrResourceExhausted: the daemon is out of room (admission queue full,
+	// too many waiters, a watch fell behind). (*Error).RetryAfter says when
+	// to try again. codes.ResourceExhausted. Retried after the server's delay
+	// by RPCs that are safe to retry.
+	ErrResourceExhausted = errors.New("resource exhausted")
+	// ErrUnavailable: the daemon is draining, unreachable, or its transfer
+	// agent is down. codes.Unavailable. Retried by RPCs that are safe to retry.
+	ErrUnavailable = errors.New("unavailable")
+	// ErrUnauthenticated: the daemon has a bootstrap token and the call did
+	// not carry it (see WithToken). codes.Unauthenticated. Not retried.
+	ErrUnauthenticated = errors.New("unauthenticated")
+	// ErrPermissionDenied: codes.PermissionDenied. decodeplane does not return
+	// it today; a proxy in front of it may. Not retried.
+	ErrPermissionDenied = errors.New("permission denied")
+	// ErrAborted: a chunk failed and the room is now failed (Transfer,
+	// ReportTransfer). codes.Aborted. Not retried.
+	ErrAborted = errors.New("aborted")
+	// ErrDeadlineExceeded: the context's deadline passed. It also matches
+	// context.DeadlineExceeded. codes.DeadlineExceeded. Not retried.
+	ErrDeadlineExceeded = errors.New("deadline exceeded")
+	// ErrCanceled: the context was cancelled, or the Client was closed. It
+	// also matches context.Canceled. codes.Canceled. Not retried.
+	ErrCanceled = errors.New("canceled")
+	// ErrUnimplemented: the daemon does not serve this RPC (an older daemon,
+	// or a service it was built without). codes.Unimplemented. Not retried.
+	ErrUnimplemented = errors.New("unimplemented")
+	// ErrInternal: a bug in the daemon (logged there with the trace id) or a
+	// corrupted answer. codes.Internal, Unknown and DataLoss. Not retried.
+	ErrInternal = errors.New("internal error")
+
+	// ErrRoomFailed matches every *RoomFailedError: the room ended in
+	// ROOM_PHASE_FAILED (aborted, timed out, a chunk failed, the prefill was
+	// lost, ...).
+	ErrRoomFailed = errors.New("room failed")
+)
+
+// familyOf maps each gRPC code to its family.
+var familyOf = map[codes.Code]error{
+	codes.NotFound:           ErrNotFound,
+	codes.AlreadyExists:      ErrAlreadyExists,
+	codes.InvalidArgument:    ErrInvalidArgument,
+	codes.OutOfRange:         ErrInvalidArgument,
+	codes.FailedPrecondition: ErrFailedPrecondition,
+	codes.ResourceExhausted:  ErrResourceExhausted,
+	codes.Unavailable:        ErrUnavailable,
+	codes.Unauthenticated:    ErrUnauthenticated,
+	codes.PermissionDenied:   ErrPermissionDenied,
+	codes.Aborted:            ErrAborted,
+	codes.DeadlineExceeded:   ErrDeadlineExceeded,
+	codes.Canceled:           ErrCanceled,
+	codes.Unimplemented:      ErrUnimplemented,
+	codes.Internal:           ErrInternal,
+	codes.Unknown:            ErrInternal,
+	codes.DataLoss:           ErrInternal,
+}
+
+// Error is an RPC failure: the gRPC status the daemon (or the gRPC stack)
+// returned, the RPC it came from, and its family. status.Code(err),
+// status.FromError(err) and errors.Is(err, client.ErrX) all work on it, also
+// when it is wrapped.
+type Error struct {
+	op     string
+	st     *status.Status
+	family error
+}
+
+// newError builds the Error for a status returned by op.
+func newError(op string, st *status.Status) *Error {
+	if st == nil || st.Code() == codes.OK {
+		st = status.New(codes.Unknown, "no error status")
+	}
+	f := familyOf[st.Code()]
+	if f == nil {
+		f = ErrInternal
+	}
+	return &Error{op: op, st: st, family: f}
+}
+
+// localError is an *Error the client raises itself, with a code chosen to
+// match what the daemon would have said.
+func localError(op string, code codes.Code, format string, args ...any) *Error {
+	return newError(op, status.New(code, fmt.Sprintf(format, args...)))
+}
+
+// toError turns a non-nil error returned by the gRPC stack into an *Error.
+func toError(op string, err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if _, ok := status.FromError(err); !ok {
+			return newError(op, status.FromContextError(err))
+		}
+	}
+	return newError(op, status.Convert(err))
+}
+
+// Error renders "Op: family: message", e.g.
+// "GetRoom: not found: get room 42: room not found".
+func (e *Error) Error() string {
+	return e.op + ": " + e.family.Error() + ": " + e.st.Message()
+}
+
+// Is matches the error's family (ErrNotFound, ...), and context.Canceled or
+// context.DeadlineExceeded for ErrCanceled and ErrDeadlineExceeded.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case e.family:
+		return true
+	case context.Canceled:
+		return e.family == ErrCanceled
+	case context.DeadlineExceeded:
+		return e.family == ErrDeadlineExceeded
+	}
+	return false
+}
+
+// GRPCStatus returns the status, so that status.Code and status.FromError
+// see through the Error.
+func (e *Error) GRPCStatus() *status.Status { return e.st }
+
+// Status returns the gRPC status, with its details.
+func (e *Error) Status() *status.Status { return e.st }
+
+// Code returns the gRPC code.
+func (e *Error) Code() codes.Code { return e.st.Code() }
+
+// Message returns the daemon's message: for InvalidArgument it names the
+// field; for FailedPrecondition and room failures it uses SGLang's wording
+// where SGLang has one.
+func (e *Error) Message() string { return e.st.Message() }
+
+// Op returns the RPC (or helper) that failed, e.g. "OpenRoom".
+func (e *Error) Op() string { return e.op }
+
+// RetryAfter returns the delay the daemon asked for in an
+// errdetails.RetryInfo (ResourceExhausted and Unavailable answers carry one),
+// or 0 when there is none.
+func (e *Error) RetryAfter() time.Duration {
+	d, _ := retryInfo(e.st)
+	return d
+}
+
+// retryInfo extracts the RetryInfo delay of a status.
+func retryInfo(st *status.Status) (time.Duration, bool) {
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return max(ri.GetRetryDelay().AsDuration(), 0), true
+		}
+	}
+	return 0, false
+}
+
+// RetryAfter returns the retry delay carried by err (see (*Error).RetryAfter)
+// and whether err carried one.
+func RetryAfter(err error) (time.Duration, bool) {
+	var e *Error
+	if !errors.As(err, &e) {
+		return 0, false
+	}
+	return retryInfo(e.st)
+}
+
+// RoomFailedError is a room that ended in ROOM_PHASE_FAILED, as a stream
+// (AwaitDestination, WatchRoom) or a room's state reported it. It matches
+// ErrRoomFailed. When an RPC revealed the failure (a Transfer answered
+// Aborted), Err is that RPC's *Error, and errors.Is and status.Code see it
+// too.
+type RoomFailedError struct {
+	// Room is the bootstrap room.
+	Room uint64
+	// Code classifies the failure.
+	Code pb.FailureCode
+	// Message is the daemon's reason, in SGLang's wording where SGLang has one
+	// (e.g. "Aborted by AbortReq.").
+	Message string
+	// FromAnotherRank is true when another prefill rank reported the failure.
+	FromAnotherRank bool
+	// Err is the RPC error that revealed the failure, if any.
+	Err error
+}
+
+// roomFailed builds the error for a failure of room.
+func roomFailed(room uint64, f *pb.Failure) *RoomFailedError {
+	return &RoomFailedError{Room: room, Code: f.GetCode(), Message: f.GetMessage(), FromAnotherRank: f.GetFromAnotherRank()}
+}
+
+// Error renders "room 42 failed (FAILURE_CODE_ABORTED): Aborted by AbortReq.".
+func (e *RoomFailedError) Error() string {
+	return fmt.Sprintf("room %d failed (%s): %s", e.Room, e.Code, e.Message)
+}
+
+// Is matches ErrRoomFailed.
+func (e *RoomFailedError) Is(target error) bool { return target == ErrRoomFailed }
+
+// Unwrap returns the RPC error that revealed the failure, if any.
+func (e *RoomFailedError) Unwrap() error { return e.Err }

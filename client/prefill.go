@@ -1,0 +1,395 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// Prefill is one prefill scheduler rank's side of the hand-off: its
+// registration, its heartbeat loop and the delivery of each room's KV. Build
+// it with Client.Prefill. It is safe for concurrent use: one goroutine runs
+// RunHeartbeat while others send rooms.
+type Prefill struct {
+	c     *Client
+	reg   *pb.RegisterPrefillRequest
+	rank  *pb.PrefillRank
+	every time.Duration
+	onErr func(error)
+
+	mu       sync.Mutex
+	resp     *pb.RegisterPrefillResponse
+	interval time.Duration // the daemon's heartbeat interval, 0 until known
+}
+
+// PrefillOption configures a Prefill.
+type PrefillOption func(*Prefill)
+
+// HeartbeatEvery sets how often RunHeartbeat beats, instead of half the
+// interval the daemon gives at registration; d <= 0 keeps that default.
+func HeartbeatEvery(d time.Duration) PrefillOption {
+	return func(p *Prefill) { p.every = d }
+}
+
+// OnHeartbeatError is called, from RunHeartbeat's goroutine, with every error
+// the loop recovers from: a failed beat it will repeat, or the ErrNotFound
+// that made it register again. Use it to log.
+func OnHeartbeatError(f func(error)) PrefillOption {
+	return func(p *Prefill) { p.onErr = f }
+}
+
+// Prefill returns the prefill side of the rank described by reg (a copy is
+// kept; reg may be reused). The rank's identity (Rank) is derived from reg
+// the way the daemon keys it.
+func (c *Client) Prefill(reg *pb.RegisterPrefillRequest, opts ...PrefillOption) *Prefill {
+	reg = proto.CloneOf(reg)
+	if reg == nil {
+		reg = &pb.RegisterPrefillRequest{}
+	}
+	par := reg.GetParallel()
+	dp := par.GetAttnDpRank()
+	if par.GetSystemDpSize() > 1 {
+		dp = par.GetSystemDpRank()
+	}
+	p := &Prefill{c: c, reg: reg, rank: &pb.PrefillRank{
+		BootstrapAddr: reg.GetBootstrapAddr(),
+		DpRank:        dp,
+		CpRank:        par.GetAttnCpRank(),
+		TpRank:        par.GetAttnTpRank(),
+		PpRank:        par.GetPpRank(),
+	}}
+	for _, o := range opts {
+		if o != nil {
+			o(p)
+		}
+	}
+	return p
+}
+
+// Rank returns this rank's identity, as AwaitDestination, Transfer and
+// Heartbeat name it: the DP group is attn_dp_rank, or system_dp_rank when
+// system_dp_size > 1 (SGLang's bootstrap table).
+func (p *Prefill) Rank() *pb.PrefillRank { return proto.CloneOf(p.rank) }
+
+// Register registers the rank (RegisterPrefill) and keeps the answer
+// (Registration) and its heartbeat interval. Safe to repeat.
+func (p *Prefill) Register(ctx context.Context) (*pb.RegisterPrefillResponse, error) {
+	resp, err := p.c.RegisterPrefill(ctx, p.reg)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.resp = resp
+	if iv := resp.GetHeartbeatInterval().AsDuration(); iv > 0 {
+		p.interval = iv
+	}
+	return resp, nil
+}
+
+// Registration returns the last successful registration's answer, or nil.
+func (p *Prefill) Registration() *pb.RegisterPrefillResponse {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.resp
+}
+
+// defaultHeartbeatInterval is SGLang's heartbeat interval, used until the
+// daemon has given one.
+const defaultHeartbeatInterval = 5 * time.Second
+
+func (p *Prefill) heartbeatInterval() time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.interval > 0 {
+		return p.interval
+	}
+	return defaultHeartbeatInterval
+}
+
+// cadence is the time between beats: HeartbeatEvery, or half the daemon's
+// interval, so that one late beat is not a missed one even when the daemon
+// tolerates a single miss (heartbeat_max_failures 1).
+func (p *Prefill) cadence() time.Duration {
+	if p.every > 0 {
+		return p.every
+	}
+	return p.heartbeatInterval() / 2
+}
+
+// RunHeartbeat keeps the rank alive until ctx ends, and returns ctx's error
+// then. It registers first if Register has not succeeded yet, then beats
+// every half heartbeat interval (see HeartbeatEvery); when the daemon answers
+// ErrNotFound (it declared the rank dead, or restarted) it registers again.
+// Transient failures (ErrUnavailable, a beat that timed out) are retried on
+// the next beat and passed to OnHeartbeatError; errors that repeating cannot
+// fix (ErrInvalidArgument, ErrFailedPrecondition, ErrUnauthenticated,
+// ErrPermissionDenied, ErrUnimplemented) end the loop and are returned.
+func (p *Prefill) RunHeartbeat(ctx context.Context) error {
+	var first time.Duration
+	if p.Registration() != nil {
+		first = p.cadence()
+	}
+	t := time.NewTimer(first)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+		if err := p.beat(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if permanent(err) {
+				return err
+			}
+			if p.onErr != nil {
+				p.onErr(err)
+			}
+		}
+		t.Reset(p.cadence())
+	}
+}
+
+// beat sends one heartbeat (or registration), bounded by the heartbeat
+// interval.
+func (p *Prefill) beat(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.heartbeatInterval())
+	defer cancel()
+	if p.Registration() == nil {
+		_, err := p.Register(ctx)
+		return err
+	}
+	resp, err := p.c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: p.rank, InstanceId: p.reg.GetInstanceId()})
+	if errors.Is(err, ErrNotFound) {
+		if p.onErr != nil {
+			p.onErr(err)
+		}
+		_, err = p.Register(ctx)
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if iv := resp.GetInterval().AsDuration(); iv > 0 {
+		p.mu.Lock()
+		p.interval = iv
+		p.mu.Unlock()
+	}
+	return nil
+}
+
+// permanent reports errors that repeating the same call cannot fix.
+func permanent(err error) bool {
+	for _, f := range []error{ErrInvalidArgument, ErrFailedPrecondition, ErrUnauthenticated, ErrPermissionDenied, ErrUnimplemented} {
+		if errors.Is(err, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// BindRoom reports that this rank's DP group scheduled room (SGLang's
+// POST /register_dp_rank), for prefills that do not follow
+// follow_bootstrap_room. It returns whether an earlier binding was replaced.
+func (p *Prefill) BindRoom(ctx context.Context, room uint64) (bool, error) {
+	resp, err := p.c.BindRoom(ctx, &pb.BindRoomRequest{BootstrapAddr: p.rank.GetBootstrapAddr(), Room: room, DpRank: p.rank.GetDpRank()})
+	if err != nil {
+		return false, err
+	}
+	return resp.GetReplaced(), nil
+}
+
+// Chunk is one chunk of a room's KV from this rank: a range of the
+// destination's pages.
+type Chunk struct {
+	// Destination is the room's destination for this rank.
+	Destination *pb.Destination
+	// Index is the chunk_index (0, 1, ...).
+	Index int
+	// PageOffset and NumPages select Destination.PageIndices[PageOffset :
+	// PageOffset+NumPages].
+	PageOffset int
+	NumPages   int
+	// Last marks the rank's final chunk, which carries the room marker.
+	Last bool
+}
+
+// Pages returns the decode page indices the chunk writes.
+func (c Chunk) Pages() []int32 {
+	return c.Destination.GetPageIndices()[c.PageOffset : c.PageOffset+c.NumPages]
+}
+
+// SendOptions shape SendRoom and ReportRoom.
+type SendOptions struct {
+	// ChunkPages is the number of destination pages per chunk; 0 sends all
+	// of them in one chunk.
+	ChunkPages int
+	// Source, for SendRoom on the delegated transfer path, locates each
+	// chunk's bytes on the prefill side (buffer name and prefill pages).
+	// nil sends no source (the simulated path ignores it).
+	Source func(Chunk) *pb.TransferSource
+	// Move, for ReportRoom, moves one chunk's bytes (the prefill's own
+	// transfer engine) and returns how many it moved. An error is reported
+	// as the chunk's failure, which fails the room. nil reports every chunk
+	// moved with 0 bytes.
+	Move func(context.Context, Chunk) (uint64, error)
+	// OutputIDs go into the metadata slot with the last chunk (aux.output_ids:
+	// the first output token).
+	OutputIDs []int32
+}
+
+// SendRoom delivers a room's KV through the daemon's transfer engine: it
+// claims the room (AwaitDestination), waits for the destination, sends its
+// pages with Transfer in chunks of o.ChunkPages (the last with
+// aux.room_marker = room, SGLang's metadata gate), then waits for the room's
+// end on the same stream. A dummy destination (MLA's extra prefill ranks)
+// sends nothing and only waits.
+//
+// It returns the destination and nil once the room succeeded, or nil, nil
+// when the room had already succeeded before the call (a repeated hand-off).
+// A room that fails is a *RoomFailedError (errors.Is(err, ErrRoomFailed));
+// when a chunk's failure revealed it, the error also matches ErrAborted.
+// Bound the whole hand-off with ctx.
+func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
+	return p.handOff(ctx, "SendRoom", room, o, func(ctx context.Context, ch Chunk) error {
+		req := &pb.TransferRequest{
+			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
+			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
+		}
+		if o.Source != nil {
+			req.Source = o.Source(ch)
+		}
+		if ch.Last {
+			req.Aux = &pb.Aux{RoomMarker: room, OutputIds: o.OutputIDs}
+		}
+		_, err := p.c.Transfer(ctx, req)
+		return err
+	})
+}
+
+// ReportRoom is SendRoom for a prefill that moves the bytes itself (as
+// Mooncake prefills do): each chunk is moved by o.Move, then reported with
+// ReportTransfer (the last with metadata_room_marker = room). A Move error is
+// reported as the chunk's failure, and ReportRoom returns a
+// *RoomFailedError whose Err is the Move error.
+func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
+	return p.handOff(ctx, "ReportRoom", room, o, func(ctx context.Context, ch Chunk) error {
+		var n uint64
+		var moveErr error
+		if o.Move != nil {
+			n, moveErr = o.Move(ctx, ch)
+		}
+		req := &pb.ReportTransferRequest{
+			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
+			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
+			Success: moveErr == nil, Bytes: n,
+		}
+		switch {
+		case moveErr != nil:
+			req.FailureReason = moveErr.Error()
+		case ch.Last:
+			req.MetadataRoomMarker = room
+		}
+		if _, err := p.c.ReportTransfer(ctx, req); err != nil {
+			return err
+		}
+		if moveErr != nil {
+			return &moveFailure{moveErr}
+		}
+		return nil
+	})
+}
+
+// moveFailure is a Move error ReportRoom reported as the chunk's failure.
+type moveFailure struct{ err error }
+
+// Error returns the Move error's text.
+func (m *moveFailure) Error() string { return m.err.Error() }
+
+// Unwrap returns the Move error.
+func (m *moveFailure) Unwrap() error { return m.err }
+
+// handOff is SendRoom and ReportRoom: claim, move every chunk with move,
+// wait for the end.
+func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOptions, move func(context.Context, Chunk) error) (*pb.Destination, error) {
+	if o.ChunkPages < 0 {
+		return nil, localError(op, codes.InvalidArgument, "SendOptions.ChunkPages: %d must be >= 0 (0 sends every page in one chunk)", o.ChunkPages)
+	}
+	s, err := p.c.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: room, Rank: p.rank})
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	var dest *pb.Destination
+	for dest == nil {
+		ev, err := s.Next()
+		if err != nil {
+			return nil, err
+		}
+		if ev.Done != nil {
+			return nil, nil
+		}
+		dest = ev.Destination
+	}
+	if !dest.GetDummy() {
+		for _, ch := range chunks(dest, o.ChunkPages) {
+			if err := move(ctx, ch); err != nil {
+				return dest, p.explain(ctx, room, err)
+			}
+		}
+	}
+	for {
+		ev, err := s.Next()
+		if err != nil {
+			return dest, err
+		}
+		if ev.Done != nil {
+			return dest, nil
+		}
+		// Another destination cannot come on this claim (a rebootstrap
+		// starts new claims after the room succeeded); skip it.
+	}
+}
+
+// explain turns a chunk's error into the room's failure when the room failed
+// (a chunk answered Aborted or FailedPrecondition, or a Move failed).
+func (p *Prefill) explain(ctx context.Context, room uint64, err error) error {
+	if mf, ok := err.(*moveFailure); ok {
+		err = mf.err
+	} else if e, ok := err.(*Error); !ok || (e.family != ErrAborted && e.family != ErrFailedPrecondition) {
+		return err
+	}
+	r, gerr := p.c.GetRoom(ctx, &pb.GetRoomRequest{Room: room})
+	if gerr != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_FAILED {
+		return err
+	}
+	rf := roomFailed(room, r.GetFailure())
+	rf.Err = err
+	return rf
+}
+
+// chunks splits a destination's pages into chunks of n pages (0: one chunk).
+func chunks(d *pb.Destination, n int) []Chunk {
+	total := len(d.GetPageIndices())
+	if n <= 0 || n > total {
+		n = total
+	}
+	if total == 0 {
+		return []Chunk{{Destination: d, Last: true}}
+	}
+	out := make([]Chunk, 0, (total+n-1)/n)
+	for off := 0; off < total; off += n {
+		num := min(n, total-off)
+		out = append(out, Chunk{Destination: d, Index: len(out), PageOffset: off, NumPages: num, Last: off+num == total})
+	}
+	return out
+}

@@ -1,0 +1,257 @@
+package client
+
+import (
+	"context"
+	"io"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// serverStream is the receiving half of a generated server-streaming call.
+type serverStream[Ev any] interface {
+	Recv() (*Ev, error)
+}
+
+// resumable is a server stream that is re-opened, under the client's retry
+// policy, when it breaks with a retryable code (or ends early). It belongs to
+// one goroutine (the one calling Next); cancel may be called from any.
+type resumable[Ev any] struct {
+	c      *Client
+	op     string
+	again  bool // the RPC may be re-opened (retryTable)
+	ctx    context.Context
+	cancel context.CancelFunc
+	// open starts the call; reopen is false the first time.
+	open      func(ctx context.Context, reopen bool) (serverStream[Ev], error)
+	cur       serverStream[Ev]
+	curCancel context.CancelFunc // ends cur's call
+	opened    bool
+	failures  int   // consecutive failed (re-)opens since the last new event
+	err       error // sticky: io.EOF after a normal end, else the failure
+}
+
+// openResumable starts the stream. The context bounds the whole stream,
+// re-opens included.
+func openResumable[Ev any, Req any](ctx context.Context, c *Client, method string, req Req,
+	open func(ctx context.Context, reopen bool) (serverStream[Ev], error)) (*resumable[Ev], error) {
+	op := opName(method)
+	if err := c.errIfClosed(op); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	s := &resumable[Ev]{c: c, op: op, again: retryable(method, req), ctx: sctx, cancel: cancel, open: open}
+	if err := s.connect(); err != nil {
+		cancel()
+		return nil, err
+	}
+	return s, nil
+}
+
+// connect (re-)opens the call, retrying as the policy allows.
+func (s *resumable[Ev]) connect() error {
+	for {
+		if err := s.c.errIfClosed(s.op); err != nil {
+			return s.end(err)
+		}
+		ctx, cancel := context.WithCancel(s.ctx)
+		st, err := s.open(ctx, s.opened)
+		s.opened = true
+		if err == nil {
+			s.cur, s.curCancel = st, cancel
+			return nil
+		}
+		cancel()
+		if !s.backoff(toError(s.op, err)) {
+			return s.err
+		}
+	}
+}
+
+// recv returns the next message.
+func (s *resumable[Ev]) recv() (*Ev, error) {
+	for {
+		if s.err != nil {
+			return nil, s.err
+		}
+		if s.cur == nil {
+			if err := s.connect(); err != nil {
+				return nil, err
+			}
+		}
+		ev, err := s.cur.Recv()
+		if err == nil {
+			return ev, nil
+		}
+		s.cur = nil
+		s.curCancel() // the call is over, or must be: release it before re-opening
+		var e *Error
+		if err == io.EOF {
+			// The daemon always ends these streams with a final event; an
+			// end without one means the stream was cut: open it again.
+			e = localError(s.op, codes.Unavailable, "the stream ended before the room's end")
+		} else {
+			e = toError(s.op, err)
+		}
+		if !s.backoff(e) {
+			return nil, s.err
+		}
+	}
+}
+
+// progressed resets the retry budget: the caller got an event it had not
+// seen. (A replay after a re-open is not progress: a connection that breaks
+// after every replay must not be re-opened forever.)
+func (s *resumable[Ev]) progressed() { s.failures = 0 }
+
+// backoff decides on a failed (re-)open or receive: it waits and reports
+// true to try again, or ends the stream with the error and reports false.
+func (s *resumable[Ev]) backoff(e *Error) bool {
+	s.failures++
+	if !s.again || s.failures >= s.c.retry.MaxAttempts {
+		s.end(e)
+		return false
+	}
+	d, ok := s.c.retry.retryDelay(e.st, s.failures)
+	if !ok {
+		s.end(e)
+		return false
+	}
+	if werr := wait(s.ctx, s.op, d, e); werr != nil {
+		s.end(werr)
+		return false
+	}
+	return true
+}
+
+// end makes err the stream's final answer and releases the call.
+func (s *resumable[Ev]) end(err error) error {
+	if s.err == nil {
+		s.err = err
+	}
+	s.cancel()
+	return s.err
+}
+
+// Event is one event of an AwaitDestination stream: the destination, or the
+// room's successful end. Exactly one field is set. The room's failure is not
+// an event: Next returns it as a *RoomFailedError.
+type Event struct {
+	// Destination is where this rank writes the room's KV. A dummy
+	// destination (Dummy set, MLA's extra prefill ranks) has no pages: the
+	// rank sends nothing and waits for the end.
+	Destination *pb.Destination
+	// Done is the room's successful end; nothing follows it.
+	Done *pb.RoomDone
+}
+
+// DestinationStream is an AwaitDestination stream (see
+// Client.AwaitDestination). Next must be called from one goroutine at a
+// time; Close may be called from any.
+type DestinationStream struct {
+	s       *resumable[pb.DestinationEvent]
+	room    uint64
+	seen    bool
+	attempt uint32 // attempt of the last destination returned
+}
+
+// Next returns the next event: a destination, then Done. The room's failure
+// is a *RoomFailedError (errors.Is(err, ErrRoomFailed)); after Done or an
+// error every call returns io.EOF or that error again. A stream cut by the
+// network is re-opened (the daemon re-delivers the destination, which Next
+// does not return twice).
+func (d *DestinationStream) Next() (*Event, error) {
+	for {
+		ev, err := d.s.recv()
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case ev.GetDestination() != nil:
+			dst := ev.GetDestination()
+			if d.seen && dst.GetAttempt() == d.attempt {
+				continue // re-delivered after a re-open
+			}
+			d.seen, d.attempt = true, dst.GetAttempt()
+			d.s.progressed()
+			return &Event{Destination: dst}, nil
+		case ev.GetDone() != nil:
+			d.s.end(io.EOF)
+			return &Event{Done: ev.GetDone()}, nil
+		case ev.GetFailure() != nil:
+			return nil, d.s.end(roomFailed(d.room, ev.GetFailure()))
+		}
+		// An event this client does not know (a newer daemon): skip it.
+	}
+}
+
+// Close ends the stream. The daemon keeps a claim the rank already made
+// (the destination was delivered); closing before that withdraws it.
+func (d *DestinationStream) Close() { d.s.cancel() }
+
+// RoomWatch is a WatchRoom stream (see Client.WatchRoom). Next must be
+// called from one goroutine at a time; Close may be called from any.
+type RoomWatch struct {
+	s *resumable[pb.RoomEvent]
+	// last is the newest transition returned; atLast are the transitions
+	// returned with its time (to skip them after a re-open).
+	last   *pb.Transition
+	atLast []*pb.Transition
+}
+
+// Next returns the room's next event. The last event has Terminal set (the
+// room was released or failed: a failure is an event here, with
+// Room.Failure, not an error); after it Next returns io.EOF.
+//
+// Read the phase from Transition: events the daemon replays (History, and
+// the transitions missed while a cut stream was re-opened) carry the room's
+// current state in Room, not its state after that transition.
+func (w *RoomWatch) Next() (*pb.RoomEvent, error) {
+	for {
+		ev, err := w.s.recv()
+		if err != nil {
+			return nil, err
+		}
+		if !w.fresh(ev.GetTransition()) {
+			continue
+		}
+		w.s.progressed()
+		if ev.GetTerminal() {
+			w.s.end(io.EOF)
+		}
+		return ev, nil
+	}
+}
+
+// fresh reports whether t has not been returned yet, and records it.
+// Transitions are returned in time order, so after a re-open (which replays
+// the timeline) everything older than the newest returned is skipped.
+func (w *RoomWatch) fresh(t *pb.Transition) bool {
+	if t.GetAt() == nil {
+		return true
+	}
+	if w.last == nil {
+		w.last, w.atLast = t, []*pb.Transition{t}
+		return true
+	}
+	at, last := t.GetAt().AsTime(), w.last.GetAt().AsTime()
+	switch {
+	case at.Before(last):
+		return false
+	case at.Equal(last):
+		for _, s := range w.atLast {
+			if proto.Equal(s, t) {
+				return false
+			}
+		}
+		w.atLast = append(w.atLast, t)
+		return true
+	}
+	w.last, w.atLast = t, []*pb.Transition{t}
+	return true
+}
+
+// Close ends the stream.
+func (w *RoomWatch) Close() { w.s.cancel() }
