@@ -1756,7 +1756,10 @@ type ListRoomsRequest struct {
 	// limit caps the answer (default 1000, max 100000).
 	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	// live_only restricts the answer to rooms that have not ended.
-	LiveOnly      bool `protobuf:"varint,4,opt,name=live_only,json=liveOnly,proto3" json:"live_only,omitempty"`
+	LiveOnly bool `protobuf:"varint,4,opt,name=live_only,json=liveOnly,proto3" json:"live_only,omitempty"`
+	// newest_first orders by open time, newest first (default: oldest first);
+	// the limit then keeps the most recent rooms.
+	NewestFirst   bool `protobuf:"varint,5,opt,name=newest_first,json=newestFirst,proto3" json:"newest_first,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1815,6 +1818,13 @@ func (x *ListRoomsRequest) GetLimit() uint32 {
 func (x *ListRoomsRequest) GetLiveOnly() bool {
 	if x != nil {
 		return x.LiveOnly
+	}
+	return false
+}
+
+func (x *ListRoomsRequest) GetNewestFirst() bool {
+	if x != nil {
+		return x.NewestFirst
 	}
 	return false
 }
@@ -2408,12 +2418,13 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\"g\n" +
 	"\x13ReleaseRoomResponse\x12%\n" +
 	"\x0epages_released\x18\x01 \x01(\rR\rpagesReleased\x12)\n" +
-	"\x10already_released\x18\x02 \x01(\bR\x0falreadyReleased\"\x9f\x01\n" +
+	"\x10already_released\x18\x02 \x01(\bR\x0falreadyReleased\"\xc2\x01\n" +
 	"\x10ListRoomsRequest\x121\n" +
 	"\x06phases\x18\x01 \x03(\x0e2\x19.decodeplane.v1.RoomPhaseR\x06phases\x12%\n" +
 	"\x0ebootstrap_addr\x18\x02 \x01(\tR\rbootstrapAddr\x12\x14\n" +
 	"\x05limit\x18\x03 \x01(\rR\x05limit\x12\x1b\n" +
-	"\tlive_only\x18\x04 \x01(\bR\bliveOnly\"U\n" +
+	"\tlive_only\x18\x04 \x01(\bR\bliveOnly\x12!\n" +
+	"\fnewest_first\x18\x05 \x01(\bR\vnewestFirst\"U\n" +
 	"\x11ListRoomsResponse\x12*\n" +
 	"\x05rooms\x18\x01 \x03(\v2\x14.decodeplane.v1.RoomR\x05rooms\x12\x14\n" +
 	"\x05total\x18\x02 \x01(\rR\x05total\"A\n" +

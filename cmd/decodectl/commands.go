@@ -1,0 +1,428 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/decodeplane/decodeplane/client"
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// timeNow is the clock used for ages (a variable for tests).
+var timeNow = time.Now
+
+// command is one decodectl command.
+type command struct {
+	name string
+	// synopsis is the usage line after "decodectl NAME".
+	synopsis string
+	// summary is the one-line description in the command list.
+	summary string
+	// help is the command's own help text (its flags and behaviour).
+	help string
+	// flags declares the command's own flags.
+	flags func(fs *flag.FlagSet, o *options)
+	// daemon is set when the command needs a connection.
+	daemon bool
+	run    func(ctx context.Context, x *cli, args []string) error
+}
+
+// commands lists every command, in help order.
+var commands []*command
+
+func init() {
+	commands = []*command{
+		{
+			name: "status", synopsis: "[--config]", daemon: true,
+			summary: "version, readiness, uptime, KV layout, rooms by phase, shards, prefills",
+			help: `  --config        also print the effective configuration and where each value came from
+  -o json         the Admin.GetStatus answer`,
+			flags: func(fs *flag.FlagSet, o *options) {
+				fs.BoolVar(&o.config, "config", false, "")
+			},
+			run: cmdStatus,
+		},
+		{
+			name: "rooms", synopsis: "[--phase P,...] [--prefill ADDR] [--live] [--oldest] [--limit N] [-w [--interval D]]", daemon: true,
+			summary: "list live and recently finished rooms",
+			help: `  --phase P,...   only rooms in these phases (` + joinPhases() + `)
+  --prefill ADDR  only rooms of this prefill instance (its bootstrap address)
+  --live          only rooms that have not ended
+  --limit N       show at most N rooms, newest first (default 100; 0: the daemon's maximum)
+  --oldest        oldest first instead (the limit then keeps the oldest rooms)
+  -w, --watch     refresh every --interval until interrupted
+  --interval D    refresh period for --watch (default 1s)
+  -o json         the Rooms.ListRooms answer (with --watch: one document per line per refresh)`,
+			flags: func(fs *flag.FlagSet, o *options) {
+				fs.StringVar(&o.phases, "phase", "", "")
+				fs.StringVar(&o.prefill, "prefill", "", "")
+				fs.BoolVar(&o.live, "live", false, "")
+				fs.BoolVar(&o.oldest, "oldest", false, "")
+				fs.UintVar(&o.limit, "limit", defaultLimit, "")
+				fs.BoolVar(&o.watch, "w", false, "")
+				fs.BoolVar(&o.watch, "watch", false, "")
+				fs.DurationVar(&o.interval, "interval", defaultInterval, "")
+			},
+			run: cmdRooms,
+		},
+		{
+			name: "room", synopsis: "ID [--pages]", daemon: true,
+			summary: "a room's details and its timeline of transitions",
+			help: `  --pages         also print the room's KV page indices (runs of consecutive pages as a-b)
+  -o json         the Rooms.GetRoom answer (a Room; page_indices with --pages)`,
+			flags: func(fs *flag.FlagSet, o *options) {
+				fs.BoolVar(&o.pages, "pages", false, "")
+			},
+			run: cmdRoom,
+		},
+		{
+			name: "abort", synopsis: "ID [--reason TEXT]", daemon: true,
+			summary: "fail a room in any phase and return its resources (needs the token)",
+			help: `  --reason TEXT   the failure message (default SGLang's "Aborted by AbortReq.")
+  -o json         the Rooms.AbortRoom answer`,
+			flags: func(fs *flag.FlagSet, o *options) {
+				fs.StringVar(&o.reason, "reason", "", "")
+			},
+			run: cmdAbort,
+		},
+		{
+			name: "drain", daemon: true,
+			summary: "stop admitting rooms (health NOT_SERVING); list the rooms still in flight (needs the token)",
+			help:    `  -o json         the Admin.Drain answer`,
+			run:     cmdDrain,
+		},
+		{
+			name: "lookup", synopsis: "--prefill ADDR [--hint ROOM=DP]... ROOM...", daemon: true,
+			summary: "resolve rooms to prefill DP ranks, and say by which rule",
+			help: `  --prefill ADDR  the prefill instance (its bootstrap address); required
+  --hint ROOM=DP  a router hint for ROOM (disagg_prefill_dp_rank); repeatable
+  -o json         the Bootstrap.LookupDPRanks answer`,
+			flags: func(fs *flag.FlagSet, o *options) {
+				fs.StringVar(&o.prefill, "prefill", "", "")
+				fs.Var(&o.hints, "hint", "")
+			},
+			run: cmdLookup,
+		},
+		{
+			name: "version", summary: "print decodectl's version (status prints the daemon's)",
+			help: `  -o json         {"version": "..."}`,
+			run:  cmdVersion,
+		},
+	}
+}
+
+// lookupCommand returns the command called name, or nil.
+func lookupCommand(name string) *command {
+	for _, c := range commands {
+		if c.name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// cli is one command's environment.
+type cli struct {
+	opts           *options
+	cmd            *command
+	c              *client.Client
+	stdout, stderr io.Writer
+	now            func() time.Time
+}
+
+// callCtx bounds one RPC by --timeout.
+func (x *cli) callCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, x.opts.timeout)
+}
+
+// jsonOptions render answers for scripts: proto field names, so that the
+// keys are stable (they are the API's field names).
+// jsonOptions emit every field, zero values included, so that scripts can
+// rely on a field's presence (e.g. "ready": false while draining).
+var jsonOptions = protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true, Multiline: true, Indent: "  "}
+
+// writeJSON prints m as one JSON document.
+func writeJSON(w io.Writer, m proto.Message) error {
+	b, err := jsonOptions.Marshal(m)
+	if err != nil {
+		return err
+	}
+	b = append(b, '\n')
+	_, err = w.Write(b)
+	return err
+}
+
+// noArgs refuses positional arguments.
+func noArgs(args []string) error {
+	if len(args) > 0 {
+		return usagef("unexpected argument %q", args[0])
+	}
+	return nil
+}
+
+// oneRoom parses the single room ID argument.
+func oneRoom(args []string) (uint64, error) {
+	switch len(args) {
+	case 0:
+		return 0, usagef("missing room ID")
+	case 1:
+		return parseRoomID(args[0])
+	}
+	return 0, usagef("one room ID expected, got %d arguments", len(args))
+}
+
+// cmdStatus prints Admin.GetStatus and the standard health status.
+func cmdStatus(ctx context.Context, x *cli, args []string) error {
+	if err := noArgs(args); err != nil {
+		return err
+	}
+	cctx, cancel := x.callCtx(ctx)
+	defer cancel()
+	st, err := x.c.Status(cctx)
+	if err != nil {
+		return &callError{what: "status", err: err}
+	}
+	if x.opts.json() {
+		return writeJSON(x.stdout, st)
+	}
+	return writeStatus(x.stdout, st, x.health(cctx), x.opts.config, x.now())
+}
+
+// health returns the daemon's standard gRPC health status (service ""), or
+// what went wrong asking for it.
+func (x *cli) health(ctx context.Context) string {
+	resp, err := healthpb.NewHealthClient(x.c.Conn()).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return "unknown (" + describeError(err) + ")"
+	}
+	return resp.GetStatus().String()
+}
+
+// listRequest builds the ListRooms request from the flags.
+func (x *cli) listRequest() (*pb.ListRoomsRequest, error) {
+	phases, err := parsePhases(x.opts.phases)
+	if err != nil {
+		return nil, err
+	}
+	limit := uint32(min(x.opts.limit, pb.MaxListLimit))
+	if limit == 0 {
+		limit = pb.MaxListLimit
+	}
+	return &pb.ListRoomsRequest{Phases: phases, BootstrapAddr: x.opts.prefill, LiveOnly: x.opts.live, Limit: limit, NewestFirst: !x.opts.oldest}, nil
+}
+
+// cmdRooms lists rooms with Rooms.ListRooms, once or, with --watch, every
+// --interval.
+func cmdRooms(ctx context.Context, x *cli, args []string) error {
+	if err := noArgs(args); err != nil {
+		return err
+	}
+	req, err := x.listRequest()
+	if err != nil {
+		return err
+	}
+	list := func(ctx context.Context) (*pb.ListRoomsResponse, error) {
+		cctx, cancel := x.callCtx(ctx)
+		defer cancel()
+		resp, err := x.c.ListRooms(cctx, req)
+		if err != nil {
+			return nil, &callError{what: "rooms", err: err}
+		}
+		return resp, nil
+	}
+	if !x.opts.watch {
+		resp, err := list(ctx)
+		if err != nil {
+			return err
+		}
+		if x.opts.json() {
+			return writeJSON(x.stdout, resp)
+		}
+		return writeRoomList(x.stdout, resp, x.now())
+	}
+	return x.watch(ctx, func(ctx context.Context, w io.Writer) error {
+		resp, err := list(ctx)
+		if err != nil {
+			return err
+		}
+		if x.opts.json() {
+			b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(resp)
+			if err != nil {
+				return err
+			}
+			_, err = w.Write(append(b, '\n'))
+			return err
+		}
+		return writeRoomList(w, resp, x.now())
+	})
+}
+
+// watch renders frame every --interval until ctx ends (an interrupt), which
+// is a clean exit. On a terminal each frame replaces the screen (ANSI clear);
+// otherwise frames follow each other. The first failure ends the watch; later
+// ones are printed on stderr and the watch goes on (a daemon restarting).
+// With -o json each frame is one line and carries no header.
+func (x *cli) watch(ctx context.Context, frame func(context.Context, io.Writer) error) error {
+	term := isTerminal(x.stdout)
+	ticker := time.NewTicker(x.opts.interval)
+	defer ticker.Stop()
+	for n := 0; ; n++ {
+		var buf bytes.Buffer
+		err := frame(ctx, &buf)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil && n == 0 {
+			return err
+		}
+		var out bytes.Buffer
+		if !x.opts.json() {
+			if term {
+				out.WriteString("\x1b[H\x1b[2J")
+			} else if n > 0 {
+				out.WriteString("\n")
+			}
+			fmt.Fprintf(&out, "Every %s: decodectl rooms at %s    %s\n\n", x.opts.interval, x.opts.addr, x.now().Format("2006-01-02 15:04:05"))
+		}
+		out.Write(buf.Bytes())
+		if _, werr := x.stdout.Write(out.Bytes()); werr != nil {
+			return werr
+		}
+		if err != nil {
+			fmt.Fprintf(x.stderr, "decodectl: %s (retrying every %s)\n", describeError(err), x.opts.interval)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-ticker.C:
+		}
+	}
+}
+
+// cmdRoom prints one room and its timeline (Rooms.GetRoom).
+func cmdRoom(ctx context.Context, x *cli, args []string) error {
+	id, err := oneRoom(args)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := x.callCtx(ctx)
+	defer cancel()
+	r, err := x.c.GetRoom(cctx, &pb.GetRoomRequest{Room: id, IncludePages: x.opts.pages})
+	if err != nil {
+		return &callError{what: fmt.Sprintf("room %d", id), err: err}
+	}
+	if x.opts.json() {
+		return writeJSON(x.stdout, r)
+	}
+	return writeRoom(x.stdout, r, x.opts.pages, x.now())
+}
+
+// cmdAbort fails a room (Rooms.AbortRoom).
+func cmdAbort(ctx context.Context, x *cli, args []string) error {
+	id, err := oneRoom(args)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := x.callCtx(ctx)
+	defer cancel()
+	resp, err := x.c.AbortRoom(cctx, &pb.AbortRoomRequest{Room: id, Reason: x.opts.reason})
+	if err != nil {
+		return &callError{what: fmt.Sprintf("abort room %d", id), err: err}
+	}
+	if x.opts.json() {
+		return writeJSON(x.stdout, resp)
+	}
+	return writeAbort(x.stdout, resp, id)
+}
+
+// cmdDrain drains the daemon (Admin.Drain) and lists the rooms in flight.
+func cmdDrain(ctx context.Context, x *cli, args []string) error {
+	if err := noArgs(args); err != nil {
+		return err
+	}
+	cctx, cancel := x.callCtx(ctx)
+	defer cancel()
+	resp, err := x.c.Drain(cctx)
+	if err != nil {
+		return &callError{what: "drain", err: err}
+	}
+	if x.opts.json() {
+		return writeJSON(x.stdout, resp)
+	}
+	if err := writeDrain(x.stdout, resp); err != nil || resp.GetRoomsInFlight() == 0 {
+		return err
+	}
+	// The drain is done; the listing is a courtesy, so its failure is a
+	// warning, not the command's.
+	cctx2, cancel2 := x.callCtx(ctx)
+	defer cancel2()
+	list, err := x.c.ListRooms(cctx2, &pb.ListRoomsRequest{LiveOnly: true, Limit: defaultLimit})
+	if err != nil {
+		fmt.Fprintf(x.stderr, "decodectl: warning: listing the rooms in flight: %s\n", describeError(err))
+		return nil
+	}
+	fmt.Fprintln(x.stdout)
+	return writeRoomList(x.stdout, list, x.now())
+}
+
+// cmdLookup resolves rooms to prefill DP ranks (Bootstrap.LookupDPRanks).
+func cmdLookup(ctx context.Context, x *cli, args []string) error {
+	if x.opts.prefill == "" {
+		return usagef("--prefill ADDR is required (the prefill instance's bootstrap address)")
+	}
+	if len(args) == 0 && len(x.opts.hints) == 0 {
+		return usagef("missing ROOM: give one or more room IDs")
+	}
+	req := &pb.LookupDPRanksRequest{BootstrapAddr: x.opts.prefill, Hints: x.opts.hints}
+	for _, a := range args {
+		id, err := parseRoomID(a)
+		if err != nil {
+			return err
+		}
+		req.Rooms = append(req.Rooms, id)
+	}
+	// The daemon applies a hint to the rooms asked about only: a hinted room
+	// is asked about.
+	for _, h := range x.opts.hints {
+		if !slices.Contains(req.Rooms, h.GetRoom()) {
+			req.Rooms = append(req.Rooms, h.GetRoom())
+		}
+	}
+	cctx, cancel := x.callCtx(ctx)
+	defer cancel()
+	resp, err := x.c.LookupDPRanks(cctx, req)
+	if err != nil {
+		return &callError{what: "lookup", err: err}
+	}
+	if x.opts.json() {
+		return writeJSON(x.stdout, resp)
+	}
+	return writeLookup(x.stdout, resp)
+}
+
+// cmdVersion prints decodectl's version.
+func cmdVersion(_ context.Context, x *cli, args []string) error {
+	if err := noArgs(args); err != nil {
+		return err
+	}
+	if x.opts.json() {
+		b, err := json.MarshalIndent(map[string]string{"version": version}, "", "  ")
+		if err != nil {
+			return err
+		}
+		_, err = x.stdout.Write(append(b, '\n'))
+		return err
+	}
+	_, err := fmt.Fprintf(x.stdout, "decodectl %s\n", version)
+	return err
+}
