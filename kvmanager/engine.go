@@ -40,6 +40,11 @@ type ChunkOp struct {
 	// Layout is the decode KV layout.
 	Layout   prealloc.Layout
 	DecodeDP int
+	// PrefillTP and PrefillPP are the prefill instance's attention TP and PP
+	// sizes: with Rank they locate the bytes in the prefill rank's buffer
+	// (kvcopy.PrefillKV).
+	PrefillTP int
+	PrefillPP int
 	// Last marks the rank's final chunk: state components and the metadata
 	// (aux) write travel with it.
 	Last         bool

@@ -124,6 +124,11 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang
 		return
 	}
 	if r.prefillDP >= 0 { // rebootstrap: stay on the bound DP rank (SGLang #40730)
+		if r.prefillDP >= inst.topo.DP {
+			m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
+				"rebootstrap of room %d: its prefill DP rank %d no longer exists at %s (dp_size is now %d)", r.id, r.prefillDP, r.addr, inst.topo.DP)})
+			return
+		}
 		m.dpResolvedLocked(r, inst, r.prefillDP, r.dpRule)
 		return
 	}
@@ -180,12 +185,20 @@ func (m *Manager) admitLocked(shard int) {
 		r.metaSlot = a.Alloc.MetadataSlot
 		r.state = cloneState(a.Alloc.State)
 		if a.Resumed {
+			// The engine reloads the room's KV from its CPU copy: the room
+			// runs again (the ledger's resumed -> running), so that it can
+			// grow, be retracted again and be released.
+			if err := r.led.StartRunning(r.id); err != nil {
+				m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to resume room %d: %v", r.id, err)})
+				continue
+			}
 			m.transitionLocked(r, PhaseSucceeded, "T20", fmt.Sprintf("resumed after retraction with %d pages", len(r.pages)))
 			continue
 		}
 		r.admittedAt = now
 		m.obs.DestinationLatency(now.Sub(r.openedAt))
 		m.transitionLocked(r, PhaseAdmitted, "T11", fmt.Sprintf("%d pages, metadata slot %d", len(r.pages), r.metaSlot))
+		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
 		for _, c := range r.claims {
 			c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.key())})
 		}
@@ -276,6 +289,11 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: err.Error()}})
 		return err
 	}
+	if inst := m.prefills[r.addr]; inst != nil && inst.complete && inst.ranks[c.rank] == nil {
+		err := fmt.Errorf("await destination of room %d: %w: rank %s is not registered with this daemon (RegisterPrefill first)", r.id, ErrPrefillNotFound, c.rank)
+		c.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: err.Error()}})
+		return err
+	}
 	k := c.rank.key()
 	if old := r.claims[k]; old != nil && old != c {
 		old.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: "superseded by a newer AwaitDestination from the same rank"}})
@@ -304,8 +322,15 @@ func (m *Manager) delivered(c *Claim, d *Destination) {
 	if r == nil || d == nil || d.Attempt != r.attempt || r.phase != PhaseAdmitted {
 		return
 	}
-	rp := r.ranks[c.rank.key()]
-	if rp == nil || rp.claimed {
+	if rp := r.ranks[c.rank.key()]; rp != nil {
+		m.claimRankLocked(r, rp)
+	}
+}
+
+// claimRankLocked records one required rank's claim on an admitted room; the
+// room is claimed when every required rank has one.
+func (m *Manager) claimRankLocked(r *room, rp *rankProgress) {
+	if rp.claimed {
 		return
 	}
 	rp.claimed = true
@@ -370,6 +395,14 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 		return m.awaitChunk(ctx, cs)
 	}
 	op := m.chunkOpLocked(r, req)
+	if r.phase == PhaseAdmitted {
+		// A rank writes before every rank claimed: the ledger must not
+		// expire (and hand out) the pages under the write at
+		// admission.claim_timeout; timeouts.bootstrap still bounds the room.
+		if err := r.led.Claim(r.id); err == nil {
+			m.armShardTimerLocked(r.decodeDP)
+		}
+	}
 	xctx := r.xferCtx
 	roomSpan := r.spanCtx
 	r.inflight++
@@ -442,7 +475,16 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest) (*room, *rankProgress, *chu
 		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: phase %s", req.Index, r.id, ErrWrongState, r.phase)
 	}
 	if !rp.claimed {
-		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
+		// A chunk from a rank whose claim stream was given the destination
+		// proves it holds it: the stream's Send and this call race, and the
+		// claim may not be recorded yet.
+		if c := r.claims[req.Rank.key()]; c == nil || r.phase != PhaseAdmitted {
+			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
+		}
+		m.claimRankLocked(r, rp)
+		if r.phase == PhaseFailed {
+			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
+		}
 	}
 	if req.NumPages < 0 || req.PageOffset < 0 || req.PageOffset+req.NumPages > len(r.pages) {
 		return nil, nil, nil, false, invalid("page_offset", "pages [%d, %d) are outside the destination's %d pages", req.PageOffset, req.PageOffset+req.NumPages, len(r.pages))
@@ -480,6 +522,8 @@ func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) ChunkOp {
 	if rpl := r.plan.perRank[req.Rank.key()]; rpl != nil {
 		op.Targets = rpl.targets
 	}
+	topo := m.topoLocked(r.addr)
+	op.PrefillTP, op.PrefillPP = topo.AttnTP, topo.PP
 	if req.Last {
 		op.State = r.state
 	}
@@ -569,14 +613,14 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 		if reason == "" {
 			reason = "Failed to get kvcache from prefill instance, it might be dead"
 		}
-		m.obs.ChunkDone(req.Bytes, 0, false)
+		m.obs.ChunkDone(req.Bytes, -1, false)
 		f := Failure{Code: FailureTransferFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): %s (reported by %s, chunk %d)", r.id, reason, req.Rank, req.Index), FromAnotherRank: true}
 		m.failLocked(r, f)
 		cs.err = fmt.Errorf("%w: %s", ErrTransferFailed, f.Message)
 		return PollFailed, false, nil
 	}
 	cs.done = true
-	cs.result = ChunkResult{Bytes: req.Bytes, MarkerWritten: req.Marker}
+	cs.result = ChunkResult{Bytes: req.Bytes, Duration: -1, MarkerWritten: req.Marker} // duration unknown: the prefill moved it
 	m.chunkLandedLocked(r, rp, req, cs.result)
 	return r.phase.Poll(), false, nil
 }
@@ -593,6 +637,7 @@ func (m *Manager) checkSuccessLocked(r *room) {
 			return
 		}
 	}
+	m.stagingSettleLocked(r) // lifts the staging gate once every region is scattered
 	if len(r.gates) > 0 {
 		return
 	}
@@ -794,9 +839,13 @@ type ListFilter struct {
 	Addr     string
 	LiveOnly bool
 	Limit    int
+	// NewestFirst orders by open time, newest first; Limit then keeps the
+	// most recent rooms.
+	NewestFirst bool
 }
 
-// ListRooms returns matching rooms, oldest first, and the total before Limit.
+// ListRooms returns matching rooms, oldest first (or newest first), and the
+// total before Limit.
 func (m *Manager) ListRooms(f ListFilter) ([]RoomSnapshot, int) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -814,10 +863,14 @@ func (m *Manager) ListRooms(f ListFilter) ([]RoomSnapshot, int) {
 		match = append(match, r)
 	}
 	sort.Slice(match, func(i, j int) bool {
-		if !match[i].openedAt.Equal(match[j].openedAt) {
-			return match[i].openedAt.Before(match[j].openedAt)
+		a, b := match[i], match[j]
+		if f.NewestFirst {
+			a, b = b, a
 		}
-		return match[i].id < match[j].id
+		if !a.openedAt.Equal(b.openedAt) {
+			return a.openedAt.Before(b.openedAt)
+		}
+		return a.id < b.id
 	})
 	total := len(match)
 	if f.Limit > 0 && len(match) > f.Limit {
@@ -920,8 +973,10 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var ids []uint64
-	for _, led := range m.shards {
-		ids = append(ids, led.ResumeHeld()...)
+	for shard, led := range m.shards {
+		resumed := led.ResumeHeld()
+		ids = append(ids, resumed...)
+		m.failDroppedHeldLocked(shard, resumed)
 	}
 	now := m.clock.Now()
 	for _, id := range ids {
@@ -946,6 +1001,27 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 		}
 	}
 	return ids
+}
+
+// failDroppedHeldLocked fails the held rooms of a shard that the ledger
+// dropped instead of re-queueing at ContinueGeneration (it refuses a request
+// that can no longer fit the pool).
+func (m *Manager) failDroppedHeldLocked(shard int, resumed []uint64) {
+	back := make(map[uint64]bool, len(resumed))
+	for _, id := range resumed {
+		back[id] = true
+	}
+	for _, r := range m.rooms {
+		if r.decodeDP != shard || r.phase != PhaseHeld || back[r.id] {
+			continue
+		}
+		if _, known := r.led.State(r.id); known {
+			continue // the ledger still holds it
+		}
+		r.inLedger = false
+		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf(
+			"rebootstrap of room %d refused at ContinueGeneration: prompt %d + output %d tokens exceed the decode pool", r.id, r.req.PromptLen, r.req.OutputLen)})
+	}
 }
 
 // HoldSuccess adds a condition the room's success waits for (for example a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -34,6 +35,7 @@ type Ledger interface {
 	Drain()
 	Stats() prealloc.Stats
 	SetMetadataMarker(room uint64, marker uint64) error
+	State(room uint64) (prealloc.RoomState, bool)
 }
 
 var _ Ledger = (*prealloc.Ledger)(nil)
@@ -78,7 +80,8 @@ type Manager struct {
 	shardTimers  []Stopper
 	draining     bool
 	closed       bool
-	progress     chan struct{}              // closed (and replaced) when a room stops handing off
+	progress     chan struct{} // closed (and replaced) when a room stops handing off
+	stg          stagingState  // the staging handler (staging.go)
 }
 
 // maxPendingClaims bounds claims waiting for rooms that are not open yet.
@@ -135,11 +138,13 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 func (m *Manager) Layout() prealloc.Layout { return m.layout }
 
 // Run runs the background checks until ctx is done: prefill heartbeat
-// liveness (every effective heartbeat interval), DP-rank binding expiry and
+// liveness (four times per effective heartbeat interval), DP-rank binding expiry and
 // the retention of finished rooms. It returns ctx's error.
 func (m *Manager) Run(ctx context.Context) error {
 	interval, _ := m.cfg.Timeouts.EffectiveHeartbeat()
-	hb := newTicker(m.clock, interval)
+	// Check four times per interval, so that a dead instance is found at
+	// most a quarter interval after interval × max_failures of silence.
+	hb := newTicker(m.clock, interval/4)
 	defer hb.stop()
 	sweep := newTicker(m.clock, min(m.cfg.DPRank.BindingTTL, time.Minute))
 	defer sweep.stop()
@@ -211,8 +216,8 @@ func (m *Manager) sweep() {
 	m.trimRetainedLocked(now)
 }
 
-// Drain stops opening rooms (OpenRoom returns ErrDraining) and stops the
-// ledgers admitting; rooms in flight go on.
+// Drain stops opening rooms (OpenRoom and claims for unopened rooms return
+// ErrDraining); rooms already open, queued ones included, go on.
 func (m *Manager) Drain() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -220,7 +225,9 @@ func (m *Manager) Drain() {
 		return
 	}
 	m.draining = true
-	m.log.Info("draining: no new rooms")
+	// The ledgers keep admitting: rooms already opened are accepted requests
+	// whose prefill is waiting, and finishing them is what a drain is for.
+	m.log.Info("draining: no new rooms; rooms already open go on")
 }
 
 // InFlight counts rooms that have not reached a terminal phase.
@@ -236,12 +243,31 @@ func (m *Manager) InFlight() int {
 	return n
 }
 
-// Shutdown drains, waits for the rooms still handing off KV until ctx is
-// done (Succeeded rooms do not hold it up), then fails every room still
-// handing off with FailureShutdown and releases every room's resources, so
-// that every ledger is back to full. Claim and watch streams end.
+// Shutdown drains, fails the rooms not admitted yet, waits until ctx is done
+// for the admitted rooms whose KV may be moving (Succeeded rooms do not hold
+// it up), then fails every room still handing off with FailureShutdown and
+// releases every room's resources, so that every ledger is back to full.
+// Claim and watch streams end.
 func (m *Manager) Shutdown(ctx context.Context) {
 	m.Drain()
+	// Rooms not admitted yet hold nothing prefill writes into: fail them now
+	// and stop admitting, then give the rooms whose KV may be moving time to
+	// finish.
+	m.mu.Lock()
+	for _, l := range m.shards {
+		l.Drain()
+	}
+	var early []*room
+	for _, r := range m.rooms {
+		if r.phase == PhaseWaitingPrefill || r.phase == PhaseResolvingDP || r.phase == PhaseQueued {
+			early = append(early, r)
+		}
+	}
+	slices.SortFunc(early, func(a, b *room) int { return compareU64(a.id, b.id) })
+	for _, r := range early {
+		m.failLocked(r, Failure{Code: FailureShutdown, Message: fmt.Sprintf("decodeplane shut down before room %d was admitted (phase %s)", r.id, r.phase)})
+	}
+	m.mu.Unlock()
 	for {
 		m.mu.Lock()
 		busy := 0

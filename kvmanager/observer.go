@@ -23,7 +23,8 @@ type Observer interface {
 	DestinationLatency(d time.Duration)
 	// TransferLatency is the time from admission to success.
 	TransferLatency(d time.Duration)
-	// ChunkDone is one chunk that landed (ok) or failed.
+	// ChunkDone is one chunk that landed (ok) or failed; d < 0 means the
+	// duration is unknown (the prefill moved the chunk itself).
 	ChunkDone(bytes int64, d time.Duration, ok bool)
 	// DPRankResolved counts resolutions by rule.
 	DPRankResolved(rule DPRule)

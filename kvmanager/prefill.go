@@ -90,6 +90,7 @@ type prefillRank struct {
 	endpoint   string
 	instanceID string
 	lastSeen   time.Time
+	missed     int // heartbeat intervals missed since lastSeen, as counted so far
 }
 
 // addrWait is SGLang's per-address topology retry budget (spec §4.3): rooms
@@ -269,6 +270,7 @@ func (m *Manager) Heartbeat(rank RankID, instanceID string) (time.Duration, int,
 		return 0, 0, fmt.Errorf("heartbeat from %s: %w: instance %s replaced %s (register again)", rank, ErrPrefillNotFound, rk.instanceID, instanceID)
 	}
 	rk.lastSeen = m.clock.Now()
+	rk.missed = 0
 	iv, mf := m.cfg.Timeouts.EffectiveHeartbeat()
 	return iv, mf, nil
 }
@@ -284,7 +286,9 @@ func (m *Manager) checkLiveness() {
 	for addr, inst := range m.prefills {
 		for _, rk := range inst.ranks {
 			silent := now.Sub(rk.lastSeen)
-			if silent >= iv {
+			if missed := int(silent / iv); missed > rk.missed {
+				// Count each missed interval once, although checks run more often.
+				rk.missed = missed
 				m.obs.HeartbeatMissed(addr)
 			}
 			if silent >= iv*time.Duration(mf) {

@@ -19,9 +19,10 @@ type SimEngine struct {
 	cfg   SimConfig
 	clock Clock
 
-	mu    sync.Mutex
-	rng   *rand.Rand
-	fault func(ChunkOp) error
+	mu           sync.Mutex
+	rng          *rand.Rand
+	fault        func(ChunkOp) error
+	scatterFault func(ScatterOp) error
 }
 
 // NewSimEngine builds a simulated engine.
@@ -71,6 +72,36 @@ func (e *SimEngine) Transfer(ctx context.Context, op ChunkOp) (ChunkResult, erro
 		res.MarkerWritten = op.Marker
 	}
 	return res, nil
+}
+
+// SetScatterFault installs a deterministic fault for staged scatters: fn is
+// called for every scatter before it moves; a non-nil error fails it.
+func (e *SimEngine) SetScatterFault(fn func(ScatterOp) error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.scatterFault = fn
+}
+
+// Scatter implements Scatterer: it takes latency + bytes / bandwidth for the
+// region's bytes and writes the room marker when the op carries one.
+func (e *SimEngine) Scatter(ctx context.Context, op ScatterOp) (ChunkResult, error) {
+	bytes := op.Bytes()
+	d := e.cfg.Latency
+	if e.cfg.BandwidthGBps > 0 {
+		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBps * 1e9) * float64(time.Second))
+	}
+	e.mu.Lock()
+	fault := e.scatterFault
+	e.mu.Unlock()
+	if fault != nil {
+		if err := fault(op); err != nil {
+			return ChunkResult{}, fmt.Errorf("%w: %v", ErrTransferFailed, err)
+		}
+	}
+	if err := sleep(ctx, e.clock, d); err != nil {
+		return ChunkResult{}, err
+	}
+	return ChunkResult{Bytes: bytes, Duration: d, MarkerWritten: op.Marker}, nil
 }
 
 // ChunkBytes is what a chunk moves over the wire from one prefill rank: per

@@ -36,6 +36,8 @@ var errorCodes = []struct {
 	{kvmanager.ErrPrefillMismatch, codes.FailedPrecondition},
 	{kvmanager.ErrWrongState, codes.FailedPrecondition},
 	{kvmanager.ErrDPRankConflict, codes.FailedPrecondition},
+	{kvmanager.ErrStagingUnavailable, codes.FailedPrecondition},
+	{kvmanager.ErrStagingNotWritable, codes.FailedPrecondition},
 	{prealloc.ErrWrongState, codes.FailedPrecondition},
 	{kvmanager.ErrTransferFailed, codes.Aborted},
 }
@@ -59,6 +61,13 @@ func toStatus(ctx context.Context, log *slog.Logger, err error) error {
 	var capErr *prealloc.CapacityError
 	if errors.As(err, &capErr) {
 		return status.Error(codes.InvalidArgument, capErr.Error())
+	}
+	var stgErr *kvmanager.StagingError
+	if errors.As(err, &stgErr) {
+		return status.Error(codes.FailedPrecondition, stgErr.Error()) // SGLang's exact text
+	}
+	if errors.Is(err, kvmanager.ErrStagingTooLarge) {
+		return status.Error(codes.ResourceExhausted, err.Error()) // no RetryInfo: it can never fit
 	}
 	for _, e := range errorCodes {
 		if errors.Is(err, e.err) {

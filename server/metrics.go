@@ -164,7 +164,7 @@ func (m *Metrics) ChunkDone(bytes int64, d time.Duration, ok bool) {
 		o = "failed"
 	}
 	m.chunks.WithLabelValues(o).Inc()
-	if d > 0 {
+	if d >= 0 {
 		m.chunkDuration.WithLabelValues(o).Observe(d.Seconds())
 	}
 	if ok {

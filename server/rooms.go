@@ -126,7 +126,7 @@ func (h *roomsService) ReleaseRoom(ctx context.Context, req *pb.ReleaseRoomReque
 const defaultListLimit = 1000
 
 func (h *roomsService) ListRooms(ctx context.Context, req *pb.ListRoomsRequest) (*pb.ListRoomsResponse, error) {
-	f := kvmanager.ListFilter{Addr: req.GetBootstrapAddr(), LiveOnly: req.GetLiveOnly(), Limit: int(req.GetLimit())}
+	f := kvmanager.ListFilter{Addr: req.GetBootstrapAddr(), LiveOnly: req.GetLiveOnly(), Limit: int(req.GetLimit()), NewestFirst: req.GetNewestFirst()}
 	if f.Limit == 0 {
 		f.Limit = defaultListLimit
 	}

@@ -79,6 +79,11 @@ type Server struct {
 	health  *health.Server
 	started time.Time
 
+	// stopCtx is cancelled when Shutdown stops serving: long-lived streams
+	// with no natural end (WatchWatermark) return on it.
+	stopCtx  context.Context
+	stopServ context.CancelFunc
+
 	mu        sync.Mutex
 	ready     bool
 	readiness string
@@ -103,6 +108,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		deps.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
 	s := &Server{cfg: cfg, deps: deps, log: deps.Logger, started: time.Now(), readiness: "starting"}
+	s.stopCtx, s.stopServ = context.WithCancel(context.Background())
 
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
@@ -140,6 +146,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if m := deps.Manager; m != nil {
 		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m})
 		pb.RegisterRoomsServer(s.grpc, &roomsService{s: s, m: m})
+		pb.RegisterStagingServer(s.grpc, &stagingService{s: s, m: m})
 		s.OnDrain(m.Drain)
 	}
 	if cfg.Reflection {
@@ -239,6 +246,7 @@ func (s *Server) Shutdown(ctx context.Context, beforeStop func(context.Context))
 	if beforeStop != nil {
 		beforeStop(ctx)
 	}
+	s.stopServ()
 	done := make(chan struct{})
 	go func() {
 		s.grpc.GracefulStop()

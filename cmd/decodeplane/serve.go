@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/server"
 )
@@ -83,6 +84,10 @@ type daemon struct {
 	loops    []func(context.Context) error // background loops, run under the errgroup
 	extra    []func(context.Context) error // other servers (metrics), stopped with ctx
 	beforeGo func(context.Context)         // ends rooms in flight during shutdown
+	// engineReady: readiness follows the transfer engine (the delegated
+	// path flips it with the agent's reachability) instead of being set at
+	// start.
+	engineReady bool
 }
 
 // buildDaemon constructs every component; it starts nothing but the
@@ -119,6 +124,21 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 	switch cfg.Transfer.Path {
 	case kvmanager.PathSim:
 		engine = kvmanager.NewSimEngine(cfg.Transfer.Sim, kvmanager.RealClock{})
+	case kvmanager.PathDelegate:
+		ac, err := server.DialAgent(cfg.Transfer.Delegate.Target, server.AgentClientOptions{Logger: log, TracerProvider: tr.provider, Propagator: tr.propagator})
+		if err != nil {
+			return nil, err
+		}
+		d.closers = append(d.closers, func(context.Context) error { return ac.Close() })
+		de := kvmanager.NewDelegateEngine(cfg.Transfer.Delegate, ac, kvmanager.DelegateDeps{
+			Buffers: kvcopy.DecodeBuffers(dec.Layout(), kvmanager.StagingRingBytes(dec), dec.Pool.Metadata()),
+			Logger:  log,
+			// The loops start after d.srv is set.
+			OnReadiness: func(ready bool, reason string) { d.srv.SetReady(ready, reason) },
+		})
+		d.loops = append(d.loops, ac.Run, de.Run)
+		d.engineReady = true
+		engine = de
 	default:
 		return nil, &usageError{fmt.Errorf("transfer.path %q is not available in this build", cfg.Transfer.Path)}
 	}
@@ -218,7 +238,9 @@ func (d *daemon) run(ctx context.Context) error {
 	for _, x := range d.extra {
 		g.Go(func() error { return x(loopCtx) })
 	}
-	d.srv.SetReady(true, "serving")
+	if !d.engineReady {
+		d.srv.SetReady(true, "serving")
+	}
 	metricsAddr, traces := "off", "off"
 	if d.mlis != nil {
 		metricsAddr = "http://" + d.mlis.Addr().String() + "/metrics"

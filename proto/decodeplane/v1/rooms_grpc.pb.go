@@ -56,8 +56,15 @@ type RoomsClient interface {
 	// the destination once the room is admitted, then the room's end (success,
 	// failure or abort), or the failure if the room fails first. A room is
 	// claimed when every required prefill rank has received its destination.
-	// Codes: OK; NOT_FOUND (unknown room); INVALID_ARGUMENT (the rank is not a
-	// target of the room); UNAUTHENTICATED. Safe to retry (re-delivers).
+	// A claim may come before the decode side opens the room (prefill is often
+	// first): the stream then waits for OpenRoom, and ends with a
+	// BOOTSTRAP_TIMEOUT failure event if the room is not opened within
+	// timeouts.bootstrap.
+	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
+	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
+	// address or DP rank); RESOURCE_EXHAUSTED (too many claims wait for rooms
+	// not yet open); UNAVAILABLE (draining, for rooms not yet open);
+	// UNAUTHENTICATED. Safe to retry (re-delivers).
 	AwaitDestination(ctx context.Context, in *AwaitDestinationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DestinationEvent], error)
 	// Transfer asks the daemon's transfer engine (simulated or delegated) to
 	// move one KV chunk into the room's pages, and returns when it landed.
@@ -276,8 +283,15 @@ type RoomsServer interface {
 	// the destination once the room is admitted, then the room's end (success,
 	// failure or abort), or the failure if the room fails first. A room is
 	// claimed when every required prefill rank has received its destination.
-	// Codes: OK; NOT_FOUND (unknown room); INVALID_ARGUMENT (the rank is not a
-	// target of the room); UNAUTHENTICATED. Safe to retry (re-delivers).
+	// A claim may come before the decode side opens the room (prefill is often
+	// first): the stream then waits for OpenRoom, and ends with a
+	// BOOTSTRAP_TIMEOUT failure event if the room is not opened within
+	// timeouts.bootstrap.
+	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
+	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
+	// address or DP rank); RESOURCE_EXHAUSTED (too many claims wait for rooms
+	// not yet open); UNAVAILABLE (draining, for rooms not yet open);
+	// UNAUTHENTICATED. Safe to retry (re-delivers).
 	AwaitDestination(*AwaitDestinationRequest, grpc.ServerStreamingServer[DestinationEvent]) error
 	// Transfer asks the daemon's transfer engine (simulated or delegated) to
 	// move one KV chunk into the room's pages, and returns when it landed.

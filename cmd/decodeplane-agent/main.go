@@ -1,0 +1,206 @@
+// Command decodeplane-agent is the reference transfer agent: it implements
+// decodeplane.transfer.v1.TransferAgent with every buffer in host memory and
+// moves real bytes, so that decodeplane's delegated transfer path can be
+// tried, and verified byte for byte, without GPUs.
+//
+//	decodeplane-agent [--listen 127.0.0.1:7700] [--max-memory-mb 4096] [--log-level info]
+//
+// Point the daemon at it with `decodeplane serve --transfer-path delegate
+// --agent 127.0.0.1:7700`. It serves gRPC health (SERVING while it runs) and
+// reflection, and stops gracefully on SIGINT/SIGTERM: batches in flight are
+// cancelled. Exit codes: 0 success, 1 runtime failure, 2 usage.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/validator"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
+	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/server"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stderr))
+}
+
+type options struct {
+	listen          string
+	maxMemoryMB     int64
+	logLevel        string
+	reflection      bool
+	shutdownTimeout time.Duration
+	holdRooms       []uint64
+	failRooms       []uint64
+}
+
+// roomList is a comma-separated list of rooms (testing faults).
+type roomList struct{ rooms *[]uint64 }
+
+func (r roomList) String() string { return "" }
+func (r roomList) Set(v string) error {
+	for _, f := range strings.Split(v, ",") {
+		n, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			return fmt.Errorf("%q is not a room id", f)
+		}
+		*r.rooms = append(*r.rooms, n)
+	}
+	return nil
+}
+
+func parse(args []string, stderr io.Writer) (options, error) {
+	o := options{}
+	fs := flag.NewFlagSet("decodeplane-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:7700", "gRPC listen address")
+	fs.Int64Var(&o.maxMemoryMB, "max-memory-mb", 4096, "most host memory the registered buffers may take, in MiB (0: no limit)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
+	fs.BoolVar(&o.reflection, "reflection", true, "register gRPC server reflection")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on the graceful stop")
+	fs.Var(roomList{&o.holdRooms}, "fault-hold-rooms", "testing: accept the batches of these rooms (comma-separated) but never run them until cancelled or past their deadline")
+	fs.Var(roomList{&o.failRooms}, "fault-fail-rooms", "testing: fail every batch of these rooms (comma-separated) with an injected error")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %s", strings.Join(fs.Args(), " "))
+	}
+	if _, _, err := net.SplitHostPort(o.listen); err != nil {
+		return o, fmt.Errorf("--listen %q is not host:port", o.listen)
+	}
+	if o.maxMemoryMB < 0 {
+		return o, fmt.Errorf("--max-memory-mb must not be negative (got %d)", o.maxMemoryMB)
+	}
+	if o.shutdownTimeout <= 0 {
+		return o, fmt.Errorf("--shutdown-timeout must be > 0 (got %s)", o.shutdownTimeout)
+	}
+	return o, nil
+}
+
+func run(args []string, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "version" || args[0] == "--version") {
+		fmt.Fprintf(stderr, "decodeplane-agent %s\n", version)
+		return exitOK
+	}
+	o, err := parse(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		fmt.Fprintf(stderr, "decodeplane-agent: %v\n", err)
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		fmt.Fprintf(stderr, "decodeplane-agent: --log-level %q: %v\n", o.logLevel, err)
+		return exitUsage
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	agent := hostmem.NewAgent(hostmem.New(o.maxMemoryMB << 20))
+	if len(o.holdRooms) > 0 {
+		log.Warn("fault injection: holding the batches of rooms", "rooms", o.holdRooms)
+		agent.SetHold(func(b kvcopy.Batch) bool {
+			if !slices.Contains(o.holdRooms, b.Room) {
+				return false
+			}
+			log.Info("batch held (--fault-hold-rooms)", "batch", b.ID, "room", b.Room)
+			return true
+		})
+	}
+	if len(o.failRooms) > 0 {
+		log.Warn("fault injection: failing the batches of rooms", "rooms", o.failRooms)
+		agent.SetFault(func(b kvcopy.Batch) error {
+			if slices.Contains(o.failRooms, b.Room) {
+				return fmt.Errorf("injected fault (--fault-fail-rooms): batch %s of room %d refused before copy 0", b.ID, b.Room)
+			}
+			return nil
+		})
+	}
+	svc := server.NewAgentService(agent, log)
+	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
+		return status.Error(codes.Internal, "internal error (logged by the agent)")
+	})
+	gs := grpc.NewServer(
+		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recoveryOpt), validator.UnaryServerInterceptor()),
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recoveryOpt), validator.StreamServerInterceptor()),
+	)
+	svc.Register(gs)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	if o.reflection {
+		reflection.Register(gs)
+	}
+	lis, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		log.Error("listen failed", "listen", o.listen, "err", err)
+		return exitFailure
+	}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus("decodeplane.transfer.v1.TransferAgent", healthpb.HealthCheckResponse_SERVING)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- gs.Serve(lis) }()
+	log.Info("decodeplane-agent serving", "listen", lis.Addr().String(), "version", version, "instance", svc.Instance(), "max_memory_mb", o.maxMemoryMB)
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", context.Cause(ctx))
+	case err := <-serveErr:
+		log.Error("serve failed", "err", err)
+		svc.Close()
+		return exitFailure
+	}
+	hs.Shutdown()
+	svc.Close() // cancel batches in flight; ends the completion streams
+	done := make(chan struct{})
+	go func() {
+		gs.GracefulStop()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(o.shutdownTimeout):
+		log.Warn("graceful stop did not finish in time; stopping")
+		gs.Stop()
+		<-done
+	}
+	log.Info("decodeplane-agent stopped")
+	return exitOK
+}

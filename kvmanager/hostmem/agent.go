@@ -1,0 +1,167 @@
+package hostmem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+)
+
+// ErrCancelled: the batch was cancelled (CancelRoom) before it finished.
+var ErrCancelled = errors.New("batch cancelled")
+
+// Agent runs batches on a Store in process, with per-batch deadlines and
+// per-room cancellation: kvmanager.Agent without a network, and the engine
+// of the reference agent's gRPC service. It is safe for concurrent use.
+type Agent struct {
+	store *Store
+
+	mu      sync.Mutex
+	running map[uint64]map[*run]struct{}
+	fault   func(kvcopy.Batch) error
+	hold    func(kvcopy.Batch) bool
+}
+
+type run struct {
+	id     string
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+}
+
+// NewAgent runs batches on s.
+func NewAgent(s *Store) *Agent {
+	return &Agent{store: s, running: map[uint64]map[*run]struct{}{}}
+}
+
+// Store returns the agent's store.
+func (a *Agent) Store() *Store { return a.store }
+
+// SetFault installs a fault for testing: fn is called before each batch; a
+// non-nil error fails the batch with it (nothing is copied).
+func (a *Agent) SetFault(fn func(kvcopy.Batch) error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.fault = fn
+}
+
+// SetHold installs a fault for testing: batches for which fn is true are
+// accepted but never run; they end only when cancelled or past their
+// deadline.
+func (a *Agent) SetHold(fn func(kvcopy.Batch) bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.hold = fn
+}
+
+// RegisterBuffers registers buffers in the store.
+func (a *Agent) RegisterBuffers(_ context.Context, bufs []kvcopy.BufferSpec) error {
+	_, err := a.store.Register(bufs)
+	return err
+}
+
+// Check always succeeds: an in-process store is always reachable.
+func (a *Agent) Check(context.Context) error { return nil }
+
+// Execute runs a batch until it finishes, its deadline passes, ctx is done
+// or CancelRoom cancels it; when it returns nothing of it is in flight.
+func (a *Agent) Execute(ctx context.Context, b kvcopy.Batch) error {
+	if err := a.store.Validate(b); err != nil {
+		return err
+	}
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if !b.Deadline.IsZero() {
+		var dcancel context.CancelFunc
+		rctx, dcancel = context.WithDeadline(rctx, b.Deadline)
+		defer dcancel()
+	}
+	r := &run{id: b.ID, cancel: cancel, done: make(chan struct{})}
+	a.mu.Lock()
+	set := a.running[b.Room]
+	if set == nil {
+		set = map[*run]struct{}{}
+		a.running[b.Room] = set
+	}
+	set[r] = struct{}{}
+	fault, hold := a.fault, a.hold
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		delete(a.running[b.Room], r)
+		if len(a.running[b.Room]) == 0 {
+			delete(a.running, b.Room)
+		}
+		a.mu.Unlock()
+		close(r.done)
+	}()
+
+	if fault != nil {
+		if err := fault(b); err != nil {
+			return err
+		}
+	}
+	if hold != nil && hold(b) {
+		<-rctx.Done()
+		return runErr(rctx, b)
+	}
+	if _, err := a.store.Execute(rctx, b); err != nil {
+		if rctx.Err() != nil {
+			return runErr(rctx, b)
+		}
+		return err
+	}
+	return nil
+}
+
+func runErr(ctx context.Context, b kvcopy.Batch) error {
+	if cause := context.Cause(ctx); errors.Is(cause, ErrCancelled) {
+		return fmt.Errorf("batch %s of room %d: %w", b.ID, b.Room, ErrCancelled)
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("batch %s of room %d: deadline exceeded (%s) before every copy landed", b.ID, b.Room, b.Deadline.Format("15:04:05.000"))
+	}
+	return ctx.Err()
+}
+
+// CancelRoom cancels the room's batches in flight and returns once none of
+// them runs.
+func (a *Agent) CancelRoom(ctx context.Context, room uint64) error {
+	_, err := a.CancelBatches(ctx, room)
+	return err
+}
+
+// CancelBatches cancels the room's batches in flight (only ids when given)
+// and returns once none of them runs. It returns how many it cancelled.
+func (a *Agent) CancelBatches(ctx context.Context, room uint64, ids ...string) (int, error) {
+	a.mu.Lock()
+	var runs []*run
+	for r := range a.running[room] {
+		if len(ids) == 0 || slices.Contains(ids, r.id) {
+			r.cancel(ErrCancelled)
+			runs = append(runs, r)
+		}
+	}
+	a.mu.Unlock()
+	for _, r := range runs {
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return len(runs), nil
+}
+
+// InFlight counts the batches running now.
+func (a *Agent) InFlight() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	n := 0
+	for _, set := range a.running {
+		n += len(set)
+	}
+	return n
+}

@@ -1,0 +1,129 @@
+package kvmanager
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// A rank that never registered with a fully registered instance cannot claim
+// a room: its destination would go to a process the daemon does not know.
+func TestAwaitDestinationFromUnregisteredRank(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(instance{addr: addrA})
+		h.open(addrA, 1)
+		if _, err := h.m.AwaitDestination(1, RankID{Addr: addrA, TP: 3}); !errors.Is(err, ErrPrefillNotFound) {
+			t.Fatalf("AwaitDestination from an unregistered rank = %v, want ErrPrefillNotFound", err)
+		}
+		h.complete(1)
+		h.release(1)
+		h.assertClean()
+	})
+}
+
+// T21/T22: a held room re-bootstraps on its bound DP rank; if the prefill was
+// replaced by one with fewer DP ranks, that rank no longer exists and the
+// room fails with a message saying so (instead of waiting for a timeout).
+func TestT21T22RebootstrapAfterDPShrinkFails(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(instance{addr: addrA, dp: 4, instanceID: "a"}) // follow_bootstrap_room: room 3 → dp 3
+		h.open(addrA, 3)
+		h.complete(3)
+		if _, err := h.m.RetractRoom(3, RetractRebootstrap); err != nil {
+			t.Fatal(err)
+		}
+		h.register(instance{addr: addrA, dp: 2, instanceID: "b"}) // replaced; the held room survives
+		h.wantPhase(3, PhaseHeld)
+		if got := h.m.ContinueGeneration(context.Background()); len(got) != 1 || got[0] != 3 {
+			t.Fatalf("ContinueGeneration() = %v, want [3]", got)
+		}
+		h.wantFailure(3, FailureDPRankUnresolved, "rebootstrap of room 3: its prefill DP rank 3 no longer exists at "+addrA+" (dp_size is now 2)")
+		h.assertClean()
+	})
+}
+
+// droppingLedger is a real ledger whose ResumeHeld drops the first room
+// instead of re-queueing it, as the ledger does for a request that no
+// longer fits the pool (a path the ledger's API cannot reach otherwise).
+type droppingLedger struct{ *prealloc.Ledger }
+
+func (l droppingLedger) ResumeHeld() []uint64 {
+	ids := l.Ledger.ResumeHeld()
+	if len(ids) == 0 {
+		return ids
+	}
+	if err := l.Ledger.Release(ids[0]); err != nil {
+		panic(err)
+	}
+	return ids[1:]
+}
+
+// T22: a held room the ledger drops at ContinueGeneration fails at once
+// rather than staying held forever.
+func TestT22DroppedHeldRoomFails(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		dec := prealloc.DefaultConfig()
+		led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := &harness{t: t, dec: dec, cfg: DefaultConfig(), leds: []*prealloc.Ledger{led}}
+		h.sim = NewSimEngine(SimConfig{}, RealClock{})
+		h.m, err = New(h.cfg, dec, Deps{Ledgers: []Ledger{droppingLedger{led}}, Engine: h.sim, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.register(instance{addr: addrA})
+		for _, room := range []uint64{1, 2} {
+			h.open(addrA, room)
+			h.complete(room)
+			if _, err := h.m.RetractRoom(room, RetractRebootstrap); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := h.m.ContinueGeneration(context.Background()); len(got) != 1 || got[0] != 2 {
+			t.Fatalf("ContinueGeneration() = %v, want [2] (room 1 dropped by the ledger)", got)
+		}
+		h.wantFailure(1, FailureUnspecified, "rebootstrap of room 1 refused at ContinueGeneration")
+		h.complete(2)
+		h.release(2)
+		h.assertClean()
+	})
+}
+
+// T11: a chunk from a rank whose claim stream was given the destination
+// counts as its claim even if the stream has not reported the delivery yet
+// (Send and the prefill's first Transfer race); a rank with no claim stream
+// is still refused.
+func TestT11ChunkBeforeDeliveryIsRecordedCountsAsClaim(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(instance{addr: addrA, tp: 2})
+		h.open(addrA, 1)
+		r0, r1 := RankID{Addr: addrA, TP: 0}, RankID{Addr: addrA, TP: 1}
+		c0, err := h.m.AwaitDestination(1, r0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := h.destination(c0) // received, Delivered not called yet
+		if _, _, err := h.m.Transfer(context.Background(), chunk(1, r1, 0, 0, len(d.Pages), true)); !errors.Is(err, ErrWrongState) {
+			t.Fatalf("Transfer from a rank with no claim stream = %v, want ErrWrongState", err)
+		}
+		if _, _, err := h.m.Transfer(context.Background(), chunk(1, r0, 0, 0, len(d.Pages), true)); err != nil {
+			t.Fatalf("Transfer before the delivery was recorded = %v, want it accepted as the claim", err)
+		}
+		c0.Delivered(d) // late: a no-op
+		_, _ = h.claim(1, r1)
+		if _, _, err := h.m.Transfer(context.Background(), chunk(1, r1, 0, 0, len(d.Pages), true)); err != nil {
+			t.Fatal(err)
+		}
+		h.wantPhase(1, PhaseSucceeded)
+		h.release(1)
+		h.assertClean()
+	})
+}
