@@ -982,14 +982,25 @@ func (w *WatermarkWatch) Close() {
 	}
 }
 
-// StagingWatermarks returns the state of every ring in use (for status and
-// tests).
+// StagingWatermarks returns the state of every decode rank's ring (for
+// status and metrics): rings not used yet are reported empty. None when
+// staging is off.
 func (m *Manager) StagingWatermarks() []Watermark {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]Watermark, 0, len(m.stg.rings))
-	for _, sr := range m.stg.rings {
-		out = append(out, sr.watermark())
+	size := m.ringBytes()
+	if size <= 0 {
+		return nil
+	}
+	out := make([]Watermark, 0, m.layout.DP*m.layout.AttnTP)
+	for dp := range m.layout.DP {
+		for tp := range m.layout.AttnTP {
+			if sr := m.stg.rings[ringKey{dp, tp}]; sr != nil {
+				out = append(out, sr.watermark())
+			} else {
+				out = append(out, Watermark{DecodeDP: dp, DecodeTP: tp, Size: size})
+			}
+		}
 	}
 	sort.Slice(out, func(i, j int) bool {
 		if out[i].DecodeDP != out[j].DecodeDP {

@@ -19,6 +19,7 @@ var readOnlyMethods = map[string]bool{
 	"/decodeplane.v1.Rooms/ListRooms":         true,
 	"/decodeplane.v1.Rooms/WatchRoom":         true,
 	"/decodeplane.v1.Staging/WatchWatermark":  true,
+	"/decodeplane.v1.Staging/SetupStaging":    true, // the plan only: nothing is allocated
 }
 
 // needsToken reports whether a method mutates decodeplane's state: every

@@ -211,10 +211,12 @@ var (
 	descBlock   = prometheus.NewDesc("decodeplane_admission_blocked", "1 for the reason the last admission pass stopped (none when it emptied the queue).", []string{"dp_rank", "reason"}, nil)
 	descLedger  = prometheus.NewDesc("decodeplane_ledger_rooms", "Rooms in a shard's ledger after admission, by state.", []string{"dp_rank", "state"}, nil)
 	descPrefill = prometheus.NewDesc("decodeplane_prefill_instances", "Known prefill instances, by registration completeness.", []string{"state"}, nil)
+	descRing    = prometheus.NewDesc("decodeplane_staging_ring_bytes", "Staging ring bytes per decode rank, by state (used: allocated and not yet scattered; free).", []string{"dp_rank", "tp_rank", "state"}, nil)
+	descRegions = prometheus.NewDesc("decodeplane_staging_ring_regions", "Live staging regions per decode rank (allocated, not yet freed).", []string{"dp_rank", "tp_rank"}, nil)
 )
 
 func (c ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPages, descReq, descMeta, descState, descQueue, descBlock, descLedger, descPrefill} {
+	for _, d := range []*prometheus.Desc{descPages, descReq, descMeta, descState, descQueue, descBlock, descLedger, descPrefill, descRing, descRegions} {
 		ch <- d
 	}
 }
@@ -260,4 +262,21 @@ func (c ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	g(descPrefill, int64(complete), "complete")
 	g(descPrefill, int64(partial), "registering")
+	for _, w := range mgr.StagingWatermarks() {
+		dp, tp := strconv.Itoa(w.DecodeDP), strconv.Itoa(w.DecodeTP)
+		used := ringUsed(w)
+		g(descRing, used, dp, tp, "used")
+		g(descRing, w.Size-used, dp, tp, "free")
+		g(descRegions, int64(w.Live), dp, tp)
+	}
+}
+
+// ringUsed is the distance from the watermark (the oldest live region) to
+// the allocation head, in bytes: what is allocated and not yet scattered.
+func ringUsed(w kvmanager.Watermark) int64 {
+	if w.Live == 0 {
+		return 0
+	}
+	used := (w.HeadRound-w.Round)*w.Size + w.Head - w.Tail
+	return min(max(used, 0), w.Size)
 }

@@ -34,9 +34,12 @@ type metricsDaemon struct {
 	boot    pb.BootstrapClient
 }
 
-func startMetricsDaemon(t *testing.T) *metricsDaemon {
+func startMetricsDaemon(t *testing.T, mods ...func(*prealloc.Config)) *metricsDaemon {
 	t.Helper()
 	dec := prealloc.DefaultConfig()
+	for _, f := range mods {
+		f(&dec)
+	}
 	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
 	if err != nil {
 		t.Fatal(err)
@@ -225,7 +228,7 @@ func TestMetricsMoveAsRoomsFlow(t *testing.T) {
 // TestDashboardQueriesExistingMetrics keeps deploy/grafana honest: every
 // metric a panel queries must be served by the daemon.
 func TestDashboardQueriesExistingMetrics(t *testing.T) {
-	d := startMetricsDaemon(t)
+	d := startMetricsDaemon(t, func(c *prealloc.Config) { c.Staging.Enabled = true }) // staging rings exist
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	d.register(t, ctx)
@@ -247,10 +250,9 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 		t.Fatalf("dashboard JSON: %v", err)
 	}
 	name := regexp.MustCompile(`\b(decodeplane_[a-z_]+|grpc_server_[a-z_]+|process_[a-z_]+|go_[a-z_]+)\b`)
-	// Series that exist only with a feature on (staging) or after an event
-	// this test does not cause (a lost prefill, a missed heartbeat).
+	// Series that exist only after an event this test does not cause (a lost
+	// prefill, a missed heartbeat, a blocked admission) or for hybrid pools.
 	optional := map[string]bool{
-		"decodeplane_staging_ring_bytes":               true,
 		"decodeplane_prefill_lost_total":               true,
 		"decodeplane_prefill_heartbeat_failures_total": true,
 		"decodeplane_state_slots":                      true,
@@ -270,5 +272,24 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 	}
 	if queried < 20 {
 		t.Fatalf("found only %d metric references in the dashboard; the regexp or the file is wrong", queried)
+	}
+}
+
+func TestRingUsed(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		w    kvmanager.Watermark
+		want int64
+	}{
+		{"empty ring", kvmanager.Watermark{Size: 100, Round: 3, Tail: 40, HeadRound: 3, Head: 40}, 0},
+		{"same round: head - tail", kvmanager.Watermark{Size: 100, Round: 2, Tail: 10, HeadRound: 2, Head: 70, Live: 2}, 60},
+		{"wrapped: size - tail + head", kvmanager.Watermark{Size: 100, Round: 2, Tail: 80, HeadRound: 3, Head: 30, Live: 2}, 50},
+		{"never above the size", kvmanager.Watermark{Size: 100, Round: 1, Tail: 10, HeadRound: 3, Head: 10, Live: 5}, 100},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := ringUsed(tt.w); got != tt.want {
+				t.Errorf("ringUsed(%+v) = %d, want %d", tt.w, got, tt.want)
+			}
+		})
 	}
 }

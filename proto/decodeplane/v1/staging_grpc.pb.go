@@ -78,7 +78,7 @@ type StagingClient interface {
 	// MHA). MLA models should not set this flag."), staging not configured
 	// (the staging allocator is missing), total KV heads unresolvable
 	// ("Cannot resolve total_kv_heads ...");
-	// INVALID_ARGUMENT; UNAUTHENTICATED. Safe to retry (read-only).
+	// INVALID_ARGUMENT. Needs no token (read-only). Safe to retry.
 	SetupStaging(ctx context.Context, in *SetupStagingRequest, opts ...grpc.CallOption) (*SetupStagingResponse, error)
 	// AllocateStaging allocates the ring regions of one chunk of a room, one
 	// per decode rank this prefill rank writes to (SGLang's STAGING_REQ). The
@@ -229,7 +229,7 @@ type StagingServer interface {
 	// MHA). MLA models should not set this flag."), staging not configured
 	// (the staging allocator is missing), total KV heads unresolvable
 	// ("Cannot resolve total_kv_heads ...");
-	// INVALID_ARGUMENT; UNAUTHENTICATED. Safe to retry (read-only).
+	// INVALID_ARGUMENT. Needs no token (read-only). Safe to retry.
 	SetupStaging(context.Context, *SetupStagingRequest) (*SetupStagingResponse, error)
 	// AllocateStaging allocates the ring regions of one chunk of a room, one
 	// per decode rank this prefill rank writes to (SGLang's STAGING_REQ). The
