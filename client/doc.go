@@ -101,11 +101,8 @@
 //     report instead).
 //
 // gRPC's own transparent retry still resends any call that never reached the
-// daemon. One helper-level exception to "FailedPrecondition is never
-// retried": SendRoom and ReportRoom send a chunk again when it was refused
-// with FailedPrecondition while the room is still handing off, because the
-// daemon records a rank's claim just after sending it the destination and a
-// quick first chunk can arrive before that (within the same policy).
+// daemon. A prefill may send its first chunk as soon as it has the
+// destination: the daemon takes that chunk as the rank's claim.
 //
 // # Tracing
 //

@@ -40,7 +40,7 @@ func (c Config) Validate() error {
 	if c.MetricsListen != "" {
 		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
 			errs = append(errs, &prealloc.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: "not a host:port address.", Fix: "set it like 127.0.0.1:7601, or to \"\" to disable /metrics."})
-		} else if c.MetricsListen == c.Listen {
+		} else if _, port, _ := net.SplitHostPort(c.MetricsListen); c.MetricsListen == c.Listen && port != "0" {
 			errs = append(errs, &prealloc.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: "is the same address as server.listen.", Fix: "give /metrics its own port (default 127.0.0.1:7601)."})
 		}
 	}

@@ -115,18 +115,23 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		logging.WithLevels(callLevel),
 		logging.WithFieldsFromContext(traceFields),
 	}
-	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
-		return c.Service != healthpb.Health_ServiceDesc.ServiceName
+	// The middleware logger logs every call (successes at debug), which costs
+	// a fifth of a room's allocations; it runs only when debug logging is on.
+	// Otherwise logFailed* log just the failed calls, at the same levels.
+	fullLog := selector.MatchFunc(func(ctx context.Context, c interceptors.CallMeta) bool {
+		return c.Service != healthpb.Health_ServiceDesc.ServiceName && s.log.Enabled(ctx, slog.LevelDebug)
 	})
 	recoveryOpt := recovery.WithRecoveryHandlerContext(s.recoverPanic)
 	unary := append(append([]grpc.UnaryServerInterceptor{}, deps.UnaryInterceptors...),
-		selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...), notHealth),
+		selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...), fullLog),
+		s.logFailedUnary,
 		recovery.UnaryServerInterceptor(recoveryOpt),
 		s.authUnary,
 		validator.UnaryServerInterceptor(),
 	)
 	stream := append(append([]grpc.StreamServerInterceptor{}, deps.StreamInterceptors...),
-		selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...), notHealth),
+		selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...), fullLog),
+		s.logFailedStream,
 		recovery.StreamServerInterceptor(recoveryOpt),
 		s.authStream,
 		validator.StreamServerInterceptor(),
@@ -286,6 +291,46 @@ func callLevel(code codes.Code) logging.Level {
 		return logging.LevelWarn
 	}
 	return logging.LevelError
+}
+
+// logFailedUnary logs a failed call when the middleware logger is off (debug
+// disabled), at callLevel's level for its code.
+func (s *Server) logFailedUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		return h(ctx, req)
+	}
+	start := time.Now()
+	resp, err := h(ctx, req)
+	if err != nil {
+		s.logFailed(ctx, info.FullMethod, "unary", start, err)
+	}
+	return resp, err
+}
+
+// logFailedStream is logFailedUnary for streams.
+func (s *Server) logFailedStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	ctx := ss.Context()
+	if s.log.Enabled(ctx, slog.LevelDebug) {
+		return h(srv, ss)
+	}
+	start := time.Now()
+	err := h(srv, ss)
+	if err != nil {
+		s.logFailed(ctx, info.FullMethod, "server_stream", start, err)
+	}
+	return err
+}
+
+func (s *Server) logFailed(ctx context.Context, method, kind string, start time.Time, err error) {
+	st, _ := status.FromError(err)
+	lvl := slog.Level(callLevel(st.Code()))
+	if !s.log.Enabled(ctx, lvl) {
+		return
+	}
+	service, name, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
+	s.log.Log(ctx, lvl, "finished call", "protocol", "grpc", "grpc.component", "server",
+		"grpc.service", service, "grpc.method", name, "grpc.method_type", kind,
+		"grpc.code", st.Code().String(), "grpc.error", st.Message(), "grpc.time_ms", time.Since(start).Milliseconds())
 }
 
 func traceFields(ctx context.Context) logging.Fields {

@@ -115,6 +115,12 @@ var testEntries = []ConfigEntry{
 // Serve returned nil.
 func start(t *testing.T, mod func(*Config)) *testServer {
 	t.Helper()
+	return startAt(t, mod, slog.LevelDebug)
+}
+
+// startAt is start with the logger at level.
+func startAt(t *testing.T, mod func(*Config), level slog.Level) *testServer {
+	t.Helper()
 	cfg := DefaultConfig()
 	if mod != nil {
 		mod(&cfg)
@@ -122,7 +128,7 @@ func start(t *testing.T, mod func(*Config)) *testServer {
 	logs := &syncBuffer{}
 	pc := prealloc.DefaultConfig()
 	s, err := New(cfg, Deps{
-		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level})),
 		Version:      "v1.2.3-test",
 		Config:       testEntries,
 		Layout:       pc.Layout(),
@@ -537,5 +543,51 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"server.listen", "server.shutdown_timeout"}, keys); diff != "" {
 		t.Errorf("problem keys (-want +got):\n%s", diff)
+	}
+}
+
+// Call logs: with debug on, the middleware logs every call; with debug off
+// only failed calls are logged, at their code's level (the cheap path).
+func TestCallLogs(t *testing.T) {
+	for _, tt := range []struct {
+		name          string
+		level         slog.Level
+		wantSuccesses bool
+	}{
+		{"debug: every call", slog.LevelDebug, true},
+		{"info: failures only", slog.LevelInfo, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ts := startAt(t, nil, tt.level)
+			if _, err := pb.NewAdminClient(ts.conn).GetStatus(ctxT(t), &pb.GetStatusRequest{}); err != nil {
+				t.Fatal(err)
+			}
+			if err := ts.conn.Invoke(ctxT(t), "/"+probeService+"/Panic", &emptypb.Empty{}, &emptypb.Empty{}); status.Code(err) != codes.Internal {
+				t.Fatalf("Panic: %v, want Internal", err)
+			}
+			logs := ts.log.String()
+			var calls []string
+			for _, line := range strings.Split(logs, "\n") {
+				if strings.Contains(line, "finished call") {
+					calls = append(calls, line)
+				}
+			}
+			var sawStatus, sawPanic bool
+			for _, l := range calls {
+				sawStatus = sawStatus || strings.Contains(l, "grpc.method=GetStatus")
+				if strings.Contains(l, "grpc.method=Panic") {
+					sawPanic = true
+					if !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "grpc.code=Internal") {
+						t.Errorf("failed call logged as %q, want level ERROR with grpc.code=Internal", l)
+					}
+				}
+			}
+			if sawStatus != tt.wantSuccesses {
+				t.Errorf("successful GetStatus logged = %v, want %v:\n%s", sawStatus, tt.wantSuccesses, logs)
+			}
+			if !sawPanic {
+				t.Errorf("the failed call was not logged:\n%s", logs)
+			}
+		})
 	}
 }

@@ -43,6 +43,8 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		return cmdServe(args[1:], environ, stdout, stderr)
 	case "validate":
 		return cmdValidate(args[1:], environ, stdout, stderr)
+	case "bench":
+		return cmdBench(args[1:], environ, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintf(stdout, "decodeplane %s\n", version)
 		return exitOK
@@ -72,10 +74,10 @@ its value and where it came from. 'decodeplane <command> -h' lists the flags.
 
 // configFlags are the flags shared by serve and validate.
 type configFlags struct {
-	path       string
-	overrides  Overrides
-	fs         *flag.FlagSet
-	sets       setFlag
+	path      string
+	overrides Overrides
+	fs        *flag.FlagSet
+	sets      setFlag
 }
 
 type setFlag struct{ pairs *[]FlagSetting }
@@ -232,6 +234,15 @@ func cmdValidate(args, environ []string, stdout, stderr io.Writer) int {
 	src := "the embedded defaults"
 	if cf.path != "" {
 		src = cf.path
+	}
+	overrides := 0
+	for _, k := range l.Keys() {
+		if s := l.Sources[k]; strings.HasPrefix(s, "env ") || strings.HasPrefix(s, "flag ") {
+			overrides++
+		}
+	}
+	if overrides > 0 {
+		src += fmt.Sprintf(" with %d settings from the environment or flags", overrides)
 	}
 	layout := l.Config.Decode().Layout()
 	fmt.Fprintf(stdout, "configuration is valid (%s): %s, transfer path %s (backend %s), dp %d, staging %v\n",
