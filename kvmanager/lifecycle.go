@@ -408,26 +408,35 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 	r.inflight++
 	m.mu.Unlock()
 
-	ctx2, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(xctx, cancel)
-	sctx, span := m.tracer.Start(ctx2, "chunk", trace.WithLinks(trace.LinkFromContext(roomSpan)), trace.WithAttributes(
+	res, terr := m.runRoomOp(ctx, xctx, roomSpan, "chunk", []attribute.KeyValue{
 		attribute.Int64("decodeplane.room", int64(req.Room)), attribute.Int("decodeplane.chunk", req.Index),
 		attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
-		attribute.Bool("decodeplane.last", req.Last)))
-	res, terr := m.engine.Transfer(sctx, op)
-	span.SetAttributes(attribute.Int64("decodeplane.bytes", res.Bytes))
-	if terr != nil {
-		span.RecordError(terr)
-		span.SetStatus(codes.Error, terr.Error())
-	}
-	span.End()
-	stop()
-	cancel()
+		attribute.Bool("decodeplane.last", req.Last)},
+		func(ctx context.Context) (ChunkResult, error) { return m.engine.Transfer(ctx, op) })
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r.inflight--
 	return m.chunkEndLocked(ctx, r, rp, req, cs, res, terr)
+}
+
+// runRoomOp runs an engine operation of a room under a span named name
+// (linked to the room's span), with a context that ends when parent or the
+// room's transfer context (the room failed) ends.
+func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string, attrs []attribute.KeyValue, op func(context.Context) (ChunkResult, error)) (ChunkResult, error) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	stop := context.AfterFunc(xctx, cancel)
+	defer stop()
+	ctx, span := m.tracer.Start(ctx, name, trace.WithLinks(trace.LinkFromContext(roomSpan)), trace.WithAttributes(attrs...))
+	defer span.End()
+	res, err := op(ctx)
+	span.SetAttributes(attribute.Int64("decodeplane.bytes", res.Bytes))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return res, err
 }
 
 func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState) (ChunkResult, bool, error) {

@@ -47,21 +47,18 @@ func (e *SimEngine) SetFault(fn func(ChunkOp) error) {
 
 // Transfer implements TransferEngine.
 func (e *SimEngine) Transfer(ctx context.Context, op ChunkOp) (ChunkResult, error) {
-	bytes := ChunkBytes(op)
-	d := e.cfg.Latency
-	if e.cfg.BandwidthGBps > 0 {
-		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBps * 1e9) * float64(time.Second))
-	}
 	e.mu.Lock()
 	fault := e.fault
 	fail := e.cfg.FailureProbability > 0 && e.rng.Float64() < e.cfg.FailureProbability
 	e.mu.Unlock()
-	if fault != nil {
-		if err := fault(op); err != nil {
-			return ChunkResult{}, fmt.Errorf("%w: %v", ErrTransferFailed, err)
+	bytes := ChunkBytes(op)
+	d, err := e.move(ctx, bytes, func() error {
+		if fault == nil {
+			return nil
 		}
-	}
-	if err := sleep(ctx, e.clock, d); err != nil {
+		return fault(op)
+	})
+	if err != nil {
 		return ChunkResult{}, err
 	}
 	if fail {
@@ -72,6 +69,19 @@ func (e *SimEngine) Transfer(ctx context.Context, op ChunkOp) (ChunkResult, erro
 		res.MarkerWritten = op.Marker
 	}
 	return res, nil
+}
+
+// move runs a deterministic fault, then takes latency + bytes / bandwidth on
+// the clock (or until ctx is done).
+func (e *SimEngine) move(ctx context.Context, bytes int64, fault func() error) (time.Duration, error) {
+	if err := fault(); err != nil {
+		return 0, fmt.Errorf("%w: %v", ErrTransferFailed, err)
+	}
+	d := e.cfg.Latency
+	if e.cfg.BandwidthGBps > 0 {
+		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBps * 1e9) * float64(time.Second))
+	}
+	return d, sleep(ctx, e.clock, d)
 }
 
 // SetScatterFault installs a deterministic fault for staged scatters: fn is
@@ -85,20 +95,17 @@ func (e *SimEngine) SetScatterFault(fn func(ScatterOp) error) {
 // Scatter implements Scatterer: it takes latency + bytes / bandwidth for the
 // region's bytes and writes the room marker when the op carries one.
 func (e *SimEngine) Scatter(ctx context.Context, op ScatterOp) (ChunkResult, error) {
-	bytes := op.Bytes()
-	d := e.cfg.Latency
-	if e.cfg.BandwidthGBps > 0 {
-		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBps * 1e9) * float64(time.Second))
-	}
 	e.mu.Lock()
 	fault := e.scatterFault
 	e.mu.Unlock()
-	if fault != nil {
-		if err := fault(op); err != nil {
-			return ChunkResult{}, fmt.Errorf("%w: %v", ErrTransferFailed, err)
+	bytes := op.Bytes()
+	d, err := e.move(ctx, bytes, func() error {
+		if fault == nil {
+			return nil
 		}
-	}
-	if err := sleep(ctx, e.clock, d); err != nil {
+		return fault(op)
+	})
+	if err != nil {
 		return ChunkResult{}, err
 	}
 	return ChunkResult{Bytes: bytes, Duration: d, MarkerWritten: op.Marker}, nil

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -798,20 +796,11 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 
 		// The scatter outlives the caller's RPC (every writer already
 		// reported) but not the room.
-		sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		stop := context.AfterFunc(xctx, cancel)
-		sctx, span := m.tracer.Start(sctx, "staging.scatter", trace.WithLinks(trace.LinkFromContext(roomSpan)), trace.WithAttributes(
+		res, err := m.runRoomOp(context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", []attribute.KeyValue{
 			attribute.Int64("decodeplane.room", int64(op.Room)), attribute.Int("decodeplane.chunk", op.ChunkIndex),
 			attribute.Int("decodeplane.decode_tp_rank", op.DecodeTP), attribute.Int("decodeplane.pages", len(op.DestPages)),
-			attribute.Int("decodeplane.staging.writers", len(op.Writers)), attribute.Int64("decodeplane.bytes", op.Bytes())))
-		res, err := eng.Scatter(sctx, op)
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-		stop()
-		cancel()
+			attribute.Int("decodeplane.staging.writers", len(op.Writers))},
+			func(ctx context.Context) (ChunkResult, error) { return eng.Scatter(ctx, op) })
 
 		m.mu.Lock()
 		r.inflight--

@@ -98,15 +98,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if deps.Logger == nil {
-		deps.Logger = slog.Default()
-	}
-	if deps.TracerProvider == nil {
-		deps.TracerProvider = noop.NewTracerProvider()
-	}
-	if deps.Propagator == nil {
-		deps.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	}
+	deps.Logger, deps.TracerProvider, deps.Propagator = telemetryDefaults(deps.Logger, deps.TracerProvider, deps.Propagator)
 	s := &Server{cfg: cfg, deps: deps, log: deps.Logger, started: time.Now(), readiness: "starting"}
 	s.stopCtx, s.stopServ = context.WithCancel(context.Background())
 
@@ -268,6 +260,21 @@ func (s *Server) Shutdown(ctx context.Context, beforeStop func(context.Context))
 	}
 	s.health.Shutdown()
 	return err
+}
+
+// telemetryDefaults fills in what the caller left nil: the default logger, a
+// no-op tracer provider, W3C trace context and baggage.
+func telemetryDefaults(l *slog.Logger, tp trace.TracerProvider, p propagation.TextMapPropagator) (*slog.Logger, trace.TracerProvider, propagation.TextMapPropagator) {
+	if l == nil {
+		l = slog.Default()
+	}
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	if p == nil {
+		p = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	return l, tp, p
 }
 
 // traced keeps health checks and reflection out of traces.

@@ -2,18 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"strings"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/sdk/resource"
-	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 )
 
 // benchTracing is the bench's own tracer: its client spans (the simulated
@@ -30,37 +21,13 @@ type benchTracing struct {
 // benchNewTracing builds the bench's tracer from the same OTEL_* variables,
 // validated as the daemon validates them (a malformed one is a usage error).
 func benchNewTracing(ctx context.Context, environ []string) (*benchTracing, error) {
-	env := otelEnv{}
-	for _, kv := range environ {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "OTEL_") {
-			env[k] = v
-		}
-	}
-	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	enabled, endpoint, errs := checkOTelEnv(env)
-	if len(errs) > 0 {
-		return nil, &usageError{fmt.Errorf("tracing configuration: %w", errors.Join(errs...))}
-	}
-	if !enabled {
-		return &benchTracing{provider: noop.NewTracerProvider(), propagator: prop, shutdown: func(context.Context) error { return nil }}, nil
-	}
-	exp, err := otlptracegrpc.New(ctx)
+	tr, err := newTracing(ctx, environ, tracedAs{service: "decodeplane-bench", fixed: true, component: "bench"})
 	if err != nil {
-		return nil, &usageError{fmt.Errorf("tracing: OTLP exporter: %w", err)}
+		return nil, err
 	}
-	res, err := resource.New(ctx,
-		resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithHost(),
-		// After WithFromEnv: an OTEL_SERVICE_NAME meant for the daemon does
-		// not rename the bench.
-		resource.WithAttributes(semconv.ServiceName("decodeplane-bench"), semconv.ServiceVersion(version),
-			attribute.String("decodeplane.component", "bench")),
-	)
-	if err != nil {
-		return nil, &usageError{fmt.Errorf("tracing: resource from OTEL_RESOURCE_ATTRIBUTES: %w", err)}
+	bt := &benchTracing{provider: tr.provider, propagator: tr.propagator, shutdown: tr.shutdown, exporting: tr.exporting}
+	if tr.exporting != "" {
+		bt.tracer = tr.provider.Tracer("github.com/decodeplane/decodeplane/cmd/decodeplane/bench")
 	}
-	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	return &benchTracing{
-		provider: tp, propagator: prop, tracer: tp.Tracer("github.com/decodeplane/decodeplane/cmd/decodeplane/bench"),
-		shutdown: tp.Shutdown, exporting: endpoint,
-	}, nil
+	return bt, nil
 }

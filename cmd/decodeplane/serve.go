@@ -102,7 +102,7 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 		}
 	}()
 
-	tr, err := newTracing(ctx, environ)
+	tr, err := newTracing(ctx, environ, tracedAs{service: "decodeplane", component: "daemon"})
 	if err != nil {
 		return nil, err
 	}

@@ -124,10 +124,19 @@ func checkOTelEnv(env otelEnv) (enabled bool, endpoint string, errs []error) {
 	return enabled, ep, errs
 }
 
+// tracedAs names the process in its traces.
+type tracedAs struct {
+	// service is the service.name; OTEL_SERVICE_NAME overrides it unless
+	// fixed is set (the bench must not take a name meant for the daemon).
+	service   string
+	fixed     bool
+	component string
+}
+
 // newTracing builds the tracer provider from the OTEL_* variables: OTLP over
 // gRPC (Jaeger's port 4317) when an endpoint is set, otherwise no-op. A
 // malformed setting is a startup error (exit 2).
-func newTracing(ctx context.Context, environ []string) (*tracing, error) {
+func newTracing(ctx context.Context, environ []string, as tracedAs) (*tracing, error) {
 	env := otelEnv{}
 	for _, kv := range environ {
 		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "OTEL_") {
@@ -146,11 +155,13 @@ func newTracing(ctx context.Context, environ []string) (*tracing, error) {
 	if err != nil {
 		return nil, &usageError{fmt.Errorf("tracing: OTLP exporter: %w", err)}
 	}
-	res, err := resource.New(ctx,
-		resource.WithAttributes(semconv.ServiceName("decodeplane"), semconv.ServiceVersion(version)),
-		resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithHost(),
-		resource.WithAttributes(attribute.String("decodeplane.component", "daemon")),
-	)
+	name := []attribute.KeyValue{semconv.ServiceName(as.service), semconv.ServiceVersion(version)}
+	opts := []resource.Option{resource.WithAttributes(name...), resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithHost()}
+	if as.fixed {
+		opts = append(opts, resource.WithAttributes(name...)) // after WithFromEnv: it wins
+	}
+	opts = append(opts, resource.WithAttributes(attribute.String("decodeplane.component", as.component)))
+	res, err := resource.New(ctx, opts...)
 	if err != nil {
 		return nil, &usageError{fmt.Errorf("tracing: resource from OTEL_RESOURCE_ATTRIBUTES/OTEL_SERVICE_NAME: %w", err)}
 	}
