@@ -1,0 +1,54 @@
+// Package kvmanager is decodeplane's room manager: the decode side of a
+// prefill/decode KV hand-off, as a pure domain package (no gRPC). It owns
+// the prefill registry (registrations, heartbeats, SGLang's rank mapping),
+// room → prefill DP-rank resolution, the transfer state machine of every
+// room, the staging rings of heterogeneous TP, and the transfer engines (the
+// simulated one and the delegated one that drives an external agent through
+// the Agent interface). The KV pages, slots and admission decisions belong
+// to the prealloc ledgers, one per decode DP shard, which the manager drives
+// through the Ledger interface.
+//
+// # A room's lifecycle
+//
+// OpenRoom creates the room (SGLang T1) in PhaseWaitingPrefill and enqueues
+// it in its shard's ledger, which checks the capacity first. The room then
+// waits for its prefill instance to be fully registered (SGLang's 15
+// attempts with back-off 1, 1, 2, 4, 4, ... s; T3 when they run out) and
+// for its prefill DP rank (hint, dp_size == 1, room % dp_size under
+// follow_bootstrap_room, BindRoom; T2), and becomes PhaseQueued (T4/T8). The
+// ledger's admission pass pre-allocates pages and slots (T11) and the
+// destination is offered to every prefill rank holding a claim
+// (AwaitDestination); when every required rank received it the room is
+// PhaseClaimed and SGLang's waiting timeout starts. Chunks moved by the
+// engine (Transfer) or by the prefill itself (ReportTransfer), or staged
+// through a ring (StagingChunkReady), advance each rank's progress; the room
+// succeeds (T12/T17) when every required rank is done, every staged region
+// is scattered and the metadata slot holds the room's marker (T19 when it
+// holds another room). The decode engine releases a succeeded room
+// (ReleaseRoom); AbortRoom fails a room in any phase (T16). A room's KVPoll
+// is derived from its phase with SGLang's numbers and only moves forward.
+//
+// # Bounded waits
+//
+// Every wait has a deadline on the injected Clock: the prefill registration
+// budget, the DP-rank resolution bound, timeouts.bootstrap until the
+// destination is claimed (SGLang has no decode-side deadline there), the
+// ledger's claim timeout, the waiting timeout after the claim, and the
+// staging completion timeout; heartbeats declare a silent prefill instance
+// dead (T15). Tests drive all of them with testing/synctest.
+//
+// # Resources come back exactly once
+//
+// A room that ends (released, failed, aborted, timed out, shut down) gives
+// its resources back through Ledger.Release and its OnRoomEnd hooks (staging
+// regions), exactly once, and only after every transfer in flight into its
+// pages has returned: nothing can write into a page after another room got it.
+//
+// # Concurrency
+//
+// A Manager is safe for concurrent use: one mutex guards its state, engine
+// calls run outside it, and the ledgers have their own locks (always taken
+// after the manager's). Run runs the periodic checks (heartbeat liveness,
+// binding expiry, retention); Shutdown ends every room and leaves every
+// ledger full.
+package kvmanager
