@@ -264,6 +264,7 @@ func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb
 		req := &pb.TransferRequest{
 			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
 			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
+			Attempt: ch.Destination.GetAttempt(),
 		}
 		if o.Source != nil {
 			req.Source = o.Source(ch)
@@ -291,7 +292,7 @@ func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*
 		req := &pb.ReportTransferRequest{
 			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
 			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
-			Success: moveErr == nil, Bytes: n,
+			Success: moveErr == nil, Bytes: n, Attempt: ch.Destination.GetAttempt(),
 		}
 		switch {
 		case moveErr != nil:

@@ -194,6 +194,11 @@ func (e *DelegateEngine) execute(ctx context.Context, b kvcopy.Batch) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, ErrAgentLost):
+		// The agent may have accepted the batch: it can write until the
+		// batch's deadline, after which it must stop.
+		e.markDown(err)
+		return &WritesMayContinueError{Err: fmt.Errorf("%w: batch %s: %v", ErrTransferFailed, b.ID, err), Until: b.Deadline}
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case bctx.Err() != nil:
@@ -201,9 +206,6 @@ func (e *DelegateEngine) execute(ctx context.Context, b kvcopy.Batch) error {
 	case errors.Is(err, ErrAgentUnreachable):
 		e.markDown(err)
 		return fmt.Errorf("%w: batch %s: %v", ErrEngineUnavailable, b.ID, err)
-	case errors.Is(err, ErrAgentLost):
-		e.markDown(err)
-		return fmt.Errorf("%w: batch %s: %v", ErrTransferFailed, b.ID, err)
 	}
 	return fmt.Errorf("%w: transfer agent failed batch %s: %v", ErrTransferFailed, b.ID, err)
 }

@@ -41,8 +41,15 @@
 //
 // A room that ends (released, failed, aborted, timed out, shut down) gives
 // its resources back through Ledger.Release and its OnRoomEnd hooks (staging
-// regions), exactly once, and only after every transfer in flight into its
-// pages has returned: nothing can write into a page after another room got it.
+// regions), exactly once, and only after every transfer the engine runs into
+// its pages has returned — and, when the engine cannot rule out late writes
+// (a transfer agent lost with a batch it may have accepted,
+// WritesMayContinueError), only after that batch's deadline. Writes a prefill
+// performs itself (ReportTransfer, its own writes into a staging region) are
+// beyond the daemon's sight: the claim stream tells the prefill at once that
+// the room ended, and its resources go back then, as in SGLang's base
+// behaviour (SGLang's newer deferred release waits for the prefill's
+// ABORT_ACK; decodeplane does not have that acknowledgement yet).
 //
 // # Concurrency
 //

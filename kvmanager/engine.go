@@ -2,6 +2,7 @@ package kvmanager
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -54,6 +55,23 @@ type ChunkOp struct {
 	Marker    uint64
 	OutputIDs []int32
 }
+
+// WritesMayContinueError is an engine failure after which writes into the
+// operation's pages may still happen until Until (e.g. the transfer agent
+// may have accepted a batch whose outcome is unknown, and it stops at the
+// batch's deadline). The manager keeps the room's pages and slots until then
+// instead of handing them to another room.
+type WritesMayContinueError struct {
+	Err   error
+	Until time.Time
+}
+
+func (e *WritesMayContinueError) Error() string {
+	return fmt.Sprintf("%v (writes into the pages may continue until %s)", e.Err, e.Until.Format(time.RFC3339Nano))
+}
+
+// Unwrap returns the underlying error.
+func (e *WritesMayContinueError) Unwrap() error { return e.Err }
 
 // ChunkResult is a landed chunk.
 type ChunkResult struct {

@@ -39,14 +39,16 @@ type OpenRequest struct {
 func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.draining || m.closed {
-		return RoomSnapshot{}, false, fmt.Errorf("open room %d: %w", req.Room, ErrDraining)
-	}
 	if r := m.rooms[req.Room]; r != nil {
+		// Before the draining check: a retry of an OpenRoom that succeeded
+		// must learn that the room exists.
 		if req.IdempotencyKey != "" && r.idemKey == req.IdempotencyKey {
 			return r.snapshot(false, false), true, nil
 		}
 		return RoomSnapshot{}, false, fmt.Errorf("open room %d (rid %q): %w (rid %q, phase %s)", req.Room, req.RID, ErrRoomExists, r.rid, r.phase)
+	}
+	if m.draining || m.closed {
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d: %w", req.Room, ErrDraining)
 	}
 	shard := req.DecodeDP
 	if shard < 0 {
@@ -82,6 +84,7 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 		delete(m.pending, r.id)
 		m.pendingCount -= len(cs)
 		for _, c := range cs {
+			c.stopExpiry()
 			m.attachClaimLocked(r, c)
 		}
 	}
@@ -249,7 +252,7 @@ func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
 		}
 		m.pending[room] = append(m.pending[room], c)
 		m.pendingCount++
-		m.clock.AfterFunc(m.cfg.Timeouts.Bootstrap, func() { m.expirePendingClaim(c) })
+		c.expiry = m.clock.AfterFunc(m.cfg.Timeouts.Bootstrap, func() { m.expirePendingClaim(c) })
 		return c, nil
 	}
 	if err := m.attachClaimLocked(r, c); err != nil {
@@ -374,6 +377,8 @@ type ChunkRequest struct {
 	SrcPages  []int32
 	Marker    uint64
 	OutputIDs []int32
+	// Attempt is the destination's attempt; 0 is not checked.
+	Attempt uint32
 	// ReportTransfer only.
 	Failed bool
 	Reason string
@@ -388,11 +393,15 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 	m.mu.Lock()
 	r, rp, cs, fresh, err := m.chunkBeginLocked(req)
 	if err != nil || !fresh {
+		var inflight chan struct{}
+		if cs != nil {
+			inflight = cs.inflight // read under the lock: chunkEndLocked clears it
+		}
 		m.mu.Unlock()
 		if err != nil {
 			return ChunkResult{}, false, err
 		}
-		return m.awaitChunk(ctx, cs)
+		return m.awaitChunk(ctx, cs, inflight)
 	}
 	op := m.chunkOpLocked(r, req)
 	if r.phase == PhaseAdmitted {
@@ -439,10 +448,10 @@ func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string,
 	return res, err
 }
 
-func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState) (ChunkResult, bool, error) {
-	if cs.inflight != nil {
+func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState, inflight chan struct{}) (ChunkResult, bool, error) {
+	if inflight != nil {
 		select {
-		case <-cs.inflight:
+		case <-inflight:
 		case <-ctx.Done():
 			return ChunkResult{}, false, ctx.Err()
 		}
@@ -452,28 +461,41 @@ func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState) (ChunkResult, 
 	return cs.result, cs.done, cs.err
 }
 
-// chunkBeginLocked validates a chunk and registers it in flight. fresh is
-// false for a chunk already landed or in flight (cs tells which).
-func (m *Manager) chunkBeginLocked(req ChunkRequest) (*room, *rankProgress, *chunkState, bool, error) {
+// sourceRankLocked finds the room and the required prefill rank a chunk (or
+// a failure report) comes from.
+func (m *Manager) sourceRankLocked(req ChunkRequest) (*room, *rankProgress, error) {
 	r := m.rooms[req.Room]
 	if r == nil {
-		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
+		return nil, nil, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
 	}
 	if req.Rank.Addr != r.addr {
-		return nil, nil, nil, false, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", req.Rank.Addr, r.id, r.addr)
+		return nil, nil, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", req.Rank.Addr, r.id, r.addr)
 	}
 	if r.phase == PhaseFailed {
-		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
+		return nil, nil, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
+	}
+	if req.Attempt != 0 && req.Attempt != r.attempt {
+		return nil, nil, fmt.Errorf("chunk %d of room %d: %w: it belongs to attempt %d, but the room was rebootstrapped (attempt %d)", req.Index, r.id, ErrWrongState, req.Attempt, r.attempt)
 	}
 	if r.plan == nil || r.prefillDP < 0 {
-		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: the room has no destination yet (phase %s)", req.Index, r.id, ErrWrongState, r.phase)
+		return nil, nil, fmt.Errorf("chunk %d of room %d: %w: the room has no destination yet (phase %s)", req.Index, r.id, ErrWrongState, r.phase)
 	}
 	if req.Rank.DP != r.prefillDP {
-		return nil, nil, nil, false, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", req.Rank.DP, r.id, r.prefillDP, r.dpRule)
+		return nil, nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", req.Rank.DP, r.id, r.prefillDP, r.dpRule)
 	}
 	rp := r.ranks[req.Rank.key()]
 	if rp == nil {
-		return nil, nil, nil, false, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", req.Rank, r.id)
+		return nil, nil, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", req.Rank, r.id)
+	}
+	return r, rp, nil
+}
+
+// chunkBeginLocked validates a chunk and registers it in flight. fresh is
+// false for a chunk already landed or in flight (cs tells which).
+func (m *Manager) chunkBeginLocked(req ChunkRequest) (*room, *rankProgress, *chunkState, bool, error) {
+	r, rp, err := m.sourceRankLocked(req)
+	if err != nil {
+		return nil, nil, nil, false, err
 	}
 	if cs := rp.chunks[req.Index]; cs != nil {
 		return r, rp, cs, false, nil
@@ -548,6 +570,7 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 		m.releaseIfIdleLocked(r)
 		return res, false, err
 	}
+	m.noteWritesMayContinueLocked(r, terr)
 	if r.phase == PhaseFailed {
 		return finish(fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message))
 	}
@@ -605,6 +628,22 @@ func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest,
 func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if req.Failed {
+		// A failure fails the room whatever the chunk's pages or index
+		// (SGLang T13): nothing of it is to be kept.
+		r, _, err := m.sourceRankLocked(req)
+		if err != nil {
+			return PollFailed, false, err
+		}
+		reason := req.Reason
+		if reason == "" {
+			reason = "Failed to get kvcache from prefill instance, it might be dead"
+		}
+		m.obs.ChunkDone(req.Bytes, -1, false)
+		m.failLocked(r, Failure{Code: FailureTransferFailed, FromAnotherRank: true, Message: fmt.Sprintf(
+			"KVTransferError(bootstrap_room=%d): %s (reported by %s, chunk %d)", r.id, reason, req.Rank, req.Index)})
+		return PollFailed, false, nil
+	}
 	r, rp, cs, fresh, err := m.chunkBeginLocked(req)
 	if err != nil {
 		return PollFailed, false, err
@@ -617,17 +656,6 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 	}
 	close(cs.inflight)
 	cs.inflight = nil
-	if req.Failed {
-		reason := req.Reason
-		if reason == "" {
-			reason = "Failed to get kvcache from prefill instance, it might be dead"
-		}
-		m.obs.ChunkDone(req.Bytes, -1, false)
-		f := Failure{Code: FailureTransferFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): %s (reported by %s, chunk %d)", r.id, reason, req.Rank, req.Index), FromAnotherRank: true}
-		m.failLocked(r, f)
-		cs.err = fmt.Errorf("%w: %s", ErrTransferFailed, f.Message)
-		return PollFailed, false, nil
-	}
 	cs.done = true
 	cs.result = ChunkResult{Bytes: req.Bytes, Duration: -1, MarkerWritten: req.Marker} // duration unknown: the prefill moved it
 	m.chunkLandedLocked(r, rp, req, cs.result)
@@ -731,6 +759,22 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 	if !r.releasePending || r.inflight > 0 {
 		return
 	}
+	if now := m.clock.Now(); r.writesUntil.After(now) && !m.closed {
+		// An engine could not rule out writes into the pages until then.
+		if r.quarantine == nil {
+			r.quarantine = m.clock.AfterFunc(r.writesUntil.Sub(now), func() {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				r.quarantine = nil
+				m.releaseIfIdleLocked(r)
+			})
+		}
+		return
+	}
+	if r.quarantine != nil {
+		r.quarantine.Stop()
+		r.quarantine = nil
+	}
 	r.releasePending = false
 	if r.inLedger {
 		r.inLedger = false
@@ -744,6 +788,16 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 	r.onEnd = nil
 	r.gates = nil
 	m.admitLocked(r.decodeDP)
+}
+
+// noteWritesMayContinueLocked records how long an engine failure may still
+// write into the room's pages (see WritesMayContinueError).
+func (m *Manager) noteWritesMayContinueLocked(r *room, err error) {
+	var wmc *WritesMayContinueError
+	if errors.As(err, &wmc) && wmc.Until.After(r.writesUntil) {
+		r.writesUntil = wmc.Until
+		m.log.Warn("room's pages held until the transfer agent's deadline", "room", r.id, "until", wmc.Until, "err", wmc.Err)
+	}
 }
 
 // trimRetainedLocked forgets finished rooms past retention or beyond the cap.
@@ -998,6 +1052,7 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 		r.pages, r.state, r.metaSlot, r.fillLen, r.marker = nil, nil, -1, 0, 0
 		r.chunksDone, r.bytes = 0, 0
 		r.claims = map[rankKey]*Claim{}
+		r.plan, r.ranks = nil, nil // per-attempt progress: set again once the prefill is known
 		r.gates = nil
 		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = now.Add(m.cfg.Timeouts.Bootstrap), time.Time{}, time.Time{}, time.Time{}
 		r.xferCtx, r.xferCancel = context.WithCancel(context.Background())

@@ -291,6 +291,9 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	// Closed first: no admission, no new timers, and no quarantine: the
+	// process is going away, every room's accounting goes back now.
+	m.closed = true
 	ids := make([]uint64, 0, len(m.rooms))
 	for id, r := range m.rooms {
 		if !r.phase.Terminal() {
@@ -322,7 +325,9 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	for _, w := range m.waitPrefill {
 		w.stop()
 	}
-	m.closed = true
+	for _, r := range m.rooms {
+		m.releaseIfIdleLocked(r) // rooms quarantined before the shutdown
+	}
 }
 
 // ShardStats returns every shard's ledger stats.

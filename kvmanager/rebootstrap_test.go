@@ -127,3 +127,36 @@ func TestT11ChunkBeforeDeliveryIsRecordedCountsAsClaim(t *testing.T) {
 		h.assertClean()
 	})
 }
+
+// T22: a chunk carries its destination's attempt; a chunk of an earlier
+// attempt of a rebootstrapped room is refused rather than counted.
+func TestT22ChunkOfAnEarlierAttemptIsRefused(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(instance{addr: addrA})
+		h.open(addrA, 1)
+		h.complete(1)
+		if _, err := h.m.RetractRoom(1, RetractRebootstrap); err != nil {
+			t.Fatal(err)
+		}
+		h.m.ContinueGeneration(context.Background())
+		rank := RankID{Addr: addrA}
+		_, d := h.claim(1, rank)
+		if d.Attempt != 2 {
+			t.Fatalf("destination attempt = %d, want 2", d.Attempt)
+		}
+		stale := chunk(1, rank, 0, 0, len(d.Pages), true)
+		stale.Attempt = 1
+		if _, _, err := h.m.Transfer(context.Background(), stale); !errors.Is(err, ErrWrongState) {
+			t.Fatalf("Transfer of attempt 1 after the rebootstrap = %v, want ErrWrongState", err)
+		}
+		current := chunk(1, rank, 0, 0, len(d.Pages), true)
+		current.Attempt = 2
+		if _, _, err := h.m.Transfer(context.Background(), current); err != nil {
+			t.Fatal(err)
+		}
+		h.wantPhase(1, PhaseSucceeded)
+		h.release(1)
+		h.assertClean()
+	})
+}

@@ -64,6 +64,10 @@ type room struct {
 	inflight       int
 	releasePending bool
 	onEnd          []func()
+	// writesUntil: an engine failure could not rule out writes into the
+	// pages until then; the release waits (quarantine is its timer).
+	writesUntil time.Time
+	quarantine  Stopper
 
 	gates      map[string]bool // conditions success waits for (e.g. staged scatters)
 	marker     uint64

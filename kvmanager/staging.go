@@ -187,6 +187,10 @@ type roomStaging struct {
 	chunks  map[stagedKey]*stagedChunk
 	pending int // regions allocated and not yet freed
 	timer   Stopper
+	// deadline is when timer fires: once every region is scattered it
+	// becomes the room's waiting deadline again, so that a room still not
+	// successful (no metadata marker, another gate) stays bounded.
+	deadline time.Time
 }
 
 // stagedKey is one region: (chunk, decode TP rank, decode PP stage).
@@ -464,6 +468,13 @@ func (m *Manager) stagingSettleLocked(r *room) {
 		if rs != nil && rs.timer != nil {
 			rs.timer.Stop()
 			rs.timer = nil
+			// The waiting deadline was lifted for the completion timer:
+			// restore it, so that a room that does not succeed now (the
+			// metadata marker never came) is still failed in time.
+			if r.waitingAt.IsZero() {
+				r.waitingAt = rs.deadline
+				m.armTimerLocked(r)
+			}
 		}
 		return
 	}
@@ -473,6 +484,7 @@ func (m *Manager) stagingSettleLocked(r *room) {
 	id, attempt := r.id, r.attempt
 	r.waitingAt = time.Time{}
 	m.armTimerLocked(r)
+	rs.deadline = m.clock.Now().Add(m.cfg.Timeouts.Waiting)
 	rs.timer = m.clock.AfterFunc(m.cfg.Timeouts.Waiting, func() { m.stagingDeadline(id, attempt) })
 }
 
@@ -805,6 +817,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 		m.mu.Lock()
 		r.inflight--
 		close(sc.running)
+		m.noteWritesMayContinueLocked(r, err)
 		err = m.scatterDoneLocked(r, rs, sc, res, err)
 		m.releaseIfIdleLocked(r)
 		out.Poll = r.phase.Poll()

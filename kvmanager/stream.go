@@ -68,8 +68,17 @@ type Claim struct {
 	rank    RankID
 	ch      chan DestinationEvent
 	once    sync.Once
-	attempt uint32 // attempt of the destination last queued
-	acked   uint32 // attempt whose destination was delivered
+	attempt uint32  // attempt of the destination last queued
+	acked   uint32  // attempt whose destination was delivered
+	expiry  Stopper // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
+}
+
+// stopExpiry stops the pending-claim timer; lock held.
+func (c *Claim) stopExpiry() {
+	if c.expiry != nil {
+		c.expiry.Stop()
+		c.expiry = nil
+	}
 }
 
 // Events delivers the destination, then the room's end. The channel is
@@ -107,6 +116,7 @@ func (c *Claim) Delivered(d *Destination) {
 func (c *Claim) Close() {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
+	c.stopExpiry()
 	if r := c.m.rooms[c.room]; r != nil && r.claims[c.rank.key()] == c {
 		delete(r.claims, c.rank.key())
 	}

@@ -219,7 +219,7 @@ func chunkFromTransfer(req *pb.TransferRequest) kvmanager.ChunkRequest {
 		Room: req.GetRoom(), Rank: rankFromProto(req.GetRank()), Index: int(req.GetChunkIndex()),
 		PageOffset: int(req.GetPageOffset()), NumPages: int(req.GetNumPages()), Last: req.GetLast(),
 		SrcBuffer: req.GetSource().GetBuffer(), SrcPages: req.GetSource().GetPageIndices(),
-		Marker: req.GetAux().GetRoomMarker(), OutputIDs: req.GetAux().GetOutputIds(),
+		Marker: req.GetAux().GetRoomMarker(), OutputIDs: req.GetAux().GetOutputIds(), Attempt: req.GetAttempt(),
 	}
 }
 
@@ -228,6 +228,6 @@ func chunkFromReport(req *pb.ReportTransferRequest) kvmanager.ChunkRequest {
 		Room: req.GetRoom(), Rank: rankFromProto(req.GetRank()), Index: int(req.GetChunkIndex()),
 		PageOffset: int(req.GetPageOffset()), NumPages: int(req.GetNumPages()), Last: req.GetLast(),
 		Failed: !req.GetSuccess(), Reason: req.GetFailureReason(), Bytes: int64(req.GetBytes()),
-		Marker: req.GetMetadataRoomMarker(),
+		Marker: req.GetMetadataRoomMarker(), Attempt: req.GetAttempt(),
 	}
 }

@@ -539,6 +539,28 @@ func (c *cluster) verify(room uint64, d *pb.Destination, outputIDs []int32) erro
 
 // settled checks the daemon is back to idle: no live room, every shard's
 // ledger full, every staging ring empty.
+// ledgerFull reports whether every shard's pages and slots are all free.
+func (c *cluster) ledgerFull() bool {
+	st, err := c.admin.GetStatus(ctxT(c.t), &pb.GetStatusRequest{})
+	if err != nil {
+		c.t.Fatalf("GetStatus: %v", err)
+	}
+	for _, sh := range st.GetShards() {
+		if sh.GetPagesFree() != sh.GetPagesTotal() || sh.GetReqSlotsFree() != sh.GetReqSlotsTotal() || sh.GetMetadataSlotsFree() != sh.GetMetadataSlotsTotal() {
+			return false
+		}
+	}
+	return true
+}
+
+// waitAWhile blocks for d on a timer (a poll interval, not a synchronisation).
+func waitAWhile(t *testing.T, d time.Duration) {
+	select {
+	case <-time.After(d):
+	case <-t.Context().Done():
+	}
+}
+
 func (c *cluster) settled() {
 	t := c.t
 	t.Helper()
@@ -1120,7 +1142,8 @@ func TestE2EDelegatedMLA(t *testing.T) {
 
 func TestE2EAgentRestart(t *testing.T) {
 	const held = 301
-	c := newCluster(t, gqa, 2, []string{"--fault-hold-rooms", fmt.Sprint(held)})
+	const batchTimeout = 2 * time.Second
+	c := newCluster(t, gqa, 2, []string{"--fault-hold-rooms", fmt.Sprint(held)}, "transfer.delegate.batch_timeout="+batchTimeout.String())
 	p := c.newPrefill("10.3.0.1:8998", 2)
 	dests := c.open(p, held, 40)
 	done := make(chan error, 1)
@@ -1145,6 +1168,19 @@ func TestE2EAgentRestart(t *testing.T) {
 		t.Errorf("failure = %v; want TRANSFER_FAILED naming the transfer agent", f)
 	}
 	waitHealth(t, c.dconn, c.daemon, healthpb.HealthCheckResponse_NOT_SERVING)
+	// The dead agent may have accepted the held batch: until its deadline
+	// the room's pages stay out of the pool (nothing else may be given pages
+	// a late write could land in), then they come back.
+	if c.ledgerFull() {
+		t.Error("the room's pages were back while its lost batch could still be written")
+	}
+	deadline := time.Now().Add(batchTimeout + 5*time.Second)
+	for !c.ledgerFull() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the room's pages were not back %s after its lost batch's deadline", 5*time.Second)
+		}
+		waitAWhile(t, 50*time.Millisecond)
+	}
 	c.settled()
 
 	// A new agent on the same port: the daemon registers its buffers again

@@ -819,9 +819,12 @@ type TransferRequest struct {
 	PageOffset uint32 `protobuf:"varint,4,opt,name=page_offset,json=pageOffset,proto3" json:"page_offset,omitempty"`
 	NumPages   uint32 `protobuf:"varint,5,opt,name=num_pages,json=numPages,proto3" json:"num_pages,omitempty"`
 	// last marks this rank's final chunk; its aux carries the metadata.
-	Last          bool            `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
-	Source        *TransferSource `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
-	Aux           *Aux            `protobuf:"bytes,8,opt,name=aux,proto3" json:"aux,omitempty"`
+	Last   bool            `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
+	Source *TransferSource `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
+	Aux    *Aux            `protobuf:"bytes,8,opt,name=aux,proto3" json:"aux,omitempty"`
+	// attempt is the destination's attempt (0: not checked); a chunk of an
+	// earlier attempt of a rebootstrapped room is refused.
+	Attempt       uint32 `protobuf:"varint,9,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -912,6 +915,13 @@ func (x *TransferRequest) GetAux() *Aux {
 	return nil
 }
 
+func (x *TransferRequest) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
 type TransferResponse struct {
 	state    protoimpl.MessageState `protogen:"open.v1"`
 	Bytes    uint64                 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
@@ -996,8 +1006,10 @@ type ReportTransferRequest struct {
 	// metadata_room_marker is the room the prefill wrote into the metadata
 	// slot with its last chunk.
 	MetadataRoomMarker uint64 `protobuf:"varint,10,opt,name=metadata_room_marker,json=metadataRoomMarker,proto3" json:"metadata_room_marker,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// attempt is the destination's attempt (0: not checked).
+	Attempt       uint32 `protobuf:"varint,11,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportTransferRequest) Reset() {
@@ -1096,6 +1108,13 @@ func (x *ReportTransferRequest) GetBytes() uint64 {
 func (x *ReportTransferRequest) GetMetadataRoomMarker() uint64 {
 	if x != nil {
 		return x.MetadataRoomMarker
+	}
+	return 0
+}
+
+func (x *ReportTransferRequest) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
 	}
 	return 0
 }
@@ -2332,7 +2351,7 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\vroom_marker\x18\x01 \x01(\x04R\n" +
 	"roomMarker\x12\x1d\n" +
 	"\n" +
-	"output_ids\x18\x02 \x03(\x05R\toutputIds\"\xa8\x02\n" +
+	"output_ids\x18\x02 \x03(\x05R\toutputIds\"\xc2\x02\n" +
 	"\x0fTransferRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12/\n" +
 	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x1f\n" +
@@ -2343,12 +2362,13 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\tnum_pages\x18\x05 \x01(\rR\bnumPages\x12\x12\n" +
 	"\x04last\x18\x06 \x01(\bR\x04last\x126\n" +
 	"\x06source\x18\a \x01(\v2\x1e.decodeplane.v1.TransferSourceR\x06source\x12%\n" +
-	"\x03aux\x18\b \x01(\v2\x13.decodeplane.v1.AuxR\x03aux\"\xa9\x01\n" +
+	"\x03aux\x18\b \x01(\v2\x13.decodeplane.v1.AuxR\x03aux\x12\x18\n" +
+	"\aattempt\x18\t \x01(\rR\aattempt\"\xa9\x01\n" +
 	"\x10TransferResponse\x12\x14\n" +
 	"\x05bytes\x18\x01 \x01(\x04R\x05bytes\x125\n" +
 	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12*\n" +
 	"\x04poll\x18\x03 \x01(\x0e2\x16.decodeplane.v1.KVPollR\x04poll\x12\x1c\n" +
-	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\xd8\x02\n" +
+	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\xf2\x02\n" +
 	"\x15ReportTransferRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12/\n" +
 	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x1f\n" +
@@ -2362,7 +2382,8 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x0efailure_reason\x18\b \x01(\tR\rfailureReason\x12\x14\n" +
 	"\x05bytes\x18\t \x01(\x04R\x05bytes\x120\n" +
 	"\x14metadata_room_marker\x18\n" +
-	" \x01(\x04R\x12metadataRoomMarker\"b\n" +
+	" \x01(\x04R\x12metadataRoomMarker\x12\x18\n" +
+	"\aattempt\x18\v \x01(\rR\aattempt\"b\n" +
 	"\x16ReportTransferResponse\x12*\n" +
 	"\x04poll\x18\x01 \x01(\x0e2\x16.decodeplane.v1.KVPollR\x04poll\x12\x1c\n" +
 	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"@\n" +

@@ -69,9 +69,10 @@ type RoomsClient interface {
 	// Transfer asks the daemon's transfer engine (simulated or delegated) to
 	// move one KV chunk into the room's pages, and returns when it landed.
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (room not claimed by this rank,
-	// or already terminal; the chunk's page range outside the destination);
-	// ABORTED (the chunk failed: the room is now failed); INVALID_ARGUMENT;
-	// UNAVAILABLE (transfer agent unreachable); UNAUTHENTICATED.
+	// already terminal, or rebootstrapped since the chunk's attempt); ABORTED
+	// (the chunk failed: the room is now failed); INVALID_ARGUMENT (a field,
+	// named: e.g. the chunk's page range outside the destination); UNAVAILABLE
+	// (transfer agent unreachable); UNAUTHENTICATED.
 	// Safe to retry: (room, rank, chunk_index) is the idempotency key.
 	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// ReportTransfer records a chunk the prefill moved itself (as Mooncake
@@ -296,9 +297,10 @@ type RoomsServer interface {
 	// Transfer asks the daemon's transfer engine (simulated or delegated) to
 	// move one KV chunk into the room's pages, and returns when it landed.
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (room not claimed by this rank,
-	// or already terminal; the chunk's page range outside the destination);
-	// ABORTED (the chunk failed: the room is now failed); INVALID_ARGUMENT;
-	// UNAVAILABLE (transfer agent unreachable); UNAUTHENTICATED.
+	// already terminal, or rebootstrapped since the chunk's attempt); ABORTED
+	// (the chunk failed: the room is now failed); INVALID_ARGUMENT (a field,
+	// named: e.g. the chunk's page range outside the destination); UNAVAILABLE
+	// (transfer agent unreachable); UNAUTHENTICATED.
 	// Safe to retry: (room, rank, chunk_index) is the idempotency key.
 	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
 	// ReportTransfer records a chunk the prefill moved itself (as Mooncake
