@@ -8,11 +8,13 @@ PROTO_DIR := proto
 PROTOS    := $(shell find $(PROTO_DIR) -name '*.proto' | sort)
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS   := -X main.version=$(VERSION)
-CONFIG    ?= deploy/local/decodeplane.yaml
+# CONFIG: a configuration file for make run (default: none, the built-in
+# defaults, which deploy/local/decodeplane.yaml documents).
+CONFIG    ?=
 
 export GOTOOLCHAIN := local
 
-.PHONY: help build run run-traced demo test test-short check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build clean
+.PHONY: help build run run-traced demo demo-traced test test-short check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build clean
 
 help: ## Show this help.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -22,15 +24,20 @@ build: ## Build the binaries into bin/.
 
 run: build ## Run the daemon with the embedded defaults (simulated transfers, in-memory state).
 	@echo "decodeplane: gRPC on 127.0.0.1:7600, metrics on http://127.0.0.1:7601/metrics"
-	@echo "  watch rooms:   $(BIN)/decodectl rooms      (in another terminal; 'make demo' pushes traffic)"
-	@echo "  traces:        'make jaeger' in another terminal, then 'make run-traced'; UI/API on http://127.0.0.1:16686"
-	$(BIN)/decodeplane serve --config $(CONFIG)
+	@echo "  watch rooms:   $(BIN)/decodectl rooms -w   (in another terminal; 'make demo' pushes traffic)"
+	@echo "  traces:        'make jaeger' in another terminal, then 'make run-traced' and 'make demo-traced'; API on http://127.0.0.1:16686"
+	$(BIN)/decodeplane serve $(if $(CONFIG),--config $(CONFIG))
 
 run-traced: build ## Like run, exporting traces to a local Jaeger (make jaeger) on 127.0.0.1:4317.
-	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 $(BIN)/decodeplane serve --config $(CONFIG)
+	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 $(BIN)/decodeplane serve $(if $(CONFIG),--config $(CONFIG))
+
+DEMO := $(BIN)/decodeplane bench --target 127.0.0.1:7600 --rate 20 --duration 0 --prefill-ranks 2 --concurrency 8
 
 demo: build ## Push demo traffic (prefill fleet + decode engine) at a running daemon (make run).
-	$(BIN)/decodeplane bench --target 127.0.0.1:7600 --rate 20 --duration 0 --prefill-ranks 2 --concurrency 8
+	$(DEMO)
+
+demo-traced: build ## Like demo, with the fleet's spans in Jaeger too: one trace per request (make run-traced).
+	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 $(DEMO)
 
 bench: build ## Benchmark the control path against bare gRPC (see BENCHMARKS.md).
 	$(BIN)/decodeplane bench --rooms 100000 --concurrency 256

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +84,7 @@ type DelegateEngine struct {
 	mu     sync.Mutex
 	up     bool
 	reason string
+	probed bool // a first state has been published
 }
 
 var (
@@ -145,16 +147,16 @@ func (e *DelegateEngine) probe(ctx context.Context) {
 		return // shutting down: keep the last state
 	}
 	if err != nil {
-		e.setState(false, fmt.Sprintf("transfer agent at %s unreachable: %v", e.cfg.Target, err))
+		e.down(err)
 		return
 	}
-	e.setState(true, "serving (transfer agent "+e.cfg.Target+")")
+	e.setState(true, "serving via transfer agent "+e.cfg.Target)
 }
 
 func (e *DelegateEngine) setState(up bool, reason string) {
 	e.mu.Lock()
-	changed := e.up != up
-	e.up, e.reason = up, reason
+	changed := e.up != up || !e.probed // the first probe is always told, up or down
+	e.up, e.reason, e.probed = up, reason, true
 	e.mu.Unlock()
 	if !changed {
 		return
@@ -167,9 +169,18 @@ func (e *DelegateEngine) setState(up bool, reason string) {
 	e.onReady(up, reason)
 }
 
+// down records an unreachable agent.
+func (e *DelegateEngine) down(err error) {
+	reason := err.Error()
+	if !strings.Contains(reason, "transfer agent") {
+		reason = "transfer agent unreachable: " + reason
+	}
+	e.setState(false, fmt.Sprintf("%s (transfer.delegate.target %s)", reason, e.cfg.Target))
+}
+
 // markDown records an unreachable agent and wakes the health loop.
 func (e *DelegateEngine) markDown(err error) {
-	e.setState(false, fmt.Sprintf("transfer agent at %s unreachable: %v", e.cfg.Target, err))
+	e.down(err)
 	select {
 	case e.wake <- struct{}{}:
 	default: // a check is already due

@@ -354,8 +354,10 @@ func TestDelegateEngine(t *testing.T) {
 			}
 			cancel()
 			<-done
-			if len(rd.changes) != 0 {
-				t.Errorf("readiness changes %v, want none (never ready)", rd.changes)
+			// The first probe is published (so that the operator learns why
+			// the daemon is not ready), and nothing after it: never ready.
+			if len(rd.changes) != 1 || rd.changes[0] {
+				t.Errorf("readiness changes %v, want one: not ready", rd.changes)
 			}
 		})
 	})

@@ -71,6 +71,25 @@ func (k Kind) String() string {
 	return kindNames[k]
 }
 
+// pool names a pool of the kind for messages: "an MLA pool", "a GQA pool".
+func (k Kind) pool() string {
+	switch k {
+	case KindMHA:
+		return "an MHA pool"
+	case KindGQA:
+		return "a GQA pool"
+	case KindMLA:
+		return "an MLA pool"
+	case KindHybridMLA:
+		return "a hybrid-MLA pool"
+	case KindHybridSWA:
+		return "a hybrid-SWA pool"
+	case KindHybridLinear:
+		return "a hybrid-linear pool"
+	}
+	return "a pool of kind " + k.String()
+}
+
 // MarshalText implements encoding.TextMarshaler.
 func (k Kind) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
 

@@ -97,17 +97,17 @@ func (c Config) validatePool(v *validator) {
 	}
 	if p.Kind.IsMLA() {
 		if p.KVLoraRank <= 0 {
-			v.add("kv_pool.kv_lora_rank", p.KVLoraRank, fmt.Sprintf("must be > 0 for a %s pool (the MLA latent dimension).", p.Kind), "set it from the model config (kv_lora_rank: 512 for DeepSeek V3).")
+			v.add("kv_pool.kv_lora_rank", p.KVLoraRank, fmt.Sprintf("must be > 0 for %s (the MLA latent dimension).", p.Kind.pool()), "set it from the model config (kv_lora_rank: 512 for DeepSeek V3).")
 		}
 		if p.QKRopeHeadDim <= 0 {
-			v.add("kv_pool.qk_rope_head_dim", p.QKRopeHeadDim, fmt.Sprintf("must be > 0 for a %s pool (the decoupled RoPE dimension).", p.Kind), "set it from the model config (qk_rope_head_dim: 64 for DeepSeek V3).")
+			v.add("kv_pool.qk_rope_head_dim", p.QKRopeHeadDim, fmt.Sprintf("must be > 0 for %s (the decoupled RoPE dimension).", p.Kind.pool()), "set it from the model config (qk_rope_head_dim: 64 for DeepSeek V3).")
 		}
 	} else {
 		if p.KVHeads <= 0 {
-			v.add("kv_pool.kv_heads", p.KVHeads, fmt.Sprintf("must be > 0 for a %s pool.", p.Kind), "set it to the model's num_key_value_heads (e.g. 8 for Llama 3 70B).")
+			v.add("kv_pool.kv_heads", p.KVHeads, fmt.Sprintf("must be > 0 for %s.", p.Kind.pool()), "set it to the model's num_key_value_heads (e.g. 8 for Llama 3 70B).")
 		}
 		if p.HeadDim <= 0 {
-			v.add("kv_pool.head_dim", p.HeadDim, fmt.Sprintf("must be > 0 for a %s pool.", p.Kind), "set it to the model's head_dim (e.g. 128).")
+			v.add("kv_pool.head_dim", p.HeadDim, fmt.Sprintf("must be > 0 for %s.", p.Kind.pool()), "set it to the model's head_dim (e.g. 128).")
 		}
 		tp := c.Parallel.AttnTP
 		if p.KVHeads > 0 && tp > 0 && p.KVHeads%tp != 0 && tp%p.KVHeads != 0 {
@@ -206,7 +206,7 @@ func (c Config) validateStaging(v *validator) {
 	}
 	if c.Pool.Kind.IsMLA() {
 		v.add("staging.enabled", true, MsgStagingMLA,
-			fmt.Sprintf("unset SGLANG_DISAGG_STAGING_BUFFER (or set it to 0) and leave staging.enabled false: a %s pool has no KV heads to slice, so heterogeneous TP uses the regular transfer path (one real prefill source rank plus dummy targets).", c.Pool.Kind))
+			fmt.Sprintf("unset SGLANG_DISAGG_STAGING_BUFFER (or set it to 0) and leave staging.enabled false: %s has no KV heads to slice, so heterogeneous TP uses the regular transfer path (one real prefill source rank plus dummy targets).", c.Pool.Kind.pool()))
 		return
 	}
 	if slices.Contains(TransferBackends, c.Backend) && !slices.Contains(stagingBackends, c.Backend) {
@@ -243,7 +243,7 @@ func (c Config) validateDCP(v *validator) {
 		return
 	}
 	if c.Pool.Kind > KindUnspecified && !c.Pool.Kind.IsMLA() {
-		v.add("parallel.dcp", dcp, MsgDCPNeedsMLA, fmt.Sprintf("set parallel.dcp: 1 for a %s pool; DCP only applies to MLA and hybrid-MLA pools.", c.Pool.Kind))
+		v.add("parallel.dcp", dcp, MsgDCPNeedsMLA, fmt.Sprintf("set parallel.dcp: 1 for %s; DCP only applies to MLA and hybrid-MLA pools.", c.Pool.Kind.pool()))
 	}
 	if slices.Contains(TransferBackends, c.Backend) && !slices.Contains(dcpBackends, c.Backend) {
 		name := strings.ToUpper(c.Backend[:1]) + c.Backend[1:]
@@ -279,13 +279,13 @@ func (c Config) Warnings() []Warning {
 	var w []Warning
 	p := c.Pool
 	if p.Kind.IsMLA() && (p.KVHeads != 0 || p.HeadDim != 0) {
-		w = append(w, Warning{"kv_pool.kv_heads", fmt.Sprintf("kv_heads and head_dim are ignored for a %s pool; its per-token size is kv_lora_rank + qk_rope_head_dim.", p.Kind)})
+		w = append(w, Warning{"kv_pool.kv_heads", fmt.Sprintf("kv_heads and head_dim are ignored for %s; its per-token size is kv_lora_rank + qk_rope_head_dim.", p.Kind.pool())})
 	}
 	if p.Kind != KindHybridSWA && (p.SWA.Window != 0 || p.SWA.TotalTokens != 0) {
-		w = append(w, Warning{"kv_pool.swa", fmt.Sprintf("ignored for a %s pool.", p.Kind)})
+		w = append(w, Warning{"kv_pool.swa", fmt.Sprintf("ignored for %s.", p.Kind.pool())})
 	}
 	if p.Kind != KindHybridLinear && p.Mamba.StateSlots != 0 {
-		w = append(w, Warning{"kv_pool.mamba", fmt.Sprintf("ignored for a %s pool.", p.Kind)})
+		w = append(w, Warning{"kv_pool.mamba", fmt.Sprintf("ignored for %s.", p.Kind.pool())})
 	}
 	if p.PageSize > 0 && p.TotalTokens > 0 && p.TotalTokens%int64(p.PageSize) != 0 {
 		w = append(w, Warning{"kv_pool.total_tokens", fmt.Sprintf("%d is not a multiple of the page size %d; the last %d tokens are unusable.", p.TotalTokens, p.PageSize, p.TotalTokens%int64(p.PageSize))})

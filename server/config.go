@@ -2,7 +2,11 @@ package server
 
 import (
 	"errors"
+	"fmt"
 	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -25,6 +29,29 @@ type Config struct {
 	AuthToken string `yaml:"auth_token" secret:"true"`
 }
 
+// ListenAddr splits a listen address into the network and address for
+// net.Listen: "host:port" (port 0..65535; 0 picks a free one) is TCP, and,
+// when unix is allowed, "unix:///absolute/path" is a Unix socket.
+func ListenAddr(addr string, unix bool) (network, address string, err error) {
+	if path, ok := strings.CutPrefix(addr, "unix://"); ok {
+		if !unix {
+			return "", "", fmt.Errorf("a Unix socket is not supported here")
+		}
+		if !filepath.IsAbs(path) {
+			return "", "", fmt.Errorf("unix://PATH needs an absolute path (unix:///run/decodeplane.sock)")
+		}
+		return "unix", path, nil
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", "", fmt.Errorf("not a host:port address")
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return "", "", fmt.Errorf("port %q is not a number in 0..65535", port)
+	}
+	return "tcp", addr, nil
+}
+
 // DefaultConfig returns the defaults: loopback listeners, reflection on, 15s
 // shutdown, no token.
 func DefaultConfig() Config {
@@ -34,12 +61,12 @@ func DefaultConfig() Config {
 // Validate returns every problem at once.
 func (c Config) Validate() error {
 	var errs []error
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		errs = append(errs, &prealloc.ConfigError{Key: "server.listen", Value: c.Listen, Problem: "not a host:port address.", Fix: "set it like 127.0.0.1:7600 (or :7600 for every interface)."})
+	if _, _, err := ListenAddr(c.Listen, true); err != nil {
+		errs = append(errs, &prealloc.ConfigError{Key: "server.listen", Value: c.Listen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:7600 (:7600 for every interface), or unix:///run/decodeplane.sock."})
 	}
 	if c.MetricsListen != "" {
-		if _, _, err := net.SplitHostPort(c.MetricsListen); err != nil {
-			errs = append(errs, &prealloc.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: "not a host:port address.", Fix: "set it like 127.0.0.1:7601, or to \"\" to disable /metrics."})
+		if _, _, err := ListenAddr(c.MetricsListen, false); err != nil {
+			errs = append(errs, &prealloc.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:7601, or to \"\" to disable /metrics."})
 		} else if _, port, _ := net.SplitHostPort(c.MetricsListen); c.MetricsListen == c.Listen && port != "0" {
 			errs = append(errs, &prealloc.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: "is the same address as server.listen.", Fix: "give /metrics its own port (default 127.0.0.1:7601)."})
 		}

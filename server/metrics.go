@@ -128,6 +128,31 @@ func (m *Metrics) Attach(mgr *kvmanager.Manager) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.manager = mgr
+	// Create the series whose labels are known up front at 0, so that
+	// dashboards and alerts see them before the first event.
+	for p := kvmanager.PhaseWaitingPrefill; p <= kvmanager.PhaseHeld; p++ {
+		m.rooms.WithLabelValues(p.String())
+	}
+	for _, st := range mgr.ShardStats() {
+		s := strconv.Itoa(st.Shard)
+		m.admissionPasses.WithLabelValues(s)
+		for b := prealloc.BlockRetracted; b <= prealloc.BlockDraining; b++ {
+			m.admissionBlocked.WithLabelValues(s, b.String())
+		}
+	}
+	for r := kvmanager.DPRuleHint; r <= kvmanager.DPRuleBinding; r++ {
+		m.dpResolutions.WithLabelValues(r.String())
+	}
+	for _, o := range []string{"ok", "failed"} {
+		m.chunks.WithLabelValues(o)
+	}
+	m.finished.WithLabelValues("succeeded", "none")
+	for c := kvmanager.FailureAborted; c <= kvmanager.FailureShutdown; c++ {
+		m.finished.WithLabelValues("failed", c.String())
+	}
+	for _, r := range []string{"false", "true"} {
+		m.registrations.WithLabelValues(r)
+	}
 }
 
 // RoomPhase implements kvmanager.Observer.

@@ -591,3 +591,33 @@ func TestCallLogs(t *testing.T) {
 		})
 	}
 }
+
+func TestListenAddr(t *testing.T) {
+	for _, tt := range []struct {
+		addr          string
+		unix          bool
+		network, dest string
+		err           string
+	}{
+		{"127.0.0.1:7600", false, "tcp", "127.0.0.1:7600", ""},
+		{":0", false, "tcp", ":0", ""},
+		{"[::1]:65535", false, "tcp", "[::1]:65535", ""},
+		{"127.0.0.1:99999", false, "", "", `port "99999" is not a number in 0..65535`},
+		{"127.0.0.1:http", false, "", "", `port "http" is not a number`},
+		{"localhost", false, "", "", "not a host:port address"},
+		{"unix:///run/dp.sock", true, "unix", "/run/dp.sock", ""},
+		{"unix://run/dp.sock", true, "", "", "needs an absolute path"},
+		{"unix:///run/dp.sock", false, "", "", "a Unix socket is not supported here"},
+	} {
+		network, dest, err := ListenAddr(tt.addr, tt.unix)
+		if tt.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.err) {
+				t.Errorf("ListenAddr(%q, %v) = %v, want an error containing %q", tt.addr, tt.unix, err, tt.err)
+			}
+			continue
+		}
+		if err != nil || network != tt.network || dest != tt.dest {
+			t.Errorf("ListenAddr(%q, %v) = %q, %q, %v; want %q, %q", tt.addr, tt.unix, network, dest, err, tt.network, tt.dest)
+		}
+	}
+}

@@ -520,7 +520,8 @@ func TestToken(t *testing.T) {
 		!strings.Contains(r.stderr, "pass --token or set DECODEPLANE_TOKEN") {
 		t.Errorf("abort without the token: %v", r)
 	}
-	if r := d.ctl("abort", "1", "--token", "wrong"); r.code != exitFailure || !strings.Contains(r.stderr, "Unauthenticated") {
+	if r := d.ctl("abort", "1", "--token", "wrong"); r.code != exitFailure || !strings.Contains(r.stderr, "Unauthenticated") ||
+		!strings.Contains(r.stderr, "the daemon rejected the token given with --token or DECODEPLANE_TOKEN") {
 		t.Errorf("abort with a wrong token: %v", r)
 	}
 	if out := d.mustCtl(t, "abort", "1", "--token", "s3cret"); !strings.HasPrefix(out, "room 1 aborted") {

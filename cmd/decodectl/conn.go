@@ -136,6 +136,9 @@ func errorHint(err error, inv *invocation) string {
 	case codes.Unavailable:
 		return fmt.Sprintf("is the daemon running at %s? (set --addr or DECODEPLANE_ADDR)", addr)
 	case codes.Unauthenticated:
+		if inv != nil && inv.opts.token != "" {
+			return "the daemon rejected the token given with --token or DECODEPLANE_TOKEN"
+		}
 		return "the daemon has a bootstrap token: pass --token or set DECODEPLANE_TOKEN"
 	}
 	return ""

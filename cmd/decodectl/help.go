@@ -39,7 +39,8 @@ Commands:
 	fmt.Fprintf(w, "  %-*s  %s\n", width, "help", "this help, or a command's: decodectl help COMMAND")
 	fmt.Fprintf(w, "\n%s\n", connectionHelp)
 	fmt.Fprint(w, `
-Exit codes: 0 success, 1 the daemon answered with an error (or could not be reached), 2 usage error.
+Exit codes: 0 success, 1 the daemon answered with an error (or could not be reached), 2 usage error,
+130 interrupted (Ctrl-C) during a call other than a watch.
 `)
 }
 

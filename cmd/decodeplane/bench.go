@@ -331,7 +331,7 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 	if o.rateMode() && !o.roomsSet {
 		total = 0
 	}
-	prog.setPhase("rooms", total)
+	prog.setPhase("measuring", total)
 	if err := benchCPUProfile(o.cpuProfile, func() { sum.lifecycle = run.phase(ctx, first, total, true) }); err != nil {
 		return 0, fmt.Errorf("--cpuprofile: %w", err)
 	}

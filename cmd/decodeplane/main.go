@@ -156,6 +156,16 @@ func loadConfig(cf *configFlags, environ []string) (*Loaded, []error) {
 	if err := l.Config.Validate(); err != nil {
 		problems = append(problems, flatten(err)...)
 	}
+	// The OTEL_* variables serve reads at startup, checked here too so that
+	// validate reports everything serve would refuse.
+	env := otelEnv{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "OTEL_") {
+			env[k] = v
+		}
+	}
+	_, _, otelErrs := checkOTelEnv(env)
+	problems = append(problems, otelErrs...)
 	return l, problems
 }
 
@@ -241,7 +251,9 @@ func cmdValidate(args, environ []string, stdout, stderr io.Writer) int {
 			overrides++
 		}
 	}
-	if overrides > 0 {
+	if overrides == 1 {
+		src += " with 1 setting from the environment or flags"
+	} else if overrides > 1 {
 		src += fmt.Sprintf(" with %d settings from the environment or flags", overrides)
 	}
 	layout := l.Config.Decode().Layout()

@@ -179,7 +179,11 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 	d.beforeGo = mgr.Shutdown
 	d.tracing = tr.exporting
 
-	lis, err := net.Listen("tcp", cfg.Server.Listen)
+	network, address, err := server.ListenAddr(cfg.Server.Listen, true)
+	if err != nil {
+		return nil, &usageError{fmt.Errorf("server.listen: %w", err)}
+	}
+	lis, err := net.Listen(network, address)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s (server.listen): %w", cfg.Server.Listen, err)
 	}
