@@ -228,31 +228,33 @@ func batchGrace(d time.Duration) time.Duration {
 // Transfer implements TransferEngine on the agent.
 func (e *DelegateEngine) Transfer(ctx context.Context, op ChunkOp) (ChunkResult, error) {
 	b, err := TransferBatch(op)
-	if err != nil {
-		return ChunkResult{}, fmt.Errorf("%w: %v", ErrTransferFailed, err)
-	}
-	start := e.clock.Now()
-	if err := e.execute(ctx, b); err != nil {
-		return ChunkResult{}, err
-	}
-	res := ChunkResult{Bytes: b.Bytes(), Duration: e.clock.Now().Sub(start)}
-	if op.Last && op.Marker != 0 {
+	res, err := e.run(ctx, b, err)
+	if err == nil && op.Last && op.Marker != 0 {
 		res.MarkerWritten = op.Marker
 	}
-	return res, nil
+	return res, err
 }
 
 // Scatter implements Scatterer on the agent.
 func (e *DelegateEngine) Scatter(ctx context.Context, op ScatterOp) (ChunkResult, error) {
 	b, err := ScatterBatch(op)
-	if err != nil {
-		return ChunkResult{}, fmt.Errorf("%w: %v", ErrTransferFailed, err)
+	res, err := e.run(ctx, b, err)
+	if err == nil {
+		res.MarkerWritten = op.Marker
+	}
+	return res, err
+}
+
+// run executes a batch built with buildErr and times it.
+func (e *DelegateEngine) run(ctx context.Context, b kvcopy.Batch, buildErr error) (ChunkResult, error) {
+	if buildErr != nil {
+		return ChunkResult{}, fmt.Errorf("%w: %v", ErrTransferFailed, buildErr)
 	}
 	start := e.clock.Now()
 	if err := e.execute(ctx, b); err != nil {
 		return ChunkResult{}, err
 	}
-	return ChunkResult{Bytes: b.Bytes(), Duration: e.clock.Now().Sub(start), MarkerWritten: op.Marker}, nil
+	return ChunkResult{Bytes: b.Bytes(), Duration: e.clock.Now().Sub(start)}, nil
 }
 
 // metadataWrite is the inline write of a room's metadata slot.

@@ -62,7 +62,7 @@ func TestStagedRoomWithoutMarkerFailsAtTheWaitingDeadline(t *testing.T) {
 		}
 		for _, rk := range ranks {
 			// The last chunk, but the aux (room marker) never comes.
-			if _, err := h.m.StagingChunkReady(context.Background(), StagingChunk{Room: room, Rank: rk, Index: 0, NumPages: pages, Last: true}); err != nil {
+			if _, err := h.m.StagingChunkReady(context.Background(), ChunkRequest{Room: room, Rank: rk, Index: 0, NumPages: pages, Last: true}); err != nil {
 				t.Fatalf("StagingChunkReady(%s) = %v", rk, err)
 			}
 		}

@@ -152,10 +152,12 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang, note string) {
 		close(m.progress)
 		m.progress = make(chan struct{})
 	}
-	ev := RoomEvent{Room: r.snapshot(false, false), Transition: t, Terminal: to.Terminal()}
-	for w := range r.watchers {
-		if !w.send(ev) {
-			delete(r.watchers, w)
+	if len(r.watchers) > 0 { // the snapshot is only for watchers: not on the hot path without them
+		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t, Terminal: to.Terminal()}
+		for w := range r.watchers {
+			if !w.send(ev) {
+				delete(r.watchers, w)
+			}
 		}
 	}
 	if to.Terminal() {

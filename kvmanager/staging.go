@@ -142,18 +142,6 @@ type StagingRegion struct {
 	Existing     bool
 }
 
-// StagingChunk is a ChunkReady report.
-type StagingChunk struct {
-	Room       uint64
-	Rank       RankID
-	Index      int
-	PageOffset int
-	NumPages   int
-	Last       bool
-	Marker     uint64
-	OutputIDs  []int32
-}
-
 // StagingChunkResult is ChunkReady's answer.
 type StagingChunkResult struct {
 	Poll       KVPoll
@@ -631,7 +619,7 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 // not released is ErrStagingNotWritable and nothing is recorded. A retry of
 // a reported chunk is a duplicate; it resubmits a scatter that failed with
 // ErrEngineUnavailable.
-func (m *Manager) StagingChunkReady(ctx context.Context, req StagingChunk) (StagingChunkResult, error) {
+func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (StagingChunkResult, error) {
 	if _, err := m.stagingUsable(); err != nil {
 		return StagingChunkResult{}, err
 	}

@@ -124,7 +124,7 @@ func (e *stgEnv) alloc(addr string, r int, room uint64, chunk, pages int) []kvma
 
 func (e *stgEnv) ready(addr string, r int, room uint64, chunk, off, pages int, last bool) kvmanager.StagingChunkResult {
 	e.t.Helper()
-	req := kvmanager.StagingChunk{Room: room, Rank: rank(addr, r), Index: chunk, PageOffset: off, NumPages: pages, Last: last}
+	req := kvmanager.ChunkRequest{Room: room, Rank: rank(addr, r), Index: chunk, PageOffset: off, NumPages: pages, Last: last}
 	if last {
 		req.Marker = room
 	}
@@ -341,7 +341,7 @@ func TestStagingBackPressure(t *testing.T) {
 	if !c0[0].Writable || c1[0].Writable || c1[0].Region.Round != 1 {
 		t.Fatalf("regions %+v / %+v; want chunk 1 in round 1, not writable", c0[0].Region, c1[0].Region)
 	}
-	_, err = e.m.StagingChunkReady(context.Background(), kvmanager.StagingChunk{Room: room, Rank: rank(addr, 0), Index: 1, PageOffset: 24, NumPages: 24})
+	_, err = e.m.StagingChunkReady(context.Background(), kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), Index: 1, PageOffset: 24, NumPages: 24})
 	if !errors.Is(err, kvmanager.ErrStagingNotWritable) {
 		t.Fatalf("ChunkReady for an unreleased region = %v, want ErrStagingNotWritable", err)
 	}
@@ -448,7 +448,7 @@ func TestStagingAbortDuringScatter(t *testing.T) {
 		e.alloc(addr, 0, room, 0, 3)
 		errc := make(chan error, 1)
 		go func() {
-			_, err := e.m.StagingChunkReady(context.Background(), kvmanager.StagingChunk{Room: room, Rank: rank(addr, 0), NumPages: 3, Last: true, Marker: room})
+			_, err := e.m.StagingChunkReady(context.Background(), kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), NumPages: 3, Last: true, Marker: room})
 			errc <- err
 		}()
 		synctest.Wait() // the scatter into decode rank 0 is in flight
@@ -490,7 +490,7 @@ func TestStagingScatterFailure(t *testing.T) {
 	e.register(addr, 1, 1)
 	e.open(addr, 1, room, 40)
 	e.alloc(addr, 0, room, 0, 3)
-	_, err := e.m.StagingChunkReady(context.Background(), kvmanager.StagingChunk{Room: room, Rank: rank(addr, 0), NumPages: 3, Last: true, Marker: room})
+	_, err := e.m.StagingChunkReady(context.Background(), kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), NumPages: 3, Last: true, Marker: room})
 	if !errors.Is(err, kvmanager.ErrTransferFailed) {
 		t.Fatalf("ChunkReady with a failing scatter = %v, want ErrTransferFailed", err)
 	}
@@ -526,7 +526,7 @@ func TestStagingUnavailableScatterIsRetried(t *testing.T) {
 	e.alloc(addr, 0, room, 0, 3)
 	e.alloc(addr, 1, room, 0, 3)
 	e.ready(addr, 0, room, 0, 0, 3, true)
-	req := kvmanager.StagingChunk{Room: room, Rank: rank(addr, 1), NumPages: 3, Last: true, Marker: room}
+	req := kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 1), NumPages: 3, Last: true, Marker: room}
 	if _, err := e.m.StagingChunkReady(context.Background(), req); !errors.Is(err, kvmanager.ErrEngineUnavailable) {
 		t.Fatalf("ChunkReady with the engine down = %v, want ErrEngineUnavailable", err)
 	}

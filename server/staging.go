@@ -47,7 +47,7 @@ func (h *stagingService) AllocateStaging(ctx context.Context, req *pb.AllocateSt
 }
 
 func (h *stagingService) ChunkReady(ctx context.Context, req *pb.ChunkReadyRequest) (*pb.ChunkReadyResponse, error) {
-	res, err := h.m.StagingChunkReady(ctx, kvmanager.StagingChunk{
+	res, err := h.m.StagingChunkReady(ctx, kvmanager.ChunkRequest{
 		Room: req.GetRoom(), Rank: rankFromProto(req.GetRank()), Index: int(req.GetChunkIndex()),
 		PageOffset: int(req.GetPageOffset()), NumPages: int(req.GetNumPages()), Last: req.GetLast(),
 		Marker: req.GetAux().GetRoomMarker(), OutputIDs: req.GetAux().GetOutputIds(),
