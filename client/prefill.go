@@ -228,6 +228,20 @@ func (c Chunk) Pages() []int32 {
 	return c.Destination.GetPageIndices()[c.PageOffset : c.PageOffset+c.NumPages]
 }
 
+// Bytes is what the chunk weighs by the decode layout, for this rank:
+// tokens x Destination.token_bytes, plus state_bytes on the last chunk. The
+// daemon refuses a ReportTransfer whose bytes differ from it.
+func (c Chunk) Bytes() uint64 {
+	d := c.Destination
+	ps := int64(d.GetPageSize())
+	tokens := min(int64(c.PageOffset+c.NumPages)*ps, int64(d.GetFillLen())) - int64(c.PageOffset)*ps
+	n := uint64(max(tokens, 0)) * d.GetTokenBytes()
+	if c.Last {
+		n += d.GetStateBytes()
+	}
+	return n
+}
+
 // SendOptions shape SendRoom and ReportRoom.
 type SendOptions struct {
 	// ChunkPages is the number of destination pages per chunk; 0 sends all
@@ -238,9 +252,10 @@ type SendOptions struct {
 	// nil sends no source (the simulated path ignores it).
 	Source func(Chunk) *pb.TransferSource
 	// Move, for ReportRoom, moves one chunk's bytes (the prefill's own
-	// transfer engine) and returns how many it moved. An error is reported
-	// as the chunk's failure, which fails the room. nil reports every chunk
-	// moved with 0 bytes.
+	// transfer engine) and returns how many it moved, which must be
+	// Chunk.Bytes (the daemon checks it). An error is reported as the
+	// chunk's failure, which fails the room. nil reports every chunk moved
+	// with Chunk.Bytes.
 	Move func(context.Context, Chunk) (uint64, error)
 	// OutputIDs go into the metadata slot with the last chunk (aux.output_ids:
 	// the first output token).
@@ -284,7 +299,7 @@ func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb
 // *RoomFailedError whose Err is the Move error.
 func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
 	return p.handOff(ctx, "ReportRoom", room, o, func(ctx context.Context, ch Chunk) error {
-		var n uint64
+		n := ch.Bytes()
 		var moveErr error
 		if o.Move != nil {
 			n, moveErr = o.Move(ctx, ch)

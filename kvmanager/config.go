@@ -229,3 +229,22 @@ func (c Config) Warnings() []prealloc.Warning {
 	}
 	return w
 }
+
+// ValidateFor checks the combinations of this configuration with the decode
+// pool that the daemon cannot serve correctly: no configuration may start
+// whose rooms could succeed on state that never moved.
+func (c Config) ValidateFor(dec prealloc.Config) error {
+	if c.Transfer.Path != PathDelegate {
+		return nil
+	}
+	var errs []error
+	for _, st := range dec.Pool.Kind.StateTypes() {
+		switch st {
+		case prealloc.StateSWA, prealloc.StateMamba:
+			errs = append(errs, &prealloc.ConfigError{Key: "transfer.path", Value: c.Transfer.Path,
+				Problem: fmt.Sprintf("the delegated transfer path moves KV pages and the metadata slot, but not the %s state a %s pool needs per request: its rooms would decode on state that never landed.", st, dec.Pool.Kind),
+				Fix:     "use transfer.path: sim for this pool, or a KV pool kind without per-request state (mha, gqa, mla, hybrid-mla)."})
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -21,10 +21,17 @@
 // (AwaitDestination); when every required rank received it the room is
 // PhaseClaimed and SGLang's waiting timeout starts. Chunks moved by the
 // engine (Transfer) or by the prefill itself (ReportTransfer), or staged
-// through a ring (StagingChunkReady), advance each rank's progress; the room
-// succeeds (T12/T17) when every required rank is done, every staged region
-// is scattered and the metadata slot holds the room's marker (T19 when it
-// holds another room). The decode engine releases a succeeded room
+// through a ring (StagingChunkReady), advance each rank's page coverage: a
+// bitmap over the destination's pages per required rank (coverage.go).
+// Success is a proof, not a count of chunks: the room succeeds (T12/T17) only
+// when every page has landed from every required rank, each rank's last
+// chunk (which must carry the room marker and complete the rank's coverage)
+// landed, every staged region is scattered and the metadata slot holds the
+// room's marker (T19 when it holds another room). A chunk whose pages fall
+// outside the destination or overlap pages its rank already sent, a retry
+// with another page range, and a reported byte count that is not what the
+// layout says the pages weigh (RankWeights) are refused before anything
+// changes. GetRoom shows the coverage and what the room waits for. The decode engine releases a succeeded room
 // (ReleaseRoom); AbortRoom fails a room in any phase (T16). A room's KVPoll
 // is derived from its phase with SGLang's numbers and only moves forward.
 //

@@ -525,3 +525,29 @@ func decodes(fs ...func(*prealloc.Config)) func(*prealloc.Config) {
 		}
 	}
 }
+
+// getRoom is GetRoom, failing the test on an error.
+func (h *harness) getRoom(room uint64) RoomSnapshot { h.t.Helper(); return h.snapshot(room) }
+
+// transferDup runs Transfer and returns its result and duplicate flag.
+func transferDup(h *harness, req ChunkRequest) (ChunkResult, KVPoll, bool, error) {
+	res, dup, err := h.m.Transfer(context.Background(), req)
+	return res, h.m.Poll(req.Room), dup, err
+}
+
+// chunkWeight is what the layout says req's pages weigh (the bytes a
+// ReportTransfer must carry), computed from the destination the rank got.
+func (h *harness) chunkWeight(room uint64, req ChunkRequest) int64 {
+	h.t.Helper()
+	h.m.mu.Lock()
+	defer h.m.mu.Unlock()
+	r := h.m.rooms[room]
+	d := h.m.destinationLocked(r, req.Rank.key())
+	ps := d.PageSize
+	tokens := min((req.PageOffset+req.NumPages)*ps, d.FillLen) - req.PageOffset*ps
+	w := int64(max(tokens, 0)) * d.TokenBytes
+	if req.Last {
+		w += d.StateBytes
+	}
+	return w
+}

@@ -227,6 +227,7 @@ func (m *Manager) destinationLocked(r *room, k rankKey) *Destination {
 		d.Targets = rp.targets
 		d.Dummy = rp.dummy
 		d.RequiredDstInfoNum = rp.requiredDstInfoNum
+		d.TokenBytes, d.StateBytes = RankWeights(m.layout, rp.targets, m.topoLocked(r.addr).PP, k.PP)
 	}
 	if d.Dummy {
 		// Dummy targets get an empty destination, as SGLang sends empty
@@ -391,7 +392,7 @@ type ChunkRequest struct {
 // flight waits for it.
 func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, bool, error) {
 	m.mu.Lock()
-	r, rp, cs, fresh, err := m.chunkBeginLocked(req)
+	r, rp, cs, fresh, err := m.chunkBeginLocked(req, false)
 	if err != nil || !fresh {
 		var inflight chan struct{}
 		if cs != nil {
@@ -492,12 +493,16 @@ func (m *Manager) sourceRankLocked(req ChunkRequest) (*room, *rankProgress, erro
 
 // chunkBeginLocked validates a chunk and registers it in flight. fresh is
 // false for a chunk already landed or in flight (cs tells which).
-func (m *Manager) chunkBeginLocked(req ChunkRequest) (*room, *rankProgress, *chunkState, bool, error) {
+func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *rankProgress, *chunkState, bool, error) {
 	r, rp, err := m.sourceRankLocked(req)
 	if err != nil {
 		return nil, nil, nil, false, err
 	}
 	if cs := rp.chunks[req.Index]; cs != nil {
+		if cs.off != req.PageOffset || cs.n != req.NumPages || cs.last != req.Last {
+			return nil, nil, nil, false, invalid("chunk_index", "%d was already sent with pages [%d, %d) and last=%v; a retry must carry the same page_offset, num_pages and last (got pages [%d, %d), last=%v)",
+				req.Index, cs.off, cs.off+cs.n, cs.last, req.PageOffset, req.PageOffset+req.NumPages, req.Last)
+		}
 		return r, rp, cs, false, nil
 	}
 	switch r.phase {
@@ -505,18 +510,15 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest) (*room, *rankProgress, *chu
 	default:
 		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: phase %s", req.Index, r.id, ErrWrongState, r.phase)
 	}
+	// A chunk from a rank whose claim stream was given the destination
+	// proves it holds it: the stream's Send and this call race, and the
+	// claim may not be recorded yet.
 	if !rp.claimed {
-		// A chunk from a rank whose claim stream was given the destination
-		// proves it holds it: the stream's Send and this call race, and the
-		// claim may not be recorded yet.
 		if c := r.claims[req.Rank.key()]; c == nil || r.phase != PhaseAdmitted {
 			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
 		}
-		m.claimRankLocked(r, rp)
-		if r.phase == PhaseFailed {
-			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
-		}
 	}
+	// Validate everything first; nothing changes until the chunk is accepted.
 	if req.NumPages < 0 || req.PageOffset < 0 || req.PageOffset+req.NumPages > len(r.pages) {
 		return nil, nil, nil, false, invalid("page_offset", "pages [%d, %d) are outside the destination's %d pages", req.PageOffset, req.PageOffset+req.NumPages, len(r.pages))
 	}
@@ -526,19 +528,55 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest) (*room, *rankProgress, *chu
 	if len(req.SrcPages) > 0 && len(req.SrcPages) != req.NumPages {
 		return nil, nil, nil, false, invalid("source.page_indices", "has %d entries for %d pages", len(req.SrcPages), req.NumPages)
 	}
-	if rp.last >= 0 && req.Index > rp.last {
-		return nil, nil, nil, false, invalid("chunk_index", "%d comes after this rank's last chunk %d", req.Index, rp.last)
+	if rp.last >= 0 {
+		return nil, nil, nil, false, invalid("chunk_index", "%d comes after this rank's last chunk %d: nothing may follow the last chunk", req.Index, rp.last)
 	}
-	if req.Last {
-		for i := range rp.chunks {
-			if i > req.Index {
-				return nil, nil, nil, false, invalid("chunk_index", "last chunk %d, but chunk %d was already sent", req.Index, i)
-			}
+	rp.cov.init(len(r.pages))
+	if p := rp.cov.overlap(req.PageOffset, req.NumPages); p >= 0 {
+		return nil, nil, nil, false, invalid("page_offset", "pages [%d, %d) overlap page %d, which %s already sent for room %d: each page is sent once per rank",
+			req.PageOffset, req.PageOffset+req.NumPages, p, req.Rank, r.id)
+	}
+	if req.Last && rp.cov.nSent+req.NumPages != rp.cov.need {
+		rp.cov.mark(req.PageOffset, req.NumPages, true)
+		gap := rp.cov.firstGap()
+		rp.cov.mark(req.PageOffset, req.NumPages, false)
+		return nil, nil, nil, false, invalid("last", "chunk %d is marked last, but pages %s of the destination's %d were never sent by %s: send every page before (or with) the last chunk",
+			req.Index, gap, len(r.pages), req.Rank)
+	}
+	if req.Last && req.Marker == 0 {
+		return nil, nil, nil, false, invalid("aux", "the last chunk of every prefill rank carries the room marker (aux.room_marker / metadata_room_marker), and chunk %d has none", req.Index)
+	}
+	if checkBytes {
+		// The bytes a prefill reports are checked against what the layout
+		// says the chunk's pages weigh for this rank (head slice included).
+		if want := ChunkBytes(m.chunkOpLocked(r, req)); req.Bytes != want {
+			return nil, nil, nil, false, invalid("bytes", "%d is not what chunk %d of %s weighs: pages [%d, %d) carry %d bytes by the layout (Destination.token_bytes x tokens + state_bytes on the last chunk)",
+				req.Bytes, req.Index, req.Rank, req.PageOffset, req.PageOffset+req.NumPages, want)
 		}
 	}
-	cs := &chunkState{inflight: make(chan struct{})}
+	if !rp.claimed {
+		m.claimRankLocked(r, rp)
+		if r.phase == PhaseFailed {
+			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
+		}
+	}
+	rp.cov.mark(req.PageOffset, req.NumPages, true)
+	if req.Last {
+		rp.last = req.Index
+	}
+	cs := &chunkState{inflight: make(chan struct{}), off: req.PageOffset, n: req.NumPages, last: req.Last}
 	rp.chunks[req.Index] = cs
 	return r, rp, cs, true, nil
+}
+
+// chunkDroppedLocked forgets a chunk that did not land and may be sent
+// again (the engine was unavailable, or the caller went away).
+func chunkDroppedLocked(rp *rankProgress, index int, cs *chunkState) {
+	delete(rp.chunks, index)
+	rp.cov.mark(cs.off, cs.n, false)
+	if cs.last && rp.last == index {
+		rp.last = -1
+	}
 }
 
 func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) ChunkOp {
@@ -577,7 +615,7 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 	if terr != nil {
 		retryable := errors.Is(terr, ErrEngineUnavailable) || (ctx.Err() != nil && r.xferCtx.Err() == nil)
 		if retryable {
-			delete(rp.chunks, req.Index) // nothing landed: a retry may send it again
+			chunkDroppedLocked(rp, req.Index, cs) // nothing landed: a retry may send it again
 			return finish(terr)
 		}
 		m.obs.ChunkDone(res.Bytes, res.Duration, false)
@@ -595,32 +633,32 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 // chunkLandedLocked advances a room after a chunk landed (moved by the
 // engine or reported by the prefill).
 func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest, res ChunkResult) {
-	r.bytes += uint64(res.Bytes)
+	r.bytes += uint64(max(res.Bytes, 0))
+	rp.bytes += uint64(max(res.Bytes, 0))
 	r.chunksDone++
+	rp.cov.landed += req.NumPages
 	m.obs.ChunkDone(res.Bytes, res.Duration, true)
 	if req.Last {
-		rp.last = req.Index
+		rp.lastLanded = true
 	}
-	if res.MarkerWritten != 0 {
-		r.marker = res.MarkerWritten
-		if err := r.led.SetMetadataMarker(r.id, res.MarkerWritten); err != nil {
-			m.log.Error("ledger refused the metadata marker", "room", r.id, "err", err)
-		}
-	}
-	if rp.last >= 0 && !rp.done {
-		done := true
-		for i := 0; i <= rp.last; i++ {
-			if cs := rp.chunks[i]; cs == nil || !cs.done {
-				done = false
-				break
-			}
-		}
-		rp.done = done
-	}
+	m.markerLandedLocked(r, res.MarkerWritten)
 	if r.phase == PhaseClaimed {
 		m.transitionLocked(r, PhaseTransferring, "", fmt.Sprintf("chunk %d from %s landed", req.Index, req.Rank))
 	}
 	m.checkSuccessLocked(r)
+}
+
+// markerLandedLocked records a room marker written into the metadata slot.
+// A wrong marker sticks (the room fails as metadata corruption at the next
+// success check, whatever other ranks wrote after it).
+func (m *Manager) markerLandedLocked(r *room, marker uint64) {
+	if marker == 0 || (r.marker != 0 && r.marker != r.id) {
+		return
+	}
+	r.marker = marker
+	if err := r.led.SetMetadataMarker(r.id, marker); err != nil {
+		m.log.Error("ledger refused the metadata marker", "room", r.id, "err", err)
+	}
 }
 
 // ReportTransfer records a chunk the prefill moved itself. A failure fails
@@ -644,7 +682,7 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 			"KVTransferError(bootstrap_room=%d): %s (reported by %s, chunk %d)", r.id, reason, req.Rank, req.Index)})
 		return PollFailed, false, nil
 	}
-	r, rp, cs, fresh, err := m.chunkBeginLocked(req)
+	r, rp, cs, fresh, err := m.chunkBeginLocked(req, true)
 	if err != nil {
 		return PollFailed, false, err
 	}
@@ -669,8 +707,13 @@ func (m *Manager) checkSuccessLocked(r *room) {
 	if r.phase != PhaseTransferring {
 		return
 	}
+	if r.marker != 0 && r.marker != r.id {
+		m.failLocked(r, Failure{Code: FailureMetadataCorruption, Message: fmt.Sprintf(
+			"Metadata corruption detected - bootstrap_room mismatch: metadata slot %d holds room %d, expected %d", r.metaSlot, r.marker, r.id)})
+		return
+	}
 	for _, k := range r.plan.required {
-		if !r.ranks[k].done {
+		if !r.ranks[k].done() {
 			return
 		}
 	}
@@ -678,13 +721,8 @@ func (m *Manager) checkSuccessLocked(r *room) {
 	if len(r.gates) > 0 {
 		return
 	}
-	switch {
-	case r.marker == 0:
+	if r.marker == 0 {
 		return // aux not landed yet: stay Transferring (the waiting timeout bounds it)
-	case r.marker != r.id:
-		m.failLocked(r, Failure{Code: FailureMetadataCorruption, Message: fmt.Sprintf(
-			"Metadata corruption detected - bootstrap_room mismatch: metadata slot %d holds room %d, expected %d", r.metaSlot, r.marker, r.id)})
-		return
 	}
 	if err := r.led.StartRunning(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to start room %d: %v", r.id, err)})
@@ -893,7 +931,10 @@ func (m *Manager) GetRoom(room uint64, withPages bool) (RoomSnapshot, error) {
 	if r == nil {
 		return RoomSnapshot{}, fmt.Errorf("get room %d: %w", room, ErrRoomNotFound)
 	}
-	return r.snapshot(true, withPages), nil
+	snap := r.snapshot(true, withPages)
+	snap.Coverage = r.coverageOf()
+	snap.WaitingFor = m.waitingForLocked(r)
+	return snap, nil
 }
 
 // ListFilter selects rooms for ListRooms.

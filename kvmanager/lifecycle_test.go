@@ -556,7 +556,9 @@ func TestT13T18ReportedFailure(t *testing.T) {
 				h.open(addrA, 9)
 				h.claimAll(9)
 				rk := h.requiredRanks(9)[0]
-				if poll, dup, err := h.m.ReportTransfer(ChunkRequest{Room: 9, Rank: rk, Index: 0, PageOffset: 0, NumPages: 8, Bytes: 100}); poll != PollTransferring || dup || err != nil {
+				first := ChunkRequest{Room: 9, Rank: rk, Index: 0, PageOffset: 0, NumPages: 8}
+				first.Bytes = h.chunkWeight(9, first)
+				if poll, dup, err := h.m.ReportTransfer(first); poll != PollTransferring || dup || err != nil {
 					t.Fatalf("ReportTransfer(chunk 0) = %s, %v, %v", poll, dup, err)
 				}
 				poll, _, err := h.m.ReportTransfer(ChunkRequest{Room: 9, Rank: rk, Index: 1, PageOffset: 8, NumPages: 8, Last: true, Failed: true, Reason: tc.reason})
@@ -898,17 +900,28 @@ func TestT19MarkerMissingKeepsTransferring(t *testing.T) {
 		h.register(instance{addr: addrA})
 		h.open(addrA, 12)
 		h.claimAll(12)
-		req := chunk(12, h.requiredRanks(12)[0], 0, 0, 16, true)
-		req.Marker = 0 // the aux data never lands
-		if _, _, err := h.m.Transfer(context.Background(), req); err != nil {
-			t.Fatalf("Transfer = %v", err)
+		rk := h.requiredRanks(12)[0]
+		if _, _, err := h.m.Transfer(context.Background(), chunk(12, rk, 0, 0, 8, false)); err != nil {
+			t.Fatalf("Transfer(chunk 0) = %v", err)
 		}
-		// SGLang's metadata gate: Success waits for the marker.
+		// Every rank's last chunk carries the marker: one without it is
+		// refused (nothing lands), so the room cannot hang on a lost aux.
+		req := chunk(12, rk, 1, 8, 8, true)
+		req.Marker = 0
+		var inv *InvalidError
+		if _, _, err := h.m.Transfer(context.Background(), req); !errors.As(err, &inv) || inv.Field != "aux" {
+			t.Fatalf("Transfer(last chunk without the marker) = %v, want InvalidError on aux", err)
+		}
+		// SGLang's metadata gate: Success waits for the marker; the prefill
+		// never sends the last chunk again, and the waiting timeout ends it.
 		h.wantPhase(12, PhaseTransferring)
+		if w := h.getRoom(12).WaitingFor; !strings.Contains(w, "8 of 16 pages landed, last chunk not landed") {
+			t.Errorf("waiting for %q, want the rank's missing pages and last chunk", w)
+		}
 		advance(time.Minute)
 		msg := h.wantFailure(12, FailureWaitingTimeout, "Request 12 timed out after 60.0s in KVPoll.WaitingForInput")
-		if !strings.Contains(msg, "never received the room marker") {
-			t.Errorf("failure %q does not say the marker is missing", msg)
+		if !strings.Contains(msg, "prefill ranks still sending: cp 0 tp 0 pp 0") {
+			t.Errorf("failure %q does not name the rank still sending", msg)
 		}
 		h.assertClean()
 	})
@@ -1349,30 +1362,136 @@ func TestChunkValidation(t *testing.T) {
 				t.Errorf("%s: Transfer = %v, want InvalidError on %s", tc.name, err, tc.field)
 			}
 		}
-		// Chunk order: nothing after the last chunk.
-		if _, _, err := h.m.Transfer(context.Background(), chunk(1, rk, 1, 0, 8, false)); err != nil {
-			t.Fatalf("Transfer(chunk 1) = %v", err)
-		}
+		// The coverage contract: indices in any order, no page twice, a last
+		// chunk only when it completes the rank's pages, nothing after it.
 		var inv *InvalidError
-		if _, _, err := h.m.Transfer(context.Background(), chunk(1, rk, 0, 8, 8, true)); !errors.As(err, &inv) || inv.Field != "chunk_index" {
-			t.Errorf("last chunk 0 after chunk 1 = %v, want InvalidError on chunk_index", err)
+		wantInvalid := func(what string, req ChunkRequest, field string) {
+			t.Helper()
+			before := h.snapshot(1)
+			if _, _, err := h.m.Transfer(context.Background(), req); !errors.As(err, &inv) || inv.Field != field {
+				t.Errorf("%s = %v, want InvalidError on %s", what, err, field)
+			}
+			if after := h.snapshot(1); after.ChunksDone != before.ChunksDone || after.BytesTransferred != before.BytesTransferred || after.Phase != before.Phase {
+				t.Errorf("%s changed the room: %+v -> %+v", what, before, after)
+			}
 		}
-		if _, _, err := h.m.Transfer(context.Background(), chunk(1, rk, 2, 8, 8, true)); err != nil {
-			t.Fatalf("Transfer(last chunk 2) = %v", err)
+		if _, _, err := h.m.Transfer(context.Background(), chunk(1, rk, 5, 4, 4, false)); err != nil {
+			t.Fatalf("Transfer(chunk 5, pages [4, 8)) = %v", err)
 		}
-		// Chunk 0 never came: the room waits for it.
+		wantInvalid("a chunk overlapping pages already sent", chunk(1, rk, 6, 7, 2, false), "page_offset")
+		wantInvalid("a retry of chunk 5 with other pages", chunk(1, rk, 5, 8, 4, false), "chunk_index")
+		wantInvalid("a last chunk leaving pages unsent", chunk(1, rk, 7, 8, 8, true), "last")
+		noMarker := chunk(1, rk, 7, 0, 4, false)
+		noMarker.Last = true
+		h.m.Transfer(context.Background(), chunk(1, rk, 2, 8, 8, false))
+		wantInvalid("a last chunk without the room marker", noMarker, "aux")
+		if _, _, dup, err := transferDup(h, chunk(1, rk, 5, 4, 4, false)); err != nil || !dup {
+			t.Errorf("a retry of chunk 5 = dup %v, %v; want a duplicate", dup, err)
+		}
+		// Pages [0, 4) never came: the room waits for them and says so.
 		h.wantPhase(1, PhaseTransferring)
-		if _, _, err := h.m.Transfer(context.Background(), chunk(1, rk, 3, 0, 1, false)); !errors.As(err, &inv) || inv.Field != "chunk_index" {
-			t.Errorf("chunk 3 after last chunk 2 = %v, want InvalidError on chunk_index", err)
+		if got := h.getRoom(1); !strings.Contains(got.WaitingFor, "12 of 16 pages landed") || got.Coverage[0].PagesLanded != 12 || got.Coverage[0].PagesRequired != 16 {
+			t.Errorf("GetRoom: waiting for %q, coverage %+v; want 12 of 16 pages", got.WaitingFor, got.Coverage)
 		}
-		if _, _, err := h.m.Transfer(context.Background(), chunk(1, rk, 0, 0, 0, false)); !errors.As(err, &inv) {
-			t.Errorf("empty chunk 0 = %v, want InvalidError", err)
-		}
-		if _, _, err := h.m.ReportTransfer(ChunkRequest{Room: 1, Rank: rk, Index: 0, PageOffset: 0, NumPages: 1}); err != nil {
-			t.Fatalf("ReportTransfer(chunk 0) = %v", err)
+		if _, _, err := h.m.Transfer(context.Background(), chunk(1, rk, 0, 0, 4, true)); err != nil {
+			t.Fatalf("Transfer(last chunk 0, pages [0, 4)) = %v", err)
 		}
 		h.wantPhase(1, PhaseSucceeded)
+		if _, _, err := h.m.Transfer(context.Background(), chunk(1, rk, 9, 0, 0, true)); !errors.Is(err, ErrWrongState) {
+			t.Errorf("a chunk after success = %v, want ErrWrongState", err)
+		}
 		h.release(1)
+		h.assertClean()
+	})
+}
+
+// TestSuccessNeedsEveryPageOfEveryRank: prefill TP 2 -> decode TP 1 (both
+// ranks required): ranks whose last chunks carry no pages, half of them, or
+// one rank sending everything and the other nothing never succeed, through
+// Transfer and ReportTransfer alike.
+func TestSuccessNeedsEveryPageOfEveryRank(t *testing.T) {
+	for _, report := range []bool{false, true} {
+		t.Run(fmt.Sprintf("report=%v", report), func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				h := newHarness(t)
+				h.register(instance{addr: addrA, tp: 2})
+				h.open(addrA, 3)
+				h.claimAll(3)
+				ranks := h.requiredRanks(3)
+				if len(ranks) != 2 {
+					t.Fatalf("required ranks = %v, want 2", ranks)
+				}
+				pages := h.snapshot(3).NumPages
+				send := func(rk RankID, idx, off, n int, last bool) error {
+					req := chunk(3, rk, idx, off, n, last)
+					if report {
+						req.Bytes = h.chunkWeight(3, req)
+						_, _, err := h.m.ReportTransfer(req)
+						return err
+					}
+					_, _, err := h.m.Transfer(context.Background(), req)
+					return err
+				}
+				var inv *InvalidError
+				if err := send(ranks[0], 0, 0, 0, true); !errors.As(err, &inv) || inv.Field != "last" {
+					t.Errorf("an empty last chunk = %v, want InvalidError on last", err)
+				}
+				if err := send(ranks[0], 0, 0, pages/2, true); !errors.As(err, &inv) || inv.Field != "last" {
+					t.Errorf("a last chunk with half the pages = %v, want InvalidError on last", err)
+				}
+				if err := send(ranks[0], 0, 0, pages, true); err != nil {
+					t.Fatalf("rank 0 sends everything: %v", err)
+				}
+				h.wantPhase(3, PhaseTransferring) // rank 1 sent nothing
+				if err := send(ranks[1], 0, 0, pages/2, false); err != nil {
+					t.Fatalf("rank 1, first half: %v", err)
+				}
+				h.wantPhase(3, PhaseTransferring)
+				if err := send(ranks[1], 1, pages/2, pages-pages/2, true); err != nil {
+					t.Fatalf("rank 1, second half: %v", err)
+				}
+				s := h.wantPhase(3, PhaseSucceeded)
+				if report {
+					want := h.chunkWeight(3, chunk(3, ranks[0], 0, 0, pages, true)) + h.chunkWeight(3, chunk(3, ranks[1], 0, 0, pages, true))
+					if int64(s.BytesTransferred) != want {
+						t.Errorf("bytes = %d, want %d", s.BytesTransferred, want)
+					}
+				}
+				h.release(3)
+				h.assertClean()
+			})
+		})
+	}
+}
+
+// TestReportedBytesMustMatchTheLayout: a prefill's bytes are checked
+// against what its pages weigh; a mismatch (or 2^63) changes nothing.
+func TestReportedBytesMustMatchTheLayout(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(instance{addr: addrA})
+		h.open(addrA, 4)
+		h.claimAll(4)
+		rk := h.requiredRanks(4)[0]
+		pages := h.snapshot(4).NumPages
+		req := chunk(4, rk, 0, 0, pages, true)
+		want := h.chunkWeight(4, req)
+		for _, b := range []int64{0, want - 1, want + 1, -1 << 63} {
+			req.Bytes = b
+			var inv *InvalidError
+			if _, _, err := h.m.ReportTransfer(req); !errors.As(err, &inv) || inv.Field != "bytes" {
+				t.Errorf("bytes %d = %v, want InvalidError on bytes", b, err)
+			}
+		}
+		if s := h.snapshot(4); s.ChunksDone != 0 || s.BytesTransferred != 0 || s.Phase != PhaseClaimed {
+			t.Errorf("refused reports changed the room: %+v", s)
+		}
+		req.Bytes = want
+		if _, dup, err := h.m.ReportTransfer(req); err != nil || dup {
+			t.Fatalf("ReportTransfer(exact bytes) = %v, %v", dup, err)
+		}
+		h.wantPhase(4, PhaseSucceeded)
+		h.release(4)
 		h.assertClean()
 	})
 }

@@ -89,7 +89,7 @@ const maxPendingClaims = 65536
 
 // New builds a manager. dec must be validated.
 func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(cfg.Validate(), cfg.ValidateFor(dec)); err != nil {
 		return nil, err
 	}
 	if len(deps.Ledgers) == 0 {

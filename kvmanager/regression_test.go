@@ -61,12 +61,16 @@ func TestStagedRoomWithoutMarkerFailsAtTheWaitingDeadline(t *testing.T) {
 			}
 		}
 		for _, rk := range ranks {
-			// The last chunk, but the aux (room marker) never comes.
-			if _, err := h.m.StagingChunkReady(context.Background(), ChunkRequest{Room: room, Rank: rk, Index: 0, NumPages: pages, Last: true}); err != nil {
-				t.Fatalf("StagingChunkReady(%s) = %v", rk, err)
+			// The last chunk, but the aux (room marker) never comes: the
+			// chunk is refused (every rank's last chunk carries the marker).
+			var inv *InvalidError
+			if _, err := h.m.StagingChunkReady(context.Background(), ChunkRequest{Room: room, Rank: rk, Index: 0, NumPages: pages, Last: true}); !errors.As(err, &inv) || inv.Field != "aux" {
+				t.Fatalf("StagingChunkReady(%s) = %v, want InvalidError on aux", rk, err)
 			}
 		}
-		h.wantPhase(room, PhaseTransferring) // metadata gate: right so far
+		if ph := h.snapshot(room).Phase; ph != PhaseClaimed && ph != PhaseTransferring {
+			t.Fatalf("phase %s, want claimed or transferring", ph)
+		}
 		h.m.mu.Lock()
 		r := h.m.rooms[room]
 		armed := r.timer != nil || !r.waitingAt.IsZero()

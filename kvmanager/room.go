@@ -84,8 +84,18 @@ type room struct {
 type rankProgress struct {
 	claimed bool
 	chunks  map[int]*chunkState
-	last    int // index of the last chunk, -1 until seen
-	done    bool
+	cov     coverage
+	bytes   uint64
+	last    int // index of the last chunk sent (landed or in flight), -1 until seen
+	// lastLanded: the last chunk landed. The rank is done when it has and
+	// every page of the destination landed (coverage).
+	lastLanded bool
+}
+
+// done: every page of the destination landed from this rank, and its last
+// chunk (with the metadata) landed.
+func (rp *rankProgress) done() bool {
+	return rp.lastLanded && rp.cov.sent != nil && rp.cov.landed == rp.cov.need
 }
 
 type chunkState struct {
@@ -93,6 +103,9 @@ type chunkState struct {
 	inflight chan struct{} // closed when the in-flight attempt ends
 	result   ChunkResult
 	err      error
+	// The chunk's identity beyond its index: a retry must match it.
+	off, n int
+	last   bool
 }
 
 func (r *room) handingOff() bool {
@@ -311,7 +324,7 @@ func (r *room) waitingNote() string {
 	}
 	var pending []string
 	for _, k := range r.plan.required {
-		if rp := r.ranks[k]; rp == nil || !rp.done {
+		if rp := r.ranks[k]; rp == nil || !rp.done() {
 			pending = append(pending, fmt.Sprintf("cp %d tp %d pp %d", k.CP, k.TP, k.PP))
 		}
 	}
@@ -322,4 +335,85 @@ func (r *room) waitingNote() string {
 		return " (every chunk landed; waiting for staged chunks to be scattered)"
 	}
 	return " (prefill ranks still sending: " + strings.Join(pending, "; ") + ")"
+}
+
+// coverageOf renders each required rank's progress on the current attempt.
+func (r *room) coverageOf() []RankCoverage {
+	if r.plan == nil || len(r.plan.required) == 0 {
+		return nil
+	}
+	out := make([]RankCoverage, 0, len(r.plan.required))
+	for _, k := range r.plan.required {
+		c := RankCoverage{CP: k.CP, TP: k.TP, PP: k.PP, PagesRequired: len(r.pages)}
+		if rp := r.ranks[k]; rp != nil {
+			c.Claimed, c.PagesLanded, c.LastLanded, c.Bytes = rp.claimed, rp.cov.landed, rp.lastLanded, rp.bytes
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
+// waitingForLocked says what a room that has not ended waits for, who must
+// act, and which bound ends the wait.
+func (m *Manager) waitingForLocked(r *room) string {
+	at := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return " until " + t.UTC().Format(time.RFC3339)
+	}
+	switch r.phase {
+	case PhaseWaitingPrefill:
+		n, want := 0, 0
+		if inst := m.prefills[r.addr]; inst != nil {
+			n, want = len(inst.ranks), inst.expected
+		}
+		return fmt.Sprintf("the registration of prefill instance %s (%d of %d ranks registered); bounded by SGLang's registration retries and timeouts.bootstrap%s", r.addr, n, want, at(r.bootstrapAt))
+	case PhaseResolvingDP:
+		return fmt.Sprintf("the prefill DP rank of the room: a BindRoom from %s (or a router hint); bounded by timeouts.dp_rank_resolution%s", r.addr, at(r.dpAt))
+	case PhaseQueued:
+		reason := "the rooms ahead of it"
+		if r.decodeDP < len(m.shards) {
+			if b := m.shards[r.decodeDP].Stats().LastBlocked; b != prealloc.BlockNone {
+				reason = "blocked by " + b.String()
+			}
+		}
+		return fmt.Sprintf("KV admission on decode DP shard %d (%s); bounded by timeouts.bootstrap%s", r.decodeDP, reason, at(r.bootstrapAt))
+	case PhaseAdmitted:
+		return fmt.Sprintf("the destination's claim (AwaitDestination) by prefill ranks %s of %s; bounded by admission.claim_timeout and timeouts.bootstrap%s", r.unclaimedRanks(), r.addr, at(r.bootstrapAt))
+	case PhaseClaimed, PhaseTransferring:
+		var pending []string
+		if r.plan != nil {
+			for _, k := range r.plan.required {
+				rp := r.ranks[k]
+				if rp == nil || rp.done() {
+					continue
+				}
+				last := "last chunk not landed"
+				if rp.lastLanded {
+					last = "last chunk landed"
+				}
+				pending = append(pending, fmt.Sprintf("cp %d tp %d pp %d (%d of %d pages landed, %s)", k.CP, k.TP, k.PP, rp.cov.landed, len(r.pages), last))
+			}
+		}
+		what := ""
+		switch {
+		case len(pending) > 0:
+			what = "KV pages from prefill ranks " + strings.Join(pending, "; ") + " of " + r.addr
+		case len(r.gates) > 0:
+			what = "the scatter of staged regions into the room's pages"
+		case r.marker == 0:
+			what = "the room marker in the metadata slot (aux with the last chunk)"
+		default:
+			what = "the success check"
+		}
+		return what + "; bounded by timeouts.waiting" + at(r.waitingAt)
+	case PhaseSucceeded:
+		return "ReleaseRoom from the decode engine (it owns the pages until then)"
+	case PhaseRetracted:
+		return fmt.Sprintf("resumption on decode DP shard %d: its pages come back before any new admission", r.decodeDP)
+	case PhaseHeld:
+		return "ContinueGeneration (rebootstrap: the room re-enters bootstrap and its prefill recomputes)"
+	}
+	return ""
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
@@ -111,32 +112,45 @@ func (e *SimEngine) Scatter(ctx context.Context, op ScatterOp) (ChunkResult, err
 	return ChunkResult{Bytes: bytes, Duration: d, MarkerWritten: op.Marker}, nil
 }
 
-// ChunkBytes is what a chunk moves over the wire from one prefill rank: per
-// non-dummy target decode rank, tokens × the per-token KV of the heads it
-// receives (MHA/GQA: 2 × heads × head_dim × dtype × layers; MLA: (latent +
-// rope) × dtype × layers, plus DSA indexer-K), and on the last chunk the
-// per-request state (Mamba).
+// ChunkBytes is what a chunk moves over the wire from one prefill rank:
+// tokens x the rank's per-token weight, plus on the last chunk the
+// per-request state (RankWeights).
 func ChunkBytes(op ChunkOp) int64 {
-	l := op.Layout
-	var total int64
-	for _, t := range op.Targets {
+	perToken, state := RankWeights(op.Layout, op.Targets, op.PrefillPP, op.Rank.PP)
+	total := int64(op.Tokens) * perToken
+	if op.Last {
+		total += state
+	}
+	return total
+}
+
+// RankWeights is what one prefill rank moves per token, and with its last
+// chunk, into its decode targets: per non-dummy target, the heads it receives
+// (MHA/GQA: 2 x heads x head_dim x dtype x layers; MLA: (latent + rope) x
+// dtype x layers, plus the DSA indexer row) over the layers of the rank's PP
+// stage (all of them when prefill PP is 1), and the Mamba state per target.
+func RankWeights(l prealloc.Layout, targets []Target, prefillPP, ppRank int) (perToken, state int64) {
+	layers := int64(l.NumLayers)
+	if prefillPP > 1 {
+		b, e := kvcopy.StageLayers(l.NumLayers, prefillPP, ppRank)
+		layers = int64(e - b)
+	}
+	for _, t := range targets {
 		if t.Dummy {
 			continue
 		}
-		var perToken int64
 		if l.IsMLA {
-			perToken = (l.HeadBytes() + int64(l.DSAIndexBytes)) * int64(l.NumLayers)
+			perToken += (l.HeadBytes() + int64(l.DSAIndexBytes)) * layers
 		} else {
 			heads := t.NumHeads
 			if heads == 0 {
 				heads = l.HeadsPerRank
 			}
-			perToken = 2 * int64(heads) * l.HeadBytes() * int64(l.NumLayers)
+			perToken += 2 * int64(heads) * l.HeadBytes() * layers
 		}
-		total += int64(op.Tokens) * perToken
-		if op.Last && l.Kind == prealloc.KindHybridLinear {
-			total += l.MambaBytes
+		if l.Kind == prealloc.KindHybridLinear {
+			state += l.MambaBytes
 		}
 	}
-	return total
+	return perToken, state
 }

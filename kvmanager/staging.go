@@ -694,8 +694,8 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		scs = append(scs, sc)
 		writerIdx = append(writerIdx, wi)
 	}
-	creq := ChunkRequest{Room: req.Room, Rank: req.Rank, Index: req.Index, PageOffset: req.PageOffset, NumPages: req.NumPages, Last: req.Last}
-	_, _, cs, fresh, err := m.chunkBeginLocked(creq)
+	creq := ChunkRequest{Room: req.Room, Rank: req.Rank, Index: req.Index, PageOffset: req.PageOffset, NumPages: req.NumPages, Last: req.Last, Marker: req.Marker}
+	_, _, cs, fresh, err := m.chunkBeginLocked(creq, false)
 	if err != nil || !fresh {
 		m.mu.Unlock()
 		if err == nil {
@@ -855,12 +855,7 @@ func (m *Manager) scatterDoneLocked(r *room, rs *roomStaging, sc *stagedChunk, r
 	case err == nil && !r.phase.Terminal():
 		sc.state = scatterDone
 		free()
-		if res.MarkerWritten != 0 {
-			r.marker = res.MarkerWritten
-			if merr := r.led.SetMetadataMarker(r.id, res.MarkerWritten); merr != nil {
-				m.log.Error("ledger refused the metadata marker", "room", r.id, "err", merr)
-			}
-		}
+		m.markerLandedLocked(r, res.MarkerWritten)
 		m.checkSuccessLocked(r)
 		return nil
 	case r.phase.Terminal():

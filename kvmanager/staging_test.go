@@ -24,6 +24,23 @@ type stgEnv struct {
 	m   *kvmanager.Manager
 	sim *kvmanager.SimEngine
 	led *prealloc.Ledger
+	// dests are the destinations each rank received, by room and TP rank.
+	dests map[[2]uint64]*kvmanager.Destination
+}
+
+// weight is what pages [off, off+n) of room weigh for TP rank r, by the
+// destination it received (the bytes a ReportTransfer must carry).
+func (e *stgEnv) weight(room uint64, r, off, n int, last bool) int64 {
+	d := e.dests[[2]uint64{room, uint64(r)}]
+	if d == nil {
+		e.t.Fatalf("no destination for room %d rank %d", room, r)
+	}
+	tokens := min((off+n)*d.PageSize, d.FillLen) - off*d.PageSize
+	w := int64(max(tokens, 0)) * d.TokenBytes
+	if last {
+		w += d.StateBytes
+	}
+	return w
 }
 
 func stgDecode(decodeTP int) prealloc.Config {
@@ -96,6 +113,10 @@ func (e *stgEnv) open(addr string, tp int, room uint64, prompt int) []int32 {
 			}
 			c.Delivered(ev.Destination)
 			pages = ev.Destination.Pages
+			if e.dests == nil {
+				e.dests = map[[2]uint64]*kvmanager.Destination{}
+			}
+			e.dests[[2]uint64{room, uint64(r)}] = ev.Destination
 		default:
 			e.t.Fatalf("room %d: no destination for rank %d", room, r)
 		}
@@ -397,7 +418,7 @@ func TestStagingTransferredRoomStillSucceeds(t *testing.T) {
 	e.register(addr, 4, 1)
 	e.open(addr, 4, room, 40)
 	for r := range 4 {
-		if _, _, err := e.m.ReportTransfer(kvmanager.ChunkRequest{Room: room, Rank: rank(addr, r), Index: 0, NumPages: 3, Last: true, Marker: room}); err != nil {
+		if _, _, err := e.m.ReportTransfer(kvmanager.ChunkRequest{Room: room, Rank: rank(addr, r), Index: 0, NumPages: 3, Last: true, Marker: room, Bytes: e.weight(room, r, 0, 3, true)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -419,7 +440,12 @@ func TestStagingCompletionTimeout(t *testing.T) {
 		e.alloc(addr, 0, room, 0, 4)
 		e.alloc(addr, 0, room, 1, 3) // never reported: its scatter never comes
 		start := time.Now()
-		e.ready(addr, 0, room, 0, 0, 4, true)
+		e.ready(addr, 0, room, 0, 0, 4, false)
+		// The prefill moves pages [4, 7) itself (chunk 2) but never reports
+		// the region it allocated for chunk 1.
+		if _, _, err := e.m.ReportTransfer(kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), Index: 2, PageOffset: 4, NumPages: 3, Last: true, Marker: room, Bytes: e.weight(room, 0, 4, 3, true)}); err != nil {
+			t.Fatal(err)
+		}
 		if ph, _ := e.phase(room); ph != kvmanager.PhaseTransferring {
 			t.Fatalf("phase = %s, want transferring", ph)
 		}

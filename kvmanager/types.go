@@ -220,6 +220,10 @@ type Destination struct {
 	Dummy              bool
 	Staging            bool
 	Attempt            uint32
+	// TokenBytes and StateBytes weigh a chunk of this rank (RankWeights):
+	// tokens x TokenBytes, plus StateBytes with the last chunk.
+	TokenBytes int64
+	StateBytes int64
 }
 
 // RoomSnapshot is a room's state at one moment.
@@ -247,6 +251,12 @@ type RoomSnapshot struct {
 	Pages            []int32      // filled when asked
 	TraceID          string
 	Staging          bool
+	// Coverage is, per required prefill rank of the current attempt, how
+	// many destination pages landed (empty before the plan is known).
+	Coverage []RankCoverage
+	// WaitingFor says what a room that has not ended waits for and which
+	// bound ends the wait; empty for ended rooms.
+	WaitingFor string
 }
 
 // RoomEvent is one transition and the room's state after it.

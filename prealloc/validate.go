@@ -15,6 +15,12 @@ const MsgStagingMLA = "SGLANG_DISAGG_STAGING_BUFFER is designed for non-MLA mode
 // that is neither MLA nor hybrid-MLA.
 const MsgDCPNeedsMLA = "PD decode DCP requires an MLA or hybrid-MLA KV pool."
 
+// MsgDCPNotModelled refuses decode context parallelism on the pools SGLang
+// allows it for: decodeplane's destinations address logical pages, and a DCP
+// decode shards each page's tokens over dcp ranks (per-rank physical
+// offsets), so a destination would send KV to the wrong place.
+const MsgDCPNotModelled = "decodeplane does not model the decode DCP layout (each token's KV lives on one of the dcp ranks at a per-rank physical offset), so its destinations would be wrong under DCP."
+
 // ConfigError is one configuration problem: the setting (its key in the
 // configuration file), the value given, what is wrong and how to fix it.
 // Validate joins every ConfigError it finds with errors.Join.
@@ -244,6 +250,8 @@ func (c Config) validateDCP(v *validator) {
 	}
 	if c.Pool.Kind > KindUnspecified && !c.Pool.Kind.IsMLA() {
 		v.add("parallel.dcp", dcp, MsgDCPNeedsMLA, fmt.Sprintf("set parallel.dcp: 1 for %s; DCP only applies to MLA and hybrid-MLA pools.", c.Pool.Kind.pool()))
+	} else {
+		v.add("parallel.dcp", dcp, MsgDCPNotModelled, "set parallel.dcp: 1 (and --dcp-size 1 on the decode engine) until decodeplane models the DCP layout.")
 	}
 	if slices.Contains(TransferBackends, c.Backend) && !slices.Contains(dcpBackends, c.Backend) {
 		name := strings.ToUpper(c.Backend[:1]) + c.Backend[1:]

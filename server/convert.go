@@ -169,6 +169,11 @@ func roomToProto(s kvmanager.RoomSnapshot) *pb.Room {
 		BytesTransferred: s.BytesTransferred, ChunksDone: uint32(s.ChunksDone),
 		OpenedAt: timestamppb.New(s.OpenedAt), UpdatedAt: timestamppb.New(s.UpdatedAt),
 		Attempt: s.Attempt, PageIndices: s.Pages, TraceId: s.TraceID, Staging: s.Staging,
+		WaitingFor: s.WaitingFor,
+	}
+	for _, c := range s.Coverage {
+		out.Coverage = append(out.Coverage, &pb.RankCoverage{CpRank: uint32(c.CP), TpRank: uint32(c.TP), PpRank: uint32(c.PP),
+			Claimed: c.Claimed, PagesLanded: uint32(c.PagesLanded), PagesRequired: uint32(c.PagesRequired), LastLanded: c.LastLanded, Bytes: c.Bytes})
 	}
 	if s.PrefillDP >= 0 {
 		dp := uint32(s.PrefillDP)
@@ -197,6 +202,7 @@ func destinationEventToProto(ev kvmanager.DestinationEvent) *pb.DestinationEvent
 			FillLen: uint32(d.FillLen), MetadataSlot: d.MetadataSlot, StateIndices: stateToProto(d.State),
 			RequiredDstInfoNum: uint32(d.RequiredDstInfoNum), DecodePrefixLen: uint32(d.DecodePrefixLen),
 			Dummy: d.Dummy, Staging: d.Staging, Attempt: d.Attempt,
+			TokenBytes: uint64(max(d.TokenBytes, 0)), StateBytes: uint64(max(d.StateBytes, 0)),
 		}
 		for _, t := range d.Targets {
 			out.Targets = append(out.Targets, &pb.DecodeTarget{DecodeTpRank: uint32(t.DecodeTP), Dummy: t.Dummy,

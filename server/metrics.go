@@ -192,7 +192,7 @@ func (m *Metrics) ChunkDone(bytes int64, d time.Duration, ok bool) {
 	if d >= 0 {
 		m.chunkDuration.WithLabelValues(o).Observe(d.Seconds())
 	}
-	if ok {
+	if ok && bytes > 0 { // a counter panics on a negative Add
 		m.transferBytes.Add(float64(bytes))
 	}
 }

@@ -192,6 +192,7 @@ func TestRoomTimeline(t *testing.T) {
 		"Prefill:      " + prefillA + ", dp rank 0 (single_dp)\n",
 		"Pages:        16\n",
 		"Transferred:  4 chunks, 125.0 MiB\n",
+		"Coverage:     prefill cp 0 tp 0 pp 0: 16/16 pages landed, 125.0 MiB, last chunk landed\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("room 1 output lacks %q:\n%s", want, out)

@@ -438,6 +438,19 @@ func formatPages(pages []int32) string {
 	return strings.Join(parts, ",")
 }
 
+// formatCoverage renders one prefill rank's page coverage of a room.
+func formatCoverage(c *pb.RankCoverage) string {
+	out := fmt.Sprintf("prefill cp %d tp %d pp %d: %d/%d pages landed, %s", c.GetCpRank(), c.GetTpRank(), c.GetPpRank(),
+		c.GetPagesLanded(), c.GetPagesRequired(), humanBytes(c.GetBytes()))
+	switch {
+	case !c.GetClaimed():
+		out += ", not claimed"
+	case c.GetLastLanded():
+		out += ", last chunk landed"
+	}
+	return out
+}
+
 // writeRoom renders a room's details, its failure, and its timeline: one
 // line per transition with the offset from the room's opening, phase,
 // KVPoll, SGLang transition and note.
@@ -468,6 +481,12 @@ func writeRoom(w io.Writer, r *pb.Room, showPages bool, now time.Time) error {
 			fmt.Fprintf(tw, "Page indices:\t%s\n", p)
 		}
 		fmt.Fprintf(tw, "Transferred:\t%d chunks, %s\n", r.GetChunksDone(), humanBytes(r.GetBytesTransferred()))
+		for _, c := range r.GetCoverage() {
+			fmt.Fprintf(tw, "Coverage:\t%s\n", formatCoverage(c))
+		}
+		if wf := r.GetWaitingFor(); wf != "" {
+			fmt.Fprintf(tw, "Waiting for:\t%s\n", wf)
+		}
 		if r.GetStaging() {
 			fmt.Fprintf(tw, "Staging:\tyes\n")
 		}

@@ -120,6 +120,11 @@ func sampleRooms() []*pb.Room {
 			PromptLen: 1000, MaxNewTokens: 128, ChunksDone: 4, BytesTransferred: 2 << 20,
 			OpenedAt: ts(0), UpdatedAt: ts(1204 * time.Millisecond), Attempt: 1,
 			PageIndices: []int32{0, 1, 2, 3, 8, 9},
+			Coverage: []*pb.RankCoverage{
+				{TpRank: 0, Claimed: true, PagesLanded: 16, PagesRequired: 16, LastLanded: true, Bytes: 1 << 20},
+				{TpRank: 1, Claimed: true, PagesLanded: 12, PagesRequired: 16, Bytes: 768 << 10},
+			},
+			WaitingFor: "ReleaseRoom from the decode engine (it owns the pages until then)",
 			Transitions: []*pb.Transition{
 				{Phase: pb.RoomPhase_ROOM_PHASE_WAITING_PREFILL, Poll: pb.KVPoll_KV_POLL_BOOTSTRAPPING, At: ts(0), Sglang: "T1", Note: "opened on decode shard 0", Attempt: 1},
 				{Phase: pb.RoomPhase_ROOM_PHASE_QUEUED, Poll: pb.KVPoll_KV_POLL_WAITING_FOR_INPUT, At: ts(2 * time.Millisecond), Sglang: "T2/T4/T8", Note: "prefill dp rank 1 (follow_room)", Attempt: 1},
@@ -166,6 +171,9 @@ func TestWriteRoom(t *testing.T) {
 		"Request:       prompt 1000 tokens, max new tokens 128, priority 0\n",
 		"Page indices:  0-3,8-9\n",
 		"Transferred:   4 chunks, 2.0 MiB\n",
+		"Coverage:      prefill cp 0 tp 0 pp 0: 16/16 pages landed, 1.0 MiB, last chunk landed\n",
+		"Coverage:      prefill cp 0 tp 1 pp 0: 12/16 pages landed, 768.0 KiB\n",
+		"Waiting for:   ReleaseRoom from the decode engine (it owns the pages until then)\n",
 		" (3.0s ago)\n",
 		" (+1.204s after opening)\n",
 	} {

@@ -78,7 +78,7 @@ func (c Config) Manager() kvmanager.Config {
 // Validate checks every section and returns every problem at once.
 func (c Config) Validate() error {
 	var errs []error
-	errs = append(errs, c.Server.Validate(), c.Decode().Validate(), c.Manager().Validate())
+	errs = append(errs, c.Server.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Manager().ValidateFor(c.Decode()))
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		errs = append(errs, &prealloc.ConfigError{Key: "log.level", Value: c.Log.Level, Problem: "unknown log level.", Fix: "set it to debug, info, warn or error."})
 	}

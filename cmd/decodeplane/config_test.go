@@ -912,8 +912,8 @@ func TestRuleDCPNeedsMLA(t *testing.T) {
 		{name: "mha", base: mhaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNeedsMLA},
 		{name: "hybrid-swa", base: swaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNeedsMLA},
 		{name: "hybrid-linear", base: linearBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNeedsMLA},
-		{name: "mla", base: mlaBase, mod: dcp2},
-		{name: "hybrid-mla", base: hybridMLABase, mod: func(c *Config) { c.Parallel.DCP = 8 }},
+		{name: "mla", base: mlaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNotModelled},
+		{name: "hybrid-mla", base: hybridMLABase, mod: func(c *Config) { c.Parallel.DCP = 8 }, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNotModelled},
 		{name: "gqa at dcp 1", base: gqaBase},
 	})
 }
@@ -924,12 +924,13 @@ func TestRuleDCPNeedsDCPBackend(t *testing.T) {
 		name := strings.ToUpper(b[:1]) + b[1:]
 		tests = append(tests, ruleCase{
 			name: b, base: mlaBase, mod: func(c *Config) { c.Parallel.DCP, c.Transfer.Backend = 2, b },
-			want:     []string{"parallel.dcp"},
+			want:     []string{"parallel.dcp", "parallel.dcp"},
 			contains: name + " does not yet implement DCP-aware KV transfer, but engine is configured with dcp_size=2. PD disaggregation under DCP requires the transfer layer to remap logical token loc -> per-rank physical offset",
 		}, ruleCase{name: b + " at dcp 1", base: mlaBase, mod: func(c *Config) { c.Transfer.Backend = b }})
 	}
 	for _, b := range []string{"mooncake", "nixl"} {
-		tests = append(tests, ruleCase{name: b, base: mlaBase, mod: func(c *Config) { c.Parallel.DCP, c.Transfer.Backend = 4, b }})
+		tests = append(tests, ruleCase{name: b, base: mlaBase, mod: func(c *Config) { c.Parallel.DCP, c.Transfer.Backend = 4, b },
+			want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNotModelled})
 	}
 	// Both DCP rules at once on a GQA pool with a non-DCP backend.
 	tests = append(tests, ruleCase{
@@ -939,11 +940,28 @@ func TestRuleDCPNeedsDCPBackend(t *testing.T) {
 	checkRules(t, tests)
 }
 
+// TestRuleDelegateNeedsStateless: the delegated path moves no SWA or Mamba
+// state, so pools that need it are refused there (gpt-oss, Qwen3-Next would
+// decode on missing state).
+func TestRuleDelegateNeedsStateless(t *testing.T) {
+	delegate := func(c *Config) {
+		c.Transfer.Path, c.Transfer.Delegate.Target = "delegate", "127.0.0.1:7700"
+	}
+	checkRules(t, []ruleCase{
+		{name: "hybrid-swa", base: swaBase, mod: delegate, want: []string{"transfer.path"}, contains: "not the SWA state a hybrid-swa pool needs"},
+		{name: "hybrid-linear", base: linearBase, mod: delegate, want: []string{"transfer.path"}, contains: "not the MAMBA state a hybrid-linear pool needs"},
+		{name: "gqa", base: gqaBase, mod: delegate},
+		{name: "mla", base: mlaBase, mod: delegate},
+		{name: "hybrid-mla", base: hybridMLABase, mod: delegate},
+		{name: "hybrid-swa on sim", base: swaBase},
+	})
+}
+
 func TestRuleDCPNoDecodeRadixCache(t *testing.T) {
 	checkRules(t, []ruleCase{
 		{name: "dcp with radix cache", base: mlaBase, mod: func(c *Config) { c.Parallel.DCP, c.Admission.DecodeRadixCache = 2, true },
-			want: []string{"admission.decode_radix_cache"}, contains: "a decode radix cache is not supported with DCP"},
-		{name: "dcp without radix cache", base: mlaBase, mod: func(c *Config) { c.Parallel.DCP = 2 }},
+			want: []string{"admission.decode_radix_cache", "parallel.dcp"}, contains: "a decode radix cache is not supported with DCP"},
+		{name: "dcp without radix cache", base: mlaBase, mod: func(c *Config) { c.Parallel.DCP = 2 }, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNotModelled},
 		{name: "radix cache without dcp", base: mlaBase, mod: func(c *Config) { c.Admission.DecodeRadixCache = true },
 			want: []string{"admission.decode_radix_cache"}, contains: "does not model a decode radix cache"},
 	})

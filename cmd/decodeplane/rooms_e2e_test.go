@@ -1061,7 +1061,7 @@ func TestRoomsE2EChunkFails(t *testing.T) {
 			if ch.Index == 1 {
 				return 0, moveErr
 			}
-			return uint64(ch.NumPages) * 64, nil
+			return ch.Bytes(), nil
 		}})
 		wg.Wait()
 		rf := roomsWantFailed(t, err0, room, pb.FailureCode_FAILURE_CODE_TRANSFER_FAILED)

@@ -420,7 +420,18 @@ type Destination struct {
 	// staging is true when the KV must go through the Staging service.
 	Staging bool `protobuf:"varint,12,opt,name=staging,proto3" json:"staging,omitempty"`
 	// attempt is the room's bootstrap attempt (1 unless rebootstrapped).
-	Attempt       uint32 `protobuf:"varint,13,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Attempt uint32 `protobuf:"varint,13,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// token_bytes is what this prefill rank moves per token, over every
+	// non-dummy target (its head slice included): MHA/GQA 2 x num_heads x
+	// head_dim x dtype_bytes x the rank's layers; MLA (kv_lora_rank +
+	// qk_rope_head_dim) x dtype_bytes (+ the DSA indexer row) x the rank's
+	// layers, per target. A chunk of pages [page_offset, page_offset+num_pages)
+	// weighs tokens x token_bytes (+ state_bytes on the last chunk), where
+	// tokens = min((page_offset+num_pages) x page_size, fill_len) -
+	// page_offset x page_size. ReportTransferRequest.bytes must equal it.
+	TokenBytes uint64 `protobuf:"varint,14,opt,name=token_bytes,json=tokenBytes,proto3" json:"token_bytes,omitempty"`
+	// state_bytes is the per-request state (Mamba) the last chunk carries.
+	StateBytes    uint64 `protobuf:"varint,15,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -542,6 +553,20 @@ func (x *Destination) GetStaging() bool {
 func (x *Destination) GetAttempt() uint32 {
 	if x != nil {
 		return x.Attempt
+	}
+	return 0
+}
+
+func (x *Destination) GetTokenBytes() uint64 {
+	if x != nil {
+		return x.TokenBytes
+	}
+	return 0
+}
+
+func (x *Destination) GetStateBytes() uint64 {
+	if x != nil {
+		return x.StateBytes
 	}
 	return 0
 }
@@ -1367,8 +1392,17 @@ type Room struct {
 	Transitions      []*Transition          `protobuf:"bytes,20,rep,name=transitions,proto3" json:"transitions,omitempty"`
 	PageIndices      []int32                `protobuf:"varint,21,rep,packed,name=page_indices,json=pageIndices,proto3" json:"page_indices,omitempty"`
 	// trace_id is the W3C trace id of the room's lifecycle span, if traced.
-	TraceId       string `protobuf:"bytes,22,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
-	Staging       bool   `protobuf:"varint,23,opt,name=staging,proto3" json:"staging,omitempty"`
+	TraceId string `protobuf:"bytes,22,opt,name=trace_id,json=traceId,proto3" json:"trace_id,omitempty"`
+	Staging bool   `protobuf:"varint,23,opt,name=staging,proto3" json:"staging,omitempty"`
+	// coverage is, per required prefill rank of the current attempt, how many
+	// of the destination's pages have landed. Success needs every page of
+	// every rank (dummy MLA targets are not listed: they send nothing).
+	Coverage []*RankCoverage `protobuf:"bytes,24,rep,name=coverage,proto3" json:"coverage,omitempty"`
+	// waiting_for says, for a room that has not ended, what it waits for and
+	// who must act (e.g. "admission: blocked by tokens", "claim from prefill
+	// ranks cp 0 tp 1 pp 0", "pages from prefill rank ...", "the room marker
+	// (aux)"), and which bound ends the wait. Empty for ended rooms.
+	WaitingFor    string `protobuf:"bytes,25,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1564,6 +1598,125 @@ func (x *Room) GetStaging() bool {
 	return false
 }
 
+func (x *Room) GetCoverage() []*RankCoverage {
+	if x != nil {
+		return x.Coverage
+	}
+	return nil
+}
+
+func (x *Room) GetWaitingFor() string {
+	if x != nil {
+		return x.WaitingFor
+	}
+	return ""
+}
+
+// RankCoverage is one required prefill rank's progress on a room.
+type RankCoverage struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	CpRank uint32                 `protobuf:"varint,1,opt,name=cp_rank,json=cpRank,proto3" json:"cp_rank,omitempty"`
+	TpRank uint32                 `protobuf:"varint,2,opt,name=tp_rank,json=tpRank,proto3" json:"tp_rank,omitempty"`
+	PpRank uint32                 `protobuf:"varint,3,opt,name=pp_rank,json=ppRank,proto3" json:"pp_rank,omitempty"`
+	// claimed: the rank received the destination.
+	Claimed bool `protobuf:"varint,4,opt,name=claimed,proto3" json:"claimed,omitempty"`
+	// pages_landed of pages_required destination pages have landed.
+	PagesLanded   uint32 `protobuf:"varint,5,opt,name=pages_landed,json=pagesLanded,proto3" json:"pages_landed,omitempty"`
+	PagesRequired uint32 `protobuf:"varint,6,opt,name=pages_required,json=pagesRequired,proto3" json:"pages_required,omitempty"`
+	// last_landed: the rank's last chunk (with the room marker) landed.
+	LastLanded bool `protobuf:"varint,7,opt,name=last_landed,json=lastLanded,proto3" json:"last_landed,omitempty"`
+	// bytes landed from this rank.
+	Bytes         uint64 `protobuf:"varint,8,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RankCoverage) Reset() {
+	*x = RankCoverage{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RankCoverage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RankCoverage) ProtoMessage() {}
+
+func (x *RankCoverage) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RankCoverage.ProtoReflect.Descriptor instead.
+func (*RankCoverage) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RankCoverage) GetCpRank() uint32 {
+	if x != nil {
+		return x.CpRank
+	}
+	return 0
+}
+
+func (x *RankCoverage) GetTpRank() uint32 {
+	if x != nil {
+		return x.TpRank
+	}
+	return 0
+}
+
+func (x *RankCoverage) GetPpRank() uint32 {
+	if x != nil {
+		return x.PpRank
+	}
+	return 0
+}
+
+func (x *RankCoverage) GetClaimed() bool {
+	if x != nil {
+		return x.Claimed
+	}
+	return false
+}
+
+func (x *RankCoverage) GetPagesLanded() uint32 {
+	if x != nil {
+		return x.PagesLanded
+	}
+	return 0
+}
+
+func (x *RankCoverage) GetPagesRequired() uint32 {
+	if x != nil {
+		return x.PagesRequired
+	}
+	return 0
+}
+
+func (x *RankCoverage) GetLastLanded() bool {
+	if x != nil {
+		return x.LastLanded
+	}
+	return false
+}
+
+func (x *RankCoverage) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
 type AbortRoomRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Room  uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
@@ -1575,7 +1728,7 @@ type AbortRoomRequest struct {
 
 func (x *AbortRoomRequest) Reset() {
 	*x = AbortRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[17]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1740,7 @@ func (x *AbortRoomRequest) String() string {
 func (*AbortRoomRequest) ProtoMessage() {}
 
 func (x *AbortRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[17]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1753,7 @@ func (x *AbortRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRoomRequest.ProtoReflect.Descriptor instead.
 func (*AbortRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{17}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AbortRoomRequest) GetRoom() uint64 {
@@ -1628,7 +1781,7 @@ type AbortRoomResponse struct {
 
 func (x *AbortRoomResponse) Reset() {
 	*x = AbortRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[18]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1640,7 +1793,7 @@ func (x *AbortRoomResponse) String() string {
 func (*AbortRoomResponse) ProtoMessage() {}
 
 func (x *AbortRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[18]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1653,7 +1806,7 @@ func (x *AbortRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRoomResponse.ProtoReflect.Descriptor instead.
 func (*AbortRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{18}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AbortRoomResponse) GetRoom() *Room {
@@ -1679,7 +1832,7 @@ type ReleaseRoomRequest struct {
 
 func (x *ReleaseRoomRequest) Reset() {
 	*x = ReleaseRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1691,7 +1844,7 @@ func (x *ReleaseRoomRequest) String() string {
 func (*ReleaseRoomRequest) ProtoMessage() {}
 
 func (x *ReleaseRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1704,7 +1857,7 @@ func (x *ReleaseRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRoomRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{19}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReleaseRoomRequest) GetRoom() uint64 {
@@ -1724,7 +1877,7 @@ type ReleaseRoomResponse struct {
 
 func (x *ReleaseRoomResponse) Reset() {
 	*x = ReleaseRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1736,7 +1889,7 @@ func (x *ReleaseRoomResponse) String() string {
 func (*ReleaseRoomResponse) ProtoMessage() {}
 
 func (x *ReleaseRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1749,7 +1902,7 @@ func (x *ReleaseRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRoomResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{20}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ReleaseRoomResponse) GetPagesReleased() uint32 {
@@ -1785,7 +1938,7 @@ type ListRoomsRequest struct {
 
 func (x *ListRoomsRequest) Reset() {
 	*x = ListRoomsRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1797,7 +1950,7 @@ func (x *ListRoomsRequest) String() string {
 func (*ListRoomsRequest) ProtoMessage() {}
 
 func (x *ListRoomsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1810,7 +1963,7 @@ func (x *ListRoomsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoomsRequest.ProtoReflect.Descriptor instead.
 func (*ListRoomsRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{21}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListRoomsRequest) GetPhases() []RoomPhase {
@@ -1859,7 +2012,7 @@ type ListRoomsResponse struct {
 
 func (x *ListRoomsResponse) Reset() {
 	*x = ListRoomsResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1871,7 +2024,7 @@ func (x *ListRoomsResponse) String() string {
 func (*ListRoomsResponse) ProtoMessage() {}
 
 func (x *ListRoomsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1884,7 +2037,7 @@ func (x *ListRoomsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoomsResponse.ProtoReflect.Descriptor instead.
 func (*ListRoomsResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{22}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListRoomsResponse) GetRooms() []*Room {
@@ -1912,7 +2065,7 @@ type RunningUsage struct {
 
 func (x *RunningUsage) Reset() {
 	*x = RunningUsage{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1924,7 +2077,7 @@ func (x *RunningUsage) String() string {
 func (*RunningUsage) ProtoMessage() {}
 
 func (x *RunningUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1937,7 +2090,7 @@ func (x *RunningUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunningUsage.ProtoReflect.Descriptor instead.
 func (*RunningUsage) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{23}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RunningUsage) GetRoom() uint64 {
@@ -1963,7 +2116,7 @@ type ReportRunningRequest struct {
 
 func (x *ReportRunningRequest) Reset() {
 	*x = ReportRunningRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1975,7 +2128,7 @@ func (x *ReportRunningRequest) String() string {
 func (*ReportRunningRequest) ProtoMessage() {}
 
 func (x *ReportRunningRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1988,7 +2141,7 @@ func (x *ReportRunningRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRunningRequest.ProtoReflect.Descriptor instead.
 func (*ReportRunningRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{24}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ReportRunningRequest) GetRooms() []*RunningUsage {
@@ -2008,7 +2161,7 @@ type GrownPages struct {
 
 func (x *GrownPages) Reset() {
 	*x = GrownPages{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2020,7 +2173,7 @@ func (x *GrownPages) String() string {
 func (*GrownPages) ProtoMessage() {}
 
 func (x *GrownPages) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2033,7 +2186,7 @@ func (x *GrownPages) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrownPages.ProtoReflect.Descriptor instead.
 func (*GrownPages) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{25}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *GrownPages) GetRoom() uint64 {
@@ -2062,7 +2215,7 @@ type ReportRunningResponse struct {
 
 func (x *ReportRunningResponse) Reset() {
 	*x = ReportRunningResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2074,7 +2227,7 @@ func (x *ReportRunningResponse) String() string {
 func (*ReportRunningResponse) ProtoMessage() {}
 
 func (x *ReportRunningResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2087,7 +2240,7 @@ func (x *ReportRunningResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRunningResponse.ProtoReflect.Descriptor instead.
 func (*ReportRunningResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{26}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReportRunningResponse) GetGrown() []*GrownPages {
@@ -2121,7 +2274,7 @@ type RetractRoomRequest struct {
 
 func (x *RetractRoomRequest) Reset() {
 	*x = RetractRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2133,7 +2286,7 @@ func (x *RetractRoomRequest) String() string {
 func (*RetractRoomRequest) ProtoMessage() {}
 
 func (x *RetractRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2146,7 +2299,7 @@ func (x *RetractRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetractRoomRequest.ProtoReflect.Descriptor instead.
 func (*RetractRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{27}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *RetractRoomRequest) GetRoom() uint64 {
@@ -2172,7 +2325,7 @@ type RetractRoomResponse struct {
 
 func (x *RetractRoomResponse) Reset() {
 	*x = RetractRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2184,7 +2337,7 @@ func (x *RetractRoomResponse) String() string {
 func (*RetractRoomResponse) ProtoMessage() {}
 
 func (x *RetractRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2197,7 +2350,7 @@ func (x *RetractRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetractRoomResponse.ProtoReflect.Descriptor instead.
 func (*RetractRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{28}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RetractRoomResponse) GetRoom() *Room {
@@ -2215,7 +2368,7 @@ type ContinueGenerationRequest struct {
 
 func (x *ContinueGenerationRequest) Reset() {
 	*x = ContinueGenerationRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2227,7 +2380,7 @@ func (x *ContinueGenerationRequest) String() string {
 func (*ContinueGenerationRequest) ProtoMessage() {}
 
 func (x *ContinueGenerationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2240,7 +2393,7 @@ func (x *ContinueGenerationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContinueGenerationRequest.ProtoReflect.Descriptor instead.
 func (*ContinueGenerationRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{29}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{30}
 }
 
 type ContinueGenerationResponse struct {
@@ -2252,7 +2405,7 @@ type ContinueGenerationResponse struct {
 
 func (x *ContinueGenerationResponse) Reset() {
 	*x = ContinueGenerationResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2264,7 +2417,7 @@ func (x *ContinueGenerationResponse) String() string {
 func (*ContinueGenerationResponse) ProtoMessage() {}
 
 func (x *ContinueGenerationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2277,7 +2430,7 @@ func (x *ContinueGenerationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContinueGenerationResponse.ProtoReflect.Descriptor instead.
 func (*ContinueGenerationResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{30}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ContinueGenerationResponse) GetRooms() []uint64 {
@@ -2320,7 +2473,7 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x05dummy\x18\x02 \x01(\bR\x05dummy\x12$\n" +
 	"\x0esrc_head_start\x18\x03 \x01(\rR\fsrcHeadStart\x12$\n" +
 	"\x0edst_head_start\x18\x04 \x01(\rR\fdstHeadStart\x12\x1b\n" +
-	"\tnum_heads\x18\x05 \x01(\rR\bnumHeads\"\xeb\x03\n" +
+	"\tnum_heads\x18\x05 \x01(\rR\bnumHeads\"\xad\x04\n" +
 	"\vDestination\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12$\n" +
 	"\x0edecode_dp_rank\x18\x02 \x01(\rR\fdecodeDpRank\x12!\n" +
@@ -2335,7 +2488,11 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	" \x03(\v2\x1c.decodeplane.v1.DecodeTargetR\atargets\x12\x14\n" +
 	"\x05dummy\x18\v \x01(\bR\x05dummy\x12\x18\n" +
 	"\astaging\x18\f \x01(\bR\astaging\x12\x18\n" +
-	"\aattempt\x18\r \x01(\rR\aattempt\"g\n" +
+	"\aattempt\x18\r \x01(\rR\aattempt\x12\x1f\n" +
+	"\vtoken_bytes\x18\x0e \x01(\x04R\n" +
+	"tokenBytes\x12\x1f\n" +
+	"\vstate_bytes\x18\x0f \x01(\x04R\n" +
+	"stateBytes\"g\n" +
 	"\bRoomDone\x12*\n" +
 	"\x04poll\x18\x01 \x01(\x0e2\x16.decodeplane.v1.KVPollR\x04poll\x12/\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x19.decodeplane.v1.RoomPhaseR\x05phase\"\xc1\x01\n" +
@@ -2398,7 +2555,7 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\bterminal\x18\x03 \x01(\bR\bterminal\"I\n" +
 	"\x0eGetRoomRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12#\n" +
-	"\rinclude_pages\x18\x02 \x01(\bR\fincludePages\"\x9d\a\n" +
+	"\rinclude_pages\x18\x02 \x01(\bR\fincludePages\"\xf8\a\n" +
 	"\x04Room\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x10\n" +
 	"\x03rid\x18\x02 \x01(\tR\x03rid\x12%\n" +
@@ -2427,8 +2584,21 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\vtransitions\x18\x14 \x03(\v2\x1a.decodeplane.v1.TransitionR\vtransitions\x12!\n" +
 	"\fpage_indices\x18\x15 \x03(\x05R\vpageIndices\x12\x19\n" +
 	"\btrace_id\x18\x16 \x01(\tR\atraceId\x12\x18\n" +
-	"\astaging\x18\x17 \x01(\bR\astagingB\x12\n" +
-	"\x10_prefill_dp_rank\">\n" +
+	"\astaging\x18\x17 \x01(\bR\astaging\x128\n" +
+	"\bcoverage\x18\x18 \x03(\v2\x1c.decodeplane.v1.RankCoverageR\bcoverage\x12\x1f\n" +
+	"\vwaiting_for\x18\x19 \x01(\tR\n" +
+	"waitingForB\x12\n" +
+	"\x10_prefill_dp_rank\"\xf4\x01\n" +
+	"\fRankCoverage\x12\x17\n" +
+	"\acp_rank\x18\x01 \x01(\rR\x06cpRank\x12\x17\n" +
+	"\atp_rank\x18\x02 \x01(\rR\x06tpRank\x12\x17\n" +
+	"\app_rank\x18\x03 \x01(\rR\x06ppRank\x12\x18\n" +
+	"\aclaimed\x18\x04 \x01(\bR\aclaimed\x12!\n" +
+	"\fpages_landed\x18\x05 \x01(\rR\vpagesLanded\x12%\n" +
+	"\x0epages_required\x18\x06 \x01(\rR\rpagesRequired\x12\x1f\n" +
+	"\vlast_landed\x18\a \x01(\bR\n" +
+	"lastLanded\x12\x14\n" +
+	"\x05bytes\x18\b \x01(\x04R\x05bytes\">\n" +
 	"\x10AbortRoomRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"h\n" +
@@ -2504,7 +2674,7 @@ func file_decodeplane_v1_rooms_proto_rawDescGZIP() []byte {
 }
 
 var file_decodeplane_v1_rooms_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(RetractMode)(0),                   // 0: decodeplane.v1.RetractMode
 	(*OpenRoomRequest)(nil),            // 1: decodeplane.v1.OpenRoomRequest
@@ -2524,93 +2694,95 @@ var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(*RoomEvent)(nil),                  // 15: decodeplane.v1.RoomEvent
 	(*GetRoomRequest)(nil),             // 16: decodeplane.v1.GetRoomRequest
 	(*Room)(nil),                       // 17: decodeplane.v1.Room
-	(*AbortRoomRequest)(nil),           // 18: decodeplane.v1.AbortRoomRequest
-	(*AbortRoomResponse)(nil),          // 19: decodeplane.v1.AbortRoomResponse
-	(*ReleaseRoomRequest)(nil),         // 20: decodeplane.v1.ReleaseRoomRequest
-	(*ReleaseRoomResponse)(nil),        // 21: decodeplane.v1.ReleaseRoomResponse
-	(*ListRoomsRequest)(nil),           // 22: decodeplane.v1.ListRoomsRequest
-	(*ListRoomsResponse)(nil),          // 23: decodeplane.v1.ListRoomsResponse
-	(*RunningUsage)(nil),               // 24: decodeplane.v1.RunningUsage
-	(*ReportRunningRequest)(nil),       // 25: decodeplane.v1.ReportRunningRequest
-	(*GrownPages)(nil),                 // 26: decodeplane.v1.GrownPages
-	(*ReportRunningResponse)(nil),      // 27: decodeplane.v1.ReportRunningResponse
-	(*RetractRoomRequest)(nil),         // 28: decodeplane.v1.RetractRoomRequest
-	(*RetractRoomResponse)(nil),        // 29: decodeplane.v1.RetractRoomResponse
-	(*ContinueGenerationRequest)(nil),  // 30: decodeplane.v1.ContinueGenerationRequest
-	(*ContinueGenerationResponse)(nil), // 31: decodeplane.v1.ContinueGenerationResponse
-	(*PrefillRank)(nil),                // 32: decodeplane.v1.PrefillRank
-	(*StateIndices)(nil),               // 33: decodeplane.v1.StateIndices
-	(KVPoll)(0),                        // 34: decodeplane.v1.KVPoll
-	(RoomPhase)(0),                     // 35: decodeplane.v1.RoomPhase
-	(*Failure)(nil),                    // 36: decodeplane.v1.Failure
-	(*durationpb.Duration)(nil),        // 37: google.protobuf.Duration
-	(*Transition)(nil),                 // 38: decodeplane.v1.Transition
-	(DPRankRule)(0),                    // 39: decodeplane.v1.DPRankRule
-	(*timestamppb.Timestamp)(nil),      // 40: google.protobuf.Timestamp
+	(*RankCoverage)(nil),               // 18: decodeplane.v1.RankCoverage
+	(*AbortRoomRequest)(nil),           // 19: decodeplane.v1.AbortRoomRequest
+	(*AbortRoomResponse)(nil),          // 20: decodeplane.v1.AbortRoomResponse
+	(*ReleaseRoomRequest)(nil),         // 21: decodeplane.v1.ReleaseRoomRequest
+	(*ReleaseRoomResponse)(nil),        // 22: decodeplane.v1.ReleaseRoomResponse
+	(*ListRoomsRequest)(nil),           // 23: decodeplane.v1.ListRoomsRequest
+	(*ListRoomsResponse)(nil),          // 24: decodeplane.v1.ListRoomsResponse
+	(*RunningUsage)(nil),               // 25: decodeplane.v1.RunningUsage
+	(*ReportRunningRequest)(nil),       // 26: decodeplane.v1.ReportRunningRequest
+	(*GrownPages)(nil),                 // 27: decodeplane.v1.GrownPages
+	(*ReportRunningResponse)(nil),      // 28: decodeplane.v1.ReportRunningResponse
+	(*RetractRoomRequest)(nil),         // 29: decodeplane.v1.RetractRoomRequest
+	(*RetractRoomResponse)(nil),        // 30: decodeplane.v1.RetractRoomResponse
+	(*ContinueGenerationRequest)(nil),  // 31: decodeplane.v1.ContinueGenerationRequest
+	(*ContinueGenerationResponse)(nil), // 32: decodeplane.v1.ContinueGenerationResponse
+	(*PrefillRank)(nil),                // 33: decodeplane.v1.PrefillRank
+	(*StateIndices)(nil),               // 34: decodeplane.v1.StateIndices
+	(KVPoll)(0),                        // 35: decodeplane.v1.KVPoll
+	(RoomPhase)(0),                     // 36: decodeplane.v1.RoomPhase
+	(*Failure)(nil),                    // 37: decodeplane.v1.Failure
+	(*durationpb.Duration)(nil),        // 38: google.protobuf.Duration
+	(*Transition)(nil),                 // 39: decodeplane.v1.Transition
+	(DPRankRule)(0),                    // 40: decodeplane.v1.DPRankRule
+	(*timestamppb.Timestamp)(nil),      // 41: google.protobuf.Timestamp
 }
 var file_decodeplane_v1_rooms_proto_depIdxs = []int32{
 	17, // 0: decodeplane.v1.OpenRoomResponse.room:type_name -> decodeplane.v1.Room
-	32, // 1: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	33, // 2: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
+	33, // 1: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	34, // 2: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
 	4,  // 3: decodeplane.v1.Destination.targets:type_name -> decodeplane.v1.DecodeTarget
-	34, // 4: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
-	35, // 5: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
+	35, // 4: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
+	36, // 5: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
 	5,  // 6: decodeplane.v1.DestinationEvent.destination:type_name -> decodeplane.v1.Destination
-	36, // 7: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
+	37, // 7: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
 	6,  // 8: decodeplane.v1.DestinationEvent.done:type_name -> decodeplane.v1.RoomDone
-	32, // 9: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	33, // 9: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
 	8,  // 10: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
 	9,  // 11: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
-	37, // 12: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
-	34, // 13: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	32, // 14: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	34, // 15: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	38, // 12: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
+	35, // 13: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	33, // 14: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	35, // 15: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
 	17, // 16: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
-	38, // 17: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
-	39, // 18: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
-	34, // 19: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
-	35, // 20: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
-	36, // 21: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
-	40, // 22: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
-	40, // 23: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
-	38, // 24: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
-	17, // 25: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
-	35, // 26: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
-	17, // 27: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
-	24, // 28: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
-	26, // 29: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
-	37, // 30: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
-	0,  // 31: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
-	17, // 32: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
-	1,  // 33: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
-	3,  // 34: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
-	10, // 35: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
-	12, // 36: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
-	14, // 37: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
-	16, // 38: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
-	18, // 39: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
-	20, // 40: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
-	22, // 41: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
-	25, // 42: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
-	28, // 43: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
-	30, // 44: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
-	2,  // 45: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
-	7,  // 46: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
-	11, // 47: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
-	13, // 48: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
-	15, // 49: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
-	17, // 50: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
-	19, // 51: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
-	21, // 52: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
-	23, // 53: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
-	27, // 54: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
-	29, // 55: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
-	31, // 56: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
-	45, // [45:57] is the sub-list for method output_type
-	33, // [33:45] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	39, // 17: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
+	40, // 18: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
+	35, // 19: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
+	36, // 20: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
+	37, // 21: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
+	41, // 22: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
+	41, // 23: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
+	39, // 24: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
+	18, // 25: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
+	17, // 26: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
+	36, // 27: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
+	17, // 28: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
+	25, // 29: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
+	27, // 30: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
+	38, // 31: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
+	0,  // 32: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
+	17, // 33: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
+	1,  // 34: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
+	3,  // 35: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
+	10, // 36: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
+	12, // 37: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
+	14, // 38: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
+	16, // 39: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
+	19, // 40: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
+	21, // 41: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
+	23, // 42: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
+	26, // 43: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
+	29, // 44: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
+	31, // 45: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
+	2,  // 46: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
+	7,  // 47: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
+	11, // 48: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
+	13, // 49: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
+	15, // 50: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
+	17, // 51: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
+	20, // 52: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
+	22, // 53: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
+	24, // 54: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
+	28, // 55: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
+	30, // 56: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
+	32, // 57: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
+	46, // [46:58] is the sub-list for method output_type
+	34, // [34:46] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_rooms_proto_init() }
@@ -2632,7 +2804,7 @@ func file_decodeplane_v1_rooms_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_rooms_proto_rawDesc), len(file_decodeplane_v1_rooms_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   31,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

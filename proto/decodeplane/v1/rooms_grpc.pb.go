@@ -74,6 +74,33 @@ type RoomsClient interface {
 	// named: e.g. the chunk's page range outside the destination); UNAVAILABLE
 	// (transfer agent unreachable); UNAUTHENTICATED.
 	// Safe to retry: (room, rank, chunk_index) is the idempotency key.
+	//
+	// The chunk contract (Transfer, ReportTransfer and Staging.ChunkReady):
+	//   - Success is a proof, not a count: a room succeeds only when every page
+	//     of the destination has landed from every required prefill rank (dummy
+	//     MLA targets excepted), every staged region is scattered, and the
+	//     metadata slot holds the room's marker. Each rank's coverage is shown
+	//     in Room.coverage.
+	//   - chunk_index is the chunk's idempotency key within (room, rank,
+	//     attempt). Indices may come in any order and need not be dense. A retry
+	//     must carry the same page_offset, num_pages and last; anything else is
+	//     INVALID_ARGUMENT (chunk_index) and changes nothing.
+	//   - A chunk names pages [page_offset, page_offset + num_pages) of the
+	//     destination's page_indices. A range outside the destination, or one
+	//     that overlaps pages this rank already sent (landed or in flight), is
+	//     INVALID_ARGUMENT (page_offset) and changes nothing.
+	//   - last is checked against coverage: the last chunk must complete the
+	//     rank's coverage (with the chunks already landed or in flight), else
+	//     INVALID_ARGUMENT (last) naming the missing pages. Only one chunk per
+	//     rank may be last; no chunk may follow it. num_pages may be 0 only on
+	//     the last chunk.
+	//   - Every rank's last chunk carries the metadata: Transfer's aux with
+	//     room_marker, ReportTransfer's metadata_room_marker, ChunkReady's aux.
+	//     A marker other than the room fails the room (METADATA_CORRUPTION,
+	//     SGLang's "Metadata corruption detected" message).
+	//   - ReportTransfer's bytes must equal the chunk's weight by the layout
+	//     (Destination.token_bytes and state_bytes); a mismatch is
+	//     INVALID_ARGUMENT (bytes) and changes nothing.
 	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// ReportTransfer records a chunk the prefill moved itself (as Mooncake
 	// prefills do), success or failure with a reason. Same state machine as
@@ -302,6 +329,33 @@ type RoomsServer interface {
 	// named: e.g. the chunk's page range outside the destination); UNAVAILABLE
 	// (transfer agent unreachable); UNAUTHENTICATED.
 	// Safe to retry: (room, rank, chunk_index) is the idempotency key.
+	//
+	// The chunk contract (Transfer, ReportTransfer and Staging.ChunkReady):
+	//   - Success is a proof, not a count: a room succeeds only when every page
+	//     of the destination has landed from every required prefill rank (dummy
+	//     MLA targets excepted), every staged region is scattered, and the
+	//     metadata slot holds the room's marker. Each rank's coverage is shown
+	//     in Room.coverage.
+	//   - chunk_index is the chunk's idempotency key within (room, rank,
+	//     attempt). Indices may come in any order and need not be dense. A retry
+	//     must carry the same page_offset, num_pages and last; anything else is
+	//     INVALID_ARGUMENT (chunk_index) and changes nothing.
+	//   - A chunk names pages [page_offset, page_offset + num_pages) of the
+	//     destination's page_indices. A range outside the destination, or one
+	//     that overlaps pages this rank already sent (landed or in flight), is
+	//     INVALID_ARGUMENT (page_offset) and changes nothing.
+	//   - last is checked against coverage: the last chunk must complete the
+	//     rank's coverage (with the chunks already landed or in flight), else
+	//     INVALID_ARGUMENT (last) naming the missing pages. Only one chunk per
+	//     rank may be last; no chunk may follow it. num_pages may be 0 only on
+	//     the last chunk.
+	//   - Every rank's last chunk carries the metadata: Transfer's aux with
+	//     room_marker, ReportTransfer's metadata_room_marker, ChunkReady's aux.
+	//     A marker other than the room fails the room (METADATA_CORRUPTION,
+	//     SGLang's "Metadata corruption detected" message).
+	//   - ReportTransfer's bytes must equal the chunk's weight by the layout
+	//     (Destination.token_bytes and state_bytes); a mismatch is
+	//     INVALID_ARGUMENT (bytes) and changes nothing.
 	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
 	// ReportTransfer records a chunk the prefill moved itself (as Mooncake
 	// prefills do), success or failure with a reason. Same state machine as
