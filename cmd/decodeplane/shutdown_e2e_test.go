@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -426,5 +427,55 @@ func TestE2EShutdownCleanStop(t *testing.T) {
 	out := p.stderr.String()
 	if !strings.Contains(out, "decodeplane stopped") || strings.Contains(out, "cut short") {
 		t.Errorf("output of a clean stop:\n%s", out)
+	}
+}
+
+// TestE2EShutdownDeadlineExits3: an RPC the daemon cannot end by itself (a
+// client keeps a reflection stream open) holds GracefulStop until
+// shutdown_timeout; Stop cancels it and the exit status says the stop was
+// cut short although no room was failed.
+func TestE2EShutdownDeadlineExits3(t *testing.T) {
+	t.Parallel()
+	const shutdownTimeout = time.Second
+	d, p := shutdownStartDaemon(t, fmt.Sprintf("server:\n  shutdown_timeout: %s\n", shutdownTimeout))
+	ctx := roomsCtx(t)
+	rs, err := reflectionpb.NewServerReflectionClient(rawConn(t, d.addr)).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rs.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	open := record("reflection stream", rs.Recv)
+
+	signalled := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	code := p.wait(t, shutdownTimeout+20*time.Second)
+	took := time.Since(signalled)
+	if code != exitCutShort {
+		t.Errorf("exit code %d after GracefulStop hit the deadline, want %d", code, exitCutShort)
+	}
+	if took < shutdownTimeout {
+		t.Errorf("the daemon exited %s after SIGTERM, before shutdown_timeout %s", took, shutdownTimeout)
+	}
+	t.Logf("exit %d, %s after SIGTERM (shutdown_timeout %s)", code, took, shutdownTimeout)
+	select {
+	case <-open.done:
+		if open.err == io.EOF || open.err == nil {
+			t.Errorf("the reflection stream ended OK, want it cancelled by Stop")
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("the reflection stream did not end")
+	}
+	out := p.stderr.String()
+	for _, w := range []string{"graceful stop did not finish before the deadline", "exit_code=3", "GracefulStop did not finish before server.shutdown_timeout", "failed=0 pending_claims_failed=0"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("output does not contain %q:\n%s", w, out)
+		}
 	}
 }
