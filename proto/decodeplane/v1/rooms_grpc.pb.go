@@ -61,8 +61,8 @@ type RoomsClient interface {
 	// BOOTSTRAP_TIMEOUT failure event if the room is not opened within
 	// timeouts.bootstrap. On shutdown the stream gets the SHUTDOWN failure
 	// event (see FAILURE_CODE_SHUTDOWN) before the server stops, then ends OK;
-	// only a client that stops reading can see UNAVAILABLE, when
-	// server.shutdown_timeout cuts it.
+	// only a stream still open when server.shutdown_timeout runs out (a client
+	// that stopped reading) is cut with UNAVAILABLE.
 	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
 	// address or DP rank); RESOURCE_EXHAUSTED (too many claims wait for rooms
@@ -295,8 +295,8 @@ type RoomsServer interface {
 	// BOOTSTRAP_TIMEOUT failure event if the room is not opened within
 	// timeouts.bootstrap. On shutdown the stream gets the SHUTDOWN failure
 	// event (see FAILURE_CODE_SHUTDOWN) before the server stops, then ends OK;
-	// only a client that stops reading can see UNAVAILABLE, when
-	// server.shutdown_timeout cuts it.
+	// only a stream still open when server.shutdown_timeout runs out (a client
+	// that stopped reading) is cut with UNAVAILABLE.
 	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
 	// address or DP rank); RESOURCE_EXHAUSTED (too many claims wait for rooms
