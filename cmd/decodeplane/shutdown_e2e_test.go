@@ -292,10 +292,11 @@ func TestE2EShutdownTellsEveryStream(t *testing.T) {
 		if !c.ended(t, 10*time.Second) {
 			continue
 		}
-		var last *pb.DestinationEvent
-		if len(c.events) > 0 {
-			last = c.events[len(c.events)-1]
+		if len(c.events) == 0 {
+			t.Errorf("%s: no event, want the SHUTDOWN failure", c.name)
+			continue
 		}
+		last := c.events[len(c.events)-1]
 		f := last.GetFailure()
 		if f.GetCode() != pb.FailureCode_FAILURE_CODE_SHUTDOWN || !strings.Contains(f.GetMessage(), shutdownAbortWording) {
 			t.Errorf("%s: last event %v (of %d), want a SHUTDOWN failure saying %q", c.name, last, len(c.events), shutdownAbortWording)
