@@ -65,4 +65,19 @@
 // after the manager's). Run runs the periodic checks (heartbeat liveness,
 // binding expiry, retention); Shutdown ends every room and leaves every
 // ledger full.
+//
+// # Shutdown
+//
+// Shutdown drains (no new rooms, no admission), fails at once the rooms not
+// admitted yet and the claims on rooms never opened, gives the admitted
+// rooms until its context is done to finish, then fails the rest with
+// FailureShutdown ("… Request {rid} aborted: decode server shutting down")
+// and releases the Succeeded ones (a success is never turned into a
+// failure). Each end is queued on every claim stream and watcher before
+// Shutdown returns; the caller (cmd/decodeplane) keeps part of its deadline
+// so that the gRPC handlers send them before the server stops, and reads
+// ShutdownSummary for the exit status. Releases wait for the engine's
+// in-flight transfers as always; a quarantine for writes that may continue
+// (WritesMayContinueError) is not waited out, since the ledgers go away with
+// the process.
 package kvmanager

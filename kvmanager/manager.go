@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -82,6 +83,8 @@ type Manager struct {
 	closed       bool
 	progress     chan struct{} // closed (and replaced) when a room stops handing off
 	stg          stagingState  // the staging handler (staging.go)
+
+	shut ShutdownSummary // what Shutdown ended
 }
 
 // maxPendingClaims bounds claims waiting for rooms that are not open yet.
@@ -243,11 +246,26 @@ func (m *Manager) InFlight() int {
 	return n
 }
 
-// Shutdown drains, fails the rooms not admitted yet, waits until ctx is done
-// for the admitted rooms whose KV may be moving (Succeeded rooms do not hold
-// it up), then fails every room still handing off with FailureShutdown and
-// releases every room's resources, so that every ledger is back to full.
-// Claim and watch streams end.
+// Shutdown ends every room, in this order:
+//  1. drain: no new rooms, no admission;
+//  2. the rooms not admitted yet (waiting for their prefill, resolving their
+//     DP rank, queued) fail at once with FailureShutdown, and so do the
+//     claims waiting for rooms never opened (the drain refuses OpenRoom, so
+//     nothing could serve them): they hold nothing a prefill writes into;
+//  3. the admitted rooms whose KV may be moving get until ctx is done to
+//     finish (Succeeded rooms do not hold this up);
+//  4. every room still handing off fails with FailureShutdown, and every
+//     Succeeded room (its hand-off is complete) is released.
+//
+// Each failure is the room's terminal event on every claim stream (a
+// Failure event, then the channel closes) and on every watcher (the
+// terminal RoomEvent, then the channel closes), queued before Shutdown
+// returns, so that the caller can let the stream handlers send them before
+// it stops serving. Resources go back exactly once and never while a
+// transfer the engine runs is in flight; afterwards every ledger is full.
+// The message is decodeplane's account followed by SGLang-style wording:
+// "... : Request {rid} aborted: decode server shutting down". ShutdownSummary
+// reports what Shutdown had to end.
 func (m *Manager) Shutdown(ctx context.Context) {
 	m.Drain()
 	// Rooms not admitted yet hold nothing prefill writes into: fail them now
@@ -265,8 +283,10 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	}
 	slices.SortFunc(early, func(a, b *room) int { return compareU64(a.id, b.id) })
 	for _, r := range early {
-		m.failLocked(r, Failure{Code: FailureShutdown, Message: fmt.Sprintf("decodeplane shut down before room %d was admitted (phase %s)", r.id, r.phase)})
+		m.failLocked(r, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d was admitted (phase %s)", r.id, r.phase), r.requestName())})
+		m.shut.Failed++
 	}
+	m.failPendingClaimsLocked()
 	m.mu.Unlock()
 	for {
 		m.mu.Lock()
@@ -305,17 +325,13 @@ func (m *Manager) Shutdown(ctx context.Context) {
 		r := m.rooms[id]
 		if r.phase.Poll() == PollSuccess {
 			m.releaseRoomLocked(r, "released at shutdown")
+			m.shut.Released++
 			continue
 		}
-		m.failLocked(r, Failure{Code: FailureShutdown, Message: fmt.Sprintf("decodeplane shut down before room %d finished (phase %s)", r.id, r.phase)})
+		m.failLocked(r, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d finished (phase %s)", r.id, r.phase), r.requestName())})
+		m.shut.Failed++
 	}
-	for room, cs := range m.pending {
-		for _, c := range cs {
-			c.finish(DestinationEvent{Failure: &Failure{Code: FailureShutdown, Message: "decodeplane shut down"}})
-		}
-		delete(m.pending, room)
-	}
-	m.pendingCount = 0
+	m.failPendingClaimsLocked() // none can be left: AwaitDestination refuses them while draining
 	for i, t := range m.shardTimers {
 		if t != nil {
 			t.Stop()
@@ -328,6 +344,65 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	for _, r := range m.rooms {
 		m.releaseIfIdleLocked(r) // rooms quarantined before the shutdown
 	}
+}
+
+// shutdownMessage is a room's FailureShutdown message: what decodeplane saw,
+// then SGLang-style abort wording naming the request.
+func shutdownMessage(what, request string) string {
+	return what + ": Request " + request + " aborted: decode server shutting down"
+}
+
+// requestName is how failure messages name the request: its rid, else the
+// bootstrap room.
+func (r *room) requestName() string {
+	if r.rid != "" {
+		return r.rid
+	}
+	return strconv.FormatUint(r.id, 10)
+}
+
+// failPendingClaimsLocked ends every claim waiting for a room never opened
+// with FailureShutdown.
+func (m *Manager) failPendingClaimsLocked() {
+	rooms := make([]uint64, 0, len(m.pending))
+	for room := range m.pending {
+		rooms = append(rooms, room)
+	}
+	slices.Sort(rooms)
+	for _, room := range rooms {
+		for _, c := range m.pending[room] {
+			c.stopExpiry()
+			c.finish(DestinationEvent{Failure: &Failure{Code: FailureShutdown, Message: shutdownMessage(
+				fmt.Sprintf("decodeplane shut down before room %d was opened", room), strconv.FormatUint(room, 10))}})
+			m.shut.PendingClaims++
+		}
+		delete(m.pending, room)
+	}
+	m.pendingCount = 0
+}
+
+// ShutdownSummary is what Shutdown had to end.
+type ShutdownSummary struct {
+	// Failed counts the rooms Shutdown failed with FailureShutdown (their
+	// hand-off had not finished).
+	Failed int
+	// PendingClaims counts the claim streams for rooms never opened that
+	// Shutdown ended with FailureShutdown.
+	PendingClaims int
+	// Released counts the Succeeded rooms Shutdown released (their hand-off
+	// was complete: not a failure).
+	Released int
+}
+
+// CutShort reports whether Shutdown ended work before it finished: a room
+// or a claim failed with FailureShutdown.
+func (s ShutdownSummary) CutShort() bool { return s.Failed > 0 || s.PendingClaims > 0 }
+
+// ShutdownSummary reports what Shutdown ended (zero before Shutdown).
+func (m *Manager) ShutdownSummary() ShutdownSummary {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.shut
 }
 
 // ShardStats returns every shard's ledger stats.

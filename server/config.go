@@ -21,8 +21,10 @@ type Config struct {
 	MetricsListen string `yaml:"metrics_listen"`
 	// Reflection registers gRPC server reflection (on by default).
 	Reflection bool `yaml:"reflection"`
-	// ShutdownTimeout bounds the graceful stop on SIGINT/SIGTERM; after it
-	// in-flight RPCs are cancelled.
+	// ShutdownTimeout bounds the graceful stop on SIGINT/SIGTERM: the rooms
+	// get it less a flush reserve (a fifth, at most 2 s) to finish, the rest
+	// fail with FAILURE_CODE_SHUTDOWN on every stream; after it in-flight
+	// RPCs are cancelled.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
 	// AuthToken, when set, is required as "authorization: Bearer <token>" on
 	// every mutating RPC (SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN).

@@ -138,7 +138,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.grpc = grpc.NewServer(opts...)
 
 	s.health = health.NewServer()
-	healthpb.RegisterHealthServer(s.grpc, s.health)
+	healthpb.RegisterHealthServer(s.grpc, &healthService{Server: s.health, stop: s.stopCtx})
 	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
 	if m := deps.Manager; m != nil {
 		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m})
@@ -232,10 +232,15 @@ func (s *Server) Drain() {
 
 // Shutdown stops the gRPC layer, in this order:
 //  1. drain: health NOT_SERVING, the domain stops admitting (OnDrain hooks);
-//  2. beforeStop runs (cmd uses it to end the rooms in flight, which also
-//     ends their streams) with what is left of ctx;
-//  3. GracefulStop, raced against ctx's deadline, then Stop;
-//  4. health.Shutdown.
+//  2. beforeStop runs with ctx (cmd ends the rooms there: each room's
+//     terminal event is queued on its claim and watch streams, and cmd keeps
+//     part of ctx for step 3);
+//  3. the streams with no natural end (WatchWatermark, health Watch) end
+//     with the server, and GracefulStop waits for every handler to return:
+//     the claim and watch handlers send the rooms' last events and end OK;
+//  4. if ctx's deadline comes first, Stop cancels what is left (those
+//     clients see UNAVAILABLE) and Shutdown returns ctx's error;
+//  5. health.Shutdown.
 //
 // Closing the domain and flushing traces happen in cmd after Shutdown.
 func (s *Server) Shutdown(ctx context.Context, beforeStop func(context.Context)) error {
@@ -261,6 +266,35 @@ func (s *Server) Shutdown(ctx context.Context, beforeStop func(context.Context))
 	s.health.Shutdown()
 	return err
 }
+
+// healthService is the standard health service whose Watch streams end
+// (OK, after NOT_SERVING) when Shutdown stops serving: a client's health
+// watch has no natural end and would otherwise hold GracefulStop until the
+// shutdown deadline.
+type healthService struct {
+	*health.Server
+	stop context.Context
+}
+
+func (h *healthService) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	defer context.AfterFunc(h.stop, cancel)()
+	err := h.Server.Watch(req, &healthWatchStream{Health_WatchServer: stream, ctx: ctx})
+	if h.stop.Err() != nil && stream.Context().Err() == nil {
+		return nil // the server stops, not the client: the stream ends OK
+	}
+	return err
+}
+
+// healthWatchStream is a health Watch stream whose context also ends with
+// the server.
+type healthWatchStream struct {
+	healthpb.Health_WatchServer
+	ctx context.Context
+}
+
+func (s *healthWatchStream) Context() context.Context { return s.ctx }
 
 // telemetryDefaults fills in what the caller left nil: the default logger, a
 // no-op tracer provider, W3C trace context and baggage.

@@ -621,3 +621,41 @@ func TestListenAddr(t *testing.T) {
 		}
 	}
 }
+
+// TestShutdownEndsHealthWatch: a client's health Watch (client-side health
+// checking keeps one open) does not hold the graceful stop until its
+// deadline: it sees NOT_SERVING, then ends OK when the server stops.
+func TestShutdownEndsHealthWatch(t *testing.T) {
+	ts := start(t, nil)
+	ts.s.SetReady(true, "serving")
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	watch, err := healthpb.NewHealthClient(ts.conn).Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := watch.Recv(); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("first health status %v, %v; want SERVING", resp, err)
+	}
+	start := time.Now()
+	if err := ts.s.Shutdown(ctx, nil); err != nil {
+		t.Errorf("Shutdown = %v, want nil (the health watch must not hold the graceful stop)", err)
+	}
+	if el := time.Since(start); el >= testTimeout {
+		t.Errorf("Shutdown took %s", el)
+	}
+	var got []healthpb.HealthCheckResponse_ServingStatus
+	for {
+		resp, err := watch.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("health watch ended with %v (statuses %v), want OK after NOT_SERVING", err, got)
+		}
+		got = append(got, resp.GetStatus())
+	}
+	if !slices.Equal(got, []healthpb.HealthCheckResponse_ServingStatus{healthpb.HealthCheckResponse_NOT_SERVING}) {
+		t.Errorf("health statuses after SERVING = %v, want [NOT_SERVING]", got)
+	}
+}

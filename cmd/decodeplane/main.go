@@ -6,7 +6,10 @@
 //	decodeplane bench    [flags]                                    benchmark the control path
 //	decodeplane version
 //
-// Exit codes: 0 success, 1 runtime failure, 2 invalid configuration or usage.
+// Exit codes: 0 success, 1 runtime failure, 2 invalid configuration or usage,
+// 3 serve stopped on SIGINT/SIGTERM but the graceful stop was cut short
+// (rooms failed with FAILURE_CODE_SHUTDOWN, or server.shutdown_timeout ended
+// GracefulStop).
 package main
 
 import (
@@ -27,6 +30,9 @@ const (
 	exitOK      = 0
 	exitFailure = 1
 	exitUsage   = 2
+	// exitCutShort: serve stopped on a signal but had to fail rooms or
+	// claims with FAILURE_CODE_SHUTDOWN, or GracefulStop hit its deadline.
+	exitCutShort = 3
 )
 
 func main() {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -58,11 +59,47 @@ func cmdServe(args, environ []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	if err := d.run(ctx); err != nil {
+		var cut *cutShortError
+		if errors.As(err, &cut) {
+			log.Warn("decodeplane stopped; the graceful stop was cut short", "exit_code", exitCutShort, "reason", cut.Error())
+			return exitCutShort
+		}
 		log.Error("daemon failed", "err", err)
 		return exitFailure
 	}
 	log.Info("decodeplane stopped")
 	return exitOK
+}
+
+// cutShortError: the daemon stopped on a signal, but the graceful stop did
+// not finish its work (exit 3): rooms or claims were ended with
+// FAILURE_CODE_SHUTDOWN, or GracefulStop hit server.shutdown_timeout.
+type cutShortError struct {
+	rooms    kvmanager.ShutdownSummary
+	deadline error // GracefulStop's deadline error, nil if it finished
+}
+
+func (e *cutShortError) Error() string {
+	var parts []string
+	if e.rooms.Failed > 0 {
+		parts = append(parts, fmt.Sprintf("%d rooms failed with FAILURE_CODE_SHUTDOWN", e.rooms.Failed))
+	}
+	if e.rooms.PendingClaims > 0 {
+		parts = append(parts, fmt.Sprintf("%d claims on rooms never opened ended with FAILURE_CODE_SHUTDOWN", e.rooms.PendingClaims))
+	}
+	if e.deadline != nil {
+		parts = append(parts, "GracefulStop did not finish before server.shutdown_timeout: the RPCs still open were cancelled ("+e.deadline.Error()+")")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// flushReserve is the part of server.shutdown_timeout kept for the end of
+// the shutdown: the rooms get the rest to finish; then the ones left fail,
+// the stream handlers send each room's terminal event and GracefulStop
+// waits for them. A fifth of the timeout, at most 2 s (a loopback flush
+// takes milliseconds; a client that does not read is cut at the deadline).
+func flushReserve(timeout time.Duration) time.Duration {
+	return min(timeout/5, 2*time.Second)
 }
 
 // usageError is a startup problem the operator fixes in the configuration
@@ -84,6 +121,8 @@ type daemon struct {
 	loops    []func(context.Context) error // background loops, run under the errgroup
 	extra    []func(context.Context) error // other servers (metrics), stopped with ctx
 	beforeGo func(context.Context)         // ends rooms in flight during shutdown
+	// ended reports what beforeGo had to end (the exit status depends on it).
+	ended func() kvmanager.ShutdownSummary
 	// engineReady: readiness follows the transfer engine (the delegated
 	// path flips it with the agent's reachability) instead of being set at
 	// start.
@@ -177,6 +216,7 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 	d.srv = srv
 	d.loops = append(d.loops, mgr.Run)
 	d.beforeGo = mgr.Shutdown
+	d.ended = mgr.ShutdownSummary
 	d.tracing = tr.exporting
 
 	network, address, err := server.ListenAddr(cfg.Server.Listen, true)
@@ -259,9 +299,19 @@ func (d *daemon) run(ctx context.Context) error {
 	if ctx.Err() != nil {
 		log.Info("shutting down", "reason", context.Cause(ctx), "deadline", d.cfg.Server.ShutdownTimeout)
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), d.cfg.Server.ShutdownTimeout)
+	// Order: drain (no new rooms) → the rooms get shutdown_timeout less
+	// flushReserve to finish → the rest fail with FAILURE_CODE_SHUTDOWN,
+	// their terminal events queued on every claim and watch stream →
+	// GracefulStop lets the handlers send them and end OK, bounded by the
+	// deadline → Stop.
+	timeout := d.cfg.Server.ShutdownTimeout
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	shutdownErr := d.srv.Shutdown(sctx, d.beforeGo)
+	shutdownErr := d.srv.Shutdown(sctx, func(ctx context.Context) {
+		rctx, cancel := context.WithTimeout(ctx, timeout-flushReserve(timeout))
+		defer cancel()
+		d.beforeGo(rctx)
+	})
 	cancelLoops()
 	runErr := g.Wait()
 	for i := len(d.closers) - 1; i >= 0; i-- {
@@ -269,11 +319,19 @@ func (d *daemon) run(ctx context.Context) error {
 			log.Warn("shutdown step failed", "err", err)
 		}
 	}
+	var ended kvmanager.ShutdownSummary
+	if d.ended != nil {
+		ended = d.ended()
+	}
+	log.Info("rooms ended by the shutdown", "failed", ended.Failed, "pending_claims_failed", ended.PendingClaims, "succeeded_released", ended.Released)
 	if shutdownErr != nil {
 		log.Warn("graceful stop cut short by the deadline", "err", shutdownErr)
 	}
 	if runErr != nil && ctx.Err() == nil {
 		return runErr
+	}
+	if ended.CutShort() || shutdownErr != nil {
+		return &cutShortError{rooms: ended, deadline: shutdownErr}
 	}
 	return nil
 }

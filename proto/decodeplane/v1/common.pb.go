@@ -208,7 +208,19 @@ const (
 	FailureCode_FAILURE_CODE_METADATA_CORRUPTION FailureCode = 10
 	// A staging chunk never completed.
 	FailureCode_FAILURE_CODE_STAGING_FAILED FailureCode = 11
-	// The daemon shut down before the room finished.
+	// The daemon shut down (SIGINT/SIGTERM) before the room finished. Rooms
+	// not admitted yet (waiting for their prefill, resolving their DP rank,
+	// queued) and claims on rooms never opened get it as soon as the shutdown
+	// starts; admitted rooms get server.shutdown_timeout less a flush reserve
+	// (a fifth of it, at most 2 s) to finish, then get it. It is delivered on
+	// every open stream before the server stops (a DestinationEvent failure on
+	// each AwaitDestination, the terminal RoomEvent on each WatchRoom), and
+	// the stream then ends with OK. The message is decodeplane's account then
+	// SGLang-style wording ending "Request {rid} aborted: decode server
+	// shutting down" (the room number when rid is empty), e.g. "decodeplane
+	// shut down before room 7 finished (phase claimed): Request r-7 aborted:
+	// decode server shutting down".
+	// A succeeded room is not failed: it is released (RELEASED).
 	FailureCode_FAILURE_CODE_SHUTDOWN FailureCode = 12
 )
 

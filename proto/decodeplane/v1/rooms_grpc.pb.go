@@ -59,7 +59,10 @@ type RoomsClient interface {
 	// A claim may come before the decode side opens the room (prefill is often
 	// first): the stream then waits for OpenRoom, and ends with a
 	// BOOTSTRAP_TIMEOUT failure event if the room is not opened within
-	// timeouts.bootstrap.
+	// timeouts.bootstrap. On shutdown the stream gets the SHUTDOWN failure
+	// event (see FAILURE_CODE_SHUTDOWN) before the server stops, then ends OK;
+	// only a stream still open when server.shutdown_timeout runs out (a client
+	// that stopped reading) is cut with UNAVAILABLE.
 	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
 	// address or DP rank); RESOURCE_EXHAUSTED (too many claims wait for rooms
@@ -107,7 +110,10 @@ type RoomsClient interface {
 	// Transfer. Codes: as Transfer. Safe to retry (same key).
 	ReportTransfer(ctx context.Context, in *ReportTransferRequest, opts ...grpc.CallOption) (*ReportTransferResponse, error)
 	// WatchRoom streams the room's transitions: first its current state (and
-	// history when asked), then every transition until it is terminal.
+	// history when asked), then every transition until it is terminal; the
+	// terminal event is the last (terminal = true) and the stream ends OK. On
+	// shutdown every room's terminal event comes before the server stops:
+	// FAILED with FAILURE_CODE_SHUTDOWN, or RELEASED for a succeeded room.
 	// Codes: OK; NOT_FOUND. Safe to retry.
 	WatchRoom(ctx context.Context, in *WatchRoomRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RoomEvent], error)
 	// GetRoom returns a room's state and timeline. Codes: OK; NOT_FOUND.
@@ -314,7 +320,10 @@ type RoomsServer interface {
 	// A claim may come before the decode side opens the room (prefill is often
 	// first): the stream then waits for OpenRoom, and ends with a
 	// BOOTSTRAP_TIMEOUT failure event if the room is not opened within
-	// timeouts.bootstrap.
+	// timeouts.bootstrap. On shutdown the stream gets the SHUTDOWN failure
+	// event (see FAILURE_CODE_SHUTDOWN) before the server stops, then ends OK;
+	// only a stream still open when server.shutdown_timeout runs out (a client
+	// that stopped reading) is cut with UNAVAILABLE.
 	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
 	// address or DP rank); RESOURCE_EXHAUSTED (too many claims wait for rooms
@@ -362,7 +371,10 @@ type RoomsServer interface {
 	// Transfer. Codes: as Transfer. Safe to retry (same key).
 	ReportTransfer(context.Context, *ReportTransferRequest) (*ReportTransferResponse, error)
 	// WatchRoom streams the room's transitions: first its current state (and
-	// history when asked), then every transition until it is terminal.
+	// history when asked), then every transition until it is terminal; the
+	// terminal event is the last (terminal = true) and the stream ends OK. On
+	// shutdown every room's terminal event comes before the server stops:
+	// FAILED with FAILURE_CODE_SHUTDOWN, or RELEASED for a succeeded room.
 	// Codes: OK; NOT_FOUND. Safe to retry.
 	WatchRoom(*WatchRoomRequest, grpc.ServerStreamingServer[RoomEvent]) error
 	// GetRoom returns a room's state and timeline. Codes: OK; NOT_FOUND.
