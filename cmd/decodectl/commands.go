@@ -76,12 +76,17 @@ func init() {
 			run: cmdRooms,
 		},
 		{
-			name: "room", synopsis: "ID [--pages]", daemon: true,
+			name: "room", synopsis: "ID | --latest | --latest-failed [--pages]", daemon: true,
 			summary: "a room's details and its timeline of transitions",
-			help: `  --pages         also print the room's KV page indices (runs of consecutive pages as a-b)
+			help: `  ID              the bootstrap room (decodectl rooms lists them, newest first)
+  --latest        instead of an ID: the room opened last (of those the daemon still holds)
+  --latest-failed instead of an ID: the failed room opened last
+  --pages         also print the room's KV page indices (runs of consecutive pages as a-b)
   -o json         the Rooms.GetRoom answer (a Room; page_indices with --pages)`,
 			flags: func(fs *flag.FlagSet, o *options) {
 				fs.BoolVar(&o.pages, "pages", false, "")
+				fs.BoolVar(&o.latest, "latest", false, "")
+				fs.BoolVar(&o.latestFailed, "latest-failed", false, "")
 			},
 			run: cmdRoom,
 		},
@@ -174,7 +179,7 @@ func noArgs(args []string) error {
 func oneRoom(args []string) (uint64, error) {
 	switch len(args) {
 	case 0:
-		return 0, usagef("missing room ID")
+		return 0, usagef("missing room ID (decodectl rooms lists them; decodectl room --latest shows the newest)")
 	case 1:
 		return parseRoomID(args[0])
 	}
@@ -309,9 +314,16 @@ func (x *cli) watch(ctx context.Context, frame func(context.Context, io.Writer) 
 	}
 }
 
-// cmdRoom prints one room and its timeline (Rooms.GetRoom).
+// cmdRoom prints one room and its timeline (Rooms.GetRoom): the room
+// given, or with --latest (--latest-failed) the (failed) room opened last.
 func cmdRoom(ctx context.Context, x *cli, args []string) error {
-	id, err := oneRoom(args)
+	var id uint64
+	var err error
+	if x.opts.latest || x.opts.latestFailed {
+		id, err = x.latestRoom(ctx, args)
+	} else {
+		id, err = oneRoom(args)
+	}
 	if err != nil {
 		return err
 	}
@@ -325,6 +337,37 @@ func cmdRoom(ctx context.Context, x *cli, args []string) error {
 		return writeJSON(x.stdout, r)
 	}
 	return writeRoom(x.stdout, r, x.opts.pages, x.now())
+}
+
+// latestRoom finds the room --latest or --latest-failed names: the newest
+// by open time (Rooms.ListRooms, newest first, limit 1), failed ones only
+// with --latest-failed.
+func (x *cli) latestRoom(ctx context.Context, args []string) (uint64, error) {
+	flagName := "--latest"
+	req := &pb.ListRoomsRequest{NewestFirst: true, Limit: 1}
+	if x.opts.latestFailed {
+		flagName = "--latest-failed"
+		req.Phases = []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_FAILED}
+	}
+	switch {
+	case x.opts.latest && x.opts.latestFailed:
+		return 0, usagef("--latest and --latest-failed exclude each other")
+	case len(args) > 0:
+		return 0, usagef("%s picks the room: give no room ID (got %q)", flagName, args[0])
+	}
+	cctx, cancel := x.callCtx(ctx)
+	defer cancel()
+	resp, err := x.c.ListRooms(cctx, req)
+	if err != nil {
+		return 0, &callError{what: "rooms", err: err}
+	}
+	if len(resp.GetRooms()) == 0 {
+		if x.opts.latestFailed {
+			return 0, fmt.Errorf("%s: no failed room at %s (finished rooms are kept for rooms.retention)", flagName, x.opts.addr)
+		}
+		return 0, fmt.Errorf("%s: no room at %s yet (make demo opens some)", flagName, x.opts.addr)
+	}
+	return resp.GetRooms()[0].GetRoom(), nil
 }
 
 // cmdAbort fails a room (Rooms.AbortRoom).
