@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -60,7 +59,9 @@ func init() {
   --live          only rooms that have not ended
   --limit N       show at most N rooms, newest first (default 100; 0: the daemon's maximum)
   --oldest        oldest first instead (the limit then keeps the oldest rooms)
-  -w, --watch     refresh every --interval until interrupted
+  -w, --watch     refresh every --interval until interrupted; on a terminal each refresh redraws
+                  the table, otherwise (a pipe, | tee) the table is printed once and then one
+                  line per room that appears, changes or leaves the list (nothing when idle)
   --interval D    refresh period for --watch (default 1s)
   -o json         the Rooms.ListRooms answer (with --watch: one document per line per refresh)`,
 			flags: func(fs *flag.FlagSet, o *options) {
@@ -255,63 +256,7 @@ func cmdRooms(ctx context.Context, x *cli, args []string) error {
 		}
 		return writeRoomList(x.stdout, resp, x.now())
 	}
-	return x.watch(ctx, func(ctx context.Context, w io.Writer) error {
-		resp, err := list(ctx)
-		if err != nil {
-			return err
-		}
-		if x.opts.json() {
-			b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(resp)
-			if err != nil {
-				return err
-			}
-			_, err = w.Write(append(b, '\n'))
-			return err
-		}
-		return writeRoomList(w, resp, x.now())
-	})
-}
-
-// watch renders frame every --interval until ctx ends (an interrupt), which
-// is a clean exit. On a terminal each frame replaces the screen (ANSI clear);
-// otherwise frames follow each other. The first failure ends the watch; later
-// ones are printed on stderr and the watch goes on (a daemon restarting).
-// With -o json each frame is one line and carries no header.
-func (x *cli) watch(ctx context.Context, frame func(context.Context, io.Writer) error) error {
-	term := isTerminal(x.stdout)
-	ticker := time.NewTicker(x.opts.interval)
-	defer ticker.Stop()
-	for n := 0; ; n++ {
-		var buf bytes.Buffer
-		err := frame(ctx, &buf)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil && n == 0 {
-			return err
-		}
-		var out bytes.Buffer
-		if !x.opts.json() {
-			if term {
-				out.WriteString("\x1b[H\x1b[2J")
-			} else if n > 0 {
-				out.WriteString("\n")
-			}
-			fmt.Fprintf(&out, "Every %s: decodectl rooms at %s    %s\n\n", x.opts.interval, x.opts.addr, x.now().Format("2006-01-02 15:04:05"))
-		}
-		out.Write(buf.Bytes())
-		if _, werr := x.stdout.Write(out.Bytes()); werr != nil {
-			return werr
-		}
-		if err != nil {
-			fmt.Fprintf(x.stderr, "decodectl: %s (retrying every %s)\n", describeError(err), x.opts.interval)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-	}
+	return x.watch(ctx, list)
 }
 
 // cmdRoom prints one room and its timeline (Rooms.GetRoom): the room
