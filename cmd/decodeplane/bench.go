@@ -59,7 +59,7 @@ type benchOptions struct {
 func (o *benchOptions) rateMode() bool { return o.rate > 0 }
 
 // benchInProcessFlags only apply to the daemon the bench starts itself.
-var benchInProcessFlags = []string{"decode-tp", "sim-bandwidth-gbps", "sim-latency", "config", "set"}
+var benchInProcessFlags = []string{"decode-tp", "sim-bandwidth-gbytes-per-s", "sim-latency", "config", "set"}
 
 func benchFlags(stderr io.Writer) (*flag.FlagSet, *benchOptions) {
 	o := &benchOptions{prompt: benchDist{lo: 256, hi: 4096}}
@@ -100,7 +100,8 @@ Flags:
 	fs.DurationVar(&o.duration, "duration", 0, "stop starting rooms after this long (0: with --rate, until SIGINT)")
 	fs.Int64Var(&o.seed, "seed", 1, "seed of the prompt lengths (and, in-process, of the simulated faults)")
 	fs.BoolVar(&o.json, "json", false, "print the summary as JSON instead of a table")
-	fs.Float64Var(&o.simBandwidth, "sim-bandwidth-gbps", 0, "in-process: simulated transfer bandwidth in GB/s (0: instant, so that the control path is measured)")
+	fs.Float64Var(&o.simBandwidth, "sim-bandwidth-gbytes-per-s", 0, "in-process: simulated transfer bandwidth in gigabytes per second (0: instant, so that the control path is measured)")
+	fs.Float64Var(new(float64), "sim-bandwidth-gbps", 0, "renamed --sim-bandwidth-gbytes-per-s (the value was always gigabytes per second)")
 	fs.DurationVar(&o.simLatency, "sim-latency", 0, "in-process: simulated per-transfer latency")
 	fs.StringVar(&o.configPath, "config", "", "in-process: daemon configuration file (YAML) over the bench defaults; where the daemon listens and logs stays the bench's (loopback, errors only) unless --set")
 	fs.Var(setFlag{pairs: &o.sets}, "set", "in-process: set a daemon configuration key: --set transfer.sim.failure_probability=0.1 (repeatable)")
@@ -156,7 +157,10 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 		bad("--duration %s: must be >= 0", o.duration)
 	}
 	if o.simBandwidth < 0 || math.IsNaN(o.simBandwidth) || math.IsInf(o.simBandwidth, 0) {
-		bad("--sim-bandwidth-gbps %v: must be a finite number >= 0", o.simBandwidth)
+		bad("--sim-bandwidth-gbytes-per-s %v: must be a finite number >= 0", o.simBandwidth)
+	}
+	if o.visited["sim-bandwidth-gbps"] {
+		bad("--sim-bandwidth-gbps is deprecated and no longer read: it was renamed --sim-bandwidth-gbytes-per-s (the value is in gigabytes per second, as it always was; the old name read as gigabits). Please use --sim-bandwidth-gbytes-per-s instead")
 	}
 	if o.simLatency < 0 {
 		bad("--sim-latency %s: must be >= 0", o.simLatency)
