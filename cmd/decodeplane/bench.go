@@ -47,9 +47,12 @@ type benchOptions struct {
 	sets         []FlagSetting
 	bareDuration time.Duration
 	roomTimeout  time.Duration
-	cpuProfile   string
-	memProfile   string
-	progress     bool
+	// unreachableTimeout stops the run once the daemon has not answered a
+	// health check for this long (0: never).
+	unreachableTimeout time.Duration
+	cpuProfile         string
+	memProfile         string
+	progress           bool
 	// visited are the flags given on the command line.
 	visited map[string]bool
 }
@@ -107,6 +110,7 @@ Flags:
 	fs.Var(setFlag{pairs: &o.sets}, "set", "in-process: set a daemon configuration key: --set transfer.sim.failure_probability=0.1 (repeatable)")
 	fs.DurationVar(&o.bareDuration, "bare-duration", 2*time.Second, "measuring time of each bare-gRPC test (0: skip the bare-gRPC limit)")
 	fs.DurationVar(&o.roomTimeout, "room-timeout", time.Minute, "a room not done after this long is aborted and counted failed")
+	fs.DurationVar(&o.unreachableTimeout, "unreachable-timeout", defaultUnreachableTimeout, "stop, print the summary and exit 1 once the daemon has not answered a health check for this long (0: never)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured rooms to this file")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap allocation profile (since start, taken after the measured rooms) to this file")
 	fs.BoolVar(&o.progress, "progress", true, "show progress on stderr")
@@ -170,6 +174,9 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 	}
 	if o.roomTimeout <= 0 {
 		bad("--room-timeout %s: must be > 0", o.roomTimeout)
+	}
+	if o.unreachableTimeout < 0 {
+		bad("--unreachable-timeout %s: must be >= 0 (0: never stop)", o.unreachableTimeout)
 	}
 	if o.target != "" {
 		for _, name := range benchInProcessFlags {
@@ -320,6 +327,13 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 		return 0, err
 	}
 	defer run.close()
+	var watch *benchWatch
+	if o.unreachableTimeout > 0 {
+		if watch, err = startBenchWatch(tgt.addr, o.unreachableTimeout, run.giveUp); err != nil {
+			return 0, err
+		}
+		defer watch.stop()
+	}
 
 	sum := &benchSummary{}
 	run.describe(sum)
@@ -344,11 +358,16 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 			return 0, fmt.Errorf("--memprofile: %w", err)
 		}
 	}
-	if tgt.metricsURL != "" && sum.lifecycle.daemonErr != nil {
+	// The rooms are done: the daemon may go (the bare measurement does not
+	// use it).
+	unreachable := watch.stop()
+	if tgt.metricsURL != "" && sum.lifecycle.daemonErr != nil && unreachable == nil {
 		fmt.Fprintf(stderr, "decodeplane bench: daemon metrics at %s: %v\n", tgt.metricsURL, sum.lifecycle.daemonErr)
 	}
 
 	switch {
+	case unreachable != nil:
+		sum.bareSkipped = "the daemon became unreachable"
 	case o.rateMode():
 		sum.bareSkipped = "rate mode: rooms arrive at the offered rate, so there is no throughput to compare"
 	case o.bareDuration == 0:
@@ -378,6 +397,9 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 
 	lc := sum.lifecycle
 	switch {
+	case unreachable != nil:
+		fmt.Fprintf(stderr, "decodeplane bench: %v\n", unreachable)
+		return exitFailure, nil
 	case lc.interrupted && !o.rateMode():
 		fmt.Fprintln(stderr, "decodeplane bench: interrupted: the figures cover the rooms that finished")
 		return exitFailure, nil
