@@ -16,8 +16,11 @@ export GOTOOLCHAIN := local
 
 .PHONY: help build run run-traced demo demo-traced test test-short check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build clean
 
+# help colours the target names only on a terminal, and never with NO_COLOR
+# set (https://no-color.org), so that `make help | less` or a log stays clean.
 help: ## Show this help.
-	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@if [ -t 1 ] && [ -z "$$NO_COLOR" ]; then on='\033[36m'; off='\033[0m'; else on=; off=; fi; \
+	awk -v on="$$on" -v off="$$off" 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %s%-12s%s %s\n", on, $$1, off, $$2}' $(MAKEFILE_LIST)
 
 build: ## Build the binaries into bin/.
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...

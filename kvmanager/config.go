@@ -92,8 +92,10 @@ type TransferConfig struct {
 
 // SimConfig configures the simulated transfer engine (transfer.sim).
 type SimConfig struct {
-	// BandwidthGBps is the simulated bandwidth in GB/s (64); 0 means infinite.
-	BandwidthGBps float64 `yaml:"bandwidth_gbps"`
+	// BandwidthGBytesPerS is the simulated bandwidth in gigabytes (10^9
+	// bytes) per second (64); 0 means infinite. It was bandwidth_gbps, a name
+	// that reads as gigabits; the loader refuses the old name, naming this one.
+	BandwidthGBytesPerS float64 `yaml:"bandwidth_gbytes_per_s"`
 	// Latency is the fixed cost of one transfer (20µs); 0 means none.
 	Latency time.Duration `yaml:"latency"`
 	// FailureProbability fails a chunk with this probability
@@ -128,7 +130,7 @@ func DefaultConfig() Config {
 		},
 		DPRank:   DPRankConfig{BindingTTL: 120 * time.Second},
 		Rooms:    RoomsConfig{Retention: 10 * time.Minute, MaxRetained: 10000},
-		Transfer: TransferConfig{Path: PathSim, Backend: "mooncake", Sim: SimConfig{BandwidthGBps: 64, Latency: 20 * time.Microsecond}, Delegate: DelegateConfig{BatchTimeout: 30 * time.Second, HealthInterval: time.Second}},
+		Transfer: TransferConfig{Path: PathSim, Backend: "mooncake", Sim: SimConfig{BandwidthGBytesPerS: 64, Latency: 20 * time.Microsecond}, Delegate: DelegateConfig{BatchTimeout: 30 * time.Second, HealthInterval: time.Second}},
 	}
 }
 
@@ -202,8 +204,8 @@ func (c Config) Validate() error {
 	default:
 		add("transfer.path", t.Path, "unknown transfer path.", "set transfer.path to sim (simulated transfers) or delegate (an external transfer agent).")
 	}
-	if t.Sim.BandwidthGBps < 0 {
-		add("transfer.sim.bandwidth_gbps", t.Sim.BandwidthGBps, "must not be negative.", "set it in GB/s (64 by default), or 0 for instant transfers.")
+	if t.Sim.BandwidthGBytesPerS < 0 {
+		add("transfer.sim.bandwidth_gbytes_per_s", t.Sim.BandwidthGBytesPerS, "must not be negative.", "set it in gigabytes per second (64 by default), or 0 for instant transfers.")
 	}
 	if t.Sim.Latency < 0 {
 		add("transfer.sim.latency", t.Sim.Latency, "must not be negative.", "set a duration such as 20us, or 0.")

@@ -40,9 +40,9 @@ func TestConfigValidate(t *testing.T) {
 			mod: func(c *Config) {
 				c.Transfer.Path = PathDelegate
 				c.Transfer.Delegate = DelegateConfig{Target: "no-port"}
-				c.Transfer.Sim = SimConfig{BandwidthGBps: -1, Latency: -1, FailureProbability: 2}
+				c.Transfer.Sim = SimConfig{BandwidthGBytesPerS: -1, Latency: -1, FailureProbability: 2}
 			},
-			wantKeys: []string{"transfer.delegate.target", "transfer.delegate.batch_timeout", "transfer.delegate.health_interval", "transfer.sim.bandwidth_gbps", "transfer.sim.latency", "transfer.sim.failure_probability"},
+			wantKeys: []string{"transfer.delegate.target", "transfer.delegate.batch_timeout", "transfer.delegate.health_interval", "transfer.sim.bandwidth_gbytes_per_s", "transfer.sim.latency", "transfer.sim.failure_probability"},
 		},
 		{name: "unknown path", mod: func(c *Config) { c.Transfer.Path = "rdma" }, wantKeys: []string{"transfer.path"}},
 	}

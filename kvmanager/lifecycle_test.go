@@ -1305,7 +1305,7 @@ func TestRetryOfInFlightChunkWaits(t *testing.T) {
 // does not fail the room (no T13); the retry moves the chunk (decodeplane).
 func TestRetryAfterCallerGaveUp(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		h := newHarness(t, withSim(SimConfig{BandwidthGBps: 1, Seed: 1}))
+		h := newHarness(t, withSim(SimConfig{BandwidthGBytesPerS: 1, Seed: 1}))
 		h.register(instance{addr: addrA})
 		h.open(addrA, 1)
 		h.claimAll(1)

@@ -79,8 +79,8 @@ func (e *SimEngine) move(ctx context.Context, bytes int64, fault func() error) (
 		return 0, fmt.Errorf("%w: %v", ErrTransferFailed, err)
 	}
 	d := e.cfg.Latency
-	if e.cfg.BandwidthGBps > 0 {
-		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBps * 1e9) * float64(time.Second))
+	if e.cfg.BandwidthGBytesPerS > 0 {
+		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBytesPerS * 1e9) * float64(time.Second))
 	}
 	return d, sleep(ctx, e.clock, d)
 }

@@ -94,7 +94,7 @@ func TestSimEngineTiming(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		gqa := layoutOf(t, nil)
 		// 1000 tokens × 131072 B = 131072000 B at 64 GB/s = 2.048 ms, + 20 µs.
-		e := NewSimEngine(SimConfig{BandwidthGBps: 64, Latency: 20 * time.Microsecond, Seed: 1}, RealClock{})
+		e := NewSimEngine(SimConfig{BandwidthGBytesPerS: 64, Latency: 20 * time.Microsecond, Seed: 1}, RealClock{})
 		op := ChunkOp{Layout: gqa, Tokens: 1000, Targets: []Target{{NumHeads: 8}}, Last: true, Marker: 77}
 		start := time.Now()
 		res, err := e.Transfer(context.Background(), op)

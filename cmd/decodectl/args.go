@@ -56,7 +56,9 @@ type options struct {
 	watch    bool
 	interval time.Duration
 	// room
-	pages bool
+	pages        bool
+	latest       bool
+	latestFailed bool
 	// abort
 	reason string
 	// lookup

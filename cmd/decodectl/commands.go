@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"flag"
@@ -60,7 +59,9 @@ func init() {
   --live          only rooms that have not ended
   --limit N       show at most N rooms, newest first (default 100; 0: the daemon's maximum)
   --oldest        oldest first instead (the limit then keeps the oldest rooms)
-  -w, --watch     refresh every --interval until interrupted
+  -w, --watch     refresh every --interval until interrupted; on a terminal each refresh redraws
+                  the table, otherwise (a pipe, | tee) the table is printed once and then one
+                  line per room that appears, changes or leaves the list (nothing when idle)
   --interval D    refresh period for --watch (default 1s)
   -o json         the Rooms.ListRooms answer (with --watch: one document per line per refresh)`,
 			flags: func(fs *flag.FlagSet, o *options) {
@@ -76,12 +77,17 @@ func init() {
 			run: cmdRooms,
 		},
 		{
-			name: "room", synopsis: "ID [--pages]", daemon: true,
+			name: "room", synopsis: "ID | --latest | --latest-failed [--pages]", daemon: true,
 			summary: "a room's details and its timeline of transitions",
-			help: `  --pages         also print the room's KV page indices (runs of consecutive pages as a-b)
+			help: `  ID              the bootstrap room (decodectl rooms lists them, newest first)
+  --latest        instead of an ID: the room opened last (of those the daemon still holds)
+  --latest-failed instead of an ID: the failed room opened last
+  --pages         also print the room's KV page indices (runs of consecutive pages as a-b)
   -o json         the Rooms.GetRoom answer (a Room; page_indices with --pages)`,
 			flags: func(fs *flag.FlagSet, o *options) {
 				fs.BoolVar(&o.pages, "pages", false, "")
+				fs.BoolVar(&o.latest, "latest", false, "")
+				fs.BoolVar(&o.latestFailed, "latest-failed", false, "")
 			},
 			run: cmdRoom,
 		},
@@ -174,7 +180,7 @@ func noArgs(args []string) error {
 func oneRoom(args []string) (uint64, error) {
 	switch len(args) {
 	case 0:
-		return 0, usagef("missing room ID")
+		return 0, usagef("missing room ID (decodectl rooms lists them; decodectl room --latest shows the newest)")
 	case 1:
 		return parseRoomID(args[0])
 	}
@@ -250,68 +256,19 @@ func cmdRooms(ctx context.Context, x *cli, args []string) error {
 		}
 		return writeRoomList(x.stdout, resp, x.now())
 	}
-	return x.watch(ctx, func(ctx context.Context, w io.Writer) error {
-		resp, err := list(ctx)
-		if err != nil {
-			return err
-		}
-		if x.opts.json() {
-			b, err := protojson.MarshalOptions{UseProtoNames: true, EmitUnpopulated: true}.Marshal(resp)
-			if err != nil {
-				return err
-			}
-			_, err = w.Write(append(b, '\n'))
-			return err
-		}
-		return writeRoomList(w, resp, x.now())
-	})
+	return x.watch(ctx, list)
 }
 
-// watch renders frame every --interval until ctx ends (an interrupt), which
-// is a clean exit. On a terminal each frame replaces the screen (ANSI clear);
-// otherwise frames follow each other. The first failure ends the watch; later
-// ones are printed on stderr and the watch goes on (a daemon restarting).
-// With -o json each frame is one line and carries no header.
-func (x *cli) watch(ctx context.Context, frame func(context.Context, io.Writer) error) error {
-	term := isTerminal(x.stdout)
-	ticker := time.NewTicker(x.opts.interval)
-	defer ticker.Stop()
-	for n := 0; ; n++ {
-		var buf bytes.Buffer
-		err := frame(ctx, &buf)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil && n == 0 {
-			return err
-		}
-		var out bytes.Buffer
-		if !x.opts.json() {
-			if term {
-				out.WriteString("\x1b[H\x1b[2J")
-			} else if n > 0 {
-				out.WriteString("\n")
-			}
-			fmt.Fprintf(&out, "Every %s: decodectl rooms at %s    %s\n\n", x.opts.interval, x.opts.addr, x.now().Format("2006-01-02 15:04:05"))
-		}
-		out.Write(buf.Bytes())
-		if _, werr := x.stdout.Write(out.Bytes()); werr != nil {
-			return werr
-		}
-		if err != nil {
-			fmt.Fprintf(x.stderr, "decodectl: %s (retrying every %s)\n", describeError(err), x.opts.interval)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-		}
-	}
-}
-
-// cmdRoom prints one room and its timeline (Rooms.GetRoom).
+// cmdRoom prints one room and its timeline (Rooms.GetRoom): the room
+// given, or with --latest (--latest-failed) the (failed) room opened last.
 func cmdRoom(ctx context.Context, x *cli, args []string) error {
-	id, err := oneRoom(args)
+	var id uint64
+	var err error
+	if x.opts.latest || x.opts.latestFailed {
+		id, err = x.latestRoom(ctx, args)
+	} else {
+		id, err = oneRoom(args)
+	}
 	if err != nil {
 		return err
 	}
@@ -325,6 +282,37 @@ func cmdRoom(ctx context.Context, x *cli, args []string) error {
 		return writeJSON(x.stdout, r)
 	}
 	return writeRoom(x.stdout, r, x.opts.pages, x.now())
+}
+
+// latestRoom finds the room --latest or --latest-failed names: the newest
+// by open time (Rooms.ListRooms, newest first, limit 1), failed ones only
+// with --latest-failed.
+func (x *cli) latestRoom(ctx context.Context, args []string) (uint64, error) {
+	flagName := "--latest"
+	req := &pb.ListRoomsRequest{NewestFirst: true, Limit: 1}
+	if x.opts.latestFailed {
+		flagName = "--latest-failed"
+		req.Phases = []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_FAILED}
+	}
+	switch {
+	case x.opts.latest && x.opts.latestFailed:
+		return 0, usagef("--latest and --latest-failed exclude each other")
+	case len(args) > 0:
+		return 0, usagef("%s picks the room: give no room ID (got %q)", flagName, args[0])
+	}
+	cctx, cancel := x.callCtx(ctx)
+	defer cancel()
+	resp, err := x.c.ListRooms(cctx, req)
+	if err != nil {
+		return 0, &callError{what: "rooms", err: err}
+	}
+	if len(resp.GetRooms()) == 0 {
+		if x.opts.latestFailed {
+			return 0, fmt.Errorf("%s: no failed room at %s (finished rooms are kept for rooms.retention)", flagName, x.opts.addr)
+		}
+		return 0, fmt.Errorf("%s: no room at %s yet (make demo opens some)", flagName, x.opts.addr)
+	}
+	return resp.GetRooms()[0].GetRoom(), nil
 }
 
 // cmdAbort fails a room (Rooms.AbortRoom).

@@ -28,9 +28,9 @@ const (
 //	3  failed           (aborted with the client)
 //	4  admitted         (destination offered, not claimed yet)
 //	5  waiting_prefill  (prefill B never registered)
-func scenario(t *testing.T) *testDaemon {
+func scenario(t *testing.T, dc ...daemonConfig) *testDaemon {
 	t.Helper()
-	d := startDaemon(t, daemonConfig{})
+	d := startDaemon(t, append(dc, daemonConfig{})[0])
 	p := d.register(t, prefillRank(prefillA, 1, 0))
 	d.succeed(t, p, prefillA, 1, 1000)
 	d.succeed(t, p, prefillA, 2, 300)

@@ -4,7 +4,7 @@
 //
 //	decodectl status [--config]                      version, readiness, shards, prefills
 //	decodectl rooms [--phase P,...] [--prefill ADDR] [--live] [--oldest] [--limit N] [-w]
-//	decodectl room ID [--pages]                      a room and its timeline
+//	decodectl room ID|--latest|--latest-failed [--pages]  a room and its timeline
 //	decodectl abort ID [--reason TEXT]               fail a room, return its pages
 //	decodectl drain                                  stop admitting; list rooms in flight
 //	decodectl lookup --prefill ADDR ROOM...          resolve rooms to prefill DP ranks

@@ -3,12 +3,20 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"regexp"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/decodeplane/decodeplane/internal/ptytest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -28,23 +36,53 @@ func (w *frameWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// watchDaemon is the scenario with a count of the ListRooms calls served;
+// onList runs after each (before its answer leaves) with the count.
+func watchDaemon(t *testing.T, onList func(n int64)) (*testDaemon, *atomic.Int64) {
+	calls := &atomic.Int64{}
+	count := grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		if info.FullMethod == pb.Rooms_ListRooms_FullMethodName {
+			onList(calls.Add(1))
+		}
+		return resp, err
+	})
+	return scenario(t, daemonConfig{serverOptions: []grpc.ServerOption{count}}), calls
+}
+
+var changeLine = regexp.MustCompile(`^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d  `)
+
+// TestWatch: into a pipe, the table once, then one line per change, and
+// nothing for a refresh that changed nothing.
 func TestWatch(t *testing.T) {
 	t.Parallel()
-	d := scenario(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
-	// After the first frame a room opens; the second frame shows it; the
-	// operator interrupts after the third.
-	w := &frameWriter{onFrame: func(n int) {
-		switch n {
-		case 1:
-			d.open(t, prefillA, 9, 100)
-		case 3:
+	// quietFrom is the ListRooms count when the changes were printed; three
+	// refreshes later the operator interrupts.
+	var quietFrom atomic.Int64
+	d, calls := watchDaemon(t, func(n int64) {
+		// (After 500 refreshes in any case: a broken watch fails, not hangs.)
+		if q := quietFrom.Load(); q > 0 && n >= q+3 || n >= 500 {
 			cancel()
 		}
-	}}
+	})
+	// After the first frame room 9 opens (newest first with --limit 5, it
+	// pushes room 1 out of the list) and room 4 is aborted.
+	w := &frameWriter{}
+	w.onFrame = func(n int) {
+		switch n {
+		case 1:
+			d.open(t, prefillA, 9, 200)
+			if _, err := d.c.AbortRoom(testCtx(t), &pb.AbortRoomRequest{Room: 4}); err != nil {
+				t.Error(err)
+			}
+		case 2:
+			quietFrom.Store(calls.Load())
+		}
+	}
 	var stderr bytes.Buffer
-	code := runContext(ctx, []string{"rooms", "-w", "--interval", "10ms", "--addr", d.addr, "--live"}, nil, w, &stderr)
+	code := runContext(ctx, []string{"rooms", "-w", "--interval", "10ms", "--addr", d.addr, "--limit", "5"}, nil, w, &stderr)
 	if code != exitOK || stderr.Len() != 0 {
 		t.Fatalf("rooms -w: exit %d, stderr %q", code, stderr.String())
 	}
@@ -52,18 +90,33 @@ func TestWatch(t *testing.T) {
 	if strings.Contains(out, "\x1b[") {
 		t.Errorf("the watch cleared a screen that is not a terminal:\n%q", out)
 	}
-	frames := strings.Split(out, "Every 10ms: decodectl rooms at "+d.addr)
-	if len(frames) != 4 || frames[0] != "" {
-		t.Fatalf("want 3 frames, got:\n%s", out)
+	if w.frames != 2 {
+		t.Errorf("%d writes, want 2 (the table, then the changes; nothing while nothing changed):\n%s", w.frames, out)
 	}
-	if diff := cmp.Diff([]string{"5", "4", "1"}, roomRows(frames[1])); diff != "" {
-		t.Errorf("first frame (-want +got):\n%s\n%s", diff, frames[1])
+	table, changes, ok := strings.Cut(out, "stdout is not a terminal: from now on one line per room that appears, changes or leaves the list.\n")
+	if !ok || !strings.HasPrefix(table, "Every 10ms: decodectl rooms at "+d.addr+"    ") {
+		t.Fatalf("the watch does not start with the table and the note:\n%s", out)
 	}
-	if diff := cmp.Diff([]string{"9", "5", "4", "1"}, roomRows(frames[2])); diff != "" {
-		t.Errorf("second frame (-want +got):\n%s\n%s", diff, frames[2])
+	if diff := cmp.Diff([]string{"5", "4", "3", "2", "1"}, roomRows(table)); diff != "" {
+		t.Errorf("first table (-want +got):\n%s\n%s", diff, table)
 	}
-	if !strings.Contains(frames[2], "ROOM  RID    STATE") || !strings.HasSuffix(frames[2], "showing 4 of 4 rooms\n\n") {
-		t.Errorf("second frame:\n%s", frames[2])
+	if !strings.Contains(table, "ROOM  RID    STATE") || !strings.HasSuffix(table, "showing 5 of 5 rooms\n\n") {
+		t.Errorf("first table:\n%s", table)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSuffix(changes, "\n"), "\n") {
+		if !changeLine.MatchString(line) {
+			t.Errorf("change line %q does not start with the time", line)
+		}
+		got = append(got, changeLine.ReplaceAllString(line, ""))
+	}
+	want := []string{
+		"room 9 (req-9): new, admitted, KVPoll WaitingForInput, prefill " + prefillA + "/dp0, 4 pages",
+		"room 4 (req-4): admitted -> failed, KVPoll Failed, prefill " + prefillA + "/dp0, 4 pages, aborted: Aborted by AbortReq.",
+		"room 1 (req-1): no longer listed (it left the filter, expired or fell past --limit)",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("changes (-want +got):\n%s\n%s", diff, changes)
 	}
 }
 
@@ -101,5 +154,88 @@ func TestWatchFirstFailure(t *testing.T) {
 	code := runContext(t.Context(), []string{"rooms", "-w", "--addr", d.addr, "--phase", "failed", "--prefill", "not an address"}, nil, &stdout, &stderr)
 	if code != exitFailure || stdout.Len() != 0 || !strings.HasPrefix(stderr.String(), "decodectl: rooms: InvalidArgument: ") {
 		t.Errorf("rooms -w with a bad filter: exit %d\n%s%s", code, stdout.String(), stderr.String())
+	}
+}
+
+// TestWatchTerminal: on a terminal every refresh redraws the whole table,
+// changed or not.
+func TestWatchTerminal(t *testing.T) {
+	t.Parallel()
+	master, tty, err := ptytest.Open()
+	if err != nil {
+		t.Skipf("no pseudo-terminal: %v", err)
+	}
+	defer master.Close()
+	d := scenario(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	const clear = "\x1b[H\x1b[2J"
+	read := make(chan string, 1)
+	go func() {
+		// The operator interrupts after three screens; the terminal reads
+		// EIO once closed.
+		var out []byte
+		buf := make([]byte, 4096)
+		for {
+			n, err := master.Read(buf)
+			out = append(out, buf[:n]...)
+			if strings.Count(string(out), clear) >= 4 {
+				cancel()
+			}
+			if err != nil {
+				if !errors.Is(err, syscall.EIO) {
+					t.Errorf("reading the terminal: %v", err)
+				}
+				read <- strings.ReplaceAll(string(out), "\r\n", "\n")
+				return
+			}
+		}
+	}()
+	var stderr bytes.Buffer
+	code := runContext(ctx, []string{"rooms", "-w", "--interval", "10ms", "--addr", d.addr}, nil, tty, &stderr)
+	tty.Close()
+	out := <-read
+	if code != exitOK || stderr.Len() != 0 {
+		t.Fatalf("rooms -w: exit %d, stderr %q", code, stderr.String())
+	}
+	screens := strings.Split(out, clear)
+	if len(screens) < 4 || screens[0] != "" {
+		t.Fatalf("want screens that each start by clearing the terminal, got:\n%q", out)
+	}
+	for _, s := range screens[1:4] {
+		if !strings.HasPrefix(s, "Every 10ms: decodectl rooms at "+d.addr) || !cmp.Equal(roomRows(s), []string{"5", "4", "3", "2", "1"}) ||
+			!strings.HasSuffix(s, "showing 5 of 5 rooms\n") {
+			t.Errorf("screen:\n%s", s)
+		}
+	}
+}
+
+func TestWriteRoomChanges(t *testing.T) {
+	t.Parallel()
+	now := time.Date(2026, 12, 1, 8, 50, 2, 0, time.Local)
+	dp := uint32(1)
+	room := func(id uint64, phase pb.RoomPhase, pages uint32, opened time.Time) *pb.Room {
+		return &pb.Room{Room: id, Rid: "r", Phase: phase, Poll: pb.KVPoll_KV_POLL_WAITING_FOR_INPUT, BootstrapAddr: prefillA,
+			PrefillDpRank: &dp, NumPages: pages, OpenedAt: timestamppb.New(opened), UpdatedAt: timestamppb.New(opened)}
+	}
+	t0 := now.Add(-time.Minute)
+	prev := []*pb.Room{room(1, pb.RoomPhase_ROOM_PHASE_ADMITTED, 4, t0), room(2, pb.RoomPhase_ROOM_PHASE_QUEUED, 0, t0)}
+	// Only the times moved (ages, updated_at): nothing to print.
+	same := []*pb.Room{room(2, pb.RoomPhase_ROOM_PHASE_QUEUED, 0, t0.Add(time.Second)), room(1, pb.RoomPhase_ROOM_PHASE_ADMITTED, 4, t0)}
+	var b bytes.Buffer
+	writeRoomChanges(&b, prev, same, now)
+	if b.Len() != 0 {
+		t.Errorf("unchanged rooms printed:\n%s", b.String())
+	}
+	// Room 1 grew (same phase), room 2 left, room 3 is new; a room without
+	// a rid is named by its number alone.
+	cur := []*pb.Room{room(3, pb.RoomPhase_ROOM_PHASE_ADMITTED, 2, now), room(1, pb.RoomPhase_ROOM_PHASE_ADMITTED, 6, t0)}
+	cur[0].Rid = ""
+	writeRoomChanges(&b, prev, cur, now)
+	want := "2026-12-01 08:50:02  room 3: new, admitted, KVPoll WaitingForInput, prefill " + prefillA + "/dp1, 2 pages\n" +
+		"2026-12-01 08:50:02  room 1 (r): admitted, KVPoll WaitingForInput, prefill " + prefillA + "/dp1, 6 pages\n" +
+		"2026-12-01 08:50:02  room 2 (r): no longer listed (it left the filter, expired or fell past --limit)\n"
+	if diff := cmp.Diff(want, b.String()); diff != "" {
+		t.Errorf("changes (-want +got):\n%s", diff)
 	}
 }

@@ -47,9 +47,12 @@ type benchOptions struct {
 	sets         []FlagSetting
 	bareDuration time.Duration
 	roomTimeout  time.Duration
-	cpuProfile   string
-	memProfile   string
-	progress     bool
+	// unreachableTimeout stops the run once the daemon has not answered a
+	// health check for this long (0: never).
+	unreachableTimeout time.Duration
+	cpuProfile         string
+	memProfile         string
+	progress           bool
 	// visited are the flags given on the command line.
 	visited map[string]bool
 }
@@ -59,7 +62,7 @@ type benchOptions struct {
 func (o *benchOptions) rateMode() bool { return o.rate > 0 }
 
 // benchInProcessFlags only apply to the daemon the bench starts itself.
-var benchInProcessFlags = []string{"decode-tp", "sim-bandwidth-gbps", "sim-latency", "config", "set"}
+var benchInProcessFlags = []string{"decode-tp", "sim-bandwidth-gbytes-per-s", "sim-latency", "config", "set"}
 
 func benchFlags(stderr io.Writer) (*flag.FlagSet, *benchOptions) {
 	o := &benchOptions{prompt: benchDist{lo: 256, hi: 4096}}
@@ -100,12 +103,14 @@ Flags:
 	fs.DurationVar(&o.duration, "duration", 0, "stop starting rooms after this long (0: with --rate, until SIGINT)")
 	fs.Int64Var(&o.seed, "seed", 1, "seed of the prompt lengths (and, in-process, of the simulated faults)")
 	fs.BoolVar(&o.json, "json", false, "print the summary as JSON instead of a table")
-	fs.Float64Var(&o.simBandwidth, "sim-bandwidth-gbps", 0, "in-process: simulated transfer bandwidth in GB/s (0: instant, so that the control path is measured)")
+	fs.Float64Var(&o.simBandwidth, "sim-bandwidth-gbytes-per-s", 0, "in-process: simulated transfer bandwidth in gigabytes per second (0: instant, so that the control path is measured)")
+	fs.Float64Var(new(float64), "sim-bandwidth-gbps", 0, "renamed --sim-bandwidth-gbytes-per-s (the value was always gigabytes per second)")
 	fs.DurationVar(&o.simLatency, "sim-latency", 0, "in-process: simulated per-transfer latency")
 	fs.StringVar(&o.configPath, "config", "", "in-process: daemon configuration file (YAML) over the bench defaults; where the daemon listens and logs stays the bench's (loopback, errors only) unless --set")
 	fs.Var(setFlag{pairs: &o.sets}, "set", "in-process: set a daemon configuration key: --set transfer.sim.failure_probability=0.1 (repeatable)")
 	fs.DurationVar(&o.bareDuration, "bare-duration", 2*time.Second, "measuring time of each bare-gRPC test (0: skip the bare-gRPC limit)")
 	fs.DurationVar(&o.roomTimeout, "room-timeout", time.Minute, "a room not done after this long is aborted and counted failed")
+	fs.DurationVar(&o.unreachableTimeout, "unreachable-timeout", defaultUnreachableTimeout, "stop, print the summary and exit 1 once the daemon has not answered a health check for this long (0: never)")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured rooms to this file")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap allocation profile (since start, taken after the measured rooms) to this file")
 	fs.BoolVar(&o.progress, "progress", true, "show progress on stderr")
@@ -156,7 +161,10 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 		bad("--duration %s: must be >= 0", o.duration)
 	}
 	if o.simBandwidth < 0 || math.IsNaN(o.simBandwidth) || math.IsInf(o.simBandwidth, 0) {
-		bad("--sim-bandwidth-gbps %v: must be a finite number >= 0", o.simBandwidth)
+		bad("--sim-bandwidth-gbytes-per-s %v: must be a finite number >= 0", o.simBandwidth)
+	}
+	if o.visited["sim-bandwidth-gbps"] {
+		bad("--sim-bandwidth-gbps is deprecated and no longer read: it was renamed --sim-bandwidth-gbytes-per-s (the value is in gigabytes per second, as it always was; the old name read as gigabits). Please use --sim-bandwidth-gbytes-per-s instead")
 	}
 	if o.simLatency < 0 {
 		bad("--sim-latency %s: must be >= 0", o.simLatency)
@@ -166,6 +174,9 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 	}
 	if o.roomTimeout <= 0 {
 		bad("--room-timeout %s: must be > 0", o.roomTimeout)
+	}
+	if o.unreachableTimeout < 0 {
+		bad("--unreachable-timeout %s: must be >= 0 (0: never stop)", o.unreachableTimeout)
 	}
 	if o.target != "" {
 		for _, name := range benchInProcessFlags {
@@ -316,6 +327,13 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 		return 0, err
 	}
 	defer run.close()
+	var watch *benchWatch
+	if o.unreachableTimeout > 0 {
+		if watch, err = startBenchWatch(tgt.addr, o.unreachableTimeout, run.giveUp); err != nil {
+			return 0, err
+		}
+		defer watch.stop()
+	}
 
 	sum := &benchSummary{}
 	run.describe(sum)
@@ -340,11 +358,16 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 			return 0, fmt.Errorf("--memprofile: %w", err)
 		}
 	}
-	if tgt.metricsURL != "" && sum.lifecycle.daemonErr != nil {
+	// The rooms are done: the daemon may go (the bare measurement does not
+	// use it).
+	unreachable := watch.stop()
+	if tgt.metricsURL != "" && sum.lifecycle.daemonErr != nil && unreachable == nil {
 		fmt.Fprintf(stderr, "decodeplane bench: daemon metrics at %s: %v\n", tgt.metricsURL, sum.lifecycle.daemonErr)
 	}
 
 	switch {
+	case unreachable != nil:
+		sum.bareSkipped = "the daemon became unreachable"
 	case o.rateMode():
 		sum.bareSkipped = "rate mode: rooms arrive at the offered rate, so there is no throughput to compare"
 	case o.bareDuration == 0:
@@ -374,6 +397,9 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 
 	lc := sum.lifecycle
 	switch {
+	case unreachable != nil:
+		fmt.Fprintf(stderr, "decodeplane bench: %v\n", unreachable)
+		return exitFailure, nil
 	case lc.interrupted && !o.rateMode():
 		fmt.Fprintln(stderr, "decodeplane bench: interrupted: the figures cover the rooms that finished")
 		return exitFailure, nil

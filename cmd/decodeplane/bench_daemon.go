@@ -53,7 +53,7 @@ func benchDefaults(o *benchOptions, cfg Config) []FlagSetting {
 		// interleave with the progress bar.
 		{Key: "log.level", Value: "error"},
 		{Key: "log.format", Value: "text"},
-		{Key: "transfer.sim.bandwidth_gbps", Value: "0"},
+		{Key: "transfer.sim.bandwidth_gbytes_per_s", Value: "0"},
 		{Key: "transfer.sim.latency", Value: "0s"},
 		{Key: "transfer.sim.seed", Value: strconv.FormatInt(o.seed, 10)},
 	}
@@ -80,8 +80,8 @@ func benchLoadConfig(o *benchOptions, environ []string) (*Loaded, []error) {
 	if o.visited["decode-tp"] {
 		pairs = append(pairs, FlagSetting{Flag: "--decode-tp", Key: "parallel.attn_tp", Value: strconv.Itoa(o.decodeTP)})
 	}
-	if o.visited["sim-bandwidth-gbps"] {
-		pairs = append(pairs, FlagSetting{Flag: "--sim-bandwidth-gbps", Key: "transfer.sim.bandwidth_gbps", Value: strconv.FormatFloat(o.simBandwidth, 'g', -1, 64)})
+	if o.visited["sim-bandwidth-gbytes-per-s"] {
+		pairs = append(pairs, FlagSetting{Flag: "--sim-bandwidth-gbytes-per-s", Key: "transfer.sim.bandwidth_gbytes_per_s", Value: strconv.FormatFloat(o.simBandwidth, 'g', -1, 64)})
 	}
 	if o.visited["sim-latency"] {
 		pairs = append(pairs, FlagSetting{Flag: "--sim-latency", Key: "transfer.sim.latency", Value: o.simLatency.String()})

@@ -70,8 +70,8 @@ func (b *benchRun) describe(s *benchSummary) {
 	if b.tgt.inProcess {
 		sim := b.tgt.cfg.Transfer.Sim
 		bw := "instant"
-		if sim.BandwidthGBps > 0 {
-			bw = fmt.Sprintf("%g GB/s", sim.BandwidthGBps)
+		if sim.BandwidthGBytesPerS > 0 {
+			bw = fmt.Sprintf("%g GB/s", sim.BandwidthGBytesPerS)
 		}
 		s.setup = append(s.setup, fmt.Sprintf("daemon      in-process (buildDaemon, as 'serve'), sim bandwidth %s, latency %s, failure probability %g, KV pool %d tokens/shard, %d request slots",
 			bw, sim.Latency, sim.FailureProbability, b.tgt.cfg.KVPool.TotalTokens, b.tgt.cfg.KVPool.RequestSlots))

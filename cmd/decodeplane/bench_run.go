@@ -202,15 +202,22 @@ type benchRun struct {
 	decTP  uint32
 
 	failuresExpected bool
-	hbCancel         context.CancelFunc
-	hbWG             sync.WaitGroup
-	hbErrors         atomic.Int64
+	// abandon ends when the bench gives up on the daemon (the watchdog
+	// found it unreachable): no room starts, the rooms in flight end.
+	abandon  context.Context
+	giveUp   func(error)
+	hbCancel context.CancelFunc
+	hbWG     sync.WaitGroup
+	hbErrors atomic.Int64
 }
 
 // newBenchRun connects the decode engine, registers the prefill fleet (one
 // connection per rank) and starts its heartbeats.
 func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token string, tr *benchTracing, prog *benchProgress) (*benchRun, error) {
 	b := &benchRun{o: o, tgt: tgt, tr: tr, prog: prog, table: benchRoomTable{rooms: map[uint64]*benchRoomState{}}, epoch: time.Now()}
+	var abandon context.CancelCauseFunc
+	b.abandon, abandon = context.WithCancelCause(context.Background())
+	b.giveUp = func(err error) { abandon(err) }
 	ok := false
 	defer func() {
 		if !ok {
@@ -384,6 +391,9 @@ func (r *benchRecorder) fail(err error) {
 
 // benchReason classifies a room's failure.
 func benchReason(err error) string {
+	if errors.Is(err, errBenchUnreachable) {
+		return "daemon unreachable"
+	}
 	var rf *client.RoomFailedError
 	if errors.As(err, &rf) {
 		return "room failed: " + rf.Code.String()
@@ -421,7 +431,11 @@ type benchPhase struct {
 func (b *benchRun) phase(ctx context.Context, first uint64, n int, measured bool) *benchPhase {
 	rec := &benchRecorder{reasons: map[string]*benchFailure{}}
 	b.prog.attach(rec)
-	launch := ctx
+	// Rooms start until ctx ends (SIGINT), --duration passes or the bench
+	// gives up on the daemon.
+	launch, stopLaunch := context.WithCancel(ctx)
+	defer stopLaunch()
+	defer context.AfterFunc(b.abandon, stopLaunch)()
 	if b.o.duration > 0 && measured {
 		var cancel context.CancelFunc
 		launch, cancel = context.WithTimeout(ctx, b.o.duration)
@@ -530,7 +544,8 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 
 	// Not derived from the signal context: a room in flight at SIGINT
 	// finishes (or times out) instead of leaving the daemon a dangling room.
-	ctx, cancel := context.WithTimeout(context.Background(), b.o.roomTimeout)
+	// A daemon that cannot be reached any more ends it (b.abandon).
+	ctx, cancel := context.WithTimeout(b.abandon, b.o.roomTimeout)
 	defer cancel()
 	var span trace.Span
 	if b.tr.tracer != nil {
@@ -582,7 +597,10 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 		}
 	}
 	if err != nil {
-		if opened && !errors.Is(err, client.ErrRoomFailed) {
+		if b.abandon.Err() != nil {
+			// Given up with the daemon: nobody to abort it with.
+			err = fmt.Errorf("%w: %w", errBenchUnreachable, err)
+		} else if opened && !errors.Is(err, client.ErrRoomFailed) {
 			b.abort(room, benchReason(err))
 		}
 		rec.fail(err)

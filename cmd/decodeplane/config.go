@@ -134,7 +134,7 @@ func settings() []setting {
 			}
 			out = append(out, setting{
 				key:    key,
-				env:    "DECODEPLANE_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_")),
+				env:    envOf(key),
 				index:  idx,
 				typ:    f.Type,
 				secret: f.Tag.Get("secret") == "true",
@@ -175,6 +175,35 @@ var sglangEnv = []struct {
 	{"SGLANG_TEST_DISAGG_FAILURE_PROB", "transfer.sim.failure_probability", pyFloat},
 }
 
+// renamedKeys are keys that were renamed, old → new: the old name, in the
+// file, as DECODEPLANE_* or with --set, is an error that names the new key
+// (as SGLang reports a deprecated argument), never a silent unknown key.
+var renamedKeys = map[string]struct{ to, why string }{
+	// The value was always gigabytes per second; the name read as gigabits.
+	"transfer.sim.bandwidth_gbps": {"transfer.sim.bandwidth_gbytes_per_s", "the value is in gigabytes per second, as it always was; the old name read as gigabits"},
+}
+
+// renamedError is the message for a renamed key: old and new are spelled as
+// where it was found (a key, or its DECODEPLANE_* variable).
+func renamedError(old, new, why string) string {
+	return fmt.Sprintf("%s is deprecated and no longer read: it was renamed %s (%s). Please use %s instead.", old, new, why, new)
+}
+
+// renamedEnv finds the renamed key whose DECODEPLANE_* variable is name.
+func renamedEnv(name string) (old, new, why string, ok bool) {
+	for k, r := range renamedKeys {
+		if envOf(k) == name {
+			return envOf(k), envOf(r.to), "the key " + r.to + "; " + r.why, true
+		}
+	}
+	return "", "", "", false
+}
+
+// envOf is the DECODEPLANE_* variable of a key.
+func envOf(key string) string {
+	return "DECODEPLANE_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
 // nonConfigEnv are DECODEPLANE_* variables that are not configuration keys.
 var nonConfigEnv = []string{"DECODEPLANE_CONFIG", "DECODEPLANE_ADDR", "DECODEPLANE_TOKEN", "DECODEPLANE_TLS_CA", "DECODEPLANE_TLS_CERT", "DECODEPLANE_TLS_KEY", "DECODEPLANE_TLS_SERVER_NAME"}
 
@@ -208,6 +237,10 @@ func Load(path string, environ []string, ov Overrides) (*Loaded, error) {
 	errs = append(errs, l.loadEnv(environ)...)
 	for _, f := range ov.Pairs {
 		s, ok := l.byKey[f.Key]
+		if r, renamed := renamedKeys[f.Key]; !ok && renamed {
+			errs = append(errs, fmt.Errorf("flag %s: %s", f.Flag, renamedError(f.Key, r.to, r.why)))
+			continue
+		}
 		if !ok {
 			errs = append(errs, fmt.Errorf("flag %s: unknown configuration key %q (see 'decodeplane validate --explain' for every key)", f.Flag, f.Key))
 			continue
@@ -364,6 +397,10 @@ func (l *Loaded) loadFile(path string) []error {
 				}
 				continue
 			}
+			if r, ok := renamedKeys[key]; ok {
+				errs = append(errs, fmt.Errorf("%s:%d: %s", path, kn.Line, renamedError(key, r.to, r.why)))
+				continue
+			}
 			allowed := l.childrenOf(prefix)
 			where := "at the top level"
 			if prefix != "" {
@@ -441,6 +478,10 @@ func (l *Loaded) loadEnv(environ []string) []error {
 	}
 	for _, name := range names {
 		s, ok := envToKey[name]
+		if old, new, why, renamed := renamedEnv(name); !ok && renamed {
+			errs = append(errs, fmt.Errorf("env %s", renamedError(old, new, why)))
+			continue
+		}
 		if !ok {
 			if !slices.Contains(nonConfigEnv, name) {
 				errs = append(errs, fmt.Errorf("env %s: not a configuration variable (variables mirror the keys, e.g. DECODEPLANE_KV_POOL_KIND for kv_pool.kind)", name))

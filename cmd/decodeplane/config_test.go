@@ -259,7 +259,7 @@ func TestStrictYAML(t *testing.T) {
 		{"unknown nested key", "kv_pool:\n  kind: gqa\n  heads: 8\n", 3,
 			[]string{`unknown key "heads" in kv_pool`, "allowed: kind, num_layers, kv_heads"}},
 		{"unknown key two levels down", "transfer:\n  sim:\n    latencyy: 1s\n", 3,
-			[]string{`unknown key "latencyy" in transfer.sim`, "allowed: bandwidth_gbps, latency, failure_probability, seed"}},
+			[]string{`unknown key "latencyy" in transfer.sim`, "allowed: bandwidth_gbytes_per_s, latency, failure_probability, seed"}},
 		{"scalar where a section is expected", "kv_pool: 5\n", 1,
 			[]string{"kv_pool is a section (keys: kind, num_layers"}},
 		{"list where a section is expected", "server:\n  - a\n", 2,
@@ -1006,7 +1006,7 @@ func TestRuleSizesPositive(t *testing.T) {
 		{"kv_pool.mamba.state_bytes", linearBase, func(c *Config, v int) { c.KVPool.Mamba.StateBytes = int64(v) }, []int{-1}, []int{0, 1}},
 		{"rooms.max_retained", gqaBase, func(c *Config, v int) { c.Rooms.MaxRetained = v }, []int{-1}, []int{0}},
 		{"rooms.retention", gqaBase, func(c *Config, v int) { c.Rooms.Retention = time.Duration(v) * time.Second }, []int{-1}, []int{0}},
-		{"transfer.sim.bandwidth_gbps", gqaBase, func(c *Config, v int) { c.Transfer.Sim.BandwidthGBps = float64(v) }, []int{-1}, []int{0}},
+		{"transfer.sim.bandwidth_gbytes_per_s", gqaBase, func(c *Config, v int) { c.Transfer.Sim.BandwidthGBytesPerS = float64(v) }, []int{-1}, []int{0}},
 		{"transfer.sim.latency", gqaBase, func(c *Config, v int) { c.Transfer.Sim.Latency = time.Duration(v) }, []int{-1}, []int{0}},
 	}
 	var tests []ruleCase
