@@ -204,12 +204,19 @@ func load(f Files, now time.Time) (*state, []Problem) {
 	}
 	st := &state{}
 	if f.Cert != "" || f.Key != "" {
-		certPEM, p1 := read("cert", f.Cert)
-		keyPEM, p2 := read("key", f.Key)
-		add(p1)
-		add(p2)
+		// Check reports on a lone certificate or key too (New refuses them).
+		var certPEM, keyPEM []byte
+		var p1, p2 *Problem
+		if f.Cert != "" {
+			certPEM, p1 = read("cert", f.Cert)
+			add(p1)
+		}
+		if f.Key != "" {
+			keyPEM, p2 = read("key", f.Key)
+			add(p2)
+		}
 		var leaf *x509.Certificate
-		if p1 == nil {
+		if f.Cert != "" && p1 == nil {
 			certs, p := certificates("cert", f.Cert, certPEM)
 			add(p)
 			if p == nil {
@@ -217,7 +224,7 @@ func load(f Files, now time.Time) (*state, []Problem) {
 				add(validity("cert", f.Cert, leaf, now))
 			}
 		}
-		if p2 == nil {
+		if f.Key != "" && p2 == nil {
 			if blk, _ := pem.Decode(keyPEM); blk == nil || !strings.Contains(blk.Type, "PRIVATE KEY") {
 				add(&Problem{File: "key", Path: f.Key, Message: "no PEM private key in it (want -----BEGIN ... PRIVATE KEY-----)."})
 			} else if leaf != nil && len(problems) == 0 {
