@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/decodeplane/decodeplane/internal/tlsreload"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/server"
 )
@@ -29,6 +30,18 @@ func buildTLS(cfg Config, log *slog.Logger, reg prometheus.Registerer) (daemonSe
 	if err := reg.Register(reloads); err != nil {
 		return daemonServerTLS{}, daemonAgentTLS{}, err
 	}
+	notAfter := func(section string, r *tlsreload.Reloader) error {
+		return reg.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "decodeplane_tls_certificate_not_after_seconds",
+			Help:        "End of validity (Unix time) of the certificate in use, by section; alert well before it.",
+			ConstLabels: prometheus.Labels{"section": section},
+		}, func() float64 {
+			if c := r.Certificate(); c != nil && c.Leaf != nil {
+				return float64(c.Leaf.NotAfter.Unix())
+			}
+			return 0
+		}))
+	}
 	counted := func(section string) server.TLSOptions {
 		ok, failed := reloads.WithLabelValues(section, "ok"), reloads.WithLabelValues(section, "error")
 		return server.TLSOptions{Logger: log, OnReload: func(err error) {
@@ -47,6 +60,16 @@ func buildTLS(cfg Config, log *slog.Logger, reg prometheus.Registerer) (daemonSe
 	if cfg.Transfer.Path == kvmanager.PathDelegate {
 		if at, err = server.NewAgentTLS(cfg.AgentTLS, counted("transfer.delegate.tls")); err != nil {
 			return daemonServerTLS{}, daemonAgentTLS{}, fmt.Errorf("transfer.delegate.tls: %w", err)
+		}
+	}
+	if st != nil {
+		if err := notAfter("server.tls", st.Reloader); err != nil {
+			return daemonServerTLS{}, daemonAgentTLS{}, err
+		}
+	}
+	if at != nil && at.Reloader != nil && cfg.AgentTLS.CertFile != "" {
+		if err := notAfter("transfer.delegate.tls", at.Reloader); err != nil {
+			return daemonServerTLS{}, daemonAgentTLS{}, err
 		}
 	}
 	switch {

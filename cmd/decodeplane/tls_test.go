@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -276,6 +277,10 @@ func TestE2EServeMutualTLSRotation(t *testing.T) {
 	waitFor("daemon-gen2")
 	if v := scrape(t, metrics, `decodeplane_tls_reloads_total{result="ok",section="server.tls"}`); v != "1" {
 		t.Errorf("ok reloads = %q, want 1", v)
+	}
+	v := scrape(t, metrics, `decodeplane_tls_certificate_not_after_seconds{section="server.tls"}`)
+	if end, err := strconv.ParseFloat(v, 64); err != nil || int64(end) != gen2.Cert.NotAfter.Unix() {
+		t.Errorf("certificate end = %q, want %d (daemon-gen2's)", v, gen2.Cert.NotAfter.Unix())
 	}
 
 	// A broken rotation: gen3's certificate with gen2's key.

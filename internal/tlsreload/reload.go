@@ -289,6 +289,7 @@ func (r *Reloader) Reload() (bool, error) {
 	defer r.mu.Unlock()
 	st, problems := load(r.o.Files, r.o.Now())
 	if st.sum == r.cur.Load().sum {
+		r.badSum = [sha256.Size]byte{} // back to the files in use
 		return false, nil
 	}
 	if len(problems) > 0 {
