@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -31,7 +32,9 @@ type AgentClientOptions struct {
 	// trace context to the agent); nil means no-op / TraceContext+Baggage.
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
-	// DialOptions are appended (credentials default to insecure).
+	// Credentials secure the link (NewAgentTLS); nil is plaintext.
+	Credentials credentials.TransportCredentials
+	// DialOptions are appended.
 	DialOptions []grpc.DialOption
 }
 
@@ -71,8 +74,12 @@ var _ kvmanager.Agent = (*AgentClient)(nil)
 // Run must be running for Execute to work. Close releases the connection.
 func DialAgent(target string, opts AgentClientOptions) (*AgentClient, error) {
 	opts.Logger, opts.TracerProvider, opts.Propagator = telemetryDefaults(opts.Logger, opts.TracerProvider, opts.Propagator)
+	creds := opts.Credentials
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
 	dial := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(opts.TracerProvider), otelgrpc.WithPropagators(opts.Propagator))),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(maxAgentMessage), grpc.MaxCallRecvMsgSize(maxAgentMessage)),
 	}, opts.DialOptions...)

@@ -29,6 +29,8 @@ type Config struct {
 	// AuthToken, when set, is required as "authorization: Bearer <token>" on
 	// every mutating RPC (SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN).
 	AuthToken string `yaml:"auth_token" secret:"true"`
+	// TLS is the listener's TLS and mutual TLS (server.tls); off by default.
+	TLS TLSConfig `yaml:"tls"`
 }
 
 // ListenAddr splits a listen address into the network and address for
@@ -55,12 +57,13 @@ func ListenAddr(addr string, unix bool) (network, address string, err error) {
 }
 
 // DefaultConfig returns the defaults: loopback listeners, reflection on, 15s
-// shutdown, no token.
+// shutdown, no token, no TLS.
 func DefaultConfig() Config {
-	return Config{Listen: "127.0.0.1:7600", MetricsListen: "127.0.0.1:7601", Reflection: true, ShutdownTimeout: 15 * time.Second}
+	return Config{Listen: "127.0.0.1:7600", MetricsListen: "127.0.0.1:7601", Reflection: true, ShutdownTimeout: 15 * time.Second, TLS: DefaultTLSConfig()}
 }
 
-// Validate returns every problem at once.
+// Validate returns every problem at once (the TLS files are read and
+// checked).
 func (c Config) Validate() error {
 	var errs []error
 	if _, _, err := ListenAddr(c.Listen, true); err != nil {
@@ -76,5 +79,6 @@ func (c Config) Validate() error {
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, &prealloc.ConfigError{Key: "server.shutdown_timeout", Value: c.ShutdownTimeout, Problem: "must be > 0.", Fix: "set a duration such as 15s."})
 	}
+	errs = append(errs, c.TLS.validate()...)
 	return errors.Join(errs...)
 }

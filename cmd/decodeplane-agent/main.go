@@ -4,6 +4,13 @@
 // tried, and verified byte for byte, without GPUs.
 //
 //	decodeplane-agent [--listen 127.0.0.1:7700] [--max-memory-mb 4096] [--log-level info]
+//	                  [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
+//
+// With --tls-cert/--tls-key it serves TLS; with --tls-client-ca too, mutual
+// TLS (the daemon's transfer.delegate.tls.cert_file must be signed by that
+// CA; --tls-require-client-cert=false admits clients without one). The files
+// are re-read every --tls-reload-interval and changed, valid ones serve the
+// connections made from then on.
 //
 // Point the daemon at it with `decodeplane serve --transfer-path delegate
 // --agent 127.0.0.1:7700`. It serves gRPC health (SERVING while it runs) and
@@ -37,6 +44,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/tlsreload"
 	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
 	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/server"
@@ -63,6 +71,14 @@ type options struct {
 	shutdownTimeout time.Duration
 	holdRooms       []uint64
 	failRooms       []uint64
+	tls             tlsOptions
+}
+
+// tlsOptions are the listener's TLS flags.
+type tlsOptions struct {
+	cert, key, clientCA string
+	requireClientCert   bool
+	reloadInterval      time.Duration
 }
 
 // roomList is a comma-separated list of rooms (testing faults).
@@ -91,6 +107,11 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on the graceful stop")
 	fs.Var(roomList{&o.holdRooms}, "fault-hold-rooms", "testing: accept the batches of these rooms (comma-separated) but never run them until cancelled or past their deadline")
 	fs.Var(roomList{&o.failRooms}, "fault-fail-rooms", "testing: fail every batch of these rooms (comma-separated) with an injected error")
+	fs.StringVar(&o.tls.cert, "tls-cert", "", "serve TLS with this PEM certificate (chain)")
+	fs.StringVar(&o.tls.key, "tls-key", "", "the PEM private key of --tls-cert")
+	fs.StringVar(&o.tls.clientCA, "tls-client-ca", "", "mutual TLS: verify client certificates against this PEM CA bundle")
+	fs.BoolVar(&o.tls.requireClientCert, "tls-require-client-cert", true, "with --tls-client-ca: refuse clients without a certificate (false: verify only those given)")
+	fs.DurationVar(&o.tls.reloadInterval, "tls-reload-interval", tlsreload.DefaultInterval, "how often the TLS files are re-read for changes")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -106,7 +127,29 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	if o.shutdownTimeout <= 0 {
 		return o, fmt.Errorf("--shutdown-timeout must be > 0 (got %s)", o.shutdownTimeout)
 	}
+	if err := o.tls.check(); err != nil {
+		return o, err
+	}
 	return o, nil
+}
+
+// check validates the TLS flags and files, every problem at once.
+func (t tlsOptions) check() error {
+	var errs []error
+	switch {
+	case (t.cert == "") != (t.key == ""):
+		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
+	case t.cert == "" && t.clientCA != "":
+		errs = append(errs, errors.New("--tls-client-ca (mutual TLS) needs the agent's own --tls-cert and --tls-key"))
+	}
+	if t.reloadInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--tls-reload-interval must be > 0 (got %s)", t.reloadInterval))
+	}
+	flagOf := map[string]string{"cert": "--tls-cert", "key": "--tls-key", "ca": "--tls-client-ca"}
+	for _, p := range tlsreload.Check(tlsreload.Files{Cert: t.cert, Key: t.key, CA: t.clientCA}, time.Now()) {
+		errs = append(errs, fmt.Errorf("%s %s: %s", flagOf[p.File], p.Path, p.Message))
+	}
+	return errors.Join(errs...)
 }
 
 func run(args []string, stderr io.Writer) int {
@@ -157,11 +200,31 @@ func run(args []string, stderr io.Writer) int {
 		log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error (logged by the agent)")
 	})
-	gs := grpc.NewServer(
-		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
+	serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(64 << 20), grpc.MaxSendMsgSize(64 << 20)}
+	var reloader *tlsreload.Reloader
+	if o.tls.cert != "" {
+		reloader, err = tlsreload.New(tlsreload.Options{Name: "agent", Interval: o.tls.reloadInterval, Logger: log,
+			Files: tlsreload.Files{Cert: o.tls.cert, Key: o.tls.key, CA: o.tls.clientCA}})
+		if err != nil {
+			log.Error("TLS files", "err", err)
+			return exitUsage
+		}
+		serverOpts = append(serverOpts, grpc.Creds(reloader.ServerCredentials(o.tls.requireClientCert)))
+		rctx, cancel := context.WithCancel(context.Background())
+		reloadDone := make(chan struct{})
+		go func() {
+			defer close(reloadDone)
+			_ = reloader.Run(rctx)
+		}()
+		defer func() {
+			cancel()
+			<-reloadDone
+		}()
+	}
+	gs := grpc.NewServer(append(serverOpts,
 		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recoveryOpt), validator.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recoveryOpt), validator.StreamServerInterceptor()),
-	)
+	)...)
 	svc.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -177,7 +240,14 @@ func run(args []string, stderr io.Writer) int {
 	hs.SetServingStatus("decodeplane.transfer.v1.TransferAgent", healthpb.HealthCheckResponse_SERVING)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- gs.Serve(lis) }()
-	log.Info("decodeplane-agent serving", "listen", lis.Addr().String(), "version", version, "instance", svc.Instance(), "max_memory_mb", o.maxMemoryMB)
+	tlsMode := "off (plaintext)"
+	switch {
+	case o.tls.cert != "" && o.tls.clientCA != "":
+		tlsMode = fmt.Sprintf("mutual TLS (client certificate required: %v)", o.tls.requireClientCert)
+	case o.tls.cert != "":
+		tlsMode = "TLS"
+	}
+	log.Info("decodeplane-agent serving", "listen", lis.Addr().String(), "version", version, "instance", svc.Instance(), "max_memory_mb", o.maxMemoryMB, "tls", tlsMode)
 
 	select {
 	case <-ctx.Done():

@@ -26,10 +26,16 @@ import (
 // Every leaf is also settable as DECODEPLANE_<KEY> (dots → underscores,
 // upper case) and with --set key=value; precedence is
 // defaults < file < environment < flags.
+//
+// AgentTLS is the transfer.delegate.tls section: the agent link's TLS is the
+// gRPC layer's (kvmanager must not know gRPC), so it is declared here under
+// its full dotted name, which places its keys inside transfer.delegate in the
+// file, the environment and --set.
 type Config struct {
 	Server    server.Config            `yaml:"server"`
 	Log       LogConfig                `yaml:"log"`
 	Transfer  kvmanager.TransferConfig `yaml:"transfer"`
+	AgentTLS  server.AgentTLSConfig    `yaml:"transfer.delegate.tls"`
 	KVPool    prealloc.PoolConfig      `yaml:"kv_pool"`
 	Parallel  prealloc.ParallelConfig  `yaml:"parallel"`
 	Staging   prealloc.StagingConfig   `yaml:"staging"`
@@ -55,6 +61,7 @@ func DefaultConfig() Config {
 		Server:    server.DefaultConfig(),
 		Log:       LogConfig{Level: "info", Format: "text"},
 		Transfer:  k.Transfer,
+		AgentTLS:  server.DefaultAgentTLSConfig(),
 		KVPool:    p.Pool,
 		Parallel:  p.Parallel,
 		Staging:   p.Staging,
@@ -78,7 +85,7 @@ func (c Config) Manager() kvmanager.Config {
 // Validate checks every section and returns every problem at once.
 func (c Config) Validate() error {
 	var errs []error
-	errs = append(errs, c.Server.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Manager().ValidateFor(c.Decode()))
+	errs = append(errs, c.Server.Validate(), c.AgentTLS.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Manager().ValidateFor(c.Decode()))
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		errs = append(errs, &prealloc.ConfigError{Key: "log.level", Value: c.Log.Level, Problem: "unknown log level.", Fix: "set it to debug, info, warn or error."})
 	}
@@ -94,6 +101,8 @@ func (c Config) Warnings() []prealloc.Warning {
 	w = append(w, c.Manager().Warnings()...)
 	if c.Server.AuthToken == "" {
 		w = append(w, prealloc.Warning{Key: "server.auth_token", Message: "no bootstrap token: any client can register prefill ranks and mutate rooms (set SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)."})
+	} else if !c.Server.TLS.Enabled() {
+		w = append(w, prealloc.Warning{Key: "server.tls", Message: fmt.Sprintf("the bootstrap token is sent in clear text: server.tls is off, so whoever can see the traffic to %s can read the token and use it (set server.tls.cert_file and server.tls.key_file).", c.Server.Listen)})
 	}
 	return w
 }

@@ -127,6 +127,9 @@ func newConfigFlags(name string, stderr io.Writer) *configFlags {
 		{"agent", "transfer.delegate.target", "transfer agent address for the delegate path (transfer.delegate.target)"},
 		{"log-level", "log.level", "log level: debug, info, warn, error (log.level)"},
 		{"log-format", "log.format", "log format: text or json (log.format)"},
+		{"tls-cert", "server.tls.cert_file", "serve gRPC over TLS with this PEM certificate (server.tls.cert_file)"},
+		{"tls-key", "server.tls.key_file", "the PEM private key of --tls-cert (server.tls.key_file)"},
+		{"tls-client-ca", "server.tls.client_ca_file", "mutual TLS: verify client certificates against this PEM CA bundle (server.tls.client_ca_file)"},
 	} {
 		cf.fs.Var(keyFlag{name: kf.name, key: kf.key, pairs: &cf.overrides.Pairs}, kf.name, kf.usage)
 	}

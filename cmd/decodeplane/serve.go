@@ -150,6 +150,12 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 	d.closers = append(d.closers, tr.shutdown) // closers run in reverse: spans flush last
 
 	metrics := server.NewMetrics()
+	serverTLS, agentTLS, err := buildTLS(cfg, log, metrics.Registry())
+	if err != nil {
+		return nil, err
+	}
+	d.loops = append(d.loops, serverTLS.loops()...)
+	d.loops = append(d.loops, agentTLS.loops()...)
 	dec := cfg.Decode()
 	ledgers := make([]kvmanager.Ledger, max(1, cfg.Parallel.DP))
 	for i := range ledgers {
@@ -164,7 +170,7 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 	case kvmanager.PathSim:
 		engine = kvmanager.NewSimEngine(cfg.Transfer.Sim, kvmanager.RealClock{})
 	case kvmanager.PathDelegate:
-		ac, err := server.DialAgent(cfg.Transfer.Delegate.Target, server.AgentClientOptions{Logger: log, TracerProvider: tr.provider, Propagator: tr.propagator})
+		ac, err := server.DialAgent(cfg.Transfer.Delegate.Target, server.AgentClientOptions{Logger: log, TracerProvider: tr.provider, Propagator: tr.propagator, Credentials: agentTLS.credentials()})
 		if err != nil {
 			return nil, err
 		}
@@ -208,6 +214,7 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 		Manager:            mgr,
 		UnaryInterceptors:  []grpc.UnaryServerInterceptor{unary},
 		StreamInterceptors: []grpc.StreamServerInterceptor{stream},
+		ExtraServerOptions: serverTLS.options(),
 	})
 	if err != nil {
 		return nil, err
