@@ -75,12 +75,15 @@ func TestAdmitDecisions(t *testing.T) {
 			want:    nil, reason: BlockTokens, budget: 10273,
 		},
 		{
-			name:  "per-room estimate dominates: prompt 12300, max_new 8000→4096: required=12304+512=12816 but 12300+4096-0=16396 > 16384 ⇒ tokens",
-			queue: []queued{{room: 1, prompt: 12300, maxNew: 8000}},
-			want:  nil, reason: BlockTokens, budget: 16384,
+			// On an empty pool the same estimate would exceed the pool: such a
+			// room is refused at Enqueue (TestCapacityRejection).
+			name:    "per-room estimate dominates: 1 running (prompt 1000, out 1, max_new 1 ⇒ 63 pages, retractable 1001, need_single 0): budget=15376-512=14864; prompt 11800, max_new 8000→4096: required=11808+512=12320 but 11800+4096-1001=14895 > 14864 ⇒ tokens",
+			running: []Request{req(101, 1000, 1)},
+			queue:   []queued{{room: 1, prompt: 11800, maxNew: 8000}},
+			want:    nil, reason: BlockTokens, budget: 14864,
 		},
 		{
-			name:   "same room with CLIP=2048: max(12816, 12300+2048=14348) ≤ 16384 ⇒ admit; budget=(255 pages)4080-512=3568",
+			name:   "prompt 12300, max_new 8000 with CLIP=2048: max(12816, 12300+2048=14348) ≤ 16384 ⇒ admit; budget=(255 pages)4080-512=3568",
 			mutate: func(c *Config) { c.Admission.ClipMaxNewTokens = 2048 },
 			queue:  []queued{{room: 1, prompt: 12300, maxNew: 8000}},
 			want:   []uint64{1}, reason: BlockNone, budget: 3568,
@@ -121,22 +124,69 @@ func TestAdmitDecisions(t *testing.T) {
 			want: []uint64{1, 2, 3}, reason: BlockReqSlots, budget: 16384 - 3*16 - 3*512,
 		},
 		{
-			name:   "priority head blocks: low-first, priority-0 room of 16000 tokens needs 16512 > 16384 ⇒ tokens; smaller priority-9 rooms behind it wait",
-			mutate: func(c *Config) { c.Admission.Priority = PriorityLowFirst },
+			name:    "priority head blocks: low-first, 1 running (63 pages): budget=14864; priority-0 room of 15000 tokens needs 15008+512=15520 > 14864 ⇒ tokens; the smaller priority-9 room behind it waits (max_bypass 0)",
+			mutate:  func(c *Config) { c.Admission.Priority = PriorityLowFirst },
+			running: []Request{req(101, 1000, 1)},
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1, priority: 9},
-				{room: 2, prompt: 16000, maxNew: 1, priority: 0},
+				{room: 2, prompt: 15000, maxNew: 1, priority: 0},
 			},
-			want: nil, reason: BlockTokens, budget: 16384,
+			want: nil, reason: BlockTokens, budget: 14864,
 		},
 		{
 			name:   "priority not-ready head skipped: low-first, priority-0 room waiting, priority-9 room admitted",
 			mutate: func(c *Config) { c.Admission.Priority = PriorityLowFirst },
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1, priority: 9},
-				{room: 2, prompt: 16000, maxNew: 1, priority: 0, notReady: true},
+				{room: 2, prompt: 15000, maxNew: 1, priority: 0, notReady: true},
 			},
 			want: []uint64{1}, reason: BlockNone, budget: 16384 - 16 - 512,
+		},
+		{
+			name:    "bypass, max_bypass 2: 1 running (63 pages), budget=14864; room 1 (15000) needs 15520 ⇒ set aside; room 2 (16) needs 528 ⇒ admit, budget=(960 pages)15360-1024=14336; room 3 ⇒ admit, budget=15344-1536=13808, room 1 bypassed twice ⇒ strict: room 4 waits, tokens",
+			mutate:  func(c *Config) { c.Admission.MaxBypass = 2 },
+			running: []Request{req(101, 1000, 1)},
+			queue: []queued{
+				{room: 1, prompt: 15000, maxNew: 1},
+				{room: 2, prompt: 16, maxNew: 1},
+				{room: 3, prompt: 16, maxNew: 1},
+				{room: 4, prompt: 16, maxNew: 1},
+			},
+			want: []uint64{2, 3}, reason: BlockTokens, budget: 13808,
+		},
+		{
+			name:    "bypass steps over at most 8 rooms per pass: 8 rooms of 15000 tokens set aside, the 16-token room 9 admitted, budget=14336; the queue then ends ⇒ tokens (the rooms set aside)",
+			mutate:  func(c *Config) { c.Admission.MaxBypass = 32 },
+			running: []Request{req(101, 1000, 1)},
+			queue: []queued{
+				{room: 1, prompt: 15000, maxNew: 1}, {room: 2, prompt: 15000, maxNew: 1},
+				{room: 3, prompt: 15000, maxNew: 1}, {room: 4, prompt: 15000, maxNew: 1},
+				{room: 5, prompt: 15000, maxNew: 1}, {room: 6, prompt: 15000, maxNew: 1},
+				{room: 7, prompt: 15000, maxNew: 1}, {room: 8, prompt: 15000, maxNew: 1},
+				{room: 9, prompt: 16, maxNew: 1},
+			},
+			want: []uint64{9}, reason: BlockTokens, budget: 14336,
+		},
+		{
+			name:    "bypass lookahead exhausted: 9 rooms of 15000 tokens ahead of the 16-token room 10 ⇒ the ninth stops the pass, nothing admitted, tokens",
+			mutate:  func(c *Config) { c.Admission.MaxBypass = 32 },
+			running: []Request{req(101, 1000, 1)},
+			queue: []queued{
+				{room: 1, prompt: 15000, maxNew: 1}, {room: 2, prompt: 15000, maxNew: 1},
+				{room: 3, prompt: 15000, maxNew: 1}, {room: 4, prompt: 15000, maxNew: 1},
+				{room: 5, prompt: 15000, maxNew: 1}, {room: 6, prompt: 15000, maxNew: 1},
+				{room: 7, prompt: 15000, maxNew: 1}, {room: 8, prompt: 15000, maxNew: 1},
+				{room: 9, prompt: 15000, maxNew: 1}, {room: 10, prompt: 16, maxNew: 1},
+			},
+			want: nil, reason: BlockTokens, budget: 14864,
+		},
+		{
+			name:   "bypass does not apply to a shared shortage: 2 req slots, max_bypass 32 ⇒ rooms 1, 2 admitted, req_slots, room 3 waits",
+			mutate: func(c *Config) { c.Pool.RequestSlots = 2; c.Admission.MaxBypass = 32 },
+			queue: []queued{
+				{room: 1, prompt: 16, maxNew: 1}, {room: 2, prompt: 16, maxNew: 1}, {room: 3, prompt: 16, maxNew: 1},
+			},
+			want: []uint64{1, 2}, reason: BlockReqSlots, budget: 15328,
 		},
 	}
 	for _, tc := range tests {
