@@ -1,6 +1,7 @@
 package prealloc
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -372,5 +373,104 @@ func TestResumeInRetractionOrder(t *testing.T) {
 		t.Errorf("budget after pass %d, want 352", s.FullBudget)
 	}
 	releaseAll(t, l, 1, 2)
+	assertFull(t, l)
+}
+
+// TestBypassThenDrain: the head-of-line policy end to end. GQA, page 16,
+// 1024 pages (16384 tokens), R = 512, admission.max_bypass = 2. A running
+// room (prompt 1000 ⇒ 63 pages) leaves a budget of 15376 − 512 = 14864, so
+// room 1 (15000 tokens: needs 15008 + 512 = 15520, which the empty pool
+// holds) does not fit. Rooms 2 and 3 are admitted ahead of it; then it has
+// been bypassed twice and blocks strictly: room 4 waits, also after rooms 2
+// and 3 leave (the running room still holds 63 pages). When the running room
+// ends the pool drains: room 1 is admitted first (16384 ≥ 15520; then 86
+// pages = 1376 − 512 = 864 left) and room 4 behind it (528 ≤ 864).
+func TestBypassThenDrain(t *testing.T) {
+	cfg := testConfig(KindGQA, 16, 1024, 8)
+	cfg.Admission.MaxBypass = 2
+	l, _ := newLedger(t, cfg, false)
+	runRoom(t, l, req(101, 1000, 1), 1)
+	for _, r := range []Request{req(1, 15000, 1), req(2, 16, 1), req(3, 16, 1), req(4, 16, 1)} {
+		mustNil(t, "enqueue", l.Enqueue(r))
+		mustNil(t, "ready", l.SetReady(r.Room))
+	}
+	if got, reason, _ := admitRooms(t, l); !cmp.Equal(got, []uint64{2, 3}) || reason != BlockTokens {
+		t.Fatalf("first pass %v %s, want [2 3] tokens", got, reason)
+	}
+	releaseAll(t, l, 2, 3)
+	if got, reason, _ := admitRooms(t, l); len(got) != 0 || reason != BlockTokens {
+		t.Fatalf("pass after two bypasses %v %s, want nothing (strict behind room 1), tokens", got, reason)
+	}
+	if st, _ := l.State(4); st != RoomReady {
+		t.Fatalf("room 4 is %s, want ready (waiting behind room 1)", st)
+	}
+	mustNil(t, "release running", l.Release(101))
+	got, reason, adm := admitRooms(t, l)
+	if !cmp.Equal(got, []uint64{1, 4}) || reason != BlockNone {
+		t.Fatalf("pass after the drain %v %s, want [1 4] none", got, reason)
+	}
+	if n := len(adm[0].Alloc.Pages); n != 938 {
+		t.Errorf("room 1 got %d pages, want 938 (15000 tokens)", n)
+	}
+	if s := l.Stats(); s.FullBudget != 336 {
+		t.Errorf("budget after the pass %d, want 336 (85 pages = 1360 − 2 × 512)", s.FullBudget)
+	}
+	releaseAll(t, l, 1, 4)
+	assertFull(t, l)
+}
+
+// TestRetractWaitsForDecodeStep: GQA, page 16, 64 pages, R = 0. Rooms 1 and
+// 2 (480 tokens, 30 pages each) run, 4 pages free. Room 1 cannot grow to
+// output 200 (seq 680 ⇒ 43 pages: 13 more). Room 2 is retracted: its 30
+// pages are free at once (34), but the next pass does not resume it — the
+// pages are for room 1's growth, which the next UpdateRunning takes (21
+// left). Room 2 then needs 480 > 21 × 16 = 336 and waits; once room 1 is
+// released it resumes with 30 pages (CheckInvariants, run after every pass,
+// proves no page has two owners).
+func TestRetractWaitsForDecodeStep(t *testing.T) {
+	cfg := testConfig(KindGQA, 16, 64, 8)
+	cfg.Admission.ReservedDecodeTokens = 0
+	l, _ := newLedger(t, cfg, false)
+	runRoom(t, l, req(2, 480, 16), 0)
+	runRoom(t, l, req(1, 480, 200), 0)
+	if _, err := l.UpdateRunning(1, 200); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("grow before the retraction = %v, want ErrNoCapacity", err)
+	}
+	mustNil(t, "retract", l.Retract(2))
+	if s := l.Stats(); s.Pages.Free != 34 || s.Retracted != 1 {
+		t.Fatalf("after retract: %d pages free, %d retracted; want 34, 1", s.Pages.Free, s.Retracted)
+	}
+	if got, reason, _ := admitRooms(t, l); len(got) != 0 || reason != BlockRetracted {
+		t.Fatalf("pass right after the retraction %v %s, want nothing, retracted", got, reason)
+	}
+	grown, err := l.UpdateRunning(1, 200)
+	if err != nil || len(grown) != 13 {
+		t.Fatalf("grow after the retraction = %d pages, %v; want 13", len(grown), err)
+	}
+	if got, reason, _ := admitRooms(t, l); len(got) != 0 || reason != BlockRetracted {
+		t.Fatalf("pass after the growth %v %s, want nothing (480 > 336), retracted", got, reason)
+	}
+	mustNil(t, "release 1", l.Release(1))
+	got, reason, adm := admitRooms(t, l)
+	if !cmp.Equal(got, []uint64{2}) || reason != BlockNone || !adm[0].Resumed || len(adm[0].Alloc.Pages) != 30 {
+		t.Fatalf("pass after the release %v %s %+v, want room 2 resumed with 30 pages", got, reason, adm)
+	}
+	mustNil(t, "start resumed", l.StartRunning(2))
+	releaseAll(t, l, 2)
+	assertFull(t, l)
+}
+
+// TestRetractLastRunningResumes: with no running room left nothing can grow
+// into the freed pages, so the next pass resumes the retracted room.
+func TestRetractLastRunningResumes(t *testing.T) {
+	l, _ := newLedger(t, testConfig(KindGQA, 16, 64, 8), false)
+	runRoom(t, l, req(1, 100, 10), 3)
+	mustNil(t, "retract", l.Retract(1))
+	got, reason, adm := admitRooms(t, l)
+	if !cmp.Equal(got, []uint64{1}) || reason != BlockNone || !adm[0].Resumed {
+		t.Fatalf("pass %v %s, want room 1 resumed", got, reason)
+	}
+	mustNil(t, "start resumed", l.StartRunning(1))
+	releaseAll(t, l, 1)
 	assertFull(t, l)
 }
