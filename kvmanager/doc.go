@@ -25,7 +25,12 @@
 // succeeds (T12/T17) when every required rank is done, every staged region
 // is scattered and the metadata slot holds the room's marker (T19 when it
 // holds another room). The decode engine releases a succeeded room
-// (ReleaseRoom); AbortRoom fails a room in any phase (T16). A room's KVPoll
+// (ReleaseRoom); AbortRoom fails a room in any phase (T16). While it runs,
+// ReportRunning grows it (the engine's decode step, after which each
+// reported shard runs an admission pass) and RetractRoom takes its pages
+// back at once: a RETRACT room is PhaseRetracted and resumes (T20) at a
+// pass after the next ReportRunning of its shard, or right after the call
+// when nothing else runs there — never inside RetractRoom. A room's KVPoll
 // is derived from its phase with SGLang's numbers and only moves forward.
 //
 // # Bounded waits

@@ -34,8 +34,10 @@ type OpenRequest struct {
 
 // OpenRoom admits a request to the decode side. It returns at once: the
 // room then waits for its prefill's registration, its DP rank and admission.
-// Capacity errors (prealloc.ErrExceedsCapacity, ErrQueueFull) leave nothing
-// allocated.
+// Capacity errors leave nothing allocated and nothing queued:
+// prealloc.ErrExceedsCapacity (a *prealloc.CapacityError with SGLang's
+// message) for a request its shard could not admit even when empty (see
+// prealloc's Enqueue), ErrQueueFull when admission.max_queued rooms wait.
 func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
