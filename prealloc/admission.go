@@ -86,8 +86,9 @@ func (l *Ledger) swaBudget(withSingle, withRetracted bool) int64 {
 // Each admitted room gets a req slot, a FIFO metadata slot (marker 0),
 // page-rounded pages for fill_len, its state slots and, with
 // admission.claim_timeout > 0, a claim deadline. A blocked pass costs
-// O(bypassLookahead × log n) at most (O(1) with max_bypass 0); admitting k
-// rooms costs O(k log n + pages).
+// O(bypassLookahead × log n) at most, O(1) with max_bypass 0 or when the
+// budget is below R (no room can fit); admitting k rooms costs
+// O(k log n + pages).
 func (l *Ledger) Admit() ([]Admission, BlockReason) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -218,7 +219,11 @@ func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 		origin, fill := originLen(r.req), fillLen(r.req)
 		swaReq, block := l.fitsBudget(r, origin, fill, budget, swaB)
 		if block != BlockNone {
-			if r.bypassed < l.maxBypass && nAside < len(aside) {
+			// Stepping over r is pointless when no room at all fits the
+			// budgets (every room needs at least R tokens and no negative
+			// SWA amount): stop here, as the scan would admit nothing.
+			noneFits := budget < l.reserve || (l.swaMode == swaTail && swaB < 0)
+			if r.bypassed < l.maxBypass && nAside < len(aside) && !noneFits {
 				l.ready.pop()
 				aside[nAside] = r
 				nAside++
@@ -264,7 +269,9 @@ func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 	for _, a := range aside[:nAside] {
 		l.ready.push(a) // back at their queue positions (seq is unchanged)
 	}
-	if reason == BlockNone && nAside > 0 {
+	if nAside > 0 && reason != BlockReqSlots && reason != BlockMetadataSlots && reason != BlockMamba {
+		// The queue's head is the first room set aside: report why it
+		// waits (unless a shared shortage stopped the pass).
 		reason = asideReason
 	}
 	l.lastFull = budget

@@ -105,9 +105,9 @@
 // shard drains enough for it. So a room too big for a busy shard neither
 // stalls the rooms behind it indefinitely nor starves. The ready rooms live
 // in an indexed heap keyed by (priority class, arrival), so a blocked pass
-// looks only at the head (strict) or at most 9 rooms (bypass): O(1) or
-// O(log n) in the queue length; admitting k rooms costs O(k log n) plus
-// their pages. The running-set terms
+// looks only at the head (strict, or a budget below R where nothing fits)
+// or at most 9 rooms (bypass): O(1) or O(log n) in the queue length;
+// admitting k rooms costs O(k log n) plus their pages. The running-set terms
 // (retractable, need_single and their SWA analogues) and the retracted
 // requirements are maintained incrementally.
 //

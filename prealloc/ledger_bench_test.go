@@ -51,12 +51,19 @@ func BenchmarkRoomLifecycle(b *testing.B) {
 // leaves less than the 3M tokens each queued room needs (each would fit the
 // empty 4M-token pool). With admission.max_bypass 0 (strict) the pass looks
 // at the head only; with bypass it steps over bypassLookahead rooms and
-// puts them back. Neither cost depends on n.
+// puts them back (O(log n) each). "full" is the common busy case with
+// bypass: the running room leaves a budget below R, so no room can fit and
+// the pass stops at the head.
 func BenchmarkAdmitBlocked(b *testing.B) {
 	for _, mode := range []struct {
-		name   string
-		bypass int
-	}{{"strict", 0}, {"bypass", DefaultMaxBypass}} {
+		name            string
+		bypass          int
+		running, queued int
+	}{
+		{"strict", 0, 1 << 21, 3 << 20},
+		{"bypass", DefaultMaxBypass, 1 << 21, 3 << 20},
+		{"bypass-full", DefaultMaxBypass, 1<<22 - 512, 100},
+	} {
 		for _, n := range []int{1_000, 100_000} {
 			b.Run(fmt.Sprintf("%s/queued=%d", mode.name, n), func(b *testing.B) {
 				cfg := typicalConfig()
@@ -64,7 +71,7 @@ func BenchmarkAdmitBlocked(b *testing.B) {
 				cfg.Admission.MaxBypass = mode.bypass
 				l, _ := newLedger(b, cfg, false)
 				const running = uint64(1 << 40)
-				if err := l.Enqueue(Request{Room: running, PromptLen: 1 << 21, MaxNewTokens: 1}); err != nil {
+				if err := l.Enqueue(Request{Room: running, PromptLen: mode.running, MaxNewTokens: 1}); err != nil {
 					b.Fatal(err)
 				}
 				_ = l.SetReady(running)
@@ -74,7 +81,7 @@ func BenchmarkAdmitBlocked(b *testing.B) {
 				_ = l.Claim(running)
 				_ = l.StartRunning(running)
 				for id := uint64(1); id <= uint64(n); id++ {
-					if err := l.Enqueue(Request{Room: id, PromptLen: 3 << 20, MaxNewTokens: 1}); err != nil {
+					if err := l.Enqueue(Request{Room: id, PromptLen: mode.queued, MaxNewTokens: 1}); err != nil {
 						b.Fatal(err)
 					}
 					_ = l.SetReady(id)

@@ -917,8 +917,8 @@ func (s *sim) opAdmit() {
 				break
 			}
 		}
-		if reason == BlockNone && len(aside) > 0 {
-			reason = asideReason
+		if len(aside) > 0 && reason != BlockReqSlots && reason != BlockMetadataSlots && reason != BlockMamba {
+			reason = asideReason // the head's reason
 		}
 	}
 
