@@ -2,6 +2,7 @@ package prealloc
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -472,5 +473,38 @@ func TestRetractLastRunningResumes(t *testing.T) {
 	}
 	mustNil(t, "start resumed", l.StartRunning(1))
 	releaseAll(t, l, 1)
+	assertFull(t, l)
+}
+
+// TestRetractNeverResumableRefused: GQA, page 16, 64 pages (1024 tokens),
+// R = 64. A room grown to 1000 tokens would need fill_len 999 + 64 = 1063 >
+// 1024 to resume, which not even an empty shard has: Retract refuses it
+// (it would stay retracted forever and block every admission) and changes
+// nothing; the room keeps running. At 900 tokens (899 + 64 ≤ 1024) it may.
+func TestRetractNeverResumableRefused(t *testing.T) {
+	cfg := testConfig(KindGQA, 16, 64, 8)
+	cfg.Admission.ReservedDecodeTokens = 64
+	l, _ := newLedger(t, cfg, false)
+	runRoom(t, l, req(1, 100, 100), 1)
+	if _, err := l.UpdateRunning(1, 900); err != nil {
+		t.Fatal(err)
+	}
+	before := l.Stats()
+	err := l.Retract(1)
+	mustIs(t, "retract", err, ErrWrongState)
+	if !strings.Contains(err.Error(), "could never resume: fill_len 999 + 64 reserved tokens > 1024 pool tokens") {
+		t.Errorf("error %q does not say why", err)
+	}
+	if st, _ := l.State(1); st != RoomRunning || l.Stats() != before {
+		t.Fatalf("refused retraction changed the ledger: %s", st)
+	}
+	mustNil(t, "hold", l.Hold(1)) // rebootstrap is still possible
+	mustNil(t, "release", l.Release(1))
+	runRoom(t, l, req(2, 100, 100), 1)
+	if _, err := l.UpdateRunning(2, 800); err != nil {
+		t.Fatal(err)
+	}
+	mustNil(t, "retract at 900 tokens", l.Retract(2))
+	releaseAll(t, l, 2)
 	assertFull(t, l)
 }

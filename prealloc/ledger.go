@@ -877,7 +877,9 @@ func (l *Ledger) UpdateRunning(id uint64, outputLen int) ([]int32, error) {
 // ledger keeps that order across separate calls: while rooms are running, a
 // retracted room is not resumed before the next UpdateRunning (the engine's
 // next decode-step report); with no running room it may resume at the next
-// pass. ErrWrongState unless running.
+// pass. ErrWrongState unless running, or if the room could not resume even
+// on an empty shard (fill_len + R beyond the pool, or its SWA tail beyond
+// the SWA pool): nothing changes then (Hold or Release it instead).
 func (l *Ledger) Retract(id uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -888,15 +890,24 @@ func (l *Ledger) Retract(id uint64) error {
 	if r.state != RoomRunning {
 		return wrongState("retract", r)
 	}
-	l.removeRunning(r)
-	l.freeResources(r)
 	// _prealloc_required_tokens of the retracted request: fill_len + R for
 	// the full pool and swa_tail_len(fill_len) (+0, no radix cache) for SWA.
-	r.retFill = fillLen(r.req)
-	r.retFull = r.retFill + l.reserve
+	fill := fillLen(r.req)
+	full := fill + l.reserve
+	var swaNeed int64
 	if l.swaMode == swaTail {
-		r.retSWA = l.swaTailLen(r.retFill)
+		swaNeed = l.swaTailLen(fill)
 	}
+	// A room that could not resume even on an empty shard would stay
+	// retracted forever and block every admission behind it: refuse.
+	_, swaPages := l.need(fill)
+	if full > l.maxTotal || swaNeed > l.swaCap || swaPages > l.swaPages.total {
+		return fmt.Errorf("retract room %d: it could never resume: fill_len %d + %d reserved tokens > %d pool tokens (or its SWA tail > %d): %w",
+			id, fill, l.reserve, l.maxTotal, l.swaCap, ErrWrongState)
+	}
+	l.removeRunning(r)
+	l.freeResources(r)
+	r.retFill, r.retFull, r.retSWA = fill, full, swaNeed
 	r.retStep = l.steps
 	l.retractedFull += r.retFull
 	l.retractedSWA += r.retSWA

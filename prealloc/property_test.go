@@ -334,6 +334,19 @@ func (s *sim) fits(r Request) bool {
 	return s.tail(f)+mn <= s.swaCap && int64(swaPages)*s.page <= s.swaCap
 }
 
+// resumable: a running request's retracted requirement fits an empty
+// shard (fill_len + R, its SWA tail, its SWA pages).
+func (s *sim) resumable(r Request) bool {
+	f := s.fill(r)
+	if f+s.reserve > s.maxTotal {
+		return false
+	}
+	if s.swa == swaNone {
+		return true
+	}
+	return (s.swa != swaTail || s.tail(f) <= s.swaCap) && s.pagesFor(f)-s.firstSWAPage(f) <= s.totalSWA
+}
+
 func (s *sim) holds(r *shadowRoom) bool { return r.state.holdsAllocation() }
 
 // tally counts the shadow rooms per state in one pass.
@@ -607,6 +620,10 @@ func (s *sim) opRetract() {
 	switch {
 	case r == nil:
 		s.expectErr("retract", err, ErrUnknownRoom)
+	case r.state == RoomRunning && !s.resumable(r.req):
+		// It could never resume: refused, nothing changed.
+		s.expectErr("retract", err, ErrWrongState)
+		s.seen["retract: could never resume"]++
 	case r.state == RoomRunning:
 		if err != nil {
 			s.fatalf("retract %d: %v", id, err)

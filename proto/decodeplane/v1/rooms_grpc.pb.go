@@ -134,7 +134,10 @@ type RoomsClient interface {
 	// with include_pages), before any new admission, once fill_len +
 	// reserved_decode_tokens fits the budget. With no other running room the
 	// first such pass runs right after the call.
-	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running); UNAUTHENTICATED.
+	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running; or RETRACT of a
+	// room that could not resume even on an empty shard, fill_len +
+	// reserved_decode_tokens beyond the pool: nothing changes, use REBOOTSTRAP
+	// or release it); UNAUTHENTICATED.
 	RetractRoom(ctx context.Context, in *RetractRoomRequest, opts ...grpc.CallOption) (*RetractRoomResponse, error)
 	// ContinueGeneration re-enqueues every held rebootstrap room
 	// (SGLang's continue_generation). Codes: OK; UNAUTHENTICATED.
@@ -388,7 +391,10 @@ type RoomsServer interface {
 	// with include_pages), before any new admission, once fill_len +
 	// reserved_decode_tokens fits the budget. With no other running room the
 	// first such pass runs right after the call.
-	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running); UNAUTHENTICATED.
+	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running; or RETRACT of a
+	// room that could not resume even on an empty shard, fill_len +
+	// reserved_decode_tokens beyond the pool: nothing changes, use REBOOTSTRAP
+	// or release it); UNAUTHENTICATED.
 	RetractRoom(context.Context, *RetractRoomRequest) (*RetractRoomResponse, error)
 	// ContinueGeneration re-enqueues every held rebootstrap room
 	// (SGLang's continue_generation). Codes: OK; UNAUTHENTICATED.
