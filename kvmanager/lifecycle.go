@@ -1024,7 +1024,9 @@ const (
 // resume_retracted_reqs); it then resumes, before any new admission, when
 // fill_len + R fits the budget, with pages the ledger hands out afresh
 // (GetRoom/WatchRoom show them). With no other running room on the shard
-// an admission pass runs right after the call.
+// an admission pass runs right after the call. A room that could not
+// resume even on an empty shard is refused (prealloc.ErrWrongState) and
+// keeps running.
 //
 // RetractRebootstrap: the room is held (pages freed) until
 // ContinueGeneration; new rooms may be admitted into its pages at once.
