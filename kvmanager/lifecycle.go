@@ -1023,7 +1023,7 @@ const (
 // the freed pages first (SGLang: retract, the batch grows, then
 // resume_retracted_reqs); it then resumes, before any new admission, when
 // fill_len + R fits the budget, with pages the ledger hands out afresh
-// (GetRoom/WatchRoom show them). With no other running room on the shard
+// (GetRoom with pages shows them). With no other running room on the shard
 // an admission pass runs right after the call. A room that could not
 // resume even on an empty shard is refused (prealloc.ErrWrongState) and
 // keeps running.
