@@ -31,8 +31,14 @@
 // outside the destination or overlap pages its rank already sent, a retry
 // with another page range, and a reported byte count that is not what the
 // layout says the pages weigh (RankWeights) are refused before anything
-// changes. GetRoom shows the coverage and what the room waits for. The decode engine releases a succeeded room
-// (ReleaseRoom); AbortRoom fails a room in any phase (T16). A room's KVPoll
+// changes. GetRoom shows the coverage and what the room waits for. The
+// decode engine releases a succeeded room (ReleaseRoom); AbortRoom fails a
+// room in any phase (T16). While it runs, ReportRunning grows it (the
+// engine's decode step, after which each reported shard runs an admission
+// pass) and RetractRoom takes its pages back at once: a RETRACT room is
+// PhaseRetracted and resumes (T20) at a pass after the next ReportRunning of
+// its shard, or right after the call when nothing else runs there — never
+// inside RetractRoom. A room's KVPoll
 // is derived from its phase with SGLang's numbers and only moves forward.
 //
 // # Bounded waits

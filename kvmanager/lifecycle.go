@@ -34,8 +34,10 @@ type OpenRequest struct {
 
 // OpenRoom admits a request to the decode side. It returns at once: the
 // room then waits for its prefill's registration, its DP rank and admission.
-// Capacity errors (prealloc.ErrExceedsCapacity, ErrQueueFull) leave nothing
-// allocated.
+// Capacity errors leave nothing allocated and nothing queued:
+// prealloc.ErrExceedsCapacity (a *prealloc.CapacityError with SGLang's
+// message) for a request its shard could not admit even when empty (see
+// prealloc's Enqueue), ErrQueueFull when admission.max_queued rooms wait.
 func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -1001,16 +1003,26 @@ type Grown struct {
 
 // ReportRunning grows running rooms' allocations to their output lengths.
 // Rooms that could not grow (no pages) are listed in noCapacity: the engine
-// should retract one. Unknown or non-running rooms are in notRunning.
+// should retract one (RetractRoom), whose pages this growth then takes
+// first. Unknown or non-running rooms are in notRunning. It is the engine's
+// decode step: once every listed room has grown, each shard with a listed
+// running room runs an admission pass (SGLang's process_decode_queue after
+// the batch), which resumes the rooms retracted before this report when
+// their pages and reserve fit, then admits queued rooms.
 func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRunning []uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	var stepped []bool // shards with a running room in this report
 	for _, u := range usage {
 		r := m.rooms[u.Room]
 		if r == nil || r.phase != PhaseSucceeded {
 			notRunning = append(notRunning, u.Room)
 			continue
 		}
+		if stepped == nil {
+			stepped = make([]bool, len(m.shards))
+		}
+		stepped[r.decodeDP] = true
 		pages, err := r.led.UpdateRunning(r.id, u.OutputLen)
 		switch {
 		case errors.Is(err, prealloc.ErrNoCapacity):
@@ -1020,6 +1032,11 @@ func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRu
 		case len(pages) > 0:
 			r.pages = append(r.pages, pages...)
 			grown = append(grown, Grown{Room: r.id, NewPages: slices.Clone(pages)})
+		}
+	}
+	for shard, ok := range stepped {
+		if ok {
+			m.admitLocked(shard)
 		}
 	}
 	return grown, noCapacity, notRunning
@@ -1038,7 +1055,22 @@ const (
 	RetractRebootstrap
 )
 
-// RetractRoom takes a running room's pages back.
+// RetractRoom takes a running room's pages back at once.
+//
+// RetractCPU: the pages, req slot and state slots return to the pool and the
+// room is PhaseRetracted (Poll stays Success) until an admission pass
+// resumes it. It never resumes inside this call: while other rooms run on
+// its shard it waits for the engine's next ReportRunning, whose growth gets
+// the freed pages first (SGLang: retract, the batch grows, then
+// resume_retracted_reqs); it then resumes, before any new admission, when
+// fill_len + R fits the budget, with pages the ledger hands out afresh
+// (GetRoom with pages shows them). With no other running room on the shard
+// an admission pass runs right after the call. A room that could not
+// resume even on an empty shard is refused (prealloc.ErrWrongState) and
+// keeps running.
+//
+// RetractRebootstrap: the room is held (pages freed) until
+// ContinueGeneration; new rooms may be admitted into its pages at once.
 func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -1055,8 +1087,17 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 			return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, err)
 		}
 		r.pages = nil
-		m.transitionLocked(r, PhaseRetracted, "T20", "retracted; resumes before new admissions")
-		m.admitLocked(r.decodeDP)
+		m.transitionLocked(r, PhaseRetracted, "T20", "retracted: pages returned; resumes after the next ReportRunning, before new admissions")
+		if r.led.Stats().Running == 0 {
+			// Nothing left on the shard to grow into the pages: resume (or
+			// not) at the next pass, which runs after this call.
+			shard := r.decodeDP
+			m.clock.AfterFunc(0, func() {
+				m.mu.Lock()
+				defer m.mu.Unlock()
+				m.admitLocked(shard)
+			})
+		}
 	case RetractRebootstrap:
 		if err := r.led.Hold(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("hold room %d: %w", room, err)

@@ -24,7 +24,7 @@ package kvmanager
 //	T17 TestT1T2T4T8T11T12T17HappyPath, TestT17MetadataSlotFreedAtSuccess
 //	T18 TestT13T18ChunkFailureFromEngine, TestT13T18ReportedFailure (KV released, slot freed)
 //	T19 TestT19MetadataMarkerMismatch, TestT19MarkerMissingKeepsTransferring
-//	T20 TestT20RetractAndResume, TestSlowWatcherDropped, TestObserverGaugesMatchRooms
+//	T20 TestT20RetractAndResume, TestT20RetractWaitsForReportRunning, TestSlowWatcherDropped, TestObserverGaugesMatchRooms
 //	T21 TestT21T22HoldAndContinueGenerationSameDPRank
 //	T22 TestT21T22HoldAndContinueGenerationSameDPRank, TestT22ContinueGenerationWaitsForPrefill
 //
@@ -810,6 +810,46 @@ func retractedRoom(h *harness) uint64 {
 	return 1
 }
 
+// TestT20RetractWaitsForReportRunning: on a roomy pool a retracted room
+// still does not resume inside RetractRoom nor at a pass another event
+// triggers while room 2 runs (room 3's admission waits behind it); the
+// next ReportRunning is the decode step after which it resumes, before
+// room 3 is admitted.
+func TestT20RetractWaitsForReportRunning(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(instance{addr: addrA})
+		for _, room := range []uint64{1, 2} {
+			h.open(addrA, room)
+			h.complete(room)
+		}
+		s, err := h.m.RetractRoom(1, RetractCPU)
+		if err != nil || s.Phase != PhaseRetracted || s.NumPages != 0 {
+			t.Fatalf("RetractRoom = %s with %d pages, %v; want retracted with 0", s.Phase, s.NumPages, err)
+		}
+		if st := h.stats(0); st.Retracted != 1 || st.Pages.Used != 16 {
+			t.Errorf("ledger: %d retracted, %d pages used; want 1, 16 (room 2 only)", st.Retracted, st.Pages.Used)
+		}
+		synctest.Wait()
+		h.wantPhase(1, PhaseRetracted)
+		h.open(addrA, 3)
+		h.wantPhase(3, PhaseQueued)
+		h.wantPhase(1, PhaseRetracted)
+		if grown, noCap, notRunning := h.m.ReportRunning([]Usage{{Room: 2, OutputLen: 1}}); grown != nil || noCap != nil || notRunning != nil {
+			t.Fatalf("ReportRunning = %v, %v, %v", grown, noCap, notRunning)
+		}
+		if s := h.wantPhase(1, PhaseSucceeded); s.NumPages != 16 {
+			t.Errorf("resumed room holds %d pages, want 16", s.NumPages)
+		}
+		h.wantPhase(3, PhaseAdmitted)
+		h.release(1)
+		h.release(2)
+		h.complete(3)
+		h.release(3)
+		h.assertClean()
+	})
+}
+
 func TestT16AbortWithChunkInFlight(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		h := newHarness(t)
@@ -958,10 +998,12 @@ func TestT20RetractAndResume(t *testing.T) {
 		if grown, noCap, notRunning := h.m.ReportRunning([]Usage{{Room: room, OutputLen: 100}}); len(grown) != 1 || noCap != nil || notRunning != nil {
 			t.Errorf("ReportRunning(resumed) = %v, %v, %v; want it to grow by a page", grown, noCap, notRunning)
 		}
-		if _, err := h.m.RetractRoom(room, RetractCPU); err != nil {
-			t.Errorf("RetractRoom(resumed) = %v", err)
+		if s, err := h.m.RetractRoom(room, RetractCPU); err != nil || s.Phase != PhaseRetracted || s.NumPages != 0 {
+			t.Errorf("RetractRoom(resumed) = %s with %d pages, %v; want retracted, 0 pages", s.Phase, s.NumPages, err)
 		}
-		h.wantPhase(room, PhaseSucceeded) // resumed at once: the pool is free
+		// No other room runs: the pass right after the call resumes it.
+		synctest.Wait()
+		h.wantPhase(room, PhaseSucceeded)
 		if st := h.stats(0); st.Resumed != 0 || st.Running != 1 {
 			t.Errorf("ledger: %d resumed, %d running; want 0, 1", st.Resumed, st.Running)
 		}

@@ -69,19 +69,26 @@ func (l *Ledger) swaBudget(withSingle, withRetracted bool) int64 {
 //
 //  1. Retracted rooms resume first, in retraction order, each needing a req
 //     slot and full_required (fill_len + R) ≤ the budget (SWA likewise);
-//     the first that does not fit stops the loop. Resumed rooms come back
-//     with Resumed = true and no metadata slot. While any retracted room
-//     remains, nothing new is admitted (BlockRetracted).
-//  2. Unless draining (BlockDraining), ready rooms are admitted strictly
-//     head-of-line in queue order: a shortage of req slots, metadata slots,
-//     Mamba slots, full tokens or SWA tokens stops the pass and is returned;
-//     waiting (not ready) rooms are skipped because they are not in the
-//     ready order at all. BlockNone means no ready room is left.
+//     the first that does not fit stops the loop, and so does a room
+//     retracted since the last UpdateRunning while rooms are running (its
+//     pages go to the running rooms' growth first, see Retract). Resumed
+//     rooms come back with Resumed = true and no metadata slot. While any
+//     retracted room remains, nothing new is admitted (BlockRetracted).
+//  2. Unless draining (BlockDraining), ready rooms are admitted in queue
+//     order: a shortage of req slots, metadata slots or Mamba slots stops
+//     the pass; a room too big for the token or SWA budget stops it too
+//     (SGLang's strict head-of-line), unless admission.max_bypass lets the
+//     rooms behind it be admitted first (see admitReady). The reason the
+//     pass stopped is returned; waiting (not ready) rooms are skipped
+//     because they are not in the ready order at all. BlockNone means no
+//     ready room is left.
 //
 // Each admitted room gets a req slot, a FIFO metadata slot (marker 0),
 // page-rounded pages for fill_len, its state slots and, with
-// admission.claim_timeout > 0, a claim deadline. A blocked pass costs O(1)
-// in the queue length; admitting k rooms costs O(k log n + pages).
+// admission.claim_timeout > 0, a claim deadline. A blocked pass costs
+// O(bypassLookahead × log n) at most, O(1) with max_bypass 0 or when the
+// budget is below R (no room can fit); admitting k rooms costs
+// O(k log n + pages).
 func (l *Ledger) Admit() ([]Admission, BlockReason) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -119,6 +126,12 @@ func (l *Ledger) resumeRetracted(out []Admission) []Admission {
 	}
 	for r := l.retracted.head; r != nil; {
 		next := r.next
+		if r.retStep == l.steps && l.counts[RoomRunning] > 0 {
+			// Retracted during the current decode step: the running rooms
+			// grow into its pages first (see Retract). The rooms behind it
+			// were retracted no earlier, so the loop stops here.
+			break
+		}
 		if l.reqSlots.avail() <= 0 {
 			break
 		}
@@ -150,11 +163,30 @@ func (l *Ledger) resumeRetracted(out []Admission) []Admission {
 	return out
 }
 
+// bypassLookahead bounds the blocked rooms one pass may step over with
+// admission.max_bypass > 0, so that a pass over a queue whose ready rooms
+// are all too big for the current budget costs O(bypassLookahead × log n),
+// whatever the queue length.
+const bypassLookahead = 8
+
 // admitReady is the second loop of pop_preallocated over ready rooms. It only
 // runs once the retracted queue is empty (as in SGLang, where
 // process_decode_queue returns before pop_preallocated otherwise), so the
 // count_retracted and Mamba "retracted needs" terms are kept for fidelity but
 // are zero here.
+//
+// Head-of-line policy (admission.max_bypass = N). SGLang stops at the first
+// room that does not fit. Here a ready room that does not fit the token or
+// SWA budget (or the free pages) — a shortage that depends on the room's
+// size — is set aside while fewer than N later rooms have been admitted
+// ahead of it, and the pass goes on with the rooms behind it, in queue
+// order; each admission made while rooms are set aside counts one bypass
+// against each of them. A room bypassed N times blocks its queue strictly,
+// as in SGLang, until it fits: admission on the shard then waits for the
+// pool to drain to it, so it is admitted within N admissions plus a drain
+// (or timeouts.bootstrap ends it first). At most bypassLookahead rooms are
+// set aside per pass. Shortages every room shares (req slots, metadata
+// slots, Mamba slots) stop the pass at once. N = 0 is SGLang's strict FIFO.
 func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 	budget := l.fullBudget(true, true)
 	var swaB int64
@@ -162,6 +194,9 @@ func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 		swaB = l.swaBudget(true, true)
 	}
 	var deadline time.Time // read from the clock at the first admission
+	var aside [bypassLookahead]*room
+	nAside := 0
+	asideReason := BlockNone // why the first room set aside did not fit
 	reason := BlockNone
 	for {
 		r := l.ready.peek()
@@ -182,33 +217,22 @@ func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 			break
 		}
 		origin, fill := originLen(r.req), fillLen(r.req)
-		maxNew := l.clipped(r.req.MaxNewTokens)
-		required := l.requiredAlloc(fill) + l.reserve
-		// No decode radix cache: prefix_len = 0.
-		if max(required, origin+maxNew-l.retractable) > budget {
-			reason = BlockTokens
-			break
-		}
-		var swaReq int64
-		if l.swaMode == swaTail {
-			swaLen := l.swaTailLen(fill)
-			swaReq = swaLen
-			if max(swaReq, swaLen+maxNew-l.retractableSWA) > swaB {
-				reason = BlockSWA
-				break
+		swaReq, block := l.fitsBudget(r, origin, fill, budget, swaB)
+		if block != BlockNone {
+			// Stepping over r is pointless when no room at all fits the
+			// budgets (every room needs at least R tokens and no negative
+			// SWA amount): stop here, as the scan would admit nothing.
+			noneFits := budget < l.reserve || (l.swaMode == swaTail && swaB < 0)
+			if r.bypassed < l.maxBypass && nAside < len(aside) && !noneFits {
+				l.ready.pop()
+				aside[nAside] = r
+				nAside++
+				if asideReason == BlockNone {
+					asideReason = block
+				}
+				continue
 			}
-		}
-		pOK, sOK := l.fitsPages(fill)
-		if !pOK {
-			reason = BlockTokens
-			break
-		}
-		if !sOK {
-			if l.swaMode == swaTail {
-				reason = BlockSWA
-			} else {
-				reason = BlockTokens
-			}
+			reason = block
 			break
 		}
 		if out == nil {
@@ -230,8 +254,55 @@ func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 		// with this room now counted as active.
 		budget = l.fullBudget(true, true)
 		swaB -= swaReq
+		exhausted := false
+		for _, a := range aside[:nAside] {
+			a.bypassed++
+			exhausted = exhausted || a.bypassed >= l.maxBypass
+		}
+		if exhausted {
+			// The oldest room set aside may not be overtaken again: the
+			// queue is strict behind it from now on.
+			reason = asideReason
+			break
+		}
+	}
+	for _, a := range aside[:nAside] {
+		l.ready.push(a) // back at their queue positions (seq is unchanged)
+	}
+	if nAside > 0 && reason != BlockReqSlots && reason != BlockMetadataSlots && reason != BlockMamba {
+		// The queue's head is the first room set aside: report why it
+		// waits (unless a shared shortage stopped the pass).
+		reason = asideReason
 	}
 	l.lastFull = budget
 	l.lastSWABudget = swaB
 	return out, reason
+}
+
+// fitsBudget is the per-room test of pop_preallocated (no decode radix
+// cache: prefix_len = 0) plus the physical page guard: BlockNone and the
+// room's SWA requirement when it can be admitted now, else why not.
+func (l *Ledger) fitsBudget(r *room, origin, fill, budget, swaB int64) (swaReq int64, block BlockReason) {
+	maxNew := l.clipped(r.req.MaxNewTokens)
+	required := l.requiredAlloc(fill) + l.reserve
+	if max(required, origin+maxNew-l.retractable) > budget {
+		return 0, BlockTokens
+	}
+	if l.swaMode == swaTail {
+		swaLen := l.swaTailLen(fill)
+		swaReq = swaLen
+		if max(swaReq, swaLen+maxNew-l.retractableSWA) > swaB {
+			return 0, BlockSWA
+		}
+	}
+	pOK, sOK := l.fitsPages(fill)
+	switch {
+	case !pOK:
+		return 0, BlockTokens
+	case !sOK && l.swaMode == swaTail:
+		return 0, BlockSWA
+	case !sOK:
+		return 0, BlockTokens
+	}
+	return swaReq, BlockNone
 }

@@ -1,6 +1,8 @@
 package prealloc
 
 import (
+	"errors"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -75,12 +77,15 @@ func TestAdmitDecisions(t *testing.T) {
 			want:    nil, reason: BlockTokens, budget: 10273,
 		},
 		{
-			name:  "per-room estimate dominates: prompt 12300, max_new 8000→4096: required=12304+512=12816 but 12300+4096-0=16396 > 16384 ⇒ tokens",
-			queue: []queued{{room: 1, prompt: 12300, maxNew: 8000}},
-			want:  nil, reason: BlockTokens, budget: 16384,
+			// On an empty pool the same estimate would exceed the pool: such a
+			// room is refused at Enqueue (TestCapacityRejection).
+			name:    "per-room estimate dominates: 1 running (prompt 1000, out 1, max_new 1 ⇒ 63 pages, retractable 1001, need_single 0): budget=15376-512=14864; prompt 11800, max_new 8000→4096: required=11808+512=12320 but 11800+4096-1001=14895 > 14864 ⇒ tokens",
+			running: []Request{req(101, 1000, 1)},
+			queue:   []queued{{room: 1, prompt: 11800, maxNew: 8000}},
+			want:    nil, reason: BlockTokens, budget: 14864,
 		},
 		{
-			name:   "same room with CLIP=2048: max(12816, 12300+2048=14348) ≤ 16384 ⇒ admit; budget=(255 pages)4080-512=3568",
+			name:   "prompt 12300, max_new 8000 with CLIP=2048: max(12816, 12300+2048=14348) ≤ 16384 ⇒ admit; budget=(255 pages)4080-512=3568",
 			mutate: func(c *Config) { c.Admission.ClipMaxNewTokens = 2048 },
 			queue:  []queued{{room: 1, prompt: 12300, maxNew: 8000}},
 			want:   []uint64{1}, reason: BlockNone, budget: 3568,
@@ -121,22 +126,69 @@ func TestAdmitDecisions(t *testing.T) {
 			want: []uint64{1, 2, 3}, reason: BlockReqSlots, budget: 16384 - 3*16 - 3*512,
 		},
 		{
-			name:   "priority head blocks: low-first, priority-0 room of 16000 tokens needs 16512 > 16384 ⇒ tokens; smaller priority-9 rooms behind it wait",
-			mutate: func(c *Config) { c.Admission.Priority = PriorityLowFirst },
+			name:    "priority head blocks: low-first, 1 running (63 pages): budget=14864; priority-0 room of 15000 tokens needs 15008+512=15520 > 14864 ⇒ tokens; the smaller priority-9 room behind it waits (max_bypass 0)",
+			mutate:  func(c *Config) { c.Admission.Priority = PriorityLowFirst },
+			running: []Request{req(101, 1000, 1)},
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1, priority: 9},
-				{room: 2, prompt: 16000, maxNew: 1, priority: 0},
+				{room: 2, prompt: 15000, maxNew: 1, priority: 0},
 			},
-			want: nil, reason: BlockTokens, budget: 16384,
+			want: nil, reason: BlockTokens, budget: 14864,
 		},
 		{
 			name:   "priority not-ready head skipped: low-first, priority-0 room waiting, priority-9 room admitted",
 			mutate: func(c *Config) { c.Admission.Priority = PriorityLowFirst },
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1, priority: 9},
-				{room: 2, prompt: 16000, maxNew: 1, priority: 0, notReady: true},
+				{room: 2, prompt: 15000, maxNew: 1, priority: 0, notReady: true},
 			},
 			want: []uint64{1}, reason: BlockNone, budget: 16384 - 16 - 512,
+		},
+		{
+			name:    "bypass, max_bypass 2: 1 running (63 pages), budget=14864; room 1 (15000) needs 15520 ⇒ set aside; room 2 (16) needs 528 ⇒ admit, budget=(960 pages)15360-1024=14336; room 3 ⇒ admit, budget=15344-1536=13808, room 1 bypassed twice ⇒ strict: room 4 waits, tokens",
+			mutate:  func(c *Config) { c.Admission.MaxBypass = 2 },
+			running: []Request{req(101, 1000, 1)},
+			queue: []queued{
+				{room: 1, prompt: 15000, maxNew: 1},
+				{room: 2, prompt: 16, maxNew: 1},
+				{room: 3, prompt: 16, maxNew: 1},
+				{room: 4, prompt: 16, maxNew: 1},
+			},
+			want: []uint64{2, 3}, reason: BlockTokens, budget: 13808,
+		},
+		{
+			name:    "bypass steps over at most 8 rooms per pass: 8 rooms of 15000 tokens set aside, the 16-token room 9 admitted, budget=14336; the queue then ends ⇒ tokens (the rooms set aside)",
+			mutate:  func(c *Config) { c.Admission.MaxBypass = 32 },
+			running: []Request{req(101, 1000, 1)},
+			queue: []queued{
+				{room: 1, prompt: 15000, maxNew: 1}, {room: 2, prompt: 15000, maxNew: 1},
+				{room: 3, prompt: 15000, maxNew: 1}, {room: 4, prompt: 15000, maxNew: 1},
+				{room: 5, prompt: 15000, maxNew: 1}, {room: 6, prompt: 15000, maxNew: 1},
+				{room: 7, prompt: 15000, maxNew: 1}, {room: 8, prompt: 15000, maxNew: 1},
+				{room: 9, prompt: 16, maxNew: 1},
+			},
+			want: []uint64{9}, reason: BlockTokens, budget: 14336,
+		},
+		{
+			name:    "bypass lookahead exhausted: 9 rooms of 15000 tokens ahead of the 16-token room 10 ⇒ the ninth stops the pass, nothing admitted, tokens",
+			mutate:  func(c *Config) { c.Admission.MaxBypass = 32 },
+			running: []Request{req(101, 1000, 1)},
+			queue: []queued{
+				{room: 1, prompt: 15000, maxNew: 1}, {room: 2, prompt: 15000, maxNew: 1},
+				{room: 3, prompt: 15000, maxNew: 1}, {room: 4, prompt: 15000, maxNew: 1},
+				{room: 5, prompt: 15000, maxNew: 1}, {room: 6, prompt: 15000, maxNew: 1},
+				{room: 7, prompt: 15000, maxNew: 1}, {room: 8, prompt: 15000, maxNew: 1},
+				{room: 9, prompt: 15000, maxNew: 1}, {room: 10, prompt: 16, maxNew: 1},
+			},
+			want: nil, reason: BlockTokens, budget: 14864,
+		},
+		{
+			name:   "bypass does not apply to a shared shortage: 2 req slots, max_bypass 32 ⇒ rooms 1, 2 admitted, req_slots, room 3 waits",
+			mutate: func(c *Config) { c.Pool.RequestSlots = 2; c.Admission.MaxBypass = 32 },
+			queue: []queued{
+				{room: 1, prompt: 16, maxNew: 1}, {room: 2, prompt: 16, maxNew: 1}, {room: 3, prompt: 16, maxNew: 1},
+			},
+			want: []uint64{1, 2}, reason: BlockReqSlots, budget: 15328,
 		},
 	}
 	for _, tc := range tests {
@@ -322,5 +374,137 @@ func TestResumeInRetractionOrder(t *testing.T) {
 		t.Errorf("budget after pass %d, want 352", s.FullBudget)
 	}
 	releaseAll(t, l, 1, 2)
+	assertFull(t, l)
+}
+
+// TestBypassThenDrain: the head-of-line policy end to end. GQA, page 16,
+// 1024 pages (16384 tokens), R = 512, admission.max_bypass = 2. A running
+// room (prompt 1000 ⇒ 63 pages) leaves a budget of 15376 − 512 = 14864, so
+// room 1 (15000 tokens: needs 15008 + 512 = 15520, which the empty pool
+// holds) does not fit. Rooms 2 and 3 are admitted ahead of it; then it has
+// been bypassed twice and blocks strictly: room 4 waits, also after rooms 2
+// and 3 leave (the running room still holds 63 pages). When the running room
+// ends the pool drains: room 1 is admitted first (16384 ≥ 15520; then 86
+// pages = 1376 − 512 = 864 left) and room 4 behind it (528 ≤ 864).
+func TestBypassThenDrain(t *testing.T) {
+	cfg := testConfig(KindGQA, 16, 1024, 8)
+	cfg.Admission.MaxBypass = 2
+	l, _ := newLedger(t, cfg, false)
+	runRoom(t, l, req(101, 1000, 1), 1)
+	for _, r := range []Request{req(1, 15000, 1), req(2, 16, 1), req(3, 16, 1), req(4, 16, 1)} {
+		mustNil(t, "enqueue", l.Enqueue(r))
+		mustNil(t, "ready", l.SetReady(r.Room))
+	}
+	if got, reason, _ := admitRooms(t, l); !cmp.Equal(got, []uint64{2, 3}) || reason != BlockTokens {
+		t.Fatalf("first pass %v %s, want [2 3] tokens", got, reason)
+	}
+	releaseAll(t, l, 2, 3)
+	if got, reason, _ := admitRooms(t, l); len(got) != 0 || reason != BlockTokens {
+		t.Fatalf("pass after two bypasses %v %s, want nothing (strict behind room 1), tokens", got, reason)
+	}
+	if st, _ := l.State(4); st != RoomReady {
+		t.Fatalf("room 4 is %s, want ready (waiting behind room 1)", st)
+	}
+	mustNil(t, "release running", l.Release(101))
+	got, reason, adm := admitRooms(t, l)
+	if !cmp.Equal(got, []uint64{1, 4}) || reason != BlockNone {
+		t.Fatalf("pass after the drain %v %s, want [1 4] none", got, reason)
+	}
+	if n := len(adm[0].Alloc.Pages); n != 938 {
+		t.Errorf("room 1 got %d pages, want 938 (15000 tokens)", n)
+	}
+	if s := l.Stats(); s.FullBudget != 336 {
+		t.Errorf("budget after the pass %d, want 336 (85 pages = 1360 − 2 × 512)", s.FullBudget)
+	}
+	releaseAll(t, l, 1, 4)
+	assertFull(t, l)
+}
+
+// TestRetractWaitsForDecodeStep: GQA, page 16, 64 pages, R = 0. Rooms 1 and
+// 2 (480 tokens, 30 pages each) run, 4 pages free. Room 1 cannot grow to
+// output 200 (seq 680 ⇒ 43 pages: 13 more). Room 2 is retracted: its 30
+// pages are free at once (34), but the next pass does not resume it — the
+// pages are for room 1's growth, which the next UpdateRunning takes (21
+// left). Room 2 then needs 480 > 21 × 16 = 336 and waits; once room 1 is
+// released it resumes with 30 pages (CheckInvariants, run after every pass,
+// proves no page has two owners).
+func TestRetractWaitsForDecodeStep(t *testing.T) {
+	cfg := testConfig(KindGQA, 16, 64, 8)
+	cfg.Admission.ReservedDecodeTokens = 0
+	l, _ := newLedger(t, cfg, false)
+	runRoom(t, l, req(2, 480, 16), 0)
+	runRoom(t, l, req(1, 480, 200), 0)
+	if _, err := l.UpdateRunning(1, 200); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("grow before the retraction = %v, want ErrNoCapacity", err)
+	}
+	mustNil(t, "retract", l.Retract(2))
+	if s := l.Stats(); s.Pages.Free != 34 || s.Retracted != 1 {
+		t.Fatalf("after retract: %d pages free, %d retracted; want 34, 1", s.Pages.Free, s.Retracted)
+	}
+	if got, reason, _ := admitRooms(t, l); len(got) != 0 || reason != BlockRetracted {
+		t.Fatalf("pass right after the retraction %v %s, want nothing, retracted", got, reason)
+	}
+	grown, err := l.UpdateRunning(1, 200)
+	if err != nil || len(grown) != 13 {
+		t.Fatalf("grow after the retraction = %d pages, %v; want 13", len(grown), err)
+	}
+	if got, reason, _ := admitRooms(t, l); len(got) != 0 || reason != BlockRetracted {
+		t.Fatalf("pass after the growth %v %s, want nothing (480 > 336), retracted", got, reason)
+	}
+	mustNil(t, "release 1", l.Release(1))
+	got, reason, adm := admitRooms(t, l)
+	if !cmp.Equal(got, []uint64{2}) || reason != BlockNone || !adm[0].Resumed || len(adm[0].Alloc.Pages) != 30 {
+		t.Fatalf("pass after the release %v %s %+v, want room 2 resumed with 30 pages", got, reason, adm)
+	}
+	mustNil(t, "start resumed", l.StartRunning(2))
+	releaseAll(t, l, 2)
+	assertFull(t, l)
+}
+
+// TestRetractLastRunningResumes: with no running room left nothing can grow
+// into the freed pages, so the next pass resumes the retracted room.
+func TestRetractLastRunningResumes(t *testing.T) {
+	l, _ := newLedger(t, testConfig(KindGQA, 16, 64, 8), false)
+	runRoom(t, l, req(1, 100, 10), 3)
+	mustNil(t, "retract", l.Retract(1))
+	got, reason, adm := admitRooms(t, l)
+	if !cmp.Equal(got, []uint64{1}) || reason != BlockNone || !adm[0].Resumed {
+		t.Fatalf("pass %v %s, want room 1 resumed", got, reason)
+	}
+	mustNil(t, "start resumed", l.StartRunning(1))
+	releaseAll(t, l, 1)
+	assertFull(t, l)
+}
+
+// TestRetractNeverResumableRefused: GQA, page 16, 64 pages (1024 tokens),
+// R = 64. A room grown to 1000 tokens would need fill_len 999 + 64 = 1063 >
+// 1024 to resume, which not even an empty shard has: Retract refuses it
+// (it would stay retracted forever and block every admission) and changes
+// nothing; the room keeps running. At 900 tokens (899 + 64 ≤ 1024) it may.
+func TestRetractNeverResumableRefused(t *testing.T) {
+	cfg := testConfig(KindGQA, 16, 64, 8)
+	cfg.Admission.ReservedDecodeTokens = 64
+	l, _ := newLedger(t, cfg, false)
+	runRoom(t, l, req(1, 100, 100), 1)
+	if _, err := l.UpdateRunning(1, 900); err != nil {
+		t.Fatal(err)
+	}
+	before := l.Stats()
+	err := l.Retract(1)
+	mustIs(t, "retract", err, ErrWrongState)
+	if !strings.Contains(err.Error(), "could never resume: fill_len 999 + 64 reserved tokens > 1024 pool tokens") {
+		t.Errorf("error %q does not say why", err)
+	}
+	if st, _ := l.State(1); st != RoomRunning || l.Stats() != before {
+		t.Fatalf("refused retraction changed the ledger: %s", st)
+	}
+	mustNil(t, "hold", l.Hold(1)) // rebootstrap is still possible
+	mustNil(t, "release", l.Release(1))
+	runRoom(t, l, req(2, 100, 100), 1)
+	if _, err := l.UpdateRunning(2, 800); err != nil {
+		t.Fatal(err)
+	}
+	mustNil(t, "retract at 900 tokens", l.Retract(2))
+	releaseAll(t, l, 2)
 	assertFull(t, l)
 }

@@ -138,7 +138,20 @@ type AdmissionConfig struct {
 	// new rooms are refused with ErrQueueFull (ResourceExhausted with a retry
 	// hint) instead of growing without bound. 0 means 65536.
 	MaxQueued int `yaml:"max_queued"`
+	// MaxBypass is the head-of-line policy: how many later rooms may be
+	// admitted ahead of a ready room that does not fit the current token
+	// (or SWA) budget before the queue waits strictly for it. 0 is SGLang's
+	// strict FIFO (a room too big for the moment blocks every room behind
+	// it); the default 32 lets smaller rooms through, then drains the pool
+	// for the big one, so it is not starved. At most MaxBypassLimit.
+	MaxBypass int `yaml:"max_bypass"`
 }
+
+// DefaultMaxBypass is AdmissionConfig.MaxBypass's default.
+const DefaultMaxBypass = 32
+
+// MaxBypassLimit is the largest admission.max_bypass.
+const MaxBypassLimit = 1 << 20
 
 // Priority orders accepted by AdmissionConfig.Priority.
 const (
@@ -191,7 +204,7 @@ func DefaultConfig() Config {
 		},
 		Parallel:  ParallelConfig{AttnTP: 1, DP: 1, PP: 1, AttnCP: 1, DCP: 1},
 		Staging:   StagingConfig{PoolSizeMB: 4096},
-		Admission: AdmissionConfig{ReservedDecodeTokens: 512, ClipMaxNewTokens: 4096, Priority: PriorityFIFO, ClaimTimeout: 60 * time.Second},
+		Admission: AdmissionConfig{ReservedDecodeTokens: 512, ClipMaxNewTokens: 4096, Priority: PriorityFIFO, ClaimTimeout: 60 * time.Second, MaxBypass: DefaultMaxBypass},
 	}
 }
 

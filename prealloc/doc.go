@@ -50,12 +50,22 @@
 // a metadata slot, pages for fill_len and its state slots, and (with
 // admission.claim_timeout) a claim deadline after which Expire releases it.
 // StartRunning frees the metadata slot (pop_transferred) and keeps the rest.
-// Retract and Hold free everything (the engine keeps a CPU copy, or prefill
-// recomputes); the next admission passes resume retracted rooms first, while
-// held rooms wait for ResumeHeld, which re-enqueues them as rebootstrap
-// requests needing a new handshake.
+// Retract and Hold free everything at once (the engine keeps a CPU copy, or
+// prefill recomputes). Admission passes resume retracted rooms first — but,
+// while rooms are running, not before the next UpdateRunning (the engine's
+// next decode-step report), so that the running rooms grow into the freed
+// pages first, as in SGLang where the retracting step runs before the next
+// process_decode_queue. Held rooms wait for ResumeHeld, which re-enqueues
+// them as rebootstrap requests needing a new handshake.
 //
 // # Admission and the budget
+//
+// Enqueue refuses, with SGLang's messages, a request that could never be
+// admitted: SGLang's entry check (origin_len ≤ max_total_num_tokens, and the
+// SWA tail ≤ size_swa) plus the admission test below evaluated on an empty
+// shard, max(page_round(fill_len) + R, origin_len + min(max_new, CLIP)) ≤
+// max_total_num_tokens (and swa_tail + min(max_new, CLIP) ≤ size_swa). Every
+// request that enters the queue fits once the shard drains.
 //
 // Admit is one pass of SGLang's process_decode_queue. With R the reserved
 // decode tokens per active request and CLIP the max_new_tokens clip:
@@ -85,13 +95,19 @@
 // The pass first resumes retracted rooms in retraction order (budget
 // without need_single and without retracted needs, decremented per resumed
 // room); while any retracted room remains nothing new is admitted. It then
-// admits ready rooms strictly head-of-line in queue order — FIFO, or by
-// priority (low-first or high-first) then FIFO — stopping at the first
-// shortage (req slot, metadata slot, Mamba, tokens, SWA) and returning it as
-// the BlockReason. Rooms still waiting for their handshake are skipped. The
-// ready rooms live in an indexed heap keyed by (priority class, arrival), so
-// a blocked pass looks only at the head: O(1) in the queue length; admitting
-// k rooms costs O(k log n) plus their pages. The running-set terms
+// admits ready rooms in queue order — FIFO, or by priority (low-first or
+// high-first) then FIFO — stopping at the first shortage (req slot, metadata
+// slot, Mamba, tokens, SWA) and returning it as the BlockReason. Rooms still
+// waiting for their handshake are skipped. With admission.max_bypass = N > 0
+// a room that does not fit the token or SWA budget is stepped over (at most
+// 8 per pass) while fewer than N later rooms have been admitted ahead of it;
+// after N it blocks its queue strictly (SGLang's rule, N = 0) until the
+// shard drains enough for it. So a room too big for a busy shard neither
+// stalls the rooms behind it indefinitely nor starves. The ready rooms live
+// in an indexed heap keyed by (priority class, arrival), so a blocked pass
+// looks only at the head (strict, or a budget below R where nothing fits)
+// or at most 9 rooms (bypass): O(1) or O(log n) in the queue length;
+// admitting k rooms costs O(k log n) plus their pages. The running-set terms
 // (retractable, need_single and their SWA analogues) and the retracted
 // requirements are maintained incrementally.
 //

@@ -33,7 +33,8 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 // testConfig is a validated configuration of the given kind: pageSize,
 // totalPages, reqSlots request slots with no pre-alloc rows, R = 512,
-// CLIP = 4096, FIFO, no claim timeout.
+// CLIP = 4096, FIFO with SGLang's strict head-of-line admission
+// (admission.max_bypass 0), no claim timeout.
 func testConfig(kind Kind, pageSize int, totalPages int64, reqSlots int) Config {
 	c := DefaultConfig()
 	c.Pool.Kind = kind
@@ -43,6 +44,7 @@ func testConfig(kind Kind, pageSize int, totalPages int64, reqSlots int) Config 
 	c.Pool.RequestSlots = reqSlots
 	c.Pool.PreAllocSlots = 0
 	c.Admission.ClaimTimeout = 0
+	c.Admission.MaxBypass = 0
 	switch kind {
 	case KindMLA, KindHybridMLA:
 		c.Pool.KVHeads, c.Pool.HeadDim = 0, 0

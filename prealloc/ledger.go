@@ -75,11 +75,13 @@ type room struct {
 	stateBuf  [1]StateIndices // admission-time State entry
 	runKey    int64
 	runSWAKey int64
-	runTokens int64 // prompt + output while running
-	runSWATok int64 // swa_tail_len(prompt) + output while running
-	retFill   int64 // fill_len to restore when retracted
-	retFull   int64 // full_required while retracted
-	retSWA    int64 // swa_required while retracted
+	runTokens int64  // prompt + output while running
+	runSWATok int64  // swa_tail_len(prompt) + output while running
+	retFill   int64  // fill_len to restore when retracted
+	retFull   int64  // full_required while retracted
+	retSWA    int64  // swa_required while retracted
+	retStep   uint64 // Ledger.steps when retracted
+	bypassed  int    // rooms admitted ahead of this ready room while it did not fit
 }
 
 // Ledger is one decode data-parallel shard's allocator of record: it owns
@@ -132,6 +134,9 @@ type Ledger struct {
 	retractedFull  int64 // Σ retracted full_required
 	retractedSWA   int64 // Σ retracted swa_required
 
+	maxBypass int    // admission.max_bypass
+	steps     uint64 // UpdateRunning calls so far: the engine's decode-step reports
+
 	draining      bool
 	lastBlocked   BlockReason
 	lastFull      int64
@@ -178,6 +183,9 @@ func NewLedger(cfg Config, shard int, clock Clock) (*Ledger, error) {
 	if a.MaxQueued < 0 {
 		return nil, fmt.Errorf("new ledger: negative max queued %d", a.MaxQueued)
 	}
+	if a.MaxBypass < 0 || a.MaxBypass > MaxBypassLimit {
+		return nil, fmt.Errorf("new ledger: max bypass %d out of range (0..%d)", a.MaxBypass, MaxBypassLimit)
+	}
 	l := &Ledger{
 		shard:        shard,
 		clock:        clock,
@@ -187,6 +195,7 @@ func NewLedger(cfg Config, shard int, clock Clock) (*Ledger, error) {
 		clip:         int64(a.ClipMaxNewTokens),
 		claimTimeout: a.ClaimTimeout,
 		maxQueued:    a.MaxQueued,
+		maxBypass:    a.MaxBypass,
 		rooms:        make(map[uint64]*room),
 	}
 	switch a.Priority {
@@ -345,18 +354,44 @@ func checkRequest(op string, req Request) error {
 	return nil
 }
 
-// capacityCheck is _check_if_req_exceed_kv_capacity: a request whose prefill
-// length exceeds max_total_num_tokens, or (tail SWA) whose SWA requirement
-// exceeds size_swa, can never be admitted. The returned *CapacityError
-// carries SGLang's exact message.
+// capacityCheck refuses a request that can never be admitted, nothing
+// allocated, with SGLang's messages. It is SGLang's
+// _check_if_req_exceed_kv_capacity — the prefill length (origin_len) against
+// max_total_num_tokens and, with tail SWA, the SWA requirement
+// (_prealloc_required_tokens: swa_tail_len(fill_len) + 0, decode runs with
+// disable_radix_cache) against size_swa — extended with the admission
+// test of pop_preallocated evaluated on an empty shard, where the budget is
+// at its largest (every page free, no active room, no running room, so
+// R × active = need_single = retractable = 0):
+//
+//	max(page_round(fill_len) + R, origin_len + min(max_new, CLIP)) ≤ max_total_num_tokens
+//	swa_tail_len(fill_len) + min(max_new, CLIP) ≤ size_swa (tail SWA)
+//
+// plus the physical page count of the pre-allocation. A request failing
+// these would wait at the head of its queue forever (SGLang checks only
+// the first terms, so a short prompt with a long output_len or a
+// max_new_tokens estimate beyond the pool blocks its queue; here it is
+// refused). Whatever Rebootstrap says, fill_len is what is pre-allocated.
+// Mamba needs no term: NewLedger guarantees one request's slots exist.
+// The returned *CapacityError carries SGLang's exact message, with the
+// number the request needs.
 func (l *Ledger) capacityCheck(req Request) error {
-	if in := originLen(req); in > l.maxTotal {
-		return &CapacityError{RID: req.RID, Need: in, Max: l.maxTotal}
+	origin, fill := originLen(req), fillLen(req)
+	if origin > l.maxTotal {
+		return &CapacityError{RID: req.RID, Need: origin, Max: l.maxTotal}
 	}
 	if l.swaMode == swaTail {
-		// _prealloc_required_tokens: swa_len + 0, because decode runs with
-		// disable_radix_cache (the PD hook forces the chunk cache).
-		if need := l.swaTailLen(fillLen(req)); need > l.swaCap {
+		if need := l.swaTailLen(fill); need > l.swaCap {
+			return &CapacityError{RID: req.RID, Need: need, Max: l.swaCap, SWA: true}
+		}
+	}
+	maxNew := l.clipped(req.MaxNewTokens)
+	if need := max(l.requiredAlloc(fill)+l.reserve, origin+maxNew); need > l.maxTotal {
+		return &CapacityError{RID: req.RID, Need: need, Max: l.maxTotal}
+	}
+	if l.swaMode == swaTail {
+		_, swaPages := l.need(fill)
+		if need := max(l.swaTailLen(fill)+maxNew, int64(swaPages)*l.page); need > l.swaCap {
 			return &CapacityError{RID: req.RID, Need: need, Max: l.swaCap, SWA: true}
 		}
 	}
@@ -747,8 +782,11 @@ func (l *Ledger) StartRunning(id uint64) error {
 // page boundary and returns the new page indices in token order (nil if
 // none). On a hybrid-swa pool it also grows the room's SWA pages and frees
 // the SWA pages that slid out of the window (see the package documentation).
-// If the pools are short it returns ErrNoCapacity and changes nothing.
-// outputLen may not shrink (ErrInvalidRequest).
+// If the pools are short it returns ErrNoCapacity and allocates nothing.
+// outputLen may not shrink (ErrInvalidRequest, nothing changed). Every call
+// that is not refused — grown, unchanged or ErrNoCapacity — is also the
+// engine's decode-step report that lets rooms retracted before it resume
+// (see Retract).
 func (l *Ledger) UpdateRunning(id uint64, outputLen int) ([]int32, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -762,6 +800,8 @@ func (l *Ledger) UpdateRunning(id uint64, outputLen int) ([]int32, error) {
 	if outputLen < r.req.OutputLen || outputLen > maxRequestTokens {
 		return nil, fmt.Errorf("update running room %d: output length %d (was %d): %w", id, outputLen, r.req.OutputLen, ErrInvalidRequest)
 	}
+	// A valid report, grown or not: rooms retracted before it may resume.
+	l.steps++
 	seq := int64(r.req.PromptLen) + int64(outputLen)
 	have := len(r.pages)
 	want := max(have, int(ceilDiv(seq, l.page)))
@@ -829,9 +869,17 @@ func (l *Ledger) UpdateRunning(id uint64, outputLen int) ([]int32, error) {
 }
 
 // Retract moves a running room to the retracted queue (KV pressure; the
-// engine keeps a CPU copy): its req slot, pages and state slots are freed.
-// Admission passes resume retracted rooms first, in retraction order, and
-// admit nothing new while any remain. ErrWrongState unless running.
+// engine keeps a CPU copy): its req slot, pages and state slots are freed at
+// once. Admission passes resume retracted rooms first, in retraction order,
+// and admit nothing new while any remain. SGLang retracts inside
+// update_running_batch: the running batch then grows into the freed pages,
+// and only the next process_decode_queue resumes retracted requests. The
+// ledger keeps that order across separate calls: while rooms are running, a
+// retracted room is not resumed before the next UpdateRunning (the engine's
+// next decode-step report); with no running room it may resume at the next
+// pass. ErrWrongState unless running, or if the room could not resume even
+// on an empty shard (fill_len + R beyond the pool, or its SWA tail beyond
+// the SWA pool): nothing changes then (Hold or Release it instead).
 func (l *Ledger) Retract(id uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -842,15 +890,25 @@ func (l *Ledger) Retract(id uint64) error {
 	if r.state != RoomRunning {
 		return wrongState("retract", r)
 	}
-	l.removeRunning(r)
-	l.freeResources(r)
 	// _prealloc_required_tokens of the retracted request: fill_len + R for
 	// the full pool and swa_tail_len(fill_len) (+0, no radix cache) for SWA.
-	r.retFill = fillLen(r.req)
-	r.retFull = r.retFill + l.reserve
+	fill := fillLen(r.req)
+	full := fill + l.reserve
+	var swaNeed int64
 	if l.swaMode == swaTail {
-		r.retSWA = l.swaTailLen(r.retFill)
+		swaNeed = l.swaTailLen(fill)
 	}
+	// A room that could not resume even on an empty shard would stay
+	// retracted forever and block every admission behind it: refuse.
+	_, swaPages := l.need(fill)
+	if full > l.maxTotal || swaNeed > l.swaCap || swaPages > l.swaPages.total {
+		return fmt.Errorf("retract room %d: it could never resume: fill_len %d + %d reserved tokens > %d pool tokens (or its SWA tail > %d): %w",
+			id, fill, l.reserve, l.maxTotal, l.swaCap, ErrWrongState)
+	}
+	l.removeRunning(r)
+	l.freeResources(r)
+	r.retFill, r.retFull, r.retSWA = fill, full, swaNeed
+	r.retStep = l.steps
 	l.retractedFull += r.retFull
 	l.retractedSWA += r.retSWA
 	l.setState(r, RoomRetracted)
@@ -905,6 +963,7 @@ func (l *Ledger) ResumeHeld() []uint64 {
 		}
 		l.held.remove(r)
 		r.seq = l.nextSeq
+		r.bypassed = 0
 		l.nextSeq++
 		l.setState(r, RoomWaiting)
 		out = append(out, r.id)

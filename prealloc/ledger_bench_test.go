@@ -47,35 +47,56 @@ func BenchmarkRoomLifecycle(b *testing.B) {
 }
 
 // BenchmarkAdmitBlocked is one admission pass over n queued ready rooms
-// whose head cannot fit (n = 1,000 and 100,000): the pass looks at the head
-// only, so the cost does not depend on n.
+// (n = 1,000 and 100,000) none of which fits now: a running 2M-token room
+// leaves less than the 3M tokens each queued room needs (each would fit the
+// empty 4M-token pool). With admission.max_bypass 0 (strict) the pass looks
+// at the head only; with bypass it steps over bypassLookahead rooms and
+// puts them back (O(log n) each). "full" is the common busy case with
+// bypass: the running room leaves a budget below R, so no room can fit and
+// the pass stops at the head.
 func BenchmarkAdmitBlocked(b *testing.B) {
-	for _, n := range []int{1_000, 100_000} {
-		b.Run(fmt.Sprintf("queued=%d", n), func(b *testing.B) {
-			cfg := typicalConfig()
-			cfg.Admission.MaxQueued = 200_000
-			l, _ := newLedger(b, cfg, false)
-			// Head: 4M − 64 tokens passes the capacity check, never the budget.
-			if err := l.Enqueue(Request{Room: 1, PromptLen: 1<<22 - 64, MaxNewTokens: 1}); err != nil {
-				b.Fatal(err)
-			}
-			_ = l.SetReady(1)
-			for id := uint64(2); id <= uint64(n); id++ {
-				if err := l.Enqueue(Request{Room: id, PromptLen: 100, MaxNewTokens: 10}); err != nil {
+	for _, mode := range []struct {
+		name            string
+		bypass          int
+		running, queued int
+	}{
+		{"strict", 0, 1 << 21, 3 << 20},
+		{"bypass", DefaultMaxBypass, 1 << 21, 3 << 20},
+		{"bypass-full", DefaultMaxBypass, 1<<22 - 512, 100},
+	} {
+		for _, n := range []int{1_000, 100_000} {
+			b.Run(fmt.Sprintf("%s/queued=%d", mode.name, n), func(b *testing.B) {
+				cfg := typicalConfig()
+				cfg.Admission.MaxQueued = 200_000
+				cfg.Admission.MaxBypass = mode.bypass
+				l, _ := newLedger(b, cfg, false)
+				const running = uint64(1 << 40)
+				if err := l.Enqueue(Request{Room: running, PromptLen: mode.running, MaxNewTokens: 1}); err != nil {
 					b.Fatal(err)
 				}
-				_ = l.SetReady(id)
-			}
-			if adm, reason := l.Admit(); len(adm) != 0 || reason != BlockTokens {
-				b.Fatalf("head did not block: %d admitted, %s", len(adm), reason)
-			}
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, reason := l.Admit(); reason != BlockTokens {
-					b.Fatal(reason)
+				_ = l.SetReady(running)
+				if adm, _ := l.Admit(); len(adm) != 1 {
+					b.Fatal("running room not admitted")
 				}
-			}
-		})
+				_ = l.Claim(running)
+				_ = l.StartRunning(running)
+				for id := uint64(1); id <= uint64(n); id++ {
+					if err := l.Enqueue(Request{Room: id, PromptLen: mode.queued, MaxNewTokens: 1}); err != nil {
+						b.Fatal(err)
+					}
+					_ = l.SetReady(id)
+				}
+				if adm, reason := l.Admit(); len(adm) != 0 || reason != BlockTokens {
+					b.Fatalf("queue did not block: %d admitted, %s", len(adm), reason)
+				}
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, reason := l.Admit(); reason != BlockTokens {
+						b.Fatal(reason)
+					}
+				}
+			})
+		}
 	}
 }
 

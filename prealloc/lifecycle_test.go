@@ -14,10 +14,14 @@ import (
 )
 
 // TestCapacityRejection: SGLang's entry check (_check_if_req_exceed_kv_capacity)
-// with its exact messages; nothing is allocated and the room is not kept.
+// extended with the admission test on an empty pool (a request that could
+// never be admitted), with SGLang's exact messages; nothing is allocated and
+// the room is not kept.
 func TestCapacityRejection(t *testing.T) {
 	swaCfg := testConfig(KindHybridSWA, 16, 1024, 8)
 	swaCfg.Pool.SWA = SWAConfig{Window: 256, TotalTokens: 256}
+	r0 := testConfig(KindGQA, 16, 1024, 8)
+	r0.Admission.ReservedDecodeTokens = 0
 	tests := []struct {
 		name string
 		cfg  Config
@@ -27,18 +31,42 @@ func TestCapacityRejection(t *testing.T) {
 		{"prompt 16385 > 16384 tokens (1024 pages × 16)", testConfig(KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-a", PromptLen: 16385, MaxNewTokens: 1},
 			"Request req-a exceeds the maximum number of tokens: 16385 > 16384"},
-		{"prompt 16384 = capacity is accepted", testConfig(KindGQA, 16, 1024, 8),
+		{"prompt 16384 = capacity is accepted with R = 0 and max_new 0", r0,
 			Request{Room: 1, RID: "req-b", PromptLen: 16384}, ""},
+		{"prompt 16384 with R = 512 never fits even an empty pool: 16384 + 512 > 16384", testConfig(KindGQA, 16, 1024, 8),
+			Request{Room: 1, RID: "req-b2", PromptLen: 16384},
+			"Request req-b2 exceeds the maximum number of tokens: 16896 > 16384"},
+		{"prompt 15872 + R 512 = 16384 fits the empty pool", testConfig(KindGQA, 16, 1024, 8),
+			Request{Room: 1, RID: "req-b3", PromptLen: 15872}, ""},
 		{"rebootstrap counts the output: 16000 + 385 > 16384", testConfig(KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-c", PromptLen: 16000, OutputLen: 385, Rebootstrap: true},
 			"Request req-c exceeds the maximum number of tokens: 16385 > 16384"},
-		{"a fresh request's output is not counted (SGLang checks origin_input_ids)", testConfig(KindGQA, 16, 1024, 8),
+		{"a fresh request's output is in its fill_len: 16000 + 384 = 16384 (+ R 0) fits", r0,
 			Request{Room: 1, RID: "req-d", PromptLen: 16000, OutputLen: 385}, ""},
+		{"a fresh request's output beyond the pool: prompt 300, output 2000000 ⇒ fill 2000299 → 2000304 + 512", testConfig(KindGQA, 16, 1024, 8),
+			Request{Room: 1, RID: "req-d2", PromptLen: 300, OutputLen: 2000000, MaxNewTokens: 16},
+			"Request req-d2 exceeds the maximum number of tokens: 2000816 > 16384"},
+		{"output_len 2^32-1 (uint32 max) ⇒ fill 4294967594 → 4294967600 + 512", testConfig(KindGQA, 16, 1024, 8),
+			Request{Room: 1, RID: "req-d3", PromptLen: 300, OutputLen: 1<<32 - 1},
+			"Request req-d3 exceeds the maximum number of tokens: 4294968112 > 16384"},
+		{"the max_new estimate on an empty pool: 12300 + min(8000, 4096) = 16396 > 16384", testConfig(KindGQA, 16, 1024, 8),
+			Request{Room: 1, RID: "req-d4", PromptLen: 12300, MaxNewTokens: 8000},
+			"Request req-d4 exceeds the maximum number of tokens: 16396 > 16384"},
+		{"12288 + 4096 = 16384 fits", testConfig(KindGQA, 16, 1024, 8),
+			Request{Room: 1, RID: "req-d5", PromptLen: 12288, MaxNewTokens: 8000}, ""},
 		{"SWA tail 1000 − floor16(744) = 264 > 256", swaCfg,
 			Request{Room: 1, RID: "req-e", PromptLen: 1000},
 			"Request req-e requires too many SWA KV tokens for decode preallocation: 264 > 256"},
 		{"SWA tail of prompt 250 is 250 ≤ 256", swaCfg,
 			Request{Room: 1, RID: "req-f", PromptLen: 250}, ""},
+		{"SWA estimate on an empty SWA pool: tail 250 + max_new 7 = 257 > 256", swaCfg,
+			Request{Room: 1, RID: "req-f2", PromptLen: 250, MaxNewTokens: 7},
+			"Request req-f2 requires too many SWA KV tokens for decode preallocation: 257 > 256"},
+		{"SWA pages: a 250-token tail takes 16 pages = 256 tokens, + max_new 6 = 256 fits", swaCfg,
+			Request{Room: 1, RID: "req-f3", PromptLen: 250, MaxNewTokens: 6}, ""},
+		{"SWA tail of prompt 1010: 1010 − floor16(754) = 258 > 256", swaCfg,
+			Request{Room: 1, RID: "req-f4", PromptLen: 1010},
+			"Request req-f4 requires too many SWA KV tokens for decode preallocation: 258 > 256"},
 		{"MLA capacity, page 64: 64 pages = 4096 tokens", testConfig(KindMLA, 64, 64, 8),
 			Request{Room: 1, RID: "req-g", PromptLen: 4097},
 			"Request req-g exceeds the maximum number of tokens: 4097 > 4096"},
@@ -192,6 +220,10 @@ func TestReleaseFromEveryState(t *testing.T) {
 					mustNil(t, "hold", l.Hold(1))
 				case RoomResumed:
 					mustNil(t, "retract", l.Retract(1))
+					// The bystander's next decode-step report lets it resume.
+					if _, err := l.UpdateRunning(100, 5); err != nil {
+						t.Fatal(err)
+					}
 					if adm, _ := l.Admit(); len(adm) != 1 || !adm[0].Resumed {
 						t.Fatalf("resume: %+v", adm)
 					}

@@ -16,7 +16,10 @@ import (
 // counts, pages, SWA pages, slots, retractable tokens), and that every
 // operation's outcome is the one the shadow predicts. Admission passes are
 // predicted by a straightforward scan-based re-statement of SGLang's
-// resume_retracted_reqs / pop_preallocated (no heaps, no incremental sums).
+// resume_retracted_reqs / pop_preallocated (no heaps, no incremental sums),
+// with decodeplane's two departures: a room retracted since the last decode
+// step report waits for it, and admission.max_bypass lets later rooms past
+// one that does not fit.
 // Every run ends by releasing every room and checking the ledger is full.
 
 // propertyOps is the exact number of random operations the deterministic
@@ -63,6 +66,7 @@ func propertyConfigs() []propertyConfig {
 	gqa.Admission.ReservedDecodeTokens = 0 // R = 0 is covered here
 	gqa.Admission.ClipMaxNewTokens = 512
 	gqa.Admission.ClaimTimeout = 5 * time.Second
+	gqa.Admission.MaxBypass = 2
 
 	low := testConfig(KindMLA, 32, 128, 6)
 	low.Admission.ReservedDecodeTokens = 32
@@ -75,12 +79,14 @@ func propertyConfigs() []propertyConfig {
 	high.Admission.ClipMaxNewTokens = 300
 	high.Admission.Priority = PriorityHighFirst
 	high.Admission.ClaimTimeout = time.Second
+	high.Admission.MaxBypass = 5
 
 	swaTail := testConfig(KindHybridSWA, 16, 256, 8)
 	swaTail.Pool.SWA = SWAConfig{Window: 64, TotalTokens: 640}
 	swaTail.Admission.ReservedDecodeTokens = 32
 	swaTail.Admission.ClipMaxNewTokens = 200
 	swaTail.Admission.ClaimTimeout = 3 * time.Second
+	swaTail.Admission.MaxBypass = 3
 
 	swaMirror := testConfig(KindHybridSWA, 1, 1200, 6)
 	swaMirror.Pool.SWA = SWAConfig{Window: 96, TotalTokens: 1024}
@@ -102,20 +108,21 @@ func propertyConfigs() []propertyConfig {
 	page1.Admission.ReservedDecodeTokens = 40
 	page1.Admission.ClipMaxNewTokens = 100
 	page1.Admission.Priority = PriorityLowFirst
+	page1.Admission.MaxBypass = 1
 
 	return []propertyConfig{
 		// R = 0: a retracted room fits again unless others grew meanwhile, so
 		// BlockRetracted is not required here.
-		{"gqa-fifo-deadlines", gqa, false, []string{"block: req_slots", "expire: room"}},
+		{"gqa-fifo-deadlines-bypass", gqa, false, []string{"block: req_slots", "expire: room", "admit: bypassed", "block: bypass exhausted"}},
 		{"mla-low-first-max-queued", low, false, []string{"block: req_slots", "block: retracted", "enqueue: admission queue is full"}},
-		{"dsa-high-first", high, false, []string{"block: req_slots", "block: retracted", "expire: room"}},
-		{"swa-tail", swaTail, false, []string{"block: swa", "block: retracted", "update: swa evicted", "expire: room"}},
+		{"dsa-high-first-bypass", high, false, []string{"block: req_slots", "block: retracted", "expire: room", "admit: bypassed", "block: bypass exhausted"}},
+		{"swa-tail-bypass", swaTail, false, []string{"block: swa", "block: retracted", "update: swa evicted", "expire: room", "admit: bypassed", "block: bypass exhausted"}},
 		{"swa-mirror-page1", swaMirror, false, []string{"block: retracted", "update: swa evicted"}},
 		// 14 Mamba slots < 6 rows × 3: Mamba shortages come before req slots.
 		{"mamba-pingpong-short", mamba, true, []string{"block: mamba", "block: retracted"}},
 		// 3 metadata slots < 8 rows: metadata shortages.
 		{"metadata-short", metaShort, true, []string{"block: metadata_slots", "block: retracted", "expire: room"}},
-		{"page1-low-first", page1, false, []string{"block: req_slots", "block: retracted"}},
+		{"page1-low-first-bypass", page1, false, []string{"block: req_slots", "block: retracted", "admit: bypassed", "block: bypass exhausted"}},
 	}
 }
 
@@ -152,6 +159,7 @@ func TestPropertySeeded(t *testing.T) {
 				"update: grew", "update: no free KV pages", "resume held: room", "enqueue: capacity",
 				"release: room not in the ledger", "set ready: operation not valid in the room's ledger state",
 				"update: invalid request", "enqueue: room already in the ledger", "enqueue: ledger is draining",
+				"resume: waits for a decode step",
 			}
 			for _, k := range append(must, c.expect...) {
 				if seen[k] == 0 {
@@ -197,6 +205,8 @@ type shadowRoom struct {
 	deadline time.Time
 	meta     bool
 	marker   uint64
+	retStep  uint64 // sim.steps when retracted
+	bypassed int    // rooms admitted ahead of it while it did not fit
 }
 
 type sim struct {
@@ -213,6 +223,7 @@ type sim struct {
 	maxTotal, swaCap            int64
 	order                       queueOrder
 	maxQueued                   int
+	maxBypass                   int
 	timeout                     time.Duration
 	totalPages, totalSWA        int
 
@@ -222,6 +233,7 @@ type sim struct {
 	nextID    uint64
 	nextSeq   uint64
 	draining  bool
+	steps     uint64 // accepted UpdateRunning calls (decode-step reports)
 
 	seen map[string]int // outcome coverage, checked by the seeded run
 }
@@ -259,6 +271,7 @@ func newSim(t testing.TB, cfg Config, unvalidated bool, src source) *sim {
 		s.maxQueued = defaultMaxQueued
 	}
 	s.timeout = a.ClaimTimeout
+	s.maxBypass = a.MaxBypass
 	s.reset()
 	return s
 }
@@ -305,11 +318,33 @@ func (s *sim) firstSWAPage(fill int64) int {
 
 func (s *sim) pagesFor(n int64) int { return int((n + s.page - 1) / s.page) }
 
+// fits is the entry check: SGLang's (origin_len, SWA tail) and the
+// admission test on an empty pool (every page free, nothing active or
+// running), which a request must pass to be admissible at all.
 func (s *sim) fits(r Request) bool {
-	if s.origin(r) > s.maxTotal {
+	f, o := s.fill(r), s.origin(r)
+	mn := min(int64(r.MaxNewTokens), s.clip)
+	if o > s.maxTotal || int64(s.pagesFor(f))*s.page+s.reserve > s.maxTotal || o+mn > s.maxTotal {
 		return false
 	}
-	return s.swa != swaTail || s.tail(s.fill(r)) <= s.swaCap
+	if s.swa != swaTail {
+		return true
+	}
+	swaPages := s.pagesFor(f) - s.firstSWAPage(f)
+	return s.tail(f)+mn <= s.swaCap && int64(swaPages)*s.page <= s.swaCap
+}
+
+// resumable: a running request's retracted requirement fits an empty
+// shard (fill_len + R, its SWA tail, its SWA pages).
+func (s *sim) resumable(r Request) bool {
+	f := s.fill(r)
+	if f+s.reserve > s.maxTotal {
+		return false
+	}
+	if s.swa == swaNone {
+		return true
+	}
+	return (s.swa != swaTail || s.tail(f) <= s.swaCap) && s.pagesFor(f)-s.firstSWAPage(f) <= s.totalSWA
 }
 
 func (s *sim) holds(r *shadowRoom) bool { return r.state.holdsAllocation() }
@@ -539,6 +574,7 @@ func (s *sim) opUpdate() {
 		s.expectErr("update", err, ErrInvalidRequest)
 		return
 	}
+	s.steps++ // grown or not, a decode-step report
 	seq := int64(r.req.PromptLen) + int64(out)
 	want := max(r.pages, s.pagesFor(seq))
 	newFull := want - r.pages
@@ -584,12 +620,17 @@ func (s *sim) opRetract() {
 	switch {
 	case r == nil:
 		s.expectErr("retract", err, ErrUnknownRoom)
+	case r.state == RoomRunning && !s.resumable(r.req):
+		// It could never resume: refused, nothing changed.
+		s.expectErr("retract", err, ErrWrongState)
+		s.seen["retract: could never resume"]++
 	case r.state == RoomRunning:
 		if err != nil {
 			s.fatalf("retract %d: %v", id, err)
 		}
 		r.state = RoomRetracted
 		r.pages, r.fill, r.swaFirst = 0, 0, 0
+		r.retStep = s.steps
 		s.retracted = append(s.retracted, id)
 	default:
 		s.expectErr("retract", err, ErrWrongState)
@@ -627,6 +668,7 @@ func (s *sim) opResumeHeld() {
 		}
 		r.state = RoomWaiting
 		r.seq = s.nextSeq
+		r.bypassed = 0
 		s.nextSeq++
 		want = append(want, id)
 		s.seen["resume held: room"]++
@@ -749,6 +791,7 @@ func (s *sim) opAdmit() {
 		return p, sw
 	}
 	remaining := slices.Clone(s.retracted)
+	running := s.tally()[RoomRunning]
 	if len(remaining) > 0 {
 		budget := avail() - s.reserve*active
 		var swaB int64
@@ -757,6 +800,10 @@ func (s *sim) opAdmit() {
 		}
 		for len(remaining) > 0 {
 			r := s.rooms[remaining[0]]
+			if r.retStep == s.steps && running > 0 {
+				s.seen["resume: waits for a decode step"]++
+				break
+			}
 			f := s.fill(Request{PromptLen: r.req.PromptLen, OutputLen: r.req.OutputLen})
 			need := f + s.reserve
 			p, sw := take(f)
@@ -783,13 +830,11 @@ func (s *sim) opAdmit() {
 	default:
 		var ready []*shadowRoom
 		var retractable, retractableSWA, maxKey, maxSWAKey int64
-		running := 0
 		for _, r := range s.rooms {
 			switch r.state {
 			case RoomReady:
 				ready = append(ready, r)
 			case RoomRunning:
-				running++
 				retractable += int64(r.req.PromptLen + r.req.OutputLen)
 				retractableSWA += s.tail(int64(r.req.PromptLen)) + int64(r.req.OutputLen)
 				maxKey = max(maxKey, min(int64(r.req.MaxNewTokens), s.clip)+int64(r.req.PromptLen))
@@ -820,6 +865,12 @@ func (s *sim) opAdmit() {
 		if s.swa == swaTail {
 			swaB = swaBudget(singleSWA)
 		}
+		// Head-of-line policy: a room that does not fit is set aside while it
+		// has been bypassed fewer than max_bypass times (at most 8 per pass);
+		// each admission behind it counts one bypass; a room bypassed
+		// max_bypass times blocks strictly.
+		var aside []*shadowRoom
+		asideReason := BlockNone
 		for _, r := range ready {
 			if freeReq <= 0 {
 				reason = BlockReqSlots
@@ -835,24 +886,29 @@ func (s *sim) opAdmit() {
 			}
 			f, o := s.fill(r.req), s.origin(r.req)
 			mn := min(int64(r.req.MaxNewTokens), s.clip)
-			if max(int64(s.pagesFor(f))*s.page+s.reserve, o+mn-retractable) > budget {
-				reason = BlockTokens
-				break
-			}
-			if s.swa == swaTail && max(s.tail(f), s.tail(f)+mn-retractableSWA) > swaB {
-				reason = BlockSWA
-				break
-			}
 			p, sw := take(f)
-			if freePages < p {
-				reason = BlockTokens
-				break
+			block := BlockNone
+			switch {
+			case max(int64(s.pagesFor(f))*s.page+s.reserve, o+mn-retractable) > budget:
+				block = BlockTokens
+			case s.swa == swaTail && max(s.tail(f), s.tail(f)+mn-retractableSWA) > swaB:
+				block = BlockSWA
+			case freePages < p:
+				block = BlockTokens
+			case freeSWA < sw && s.swa == swaTail:
+				block = BlockSWA
+			case freeSWA < sw:
+				block = BlockTokens
 			}
-			if freeSWA < sw {
-				reason = BlockTokens
-				if s.swa == swaTail {
-					reason = BlockSWA
+			if block != BlockNone {
+				if r.bypassed < s.maxBypass && len(aside) < 8 {
+					aside = append(aside, r)
+					if asideReason == BlockNone {
+						asideReason = block
+					}
+					continue
 				}
+				reason = block
 				break
 			}
 			freeReq--
@@ -864,6 +920,22 @@ func (s *sim) opAdmit() {
 			budget = avail() - max(s.reserve*active, single)
 			swaB -= s.tail(f)
 			want = append(want, exp{r.id, false})
+			exhausted := false
+			for _, a := range aside {
+				a.bypassed++
+				exhausted = exhausted || a.bypassed >= s.maxBypass
+			}
+			if len(aside) > 0 {
+				s.seen["admit: bypassed"]++
+			}
+			if exhausted {
+				s.seen["block: bypass exhausted"]++
+				reason = asideReason
+				break
+			}
+		}
+		if len(aside) > 0 && reason != BlockReqSlots && reason != BlockMetadataSlots && reason != BlockMamba {
+			reason = asideReason // the head's reason
 		}
 	}
 

@@ -277,6 +277,9 @@ func (c Config) validateAdmission(v *validator) {
 	if a.MaxQueued < 0 {
 		v.add("admission.max_queued", a.MaxQueued, "must not be negative.", "set it to 0 for the default of 65536, or to a positive bound on rooms waiting for admission per shard.")
 	}
+	if a.MaxBypass < 0 || a.MaxBypass > MaxBypassLimit {
+		v.add("admission.max_bypass", a.MaxBypass, fmt.Sprintf("must be between 0 and %d.", MaxBypassLimit), fmt.Sprintf("set it to 0 for SGLang's strict head-of-line admission, or to how many later rooms may be admitted ahead of a room too big for the moment (default %d).", DefaultMaxBypass))
+	}
 	if a.ClaimTimeout < 0 {
 		v.add("admission.claim_timeout", a.ClaimTimeout, "must not be negative.", "set a duration such as 60s, or 0 to disable the claim deadline.")
 	}

@@ -1002,6 +1002,7 @@ func TestRuleSizesPositive(t *testing.T) {
 		{"admission.clip_max_new_tokens", gqaBase, func(c *Config, v int) { c.Admission.ClipMaxNewTokens = v }, []int{0, -1}, []int{1}},
 		{"admission.reserved_decode_tokens", gqaBase, func(c *Config, v int) { c.Admission.ReservedDecodeTokens = v }, []int{-1}, []int{0}},
 		{"admission.max_queued", gqaBase, func(c *Config, v int) { c.Admission.MaxQueued = v }, []int{-1}, []int{0, 1}},
+		{"admission.max_bypass", gqaBase, func(c *Config, v int) { c.Admission.MaxBypass = v }, []int{-1, prealloc.MaxBypassLimit + 1}, []int{0, 1, prealloc.DefaultMaxBypass, prealloc.MaxBypassLimit}},
 		{"admission.claim_timeout", gqaBase, func(c *Config, v int) { c.Admission.ClaimTimeout = time.Duration(v) * time.Second }, []int{-1}, []int{0, 1}},
 		{"kv_pool.mamba.state_bytes", linearBase, func(c *Config, v int) { c.KVPool.Mamba.StateBytes = int64(v) }, []int{-1}, []int{0, 1}},
 		{"rooms.max_retained", gqaBase, func(c *Config, v int) { c.Rooms.MaxRetained = v }, []int{-1}, []int{0}},

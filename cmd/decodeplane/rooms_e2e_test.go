@@ -1333,6 +1333,9 @@ func TestRoomsE2ERequestErrors(t *testing.T) {
 			{"decode_dp_rank", func(r *pb.OpenRoomRequest) { r.DecodeDpRank = proto.Uint32(1) }},
 			{"prefill_dp_rank", func(r *pb.OpenRoomRequest) { r.PrefillDpRank = proto.Uint32(1) }},
 			{"exceeds the maximum number of tokens", func(r *pb.OpenRoomRequest) { r.PromptLen = 2 << 20 }},
+			// Never admissible even by an empty pool, whatever rebootstrap says.
+			{"exceeds the maximum number of tokens", func(r *pb.OpenRoomRequest) { r.OutputLen = 2_000_000 }},
+			{"exceeds the maximum number of tokens", func(r *pb.OpenRoomRequest) { r.OutputLen = 1<<32 - 1 }},
 		} {
 			req := roomsOpen(addr, 10002, 300)
 			tc.mutate(req)

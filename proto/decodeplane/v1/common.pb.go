@@ -113,8 +113,10 @@ const (
 	RoomPhase_ROOM_PHASE_RELEASED RoomPhase = 8
 	// Terminal: the room failed or was aborted; every page is back.
 	RoomPhase_ROOM_PHASE_FAILED RoomPhase = 9
-	// A running room whose pages were retracted (the engine keeps a CPU copy);
-	// it resumes before any new admission (KVPoll Success).
+	// A running room whose pages were retracted (the engine keeps a CPU copy):
+	// it holds no pages, and resumes after the next ReportRunning of its shard
+	// (at once if nothing else runs there), before any new admission
+	// (KVPoll Success).
 	RoomPhase_ROOM_PHASE_RETRACTED RoomPhase = 10
 	// A running room held for rebootstrap (pause_generation in retract mode);
 	// it re-enters bootstrap on ContinueGeneration (KVPoll Success).

@@ -2206,7 +2206,9 @@ func (x *GrownPages) GetNewPageIndices() []int32 {
 type ReportRunningResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Grown []*GrownPages          `protobuf:"bytes,1,rep,name=grown,proto3" json:"grown,omitempty"`
-	// no_capacity lists rooms that could not grow: retract one.
+	// no_capacity lists rooms that could not grow: retract one (RetractRoom
+	// RETRACT), then report again; the growth gets the retracted pages before
+	// the retracted room can take them back.
 	NoCapacity    []uint64             `protobuf:"varint,2,rep,packed,name=no_capacity,json=noCapacity,proto3" json:"no_capacity,omitempty"`
 	RetryAfter    *durationpb.Duration `protobuf:"bytes,3,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
 	unknownFields protoimpl.UnknownFields

@@ -46,8 +46,21 @@ type RoomsClient interface {
 	// OpenRoom admits a request to the decode side: capacity check, prefill
 	// registration wait (SGLang's retry policy), DP-rank resolution, then the
 	// admission queue. Returns at once with the room's state.
+	// A request that could not be admitted even by an empty decode shard is
+	// refused and nothing is queued: SGLang's entry check (prompt_len, plus
+	// output_len with rebootstrap, ≤ the pool's tokens; the SWA tail ≤ the SWA
+	// pool) and its admission test on an empty pool,
+	// max(page_round(fill_len) + R, origin_len + min(max_new_tokens, CLIP)) ≤
+	// the pool's tokens (SWA: swa_tail + min(max_new_tokens, CLIP) ≤ the SWA
+	// pool), with fill_len = prompt_len + output_len − 1 (no −1 with
+	// rebootstrap), R = admission.reserved_decode_tokens, CLIP =
+	// admission.clip_max_new_tokens. A queued room that does not fit the
+	// current budget lets at most admission.max_bypass later rooms be admitted
+	// ahead of it; then the shard waits for it (0: SGLang's strict FIFO).
 	// Codes: OK; INVALID_ARGUMENT (a field, named; a request that can never fit:
-	// "Request {rid} exceeds the maximum number of tokens: {n} > {max}");
+	// "Request {rid} exceeds the maximum number of tokens: {n} > {max}", or
+	// "Request {rid} requires too many SWA KV tokens for decode preallocation:
+	// {n} > {max}");
 	// ALREADY_EXISTS (room open with another idempotency key);
 	// RESOURCE_EXHAUSTED (admission queue full; RetryInfo says when to retry);
 	// UNAVAILABLE (draining). Retry only with an idempotency_key.
@@ -133,15 +146,31 @@ type RoomsClient interface {
 	// Codes: OK; INVALID_ARGUMENT. Safe to retry.
 	ListRooms(ctx context.Context, in *ListRoomsRequest, opts ...grpc.CallOption) (*ListRoomsResponse, error)
 	// ReportRunning reports the decode engine's running rooms' output lengths;
-	// the ledger grows their page allocations and returns the new pages.
+	// the ledger grows their page allocations and returns the new pages. It is
+	// the engine's decode step: all listed rooms grow first (into pages a
+	// RetractRoom freed since the previous report, too), then each shard with
+	// a listed running room runs an admission pass — rooms retracted before
+	// this report resume if their pages and reserve fit, then queued rooms are
+	// admitted.
 	// Codes: OK (rooms that could not grow are listed); INVALID_ARGUMENT;
 	// UNAUTHENTICATED. Not retried by the Go client: a retry after a lost
 	// answer would not return the pages the first call already granted.
 	ReportRunning(ctx context.Context, in *ReportRunningRequest, opts ...grpc.CallOption) (*ReportRunningResponse, error)
-	// RetractRoom takes a running room's pages back: RETRACT (the engine keeps a
-	// CPU copy; the room resumes before new admissions) or REBOOTSTRAP (held
-	// until ContinueGeneration, then re-bootstrapped from prefill).
-	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running); UNAUTHENTICATED.
+	// RetractRoom takes a running room's pages back at once: RETRACT (the
+	// engine keeps a CPU copy) or REBOOTSTRAP (held until ContinueGeneration,
+	// then re-bootstrapped from prefill; new rooms may be admitted into its
+	// pages at once). With RETRACT the pages, request slot and state slots go
+	// back to the pool and the answer is ROOM_PHASE_RETRACTED with no pages;
+	// the room never resumes inside this call. While other rooms run on its
+	// shard it waits for the next ReportRunning, whose growth gets the freed
+	// pages first; it then resumes (ROOM_PHASE_SUCCEEDED, new pages in GetRoom
+	// with include_pages), before any new admission, once fill_len +
+	// reserved_decode_tokens fits the budget. With no other running room the
+	// first such pass runs right after the call.
+	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running; or RETRACT of a
+	// room that could not resume even on an empty shard, fill_len +
+	// reserved_decode_tokens beyond the pool: nothing changes, use REBOOTSTRAP
+	// or release it); UNAUTHENTICATED.
 	RetractRoom(ctx context.Context, in *RetractRoomRequest, opts ...grpc.CallOption) (*RetractRoomResponse, error)
 	// ContinueGeneration re-enqueues every held rebootstrap room
 	// (SGLang's continue_generation). Codes: OK; UNAUTHENTICATED.
@@ -307,8 +336,21 @@ type RoomsServer interface {
 	// OpenRoom admits a request to the decode side: capacity check, prefill
 	// registration wait (SGLang's retry policy), DP-rank resolution, then the
 	// admission queue. Returns at once with the room's state.
+	// A request that could not be admitted even by an empty decode shard is
+	// refused and nothing is queued: SGLang's entry check (prompt_len, plus
+	// output_len with rebootstrap, ≤ the pool's tokens; the SWA tail ≤ the SWA
+	// pool) and its admission test on an empty pool,
+	// max(page_round(fill_len) + R, origin_len + min(max_new_tokens, CLIP)) ≤
+	// the pool's tokens (SWA: swa_tail + min(max_new_tokens, CLIP) ≤ the SWA
+	// pool), with fill_len = prompt_len + output_len − 1 (no −1 with
+	// rebootstrap), R = admission.reserved_decode_tokens, CLIP =
+	// admission.clip_max_new_tokens. A queued room that does not fit the
+	// current budget lets at most admission.max_bypass later rooms be admitted
+	// ahead of it; then the shard waits for it (0: SGLang's strict FIFO).
 	// Codes: OK; INVALID_ARGUMENT (a field, named; a request that can never fit:
-	// "Request {rid} exceeds the maximum number of tokens: {n} > {max}");
+	// "Request {rid} exceeds the maximum number of tokens: {n} > {max}", or
+	// "Request {rid} requires too many SWA KV tokens for decode preallocation:
+	// {n} > {max}");
 	// ALREADY_EXISTS (room open with another idempotency key);
 	// RESOURCE_EXHAUSTED (admission queue full; RetryInfo says when to retry);
 	// UNAVAILABLE (draining). Retry only with an idempotency_key.
@@ -394,15 +436,31 @@ type RoomsServer interface {
 	// Codes: OK; INVALID_ARGUMENT. Safe to retry.
 	ListRooms(context.Context, *ListRoomsRequest) (*ListRoomsResponse, error)
 	// ReportRunning reports the decode engine's running rooms' output lengths;
-	// the ledger grows their page allocations and returns the new pages.
+	// the ledger grows their page allocations and returns the new pages. It is
+	// the engine's decode step: all listed rooms grow first (into pages a
+	// RetractRoom freed since the previous report, too), then each shard with
+	// a listed running room runs an admission pass — rooms retracted before
+	// this report resume if their pages and reserve fit, then queued rooms are
+	// admitted.
 	// Codes: OK (rooms that could not grow are listed); INVALID_ARGUMENT;
 	// UNAUTHENTICATED. Not retried by the Go client: a retry after a lost
 	// answer would not return the pages the first call already granted.
 	ReportRunning(context.Context, *ReportRunningRequest) (*ReportRunningResponse, error)
-	// RetractRoom takes a running room's pages back: RETRACT (the engine keeps a
-	// CPU copy; the room resumes before new admissions) or REBOOTSTRAP (held
-	// until ContinueGeneration, then re-bootstrapped from prefill).
-	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running); UNAUTHENTICATED.
+	// RetractRoom takes a running room's pages back at once: RETRACT (the
+	// engine keeps a CPU copy) or REBOOTSTRAP (held until ContinueGeneration,
+	// then re-bootstrapped from prefill; new rooms may be admitted into its
+	// pages at once). With RETRACT the pages, request slot and state slots go
+	// back to the pool and the answer is ROOM_PHASE_RETRACTED with no pages;
+	// the room never resumes inside this call. While other rooms run on its
+	// shard it waits for the next ReportRunning, whose growth gets the freed
+	// pages first; it then resumes (ROOM_PHASE_SUCCEEDED, new pages in GetRoom
+	// with include_pages), before any new admission, once fill_len +
+	// reserved_decode_tokens fits the budget. With no other running room the
+	// first such pass runs right after the call.
+	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running; or RETRACT of a
+	// room that could not resume even on an empty shard, fill_len +
+	// reserved_decode_tokens beyond the pool: nothing changes, use REBOOTSTRAP
+	// or release it); UNAUTHENTICATED.
 	RetractRoom(context.Context, *RetractRoomRequest) (*RetractRoomResponse, error)
 	// ContinueGeneration re-enqueues every held rebootstrap room
 	// (SGLang's continue_generation). Codes: OK; UNAUTHENTICATED.
