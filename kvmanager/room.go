@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -52,8 +51,10 @@ type room struct {
 	state    []prealloc.StateIndices
 
 	plan   *roomPlan
-	ranks  map[rankKey]*rankProgress
+	ranks  map[rankKey]*rankProgress // required ranks seen this attempt (room.progress)
 	claims map[rankKey]*Claim
+	// claimedN, doneN count required ranks claimed / done this attempt.
+	claimedN, doneN int
 
 	watchers map[*Watcher]struct{}
 
@@ -286,16 +287,26 @@ func (m *Manager) topoLocked(addr string) PrefillTopology {
 }
 
 func (r *room) unclaimedRanks() string {
-	var out []string
 	if r.plan == nil {
 		return "none known"
 	}
+	return r.pendingRanks(func(rp *rankProgress) bool { return rp.claimed })
+}
+
+// pendingRanks lists (at most maxListedRanks) the required ranks not ok yet.
+func (r *room) pendingRanks(ok func(*rankProgress) bool) string {
+	var out []rankKey
+	more := 0
 	for _, k := range r.plan.required {
-		if rp := r.ranks[k]; rp == nil || !rp.claimed {
-			out = append(out, fmt.Sprintf("cp %d tp %d pp %d", k.CP, k.TP, k.PP))
+		if rp := r.ranks[k]; rp == nil || !ok(rp) {
+			if len(out) < maxListedRanks {
+				out = append(out, k)
+			} else {
+				more++
+			}
 		}
 	}
-	return strings.Join(out, "; ")
+	return listRanks(out, more)
 }
 
 func (r *room) unclaimedNote() string {
@@ -309,17 +320,11 @@ func (r *room) waitingNote() string {
 	if r.plan == nil {
 		return ""
 	}
-	var pending []string
-	for _, k := range r.plan.required {
-		if rp := r.ranks[k]; rp == nil || !rp.done {
-			pending = append(pending, fmt.Sprintf("cp %d tp %d pp %d", k.CP, k.TP, k.PP))
-		}
-	}
-	if len(pending) == 0 {
+	if r.doneN >= len(r.plan.required) {
 		if r.marker == 0 {
 			return " (every chunk landed but the metadata slot never received the room marker)"
 		}
 		return " (every chunk landed; waiting for staged chunks to be scattered)"
 	}
-	return " (prefill ranks still sending: " + strings.Join(pending, "; ") + ")"
+	return " (prefill ranks still sending: " + r.pendingRanks(func(rp *rankProgress) bool { return rp.done }) + ")"
 }
