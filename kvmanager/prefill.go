@@ -82,7 +82,6 @@ type prefillInstance struct {
 	ranks      map[RankID]*prefillRank
 	expected   int
 	complete   bool
-	mapping    []DecodeRankMapping
 	plan       *roomPlan
 	unresolved map[uint64]*room // rooms waiting for a DP-rank binding
 }
@@ -186,6 +185,13 @@ func (m *Manager) checkCompat(reg Registration) error {
 	return nil
 }
 
+// rankMappingOf is SGLang's mapping of this decode side against a prefill
+// topology. It is computed per call and never kept: its lists grow with the
+// prefill's sizes, and an instance must cost the same whatever they are.
+func (m *Manager) rankMappingOf(topo PrefillTopology) ([]DecodeRankMapping, error) {
+	return rankMapping(m.layout.AttnTP, m.layout.PP, m.layout.IsMLA, m.layout.Kind == prealloc.KindHybridMLA, topo)
+}
+
 // rankCount is the number of ranks an instance registers: dp × cp × tp × pp,
 // saturating instead of overflowing (sizes are client-chosen). Registration
 // completes when exactly that many distinct in-layout ranks registered; an
@@ -237,7 +243,7 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 	dpSize, dpGroup := par.dp()
 	topo := PrefillTopology{AttnTP: max(1, par.AttnTP), AttnCP: max(1, par.AttnCP), DP: dpSize, PP: max(1, par.PP),
 		FollowBootstrapRoom: followsRoom(reg.LoadBalanceMethod), DSACacheLayerSplit: reg.DSACacheLayerSplit}
-	mapping, err := rankMapping(m.layout.AttnTP, m.layout.PP, m.layout.IsMLA, m.layout.Kind == prealloc.KindHybridMLA, topo)
+	mapping, err := m.rankMappingOf(topo)
 	if err != nil {
 		return RegistrationResult{}, fmt.Errorf("%w: %v", ErrPrefillMismatch, err)
 	}
@@ -266,7 +272,7 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 		inst = &prefillInstance{
 			addr: reg.Addr, instanceID: reg.InstanceID, topo: topo, pageSize: reg.PageSize, dtype: reg.KVDType,
 			lbMethod: reg.LoadBalanceMethod, httpPort: reg.HTTPPort, ranks: map[RankID]*prefillRank{},
-			expected: topo.rankCount(), mapping: mapping,
+			expected: topo.rankCount(),
 			plan:       newPlan(topo, m.layout.AttnTP, m.layout.TotalKVHeads, m.layout.IsMLA, m.layout.Kind == prealloc.KindHybridMLA, m.layout.Staging),
 			unresolved: map[uint64]*room{},
 		}
@@ -358,20 +364,35 @@ func (s SilentRank) String() string {
 // longest silent first (then in rank order), at most limit of them, and how
 // many there are in all. Liveness is per rank: every registered rank must
 // heartbeat, since a room needs every required rank's KV.
+//
+// It keeps only the top limit while scanning, so a status of an instance
+// with many silent ranks costs O(ranks × limit) time and O(limit) memory.
 func (inst *prefillInstance) silentRanks(now time.Time, least, iv time.Duration, limit int) ([]SilentRank, int) {
-	var out []SilentRank
-	for _, rk := range inst.ranks {
-		if d := now.Sub(rk.lastSeen); d >= least {
-			out = append(out, SilentRank{Rank: rk.id, Silent: d, Missed: int(d / iv)})
-		}
-	}
-	slices.SortFunc(out, func(a, b SilentRank) int {
+	order := func(a, b SilentRank) int {
 		if c := cmp.Compare(b.Silent, a.Silent); c != 0 {
 			return c
 		}
 		return compareRank(a.Rank, b.Rank)
-	})
-	return out[:min(len(out), limit)], len(out)
+	}
+	var top []SilentRank
+	total := 0
+	for _, rk := range inst.ranks {
+		d := now.Sub(rk.lastSeen)
+		if d < least {
+			continue
+		}
+		total++
+		s := SilentRank{Rank: rk.id, Silent: d, Missed: int(d / iv)}
+		i, _ := slices.BinarySearchFunc(top, s, order)
+		if i >= limit {
+			continue
+		}
+		top = slices.Insert(top, i, s)
+		if len(top) > limit {
+			top = top[:limit]
+		}
+	}
+	return top, total
 }
 
 func compareRank(a, b RankID) int {

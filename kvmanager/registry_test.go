@@ -444,3 +444,37 @@ func TestPlanClosedFormMatchesMapping(t *testing.T) {
 	}
 	t.Logf("%d topologies agree", n)
 }
+
+// TestIncompleteInstancesRetainLittle: what an instance keeps does not grow
+// with its parallel sizes. 1,000 instances of attn_tp × attn_cp × dp × pp =
+// 1024^4 on an all-CP MLA pool (where SGLang's mapping lists every TP, CP
+// and PP rank) each register one rank; the heap they retain is measured
+// after a GC.
+func TestIncompleteInstancesRetainLittle(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(mlaDecode(prealloc.KindHybridMLA)))
+		heap := func() uint64 {
+			runtime.GC()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			return ms.HeapAlloc
+		}
+		const n = 1000
+		before := heap()
+		for i := range n {
+			reg := h.registration(instance{addr: fmt.Sprintf("10.1.%d.%d:8998", i/250, i%250), tp: 1024, cp: 1024, dp: 1024, pp: 1024}, 0, 0, 0, 0)
+			if _, err := h.m.RegisterPrefill(reg); err != nil {
+				t.Fatalf("RegisterPrefill: %v", err)
+			}
+		}
+		after := heap()
+		per := (int64(after) - int64(before)) / n
+		t.Logf("an incomplete 1024^4 instance retains %d bytes", per)
+		if per > 4<<10 {
+			t.Errorf("an incomplete 1024^4 instance retains %d bytes, want < 4 KiB (nothing sized by its parallel sizes)", per)
+		}
+		if st := h.m.Status(); len(st.Prefills) != n {
+			t.Errorf("%d instances known, want %d", len(st.Prefills), n)
+		}
+	})
+}

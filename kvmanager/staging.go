@@ -351,7 +351,8 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 		CompletionTimeout: m.cfg.Timeouts.Waiting,
 	}
 	seen := map[[2]int]bool{}
-	for _, dm := range inst.mapping {
+	mapping, _ := m.rankMappingOf(topo) // accepted at registration: cannot fail now
+	for _, dm := range mapping {
 		for _, t := range dm.TargetTPRanks {
 			if slices.Contains(dm.DummyTPRanks, t) || seen[[2]int{t, dm.DecodeTP}] {
 				continue
