@@ -272,7 +272,7 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 		inst = &prefillInstance{
 			addr: reg.Addr, instanceID: reg.InstanceID, topo: topo, pageSize: reg.PageSize, dtype: reg.KVDType,
 			lbMethod: reg.LoadBalanceMethod, httpPort: reg.HTTPPort, ranks: map[RankID]*prefillRank{},
-			expected: topo.rankCount(),
+			expected:   topo.rankCount(),
 			plan:       newPlan(topo, m.layout.AttnTP, m.layout.TotalKVHeads, m.layout.IsMLA, m.layout.Kind == prealloc.KindHybridMLA, m.layout.Staging),
 			unresolved: map[uint64]*room{},
 		}
