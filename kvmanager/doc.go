@@ -48,7 +48,23 @@
 // destination is claimed (SGLang has no decode-side deadline there), the
 // ledger's claim timeout, the waiting timeout after the claim, and the
 // staging completion timeout; heartbeats declare a silent prefill instance
-// dead (T15). Tests drive all of them with testing/synctest.
+// dead (T15). Liveness is per rank: every registered rank must heartbeat,
+// and one rank silent for max_failures intervals kills its instance; the
+// rooms' failure and the log line name the silent ranks and their silence.
+// Tests drive all of them with testing/synctest.
+//
+// # Nothing sized by a client's numbers
+//
+// A prefill's parallel sizes are client-chosen, so the registry never
+// allocates or loops in proportion to them: an instance holds one entry per
+// rank that registered (it is complete once dp × cp × tp × pp distinct
+// in-layout ranks did, a count that saturates instead of overflowing); a
+// rank's plan is computed in closed form from the topology, and the full
+// plan is enumerated only once the instance is complete, when every entry
+// stands for a registration already received; a room creates a rank's
+// progress when that rank first claims or sends and counts claimed and done
+// ranks instead of scanning them; SGLang's mapping lists are built only
+// when their total length is within a fixed budget.
 //
 // # Resources come back exactly once
 //

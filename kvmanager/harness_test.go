@@ -41,6 +41,7 @@ type harnessOptions struct {
 	run    bool
 	engine func(sim *SimEngine) TransferEngine
 	obs    Observer
+	log    *slog.Logger
 }
 
 type option func(*harnessOptions)
@@ -74,6 +75,11 @@ func withRun() option {
 // withEngine wraps the simulated engine (to inject what it cannot).
 func withEngine(f func(sim *SimEngine) TransferEngine) option {
 	return func(o *harnessOptions) { o.engine = f }
+}
+
+// withLogger installs a logger (default: discard).
+func withLogger(l *slog.Logger) option {
+	return func(o *harnessOptions) { o.log = l }
 }
 
 // withObserver installs an observer.
@@ -125,7 +131,11 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	if o.engine != nil {
 		eng = o.engine(h.sim)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: ledgers, Engine: eng, Logger: slog.New(slog.DiscardHandler), Observer: o.obs})
+	logger := o.log
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := New(cfg, dec, Deps{Ledgers: ledgers, Engine: eng, Logger: logger, Observer: o.obs})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -120,10 +120,7 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang
 	}
 	r.plan = inst.plan
 	r.staging = inst.plan.staging
-	r.ranks = make(map[rankKey]*rankProgress, len(inst.plan.required))
-	for _, k := range inst.plan.required {
-		r.ranks[k] = &rankProgress{chunks: map[int]*chunkState{}, last: -1}
-	}
+	r.ranks, r.claimedN, r.doneN = map[rankKey]*rankProgress{}, 0, 0 // filled per rank on first use (room.progress)
 	if r.hintDP >= inst.topo.DP {
 		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, inst.topo.DP)})
 		return
@@ -328,7 +325,7 @@ func (m *Manager) delivered(c *Claim, d *Destination) {
 	if r == nil || d == nil || d.Attempt != r.attempt || r.phase != PhaseAdmitted {
 		return
 	}
-	if rp := r.ranks[c.rank.key()]; rp != nil {
+	if rp := r.progress(c.rank.key()); rp != nil {
 		m.claimRankLocked(r, rp)
 	}
 }
@@ -340,10 +337,8 @@ func (m *Manager) claimRankLocked(r *room, rp *rankProgress) {
 		return
 	}
 	rp.claimed = true
-	for _, k := range r.plan.required {
-		if !r.ranks[k].claimed {
-			return
-		}
+	if r.claimedN++; r.claimedN < len(r.plan.required) {
+		return
 	}
 	m.claimedLocked(r)
 }
@@ -486,7 +481,7 @@ func (m *Manager) sourceRankLocked(req ChunkRequest) (*room, *rankProgress, erro
 	if req.Rank.DP != r.prefillDP {
 		return nil, nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", req.Rank.DP, r.id, r.prefillDP, r.dpRule)
 	}
-	rp := r.ranks[req.Rank.key()]
+	rp := r.progress(req.Rank.key())
 	if rp == nil {
 		return nil, nil, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", req.Rank, r.id)
 	}
@@ -643,6 +638,10 @@ func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest,
 	if req.Last {
 		rp.lastLanded = true
 	}
+	if !rp.done && rp.lastLanded && rp.cov.sent != nil && rp.cov.landed == rp.cov.need {
+		rp.done = true
+		r.doneN++
+	}
 	m.markerLandedLocked(r, res.MarkerWritten)
 	if r.phase == PhaseClaimed {
 		m.transitionLocked(r, PhaseTransferring, "", fmt.Sprintf("chunk %d from %s landed", req.Index, req.Rank))
@@ -714,10 +713,8 @@ func (m *Manager) checkSuccessLocked(r *room) {
 			"Metadata corruption detected - bootstrap_room mismatch: metadata slot %d holds room %d, expected %d", r.metaSlot, r.marker, r.id)})
 		return
 	}
-	for _, k := range r.plan.required {
-		if !r.ranks[k].done() {
-			return
-		}
+	if r.doneN < len(r.plan.required) {
+		return
 	}
 	m.stagingSettleLocked(r) // lifts the staging gate once every region is scattered
 	if len(r.gates) > 0 {

@@ -605,7 +605,8 @@ func TestT15HeartbeatLoss(t *testing.T) {
 			}
 		}
 		advance(2 * time.Second)
-		want := "Lost connection with prefill instance (bootstrap_addr: 10.0.0.1:8998), 3 requests affected"
+		// SGLang's message, then which ranks went silent and for how long.
+		want := "Lost connection with prefill instance (bootstrap_addr: 10.0.0.1:8998), 3 requests affected; silent ranks (no heartbeat within 2 × 5s): dp 0 cp 0 tp 0 pp 0 for 10s, dp 1 cp 0 tp 0 pp 0 for 10s"
 		for _, room := range []uint64{2, 3, 4} {
 			if msg := h.wantFailure(room, FailurePrefillLost, want); msg != want {
 				t.Errorf("room %d failure = %q, want %q", room, msg, want)

@@ -431,6 +431,10 @@ type PrefillStatus struct {
 	LastHeartbeat    time.Time
 	MissedHeartbeats int
 	ActiveRooms      int
+	// SilentRanks are the ranks that missed at least one heartbeat interval,
+	// longest silent first (at most 8); SilentRankCount counts them all.
+	SilentRanks     []SilentRank
+	SilentRankCount int
 }
 
 // Status returns rooms by phase, shard stats and prefill instances.
@@ -455,6 +459,7 @@ func (m *Manager) Status() Status {
 			ps.MissedHeartbeats = max(ps.MissedHeartbeats, int(now.Sub(rk.lastSeen)/interval))
 		}
 		ps.ActiveRooms = active[p.addr]
+		ps.SilentRanks, ps.SilentRankCount = p.silentRanks(now, interval, interval, maxListedRanks)
 		st.Prefills = append(st.Prefills, ps)
 	}
 	m.mu.Unlock()

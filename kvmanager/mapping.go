@@ -3,6 +3,7 @@ package kvmanager
 import (
 	"fmt"
 	"slices"
+	"strings"
 )
 
 // DecodeRankMapping is SGLang's _resolve_rank_mapping for one decode
@@ -43,31 +44,22 @@ func rankMapping(decodeTP, decodePP int, isMLA, allCP bool, p PrefillTopology) (
 	if decodePP != p.PP && decodePP != 1 {
 		return nil, fmt.Errorf("decode pp_size=%d must equal the prefill's pp_size=%d or be 1", decodePP, p.PP)
 	}
-	var cp []int
-	respCP := 1
-	switch {
-	case p.AttnCP <= 1:
-		cp = []int{0}
-	case allCP || p.DSACacheLayerSplit:
-		for i := range p.AttnCP {
-			cp = append(cp, i)
-		}
-		respCP = p.AttnCP
-	default:
-		cp = []int{0}
+	if n := mappingEntries(D, isMLA, allCP, p); n > maxMappingEntries {
+		return nil, fmt.Errorf("the rank mapping of prefill attn_tp_size=%d attn_cp_size=%d pp_size=%d against decode attn_tp_size=%d would list %d target ranks; decodeplane lists at most %d (no real deployment comes near: check the prefill's parallel sizes)",
+			P, p.AttnCP, p.PP, D, n, maxMappingEntries)
 	}
-	var pp []int
+	cp := []int{0}
+	respCP := 1
+	if p.AttnCP > 1 && (allCP || p.DSACacheLayerSplit) {
+		cp = upTo(0, p.AttnCP)
+		respCP = p.AttnCP
+	}
+	// Each decode stage pulls from the matching prefill stage (decode PP ==
+	// prefill PP); seen from the whole decode instance, every prefill stage
+	// is a source either way.
+	pp := upTo(0, p.PP)
 	respPP := 1
-	if decodePP == p.PP {
-		// Each decode stage pulls from the matching prefill stage; seen from
-		// the whole decode instance, every prefill stage is a source.
-		for i := range p.PP {
-			pp = append(pp, i)
-		}
-	} else {
-		for i := range p.PP {
-			pp = append(pp, i)
-		}
+	if decodePP != p.PP {
 		respPP = p.PP
 	}
 	out := make([]DecodeRankMapping, D)
@@ -87,9 +79,7 @@ func rankMapping(decodeTP, decodePP int, isMLA, allCP bool, p PrefillTopology) (
 			m.RequiredPrefillResponseNum = 1
 		default: // D < P
 			k := P / D
-			for t := e * k; t < (e+1)*k; t++ {
-				m.TargetTPRanks = append(m.TargetTPRanks, t)
-			}
+			m.TargetTPRanks = upTo(e*k, (e+1)*k)
 			m.TargetTPRank = e * k
 			m.RequiredDstInfoNum = 1
 			if isMLA {
@@ -103,6 +93,38 @@ func rankMapping(decodeTP, decodePP int, isMLA, allCP bool, p PrefillTopology) (
 		out[e] = m
 	}
 	return out, nil
+}
+
+// upTo returns [from, to) (to > from; the caller bounded the length).
+func upTo(from, to int) []int {
+	out := make([]int, to-from)
+	for i := range out {
+		out[i] = from + i
+	}
+	return out
+}
+
+// maxMappingEntries bounds what rankMapping materialises (the target lists of
+// every decode rank together). The lists grow with the sum of the prefill's
+// sizes, never with their product; this budget caps even that before
+// anything is allocated, whatever the wire layer let through. Sizes within
+// the documented wire bounds (each <= 1024) list at most 4,096 entries.
+const maxMappingEntries = 1 << 16
+
+// mappingEntries counts, without allocating, the list entries rankMapping
+// would build: TP targets (max(P, D) over all decode ranks), MLA dummies (up
+// to P), the shared CP and PP lists.
+func mappingEntries(decodeTP int, isMLA, allCP bool, p PrefillTopology) int64 {
+	n := int64(max(p.AttnTP, decodeTP)) + int64(max(1, p.PP))
+	if isMLA {
+		n += int64(p.AttnTP)
+	}
+	if p.AttnCP > 1 && (allCP || p.DSACacheLayerSplit) {
+		n += int64(p.AttnCP)
+	} else {
+		n++
+	}
+	return n
 }
 
 // HeadSlice is compute_head_slice_params's answer for one (prefill rank,
@@ -137,12 +159,20 @@ func ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads int) Head
 }
 
 // roomPlan is, for one prefill instance's DP group, which prefill ranks a
-// room needs and what each writes where. It depends only on the topology, so
-// it is computed once per prefill instance.
+// room needs and what each writes where. It depends only on the topology.
+//
+// Nothing in it is sized by the prefill's parallel sizes until the instance
+// is fully registered: before that, one rank's view is computed from the
+// shape (O(decode TP)); once every expected rank registered, required and
+// perRank are enumerated once, which costs at most one entry per registered
+// rank (each of them a RegisterPrefill call already received).
 type roomPlan struct {
-	// required are the ranks whose KV must land (non-dummy), in a stable order.
+	shape planShape
+	// required are the ranks whose KV must land (non-dummy), in a stable
+	// order; nil until the instance is complete.
 	required []rankKey
-	// perRank maps every addressed rank (real or dummy) to its targets.
+	// perRank maps every addressed rank (real or dummy) to its targets; nil
+	// until the instance is complete.
 	perRank map[rankKey]*rankPlan
 	staging bool
 }
@@ -153,47 +183,148 @@ type rankPlan struct {
 	requiredDstInfoNum int
 }
 
-// buildPlan derives the room plan from the rank mapping.
-func buildPlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, totalHeads int, isMLA, staging bool) *roomPlan {
-	plan := &roomPlan{perRank: map[rankKey]*rankPlan{}}
-	for _, m := range mapping {
-		for _, cp := range m.TargetCPRanks {
-			for _, pp := range m.TargetPPRanks {
-				for _, t := range m.TargetTPRanks {
-					k := rankKey{CP: cp, TP: t, PP: pp}
-					rp := plan.perRank[k]
-					if rp == nil {
-						rp = &rankPlan{dummy: true, requiredDstInfoNum: m.RequiredDstInfoNum}
-						plan.perRank[k] = rp
-					}
-					dummy := slices.Contains(m.DummyTPRanks, t)
-					tg := Target{DecodeTP: m.DecodeTP, Dummy: dummy}
-					if !isMLA && !dummy {
-						hs := ComputeHeadSliceParams(p.AttnTP, decodeTP, t, m.DecodeTP, totalHeads)
-						tg.SrcHeadStart, tg.DstHeadStart, tg.NumHeads = hs.SrcHeadStart, hs.DstHeadStart, hs.NumHeads
-					}
-					rp.targets = append(rp.targets, tg)
-					if !dummy {
-						rp.dummy = false
-					}
+// planShape is what the rank plan is derived from: SGLang's mapping rules
+// in closed form (the target lists of rankMapping are contiguous ranges), so
+// that a rank's targets are computed without enumerating the prefill's ranks.
+type planShape struct {
+	decodeTP, prefillTP int
+	cpAll               bool // every prefill CP rank is a source (else CP rank 0 only)
+	cp, pp              int  // prefill CP and PP sizes
+	totalHeads          int
+	isMLA               bool
+}
+
+func newPlanShape(p PrefillTopology, decodeTP, totalHeads int, isMLA, allCP bool) planShape {
+	return planShape{decodeTP: decodeTP, prefillTP: p.AttnTP, cpAll: p.AttnCP > 1 && (allCP || p.DSACacheLayerSplit),
+		cp: p.AttnCP, pp: p.PP, totalHeads: totalHeads, isMLA: isMLA}
+}
+
+// rank returns the plan of one prefill rank: the decode TP ranks that
+// address it, with head slices; nil when no decode rank addresses it (a CP
+// rank beyond 0 without all-CP transfer, or a rank outside the layout). It
+// costs O(number of targets) <= O(decode TP).
+func (s planShape) rank(k rankKey) *rankPlan {
+	D, P := s.decodeTP, s.prefillTP
+	if D <= 0 || P <= 0 || k.TP < 0 || k.TP >= P || k.PP < 0 || k.PP >= s.pp || k.CP < 0 || k.CP >= max(1, s.cp) {
+		return nil
+	}
+	if k.CP != 0 && !s.cpAll {
+		return nil
+	}
+	rp := &rankPlan{dummy: true, requiredDstInfoNum: 1}
+	add := func(e int, dummy bool) {
+		tg := Target{DecodeTP: e, Dummy: dummy}
+		if !s.isMLA && !dummy {
+			hs := ComputeHeadSliceParams(P, D, k.TP, e, s.totalHeads)
+			tg.SrcHeadStart, tg.DstHeadStart, tg.NumHeads = hs.SrcHeadStart, hs.DstHeadStart, hs.NumHeads
+		}
+		rp.targets = append(rp.targets, tg)
+		if !dummy {
+			rp.dummy = false
+		}
+	}
+	switch {
+	case D >= P: // decode ranks t·(D/P) .. (t+1)·(D/P)-1 each pull all of rank t
+		n := D / P
+		rp.requiredDstInfoNum = n
+		for e := k.TP * n; e < (k.TP+1)*n; e++ {
+			add(e, false)
+		}
+	default: // one decode rank pulls P/D prefill ranks; under MLA only the first sends KV
+		n := P / D
+		add(k.TP/n, s.isMLA && k.TP%n != 0)
+	}
+	return rp
+}
+
+// required reports whether a rank's KV must land for a room.
+func (p *roomPlan) isRequired(k rankKey) bool {
+	rp := p.rankPlan(k)
+	return rp != nil && !rp.dummy
+}
+
+// rankPlan returns one rank's plan: from the enumerated table once the
+// instance is complete, from the shape before.
+func (p *roomPlan) rankPlan(k rankKey) *rankPlan {
+	if p.perRank != nil {
+		return p.perRank[k]
+	}
+	return p.shape.rank(k)
+}
+
+// newPlan returns the plan of an instance that is still registering: only
+// the shape, nothing enumerated.
+func newPlan(p PrefillTopology, decodeTP, totalHeads int, isMLA, allCP, staging bool) *roomPlan {
+	return &roomPlan{shape: newPlanShape(p, decodeTP, totalHeads, isMLA, allCP), staging: staging && !isMLA && p.AttnTP != decodeTP}
+}
+
+// enumerate fills required and perRank. Call it once the instance is fully
+// registered: the addressed ranks are a subset of the registered ones, so
+// the cost is bounded by the RegisterPrefill calls already received.
+func (p *roomPlan) enumerate() {
+	s := p.shape
+	cps := 1
+	if s.cpAll {
+		cps = s.cp
+	}
+	p.perRank = map[rankKey]*rankPlan{}
+	p.required = nil
+	for pp := range s.pp {
+		for cp := range cps {
+			for tp := range s.prefillTP {
+				k := rankKey{CP: cp, TP: tp, PP: pp}
+				rp := s.rank(k)
+				if rp == nil {
+					continue
+				}
+				p.perRank[k] = rp
+				if !rp.dummy {
+					p.required = append(p.required, k) // in (PP, CP, TP) order
 				}
 			}
 		}
 	}
-	for k, rp := range plan.perRank {
-		if !rp.dummy {
-			plan.required = append(plan.required, k)
-		}
-	}
-	slices.SortFunc(plan.required, func(a, b rankKey) int {
-		if a.PP != b.PP {
-			return a.PP - b.PP
-		}
-		if a.CP != b.CP {
-			return a.CP - b.CP
-		}
-		return a.TP - b.TP
-	})
-	plan.staging = staging && !isMLA && p.AttnTP != decodeTP
+}
+
+// buildPlan derives the complete room plan of a topology whose mapping is
+// known (the mapping says whether every CP rank is a source).
+func buildPlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, totalHeads int, isMLA, staging bool) *roomPlan {
+	allCP := len(mapping) > 0 && len(mapping[0].TargetCPRanks) > 1
+	plan := newPlan(p, decodeTP, totalHeads, isMLA, allCP, staging)
+	plan.enumerate()
 	return plan
 }
+
+// progress returns a required rank's progress in this attempt, created on
+// first use (a claim or a chunk from that rank); nil for a rank the room does
+// not need. The table grows only with the calls received, never with the
+// prefill's parallel sizes.
+func (r *room) progress(k rankKey) *rankProgress {
+	if rp := r.ranks[k]; rp != nil {
+		return rp
+	}
+	if r.plan == nil || r.ranks == nil || !r.plan.isRequired(k) {
+		return nil
+	}
+	rp := &rankProgress{chunks: map[int]*chunkState{}, last: -1}
+	r.ranks[k] = rp
+	return rp
+}
+
+// listRanks renders at most maxListedRanks rank keys and how many more.
+func listRanks(keys []rankKey, more int) string {
+	var b strings.Builder
+	for i, k := range keys {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "cp %d tp %d pp %d", k.CP, k.TP, k.PP)
+	}
+	if more > 0 {
+		fmt.Fprintf(&b, "; and %d more", more)
+	}
+	return b.String()
+}
+
+// maxListedRanks bounds every list of ranks in a message or a status.
+const maxListedRanks = 8

@@ -1,7 +1,9 @@
 package kvmanager
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -80,7 +82,6 @@ type prefillInstance struct {
 	ranks      map[RankID]*prefillRank
 	expected   int
 	complete   bool
-	mapping    []DecodeRankMapping
 	plan       *roomPlan
 	unresolved map[uint64]*room // rooms waiting for a DP-rank binding
 }
@@ -124,9 +125,21 @@ func followsRoom(lbMethod string) bool {
 }
 
 // checkCompat applies SGLang's fatal checks (spec §4.3, §9.3) and the model
-// facts; messages are SGLang's where it has them.
+// facts; messages are SGLang's where it has them. A kv_pool_kind that is no
+// kind at all is a bad value (InvalidError, InvalidArgument); facts that
+// contradict this decode pool are ErrPrefillMismatch (FailedPrecondition),
+// every contradiction listed at once.
 func (m *Manager) checkCompat(reg Registration) error {
 	d := m.layout
+	f := reg.Model
+	var kind prealloc.Kind
+	if f.Kind != "" {
+		k, err := prealloc.ParseKind(f.Kind)
+		if err != nil {
+			return invalid("model.kv_pool_kind", "%q is not a KV pool kind (allowed: %s)", f.Kind, strings.Join(prealloc.KindNames(), ", "))
+		}
+		kind = k
+	}
 	if reg.PageSize != d.PageSize {
 		return fmt.Errorf("%w: Page size mismatch: prefill server has page_size=%d, but decode server has page_size=%d. Both servers must use the same --page-size value.", ErrPrefillMismatch, reg.PageSize, d.PageSize)
 	}
@@ -137,12 +150,9 @@ func (m *Manager) checkCompat(reg Registration) error {
 	if !ok || pd != d.DType {
 		return fmt.Errorf("%w: KV cache dtype mismatch: prefill server has kv_cache_dtype=%s, but decode server has kv_cache_dtype=%s. Both servers must use the same --kv-cache-dtype value.", ErrPrefillMismatch, reg.KVDType, d.DType)
 	}
-	f := reg.Model
 	var bad []string
-	if f.Kind != "" {
-		if k, err := prealloc.ParseKind(f.Kind); err != nil || k != d.Kind {
-			bad = append(bad, fmt.Sprintf("kv_pool_kind %q (decode: %s)", f.Kind, d.Kind))
-		}
+	if f.Kind != "" && kind != d.Kind {
+		bad = append(bad, fmt.Sprintf("kv_pool_kind %q (decode: %s)", f.Kind, d.Kind))
 	}
 	check := func(name string, got, want int) {
 		if got != 0 && got != want {
@@ -151,15 +161,73 @@ func (m *Manager) checkCompat(reg Registration) error {
 	}
 	check("num_layers", f.NumLayers, d.NumLayers)
 	if d.IsMLA {
+		if f.TotalKVHeads > 1 {
+			bad = append(bad, fmt.Sprintf("total_kv_heads %d (decode: %s pool, one latent KV vector per token)", f.TotalKVHeads, d.Kind))
+		}
+		// On an MLA pool head_dim is the width of one KV entry.
+		check("head_dim", f.HeadDim, d.HeadDim)
 		if f.KVLoraRank != 0 || f.QKRopeHeadDim != 0 {
 			check("kv_lora_rank + qk_rope_head_dim", f.KVLoraRank+f.QKRopeHeadDim, d.HeadDim)
 		}
 	} else {
 		check("total_kv_heads", f.TotalKVHeads, d.TotalKVHeads)
 		check("head_dim", f.HeadDim, d.HeadDim)
+		if f.KVLoraRank != 0 {
+			bad = append(bad, fmt.Sprintf("kv_lora_rank %d (decode: %s pool, which has no latent dimension)", f.KVLoraRank, d.Kind))
+		}
+		if f.QKRopeHeadDim != 0 {
+			bad = append(bad, fmt.Sprintf("qk_rope_head_dim %d (decode: %s pool, which has no decoupled RoPE part)", f.QKRopeHeadDim, d.Kind))
+		}
 	}
 	if len(bad) > 0 {
 		return fmt.Errorf("%w: the prefill's model does not match the decode KV pool: %s", ErrPrefillMismatch, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+// rankMappingOf is SGLang's mapping of this decode side against a prefill
+// topology. It is computed per call and never kept: its lists grow with the
+// prefill's sizes, and an instance must cost the same whatever they are.
+func (m *Manager) rankMappingOf(topo PrefillTopology) ([]DecodeRankMapping, error) {
+	return rankMapping(m.layout.AttnTP, m.layout.PP, m.layout.IsMLA, m.layout.Kind == prealloc.KindHybridMLA, topo)
+}
+
+// rankCount is the number of ranks an instance registers: dp × cp × tp × pp,
+// saturating instead of overflowing (sizes are client-chosen). Registration
+// completes when exactly that many distinct in-layout ranks registered; an
+// instance whose count no deployment reaches simply never completes, and
+// costs one table entry per RegisterPrefill call received.
+func (p PrefillTopology) rankCount() int {
+	n := 1
+	for _, f := range []int{p.DP, p.AttnCP, p.AttnTP, p.PP} {
+		f = max(1, f)
+		if n > math.MaxInt/f {
+			return math.MaxInt
+		}
+		n *= f
+	}
+	return n
+}
+
+// checkRankInLayout refuses a rank outside its own parallel sizes: the
+// registration count is exact only if every rank it counts exists.
+func checkRankInLayout(par ParallelInfo, id RankID, topo PrefillTopology) error {
+	dpField, dpSize := "parallel.attn_dp_rank", "parallel.attn_dp_size"
+	if par.SystemDP > 1 {
+		dpField, dpSize = "parallel.system_dp_rank", "parallel.system_dp_size"
+	}
+	for _, c := range []struct {
+		field, sizeField string
+		rank, size       int
+	}{
+		{"parallel.attn_tp_rank", "parallel.attn_tp_size", id.TP, topo.AttnTP},
+		{"parallel.attn_cp_rank", "parallel.attn_cp_size", id.CP, topo.AttnCP},
+		{dpField, dpSize, id.DP, topo.DP},
+		{"parallel.pp_rank", "parallel.pp_size", id.PP, topo.PP},
+	} {
+		if c.rank < 0 || c.rank >= c.size {
+			return invalid(c.field, "%d is outside %s %d (allowed 0..%d)", c.rank, c.sizeField, c.size, c.size-1)
+		}
 	}
 	return nil
 }
@@ -175,11 +243,14 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 	dpSize, dpGroup := par.dp()
 	topo := PrefillTopology{AttnTP: max(1, par.AttnTP), AttnCP: max(1, par.AttnCP), DP: dpSize, PP: max(1, par.PP),
 		FollowBootstrapRoom: followsRoom(reg.LoadBalanceMethod), DSACacheLayerSplit: reg.DSACacheLayerSplit}
-	mapping, err := rankMapping(m.layout.AttnTP, m.layout.PP, m.layout.IsMLA, m.layout.Kind == prealloc.KindHybridMLA, topo)
+	mapping, err := m.rankMappingOf(topo)
 	if err != nil {
 		return RegistrationResult{}, fmt.Errorf("%w: %v", ErrPrefillMismatch, err)
 	}
 	id := RankID{Addr: reg.Addr, DP: dpGroup, CP: par.AttnCPRank, TP: par.AttnTPRank, PP: par.PPRank}
+	if err := checkRankInLayout(par, id, topo); err != nil {
+		return RegistrationResult{}, err
+	}
 
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -201,8 +272,8 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 		inst = &prefillInstance{
 			addr: reg.Addr, instanceID: reg.InstanceID, topo: topo, pageSize: reg.PageSize, dtype: reg.KVDType,
 			lbMethod: reg.LoadBalanceMethod, httpPort: reg.HTTPPort, ranks: map[RankID]*prefillRank{},
-			expected: topo.DP * topo.AttnCP * topo.AttnTP * topo.PP, mapping: mapping,
-			plan:       buildPlan(mapping, topo, m.layout.AttnTP, m.layout.TotalKVHeads, m.layout.IsMLA, m.layout.Staging),
+			expected:   topo.rankCount(),
+			plan:       newPlan(topo, m.layout.AttnTP, m.layout.TotalKVHeads, m.layout.IsMLA, m.layout.Kind == prealloc.KindHybridMLA, m.layout.Staging),
 			unresolved: map[uint64]*room{},
 		}
 		m.prefills[reg.Addr] = inst
@@ -221,6 +292,7 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 	m.obs.PrefillRegistered(reg.Addr, res.Replaced)
 	if !inst.complete && len(inst.ranks) >= inst.expected {
 		inst.complete = true
+		inst.plan.enumerate() // bounded by the ranks registered (every required rank is one)
 		m.log.Info("prefill instance registered", "bootstrap_addr", reg.Addr, "ranks", len(inst.ranks),
 			"attn_tp", topo.AttnTP, "dp", topo.DP, "pp", topo.PP, "attn_cp", topo.AttnCP, "follow_bootstrap_room", topo.FollowBootstrapRoom)
 		if w := m.waitPrefill[reg.Addr]; w != nil {
@@ -237,7 +309,7 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 	res.Mapping = mapping
 	res.HeartbeatInterval, res.MaxFailures = iv, mf
 	res.Registered, res.Expected = len(inst.ranks), inst.expected
-	if rp := inst.plan.perRank[id.key()]; rp != nil {
+	if rp := inst.plan.rankPlan(id.key()); rp != nil {
 		for _, t := range rp.targets {
 			if !slices.Contains(res.ServesDecodeTP, t.DecodeTP) {
 				res.ServesDecodeTP = append(res.ServesDecodeTP, t.DecodeTP)
@@ -275,15 +347,86 @@ func (m *Manager) Heartbeat(rank RankID, instanceID string) (time.Duration, int,
 	return iv, mf, nil
 }
 
+// SilentRank is a registered prefill rank whose heartbeat is overdue.
+type SilentRank struct {
+	Rank RankID
+	// Silent is the time since its last heartbeat (or its registration).
+	Silent time.Duration
+	// Missed is how many whole heartbeat intervals that is.
+	Missed int
+}
+
+func (s SilentRank) String() string {
+	return fmt.Sprintf("dp %d cp %d tp %d pp %d for %s", s.Rank.DP, s.Rank.CP, s.Rank.TP, s.Rank.PP, s.Silent.Round(100*time.Millisecond))
+}
+
+// silentRanks returns the ranks of an instance silent for at least least,
+// longest silent first (then in rank order), at most limit of them, and how
+// many there are in all. Liveness is per rank: every registered rank must
+// heartbeat, since a room needs every required rank's KV.
+//
+// It keeps only the top limit while scanning, so a status of an instance
+// with many silent ranks costs O(ranks × limit) time and O(limit) memory.
+func (inst *prefillInstance) silentRanks(now time.Time, least, iv time.Duration, limit int) ([]SilentRank, int) {
+	order := func(a, b SilentRank) int {
+		if c := cmp.Compare(b.Silent, a.Silent); c != 0 {
+			return c
+		}
+		return compareRank(a.Rank, b.Rank)
+	}
+	var top []SilentRank
+	total := 0
+	for _, rk := range inst.ranks {
+		d := now.Sub(rk.lastSeen)
+		if d < least {
+			continue
+		}
+		total++
+		s := SilentRank{Rank: rk.id, Silent: d, Missed: int(d / iv)}
+		i, _ := slices.BinarySearchFunc(top, s, order)
+		if i >= limit {
+			continue
+		}
+		top = slices.Insert(top, i, s)
+		if len(top) > limit {
+			top = top[:limit]
+		}
+	}
+	return top, total
+}
+
+func compareRank(a, b RankID) int {
+	for _, d := range [...]int{a.DP - b.DP, a.PP - b.PP, a.CP - b.CP, a.TP - b.TP} {
+		if d != 0 {
+			return d
+		}
+	}
+	return 0
+}
+
+func describeSilent(ranks []SilentRank, total int) string {
+	parts := make([]string, 0, len(ranks)+1)
+	for _, s := range ranks {
+		parts = append(parts, s.String())
+	}
+	if more := total - len(ranks); more > 0 {
+		parts = append(parts, fmt.Sprintf("and %d more", more))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // checkLiveness declares dead every instance with a rank silent for
-// max_failures heartbeat intervals (SGLang T15).
+// max_failures heartbeat intervals (SGLang T15). The rooms' failure, the log
+// line and the metrics say which ranks went silent and for how long.
 func (m *Manager) checkLiveness() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	iv, mf := m.cfg.Timeouts.EffectiveHeartbeat()
+	limit := iv * time.Duration(mf)
 	now := m.clock.Now()
 	var dead []string
 	for addr, inst := range m.prefills {
+		lost := false
 		for _, rk := range inst.ranks {
 			silent := now.Sub(rk.lastSeen)
 			if missed := int(silent / iv); missed > rk.missed {
@@ -291,17 +434,22 @@ func (m *Manager) checkLiveness() {
 				rk.missed = missed
 				m.obs.HeartbeatMissed(addr)
 			}
-			if silent >= iv*time.Duration(mf) {
-				dead = append(dead, addr)
-				break
-			}
+			lost = lost || silent >= limit
+		}
+		if lost {
+			dead = append(dead, addr)
 		}
 	}
 	slices.Sort(dead)
 	for _, addr := range dead {
+		silent, total := m.prefills[addr].silentRanks(now, limit, iv, maxListedRanks)
+		who := describeSilent(silent, total)
 		n := m.countRoomsLocked(func(r *room) bool { return r.addr == addr && r.handingOff() })
-		m.log.Warn("prefill instance lost: heartbeats stopped", "bootstrap_addr", addr, "rooms_affected", n)
-		m.killInstanceLocked(addr, FailurePrefillLost, fmt.Sprintf("Lost connection with prefill instance (bootstrap_addr: %s), %d requests affected", addr, n))
+		m.log.Warn("prefill instance lost: heartbeats stopped", "bootstrap_addr", addr, "rooms_affected", n,
+			"silent_ranks", who, "silent_rank_count", total, "heartbeat_interval", iv, "heartbeat_max_failures", mf)
+		m.killInstanceLocked(addr, FailurePrefillLost, fmt.Sprintf(
+			"Lost connection with prefill instance (bootstrap_addr: %s), %d requests affected; silent ranks (no heartbeat within %d × %s): %s",
+			addr, n, mf, iv, who))
 		m.obs.PrefillLost(addr, n)
 	}
 }

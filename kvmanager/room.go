@@ -52,8 +52,10 @@ type room struct {
 	state    []prealloc.StateIndices
 
 	plan   *roomPlan
-	ranks  map[rankKey]*rankProgress
+	ranks  map[rankKey]*rankProgress // required ranks seen this attempt (room.progress)
 	claims map[rankKey]*Claim
+	// claimedN, doneN count required ranks claimed / done this attempt.
+	claimedN, doneN int
 
 	watchers map[*Watcher]struct{}
 
@@ -87,15 +89,11 @@ type rankProgress struct {
 	cov     coverage
 	bytes   uint64
 	last    int // index of the last chunk sent (landed or in flight), -1 until seen
-	// lastLanded: the last chunk landed. The rank is done when it has and
-	// every page of the destination landed (coverage).
+	// lastLanded: the last chunk landed.
 	lastLanded bool
-}
-
-// done: every page of the destination landed from this rank, and its last
-// chunk (with the metadata) landed.
-func (rp *rankProgress) done() bool {
-	return rp.lastLanded && rp.cov.sent != nil && rp.cov.landed == rp.cov.need
+	// done: every page of the destination landed from this rank and its
+	// last chunk (with the metadata) landed; counted once in room.doneN.
+	done bool
 }
 
 type chunkState struct {
@@ -299,16 +297,26 @@ func (m *Manager) topoLocked(addr string) PrefillTopology {
 }
 
 func (r *room) unclaimedRanks() string {
-	var out []string
 	if r.plan == nil {
 		return "none known"
 	}
+	return r.pendingRanks(func(rp *rankProgress) bool { return rp.claimed })
+}
+
+// pendingRanks lists (at most maxListedRanks) the required ranks not ok yet.
+func (r *room) pendingRanks(ok func(*rankProgress) bool) string {
+	var out []rankKey
+	more := 0
 	for _, k := range r.plan.required {
-		if rp := r.ranks[k]; rp == nil || !rp.claimed {
-			out = append(out, fmt.Sprintf("cp %d tp %d pp %d", k.CP, k.TP, k.PP))
+		if rp := r.ranks[k]; rp == nil || !ok(rp) {
+			if len(out) < maxListedRanks {
+				out = append(out, k)
+			} else {
+				more++
+			}
 		}
 	}
-	return strings.Join(out, "; ")
+	return listRanks(out, more)
 }
 
 func (r *room) unclaimedNote() string {
@@ -322,19 +330,13 @@ func (r *room) waitingNote() string {
 	if r.plan == nil {
 		return ""
 	}
-	var pending []string
-	for _, k := range r.plan.required {
-		if rp := r.ranks[k]; rp == nil || !rp.done() {
-			pending = append(pending, fmt.Sprintf("cp %d tp %d pp %d", k.CP, k.TP, k.PP))
-		}
-	}
-	if len(pending) == 0 {
+	if r.doneN >= len(r.plan.required) {
 		if r.marker == 0 {
 			return " (every chunk landed but the metadata slot never received the room marker)"
 		}
 		return " (every chunk landed; waiting for staged chunks to be scattered)"
 	}
-	return " (prefill ranks still sending: " + strings.Join(pending, "; ") + ")"
+	return " (prefill ranks still sending: " + r.pendingRanks(func(rp *rankProgress) bool { return rp.done }) + ")"
 }
 
 // coverageOf renders each required rank's progress on the current attempt.
@@ -386,12 +388,16 @@ func (m *Manager) waitingForLocked(r *room) string {
 		if r.plan != nil {
 			for _, k := range r.plan.required {
 				rp := r.ranks[k]
-				if rp == nil || rp.done() {
+				if rp == nil || rp.done {
 					continue
 				}
 				last := "last chunk not landed"
 				if rp.lastLanded {
 					last = "last chunk landed"
+				}
+				if len(pending) == maxListedRanks {
+					pending = append(pending, fmt.Sprintf("and %d more", len(r.plan.required)-r.doneN-maxListedRanks))
+					break
 				}
 				pending = append(pending, fmt.Sprintf("cp %d tp %d pp %d (%d of %d pages landed, %s)", k.CP, k.TP, k.PP, rp.cov.landed, len(r.pages), last))
 			}

@@ -351,7 +351,8 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 		CompletionTimeout: m.cfg.Timeouts.Waiting,
 	}
 	seen := map[[2]int]bool{}
-	for _, dm := range inst.mapping {
+	mapping, _ := m.rankMappingOf(topo) // accepted at registration: cannot fail now
+	for _, dm := range mapping {
 		for _, t := range dm.TargetTPRanks {
 			if slices.Contains(dm.DummyTPRanks, t) || seen[[2]int{t, dm.DecodeTP}] {
 				continue
@@ -368,7 +369,7 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 		return a.DecodeTP < b.DecodeTP
 	})
 	q := m.decodeStage(topo, rank.PP)
-	if rp := inst.plan.perRank[rank.key()]; rp != nil {
+	if rp := inst.plan.rankPlan(rank.key()); rp != nil {
 		for _, tg := range rp.targets {
 			if tg.Dummy {
 				continue
@@ -514,7 +515,7 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 	if rank.DP != r.prefillDP {
 		return nil, nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", rank.DP, r.id, r.prefillDP, r.dpRule)
 	}
-	rp := r.ranks[rank.key()]
+	rp := r.progress(rank.key())
 	if rp == nil {
 		return nil, nil, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", rank, r.id)
 	}

@@ -44,13 +44,17 @@ func (a *adminService) GetStatus(ctx context.Context, _ *pb.GetStatusRequest) (*
 			resp.Shards = append(resp.Shards, shardToProto(sh))
 		}
 		for _, p := range st.Prefills {
-			resp.Prefills = append(resp.Prefills, &pb.PrefillStatus{
-				BootstrapAddr: p.Addr, RegisteredRanks: uint32(p.Registered), ExpectedRanks: uint32(p.Expected),
+			ps := &pb.PrefillStatus{
+				BootstrapAddr: p.Addr, RegisteredRanks: uint32(p.Registered), ExpectedRanks: clampU32(p.Expected),
 				AttnTpSize: uint32(p.Topology.AttnTP), DpSize: uint32(p.Topology.DP), PpSize: uint32(p.Topology.PP),
 				AttnCpSize: uint32(p.Topology.AttnCP), FollowBootstrapRoom: p.Topology.FollowBootstrapRoom,
 				LastHeartbeat: timestamppb.New(p.LastHeartbeat), MissedHeartbeats: uint32(p.MissedHeartbeats),
-				ActiveRooms: uint32(p.ActiveRooms),
-			})
+				ActiveRooms: uint32(p.ActiveRooms), SilentRankCount: uint32(p.SilentRankCount),
+			}
+			for _, sr := range p.SilentRanks {
+				ps.SilentRanks = append(ps.SilentRanks, &pb.SilentRank{Rank: rankToProto(sr.Rank), SilentFor: durationpb.New(sr.Silent), MissedHeartbeats: uint32(sr.Missed)})
+			}
+			resp.Prefills = append(resp.Prefills, ps)
 		}
 	}
 	return resp, nil

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"math"
+
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -46,6 +48,14 @@ func stateTypeToProto(t prealloc.StateType) pb.StateType {
 	}
 	return pb.StateType_STATE_TYPE_UNSPECIFIED
 }
+
+func rankToProto(r kvmanager.RankID) *pb.PrefillRank {
+	return &pb.PrefillRank{BootstrapAddr: r.Addr, DpRank: uint32(r.DP), CpRank: uint32(r.CP), TpRank: uint32(r.TP), PpRank: uint32(r.PP)}
+}
+
+// clampU32 is n on the wire: a rank count beyond uint32 (possible only if
+// the wire bounds let such sizes through) shows as the maximum, not wrapped.
+func clampU32(n int) uint32 { return uint32(min(max(n, 0), math.MaxUint32)) }
 
 func rankFromProto(r *pb.PrefillRank) kvmanager.RankID {
 	return kvmanager.RankID{Addr: r.GetBootstrapAddr(), DP: int(r.GetDpRank()), CP: int(r.GetCpRank()), TP: int(r.GetTpRank()), PP: int(r.GetPpRank())}
@@ -97,7 +107,7 @@ func registrationToProto(res kvmanager.RegistrationResult, l prealloc.Layout) *p
 		HeartbeatInterval:    durationpb.New(res.HeartbeatInterval),
 		HeartbeatMaxFailures: uint32(res.MaxFailures),
 		RegisteredRanks:      uint32(res.Registered),
-		ExpectedRanks:        uint32(res.Expected),
+		ExpectedRanks:        clampU32(res.Expected),
 		Replaced:             res.Replaced,
 		RoomsFailed:          uint32(res.RoomsFailed),
 	}

@@ -321,8 +321,33 @@ func usedOf(free, total uint64) string {
 	return fmt.Sprintf("%d/%d", total-min(free, total), total)
 }
 
-// writePrefills renders one line per prefill instance.
+// writePrefills renders one line per prefill instance, then one line per
+// instance with ranks whose heartbeat is overdue (liveness is per rank).
 func writePrefills(w io.Writer, prefills []*pb.PrefillStatus, now time.Time) error {
+	if err := writePrefillTable(w, prefills, now); err != nil {
+		return err
+	}
+	for _, p := range prefills {
+		if len(p.GetSilentRanks()) == 0 {
+			continue
+		}
+		var parts []string
+		for _, s := range p.GetSilentRanks() {
+			r := s.GetRank()
+			parts = append(parts, fmt.Sprintf("dp %d cp %d tp %d pp %d for %s (%d missed)", r.GetDpRank(), r.GetCpRank(), r.GetTpRank(), r.GetPpRank(),
+				humanDuration(s.GetSilentFor().AsDuration()), s.GetMissedHeartbeats()))
+		}
+		if more := int(p.GetSilentRankCount()) - len(parts); more > 0 {
+			parts = append(parts, fmt.Sprintf("and %d more", more))
+		}
+		if _, err := fmt.Fprintf(w, "%s silent ranks: %s\n", p.GetBootstrapAddr(), strings.Join(parts, ", ")); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writePrefillTable(w io.Writer, prefills []*pb.PrefillStatus, now time.Time) error {
 	return table(w, func(tw io.Writer) {
 		fmt.Fprint(tw, "PREFILL\tRANKS\tTP/DP/PP\tLAST HEARTBEAT\tMISSED\tACTIVE ROOMS\n")
 		for _, p := range prefills {

@@ -308,11 +308,20 @@ type PrefillStatus struct {
 	PpSize              uint32                 `protobuf:"varint,6,opt,name=pp_size,json=ppSize,proto3" json:"pp_size,omitempty"`
 	AttnCpSize          uint32                 `protobuf:"varint,7,opt,name=attn_cp_size,json=attnCpSize,proto3" json:"attn_cp_size,omitempty"`
 	FollowBootstrapRoom bool                   `protobuf:"varint,8,opt,name=follow_bootstrap_room,json=followBootstrapRoom,proto3" json:"follow_bootstrap_room,omitempty"`
-	LastHeartbeat       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
-	MissedHeartbeats    uint32                 `protobuf:"varint,10,opt,name=missed_heartbeats,json=missedHeartbeats,proto3" json:"missed_heartbeats,omitempty"`
-	ActiveRooms         uint32                 `protobuf:"varint,11,opt,name=active_rooms,json=activeRooms,proto3" json:"active_rooms,omitempty"`
-	unknownFields       protoimpl.UnknownFields
-	sizeCache           protoimpl.SizeCache
+	// last_heartbeat is the most recent heartbeat of any rank;
+	// missed_heartbeats the most intervals any one rank missed. Liveness is
+	// per rank: silent_ranks names the ranks behind it.
+	LastHeartbeat    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
+	MissedHeartbeats uint32                 `protobuf:"varint,10,opt,name=missed_heartbeats,json=missedHeartbeats,proto3" json:"missed_heartbeats,omitempty"`
+	ActiveRooms      uint32                 `protobuf:"varint,11,opt,name=active_rooms,json=activeRooms,proto3" json:"active_rooms,omitempty"`
+	// silent_ranks are the ranks that missed at least one heartbeat interval,
+	// longest silent first, at most 8; silent_rank_count counts them all. Once
+	// one of them is silent for heartbeat_max_failures intervals the instance
+	// is declared dead and leaves this list (its rooms' failure names them).
+	SilentRanks     []*SilentRank `protobuf:"bytes,12,rep,name=silent_ranks,json=silentRanks,proto3" json:"silent_ranks,omitempty"`
+	SilentRankCount uint32        `protobuf:"varint,13,opt,name=silent_rank_count,json=silentRankCount,proto3" json:"silent_rank_count,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *PrefillStatus) Reset() {
@@ -422,6 +431,83 @@ func (x *PrefillStatus) GetActiveRooms() uint32 {
 	return 0
 }
 
+func (x *PrefillStatus) GetSilentRanks() []*SilentRank {
+	if x != nil {
+		return x.SilentRanks
+	}
+	return nil
+}
+
+func (x *PrefillStatus) GetSilentRankCount() uint32 {
+	if x != nil {
+		return x.SilentRankCount
+	}
+	return 0
+}
+
+// SilentRank is a registered prefill rank whose heartbeat is overdue.
+type SilentRank struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rank  *PrefillRank           `protobuf:"bytes,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	// silent_for is the time since its last heartbeat (or its registration).
+	SilentFor *durationpb.Duration `protobuf:"bytes,2,opt,name=silent_for,json=silentFor,proto3" json:"silent_for,omitempty"`
+	// missed_heartbeats is how many whole heartbeat intervals that is.
+	MissedHeartbeats uint32 `protobuf:"varint,3,opt,name=missed_heartbeats,json=missedHeartbeats,proto3" json:"missed_heartbeats,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *SilentRank) Reset() {
+	*x = SilentRank{}
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SilentRank) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SilentRank) ProtoMessage() {}
+
+func (x *SilentRank) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SilentRank.ProtoReflect.Descriptor instead.
+func (*SilentRank) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SilentRank) GetRank() *PrefillRank {
+	if x != nil {
+		return x.Rank
+	}
+	return nil
+}
+
+func (x *SilentRank) GetSilentFor() *durationpb.Duration {
+	if x != nil {
+		return x.SilentFor
+	}
+	return nil
+}
+
+func (x *SilentRank) GetMissedHeartbeats() uint32 {
+	if x != nil {
+		return x.MissedHeartbeats
+	}
+	return 0
+}
+
 type GetStatusResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
 	Version string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
@@ -445,7 +531,7 @@ type GetStatusResponse struct {
 
 func (x *GetStatusResponse) Reset() {
 	*x = GetStatusResponse{}
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[4]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +543,7 @@ func (x *GetStatusResponse) String() string {
 func (*GetStatusResponse) ProtoMessage() {}
 
 func (x *GetStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[4]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +556,7 @@ func (x *GetStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetStatusResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *GetStatusResponse) GetVersion() string {
@@ -565,7 +651,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[5]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -577,7 +663,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[5]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -590,7 +676,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 type DrainResponse struct {
@@ -603,7 +689,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[6]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -615,7 +701,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[6]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -628,7 +714,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *DrainResponse) GetRoomsInFlight() uint32 {
@@ -669,7 +755,7 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"blocked_by\x18\x0f \x01(\tR\tblockedBy\x12*\n" +
 	"\x11state_slots_total\x18\x10 \x01(\x04R\x0fstateSlotsTotal\x12(\n" +
-	"\x10state_slots_free\x18\x11 \x01(\x04R\x0estateSlotsFree\"\xc5\x03\n" +
+	"\x10state_slots_free\x18\x11 \x01(\x04R\x0estateSlotsFree\"\xb0\x04\n" +
 	"\rPrefillStatus\x12%\n" +
 	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12)\n" +
 	"\x10registered_ranks\x18\x02 \x01(\rR\x0fregisteredRanks\x12%\n" +
@@ -684,7 +770,15 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\x0elast_heartbeat\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\rlastHeartbeat\x12+\n" +
 	"\x11missed_heartbeats\x18\n" +
 	" \x01(\rR\x10missedHeartbeats\x12!\n" +
-	"\factive_rooms\x18\v \x01(\rR\vactiveRooms\"\x83\x05\n" +
+	"\factive_rooms\x18\v \x01(\rR\vactiveRooms\x12=\n" +
+	"\fsilent_ranks\x18\f \x03(\v2\x1a.decodeplane.v1.SilentRankR\vsilentRanks\x12*\n" +
+	"\x11silent_rank_count\x18\r \x01(\rR\x0fsilentRankCount\"\xa4\x01\n" +
+	"\n" +
+	"SilentRank\x12/\n" +
+	"\x04rank\x18\x01 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x128\n" +
+	"\n" +
+	"silent_for\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\tsilentFor\x12+\n" +
+	"\x11missed_heartbeats\x18\x03 \x01(\rR\x10missedHeartbeats\"\x83\x05\n" +
 	"\x11GetStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x14\n" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x1c\n" +
@@ -722,38 +816,43 @@ func file_decodeplane_v1_admin_proto_rawDescGZIP() []byte {
 	return file_decodeplane_v1_admin_proto_rawDescData
 }
 
-var file_decodeplane_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_decodeplane_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_decodeplane_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: decodeplane.v1.GetStatusRequest
 	(*ConfigValue)(nil),           // 1: decodeplane.v1.ConfigValue
 	(*ShardStatus)(nil),           // 2: decodeplane.v1.ShardStatus
 	(*PrefillStatus)(nil),         // 3: decodeplane.v1.PrefillStatus
-	(*GetStatusResponse)(nil),     // 4: decodeplane.v1.GetStatusResponse
-	(*DrainRequest)(nil),          // 5: decodeplane.v1.DrainRequest
-	(*DrainResponse)(nil),         // 6: decodeplane.v1.DrainResponse
-	nil,                           // 7: decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 9: google.protobuf.Duration
-	(*KVLayout)(nil),              // 10: decodeplane.v1.KVLayout
+	(*SilentRank)(nil),            // 4: decodeplane.v1.SilentRank
+	(*GetStatusResponse)(nil),     // 5: decodeplane.v1.GetStatusResponse
+	(*DrainRequest)(nil),          // 6: decodeplane.v1.DrainRequest
+	(*DrainResponse)(nil),         // 7: decodeplane.v1.DrainResponse
+	nil,                           // 8: decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*PrefillRank)(nil),           // 10: decodeplane.v1.PrefillRank
+	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
+	(*KVLayout)(nil),              // 12: decodeplane.v1.KVLayout
 }
 var file_decodeplane_v1_admin_proto_depIdxs = []int32{
-	8,  // 0: decodeplane.v1.PrefillStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	8,  // 1: decodeplane.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	9,  // 2: decodeplane.v1.GetStatusResponse.uptime:type_name -> google.protobuf.Duration
-	10, // 3: decodeplane.v1.GetStatusResponse.layout:type_name -> decodeplane.v1.KVLayout
-	1,  // 4: decodeplane.v1.GetStatusResponse.config:type_name -> decodeplane.v1.ConfigValue
-	7,  // 5: decodeplane.v1.GetStatusResponse.rooms_by_phase:type_name -> decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
-	2,  // 6: decodeplane.v1.GetStatusResponse.shards:type_name -> decodeplane.v1.ShardStatus
-	3,  // 7: decodeplane.v1.GetStatusResponse.prefills:type_name -> decodeplane.v1.PrefillStatus
-	0,  // 8: decodeplane.v1.Admin.GetStatus:input_type -> decodeplane.v1.GetStatusRequest
-	5,  // 9: decodeplane.v1.Admin.Drain:input_type -> decodeplane.v1.DrainRequest
-	4,  // 10: decodeplane.v1.Admin.GetStatus:output_type -> decodeplane.v1.GetStatusResponse
-	6,  // 11: decodeplane.v1.Admin.Drain:output_type -> decodeplane.v1.DrainResponse
-	10, // [10:12] is the sub-list for method output_type
-	8,  // [8:10] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	9,  // 0: decodeplane.v1.PrefillStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	4,  // 1: decodeplane.v1.PrefillStatus.silent_ranks:type_name -> decodeplane.v1.SilentRank
+	10, // 2: decodeplane.v1.SilentRank.rank:type_name -> decodeplane.v1.PrefillRank
+	11, // 3: decodeplane.v1.SilentRank.silent_for:type_name -> google.protobuf.Duration
+	9,  // 4: decodeplane.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	11, // 5: decodeplane.v1.GetStatusResponse.uptime:type_name -> google.protobuf.Duration
+	12, // 6: decodeplane.v1.GetStatusResponse.layout:type_name -> decodeplane.v1.KVLayout
+	1,  // 7: decodeplane.v1.GetStatusResponse.config:type_name -> decodeplane.v1.ConfigValue
+	8,  // 8: decodeplane.v1.GetStatusResponse.rooms_by_phase:type_name -> decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
+	2,  // 9: decodeplane.v1.GetStatusResponse.shards:type_name -> decodeplane.v1.ShardStatus
+	3,  // 10: decodeplane.v1.GetStatusResponse.prefills:type_name -> decodeplane.v1.PrefillStatus
+	0,  // 11: decodeplane.v1.Admin.GetStatus:input_type -> decodeplane.v1.GetStatusRequest
+	6,  // 12: decodeplane.v1.Admin.Drain:input_type -> decodeplane.v1.DrainRequest
+	5,  // 13: decodeplane.v1.Admin.GetStatus:output_type -> decodeplane.v1.GetStatusResponse
+	7,  // 14: decodeplane.v1.Admin.Drain:output_type -> decodeplane.v1.DrainResponse
+	13, // [13:15] is the sub-list for method output_type
+	11, // [11:13] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_admin_proto_init() }
@@ -768,7 +867,7 @@ func file_decodeplane_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_admin_proto_rawDesc), len(file_decodeplane_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -141,7 +141,18 @@ func (x *ParallelInfo) GetSystemDpRank() uint32 {
 }
 
 // ModelFacts are the prefill's KV layout facts, checked against the decode
-// pool when set (zero fields are not checked).
+// pool when set (zero fields are not checked). A kv_pool_kind that is not a
+// kind at all (allowed: mha, gqa, mla, hybrid-mla, hybrid-swa,
+// hybrid-linear; case-insensitive, "_" = "-") is a bad value:
+// INVALID_ARGUMENT naming model.kv_pool_kind. Facts that are valid but
+// contradict this decode pool are FAILED_PRECONDITION — the request is
+// well-formed, this decode side cannot serve that prefill — and the message
+// lists every contradicting field at once: another kind; num_layers; on a
+// head-sliced pool (mha, gqa, hybrid-swa, hybrid-linear) total_kv_heads and
+// head_dim must match and kv_lora_rank, qk_rope_head_dim must be unset; on an
+// MLA pool (mla, hybrid-mla) total_kv_heads must be unset or 1, head_dim
+// (one KV entry's width) and kv_lora_rank + qk_rope_head_dim must equal the
+// pool's latent width.
 type ModelFacts struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	KvPoolKind    string                 `protobuf:"bytes,1,opt,name=kv_pool_kind,json=kvPoolKind,proto3" json:"kv_pool_kind,omitempty"`

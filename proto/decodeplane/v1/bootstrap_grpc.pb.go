@@ -39,16 +39,28 @@ type BootstrapClient interface {
 	// RegisterPrefill registers one prefill rank (SGLang's PUT /route) and
 	// returns the decode layout and the rank mapping for it. Idempotent per
 	// rank; a re-registration with a new endpoint or instance id replaces the
-	// old one and fails the rooms bound to the old one.
-	// Codes: OK; INVALID_ARGUMENT (a field, named); FAILED_PRECONDITION (page
-	// size or KV dtype mismatch, with SGLang's messages; parallel sizes that
-	// contradict earlier ranks of the same instance; PP sizes decode cannot
-	// map); UNAUTHENTICATED. Safe to retry.
+	// old one and fails the rooms bound to the old one. The instance is fully
+	// registered once attn_dp (or system_dp) × attn_cp × attn_tp × pp distinct
+	// ranks registered (expected_ranks, counted exactly); until then its rooms
+	// wait under SGLang's retry budget. The daemon keeps one entry per rank
+	// that registered, nothing sized by the parallel sizes themselves.
+	// Codes: OK; INVALID_ARGUMENT (a field, named; a rank outside its own
+	// sizes; a model.kv_pool_kind that is no kind); FAILED_PRECONDITION (page
+	// size or KV dtype mismatch, with SGLang's messages; model facts that
+	// contradict the decode pool; parallel sizes that contradict earlier ranks
+	// of the same instance; TP or PP sizes decode cannot map, or whose mapping
+	// would list more than 65,536 target ranks); UNAUTHENTICATED. Safe to retry.
 	RegisterPrefill(ctx context.Context, in *RegisterPrefillRequest, opts ...grpc.CallOption) (*RegisterPrefillResponse, error)
-	// Heartbeat keeps a registered prefill rank alive. After
-	// heartbeat_max_failures missed intervals the instance is dead: its
-	// non-terminal rooms fail with "Lost connection with prefill instance
-	// (bootstrap_addr: ...), N requests affected".
+	// Heartbeat keeps a registered prefill rank alive. Liveness is per rank:
+	// every registered rank must heartbeat (its registration counts as its
+	// first), since a room needs the KV of every required rank (SGLang polls
+	// /health per prefill address). When any one rank has been silent for
+	// heartbeat_max_failures × heartbeat_interval the whole instance is dead:
+	// its non-terminal rooms fail with "Lost connection with prefill instance
+	// (bootstrap_addr: ...), N requests affected; silent ranks (no heartbeat
+	// within F × I): dp D cp C tp T pp P for S, ..." (at most 8 ranks listed,
+	// longest silent first, then "and N more"), and every rank must register
+	// again. GetStatus lists the ranks that missed an interval (silent_ranks).
 	// Codes: OK; NOT_FOUND (not registered, or declared dead: register again);
 	// INVALID_ARGUMENT; UNAUTHENTICATED. Safe to retry.
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
@@ -129,16 +141,28 @@ type BootstrapServer interface {
 	// RegisterPrefill registers one prefill rank (SGLang's PUT /route) and
 	// returns the decode layout and the rank mapping for it. Idempotent per
 	// rank; a re-registration with a new endpoint or instance id replaces the
-	// old one and fails the rooms bound to the old one.
-	// Codes: OK; INVALID_ARGUMENT (a field, named); FAILED_PRECONDITION (page
-	// size or KV dtype mismatch, with SGLang's messages; parallel sizes that
-	// contradict earlier ranks of the same instance; PP sizes decode cannot
-	// map); UNAUTHENTICATED. Safe to retry.
+	// old one and fails the rooms bound to the old one. The instance is fully
+	// registered once attn_dp (or system_dp) × attn_cp × attn_tp × pp distinct
+	// ranks registered (expected_ranks, counted exactly); until then its rooms
+	// wait under SGLang's retry budget. The daemon keeps one entry per rank
+	// that registered, nothing sized by the parallel sizes themselves.
+	// Codes: OK; INVALID_ARGUMENT (a field, named; a rank outside its own
+	// sizes; a model.kv_pool_kind that is no kind); FAILED_PRECONDITION (page
+	// size or KV dtype mismatch, with SGLang's messages; model facts that
+	// contradict the decode pool; parallel sizes that contradict earlier ranks
+	// of the same instance; TP or PP sizes decode cannot map, or whose mapping
+	// would list more than 65,536 target ranks); UNAUTHENTICATED. Safe to retry.
 	RegisterPrefill(context.Context, *RegisterPrefillRequest) (*RegisterPrefillResponse, error)
-	// Heartbeat keeps a registered prefill rank alive. After
-	// heartbeat_max_failures missed intervals the instance is dead: its
-	// non-terminal rooms fail with "Lost connection with prefill instance
-	// (bootstrap_addr: ...), N requests affected".
+	// Heartbeat keeps a registered prefill rank alive. Liveness is per rank:
+	// every registered rank must heartbeat (its registration counts as its
+	// first), since a room needs the KV of every required rank (SGLang polls
+	// /health per prefill address). When any one rank has been silent for
+	// heartbeat_max_failures × heartbeat_interval the whole instance is dead:
+	// its non-terminal rooms fail with "Lost connection with prefill instance
+	// (bootstrap_addr: ...), N requests affected; silent ranks (no heartbeat
+	// within F × I): dp D cp C tp T pp P for S, ..." (at most 8 ranks listed,
+	// longest silent first, then "and N more"), and every rank must register
+	// again. GetStatus lists the ranks that missed an interval (silent_ranks).
 	// Codes: OK; NOT_FOUND (not registered, or declared dead: register again);
 	// INVALID_ARGUMENT; UNAUTHENTICATED. Safe to retry.
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
