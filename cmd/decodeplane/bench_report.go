@@ -479,7 +479,9 @@ func newBenchProgress(w io.Writer, enabled bool) *benchProgress {
 			select {
 			case <-p.quit:
 				if p.tty {
+					p.mu.Lock()
 					fmt.Fprint(p.w, "\r\033[K")
+					p.mu.Unlock()
 				}
 				return
 			case <-t.C:
@@ -493,8 +495,8 @@ func newBenchProgress(w io.Writer, enabled bool) *benchProgress {
 // setPhase starts a phase: total rooms (0: unbounded, or not rooms).
 func (p *benchProgress) setPhase(label string, total int) {
 	p.mu.Lock()
+	defer p.mu.Unlock() // the output too: the drawing goroutine writes to the same writer
 	p.label, p.total, p.rec, p.start = label, total, nil, time.Now()
-	p.mu.Unlock()
 	if p.enabled && !p.tty {
 		fmt.Fprintf(p.w, "bench: %s...\n", label)
 	}
@@ -534,6 +536,8 @@ func (p *benchProgress) draw() {
 			line += fmt.Sprintf(", ETA %s", (time.Duration(float64(total-int(done))/rate) * time.Second).Round(time.Second))
 		}
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if p.tty {
 		fmt.Fprintf(p.w, "\r\033[K%s", line)
 	} else {

@@ -114,7 +114,7 @@ func TestBenchInProcessJSON(t *testing.T) {
 }
 
 func TestBenchRateModeStopsAtDuration(t *testing.T) {
-	code, out, errOut := benchTestRun(t, "--rate", "200", "--duration", "300ms", "--concurrency", "8", "--prefill-ranks", "2", "--json")
+	code, out, errOut := benchTestRun(t, "--rate", "200", "--duration", "2s", "--concurrency", "8", "--prefill-ranks", "2", "--json")
 	if code != exitOK {
 		t.Fatalf("exit code %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
