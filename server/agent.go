@@ -105,8 +105,33 @@ func agentStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-func bufferKindFromProto(k transferv1.BufferKind) kvcopy.BufferKind { return kvcopy.BufferKind(k) }
-func bufferKindToProto(k kvcopy.BufferKind) transferv1.BufferKind   { return transferv1.BufferKind(k) }
+// bufferKindWire maps kvcopy's buffer kinds to the wire's, indexed by the
+// domain value (bufferkind_test.go walks every value of both sides).
+var bufferKindWire = [...]transferv1.BufferKind{
+	kvcopy.KindUnspecified: transferv1.BufferKind_BUFFER_KIND_UNSPECIFIED,
+	kvcopy.KindKVPool:      transferv1.BufferKind_BUFFER_KIND_KV_POOL,
+	kvcopy.KindStagingRing: transferv1.BufferKind_BUFFER_KIND_STAGING_RING,
+	kvcopy.KindMetadata:    transferv1.BufferKind_BUFFER_KIND_METADATA,
+	kvcopy.KindPrefillKV:   transferv1.BufferKind_BUFFER_KIND_PREFILL_KV,
+}
+
+// bufferKindFromProto: a wire kind kvcopy does not know is KindUnspecified
+// (the validator refuses those before a handler runs).
+func bufferKindFromProto(k transferv1.BufferKind) kvcopy.BufferKind {
+	for d, w := range bufferKindWire {
+		if w == k {
+			return kvcopy.BufferKind(d)
+		}
+	}
+	return kvcopy.KindUnspecified
+}
+
+func bufferKindToProto(k kvcopy.BufferKind) transferv1.BufferKind {
+	if k < 0 || int(k) >= len(bufferKindWire) {
+		return transferv1.BufferKind_BUFFER_KIND_UNSPECIFIED
+	}
+	return bufferKindWire[k]
+}
 
 func bufferSpecsFromProto(in []*transferv1.Buffer) []kvcopy.BufferSpec {
 	out := make([]kvcopy.BufferSpec, len(in))
