@@ -1,4 +1,10 @@
-package server
+// Package metrics is decodeplane's Prometheus instrumentation: the room
+// manager's events (Metrics implements kvmanager.Observer), gauges read from
+// the ledgers and staging rings at scrape time, and go-grpc-middleware's gRPC
+// server metrics. The composition root (internal/daemon) builds one, hands it
+// to the manager as its Observer and to the server as interceptors, and
+// serves Handler on server.metrics_listen.
+package metrics
 
 import (
 	"net/http"
@@ -48,8 +54,8 @@ var _ kvmanager.Observer = (*Metrics)(nil)
 // latencyBuckets spans 100µs to ~100s.
 var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 16)
 
-// NewMetrics builds the registry with process and Go runtime collectors.
-func NewMetrics() *Metrics {
+// New builds the registry with process and Go runtime collectors.
+func New() *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
 		reg: reg,

@@ -1,4 +1,4 @@
-package server
+package metrics
 
 import (
 	"context"
@@ -23,6 +23,7 @@ import (
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+	"github.com/decodeplane/decodeplane/server"
 )
 
 // metricsDaemon is the real server, manager and ledger with Prometheus
@@ -44,7 +45,7 @@ func startMetricsDaemon(t *testing.T, mods ...func(*prealloc.Config)) *metricsDa
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics := NewMetrics()
+	metrics := New()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	mgr, err := kvmanager.New(kvmanager.DefaultConfig(), dec, kvmanager.Deps{
 		Ledgers: []kvmanager.Ledger{led}, Engine: kvmanager.NewSimEngine(kvmanager.SimConfig{}, nil), Logger: log, Observer: metrics,
@@ -54,8 +55,8 @@ func startMetricsDaemon(t *testing.T, mods ...func(*prealloc.Config)) *metricsDa
 	}
 	metrics.Attach(mgr)
 	unary, stream := metrics.Interceptors()
-	cfg := DefaultConfig()
-	srv, err := New(cfg, Deps{Logger: log, Manager: mgr, Layout: dec.Layout(),
+	cfg := server.DefaultConfig()
+	srv, err := server.New(cfg, server.Deps{Logger: log, Manager: mgr, Layout: dec.Layout(),
 		UnaryInterceptors: []grpc.UnaryServerInterceptor{unary}, StreamInterceptors: []grpc.StreamServerInterceptor{stream}})
 	if err != nil {
 		t.Fatal(err)

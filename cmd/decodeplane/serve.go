@@ -20,6 +20,7 @@ import (
 
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/metrics"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/server"
 )
@@ -149,7 +150,7 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 	otel.SetTextMapPropagator(tr.propagator)
 	d.closers = append(d.closers, tr.shutdown) // closers run in reverse: spans flush last
 
-	metrics := server.NewMetrics()
+	metrics := metrics.New()
 	serverTLS, agentTLS, err := buildTLS(cfg, log, metrics.Registry())
 	if err != nil {
 		return nil, err
