@@ -23,6 +23,7 @@ import (
 	"github.com/decodeplane/decodeplane/metrics"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/transfer/agentclient"
 )
 
 func cmdServe(args, environ []string, stdout, stderr io.Writer) int {
@@ -171,7 +172,7 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 	case kvmanager.PathSim:
 		engine = kvmanager.NewSimEngine(cfg.Transfer.Sim, kvmanager.RealClock{})
 	case kvmanager.PathDelegate:
-		ac, err := server.DialAgent(cfg.Transfer.Delegate.Target, server.AgentClientOptions{Logger: log, TracerProvider: tr.provider, Propagator: tr.propagator, Credentials: agentTLS.credentials()})
+		ac, err := agentclient.Dial(cfg.Transfer.Delegate.Target, agentclient.Options{Logger: log, TracerProvider: tr.provider, Propagator: tr.propagator, Credentials: agentTLS.credentials()})
 		if err != nil {
 			return nil, err
 		}

@@ -1,4 +1,8 @@
-package server
+// Package agentclient is the daemon's gRPC client of a transfer agent
+// (decodeplane.transfer.v1.TransferAgent): it implements kvmanager.Agent for
+// the delegated transfer engine. The agent's side is transfer/agentservice
+// (the reference agent) or any agent speaking the same protocol.
+package agentclient
 
 import (
 	"context"
@@ -11,28 +15,29 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
+	"github.com/decodeplane/decodeplane/transfer/agentwire"
 )
 
-// AgentClientOptions configure DialAgent.
-type AgentClientOptions struct {
+// Options configure Dial.
+type Options struct {
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// TracerProvider and Propagator feed the otelgrpc client handler (W3C
 	// trace context to the agent); nil means no-op / TraceContext+Baggage.
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
-	// Credentials secure the link (NewAgentTLS); nil is plaintext.
+	// Credentials secure the link (server.NewAgentTLS); nil is plaintext.
 	Credentials credentials.TransportCredentials
 	// DialOptions are appended.
 	DialOptions []grpc.DialOption
@@ -42,13 +47,13 @@ type AgentClientOptions struct {
 // copies).
 const maxAgentMessage = 64 << 20
 
-// AgentClient implements kvmanager.Agent over gRPC: SubmitBatch per batch,
+// Client implements kvmanager.Agent over gRPC: SubmitBatch per batch,
 // one long-lived WatchCompletions stream (maintained by Run) whose
 // completions are matched to waiting batches by batch id. When the stream
 // breaks it reconnects at once, replaying the ids it waits for; if the agent
 // cannot be reached, or comes back as another instance (a restart: its
 // memory is new), the batches in flight fail with kvmanager.ErrAgentLost.
-type AgentClient struct {
+type Client struct {
 	target string
 	conn   *grpc.ClientConn
 	api    transferv1.TransferAgentClient
@@ -68,11 +73,11 @@ type pendingBatch struct {
 	done     chan error
 }
 
-var _ kvmanager.Agent = (*AgentClient)(nil)
+var _ kvmanager.Agent = (*Client)(nil)
 
-// DialAgent builds a client for the agent at target; it connects lazily.
+// Dial builds a client for the agent at target; it connects lazily.
 // Run must be running for Execute to work. Close releases the connection.
-func DialAgent(target string, opts AgentClientOptions) (*AgentClient, error) {
+func Dial(target string, opts Options) (*Client, error) {
 	opts.Logger, opts.TracerProvider, opts.Propagator = telemetryDefaults(opts.Logger, opts.TracerProvider, opts.Propagator)
 	creds := opts.Credentials
 	if creds == nil {
@@ -87,19 +92,19 @@ func DialAgent(target string, opts AgentClientOptions) (*AgentClient, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transfer agent %s: %w", target, err)
 	}
-	return &AgentClient{target: target, conn: conn, api: transferv1.NewTransferAgentClient(conn), health: healthpb.NewHealthClient(conn),
+	return &Client{target: target, conn: conn, api: transferv1.NewTransferAgentClient(conn), health: healthpb.NewHealthClient(conn),
 		log: opts.Logger, connCh: make(chan struct{}), pending: map[string]*pendingBatch{}}, nil
 }
 
 // Close closes the connection.
-func (c *AgentClient) Close() error { return c.conn.Close() }
+func (c *Client) Close() error { return c.conn.Close() }
 
 func unreachable(op string, err error) error {
 	return fmt.Errorf("%w: %s: %s", kvmanager.ErrAgentUnreachable, op, status.Convert(err).Message())
 }
 
 // Run keeps the WatchCompletions stream up until ctx is done.
-func (c *AgentClient) Run(ctx context.Context) error {
+func (c *Client) Run(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	for {
 		hello, err := c.watchOnce(ctx)
@@ -130,7 +135,7 @@ func (c *AgentClient) Run(ctx context.Context) error {
 
 // watchOnce runs one WatchCompletions stream; hello reports whether it got
 // as far as the agent's hello.
-func (c *AgentClient) watchOnce(ctx context.Context) (hello bool, err error) {
+func (c *Client) watchOnce(ctx context.Context) (hello bool, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	c.mu.Lock()
@@ -183,7 +188,7 @@ func (c *AgentClient) watchOnce(ctx context.Context) (hello bool, err error) {
 	}
 }
 
-func (c *AgentClient) failPending(match func(*pendingBatch) bool, err error) {
+func (c *Client) failPending(match func(*pendingBatch) bool, err error) {
 	c.mu.Lock()
 	var victims []*pendingBatch
 	for id, p := range c.pending {
@@ -200,7 +205,7 @@ func (c *AgentClient) failPending(match func(*pendingBatch) bool, err error) {
 
 // Check implements kvmanager.Agent: the agent's health is SERVING and the
 // completion stream is up (it waits for the stream until ctx is done).
-func (c *AgentClient) Check(ctx context.Context) error {
+func (c *Client) Check(ctx context.Context) error {
 	resp, err := c.health.Check(ctx, &healthpb.HealthCheckRequest{})
 	if err != nil {
 		return unreachable("health check", err)
@@ -224,8 +229,8 @@ func (c *AgentClient) Check(ctx context.Context) error {
 }
 
 // RegisterBuffers implements kvmanager.Agent.
-func (c *AgentClient) RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferSpec) error {
-	_, err := c.api.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: bufferSpecsToProto(bufs)})
+func (c *Client) RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferSpec) error {
+	_, err := c.api.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: agentwire.BuffersToProto(bufs)})
 	switch {
 	case err == nil:
 		return nil
@@ -236,11 +241,11 @@ func (c *AgentClient) RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferS
 }
 
 // CancelRoom implements kvmanager.Agent.
-func (c *AgentClient) CancelRoom(ctx context.Context, room uint64) error {
+func (c *Client) CancelRoom(ctx context.Context, room uint64) error {
 	return c.cancel(ctx, room)
 }
 
-func (c *AgentClient) cancel(ctx context.Context, room uint64, ids ...string) error {
+func (c *Client) cancel(ctx context.Context, room uint64, ids ...string) error {
 	_, err := c.api.CancelRoom(ctx, &transferv1.CancelRoomRequest{Room: room, BatchIds: ids})
 	switch {
 	case err == nil:
@@ -258,7 +263,7 @@ func (c *AgentClient) cancel(ctx context.Context, room uint64, ids ...string) er
 const submitAttempts = 3
 
 // Execute implements kvmanager.Agent.
-func (c *AgentClient) Execute(ctx context.Context, b kvcopy.Batch) error {
+func (c *Client) Execute(ctx context.Context, b kvcopy.Batch) error {
 	c.mu.Lock()
 	if !c.connected {
 		c.mu.Unlock()
@@ -272,7 +277,7 @@ func (c *AgentClient) Execute(ctx context.Context, b kvcopy.Batch) error {
 		delete(c.pending, b.ID)
 		c.mu.Unlock()
 	}
-	req := batchToProto(b)
+	req := agentwire.BatchToProto(b)
 	var resp *transferv1.SubmitBatchResponse
 	var err error
 	for attempt := range submitAttempts {
@@ -318,7 +323,7 @@ func (c *AgentClient) Execute(ctx context.Context, b kvcopy.Batch) error {
 
 // cancelQuietly cancels one batch at the agent and waits until none of its
 // copies is in flight (bounded; an unreachable agent writes nothing).
-func (c *AgentClient) cancelQuietly(ctx context.Context, b kvcopy.Batch) {
+func (c *Client) cancelQuietly(ctx context.Context, b kvcopy.Batch) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := c.cancel(cctx, b.Room, b.ID); err != nil {
@@ -326,17 +331,17 @@ func (c *AgentClient) cancelQuietly(ctx context.Context, b kvcopy.Batch) {
 	}
 }
 
-func batchToProto(b kvcopy.Batch) *transferv1.SubmitBatchRequest {
-	req := &transferv1.SubmitBatchRequest{BatchId: b.ID, Room: b.Room, Copies: make([]*transferv1.Copy, len(b.Copies))}
-	for i, cp := range b.Copies {
-		req.Copies[i] = &transferv1.Copy{SrcBuffer: cp.SrcBuffer, SrcOffset: uint64(cp.SrcOffset), DstBuffer: cp.DstBuffer, DstOffset: uint64(cp.DstOffset),
-			Length: uint64(cp.Length), Count: uint32(cp.Count), SrcStride: uint64(cp.SrcStride), DstStride: uint64(cp.DstStride)}
+// telemetryDefaults fills in what the caller left nil: the default logger, a
+// no-op tracer provider, W3C trace context and baggage.
+func telemetryDefaults(l *slog.Logger, tp trace.TracerProvider, p propagation.TextMapPropagator) (*slog.Logger, trace.TracerProvider, propagation.TextMapPropagator) {
+	if l == nil {
+		l = slog.Default()
 	}
-	for _, w := range b.Writes {
-		req.Writes = append(req.Writes, &transferv1.InlineWrite{DstBuffer: w.DstBuffer, DstOffset: uint64(w.DstOffset), Data: w.Data})
+	if tp == nil {
+		tp = noop.NewTracerProvider()
 	}
-	if !b.Deadline.IsZero() {
-		req.Deadline = timestamppb.New(b.Deadline)
+	if p == nil {
+		p = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	}
-	return req
+	return l, tp, p
 }

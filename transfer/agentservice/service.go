@@ -1,4 +1,8 @@
-package server
+// Package agentservice is the reference transfer agent's gRPC service
+// (decodeplane.transfer.v1.TransferAgent) over host memory
+// (kvmanager/hostmem): what cmd/decodeplane-agent serves. The daemon never
+// links it; its side of the protocol is transfer/agentclient.
+package agentservice
 
 import (
 	"context"
@@ -15,14 +19,15 @@ import (
 	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
 	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
+	"github.com/decodeplane/decodeplane/transfer/agentwire"
 )
 
-// AgentService is the reference decodeplane.transfer.v1.TransferAgent: every
+// Service is the reference decodeplane.transfer.v1.TransferAgent: every
 // buffer lives in host memory (kvmanager/hostmem) and every copy moves real
 // bytes. Batches run asynchronously; their completions fan out to every
 // WatchCompletions stream and are remembered (the last maxRemembered) so a
 // resubmitted batch id or a reconnecting watcher gets the outcome again.
-type AgentService struct {
+type Service struct {
 	transferv1.UnimplementedTransferAgentServer
 	agent    *hostmem.Agent
 	log      *slog.Logger
@@ -37,7 +42,7 @@ type AgentService struct {
 	wg       sync.WaitGroup
 }
 
-var _ transferv1.TransferAgentServer = (*AgentService)(nil)
+var _ transferv1.TransferAgentServer = (*Service)(nil)
 
 // maxRemembered bounds the finished batches kept for replay.
 const maxRemembered = 65536
@@ -59,25 +64,25 @@ type completionWatch struct {
 
 func (w *completionWatch) drop() { w.once.Do(func() { close(w.dropped) }) }
 
-// NewAgentService serves agent's store. Call Close to stop the batches.
-func NewAgentService(agent *hostmem.Agent, log *slog.Logger) *AgentService {
+// New serves agent's store. Call Close to stop the batches.
+func New(agent *hostmem.Agent, log *slog.Logger) *Service {
 	if log == nil {
 		log = slog.Default()
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &AgentService{agent: agent, log: log, instance: hex.EncodeToString(id[:]), batches: map[string]*batchRecord{},
+	return &Service{agent: agent, log: log, instance: hex.EncodeToString(id[:]), batches: map[string]*batchRecord{},
 		watches: map[*completionWatch]struct{}{}, stopping: make(chan struct{})}
 }
 
 // Instance identifies this agent process; it changes on restart.
-func (a *AgentService) Instance() string { return a.instance }
+func (a *Service) Instance() string { return a.instance }
 
 // Register adds the service to s.
-func (a *AgentService) Register(s *grpc.Server) { transferv1.RegisterTransferAgentServer(s, a) }
+func (a *Service) Register(s *grpc.Server) { transferv1.RegisterTransferAgentServer(s, a) }
 
 // Close cancels every batch in flight, waits for them and ends the watches.
-func (a *AgentService) Close() {
+func (a *Service) Close() {
 	a.mu.Lock()
 	if !a.closed {
 		a.closed = true
@@ -105,76 +110,17 @@ func agentStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// bufferKindWire maps kvcopy's buffer kinds to the wire's, indexed by the
-// domain value (bufferkind_test.go walks every value of both sides).
-var bufferKindWire = [...]transferv1.BufferKind{
-	kvcopy.KindUnspecified: transferv1.BufferKind_BUFFER_KIND_UNSPECIFIED,
-	kvcopy.KindKVPool:      transferv1.BufferKind_BUFFER_KIND_KV_POOL,
-	kvcopy.KindStagingRing: transferv1.BufferKind_BUFFER_KIND_STAGING_RING,
-	kvcopy.KindMetadata:    transferv1.BufferKind_BUFFER_KIND_METADATA,
-	kvcopy.KindPrefillKV:   transferv1.BufferKind_BUFFER_KIND_PREFILL_KV,
-}
-
-// bufferKindFromProto: a wire kind kvcopy does not know is KindUnspecified
-// (the validator refuses those before a handler runs).
-func bufferKindFromProto(k transferv1.BufferKind) kvcopy.BufferKind {
-	for d, w := range bufferKindWire {
-		if w == k {
-			return kvcopy.BufferKind(d)
-		}
-	}
-	return kvcopy.KindUnspecified
-}
-
-func bufferKindToProto(k kvcopy.BufferKind) transferv1.BufferKind {
-	if k < 0 || int(k) >= len(bufferKindWire) {
-		return transferv1.BufferKind_BUFFER_KIND_UNSPECIFIED
-	}
-	return bufferKindWire[k]
-}
-
-func bufferSpecsFromProto(in []*transferv1.Buffer) []kvcopy.BufferSpec {
-	out := make([]kvcopy.BufferSpec, len(in))
-	for i, b := range in {
-		out[i] = kvcopy.BufferSpec{Name: b.GetName(), Kind: bufferKindFromProto(b.GetKind()), Address: b.GetAddress(), Length: int64(b.GetLength()), ItemSize: int64(b.GetItemSize())}
-	}
-	return out
-}
-
-func bufferSpecsToProto(in []kvcopy.BufferSpec) []*transferv1.Buffer {
-	out := make([]*transferv1.Buffer, len(in))
-	for i, b := range in {
-		out[i] = &transferv1.Buffer{Name: b.Name, Kind: bufferKindToProto(b.Kind), Address: b.Address, Length: uint64(b.Length), ItemSize: uint64(b.ItemSize)}
-	}
-	return out
-}
-
-func batchFromProto(req *transferv1.SubmitBatchRequest) kvcopy.Batch {
-	b := kvcopy.Batch{ID: req.GetBatchId(), Room: req.GetRoom(), Copies: make([]kvcopy.Copy, len(req.GetCopies()))}
-	for i, c := range req.GetCopies() {
-		b.Copies[i] = kvcopy.Copy{SrcBuffer: c.GetSrcBuffer(), SrcOffset: int64(c.GetSrcOffset()), DstBuffer: c.GetDstBuffer(), DstOffset: int64(c.GetDstOffset()),
-			Length: int64(c.GetLength()), Count: int(c.GetCount()), SrcStride: int64(c.GetSrcStride()), DstStride: int64(c.GetDstStride())}
-	}
-	for _, w := range req.GetWrites() {
-		b.Writes = append(b.Writes, kvcopy.InlineWrite{DstBuffer: w.GetDstBuffer(), DstOffset: int64(w.GetDstOffset()), Data: w.GetData()})
-	}
-	if req.GetDeadline() != nil {
-		b.Deadline = req.GetDeadline().AsTime()
-	}
-	return b
-}
-
 // RegisterBuffers implements TransferAgent.
-func (a *AgentService) RegisterBuffers(_ context.Context, req *transferv1.RegisterBuffersRequest) (*transferv1.RegisterBuffersResponse, error) {
-	specs, err := a.agent.Store().Register(bufferSpecsFromProto(req.GetBuffers()))
+func (a *Service) RegisterBuffers(_ context.Context, req *transferv1.RegisterBuffersRequest) (*transferv1.RegisterBuffersResponse, error) {
+	specs, err := a.agent.Store().Register(agentwire.BuffersFromProto(req.GetBuffers()))
 	if err != nil {
 		return nil, agentStatus(err)
 	}
-	return &transferv1.RegisterBuffersResponse{Buffers: bufferSpecsToProto(specs), AgentInstance: a.instance}, nil
+	return &transferv1.RegisterBuffersResponse{Buffers: agentwire.BuffersToProto(specs), AgentInstance: a.instance}, nil
 }
 
 // DeregisterBuffers implements TransferAgent.
-func (a *AgentService) DeregisterBuffers(_ context.Context, req *transferv1.DeregisterBuffersRequest) (*transferv1.DeregisterBuffersResponse, error) {
+func (a *Service) DeregisterBuffers(_ context.Context, req *transferv1.DeregisterBuffersRequest) (*transferv1.DeregisterBuffersResponse, error) {
 	if err := a.agent.Store().Deregister(req.GetNames()); err != nil {
 		return nil, agentStatus(err)
 	}
@@ -182,8 +128,8 @@ func (a *AgentService) DeregisterBuffers(_ context.Context, req *transferv1.Dere
 }
 
 // SubmitBatch implements TransferAgent.
-func (a *AgentService) SubmitBatch(_ context.Context, req *transferv1.SubmitBatchRequest) (*transferv1.SubmitBatchResponse, error) {
-	b := batchFromProto(req)
+func (a *Service) SubmitBatch(_ context.Context, req *transferv1.SubmitBatchRequest) (*transferv1.SubmitBatchResponse, error) {
+	b := agentwire.BatchFromProto(req)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if rec := a.batches[b.ID]; rec != nil {
@@ -206,7 +152,7 @@ func (a *AgentService) SubmitBatch(_ context.Context, req *transferv1.SubmitBatc
 }
 
 // run executes one batch and publishes its completion.
-func (a *AgentService) run(b kvcopy.Batch, rec *batchRecord) {
+func (a *Service) run(b kvcopy.Batch, rec *batchRecord) {
 	defer a.wg.Done()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -237,7 +183,7 @@ func (a *AgentService) run(b kvcopy.Batch, rec *batchRecord) {
 	a.broadcastLocked(c)
 }
 
-func (a *AgentService) broadcastLocked(c *transferv1.Completion) {
+func (a *Service) broadcastLocked(c *transferv1.Completion) {
 	for w := range a.watches {
 		select {
 		case w.ch <- c:
@@ -249,7 +195,7 @@ func (a *AgentService) broadcastLocked(c *transferv1.Completion) {
 }
 
 // WatchCompletions implements TransferAgent.
-func (a *AgentService) WatchCompletions(req *transferv1.WatchCompletionsRequest, stream grpc.ServerStreamingServer[transferv1.Completion]) error {
+func (a *Service) WatchCompletions(req *transferv1.WatchCompletionsRequest, stream grpc.ServerStreamingServer[transferv1.Completion]) error {
 	w := &completionWatch{ch: make(chan *transferv1.Completion, completionBuffer+len(req.GetReplayBatchIds())), dropped: make(chan struct{})}
 	a.mu.Lock()
 	if a.closed {
@@ -295,7 +241,7 @@ func (a *AgentService) WatchCompletions(req *transferv1.WatchCompletionsRequest,
 }
 
 // CancelRoom implements TransferAgent.
-func (a *AgentService) CancelRoom(ctx context.Context, req *transferv1.CancelRoomRequest) (*transferv1.CancelRoomResponse, error) {
+func (a *Service) CancelRoom(ctx context.Context, req *transferv1.CancelRoomRequest) (*transferv1.CancelRoomResponse, error) {
 	n, err := a.agent.CancelBatches(ctx, req.GetRoom(), req.GetBatchIds()...)
 	if err != nil {
 		return nil, agentStatus(err)
@@ -307,7 +253,7 @@ func (a *AgentService) CancelRoom(ctx context.Context, req *transferv1.CancelRoo
 }
 
 // ReadBuffer implements TransferAgent.
-func (a *AgentService) ReadBuffer(_ context.Context, req *transferv1.ReadBufferRequest) (*transferv1.ReadBufferResponse, error) {
+func (a *Service) ReadBuffer(_ context.Context, req *transferv1.ReadBufferRequest) (*transferv1.ReadBufferResponse, error) {
 	data, err := a.agent.Store().Read(req.GetName(), int64(req.GetOffset()), int64(req.GetLength()))
 	if err != nil {
 		return nil, agentStatus(err)
@@ -316,7 +262,7 @@ func (a *AgentService) ReadBuffer(_ context.Context, req *transferv1.ReadBufferR
 }
 
 // WriteBuffer implements TransferAgent.
-func (a *AgentService) WriteBuffer(_ context.Context, req *transferv1.WriteBufferRequest) (*transferv1.WriteBufferResponse, error) {
+func (a *Service) WriteBuffer(_ context.Context, req *transferv1.WriteBufferRequest) (*transferv1.WriteBufferResponse, error) {
 	if err := a.agent.Store().Write(req.GetName(), int64(req.GetOffset()), req.GetData()); err != nil {
 		return nil, agentStatus(err)
 	}

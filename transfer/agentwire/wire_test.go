@@ -1,4 +1,4 @@
-package server
+package agentwire
 
 import (
 	"fmt"
@@ -16,7 +16,7 @@ func TestBufferKindMappingCoversEveryValue(t *testing.T) {
 	named := 0
 	for v := -4; v < 256; v++ {
 		k := kvcopy.BufferKind(v)
-		w := bufferKindToProto(k)
+		w := BufferKindToProto(k)
 		if k.String() == fmt.Sprintf("BufferKind(%d)", v) {
 			if w != transferv1.BufferKind_BUFFER_KIND_UNSPECIFIED {
 				t.Errorf("undefined kind %d maps to %v, want UNSPECIFIED", v, w)
@@ -32,7 +32,7 @@ func TestBufferKindMappingCoversEveryValue(t *testing.T) {
 		if got := strings.ToLower(strings.TrimPrefix(wn, "BUFFER_KIND_")); got != k.String() {
 			t.Errorf("kind %v (%d) maps to wire %s: the names disagree", k, v, wn)
 		}
-		if back := bufferKindFromProto(w); back != k {
+		if back := BufferKindFromProto(w); back != k {
 			t.Errorf("kind %v → %s → %v, want it back", k, wn, back)
 		}
 	}
@@ -40,12 +40,12 @@ func TestBufferKindMappingCoversEveryValue(t *testing.T) {
 		t.Errorf("kvcopy names %d buffer kinds, the wire %d", named, len(transferv1.BufferKind_name))
 	}
 	for w, wn := range transferv1.BufferKind_name {
-		k := bufferKindFromProto(transferv1.BufferKind(w))
-		if got := bufferKindToProto(k); int32(got) != w {
+		k := BufferKindFromProto(transferv1.BufferKind(w))
+		if got := BufferKindToProto(k); int32(got) != w {
 			t.Errorf("wire %s → %v → %v, want it back", wn, k, got)
 		}
 	}
-	if got := bufferKindFromProto(99); got != kvcopy.KindUnspecified {
-		t.Errorf("bufferKindFromProto(99) = %v, want unspecified", got)
+	if got := BufferKindFromProto(99); got != kvcopy.KindUnspecified {
+		t.Errorf("BufferKindFromProto(99) = %v, want unspecified", got)
 	}
 }
