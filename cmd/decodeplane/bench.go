@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/decodeplane/decodeplane/internal/config"
 )
 
 // decodeplane bench drives the whole room lifecycle over real gRPC (a
@@ -44,7 +46,7 @@ type benchOptions struct {
 	simBandwidth float64
 	simLatency   time.Duration
 	configPath   string
-	sets         []FlagSetting
+	sets         []config.FlagSetting
 	bareDuration time.Duration
 	roomTimeout  time.Duration
 	// unreachableTimeout stops the run once the daemon has not answered a
@@ -107,7 +109,7 @@ Flags:
 	fs.Float64Var(new(float64), "sim-bandwidth-gbps", 0, "renamed --sim-bandwidth-gbytes-per-s (the value was always gigabytes per second)")
 	fs.DurationVar(&o.simLatency, "sim-latency", 0, "in-process: simulated per-transfer latency")
 	fs.StringVar(&o.configPath, "config", "", "in-process: daemon configuration file (YAML) over the bench defaults; where the daemon listens and logs stays the bench's (loopback, errors only) unless --set")
-	fs.Var(setFlag{pairs: &o.sets}, "set", "in-process: set a daemon configuration key: --set transfer.sim.failure_probability=0.1 (repeatable)")
+	fs.Var(config.SetFlag(&o.sets), "set", "in-process: set a daemon configuration key: --set transfer.sim.failure_probability=0.1 (repeatable)")
 	fs.DurationVar(&o.bareDuration, "bare-duration", 2*time.Second, "measuring time of each bare-gRPC test (0: skip the bare-gRPC limit)")
 	fs.DurationVar(&o.roomTimeout, "room-timeout", time.Minute, "a room not done after this long is aborted and counted failed")
 	fs.DurationVar(&o.unreachableTimeout, "unreachable-timeout", defaultUnreachableTimeout, "stop, print the summary and exit 1 once the daemon has not answered a health check for this long (0: never)")

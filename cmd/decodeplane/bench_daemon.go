@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/decodeplane/decodeplane/internal/config"
 )
 
 // benchTarget is the daemon the bench drives.
@@ -22,7 +24,7 @@ type benchTarget struct {
 	token     string
 	inProcess bool
 	// cfg is the in-process daemon's configuration.
-	cfg    Config
+	cfg    config.Config
 	stopFn func()
 }
 
@@ -42,8 +44,8 @@ var benchOwnedKeys = map[string]bool{"server.listen": true, "server.metrics_list
 // benchDefaults are the keys the bench sets for its in-process daemon when
 // neither --config, the environment nor a flag set them (for benchOwnedKeys:
 // unless --set did).
-func benchDefaults(o *benchOptions, cfg Config) []FlagSetting {
-	def := []FlagSetting{
+func benchDefaults(o *benchOptions, cfg config.Config) []config.FlagSetting {
+	def := []config.FlagSetting{
 		{Key: "server.listen", Value: "127.0.0.1:0"},
 		// /metrics on an ephemeral loopback port: the bench reads the
 		// admission counters from it. (Spelled localhost: server config
@@ -64,10 +66,10 @@ func benchDefaults(o *benchOptions, cfg Config) []FlagSetting {
 	perRoom := int64(o.prompt.hi) + int64(min(o.maxNewTokens, max(cfg.Admission.ClipMaxNewTokens, 1))) +
 		int64(cfg.Admission.ReservedDecodeTokens) + 2*int64(max(cfg.KVPool.PageSize, 1))
 	if tokens := 2 * int64(o.concurrency) * perRoom; tokens > cfg.KVPool.TotalTokens {
-		def = append(def, FlagSetting{Key: "kv_pool.total_tokens", Value: strconv.FormatInt(tokens, 10)})
+		def = append(def, config.FlagSetting{Key: "kv_pool.total_tokens", Value: strconv.FormatInt(tokens, 10)})
 	}
 	if slots := 2 * o.concurrency; slots > cfg.KVPool.RequestSlots {
-		def = append(def, FlagSetting{Key: "kv_pool.request_slots", Value: strconv.Itoa(slots)})
+		def = append(def, config.FlagSetting{Key: "kv_pool.request_slots", Value: strconv.Itoa(slots)})
 	}
 	return def
 }
@@ -75,42 +77,39 @@ func benchDefaults(o *benchOptions, cfg Config) []FlagSetting {
 // benchLoadConfig builds the in-process daemon's configuration: the
 // embedded defaults, then the bench's defaults, then --config, the
 // environment and the flags (--decode-tp, --sim-*, --set).
-func benchLoadConfig(o *benchOptions, environ []string) (*Loaded, []error) {
-	var pairs []FlagSetting
+func benchLoadConfig(o *benchOptions, environ []string) (*config.Loaded, []error) {
+	var pairs []config.FlagSetting
 	if o.visited["decode-tp"] {
-		pairs = append(pairs, FlagSetting{Flag: "--decode-tp", Key: "parallel.attn_tp", Value: strconv.Itoa(o.decodeTP)})
+		pairs = append(pairs, config.FlagSetting{Flag: "--decode-tp", Key: "parallel.attn_tp", Value: strconv.Itoa(o.decodeTP)})
 	}
 	if o.visited["sim-bandwidth-gbytes-per-s"] {
-		pairs = append(pairs, FlagSetting{Flag: "--sim-bandwidth-gbytes-per-s", Key: "transfer.sim.bandwidth_gbytes_per_s", Value: strconv.FormatFloat(o.simBandwidth, 'g', -1, 64)})
+		pairs = append(pairs, config.FlagSetting{Flag: "--sim-bandwidth-gbytes-per-s", Key: "transfer.sim.bandwidth_gbytes_per_s", Value: strconv.FormatFloat(o.simBandwidth, 'g', -1, 64)})
 	}
 	if o.visited["sim-latency"] {
-		pairs = append(pairs, FlagSetting{Flag: "--sim-latency", Key: "transfer.sim.latency", Value: o.simLatency.String()})
+		pairs = append(pairs, config.FlagSetting{Flag: "--sim-latency", Key: "transfer.sim.latency", Value: o.simLatency.String()})
 	}
 	pairs = append(pairs, o.sets...)
 	// DECODEPLANE_CONFIG is the operator's daemon configuration; the bench's
 	// daemon takes a file only from --config.
-	l, err := Load(o.configPath, environ, Overrides{Pairs: pairs})
+	l, err := config.Load(o.configPath, environ, config.Overrides{Pairs: pairs})
 	var problems []error
 	if err != nil {
-		problems = append(problems, flatten(err)...)
+		problems = append(problems, config.Flatten(err)...)
 	}
 	for _, d := range benchDefaults(o, l.Config) {
-		s, ok := l.byKey[d.Key]
 		src := l.Sources[d.Key]
-		if !ok || src != "default" && !(benchOwnedKeys[d.Key] && !strings.HasPrefix(src, "flag ")) {
+		if !l.Has(d.Key) || src != "default" && !(benchOwnedKeys[d.Key] && !strings.HasPrefix(src, "flag ")) {
 			continue
 		}
 		if d.Key == "kv_pool.total_tokens" && l.Sources["kv_pool.total_pages"] != "default" {
 			continue // the operator sized the pool in pages
 		}
-		if err := l.setString(s, d.Value); err != nil {
+		if err := l.Set(d.Key, d.Value, "bench default"); err != nil {
 			problems = append(problems, fmt.Errorf("bench default %s=%s: %w", d.Key, d.Value, err))
-			continue
 		}
-		l.Sources[d.Key] = "bench default"
 	}
 	if err := l.Config.Validate(); err != nil {
-		problems = append(problems, flatten(err)...)
+		problems = append(problems, config.Flatten(err)...)
 	}
 	return l, problems
 }
@@ -120,7 +119,7 @@ func benchLoadConfig(o *benchOptions, environ []string) (*Loaded, []error) {
 func benchStartDaemon(ctx context.Context, o *benchOptions, environ []string, stderr io.Writer) (*benchTarget, error) {
 	l, problems := benchLoadConfig(o, environ)
 	if len(problems) > 0 {
-		printProblems(stderr, l, problems)
+		config.PrintProblems(stderr, l, problems)
 		return nil, &usageError{errors.New("the in-process daemon's configuration is invalid (see above)")}
 	}
 	cfg := l.Config

@@ -6,12 +6,14 @@ import (
 	"log/slog"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/decodeplane/decodeplane/internal/config"
 )
 
 // newLogger builds the daemon's slog logger: text or JSON, at the configured
 // level, adding trace_id and span_id to every record logged with a context
 // that carries a span.
-func newLogger(w io.Writer, cfg LogConfig) *slog.Logger {
+func newLogger(w io.Writer, cfg config.LogConfig) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.Level)) // validated before
 	opts := &slog.HandlerOptions{Level: lvl}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/metrics"
@@ -27,8 +28,8 @@ import (
 )
 
 func cmdServe(args, environ []string, stdout, stderr io.Writer) int {
-	cf := newConfigFlags("serve", stderr)
-	if err := cf.parse(args, environ); err != nil {
+	cf := config.NewFlags("serve", stderr)
+	if err := cf.Parse(args, environ); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
@@ -41,7 +42,7 @@ func cmdServe(args, environ []string, stdout, stderr io.Writer) int {
 
 	l, problems := loadConfig(cf, environ)
 	if len(problems) > 0 {
-		printProblems(stderr, l, problems)
+		config.PrintProblems(stderr, l, problems)
 		fmt.Fprintln(stderr, "decodeplane: refusing to start; fix the configuration (check it with 'decodeplane validate').")
 		return exitUsage
 	}
@@ -113,7 +114,7 @@ func (e *usageError) Unwrap() error { return e.err }
 
 // daemon is a built, not yet serving, decodeplane.
 type daemon struct {
-	cfg      Config
+	cfg      config.Config
 	log      *slog.Logger
 	srv      *server.Server
 	lis      net.Listener
@@ -133,7 +134,7 @@ type daemon struct {
 
 // buildDaemon constructs every component; it starts nothing but the
 // listeners (so that a busy port fails startup, not later).
-func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []string) (*daemon, error) {
+func buildDaemon(ctx context.Context, l *config.Loaded, log *slog.Logger, environ []string) (*daemon, error) {
 	cfg := l.Config
 	d := &daemon{cfg: cfg, log: log}
 	ok := false

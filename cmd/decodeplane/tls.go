@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/server"
@@ -22,7 +23,7 @@ type daemonAgentTLS struct{ *server.AgentTLS }
 
 // buildTLS loads the listener's and the agent link's certificates and
 // counts their reloads in decodeplane_tls_reloads_total.
-func buildTLS(cfg Config, log *slog.Logger, reg prometheus.Registerer) (daemonServerTLS, daemonAgentTLS, error) {
+func buildTLS(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (daemonServerTLS, daemonAgentTLS, error) {
 	reloads := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "decodeplane_tls_reloads_total",
 		Help: "Reloads of changed TLS files, by section (server.tls, transfer.delegate.tls) and result (ok: in use; error: refused, the previous files kept).",

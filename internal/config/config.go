@@ -1,4 +1,11 @@
-package main
+// Package config is the daemon's configuration loader: the schema (Config,
+// one YAML key per leaf), the sources in precedence order (embedded defaults
+// < file < DECODEPLANE_* and SGLang's environment variables < flags), the
+// provenance of every value (Loaded.Sources), the shared command-line flags
+// (Flags) and the problem printer that lists every problem at once with its
+// key, value, source and fix. cmd/decodeplane parses the command line with
+// it; internal/daemon builds a daemon from a Config.
+package config
 
 import (
 	"bytes"
@@ -661,4 +668,24 @@ func (l *Loaded) Warnings() []prealloc.Warning {
 		out = append(out, w)
 	}
 	return out
+}
+
+// Has reports whether key is a configuration setting.
+func (l *Loaded) Has(key string) bool {
+	_, ok := l.byKey[key]
+	return ok
+}
+
+// Set parses raw as the value of key and records source as where it came
+// from (decodeplane bench's own defaults, layered over Load's result).
+func (l *Loaded) Set(key, raw, source string) error {
+	s, ok := l.byKey[key]
+	if !ok {
+		return fmt.Errorf("%s is not a configuration key", key)
+	}
+	if err := l.setString(s, raw); err != nil {
+		return err
+	}
+	l.Sources[key] = source
+	return nil
 }
