@@ -1,11 +1,8 @@
-package metrics
+package metrics_test
 
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
-	"net"
 	"net/http/httptest"
 	"os"
 	"regexp"
@@ -17,19 +14,18 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/internal/config"
+	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/metrics"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
-	"github.com/decodeplane/decodeplane/server"
 )
 
-// metricsDaemon is the real server, manager and ledger with Prometheus
-// instrumentation, served over bufconn.
+// metricsDaemon is the whole daemon (internal/daemontest: the real server,
+// manager and ledger with Prometheus instrumentation), served over bufconn.
 type metricsDaemon struct {
-	metrics *Metrics
+	metrics *metrics.Metrics
 	conn    *grpc.ClientConn
 	rooms   pb.RoomsClient
 	boot    pb.BootstrapClient
@@ -37,46 +33,15 @@ type metricsDaemon struct {
 
 func startMetricsDaemon(t *testing.T, mods ...func(*prealloc.Config)) *metricsDaemon {
 	t.Helper()
-	dec := prealloc.DefaultConfig()
-	for _, f := range mods {
-		f(&dec)
-	}
-	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics := New()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	mgr, err := kvmanager.New(kvmanager.DefaultConfig(), dec, kvmanager.Deps{
-		Ledgers: []kvmanager.Ledger{led}, Engine: kvmanager.NewSimEngine(kvmanager.SimConfig{}, nil), Logger: log, Observer: metrics,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics.Attach(mgr)
-	unary, stream := metrics.Interceptors()
-	cfg := server.DefaultConfig()
-	srv, err := server.New(cfg, server.Deps{Logger: log, Manager: mgr, Layout: dec.Layout(),
-		UnaryInterceptors: []grpc.UnaryServerInterceptor{unary}, StreamInterceptors: []grpc.StreamServerInterceptor{stream}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics.InitializeGRPC(srv.GRPC())
-	lis := bufconn.Listen(1 << 20)
-	go srv.Serve(lis)
-	srv.SetReady(true, "serving")
-	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx, mgr.Shutdown)
-	})
-	return &metricsDaemon{metrics: metrics, conn: conn, rooms: pb.NewRoomsClient(conn), boot: pb.NewBootstrapClient(conn)}
+	d := daemontest.Start(t, daemontest.Options{Config: func(c *config.Config) {
+		dec := c.Decode()
+		for _, f := range mods {
+			f(&dec)
+		}
+		c.Transfer.Backend, c.KVPool, c.Parallel, c.Staging, c.Admission = dec.Backend, dec.Pool, dec.Parallel, dec.Staging, dec.Admission
+	}})
+	conn := d.Conn(t)
+	return &metricsDaemon{metrics: d.Metrics(), conn: conn, rooms: pb.NewRoomsClient(conn), boot: pb.NewBootstrapClient(conn)}
 }
 
 // scrape reads /metrics through the real HTTP handler.
@@ -273,24 +238,5 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 	}
 	if queried < 20 {
 		t.Fatalf("found only %d metric references in the dashboard; the regexp or the file is wrong", queried)
-	}
-}
-
-func TestRingUsed(t *testing.T) {
-	for _, tt := range []struct {
-		name string
-		w    kvmanager.Watermark
-		want int64
-	}{
-		{"empty ring", kvmanager.Watermark{Size: 100, Round: 3, Tail: 40, HeadRound: 3, Head: 40}, 0},
-		{"same round: head - tail", kvmanager.Watermark{Size: 100, Round: 2, Tail: 10, HeadRound: 2, Head: 70, Live: 2}, 60},
-		{"wrapped: size - tail + head", kvmanager.Watermark{Size: 100, Round: 2, Tail: 80, HeadRound: 3, Head: 30, Live: 2}, 50},
-		{"never above the size", kvmanager.Watermark{Size: 100, Round: 1, Tail: 10, HeadRound: 3, Head: 10, Live: 5}, 100},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			if got := ringUsed(tt.w); got != tt.want {
-				t.Errorf("ringUsed(%+v) = %d, want %d", tt.w, got, tt.want)
-			}
-		})
 	}
 }

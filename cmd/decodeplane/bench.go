@@ -283,7 +283,7 @@ func cmdBench(args, environ []string, stdout, stderr io.Writer) int {
 	code, err := runBench(ctx, o, environ, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "decodeplane bench: %v\n", err)
-		if ue := (*usageError)(nil); errors.As(err, &ue) {
+		if ue := (*config.UsageError)(nil); errors.As(err, &ue) {
 			return exitUsage
 		}
 		return exitFailure

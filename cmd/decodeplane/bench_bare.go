@@ -87,7 +87,7 @@ func (b *benchRun) bare(ctx context.Context, prog *benchProgress) (*benchBare, e
 	if err != nil {
 		return nil, err
 	}
-	// In-process, buildDaemon made the daemon's tracer provider the global
+	// In-process, benchStartDaemon made the daemon's tracer provider the global
 	// one; with --target, the bench's own stands in for it.
 	serverTP := otel.GetTracerProvider()
 	if !b.tgt.inProcess {

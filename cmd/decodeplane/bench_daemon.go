@@ -11,7 +11,11 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
+
 	"github.com/decodeplane/decodeplane/internal/config"
+	"github.com/decodeplane/decodeplane/internal/daemon"
+	"github.com/decodeplane/decodeplane/internal/telemetry"
 )
 
 // benchTarget is the daemon the bench drives.
@@ -114,27 +118,28 @@ func benchLoadConfig(o *benchOptions, environ []string) (*config.Loaded, []error
 	return l, problems
 }
 
-// benchStartDaemon builds the daemon with buildDaemon (as serve does) and
+// benchStartDaemon builds the daemon with daemon.Build (as serve does) and
 // serves it in this process on a loopback TCP listener.
 func benchStartDaemon(ctx context.Context, o *benchOptions, environ []string, stderr io.Writer) (*benchTarget, error) {
 	l, problems := benchLoadConfig(o, environ)
 	if len(problems) > 0 {
 		config.PrintProblems(stderr, l, problems)
-		return nil, &usageError{errors.New("the in-process daemon's configuration is invalid (see above)")}
+		return nil, &config.UsageError{Err: errors.New("the in-process daemon's configuration is invalid (see above)")}
 	}
 	cfg := l.Config
-	log := newLogger(stderr, cfg.Log)
-	d, err := buildDaemon(ctx, l, log, environ)
+	log := telemetry.NewLogger(stderr, cfg.Log)
+	d, err := daemon.Build(ctx, cfg, daemon.Options{Logger: log, Version: version, Entries: daemon.Entries(l), Environ: environ})
 	if err != nil {
 		return nil, err
 	}
+	// In-process, the daemon's tracer provider is the global one (as in
+	// serve); the bare-gRPC test serves with it.
+	otel.SetTracerProvider(d.TracerProvider())
+	otel.SetTextMapPropagator(d.Propagator())
 	runCtx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- d.run(runCtx) }()
-	t := &benchTarget{addr: d.lis.Addr().String(), token: cfg.Server.AuthToken, inProcess: true, cfg: cfg}
-	if d.mlis != nil {
-		t.metricsURL = "http://" + d.mlis.Addr().String() + "/metrics"
-	}
+	go func() { done <- d.Run(runCtx) }()
+	t := &benchTarget{addr: d.Addr().String(), token: cfg.Server.AuthToken, inProcess: true, cfg: cfg, metricsURL: d.MetricsURL()}
 	t.stopFn = func() {
 		cancel()
 		if err := <-done; err != nil {

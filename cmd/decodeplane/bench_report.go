@@ -73,7 +73,7 @@ func (b *benchRun) describe(s *benchSummary) {
 		if sim.BandwidthGBytesPerS > 0 {
 			bw = fmt.Sprintf("%g GB/s", sim.BandwidthGBytesPerS)
 		}
-		s.setup = append(s.setup, fmt.Sprintf("daemon      in-process (buildDaemon, as 'serve'), sim bandwidth %s, latency %s, failure probability %g, KV pool %d tokens/shard, %d request slots",
+		s.setup = append(s.setup, fmt.Sprintf("daemon      in-process (daemon.Build, as 'serve'), sim bandwidth %s, latency %s, failure probability %g, KV pool %d tokens/shard, %d request slots",
 			bw, sim.Latency, sim.FailureProbability, b.tgt.cfg.KVPool.TotalTokens, b.tgt.cfg.KVPool.RequestSlots))
 	}
 	senders := 0

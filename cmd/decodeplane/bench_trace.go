@@ -5,6 +5,8 @@ import (
 
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/decodeplane/decodeplane/internal/telemetry"
 )
 
 // benchTracing is the bench's own tracer: its client spans (the simulated
@@ -21,13 +23,13 @@ type benchTracing struct {
 // benchNewTracing builds the bench's tracer from the same OTEL_* variables,
 // validated as the daemon validates them (a malformed one is a usage error).
 func benchNewTracing(ctx context.Context, environ []string) (*benchTracing, error) {
-	tr, err := newTracing(ctx, environ, tracedAs{service: "decodeplane-bench", fixed: true, component: "bench"})
+	tr, err := telemetry.NewTracing(ctx, environ, telemetry.As{Service: "decodeplane-bench", Fixed: true, Component: "bench", Version: version})
 	if err != nil {
 		return nil, err
 	}
-	bt := &benchTracing{provider: tr.provider, propagator: tr.propagator, shutdown: tr.shutdown, exporting: tr.exporting}
-	if tr.exporting != "" {
-		bt.tracer = tr.provider.Tracer("github.com/decodeplane/decodeplane/cmd/decodeplane/bench")
+	bt := &benchTracing{provider: tr.Provider, propagator: tr.Propagator, shutdown: tr.Shutdown, exporting: tr.Exporting}
+	if tr.Exporting != "" {
+		bt.tracer = tr.Provider.Tracer("github.com/decodeplane/decodeplane/cmd/decodeplane/bench")
 	}
 	return bt, nil
 }

@@ -21,6 +21,7 @@ import (
 	"strings"
 
 	"github.com/decodeplane/decodeplane/internal/config"
+	"github.com/decodeplane/decodeplane/internal/telemetry"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -90,14 +91,7 @@ func loadConfig(cf *config.Flags, environ []string) (*config.Loaded, []error) {
 	}
 	// The OTEL_* variables serve reads at startup, checked here too so that
 	// validate reports everything serve would refuse.
-	env := otelEnv{}
-	for _, kv := range environ {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "OTEL_") {
-			env[k] = v
-		}
-	}
-	_, _, otelErrs := checkOTelEnv(env)
-	problems = append(problems, otelErrs...)
+	problems = append(problems, telemetry.CheckEnv(environ)...)
 	return l, problems
 }
 

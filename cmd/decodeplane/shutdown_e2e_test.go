@@ -24,6 +24,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/daemon"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -283,7 +284,7 @@ func TestE2EShutdownTellsEveryStream(t *testing.T) {
 		t.Errorf("exit code %d after SIGTERM with rooms that could not finish, want %d", code, exitCutShort)
 	}
 	// The rooms were given shutdown_timeout less the flush reserve.
-	if least := shutdownTimeout - flushReserve(shutdownTimeout); took < least {
+	if least := shutdownTimeout - daemon.FlushReserve(shutdownTimeout); took < least {
 		t.Errorf("the daemon exited %s after SIGTERM, before the rooms' %s", took, least)
 	}
 	t.Logf("exit %d, %s after SIGTERM (shutdown_timeout %s)", code, took, shutdownTimeout)
@@ -400,7 +401,7 @@ func TestE2EShutdownCleanStop(t *testing.T) {
 	if code != exitOK {
 		t.Errorf("exit code %d after a clean stop, want 0", code)
 	}
-	if limit := shutdownTimeout - flushReserve(shutdownTimeout); took >= limit {
+	if limit := shutdownTimeout - daemon.FlushReserve(shutdownTimeout); took >= limit {
 		t.Errorf("the daemon exited %s after SIGTERM: it waited out the rooms' %s although the room had finished", took, limit)
 	}
 	t.Logf("exit %d, %s after SIGTERM (shutdown_timeout %s)", code, took, shutdownTimeout)

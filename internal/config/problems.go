@@ -82,3 +82,11 @@ func PrintExplain(w io.Writer, l *Loaded) {
 	}
 	fmt.Fprintln(w)
 }
+
+// UsageError is a startup problem the operator fixes in the configuration
+// or the environment (exit 2), e.g. a malformed OTEL_* variable or a
+// transfer path this build lacks.
+type UsageError struct{ Err error }
+
+func (e *UsageError) Error() string { return e.Err.Error() }
+func (e *UsageError) Unwrap() error { return e.Err }

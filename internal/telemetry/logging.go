@@ -1,4 +1,9 @@
-package main
+// Package telemetry builds what decodeplane's processes report through: the
+// slog logger (text or JSON, trace ids on every record logged with a span)
+// and the OpenTelemetry tracer provider from the standard OTEL_* variables
+// (OTLP over gRPC, or no-op), validated so that a malformed variable is a
+// startup error rather than silently ignored.
+package telemetry
 
 import (
 	"context"
@@ -10,10 +15,10 @@ import (
 	"github.com/decodeplane/decodeplane/internal/config"
 )
 
-// newLogger builds the daemon's slog logger: text or JSON, at the configured
+// NewLogger builds the daemon's slog logger: text or JSON, at the configured
 // level, adding trace_id and span_id to every record logged with a context
 // that carries a span.
-func newLogger(w io.Writer, cfg config.LogConfig) *slog.Logger {
+func NewLogger(w io.Writer, cfg config.LogConfig) *slog.Logger {
 	var lvl slog.Level
 	_ = lvl.UnmarshalText([]byte(cfg.Level)) // validated before
 	opts := &slog.HandlerOptions{Level: lvl}

@@ -1,4 +1,4 @@
-package main
+package telemetry
 
 import (
 	"context"
@@ -16,18 +16,40 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/decodeplane/decodeplane/internal/config"
 )
 
-// tracing is the daemon's OpenTelemetry setup.
-type tracing struct {
-	provider   trace.TracerProvider
-	propagator propagation.TextMapPropagator
-	shutdown   func(context.Context) error
-	exporting  string // where spans go, for the startup log ("" = off)
+// Tracing is a process's OpenTelemetry setup.
+type Tracing struct {
+	Provider   trace.TracerProvider
+	Propagator propagation.TextMapPropagator
+	// Shutdown flushes and stops the exporter.
+	Shutdown func(context.Context) error
+	// Exporting is where spans go, for the startup log ("" = off).
+	Exporting string
 }
 
 // otelEnv reads the standard OTEL_* variables from environ.
 type otelEnv map[string]string
+
+// envOf collects the OTEL_* variables of environ.
+func envOf(environ []string) otelEnv {
+	env := otelEnv{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "OTEL_") {
+			env[k] = v
+		}
+	}
+	return env
+}
+
+// CheckEnv returns every problem of the OTEL_* variables in environ (what
+// NewTracing would refuse), for decodeplane validate.
+func CheckEnv(environ []string) []error {
+	_, _, errs := checkOTelEnv(envOf(environ))
+	return errs
+}
 
 func (e otelEnv) get(names ...string) (string, string) {
 	for _, n := range names {
@@ -124,47 +146,44 @@ func checkOTelEnv(env otelEnv) (enabled bool, endpoint string, errs []error) {
 	return enabled, ep, errs
 }
 
-// tracedAs names the process in its traces.
-type tracedAs struct {
+// As names the process in its traces.
+type As struct {
 	// service is the service.name; OTEL_SERVICE_NAME overrides it unless
 	// fixed is set (the bench must not take a name meant for the daemon).
-	service   string
-	fixed     bool
-	component string
+	Service   string
+	Fixed     bool
+	Component string
+	// Version is the service.version.
+	Version string
 }
 
-// newTracing builds the tracer provider from the OTEL_* variables: OTLP over
+// NewTracing builds the tracer provider from the OTEL_* variables: OTLP over
 // gRPC (Jaeger's port 4317) when an endpoint is set, otherwise no-op. A
 // malformed setting is a startup error (exit 2).
-func newTracing(ctx context.Context, environ []string, as tracedAs) (*tracing, error) {
-	env := otelEnv{}
-	for _, kv := range environ {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "OTEL_") {
-			env[k] = v
-		}
-	}
+func NewTracing(ctx context.Context, environ []string, as As) (*Tracing, error) {
+	env := envOf(environ)
 	prop := propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
 	enabled, endpoint, errs := checkOTelEnv(env)
 	if len(errs) > 0 {
-		return nil, &usageError{fmt.Errorf("tracing configuration: %w", errors.Join(errs...))}
+		return nil, &config.UsageError{Err: fmt.Errorf("tracing configuration: %w", errors.Join(errs...))}
 	}
 	if !enabled {
-		return &tracing{provider: noop.NewTracerProvider(), propagator: prop, shutdown: func(context.Context) error { return nil }}, nil
+		return &Tracing{Provider: noop.NewTracerProvider(), Propagator: prop, Shutdown: func(context.Context) error { return nil }}, nil
 	}
 	exp, err := otlptracegrpc.New(ctx)
 	if err != nil {
-		return nil, &usageError{fmt.Errorf("tracing: OTLP exporter: %w", err)}
+		return nil, &config.UsageError{Err: fmt.Errorf("tracing: OTLP exporter: %w", err)}
 	}
-	name := []attribute.KeyValue{semconv.ServiceName(as.service), semconv.ServiceVersion(version)}
+	name := []attribute.KeyValue{semconv.ServiceName(as.Service), semconv.ServiceVersion(as.Version)}
 	opts := []resource.Option{resource.WithAttributes(name...), resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithHost()}
-	if as.fixed {
+	if as.Fixed {
 		opts = append(opts, resource.WithAttributes(name...)) // after WithFromEnv: it wins
 	}
-	opts = append(opts, resource.WithAttributes(attribute.String("decodeplane.component", as.component)))
+	opts = append(opts, resource.WithAttributes(attribute.String("decodeplane.component", as.Component)))
 	res, err := resource.New(ctx, opts...)
 	if err != nil {
-		return nil, &usageError{fmt.Errorf("tracing: resource from OTEL_RESOURCE_ATTRIBUTES/OTEL_SERVICE_NAME: %w", err)}
+		return nil, &config.UsageError{Err: fmt.Errorf("tracing: resource from OTEL_RESOURCE_ATTRIBUTES/OTEL_SERVICE_NAME: %w", err)}
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
-	return &tracing{provider: tp, propagator: prop, shutdown: tp.Shutdown, exporting: endpoint}, nil
+	return &Tracing{Provider: tp, Propagator: prop, Shutdown: tp.Shutdown, Exporting: endpoint}, nil
 }
