@@ -185,12 +185,12 @@ func TestE2EServeMutualTLSRotation(t *testing.T) {
 	select {
 	case err := <-ready:
 		if err != nil {
-			t.Fatalf("no health over mutual TLS: %v\n%s", err, p.stderr.String())
+			t.Fatalf("no health over mutual TLS: %v\n%s", err, p.Out.String())
 		}
-	case <-p.exited:
-		t.Fatalf("the daemon exited (%v):\n%s", p.err, p.stderr.String())
+	case <-p.Exited():
+		t.Fatalf("the daemon exited (%v):\n%s", p.Err(), p.Out.String())
 	}
-	out := p.stderr.String()
+	out := p.Out.String()
 	if !strings.Contains(out, "gRPC listener with mutual TLS") || strings.Contains(out, "sent in clear text") {
 		t.Errorf("startup log:\n%s", out)
 	}
@@ -222,12 +222,12 @@ func TestE2EServeMutualTLSRotation(t *testing.T) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("the daemon still presents %q (%v), want %q:\n%s", got, err, cn, p.stderr.String())
+				t.Fatalf("the daemon still presents %q (%v), want %q:\n%s", got, err, cn, p.Out.String())
 			}
 			select {
 			case <-time.After(50 * time.Millisecond):
-			case <-p.exited:
-				t.Fatalf("the daemon exited:\n%s", p.stderr.String())
+			case <-p.Exited():
+				t.Fatalf("the daemon exited:\n%s", p.Out.String())
 			}
 		}
 	}
@@ -249,19 +249,19 @@ func TestE2EServeMutualTLSRotation(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for scrape(t, metrics, `decodeplane_tls_reloads_total{result="error",section="server.tls"}`) != "1" {
 		if time.Now().After(deadline) {
-			t.Fatalf("the broken rotation was not counted:\n%s", p.stderr.String())
+			t.Fatalf("the broken rotation was not counted:\n%s", p.Out.String())
 		}
 		select {
 		case <-time.After(50 * time.Millisecond):
-		case <-p.exited:
-			t.Fatalf("the daemon exited:\n%s", p.stderr.String())
+		case <-p.Exited():
+			t.Fatalf("the daemon exited:\n%s", p.Out.String())
 		}
 	}
 	if cn, err := statusOver(t, addr, good); err != nil || cn != "daemon-gen2" {
 		t.Errorf("after a broken rotation: %q, %v; want the last good daemon-gen2", cn, err)
 	}
-	if !strings.Contains(p.stderr.String(), "does not match the certificate") {
-		t.Errorf("the refused reload is not logged with its reason:\n%s", p.stderr.String())
+	if !strings.Contains(p.Out.String(), "does not match the certificate") {
+		t.Errorf("the refused reload is not logged with its reason:\n%s", p.Out.String())
 	}
 	tlstest.Rotate(t, dir, map[string][]byte{"tls.crt": gen3.CertPEM, "tls.key": gen3.KeyPEM, "ca.crt": ca.PEM})
 	waitFor("daemon-gen3")
@@ -279,9 +279,9 @@ func TestE2EServeWarnsTokenInClearText(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
-		t.Fatalf("health: %v\n%s", err, p.stderr.String())
+		t.Fatalf("health: %v\n%s", err, p.Out.String())
 	}
-	out := p.stderr.String()
+	out := p.Out.String()
 	if !strings.Contains(out, "level=WARN msg=\"configuration warning\" key=server.tls") || !strings.Contains(out, "sent in clear text") {
 		t.Errorf("no clear-text warning at startup:\n%s", out)
 	}

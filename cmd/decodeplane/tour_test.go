@@ -89,7 +89,7 @@ func TestBenchStopsWhenTheDaemonStops(t *testing.T) {
 	addr := freeAddr(t)
 	p := startDaemon(t, []string{"serve", "--listen", addr, "--set", "server.metrics_listen=", "--log-level", "error"}, e2eEnviron())
 	if err := roomsWaitServing(t, p, addr); err != nil {
-		t.Fatalf("the daemon did not serve: %v\n%s", err, p.stderr.String())
+		t.Fatalf("the daemon did not serve: %v\n%s", err, p.Out.String())
 	}
 	c, err := client.New(addr)
 	if err != nil {
@@ -125,11 +125,11 @@ func TestBenchStopsWhenTheDaemonStops(t *testing.T) {
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no room released within 30s (last error %v)\n%s", err, p.stderr.String())
+			t.Fatalf("no room released within 30s (last error %v)\n%s", err, p.Out.String())
 		}
 	}
 
-	if err := p.cmd.Process.Kill(); err != nil {
+	if err := p.Cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
