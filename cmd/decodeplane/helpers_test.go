@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
 	"testing"
@@ -18,4 +19,13 @@ func writeConfig(t *testing.T, content string) string {
 		t.Fatal(err)
 	}
 	return path
+}
+
+// benchTestRun runs `decodeplane bench args...` through run, as main does,
+// with an environment that configures nothing.
+func benchTestRun(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(append([]string{"bench"}, args...), []string{}, &out, &errb)
+	return code, out.String(), errb.String()
 }

@@ -20,6 +20,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/decodeplane/decodeplane/internal/bench"
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/telemetry"
 )
@@ -51,7 +52,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 	case "validate":
 		return cmdValidate(args[1:], environ, stdout, stderr)
 	case "bench":
-		return cmdBench(args[1:], environ, stdout, stderr)
+		return bench.Main(version, args[1:], environ, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintf(stdout, "decodeplane %s\n", version)
 		return exitOK

@@ -1,4 +1,10 @@
-package main
+// Package bench is `decodeplane bench`: it drives the whole room lifecycle
+// over real gRPC (a simulated decode engine and a simulated prefill fleet,
+// each rank on its own connection) against a daemon started in this process
+// (internal/daemon, as serve builds it) or an external one (--target), then
+// measures the bare-gRPC limit on the same kind of connection and prints the
+// ratio of the two. See BENCHMARKS.md.
+package bench
 
 import (
 	"context"
@@ -18,11 +24,12 @@ import (
 	"github.com/decodeplane/decodeplane/internal/config"
 )
 
-// decodeplane bench drives the whole room lifecycle over real gRPC (a
-// simulated decode engine and a simulated prefill fleet, each rank on its own
-// connection) against a daemon started in this process or an external one,
-// then measures the bare-gRPC limit on the same kind of connection and prints
-// the ratio of the two. See BENCHMARKS.md.
+// The exit codes of decodeplane bench (decodeplane's).
+const (
+	exitOK      = 0
+	exitFailure = 1
+	exitUsage   = 2
+)
 
 // benchOptions are the bench's flags.
 type benchOptions struct {
@@ -57,6 +64,9 @@ type benchOptions struct {
 	progress           bool
 	// visited are the flags given on the command line.
 	visited map[string]bool
+	// version is decodeplane's, reported by the in-process daemon and in
+	// traces.
+	version string
 }
 
 // rateMode reports an open-loop run (--rate): rooms start at a fixed rate
@@ -264,8 +274,12 @@ func benchSplitMix(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-func cmdBench(args, environ []string, stdout, stderr io.Writer) int {
+// Main runs decodeplane bench with args (after "bench") and returns the exit
+// code: 0, 1 on a failed run, 2 on a usage or configuration error. version
+// is decodeplane's.
+func Main(version string, args, environ []string, stdout, stderr io.Writer) int {
 	fs, o := benchFlags(stderr)
+	o.version = version
 	if err := o.parse(fs, args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -293,7 +307,7 @@ func cmdBench(args, environ []string, stdout, stderr io.Writer) int {
 
 // runBench runs the whole benchmark; ctx ends on SIGINT/SIGTERM.
 func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, stderr io.Writer) (int, error) {
-	tr, err := benchNewTracing(ctx, environ)
+	tr, err := benchNewTracing(ctx, environ, o.version)
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -128,7 +128,7 @@ func benchStartDaemon(ctx context.Context, o *benchOptions, environ []string, st
 	}
 	cfg := l.Config
 	log := telemetry.NewLogger(stderr, cfg.Log)
-	d, err := daemon.Build(ctx, cfg, daemon.Options{Logger: log, Version: version, Entries: daemon.Entries(l), Environ: environ})
+	d, err := daemon.Build(ctx, cfg, daemon.Options{Logger: log, Version: o.version, Entries: daemon.Entries(l), Environ: environ})
 	if err != nil {
 		return nil, err
 	}

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// The bench tests run `decodeplane bench` in-process (run, as main does),
+// The bench tests run `decodeplane bench` in-process (Main, as main does),
 // with a daemon of its own on loopback TCP. They assert what the run did,
 // never how fast: the machines are noisy.
 
@@ -19,7 +19,7 @@ import (
 func benchTestRun(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	code = run(append([]string{"bench"}, args...), []string{}, &out, &errb)
+	code = Main("test", args, []string{}, &out, &errb)
 	return code, out.String(), errb.String()
 }
 

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -22,7 +22,7 @@ type benchTracing struct {
 
 // benchNewTracing builds the bench's tracer from the same OTEL_* variables,
 // validated as the daemon validates them (a malformed one is a usage error).
-func benchNewTracing(ctx context.Context, environ []string) (*benchTracing, error) {
+func benchNewTracing(ctx context.Context, environ []string, version string) (*benchTracing, error) {
 	tr, err := telemetry.NewTracing(ctx, environ, telemetry.As{Service: "decodeplane-bench", Fixed: true, Component: "bench", Version: version})
 	if err != nil {
 		return nil, err
