@@ -35,3 +35,56 @@ func TestDomainPackagesArePure(t *testing.T) {
 		}
 	}
 }
+
+const module = "github.com/decodeplane/decodeplane"
+
+// depsOf lists the packages pkg links (go list -deps: non-test imports,
+// transitively), pkg itself included.
+func depsOf(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", pkg).Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("go list -deps %s: %v\n%s", pkg, err, stderr)
+	}
+	deps := strings.Fields(string(out))
+	if !slices.Contains(deps, module+strings.TrimPrefix(pkg, ".")) {
+		t.Fatalf("go list -deps %s does not list the package itself:\n%s", pkg, out)
+	}
+	return deps
+}
+
+// TestPackageDirection keeps the tree's arrows pointing one way: the
+// composition root (internal/daemon) is the only package that joins the
+// inbound API (server), Prometheus (metrics), the agent client and the
+// config; the reference agent links none of the daemon.
+func TestPackageDirection(t *testing.T) {
+	for _, tt := range []struct {
+		pkg       string
+		forbidden []string
+	}{
+		// server is the inbound API only.
+		{"./server", []string{"/metrics", "/transfer/agentclient", "/transfer/agentservice", "/internal/daemon", "/internal/config"}},
+		// metrics observes the domain; it does not know the API's server.
+		{"./metrics", []string{"/server", "/internal/daemon"}},
+		// The agent protocol's two ends share agentwire, not each other.
+		{"./transfer/agentclient", []string{"/server", "/transfer/agentservice", "/metrics"}},
+		{"./transfer/agentservice", []string{"/server", "/transfer/agentclient", "/kvmanager", "/metrics"}},
+		// The reference agent does not link the daemon.
+		{"./cmd/decodeplane-agent", []string{"/server", "/internal/daemon", "/internal/config", "/metrics", "/kvmanager", "/transfer/agentclient"}},
+		// The config loader describes; it builds nothing.
+		{"./internal/config", []string{"/internal/daemon", "/metrics", "/transfer/agentclient"}},
+		// decodectl is a client of the API.
+		{"./cmd/decodectl", []string{"/server", "/internal/daemon", "/kvmanager"}},
+	} {
+		deps := depsOf(t, tt.pkg)
+		for _, f := range tt.forbidden {
+			if slices.Contains(deps, module+f) {
+				t.Errorf("%s links %s%s (forbidden)", tt.pkg, module, f)
+			}
+		}
+	}
+}

@@ -5,16 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"log"
-	"log/slog"
-	"net"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/internal/config"
+	daemonpkg "github.com/decodeplane/decodeplane/internal/daemon"
+	"github.com/decodeplane/decodeplane/internal/daemontest"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -32,80 +32,48 @@ type daemonConfig struct {
 	tracer trace.TracerProvider
 }
 
-// daemon is a decodeplane daemon built from the real packages (ledger, room
-// manager with the simulated transfer engine, gRPC server), served on an
-// in-memory listener.
+// daemon is a decodeplane daemon built by the composition root
+// (internal/daemon, through internal/daemontest) with the simulated
+// transfer engine, served on an in-memory listener.
 type daemon struct {
-	lis    *bufconn.Listener
-	srv    *server.Server
-	mgr    *kvmanager.Manager
+	*daemontest.Daemon
 	engine *kvmanager.SimEngine
-	served chan error
 }
 
 // startDaemon builds and serves a daemon. Dial it with dialer() at target
 // "passthrough:///bufnet"; stop it with stop.
 func startDaemon(dc daemonConfig) (*daemon, error) {
-	quiet := slog.New(slog.DiscardHandler)
-	dec := prealloc.DefaultConfig()
-	if dc.decode != nil {
-		dc.decode(&dec)
-	}
-	ledgers := make([]kvmanager.Ledger, max(1, dec.Parallel.DP))
-	for i := range ledgers {
-		l, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
-		if err != nil {
-			return nil, err
-		}
-		ledgers[i] = l
-	}
-	kcfg := kvmanager.DefaultConfig()
-	if dc.manager != nil {
-		dc.manager(&kcfg)
-	}
-	engine := kvmanager.NewSimEngine(kvmanager.SimConfig{}, nil)
-	m, err := kvmanager.New(kcfg, dec, kvmanager.Deps{Ledgers: ledgers, Engine: engine, Logger: quiet, TracerProvider: dc.tracer})
-	if err != nil {
-		return nil, err
-	}
-	scfg := server.DefaultConfig()
-	if dc.server != nil {
-		dc.server(&scfg)
-	}
-	srv, err := server.New(scfg, server.Deps{
-		Manager: m, Logger: quiet, Version: "example", Layout: dec.Layout(), TransferPath: kvmanager.PathSim,
-		UnaryInterceptors: dc.unary, StreamInterceptors: dc.stream, TracerProvider: dc.tracer,
+	td, err := daemontest.New(daemontest.Options{
+		Config: func(c *config.Config) {
+			if dc.decode != nil {
+				dec := c.Decode()
+				dc.decode(&dec)
+				c.Transfer.Backend, c.KVPool, c.Parallel, c.Staging, c.Admission = dec.Backend, dec.Pool, dec.Parallel, dec.Staging, dec.Admission
+			}
+			if dc.manager != nil {
+				k := c.Manager()
+				dc.manager(&k)
+				c.Timeouts, c.DPRank, c.Rooms, c.Transfer = k.Timeouts, k.DPRank, k.Rooms, k.Transfer
+			}
+			if dc.server != nil {
+				dc.server(&c.Server)
+			}
+		},
+		Daemon: daemonpkg.Options{Version: "example", UnaryInterceptors: dc.unary, StreamInterceptors: dc.stream, TracerProvider: dc.tracer},
 	})
 	if err != nil {
 		return nil, err
 	}
-	srv.SetReady(true, "serving")
-	d := &daemon{lis: bufconn.Listen(1 << 20), srv: srv, mgr: m, engine: engine, served: make(chan error, 1)}
-	go func() { d.served <- srv.Serve(d.lis) }()
-	return d, nil
+	return &daemon{Daemon: td, engine: td.SimEngine()}, nil
 }
 
 // dialer connects to the daemon's in-memory listener.
-func (d *daemon) dialer() grpc.DialOption {
-	return grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d.lis.DialContext(ctx) })
-}
+func (d *daemon) dialer() grpc.DialOption { return d.Dialer() }
 
 // stop shuts the daemon down at once: rooms still handing off fail (a real
 // daemon gives them server.shutdown_timeout to finish), their streams end,
 // every ledger is full again, Serve returns.
-func (d *daemon) stop() error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := d.srv.Shutdown(ctx, func(ctx context.Context) {
-		now, cancel := context.WithCancel(ctx)
-		cancel()
-		d.mgr.Shutdown(now)
-	})
-	if serr := <-d.served; err == nil {
-		err = serr
-	}
-	return errors.Join(err, d.lis.Close())
-}
+func (d *daemon) stop() error { return d.Stop() }
 
 // prefillRank describes prefill rank tpRank of a TP-tp prefill instance at
 // addr, with the decode side's page size and dtype.

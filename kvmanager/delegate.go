@@ -14,7 +14,7 @@ import (
 )
 
 // Agent is what DelegateEngine needs of an external transfer agent
-// (decodeplane.transfer.v1.TransferAgent; server.AgentClient implements it
+// (decodeplane.transfer.v1.TransferAgent; transfer/agentclient.Client implements it
 // over gRPC, hostmem.Agent in process).
 type Agent interface {
 	// RegisterBuffers registers the decode buffers; idempotent by name and

@@ -4,7 +4,7 @@
 // room → prefill DP-rank resolution, the transfer state machine of every
 // room, the staging rings of heterogeneous TP, and the transfer engines (the
 // simulated one and the delegated one that drives an external agent through
-// the Agent interface). The KV pages, slots and admission decisions belong
+// the Agent interface, which transfer/agentclient implements over gRPC). The KV pages, slots and admission decisions belong
 // to the prealloc ledgers, one per decode DP shard, which the manager drives
 // through the Ledger interface.
 //
@@ -96,7 +96,7 @@
 // FailureShutdown ("… Request {rid} aborted: decode server shutting down")
 // and releases the Succeeded ones (a success is never turned into a
 // failure). Each end is queued on every claim stream and watcher before
-// Shutdown returns; the caller (cmd/decodeplane) keeps part of its deadline
+// Shutdown returns; the caller (internal/daemon) keeps part of its deadline
 // so that the gRPC handlers send them before the server stops, and reads
 // ShutdownSummary for the exit status. Releases wait for the engine's
 // in-flight transfers as always; a quarantine for writes that may continue

@@ -87,7 +87,7 @@ func TestStagedRoomWithoutMarkerFailsAtTheWaitingDeadline(t *testing.T) {
 
 // rvLostAgent is a transfer agent that accepts every batch and then loses it
 // (the completion stream broke and could not be re-established, as
-// server.AgentClient reports it: ErrAgentLost). The agent itself is alive and
+// agentclient.Client reports it: ErrAgentLost). The agent itself is alive and
 // keeps executing the batch until its deadline.
 type rvLostAgent struct {
 	deadlines chan time.Time

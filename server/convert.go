@@ -37,18 +37,6 @@ func layoutToProto(l prealloc.Layout) *pb.KVLayout {
 	return out
 }
 
-func stateTypeToProto(t prealloc.StateType) pb.StateType {
-	switch t {
-	case prealloc.StateMamba:
-		return pb.StateType_STATE_TYPE_MAMBA
-	case prealloc.StateSWA:
-		return pb.StateType_STATE_TYPE_SWA
-	case prealloc.StateDSA:
-		return pb.StateType_STATE_TYPE_DSA
-	}
-	return pb.StateType_STATE_TYPE_UNSPECIFIED
-}
-
 func rankToProto(r kvmanager.RankID) *pb.PrefillRank {
 	return &pb.PrefillRank{BootstrapAddr: r.Addr, DpRank: uint32(r.DP), CpRank: uint32(r.CP), TpRank: uint32(r.TP), PpRank: uint32(r.PP)}
 }
@@ -126,20 +114,6 @@ func registrationToProto(res kvmanager.RegistrationResult, l prealloc.Layout) *p
 	return out
 }
 
-func dpRuleToProto(r kvmanager.DPRule) pb.DPRankRule {
-	switch r {
-	case kvmanager.DPRuleHint:
-		return pb.DPRankRule_DP_RANK_RULE_HINT
-	case kvmanager.DPRuleSingleDP:
-		return pb.DPRankRule_DP_RANK_RULE_SINGLE_DP
-	case kvmanager.DPRuleFollowRoom:
-		return pb.DPRankRule_DP_RANK_RULE_FOLLOW_ROOM
-	case kvmanager.DPRuleBinding:
-		return pb.DPRankRule_DP_RANK_RULE_BINDING
-	}
-	return pb.DPRankRule_DP_RANK_RULE_UNSPECIFIED
-}
-
 func openFromProto(req *pb.OpenRoomRequest) kvmanager.OpenRequest {
 	o := kvmanager.OpenRequest{
 		RID: req.GetRid(), Addr: req.GetBootstrapAddr(), Room: req.GetRoom(), PrefillDP: -1, DecodeDP: -1,
@@ -155,25 +129,21 @@ func openFromProto(req *pb.OpenRoomRequest) kvmanager.OpenRequest {
 	return o
 }
 
-// Phases map one to one, by value (kvmanager.Phase mirrors pb.RoomPhase).
-func phaseToProto(p kvmanager.Phase) pb.RoomPhase   { return pb.RoomPhase(p) }
-func phaseFromProto(p pb.RoomPhase) kvmanager.Phase { return kvmanager.Phase(p) }
-
 func failureToProto(f *kvmanager.Failure) *pb.Failure {
 	if f == nil {
 		return nil
 	}
-	return &pb.Failure{Code: pb.FailureCode(f.Code), Message: f.Message, FromAnotherRank: f.FromAnotherRank}
+	return &pb.Failure{Code: failureCodeToProto(f.Code), Message: f.Message, FromAnotherRank: f.FromAnotherRank}
 }
 
 func transitionToProto(t kvmanager.Transition) *pb.Transition {
-	return &pb.Transition{Phase: phaseToProto(t.Phase), Poll: pb.KVPoll(t.Poll), At: timestamppb.New(t.At), Sglang: t.SGLang, Note: t.Note, Attempt: t.Attempt}
+	return &pb.Transition{Phase: phaseToProto(t.Phase), Poll: pollToProto(t.Poll), At: timestamppb.New(t.At), Sglang: t.SGLang, Note: t.Note, Attempt: t.Attempt}
 }
 
 func roomToProto(s kvmanager.RoomSnapshot) *pb.Room {
 	out := &pb.Room{
 		Room: s.Room, Rid: s.RID, BootstrapAddr: s.Addr, DecodeDpRank: uint32(s.DecodeDP),
-		DpRankRule: dpRuleToProto(s.DPRule), Poll: pb.KVPoll(s.Poll), Phase: phaseToProto(s.Phase),
+		DpRankRule: dpRuleToProto(s.DPRule), Poll: pollToProto(s.Poll), Phase: phaseToProto(s.Phase),
 		Failure: failureToProto(s.Failure), PromptLen: uint32(s.PromptLen), MaxNewTokens: uint32(s.MaxNewTokens),
 		Priority: int32(s.Priority), NumPages: uint32(s.NumPages), MetadataSlot: s.MetadataSlot,
 		BytesTransferred: s.BytesTransferred, ChunksDone: uint32(s.ChunksDone),
@@ -226,7 +196,7 @@ func destinationEventToProto(ev kvmanager.DestinationEvent) *pb.DestinationEvent
 		if ev.Done != nil {
 			p = *ev.Done
 		}
-		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Done{Done: &pb.RoomDone{Poll: pb.KVPoll(p.Poll()), Phase: phaseToProto(p)}}}
+		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Done{Done: &pb.RoomDone{Poll: pollToProto(p.Poll()), Phase: phaseToProto(p)}}}
 	}
 }
 

@@ -62,7 +62,7 @@ func (h *roomsService) Transfer(ctx context.Context, req *pb.TransferRequest) (*
 	if err != nil {
 		return nil, h.err(ctx, err)
 	}
-	return &pb.TransferResponse{Bytes: uint64(res.Bytes), Duration: durationpb.New(res.Duration), Poll: pb.KVPoll(h.m.Poll(req.GetRoom())), Duplicate: dup}, nil
+	return &pb.TransferResponse{Bytes: uint64(res.Bytes), Duration: durationpb.New(res.Duration), Poll: pollToProto(h.m.Poll(req.GetRoom())), Duplicate: dup}, nil
 }
 
 func (h *roomsService) ReportTransfer(ctx context.Context, req *pb.ReportTransferRequest) (*pb.ReportTransferResponse, error) {
@@ -70,7 +70,7 @@ func (h *roomsService) ReportTransfer(ctx context.Context, req *pb.ReportTransfe
 	if err != nil {
 		return nil, h.err(ctx, err)
 	}
-	return &pb.ReportTransferResponse{Poll: pb.KVPoll(poll), Duplicate: dup}, nil
+	return &pb.ReportTransferResponse{Poll: pollToProto(poll), Duplicate: dup}, nil
 }
 
 func (h *roomsService) WatchRoom(req *pb.WatchRoomRequest, stream grpc.ServerStreamingServer[pb.RoomEvent]) error {

@@ -1,8 +1,10 @@
-// Package server is decodeplane's gRPC adapter: the only package that imports
-// both the generated API and the domain packages. Each handler validates the
-// request (through the validator interceptor and the messages' Validate
-// methods), converts it to domain types, calls the domain, maps the error
-// with toStatus and converts the answer back. No business rule lives here.
+// Package server is decodeplane's inbound gRPC API, the adapter between
+// decodeplane.v1 and the domain packages (the outbound agent protocol is
+// transfer/, Prometheus is metrics/, the wiring internal/daemon). Each
+// handler validates the request (through the validator interceptor and the
+// messages' Validate methods), converts it to domain types, calls the
+// domain, maps the error with toStatus and converts the answer back. No
+// business rule lives here.
 package server
 
 import (

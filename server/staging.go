@@ -55,7 +55,7 @@ func (h *stagingService) ChunkReady(ctx context.Context, req *pb.ChunkReadyReque
 	if err != nil {
 		return nil, h.err(ctx, err)
 	}
-	return &pb.ChunkReadyResponse{Poll: pb.KVPoll(res.Poll), Duplicate: res.Duplicate, WritersArrived: uint32(res.Arrived),
+	return &pb.ChunkReadyResponse{Poll: pollToProto(res.Poll), Duplicate: res.Duplicate, WritersArrived: uint32(res.Arrived),
 		NumWriters: uint32(res.NumWriters), Scattered: res.Scattered}, nil
 }
 

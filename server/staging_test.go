@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -15,18 +12,17 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/internal/config"
+	"github.com/decodeplane/decodeplane/internal/daemontest"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
 
-// stgServer is the real server over bufconn with a real manager (simulated,
+// stgServer is the whole daemon (internal/daemontest) over bufconn (simulated,
 // instant transfers): a GQA pool (4 layers, 8 KV heads of 16 × bf16, pages of
 // 16 tokens), decode TP decodeTP, a 1 MiB staging ring.
 type stgServer struct {
@@ -52,46 +48,13 @@ func newStgServer(tb testing.TB, dec prealloc.Config, token string) *stgServer {
 	if err := dec.Validate(); err != nil {
 		tb.Fatal(err)
 	}
-	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	kcfg := kvmanager.DefaultConfig()
-	kcfg.Timeouts.HeartbeatInterval = time.Hour
-	m, err := kvmanager.New(kcfg, dec, kvmanager.Deps{Ledgers: []kvmanager.Ledger{led}, Engine: kvmanager.NewSimEngine(kvmanager.SimConfig{}, nil), Logger: log})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cfg := server.DefaultConfig()
-	cfg.AuthToken = token
-	srv, err := server.New(cfg, server.Deps{Logger: log, Layout: dec.Layout(), TransferPath: "sim", Manager: m})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	srv.SetReady(true, "serving")
-	lis := bufconn.Listen(1 << 20)
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	s := &stgServer{srv: srv, conn: conn, boot: pb.NewBootstrapClient(conn), room: pb.NewRoomsClient(conn), stg: pb.NewStagingClient(conn)}
-	tb.Cleanup(func() {
-		conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx, m.Shutdown); err != nil {
-			tb.Errorf("Shutdown: %v", err)
-		}
-		if err := <-served; err != nil {
-			tb.Errorf("Serve: %v", err)
-		}
-		lis.Close()
-	})
-	return s
+	d := daemontest.Start(tb, daemontest.Options{Config: func(c *config.Config) {
+		c.Transfer.Backend, c.KVPool, c.Parallel, c.Staging, c.Admission = dec.Backend, dec.Pool, dec.Parallel, dec.Staging, dec.Admission
+		c.Timeouts.HeartbeatInterval = time.Hour
+		c.Server.AuthToken = token
+	}})
+	conn := d.Conn(tb)
+	return &stgServer{srv: d.Server(), conn: conn, boot: pb.NewBootstrapClient(conn), room: pb.NewRoomsClient(conn), stg: pb.NewStagingClient(conn)}
 }
 
 func (s *stgServer) register(tb testing.TB, ctx context.Context, addr string, tp int) {

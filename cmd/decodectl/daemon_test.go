@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -13,8 +11,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/client"
-	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/internal/config"
+	"github.com/decodeplane/decodeplane/internal/daemon"
+	"github.com/decodeplane/decodeplane/internal/daemontest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
@@ -29,13 +28,12 @@ type daemonConfig struct {
 	clientOptions []client.Option
 }
 
-// testDaemon is a decodeplane daemon built from the real packages (ledger,
-// room manager with the simulated transfer engine, gRPC server), served on a
-// real loopback TCP listener.
+// testDaemon is a decodeplane daemon built by the composition root
+// (internal/daemon, through internal/daemontest) with the simulated
+// transfer engine, served on a real loopback TCP listener.
 type testDaemon struct {
 	addr string
-	srv  *server.Server
-	mgr  *kvmanager.Manager
+	*daemontest.Daemon
 	// c is a client of the daemon, with its token.
 	c *client.Client
 }
@@ -43,59 +41,21 @@ type testDaemon struct {
 // startDaemon serves a daemon for the test and stops it at cleanup.
 func startDaemon(t *testing.T, dc daemonConfig) *testDaemon {
 	t.Helper()
-	quiet := slog.New(slog.DiscardHandler)
-	dec := prealloc.DefaultConfig()
-	ledgers := make([]kvmanager.Ledger, max(1, dec.Parallel.DP))
-	for i := range ledgers {
-		l, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ledgers[i] = l
-	}
-	kcfg := kvmanager.DefaultConfig()
-	// No test may lose its prefill to a missed heartbeat.
-	kcfg.Timeouts.HeartbeatInterval = 10 * time.Minute
-	m, err := kvmanager.New(kcfg, dec, kvmanager.Deps{Ledgers: ledgers, Engine: kvmanager.NewSimEngine(kvmanager.SimConfig{}, nil), Logger: quiet})
-	if err != nil {
-		t.Fatal(err)
-	}
-	scfg := server.DefaultConfig()
-	scfg.AuthToken = dc.token
-	srv, err := server.New(scfg, server.Deps{
-		Manager: m, Logger: quiet, Version: "test-1.2.3", Layout: dec.Layout(), TransferPath: kvmanager.PathSim,
-		Config: []server.ConfigEntry{
-			{Key: "kv_pool.kind", Value: "gqa", Source: "default"},
-			{Key: "server.auth_token", Value: "<redacted>", Source: "env SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"},
+	td := daemontest.Start(t, daemontest.Options{
+		TCP: true,
+		Config: func(c *config.Config) {
+			c.Server.AuthToken = dc.token
 		},
-		ExtraServerOptions: dc.serverOptions,
+		Daemon: daemon.Options{
+			Version: "test-1.2.3",
+			Entries: []server.ConfigEntry{
+				{Key: "kv_pool.kind", Value: "gqa", Source: "default"},
+				{Key: "server.auth_token", Value: "<redacted>", Source: "env SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN"},
+			},
+			ServerOptions: dc.serverOptions,
+		},
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv.SetReady(true, "serving")
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	d := &testDaemon{addr: lis.Addr().String(), srv: srv, mgr: m}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		err := srv.Shutdown(ctx, func(ctx context.Context) {
-			now, cancel := context.WithCancel(ctx)
-			cancel()
-			m.Shutdown(now)
-		})
-		if serr := <-served; err == nil {
-			err = serr
-		}
-		if err != nil {
-			t.Errorf("daemon shutdown: %v", err)
-		}
-	})
+	d := &testDaemon{addr: td.Addr, Daemon: td}
 	opts := dc.clientOptions
 	if dc.token != "" {
 		opts = append(opts, client.WithToken(dc.token))

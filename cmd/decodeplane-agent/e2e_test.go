@@ -1,18 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -23,6 +17,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/e2e"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -37,144 +32,30 @@ import (
 // e2eTimeout bounds every wait; nothing should come close.
 const e2eTimeout = 60 * time.Second
 
-var (
-	buildOnce sync.Once
-	buildDir  string
-	buildErr  error
-)
-
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
+	e2e.Cleanup()
 	os.Exit(code)
 }
 
-// binaries builds the daemon and the agent once per test run.
+// binaries builds the daemon and the agent once per test run
+// (internal/e2e).
 func binaries(t *testing.T) (daemon, agent string) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs the daemon and agent binaries; skipped with -short")
-	}
-	buildOnce.Do(func() {
-		buildDir, buildErr = os.MkdirTemp("", "decodeplane-agent-e2e-")
-		if buildErr != nil {
-			return
-		}
-		for _, b := range []struct{ out, pkg string }{
-			{"decodeplane", "github.com/decodeplane/decodeplane/cmd/decodeplane"},
-			{"decodeplane-agent", "github.com/decodeplane/decodeplane/cmd/decodeplane-agent"},
-		} {
-			if out, err := exec.Command("go", "build", "-o", filepath.Join(buildDir, b.out), b.pkg).CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
-				return
-			}
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return filepath.Join(buildDir, "decodeplane"), filepath.Join(buildDir, "decodeplane-agent")
+	return e2e.Binary(t, "github.com/decodeplane/decodeplane/cmd/decodeplane"), e2e.Binary(t, "github.com/decodeplane/decodeplane/cmd/decodeplane-agent")
 }
 
-// syncBuffer collects a child's output; safe to read while it writes, and
-// it signals every write.
-type syncBuffer struct {
-	mu      sync.Mutex
-	b       bytes.Buffer
-	changed chan struct{} // closed (and replaced) on every write
-}
+// proc is a running binary.
+type proc = e2e.Proc
 
-func newSyncBuffer() *syncBuffer { return &syncBuffer{changed: make(chan struct{})} }
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	close(s.changed)
-	s.changed = make(chan struct{})
-	return s.b.Write(p)
-}
-
-// String returns the output so far and a channel closed on the next write.
-func (s *syncBuffer) snapshot() (string, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String(), s.changed
-}
-
-func (s *syncBuffer) String() string {
-	out, _ := s.snapshot()
-	return out
-}
-
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	out    *syncBuffer
-	exited chan struct{}
-}
-
-// start runs a binary; cleanup kills it if it is still running and prints
-// its output when the test failed.
+// start runs a binary with a clean environment; cleanup kills it if it is
+// still running and prints its output when the test failed.
 func start(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(bin, args...)
-	var env []string
-	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); !strings.HasPrefix(k, "SGLANG_") && !strings.HasPrefix(k, "DECODEPLANE_") && !strings.HasPrefix(k, "OTEL_") {
-			env = append(env, kv)
-		}
-	}
-	cmd.Env = env
-	p := &proc{name: name, cmd: cmd, out: newSyncBuffer(), exited: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = p.out, p.out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case <-p.exited:
-			case <-time.After(15 * time.Second):
-				_ = cmd.Process.Kill()
-				<-p.exited
-			}
-		}
-		if t.Failed() || os.Getenv("DECODEPLANE_E2E_LOGS") != "" {
-			t.Logf("%s output:\n%s", name, p.out.String())
-		}
-	})
-	return p
+	return e2e.Start(t, name, bin, nil, args...)
 }
 
-// kill stops the process at once (SIGKILL) and waits for it.
-func (p *proc) kill(t *testing.T) {
-	t.Helper()
-	_ = p.cmd.Process.Kill()
-	select {
-	case <-p.exited:
-	case <-time.After(e2eTimeout):
-		t.Fatalf("%s did not exit after SIGKILL", p.name)
-	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	return lis.Addr().String()
-}
+func freeAddr(t *testing.T) string { return e2e.FreeAddr(t) }
 
 func dial(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
@@ -187,39 +68,11 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 	return conn
 }
 
-// waitHealth waits until the health of service ("" = the whole server) is
-// want, watching the stream (no polling).
+// waitHealth waits until the daemon's or agent's health is want, watching
+// the stream (no polling).
 func waitHealth(t *testing.T, conn *grpc.ClientConn, p *proc, want healthpb.HealthCheckResponse_ServingStatus) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), e2eTimeout)
-	defer cancel()
-	got := make(chan error, 1)
-	go func() {
-		stream, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true))
-		if err != nil {
-			got <- err
-			return
-		}
-		for {
-			resp, err := stream.Recv()
-			if err != nil {
-				got <- err
-				return
-			}
-			if resp.GetStatus() == want {
-				got <- nil
-				return
-			}
-		}
-	}()
-	select {
-	case err := <-got:
-		if err != nil {
-			t.Fatalf("%s never reported health %s: %v", p.name, want, err)
-		}
-	case <-p.exited:
-		t.Fatalf("%s exited before reporting health %s", p.name, want)
-	}
+	e2e.WaitHealth(t, conn, p, want, e2eTimeout)
 }
 
 // model is the KV geometry shared by prefill and decode.
@@ -1072,7 +925,7 @@ func (c *cluster) waitAgentLog(words ...string) {
 	deadline := time.NewTimer(e2eTimeout)
 	defer deadline.Stop()
 	for {
-		out, changed := c.agent.out.snapshot()
+		out, changed := c.agent.Out.Snapshot()
 		for _, line := range strings.Split(out, "\n") {
 			ok := true
 			for _, w := range words {
@@ -1084,7 +937,7 @@ func (c *cluster) waitAgentLog(words ...string) {
 		}
 		select {
 		case <-changed:
-		case <-c.agent.exited:
+		case <-c.agent.Exited():
 			t.Fatal("the agent exited")
 		case <-deadline.C:
 			t.Fatalf("the agent never logged %q", words)
@@ -1153,7 +1006,7 @@ func TestE2EAgentRestart(t *testing.T) {
 		done <- err
 	}()
 	c.waitAgentLog("batch", fmt.Sprintf("room=%d", held), "held")
-	c.agent.kill(t) // mid-room, with a batch in flight
+	c.agent.Kill(t, e2eTimeout) // mid-room, with a batch in flight
 
 	select {
 	case err := <-done:

@@ -47,7 +47,7 @@ import (
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
 	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
 	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
-	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/transfer/agentservice"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -195,7 +195,7 @@ func run(args []string, stderr io.Writer) int {
 			return nil
 		})
 	}
-	svc := server.NewAgentService(agent, log)
+	svc := agentservice.New(agent, log)
 	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error (logged by the agent)")

@@ -18,6 +18,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 
+	"github.com/decodeplane/decodeplane/internal/e2e"
 	"github.com/decodeplane/decodeplane/internal/tlstest"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -74,14 +75,7 @@ func presented(t *testing.T, addr string, creds credentials.TransportCredentials
 // decodectlBinary builds decodectl next to the other binaries.
 func decodectlBinary(t *testing.T) string {
 	t.Helper()
-	dbin, _ := binaries(t)
-	bin := filepath.Join(filepath.Dir(dbin), "decodectl")
-	if _, err := os.Stat(bin); err != nil {
-		if out, err := exec.Command("go", "build", "-o", bin, "github.com/decodeplane/decodeplane/cmd/decodectl").CombinedOutput(); err != nil {
-			t.Fatalf("go build decodectl: %v\n%s", err, out)
-		}
-	}
-	return bin
+	return e2e.Binary(t, "github.com/decodeplane/decodeplane/cmd/decodectl")
 }
 
 // TestE2EMutualTLS runs the daemon and the reference agent with mutual TLS
@@ -133,12 +127,12 @@ func TestE2EMutualTLS(t *testing.T) {
 	c.boot, c.rooms, c.staging, c.admin = pb.NewBootstrapClient(c.dconn), pb.NewRoomsClient(c.dconn), pb.NewStagingClient(c.dconn), pb.NewAdminClient(c.dconn)
 	c.xfer = transferv1.NewTransferAgentClient(c.aconn)
 	for _, w := range []string{"gRPC listener with mutual TLS", "transfer agent link with TLS"} {
-		if !strings.Contains(c.daemon.out.String(), w) {
+		if !strings.Contains(c.daemon.Out.String(), w) {
 			t.Errorf("daemon log lacks %q", w)
 		}
 	}
-	if !strings.Contains(c.agent.out.String(), "tls=\"mutual TLS (client certificate required: true)\"") {
-		t.Errorf("agent log does not report mutual TLS:\n%s", c.agent.out.String())
+	if !strings.Contains(c.agent.Out.String(), "tls=\"mutual TLS (client certificate required: true)\"") {
+		t.Errorf("agent log does not report mutual TLS:\n%s", c.agent.Out.String())
 	}
 
 	room := func(id uint64) {
@@ -205,15 +199,15 @@ func TestE2EMutualTLS(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the agent still presents %q (%v):\n%s", cn, err, c.agent.out.String())
+			t.Fatalf("the agent still presents %q (%v):\n%s", cn, err, c.agent.Out.String())
 		}
 		select {
 		case <-time.After(50 * time.Millisecond):
-		case <-c.agent.exited:
-			t.Fatalf("the agent exited:\n%s", c.agent.out.String())
+		case <-c.agent.Exited():
+			t.Fatalf("the agent exited:\n%s", c.agent.Out.String())
 		}
 	}
-	if !strings.Contains(c.agent.out.String(), `TLS files reloaded`) {
+	if !strings.Contains(c.agent.Out.String(), `TLS files reloaded`) {
 		t.Errorf("the agent did not log the reload")
 	}
 	// The daemon's link still moves KV: its open connection was

@@ -1,17 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -23,23 +18,16 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/decodeplane/decodeplane/internal/e2e"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
-// The end-to-end tests run the real binary, built once per test run.
-
-var (
-	binOnce sync.Once
-	binDir  string
-	binPath string
-	binErr  error
-)
+// The end-to-end tests run the real binary, built once per test run
+// (internal/e2e holds the helpers shared with the other commands' tests).
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
-	}
+	e2e.Cleanup()
 	// The in-process daemons (bench, config tests) must leave no goroutine.
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -53,131 +41,27 @@ func TestMain(m *testing.M) {
 // decodeplaneBinary builds the binary on first use.
 func decodeplaneBinary(t *testing.T) string {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("builds and runs the binary; skipped with -short")
-	}
-	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "decodeplane-e2e-")
-		if binErr != nil {
-			return
-		}
-		binPath = filepath.Join(binDir, "decodeplane")
-		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
-		if err != nil {
-			binErr = errors.New("go build: " + err.Error() + "\n" + string(out))
-		}
-	})
-	if binErr != nil {
-		t.Fatal(binErr)
-	}
-	return binPath
+	return e2e.Binary(t, "github.com/decodeplane/decodeplane/cmd/decodeplane")
 }
 
 // e2eEnviron is the process environment without anything that configures
 // decodeplane, plus extra.
-func e2eEnviron(extra ...string) []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, "SGLANG_") || strings.HasPrefix(name, "DECODEPLANE_") || name == "DISAGGREGATION_TEST_FAILURE_PROB" {
-			continue
-		}
-		env = append(env, kv)
-	}
-	return append(env, extra...)
-}
+func e2eEnviron(extra ...string) []string { return e2e.Environ(extra...) }
 
-// syncBuffer collects a child's output; safe to read while it writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-type daemonProc struct {
-	cmd    *exec.Cmd
-	stderr *syncBuffer
-	exited chan struct{} // closed when the process exited
-	err    error         // cmd.Wait's result, valid after exited
-}
+// daemonProc is a running daemon binary.
+type daemonProc = e2e.Proc
 
 // startDaemon starts the binary; cleanup kills it if the test left it running.
 func startDaemon(t *testing.T, args, env []string) *daemonProc {
 	t.Helper()
-	cmd := exec.Command(decodeplaneBinary(t), args...)
-	cmd.Env = env
-	p := &daemonProc{cmd: cmd, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	cmd.Stdout = p.stderr
-	cmd.Stderr = p.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-p.exited:
-		default:
-			cmd.Process.Kill()
-			<-p.exited
-		}
-	})
-	return p
-}
-
-// wait waits up to d for the process to exit and returns its exit code.
-func (p *daemonProc) wait(t *testing.T, d time.Duration) int {
-	t.Helper()
-	select {
-	case <-p.exited:
-	case <-time.After(d):
-		t.Fatalf("the daemon did not exit within %s; output:\n%s", d, p.stderr.String())
-	}
-	if p.err == nil {
-		return 0
-	}
-	var ee *exec.ExitError
-	if !errors.As(p.err, &ee) {
-		t.Fatalf("wait: %v", p.err)
-	}
-	return ee.ExitCode()
+	return e2e.Start(t, "decodeplane", decodeplaneBinary(t), env, args...)
 }
 
 // freeAddr returns a loopback address nothing listens on (at the time).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := lis.Addr().String()
-	lis.Close()
-	return addr
-}
+func freeAddr(t *testing.T) string { return e2e.FreeAddr(t) }
 
 // busyAddr returns an address the test holds a listener on.
-func busyAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { lis.Close() })
-	return lis.Addr().String()
-}
+func busyAddr(t *testing.T) string { return e2e.BusyAddr(t) }
 
 func TestE2EServeAndSIGTERM(t *testing.T) {
 	const shutdownTimeout = 5 * time.Second
@@ -216,10 +100,10 @@ func TestE2EServeAndSIGTERM(t *testing.T) {
 	select {
 	case err := <-serving:
 		if err != nil {
-			t.Fatalf("health never reached SERVING: %v\noutput:\n%s", err, p.stderr.String())
+			t.Fatalf("health never reached SERVING: %v\noutput:\n%s", err, p.Out.String())
 		}
-	case <-p.exited:
-		t.Fatalf("the daemon exited before serving (%v):\n%s", p.err, p.stderr.String())
+	case <-p.Exited():
+		t.Fatalf("the daemon exited before serving (%v):\n%s", p.Err(), p.Out.String())
 	}
 
 	// Reflection lists the API.
@@ -245,16 +129,16 @@ func TestE2EServeAndSIGTERM(t *testing.T) {
 	}
 	rcancel()
 
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	// The shutdown deadline plus slack for process exit.
-	if code := p.wait(t, shutdownTimeout+5*time.Second); code != exitOK {
-		t.Errorf("exit code %d after SIGTERM, want 0; output:\n%s", code, p.stderr.String())
+	if code := p.Wait(t, shutdownTimeout+5*time.Second); code != exitOK {
+		t.Errorf("exit code %d after SIGTERM, want 0; output:\n%s", code, p.Out.String())
 	}
 	for _, w := range []string{"decodeplane serving", "shutting down", "decodeplane stopped"} {
-		if !strings.Contains(p.stderr.String(), w) {
-			t.Errorf("output does not contain %q:\n%s", w, p.stderr.String())
+		if !strings.Contains(p.Out.String(), w) {
+			t.Errorf("output does not contain %q:\n%s", w, p.Out.String())
 		}
 	}
 }
@@ -265,10 +149,10 @@ func TestE2EServeRefusesStagingOnMLA(t *testing.T) {
 	addr := busyAddr(t)
 	p := startDaemon(t, []string{"serve", "--config", filepath.Join(repoRoot, "deploy", "examples", "deepseek-v3-mla.yaml"), "--listen", addr, "--set", "server.metrics_listen="},
 		e2eEnviron("SGLANG_DISAGG_STAGING_BUFFER=1"))
-	if code := p.wait(t, 30*time.Second); code != exitUsage {
+	if code := p.Wait(t, 30*time.Second); code != exitUsage {
 		t.Errorf("exit code %d, want %d", code, exitUsage)
 	}
-	out := p.stderr.String()
+	out := p.Out.String()
 	if !strings.Contains(out, prealloc.MsgStagingMLA) {
 		t.Errorf("output does not contain SGLang's message:\n%s", out)
 	}
@@ -280,10 +164,10 @@ func TestE2EServeRefusesStagingOnMLA(t *testing.T) {
 func TestE2EServeBusyPort(t *testing.T) {
 	addr := busyAddr(t)
 	p := startDaemon(t, []string{"serve", "--listen", addr, "--set", "server.metrics_listen="}, e2eEnviron())
-	if code := p.wait(t, 30*time.Second); code != exitFailure {
+	if code := p.Wait(t, 30*time.Second); code != exitFailure {
 		t.Errorf("exit code %d, want %d", code, exitFailure)
 	}
-	if out := p.stderr.String(); !strings.Contains(out, "server.listen") || !strings.Contains(out, addr) {
+	if out := p.Out.String(); !strings.Contains(out, "server.listen") || !strings.Contains(out, addr) {
 		t.Errorf("output does not name server.listen and %s:\n%s", addr, out)
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/internal/e2e"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -107,7 +108,7 @@ exporters:
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "--config", path)
-	out := &syncBuffer{}
+	out := e2e.NewOutput()
 	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -267,7 +268,7 @@ func TestE2EJaegerOneTracePerRoom(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	poll(t, 30*time.Second, "the daemon to serve:\n"+p.stderr.String(), func() bool {
+	poll(t, 30*time.Second, "the daemon to serve:\n"+p.Out.String(), func() bool {
 		st, err := decode.Status(ctx)
 		return err == nil && st.GetReady()
 	})
@@ -275,7 +276,7 @@ func TestE2EJaegerOneTracePerRoom(t *testing.T) {
 	prefill := prefillConn.Prefill(&pb.RegisterPrefillRequest{BootstrapAddr: bootstrap, RankEndpoint: "10.9.0.1:9000",
 		Parallel: &pb.ParallelInfo{AttnTpSize: 1, PpSize: 1}, PageSize: 64, KvCacheDtype: "bf16"})
 	if _, err := prefill.Register(ctx); err != nil {
-		t.Fatalf("register (is the daemon up? output:\n%s): %v", p.stderr.String(), err)
+		t.Fatalf("register (is the daemon up? output:\n%s): %v", p.Out.String(), err)
 	}
 
 	// A successful room: the router's span is the root of the request; the
@@ -310,9 +311,9 @@ func TestE2EJaegerOneTracePerRoom(t *testing.T) {
 	froot.End()
 
 	// SIGTERM flushes the daemon's spans.
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	if code := p.wait(t, 30*time.Second); code != 0 {
-		t.Fatalf("daemon exit code %d; output:\n%s", code, p.stderr.String())
+	p.Cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.Wait(t, 30*time.Second); code != 0 {
+		t.Fatalf("daemon exit code %d; output:\n%s", code, p.Out.String())
 	}
 
 	var spans []span

@@ -48,14 +48,14 @@ func TestE2EServeOnUnixSocket(t *testing.T) {
 	for {
 		r, err := w.Recv()
 		if err != nil {
-			t.Fatalf("health watch over the Unix socket: %v; output:\n%s", err, p.stderr.String())
+			t.Fatalf("health watch over the Unix socket: %v; output:\n%s", err, p.Out.String())
 		}
 		if r.GetStatus() == healthpb.HealthCheckResponse_SERVING {
 			break
 		}
 	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	if code := p.wait(t, 20*time.Second); code != 0 {
-		t.Fatalf("exit code %d; output:\n%s", code, p.stderr.String())
+	p.Cmd.Process.Signal(syscall.SIGTERM)
+	if code := p.Wait(t, 20*time.Second); code != 0 {
+		t.Fatalf("exit code %d; output:\n%s", code, p.Out.String())
 	}
 }

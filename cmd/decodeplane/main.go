@@ -20,7 +20,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/internal/bench"
+	"github.com/decodeplane/decodeplane/internal/config"
+	"github.com/decodeplane/decodeplane/internal/telemetry"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -50,7 +52,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 	case "validate":
 		return cmdValidate(args[1:], environ, stdout, stderr)
 	case "bench":
-		return cmdBench(args[1:], environ, stdout, stderr)
+		return bench.Main(version, args[1:], environ, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintf(stdout, "decodeplane %s\n", version)
 		return exitOK
@@ -78,163 +80,26 @@ its value and where it came from. 'decodeplane <command> -h' lists the flags.
 `)
 }
 
-// configFlags are the flags shared by serve and validate.
-type configFlags struct {
-	path      string
-	overrides Overrides
-	fs        *flag.FlagSet
-	sets      setFlag
-}
-
-type setFlag struct{ pairs *[]FlagSetting }
-
-func (s setFlag) String() string { return "" }
-func (s setFlag) Set(v string) error {
-	k, val, ok := strings.Cut(v, "=")
-	if !ok || k == "" {
-		return fmt.Errorf("want key=value, got %q", v)
-	}
-	*s.pairs = append(*s.pairs, FlagSetting{Flag: "--set " + k, Key: strings.TrimSpace(k), Value: val})
-	return nil
-}
-
-// keyFlag is a flag bound to one configuration key.
-type keyFlag struct {
-	name, key string
-	pairs     *[]FlagSetting
-}
-
-func (k keyFlag) String() string { return "" }
-func (k keyFlag) Set(v string) error {
-	*k.pairs = append(*k.pairs, FlagSetting{Flag: "--" + k.name, Key: k.key, Value: v})
-	return nil
-}
-
-// boolKeyFlag is a keyFlag that may be given without a value (--reflection).
-type boolKeyFlag struct{ keyFlag }
-
-func (boolKeyFlag) IsBoolFlag() bool { return true }
-
-func newConfigFlags(name string, stderr io.Writer) *configFlags {
-	cf := &configFlags{fs: flag.NewFlagSet(name, flag.ContinueOnError)}
-	cf.fs.SetOutput(stderr)
-	cf.sets = setFlag{pairs: &cf.overrides.Pairs}
-	cf.fs.StringVar(&cf.path, "config", "", "configuration file (YAML); default: $DECODEPLANE_CONFIG, else the embedded defaults")
-	for _, kf := range []struct{ name, key, usage string }{
-		{"listen", "server.listen", "gRPC listen address (server.listen, default 127.0.0.1:7600)"},
-		{"metrics-listen", "server.metrics_listen", "Prometheus /metrics address (server.metrics_listen, default 127.0.0.1:7601; empty disables)"},
-		{"transfer-path", "transfer.path", "transfer path: sim or delegate (transfer.path)"},
-		{"agent", "transfer.delegate.target", "transfer agent address for the delegate path (transfer.delegate.target)"},
-		{"log-level", "log.level", "log level: debug, info, warn, error (log.level)"},
-		{"log-format", "log.format", "log format: text or json (log.format)"},
-		{"tls-cert", "server.tls.cert_file", "serve gRPC over TLS with this PEM certificate (server.tls.cert_file)"},
-		{"tls-key", "server.tls.key_file", "the PEM private key of --tls-cert (server.tls.key_file)"},
-		{"tls-client-ca", "server.tls.client_ca_file", "mutual TLS: verify client certificates against this PEM CA bundle (server.tls.client_ca_file)"},
-	} {
-		cf.fs.Var(keyFlag{name: kf.name, key: kf.key, pairs: &cf.overrides.Pairs}, kf.name, kf.usage)
-	}
-	cf.fs.Var(boolKeyFlag{keyFlag{name: "reflection", key: "server.reflection", pairs: &cf.overrides.Pairs}}, "reflection", "register gRPC server reflection (server.reflection, default true); --reflection=false turns it off")
-	cf.fs.Var(cf.sets, "set", "set any configuration key: --set kv_pool.kind=mla (repeatable)")
-	return cf
-}
-
-func (cf *configFlags) parse(args, environ []string) error {
-	if err := cf.fs.Parse(args); err != nil {
-		return err
-	}
-	if cf.fs.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments: %s", strings.Join(cf.fs.Args(), " "))
-	}
-	if cf.path == "" {
-		for _, kv := range environ {
-			if v, ok := strings.CutPrefix(kv, "DECODEPLANE_CONFIG="); ok {
-				cf.path = v
-			}
-		}
-	}
-	return nil
-}
-
 // loadConfig loads and validates; it returns the problems as one list.
-func loadConfig(cf *configFlags, environ []string) (*Loaded, []error) {
-	l, err := Load(cf.path, environ, cf.overrides)
+func loadConfig(cf *config.Flags, environ []string) (*config.Loaded, []error) {
+	l, err := config.Load(cf.Path, environ, cf.Overrides)
 	var problems []error
 	if err != nil {
-		problems = append(problems, flatten(err)...)
+		problems = append(problems, config.Flatten(err)...)
 	}
 	if err := l.Config.Validate(); err != nil {
-		problems = append(problems, flatten(err)...)
+		problems = append(problems, config.Flatten(err)...)
 	}
 	// The OTEL_* variables serve reads at startup, checked here too so that
 	// validate reports everything serve would refuse.
-	env := otelEnv{}
-	for _, kv := range environ {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "OTEL_") {
-			env[k] = v
-		}
-	}
-	_, _, otelErrs := checkOTelEnv(env)
-	problems = append(problems, otelErrs...)
+	problems = append(problems, telemetry.CheckEnv(environ)...)
 	return l, problems
 }
 
-func flatten(err error) []error {
-	if j, ok := err.(interface{ Unwrap() []error }); ok {
-		var out []error
-		for _, e := range j.Unwrap() {
-			out = append(out, flatten(e)...)
-		}
-		return out
-	}
-	return []error{err}
-}
-
-// printProblems renders every problem with the source of the value.
-func printProblems(w io.Writer, l *Loaded, problems []error) {
-	n := len(problems)
-	plural := "s"
-	if n == 1 {
-		plural = ""
-	}
-	fmt.Fprintf(w, "decodeplane: the configuration has %d problem%s:\n", n, plural)
-	for i, p := range problems {
-		var ce *prealloc.ConfigError
-		if errors.As(p, &ce) {
-			src := l.Sources[ce.Key]
-			if src == "" {
-				src = "derived"
-			}
-			fmt.Fprintf(w, "\n  %d. %s = %s   (from %s)\n", i+1, ce.Key, prealloc.FormatValue(ce.Value), describeSource(l, ce.Key, src))
-			fmt.Fprintf(w, "     %s\n", ce.Problem)
-			if ce.Fix != "" {
-				fmt.Fprintf(w, "     fix: %s\n", ce.Fix)
-			}
-			continue
-		}
-		fmt.Fprintf(w, "\n  %d. %v\n", i+1, p)
-	}
-	fmt.Fprintln(w)
-}
-
-func describeSource(l *Loaded, key, src string) string {
-	if name, ok := strings.CutPrefix(src, "env "); ok {
-		if v, ok := l.env[name]; ok && !l.byKey[key].secret {
-			return fmt.Sprintf("env %s=%q", name, v)
-		}
-	}
-	return src
-}
-
-func printWarnings(w io.Writer, warnings []prealloc.Warning) {
-	for _, wn := range warnings {
-		fmt.Fprintf(w, "warning: %s\n", wn)
-	}
-}
-
 func cmdValidate(args, environ []string, stdout, stderr io.Writer) int {
-	cf := newConfigFlags("validate", stderr)
-	explain := cf.fs.Bool("explain", false, "print every key, its effective value and where it came from")
-	if err := cf.parse(args, environ); err != nil {
+	cf := config.NewFlags("validate", stderr)
+	explain := cf.FS.Bool("explain", false, "print every key, its effective value and where it came from")
+	if err := cf.Parse(args, environ); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
@@ -243,16 +108,16 @@ func cmdValidate(args, environ []string, stdout, stderr io.Writer) int {
 	}
 	l, problems := loadConfig(cf, environ)
 	if *explain {
-		printExplain(stdout, l)
+		config.PrintExplain(stdout, l)
 	}
 	if len(problems) > 0 {
-		printProblems(stderr, l, problems)
+		config.PrintProblems(stderr, l, problems)
 		return exitUsage
 	}
-	printWarnings(stderr, l.Warnings())
+	config.PrintWarnings(stderr, l.Warnings())
 	src := "the embedded defaults"
-	if cf.path != "" {
-		src = cf.path
+	if cf.Path != "" {
+		src = cf.Path
 	}
 	overrides := 0
 	for _, k := range l.Keys() {
@@ -269,20 +134,4 @@ func cmdValidate(args, environ []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "configuration is valid (%s): %s, transfer path %s (backend %s), dp %d, staging %v\n",
 		src, layout, l.Config.Transfer.Path, l.Config.Transfer.Backend, l.Config.Parallel.DP, l.Config.Staging.Enabled)
 	return exitOK
-}
-
-func printExplain(w io.Writer, l *Loaded) {
-	width := 0
-	for _, k := range l.Keys() {
-		width = max(width, len(k))
-	}
-	fmt.Fprintf(w, "%-*s  %-24s  %s\n", width, "KEY", "VALUE", "SOURCE")
-	for _, k := range l.Keys() {
-		fmt.Fprintf(w, "%-*s  %-24s  %s\n", width, k, l.Value(k), l.Sources[k])
-	}
-	iv, mf := l.Config.Timeouts.EffectiveHeartbeat()
-	if iv != l.Config.Timeouts.HeartbeatInterval || mf != l.Config.Timeouts.HeartbeatMaxFailures {
-		fmt.Fprintf(w, "\neffective heartbeat after SGLang's floors: interval %s, max failures %d\n", iv, mf)
-	}
-	fmt.Fprintln(w)
 }

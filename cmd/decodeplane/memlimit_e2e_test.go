@@ -194,14 +194,14 @@ func TestMemLimitE2EWorstInputs(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if attempt < 3 && strings.Contains(p.stderr.String(), "address already in use") {
+		if attempt < 3 && strings.Contains(p.Out.String(), "address already in use") {
 			continue
 		}
-		t.Fatalf("the daemon did not serve: %v\n%s", err, p.stderr.String())
+		t.Fatalf("the daemon did not serve: %v\n%s", err, p.Out.String())
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			out := p.stderr.String()
+			out := p.Out.String()
 			t.Logf("daemon output (last 4 KiB):\n%s", out[max(0, len(out)-4096):])
 		}
 	})
@@ -211,7 +211,7 @@ func TestMemLimitE2EWorstInputs(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	r := &memLimitRun{t: t, pid: p.cmd.Process.Pid, conn: conn, boot: pb.NewBootstrapClient(conn), rooms: pb.NewRoomsClient(conn),
+	r := &memLimitRun{t: t, pid: p.Cmd.Process.Pid, conn: conn, boot: pb.NewBootstrapClient(conn), rooms: pb.NewRoomsClient(conn),
 		stg: pb.NewStagingClient(conn), admin: pb.NewAdminClient(conn)}
 	base := r.healthy("start")
 

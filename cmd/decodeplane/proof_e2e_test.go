@@ -103,4 +103,3 @@ func TestRoomsE2ESuccessIsAProof(t *testing.T) {
 	}
 	d.assertDrained(t)
 }
-

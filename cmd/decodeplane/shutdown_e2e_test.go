@@ -24,6 +24,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/daemon"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -42,17 +43,17 @@ func shutdownStartDaemon(t *testing.T, cfgYAML string) (*roomsDaemon, *daemonPro
 		if err == nil {
 			t.Cleanup(func() {
 				if t.Failed() {
-					t.Logf("daemon %s output:\n%s", addr, p.stderr.String())
+					t.Logf("daemon %s output:\n%s", addr, p.Out.String())
 				}
 			})
 			d := &roomsDaemon{addr: addr}
 			d.c = d.newClient(t, "")
 			return d, p
 		}
-		if attempt < 3 && strings.Contains(p.stderr.String(), "address already in use") {
+		if attempt < 3 && strings.Contains(p.Out.String(), "address already in use") {
 			continue
 		}
-		t.Fatalf("the daemon did not serve: %v\noutput:\n%s", err, p.stderr.String())
+		t.Fatalf("the daemon did not serve: %v\noutput:\n%s", err, p.Out.String())
 	}
 }
 
@@ -274,16 +275,16 @@ func TestE2EShutdownTellsEveryStream(t *testing.T) {
 	}
 
 	signalled := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	code := p.wait(t, shutdownTimeout+20*time.Second)
+	code := p.Wait(t, shutdownTimeout+20*time.Second)
 	took := time.Since(signalled)
 	if code != exitCutShort {
 		t.Errorf("exit code %d after SIGTERM with rooms that could not finish, want %d", code, exitCutShort)
 	}
 	// The rooms were given shutdown_timeout less the flush reserve.
-	if least := shutdownTimeout - flushReserve(shutdownTimeout); took < least {
+	if least := shutdownTimeout - daemon.FlushReserve(shutdownTimeout); took < least {
 		t.Errorf("the daemon exited %s after SIGTERM, before the rooms' %s", took, least)
 	}
 	t.Logf("exit %d, %s after SIGTERM (shutdown_timeout %s)", code, took, shutdownTimeout)
@@ -338,7 +339,7 @@ func TestE2EShutdownTellsEveryStream(t *testing.T) {
 		}
 	}
 
-	out := p.stderr.String()
+	out := p.Out.String()
 	for _, w := range []string{"graceful stop was cut short", "exit_code=3", "5 rooms failed with FAILURE_CODE_SHUTDOWN", "1 claims on rooms never opened"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("output does not contain %q:\n%s", w, out)
@@ -380,13 +381,13 @@ func TestE2EShutdownCleanStop(t *testing.T) {
 	health, notServing := healthStream(t, ctx, conn)
 
 	signalled := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-notServing:
-	case <-p.exited:
-		t.Fatalf("the daemon exited (%v) before the room finished", p.err)
+	case <-p.Exited():
+		t.Fatalf("the daemon exited (%v) before the room finished", p.Err())
 	case <-time.After(roomsTimeout):
 		t.Fatal("health never became NOT_SERVING after SIGTERM")
 	}
@@ -395,12 +396,12 @@ func TestE2EShutdownCleanStop(t *testing.T) {
 	if _, err := roomsTransfer(ctx, rank, dest, 0, 0, n, true); err != nil {
 		t.Fatalf("the last chunk during the drain: %v", err)
 	}
-	code := p.wait(t, shutdownTimeout+10*time.Second)
+	code := p.Wait(t, shutdownTimeout+10*time.Second)
 	took := time.Since(signalled)
 	if code != exitOK {
 		t.Errorf("exit code %d after a clean stop, want 0", code)
 	}
-	if limit := shutdownTimeout - flushReserve(shutdownTimeout); took >= limit {
+	if limit := shutdownTimeout - daemon.FlushReserve(shutdownTimeout); took >= limit {
 		t.Errorf("the daemon exited %s after SIGTERM: it waited out the rooms' %s although the room had finished", took, limit)
 	}
 	t.Logf("exit %d, %s after SIGTERM (shutdown_timeout %s)", code, took, shutdownTimeout)
@@ -425,7 +426,7 @@ func TestE2EShutdownCleanStop(t *testing.T) {
 			t.Errorf("health watch after SERVING: %v, want [NOT_SERVING]", health.events)
 		}
 	}
-	out := p.stderr.String()
+	out := p.Out.String()
 	if !strings.Contains(out, "decodeplane stopped") || strings.Contains(out, "cut short") {
 		t.Errorf("output of a clean stop:\n%s", out)
 	}
@@ -453,10 +454,10 @@ func TestE2EShutdownDeadlineExits3(t *testing.T) {
 	open := record("reflection stream", rs.Recv)
 
 	signalled := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	code := p.wait(t, shutdownTimeout+20*time.Second)
+	code := p.Wait(t, shutdownTimeout+20*time.Second)
 	took := time.Since(signalled)
 	if code != exitCutShort {
 		t.Errorf("exit code %d after GracefulStop hit the deadline, want %d", code, exitCutShort)
@@ -473,7 +474,7 @@ func TestE2EShutdownDeadlineExits3(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Error("the reflection stream did not end")
 	}
-	out := p.stderr.String()
+	out := p.Out.String()
 	for _, w := range []string{"graceful stop did not finish before the deadline", "exit_code=3", "GracefulStop did not finish before server.shutdown_timeout", "failed=0 pending_claims_failed=0"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("output does not contain %q:\n%s", w, out)

@@ -23,46 +23,6 @@ import (
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// TestTLSKeys: the TLS keys are set like every key, from the file (nested
-// in their sections), the environment and flags, with their sources.
-func TestTLSKeys(t *testing.T) {
-	path := writeConfig(t, `server:
-  tls:
-    cert_file: /etc/decodeplane/tls.crt
-    require_client_cert: false
-transfer:
-  delegate:
-    tls:
-      enabled: true
-      ca_file: /etc/agent/ca.crt
-`)
-	env := []string{"DECODEPLANE_TRANSFER_DELEGATE_TLS_SERVER_NAME=agent.internal", "DECODEPLANE_SERVER_TLS_RELOAD_INTERVAL=1m"}
-	l := mustLoadArgs(t, []string{"--config", path, "--tls-key", "/k.pem", "--tls-client-ca", "/ca.pem", "--set", "transfer.delegate.tls.reload_interval=5s"}, env)
-	for _, tt := range []struct{ key, value, source string }{
-		{"server.tls.cert_file", `"/etc/decodeplane/tls.crt"`, "file " + path + ":3"},
-		{"server.tls.require_client_cert", "false", "file " + path + ":4"},
-		{"server.tls.key_file", `"/k.pem"`, "flag --tls-key"},
-		{"server.tls.client_ca_file", `"/ca.pem"`, "flag --tls-client-ca"},
-		{"server.tls.reload_interval", "1m0s", "env DECODEPLANE_SERVER_TLS_RELOAD_INTERVAL"},
-		{"transfer.delegate.tls.enabled", "true", "file " + path + ":8"},
-		{"transfer.delegate.tls.ca_file", `"/etc/agent/ca.crt"`, "file " + path + ":9"},
-		{"transfer.delegate.tls.server_name", `"agent.internal"`, "env DECODEPLANE_TRANSFER_DELEGATE_TLS_SERVER_NAME"},
-		{"transfer.delegate.tls.reload_interval", "5s", "flag --set transfer.delegate.tls.reload_interval"},
-	} {
-		if got := l.Value(tt.key); got != tt.value {
-			t.Errorf("%s = %s, want %s", tt.key, got, tt.value)
-		}
-		if got := l.Sources[tt.key]; got != tt.source {
-			t.Errorf("source of %s = %q, want %q", tt.key, got, tt.source)
-		}
-	}
-	// An unknown key inside the spliced section names what is allowed.
-	_, err := Load(writeConfig(t, "transfer:\n  delegate:\n    tls:\n      ca: x\n"), nil, Overrides{})
-	if err == nil || !strings.Contains(err.Error(), `unknown key "ca" in transfer.delegate.tls (allowed: enabled, ca_file, cert_file, key_file, server_name, reload_interval)`) {
-		t.Errorf("unknown key: %v", err)
-	}
-}
-
 // TestValidateTLSFiles: validate reads the files and reports every problem,
 // each naming the key, the file and the fix; exit 2.
 func TestValidateTLSFiles(t *testing.T) {
@@ -225,12 +185,12 @@ func TestE2EServeMutualTLSRotation(t *testing.T) {
 	select {
 	case err := <-ready:
 		if err != nil {
-			t.Fatalf("no health over mutual TLS: %v\n%s", err, p.stderr.String())
+			t.Fatalf("no health over mutual TLS: %v\n%s", err, p.Out.String())
 		}
-	case <-p.exited:
-		t.Fatalf("the daemon exited (%v):\n%s", p.err, p.stderr.String())
+	case <-p.Exited():
+		t.Fatalf("the daemon exited (%v):\n%s", p.Err(), p.Out.String())
 	}
-	out := p.stderr.String()
+	out := p.Out.String()
 	if !strings.Contains(out, "gRPC listener with mutual TLS") || strings.Contains(out, "sent in clear text") {
 		t.Errorf("startup log:\n%s", out)
 	}
@@ -262,12 +222,12 @@ func TestE2EServeMutualTLSRotation(t *testing.T) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("the daemon still presents %q (%v), want %q:\n%s", got, err, cn, p.stderr.String())
+				t.Fatalf("the daemon still presents %q (%v), want %q:\n%s", got, err, cn, p.Out.String())
 			}
 			select {
 			case <-time.After(50 * time.Millisecond):
-			case <-p.exited:
-				t.Fatalf("the daemon exited:\n%s", p.stderr.String())
+			case <-p.Exited():
+				t.Fatalf("the daemon exited:\n%s", p.Out.String())
 			}
 		}
 	}
@@ -289,19 +249,19 @@ func TestE2EServeMutualTLSRotation(t *testing.T) {
 	deadline := time.Now().Add(20 * time.Second)
 	for scrape(t, metrics, `decodeplane_tls_reloads_total{result="error",section="server.tls"}`) != "1" {
 		if time.Now().After(deadline) {
-			t.Fatalf("the broken rotation was not counted:\n%s", p.stderr.String())
+			t.Fatalf("the broken rotation was not counted:\n%s", p.Out.String())
 		}
 		select {
 		case <-time.After(50 * time.Millisecond):
-		case <-p.exited:
-			t.Fatalf("the daemon exited:\n%s", p.stderr.String())
+		case <-p.Exited():
+			t.Fatalf("the daemon exited:\n%s", p.Out.String())
 		}
 	}
 	if cn, err := statusOver(t, addr, good); err != nil || cn != "daemon-gen2" {
 		t.Errorf("after a broken rotation: %q, %v; want the last good daemon-gen2", cn, err)
 	}
-	if !strings.Contains(p.stderr.String(), "does not match the certificate") {
-		t.Errorf("the refused reload is not logged with its reason:\n%s", p.stderr.String())
+	if !strings.Contains(p.Out.String(), "does not match the certificate") {
+		t.Errorf("the refused reload is not logged with its reason:\n%s", p.Out.String())
 	}
 	tlstest.Rotate(t, dir, map[string][]byte{"tls.crt": gen3.CertPEM, "tls.key": gen3.KeyPEM, "ca.crt": ca.PEM})
 	waitFor("daemon-gen3")
@@ -319,9 +279,9 @@ func TestE2EServeWarnsTokenInClearText(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
-		t.Fatalf("health: %v\n%s", err, p.stderr.String())
+		t.Fatalf("health: %v\n%s", err, p.Out.String())
 	}
-	out := p.stderr.String()
+	out := p.Out.String()
 	if !strings.Contains(out, "level=WARN msg=\"configuration warning\" key=server.tls") || !strings.Contains(out, "sent in clear text") {
 		t.Errorf("no clear-text warning at startup:\n%s", out)
 	}

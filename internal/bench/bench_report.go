@@ -1,0 +1,554 @@
+package bench
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"time"
+)
+
+// benchSummary is what the bench prints.
+type benchSummary struct {
+	o         *benchOptions
+	target    string
+	inProcess bool
+	setup     []string // description lines: layout, fleet, load
+	machine   benchMachine
+
+	lifecycle   *benchPhase
+	bare        *benchBare
+	bareSkipped string
+
+	// computed
+	rooms int64 // finished rooms (ok + failed)
+	mix   benchMix
+	rps   float64
+	bound float64
+	ratio float64
+	// cpuBound is the bare CPU time of one room's mix; cpuRatio compares it
+	// with the measured CPU per room (0 when the daemon's CPU is unknown).
+	cpuBound float64
+	cpuRatio float64
+}
+
+type benchMachine struct {
+	NumCPU     int    `json:"nproc"`
+	GOMAXPROCS int    `json:"gomaxprocs"`
+	CPUModel   string `json:"cpu_model"`
+	GoVersion  string `json:"go_version"`
+}
+
+// benchMix is what one room costs on the wire, per finished room.
+type benchMix struct {
+	Unary          float64                   `json:"unary_calls"`
+	StreamOpens    float64                   `json:"stream_opens"`
+	StreamMessages float64                   `json:"stream_messages"`
+	ByMethod       map[string]benchMethodMix `json:"by_method"`
+}
+
+type benchMethodMix struct {
+	Calls    float64 `json:"calls"`
+	Messages float64 `json:"messages,omitempty"`
+}
+
+// describe records the setup the figures belong to.
+func (b *benchRun) describe(s *benchSummary) {
+	o := b.o
+	s.o = o
+	s.inProcess = b.tgt.inProcess
+	s.target = b.tgt.addr
+	st := b.status
+	l := st.GetLayout()
+	s.setup = append(s.setup, fmt.Sprintf("layout      %s, %s, page size %d, decode attn TP %d, decode DP shards %d, transfer path %s",
+		l.GetKind(), l.GetKvCacheDtype(), l.GetPageSize(), max(1, l.GetAttnTpSize()), len(st.GetShards()), st.GetTransferPath()))
+	if b.tgt.inProcess {
+		sim := b.tgt.cfg.Transfer.Sim
+		bw := "instant"
+		if sim.BandwidthGBytesPerS > 0 {
+			bw = fmt.Sprintf("%g GB/s", sim.BandwidthGBytesPerS)
+		}
+		s.setup = append(s.setup, fmt.Sprintf("daemon      in-process (daemon.Build, as 'serve'), sim bandwidth %s, latency %s, failure probability %g, KV pool %d tokens/shard, %d request slots",
+			bw, sim.Latency, sim.FailureProbability, b.tgt.cfg.KVPool.TotalTokens, b.tgt.cfg.KVPool.RequestSlots))
+	}
+	senders := 0
+	for _, g := range b.groups {
+		senders = max(senders, len(g))
+	}
+	s.setup = append(s.setup, fmt.Sprintf("fleet       prefill DP %d x TP %d -> decode TP %d: %d prefill rank(s) per room; %d connections (decode engine + one per prefill rank)",
+		o.dp, o.prefillRanks, b.decTP, senders, 1+b.ranks))
+	chunks := "one chunk per rank"
+	if o.chunkPages > 0 {
+		chunks = fmt.Sprintf("%d pages per chunk", o.chunkPages)
+	}
+	load := fmt.Sprintf("closed loop, %d rooms after %d warm-up, concurrency %d", o.rooms, o.warmup, o.concurrency)
+	if o.rateMode() {
+		dur := "until SIGINT"
+		if o.duration > 0 {
+			dur = "for " + o.duration.String()
+		}
+		load = fmt.Sprintf("rate %g rooms/s %s, at most %d in flight", o.rate, dur, o.concurrency)
+		if o.roomsSet {
+			load += fmt.Sprintf(", at most %d rooms", o.rooms)
+		}
+	} else if o.duration > 0 {
+		load += ", stopped after " + o.duration.String()
+	}
+	s.setup = append(s.setup, fmt.Sprintf("load        %s; prompt %s, max new tokens %d, %s, seed %d", load, o.prompt.String(), o.maxNewTokens, chunks, o.seed))
+	s.machine = benchMachine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), CPUModel: benchCPUModel(), GoVersion: runtime.Version()}
+	s.setup = append(s.setup, fmt.Sprintf("machine     %d CPUs (GOMAXPROCS %d), %s, %s", s.machine.NumCPU, s.machine.GOMAXPROCS, s.machine.CPUModel, s.machine.GoVersion))
+}
+
+// benchCPUModel reads the CPU model from /proc/cpuinfo.
+func benchCPUModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return runtime.GOARCH
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return runtime.GOARCH
+}
+
+// compute derives the mix, the bare bound and the ratio.
+func (s *benchSummary) compute() {
+	lc := s.lifecycle
+	s.rooms = lc.ok + lc.failed
+	if lc.wall > 0 {
+		s.rps = float64(lc.ok) / lc.wall.Seconds()
+	}
+	s.mix = benchMix{ByMethod: map[string]benchMethodMix{}}
+	if s.rooms == 0 {
+		return
+	}
+	n := float64(s.rooms)
+	for _, m := range benchRoomUnary {
+		c := float64(lc.counts.Calls[m]) / n
+		s.mix.Unary += c
+		if c > 0 {
+			s.mix.ByMethod[benchMethodNames[m]] = benchMethodMix{Calls: c}
+		}
+	}
+	for _, m := range benchRoomStreams {
+		c, msgs := float64(lc.counts.Calls[m])/n, float64(lc.counts.Msgs[m])/n
+		s.mix.StreamOpens += c
+		s.mix.StreamMessages += msgs
+		if c > 0 {
+			s.mix.ByMethod[benchMethodNames[m]] = benchMethodMix{Calls: c, Messages: msgs}
+		}
+	}
+	if b := s.bare; b != nil && b.Unary.PerSecond > 0 && b.StreamOpen.PerSecond > 0 && (b.StreamMsg.PerSecond > 0 || b.StreamMsg.Negligible) {
+		t := s.boundTerms()
+		if sum := t[0] + t[1] + t[2]; sum > 0 {
+			s.bound = 1 / sum
+			s.ratio = s.rps / s.bound
+		}
+		s.cpuBound = (s.mix.Unary*b.Unary.CPUMicrosPerOp + s.mix.StreamOpens*b.StreamOpen.CPUMicrosPerOp +
+			s.extraMessages()*b.StreamMsg.CPUMicrosPerOp) / 1e6
+		if cpu := s.roomCPU(); cpu > 0 {
+			s.cpuRatio = s.cpuBound / cpu
+		}
+	}
+}
+
+// boundTerms are the seconds of bare-gRPC capacity one room's messages take:
+// its unary calls at the bare unary rate, its stream opens (each with its
+// first message) at the bare open rate, and its other stream messages at the
+// bare stream-message rate.
+func (s *benchSummary) boundTerms() [3]float64 {
+	b := s.bare
+	t := [3]float64{s.mix.Unary / b.Unary.PerSecond, s.mix.StreamOpens / b.StreamOpen.PerSecond}
+	if !b.StreamMsg.Negligible {
+		t[2] = s.extraMessages() / b.StreamMsg.PerSecond
+	}
+	return t
+}
+
+// extraMessages are the stream messages per room after each stream's first.
+func (s *benchSummary) extraMessages() float64 {
+	return math.Max(0, s.mix.StreamMessages-s.mix.StreamOpens)
+}
+
+// benchPercentile is the nearest-rank percentile of sorted values.
+func benchPercentile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+type benchPercentiles struct {
+	N   int     `json:"n"`
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+	Max float64 `json:"max"`
+}
+
+func benchPercentilesMS(sorted []time.Duration) benchPercentiles {
+	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
+	return benchPercentiles{
+		N: len(sorted), P50: ms(benchPercentile(sorted, 0.50)), P90: ms(benchPercentile(sorted, 0.90)),
+		P99: ms(benchPercentile(sorted, 0.99)), Max: ms(benchPercentile(sorted, 1)),
+	}
+}
+
+func (s *benchSummary) cpuScope() string {
+	if s.inProcess {
+		return benchCPUSource + " of the bench process: the in-process daemon, the fleet and the client library together"
+	}
+	return benchCPUSource + " of the bench process: the fleet and the client library only (the daemon runs elsewhere)"
+}
+
+// roomCPU is the CPU seconds one room took on both sides: the bench
+// process's in-process, plus the daemon's own (from --metrics-url) with
+// --target; 0 when the daemon's share is unknown.
+func (s *benchSummary) roomCPU() float64 {
+	lc := s.lifecycle
+	cpu := s.perRoom(lc.usage.cpu.Seconds())
+	if s.inProcess {
+		return cpu
+	}
+	if lc.daemon == nil {
+		return 0
+	}
+	return cpu + s.perRoom(lc.daemon.cpuSeconds)
+}
+
+func (s *benchSummary) perRoom(v float64) float64 {
+	if s.rooms == 0 {
+		return 0
+	}
+	return v / float64(s.rooms)
+}
+
+func (s *benchSummary) gcShare() float64 {
+	u := s.lifecycle.usage
+	if u.goCPU <= 0 {
+		return 0
+	}
+	return u.gcCPU / u.goCPU
+}
+
+// benchJSON is the --json summary.
+type benchJSON struct {
+	Mode              string                      `json:"mode"`
+	Target            string                      `json:"target"`
+	InProcess         bool                        `json:"in_process"`
+	Setup             []string                    `json:"setup"`
+	Machine           benchMachine                `json:"machine"`
+	RoomsOK           int64                       `json:"rooms_ok"`
+	RoomsFailed       int64                       `json:"rooms_failed"`
+	Failures          map[string]*benchFailure    `json:"failures,omitempty"`
+	Interrupted       bool                        `json:"interrupted"`
+	WallSeconds       float64                     `json:"wall_seconds"`
+	RoomsPerSecond    float64                     `json:"rooms_per_second"`
+	LatencyMS         map[string]benchPercentiles `json:"latency_ms"`
+	CPUSecondsPerRoom float64                     `json:"cpu_seconds_per_room"`
+	CPUScope          string                      `json:"cpu_scope"`
+	AllocsPerRoom     float64                     `json:"heap_allocs_per_room"`
+	AllocBytesPerRoom float64                     `json:"heap_alloc_bytes_per_room"`
+	GCCPUFraction     float64                     `json:"gc_cpu_fraction"`
+	Daemon            *benchDaemonJSON            `json:"daemon,omitempty"`
+	Messages          benchMix                    `json:"messages_per_room"`
+	HeartbeatErrors   int64                       `json:"heartbeat_errors"`
+	Bare              *benchBare                  `json:"bare,omitempty"`
+	BareSkipped       string                      `json:"bare_skipped,omitempty"`
+	BoundRoomsPerSec  float64                     `json:"bare_bound_rooms_per_second,omitempty"`
+	Ratio             float64                     `json:"ratio,omitempty"`
+	BareCPUPerRoom    float64                     `json:"bare_cpu_seconds_per_room,omitempty"`
+	CPURatio          float64                     `json:"cpu_ratio,omitempty"`
+}
+
+// benchDaemonJSON are the daemon's own figures from its /metrics.
+type benchDaemonJSON struct {
+	CPUSecondsPerRoom float64 `json:"cpu_seconds_per_room"`
+	AllocsPerRoom     float64 `json:"heap_allocs_per_room"`
+	AllocBytesPerRoom float64 `json:"heap_alloc_bytes_per_room"`
+	AdmissionBlocked  float64 `json:"admission_blocked_passes"`
+	Admitted          float64 `json:"rooms_admitted"`
+}
+
+func (s *benchSummary) json() benchJSON {
+	lc := s.lifecycle
+	j := benchJSON{
+		Mode: "closed-loop", Target: s.target, InProcess: s.inProcess, Setup: s.setup, Machine: s.machine,
+		RoomsOK: lc.ok, RoomsFailed: lc.failed, Interrupted: lc.interrupted,
+		WallSeconds: lc.wall.Seconds(), RoomsPerSecond: s.rps,
+		LatencyMS: map[string]benchPercentiles{
+			"open_to_destination":    benchPercentilesMS(lc.openDest),
+			"destination_to_success": benchPercentilesMS(lc.destSucc),
+			"lifecycle":              benchPercentilesMS(lc.life),
+		},
+		CPUSecondsPerRoom: s.perRoom(lc.usage.cpu.Seconds()), CPUScope: s.cpuScope(),
+		AllocsPerRoom: s.perRoom(float64(lc.usage.allocObjects)), AllocBytesPerRoom: s.perRoom(float64(lc.usage.allocBytes)),
+		GCCPUFraction: s.gcShare(), Messages: s.mix, HeartbeatErrors: lc.hbErrors,
+		Bare: s.bare, BareSkipped: s.bareSkipped, BoundRoomsPerSec: s.bound, Ratio: s.ratio,
+		BareCPUPerRoom: s.cpuBound, CPURatio: s.cpuRatio,
+	}
+	if s.o.rateMode() {
+		j.Mode = "rate"
+	}
+	if len(lc.reasons) > 0 {
+		j.Failures = lc.reasons
+	}
+	if d := lc.daemon; d != nil {
+		j.Daemon = &benchDaemonJSON{
+			CPUSecondsPerRoom: s.perRoom(d.cpuSeconds), AllocsPerRoom: s.perRoom(d.mallocs), AllocBytesPerRoom: s.perRoom(d.allocBytes),
+			AdmissionBlocked: d.admissionBlock, Admitted: d.admitted,
+		}
+	}
+	return j
+}
+
+func (s *benchSummary) writeJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(s.json())
+}
+
+// writeTable prints the summary for people.
+func (s *benchSummary) writeTable(w io.Writer) {
+	lc := s.lifecycle
+	where := "in-process daemon on " + s.target
+	if !s.inProcess {
+		where = "daemon at " + s.target
+	}
+	fmt.Fprintf(w, "decodeplane bench: %s\n", where)
+	for _, l := range s.setup {
+		fmt.Fprintf(w, "  %s\n", l)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%-26s %d\n", "rooms ok", lc.ok)
+	fmt.Fprintf(w, "%-26s %d\n", "rooms failed", lc.failed)
+	for reason, f := range lc.reasons {
+		fmt.Fprintf(w, "  %-24s %d  (e.g. %s)\n", reason, f.Count, benchTruncate(f.Example, 140))
+	}
+	switch {
+	case lc.interrupted && s.o.rateMode():
+		fmt.Fprintf(w, "%-26s %s\n", "stopped", "by signal; rooms in flight finished")
+	case lc.interrupted:
+		fmt.Fprintf(w, "%-26s %s\n", "interrupted", "yes: the figures cover the rooms that finished")
+	}
+	fmt.Fprintf(w, "%-26s %.2f s\n", "wall time", lc.wall.Seconds())
+	fmt.Fprintf(w, "%-26s %.0f\n", "rooms/s", s.rps)
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%-26s %9s %9s %9s %9s\n", "latency (ms)", "p50", "p90", "p99", "max")
+	for _, row := range []struct {
+		name string
+		d    []time.Duration
+	}{
+		{"open -> destination", lc.openDest},
+		{"destination -> success", lc.destSucc},
+		{"lifecycle (open->release)", lc.life},
+	} {
+		p := benchPercentilesMS(row.d)
+		fmt.Fprintf(w, "%-26s %9.3f %9.3f %9.3f %9.3f\n", row.name, p.P50, p.P90, p.P99, p.Max)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%-26s %.1f µs  (%s)\n", "CPU per room", s.perRoom(float64(lc.usage.cpu))/1e3, s.cpuScope())
+	fmt.Fprintf(w, "%-26s %.0f objects, %s  (runtime/metrics heap allocations, whole process)\n", "heap allocs per room",
+		s.perRoom(float64(lc.usage.allocObjects)), benchBytes(s.perRoom(float64(lc.usage.allocBytes))))
+	fmt.Fprintf(w, "%-26s %.0f%%  (the Go runtime's estimate)\n", "GC share of CPU", 100*s.gcShare())
+	if d := lc.daemon; d != nil {
+		if !s.inProcess {
+			fmt.Fprintf(w, "%-26s %.1f µs CPU, %.0f objects, %s per room  (its process_cpu_seconds_total, go_memstats_*)\n", "daemon",
+				s.perRoom(d.cpuSeconds)*1e6, s.perRoom(d.mallocs), benchBytes(s.perRoom(d.allocBytes)))
+		}
+		fmt.Fprintf(w, "%-26s %.0f passes  (decodeplane_admission_blocked_total; %.0f rooms admitted)\n", "admission blocked", d.admissionBlock, d.admitted)
+	}
+	if lc.hbErrors > 0 {
+		fmt.Fprintf(w, "%-26s %d\n", "heartbeat errors", lc.hbErrors)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "%-26s %.2f unary calls (%s)\n", "messages per room", s.mix.Unary, s.methodList(benchRoomUnary, false))
+	fmt.Fprintf(w, "%-26s %.2f stream opens (%s)\n", "", s.mix.StreamOpens, s.methodList(benchRoomStreams, false))
+	fmt.Fprintf(w, "%-26s %.2f stream messages received (%s)\n", "", s.mix.StreamMessages, s.methodList(benchRoomStreams, true))
+	fmt.Fprintln(w)
+	b := s.bare
+	if b == nil {
+		fmt.Fprintf(w, "%-26s not measured: %s\n", "bare gRPC", s.bareSkipped)
+		return
+	}
+	fmt.Fprintf(w, "bare gRPC: a separate server in this process, %s; concurrency %d over %d connections, %s measured per test\n",
+		b.Options, b.Concurrency, b.Conns, b.Duration)
+	for _, r := range []benchBareResult{b.Unary, b.StreamOpen, b.StreamK, b.StreamMsg} {
+		rate := fmt.Sprintf("%10.0f /s", r.PerSecond)
+		if r.Negligible {
+			rate = fmt.Sprintf("%13s", "negligible")
+		}
+		fmt.Fprintf(w, "  %-28s %s   %6.1f µs CPU, %5.1f allocs, %s each\n", r.Name, rate, r.CPUMicrosPerOp, r.AllocsPerOp, benchBytes(r.BytesPerOp))
+	}
+	if s.bound > 0 {
+		msgRate := fmt.Sprintf("%.0f", b.StreamMsg.PerSecond)
+		if b.StreamMsg.Negligible {
+			msgRate = "inf"
+		}
+		fmt.Fprintf(w, "%-26s %.0f rooms/s = 1 / (%.2f unary/%.0f + %.2f opens/%.0f + %.2f more messages/%s)\n", "bare bound for this mix", s.bound,
+			s.mix.Unary, b.Unary.PerSecond, s.mix.StreamOpens, b.StreamOpen.PerSecond, s.extraMessages(), msgRate)
+		fmt.Fprintf(w, "%-26s %.3f  (measured %.0f rooms/s / bare bound %.0f rooms/s)\n", "ratio", s.ratio, s.rps, s.bound)
+	}
+	if s.cpuRatio > 0 {
+		fmt.Fprintf(w, "%-26s %.3f  (bare CPU for this mix %.1f µs / measured %.1f µs per room; steadier than the ratio on a busy machine)\n",
+			"CPU ratio", s.cpuRatio, s.cpuBound*1e6, s.roomCPU()*1e6)
+	}
+}
+
+func (s *benchSummary) methodList(methods []int, msgs bool) string {
+	var parts []string
+	for _, m := range methods {
+		mm, ok := s.mix.ByMethod[benchMethodNames[m]]
+		if !ok {
+			continue
+		}
+		v := mm.Calls
+		if msgs {
+			v = mm.Messages
+		}
+		parts = append(parts, fmt.Sprintf("%s %.2f", benchMethodNames[m], v))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func benchBytes(b float64) string {
+	switch {
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", b/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", b/(1<<10))
+	}
+	return fmt.Sprintf("%.0f B", b)
+}
+
+func benchTruncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// benchProgress is the progress line on stderr: redrawn in place on a
+// terminal, a plain line every few seconds otherwise.
+type benchProgress struct {
+	w       io.Writer
+	enabled bool
+	tty     bool
+
+	mu    sync.Mutex
+	label string
+	total int
+	rec   *benchRecorder
+	start time.Time
+
+	once sync.Once
+	quit chan struct{}
+	done chan struct{}
+}
+
+func newBenchProgress(w io.Writer, enabled bool) *benchProgress {
+	p := &benchProgress{w: w, enabled: enabled, quit: make(chan struct{}), done: make(chan struct{})}
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	if !enabled {
+		close(p.done)
+		return p
+	}
+	every := 5 * time.Second
+	if p.tty {
+		every = 200 * time.Millisecond
+	}
+	go func() {
+		defer close(p.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.quit:
+				if p.tty {
+					p.mu.Lock()
+					fmt.Fprint(p.w, "\r\033[K")
+					p.mu.Unlock()
+				}
+				return
+			case <-t.C:
+				p.draw()
+			}
+		}
+	}()
+	return p
+}
+
+// setPhase starts a phase: total rooms (0: unbounded, or not rooms).
+func (p *benchProgress) setPhase(label string, total int) {
+	p.mu.Lock()
+	defer p.mu.Unlock() // the output too: the drawing goroutine writes to the same writer
+	p.label, p.total, p.rec, p.start = label, total, nil, time.Now()
+	if p.enabled && !p.tty {
+		fmt.Fprintf(p.w, "bench: %s...\n", label)
+	}
+}
+
+func (p *benchProgress) attach(rec *benchRecorder) {
+	p.mu.Lock()
+	p.rec, p.start = rec, time.Now()
+	p.mu.Unlock()
+}
+
+func (p *benchProgress) draw() {
+	p.mu.Lock()
+	label, total, rec, start := p.label, p.total, p.rec, p.start
+	p.mu.Unlock()
+	el := time.Since(start)
+	var line string
+	if rec == nil {
+		line = fmt.Sprintf("%s: %s", label, el.Round(100*time.Millisecond))
+	} else {
+		ok, failed, inflight := rec.ok.Load(), rec.failed.Load(), rec.inflight.Load()
+		done := ok + failed
+		rate := float64(done) / max(el.Seconds(), 1e-9)
+		counts := fmt.Sprintf("%d rooms", done)
+		bar := ""
+		if total > 0 {
+			frac := math.Min(1, float64(done)/float64(total))
+			counts = fmt.Sprintf("%d/%d rooms (%.0f%%)", done, total, 100*frac)
+			if p.tty {
+				const width = 24
+				fill := int(frac * width)
+				bar = "[" + strings.Repeat("=", fill) + strings.Repeat(" ", width-fill) + "] "
+			}
+		}
+		line = fmt.Sprintf("%s %s%s, ok %d, failed %d, %.0f rooms/s, %d in flight, %s", label, bar, counts, ok, failed, rate, inflight, el.Round(time.Second))
+		if total > 0 && rate > 0 && int(done) < total {
+			line += fmt.Sprintf(", ETA %s", (time.Duration(float64(total-int(done))/rate) * time.Second).Round(time.Second))
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\033[K%s", line)
+	} else {
+		fmt.Fprintf(p.w, "bench: %s\n", line)
+	}
+}
+
+// stop ends the progress display (idempotent).
+func (p *benchProgress) stop() {
+	p.once.Do(func() {
+		close(p.quit)
+		<-p.done
+	})
+}

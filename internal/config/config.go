@@ -1,0 +1,691 @@
+// Package config is the daemon's configuration loader: the schema (Config,
+// one YAML key per leaf), the sources in precedence order (embedded defaults
+// < file < DECODEPLANE_* and SGLang's environment variables < flags), the
+// provenance of every value (Loaded.Sources), the shared command-line flags
+// (Flags) and the problem printer that lists every problem at once with its
+// key, value, source and fix. cmd/decodeplane parses the command line with
+// it; internal/daemon builds a daemon from a Config.
+package config
+
+import (
+	"bytes"
+	"encoding"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"reflect"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/server"
+)
+
+// Config is the daemon's whole configuration: the schema of the YAML file.
+// Every leaf is also settable as DECODEPLANE_<KEY> (dots → underscores,
+// upper case) and with --set key=value; precedence is
+// defaults < file < environment < flags.
+//
+// AgentTLS is the transfer.delegate.tls section: the agent link's TLS is the
+// gRPC layer's (kvmanager must not know gRPC), so it is declared here under
+// its full dotted name, which places its keys inside transfer.delegate in the
+// file, the environment and --set.
+type Config struct {
+	Server    server.Config            `yaml:"server"`
+	Log       LogConfig                `yaml:"log"`
+	Transfer  kvmanager.TransferConfig `yaml:"transfer"`
+	AgentTLS  server.AgentTLSConfig    `yaml:"transfer.delegate.tls"`
+	KVPool    prealloc.PoolConfig      `yaml:"kv_pool"`
+	Parallel  prealloc.ParallelConfig  `yaml:"parallel"`
+	Staging   prealloc.StagingConfig   `yaml:"staging"`
+	Admission prealloc.AdmissionConfig `yaml:"admission"`
+	Timeouts  kvmanager.TimeoutConfig  `yaml:"timeouts"`
+	DPRank    kvmanager.DPRankConfig   `yaml:"dp_rank"`
+	Rooms     kvmanager.RoomsConfig    `yaml:"rooms"`
+}
+
+// LogConfig configures logging (log).
+type LogConfig struct {
+	// Level is debug, info, warn or error.
+	Level string `yaml:"level"`
+	// Format is text or json.
+	Format string `yaml:"format"`
+}
+
+// DefaultConfig returns the embedded defaults.
+func DefaultConfig() Config {
+	p := prealloc.DefaultConfig()
+	k := kvmanager.DefaultConfig()
+	return Config{
+		Server:    server.DefaultConfig(),
+		Log:       LogConfig{Level: "info", Format: "text"},
+		Transfer:  k.Transfer,
+		AgentTLS:  server.DefaultAgentTLSConfig(),
+		KVPool:    p.Pool,
+		Parallel:  p.Parallel,
+		Staging:   p.Staging,
+		Admission: p.Admission,
+		Timeouts:  k.Timeouts,
+		DPRank:    k.DPRank,
+		Rooms:     k.Rooms,
+	}
+}
+
+// Decode returns the prealloc view of the configuration.
+func (c Config) Decode() prealloc.Config {
+	return prealloc.Config{Backend: c.Transfer.Backend, Pool: c.KVPool, Parallel: c.Parallel, Staging: c.Staging, Admission: c.Admission}
+}
+
+// Manager returns the kvmanager view of the configuration.
+func (c Config) Manager() kvmanager.Config {
+	return kvmanager.Config{Timeouts: c.Timeouts, DPRank: c.DPRank, Rooms: c.Rooms, Transfer: c.Transfer}
+}
+
+// Validate checks every section and returns every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	errs = append(errs, c.Server.Validate(), c.AgentTLS.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Manager().ValidateFor(c.Decode()))
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
+		errs = append(errs, &prealloc.ConfigError{Key: "log.level", Value: c.Log.Level, Problem: "unknown log level.", Fix: "set it to debug, info, warn or error."})
+	}
+	if !slices.Contains([]string{"text", "json"}, c.Log.Format) {
+		errs = append(errs, &prealloc.ConfigError{Key: "log.format", Value: c.Log.Format, Problem: "unknown log format.", Fix: "set it to text or json."})
+	}
+	return errors.Join(errs...)
+}
+
+// Warnings collects every section's warnings.
+func (c Config) Warnings() []prealloc.Warning {
+	w := c.Decode().Warnings()
+	w = append(w, c.Manager().Warnings()...)
+	if c.Server.AuthToken == "" {
+		w = append(w, prealloc.Warning{Key: "server.auth_token", Message: "no bootstrap token: any client can register prefill ranks and mutate rooms (set SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)."})
+	} else if !c.Server.TLS.Enabled() {
+		w = append(w, prealloc.Warning{Key: "server.tls", Message: fmt.Sprintf("the bootstrap token is sent in clear text: server.tls is off, so whoever can see the traffic to %s can read the token and use it (set server.tls.cert_file and server.tls.key_file).", c.Server.Listen)})
+	}
+	return w
+}
+
+// setting is one configuration leaf.
+type setting struct {
+	key    string
+	env    string
+	index  []int
+	typ    reflect.Type
+	secret bool
+}
+
+var (
+	durationType      = reflect.TypeFor[time.Duration]()
+	textUnmarshalType = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// settings enumerates every leaf of Config, in declaration order.
+func settings() []setting {
+	var out []setting
+	var walk func(t reflect.Type, prefix string, index []int)
+	walk = func(t reflect.Type, prefix string, index []int) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			tag := strings.Split(f.Tag.Get("yaml"), ",")[0]
+			if tag == "" || tag == "-" || !f.IsExported() {
+				continue
+			}
+			key := tag
+			if prefix != "" {
+				key = prefix + "." + tag
+			}
+			idx := append(slices.Clone(index), i)
+			if f.Type.Kind() == reflect.Struct && f.Type != durationType && !reflect.PointerTo(f.Type).Implements(textUnmarshalType) {
+				walk(f.Type, key, idx)
+				continue
+			}
+			out = append(out, setting{
+				key:    key,
+				env:    envOf(key),
+				index:  idx,
+				typ:    f.Type,
+				secret: f.Tag.Get("secret") == "true",
+			})
+		}
+	}
+	walk(reflect.TypeFor[Config](), "", nil)
+	return out
+}
+
+// Loaded is a configuration with the source of every value.
+type Loaded struct {
+	Config  Config
+	Sources map[string]string // key → "default", "file F:L", "env NAME", "flag --x"
+	byKey   map[string]setting
+	order   []setting
+	env     map[string]string // the environment Load was given
+}
+
+// sglangEnv maps the SGLang variables operators already set to our keys,
+// with SGLang's parsing (srt/environ.py EnvBool/EnvInt/EnvFloat/EnvStr).
+var sglangEnv = []struct {
+	name, key string
+	parse     func(string) (any, error)
+}{
+	{"SGLANG_DISAGG_STAGING_BUFFER", "staging.enabled", pyBool},
+	{"SGLANG_DISAGG_STAGING_POOL_SIZE_MB", "staging.pool_size_mb", pyIntAny},
+	{"SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "timeouts.waiting", pyIntSeconds},
+	{"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "timeouts.bootstrap", pyIntSeconds},
+	{"SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL", "timeouts.heartbeat_interval", pyFloatSeconds},
+	{"SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE", "timeouts.heartbeat_max_failures", pyIntAny},
+	{"SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN", "server.auth_token", pyStr},
+	{"SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION", "admission.clip_max_new_tokens", pyIntAny},
+	{"SGLANG_DISAGGREGATION_BOOTSTRAP_ENTRY_CLEANUP_INTERVAL", "dp_rank.binding_ttl", pyIntSeconds},
+	{"SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK", "dp_rank.force_query", pyBool},
+	// The legacy name first, so the current one wins when both are set.
+	{"DISAGGREGATION_TEST_FAILURE_PROB", "transfer.sim.failure_probability", pyFloat},
+	{"SGLANG_TEST_DISAGG_FAILURE_PROB", "transfer.sim.failure_probability", pyFloat},
+}
+
+// renamedKeys are keys that were renamed, old → new: the old name, in the
+// file, as DECODEPLANE_* or with --set, is an error that names the new key
+// (as SGLang reports a deprecated argument), never a silent unknown key.
+var renamedKeys = map[string]struct{ to, why string }{
+	// The value was always gigabytes per second; the name read as gigabits.
+	"transfer.sim.bandwidth_gbps": {"transfer.sim.bandwidth_gbytes_per_s", "the value is in gigabytes per second, as it always was; the old name read as gigabits"},
+}
+
+// renamedError is the message for a renamed key: old and new are spelled as
+// where it was found (a key, or its DECODEPLANE_* variable).
+func renamedError(old, new, why string) string {
+	return fmt.Sprintf("%s is deprecated and no longer read: it was renamed %s (%s). Please use %s instead.", old, new, why, new)
+}
+
+// renamedEnv finds the renamed key whose DECODEPLANE_* variable is name.
+func renamedEnv(name string) (old, new, why string, ok bool) {
+	for k, r := range renamedKeys {
+		if envOf(k) == name {
+			return envOf(k), envOf(r.to), "the key " + r.to + "; " + r.why, true
+		}
+	}
+	return "", "", "", false
+}
+
+// envOf is the DECODEPLANE_* variable of a key.
+func envOf(key string) string {
+	return "DECODEPLANE_" + strings.ToUpper(strings.ReplaceAll(key, ".", "_"))
+}
+
+// nonConfigEnv are DECODEPLANE_* variables that are not configuration keys.
+var nonConfigEnv = []string{"DECODEPLANE_CONFIG", "DECODEPLANE_ADDR", "DECODEPLANE_TOKEN", "DECODEPLANE_TLS_CA", "DECODEPLANE_TLS_CERT", "DECODEPLANE_TLS_KEY", "DECODEPLANE_TLS_SERVER_NAME"}
+
+// Overrides are flag-level settings, applied last.
+type Overrides struct {
+	// Pairs are key=value settings (from --set and the dedicated flags), with
+	// the flag that set them.
+	Pairs []FlagSetting
+}
+
+// FlagSetting is one key set on the command line.
+type FlagSetting struct {
+	Flag, Key, Value string
+}
+
+// Load builds the configuration from defaults, the file (if path != ""),
+// the environment (environ as from os.Environ) and the flag overrides. It
+// returns every problem it finds at once; the returned Loaded holds what
+// could be parsed, so Validate can still report the rest.
+func Load(path string, environ []string, ov Overrides) (*Loaded, error) {
+	l := &Loaded{Config: DefaultConfig(), Sources: map[string]string{}, byKey: map[string]setting{}}
+	l.order = settings()
+	for _, s := range l.order {
+		l.byKey[s.key] = s
+		l.Sources[s.key] = "default"
+	}
+	var errs []error
+	if path != "" {
+		errs = append(errs, l.loadFile(path)...)
+	}
+	errs = append(errs, l.loadEnv(environ)...)
+	for _, f := range ov.Pairs {
+		s, ok := l.byKey[f.Key]
+		if r, renamed := renamedKeys[f.Key]; !ok && renamed {
+			errs = append(errs, fmt.Errorf("flag %s: %s", f.Flag, renamedError(f.Key, r.to, r.why)))
+			continue
+		}
+		if !ok {
+			errs = append(errs, fmt.Errorf("flag %s: unknown configuration key %q (see 'decodeplane validate --explain' for every key)", f.Flag, f.Key))
+			continue
+		}
+		if err := l.setString(s, f.Value); err != nil {
+			errs = append(errs, fmt.Errorf("flag %s: %s: %w", f.Flag, f.Key, err))
+			continue
+		}
+		l.Sources[f.Key] = "flag " + f.Flag
+	}
+	return l, errors.Join(errs...)
+}
+
+func (l *Loaded) field(s setting) reflect.Value {
+	return reflect.ValueOf(&l.Config).Elem().FieldByIndex(s.index)
+}
+
+// setString parses a textual value into the setting's type.
+func (l *Loaded) setString(s setting, raw string) error {
+	v, err := parseValue(s.typ, raw)
+	if err != nil {
+		return err
+	}
+	l.field(s).Set(v)
+	return nil
+}
+
+func parseValue(t reflect.Type, raw string) (reflect.Value, error) {
+	v := reflect.New(t).Elem()
+	if reflect.PointerTo(t).Implements(textUnmarshalType) {
+		if err := v.Addr().Interface().(encoding.TextUnmarshaler).UnmarshalText([]byte(raw)); err != nil {
+			return v, err
+		}
+		return v, nil
+	}
+	s := strings.TrimSpace(raw)
+	switch {
+	case t == durationType:
+		d, err := time.ParseDuration(s)
+		if err != nil {
+			return v, fmt.Errorf("%q is not a duration (use a unit, e.g. 300s, 1m30s, 20us)", raw)
+		}
+		v.SetInt(int64(d))
+	case t.Kind() == reflect.String:
+		v.SetString(raw)
+	case t.Kind() == reflect.Bool:
+		b, err := strconv.ParseBool(s)
+		if err != nil {
+			// Also SGLang's spellings, so that every boolean reads the same way.
+			pb, perr := pyBool(s)
+			if perr != nil {
+				return v, fmt.Errorf("%q is not a boolean (use true or false; 1/0, yes/no, y/n also work)", raw)
+			}
+			b = pb.(bool)
+		}
+		v.SetBool(b)
+	case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
+		n, err := strconv.ParseInt(s, 10, t.Bits())
+		if err != nil {
+			return v, fmt.Errorf("%q is not an integer", raw)
+		}
+		v.SetInt(n)
+	case t.Kind() == reflect.Float64:
+		f, err := strconv.ParseFloat(s, 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return v, fmt.Errorf("%q is not a finite number", raw)
+		}
+		v.SetFloat(f)
+	default:
+		return v, fmt.Errorf("unsupported setting type %s", t)
+	}
+	return v, nil
+}
+
+// loadFile applies a YAML file strictly: unknown keys, non-scalar leaves and
+// unparsable values are errors naming the file and line.
+func (l *Loaded) loadFile(path string) []error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return []error{fmt.Errorf("config file: %w", err)}
+	}
+	var doc yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
+		return []error{fmt.Errorf("config file %s: %v", path, err)}
+	}
+	isEmpty := func(d *yaml.Node) bool {
+		return len(d.Content) == 0 || d.Content[0].Kind == yaml.ScalarNode && d.Content[0].Tag == "!!null"
+	}
+	for {
+		// Only one document: a second one would otherwise be ignored silently.
+		var next yaml.Node
+		err := dec.Decode(&next)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return []error{fmt.Errorf("config file %s: %v", path, err)}
+		}
+		if !isEmpty(&next) {
+			return []error{fmt.Errorf("%s:%d: a second YAML document; the configuration must be a single document", path, next.Content[0].Line)}
+		}
+	}
+	if isEmpty(&doc) {
+		return nil // empty file or empty document: all defaults
+	}
+	root := doc.Content[0]
+	if root.Kind != yaml.MappingNode {
+		return []error{fmt.Errorf("%s:%d: the configuration must be a mapping of sections (server, transfer, kv_pool, ...)", path, root.Line)}
+	}
+	var errs []error
+	var walk func(n *yaml.Node, prefix string)
+	walk = func(n *yaml.Node, prefix string) {
+		seen := map[string]bool{}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			kn, vn := n.Content[i], n.Content[i+1]
+			key := kn.Value
+			if prefix != "" {
+				key = prefix + "." + kn.Value
+			}
+			if seen[key] {
+				errs = append(errs, fmt.Errorf("%s:%d: key %q is set twice", path, kn.Line, key))
+				continue
+			}
+			seen[key] = true
+			if s, ok := l.byKey[key]; ok {
+				if vn.Kind != yaml.ScalarNode {
+					errs = append(errs, fmt.Errorf("%s:%d: %s takes a single value, not a %s", path, vn.Line, key, nodeKind(vn)))
+					continue
+				}
+				if vn.Tag == "!!null" {
+					// "key:" with no value: an empty string for text settings
+					// (e.g. metrics_listen: disables /metrics), an error otherwise.
+					if s.typ.Kind() != reflect.String {
+						errs = append(errs, fmt.Errorf("%s:%d: %s has no value", path, vn.Line, key))
+						continue
+					}
+					l.field(s).SetString("")
+					l.Sources[key] = fmt.Sprintf("file %s:%d", path, vn.Line)
+					continue
+				}
+				if err := l.setString(s, vn.Value); err != nil {
+					errs = append(errs, fmt.Errorf("%s:%d: %s: %v", path, vn.Line, key, err))
+					continue
+				}
+				l.Sources[key] = fmt.Sprintf("file %s:%d", path, vn.Line)
+				continue
+			}
+			if children := l.childrenOf(key); len(children) > 0 {
+				if vn.Kind == yaml.MappingNode {
+					walk(vn, key)
+				} else if vn.Tag != "!!null" {
+					errs = append(errs, fmt.Errorf("%s:%d: %s is a section (keys: %s), not a value", path, vn.Line, key, strings.Join(children, ", ")))
+				}
+				continue
+			}
+			if r, ok := renamedKeys[key]; ok {
+				errs = append(errs, fmt.Errorf("%s:%d: %s", path, kn.Line, renamedError(key, r.to, r.why)))
+				continue
+			}
+			allowed := l.childrenOf(prefix)
+			where := "at the top level"
+			if prefix != "" {
+				where = "in " + prefix
+			}
+			errs = append(errs, fmt.Errorf("%s:%d: unknown key %q %s (allowed: %s)", path, kn.Line, kn.Value, where, strings.Join(allowed, ", ")))
+		}
+	}
+	walk(root, "")
+	return errs
+}
+
+func nodeKind(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "mapping"
+	case yaml.SequenceNode:
+		return "list"
+	}
+	return "value"
+}
+
+// childrenOf lists the direct children names of a section ("" = top level).
+func (l *Loaded) childrenOf(prefix string) []string {
+	var out []string
+	for _, s := range l.order {
+		rest, ok := strings.CutPrefix(s.key, prefix)
+		if prefix != "" {
+			if !ok || !strings.HasPrefix(rest, ".") {
+				continue
+			}
+			rest = rest[1:]
+		}
+		name, _, _ := strings.Cut(rest, ".")
+		if !slices.Contains(out, name) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// loadEnv applies SGLang's variables, then DECODEPLANE_* (which win).
+func (l *Loaded) loadEnv(environ []string) []error {
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			env[k] = v
+		}
+	}
+	l.env = env
+	var errs []error
+	for _, e := range sglangEnv {
+		raw, ok := env[e.name]
+		if !ok {
+			continue
+		}
+		val, err := e.parse(raw)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("env %s=%q: %v (it sets %s)", e.name, raw, err, e.key))
+			continue
+		}
+		l.field(l.byKey[e.key]).Set(reflect.ValueOf(val).Convert(l.byKey[e.key].typ))
+		l.Sources[e.key] = "env " + e.name
+	}
+	var names []string
+	for k := range env {
+		if strings.HasPrefix(k, "DECODEPLANE_") {
+			names = append(names, k)
+		}
+	}
+	slices.Sort(names)
+	envToKey := map[string]setting{}
+	for _, s := range l.order {
+		envToKey[s.env] = s
+	}
+	for _, name := range names {
+		s, ok := envToKey[name]
+		if old, new, why, renamed := renamedEnv(name); !ok && renamed {
+			errs = append(errs, fmt.Errorf("env %s", renamedError(old, new, why)))
+			continue
+		}
+		if !ok {
+			if !slices.Contains(nonConfigEnv, name) {
+				errs = append(errs, fmt.Errorf("env %s: not a configuration variable (variables mirror the keys, e.g. DECODEPLANE_KV_POOL_KIND for kv_pool.kind)", name))
+			}
+			continue
+		}
+		if err := l.setString(s, env[name]); err != nil {
+			errs = append(errs, fmt.Errorf("env %s: %v", name, err))
+			continue
+		}
+		l.Sources[s.key] = "env " + name
+	}
+	return errs
+}
+
+// Value renders a key's effective value (secrets redacted).
+func (l *Loaded) Value(key string) string {
+	s, ok := l.byKey[key]
+	if !ok {
+		return ""
+	}
+	v := l.field(s)
+	if s.secret {
+		if v.String() == "" {
+			return `""`
+		}
+		return "<redacted>"
+	}
+	return renderValue(v)
+}
+
+func renderValue(v reflect.Value) string {
+	if m, ok := v.Interface().(encoding.TextMarshaler); ok {
+		b, _ := m.MarshalText()
+		return string(b)
+	}
+	switch {
+	case v.Type() == durationType:
+		return time.Duration(v.Int()).String()
+	case v.Kind() == reflect.String:
+		return strconv.Quote(v.String())
+	}
+	return fmt.Sprint(v.Interface())
+}
+
+// Keys lists every key in declaration order.
+func (l *Loaded) Keys() []string {
+	out := make([]string, len(l.order))
+	for i, s := range l.order {
+		out[i] = s.key
+	}
+	return out
+}
+
+// EnvName returns the DECODEPLANE_* variable of a key.
+func (l *Loaded) EnvName(key string) string { return l.byKey[key].env }
+
+// pyBool parses like SGLang's EnvBool.
+func pyBool(s string) (any, error) {
+	switch strings.ToLower(s) {
+	case "true", "1", "yes", "y":
+		return true, nil
+	case "false", "0", "no", "n":
+		return false, nil
+	}
+	return nil, fmt.Errorf("%q is not a valid boolean value (SGLang accepts true/1/yes/y and false/0/no/n)", s)
+}
+
+func pyStr(s string) (any, error) { return s, nil }
+
+// pyInt parses like Python's int(): surrounding whitespace, an optional sign,
+// and single underscores between digits.
+func pyInt(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	body := strings.TrimLeft(t, "+-")
+	if len(t)-len(body) > 1 || body == "" || strings.HasPrefix(body, "_") || strings.HasSuffix(body, "_") || strings.Contains(body, "__") {
+		return 0, fmt.Errorf("%q is not a valid integer value", s)
+	}
+	n, err := strconv.ParseInt(strings.ReplaceAll(t, "_", ""), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a valid integer value", s)
+	}
+	return n, nil
+}
+
+func pyIntAny(s string) (any, error) {
+	n, err := pyInt(s)
+	if err != nil {
+		return nil, err
+	}
+	if n < math.MinInt32 || n > math.MaxInt32 {
+		return nil, fmt.Errorf("%d is out of range", n)
+	}
+	return int(n), nil
+}
+
+func pyIntSeconds(s string) (any, error) {
+	n, err := pyInt(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w (seconds)", err)
+	}
+	if n > math.MaxInt64/int64(time.Second) || n < math.MinInt64/int64(time.Second) {
+		return nil, fmt.Errorf("%d seconds is out of range", n)
+	}
+	return time.Duration(n) * time.Second, nil
+}
+
+// pyFloatSyntax is Python's float() literal without inf/nan: decimal digits
+// with single underscores only between digits, an optional fraction and an
+// optional exponent (no hexadecimal, which Go's ParseFloat would accept).
+var pyFloatSyntax = regexp.MustCompile(`^[+-]?(?:\d(?:_?\d)*(?:\.(?:\d(?:_?\d)*)?)?|\.\d(?:_?\d)*)(?:[eE][+-]?\d(?:_?\d)*)?$`)
+
+// pyFloat parses like Python's float() but refuses NaN and infinities.
+func pyFloat(s string) (any, error) {
+	t := strings.TrimSpace(s)
+	if !pyFloatSyntax.MatchString(t) {
+		switch strings.TrimLeft(strings.ToLower(t), "+-") {
+		case "inf", "infinity", "nan":
+			return nil, fmt.Errorf("%q is not finite", s)
+		}
+		return nil, fmt.Errorf("%q is not a valid float value", s)
+	}
+	f, err := strconv.ParseFloat(strings.ReplaceAll(t, "_", ""), 64)
+	if err != nil {
+		return nil, fmt.Errorf("%q is not a valid float value", s)
+	}
+	if math.IsNaN(f) || math.IsInf(f, 0) {
+		return nil, fmt.Errorf("%q is not finite", s)
+	}
+	return f, nil
+}
+
+func pyFloatSeconds(s string) (any, error) {
+	f, err := pyFloat(s)
+	if err != nil {
+		return nil, fmt.Errorf("%w (seconds)", err)
+	}
+	secs := f.(float64)
+	if math.Abs(secs) > float64(math.MaxInt64)/float64(time.Second) {
+		return nil, fmt.Errorf("%v seconds is out of range", secs)
+	}
+	return time.Duration(secs * float64(time.Second)), nil
+}
+
+// shapeWarnings are warnings about a pool setting that does not apply to the
+// kind; they are noise when the value is only the built-in default (an MLA
+// file layered on the GQA defaults inherits kv_heads: 8).
+var shapeWarnings = map[string][]string{
+	"kv_pool.kv_heads": {"kv_pool.kv_heads", "kv_pool.head_dim"},
+	"kv_pool.swa":      {"kv_pool.swa.window", "kv_pool.swa.total_tokens"},
+	"kv_pool.mamba":    {"kv_pool.mamba.state_slots"},
+}
+
+// Warnings returns the configuration's warnings, without those about
+// settings the operator never set.
+func (l *Loaded) Warnings() []prealloc.Warning {
+	var out []prealloc.Warning
+	for _, w := range l.Config.Warnings() {
+		if keys, ok := shapeWarnings[w.Key]; ok {
+			set := false
+			for _, k := range keys {
+				set = set || l.Sources[k] != "default"
+			}
+			if !set {
+				continue
+			}
+		}
+		out = append(out, w)
+	}
+	return out
+}
+
+// Has reports whether key is a configuration setting.
+func (l *Loaded) Has(key string) bool {
+	_, ok := l.byKey[key]
+	return ok
+}
+
+// Set parses raw as the value of key and records source as where it came
+// from (decodeplane bench's own defaults, layered over Load's result).
+func (l *Loaded) Set(key, raw, source string) error {
+	s, ok := l.byKey[key]
+	if !ok {
+		return fmt.Errorf("%s is not a configuration key", key)
+	}
+	if err := l.setString(s, raw); err != nil {
+		return err
+	}
+	l.Sources[key] = source
+	return nil
+}

@@ -1,0 +1,482 @@
+// Package daemon is decodeplane's one composition root: Build wires a daemon
+// from a config.Config, Run serves it, Shutdown stops it. `decodeplane serve`,
+// the bench's in-process daemon (internal/bench) and every test that needs a
+// whole daemon (internal/daemontest) go through it, so the wiring and the
+// shutdown order exist once.
+//
+// Build constructs, in this order, and starts nothing but the listeners (so
+// that a busy port fails startup, not later):
+//
+//  1. tracing (internal/telemetry, from the OTEL_* variables, or the
+//     provider the caller gives);
+//  2. Prometheus (metrics.New) and the TLS of the listener and of the agent
+//     link, whose reloads it counts;
+//  3. one prealloc ledger per decode DP shard;
+//  4. the transfer engine: the simulated one, or the delegate engine over
+//     transfer/agentclient (readiness then follows the agent);
+//  5. the room manager (kvmanager.New) with the metrics as its Observer;
+//  6. the gRPC server (server.New) with the metrics interceptors;
+//  7. the gRPC listener (server.listen) and the /metrics listener
+//     (server.metrics_listen).
+//
+// Run starts the loops (TLS reloads, the agent client, the delegate engine,
+// the manager's run loop), the /metrics server and Serve, then reports ready
+// (unless readiness follows the agent). Shutdown order, when Run's context
+// ends or Shutdown is called:
+//
+//  1. drain: no new rooms, health NOT_SERVING;
+//  2. the rooms in flight get server.shutdown_timeout less a flush reserve
+//     (a fifth, at most 2 s) to finish — or, from Shutdown, until its
+//     context ends;
+//  3. the rooms left fail with FAILURE_CODE_SHUTDOWN, their terminal events
+//     queued on every claim and watch stream;
+//  4. GracefulStop lets the handlers send them, bounded by
+//     server.shutdown_timeout, then Stop;
+//  5. the loops and the /metrics server stop;
+//  6. the closers run in reverse order of Build: the agent connection,
+//     then the tracer (spans flush last).
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+
+	"github.com/decodeplane/decodeplane/internal/config"
+	"github.com/decodeplane/decodeplane/internal/telemetry"
+	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/metrics"
+	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/transfer/agentclient"
+)
+
+// Options are what Build takes besides the configuration.
+type Options struct {
+	// Logger receives the daemon's logs; nil discards them.
+	Logger *slog.Logger
+	// Version is reported by Admin.GetStatus and in traces.
+	Version string
+	// Entries is the effective configuration Admin.GetStatus reports
+	// (Entries(l) from a config.Loaded); nil reports none.
+	Entries []server.ConfigEntry
+	// Environ holds the OTEL_* variables tracing is built from; nil means
+	// tracing off. Ignored when TracerProvider is set.
+	Environ []string
+	// TracerProvider, when set, records the daemon's spans (gRPC and rooms)
+	// instead of a provider built from Environ; the caller shuts it down.
+	TracerProvider trace.TracerProvider
+	// Listener, when set, is served instead of listening on server.listen
+	// (bufconn in tests); the daemon closes it.
+	Listener net.Listener
+	// UnaryInterceptors and StreamInterceptors run outermost, before the
+	// metrics' (fault injection in tests).
+	UnaryInterceptors  []grpc.UnaryServerInterceptor
+	StreamInterceptors []grpc.StreamServerInterceptor
+	// ServerOptions are appended to the gRPC server's options.
+	ServerOptions []grpc.ServerOption
+}
+
+// Entries lists l's effective configuration, secrets already redacted, for
+// Admin.GetStatus.
+func Entries(l *config.Loaded) []server.ConfigEntry {
+	var entries []server.ConfigEntry
+	for _, k := range l.Keys() {
+		entries = append(entries, server.ConfigEntry{Key: k, Value: l.Value(k), Source: l.Sources[k]})
+	}
+	return entries
+}
+
+// CutShortError: the daemon stopped, but the graceful stop did not finish
+// its work (serve exits 3): rooms or claims were ended with
+// FAILURE_CODE_SHUTDOWN, or GracefulStop hit server.shutdown_timeout.
+type CutShortError struct {
+	Rooms    kvmanager.ShutdownSummary
+	Deadline error // GracefulStop's deadline error, nil if it finished
+}
+
+func (e *CutShortError) Error() string {
+	var parts []string
+	if e.Rooms.Failed > 0 {
+		parts = append(parts, fmt.Sprintf("%d rooms failed with FAILURE_CODE_SHUTDOWN", e.Rooms.Failed))
+	}
+	if e.Rooms.PendingClaims > 0 {
+		parts = append(parts, fmt.Sprintf("%d claims on rooms never opened ended with FAILURE_CODE_SHUTDOWN", e.Rooms.PendingClaims))
+	}
+	if e.Deadline != nil {
+		parts = append(parts, "GracefulStop did not finish before server.shutdown_timeout: the RPCs still open were cancelled ("+e.Deadline.Error()+")")
+	}
+	return strings.Join(parts, "; ")
+}
+
+// FlushReserve is the part of server.shutdown_timeout kept for the end of
+// the shutdown: the rooms get the rest to finish; then the ones left fail,
+// the stream handlers send each room's terminal event and GracefulStop
+// waits for them. A fifth of the timeout, at most 2 s (a loopback flush
+// takes milliseconds; a client that does not read is cut at the deadline).
+func FlushReserve(timeout time.Duration) time.Duration {
+	return min(timeout/5, 2*time.Second)
+}
+
+// Daemon is a built decodeplane: Run serves it, Shutdown stops it.
+type Daemon struct {
+	cfg     config.Config
+	log     *slog.Logger
+	version string
+	srv     *server.Server
+	mgr     *kvmanager.Manager
+	engine  kvmanager.TransferEngine
+	metrics *metrics.Metrics
+	lis     net.Listener
+	mlis    net.Listener
+	tracing string                        // OTLP endpoint spans go to ("" = tracing off)
+	closers []func(context.Context) error // run in reverse order after the gRPC server stopped
+	loops   []func(context.Context) error // background loops, run under the errgroup
+	extra   []func(context.Context) error // other servers (metrics), stopped with ctx
+	tp      trace.TracerProvider
+	prop    propagation.TextMapPropagator
+	// engineReady: readiness follows the transfer engine (the delegated
+	// path flips it with the agent's reachability) instead of being set at
+	// start.
+	engineReady bool
+
+	mu       sync.Mutex
+	running  bool
+	stopReq  chan struct{}   // closed by Shutdown
+	roomsCtx context.Context // Shutdown's context: the rooms' deadline
+	done     chan struct{}   // closed when Run has returned
+	runErr   error
+	started  chan struct{} // closed once Run serves and readiness is set
+}
+
+// Build constructs every component in the order of the package comment; it
+// starts nothing but the listeners. A configuration the caller did not
+// validate may fail here; a problem the operator fixes is a
+// *config.UsageError.
+func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	d := &Daemon{cfg: cfg, log: log, version: opts.Version, stopReq: make(chan struct{}), done: make(chan struct{}), started: make(chan struct{})}
+	ok := false
+	defer func() {
+		if !ok {
+			d.closeListeners()
+			d.runClosers(context.Background())
+		}
+	}()
+	if opts.Listener != nil {
+		d.lis = opts.Listener
+	}
+
+	if opts.TracerProvider != nil {
+		d.tp = opts.TracerProvider
+		d.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	} else {
+		tr, err := telemetry.NewTracing(ctx, opts.Environ, telemetry.As{Service: "decodeplane", Component: "daemon", Version: opts.Version})
+		if err != nil {
+			return nil, err
+		}
+		d.tp, d.prop, d.tracing = tr.Provider, tr.Propagator, tr.Exporting
+		d.closers = append(d.closers, tr.Shutdown) // closers run in reverse: spans flush last
+	}
+
+	d.metrics = metrics.New()
+	serverTLS, agentTLS, err := buildTLS(cfg, log, d.metrics.Registry())
+	if err != nil {
+		return nil, err
+	}
+	d.loops = append(d.loops, serverTLS.loops()...)
+	d.loops = append(d.loops, agentTLS.loops()...)
+	dec := cfg.Decode()
+	ledgers := make([]kvmanager.Ledger, max(1, cfg.Parallel.DP))
+	for i := range ledgers {
+		led, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
+		if err != nil {
+			return nil, fmt.Errorf("decode shard %d: %w", i, err)
+		}
+		ledgers[i] = led
+	}
+	switch cfg.Transfer.Path {
+	case kvmanager.PathSim:
+		d.engine = kvmanager.NewSimEngine(cfg.Transfer.Sim, kvmanager.RealClock{})
+	case kvmanager.PathDelegate:
+		ac, err := agentclient.Dial(cfg.Transfer.Delegate.Target, agentclient.Options{Logger: log, TracerProvider: d.tp, Propagator: d.prop, Credentials: agentTLS.credentials()})
+		if err != nil {
+			return nil, err
+		}
+		d.closers = append(d.closers, func(context.Context) error { return ac.Close() })
+		de := kvmanager.NewDelegateEngine(cfg.Transfer.Delegate, ac, kvmanager.DelegateDeps{
+			Buffers: kvcopy.DecodeBuffers(dec.Layout(), kvmanager.StagingRingBytes(dec), dec.Pool.Metadata()),
+			Logger:  log,
+			// The loops start after d.srv is set.
+			OnReadiness: func(ready bool, reason string) { d.srv.SetReady(ready, reason) },
+		})
+		d.loops = append(d.loops, ac.Run, de.Run)
+		d.engineReady = true
+		d.engine = de
+	default:
+		return nil, &config.UsageError{Err: fmt.Errorf("transfer.path %q is not available in this build", cfg.Transfer.Path)}
+	}
+	mgr, err := kvmanager.New(cfg.Manager(), dec, kvmanager.Deps{
+		Ledgers:        ledgers,
+		Engine:         d.engine,
+		Logger:         log,
+		TracerProvider: d.tp,
+		Observer:       d.metrics,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.mgr = mgr
+	d.metrics.Attach(mgr)
+	unary, stream := d.metrics.Interceptors()
+	srv, err := server.New(cfg.Server, server.Deps{
+		Logger:             log,
+		TracerProvider:     d.tp,
+		Propagator:         d.prop,
+		Version:            opts.Version,
+		Config:             opts.Entries,
+		Layout:             dec.Layout(),
+		TransferPath:       cfg.Transfer.Path,
+		Manager:            mgr,
+		UnaryInterceptors:  append(append([]grpc.UnaryServerInterceptor{}, opts.UnaryInterceptors...), unary),
+		StreamInterceptors: append(append([]grpc.StreamServerInterceptor{}, opts.StreamInterceptors...), stream),
+		ExtraServerOptions: append(serverTLS.options(), opts.ServerOptions...),
+	})
+	if err != nil {
+		return nil, err
+	}
+	d.metrics.InitializeGRPC(srv.GRPC())
+	d.srv = srv
+	d.loops = append(d.loops, mgr.Run)
+
+	if d.lis == nil {
+		network, address, err := server.ListenAddr(cfg.Server.Listen, true)
+		if err != nil {
+			return nil, &config.UsageError{Err: fmt.Errorf("server.listen: %w", err)}
+		}
+		lis, err := net.Listen(network, address)
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s (server.listen): %w", cfg.Server.Listen, err)
+		}
+		d.lis = lis
+	}
+	if cfg.Server.MetricsListen != "" {
+		mlis, err := net.Listen("tcp", cfg.Server.MetricsListen)
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s (server.metrics_listen): %w", cfg.Server.MetricsListen, err)
+		}
+		d.mlis = mlis
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", d.metrics.Handler())
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		d.extra = append(d.extra, func(ctx context.Context) error {
+			go func() {
+				<-ctx.Done()
+				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				_ = hs.Shutdown(sctx)
+			}()
+			if err := hs.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("metrics server: %w", err)
+			}
+			return nil
+		})
+	}
+	ok = true
+	return d, nil
+}
+
+// Started is closed once Run serves and, unless readiness follows the
+// transfer agent, reports ready.
+func (d *Daemon) Started() <-chan struct{} { return d.started }
+
+// Addr is the gRPC listener's address.
+func (d *Daemon) Addr() net.Addr { return d.lis.Addr() }
+
+// MetricsURL is the /metrics URL, "" without server.metrics_listen.
+func (d *Daemon) MetricsURL() string {
+	if d.mlis == nil {
+		return ""
+	}
+	return "http://" + d.mlis.Addr().String() + "/metrics"
+}
+
+// Metrics is the daemon's Prometheus instrumentation (its Handler serves
+// /metrics).
+func (d *Daemon) Metrics() *metrics.Metrics { return d.metrics }
+
+// Manager is the room manager.
+func (d *Daemon) Manager() *kvmanager.Manager { return d.mgr }
+
+// Server is the gRPC server.
+func (d *Daemon) Server() *server.Server { return d.srv }
+
+// Engine is the transfer engine (*kvmanager.SimEngine on the sim path).
+func (d *Daemon) Engine() kvmanager.TransferEngine { return d.engine }
+
+// TracerProvider is the provider the daemon's spans go to.
+func (d *Daemon) TracerProvider() trace.TracerProvider { return d.tp }
+
+// Propagator is the daemon's W3C trace-context propagator.
+func (d *Daemon) Propagator() propagation.TextMapPropagator { return d.prop }
+
+func (d *Daemon) closeListeners() {
+	if d.lis != nil {
+		d.lis.Close()
+	}
+	if d.mlis != nil {
+		d.mlis.Close()
+	}
+}
+
+func (d *Daemon) runClosers(ctx context.Context) {
+	for i := len(d.closers) - 1; i >= 0; i-- {
+		if err := d.closers[i](ctx); err != nil {
+			d.log.Warn("shutdown step failed", "err", err)
+		}
+	}
+	d.closers = nil
+}
+
+// Run serves until ctx is cancelled (serve: SIGINT/SIGTERM), Shutdown is
+// called or a component fails, then stops the daemon in the order of the
+// package comment. It returns nil after a clean stop, a *CutShortError when
+// the stop had to fail rooms or GracefulStop hit its deadline, or the error
+// of the component that failed. Run may be called once.
+func (d *Daemon) Run(ctx context.Context) error {
+	d.mu.Lock()
+	if d.running {
+		d.mu.Unlock()
+		return errors.New("daemon: Run called twice")
+	}
+	d.running = true
+	d.mu.Unlock()
+	defer close(d.done)
+	d.runErr = d.run(ctx)
+	return d.runErr
+}
+
+// Shutdown stops a running daemon and returns Run's result once Run has
+// returned; the rooms in flight get until ctx ends to finish (an already
+// cancelled ctx fails them at once), and GracefulStop is bounded by
+// server.shutdown_timeout. A daemon that was built but never run releases
+// its listeners and closers.
+func (d *Daemon) Shutdown(ctx context.Context) error {
+	d.mu.Lock()
+	if !d.running {
+		d.running = true
+		d.mu.Unlock()
+		d.closeListeners()
+		d.runClosers(ctx)
+		close(d.done)
+		return nil
+	}
+	select {
+	case <-d.stopReq:
+	default:
+		d.roomsCtx = ctx
+		close(d.stopReq)
+	}
+	d.mu.Unlock()
+	<-d.done
+	return d.runErr
+}
+
+func (d *Daemon) run(ctx context.Context) error {
+	log := d.log
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.srv.Serve(d.lis) })
+	loopCtx, cancelLoops := context.WithCancel(context.Background())
+	defer cancelLoops()
+	for _, loop := range d.loops {
+		g.Go(func() error {
+			if err := loop(loopCtx); err != nil && !errors.Is(err, context.Canceled) {
+				return err
+			}
+			return nil
+		})
+	}
+	for _, x := range d.extra {
+		g.Go(func() error { return x(loopCtx) })
+	}
+	if !d.engineReady {
+		d.srv.SetReady(true, "serving")
+	}
+	close(d.started)
+	metricsAddr, traces := "off", "off"
+	if d.mlis != nil {
+		metricsAddr = d.MetricsURL()
+	}
+	if d.tracing != "" {
+		traces = d.tracing + " (OTLP gRPC; Jaeger UI/API on :16686)"
+	}
+	log.Info("decodeplane serving", "listen", d.lis.Addr().String(), "metrics", metricsAddr, "traces", traces,
+		"version", d.version, "transfer_path", d.cfg.Transfer.Path, "layout", d.cfg.Decode().Layout().String())
+
+	select {
+	case <-gctx.Done():
+	case <-d.stopReq:
+	}
+	if ctx.Err() != nil {
+		log.Info("shutting down", "reason", context.Cause(ctx), "deadline", d.cfg.Server.ShutdownTimeout)
+	}
+	timeout := d.cfg.Server.ShutdownTimeout
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	d.mu.Lock()
+	roomsCtx := d.roomsCtx
+	d.mu.Unlock()
+	shutdownErr := d.srv.Shutdown(sctx, func(ctx context.Context) {
+		rctx, cancel := context.WithTimeout(ctx, timeout-FlushReserve(timeout))
+		defer cancel()
+		if roomsCtx != nil { // Shutdown's deadline for the rooms
+			if roomsCtx.Err() != nil {
+				cancel()
+			}
+			defer context.AfterFunc(roomsCtx, cancel)()
+		}
+		d.mgr.Shutdown(rctx)
+	})
+	cancelLoops()
+	runErr := g.Wait()
+	if d.mlis != nil {
+		d.mlis.Close()
+	}
+	d.runClosers(sctx)
+	ended := d.mgr.ShutdownSummary()
+	log.Info("rooms ended by the shutdown", "failed", ended.Failed, "pending_claims_failed", ended.PendingClaims, "succeeded_released", ended.Released)
+	if shutdownErr != nil {
+		log.Warn("graceful stop cut short by the deadline", "err", shutdownErr)
+	}
+	if runErr != nil && ctx.Err() == nil && !stopRequested(d.stopReq) {
+		return runErr
+	}
+	if ended.CutShort() || shutdownErr != nil {
+		return &CutShortError{Rooms: ended, Deadline: shutdownErr}
+	}
+	return nil
+}
+
+func stopRequested(c chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}

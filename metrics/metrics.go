@@ -1,0 +1,313 @@
+// Package metrics is decodeplane's Prometheus instrumentation: the room
+// manager's events (Metrics implements kvmanager.Observer), gauges read from
+// the ledgers and staging rings at scrape time, and go-grpc-middleware's gRPC
+// server metrics. The composition root (internal/daemon) builds one, hands it
+// to the manager as its Observer and to the server as interceptors, and
+// serves Handler on server.metrics_listen.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// Metrics is decodeplane's Prometheus instrumentation: the manager's events
+// (it implements kvmanager.Observer), gauges read from the ledgers at scrape
+// time, and go-grpc-middleware's gRPC server metrics. Names follow Prometheus
+// conventions: decodeplane_ prefix, base units in the name.
+type Metrics struct {
+	reg  *prometheus.Registry
+	grpc *grpcprom.ServerMetrics
+
+	rooms            *prometheus.GaugeVec
+	finished         *prometheus.CounterVec
+	handoff          *prometheus.HistogramVec
+	openToDest       prometheus.Histogram
+	destToSuccess    prometheus.Histogram
+	chunks           *prometheus.CounterVec
+	chunkDuration    *prometheus.HistogramVec
+	transferBytes    prometheus.Counter
+	dpResolutions    *prometheus.CounterVec
+	admissionPasses  *prometheus.CounterVec
+	admissionBlocked *prometheus.CounterVec
+	registrations    *prometheus.CounterVec
+	heartbeatMisses  *prometheus.CounterVec
+	prefillLost      *prometheus.CounterVec
+
+	mu      sync.Mutex
+	manager *kvmanager.Manager
+}
+
+var _ kvmanager.Observer = (*Metrics)(nil)
+
+// latencyBuckets spans 100µs to ~100s.
+var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 16)
+
+// New builds the registry with process and Go runtime collectors.
+func New() *Metrics {
+	reg := prometheus.NewRegistry()
+	m := &Metrics{
+		reg: reg,
+		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+			grpcprom.WithHistogramBuckets(latencyBuckets))),
+		rooms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "decodeplane_rooms", Help: "Rooms held by the daemon, by phase (finished rooms stay until their retention ends).",
+		}, []string{"phase"}),
+		finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_rooms_finished_total", Help: "Rooms whose KV hand-off ended, by outcome and failure reason.",
+		}, []string{"outcome", "reason"}),
+		handoff: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "decodeplane_room_handoff_duration_seconds", Help: "Time from OpenRoom to success or failure.", Buckets: latencyBuckets,
+		}, []string{"outcome"}),
+		openToDest: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "decodeplane_room_open_to_destination_seconds", Help: "Time from OpenRoom to admission (destination ready for prefill).", Buckets: latencyBuckets,
+		}),
+		destToSuccess: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "decodeplane_room_destination_to_success_seconds", Help: "Time from admission to KV landed (success).", Buckets: latencyBuckets,
+		}),
+		chunks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_chunks_total", Help: "KV chunks moved or reported, by outcome.",
+		}, []string{"outcome"}),
+		chunkDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "decodeplane_chunk_duration_seconds", Help: "Time the transfer engine took for one chunk.", Buckets: latencyBuckets,
+		}, []string{"outcome"}),
+		transferBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "decodeplane_transfer_bytes_total", Help: "KV bytes landed in decode pages.",
+		}),
+		dpResolutions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_dp_rank_resolutions_total", Help: "Prefill DP-rank resolutions, by the rule that resolved them.",
+		}, []string{"rule"}),
+		admissionPasses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_admission_admitted_total", Help: "Rooms admitted (KV pre-allocated), by decode DP shard.",
+		}, []string{"dp_rank"}),
+		admissionBlocked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_admission_blocked_total", Help: "Admission passes that stopped with rooms still queued, by shard and reason.",
+		}, []string{"dp_rank", "reason"}),
+		registrations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_prefill_registrations_total", Help: "Prefill rank registrations, by whether they replaced an earlier one.",
+		}, []string{"replaced"}),
+		heartbeatMisses: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_prefill_heartbeat_failures_total", Help: "Liveness checks that found a prefill rank's heartbeat overdue.",
+		}, []string{"bootstrap_addr"}),
+		prefillLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_prefill_lost_total", Help: "Prefill instances declared dead after missed heartbeats.",
+		}, []string{"bootstrap_addr"}),
+	}
+	reg.MustRegister(
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		m.grpc, m.rooms, m.finished, m.handoff, m.openToDest, m.destToSuccess, m.chunks, m.chunkDuration,
+		m.transferBytes, m.dpResolutions, m.admissionPasses, m.admissionBlocked, m.registrations,
+		m.heartbeatMisses, m.prefillLost, ledgerCollector{m},
+	)
+	return m
+}
+
+// Registry exposes the registry (tests, extra collectors).
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Handler serves /metrics.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Interceptors returns the gRPC server metric interceptors (outermost).
+func (m *Metrics) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
+	return m.grpc.UnaryServerInterceptor(), m.grpc.StreamServerInterceptor()
+}
+
+// InitializeGRPC pre-registers every method's series at zero.
+func (m *Metrics) InitializeGRPC(s *grpc.Server) { m.grpc.InitializeMetrics(s) }
+
+// Attach gives the scrape-time collectors the manager to read.
+func (m *Metrics) Attach(mgr *kvmanager.Manager) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.manager = mgr
+	// Create the series whose labels are known up front at 0, so that
+	// dashboards and alerts see them before the first event.
+	for p := kvmanager.PhaseWaitingPrefill; p <= kvmanager.PhaseHeld; p++ {
+		m.rooms.WithLabelValues(p.String())
+	}
+	for _, st := range mgr.ShardStats() {
+		s := strconv.Itoa(st.Shard)
+		m.admissionPasses.WithLabelValues(s)
+		for b := prealloc.BlockRetracted; b <= prealloc.BlockDraining; b++ {
+			m.admissionBlocked.WithLabelValues(s, b.String())
+		}
+	}
+	for r := kvmanager.DPRuleHint; r <= kvmanager.DPRuleBinding; r++ {
+		m.dpResolutions.WithLabelValues(r.String())
+	}
+	for _, o := range []string{"ok", "failed"} {
+		m.chunks.WithLabelValues(o)
+	}
+	m.finished.WithLabelValues("succeeded", "none")
+	for c := kvmanager.FailureAborted; c <= kvmanager.FailureShutdown; c++ {
+		m.finished.WithLabelValues("failed", c.String())
+	}
+	for _, r := range []string{"false", "true"} {
+		m.registrations.WithLabelValues(r)
+	}
+}
+
+// RoomPhase implements kvmanager.Observer.
+func (m *Metrics) RoomPhase(from, to kvmanager.Phase) {
+	if from != kvmanager.PhaseUnspecified {
+		m.rooms.WithLabelValues(from.String()).Dec()
+	}
+	m.rooms.WithLabelValues(to.String()).Inc()
+}
+
+// RoomForgotten implements kvmanager.Observer.
+func (m *Metrics) RoomForgotten(p kvmanager.Phase) { m.rooms.WithLabelValues(p.String()).Dec() }
+
+// RoomFinished implements kvmanager.Observer.
+func (m *Metrics) RoomFinished(outcome kvmanager.Phase, code kvmanager.FailureCode, d time.Duration) {
+	o, reason := "succeeded", "none"
+	if outcome == kvmanager.PhaseFailed {
+		o, reason = "failed", code.String()
+	}
+	m.finished.WithLabelValues(o, reason).Inc()
+	m.handoff.WithLabelValues(o).Observe(d.Seconds())
+}
+
+// DestinationLatency implements kvmanager.Observer.
+func (m *Metrics) DestinationLatency(d time.Duration) { m.openToDest.Observe(d.Seconds()) }
+
+// TransferLatency implements kvmanager.Observer.
+func (m *Metrics) TransferLatency(d time.Duration) { m.destToSuccess.Observe(d.Seconds()) }
+
+// ChunkDone implements kvmanager.Observer.
+func (m *Metrics) ChunkDone(bytes int64, d time.Duration, ok bool) {
+	o := "ok"
+	if !ok {
+		o = "failed"
+	}
+	m.chunks.WithLabelValues(o).Inc()
+	if d >= 0 {
+		m.chunkDuration.WithLabelValues(o).Observe(d.Seconds())
+	}
+	if ok && bytes > 0 { // a counter panics on a negative Add
+		m.transferBytes.Add(float64(bytes))
+	}
+}
+
+// DPRankResolved implements kvmanager.Observer.
+func (m *Metrics) DPRankResolved(rule kvmanager.DPRule) {
+	m.dpResolutions.WithLabelValues(rule.String()).Inc()
+}
+
+// AdmissionPass implements kvmanager.Observer.
+func (m *Metrics) AdmissionPass(shard, admitted int, blocked prealloc.BlockReason) {
+	s := strconv.Itoa(shard)
+	if admitted > 0 {
+		m.admissionPasses.WithLabelValues(s).Add(float64(admitted))
+	}
+	if blocked != prealloc.BlockNone {
+		m.admissionBlocked.WithLabelValues(s, blocked.String()).Inc()
+	}
+}
+
+// PrefillRegistered implements kvmanager.Observer.
+func (m *Metrics) PrefillRegistered(addr string, replaced bool) {
+	m.registrations.WithLabelValues(strconv.FormatBool(replaced)).Inc()
+}
+
+// PrefillLost implements kvmanager.Observer.
+func (m *Metrics) PrefillLost(addr string, rooms int) { m.prefillLost.WithLabelValues(addr).Inc() }
+
+// HeartbeatMissed implements kvmanager.Observer.
+func (m *Metrics) HeartbeatMissed(addr string) { m.heartbeatMisses.WithLabelValues(addr).Inc() }
+
+// ledgerCollector reads every shard's ledger at scrape time.
+type ledgerCollector struct{ m *Metrics }
+
+var (
+	descPages   = prometheus.NewDesc("decodeplane_kv_pages", "KV pages of a decode DP shard, by state (free, used).", []string{"dp_rank", "state"}, nil)
+	descReq     = prometheus.NewDesc("decodeplane_request_slots", "Request (req_to_token) slots, by state.", []string{"dp_rank", "state"}, nil)
+	descMeta    = prometheus.NewDesc("decodeplane_metadata_slots", "Metadata (aux) slots, by state.", []string{"dp_rank", "state"}, nil)
+	descState   = prometheus.NewDesc("decodeplane_state_slots", "Per-request state slots (Mamba) or SWA pages, by state.", []string{"dp_rank", "state"}, nil)
+	descQueue   = prometheus.NewDesc("decodeplane_admission_queue_depth", "Rooms waiting before admission, by stage (waiting: handshake not done; ready: waiting for KV).", []string{"dp_rank", "stage"}, nil)
+	descBlock   = prometheus.NewDesc("decodeplane_admission_blocked", "1 for the reason the last admission pass stopped (none when it emptied the queue).", []string{"dp_rank", "reason"}, nil)
+	descLedger  = prometheus.NewDesc("decodeplane_ledger_rooms", "Rooms in a shard's ledger after admission, by state.", []string{"dp_rank", "state"}, nil)
+	descPrefill = prometheus.NewDesc("decodeplane_prefill_instances", "Known prefill instances, by registration completeness.", []string{"state"}, nil)
+	descRing    = prometheus.NewDesc("decodeplane_staging_ring_bytes", "Staging ring bytes per decode rank, by state (used: allocated and not yet scattered; free).", []string{"dp_rank", "tp_rank", "state"}, nil)
+	descRegions = prometheus.NewDesc("decodeplane_staging_ring_regions", "Live staging regions per decode rank (allocated, not yet freed).", []string{"dp_rank", "tp_rank"}, nil)
+)
+
+func (c ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPages, descReq, descMeta, descState, descQueue, descBlock, descLedger, descPrefill, descRing, descRegions} {
+		ch <- d
+	}
+}
+
+func (c ledgerCollector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.Lock()
+	mgr := c.m.manager
+	c.m.mu.Unlock()
+	if mgr == nil {
+		return
+	}
+	g := func(d *prometheus.Desc, v int64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
+	}
+	for _, st := range mgr.ShardStats() {
+		s := strconv.Itoa(st.Shard)
+		g(descPages, st.Pages.Free, s, "free")
+		g(descPages, st.Pages.Used, s, "used")
+		g(descReq, st.ReqSlots.Free, s, "free")
+		g(descReq, st.ReqSlots.Used, s, "used")
+		g(descMeta, st.MetaSlots.Free, s, "free")
+		g(descMeta, st.MetaSlots.Used, s, "used")
+		if st.MambaSlots.Total+st.SWAPages.Total > 0 {
+			g(descState, st.MambaSlots.Free+st.SWAPages.Free, s, "free")
+			g(descState, st.MambaSlots.Used+st.SWAPages.Used, s, "used")
+		}
+		g(descQueue, int64(st.Waiting), s, "waiting")
+		g(descQueue, int64(st.Ready), s, "ready")
+		g(descBlock, 1, s, st.LastBlocked.String())
+		g(descLedger, int64(st.Admitted), s, "admitted")
+		g(descLedger, int64(st.Claimed), s, "claimed")
+		g(descLedger, int64(st.Running), s, "running")
+		g(descLedger, int64(st.Retracted), s, "retracted")
+		g(descLedger, int64(st.Held), s, "held")
+	}
+	complete, partial := 0, 0
+	for _, p := range mgr.Status().Prefills {
+		if p.Registered >= p.Expected {
+			complete++
+		} else {
+			partial++
+		}
+	}
+	g(descPrefill, int64(complete), "complete")
+	g(descPrefill, int64(partial), "registering")
+	for _, w := range mgr.StagingWatermarks() {
+		dp, tp := strconv.Itoa(w.DecodeDP), strconv.Itoa(w.DecodeTP)
+		used := ringUsed(w)
+		g(descRing, used, dp, tp, "used")
+		g(descRing, w.Size-used, dp, tp, "free")
+		g(descRegions, int64(w.Live), dp, tp)
+	}
+}
+
+// ringUsed is the distance from the watermark (the oldest live region) to
+// the allocation head, in bytes: what is allocated and not yet scattered.
+func ringUsed(w kvmanager.Watermark) int64 {
+	if w.Live == 0 {
+		return 0
+	}
+	used := (w.HeadRound-w.Round)*w.Size + w.Head - w.Tail
+	return min(max(used, 0), w.Size)
+}
