@@ -40,7 +40,7 @@ type OpenRequest struct {
 // prealloc's Enqueue), ErrQueueFull when admission.max_queued rooms wait.
 func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, bool, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if r := m.rooms[req.Room]; r != nil {
 		// Before the draining check: a retry of an OpenRoom that succeeded
 		// must learn that the room exists.
@@ -171,6 +171,10 @@ func (m *Manager) dpResolvedLocked(r *room, inst *prefillInstance, dp int, rule 
 // admitLocked runs one admission pass on a shard and hands out what it
 // admitted: destinations to the prefill ranks, pages back to resumed rooms.
 func (m *Manager) admitLocked(shard int) {
+	if m.due[shard] {
+		m.due[shard] = false
+		m.nDue--
+	}
 	if m.closed {
 		return
 	}
@@ -243,7 +247,7 @@ func (m *Manager) destinationLocked(r *room, k rankKey) *Destination {
 // room not opened yet waits (bounded by timeouts.bootstrap) for OpenRoom.
 func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	c := &Claim{m: m, room: room, rank: rank, ch: make(chan DestinationEvent, claimBuffer)}
 	r := m.rooms[room]
 	if r == nil {
@@ -255,7 +259,7 @@ func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
 		}
 		m.pending[room] = append(m.pending[room], c)
 		m.pendingCount++
-		c.expiry = m.clock.AfterFunc(m.cfg.Timeouts.Bootstrap, func() { m.expirePendingClaim(c) })
+		m.setDeadlineLocked(&c.expiry, dlPendingClaim, m.clock.Now().Add(m.cfg.Timeouts.Bootstrap), room, 0, c)
 		return c, nil
 	}
 	if err := m.attachClaimLocked(r, c); err != nil {
@@ -264,9 +268,7 @@ func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
 	return c, nil
 }
 
-func (m *Manager) expirePendingClaim(c *Claim) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (m *Manager) expirePendingClaimLocked(c *Claim) {
 	cs := m.pending[c.room]
 	for i, x := range cs {
 		if x == c {
@@ -323,7 +325,7 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 // delivered records that a rank received its destination: its claim.
 func (m *Manager) delivered(c *Claim, d *Destination) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[c.room]
 	if r == nil || d == nil || d.Attempt != r.attempt || r.phase != PhaseAdmitted {
 		return
@@ -400,7 +402,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 		if cs != nil {
 			inflight = cs.inflight // read under the lock: chunkEndLocked clears it
 		}
-		m.mu.Unlock()
+		m.unlock()
 		if err != nil {
 			return ChunkResult{}, false, err
 		}
@@ -418,7 +420,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 	xctx := r.xferCtx
 	roomSpan := r.spanCtx
 	r.inflight++
-	m.mu.Unlock()
+	m.unlock()
 
 	res, terr := m.runRoomOp(ctx, xctx, roomSpan, "chunk", []attribute.KeyValue{
 		attribute.Int64("decodeplane.room", int64(req.Room)), attribute.Int("decodeplane.chunk", req.Index),
@@ -427,7 +429,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 		func(ctx context.Context) (ChunkResult, error) { return m.engine.Transfer(ctx, op) })
 
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r.inflight--
 	return m.chunkEndLocked(ctx, r, rp, req, cs, res, terr)
 }
@@ -460,7 +462,7 @@ func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState, inflight chan 
 		}
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	return cs.result, cs.done, cs.err
 }
 
@@ -667,7 +669,7 @@ func (m *Manager) markerLandedLocked(r *room, marker uint64) {
 // the room with the prefill's reason (SGLang T13).
 func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if req.Failed {
 		// A failure fails the room whatever the chunk's pages or index
 		// (SGLang T13): nothing of it is to be kept.
@@ -801,20 +803,12 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 	}
 	if now := m.clock.Now(); r.writesUntil.After(now) && !m.closed {
 		// An engine could not rule out writes into the pages until then.
-		if r.quarantine == nil {
-			r.quarantine = m.clock.AfterFunc(r.writesUntil.Sub(now), func() {
-				m.mu.Lock()
-				defer m.mu.Unlock()
-				r.quarantine = nil
-				m.releaseIfIdleLocked(r)
-			})
+		if !r.quarantine.armed() {
+			m.setDeadlineLocked(&r.quarantine, dlQuarantine, r.writesUntil, r.id, r.attempt, r)
 		}
 		return
 	}
-	if r.quarantine != nil {
-		r.quarantine.Stop()
-		r.quarantine = nil
-	}
+	m.clearDeadlineLocked(&r.quarantine)
 	r.releasePending = false
 	if r.inLedger {
 		r.inLedger = false
@@ -827,7 +821,7 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 	}
 	r.onEnd = nil
 	r.gates = nil
-	m.admitLocked(r.decodeDP)
+	m.admitDueLocked(r.decodeDP) // once, when the call that ended the room unlocks
 }
 
 // noteWritesMayContinueLocked records how long an engine failure may still
@@ -863,7 +857,7 @@ func (m *Manager) trimRetainedLocked(now time.Time) {
 // "Aborted by AbortReq." or reason. Aborting a finished room is a no-op.
 func (m *Manager) AbortRoom(room uint64, reason string) (RoomSnapshot, bool, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return RoomSnapshot{}, false, fmt.Errorf("abort room %d: %w", room, ErrRoomNotFound)
@@ -882,7 +876,7 @@ func (m *Manager) AbortRoom(room uint64, reason string) (RoomSnapshot, bool, err
 // ReleaseRoom returns a successful room's pages; idempotent.
 func (m *Manager) ReleaseRoom(room uint64) (pages int, already bool, err error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	switch {
 	case r == nil:
@@ -903,7 +897,7 @@ func (m *Manager) ReleaseRoom(room uint64) (pages int, already bool, err error) 
 // transition when history is set), then each transition until terminal.
 func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return nil, fmt.Errorf("watch room %d: %w", room, ErrRoomNotFound)
@@ -928,7 +922,7 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 // GetRoom returns a room's state and timeline.
 func (m *Manager) GetRoom(room uint64, withPages bool) (RoomSnapshot, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return RoomSnapshot{}, fmt.Errorf("get room %d: %w", room, ErrRoomNotFound)
@@ -954,7 +948,7 @@ type ListFilter struct {
 // total before Limit.
 func (m *Manager) ListRooms(f ListFilter) ([]RoomSnapshot, int) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	var match []*room
 	for _, r := range m.rooms {
 		if f.Addr != "" && r.addr != f.Addr {
@@ -1011,7 +1005,7 @@ type Grown struct {
 // their pages and reserve fit, then admits queued rooms.
 func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRunning []uint64) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	var stepped []bool // shards with a running room in this report
 	for _, u := range usage {
 		r := m.rooms[u.Room]
@@ -1073,7 +1067,7 @@ const (
 // ContinueGeneration; new rooms may be admitted into its pages at once.
 func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, ErrRoomNotFound)
@@ -1091,12 +1085,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 		if r.led.Stats().Running == 0 {
 			// Nothing left on the shard to grow into the pages: resume (or
 			// not) at the next pass, which runs after this call.
-			shard := r.decodeDP
-			m.clock.AfterFunc(0, func() {
-				m.mu.Lock()
-				defer m.mu.Unlock()
-				m.admitLocked(shard)
-			})
+			m.setDeadlineLocked(&m.admitDl[r.decodeDP], dlAdmit, m.clock.Now(), uint64(r.decodeDP), 0, nil)
 		}
 	case RetractRebootstrap:
 		if err := r.led.Hold(r.id); err != nil {
@@ -1116,7 +1105,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 // rank.
 func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	var ids []uint64
 	for shard, led := range m.shards {
 		resumed := led.ResumeHeld()
@@ -1174,7 +1163,7 @@ func (m *Manager) failDroppedHeldLocked(shard int, resumed []uint64) {
 // staged chunk still scattering). ReleaseHold removes it.
 func (m *Manager) HoldSuccess(room uint64, gate string) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return fmt.Errorf("hold success of room %d: %w", room, ErrRoomNotFound)
@@ -1192,7 +1181,7 @@ func (m *Manager) HoldSuccess(room uint64, gate string) error {
 // ReleaseHold removes a success condition; a non-nil failure fails the room.
 func (m *Manager) ReleaseHold(room uint64, gate string, failure *Failure) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil || r.phase.Terminal() {
 		return
@@ -1210,7 +1199,7 @@ func (m *Manager) ReleaseHold(room uint64, gate string, failure *Failure) {
 // the manager's lock held and must not call back into the manager.
 func (m *Manager) OnRoomEnd(room uint64, f func()) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return fmt.Errorf("on end of room %d: %w", room, ErrRoomNotFound)
@@ -1226,7 +1215,7 @@ func (m *Manager) OnRoomEnd(room uint64, f func()) error {
 // Poll returns a room's KVPoll (Failed for an unknown room).
 func (m *Manager) Poll(room uint64) KVPoll {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if r := m.rooms[room]; r != nil {
 		return r.phase.Poll()
 	}

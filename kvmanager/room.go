@@ -43,7 +43,7 @@ type room struct {
 	bootstrapAt time.Time
 	dpAt        time.Time
 	waitingAt   time.Time
-	timer       Stopper
+	dl          deadline // the earliest of them, on the manager's deadline heap
 
 	// Admission results (copies, safe to hand out).
 	pages    []int32
@@ -65,9 +65,9 @@ type room struct {
 	releasePending bool
 	onEnd          []func()
 	// writesUntil: an engine failure could not rule out writes into the
-	// pages until then; the release waits (quarantine is its timer).
+	// pages until then; the release waits (quarantine is its deadline).
 	writesUntil time.Time
-	quarantine  Stopper
+	quarantine  deadline
 
 	gates      map[string]bool // conditions success waits for (e.g. staged scatters)
 	marker     uint64
@@ -161,9 +161,9 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang, note string) {
 	r.transitions = append(r.transitions, t)
 	m.obs.RoomPhase(from, to)
 	m.phaseSpanLocked(r, from, to, note)
-	if from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
+	if m.progress != nil && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
 		close(m.progress)
-		m.progress = make(chan struct{})
+		m.progress = nil
 	}
 	if len(r.watchers) > 0 { // the snapshot is only for watchers: not on the hot path without them
 		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t, Terminal: to.Terminal()}
@@ -223,13 +223,11 @@ func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note string) {
 	}
 }
 
-// armTimerLocked keeps one timer per room at its earliest deadline.
+// armTimerLocked keeps the room's entry on the deadline heap at its
+// earliest deadline (none once it is terminal).
 func (m *Manager) armTimerLocked(r *room) {
-	if r.timer != nil {
-		r.timer.Stop()
-		r.timer = nil
-	}
 	if r.phase.Terminal() || m.closed {
+		m.clearDeadlineLocked(&r.dl)
 		return
 	}
 	var next time.Time
@@ -248,18 +246,16 @@ func (m *Manager) armTimerLocked(r *room) {
 		consider(r.waitingAt)
 	}
 	if next.IsZero() {
+		m.clearDeadlineLocked(&r.dl)
 		return
 	}
-	id, attempt := r.id, r.attempt
-	r.timer = m.clock.AfterFunc(max(next.Sub(m.clock.Now()), 0), func() { m.roomDeadline(id, attempt) })
+	m.setDeadlineLocked(&r.dl, dlRoom, next, r.id, r.attempt, r)
 }
 
-// roomDeadline fails a room whose current phase's deadline passed.
-func (m *Manager) roomDeadline(id uint64, attempt uint32) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r := m.rooms[id]
-	if r == nil || r.attempt != attempt || r.phase.Terminal() {
+// roomDeadlineLocked fails a room whose current phase's deadline passed
+// (the heap's dlRoom entry, armed for attempt).
+func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
+	if m.rooms[r.id] != r || r.attempt != attempt || r.phase.Terminal() {
 		return
 	}
 	now := m.clock.Now()

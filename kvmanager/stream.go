@@ -68,18 +68,13 @@ type Claim struct {
 	rank    RankID
 	ch      chan DestinationEvent
 	once    sync.Once
-	attempt uint32  // attempt of the destination last queued
-	acked   uint32  // attempt whose destination was delivered
-	expiry  Stopper // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
+	attempt uint32   // attempt of the destination last queued
+	acked   uint32   // attempt whose destination was delivered
+	expiry  deadline // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
 }
 
-// stopExpiry stops the pending-claim timer; lock held.
-func (c *Claim) stopExpiry() {
-	if c.expiry != nil {
-		c.expiry.Stop()
-		c.expiry = nil
-	}
-}
+// stopExpiry takes the pending claim's deadline off the heap; lock held.
+func (c *Claim) stopExpiry() { c.m.clearDeadlineLocked(&c.expiry) }
 
 // Events delivers the destination, then the room's end. The channel is
 // closed after a Failure or Done event, or on Close.
