@@ -99,6 +99,10 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 }
 
 func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
+	if !m.tracing {
+		r.span, r.spanCtx = nil, context.Background()
+		return
+	}
 	attrs := []attribute.KeyValue{
 		attribute.Int64("decodeplane.room", int64(r.id)),
 		attribute.String("decodeplane.rid", r.rid),
@@ -422,11 +426,14 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 	r.inflight++
 	m.unlock()
 
-	res, terr := m.runRoomOp(ctx, xctx, roomSpan, "chunk", []attribute.KeyValue{
-		attribute.Int64("decodeplane.room", int64(req.Room)), attribute.Int("decodeplane.chunk", req.Index),
-		attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
-		attribute.Bool("decodeplane.last", req.Last)},
-		func(ctx context.Context) (ChunkResult, error) { return m.engine.Transfer(ctx, op) })
+	var attrs []attribute.KeyValue
+	if m.tracing {
+		attrs = []attribute.KeyValue{
+			attribute.Int64("decodeplane.room", int64(req.Room)), attribute.Int("decodeplane.chunk", req.Index),
+			attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
+			attribute.Bool("decodeplane.last", req.Last)}
+	}
+	res, terr := m.runRoomOp(ctx, xctx, roomSpan, "chunk", attrs, func(ctx context.Context) (ChunkResult, error) { return m.engine.Transfer(ctx, op) })
 
 	m.mu.Lock()
 	defer m.unlock()
@@ -436,12 +443,16 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 
 // runRoomOp runs an engine operation of a room under a span named name
 // (linked to the room's span), with a context that ends when parent or the
-// room's transfer context (the room failed) ends.
+// room's transfer context (the room failed) ends. Without tracing no span is
+// started (attrs is then nil).
 func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string, attrs []attribute.KeyValue, op func(context.Context) (ChunkResult, error)) (ChunkResult, error) {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	stop := context.AfterFunc(xctx, cancel)
 	defer stop()
+	if !m.tracing {
+		return op(ctx)
+	}
 	ctx, span := m.tracer.Start(ctx, name, trace.WithLinks(trace.LinkFromContext(roomSpan)), trace.WithAttributes(attrs...))
 	defer span.End()
 	res, err := op(ctx)

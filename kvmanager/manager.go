@@ -66,6 +66,9 @@ type Manager struct {
 	clock  Clock
 	log    *slog.Logger
 	tracer trace.Tracer
+	// tracing: the provider is not the no-op one; without it no span or
+	// attribute is built on the room path.
+	tracing bool
 	obs    Observer
 	engine TransferEngine
 	shards []Ledger
@@ -114,8 +117,12 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
 	}
-	if deps.TracerProvider == nil {
-		deps.TracerProvider = noop.NewTracerProvider()
+	tracing := true
+	switch deps.TracerProvider.(type) {
+	case nil:
+		deps.TracerProvider, tracing = noop.NewTracerProvider(), false
+	case noop.TracerProvider, *noop.TracerProvider:
+		tracing = false
 	}
 	if deps.Observer == nil {
 		deps.Observer = NopObserver{}
@@ -127,6 +134,7 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		clock:       deps.Clock,
 		log:         deps.Logger,
 		tracer:      deps.TracerProvider.Tracer("github.com/decodeplane/decodeplane/kvmanager"),
+		tracing:     tracing,
 		obs:         deps.Observer,
 		engine:      deps.Engine,
 		shards:      deps.Ledgers,

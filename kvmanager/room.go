@@ -193,6 +193,12 @@ func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note string) {
 	if r.span == nil {
 		return
 	}
+	if !r.span.IsRecording() { // sampled out: nothing to build
+		if to == PhaseFailed || to == PhaseReleased {
+			r.span = nil
+		}
+		return
+	}
 	if r.phaseSpan != nil && from != to {
 		if note != "" {
 			r.phaseSpan.AddEvent(note)

@@ -790,10 +790,14 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 
 		// The scatter outlives the caller's RPC (every writer already
 		// reported) but not the room.
-		res, err := m.runRoomOp(context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", []attribute.KeyValue{
-			attribute.Int64("decodeplane.room", int64(op.Room)), attribute.Int("decodeplane.chunk", op.ChunkIndex),
-			attribute.Int("decodeplane.decode_tp_rank", op.DecodeTP), attribute.Int("decodeplane.pages", len(op.DestPages)),
-			attribute.Int("decodeplane.staging.writers", len(op.Writers))},
+		var attrs []attribute.KeyValue
+		if m.tracing {
+			attrs = []attribute.KeyValue{
+				attribute.Int64("decodeplane.room", int64(op.Room)), attribute.Int("decodeplane.chunk", op.ChunkIndex),
+				attribute.Int("decodeplane.decode_tp_rank", op.DecodeTP), attribute.Int("decodeplane.pages", len(op.DestPages)),
+				attribute.Int("decodeplane.staging.writers", len(op.Writers))}
+		}
+		res, err := m.runRoomOp(context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", attrs,
 			func(ctx context.Context) (ChunkResult, error) { return eng.Scatter(ctx, op) })
 
 		m.mu.Lock()
