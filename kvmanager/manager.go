@@ -69,9 +69,9 @@ type Manager struct {
 	// tracing: the provider is not the no-op one; without it no span or
 	// attribute is built on the room path.
 	tracing bool
-	obs    Observer
-	engine TransferEngine
-	shards []Ledger
+	obs     Observer
+	engine  TransferEngine
+	shards  []Ledger
 
 	mu           sync.Mutex
 	rooms        map[uint64]*room
