@@ -75,13 +75,11 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 		id: req.Room, rid: req.RID, addr: req.Addr, idemKey: req.IdempotencyKey, req: preq,
 		decodeDP: shard, led: led, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
 		attempt: 1, openedAt: now, updatedAt: now, metaSlot: -1,
-		claims: map[rankKey]*Claim{}, watchers: map[*Watcher]struct{}{},
 		bootstrapAt: now.Add(m.cfg.Timeouts.Bootstrap),
 	}
-	r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
 	m.startSpanLocked(ctx, r)
 	m.rooms[r.id] = r
-	m.transitionLocked(r, PhaseWaitingPrefill, "T1", fmt.Sprintf("opened on decode shard %d", shard))
+	m.transitionLocked(r, PhaseWaitingPrefill, "T1", numNote(noteOpened, int64(shard), 0))
 	if cs := m.pending[r.id]; cs != nil {
 		delete(m.pending, r.id)
 		m.pendingCount -= len(cs)
@@ -126,7 +124,7 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang
 	r.staging = inst.plan.staging
 	r.ranks = make(map[rankKey]*rankProgress, len(inst.plan.required))
 	for _, k := range inst.plan.required {
-		r.ranks[k] = &rankProgress{chunks: map[int]*chunkState{}, last: -1}
+		r.ranks[k] = &rankProgress{last: -1}
 	}
 	if r.hintDP >= inst.topo.DP {
 		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, inst.topo.DP)})
@@ -147,7 +145,7 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang
 	}
 	r.dpAt = m.clock.Now().Add(m.cfg.Timeouts.DPRankResolution)
 	inst.unresolved[r.id] = r
-	m.transitionLocked(r, PhaseResolvingDP, "", fmt.Sprintf("%s: dp_size %d, follow_bootstrap_room %v: waiting for BindRoom", r.addr, inst.topo.DP, inst.topo.FollowBootstrapRoom))
+	m.transitionLocked(r, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(inst.topo.DP), b2i(inst.topo.FollowBootstrapRoom)))
 }
 
 // dpResolvedLocked records the room's prefill DP rank and queues it for
@@ -164,7 +162,7 @@ func (m *Manager) dpResolvedLocked(r *room, inst *prefillInstance, dp int, rule 
 			delete(r.claims, k)
 		}
 	}
-	m.transitionLocked(r, PhaseQueued, "T2/T4/T8", fmt.Sprintf("prefill dp rank %d (%s)", dp, rule))
+	m.transitionLocked(r, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)))
 	if err := r.led.SetReady(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused room %d: %v", r.id, err)})
 		return
@@ -205,12 +203,17 @@ func (m *Manager) admitLocked(shard int) {
 				m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to resume room %d: %v", r.id, err)})
 				continue
 			}
-			m.transitionLocked(r, PhaseSucceeded, "T20", fmt.Sprintf("resumed after retraction with %d pages", len(r.pages)))
+			m.transitionLocked(r, PhaseSucceeded, "T20", numNote(noteResumed, int64(len(r.pages)), 0))
 			continue
 		}
 		r.admittedAt = now
+		if r.xferCancel != nil {
+			r.xferCancel() // the previous attempt's (a rebootstrap): nothing of it runs any more
+		}
+		// Made at admission, not at open: a queued room holds none.
+		r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
 		m.obs.DestinationLatency(now.Sub(r.openedAt))
-		m.transitionLocked(r, PhaseAdmitted, "T11", fmt.Sprintf("%d pages, metadata slot %d", len(r.pages), r.metaSlot))
+		m.transitionLocked(r, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)))
 		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
 		for _, c := range r.claims {
 			c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.key())})
@@ -319,6 +322,9 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		c.finish(DestinationEvent{Done: &p})
 		return nil
 	}
+	if r.claims == nil {
+		r.claims = make(map[rankKey]*Claim, 1)
+	}
 	r.claims[k] = c
 	if r.pages != nil && (r.phase == PhaseAdmitted || r.phase == PhaseClaimed || r.phase == PhaseTransferring) {
 		c.queue(DestinationEvent{Destination: m.destinationLocked(r, k)})
@@ -365,9 +371,9 @@ func (m *Manager) claimedLocked(r *room) {
 		return
 	}
 	m.armShardTimerLocked(r.decodeDP)
-	m.transitionLocked(r, PhaseClaimed, "T11", fmt.Sprintf("destination claimed by %d prefill ranks; waiting timeout %s", len(r.plan.required), m.cfg.Timeouts.Waiting))
+	m.transitionLocked(r, PhaseClaimed, "T11", numNote(noteClaimed, int64(len(r.plan.required)), int64(m.cfg.Timeouts.Waiting)))
 	if r.chunksDone > 0 {
-		m.transitionLocked(r, PhaseTransferring, "", "chunks landed before every rank claimed")
+		m.transitionLocked(r, PhaseTransferring, "", textNote("chunks landed before every rank claimed"))
 		m.checkSuccessLocked(r)
 	}
 }
@@ -580,6 +586,9 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 		rp.last = req.Index
 	}
 	cs := &chunkState{inflight: make(chan struct{}), off: req.PageOffset, n: req.NumPages, last: req.Last}
+	if rp.chunks == nil {
+		rp.chunks = make(map[int]*chunkState, 1)
+	}
 	rp.chunks[req.Index] = cs
 	return r, rp, cs, true, nil
 }
@@ -658,7 +667,7 @@ func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest,
 	}
 	m.markerLandedLocked(r, res.MarkerWritten)
 	if r.phase == PhaseClaimed {
-		m.transitionLocked(r, PhaseTransferring, "", fmt.Sprintf("chunk %d from %s landed", req.Index, req.Rank))
+		m.transitionLocked(r, PhaseTransferring, "", chunkLandedNote(req.Index, req.Rank))
 	}
 	m.checkSuccessLocked(r)
 }
@@ -746,7 +755,7 @@ func (m *Manager) checkSuccessLocked(r *room) {
 	now := m.clock.Now()
 	m.obs.TransferLatency(now.Sub(r.admittedAt))
 	m.obs.RoomFinished(PhaseSucceeded, FailureUnspecified, now.Sub(r.openedAt))
-	m.transitionLocked(r, PhaseSucceeded, "T12/T17", fmt.Sprintf("%d chunks, %d bytes", r.chunksDone, r.bytes))
+	m.transitionLocked(r, PhaseSucceeded, "T12/T17", numNote(noteSucceeded, int64(r.chunksDone), int64(r.bytes)))
 	p := PhaseSucceeded
 	for k, c := range r.claims {
 		c.finish(DestinationEvent{Done: &p})
@@ -780,20 +789,22 @@ func (m *Manager) failLocked(r *room, f Failure) {
 	if inst := m.prefills[r.addr]; inst != nil {
 		delete(inst.unresolved, r.id)
 	}
-	r.xferCancel()
+	if r.xferCancel != nil {
+		r.xferCancel()
+	}
 	for k, c := range r.claims {
 		c.finish(DestinationEvent{Failure: &fc})
 		delete(r.claims, k)
 	}
 	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt))
 	m.log.WarnContext(r.spanCtx, "room failed", "room", r.id, "rid", r.rid, "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
-	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], f.Message)
+	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], textNote(r.failure.Message))
 	m.endLocked(r)
 }
 
 // releaseRoomLocked ends a room the decode engine is done with.
 func (m *Manager) releaseRoomLocked(r *room, note string) {
-	m.transitionLocked(r, PhaseReleased, "", note)
+	m.transitionLocked(r, PhaseReleased, "", textNote(note))
 	m.endLocked(r)
 }
 
@@ -838,6 +849,9 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 // noteWritesMayContinueLocked records how long an engine failure may still
 // write into the room's pages (see WritesMayContinueError).
 func (m *Manager) noteWritesMayContinueLocked(r *room, err error) {
+	if err == nil {
+		return
+	}
 	var wmc *WritesMayContinueError
 	if errors.As(err, &wmc) && wmc.Until.After(r.writesUntil) {
 		r.writesUntil = wmc.Until
@@ -920,11 +934,14 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(past)), m: m, room: room}
 	snap := r.snapshot(false, false)
 	for i, t := range past {
-		w.ch <- RoomEvent{Room: snap, Transition: t, Terminal: r.phase.Terminal() && i == len(past)-1}
+		w.ch <- RoomEvent{Room: snap, Transition: t.public(r.addr), Terminal: r.phase.Terminal() && i == len(past)-1}
 	}
 	if r.phase.Terminal() {
 		w.close(nil)
 		return w, nil
+	}
+	if r.watchers == nil {
+		r.watchers = make(map[*Watcher]struct{}, 1)
 	}
 	r.watchers[w] = struct{}{}
 	return w, nil
@@ -1092,7 +1109,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 			return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, err)
 		}
 		r.pages = nil
-		m.transitionLocked(r, PhaseRetracted, "T20", "retracted: pages returned; resumes after the next ReportRunning, before new admissions")
+		m.transitionLocked(r, PhaseRetracted, "T20", textNote("retracted: pages returned; resumes after the next ReportRunning, before new admissions"))
 		if r.led.Stats().Running == 0 {
 			// Nothing left on the shard to grow into the pages: resume (or
 			// not) at the next pass, which runs after this call.
@@ -1103,7 +1120,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 			return RoomSnapshot{}, fmt.Errorf("hold room %d: %w", room, err)
 		}
 		r.pages = nil
-		m.transitionLocked(r, PhaseHeld, "T21", "held for rebootstrap until ContinueGeneration")
+		m.transitionLocked(r, PhaseHeld, "T21", textNote("held for rebootstrap until ContinueGeneration"))
 		m.admitLocked(r.decodeDP)
 	default:
 		return RoomSnapshot{}, invalid("mode", "must be RETRACT or REBOOTSTRAP")
@@ -1133,13 +1150,12 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 		r.req.Rebootstrap = true
 		r.pages, r.state, r.metaSlot, r.fillLen, r.marker = nil, nil, -1, 0, 0
 		r.chunksDone, r.bytes = 0, 0
-		r.claims = map[rankKey]*Claim{}
+		r.claims = nil
 		r.plan, r.ranks = nil, nil // per-attempt progress: set again once the prefill is known
 		r.gates = nil
 		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = now.Add(m.cfg.Timeouts.Bootstrap), time.Time{}, time.Time{}, time.Time{}
-		r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
-		m.startSpanLocked(ctx, r)
-		m.transitionLocked(r, PhaseWaitingPrefill, "T22", fmt.Sprintf("rebootstrap attempt %d", r.attempt))
+		m.startSpanLocked(ctx, r) // the new attempt's transfer context is made at its admission
+		m.transitionLocked(r, PhaseWaitingPrefill, "T22", numNote(noteRebootstrap, int64(r.attempt), 0))
 		if inst := m.prefills[r.addr]; inst != nil && inst.complete {
 			m.afterPrefillKnownLocked(r, inst, "T22")
 		} else {

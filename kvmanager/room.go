@@ -37,7 +37,7 @@ type room struct {
 	admittedAt  time.Time
 	claimedAt   time.Time
 	finishedAt  time.Time
-	transitions []Transition
+	transitions []transition // compact; rendered by timeline
 
 	// Deadlines, zero when not armed.
 	bootstrapAt time.Time
@@ -127,7 +127,7 @@ func (r *room) snapshot(withTransitions, withPages bool) RoomSnapshot {
 		s.Failure = &f
 	}
 	if withTransitions {
-		s.Transitions = slices.Clone(r.transitions)
+		s.Transitions = r.timeline()
 	}
 	if withPages {
 		s.Pages = slices.Clone(r.pages)
@@ -152,12 +152,15 @@ var phaseSpanName = map[Phase]string{
 
 // transitionLocked moves the room to phase, records the transition, ends
 // and starts phase spans, and tells watchers, claims and the observer.
-func (m *Manager) transitionLocked(r *room, to Phase, sglang, note string) {
+func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) {
 	now := m.clock.Now()
 	from := r.phase
 	r.phase = to
 	r.updatedAt = now
-	t := Transition{Phase: to, Poll: to.Poll(), At: now, SGLang: sglang, Note: note, Attempt: r.attempt}
+	t := transition{phase: to, at: now, sglang: sglang, note: note, attempt: r.attempt}
+	if r.transitions == nil {
+		r.transitions = make([]transition, 0, roomTransitions)
+	}
 	r.transitions = append(r.transitions, t)
 	m.obs.RoomPhase(from, to)
 	m.phaseSpanLocked(r, from, to, note)
@@ -166,7 +169,7 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang, note string) {
 		m.progress = nil
 	}
 	if len(r.watchers) > 0 { // the snapshot is only for watchers: not on the hot path without them
-		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t, Terminal: to.Terminal()}
+		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t.public(r.addr), Terminal: to.Terminal()}
 		for w := range r.watchers {
 			if !w.send(ev) {
 				delete(r.watchers, w)
@@ -180,16 +183,21 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang, note string) {
 		r.watchers = nil
 	}
 	if m.log.Enabled(r.spanCtx, levelDebug) {
-		m.log.DebugContext(r.spanCtx, "room transition", "room", r.id, "rid", r.rid, "from", from.String(), "to", to.String(), "sglang", sglang, "note", note)
+		m.log.DebugContext(r.spanCtx, "room transition", "room", r.id, "rid", r.rid, "from", from.String(), "to", to.String(), "sglang", sglang, "note", note.render(r.addr))
 	}
 	m.armTimerLocked(r)
 }
 
 const levelDebug = -4
 
+// roomTransitions is the timeline's first capacity: a queued room's
+// transitions (opened, queued, admitted, claimed) fit, a whole hand-off
+// takes one more allocation.
+const roomTransitions = 4
+
 // phaseSpanLocked keeps one child span per phase under the room span, which
 // covers the hand-off from OpenRoom to success or failure.
-func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note string) {
+func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note note) {
 	if r.span == nil {
 		return
 	}
@@ -200,8 +208,8 @@ func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note string) {
 		return
 	}
 	if r.phaseSpan != nil && from != to {
-		if note != "" {
-			r.phaseSpan.AddEvent(note)
+		if s := note.render(r.addr); s != "" {
+			r.phaseSpan.AddEvent(s)
 		}
 		r.phaseSpan.End()
 		r.phaseSpan = nil
