@@ -825,12 +825,18 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 	}
 	if now := m.clock.Now(); r.writesUntil.After(now) && !m.closed {
 		// An engine could not rule out writes into the pages until then.
+		if r.quarantine == nil {
+			r.quarantine = new(deadline)
+		}
 		if !r.quarantine.armed() {
-			m.setDeadlineLocked(&r.quarantine, dlQuarantine, r.writesUntil, r.id, r.attempt, r)
+			m.setDeadlineLocked(r.quarantine, dlQuarantine, r.writesUntil, r.id, r.attempt, r)
 		}
 		return
 	}
-	m.clearDeadlineLocked(&r.quarantine)
+	if r.quarantine != nil {
+		m.clearDeadlineLocked(r.quarantine)
+		r.quarantine = nil
+	}
 	r.releasePending = false
 	if r.inLedger {
 		r.inLedger = false

@@ -67,7 +67,7 @@ type room struct {
 	// writesUntil: an engine failure could not rule out writes into the
 	// pages until then; the release waits (quarantine is its deadline).
 	writesUntil time.Time
-	quarantine  deadline
+	quarantine  *deadline // made when a quarantine starts
 
 	gates      map[string]bool // conditions success waits for (e.g. staged scatters)
 	marker     uint64
@@ -157,7 +157,7 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 	from := r.phase
 	r.phase = to
 	r.updatedAt = now
-	t := transition{phase: to, at: now, sglang: sglang, note: note, attempt: r.attempt}
+	t := newTransition(now, to, sglang, note, r.attempt)
 	if r.transitions == nil {
 		r.transitions = make([]transition, 0, roomTransitions)
 	}

@@ -84,18 +84,48 @@ func (n note) render(addr string) string {
 	return n.text
 }
 
-// transition is one step of a room's timeline as the room keeps it.
+// transition is one step of a room's timeline as the room keeps it (48
+// bytes): the time in Unix nanoseconds, the note flattened, the SGLang label
+// as its index in sglangLabels.
 type transition struct {
-	at      time.Time
-	sglang  string // a constant label
-	note    note
+	at      int64
+	text    string
+	a, b    int64
 	attempt uint32
-	phase   Phase
+	code    noteCode
+	sglang  uint8
+	phase   uint8
 }
+
+// sglangLabels are the SGLang transition labels a room's timeline uses
+// (index 0: decodeplane's own step).
+var sglangLabels = [...]string{"", "T1", "T2/T4/T8", "T3", "T11", "T12/T17", "T13/T18", "T14", "T15", "T16", "T18", "T19", "T20", "T21", "T22"}
+
+// sglangIndex is a label's index in sglangLabels, ok false for a label not
+// listed there.
+func sglangIndex(label string) (uint8, bool) {
+	for i, l := range sglangLabels {
+		if l == label {
+			return uint8(i), true
+		}
+	}
+	return 0, false
+}
+
+func newTransition(at time.Time, to Phase, sglang string, n note, attempt uint32) transition {
+	idx, ok := sglangIndex(sglang)
+	if !ok && n.code == noteText { // not a known label: keep it in the note
+		n.text = sglang + ": " + n.text
+	}
+	return transition{at: at.UnixNano(), text: n.text, a: n.a, b: n.b, attempt: attempt, code: n.code, sglang: idx, phase: uint8(to)}
+}
+
+func (t transition) note() note { return note{text: t.text, a: t.a, b: t.b, code: t.code} }
 
 // public renders the transition; addr is the room's prefill address.
 func (t transition) public(addr string) Transition {
-	return Transition{Phase: t.phase, Poll: t.phase.Poll(), At: t.at, SGLang: t.sglang, Note: t.note.render(addr), Attempt: t.attempt}
+	p := Phase(t.phase)
+	return Transition{Phase: p, Poll: p.Poll(), At: time.Unix(0, t.at), SGLang: sglangLabels[t.sglang], Note: t.note().render(addr), Attempt: t.attempt}
 }
 
 // timeline renders the room's transitions.
