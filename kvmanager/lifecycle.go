@@ -209,9 +209,8 @@ func (m *Manager) admitLocked(shard int) {
 		r.admittedAt = now
 		if r.xferCancel != nil {
 			r.xferCancel() // the previous attempt's (a rebootstrap): nothing of it runs any more
+			r.xferCtx, r.xferCancel = nil, nil
 		}
-		// Made at admission, not at open: a queued room holds none.
-		r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
 		m.obs.DestinationLatency(now.Sub(r.openedAt))
 		m.transitionLocked(r, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)))
 		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
@@ -409,8 +408,11 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 	r, rp, cs, fresh, err := m.chunkBeginLocked(req, false)
 	if err != nil || !fresh {
 		var inflight chan struct{}
-		if cs != nil {
-			inflight = cs.inflight // read under the lock: chunkEndLocked clears it
+		if cs != nil && cs.busy { // under the lock: chunkEndLocked settles it
+			if cs.waiters == nil {
+				cs.waiters = make(chan struct{})
+			}
+			inflight = cs.waiters
 		}
 		m.unlock()
 		if err != nil {
@@ -427,7 +429,11 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 			m.armShardTimerLocked(r.decodeDP)
 		}
 	}
-	xctx := r.xferCtx
+	// The engine call ends with the caller or when the room fails
+	// (failLocked cancels every chunk in flight).
+	opCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cs.cancel = cancel
 	roomSpan := r.spanCtx
 	r.inflight++
 	m.unlock()
@@ -439,7 +445,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 			attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
 			attribute.Bool("decodeplane.last", req.Last)}
 	}
-	res, terr := m.runRoomOp(ctx, xctx, roomSpan, "chunk", attrs, func(ctx context.Context) (ChunkResult, error) { return m.engine.Transfer(ctx, op) })
+	res, terr := m.runRoomOp(opCtx, nil, roomSpan, "chunk", attrs, func(ctx context.Context) (ChunkResult, error) { return m.engine.Transfer(ctx, op) })
 
 	m.mu.Lock()
 	defer m.unlock()
@@ -447,15 +453,32 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 	return m.chunkEndLocked(ctx, r, rp, req, cs, res, terr)
 }
 
+// xferCtxLocked is the room's transfer context (staged scatters), made on
+// first use; it ends when the room fails.
+func (m *Manager) xferCtxLocked(r *room) context.Context {
+	if r.xferCtx == nil {
+		r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
+		if r.phase == PhaseFailed {
+			r.xferCancel()
+		}
+	}
+	return r.xferCtx
+}
+
 // runRoomOp runs an engine operation of a room under a span named name
 // (linked to the room's span), with a context that ends when parent or the
-// room's transfer context (the room failed) ends. Without tracing no span is
-// started (attrs is then nil).
+// room's transfer context (the room failed) ends; with no xctx, parent is
+// already cancelled with the room. Without tracing no span is started
+// (attrs is then nil).
 func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string, attrs []attribute.KeyValue, op func(context.Context) (ChunkResult, error)) (ChunkResult, error) {
-	ctx, cancel := context.WithCancel(parent)
-	defer cancel()
-	stop := context.AfterFunc(xctx, cancel)
-	defer stop()
+	ctx := parent
+	if xctx != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(parent)
+		defer cancel()
+		stop := context.AfterFunc(xctx, cancel)
+		defer stop()
+	}
 	if !m.tracing {
 		return op(ctx)
 	}
@@ -585,7 +608,7 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 	if req.Last {
 		rp.last = req.Index
 	}
-	cs := &chunkState{inflight: make(chan struct{}), off: req.PageOffset, n: req.NumPages, last: req.Last}
+	cs := &chunkState{busy: true, off: req.PageOffset, n: req.NumPages, last: req.Last}
 	if rp.chunks == nil {
 		rp.chunks = make(map[int]*chunkState, 1)
 	}
@@ -627,8 +650,7 @@ func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) ChunkOp {
 func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress, req ChunkRequest, cs *chunkState, res ChunkResult, terr error) (ChunkResult, bool, error) {
 	finish := func(err error) (ChunkResult, bool, error) {
 		cs.err = err
-		close(cs.inflight)
-		cs.inflight = nil
+		cs.settle()
 		m.releaseIfIdleLocked(r)
 		return res, false, err
 	}
@@ -637,7 +659,9 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 		return finish(fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message))
 	}
 	if terr != nil {
-		retryable := errors.Is(terr, ErrEngineUnavailable) || (ctx.Err() != nil && r.xferCtx.Err() == nil)
+		// The room has not failed (checked above): a cancelled call is the
+		// caller's, and nothing landed.
+		retryable := errors.Is(terr, ErrEngineUnavailable) || ctx.Err() != nil
 		if retryable {
 			chunkDroppedLocked(rp, req.Index, cs) // nothing landed: a retry may send it again
 			return finish(terr)
@@ -648,8 +672,7 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 		return finish(fmt.Errorf("%w: %s", ErrTransferFailed, f.Message))
 	}
 	cs.done, cs.result = true, res
-	close(cs.inflight)
-	cs.inflight = nil
+	cs.settle()
 	m.chunkLandedLocked(r, rp, req, res)
 	return res, false, nil
 }
@@ -711,13 +734,12 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 		return PollFailed, false, err
 	}
 	if !fresh {
-		if cs.inflight != nil {
+		if cs.busy {
 			return r.phase.Poll(), false, fmt.Errorf("chunk %d of room %d: %w: the chunk is being moved by Transfer", req.Index, r.id, ErrWrongState)
 		}
 		return r.phase.Poll(), true, cs.err
 	}
-	close(cs.inflight)
-	cs.inflight = nil
+	cs.settle()
 	cs.done = true
 	cs.result = ChunkResult{Bytes: req.Bytes, Duration: -1, MarkerWritten: req.Marker} // duration unknown: the prefill moved it
 	m.chunkLandedLocked(r, rp, req, cs.result)
@@ -791,6 +813,13 @@ func (m *Manager) failLocked(r *room, f Failure) {
 	}
 	if r.xferCancel != nil {
 		r.xferCancel()
+	}
+	for _, rp := range r.ranks {
+		for _, cs := range rp.chunks {
+			if cs.cancel != nil {
+				cs.cancel() // the engine call in flight ends; its chunkEndLocked sees the failure
+			}
+		}
 	}
 	for k, c := range r.claims {
 		c.finish(DestinationEvent{Failure: &fc})

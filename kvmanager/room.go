@@ -58,7 +58,9 @@ type room struct {
 	watchers map[*Watcher]struct{}
 
 	// Transfers in flight; the ledger is released only when none remain, so
-	// that nothing writes into pages another room may get.
+	// that nothing writes into pages another room may get. xferCtx (made by
+	// the first staged scatter) ends when the room fails; an engine Transfer
+	// has its own cancel in its chunkState.
 	xferCtx        context.Context
 	xferCancel     context.CancelFunc
 	inflight       int
@@ -92,6 +94,16 @@ type rankProgress struct {
 	lastLanded bool
 }
 
+// settle ends the chunk's attempt in flight and wakes the retries waiting
+// for it; lock held.
+func (cs *chunkState) settle() {
+	cs.busy, cs.cancel = false, nil
+	if cs.waiters != nil {
+		close(cs.waiters)
+		cs.waiters = nil
+	}
+}
+
 // done: every page of the destination landed from this rank, and its last
 // chunk (with the metadata) landed.
 func (rp *rankProgress) done() bool {
@@ -99,10 +111,14 @@ func (rp *rankProgress) done() bool {
 }
 
 type chunkState struct {
-	done     bool
-	inflight chan struct{} // closed when the in-flight attempt ends
-	result   ChunkResult
-	err      error
+	done bool
+	busy bool // an attempt is in flight
+	// waiters is made by a retry that waits for the attempt in flight and
+	// closed when it ends; cancel ends the engine call (the room failed).
+	waiters chan struct{}
+	cancel  context.CancelFunc
+	result  ChunkResult
+	err     error
 	// The chunk's identity beyond its index: a retry must match it.
 	off, n int
 	last   bool

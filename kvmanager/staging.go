@@ -707,8 +707,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		sc.aux[w] = aux
 		res.Bytes += int64(tokens) * sc.writers[w].BytesPerToken
 	}
-	close(cs.inflight)
-	cs.inflight = nil
+	cs.settle()
 	cs.done, cs.result = true, res
 	m.chunkLandedLocked(r, rp, creq, res)
 	todo := m.readyRegionsLocked(r, rs, req.Rank, req.Index)
@@ -785,7 +784,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 		}
 		sc.state, sc.running = scatterRunning, make(chan struct{})
 		r.inflight++
-		xctx, roomSpan := r.xferCtx, r.spanCtx
+		xctx, roomSpan := m.xferCtxLocked(r), r.spanCtx
 		m.unlock()
 
 		// The scatter outlives the caller's RPC (every writer already
