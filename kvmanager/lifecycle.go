@@ -156,11 +156,8 @@ func (m *Manager) dpResolvedLocked(r *room, inst *prefillInstance, dp int, rule 
 	if r.span != nil {
 		r.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", dp), attribute.String("decodeplane.dp_rank_rule", rule.String()))
 	}
-	for k, c := range r.claims {
-		if c.rank.DP != dp {
-			c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", c.rank, r.id, dp, rule)}})
-			delete(r.claims, k)
-		}
+	for _, c := range r.claims.removeIf(func(c *Claim) bool { return c.rank.DP != dp }) {
+		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", c.rank, r.id, dp, rule)}})
 	}
 	m.transitionLocked(r, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)))
 	if err := r.led.SetReady(r.id); err != nil {
@@ -214,9 +211,7 @@ func (m *Manager) admitLocked(shard int) {
 		m.obs.DestinationLatency(now.Sub(r.openedAt))
 		m.transitionLocked(r, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)))
 		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
-		for _, c := range r.claims {
-			c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.key())})
-		}
+		r.claims.each(func(c *Claim) { c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.key())}) })
 	}
 	m.armShardTimerLocked(shard)
 }
@@ -309,7 +304,7 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		return err
 	}
 	k := c.rank.key()
-	if old := r.claims[k]; old != nil && old != c {
+	if old := r.claims.get(k); old != nil && old != c {
 		old.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: "superseded by a newer AwaitDestination from the same rank"}})
 	}
 	switch {
@@ -321,10 +316,7 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		c.finish(DestinationEvent{Done: &p})
 		return nil
 	}
-	if r.claims == nil {
-		r.claims = make(map[rankKey]*Claim, 1)
-	}
-	r.claims[k] = c
+	r.claims.set(k, c)
 	if r.pages != nil && (r.phase == PhaseAdmitted || r.phase == PhaseClaimed || r.phase == PhaseTransferring) {
 		c.queue(DestinationEvent{Destination: m.destinationLocked(r, k)})
 	}
@@ -558,7 +550,7 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 	// proves it holds it: the stream's Send and this call race, and the
 	// claim may not be recorded yet.
 	if !rp.claimed {
-		if c := r.claims[req.Rank.key()]; c == nil || r.phase != PhaseAdmitted {
+		if c := r.claims.get(req.Rank.key()); c == nil || r.phase != PhaseAdmitted {
 			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
 		}
 	}
@@ -779,10 +771,7 @@ func (m *Manager) checkSuccessLocked(r *room) {
 	m.obs.RoomFinished(PhaseSucceeded, FailureUnspecified, now.Sub(r.openedAt))
 	m.transitionLocked(r, PhaseSucceeded, "T12/T17", numNote(noteSucceeded, int64(r.chunksDone), int64(r.bytes)))
 	p := PhaseSucceeded
-	for k, c := range r.claims {
-		c.finish(DestinationEvent{Done: &p})
-		delete(r.claims, k)
-	}
+	r.claims.finishAll(DestinationEvent{Done: &p})
 }
 
 // sglangFor names the SGLang transition a failure code corresponds to.
@@ -821,10 +810,7 @@ func (m *Manager) failLocked(r *room, f Failure) {
 			}
 		}
 	}
-	for k, c := range r.claims {
-		c.finish(DestinationEvent{Failure: &fc})
-		delete(r.claims, k)
-	}
+	r.claims.finishAll(DestinationEvent{Failure: &fc})
 	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt))
 	m.log.WarnContext(r.spanCtx, "room failed", "room", r.id, "rid", r.rid, "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
 	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], textNote(r.failure.Message))
@@ -1185,7 +1171,7 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 		r.req.Rebootstrap = true
 		r.pages, r.state, r.metaSlot, r.fillLen, r.marker = nil, nil, -1, 0, 0
 		r.chunksDone, r.bytes = 0, 0
-		r.claims = nil
+		r.claims = claimSet{}
 		r.plan, r.ranks = nil, nil // per-attempt progress: set again once the prefill is known
 		r.gates = nil
 		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = now.Add(m.cfg.Timeouts.Bootstrap), time.Time{}, time.Time{}, time.Time{}

@@ -53,7 +53,7 @@ type room struct {
 
 	plan   *roomPlan
 	ranks  map[rankKey]*rankProgress
-	claims map[rankKey]*Claim
+	claims claimSet
 
 	watchers map[*Watcher]struct{}
 

@@ -521,7 +521,7 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 		// As for chunks (chunkBeginLocked): a rank whose claim stream was
 		// given the destination holds it, even if the claim is not recorded
 		// yet (the stream's Send races with this call).
-		if c := r.claims[rank.key()]; c == nil || r.phase != PhaseAdmitted {
+		if c := r.claims.get(rank.key()); c == nil || r.phase != PhaseAdmitted {
 			return nil, nil, fmt.Errorf("%s of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", what, r.id, rank, ErrWrongState)
 		}
 		m.claimRankLocked(r, rp)
