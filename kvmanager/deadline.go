@@ -42,7 +42,7 @@ const (
 
 // deadline is one entry of the heap. Its zero value is not armed.
 type deadline struct {
-	at   time.Time
+	at   int64 // Unix nanoseconds
 	ref  any
 	id   uint64
 	gen  uint32
@@ -56,9 +56,9 @@ func (d *deadline) armed() bool { return d.idx > 0 }
 type deadlines struct {
 	h       []*deadline
 	timer   Stopper
-	armed   bool      // the timer is pending
-	armedAt time.Time // when it fires
-	fire    func()    // m.fireDeadlines, built once
+	armed   bool   // the timer is pending
+	armedAt int64  // when it fires (Unix nanoseconds)
+	fire    func() // m.fireDeadlines, built once
 }
 
 // resetter is a Stopper that can be re-armed in place (*time.Timer).
@@ -66,7 +66,7 @@ type resetter interface {
 	Reset(d time.Duration) bool
 }
 
-func (q *deadlines) less(i, j int) bool { return q.h[i].at.Before(q.h[j].at) }
+func (q *deadlines) less(i, j int) bool { return q.h[i].at < q.h[j].at }
 
 func (q *deadlines) swap(i, j int) {
 	q.h[i], q.h[j] = q.h[j], q.h[i]
@@ -112,7 +112,7 @@ func (q *deadlines) fix(i int) {
 
 // set arms (or moves) d at at.
 func (q *deadlines) set(d *deadline, at time.Time) {
-	d.at = at
+	d.at = at.UnixNano()
 	if d.armed() {
 		q.fix(int(d.idx - 1))
 		return
@@ -144,7 +144,7 @@ func (q *deadlines) remove(d *deadline) {
 
 // popDue removes and returns the earliest deadline due at now, or nil.
 func (q *deadlines) popDue(now time.Time) *deadline {
-	if len(q.h) == 0 || q.h[0].at.After(now) {
+	if len(q.h) == 0 || q.h[0].at > now.UnixNano() {
 		return nil
 	}
 	d := q.h[0]
@@ -189,10 +189,10 @@ func (m *Manager) rearmLocked() {
 		return
 	}
 	next := q.h[0].at
-	if q.armed && !next.Before(q.armedAt) {
+	if q.armed && next >= q.armedAt {
 		return
 	}
-	d := max(next.Sub(m.clock.Now()), 0)
+	d := max(time.Unix(0, next).Sub(m.clock.Now()), 0)
 	q.armedAt, q.armed = next, true
 	if q.timer != nil {
 		if rs, ok := q.timer.(resetter); ok {

@@ -825,11 +825,10 @@ func (m *Manager) releaseRoomLocked(r *room, note string) {
 
 // endLocked retains a terminal room and releases its resources.
 func (m *Manager) endLocked(r *room) {
-	r.finishedAt = m.clock.Now()
 	r.releasePending = true
 	m.releaseIfIdleLocked(r)
 	m.retained = append(m.retained, r)
-	m.trimRetainedLocked(r.finishedAt)
+	m.trimRetainedLocked(r.updatedAt)
 }
 
 // releaseIfIdleLocked returns a terminal room's resources to the ledger once
@@ -838,18 +837,15 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 	if !r.releasePending || r.inflight > 0 {
 		return
 	}
-	if now := m.clock.Now(); r.writesUntil.After(now) && !m.closed {
+	if now := m.clock.Now(); r.writesUntil().After(now) && !m.closed {
 		// An engine could not rule out writes into the pages until then.
-		if r.quarantine == nil {
-			r.quarantine = new(deadline)
-		}
-		if !r.quarantine.armed() {
-			m.setDeadlineLocked(r.quarantine, dlQuarantine, r.writesUntil, r.id, r.attempt, r)
+		if q := r.quarantine; !q.dl.armed() {
+			m.setDeadlineLocked(&q.dl, dlQuarantine, q.until, r.id, r.attempt, r)
 		}
 		return
 	}
 	if r.quarantine != nil {
-		m.clearDeadlineLocked(r.quarantine)
+		m.clearDeadlineLocked(&r.quarantine.dl)
 		r.quarantine = nil
 	}
 	r.releasePending = false
@@ -874,8 +870,11 @@ func (m *Manager) noteWritesMayContinueLocked(r *room, err error) {
 		return
 	}
 	var wmc *WritesMayContinueError
-	if errors.As(err, &wmc) && wmc.Until.After(r.writesUntil) {
-		r.writesUntil = wmc.Until
+	if errors.As(err, &wmc) && wmc.Until.After(r.writesUntil()) {
+		if r.quarantine == nil {
+			r.quarantine = &quarantine{}
+		}
+		r.quarantine.until = wmc.Until
 		m.log.Warn("room's pages held until the transfer agent's deadline", "room", r.id, "until", wmc.Until, "err", wmc.Err)
 	}
 }
@@ -884,7 +883,7 @@ func (m *Manager) noteWritesMayContinueLocked(r *room, err error) {
 func (m *Manager) trimRetainedLocked(now time.Time) {
 	for len(m.retained) > 0 {
 		old := m.retained[0]
-		if len(m.retained) <= m.cfg.Rooms.MaxRetained && now.Sub(old.finishedAt) < m.cfg.Rooms.Retention {
+		if len(m.retained) <= m.cfg.Rooms.MaxRetained && now.Sub(old.updatedAt) < m.cfg.Rooms.Retention {
 			break
 		}
 		m.retained[0] = nil

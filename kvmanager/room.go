@@ -23,20 +23,19 @@ type room struct {
 	req      prealloc.Request
 	decodeDP int
 	led      Ledger
-	inLedger bool // the ledger holds this room (any ledger state)
 
 	hintDP    int // -1: no hint
 	prefillDP int // -1: unresolved
 	dpRule    DPRule
 
-	phase       Phase
-	failure     *Failure
-	attempt     uint32
-	openedAt    time.Time
-	updatedAt   time.Time
-	admittedAt  time.Time
-	claimedAt   time.Time
-	finishedAt  time.Time
+	phase      Phase
+	failure    *Failure
+	openedAt   time.Time
+	updatedAt  time.Time
+	admittedAt time.Time
+	claimedAt  time.Time
+	// finishedAt is updatedAt once the room is terminal (no transition
+	// follows the terminal one).
 	transitions []transition // compact; rendered by timeline
 
 	// Deadlines, zero when not armed.
@@ -46,10 +45,9 @@ type room struct {
 	dl          deadline // the earliest of them, on the manager's deadline heap
 
 	// Admission results (copies, safe to hand out).
-	pages    []int32
-	fillLen  int
-	metaSlot int32
-	state    []prealloc.StateIndices
+	pages   []int32
+	fillLen int
+	state   []prealloc.StateIndices
 
 	plan   *roomPlan
 	ranks  map[rankKey]*rankProgress
@@ -61,25 +59,45 @@ type room struct {
 	// that nothing writes into pages another room may get. xferCtx (made by
 	// the first staged scatter) ends when the room fails; an engine Transfer
 	// has its own cancel in its chunkState.
-	xferCtx        context.Context
-	xferCancel     context.CancelFunc
-	inflight       int
-	releasePending bool
-	onEnd          []func()
-	// writesUntil: an engine failure could not rule out writes into the
-	// pages until then; the release waits (quarantine is its deadline).
-	writesUntil time.Time
-	quarantine  *deadline // made when a quarantine starts
+	xferCtx    context.Context
+	xferCancel context.CancelFunc
+	inflight   int
+	onEnd      []func()
+	// quarantine is made when an engine failure could not rule out writes
+	// into the pages until a time: the release waits for it.
+	quarantine *quarantine
 
 	gates      map[string]bool // conditions success waits for (e.g. staged scatters)
 	marker     uint64
 	bytes      uint64
 	chunksDone int
-	staging    bool
 
 	span      trace.Span
 	spanCtx   context.Context
 	phaseSpan trace.Span
+
+	// Small fields together (no padding between them).
+	attempt        uint32
+	metaSlot       int32
+	inLedger       bool // the ledger holds this room (any ledger state)
+	releasePending bool
+	staging        bool
+}
+
+// quarantine holds a room's release until writes that may continue after
+// an engine failure (WritesMayContinueError) can no longer happen.
+type quarantine struct {
+	until time.Time
+	dl    deadline
+}
+
+// writesUntil is when writes into the room's pages may have stopped (zero:
+// nothing may still write).
+func (r *room) writesUntil() time.Time {
+	if r.quarantine == nil {
+		return time.Time{}
+	}
+	return r.quarantine.until
 }
 
 // rankProgress is one required prefill rank's transfer of one attempt.
