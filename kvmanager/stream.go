@@ -5,8 +5,10 @@ import (
 )
 
 // watchBuffer is how many events a watch stream may fall behind before it is
-// dropped with ErrSlowConsumer. A room has about a dozen transitions.
-const watchBuffer = 64
+// dropped with ErrSlowConsumer: a room's whole hand-off (about a dozen
+// transitions, a rebootstrap a few more) fits, so only a watcher that stopped
+// reading is dropped.
+const watchBuffer = 16
 
 // Watcher is one WatchRoom stream.
 type Watcher struct {
