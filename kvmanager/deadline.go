@@ -12,8 +12,9 @@ import (
 // allocates; it carries its kind and the generation (attempt) it was armed
 // for, and what it bounds is checked against its current state when it
 // fires. A deadline that no longer applies is removed at once (O(log n),
-// its heap index is kept), so the heap holds only live entries and the
-// timer stops when nothing is left to wait for.
+// its heap index is kept) where its owner knows it (a room ends, a claim
+// attaches); the others fire once and find nothing to do. The heap holds at
+// most one entry per owner, and the timer stops when it is empty.
 
 // deadlineKind says what a deadline bounds.
 type deadlineKind uint8

@@ -60,8 +60,13 @@
 // one timer on the injected Clock armed at the heap's minimum. An entry is a
 // value inside what it bounds (arming one allocates nothing) and carries its
 // kind and the attempt it was armed for; when it fires it is checked against
-// the current state, and an entry that no longer applies is taken off the
-// heap at once (O(log n)), so the timer stops when nothing waits. The timer's
+// the current state. An entry that no longer applies is taken off the heap
+// at once (O(log n), it keeps its heap index) — a room's when it ends or
+// changes phase, a claim's when it attaches or closes, a staged room's when
+// its regions go back; the few left (a registration check whose rooms all
+// ended, an admission pass another pass already ran) fire once and find
+// nothing to do. So the heap holds at most one entry per room, claim,
+// address and shard, and the timer stops once nothing waits. The timer's
 // callback is the loop: it handles every entry due, then re-arms.
 //
 // # Admission runs once per change
