@@ -66,6 +66,36 @@
 // ranks instead of scanning them; SGLang's mapping lists are built only
 // when their total length is within a fixed budget.
 //
+// # One deadline heap
+//
+// Every one of these deadlines — a room's phase deadline, a shard's next
+// ledger claim deadline, a claim waiting for OpenRoom, an address's next
+// registration check, a staged room's completion timeout, a quarantine's end
+// and the admission pass due right after a retraction — is an entry of one
+// min-heap keyed by time (deadline.go; etcd's lessor is the model), driven by
+// one timer on the injected Clock armed at the heap's minimum. An entry is a
+// value inside what it bounds (arming one allocates nothing) and carries its
+// kind and the attempt it was armed for; when it fires it is checked against
+// the current state. An entry that no longer applies is taken off the heap
+// at once (O(log n), it keeps its heap index) — a room's when it ends or
+// changes phase, a claim's when it attaches or closes, a staged room's when
+// its regions go back; the few left (a registration check whose rooms all
+// ended, an admission pass another pass already ran) fire once and find
+// nothing to do. So the heap holds at most one entry per room, claim,
+// address and shard, and the timer stops once nothing waits. The timer's
+// callback is the loop: it handles every entry due, then re-arms.
+//
+// # Admission runs once per change
+//
+// A call that ends rooms (ReleaseRoom, AbortRoom, a failure, a timeout, a
+// prefill lost) does not run admission inside itself for each room it frees:
+// it marks the room's shard "admission due", and one pass per due shard runs
+// when the call is done with its own rooms, just before it releases the
+// manager's lock (Manager.unlock), or at the end of the deadline loop's step.
+// The calls that make a room admissible (OpenRoom, BindRoom, a completed
+// registration, ReportRunning's decode step) run their shard's pass
+// directly, so that their answer shows the admission.
+//
 // # Resources come back exactly once
 //
 // A room that ends (released, failed, aborted, timed out, shut down) gives
@@ -84,7 +114,13 @@
 //
 // A Manager is safe for concurrent use: one mutex guards its state, engine
 // calls run outside it, and the ledgers have their own locks (always taken
-// after the manager's). Run runs the periodic checks (heartbeat liveness,
+// after the manager's). The room path is cheap: without a tracer (the no-op
+// provider, detected once in New) or when the room's span does not record,
+// no span or attribute is built; a room keeps its timeline as compact
+// transitions (a note code and numbers, 48 bytes each) whose text is
+// rendered only for a snapshot, an event or a debug log; claims, watchers
+// and chunk maps are made on first use; an engine Transfer's cancel lives
+// in its chunk, called when the room fails. Run runs the periodic checks (heartbeat liveness,
 // binding expiry, retention); Shutdown ends every room and leaves every
 // ledger full.
 //

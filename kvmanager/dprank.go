@@ -35,7 +35,7 @@ func (m *Manager) resolveDPLocked(addr string, room uint64, hint int, topo Prefi
 // force_query is set; the room, if open, fails with SGLang's message.
 func (m *Manager) BindRoom(addr string, room uint64, dp int) (replaced bool, err error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	inst := m.prefills[addr]
 	if inst == nil {
 		return false, fmt.Errorf("bind room %d at %s: %w", room, addr, ErrPrefillNotFound)
@@ -86,7 +86,7 @@ type DPResolution struct {
 // returned as unresolved, never guessed.
 func (m *Manager) LookupDPRanks(addr string, rooms []uint64, hints map[uint64]int) ([]DPResolution, []uint64, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	inst := m.prefills[addr]
 	if inst == nil || !inst.complete {
 		return nil, nil, fmt.Errorf("lookup DP ranks at %s: %w (or not fully registered)", addr, ErrPrefillNotFound)

@@ -40,7 +40,7 @@ type OpenRequest struct {
 // prealloc's Enqueue), ErrQueueFull when admission.max_queued rooms wait.
 func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, bool, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if r := m.rooms[req.Room]; r != nil {
 		// Before the draining check: a retry of an OpenRoom that succeeded
 		// must learn that the room exists.
@@ -75,13 +75,11 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 		id: req.Room, rid: req.RID, addr: req.Addr, idemKey: req.IdempotencyKey, req: preq,
 		decodeDP: shard, led: led, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
 		attempt: 1, openedAt: now, updatedAt: now, metaSlot: -1,
-		claims: map[rankKey]*Claim{}, watchers: map[*Watcher]struct{}{},
 		bootstrapAt: now.Add(m.cfg.Timeouts.Bootstrap),
 	}
-	r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
 	m.startSpanLocked(ctx, r)
 	m.rooms[r.id] = r
-	m.transitionLocked(r, PhaseWaitingPrefill, "T1", fmt.Sprintf("opened on decode shard %d", shard))
+	m.transitionLocked(r, PhaseWaitingPrefill, "T1", numNote(noteOpened, int64(shard), 0))
 	if cs := m.pending[r.id]; cs != nil {
 		delete(m.pending, r.id)
 		m.pendingCount -= len(cs)
@@ -99,6 +97,10 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 }
 
 func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
+	if !m.tracing {
+		r.span, r.spanCtx = nil, context.Background()
+		return
+	}
 	attrs := []attribute.KeyValue{
 		attribute.Int64("decodeplane.room", int64(r.id)),
 		attribute.String("decodeplane.rid", r.rid),
@@ -140,7 +142,7 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang
 	}
 	r.dpAt = m.clock.Now().Add(m.cfg.Timeouts.DPRankResolution)
 	inst.unresolved[r.id] = r
-	m.transitionLocked(r, PhaseResolvingDP, "", fmt.Sprintf("%s: dp_size %d, follow_bootstrap_room %v: waiting for BindRoom", r.addr, inst.topo.DP, inst.topo.FollowBootstrapRoom))
+	m.transitionLocked(r, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(inst.topo.DP), b2i(inst.topo.FollowBootstrapRoom)))
 }
 
 // dpResolvedLocked records the room's prefill DP rank and queues it for
@@ -151,13 +153,10 @@ func (m *Manager) dpResolvedLocked(r *room, inst *prefillInstance, dp int, rule 
 	if r.span != nil {
 		r.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", dp), attribute.String("decodeplane.dp_rank_rule", rule.String()))
 	}
-	for k, c := range r.claims {
-		if c.rank.DP != dp {
-			c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", c.rank, r.id, dp, rule)}})
-			delete(r.claims, k)
-		}
+	for _, c := range r.claims.removeIf(func(c *Claim) bool { return c.rank.DP != dp }) {
+		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", c.rank, r.id, dp, rule)}})
 	}
-	m.transitionLocked(r, PhaseQueued, "T2/T4/T8", fmt.Sprintf("prefill dp rank %d (%s)", dp, rule))
+	m.transitionLocked(r, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)))
 	if err := r.led.SetReady(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused room %d: %v", r.id, err)})
 		return
@@ -168,6 +167,10 @@ func (m *Manager) dpResolvedLocked(r *room, inst *prefillInstance, dp int, rule 
 // admitLocked runs one admission pass on a shard and hands out what it
 // admitted: destinations to the prefill ranks, pages back to resumed rooms.
 func (m *Manager) admitLocked(shard int) {
+	if m.due[shard] {
+		m.due[shard] = false
+		m.nDue--
+	}
 	if m.closed {
 		return
 	}
@@ -194,16 +197,18 @@ func (m *Manager) admitLocked(shard int) {
 				m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to resume room %d: %v", r.id, err)})
 				continue
 			}
-			m.transitionLocked(r, PhaseSucceeded, "T20", fmt.Sprintf("resumed after retraction with %d pages", len(r.pages)))
+			m.transitionLocked(r, PhaseSucceeded, "T20", numNote(noteResumed, int64(len(r.pages)), 0))
 			continue
 		}
 		r.admittedAt = now
-		m.obs.DestinationLatency(now.Sub(r.openedAt))
-		m.transitionLocked(r, PhaseAdmitted, "T11", fmt.Sprintf("%d pages, metadata slot %d", len(r.pages), r.metaSlot))
-		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
-		for _, c := range r.claims {
-			c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.key())})
+		if r.xferCancel != nil {
+			r.xferCancel() // the previous attempt's (a rebootstrap): nothing of it runs any more
+			r.xferCtx, r.xferCancel = nil, nil
 		}
+		m.obs.DestinationLatency(now.Sub(r.openedAt))
+		m.transitionLocked(r, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)))
+		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
+		r.claims.each(func(c *Claim) { c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.key())}) })
 	}
 	m.armShardTimerLocked(shard)
 }
@@ -240,7 +245,7 @@ func (m *Manager) destinationLocked(r *room, k rankKey) *Destination {
 // room not opened yet waits (bounded by timeouts.bootstrap) for OpenRoom.
 func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	c := &Claim{m: m, room: room, rank: rank, ch: make(chan DestinationEvent, claimBuffer)}
 	r := m.rooms[room]
 	if r == nil {
@@ -252,7 +257,7 @@ func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
 		}
 		m.pending[room] = append(m.pending[room], c)
 		m.pendingCount++
-		c.expiry = m.clock.AfterFunc(m.cfg.Timeouts.Bootstrap, func() { m.expirePendingClaim(c) })
+		m.setDeadlineLocked(&c.expiry, dlPendingClaim, m.clock.Now().Add(m.cfg.Timeouts.Bootstrap), room, 0, c)
 		return c, nil
 	}
 	if err := m.attachClaimLocked(r, c); err != nil {
@@ -261,9 +266,7 @@ func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
 	return c, nil
 }
 
-func (m *Manager) expirePendingClaim(c *Claim) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (m *Manager) expirePendingClaimLocked(c *Claim) {
 	cs := m.pending[c.room]
 	for i, x := range cs {
 		if x == c {
@@ -298,7 +301,7 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		return err
 	}
 	k := c.rank.key()
-	if old := r.claims[k]; old != nil && old != c {
+	if old := r.claims.get(k); old != nil && old != c {
 		old.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: "superseded by a newer AwaitDestination from the same rank"}})
 	}
 	switch {
@@ -310,7 +313,7 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		c.finish(DestinationEvent{Done: &p})
 		return nil
 	}
-	r.claims[k] = c
+	r.claims.set(k, c)
 	if r.pages != nil && (r.phase == PhaseAdmitted || r.phase == PhaseClaimed || r.phase == PhaseTransferring) {
 		c.queue(DestinationEvent{Destination: m.destinationLocked(r, k)})
 	}
@@ -320,7 +323,7 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 // delivered records that a rank received its destination: its claim.
 func (m *Manager) delivered(c *Claim, d *Destination) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[c.room]
 	if r == nil || d == nil || d.Attempt != r.attempt || r.phase != PhaseAdmitted {
 		return
@@ -354,9 +357,9 @@ func (m *Manager) claimedLocked(r *room) {
 		return
 	}
 	m.armShardTimerLocked(r.decodeDP)
-	m.transitionLocked(r, PhaseClaimed, "T11", fmt.Sprintf("destination claimed by %d prefill ranks; waiting timeout %s", len(r.plan.required), m.cfg.Timeouts.Waiting))
+	m.transitionLocked(r, PhaseClaimed, "T11", numNote(noteClaimed, int64(len(r.plan.required)), int64(m.cfg.Timeouts.Waiting)))
 	if r.chunksDone > 0 {
-		m.transitionLocked(r, PhaseTransferring, "", "chunks landed before every rank claimed")
+		m.transitionLocked(r, PhaseTransferring, "", textNote("chunks landed before every rank claimed"))
 		m.checkSuccessLocked(r)
 	}
 }
@@ -392,10 +395,13 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 	r, rp, cs, fresh, err := m.chunkBeginLocked(req, false)
 	if err != nil || !fresh {
 		var inflight chan struct{}
-		if cs != nil {
-			inflight = cs.inflight // read under the lock: chunkEndLocked clears it
+		if cs != nil && cs.busy { // under the lock: chunkEndLocked settles it
+			if cs.waiters == nil {
+				cs.waiters = make(chan struct{})
+			}
+			inflight = cs.waiters
 		}
-		m.mu.Unlock()
+		m.unlock()
 		if err != nil {
 			return ChunkResult{}, false, err
 		}
@@ -410,31 +416,59 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 			m.armShardTimerLocked(r.decodeDP)
 		}
 	}
-	xctx := r.xferCtx
+	// The engine call ends with the caller or when the room fails
+	// (failLocked cancels every chunk in flight).
+	opCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cs.cancel = cancel
 	roomSpan := r.spanCtx
 	r.inflight++
-	m.mu.Unlock()
+	m.unlock()
 
-	res, terr := m.runRoomOp(ctx, xctx, roomSpan, "chunk", []attribute.KeyValue{
-		attribute.Int64("decodeplane.room", int64(req.Room)), attribute.Int("decodeplane.chunk", req.Index),
-		attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
-		attribute.Bool("decodeplane.last", req.Last)},
-		func(ctx context.Context) (ChunkResult, error) { return m.engine.Transfer(ctx, op) })
+	var attrs []attribute.KeyValue
+	if m.tracing {
+		attrs = []attribute.KeyValue{
+			attribute.Int64("decodeplane.room", int64(req.Room)), attribute.Int("decodeplane.chunk", req.Index),
+			attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
+			attribute.Bool("decodeplane.last", req.Last)}
+	}
+	res, terr := m.runRoomOp(opCtx, nil, roomSpan, "chunk", attrs, func(ctx context.Context) (ChunkResult, error) { return m.engine.Transfer(ctx, op) })
 
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r.inflight--
 	return m.chunkEndLocked(ctx, r, rp, req, cs, res, terr)
 }
 
+// xferCtxLocked is the room's transfer context (staged scatters), made on
+// first use; it ends when the room fails.
+func (m *Manager) xferCtxLocked(r *room) context.Context {
+	if r.xferCtx == nil {
+		r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
+		if r.phase == PhaseFailed {
+			r.xferCancel()
+		}
+	}
+	return r.xferCtx
+}
+
 // runRoomOp runs an engine operation of a room under a span named name
 // (linked to the room's span), with a context that ends when parent or the
-// room's transfer context (the room failed) ends.
+// room's transfer context (the room failed) ends; with no xctx, parent is
+// already cancelled with the room. Without tracing no span is started
+// (attrs is then nil).
 func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string, attrs []attribute.KeyValue, op func(context.Context) (ChunkResult, error)) (ChunkResult, error) {
-	ctx, cancel := context.WithCancel(parent)
-	defer cancel()
-	stop := context.AfterFunc(xctx, cancel)
-	defer stop()
+	ctx := parent
+	if xctx != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(parent)
+		defer cancel()
+		stop := context.AfterFunc(xctx, cancel)
+		defer stop()
+	}
+	if !m.tracing {
+		return op(ctx)
+	}
 	ctx, span := m.tracer.Start(ctx, name, trace.WithLinks(trace.LinkFromContext(roomSpan)), trace.WithAttributes(attrs...))
 	defer span.End()
 	res, err := op(ctx)
@@ -455,7 +489,7 @@ func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState, inflight chan 
 		}
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	return cs.result, cs.done, cs.err
 }
 
@@ -511,7 +545,7 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 	// proves it holds it: the stream's Send and this call race, and the
 	// claim may not be recorded yet.
 	if !rp.claimed {
-		if c := r.claims[req.Rank.key()]; c == nil || r.phase != PhaseAdmitted {
+		if c := r.claims.get(req.Rank.key()); c == nil || r.phase != PhaseAdmitted {
 			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
 		}
 	}
@@ -561,7 +595,10 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 	if req.Last {
 		rp.last = req.Index
 	}
-	cs := &chunkState{inflight: make(chan struct{}), off: req.PageOffset, n: req.NumPages, last: req.Last}
+	cs := &chunkState{busy: true, off: req.PageOffset, n: req.NumPages, last: req.Last}
+	if rp.chunks == nil {
+		rp.chunks = make(map[int]*chunkState, 1)
+	}
 	rp.chunks[req.Index] = cs
 	return r, rp, cs, true, nil
 }
@@ -600,8 +637,7 @@ func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) ChunkOp {
 func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress, req ChunkRequest, cs *chunkState, res ChunkResult, terr error) (ChunkResult, bool, error) {
 	finish := func(err error) (ChunkResult, bool, error) {
 		cs.err = err
-		close(cs.inflight)
-		cs.inflight = nil
+		cs.settle()
 		m.releaseIfIdleLocked(r)
 		return res, false, err
 	}
@@ -610,7 +646,9 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 		return finish(fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message))
 	}
 	if terr != nil {
-		retryable := errors.Is(terr, ErrEngineUnavailable) || (ctx.Err() != nil && r.xferCtx.Err() == nil)
+		// The room has not failed (checked above): a cancelled call is the
+		// caller's, and nothing landed.
+		retryable := errors.Is(terr, ErrEngineUnavailable) || ctx.Err() != nil
 		if retryable {
 			chunkDroppedLocked(rp, req.Index, cs) // nothing landed: a retry may send it again
 			return finish(terr)
@@ -621,8 +659,7 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 		return finish(fmt.Errorf("%w: %s", ErrTransferFailed, f.Message))
 	}
 	cs.done, cs.result = true, res
-	close(cs.inflight)
-	cs.inflight = nil
+	cs.settle()
 	m.chunkLandedLocked(r, rp, req, res)
 	return res, false, nil
 }
@@ -644,7 +681,7 @@ func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest,
 	}
 	m.markerLandedLocked(r, res.MarkerWritten)
 	if r.phase == PhaseClaimed {
-		m.transitionLocked(r, PhaseTransferring, "", fmt.Sprintf("chunk %d from %s landed", req.Index, req.Rank))
+		m.transitionLocked(r, PhaseTransferring, "", chunkLandedNote(req.Index, req.Rank))
 	}
 	m.checkSuccessLocked(r)
 }
@@ -666,7 +703,7 @@ func (m *Manager) markerLandedLocked(r *room, marker uint64) {
 // the room with the prefill's reason (SGLang T13).
 func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if req.Failed {
 		// A failure fails the room whatever the chunk's pages or index
 		// (SGLang T13): nothing of it is to be kept.
@@ -688,13 +725,12 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 		return PollFailed, false, err
 	}
 	if !fresh {
-		if cs.inflight != nil {
+		if cs.busy {
 			return r.phase.Poll(), false, fmt.Errorf("chunk %d of room %d: %w: the chunk is being moved by Transfer", req.Index, r.id, ErrWrongState)
 		}
 		return r.phase.Poll(), true, cs.err
 	}
-	close(cs.inflight)
-	cs.inflight = nil
+	cs.settle()
 	cs.done = true
 	cs.result = ChunkResult{Bytes: req.Bytes, Duration: -1, MarkerWritten: req.Marker} // duration unknown: the prefill moved it
 	m.chunkLandedLocked(r, rp, req, cs.result)
@@ -730,12 +766,9 @@ func (m *Manager) checkSuccessLocked(r *room) {
 	now := m.clock.Now()
 	m.obs.TransferLatency(now.Sub(r.admittedAt))
 	m.obs.RoomFinished(PhaseSucceeded, FailureUnspecified, now.Sub(r.openedAt))
-	m.transitionLocked(r, PhaseSucceeded, "T12/T17", fmt.Sprintf("%d chunks, %d bytes", r.chunksDone, r.bytes))
+	m.transitionLocked(r, PhaseSucceeded, "T12/T17", numNote(noteSucceeded, int64(r.chunksDone), int64(r.bytes)))
 	p := PhaseSucceeded
-	for k, c := range r.claims {
-		c.finish(DestinationEvent{Done: &p})
-		delete(r.claims, k)
-	}
+	r.claims.finishAll(DestinationEvent{Done: &p})
 }
 
 // sglangFor names the SGLang transition a failure code corresponds to.
@@ -764,30 +797,35 @@ func (m *Manager) failLocked(r *room, f Failure) {
 	if inst := m.prefills[r.addr]; inst != nil {
 		delete(inst.unresolved, r.id)
 	}
-	r.xferCancel()
-	for k, c := range r.claims {
-		c.finish(DestinationEvent{Failure: &fc})
-		delete(r.claims, k)
+	if r.xferCancel != nil {
+		r.xferCancel()
 	}
+	for _, rp := range r.ranks {
+		for _, cs := range rp.chunks {
+			if cs.cancel != nil {
+				cs.cancel() // the engine call in flight ends; its chunkEndLocked sees the failure
+			}
+		}
+	}
+	r.claims.finishAll(DestinationEvent{Failure: &fc})
 	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt))
 	m.log.WarnContext(r.spanCtx, "room failed", "room", r.id, "rid", r.rid, "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
-	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], f.Message)
+	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], textNote(r.failure.Message))
 	m.endLocked(r)
 }
 
 // releaseRoomLocked ends a room the decode engine is done with.
 func (m *Manager) releaseRoomLocked(r *room, note string) {
-	m.transitionLocked(r, PhaseReleased, "", note)
+	m.transitionLocked(r, PhaseReleased, "", textNote(note))
 	m.endLocked(r)
 }
 
 // endLocked retains a terminal room and releases its resources.
 func (m *Manager) endLocked(r *room) {
-	r.finishedAt = m.clock.Now()
 	r.releasePending = true
 	m.releaseIfIdleLocked(r)
 	m.retained = append(m.retained, r)
-	m.trimRetainedLocked(r.finishedAt)
+	m.trimRetainedLocked(r.updatedAt)
 }
 
 // releaseIfIdleLocked returns a terminal room's resources to the ledger once
@@ -796,20 +834,15 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 	if !r.releasePending || r.inflight > 0 {
 		return
 	}
-	if now := m.clock.Now(); r.writesUntil.After(now) && !m.closed {
+	if now := m.clock.Now(); r.writesUntil().After(now) && !m.closed {
 		// An engine could not rule out writes into the pages until then.
-		if r.quarantine == nil {
-			r.quarantine = m.clock.AfterFunc(r.writesUntil.Sub(now), func() {
-				m.mu.Lock()
-				defer m.mu.Unlock()
-				r.quarantine = nil
-				m.releaseIfIdleLocked(r)
-			})
+		if q := r.quarantine; !q.dl.armed() {
+			m.setDeadlineLocked(&q.dl, dlQuarantine, q.until, r.id, r.attempt, r)
 		}
 		return
 	}
 	if r.quarantine != nil {
-		r.quarantine.Stop()
+		m.clearDeadlineLocked(&r.quarantine.dl)
 		r.quarantine = nil
 	}
 	r.releasePending = false
@@ -824,15 +857,21 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 	}
 	r.onEnd = nil
 	r.gates = nil
-	m.admitLocked(r.decodeDP)
+	m.admitDueLocked(r.decodeDP) // once, when the call that ended the room unlocks
 }
 
 // noteWritesMayContinueLocked records how long an engine failure may still
 // write into the room's pages (see WritesMayContinueError).
 func (m *Manager) noteWritesMayContinueLocked(r *room, err error) {
+	if err == nil {
+		return
+	}
 	var wmc *WritesMayContinueError
-	if errors.As(err, &wmc) && wmc.Until.After(r.writesUntil) {
-		r.writesUntil = wmc.Until
+	if errors.As(err, &wmc) && wmc.Until.After(r.writesUntil()) {
+		if r.quarantine == nil {
+			r.quarantine = &quarantine{}
+		}
+		r.quarantine.until = wmc.Until
 		m.log.Warn("room's pages held until the transfer agent's deadline", "room", r.id, "until", wmc.Until, "err", wmc.Err)
 	}
 }
@@ -841,7 +880,7 @@ func (m *Manager) noteWritesMayContinueLocked(r *room, err error) {
 func (m *Manager) trimRetainedLocked(now time.Time) {
 	for len(m.retained) > 0 {
 		old := m.retained[0]
-		if len(m.retained) <= m.cfg.Rooms.MaxRetained && now.Sub(old.finishedAt) < m.cfg.Rooms.Retention {
+		if len(m.retained) <= m.cfg.Rooms.MaxRetained && now.Sub(old.updatedAt) < m.cfg.Rooms.Retention {
 			break
 		}
 		m.retained[0] = nil
@@ -860,7 +899,7 @@ func (m *Manager) trimRetainedLocked(now time.Time) {
 // "Aborted by AbortReq." or reason. Aborting a finished room is a no-op.
 func (m *Manager) AbortRoom(room uint64, reason string) (RoomSnapshot, bool, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return RoomSnapshot{}, false, fmt.Errorf("abort room %d: %w", room, ErrRoomNotFound)
@@ -879,7 +918,7 @@ func (m *Manager) AbortRoom(room uint64, reason string) (RoomSnapshot, bool, err
 // ReleaseRoom returns a successful room's pages; idempotent.
 func (m *Manager) ReleaseRoom(room uint64) (pages int, already bool, err error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	switch {
 	case r == nil:
@@ -900,7 +939,7 @@ func (m *Manager) ReleaseRoom(room uint64) (pages int, already bool, err error) 
 // transition when history is set), then each transition until terminal.
 func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return nil, fmt.Errorf("watch room %d: %w", room, ErrRoomNotFound)
@@ -912,11 +951,14 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(past)), m: m, room: room}
 	snap := r.snapshot(false, false)
 	for i, t := range past {
-		w.ch <- RoomEvent{Room: snap, Transition: t, Terminal: r.phase.Terminal() && i == len(past)-1}
+		w.ch <- RoomEvent{Room: snap, Transition: t.public(r.addr), Terminal: r.phase.Terminal() && i == len(past)-1}
 	}
 	if r.phase.Terminal() {
 		w.close(nil)
 		return w, nil
+	}
+	if r.watchers == nil {
+		r.watchers = make(map[*Watcher]struct{}, 1)
 	}
 	r.watchers[w] = struct{}{}
 	return w, nil
@@ -925,7 +967,7 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 // GetRoom returns a room's state and timeline.
 func (m *Manager) GetRoom(room uint64, withPages bool) (RoomSnapshot, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return RoomSnapshot{}, fmt.Errorf("get room %d: %w", room, ErrRoomNotFound)
@@ -951,7 +993,7 @@ type ListFilter struct {
 // total before Limit.
 func (m *Manager) ListRooms(f ListFilter) ([]RoomSnapshot, int) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	var match []*room
 	for _, r := range m.rooms {
 		if f.Addr != "" && r.addr != f.Addr {
@@ -1008,7 +1050,7 @@ type Grown struct {
 // their pages and reserve fit, then admits queued rooms.
 func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRunning []uint64) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	var stepped []bool // shards with a running room in this report
 	for _, u := range usage {
 		r := m.rooms[u.Room]
@@ -1070,7 +1112,7 @@ const (
 // ContinueGeneration; new rooms may be admitted into its pages at once.
 func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, ErrRoomNotFound)
@@ -1084,23 +1126,18 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 			return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, err)
 		}
 		r.pages = nil
-		m.transitionLocked(r, PhaseRetracted, "T20", "retracted: pages returned; resumes after the next ReportRunning, before new admissions")
+		m.transitionLocked(r, PhaseRetracted, "T20", textNote("retracted: pages returned; resumes after the next ReportRunning, before new admissions"))
 		if r.led.Stats().Running == 0 {
 			// Nothing left on the shard to grow into the pages: resume (or
 			// not) at the next pass, which runs after this call.
-			shard := r.decodeDP
-			m.clock.AfterFunc(0, func() {
-				m.mu.Lock()
-				defer m.mu.Unlock()
-				m.admitLocked(shard)
-			})
+			m.setDeadlineLocked(&m.admitDl[r.decodeDP], dlAdmit, m.clock.Now(), uint64(r.decodeDP), 0, nil)
 		}
 	case RetractRebootstrap:
 		if err := r.led.Hold(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("hold room %d: %w", room, err)
 		}
 		r.pages = nil
-		m.transitionLocked(r, PhaseHeld, "T21", "held for rebootstrap until ContinueGeneration")
+		m.transitionLocked(r, PhaseHeld, "T21", textNote("held for rebootstrap until ContinueGeneration"))
 		m.admitLocked(r.decodeDP)
 	default:
 		return RoomSnapshot{}, invalid("mode", "must be RETRACT or REBOOTSTRAP")
@@ -1113,7 +1150,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 // rank.
 func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	var ids []uint64
 	for shard, led := range m.shards {
 		resumed := led.ResumeHeld()
@@ -1130,13 +1167,12 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 		r.req.Rebootstrap = true
 		r.pages, r.state, r.metaSlot, r.fillLen, r.marker = nil, nil, -1, 0, 0
 		r.chunksDone, r.bytes = 0, 0
-		r.claims = map[rankKey]*Claim{}
+		r.claims = claimSet{}
 		r.plan, r.ranks = nil, nil // per-attempt progress: set again once the prefill is known
 		r.gates = nil
 		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = now.Add(m.cfg.Timeouts.Bootstrap), time.Time{}, time.Time{}, time.Time{}
-		r.xferCtx, r.xferCancel = context.WithCancel(context.Background())
-		m.startSpanLocked(ctx, r)
-		m.transitionLocked(r, PhaseWaitingPrefill, "T22", fmt.Sprintf("rebootstrap attempt %d", r.attempt))
+		m.startSpanLocked(ctx, r) // the new attempt's transfer context is made at its admission
+		m.transitionLocked(r, PhaseWaitingPrefill, "T22", numNote(noteRebootstrap, int64(r.attempt), 0))
 		if inst := m.prefills[r.addr]; inst != nil && inst.complete {
 			m.afterPrefillKnownLocked(r, inst, "T22")
 		} else {
@@ -1171,7 +1207,7 @@ func (m *Manager) failDroppedHeldLocked(shard int, resumed []uint64) {
 // staged chunk still scattering). ReleaseHold removes it.
 func (m *Manager) HoldSuccess(room uint64, gate string) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return fmt.Errorf("hold success of room %d: %w", room, ErrRoomNotFound)
@@ -1189,7 +1225,7 @@ func (m *Manager) HoldSuccess(room uint64, gate string) error {
 // ReleaseHold removes a success condition; a non-nil failure fails the room.
 func (m *Manager) ReleaseHold(room uint64, gate string, failure *Failure) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil || r.phase.Terminal() {
 		return
@@ -1207,7 +1243,7 @@ func (m *Manager) ReleaseHold(room uint64, gate string, failure *Failure) {
 // the manager's lock held and must not call back into the manager.
 func (m *Manager) OnRoomEnd(room uint64, f func()) error {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return fmt.Errorf("on end of room %d: %w", room, ErrRoomNotFound)
@@ -1223,7 +1259,7 @@ func (m *Manager) OnRoomEnd(room uint64, f func()) error {
 // Poll returns a room's KVPoll (Failed for an unknown room).
 func (m *Manager) Poll(room uint64) KVPoll {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if r := m.rooms[room]; r != nil {
 		return r.phase.Poll()
 	}

@@ -66,9 +66,12 @@ type Manager struct {
 	clock  Clock
 	log    *slog.Logger
 	tracer trace.Tracer
-	obs    Observer
-	engine TransferEngine
-	shards []Ledger
+	// tracing: the provider is not the no-op one; without it no span or
+	// attribute is built on the room path.
+	tracing bool
+	obs     Observer
+	engine  TransferEngine
+	shards  []Ledger
 
 	mu           sync.Mutex
 	rooms        map[uint64]*room
@@ -77,11 +80,15 @@ type Manager struct {
 	bindings     map[string]map[uint64]binding
 	pending      map[uint64][]*Claim // claims for rooms not opened yet
 	pendingCount int
-	retained     []*room // terminal rooms, oldest first
-	shardTimers  []Stopper
+	retained     []*room    // terminal rooms, oldest first
+	dl           deadlines  // every deadline, one heap and one timer (deadline.go)
+	shardDl      []deadline // per shard: the ledger's next claim deadline
+	admitDl      []deadline // per shard: an admission pass right after a call
+	due          []bool     // per shard: an admission pass is due at unlock
+	nDue         int
 	draining     bool
 	closed       bool
-	progress     chan struct{} // closed (and replaced) when a room stops handing off
+	progress     chan struct{} // made by a waiting Shutdown; closed (and forgotten) when a room stops handing off
 	stg          stagingState  // the staging handler (staging.go)
 
 	shut ShutdownSummary // what Shutdown ended
@@ -110,8 +117,12 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
 	}
-	if deps.TracerProvider == nil {
-		deps.TracerProvider = noop.NewTracerProvider()
+	tracing := true
+	switch deps.TracerProvider.(type) {
+	case nil:
+		deps.TracerProvider, tracing = noop.NewTracerProvider(), false
+	case noop.TracerProvider, *noop.TracerProvider:
+		tracing = false
 	}
 	if deps.Observer == nil {
 		deps.Observer = NopObserver{}
@@ -123,6 +134,7 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		clock:       deps.Clock,
 		log:         deps.Logger,
 		tracer:      deps.TracerProvider.Tracer("github.com/decodeplane/decodeplane/kvmanager"),
+		tracing:     tracing,
 		obs:         deps.Observer,
 		engine:      deps.Engine,
 		shards:      deps.Ledgers,
@@ -131,9 +143,11 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		waitPrefill: map[string]*addrWait{},
 		bindings:    map[string]map[uint64]binding{},
 		pending:     map[uint64][]*Claim{},
-		shardTimers: make([]Stopper, len(deps.Ledgers)),
-		progress:    make(chan struct{}),
+		shardDl:     make([]deadline, len(deps.Ledgers)),
+		admitDl:     make([]deadline, len(deps.Ledgers)),
+		due:         make([]bool, len(deps.Ledgers)),
 	}
+	m.dl.fire = m.fireDeadlines
 	return m, nil
 }
 
@@ -204,7 +218,7 @@ func (t *ticker) stop() {
 // sweep expires DP-rank bindings and forgets finished rooms past retention.
 func (m *Manager) sweep() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	now := m.clock.Now()
 	for addr, tab := range m.bindings {
 		for room, b := range tab {
@@ -223,7 +237,7 @@ func (m *Manager) sweep() {
 // ErrDraining); rooms already open, queued ones included, go on.
 func (m *Manager) Drain() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if m.draining {
 		return
 	}
@@ -236,7 +250,7 @@ func (m *Manager) Drain() {
 // InFlight counts rooms that have not reached a terminal phase.
 func (m *Manager) InFlight() int {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	n := 0
 	for _, r := range m.rooms {
 		if !r.phase.Terminal() {
@@ -287,7 +301,7 @@ func (m *Manager) Shutdown(ctx context.Context) {
 		m.shut.Failed++
 	}
 	m.failPendingClaimsLocked()
-	m.mu.Unlock()
+	m.unlock()
 	for {
 		m.mu.Lock()
 		busy := 0
@@ -296,8 +310,11 @@ func (m *Manager) Shutdown(ctx context.Context) {
 				busy++
 			}
 		}
+		if m.progress == nil {
+			m.progress = make(chan struct{})
+		}
 		progress := m.progress
-		m.mu.Unlock()
+		m.unlock()
 		if busy == 0 {
 			break
 		}
@@ -310,7 +327,7 @@ func (m *Manager) Shutdown(ctx context.Context) {
 		}
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	// Closed first: no admission, no new timers, and no quarantine: the
 	// process is going away, every room's accounting goes back now.
 	m.closed = true
@@ -332,15 +349,8 @@ func (m *Manager) Shutdown(ctx context.Context) {
 		m.shut.Failed++
 	}
 	m.failPendingClaimsLocked() // none can be left: AwaitDestination refuses them while draining
-	for i, t := range m.shardTimers {
-		if t != nil {
-			t.Stop()
-			m.shardTimers[i] = nil
-		}
-	}
-	for _, w := range m.waitPrefill {
-		w.stop()
-	}
+	m.dl.clear()                // closed: no deadline applies any more
+	m.rearmLocked()
 	for _, r := range m.rooms {
 		m.releaseIfIdleLocked(r) // rooms quarantined before the shutdown
 	}
@@ -401,7 +411,7 @@ func (s ShutdownSummary) CutShort() bool { return s.Failed > 0 || s.PendingClaim
 // ShutdownSummary reports what Shutdown ended (zero before Shutdown).
 func (m *Manager) ShutdownSummary() ShutdownSummary {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	return m.shut
 }
 
@@ -462,33 +472,24 @@ func (m *Manager) Status() Status {
 		ps.SilentRanks, ps.SilentRankCount = p.silentRanks(now, interval, interval, maxListedRanks)
 		st.Prefills = append(st.Prefills, ps)
 	}
-	m.mu.Unlock()
+	m.unlock()
 	sort.Slice(st.Prefills, func(i, j int) bool { return st.Prefills[i].Addr < st.Prefills[j].Addr })
 	st.Shards = m.ShardStats()
 	return st
 }
 
-// armShardTimer keeps one timer per shard at the ledger's next claim
-// deadline; it calls Expire when it fires.
+// armShardTimerLocked keeps the shard's entry on the deadline heap at the
+// ledger's next claim deadline; expireShardLocked runs when it is due.
 func (m *Manager) armShardTimerLocked(shard int) {
-	if m.closed {
-		return
-	}
-	if t := m.shardTimers[shard]; t != nil {
-		t.Stop()
-		m.shardTimers[shard] = nil
-	}
 	next, ok := m.shards[shard].NextDeadline()
-	if !ok {
+	if !ok || m.closed {
+		m.clearDeadlineLocked(&m.shardDl[shard])
 		return
 	}
-	d := next.Sub(m.clock.Now())
-	m.shardTimers[shard] = m.clock.AfterFunc(max(d, 0), func() { m.expireShard(shard) })
+	m.setDeadlineLocked(&m.shardDl[shard], dlShard, next, uint64(shard), 0, nil)
 }
 
-func (m *Manager) expireShard(shard int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (m *Manager) expireShardLocked(shard int) {
 	if m.closed {
 		return
 	}

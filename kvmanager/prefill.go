@@ -98,16 +98,10 @@ type prefillRank struct {
 // waiting for an instance's registration are re-checked with back-off
 // 1, 1, 2, 4, 4, ... s; after PrefillInfoAttempts checks they fail (T3).
 type addrWait struct {
+	addr     string
 	rooms    map[uint64]*room
 	attempts int
-	timer    Stopper
-}
-
-func (w *addrWait) stop() {
-	if w.timer != nil {
-		w.timer.Stop()
-		w.timer = nil
-	}
+	next     deadline // the next check, on the manager's deadline heap
 }
 
 // backoff returns the delay before check number n (0-based): base, base,
@@ -253,7 +247,7 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 	}
 
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	now := m.clock.Now()
 	res := RegistrationResult{}
 	inst := m.prefills[reg.Addr]
@@ -296,7 +290,7 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 		m.log.Info("prefill instance registered", "bootstrap_addr", reg.Addr, "ranks", len(inst.ranks),
 			"attn_tp", topo.AttnTP, "dp", topo.DP, "pp", topo.PP, "attn_cp", topo.AttnCP, "follow_bootstrap_room", topo.FollowBootstrapRoom)
 		if w := m.waitPrefill[reg.Addr]; w != nil {
-			w.stop()
+			m.clearDeadlineLocked(&w.next)
 			delete(m.waitPrefill, reg.Addr)
 			for _, r := range sortedRooms(w.rooms) {
 				if r.phase == PhaseWaitingPrefill {
@@ -329,7 +323,7 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 // rank must register again.
 func (m *Manager) Heartbeat(rank RankID, instanceID string) (time.Duration, int, error) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	inst := m.prefills[rank.Addr]
 	if inst == nil {
 		return 0, 0, fmt.Errorf("heartbeat from %s: %w (register again)", rank, ErrPrefillNotFound)
@@ -420,7 +414,7 @@ func describeSilent(ranks []SilentRank, total int) string {
 // line and the metrics say which ranks went silent and for how long.
 func (m *Manager) checkLiveness() {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	iv, mf := m.cfg.Timeouts.EffectiveHeartbeat()
 	limit := iv * time.Duration(mf)
 	now := m.clock.Now()
@@ -511,11 +505,11 @@ func sortedRooms(set map[uint64]*room) []*room {
 func (m *Manager) waitForPrefillLocked(r *room) {
 	w := m.waitPrefill[r.addr]
 	if w == nil {
-		w = &addrWait{rooms: map[uint64]*room{}}
+		w = &addrWait{addr: r.addr, rooms: map[uint64]*room{}}
 		m.waitPrefill[r.addr] = w
 	}
 	w.rooms[r.id] = r
-	if w.timer == nil {
+	if !w.next.armed() {
 		m.scheduleAttemptLocked(r.addr, w)
 	}
 }
@@ -524,18 +518,15 @@ func (m *Manager) scheduleAttemptLocked(addr string, w *addrWait) {
 	if m.closed {
 		return
 	}
-	w.timer = m.clock.AfterFunc(m.cfg.Timeouts.backoff(w.attempts), func() { m.prefillAttempt(addr, w) })
+	m.setDeadlineLocked(&w.next, dlPrefillAttempt, m.clock.Now().Add(m.cfg.Timeouts.backoff(w.attempts)), 0, 0, w)
 }
 
-// prefillAttempt is one check of an address's registration (one of SGLang's
+// prefillAttemptLocked is one check of an address's registration (one of SGLang's
 // _ensure_prefill_info attempts).
-func (m *Manager) prefillAttempt(addr string, w *addrWait) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (m *Manager) prefillAttemptLocked(addr string, w *addrWait) {
 	if m.waitPrefill[addr] != w {
 		return
 	}
-	w.timer = nil
 	for id, r := range w.rooms {
 		if r.phase != PhaseWaitingPrefill {
 			delete(w.rooms, id)

@@ -73,10 +73,10 @@ func TestStagedRoomWithoutMarkerFailsAtTheWaitingDeadline(t *testing.T) {
 		}
 		h.m.mu.Lock()
 		r := h.m.rooms[room]
-		armed := r.timer != nil || !r.waitingAt.IsZero()
+		armed := r.dl.armed() || !r.waitingAt.IsZero()
 		h.m.mu.Unlock()
 		if !armed {
-			t.Errorf("room %d is Transferring with no deadline armed (timer nil, waitingAt zero)", room)
+			t.Errorf("room %d is Transferring with no deadline armed (none on the heap, waitingAt zero)", room)
 		}
 		advance(10 * time.Minute) // 10 × timeouts.waiting, 2 × timeouts.bootstrap
 		if s := h.snapshot(room); !s.Phase.Terminal() {

@@ -23,63 +23,83 @@ type room struct {
 	req      prealloc.Request
 	decodeDP int
 	led      Ledger
-	inLedger bool // the ledger holds this room (any ledger state)
 
 	hintDP    int // -1: no hint
 	prefillDP int // -1: unresolved
 	dpRule    DPRule
 
-	phase       Phase
-	failure     *Failure
-	attempt     uint32
-	openedAt    time.Time
-	updatedAt   time.Time
-	admittedAt  time.Time
-	claimedAt   time.Time
-	finishedAt  time.Time
-	transitions []Transition
+	phase      Phase
+	failure    *Failure
+	openedAt   time.Time
+	updatedAt  time.Time
+	admittedAt time.Time
+	claimedAt  time.Time
+	// finishedAt is updatedAt once the room is terminal (no transition
+	// follows the terminal one).
+	transitions []transition // compact; rendered by timeline
 
 	// Deadlines, zero when not armed.
 	bootstrapAt time.Time
 	dpAt        time.Time
 	waitingAt   time.Time
-	timer       Stopper
+	dl          deadline // the earliest of them, on the manager's deadline heap
 
 	// Admission results (copies, safe to hand out).
-	pages    []int32
-	fillLen  int
-	metaSlot int32
-	state    []prealloc.StateIndices
+	pages   []int32
+	fillLen int
+	state   []prealloc.StateIndices
 
 	plan   *roomPlan
 	ranks  map[rankKey]*rankProgress // required ranks seen this attempt (room.progress)
-	claims map[rankKey]*Claim
+	claims claimSet
 	// claimedN, doneN count required ranks claimed / done this attempt.
 	claimedN, doneN int
 
 	watchers map[*Watcher]struct{}
 
 	// Transfers in flight; the ledger is released only when none remain, so
-	// that nothing writes into pages another room may get.
-	xferCtx        context.Context
-	xferCancel     context.CancelFunc
-	inflight       int
-	releasePending bool
-	onEnd          []func()
-	// writesUntil: an engine failure could not rule out writes into the
-	// pages until then; the release waits (quarantine is its timer).
-	writesUntil time.Time
-	quarantine  Stopper
+	// that nothing writes into pages another room may get. xferCtx (made by
+	// the first staged scatter) ends when the room fails; an engine Transfer
+	// has its own cancel in its chunkState.
+	xferCtx    context.Context
+	xferCancel context.CancelFunc
+	inflight   int
+	onEnd      []func()
+	// quarantine is made when an engine failure could not rule out writes
+	// into the pages until a time: the release waits for it.
+	quarantine *quarantine
 
 	gates      map[string]bool // conditions success waits for (e.g. staged scatters)
 	marker     uint64
 	bytes      uint64
 	chunksDone int
-	staging    bool
 
 	span      trace.Span
 	spanCtx   context.Context
 	phaseSpan trace.Span
+
+	// Small fields together (no padding between them).
+	attempt        uint32
+	metaSlot       int32
+	inLedger       bool // the ledger holds this room (any ledger state)
+	releasePending bool
+	staging        bool
+}
+
+// quarantine holds a room's release until writes that may continue after
+// an engine failure (WritesMayContinueError) can no longer happen.
+type quarantine struct {
+	until time.Time
+	dl    deadline
+}
+
+// writesUntil is when writes into the room's pages may have stopped (zero:
+// nothing may still write).
+func (r *room) writesUntil() time.Time {
+	if r.quarantine == nil {
+		return time.Time{}
+	}
+	return r.quarantine.until
 }
 
 // rankProgress is one required prefill rank's transfer of one attempt.
@@ -96,11 +116,25 @@ type rankProgress struct {
 	done bool
 }
 
+// settle ends the chunk's attempt in flight and wakes the retries waiting
+// for it; lock held.
+func (cs *chunkState) settle() {
+	cs.busy, cs.cancel = false, nil
+	if cs.waiters != nil {
+		close(cs.waiters)
+		cs.waiters = nil
+	}
+}
+
 type chunkState struct {
-	done     bool
-	inflight chan struct{} // closed when the in-flight attempt ends
-	result   ChunkResult
-	err      error
+	done bool
+	busy bool // an attempt is in flight
+	// waiters is made by a retry that waits for the attempt in flight and
+	// closed when it ends; cancel ends the engine call (the room failed).
+	waiters chan struct{}
+	cancel  context.CancelFunc
+	result  ChunkResult
+	err     error
 	// The chunk's identity beyond its index: a retry must match it.
 	off, n int
 	last   bool
@@ -125,7 +159,7 @@ func (r *room) snapshot(withTransitions, withPages bool) RoomSnapshot {
 		s.Failure = &f
 	}
 	if withTransitions {
-		s.Transitions = slices.Clone(r.transitions)
+		s.Transitions = r.timeline()
 	}
 	if withPages {
 		s.Pages = slices.Clone(r.pages)
@@ -150,21 +184,24 @@ var phaseSpanName = map[Phase]string{
 
 // transitionLocked moves the room to phase, records the transition, ends
 // and starts phase spans, and tells watchers, claims and the observer.
-func (m *Manager) transitionLocked(r *room, to Phase, sglang, note string) {
+func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) {
 	now := m.clock.Now()
 	from := r.phase
 	r.phase = to
 	r.updatedAt = now
-	t := Transition{Phase: to, Poll: to.Poll(), At: now, SGLang: sglang, Note: note, Attempt: r.attempt}
+	t := newTransition(now, to, sglang, note, r.attempt)
+	if r.transitions == nil {
+		r.transitions = make([]transition, 0, roomTransitions)
+	}
 	r.transitions = append(r.transitions, t)
 	m.obs.RoomPhase(from, to)
 	m.phaseSpanLocked(r, from, to, note)
-	if from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
+	if m.progress != nil && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
 		close(m.progress)
-		m.progress = make(chan struct{})
+		m.progress = nil
 	}
 	if len(r.watchers) > 0 { // the snapshot is only for watchers: not on the hot path without them
-		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t, Terminal: to.Terminal()}
+		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t.public(r.addr), Terminal: to.Terminal()}
 		for w := range r.watchers {
 			if !w.send(ev) {
 				delete(r.watchers, w)
@@ -178,22 +215,33 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang, note string) {
 		r.watchers = nil
 	}
 	if m.log.Enabled(r.spanCtx, levelDebug) {
-		m.log.DebugContext(r.spanCtx, "room transition", "room", r.id, "rid", r.rid, "from", from.String(), "to", to.String(), "sglang", sglang, "note", note)
+		m.log.DebugContext(r.spanCtx, "room transition", "room", r.id, "rid", r.rid, "from", from.String(), "to", to.String(), "sglang", sglang, "note", note.render(r.addr))
 	}
 	m.armTimerLocked(r)
 }
 
 const levelDebug = -4
 
+// roomTransitions is the timeline's first capacity: a queued room's
+// transitions (opened, queued, admitted, claimed) fit, a whole hand-off
+// takes one more allocation.
+const roomTransitions = 4
+
 // phaseSpanLocked keeps one child span per phase under the room span, which
 // covers the hand-off from OpenRoom to success or failure.
-func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note string) {
+func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note note) {
 	if r.span == nil {
 		return
 	}
+	if !r.span.IsRecording() { // sampled out: nothing to build
+		if to == PhaseFailed || to == PhaseReleased {
+			r.span = nil
+		}
+		return
+	}
 	if r.phaseSpan != nil && from != to {
-		if note != "" {
-			r.phaseSpan.AddEvent(note)
+		if s := note.render(r.addr); s != "" {
+			r.phaseSpan.AddEvent(s)
 		}
 		r.phaseSpan.End()
 		r.phaseSpan = nil
@@ -221,13 +269,11 @@ func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note string) {
 	}
 }
 
-// armTimerLocked keeps one timer per room at its earliest deadline.
+// armTimerLocked keeps the room's entry on the deadline heap at its
+// earliest deadline (none once it is terminal).
 func (m *Manager) armTimerLocked(r *room) {
-	if r.timer != nil {
-		r.timer.Stop()
-		r.timer = nil
-	}
 	if r.phase.Terminal() || m.closed {
+		m.clearDeadlineLocked(&r.dl)
 		return
 	}
 	var next time.Time
@@ -246,18 +292,16 @@ func (m *Manager) armTimerLocked(r *room) {
 		consider(r.waitingAt)
 	}
 	if next.IsZero() {
+		m.clearDeadlineLocked(&r.dl)
 		return
 	}
-	id, attempt := r.id, r.attempt
-	r.timer = m.clock.AfterFunc(max(next.Sub(m.clock.Now()), 0), func() { m.roomDeadline(id, attempt) })
+	m.setDeadlineLocked(&r.dl, dlRoom, next, r.id, r.attempt, r)
 }
 
-// roomDeadline fails a room whose current phase's deadline passed.
-func (m *Manager) roomDeadline(id uint64, attempt uint32) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	r := m.rooms[id]
-	if r == nil || r.attempt != attempt || r.phase.Terminal() {
+// roomDeadlineLocked fails a room whose current phase's deadline passed
+// (the heap's dlRoom entry, armed for attempt).
+func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
+	if m.rooms[r.id] != r || r.attempt != attempt || r.phase.Terminal() {
 		return
 	}
 	now := m.clock.Now()

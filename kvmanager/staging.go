@@ -173,8 +173,8 @@ type roomStaging struct {
 	attempt uint32
 	topo    PrefillTopology
 	chunks  map[stagedKey]*stagedChunk
-	pending int // regions allocated and not yet freed
-	timer   Stopper
+	pending int      // regions allocated and not yet freed
+	timer   deadline // the completion timeout, on the manager's deadline heap
 	// deadline is when timer fires: once every region is scattered it
 	// becomes the room's waiting deadline again, so that a room still not
 	// successful (no metadata marker, another gate) stays bounded.
@@ -335,7 +335,7 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 		return StagingPlan{}, err
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	inst := m.prefills[rank.Addr]
 	if inst == nil {
 		return StagingPlan{}, fmt.Errorf("setup staging for %s: %w (register it first)", rank, ErrPrefillNotFound)
@@ -424,9 +424,7 @@ func (m *Manager) stagingReleaseLocked(id uint64) {
 		return
 	}
 	delete(m.stg.rooms, id)
-	if rs.timer != nil {
-		rs.timer.Stop()
-	}
+	m.clearDeadlineLocked(&rs.timer)
 	touched := map[*stagingRing]bool{}
 	for _, sc := range rs.chunks {
 		if sc.freed {
@@ -454,9 +452,8 @@ func (m *Manager) stagingSettleLocked(r *room) {
 	rs := m.stg.rooms[r.id]
 	if rs == nil || rs.attempt != r.attempt || rs.pending == 0 {
 		delete(r.gates, stagingGate)
-		if rs != nil && rs.timer != nil {
-			rs.timer.Stop()
-			rs.timer = nil
+		if rs != nil && rs.timer.armed() {
+			m.clearDeadlineLocked(&rs.timer)
 			// The waiting deadline was lifted for the completion timer:
 			// restore it, so that a room that does not succeed now (the
 			// metadata marker never came) is still failed in time.
@@ -467,21 +464,18 @@ func (m *Manager) stagingSettleLocked(r *room) {
 		}
 		return
 	}
-	if rs.timer != nil {
+	if rs.timer.armed() {
 		return
 	}
-	id, attempt := r.id, r.attempt
 	r.waitingAt = time.Time{}
 	m.armTimerLocked(r)
 	rs.deadline = m.clock.Now().Add(m.cfg.Timeouts.Waiting)
-	rs.timer = m.clock.AfterFunc(m.cfg.Timeouts.Waiting, func() { m.stagingDeadline(id, attempt) })
+	m.setDeadlineLocked(&rs.timer, dlStaging, rs.deadline, r.id, r.attempt, nil)
 }
 
-// stagingDeadline fails a staged room whose scatters did not finish within
+// stagingDeadlineLocked fails a staged room whose scatters did not finish within
 // the completion timeout.
-func (m *Manager) stagingDeadline(id uint64, attempt uint32) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+func (m *Manager) stagingDeadlineLocked(id uint64, attempt uint32) {
 	r := m.rooms[id]
 	rs := m.stg.rooms[id]
 	if r == nil || r.attempt != attempt || r.phase.Terminal() || rs == nil || rs.attempt != attempt || rs.pending == 0 {
@@ -528,7 +522,7 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 		// As for chunks (chunkBeginLocked): a rank whose claim stream was
 		// given the destination holds it, even if the claim is not recorded
 		// yet (the stream's Send races with this call).
-		if c := r.claims[rank.key()]; c == nil || r.phase != PhaseAdmitted {
+		if c := r.claims.get(rank.key()); c == nil || r.phase != PhaseAdmitted {
 			return nil, nil, fmt.Errorf("%s of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", what, r.id, rank, ErrWrongState)
 		}
 		m.claimRankLocked(r, rp)
@@ -553,7 +547,7 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 		return nil, err
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	r := m.rooms[room]
 	if r == nil {
 		return nil, fmt.Errorf("allocate staging for chunk %d of room %d: %w", chunk, room, ErrRoomNotFound)
@@ -627,31 +621,31 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 	m.mu.Lock()
 	r := m.rooms[req.Room]
 	if r == nil {
-		m.mu.Unlock()
+		m.unlock()
 		return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
 	}
 	if rp := r.ranks[req.Rank.key()]; rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
 		// A retry: resubmit the regions whose scatter did not happen.
 		rs := m.stg.rooms[r.id]
 		todo := m.readyRegionsLocked(r, rs, req.Rank, req.Index)
-		m.mu.Unlock()
+		m.unlock()
 		res, err := m.runScatters(ctx, r, rs, todo)
 		res.Duplicate = true
 		return res, err
 	}
 	rp, rs, err := m.stagingRankLocked(r, req.Rank, fmt.Sprintf("chunk %d", req.Index))
 	if err != nil {
-		m.mu.Unlock()
+		m.unlock()
 		return StagingChunkResult{}, err
 	}
 	var aux *chunkAux
 	if req.Marker != 0 || len(req.OutputIDs) > 0 {
 		if !req.Last {
-			m.mu.Unlock()
+			m.unlock()
 			return StagingChunkResult{}, invalid("aux", "only the last chunk carries the metadata (aux)")
 		}
 		if len(req.OutputIDs) > kvcopy.MaxOutputIDs {
-			m.mu.Unlock()
+			m.unlock()
 			return StagingChunkResult{}, invalid("aux.output_ids", "has %d ids; a metadata slot holds at most %d", len(req.OutputIDs), kvcopy.MaxOutputIDs)
 		}
 		aux = &chunkAux{marker: req.Marker, outputIDs: slices.Clone(req.OutputIDs)}
@@ -665,20 +659,20 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		}
 		sc := rs.chunks[stagedKey{chunk: req.Index, tp: tg.DecodeTP, pp: q}]
 		if sc == nil {
-			m.mu.Unlock()
+			m.unlock()
 			return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d for decode rank %d: %w: no staging region is allocated (call AllocateStaging first)", req.Index, r.id, tg.DecodeTP, ErrWrongState)
 		}
 		if sc.numPages != req.NumPages {
-			m.mu.Unlock()
+			m.unlock()
 			return StagingChunkResult{}, invalid("num_pages", "%d differs from the region's %d pages (chunk %d, decode rank %d)", req.NumPages, sc.numPages, req.Index, tg.DecodeTP)
 		}
 		if sc.pageOffset >= 0 && sc.pageOffset != req.PageOffset {
-			m.mu.Unlock()
+			m.unlock()
 			return StagingChunkResult{}, invalid("page_offset", "%d differs from %d reported by another writer of chunk %d (decode rank %d)", req.PageOffset, sc.pageOffset, req.Index, tg.DecodeTP)
 		}
 		if !sc.ring.ring.Writable(sc.region) {
 			wr, wt := sc.ring.ring.Watermark()
-			m.mu.Unlock()
+			m.unlock()
 			return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w: region [%d, %d) of round %d on decode rank dp %d tp %d is released only when the watermark passes it (now round %d, tail %d); wait for WatchWatermark, write it, then report it",
 				req.Index, r.id, ErrStagingNotWritable, sc.region.Offset, sc.region.End(), sc.region.Round, r.decodeDP, tg.DecodeTP, wr, wt)
 		}
@@ -689,7 +683,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 			}
 		}
 		if wi < 0 {
-			m.mu.Unlock()
+			m.unlock()
 			return StagingChunkResult{}, invalid("rank", "%s is not a writer of chunk %d's region on decode rank %d", req.Rank, req.Index, tg.DecodeTP)
 		}
 		scs = append(scs, sc)
@@ -698,7 +692,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 	creq := ChunkRequest{Room: req.Room, Rank: req.Rank, Index: req.Index, PageOffset: req.PageOffset, NumPages: req.NumPages, Last: req.Last, Marker: req.Marker}
 	_, _, cs, fresh, err := m.chunkBeginLocked(creq, false)
 	if err != nil || !fresh {
-		m.mu.Unlock()
+		m.unlock()
 		if err == nil {
 			err = fmt.Errorf("chunk %d of room %d: %w: already reported", req.Index, r.id, ErrWrongState)
 		}
@@ -714,12 +708,11 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		sc.aux[w] = aux
 		res.Bytes += int64(tokens) * sc.writers[w].BytesPerToken
 	}
-	close(cs.inflight)
-	cs.inflight = nil
+	cs.settle()
 	cs.done, cs.result = true, res
 	m.chunkLandedLocked(r, rp, creq, res)
 	todo := m.readyRegionsLocked(r, rs, req.Rank, req.Index)
-	m.mu.Unlock()
+	m.unlock()
 	out, err := m.runScatters(ctx, r, rs, todo)
 	m.mu.Lock()
 	for i, sc := range scs {
@@ -727,7 +720,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 			out.Arrived, out.NumWriters = sc.nArrived, len(sc.writers)
 		}
 	}
-	m.mu.Unlock()
+	m.unlock()
 	return out, err
 }
 
@@ -761,7 +754,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 		m.mu.Lock()
 		for sc.state == scatterRunning {
 			ch := sc.running
-			m.mu.Unlock()
+			m.unlock()
 			select {
 			case <-ch:
 			case <-ctx.Done():
@@ -770,7 +763,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 			m.mu.Lock()
 		}
 		if sc.state == scatterDone {
-			m.mu.Unlock()
+			m.unlock()
 			continue
 		}
 		if r.phase.Terminal() || m.stg.rooms[r.id] != rs {
@@ -778,7 +771,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 			if r.failure != nil {
 				msg = "the room failed: " + r.failure.Message
 			}
-			m.mu.Unlock()
+			m.unlock()
 			return out, fmt.Errorf("scatter chunk %d of room %d: %w: %s", sc.key.chunk, r.id, ErrWrongState, msg)
 		}
 		op := m.scatterOpLocked(r, sc)
@@ -792,15 +785,19 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 		}
 		sc.state, sc.running = scatterRunning, make(chan struct{})
 		r.inflight++
-		xctx, roomSpan := r.xferCtx, r.spanCtx
-		m.mu.Unlock()
+		xctx, roomSpan := m.xferCtxLocked(r), r.spanCtx
+		m.unlock()
 
 		// The scatter outlives the caller's RPC (every writer already
 		// reported) but not the room.
-		res, err := m.runRoomOp(context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", []attribute.KeyValue{
-			attribute.Int64("decodeplane.room", int64(op.Room)), attribute.Int("decodeplane.chunk", op.ChunkIndex),
-			attribute.Int("decodeplane.decode_tp_rank", op.DecodeTP), attribute.Int("decodeplane.pages", len(op.DestPages)),
-			attribute.Int("decodeplane.staging.writers", len(op.Writers))},
+		var attrs []attribute.KeyValue
+		if m.tracing {
+			attrs = []attribute.KeyValue{
+				attribute.Int64("decodeplane.room", int64(op.Room)), attribute.Int("decodeplane.chunk", op.ChunkIndex),
+				attribute.Int("decodeplane.decode_tp_rank", op.DecodeTP), attribute.Int("decodeplane.pages", len(op.DestPages)),
+				attribute.Int("decodeplane.staging.writers", len(op.Writers))}
+		}
+		res, err := m.runRoomOp(context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", attrs,
 			func(ctx context.Context) (ChunkResult, error) { return eng.Scatter(ctx, op) })
 
 		m.mu.Lock()
@@ -810,7 +807,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 		err = m.scatterDoneLocked(r, rs, sc, res, err)
 		m.releaseIfIdleLocked(r)
 		out.Poll = r.phase.Poll()
-		m.mu.Unlock()
+		m.unlock()
 		if err != nil {
 			out.Scattered = false
 			return out, err
@@ -818,7 +815,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 	}
 	m.mu.Lock()
 	out.Poll = r.phase.Poll()
-	m.mu.Unlock()
+	m.unlock()
 	return out, nil
 }
 
@@ -904,7 +901,7 @@ func (m *Manager) WatchWatermark(dp int, tps []int) (*WatermarkWatch, error) {
 		}
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	w := &WatermarkWatch{m: m, notify: make(chan struct{}, 1), latest: map[ringKey]Watermark{}}
 	for _, tp := range tps {
 		if tp < 0 || tp >= m.layout.AttnTP {
@@ -941,7 +938,7 @@ func (w *WatermarkWatch) Next(ctx context.Context) ([]Watermark, error) {
 		}
 		w.m.mu.Lock()
 		if w.closed {
-			w.m.mu.Unlock()
+			w.m.unlock()
 			return nil, errors.New("watermark watch closed")
 		}
 		out := make([]Watermark, 0, len(w.latest))
@@ -949,7 +946,7 @@ func (w *WatermarkWatch) Next(ctx context.Context) ([]Watermark, error) {
 			out = append(out, wm)
 		}
 		clear(w.latest)
-		w.m.mu.Unlock()
+		w.m.unlock()
 		if len(out) == 0 {
 			continue
 		}
@@ -961,7 +958,7 @@ func (w *WatermarkWatch) Next(ctx context.Context) ([]Watermark, error) {
 // Close stops the watch.
 func (w *WatermarkWatch) Close() {
 	w.m.mu.Lock()
-	defer w.m.mu.Unlock()
+	defer w.m.unlock()
 	w.closed = true
 	for _, sr := range w.rings {
 		delete(sr.watches, w)
@@ -973,7 +970,7 @@ func (w *WatermarkWatch) Close() {
 // staging is off.
 func (m *Manager) StagingWatermarks() []Watermark {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	size := m.ringBytes()
 	if size <= 0 {
 		return nil

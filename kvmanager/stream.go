@@ -5,8 +5,10 @@ import (
 )
 
 // watchBuffer is how many events a watch stream may fall behind before it is
-// dropped with ErrSlowConsumer. A room has about a dozen transitions.
-const watchBuffer = 64
+// dropped with ErrSlowConsumer: a room's whole hand-off (about a dozen
+// transitions, a rebootstrap a few more) fits, so only a watcher that stopped
+// reading is dropped.
+const watchBuffer = 16
 
 // Watcher is one WatchRoom stream.
 type Watcher struct {
@@ -68,18 +70,13 @@ type Claim struct {
 	rank    RankID
 	ch      chan DestinationEvent
 	once    sync.Once
-	attempt uint32  // attempt of the destination last queued
-	acked   uint32  // attempt whose destination was delivered
-	expiry  Stopper // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
+	attempt uint32   // attempt of the destination last queued
+	acked   uint32   // attempt whose destination was delivered
+	expiry  deadline // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
 }
 
-// stopExpiry stops the pending-claim timer; lock held.
-func (c *Claim) stopExpiry() {
-	if c.expiry != nil {
-		c.expiry.Stop()
-		c.expiry = nil
-	}
-}
+// stopExpiry takes the pending claim's deadline off the heap; lock held.
+func (c *Claim) stopExpiry() { c.m.clearDeadlineLocked(&c.expiry) }
 
 // Events delivers the destination, then the room's end. The channel is
 // closed after a Failure or Done event, or on Close.
@@ -117,8 +114,8 @@ func (c *Claim) Close() {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	c.stopExpiry()
-	if r := c.m.rooms[c.room]; r != nil && r.claims[c.rank.key()] == c {
-		delete(r.claims, c.rank.key())
+	if r := c.m.rooms[c.room]; r != nil && r.claims.get(c.rank.key()) == c {
+		r.claims.remove(c.rank.key())
 	}
 	if cs := c.m.pending[c.room]; cs != nil {
 		for i, x := range cs {

@@ -1,0 +1,275 @@
+package kvmanager
+
+import (
+	"time"
+)
+
+// The manager's deadlines live in one min-heap keyed by time, driven by one
+// timer on the injected Clock armed at the heap's minimum (etcd's lessor is
+// the model: one heap, one loop). Each deadline is a value embedded in what
+// it bounds (a room, a claim waiting for its room, an address waiting for
+// its prefill's registration, a staged room, a shard), so arming one never
+// allocates; it carries its kind and the generation (attempt) it was armed
+// for, and what it bounds is checked against its current state when it
+// fires. A deadline that no longer applies is removed at once (O(log n),
+// its heap index is kept) where its owner knows it (a room ends, a claim
+// attaches); the others fire once and find nothing to do. The heap holds at
+// most one entry per owner, and the timer stops when it is empty.
+
+// deadlineKind says what a deadline bounds.
+type deadlineKind uint8
+
+const (
+	// dlRoom: a room's phase deadline (bootstrap, DP-rank resolution,
+	// waiting); ref is the *room, gen its attempt.
+	dlRoom deadlineKind = iota + 1
+	// dlQuarantine: the end of a quarantine (writes that may continue after
+	// an engine failure); ref is the *room.
+	dlQuarantine
+	// dlShard: the ledger's next claim deadline; id is the shard.
+	dlShard
+	// dlAdmit: an admission pass due on a shard right after a call (a
+	// retraction with nothing else running there); id is the shard.
+	dlAdmit
+	// dlPendingClaim: a claim waiting for OpenRoom; ref is the *Claim.
+	dlPendingClaim
+	// dlPrefillAttempt: the next check of a prefill's registration; ref is
+	// the *addrWait.
+	dlPrefillAttempt
+	// dlStaging: a staged room's completion timeout; id is the room, gen
+	// its attempt.
+	dlStaging
+)
+
+// deadline is one entry of the heap. Its zero value is not armed.
+type deadline struct {
+	at   int64 // Unix nanoseconds
+	ref  any
+	id   uint64
+	gen  uint32
+	kind deadlineKind
+	idx  int32 // position in the heap + 1; 0 when not armed
+}
+
+func (d *deadline) armed() bool { return d.idx > 0 }
+
+// deadlines is the heap and its timer; Manager.mu guards it.
+type deadlines struct {
+	h       []*deadline
+	timer   Stopper
+	armed   bool   // the timer is pending
+	armedAt int64  // when it fires (Unix nanoseconds)
+	fire    func() // m.fireDeadlines, built once
+}
+
+// resetter is a Stopper that can be re-armed in place (*time.Timer).
+type resetter interface {
+	Reset(d time.Duration) bool
+}
+
+func (q *deadlines) less(i, j int) bool { return q.h[i].at < q.h[j].at }
+
+func (q *deadlines) swap(i, j int) {
+	q.h[i], q.h[j] = q.h[j], q.h[i]
+	q.h[i].idx = int32(i + 1)
+	q.h[j].idx = int32(j + 1)
+}
+
+func (q *deadlines) up(j int) {
+	for j > 0 {
+		i := (j - 1) / 2
+		if !q.less(j, i) {
+			break
+		}
+		q.swap(i, j)
+		j = i
+	}
+}
+
+func (q *deadlines) down(i0 int) bool {
+	i, n := i0, len(q.h)
+	for {
+		j := 2*i + 1
+		if j >= n {
+			break
+		}
+		if j2 := j + 1; j2 < n && q.less(j2, j) {
+			j = j2
+		}
+		if !q.less(j, i) {
+			break
+		}
+		q.swap(i, j)
+		i = j
+	}
+	return i > i0
+}
+
+func (q *deadlines) fix(i int) {
+	if !q.down(i) {
+		q.up(i)
+	}
+}
+
+// set arms (or moves) d at at.
+func (q *deadlines) set(d *deadline, at time.Time) {
+	d.at = at.UnixNano()
+	if d.armed() {
+		q.fix(int(d.idx - 1))
+		return
+	}
+	q.h = append(q.h, d)
+	d.idx = int32(len(q.h))
+	q.up(len(q.h) - 1)
+}
+
+// remove disarms d (a no-op when it is not armed).
+func (q *deadlines) remove(d *deadline) {
+	if !d.armed() {
+		return
+	}
+	i, n := int(d.idx-1), len(q.h)-1
+	if i != n {
+		q.swap(i, n)
+	}
+	q.h[n] = nil
+	q.h = q.h[:n]
+	d.idx = 0
+	if i != n {
+		q.fix(i)
+	}
+	if len(q.h) == 0 && cap(q.h) > 1024 {
+		q.h = nil // a burst is over: give its backing array back
+	}
+}
+
+// popDue removes and returns the earliest deadline due at now, or nil.
+func (q *deadlines) popDue(now time.Time) *deadline {
+	if len(q.h) == 0 || q.h[0].at > now.UnixNano() {
+		return nil
+	}
+	d := q.h[0]
+	q.remove(d)
+	return d
+}
+
+// setDeadlineLocked arms d at at, for kind on (id, gen, ref), and keeps the
+// timer at the heap's minimum.
+func (m *Manager) setDeadlineLocked(d *deadline, kind deadlineKind, at time.Time, id uint64, gen uint32, ref any) {
+	if m.closed {
+		m.dl.remove(d)
+		m.rearmLocked()
+		return
+	}
+	d.kind, d.id, d.gen, d.ref = kind, id, gen, ref
+	m.dl.set(d, at)
+	m.rearmLocked()
+}
+
+// clearDeadlineLocked disarms d.
+func (m *Manager) clearDeadlineLocked(d *deadline) {
+	if !d.armed() {
+		return
+	}
+	m.dl.remove(d)
+	d.ref = nil
+	m.rearmLocked()
+}
+
+// rearmLocked keeps the one timer at the heap's minimum: stopped when the
+// heap is empty, moved earlier when an earlier deadline arrives. A timer
+// that fires before the minimum (an earlier entry was removed) finds nothing
+// due and re-arms itself.
+func (m *Manager) rearmLocked() {
+	q := &m.dl
+	if len(q.h) == 0 || m.closed {
+		if q.armed {
+			q.timer.Stop()
+			q.armed = false
+		}
+		return
+	}
+	next := q.h[0].at
+	if q.armed && next >= q.armedAt {
+		return
+	}
+	d := max(time.Unix(0, next).Sub(m.clock.Now()), 0)
+	q.armedAt, q.armed = next, true
+	if q.timer != nil {
+		if rs, ok := q.timer.(resetter); ok {
+			rs.Reset(d)
+			return
+		}
+		q.timer.Stop()
+	}
+	q.timer = m.clock.AfterFunc(d, q.fire)
+}
+
+// fireDeadlines is the run loop's one step: it handles every deadline due
+// now, drains the admission passes they made due, and re-arms the timer.
+func (m *Manager) fireDeadlines() {
+	m.mu.Lock()
+	defer m.unlock()
+	m.dl.armed = false
+	if m.closed {
+		return
+	}
+	now := m.clock.Now()
+	for d := m.dl.popDue(now); d != nil; d = m.dl.popDue(now) {
+		ref := d.ref
+		d.ref = nil
+		switch d.kind {
+		case dlRoom:
+			m.roomDeadlineLocked(ref.(*room), d.gen)
+		case dlQuarantine:
+			m.releaseIfIdleLocked(ref.(*room))
+		case dlShard:
+			m.expireShardLocked(int(d.id))
+		case dlAdmit:
+			m.admitLocked(int(d.id))
+		case dlPendingClaim:
+			m.expirePendingClaimLocked(ref.(*Claim))
+		case dlPrefillAttempt:
+			w := ref.(*addrWait)
+			m.prefillAttemptLocked(w.addr, w)
+		case dlStaging:
+			m.stagingDeadlineLocked(d.id, d.gen)
+		}
+	}
+	m.rearmLocked()
+}
+
+// admitDueLocked records that a shard's resources changed: its admission
+// pass runs once, when the call that changed them ends (unlock) — never
+// inside the call of the room that freed them.
+func (m *Manager) admitDueLocked(shard int) {
+	if m.closed {
+		return
+	}
+	if !m.due[shard] {
+		m.due[shard] = true
+		m.nDue++
+	}
+}
+
+// unlock drains the admission passes made due under the lock, then unlocks.
+// Every entry point that may end a room unlocks with it.
+func (m *Manager) unlock() {
+	for m.nDue > 0 && !m.closed {
+		for shard, due := range m.due {
+			if due {
+				m.admitLocked(shard) // clears the flag
+			}
+		}
+	}
+	m.mu.Unlock()
+}
+
+// clear disarms every deadline (Shutdown: nothing is waited for any more).
+func (q *deadlines) clear() {
+	for i, d := range q.h {
+		d.idx, d.ref = 0, nil
+		q.h[i] = nil
+	}
+	q.h = nil
+}

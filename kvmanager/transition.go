@@ -1,0 +1,145 @@
+package kvmanager
+
+import (
+	"fmt"
+	"time"
+)
+
+// A room keeps its timeline compact: each transition is a note code and its
+// numbers, and the note's text is rendered only when a snapshot, an event or
+// a debug log shows it — nothing is formatted on the success path and no
+// string is retained per queued room.
+
+// noteCode says how a transition's note is rendered.
+type noteCode uint8
+
+const (
+	noteText        noteCode = iota // text is the note (a failure's message, a constant)
+	noteOpened                      // a: decode shard
+	noteResolvingDP                 // a: dp_size, b: follow_bootstrap_room (0/1); the room's address
+	noteDPResolved                  // a: prefill DP rank, b: DPRule
+	noteResumed                     // a: pages
+	noteAdmitted                    // a: pages, b: metadata slot
+	noteClaimed                     // a: prefill ranks, b: timeouts.waiting (ns)
+	noteChunkLanded                 // a: chunk index, b: the rank packed by packRank; the room's address
+	noteSucceeded                   // a: chunks, b: bytes
+	noteRebootstrap                 // a: attempt
+)
+
+// note is a transition's note before it is rendered.
+type note struct {
+	text string
+	a, b int64
+	code noteCode
+}
+
+func textNote(s string) note                 { return note{text: s} }
+func numNote(code noteCode, a, b int64) note { return note{code: code, a: a, b: b} }
+
+// chunkLandedNote is "chunk i from rank landed" (formatted at once for a
+// rank beyond what packRank holds).
+func chunkLandedNote(index int, rk RankID) note {
+	if p, ok := packRank(rk); ok {
+		return note{code: noteChunkLanded, a: int64(index), b: p}
+	}
+	return textNote(fmt.Sprintf("chunk %d from %s landed", index, rk))
+}
+
+// packRank packs a rank's DP, CP, TP and PP ranks, 16 bits each.
+func packRank(rk RankID) (int64, bool) {
+	for _, v := range [...]int{rk.DP, rk.CP, rk.TP, rk.PP} {
+		if v < 0 || v >= 1<<15 {
+			return 0, false
+		}
+	}
+	return int64(rk.DP)<<48 | int64(rk.CP)<<32 | int64(rk.TP)<<16 | int64(rk.PP), true
+}
+
+func unpackRank(addr string, p int64) RankID {
+	return RankID{Addr: addr, DP: int(p >> 48 & 0xffff), CP: int(p >> 32 & 0xffff), TP: int(p >> 16 & 0xffff), PP: int(p & 0xffff)}
+}
+
+// render is the note's text; addr is the room's prefill address.
+func (n note) render(addr string) string {
+	switch n.code {
+	case noteOpened:
+		return fmt.Sprintf("opened on decode shard %d", n.a)
+	case noteResolvingDP:
+		return fmt.Sprintf("%s: dp_size %d, follow_bootstrap_room %v: waiting for BindRoom", addr, n.a, n.b != 0)
+	case noteDPResolved:
+		return fmt.Sprintf("prefill dp rank %d (%s)", n.a, DPRule(n.b))
+	case noteResumed:
+		return fmt.Sprintf("resumed after retraction with %d pages", n.a)
+	case noteAdmitted:
+		return fmt.Sprintf("%d pages, metadata slot %d", n.a, n.b)
+	case noteClaimed:
+		return fmt.Sprintf("destination claimed by %d prefill ranks; waiting timeout %s", n.a, time.Duration(n.b))
+	case noteChunkLanded:
+		return fmt.Sprintf("chunk %d from %s landed", n.a, unpackRank(addr, n.b))
+	case noteSucceeded:
+		return fmt.Sprintf("%d chunks, %d bytes", n.a, n.b)
+	case noteRebootstrap:
+		return fmt.Sprintf("rebootstrap attempt %d", n.a)
+	}
+	return n.text
+}
+
+// transition is one step of a room's timeline as the room keeps it (48
+// bytes): the time in Unix nanoseconds, the note flattened, the SGLang label
+// as its index in sglangLabels.
+type transition struct {
+	at      int64
+	text    string
+	a, b    int64
+	attempt uint32
+	code    noteCode
+	sglang  uint8
+	phase   uint8
+}
+
+// sglangLabels are the SGLang transition labels a room's timeline uses
+// (index 0: decodeplane's own step).
+var sglangLabels = [...]string{"", "T1", "T2/T4/T8", "T3", "T11", "T12/T17", "T13/T18", "T14", "T15", "T16", "T18", "T19", "T20", "T21", "T22"}
+
+// sglangIndex is a label's index in sglangLabels, ok false for a label not
+// listed there.
+func sglangIndex(label string) (uint8, bool) {
+	for i, l := range sglangLabels {
+		if l == label {
+			return uint8(i), true
+		}
+	}
+	return 0, false
+}
+
+func newTransition(at time.Time, to Phase, sglang string, n note, attempt uint32) transition {
+	idx, ok := sglangIndex(sglang)
+	if !ok && n.code == noteText { // not a known label: keep it in the note
+		n.text = sglang + ": " + n.text
+	}
+	return transition{at: at.UnixNano(), text: n.text, a: n.a, b: n.b, attempt: attempt, code: n.code, sglang: idx, phase: uint8(to)}
+}
+
+func (t transition) note() note { return note{text: t.text, a: t.a, b: t.b, code: t.code} }
+
+// public renders the transition; addr is the room's prefill address.
+func (t transition) public(addr string) Transition {
+	p := Phase(t.phase)
+	return Transition{Phase: p, Poll: p.Poll(), At: time.Unix(0, t.at), SGLang: sglangLabels[t.sglang], Note: t.note().render(addr), Attempt: t.attempt}
+}
+
+// timeline renders the room's transitions.
+func (r *room) timeline() []Transition {
+	out := make([]Transition, len(r.transitions))
+	for i, t := range r.transitions {
+		out[i] = t.public(r.addr)
+	}
+	return out
+}
+
+func b2i(b bool) int64 {
+	if b {
+		return 1
+	}
+	return 0
+}
