@@ -128,12 +128,13 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.authStream,
 		validator.StreamServerInterceptor(),
 	)
-	opts := []grpc.ServerOption{
+	// DecodeOptions first: undecodable requests are InvalidArgument (codec.go).
+	opts := append(DecodeOptions(),
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider),
 			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
-	}
+	)
 	opts = append(opts, deps.ExtraServerOptions...)
 	s.grpc = grpc.NewServer(opts...)
 

@@ -157,11 +157,11 @@ func run(args []string, stderr io.Writer) int {
 		log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error (logged by the agent)")
 	})
-	gs := grpc.NewServer(
+	gs := grpc.NewServer(append(server.DecodeOptions(), // first: undecodable requests are InvalidArgument
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20),
 		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recoveryOpt), validator.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recoveryOpt), validator.StreamServerInterceptor()),
-	)
+	)...)
 	svc.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
