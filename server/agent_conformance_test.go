@@ -81,7 +81,9 @@ func TestConformanceTransferAgent(t *testing.T) {
 		return out.String()
 	}
 
-	copyOK := func() *transferv1.Copy { return &transferv1.Copy{SrcBuffer: kv, DstBuffer: kv, DstOffset: 1024, Length: 64} }
+	copyOK := func() *transferv1.Copy {
+		return &transferv1.Copy{SrcBuffer: kv, DstBuffer: kv, DstOffset: 1024, Length: 64}
+	}
 	goodBatch := func() *transferv1.SubmitBatchRequest {
 		return &transferv1.SubmitBatchRequest{BatchId: "b-conf", Room: 1, Copies: []*transferv1.Copy{copyOK()}}
 	}
@@ -96,7 +98,10 @@ func TestConformanceTransferAgent(t *testing.T) {
 		_, err := c.DeregisterBuffers(ctx, r)
 		return err
 	}
-	submit := func(ctx context.Context, r *transferv1.SubmitBatchRequest) error { _, err := c.SubmitBatch(ctx, r); return err }
+	submit := func(ctx context.Context, r *transferv1.SubmitBatchRequest) error {
+		_, err := c.SubmitBatch(ctx, r)
+		return err
+	}
 	watch := func(ctx context.Context, r *transferv1.WatchCompletionsRequest) error {
 		st, err := c.WatchCompletions(ctx, r)
 		if err != nil {
@@ -105,9 +110,18 @@ func TestConformanceTransferAgent(t *testing.T) {
 		_, err = st.Recv()
 		return err
 	}
-	cancelRoom := func(ctx context.Context, r *transferv1.CancelRoomRequest) error { _, err := c.CancelRoom(ctx, r); return err }
-	read := func(ctx context.Context, r *transferv1.ReadBufferRequest) error { _, err := c.ReadBuffer(ctx, r); return err }
-	write := func(ctx context.Context, r *transferv1.WriteBufferRequest) error { _, err := c.WriteBuffer(ctx, r); return err }
+	cancelRoom := func(ctx context.Context, r *transferv1.CancelRoomRequest) error {
+		_, err := c.CancelRoom(ctx, r)
+		return err
+	}
+	read := func(ctx context.Context, r *transferv1.ReadBufferRequest) error {
+		_, err := c.ReadBuffer(ctx, r)
+		return err
+	}
+	write := func(ctx context.Context, r *transferv1.WriteBufferRequest) error {
+		_, err := c.WriteBuffer(ctx, r)
+		return err
+	}
 	inv := codes.InvalidArgument
 	type regReq = transferv1.RegisterBuffersRequest
 	type batch = transferv1.SubmitBatchRequest
@@ -151,7 +165,9 @@ func TestConformanceTransferAgent(t *testing.T) {
 		unaryRow("SubmitBatch unknown buffer", goodBatch, func(r *batch) { r.Copies[0].SrcBuffer = "nope" }, submit, codes.NotFound, "nope"),
 		unaryRow("SubmitBatch write without data", goodBatch, func(r *batch) { r.Writes = []*transferv1.InlineWrite{{DstBuffer: meta}} }, submit, inv, "writes[0].data"),
 		unaryRow("SubmitBatch write too big", goodBatch, func(r *batch) { r.Writes = []*transferv1.InlineWrite{{DstBuffer: meta, Data: make([]byte, 1<<16+1)}} }, submit, inv, "writes[0].data"),
-		unaryRow("SubmitBatch write offset", goodBatch, func(r *batch) { r.Writes = []*transferv1.InlineWrite{{DstBuffer: meta, Data: []byte{1}, DstOffset: 1 << 62}} }, submit, inv, "writes[0].dst_offset"),
+		unaryRow("SubmitBatch write offset", goodBatch, func(r *batch) {
+			r.Writes = []*transferv1.InlineWrite{{DstBuffer: meta, Data: []byte{1}, DstOffset: 1 << 62}}
+		}, submit, inv, "writes[0].dst_offset"),
 		unaryRow("SubmitBatch write dst", goodBatch, func(r *batch) { r.Writes = []*transferv1.InlineWrite{{Data: []byte{1}}} }, submit, inv, "writes[0].dst_buffer"),
 		unaryRow("SubmitBatch deadline", goodBatch, func(r *batch) { r.Deadline = &timestamppb.Timestamp{Seconds: 1 << 62} }, submit, inv, "deadline"),
 		unaryRow("SubmitBatch many bad copies", goodBatch, func(r *batch) { r.Copies = repeat(&transferv1.Copy{}, 1000) }, submit, inv, "copies: "),
@@ -174,9 +190,15 @@ func TestConformanceTransferAgent(t *testing.T) {
 		unaryRow("ReadBuffer offset", func() *transferv1.ReadBufferRequest { return &transferv1.ReadBufferRequest{Name: kv, Length: 8} }, func(r *transferv1.ReadBufferRequest) { r.Offset = 1 << 63 }, read, inv, "offset"),
 		unaryRow("ReadBuffer unknown", func() *transferv1.ReadBufferRequest { return &transferv1.ReadBufferRequest{Name: kv, Length: 8} }, func(r *transferv1.ReadBufferRequest) { r.Name = "nope" }, read, codes.NotFound, "nope"),
 		utf8Row(t, conn, svcName+"ReadBuffer", false, func() *transferv1.ReadBufferRequest { return &transferv1.ReadBufferRequest{Length: 8} }, func(r *transferv1.ReadBufferRequest) { r.Name = utf8Slot }, "name"),
-		unaryRow("WriteBuffer too much", func() *transferv1.WriteBufferRequest { return &transferv1.WriteBufferRequest{Name: kv, Data: []byte{1}} }, func(r *transferv1.WriteBufferRequest) { r.Data = make([]byte, transferv1.MaxBufferIO+1) }, write, inv, "data"),
-		unaryRow("WriteBuffer offset", func() *transferv1.WriteBufferRequest { return &transferv1.WriteBufferRequest{Name: kv, Data: []byte{1}} }, func(r *transferv1.WriteBufferRequest) { r.Offset = 1 << 63 }, write, inv, "offset"),
-		unaryRow("WriteBuffer outside", func() *transferv1.WriteBufferRequest { return &transferv1.WriteBufferRequest{Name: kv, Data: []byte{1}} }, func(r *transferv1.WriteBufferRequest) { r.Offset = 4096 }, write, inv, "4096"),
+		unaryRow("WriteBuffer too much", func() *transferv1.WriteBufferRequest {
+			return &transferv1.WriteBufferRequest{Name: kv, Data: []byte{1}}
+		}, func(r *transferv1.WriteBufferRequest) { r.Data = make([]byte, transferv1.MaxBufferIO+1) }, write, inv, "data"),
+		unaryRow("WriteBuffer offset", func() *transferv1.WriteBufferRequest {
+			return &transferv1.WriteBufferRequest{Name: kv, Data: []byte{1}}
+		}, func(r *transferv1.WriteBufferRequest) { r.Offset = 1 << 63 }, write, inv, "offset"),
+		unaryRow("WriteBuffer outside", func() *transferv1.WriteBufferRequest {
+			return &transferv1.WriteBufferRequest{Name: kv, Data: []byte{1}}
+		}, func(r *transferv1.WriteBufferRequest) { r.Offset = 4096 }, write, inv, "4096"),
 		utf8Row(t, conn, svcName+"WriteBuffer", false, func() *transferv1.WriteBufferRequest { return &transferv1.WriteBufferRequest{Data: []byte{1}} }, func(r *transferv1.WriteBufferRequest) { r.Name = utf8Slot }, "name"),
 		rawRow(conn, svcName+"WriteBuffer", false, []byte{0x1a, 0x20, 0x00}, "cannot be decoded"),
 	}

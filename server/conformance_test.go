@@ -11,8 +11,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -193,7 +193,10 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 	}
 	heartbeat := func(ctx context.Context, r *pb.HeartbeatRequest) error { _, err := boot.Heartbeat(ctx, r); return err }
 	bind := func(ctx context.Context, r *pb.BindRoomRequest) error { _, err := boot.BindRoom(ctx, r); return err }
-	lookup := func(ctx context.Context, r *pb.LookupDPRanksRequest) error { _, err := boot.LookupDPRanks(ctx, r); return err }
+	lookup := func(ctx context.Context, r *pb.LookupDPRanksRequest) error {
+		_, err := boot.LookupDPRanks(ctx, r)
+		return err
+	}
 	open := func(ctx context.Context, r *pb.OpenRoomRequest) error { _, err := rooms.OpenRoom(ctx, r); return err }
 	await := func(ctx context.Context, r *pb.AwaitDestinationRequest) error {
 		st, err := rooms.AwaitDestination(ctx, r)
@@ -204,7 +207,10 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		return err
 	}
 	transfer := func(ctx context.Context, r *pb.TransferRequest) error { _, err := rooms.Transfer(ctx, r); return err }
-	report := func(ctx context.Context, r *pb.ReportTransferRequest) error { _, err := rooms.ReportTransfer(ctx, r); return err }
+	report := func(ctx context.Context, r *pb.ReportTransferRequest) error {
+		_, err := rooms.ReportTransfer(ctx, r)
+		return err
+	}
 	watch := func(ctx context.Context, r *pb.WatchRoomRequest) error {
 		st, err := rooms.WatchRoom(ctx, r)
 		if err != nil {
@@ -215,12 +221,27 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 	}
 	getRoom := func(ctx context.Context, r *pb.GetRoomRequest) error { _, err := rooms.GetRoom(ctx, r); return err }
 	abort := func(ctx context.Context, r *pb.AbortRoomRequest) error { _, err := rooms.AbortRoom(ctx, r); return err }
-	release := func(ctx context.Context, r *pb.ReleaseRoomRequest) error { _, err := rooms.ReleaseRoom(ctx, r); return err }
+	release := func(ctx context.Context, r *pb.ReleaseRoomRequest) error {
+		_, err := rooms.ReleaseRoom(ctx, r)
+		return err
+	}
 	list := func(ctx context.Context, r *pb.ListRoomsRequest) error { _, err := rooms.ListRooms(ctx, r); return err }
-	running := func(ctx context.Context, r *pb.ReportRunningRequest) error { _, err := rooms.ReportRunning(ctx, r); return err }
-	retract := func(ctx context.Context, r *pb.RetractRoomRequest) error { _, err := rooms.RetractRoom(ctx, r); return err }
-	setup := func(ctx context.Context, r *pb.SetupStagingRequest) error { _, err := stg.SetupStaging(ctx, r); return err }
-	alloc := func(ctx context.Context, r *pb.AllocateStagingRequest) error { _, err := stg.AllocateStaging(ctx, r); return err }
+	running := func(ctx context.Context, r *pb.ReportRunningRequest) error {
+		_, err := rooms.ReportRunning(ctx, r)
+		return err
+	}
+	retract := func(ctx context.Context, r *pb.RetractRoomRequest) error {
+		_, err := rooms.RetractRoom(ctx, r)
+		return err
+	}
+	setup := func(ctx context.Context, r *pb.SetupStagingRequest) error {
+		_, err := stg.SetupStaging(ctx, r)
+		return err
+	}
+	alloc := func(ctx context.Context, r *pb.AllocateStagingRequest) error {
+		_, err := stg.AllocateStaging(ctx, r)
+		return err
+	}
 	chunk := func(ctx context.Context, r *pb.ChunkReadyRequest) error { _, err := stg.ChunkReady(ctx, r); return err }
 	watermark := func(ctx context.Context, r *pb.WatchWatermarkRequest) error {
 		st, err := stg.WatchWatermark(ctx, r)
@@ -354,11 +375,15 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		unaryRow("ReportTransfer bytes 2^63", goodReport, func(r *pb.ReportTransferRequest) { r.Bytes = 1 << 63 }, report, inv, "bytes"),
 		unaryRow("ReportTransfer bytes 2^50+1", goodReport, func(r *pb.ReportTransferRequest) { r.Bytes = 1<<50 + 1 }, report, inv, "bytes"),
 		unaryRow("ReportTransfer reason on success", goodReport, func(r *pb.ReportTransferRequest) { r.FailureReason = "x" }, report, inv, "failure_reason"),
-		unaryRow("ReportTransfer reason long", goodReport, func(r *pb.ReportTransferRequest) { r.Success, r.MetadataRoomMarker, r.FailureReason = false, 0, strings.Repeat("x", 4097) }, report, inv, "failure_reason"),
+		unaryRow("ReportTransfer reason long", goodReport, func(r *pb.ReportTransferRequest) {
+			r.Success, r.MetadataRoomMarker, r.FailureReason = false, 0, strings.Repeat("x", 4097)
+		}, report, inv, "failure_reason"),
 		unaryRow("ReportTransfer num_pages", goodReport, func(r *pb.ReportTransferRequest) { r.NumPages = 1 << 25 }, report, inv, "num_pages"),
 		unaryRow("ReportTransfer chunk_index", goodReport, func(r *pb.ReportTransferRequest) { r.ChunkIndex = 1 << 24 }, report, inv, "chunk_index"),
 		unaryRow("ReportTransfer attempt", goodReport, func(r *pb.ReportTransferRequest) { r.Attempt = 1<<20 + 1 }, report, inv, "attempt"),
-		utf8Row(t, s.conn, "/decodeplane.v1.Rooms/ReportTransfer", false, goodReport, func(r *pb.ReportTransferRequest) { r.Success, r.MetadataRoomMarker, r.FailureReason = false, 0, utf8Slot }, "failure_reason"),
+		utf8Row(t, s.conn, "/decodeplane.v1.Rooms/ReportTransfer", false, goodReport, func(r *pb.ReportTransferRequest) {
+			r.Success, r.MetadataRoomMarker, r.FailureReason = false, 0, utf8Slot
+		}, "failure_reason"),
 
 		// Rooms.WatchRoom, GetRoom, AbortRoom, ReleaseRoom
 		unaryRow("WatchRoom room 0", func() *pb.WatchRoomRequest { return &pb.WatchRoomRequest{Room: room} }, func(r *pb.WatchRoomRequest) { r.Room = 0 }, watch, inv, "room: 0 is reserved"),
@@ -401,11 +426,21 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		unaryRow("SetupStaging without rank", func() *pb.SetupStagingRequest { return &pb.SetupStagingRequest{Rank: rank()} }, func(r *pb.SetupStagingRequest) { r.Rank = nil }, setup, inv, "rank: is required"),
 		unaryRow("SetupStaging cp_rank", func() *pb.SetupStagingRequest { return &pb.SetupStagingRequest{Rank: rank()} }, func(r *pb.SetupStagingRequest) { r.Rank.CpRank = 5000 }, setup, inv, "rank.cp_rank"),
 		utf8Row(t, s.conn, "/decodeplane.v1.Staging/SetupStaging", false, func() *pb.SetupStagingRequest { return &pb.SetupStagingRequest{Rank: rank()} }, func(r *pb.SetupStagingRequest) { r.Rank.BootstrapAddr = utf8Slot }, "rank.bootstrap_addr"),
-		unaryRow("AllocateStaging room 0", func() *pb.AllocateStagingRequest { return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1} }, func(r *pb.AllocateStagingRequest) { r.Room = 0 }, alloc, inv, "room: 0 is reserved"),
-		unaryRow("AllocateStaging num_pages 0", func() *pb.AllocateStagingRequest { return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1} }, func(r *pb.AllocateStagingRequest) { r.NumPages = 0 }, alloc, inv, "num_pages"),
-		unaryRow("AllocateStaging num_pages 2^32-1", func() *pb.AllocateStagingRequest { return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1} }, func(r *pb.AllocateStagingRequest) { r.NumPages = 1<<32 - 1 }, alloc, inv, "num_pages"),
-		unaryRow("AllocateStaging chunk_index", func() *pb.AllocateStagingRequest { return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1} }, func(r *pb.AllocateStagingRequest) { r.ChunkIndex = 1<<32 - 1 }, alloc, inv, "chunk_index"),
-		unaryRow("AllocateStaging room not staged", func() *pb.AllocateStagingRequest { return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1} }, func(*pb.AllocateStagingRequest) {}, alloc, codes.FailedPrecondition, "stag"),
+		unaryRow("AllocateStaging room 0", func() *pb.AllocateStagingRequest {
+			return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1}
+		}, func(r *pb.AllocateStagingRequest) { r.Room = 0 }, alloc, inv, "room: 0 is reserved"),
+		unaryRow("AllocateStaging num_pages 0", func() *pb.AllocateStagingRequest {
+			return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1}
+		}, func(r *pb.AllocateStagingRequest) { r.NumPages = 0 }, alloc, inv, "num_pages"),
+		unaryRow("AllocateStaging num_pages 2^32-1", func() *pb.AllocateStagingRequest {
+			return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1}
+		}, func(r *pb.AllocateStagingRequest) { r.NumPages = 1<<32 - 1 }, alloc, inv, "num_pages"),
+		unaryRow("AllocateStaging chunk_index", func() *pb.AllocateStagingRequest {
+			return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1}
+		}, func(r *pb.AllocateStagingRequest) { r.ChunkIndex = 1<<32 - 1 }, alloc, inv, "chunk_index"),
+		unaryRow("AllocateStaging room not staged", func() *pb.AllocateStagingRequest {
+			return &pb.AllocateStagingRequest{Room: room, Rank: rank(), NumPages: 1}
+		}, func(*pb.AllocateStagingRequest) {}, alloc, codes.FailedPrecondition, "stag"),
 		unaryRow("ChunkReady room 0", goodChunk, func(r *pb.ChunkReadyRequest) { r.Room = 0 }, chunk, inv, "room: 0 is reserved"),
 		unaryRow("ChunkReady last without aux", goodChunk, func(r *pb.ChunkReadyRequest) { r.Aux = nil }, chunk, inv, "aux: is required on the last chunk"),
 		unaryRow("ChunkReady marker 0", goodChunk, func(r *pb.ChunkReadyRequest) { r.Aux.RoomMarker = 0 }, chunk, inv, "aux.room_marker"),
