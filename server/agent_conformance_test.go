@@ -143,7 +143,7 @@ func TestConformanceTransferAgent(t *testing.T) {
 		utf8Row(t, conn, svcName+"RegisterBuffers", false, goodReg, func(r *regReq) {
 			r.Buffers = append(r.Buffers, &transferv1.Buffer{Name: utf8Slot, Kind: 1, Length: 1})
 		}, "buffers[1].name"),
-		rawRow(conn, svcName+"RegisterBuffers", false, []byte{0x0a, 0x03, 0x0a, 0x09}, "cannot be decoded"),
+		rawRow(conn, svcName+"RegisterBuffers", false, []byte{0x0a, 0x03, 0x0a, 0x09}, "buffers: cannot be decoded"),
 
 		// DeregisterBuffers
 		unaryRow("DeregisterBuffers name empty", func() *transferv1.DeregisterBuffersRequest { return &transferv1.DeregisterBuffersRequest{} }, func(r *transferv1.DeregisterBuffersRequest) { r.Names = []string{"a", ""} }, deregister, inv, "names[1]"),
@@ -200,7 +200,7 @@ func TestConformanceTransferAgent(t *testing.T) {
 			return &transferv1.WriteBufferRequest{Name: kv, Data: []byte{1}}
 		}, func(r *transferv1.WriteBufferRequest) { r.Offset = 4096 }, write, inv, "4096"),
 		utf8Row(t, conn, svcName+"WriteBuffer", false, func() *transferv1.WriteBufferRequest { return &transferv1.WriteBufferRequest{Data: []byte{1}} }, func(r *transferv1.WriteBufferRequest) { r.Name = utf8Slot }, "name"),
-		rawRow(conn, svcName+"WriteBuffer", false, []byte{0x1a, 0x20, 0x00}, "cannot be decoded"),
+		rawRow(conn, svcName+"WriteBuffer", false, []byte{0x1a, 0x20, 0x00}, "data: cannot be decoded"),
 	}
 	runConformance(t, rows, snapshot)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"strings"
 	"unicode/utf8"
 
 	"google.golang.org/grpc"
@@ -96,43 +97,57 @@ func decodeError(msg any) error {
 	return status.Error(codes.InvalidArgument, string(rec[len(decodeNonce):]))
 }
 
-// describeDecodeError names what does not decode: the path of the first
-// string field holding invalid UTF-8 (rank.bootstrap_addr, buffers[2].name),
-// else protobuf-go's error.
+// describeDecodeError names what does not decode: the path of the field
+// whose bytes break (rank.bootstrap_addr, buffers[2].name) and why — invalid
+// UTF-8 in a string, a value running past its message — else protobuf-go's
+// error for the whole request.
 func describeDecodeError(b []byte, md protoreflect.MessageDescriptor, err error) string {
-	if path := findBadUTF8(b, md, "", 0); path != "" {
+	path, why := findDecodeProblem(b, md, "", 0)
+	switch {
+	case why == errInvalidUTF8:
 		return path + ": contains invalid UTF-8 (string fields must be valid UTF-8)"
+	case why != "":
+		if path == "" {
+			path = "request"
+		}
+		return fmt.Sprintf("%s: cannot be decoded: %s (%v)", path, why, err)
 	}
-	return fmt.Sprintf("the request message (%s) cannot be decoded: %v", md.FullName(), err)
+	return fmt.Sprintf("request: cannot be decoded as %s: %v", md.FullName(), err)
 }
 
-// findBadUTF8 walks the wire bytes of a message of type md and returns the
-// field path of the first string with invalid UTF-8, or "".
-func findBadUTF8(b []byte, md protoreflect.MessageDescriptor, prefix string, depth int) string {
+const errInvalidUTF8 = "invalid UTF-8"
+
+// findDecodeProblem walks the wire bytes of a message of type md and returns
+// the field path of the first problem and what it is, or "", "".
+func findDecodeProblem(b []byte, md protoreflect.MessageDescriptor, prefix string, depth int) (path, why string) {
 	if depth > 64 {
-		return ""
+		return "", ""
 	}
+	at := strings.TrimSuffix(prefix, ".")
 	var index map[protowire.Number]int
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
-			return ""
+			return at, "a field tag is not valid protobuf"
 		}
 		b = b[n:]
 		fd := md.Fields().ByNumber(num)
 		if fd == nil || typ != protowire.BytesType {
 			if n = protowire.ConsumeFieldValue(num, typ, b); n < 0 {
-				return ""
+				if fd == nil {
+					return at, fmt.Sprintf("unknown field %d is truncated or not valid protobuf", num)
+				}
+				return prefix + string(fd.Name()), "the value is truncated or not valid protobuf"
 			}
 			b = b[n:]
 			continue
 		}
+		name := prefix + string(fd.Name())
 		v, n := protowire.ConsumeBytes(b)
 		if n < 0 {
-			return ""
+			return name, "its length runs past the end of the message"
 		}
 		b = b[n:]
-		name := prefix + string(fd.Name())
 		if fd.IsList() && (fd.Kind() == protoreflect.StringKind || fd.Kind() == protoreflect.MessageKind) {
 			if index == nil {
 				index = map[protowire.Number]int{}
@@ -143,15 +158,15 @@ func findBadUTF8(b []byte, md protoreflect.MessageDescriptor, prefix string, dep
 		switch fd.Kind() {
 		case protoreflect.StringKind:
 			if !utf8.Valid(v) {
-				return name
+				return name, errInvalidUTF8
 			}
 		case protoreflect.MessageKind, protoreflect.GroupKind:
-			if p := findBadUTF8(v, fd.Message(), name+".", depth+1); p != "" {
-				return p
+			if p, w := findDecodeProblem(v, fd.Message(), name+".", depth+1); w != "" {
+				return p, w
 			}
 		}
 	}
-	return ""
+	return "", ""
 }
 
 // decodeUnary refuses a request decodeCodec could not decode.

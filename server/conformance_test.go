@@ -298,7 +298,7 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		unaryRow("every problem at once", goodReg, func(r *reg) { r.PageSize, r.KvCacheDtype, r.Parallel.PpSize = 3, "", 0 }, register, inv, "page_size"),
 		utf8Row(t, s.conn, "/decodeplane.v1.Bootstrap/RegisterPrefill", false, goodReg, func(r *reg) { r.KvCacheDtype = utf8Slot }, "kv_cache_dtype"),
 		utf8Row(t, s.conn, "/decodeplane.v1.Bootstrap/RegisterPrefill", false, goodReg, func(r *reg) { r.Model = &pb.ModelFacts{KvPoolKind: utf8Slot} }, "model.kv_pool_kind"),
-		rawRow(s.conn, "/decodeplane.v1.Bootstrap/RegisterPrefill", false, []byte{0x0a, 0x7f, 'x'}, "cannot be decoded"),
+		rawRow(s.conn, "/decodeplane.v1.Bootstrap/RegisterPrefill", false, []byte{0x0a, 0x7f, 'x'}, "bootstrap_addr: cannot be decoded: its length runs past"),
 
 		// Bootstrap.Heartbeat
 		unaryRow("Heartbeat without rank", func() *pb.HeartbeatRequest { return &pb.HeartbeatRequest{Rank: rank()} }, func(r *pb.HeartbeatRequest) { r.Rank = nil }, heartbeat, inv, "rank: is required"),
@@ -345,7 +345,7 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		unaryRow("AwaitDestination without rank", func() *pb.AwaitDestinationRequest { return &pb.AwaitDestinationRequest{Room: room, Rank: rank()} }, func(r *pb.AwaitDestinationRequest) { r.Rank = nil }, await, inv, "rank: is required"),
 		unaryRow("AwaitDestination pp_rank", func() *pb.AwaitDestinationRequest { return &pb.AwaitDestinationRequest{Room: room, Rank: rank()} }, func(r *pb.AwaitDestinationRequest) { r.Rank.PpRank = 1 << 31 }, await, inv, "rank.pp_rank"),
 		utf8Row(t, s.conn, "/decodeplane.v1.Rooms/AwaitDestination", true, func() *pb.AwaitDestinationRequest { return &pb.AwaitDestinationRequest{Room: 77, Rank: rank()} }, func(r *pb.AwaitDestinationRequest) { r.Rank.BootstrapAddr = utf8Slot }, "rank.bootstrap_addr"),
-		rawRow(s.conn, "/decodeplane.v1.Rooms/AwaitDestination", true, []byte{0x12, 0xff}, "cannot be decoded"),
+		rawRow(s.conn, "/decodeplane.v1.Rooms/AwaitDestination", true, []byte{0x12, 0xff}, "rank: cannot be decoded"),
 
 		// Rooms.Transfer
 		unaryRow("Transfer room 0", goodTransfer, func(r *pb.TransferRequest) { r.Room = 0 }, transfer, inv, "room: 0 is reserved"),
@@ -389,7 +389,7 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		unaryRow("WatchRoom room 0", func() *pb.WatchRoomRequest { return &pb.WatchRoomRequest{Room: room} }, func(r *pb.WatchRoomRequest) { r.Room = 0 }, watch, inv, "room: 0 is reserved"),
 		unaryRow("WatchRoom room 2^63", func() *pb.WatchRoomRequest { return &pb.WatchRoomRequest{Room: room} }, func(r *pb.WatchRoomRequest) { r.Room = 1 << 63 }, watch, inv, "room"),
 		unaryRow("WatchRoom unknown", func() *pb.WatchRoomRequest { return &pb.WatchRoomRequest{Room: room} }, func(r *pb.WatchRoomRequest) { r.Room = 77 }, watch, codes.NotFound, "77"),
-		rawRow(s.conn, "/decodeplane.v1.Rooms/WatchRoom", true, []byte{0x08}, "cannot be decoded"),
+		rawRow(s.conn, "/decodeplane.v1.Rooms/WatchRoom", true, []byte{0x08}, "room: cannot be decoded"),
 		unaryRow("GetRoom room 0", func() *pb.GetRoomRequest { return &pb.GetRoomRequest{Room: room} }, func(r *pb.GetRoomRequest) { r.Room = 0 }, getRoom, inv, "room: 0 is reserved"),
 		unaryRow("GetRoom unknown", func() *pb.GetRoomRequest { return &pb.GetRoomRequest{Room: room} }, func(r *pb.GetRoomRequest) { r.Room = 77 }, getRoom, codes.NotFound, "77"),
 		unaryRow("AbortRoom room 0", func() *pb.AbortRoomRequest { return &pb.AbortRoomRequest{Room: room} }, func(r *pb.AbortRoomRequest) { r.Room = 0 }, abort, inv, "room: 0 is reserved"),
@@ -451,12 +451,12 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		unaryRow("WatchWatermark dp rank", func() *pb.WatchWatermarkRequest { return &pb.WatchWatermarkRequest{} }, func(r *pb.WatchWatermarkRequest) { r.DecodeDpRank = 1 << 31 }, watermark, inv, "decode_dp_rank"),
 		unaryRow("WatchWatermark tp rank", func() *pb.WatchWatermarkRequest { return &pb.WatchWatermarkRequest{} }, func(r *pb.WatchWatermarkRequest) { r.DecodeTpRanks = []uint32{0, 1 << 31} }, watermark, inv, "decode_tp_ranks[1]"),
 		unaryRow("WatchWatermark 1025 ranks", func() *pb.WatchWatermarkRequest { return &pb.WatchWatermarkRequest{} }, func(r *pb.WatchWatermarkRequest) { r.DecodeTpRanks = make([]uint32, 1025) }, watermark, inv, "decode_tp_ranks: has 1025 entries"),
-		rawRow(s.conn, "/decodeplane.v1.Staging/WatchWatermark", true, []byte{0x12, 0x05, 0x01}, "cannot be decoded"),
+		rawRow(s.conn, "/decodeplane.v1.Staging/WatchWatermark", true, []byte{0x12, 0x05, 0x01}, "decode_tp_ranks: cannot be decoded"),
 
 		// Admin: no fields, but the bytes must still decode.
-		rawRow(s.conn, "/decodeplane.v1.Admin/GetStatus", false, []byte{0x0a, 0x10}, "cannot be decoded"),
-		rawRow(s.conn, "/decodeplane.v1.Admin/Drain", false, []byte{0xff}, "cannot be decoded"),
-		rawRow(s.conn, "/decodeplane.v1.Rooms/ContinueGeneration", false, []byte{0x80}, "cannot be decoded"),
+		rawRow(s.conn, "/decodeplane.v1.Admin/GetStatus", false, []byte{0x0a, 0x10}, "request: cannot be decoded: unknown field 1"),
+		rawRow(s.conn, "/decodeplane.v1.Admin/Drain", false, []byte{0xff}, "request: cannot be decoded"),
+		rawRow(s.conn, "/decodeplane.v1.Rooms/ContinueGeneration", false, []byte{0x80}, "request: cannot be decoded"),
 	}
 	runConformance(t, rows, snapshot)
 }

@@ -166,17 +166,6 @@ func checkMax(field string, v, maxV uint64) error {
 	return nil
 }
 
-// checkRange bounds a number: lo <= v <= hi.
-func checkRange(field string, v, lo, hi uint64, why string) error {
-	if v < lo || v > hi {
-		if why != "" {
-			why = " " + why
-		}
-		return fieldErr(field, "%d is out of range (allowed %d..%d%s)", v, lo, hi, why)
-	}
-	return nil
-}
-
 // repeated collects the errors of a repeated field's elements: the first few
 // are reported, the rest counted, so that a 100,000-entry request does not
 // answer with a 100,000-line message.
