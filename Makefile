@@ -14,7 +14,7 @@ CONFIG    ?=
 
 export GOTOOLCHAIN := local
 
-.PHONY: help build run run-traced demo demo-traced test test-short check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build clean
+.PHONY: help build run run-traced demo demo-traced test test-short fuzz fuzz-smoke check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build clean
 
 # help colours the target names only on a terminal, and never with NO_COLOR
 # set (https://no-color.org), so that `make help | less` or a log stays clean.
@@ -58,6 +58,24 @@ test: ## Run every test with the race detector (what CI runs).
 
 test-short: ## Run the fast tests without the race detector.
 	$(GO) test -short -count=1 ./...
+
+# Fuzz targets (native Go fuzzing; TESTING.md records the runs). go test
+# -fuzz takes one target per run, so fuzz loops over every FuzzXxx of
+# FUZZ_PKGS. FUZZTIME is per target: a duration (60s) or a count (1000000x).
+FUZZTIME      ?= 60s
+FUZZSMOKETIME ?= 2s
+FUZZ_PKGS     := ./proto/decodeplane/v1 ./proto/decodeplane/transfer/v1 ./server ./cmd/decodeplane
+
+fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FUZZTIME=1000000x for a count).
+	@set -e; for pkg in $(FUZZ_PKGS); do \
+		for t in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz'); do \
+			echo "==> $$pkg $$t (-fuzztime $(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $$pkg; \
+		done; \
+	done
+
+fuzz-smoke: ## Run every fuzz target for FUZZSMOKETIME (default 2s) each: what CI runs.
+	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZSMOKETIME)
 
 check: fmt-check vet proto-check tidy-check test ## Everything CI checks.
 

@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/grpcdecode"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -130,12 +131,13 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.authStream,
 		validator.StreamServerInterceptor(),
 	)
-	opts := []grpc.ServerOption{
+	// DecodeOptions first: undecodable requests are InvalidArgument (codec.go).
+	opts := append(grpcdecode.DecodeOptions(),
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider),
 			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
-	}
+	)
 	opts = append(opts, deps.ExtraServerOptions...)
 	s.grpc = grpc.NewServer(opts...)
 

@@ -44,6 +44,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/grpcdecode"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
 	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
 	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
@@ -200,7 +201,8 @@ func run(args []string, stderr io.Writer) int {
 		log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error (logged by the agent)")
 	})
-	serverOpts := []grpc.ServerOption{grpc.MaxRecvMsgSize(64 << 20), grpc.MaxSendMsgSize(64 << 20)}
+	serverOpts := append(grpcdecode.DecodeOptions(), // first: undecodable requests are InvalidArgument
+		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20))
 	var reloader *tlsreload.Reloader
 	if o.tls.cert != "" {
 		reloader, err = tlsreload.New(tlsreload.Options{Name: "agent", Interval: o.tls.reloadInterval, Logger: log,

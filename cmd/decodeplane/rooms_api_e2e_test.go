@@ -98,7 +98,7 @@ func TestRoomsE2ERequestErrors(t *testing.T) {
 		roomsWantCode(t, "WatchRoom", err, codes.NotFound, client.ErrNotFound)
 		_, err = roomsTransfer(ctx, ranks[0], &pb.Destination{Room: unknown}, 0, 0, 1, true)
 		roomsWantCode(t, "Transfer", err, codes.NotFound, client.ErrNotFound)
-		_, err = ranks[0].c.ReportTransfer(ctx, &pb.ReportTransferRequest{Room: unknown, Rank: ranks[0].Rank(), NumPages: 1, Last: true, Success: true})
+		_, err = ranks[0].c.ReportTransfer(ctx, &pb.ReportTransferRequest{Room: unknown, Rank: ranks[0].Rank(), NumPages: 1, Last: true, Success: true, MetadataRoomMarker: unknown})
 		roomsWantCode(t, "ReportTransfer", err, codes.NotFound, client.ErrNotFound)
 		// Unknown prefills.
 		_, err = d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: "10.0.8.99:1", Rooms: []uint64{1}})

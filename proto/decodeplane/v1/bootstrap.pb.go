@@ -23,19 +23,34 @@ const (
 )
 
 // ParallelInfo is a prefill rank's parallel layout (the fields of SGLang's
-// PUT /route body).
+// PUT /route body). Required in RegisterPrefill.
+// bounds: every size at most 1024 (attn_tp_size and pp_size 1..1024;
+// attn_cp_size, attn_dp_size, system_dp_size 0..1024, 0 = unset, read as 1);
+// every rank below its size; and the instance's ranks, dp × attn_cp_size ×
+// attn_tp_size × pp_size with dp = system_dp_size when > 1 else
+// attn_dp_size, at most 65,536.
 type ParallelInfo struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	AttnTpSize    uint32                 `protobuf:"varint,1,opt,name=attn_tp_size,json=attnTpSize,proto3" json:"attn_tp_size,omitempty"`
-	AttnTpRank    uint32                 `protobuf:"varint,2,opt,name=attn_tp_rank,json=attnTpRank,proto3" json:"attn_tp_rank,omitempty"`
-	AttnCpSize    uint32                 `protobuf:"varint,3,opt,name=attn_cp_size,json=attnCpSize,proto3" json:"attn_cp_size,omitempty"`
-	AttnCpRank    uint32                 `protobuf:"varint,4,opt,name=attn_cp_rank,json=attnCpRank,proto3" json:"attn_cp_rank,omitempty"`
-	AttnDpSize    uint32                 `protobuf:"varint,5,opt,name=attn_dp_size,json=attnDpSize,proto3" json:"attn_dp_size,omitempty"`
-	AttnDpRank    uint32                 `protobuf:"varint,6,opt,name=attn_dp_rank,json=attnDpRank,proto3" json:"attn_dp_rank,omitempty"`
-	PpSize        uint32                 `protobuf:"varint,7,opt,name=pp_size,json=ppSize,proto3" json:"pp_size,omitempty"`
-	PpRank        uint32                 `protobuf:"varint,8,opt,name=pp_rank,json=ppRank,proto3" json:"pp_rank,omitempty"`
-	SystemDpSize  uint32                 `protobuf:"varint,9,opt,name=system_dp_size,json=systemDpSize,proto3" json:"system_dp_size,omitempty"`
-	SystemDpRank  uint32                 `protobuf:"varint,10,opt,name=system_dp_rank,json=systemDpRank,proto3" json:"system_dp_rank,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..1024.
+	AttnTpSize uint32 `protobuf:"varint,1,opt,name=attn_tp_size,json=attnTpSize,proto3" json:"attn_tp_size,omitempty"`
+	// bounds: 0..attn_tp_size-1.
+	AttnTpRank uint32 `protobuf:"varint,2,opt,name=attn_tp_rank,json=attnTpRank,proto3" json:"attn_tp_rank,omitempty"`
+	// bounds: 0..1024 (0 = 1).
+	AttnCpSize uint32 `protobuf:"varint,3,opt,name=attn_cp_size,json=attnCpSize,proto3" json:"attn_cp_size,omitempty"`
+	// bounds: 0..max(attn_cp_size, 1)-1.
+	AttnCpRank uint32 `protobuf:"varint,4,opt,name=attn_cp_rank,json=attnCpRank,proto3" json:"attn_cp_rank,omitempty"`
+	// bounds: 0..1024 (0 = 1).
+	AttnDpSize uint32 `protobuf:"varint,5,opt,name=attn_dp_size,json=attnDpSize,proto3" json:"attn_dp_size,omitempty"`
+	// bounds: 0..max(attn_dp_size, 1)-1.
+	AttnDpRank uint32 `protobuf:"varint,6,opt,name=attn_dp_rank,json=attnDpRank,proto3" json:"attn_dp_rank,omitempty"`
+	// bounds: 1..1024.
+	PpSize uint32 `protobuf:"varint,7,opt,name=pp_size,json=ppSize,proto3" json:"pp_size,omitempty"`
+	// bounds: 0..pp_size-1.
+	PpRank uint32 `protobuf:"varint,8,opt,name=pp_rank,json=ppRank,proto3" json:"pp_rank,omitempty"`
+	// bounds: 0..1024 (0 = 1).
+	SystemDpSize uint32 `protobuf:"varint,9,opt,name=system_dp_size,json=systemDpSize,proto3" json:"system_dp_size,omitempty"`
+	// bounds: 0..max(system_dp_size, 1)-1.
+	SystemDpRank  uint32 `protobuf:"varint,10,opt,name=system_dp_rank,json=systemDpRank,proto3" json:"system_dp_rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -154,13 +169,20 @@ func (x *ParallelInfo) GetSystemDpRank() uint32 {
 // (one KV entry's width) and kv_lora_rank + qk_rope_head_dim must equal the
 // pool's latent width.
 type ModelFacts struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	KvPoolKind    string                 `protobuf:"bytes,1,opt,name=kv_pool_kind,json=kvPoolKind,proto3" json:"kv_pool_kind,omitempty"`
-	NumLayers     uint32                 `protobuf:"varint,2,opt,name=num_layers,json=numLayers,proto3" json:"num_layers,omitempty"`
-	TotalKvHeads  uint32                 `protobuf:"varint,3,opt,name=total_kv_heads,json=totalKvHeads,proto3" json:"total_kv_heads,omitempty"`
-	HeadDim       uint32                 `protobuf:"varint,4,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
-	KvLoraRank    uint32                 `protobuf:"varint,5,opt,name=kv_lora_rank,json=kvLoraRank,proto3" json:"kv_lora_rank,omitempty"`
-	QkRopeHeadDim uint32                 `protobuf:"varint,6,opt,name=qk_rope_head_dim,json=qkRopeHeadDim,proto3" json:"qk_rope_head_dim,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: empty, or one of mha, gqa, mla, hybrid-mla, hybrid-swa,
+	// hybrid-linear (case-insensitive, "_" for "-"); at most 32 bytes.
+	KvPoolKind string `protobuf:"bytes,1,opt,name=kv_pool_kind,json=kvPoolKind,proto3" json:"kv_pool_kind,omitempty"`
+	// bounds: 0..4096.
+	NumLayers uint32 `protobuf:"varint,2,opt,name=num_layers,json=numLayers,proto3" json:"num_layers,omitempty"`
+	// bounds: 0..4096.
+	TotalKvHeads uint32 `protobuf:"varint,3,opt,name=total_kv_heads,json=totalKvHeads,proto3" json:"total_kv_heads,omitempty"`
+	// bounds: 0..16384.
+	HeadDim uint32 `protobuf:"varint,4,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	// bounds: 0..16384; 0 unless kv_pool_kind is empty, mla or hybrid-mla.
+	KvLoraRank uint32 `protobuf:"varint,5,opt,name=kv_lora_rank,json=kvLoraRank,proto3" json:"kv_lora_rank,omitempty"`
+	// bounds: 0..16384; 0 unless kv_pool_kind is empty, mla or hybrid-mla.
+	QkRopeHeadDim uint32 `protobuf:"varint,6,opt,name=qk_rope_head_dim,json=qkRopeHeadDim,proto3" json:"qk_rope_head_dim,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -240,21 +262,33 @@ func (x *ModelFacts) GetQkRopeHeadDim() uint32 {
 type RegisterPrefillRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bootstrap_addr is the prefill instance's address, "host:port".
+	// bounds: as PrefillRank.bootstrap_addr (required, at most 261 bytes,
+	// port 1..65535).
 	BootstrapAddr string `protobuf:"bytes,1,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
 	// rank_endpoint is this rank's own endpoint ("rank_ip:rank_port").
-	RankEndpoint string        `protobuf:"bytes,2,opt,name=rank_endpoint,json=rankEndpoint,proto3" json:"rank_endpoint,omitempty"`
-	Parallel     *ParallelInfo `protobuf:"bytes,3,opt,name=parallel,proto3" json:"parallel,omitempty"`
-	PageSize     uint32        `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
-	KvCacheDtype string        `protobuf:"bytes,5,opt,name=kv_cache_dtype,json=kvCacheDtype,proto3" json:"kv_cache_dtype,omitempty"`
+	// bounds: required; "host:port" as bootstrap_addr.
+	RankEndpoint string `protobuf:"bytes,2,opt,name=rank_endpoint,json=rankEndpoint,proto3" json:"rank_endpoint,omitempty"`
+	// bounds: required; see ParallelInfo.
+	Parallel *ParallelInfo `protobuf:"bytes,3,opt,name=parallel,proto3" json:"parallel,omitempty"`
+	// bounds: a power of two, 1..65536.
+	PageSize uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// bounds: required; 1..32 bytes of printable ASCII (bf16, fp8_e4m3,
+	// auto, ...).
+	KvCacheDtype string `protobuf:"bytes,5,opt,name=kv_cache_dtype,json=kvCacheDtype,proto3" json:"kv_cache_dtype,omitempty"`
 	// load_balance_method is the prefill's DP load-balance method;
 	// "follow_bootstrap_room" (the default when empty) enables room-modulo
 	// DP resolution.
-	LoadBalanceMethod        string      `protobuf:"bytes,6,opt,name=load_balance_method,json=loadBalanceMethod,proto3" json:"load_balance_method,omitempty"`
-	EnableDsaCacheLayerSplit bool        `protobuf:"varint,7,opt,name=enable_dsa_cache_layer_split,json=enableDsaCacheLayerSplit,proto3" json:"enable_dsa_cache_layer_split,omitempty"`
-	PrefillHttpPort          uint32      `protobuf:"varint,8,opt,name=prefill_http_port,json=prefillHttpPort,proto3" json:"prefill_http_port,omitempty"`
-	Model                    *ModelFacts `protobuf:"bytes,9,opt,name=model,proto3" json:"model,omitempty"`
+	// bounds: empty or one of follow_bootstrap_room, round_robin,
+	// shortest_queue, minimum_tokens, total_requests, total_tokens, auto.
+	LoadBalanceMethod        string `protobuf:"bytes,6,opt,name=load_balance_method,json=loadBalanceMethod,proto3" json:"load_balance_method,omitempty"`
+	EnableDsaCacheLayerSplit bool   `protobuf:"varint,7,opt,name=enable_dsa_cache_layer_split,json=enableDsaCacheLayerSplit,proto3" json:"enable_dsa_cache_layer_split,omitempty"`
+	// bounds: 0 (unset) or 1..65535.
+	PrefillHttpPort uint32 `protobuf:"varint,8,opt,name=prefill_http_port,json=prefillHttpPort,proto3" json:"prefill_http_port,omitempty"`
+	// bounds: optional; see ModelFacts.
+	Model *ModelFacts `protobuf:"bytes,9,opt,name=model,proto3" json:"model,omitempty"`
 	// instance_id identifies the prefill process; a new id behind the same
 	// bootstrap_addr means the instance was replaced.
+	// bounds: at most 256 bytes (empty: not checked).
 	InstanceId    string `protobuf:"bytes,10,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -651,8 +685,10 @@ func (x *RegisterPrefillResponse) GetRoomsFailed() uint32 {
 
 type HeartbeatRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Rank  *PrefillRank           `protobuf:"bytes,1,opt,name=rank,proto3" json:"rank,omitempty"`
+	// bounds: required; see PrefillRank.
+	Rank *PrefillRank `protobuf:"bytes,1,opt,name=rank,proto3" json:"rank,omitempty"`
 	// instance_id must match the registration's when it was set.
+	// bounds: at most 256 bytes.
 	InstanceId    string `protobuf:"bytes,2,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -755,10 +791,13 @@ func (x *HeartbeatResponse) GetMaxFailures() uint32 {
 }
 
 type BindRoomRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	BootstrapAddr string                 `protobuf:"bytes,1,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
-	Room          uint64                 `protobuf:"varint,2,opt,name=room,proto3" json:"room,omitempty"`
-	DpRank        uint32                 `protobuf:"varint,3,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: as PrefillRank.bootstrap_addr.
+	BootstrapAddr string `protobuf:"bytes,1,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,2,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: 0..1023.
+	DpRank        uint32 `protobuf:"varint,3,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -861,9 +900,11 @@ func (x *BindRoomResponse) GetReplaced() bool {
 
 // RoomHint is a router's DP rank hint for one room.
 type RoomHint struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	DpRank        uint32                 `protobuf:"varint,2,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1.
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: 0..1023.
+	DpRank        uint32 `protobuf:"varint,2,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -913,10 +954,13 @@ func (x *RoomHint) GetDpRank() uint32 {
 }
 
 type LookupDPRanksRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	BootstrapAddr string                 `protobuf:"bytes,1,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
-	Rooms         []uint64               `protobuf:"varint,2,rep,packed,name=rooms,proto3" json:"rooms,omitempty"`
-	Hints         []*RoomHint            `protobuf:"bytes,3,rep,name=hints,proto3" json:"hints,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: as PrefillRank.bootstrap_addr.
+	BootstrapAddr string `protobuf:"bytes,1,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
+	// bounds: at most 100,000 entries, each 1..2^63-1.
+	Rooms []uint64 `protobuf:"varint,2,rep,packed,name=rooms,proto3" json:"rooms,omitempty"`
+	// bounds: at most 100,000 entries.
+	Hints         []*RoomHint `protobuf:"bytes,3,rep,name=hints,proto3" json:"hints,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

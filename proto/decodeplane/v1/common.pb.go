@@ -465,18 +465,24 @@ func (x *Failure) GetFromAnotherRank() bool {
 	return false
 }
 
-// PrefillRank identifies one prefill scheduler rank.
+// PrefillRank identifies one prefill scheduler rank. Where a request names
+// a rank, the rank is required.
 type PrefillRank struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bootstrap_addr is the prefill instance's bootstrap address, "host:port":
 	// the same string the router gives the decode engine.
+	// bounds: required; at most 261 bytes; a host without spaces or control
+	// characters, ":", a decimal port 1..65535.
 	BootstrapAddr string `protobuf:"bytes,1,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
 	// dp_rank is the prefill's DP group: attn_dp_rank when system_dp_size == 1,
 	// else system_dp_rank (as SGLang's bootstrap table keys it).
+	// bounds: 0..1023 (every rank below its size, at most 1024).
 	DpRank uint32 `protobuf:"varint,2,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	// bounds: 0..1023.
 	CpRank uint32 `protobuf:"varint,3,opt,name=cp_rank,json=cpRank,proto3" json:"cp_rank,omitempty"`
-	// tp_rank is the attention TP rank.
-	TpRank        uint32 `protobuf:"varint,4,opt,name=tp_rank,json=tpRank,proto3" json:"tp_rank,omitempty"`
+	// tp_rank is the attention TP rank. bounds: 0..1023.
+	TpRank uint32 `protobuf:"varint,4,opt,name=tp_rank,json=tpRank,proto3" json:"tp_rank,omitempty"`
+	// bounds: 0..1023.
 	PpRank        uint32 `protobuf:"varint,5,opt,name=pp_rank,json=ppRank,proto3" json:"pp_rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

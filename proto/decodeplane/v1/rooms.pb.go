@@ -74,29 +74,35 @@ func (RetractMode) EnumDescriptor() ([]byte, []int) {
 
 type OpenRoomRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// rid is the request id.
+	// rid is the request id. bounds: required, at most 512 bytes.
 	Rid string `protobuf:"bytes,1,opt,name=rid,proto3" json:"rid,omitempty"`
 	// bootstrap_addr is the prefill instance's bootstrap address, "host:port".
+	// bounds: as PrefillRank.bootstrap_addr.
 	BootstrapAddr string `protobuf:"bytes,2,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
 	// room is the bootstrap room, 1 <= room < 2^63 (0 is reserved: the
 	// metadata slot's marker uses 0 for "not written").
+	// bounds: 1..2^63-1.
 	Room uint64 `protobuf:"varint,3,opt,name=room,proto3" json:"room,omitempty"`
 	// prefill_dp_rank is the router's hint of the prefill DP rank holding the
-	// request (disagg_prefill_dp_rank).
+	// request (disagg_prefill_dp_rank). bounds: 0..1023 when set.
 	PrefillDpRank *uint32 `protobuf:"varint,4,opt,name=prefill_dp_rank,json=prefillDpRank,proto3,oneof" json:"prefill_dp_rank,omitempty"`
 	// decode_dp_rank is the decode DP shard (routed_dp_rank); default room % dp.
+	// bounds: 0..1023 when set (the shard must exist: checked by the domain).
 	DecodeDpRank *uint32 `protobuf:"varint,5,opt,name=decode_dp_rank,json=decodeDpRank,proto3,oneof" json:"decode_dp_rank,omitempty"`
-	// prompt_len is len(origin_input_ids), > 0.
+	// prompt_len is len(origin_input_ids), > 0. bounds: 1..2^24 tokens.
 	PromptLen uint32 `protobuf:"varint,6,opt,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
 	// output_len is len(output_ids) so far (rebootstrap).
+	// bounds: 0..2^24 tokens.
 	OutputLen uint32 `protobuf:"varint,7,opt,name=output_len,json=outputLen,proto3" json:"output_len,omitempty"`
-	// max_new_tokens is > 0.
+	// max_new_tokens is > 0. bounds: 1..2^24 tokens (so prompt_len +
+	// output_len + max_new_tokens cannot overflow uint32).
 	MaxNewTokens uint32 `protobuf:"varint,8,opt,name=max_new_tokens,json=maxNewTokens,proto3" json:"max_new_tokens,omitempty"`
-	Priority     int32  `protobuf:"varint,9,opt,name=priority,proto3" json:"priority,omitempty"`
+	// bounds: -2^20..2^20.
+	Priority int32 `protobuf:"varint,9,opt,name=priority,proto3" json:"priority,omitempty"`
 	// rebootstrap marks a retract-rebootstrap request (fill length without −1).
 	Rebootstrap bool `protobuf:"varint,10,opt,name=rebootstrap,proto3" json:"rebootstrap,omitempty"`
 	// idempotency_key makes OpenRoom safe to retry: a second call with the same
-	// room and key returns the existing room.
+	// room and key returns the existing room. bounds: at most 256 bytes.
 	IdempotencyKey string `protobuf:"bytes,11,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -264,9 +270,11 @@ func (x *OpenRoomResponse) GetExisting() bool {
 }
 
 type AwaitDestinationRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	Rank          *PrefillRank           `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: required; see PrefillRank.
+	Rank          *PrefillRank `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -729,9 +737,10 @@ func (*DestinationEvent_Done) isDestinationEvent_Event() {}
 type TransferSource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// buffer is the prefill KV buffer's name at the transfer agent.
+	// bounds: at most 256 bytes.
 	Buffer string `protobuf:"bytes,1,opt,name=buffer,proto3" json:"buffer,omitempty"`
 	// page_indices are the prefill-side pages, one per destination page of the
-	// chunk, in order.
+	// chunk, in order. bounds: empty or exactly num_pages entries, each >= 0.
 	PageIndices   []int32 `protobuf:"varint,2,rep,packed,name=page_indices,json=pageIndices,proto3" json:"page_indices,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -782,10 +791,15 @@ func (x *TransferSource) GetPageIndices() []int32 {
 }
 
 // Aux is what prefill writes into the metadata slot with the last chunk.
+// bounds: required on every rank's last chunk (last = true) and absent (or
+// empty) on the others.
 type Aux struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// room_marker must equal the room for Success (SGLang's metadata gate).
-	RoomMarker    uint64  `protobuf:"varint,1,opt,name=room_marker,json=roomMarker,proto3" json:"room_marker,omitempty"`
+	// bounds: not 0 on the last chunk (a marker other than the room is
+	// accepted at the wire and fails the room with METADATA_CORRUPTION).
+	RoomMarker uint64 `protobuf:"varint,1,opt,name=room_marker,json=roomMarker,proto3" json:"room_marker,omitempty"`
+	// bounds: at most 14 ids (a 64-byte slot after the 8-byte marker).
 	OutputIds     []int32 `protobuf:"varint,2,rep,packed,name=output_ids,json=outputIds,proto3" json:"output_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -836,19 +850,29 @@ func (x *Aux) GetOutputIds() []int32 {
 }
 
 type TransferRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Room       uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	Rank       *PrefillRank           `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
-	ChunkIndex uint32                 `protobuf:"varint,3,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: required; see PrefillRank.
+	Rank *PrefillRank `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// bounds: 0..2^24-1.
+	ChunkIndex uint32 `protobuf:"varint,3,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
 	// page_offset is where the chunk starts in the destination's page_indices.
+	// bounds: 0..2^24, and page_offset + num_pages <= 2^24 (the destination's
+	// size is checked by the domain).
 	PageOffset uint32 `protobuf:"varint,4,opt,name=page_offset,json=pageOffset,proto3" json:"page_offset,omitempty"`
-	NumPages   uint32 `protobuf:"varint,5,opt,name=num_pages,json=numPages,proto3" json:"num_pages,omitempty"`
+	// bounds: 1..2^24; 0 only on the last chunk.
+	NumPages uint32 `protobuf:"varint,5,opt,name=num_pages,json=numPages,proto3" json:"num_pages,omitempty"`
 	// last marks this rank's final chunk; its aux carries the metadata.
-	Last   bool            `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
+	Last bool `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
+	// bounds: optional; see TransferSource.
 	Source *TransferSource `protobuf:"bytes,7,opt,name=source,proto3" json:"source,omitempty"`
-	Aux    *Aux            `protobuf:"bytes,8,opt,name=aux,proto3" json:"aux,omitempty"`
+	// bounds: required when last (aux.room_marker != 0), absent otherwise;
+	// see Aux.
+	Aux *Aux `protobuf:"bytes,8,opt,name=aux,proto3" json:"aux,omitempty"`
 	// attempt is the destination's attempt (0: not checked); a chunk of an
 	// earlier attempt of a rebootstrapped room is refused.
+	// bounds: 0..2^20.
 	Attempt       uint32 `protobuf:"varint,9,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1017,21 +1041,32 @@ func (x *TransferResponse) GetDuplicate() bool {
 }
 
 type ReportTransferRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Room       uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	Rank       *PrefillRank           `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
-	ChunkIndex uint32                 `protobuf:"varint,3,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
-	PageOffset uint32                 `protobuf:"varint,4,opt,name=page_offset,json=pageOffset,proto3" json:"page_offset,omitempty"`
-	NumPages   uint32                 `protobuf:"varint,5,opt,name=num_pages,json=numPages,proto3" json:"num_pages,omitempty"`
-	Last       bool                   `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
-	Success    bool                   `protobuf:"varint,7,opt,name=success,proto3" json:"success,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: required; see PrefillRank.
+	Rank *PrefillRank `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// bounds: 0..2^24-1.
+	ChunkIndex uint32 `protobuf:"varint,3,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
+	// bounds: 0..2^24, and page_offset + num_pages <= 2^24.
+	PageOffset uint32 `protobuf:"varint,4,opt,name=page_offset,json=pageOffset,proto3" json:"page_offset,omitempty"`
+	// bounds: 1..2^24 on a successful chunk that is not the last; 0 allowed
+	// on the last chunk and on failure reports.
+	NumPages uint32 `protobuf:"varint,5,opt,name=num_pages,json=numPages,proto3" json:"num_pages,omitempty"`
+	Last     bool   `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
+	Success  bool   `protobuf:"varint,7,opt,name=success,proto3" json:"success,omitempty"`
 	// failure_reason is the prefill's reason when success is false.
+	// bounds: at most 4096 bytes; empty when success.
 	FailureReason string `protobuf:"bytes,8,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
-	Bytes         uint64 `protobuf:"varint,9,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// bounds: 0..2^50.
+	Bytes uint64 `protobuf:"varint,9,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	// metadata_room_marker is the room the prefill wrote into the metadata
 	// slot with its last chunk.
+	// bounds: not 0 on a successful last chunk (every rank's last chunk
+	// carries the marker); 0 on chunks that are not the last.
 	MetadataRoomMarker uint64 `protobuf:"varint,10,opt,name=metadata_room_marker,json=metadataRoomMarker,proto3" json:"metadata_room_marker,omitempty"`
 	// attempt is the destination's attempt (0: not checked).
+	// bounds: 0..2^20.
 	Attempt       uint32 `protobuf:"varint,11,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1198,7 +1233,8 @@ func (x *ReportTransferResponse) GetDuplicate() bool {
 
 type WatchRoomRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Room  uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
 	// history replays every earlier transition first.
 	History       bool `protobuf:"varint,2,opt,name=history,proto3" json:"history,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1315,7 +1351,8 @@ func (x *RoomEvent) GetTerminal() bool {
 
 type GetRoomRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Room  uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
 	// include_pages fills Room.page_indices.
 	IncludePages  bool `protobuf:"varint,2,opt,name=include_pages,json=includePages,proto3" json:"include_pages,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -1719,8 +1756,10 @@ func (x *RankCoverage) GetBytes() uint64 {
 
 type AbortRoomRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Room  uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
 	// reason replaces "Aborted by AbortReq." when set.
+	// bounds: at most 4096 bytes.
 	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1824,8 +1863,9 @@ func (x *AbortRoomResponse) GetAlreadyTerminal() bool {
 }
 
 type ReleaseRoomRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room          uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1922,10 +1962,14 @@ func (x *ReleaseRoomResponse) GetAlreadyReleased() bool {
 type ListRoomsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// phases filters by phase (any of); empty means all.
+	// bounds: at most 16 entries, each a defined phase other than
+	// ROOM_PHASE_UNSPECIFIED.
 	Phases []RoomPhase `protobuf:"varint,1,rep,packed,name=phases,proto3,enum=decodeplane.v1.RoomPhase" json:"phases,omitempty"`
 	// bootstrap_addr filters by prefill instance.
+	// bounds: empty or as PrefillRank.bootstrap_addr.
 	BootstrapAddr string `protobuf:"bytes,2,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
 	// limit caps the answer (default 1000, max 100000).
+	// bounds: 0..100,000 (0 = the default).
 	Limit uint32 `protobuf:"varint,3,opt,name=limit,proto3" json:"limit,omitempty"`
 	// live_only restricts the answer to rooms that have not ended.
 	LiveOnly bool `protobuf:"varint,4,opt,name=live_only,json=liveOnly,proto3" json:"live_only,omitempty"`
@@ -2056,8 +2100,9 @@ func (x *ListRoomsResponse) GetTotal() uint32 {
 
 type RunningUsage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Room  uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	// output_len is len(output_ids) now.
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// output_len is len(output_ids) now. bounds: 0..2^24 tokens.
 	OutputLen     uint32 `protobuf:"varint,2,opt,name=output_len,json=outputLen,proto3" json:"output_len,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2108,8 +2153,9 @@ func (x *RunningUsage) GetOutputLen() uint32 {
 }
 
 type ReportRunningRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rooms         []*RunningUsage        `protobuf:"bytes,1,rep,name=rooms,proto3" json:"rooms,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: at most 100,000 entries.
+	Rooms         []*RunningUsage `protobuf:"bytes,1,rep,name=rooms,proto3" json:"rooms,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2267,9 +2313,11 @@ func (x *ReportRunningResponse) GetRetryAfter() *durationpb.Duration {
 }
 
 type RetractRoomRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	Mode          RetractMode            `protobuf:"varint,2,opt,name=mode,proto3,enum=decodeplane.v1.RetractMode" json:"mode,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: RETRACT_MODE_RETRACT or RETRACT_MODE_REBOOTSTRAP.
+	Mode          RetractMode `protobuf:"varint,2,opt,name=mode,proto3,enum=decodeplane.v1.RetractMode" json:"mode,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

@@ -25,6 +25,7 @@ const (
 type SetupStagingRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// rank is the calling prefill rank; its instance must be registered.
+	// bounds: required; see PrefillRank.
 	Rank          *PrefillRank `protobuf:"bytes,1,opt,name=rank,proto3" json:"rank,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -556,11 +557,15 @@ func (x *SetupStagingResponse) GetCompletionTimeout() *durationpb.Duration {
 }
 
 type AllocateStagingRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Room       uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	Rank       *PrefillRank           `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
-	ChunkIndex uint32                 `protobuf:"varint,3,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: required; see PrefillRank.
+	Rank *PrefillRank `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// bounds: 0..2^24-1.
+	ChunkIndex uint32 `protobuf:"varint,3,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
 	// num_pages is the chunk's page count (> 0); tokens = num_pages × page_size.
+	// bounds: 1..2^24.
 	NumPages      uint32 `protobuf:"varint,4,opt,name=num_pages,json=numPages,proto3" json:"num_pages,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -823,17 +828,23 @@ func (x *AllocateStagingResponse) GetRegions() []*StagingRegion {
 }
 
 type ChunkReadyRequest struct {
-	state      protoimpl.MessageState `protogen:"open.v1"`
-	Room       uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	Rank       *PrefillRank           `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
-	ChunkIndex uint32                 `protobuf:"varint,3,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: required; see PrefillRank.
+	Rank *PrefillRank `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// bounds: 0..2^24-1.
+	ChunkIndex uint32 `protobuf:"varint,3,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
 	// page_offset is where the chunk starts in the destination's page_indices.
+	// bounds: 0..2^24, and page_offset + num_pages <= 2^24.
 	PageOffset uint32 `protobuf:"varint,4,opt,name=page_offset,json=pageOffset,proto3" json:"page_offset,omitempty"`
-	// num_pages must equal the region's.
+	// num_pages must equal the region's. bounds: 1..2^24.
 	NumPages uint32 `protobuf:"varint,5,opt,name=num_pages,json=numPages,proto3" json:"num_pages,omitempty"`
 	// last marks this rank's final chunk; its aux is written into the metadata
 	// slot with the chunk's scatter.
-	Last          bool `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
+	Last bool `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
+	// bounds: required when last (aux.room_marker != 0), absent otherwise;
+	// see Aux.
 	Aux           *Aux `protobuf:"bytes,7,opt,name=aux,proto3" json:"aux,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1000,9 +1011,11 @@ func (x *ChunkReadyResponse) GetScattered() bool {
 }
 
 type WatchWatermarkRequest struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	DecodeDpRank uint32                 `protobuf:"varint,1,opt,name=decode_dp_rank,json=decodeDpRank,proto3" json:"decode_dp_rank,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 0..1023 (the shard must exist: checked by the domain).
+	DecodeDpRank uint32 `protobuf:"varint,1,opt,name=decode_dp_rank,json=decodeDpRank,proto3" json:"decode_dp_rank,omitempty"`
 	// decode_tp_ranks selects rings; empty means every TP rank of the shard.
+	// bounds: at most 1024 entries, each 0..1023.
 	DecodeTpRanks []uint32 `protobuf:"varint,2,rep,packed,name=decode_tp_ranks,json=decodeTpRanks,proto3" json:"decode_tp_ranks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -7,20 +7,22 @@ import (
 
 // Wire-shape checks of the Staging service (see validate.go).
 
-// MaxWatchTPRanks bounds WatchWatermarkRequest.decode_tp_ranks.
+// MaxWatchTPRanks bounds WatchWatermarkRequest.decode_tp_ranks (length and
+// values).
 const MaxWatchTPRanks = 1024
-
-// maxOutputIDs is what a 64-byte metadata slot holds after the 8-byte marker.
-const maxOutputIDs = 14
 
 // Validate implements the validator interceptor's contract.
 func (x *SetupStagingRequest) Validate() error { return x.GetRank().validate("rank") }
 
 // Validate implements the validator interceptor's contract.
 func (x *AllocateStagingRequest) Validate() error {
-	errs := []error{checkRoom("room", x.GetRoom()), x.GetRank().validate("rank")}
-	if x.GetNumPages() == 0 {
-		errs = append(errs, fieldErr("num_pages", "must be > 0 (the chunk's page count)"))
+	errs := []error{checkRoom("room", x.GetRoom()), x.GetRank().validate("rank"),
+		checkMax("chunk_index", uint64(x.GetChunkIndex()), MaxChunkIndex)}
+	switch {
+	case x.GetNumPages() == 0:
+		errs = append(errs, fieldErr("num_pages", "must be > 0 (the chunk's page count, allowed 1..%d)", MaxPages))
+	case x.GetNumPages() > MaxPages:
+		errs = append(errs, fieldErr("num_pages", "%d is out of range (allowed 1..%d)", x.GetNumPages(), MaxPages))
 	}
 	return errors.Join(errs...)
 }
@@ -28,29 +30,22 @@ func (x *AllocateStagingRequest) Validate() error {
 // Validate implements the validator interceptor's contract.
 func (x *ChunkReadyRequest) Validate() error {
 	errs := []error{checkRoom("room", x.GetRoom()), x.GetRank().validate("rank")}
-	if x.GetNumPages() == 0 {
-		errs = append(errs, fieldErr("num_pages", "must be > 0 (the region's page count)"))
-	}
-	if a := x.GetAux(); a != nil {
-		if !x.GetLast() && (a.GetRoomMarker() != 0 || len(a.GetOutputIds()) > 0) {
-			errs = append(errs, fieldErr("aux", "is set on a chunk that is not the last: only the last chunk carries the metadata"))
-		}
-		if n := len(a.GetOutputIds()); n > maxOutputIDs {
-			errs = append(errs, fieldErr("aux.output_ids", "has %d ids; a 64-byte metadata slot holds at most %d", n, maxOutputIDs))
-		}
-	}
+	errs = append(errs, checkChunk(x.GetChunkIndex(), x.GetPageOffset(), x.GetNumPages(), false, "the region's page count")...)
+	errs = append(errs, checkAux(x.GetAux(), x.GetLast())...)
 	return errors.Join(errs...)
 }
 
 // Validate implements the validator interceptor's contract.
 func (x *WatchWatermarkRequest) Validate() error {
+	errs := []error{checkMax("decode_dp_rank", uint64(x.GetDecodeDpRank()), MaxRank)}
 	if n := len(x.GetDecodeTpRanks()); n > MaxWatchTPRanks {
-		return fieldErr("decode_tp_ranks", "has %d entries (at most %d)", n, MaxWatchTPRanks)
+		return errors.Join(append(errs, fieldErr("decode_tp_ranks", "has %d entries (at most %d)", n, MaxWatchTPRanks))...)
 	}
+	var rep repeated
 	for i, tp := range x.GetDecodeTpRanks() {
 		if tp >= MaxWatchTPRanks {
-			return fieldErr(fmt.Sprintf("decode_tp_ranks[%d]", i), "%d is not a plausible TP rank", tp)
+			rep.add(fieldErr(fmt.Sprintf("decode_tp_ranks[%d]", i), "%d is not a plausible TP rank (allowed 0..%d)", tp, MaxWatchTPRanks-1))
 		}
 	}
-	return nil
+	return errors.Join(append(errs, rep.err("decode_tp_ranks"))...)
 }

@@ -127,13 +127,17 @@ func (BufferKind) EnumDescriptor() ([]byte, []int) {
 type Buffer struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// name identifies the buffer; see the package comment for decode names.
-	Name string     `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// bounds: required, at most 256 bytes, unique within the request.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// bounds: a defined kind other than BUFFER_KIND_UNSPECIFIED.
 	Kind BufferKind `protobuf:"varint,2,opt,name=kind,proto3,enum=decodeplane.transfer.v1.BufferKind" json:"kind,omitempty"`
 	// address is the device address; 0 asks the agent to allocate.
+	// bounds: any.
 	Address uint64 `protobuf:"varint,3,opt,name=address,proto3" json:"address,omitempty"`
-	Length  uint64 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
+	// bounds: 1..2^62.
+	Length uint64 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
 	// item_size is the size of one item (a page of one layer for KV, one slot
-	// for metadata); informational.
+	// for metadata); informational. bounds: 0..2^62.
 	ItemSize      uint64 `protobuf:"varint,5,opt,name=item_size,json=itemSize,proto3" json:"item_size,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -205,8 +209,9 @@ func (x *Buffer) GetItemSize() uint64 {
 }
 
 type RegisterBuffersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Buffers       []*Buffer              `protobuf:"bytes,1,rep,name=buffers,proto3" json:"buffers,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..4096 entries.
+	Buffers       []*Buffer `protobuf:"bytes,1,rep,name=buffers,proto3" json:"buffers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -303,8 +308,9 @@ func (x *RegisterBuffersResponse) GetAgentInstance() string {
 }
 
 type DeregisterBuffersRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Names         []string               `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: at most 4096 entries, each 1..256 bytes.
+	Names         []string `protobuf:"bytes,1,rep,name=names,proto3" json:"names,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -384,16 +390,26 @@ func (*DeregisterBuffersResponse) Descriptor() ([]byte, []int) {
 
 // Copy is a strided copy: count rows of length bytes, row i from
 // src_offset + i·src_stride to dst_offset + i·dst_stride. count 0 means 1.
+// bounds: on each side, offset + (max(count, 1) − 1)·stride + length <= 2^62
+// (whether it fits the buffer is the agent's check).
 type Copy struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	SrcBuffer     string                 `protobuf:"bytes,1,opt,name=src_buffer,json=srcBuffer,proto3" json:"src_buffer,omitempty"`
-	SrcOffset     uint64                 `protobuf:"varint,2,opt,name=src_offset,json=srcOffset,proto3" json:"src_offset,omitempty"`
-	DstBuffer     string                 `protobuf:"bytes,3,opt,name=dst_buffer,json=dstBuffer,proto3" json:"dst_buffer,omitempty"`
-	DstOffset     uint64                 `protobuf:"varint,4,opt,name=dst_offset,json=dstOffset,proto3" json:"dst_offset,omitempty"`
-	Length        uint64                 `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"`
-	Count         uint32                 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
-	SrcStride     uint64                 `protobuf:"varint,7,opt,name=src_stride,json=srcStride,proto3" json:"src_stride,omitempty"`
-	DstStride     uint64                 `protobuf:"varint,8,opt,name=dst_stride,json=dstStride,proto3" json:"dst_stride,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: required, at most 256 bytes.
+	SrcBuffer string `protobuf:"bytes,1,opt,name=src_buffer,json=srcBuffer,proto3" json:"src_buffer,omitempty"`
+	// bounds: 0..2^62.
+	SrcOffset uint64 `protobuf:"varint,2,opt,name=src_offset,json=srcOffset,proto3" json:"src_offset,omitempty"`
+	// bounds: required, at most 256 bytes.
+	DstBuffer string `protobuf:"bytes,3,opt,name=dst_buffer,json=dstBuffer,proto3" json:"dst_buffer,omitempty"`
+	// bounds: 0..2^62.
+	DstOffset uint64 `protobuf:"varint,4,opt,name=dst_offset,json=dstOffset,proto3" json:"dst_offset,omitempty"`
+	// bounds: 1..2^62.
+	Length uint64 `protobuf:"varint,5,opt,name=length,proto3" json:"length,omitempty"`
+	// bounds: 0..2^24 rows (0 = 1).
+	Count uint32 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	// bounds: 0..2^40.
+	SrcStride uint64 `protobuf:"varint,7,opt,name=src_stride,json=srcStride,proto3" json:"src_stride,omitempty"`
+	// bounds: 0..2^40.
+	DstStride     uint64 `protobuf:"varint,8,opt,name=dst_stride,json=dstStride,proto3" json:"dst_stride,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -486,10 +502,13 @@ func (x *Copy) GetDstStride() uint64 {
 
 // InlineWrite writes data carried in the request (the metadata slot).
 type InlineWrite struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DstBuffer     string                 `protobuf:"bytes,1,opt,name=dst_buffer,json=dstBuffer,proto3" json:"dst_buffer,omitempty"`
-	DstOffset     uint64                 `protobuf:"varint,2,opt,name=dst_offset,json=dstOffset,proto3" json:"dst_offset,omitempty"`
-	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: required, at most 256 bytes.
+	DstBuffer string `protobuf:"bytes,1,opt,name=dst_buffer,json=dstBuffer,proto3" json:"dst_buffer,omitempty"`
+	// bounds: 0..2^62-2^16.
+	DstOffset uint64 `protobuf:"varint,2,opt,name=dst_offset,json=dstOffset,proto3" json:"dst_offset,omitempty"`
+	// bounds: 1..65,536 bytes.
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -548,12 +567,16 @@ func (x *InlineWrite) GetData() []byte {
 type SubmitBatchRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// batch_id is unique per submission and the idempotency key.
-	BatchId string  `protobuf:"bytes,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
-	Room    uint64  `protobuf:"varint,2,opt,name=room,proto3" json:"room,omitempty"`
-	Copies  []*Copy `protobuf:"bytes,3,rep,name=copies,proto3" json:"copies,omitempty"`
-	// writes run after every copy.
+	// bounds: required, at most 256 bytes.
+	BatchId string `protobuf:"bytes,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	// bounds: any (informational: CancelRoom selects by it).
+	Room uint64 `protobuf:"varint,2,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: at most 2^20 entries; copies and writes not both empty.
+	Copies []*Copy `protobuf:"bytes,3,rep,name=copies,proto3" json:"copies,omitempty"`
+	// writes run after every copy. bounds: at most 65,536 entries.
 	Writes []*InlineWrite `protobuf:"bytes,4,rep,name=writes,proto3" json:"writes,omitempty"`
 	// deadline: a batch not finished by then completes with ok = false.
+	// bounds: unset or a valid timestamp.
 	Deadline      *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -679,6 +702,7 @@ func (x *SubmitBatchResponse) GetAgentInstance() string {
 type WatchCompletionsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// replay_batch_ids: finished batches among these are reported at once.
+	// bounds: at most 2^20 entries, each 1..256 bytes.
 	ReplayBatchIds []string `protobuf:"bytes,1,rep,name=replay_batch_ids,json=replayBatchIds,proto3" json:"replay_batch_ids,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache
@@ -808,9 +832,11 @@ func (x *Completion) GetAgentInstance() string {
 }
 
 type CancelRoomRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Room          uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	BatchIds      []string               `protobuf:"bytes,2,rep,name=batch_ids,json=batchIds,proto3" json:"batch_ids,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: any.
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// bounds: at most 2^20 entries, each 1..256 bytes.
+	BatchIds      []string `protobuf:"bytes,2,rep,name=batch_ids,json=batchIds,proto3" json:"batch_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -904,10 +930,13 @@ func (x *CancelRoomResponse) GetCancelled() uint32 {
 }
 
 type ReadBufferRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	Length        uint64                 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: required, at most 256 bytes.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// bounds: 0..2^62.
+	Offset uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// bounds: 0..2 MiB (2,097,152).
+	Length        uint64 `protobuf:"varint,3,opt,name=length,proto3" json:"length,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1008,10 +1037,13 @@ func (x *ReadBufferResponse) GetData() []byte {
 }
 
 type WriteBufferRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Offset        uint64                 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
-	Data          []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: required, at most 256 bytes.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// bounds: 0..2^62.
+	Offset uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	// bounds: 0..2 MiB (2,097,152 bytes).
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }

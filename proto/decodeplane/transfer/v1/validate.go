@@ -3,24 +3,91 @@ package transferv1
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 )
 
 // Wire-shape checks of the TransferAgent service, enforced by the validator
-// interceptor (InvalidArgument). Whether a copy fits its buffers is the
-// agent's check.
+// interceptor (InvalidArgument) before any handler runs; the bounds are the
+// ones the .proto comments state. Each error names the field path
+// (copies[3].length) and what is allowed; every problem is reported at once.
+// Whether a copy fits its buffers is the agent's check.
 
-// Limits that bound the work of one call.
+// Bounds of the decodeplane.transfer.v1 request fields.
 const (
 	// MaxBufferIO is the most bytes ReadBuffer and WriteBuffer move per call.
 	MaxBufferIO = 2 << 20
 	// MaxBatchCopies bounds the copies of one batch.
 	MaxBatchCopies = 1 << 20
-	// MaxBuffers bounds the buffers of one RegisterBuffers call.
+	// MaxBatchWrites bounds the inline writes of one batch.
+	MaxBatchWrites = 1 << 16
+	// MaxInlineWrite bounds the data of one inline write.
+	MaxInlineWrite = 1 << 16
+	// MaxBuffers bounds the buffers of one RegisterBuffers call (and the names
+	// of one DeregisterBuffers call).
 	MaxBuffers = 4096
+	// MaxNameLen bounds buffer names and batch ids, in bytes.
+	MaxNameLen = 256
+	// MaxBatchIDs bounds replay_batch_ids and CancelRoom's batch_ids.
+	MaxBatchIDs = 1 << 20
+	// MaxExtent bounds buffer lengths, offsets and the end of every copy row
+	// and write (2^62 bytes).
+	MaxExtent = 1 << 62
+	// MaxStride bounds src_stride and dst_stride.
+	MaxStride = 1 << 40
+	// MaxCopyRows bounds a copy's count.
+	MaxCopyRows = 1 << 24
 )
 
 func fieldErr(field, format string, args ...any) error {
 	return fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...))
+}
+
+func checkName(field, name, what string) error {
+	switch {
+	case name == "":
+		return fieldErr(field, "is required (%s, at most %d bytes)", what, MaxNameLen)
+	case len(name) > MaxNameLen:
+		return fieldErr(field, "is %d bytes long (at most %d)", len(name), MaxNameLen)
+	}
+	return nil
+}
+
+// repeated reports the first few bad entries of a repeated field and counts
+// the rest.
+type repeated struct {
+	errs  []error
+	extra int
+}
+
+func (r *repeated) add(err error) {
+	if err == nil {
+		return
+	}
+	if len(r.errs) < 8 {
+		r.errs = append(r.errs, err)
+		return
+	}
+	r.extra++
+}
+
+func (r *repeated) err(field string) error {
+	if r.extra > 0 {
+		r.errs = append(r.errs, fieldErr(field, "%d more entries are invalid", r.extra))
+	}
+	return errors.Join(r.errs...)
+}
+
+// CopyEnd returns the end of a copy's rows on one side, offset +
+// (rows−1)·stride + length, and false when it overflows 64 bits.
+func CopyEnd(offset, stride, length uint64, count uint32) (uint64, bool) {
+	rows := uint64(max(count, 1))
+	hi, span := bits.Mul64(rows-1, stride)
+	if hi != 0 {
+		return 0, false
+	}
+	end, c1 := bits.Add64(offset, span, 0)
+	end, c2 := bits.Add64(end, length, 0)
+	return end, c1 == 0 && c2 == 0
 }
 
 // Validate implements the validator interceptor's contract.
@@ -28,81 +95,154 @@ func (x *RegisterBuffersRequest) Validate() error {
 	if n := len(x.GetBuffers()); n == 0 || n > MaxBuffers {
 		return fieldErr("buffers", "has %d entries (allowed 1..%d)", n, MaxBuffers)
 	}
-	var errs []error
-	seen := map[string]bool{}
+	var rep repeated
+	seen := make(map[string]bool, len(x.GetBuffers()))
 	for i, b := range x.GetBuffers() {
 		f := fmt.Sprintf("buffers[%d]", i)
-		switch {
-		case b.GetName() == "":
-			errs = append(errs, fieldErr(f+".name", "is required"))
-		case seen[b.GetName()]:
-			errs = append(errs, fieldErr(f+".name", "%q is listed twice", b.GetName()))
+		if err := checkName(f+".name", b.GetName(), "the buffer's name"); err != nil {
+			rep.add(err)
+		} else if seen[b.GetName()] {
+			rep.add(fieldErr(f+".name", "%q is listed twice", b.GetName()))
 		}
 		seen[b.GetName()] = true
-		if b.GetLength() == 0 || b.GetLength() > 1<<62 {
-			errs = append(errs, fieldErr(f+".length", "%d must be in 1..2^62", b.GetLength()))
+		if b.GetLength() == 0 || b.GetLength() > MaxExtent {
+			rep.add(fieldErr(f+".length", "%d must be in 1..2^62", b.GetLength()))
+		}
+		if b.GetItemSize() > MaxExtent {
+			rep.add(fieldErr(f+".item_size", "%d must be in 0..2^62", b.GetItemSize()))
 		}
 		if _, ok := BufferKind_name[int32(b.GetKind())]; !ok || b.GetKind() == BufferKind_BUFFER_KIND_UNSPECIFIED {
-			errs = append(errs, fieldErr(f+".kind", "%d is not a buffer kind (KV_POOL, STAGING_RING, METADATA, PREFILL_KV)", int32(b.GetKind())))
+			rep.add(fieldErr(f+".kind", "%d is not a buffer kind (KV_POOL, STAGING_RING, METADATA, PREFILL_KV)", int32(b.GetKind())))
 		}
 	}
-	return errors.Join(errs...)
+	return rep.err("buffers")
+}
+
+// Validate implements the validator interceptor's contract.
+func (x *DeregisterBuffersRequest) Validate() error {
+	if n := len(x.GetNames()); n > MaxBuffers {
+		return fieldErr("names", "has %d entries (at most %d)", n, MaxBuffers)
+	}
+	var rep repeated
+	for i, n := range x.GetNames() {
+		rep.add(checkName(fmt.Sprintf("names[%d]", i), n, "a buffer name"))
+	}
+	return rep.err("names")
+}
+
+func (c *Copy) validate(f string) []error {
+	var errs []error
+	if err := checkName(f+".src_buffer", c.GetSrcBuffer(), "the source buffer"); err != nil {
+		errs = append(errs, err)
+	}
+	if err := checkName(f+".dst_buffer", c.GetDstBuffer(), "the destination buffer"); err != nil {
+		errs = append(errs, err)
+	}
+	if c.GetLength() == 0 || c.GetLength() > MaxExtent {
+		errs = append(errs, fieldErr(f+".length", "%d must be in 1..2^62", c.GetLength()))
+	}
+	if c.GetCount() > MaxCopyRows {
+		errs = append(errs, fieldErr(f+".count", "%d is out of range (allowed 0..%d; 0 means 1)", c.GetCount(), MaxCopyRows))
+	}
+	for _, side := range []struct {
+		name           string
+		offset, stride uint64
+	}{{"src", c.GetSrcOffset(), c.GetSrcStride()}, {"dst", c.GetDstOffset(), c.GetDstStride()}} {
+		if side.stride > MaxStride {
+			errs = append(errs, fieldErr(f+"."+side.name+"_stride", "%d is out of range (allowed 0..2^40)", side.stride))
+			continue
+		}
+		if side.offset > MaxExtent {
+			errs = append(errs, fieldErr(f+"."+side.name+"_offset", "%d is out of range (allowed 0..2^62)", side.offset))
+			continue
+		}
+		if end, ok := CopyEnd(side.offset, side.stride, c.GetLength(), c.GetCount()); !ok || end > MaxExtent {
+			errs = append(errs, fieldErr(f+"."+side.name+"_offset", "the copy's last row ends beyond 2^62 bytes (%s_offset + (count-1)·%s_stride + length)", side.name, side.name))
+		}
+	}
+	return errs
 }
 
 // Validate implements the validator interceptor's contract.
 func (x *SubmitBatchRequest) Validate() error {
-	var errs []error
-	if x.GetBatchId() == "" {
-		errs = append(errs, fieldErr("batch_id", "is required: the batch's idempotency key"))
-	}
+	errs := []error{checkName("batch_id", x.GetBatchId(), "the batch's idempotency key")}
 	if n := len(x.GetCopies()); n > MaxBatchCopies {
 		errs = append(errs, fieldErr("copies", "has %d entries (at most %d)", n, MaxBatchCopies))
+	} else {
+		var rep repeated
+		for i, c := range x.GetCopies() {
+			for _, err := range c.validate(fmt.Sprintf("copies[%d]", i)) {
+				rep.add(err)
+			}
+		}
+		errs = append(errs, rep.err("copies"))
+	}
+	if n := len(x.GetWrites()); n > MaxBatchWrites {
+		errs = append(errs, fieldErr("writes", "has %d entries (at most %d)", n, MaxBatchWrites))
+	} else {
+		var rep repeated
+		for i, w := range x.GetWrites() {
+			f := fmt.Sprintf("writes[%d]", i)
+			rep.add(checkName(f+".dst_buffer", w.GetDstBuffer(), "the destination buffer"))
+			if n := len(w.GetData()); n == 0 || n > MaxInlineWrite {
+				rep.add(fieldErr(f+".data", "has %d bytes (allowed 1..%d)", n, MaxInlineWrite))
+			}
+			if w.GetDstOffset() > MaxExtent-MaxInlineWrite {
+				rep.add(fieldErr(f+".dst_offset", "%d is out of range (allowed 0..2^62-2^16)", w.GetDstOffset()))
+			}
+		}
+		errs = append(errs, rep.err("writes"))
 	}
 	if len(x.GetCopies()) == 0 && len(x.GetWrites()) == 0 {
 		errs = append(errs, fieldErr("copies", "the batch moves nothing (no copies, no writes)"))
 	}
-	for i, c := range x.GetCopies() {
-		if c.GetLength() == 0 || c.GetSrcBuffer() == "" || c.GetDstBuffer() == "" || c.GetLength() > 1<<62 || c.GetSrcOffset() > 1<<62 ||
-			c.GetDstOffset() > 1<<62 || c.GetSrcStride() > 1<<40 || c.GetDstStride() > 1<<40 {
-			errs = append(errs, fieldErr(fmt.Sprintf("copies[%d]", i), "needs src_buffer, dst_buffer and length > 0, with offsets and strides in range"))
-			break
-		}
-	}
-	for i, w := range x.GetWrites() {
-		if w.GetDstBuffer() == "" || len(w.GetData()) == 0 || w.GetDstOffset() > 1<<62 {
-			errs = append(errs, fieldErr(fmt.Sprintf("writes[%d]", i), "needs dst_buffer and data"))
-			break
+	if d := x.GetDeadline(); d != nil {
+		if err := d.CheckValid(); err != nil {
+			errs = append(errs, fieldErr("deadline", "is not a valid timestamp: %v", err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
+func checkBatchIDs(field string, ids []string) error {
+	if n := len(ids); n > MaxBatchIDs {
+		return fieldErr(field, "has %d entries (at most %d)", n, MaxBatchIDs)
+	}
+	var rep repeated
+	for i, id := range ids {
+		rep.add(checkName(fmt.Sprintf("%s[%d]", field, i), id, "a batch id"))
+	}
+	return rep.err(field)
+}
+
+// Validate implements the validator interceptor's contract.
+func (x *WatchCompletionsRequest) Validate() error {
+	return checkBatchIDs("replay_batch_ids", x.GetReplayBatchIds())
+}
+
+// Validate implements the validator interceptor's contract.
+func (x *CancelRoomRequest) Validate() error { return checkBatchIDs("batch_ids", x.GetBatchIds()) }
+
 // Validate implements the validator interceptor's contract.
 func (x *ReadBufferRequest) Validate() error {
-	var errs []error
-	if x.GetName() == "" {
-		errs = append(errs, fieldErr("name", "is required"))
-	}
+	errs := []error{checkName("name", x.GetName(), "the buffer's name")}
 	if x.GetLength() > MaxBufferIO {
 		errs = append(errs, fieldErr("length", "%d is above %d bytes per call", x.GetLength(), MaxBufferIO))
 	}
-	if x.GetOffset() > 1<<62 {
-		errs = append(errs, fieldErr("offset", "%d is out of range", x.GetOffset()))
+	if x.GetOffset() > MaxExtent {
+		errs = append(errs, fieldErr("offset", "%d is out of range (allowed 0..2^62)", x.GetOffset()))
 	}
 	return errors.Join(errs...)
 }
 
 // Validate implements the validator interceptor's contract.
 func (x *WriteBufferRequest) Validate() error {
-	var errs []error
-	if x.GetName() == "" {
-		errs = append(errs, fieldErr("name", "is required"))
-	}
+	errs := []error{checkName("name", x.GetName(), "the buffer's name")}
 	if len(x.GetData()) > MaxBufferIO {
 		errs = append(errs, fieldErr("data", "%d bytes is above %d per call", len(x.GetData()), MaxBufferIO))
 	}
-	if x.GetOffset() > 1<<62 {
-		errs = append(errs, fieldErr("offset", "%d is out of range", x.GetOffset()))
+	if x.GetOffset() > MaxExtent {
+		errs = append(errs, fieldErr("offset", "%d is out of range (allowed 0..2^62)", x.GetOffset()))
 	}
 	return errors.Join(errs...)
 }
