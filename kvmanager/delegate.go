@@ -281,6 +281,9 @@ func TransferBatch(op ChunkOp) (kvcopy.Batch, error) {
 		if op.SrcBuffer == "" {
 			return b, fmt.Errorf("chunk %d of room %d: the delegated path needs source.buffer (the prefill rank's KV buffer at the transfer agent)", op.ChunkIndex, op.Room)
 		}
+		if strings.HasPrefix(op.SrcBuffer, "decode/") {
+			return b, fmt.Errorf("chunk %d of room %d: source.buffer %q is one of the decode side's own buffers: a chunk is copied from the prefill rank's KV buffer", op.ChunkIndex, op.Room, op.SrcBuffer)
+		}
 		if len(op.SrcPages) != len(op.DestPages) {
 			return b, fmt.Errorf("chunk %d of room %d: source.page_indices has %d entries for %d pages", op.ChunkIndex, op.Room, len(op.SrcPages), len(op.DestPages))
 		}

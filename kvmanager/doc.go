@@ -37,7 +37,7 @@
 // engine's decode step, after which each reported shard runs an admission
 // pass) and RetractRoom takes its pages back at once: a RETRACT room is
 // PhaseRetracted and resumes (T20) at a pass after the next ReportRunning of
-// its shard, or right after the call when nothing else runs there — never
+// its shard, or RetractResumeAfter (1 s) after the call when nothing else runs there — never
 // inside RetractRoom. A room's KVPoll
 // is derived from its phase with SGLang's numbers and only moves forward.
 //

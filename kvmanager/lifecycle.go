@@ -1110,6 +1110,11 @@ const (
 //
 // RetractRebootstrap: the room is held (pages freed) until
 // ContinueGeneration; new rooms may be admitted into its pages at once.
+// RetractResumeAfter bounds how long a RETRACT room waits when nothing else
+// runs on its shard: the next admission pass (a ReportRunning, an OpenRoom,
+// a release) or this long after the retraction, whichever comes first.
+const RetractResumeAfter = time.Second
+
 func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, error) {
 	m.mu.Lock()
 	defer m.unlock()
@@ -1129,8 +1134,10 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 		m.transitionLocked(r, PhaseRetracted, "T20", textNote("retracted: pages returned; resumes after the next ReportRunning, before new admissions"))
 		if r.led.Stats().Running == 0 {
 			// Nothing left on the shard to grow into the pages: resume (or
-			// not) at the next pass, which runs after this call.
-			m.setDeadlineLocked(&m.admitDl[r.decodeDP], dlAdmit, m.clock.Now(), uint64(r.decodeDP), 0, nil)
+			// not) at the next pass, at the latest RetractResumeAfter from
+			// now, so that the pages are visibly free meanwhile (for a room
+			// being admitted, or an engine reading the pool).
+			m.setDeadlineLocked(&m.admitDl[r.decodeDP], dlAdmit, m.clock.Now().Add(RetractResumeAfter), uint64(r.decodeDP), 0, nil)
 		}
 	case RetractRebootstrap:
 		if err := r.led.Hold(r.id); err != nil {

@@ -1002,8 +1002,13 @@ func TestT20RetractAndResume(t *testing.T) {
 		if s, err := h.m.RetractRoom(room, RetractCPU); err != nil || s.Phase != PhaseRetracted || s.NumPages != 0 {
 			t.Errorf("RetractRoom(resumed) = %s with %d pages, %v; want retracted, 0 pages", s.Phase, s.NumPages, err)
 		}
-		// No other room runs: the pass right after the call resumes it.
+		// No other room runs: it stays retracted with its pages free until
+		// the pass RetractResumeAfter later resumes it.
 		synctest.Wait()
+		if s := h.wantPhase(room, PhaseRetracted); s.NumPages != 0 {
+			t.Errorf("retracted room holds %d pages before the pass", s.NumPages)
+		}
+		advance(RetractResumeAfter)
 		h.wantPhase(room, PhaseSucceeded)
 		if st := h.stats(0); st.Resumed != 0 || st.Running != 1 {
 			t.Errorf("ledger: %d resumed, %d running; want 0, 1", st.Resumed, st.Running)

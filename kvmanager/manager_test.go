@@ -276,7 +276,7 @@ func TestObserverGaugesMatchRooms(t *testing.T) {
 		h.open(addrA, 2)
 		h.complete(2)
 		h.m.RetractRoom(2, RetractCPU)
-		synctest.Wait() // resumed by the pass after the call (no other room runs)
+		advance(RetractResumeAfter) // resumed by the pass after the call (no other room runs)
 		h.m.RetractRoom(2, RetractRebootstrap)
 		h.m.ContinueGeneration(context.Background())
 		h.complete(2)

@@ -450,7 +450,11 @@ func (m *Manager) stagingSettleLocked(r *room) {
 		return
 	}
 	rs := m.stg.rooms[r.id]
-	if rs == nil || rs.attempt != r.attempt || rs.pending == 0 {
+	if rs == nil || rs.attempt != r.attempt || rs.pending == 0 || !scattersDue(rs) {
+		// Every rank is done, so a region whose writers have not all
+		// reported never will be (its pages are covered, and nothing may
+		// follow a last chunk): it does not hold the room back; it is freed
+		// with the room.
 		delete(r.gates, stagingGate)
 		if rs != nil && rs.timer.armed() {
 			m.clearDeadlineLocked(&rs.timer)
@@ -471,6 +475,16 @@ func (m *Manager) stagingSettleLocked(r *room) {
 	m.armTimerLocked(r)
 	rs.deadline = m.clock.Now().Add(m.cfg.Timeouts.Waiting)
 	m.setDeadlineLocked(&rs.timer, dlStaging, rs.deadline, r.id, r.attempt, nil)
+}
+
+// scattersDue: a region every writer reported is still to be scattered.
+func scattersDue(rs *roomStaging) bool {
+	for _, sc := range rs.chunks {
+		if !sc.freed && sc.state != scatterDone && sc.nArrived == len(sc.writers) {
+			return true
+		}
+	}
+	return false
 }
 
 // stagingDeadlineLocked fails a staged room whose scatters did not finish within
@@ -625,6 +639,11 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
 	}
 	if rp := r.ranks[req.Rank.key()]; rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
+		if cs := rp.chunks[req.Index]; cs.off != req.PageOffset || cs.n != req.NumPages || cs.last != req.Last {
+			m.unlock()
+			return StagingChunkResult{}, invalid("chunk_index", "%d was already reported with pages [%d, %d) and last=%v; a retry must carry the same page_offset, num_pages and last (got pages [%d, %d), last=%v)",
+				req.Index, cs.off, cs.off+cs.n, cs.last, req.PageOffset, req.PageOffset+req.NumPages, req.Last)
+		}
 		// A retry: resubmit the regions whose scatter did not happen.
 		rs := m.stg.rooms[r.id]
 		todo := m.readyRegionsLocked(r, rs, req.Rank, req.Index)

@@ -431,20 +431,80 @@ func TestStagingTransferredRoomStillSucceeds(t *testing.T) {
 	e.settled()
 }
 
-func TestStagingCompletionTimeout(t *testing.T) {
+// TestStagingUnreportedRegionDoesNotHoldTheRoom: a region allocated for
+// pages the prefill then moved itself is never reported (its ChunkReady would
+// overlap covered pages): once every page landed it does not hold the room
+// back, and it is freed with the room.
+func TestStagingUnreportedRegionDoesNotHoldTheRoom(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
 		const addr, room = "p1:1", 15
 		e.register(addr, 1, 1)
 		e.open(addr, 1, room, 100)
 		e.alloc(addr, 0, room, 0, 4)
-		e.alloc(addr, 0, room, 1, 3) // never reported: its scatter never comes
-		start := time.Now()
+		e.alloc(addr, 0, room, 1, 3) // never reported
 		e.ready(addr, 0, room, 0, 0, 4, false)
-		// The prefill moves pages [4, 7) itself (chunk 2) but never reports
-		// the region it allocated for chunk 1.
+		if ph, _ := e.phase(room); ph != kvmanager.PhaseTransferring {
+			t.Fatalf("phase = %s, want transferring", ph)
+		}
 		if _, _, err := e.m.ReportTransfer(kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), Index: 2, PageOffset: 4, NumPages: 3, Last: true, Marker: room, Bytes: e.weight(room, 0, 4, 3, true)}); err != nil {
 			t.Fatal(err)
+		}
+		if ph, f := e.phase(room); ph != kvmanager.PhaseSucceeded {
+			t.Fatalf("phase = %s %+v, want succeeded", ph, f)
+		}
+		if _, _, err := e.m.ReleaseRoom(room); err != nil {
+			t.Fatal(err)
+		}
+		e.settled()
+	})
+}
+
+// TestStagingRetryMustMatch: a ChunkReady retry with another page range is
+// refused naming chunk_index, and changes nothing.
+func TestStagingRetryMustMatch(t *testing.T) {
+	e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
+	const addr, room = "p1:1", 16
+	e.register(addr, 1, 1)
+	pages := e.open(addr, 1, room, 100)
+	e.alloc(addr, 0, room, 0, 3)
+	e.ready(addr, 0, room, 0, 0, 3, false)
+	_, err := e.m.StagingChunkReady(context.Background(), kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), Index: 0, PageOffset: 1, NumPages: 3})
+	var inv *kvmanager.InvalidError
+	if !errors.As(err, &inv) || inv.Field != "chunk_index" {
+		t.Fatalf("retry with page_offset 1 = %v, want InvalidError on chunk_index", err)
+	}
+	e.alloc(addr, 0, room, 1, len(pages)-3)
+	e.ready(addr, 0, room, 1, 3, len(pages)-3, true)
+	if ph, f := e.phase(room); ph != kvmanager.PhaseSucceeded {
+		t.Fatalf("phase = %s %+v, want succeeded", ph, f)
+	}
+	if _, _, err := e.m.ReleaseRoom(room); err != nil {
+		t.Fatal(err)
+	}
+	e.settled()
+}
+
+// unavailableScatter is the sim engine whose scatters never happen (the
+// transfer agent is unreachable and no retry comes).
+type unavailableScatter struct{ *kvmanager.SimEngine }
+
+func (unavailableScatter) Scatter(context.Context, kvmanager.ScatterOp) (kvmanager.ChunkResult, error) {
+	return kvmanager.ChunkResult{}, fmt.Errorf("%w: test: agent unreachable", kvmanager.ErrEngineUnavailable)
+}
+
+// TestStagingCompletionTimeout: every writer reported its region, but the
+// scatter never lands: the completion timeout fails the room naming it.
+func TestStagingCompletionTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, func(s *kvmanager.SimEngine) kvmanager.TransferEngine { return unavailableScatter{s} })
+		const addr, room = "p1:1", 15
+		e.register(addr, 1, 1)
+		pages := e.open(addr, 1, room, 100)
+		e.alloc(addr, 0, room, 0, len(pages))
+		start := time.Now()
+		if _, err := e.m.StagingChunkReady(context.Background(), kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), Index: 0, NumPages: len(pages), Last: true, Marker: room}); !errors.Is(err, kvmanager.ErrEngineUnavailable) {
+			t.Fatalf("StagingChunkReady = %v, want ErrEngineUnavailable", err)
 		}
 		if ph, _ := e.phase(room); ph != kvmanager.PhaseTransferring {
 			t.Fatalf("phase = %s, want transferring", ph)
@@ -457,8 +517,8 @@ func TestStagingCompletionTimeout(t *testing.T) {
 		time.Sleep(time.Millisecond)
 		synctest.Wait()
 		ph, f := e.phase(room)
-		if ph != kvmanager.PhaseFailed || f.Code != kvmanager.FailureStagingFailed || !strings.Contains(f.Message, "chunk 1") {
-			t.Fatalf("after %s: room %s %+v; want failed (staging_failed) naming chunk 1", time.Since(start), ph, f)
+		if ph != kvmanager.PhaseFailed || f.Code != kvmanager.FailureStagingFailed || !strings.Contains(f.Message, "chunk 0") {
+			t.Fatalf("after %s: room %s %+v; want failed (staging_failed) naming chunk 0", time.Since(start), ph, f)
 		}
 		e.settled()
 	})

@@ -3,7 +3,6 @@ package kvmanager
 import (
 	"errors"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
@@ -118,14 +117,14 @@ func TestSlowWatcherDropped(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Each retraction on a free pool resumes right after the call: two
+		// Each retraction on a free pool resumes RetractResumeAfter after the call: two
 		// transitions (T20 out, T20 back). 40 of them overflow the 64-event
 		// buffer.
 		for i := range 40 {
 			if _, err := h.m.RetractRoom(1, RetractCPU); err != nil {
 				t.Fatalf("RetractRoom #%d = %v", i, err)
 			}
-			synctest.Wait()
+			advance(RetractResumeAfter)
 			h.wantPhase(1, PhaseSucceeded)
 		}
 		evs := drainWatcher(w)

@@ -156,6 +156,10 @@ func (s *Store) validateLocked(b kvcopy.Batch) error {
 			return fmt.Errorf("batch %s copy %d: source range [%d, %d) of %q is %w (%d bytes)", b.ID, i, c.SrcOffset, c.SrcEnd(), c.SrcBuffer, ErrOutOfRange, src.spec.Length)
 		case c.DstEnd() > dst.spec.Length:
 			return fmt.Errorf("batch %s copy %d: destination range [%d, %d) of %q is %w (%d bytes)", b.ID, i, c.DstOffset, c.DstEnd(), c.DstBuffer, ErrOutOfRange, dst.spec.Length)
+		case int64(c.Rows()) > dst.spec.Length/c.Length:
+			// Rows that overlap (a stride below the length) would rewrite
+			// the same bytes: a copy never writes more than its destination holds.
+			return fmt.Errorf("batch %s copy %d: %w: %d rows of %d bytes write more than %q holds (%d bytes)", b.ID, i, ErrInvalid, c.Rows(), c.Length, c.DstBuffer, dst.spec.Length)
 		}
 	}
 	for i, w := range b.Writes {

@@ -50,6 +50,7 @@ func TestStore(t *testing.T) {
 		{"strided destination past the end", kvcopy.Copy{SrcBuffer: "a", DstBuffer: "b", DstOffset: 56, Length: 4, Count: 3, DstStride: 4}, hostmem.ErrOutOfRange},
 		{"unknown buffer", kvcopy.Copy{SrcBuffer: "nope", DstBuffer: "b", Length: 1}, hostmem.ErrUnknownBuffer},
 		{"zero length", kvcopy.Copy{SrcBuffer: "a", DstBuffer: "b"}, hostmem.ErrInvalid},
+		{"2^32-1 rows over the same bytes (stride 0)", kvcopy.Copy{SrcBuffer: "a", DstBuffer: "b", Length: 8, Count: 1<<32 - 1}, hostmem.ErrInvalid},
 	}
 	for _, tc := range bad {
 		before, _ := st.Read("b", 0, 64)

@@ -166,7 +166,9 @@ type RoomsClient interface {
 	// pages first; it then resumes (ROOM_PHASE_SUCCEEDED, new pages in GetRoom
 	// with include_pages), before any new admission, once fill_len +
 	// reserved_decode_tokens fits the budget. With no other running room the
-	// first such pass runs right after the call.
+	// first such pass is the next admission pass (any ReportRunning, OpenRoom
+	// or release), at the latest 1 s after the call; its pages stay free
+	// meanwhile.
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running; or RETRACT of a
 	// room that could not resume even on an empty shard, fill_len +
 	// reserved_decode_tokens beyond the pool: nothing changes, use REBOOTSTRAP
@@ -456,7 +458,9 @@ type RoomsServer interface {
 	// pages first; it then resumes (ROOM_PHASE_SUCCEEDED, new pages in GetRoom
 	// with include_pages), before any new admission, once fill_len +
 	// reserved_decode_tokens fits the budget. With no other running room the
-	// first such pass runs right after the call.
+	// first such pass is the next admission pass (any ReportRunning, OpenRoom
+	// or release), at the latest 1 s after the call; its pages stay free
+	// meanwhile.
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (not running; or RETRACT of a
 	// room that could not resume even on an empty shard, fill_len +
 	// reserved_decode_tokens beyond the pool: nothing changes, use REBOOTSTRAP
