@@ -116,6 +116,7 @@ type daemon struct {
 	srv      *server.Server
 	lis      net.Listener
 	mlis     net.Listener
+	hlis     net.Listener                  // server.http_listen (http.go)
 	tracing  string                        // OTLP endpoint spans go to ("" = tracing off)
 	closers  []func(context.Context) error // run in reverse order after the gRPC server stopped
 	loops    []func(context.Context) error // background loops, run under the errgroup
@@ -257,6 +258,9 @@ func buildDaemon(ctx context.Context, l *Loaded, log *slog.Logger, environ []str
 			return nil
 		})
 	}
+	if err := d.addHTTP(srv); err != nil {
+		return nil, err
+	}
 	ok = true
 	return d, nil
 }
@@ -267,6 +271,9 @@ func (d *daemon) closeListeners() {
 	}
 	if d.mlis != nil {
 		d.mlis.Close()
+	}
+	if d.hlis != nil {
+		d.hlis.Close()
 	}
 }
 
@@ -299,7 +306,11 @@ func (d *daemon) run(ctx context.Context) error {
 	if d.tracing != "" {
 		traces = d.tracing + " (OTLP gRPC; Jaeger UI/API on :16686)"
 	}
-	log.Info("decodeplane serving", "listen", d.lis.Addr().String(), "metrics", metricsAddr, "traces", traces,
+	httpAddr := "off"
+	if d.hlis != nil {
+		httpAddr = "http://" + d.hlis.Addr().String()
+	}
+	log.Info("decodeplane serving", "listen", d.lis.Addr().String(), "metrics", metricsAddr, "http", httpAddr, "traces", traces,
 		"version", version, "transfer_path", d.cfg.Transfer.Path, "layout", d.cfg.Decode().Layout().String())
 
 	<-gctx.Done()
