@@ -406,6 +406,7 @@ func (h *BootstrapHTTP) Run(ctx context.Context) error {
 	iv, _ := h.m.HeartbeatPolicy()
 	t := time.NewTicker(iv / 2)
 	defer t.Stop()
+	defer h.client.CloseIdleConnections()
 	for {
 		select {
 		case <-ctx.Done():
