@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -300,10 +301,12 @@ func (h *BootstrapHTTP) getRoute(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, o.close())
 		return
 	}
-	notFound := fmt.Sprintf("Bootstrap info not found for dp_rank=%d cp_rank=%d tp_rank=%d pp_rank=%d", v[0], v[1], v[2], v[3])
+	notFound := func() string {
+		return fmt.Sprintf("Bootstrap info not found for dp_rank=%d cp_rank=%d tp_rank=%d pp_rank=%d", v[0], v[1], v[2], v[3])
+	}
 	for _, x := range v {
 		if x < 0 || x > math.MaxInt32 {
-			writeText(w, http.StatusNotFound, notFound)
+			writeText(w, http.StatusNotFound, notFound())
 			return
 		}
 	}
@@ -314,13 +317,13 @@ func (h *BootstrapHTTP) getRoute(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok {
-		writeText(w, http.StatusNotFound, notFound)
+		writeText(w, http.StatusNotFound, notFound())
 		return
 	}
 	host, port, err := net.SplitHostPort(ep)
 	p, perr := strconv.Atoi(port)
 	if err != nil || perr != nil {
-		writeText(w, http.StatusNotFound, notFound+fmt.Sprintf(" (the rank registered over gRPC with endpoint %q, which is not rank_ip:rank_port)", ep))
+		writeText(w, http.StatusNotFound, notFound()+fmt.Sprintf(" (the rank registered over gRPC with endpoint %q, which is not rank_ip:rank_port)", ep))
 		return
 	}
 	var o pyObject
@@ -371,27 +374,39 @@ func (h *BootstrapHTTP) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Rooms []uint64 `json:"bootstrap_rooms"`
 	}
-	if err := decodeJSON(r.Body, &body); err != nil {
-		writeText(w, http.StatusBadRequest, err.Error())
+	raw, err := io.ReadAll(r.Body)
+	if err != nil {
+		writeText(w, http.StatusBadRequest, decodeJSON(io.MultiReader(bytes.NewReader(raw), errReader{err}), &body).Error())
 		return
 	}
-	req := &pb.LookupDPRanksRequest{BootstrapAddr: instanceAddr(r), Rooms: body.Rooms}
+	rooms, ok := scanRoomList(raw)
+	if !ok {
+		if err := decodeJSON(bytes.NewReader(raw), &body); err != nil {
+			writeText(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		rooms = body.Rooms
+	}
+	req := &pb.LookupDPRanksRequest{BootstrapAddr: instanceAddr(r), Rooms: rooms}
 	if err := req.Validate(); err != nil {
 		writeText(w, http.StatusBadRequest, badRequest(err))
 		return
 	}
+	// The domain call of Bootstrap.LookupDPRanks (no hints here), answered
+	// without the proto round trip: this is the hot read.
 	var o pyObject
-	res, err := h.b.LookupDPRanks(r.Context(), req)
-	if status.Code(err) == codes.NotFound {
+	res, _, err := h.m.LookupDPRanks(req.GetBootstrapAddr(), req.GetRooms(), nil)
+	if errors.Is(err, kvmanager.ErrPrefillNotFound) {
 		writeJSON(w, o.close()) // SGLang: an empty table answers {}
 		return
 	}
 	if err != nil {
-		writeStatus(w, err)
+		writeStatus(w, toStatus(r.Context(), h.s.log, err))
 		return
 	}
-	for _, x := range res.GetResolved() {
-		o.int(strconv.FormatUint(x.GetRoom(), 10), int64(x.GetDpRank()))
+	o.b = make([]byte, 0, 2+32*len(res))
+	for _, x := range res {
+		o.roomInt(x.Room, int64(x.DP))
 	}
 	writeJSON(w, o.close())
 }
@@ -481,6 +496,74 @@ func (h *BootstrapHTTP) Polled() []string {
 		out = append(out, a)
 	}
 	return out
+}
+
+// errReader returns err (a body read error, e.g. http.MaxBytesError, for
+// decodeJSON to name).
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// scanRoomList is the fast path of /query_dp_ranks: it parses exactly
+// {"bootstrap_rooms": [n, ...]} with decimal integers that fit in uint64 and
+// optional whitespace; anything else (another key, a sign, a fraction, an
+// overflow) reports !ok and encoding/json decides.
+func scanRoomList(b []byte) ([]uint64, bool) {
+	i := 0
+	ws := func() {
+		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+			i++
+		}
+	}
+	lit := func(s string) bool {
+		ws()
+		if !bytes.HasPrefix(b[i:], []byte(s)) {
+			return false
+		}
+		i += len(s)
+		return true
+	}
+	if !lit("{") || !lit(`"bootstrap_rooms"`) || !lit(":") || !lit("[") {
+		return nil, false
+	}
+	rooms := make([]uint64, 0, 64)
+	ws()
+	if i < len(b) && b[i] == ']' {
+		i++
+	} else {
+		for {
+			ws()
+			start := i
+			var v uint64
+			for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+				d := uint64(b[i] - '0')
+				if v > (math.MaxUint64-d)/10 {
+					return nil, false
+				}
+				v = v*10 + d
+				i++
+			}
+			if i == start || (b[start] == '0' && i-start > 1) {
+				return nil, false
+			}
+			rooms = append(rooms, v)
+			ws()
+			if i < len(b) && b[i] == ',' {
+				i++
+				continue
+			}
+			if i < len(b) && b[i] == ']' {
+				i++
+				break
+			}
+			return nil, false
+		}
+	}
+	if !lit("}") {
+		return nil, false
+	}
+	ws()
+	return rooms, i == len(b)
 }
 
 // decodeJSON decodes one JSON value; errors name the field and the type.
@@ -576,6 +659,19 @@ func (o *pyObject) key(k string) {
 }
 
 func (o *pyObject) int(k string, v int64) { o.key(k); o.b = strconv.AppendInt(o.b, v, 10) }
+
+// roomInt adds a room key, a decimal string, as SGLang's str(room) keys.
+func (o *pyObject) roomInt(room uint64, v int64) {
+	if len(o.b) == 0 {
+		o.b = append(o.b, '{')
+	} else {
+		o.b = append(o.b, ", "...)
+	}
+	o.b = append(o.b, '"')
+	o.b = strconv.AppendUint(o.b, room, 10)
+	o.b = append(o.b, `": `...)
+	o.b = strconv.AppendInt(o.b, v, 10)
+}
 func (o *pyObject) str(k, v string)       { o.key(k); o.b = pyQuote(o.b, v) }
 func (o *pyObject) bool(k string, v bool) { o.key(k); o.b = strconv.AppendBool(o.b, v) }
 

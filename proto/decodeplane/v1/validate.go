@@ -110,15 +110,17 @@ func (x *LookupDPRanksRequest) Validate() error {
 	if len(x.GetRooms()) > MaxLookupRooms {
 		errs = append(errs, fieldErr("rooms", "has %d entries (at most %d per call)", len(x.GetRooms()), MaxLookupRooms))
 	}
+	// The field name is formatted only for a bad room: this check runs on
+	// every lookup (the HTTP /query_dp_ranks path included).
 	for i, r := range x.GetRooms() {
-		if err := checkRoom(fmt.Sprintf("rooms[%d]", i), r); err != nil {
-			errs = append(errs, err)
+		if r > maxRoom {
+			errs = append(errs, checkRoom(fmt.Sprintf("rooms[%d]", i), r))
 			break
 		}
 	}
 	for i, h := range x.GetHints() {
-		if err := checkRoom(fmt.Sprintf("hints[%d].room", i), h.GetRoom()); err != nil {
-			errs = append(errs, err)
+		if h.GetRoom() > maxRoom {
+			errs = append(errs, checkRoom(fmt.Sprintf("hints[%d].room", i), h.GetRoom()))
 			break
 		}
 	}
