@@ -341,7 +341,20 @@ func (h *BootstrapHTTP) registerDPRank(w http.ResponseWriter, r *http.Request) {
 		Room *uint64 `json:"bootstrap_room"`
 		DP   *int64  `json:"dp_rank"`
 	}
-	if err := decodeJSON(r.Body, &body); err != nil {
+	raw, err := io.ReadAll(r.Body)
+	if err != nil {
+		writeText(w, http.StatusBadRequest, decodeJSON(io.MultiReader(bytes.NewReader(raw), errReader{err}), &body).Error())
+		return
+	}
+	if v, seen, ok := scanUintObject(raw, [2]string{"bootstrap_room", "dp_rank"}); ok && v[1] <= math.MaxInt64 {
+		if seen[0] {
+			body.Room = &v[0]
+		}
+		if seen[1] {
+			dp := int64(v[1])
+			body.DP = &dp
+		}
+	} else if err := decodeJSON(bytes.NewReader(raw), &body); err != nil {
 		writeText(w, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -503,6 +516,75 @@ func (h *BootstrapHTTP) Polled() []string {
 type errReader struct{ err error }
 
 func (e errReader) Read([]byte) (int, error) { return 0, e.err }
+
+// scanUintObject is the fast path of /register_dp_rank: a flat JSON object
+// whose keys are among names (each at most once) and whose values are
+// decimal integers that fit in uint64; anything else reports !ok and
+// encoding/json decides.
+func scanUintObject(b []byte, names [2]string) (vals [2]uint64, seen [2]bool, ok bool) {
+	i := 0
+	ws := func() {
+		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+			i++
+		}
+	}
+	ws()
+	if i >= len(b) || b[i] != '{' {
+		return vals, seen, false
+	}
+	i++
+	ws()
+	if i < len(b) && b[i] == '}' {
+		i++
+		ws()
+		return vals, seen, i == len(b)
+	}
+	for {
+		ws()
+		k := -1
+		for j, n := range names {
+			if len(b)-i >= len(n)+2 && b[i] == '"' && string(b[i+1:i+1+len(n)]) == n && b[i+1+len(n)] == '"' {
+				k = j
+				i += len(n) + 2
+				break
+			}
+		}
+		if k < 0 || seen[k] {
+			return vals, seen, false
+		}
+		ws()
+		if i >= len(b) || b[i] != ':' {
+			return vals, seen, false
+		}
+		i++
+		ws()
+		start := i
+		var v uint64
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			d := uint64(b[i] - '0')
+			if v > (math.MaxUint64-d)/10 {
+				return vals, seen, false
+			}
+			v = v*10 + d
+			i++
+		}
+		if i == start || (b[start] == '0' && i-start > 1) {
+			return vals, seen, false
+		}
+		vals[k], seen[k] = v, true
+		ws()
+		if i < len(b) && b[i] == ',' {
+			i++
+			continue
+		}
+		if i < len(b) && b[i] == '}' {
+			i++
+			ws()
+			return vals, seen, i == len(b)
+		}
+		return vals, seen, false
+	}
+}
 
 // scanRoomList is the fast path of /query_dp_ranks: it parses exactly
 // {"bootstrap_rooms": [n, ...]} with decimal integers that fit in uint64 and
