@@ -398,3 +398,30 @@ func TestHTTPBootstrapTimeRules(t *testing.T) {
 		m.Shutdown(context.Background())
 	})
 }
+
+// TestHTTPBootstrapInstanceIDHeader: a new X-SGLang-Disaggregation-Instance-ID
+// behind the same address replaces the instance, as instance_id over gRPC.
+func TestHTTPBootstrapInstanceIDHeader(t *testing.T) {
+	b := newHTTPBoot(t, "")
+	put := func(id string, tp, rank int) {
+		t.Helper()
+		req, _ := http.NewRequest("PUT", b.url+"/route", strings.NewReader(putBody(tp, rank, 1, 0, "10.0.0.1", 17000+rank, 16, "bf16", "", 30000)))
+		req.Header.Set(server.InstanceIDHeader, id)
+		resp, err := b.client.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("PUT /route as %s: %v %v", id, resp, err)
+		}
+		resp.Body.Close()
+	}
+	put("proc-a", 2, 0)
+	put("proc-a", 2, 1)
+	if info, _ := b.m.PrefillInfo(b.host); info.InstanceID != "proc-a" || !info.Complete {
+		t.Fatalf("after proc-a's two ranks: %+v", info)
+	}
+	// proc-b replaces proc-a with another layout: its first rank starts a new
+	// instance (proc-a's ranks are gone), so it is incomplete again.
+	put("proc-b", 1, 0)
+	if info, _ := b.m.PrefillInfo(b.host); info.InstanceID != "proc-b" || info.Registered != 1 || info.Topology.AttnTP != 1 {
+		t.Errorf("after proc-b registered: %+v, want proc-b's one rank", info)
+	}
+}
