@@ -88,25 +88,41 @@ fmt-check: ## Fail if gofmt would change a file.
 vet: ## go vet.
 	$(GO) vet ./...
 
-$(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc: go.mod
-	$(GO) build -o $(BIN)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+$(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-grpc-gateway $(BIN)/protoc-gen-openapiv2: go.mod
+	$(GO) build -o $(BIN)/ google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2
 
-proto: $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc ## Regenerate the protobuf and gRPC code.
+# The JSON-over-HTTP gateway and its OpenAPI document: decodeplane.v1 only,
+# bound by the gRPC API configuration GW_RULES (no googleapis protos needed).
+GW_PROTOS := $(patsubst $(PROTO_DIR)/%,%,$(wildcard $(PROTO_DIR)/decodeplane/v1/*.proto))
+GW_RULES  := $(PROTO_DIR)/decodeplane/v1/decodeplane_http.yaml
+GW_PLUGINS := $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-grpc-gateway $(BIN)/protoc-gen-openapiv2
+# gw_gen OUT: generate the gateway into OUT and the OpenAPI document into OUT/decodeplane/v1.
+gw_gen = $(PROTOC) -I $(PROTO_DIR) \
+		--plugin=protoc-gen-grpc-gateway=$(BIN)/protoc-gen-grpc-gateway --grpc-gateway_out=$(1) \
+		--grpc-gateway_opt=paths=source_relative,grpc_api_configuration=$(GW_RULES) \
+		--plugin=protoc-gen-openapiv2=$(BIN)/protoc-gen-openapiv2 --openapiv2_out=$(1)/decodeplane/v1 \
+		--openapiv2_opt=grpc_api_configuration=$(GW_RULES),allow_merge=true,merge_file_name=decodeplane \
+		$(GW_PROTOS)
+
+proto: $(GW_PLUGINS) ## Regenerate the protobuf, gRPC and gateway code and the OpenAPI document.
 	$(PROTOC) -I $(PROTO_DIR) \
 		--plugin=protoc-gen-go=$(BIN)/protoc-gen-go --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
 		--plugin=protoc-gen-go-grpc=$(BIN)/protoc-gen-go-grpc --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative \
 		$(patsubst $(PROTO_DIR)/%,%,$(PROTOS))
+	$(call gw_gen,$(PROTO_DIR))
 
-proto-check: $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc ## Fail if the generated code is stale.
+proto-check: $(GW_PLUGINS) ## Fail if the generated code or the OpenAPI document is stale.
 	@tmp=$$(mktemp -d); \
 	$(PROTOC) -I $(PROTO_DIR) \
 		--plugin=protoc-gen-go=$(BIN)/protoc-gen-go --go_out=$$tmp --go_opt=paths=source_relative \
 		--plugin=protoc-gen-go-grpc=$(BIN)/protoc-gen-go-grpc --go-grpc_out=$$tmp --go-grpc_opt=paths=source_relative \
 		$(patsubst $(PROTO_DIR)/%,%,$(PROTOS)) && \
-	( cd $$tmp && find . -name '*.go' | sort ) > $$tmp/.gen && \
-	( cd $(PROTO_DIR) && find . -name '*.pb.go' | sort ) > $$tmp/.have && \
+	$(call gw_gen,$$tmp) && \
+	( cd $$tmp && find . -name '*.go' -o -name '*.swagger.json' | sort ) > $$tmp/.gen && \
+	( cd $(PROTO_DIR) && find . -name '*.pb.go' -o -name '*.pb.gw.go' -o -name '*.swagger.json' | sort ) > $$tmp/.have && \
 	if ! diff -q $$tmp/.gen $$tmp/.have >/dev/null || ! for f in $$(cat $$tmp/.gen); do cmp -s $$tmp/$$f $(PROTO_DIR)/$$f || exit 1; done; then \
-		echo "generated protobuf code is stale: run 'make proto' and commit the result"; rm -rf $$tmp; exit 1; fi; \
+		echo "generated protobuf code or OpenAPI document is stale: run 'make proto' and commit the result"; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp; echo "proto-check: generated code is current"
 
 tidy-check: ## Fail if go.mod/go.sum are not tidy.

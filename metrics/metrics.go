@@ -39,6 +39,7 @@ type Metrics struct {
 	chunkDuration    *prometheus.HistogramVec
 	transferBytes    prometheus.Counter
 	dpResolutions    *prometheus.CounterVec
+	dpByRule         [8]prometheus.Counter // dpResolutions' children, set by Attach (a lookup counts each room)
 	admissionPasses  *prometheus.CounterVec
 	admissionBlocked *prometheus.CounterVec
 	registrations    *prometheus.CounterVec
@@ -147,7 +148,10 @@ func (m *Metrics) Attach(mgr *kvmanager.Manager) {
 		}
 	}
 	for r := kvmanager.DPRuleHint; r <= kvmanager.DPRuleBinding; r++ {
-		m.dpResolutions.WithLabelValues(r.String())
+		c := m.dpResolutions.WithLabelValues(r.String())
+		if int(r) < len(m.dpByRule) {
+			m.dpByRule[r] = c
+		}
 	}
 	for _, o := range []string{"ok", "failed"} {
 		m.chunks.WithLabelValues(o)
@@ -205,6 +209,10 @@ func (m *Metrics) ChunkDone(bytes int64, d time.Duration, ok bool) {
 
 // DPRankResolved implements kvmanager.Observer.
 func (m *Metrics) DPRankResolved(rule kvmanager.DPRule) {
+	if int(rule) >= 0 && int(rule) < len(m.dpByRule) && m.dpByRule[rule] != nil {
+		m.dpByRule[rule].Inc()
+		return
+	}
 	m.dpResolutions.WithLabelValues(rule.String()).Inc()
 }
 

@@ -37,11 +37,8 @@ func (s *Server) checkToken(ctx context.Context, fullMethod string) error {
 		return nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	for _, v := range md.Get("authorization") {
-		scheme, tok, ok := strings.Cut(strings.TrimSpace(v), " ")
-		if ok && strings.EqualFold(scheme, "bearer") && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(s.cfg.AuthToken)) == 1 {
-			return nil
-		}
+	if validBearer(md.Get("authorization"), s.cfg.AuthToken) {
+		return nil
 	}
 	return status.Error(codes.Unauthenticated, "Unauthorized: this call needs \"authorization: Bearer <token>\" with the daemon's bootstrap token (SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)")
 }
@@ -58,4 +55,17 @@ func (s *Server) authStream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		return err
 	}
 	return h(srv, ss)
+}
+
+// validBearer reports whether one of the authorization values is "Bearer
+// <token>" (scheme case-insensitive, constant-time compare); gRPC metadata
+// and the HTTP routes' Authorization header share it.
+func validBearer(values []string, token string) bool {
+	for _, v := range values {
+		scheme, tok, ok := strings.Cut(strings.TrimSpace(v), " ")
+		if ok && strings.EqualFold(scheme, "bearer") && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(token)) == 1 {
+			return true
+		}
+	}
+	return false
 }

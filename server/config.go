@@ -19,6 +19,11 @@ type Config struct {
 	// MetricsListen is the Prometheus /metrics address (127.0.0.1:7601);
 	// empty disables the metrics listener.
 	MetricsListen string `yaml:"metrics_listen"`
+	// HTTPListen serves SGLang's bootstrap routes (PUT/GET /route,
+	// /register_dp_rank, /query_dp_ranks, /health) and JSON over HTTP for
+	// every decodeplane.v1 RPC; empty (the default) disables it. SGLang's
+	// bootstrap port is 8998.
+	HTTPListen string `yaml:"http_listen"`
 	// Reflection registers gRPC server reflection (on by default).
 	Reflection bool `yaml:"reflection"`
 	// ShutdownTimeout bounds the graceful stop on SIGINT/SIGTERM: the rooms
@@ -74,6 +79,13 @@ func (c Config) Validate() error {
 			errs = append(errs, &prealloc.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:7601, or to \"\" to disable /metrics."})
 		} else if _, port, _ := net.SplitHostPort(c.MetricsListen); c.MetricsListen == c.Listen && port != "0" {
 			errs = append(errs, &prealloc.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: "is the same address as server.listen.", Fix: "give /metrics its own port (default 127.0.0.1:7601)."})
+		}
+	}
+	if c.HTTPListen != "" {
+		if _, _, err := ListenAddr(c.HTTPListen, false); err != nil {
+			errs = append(errs, &prealloc.ConfigError{Key: "server.http_listen", Value: c.HTTPListen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:8998 (SGLang's bootstrap port), or to \"\" to disable the HTTP surface."})
+		} else if _, port, _ := net.SplitHostPort(c.HTTPListen); port != "0" && (c.HTTPListen == c.Listen || c.HTTPListen == c.MetricsListen) {
+			errs = append(errs, &prealloc.ConfigError{Key: "server.http_listen", Value: c.HTTPListen, Problem: "is the same address as server.listen or server.metrics_listen.", Fix: "give the HTTP surface its own port, e.g. 127.0.0.1:8998."})
 		}
 	}
 	if c.ShutdownTimeout <= 0 {

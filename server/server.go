@@ -1,10 +1,13 @@
-// Package server is decodeplane's inbound gRPC API, the adapter between
+// Package server is decodeplane's inbound API, the adapter between
 // decodeplane.v1 and the domain packages (the outbound agent protocol is
 // transfer/, Prometheus is metrics/, the wiring internal/daemon). Each
 // handler validates the request (through the validator interceptor and the
 // messages' Validate methods), converts it to domain types, calls the
 // domain, maps the error with toStatus and converts the answer back. No
-// business rule lives here.
+// business rule lives here. The HTTP surface lives here too: SGLang's
+// bootstrap routes (httpbootstrap.go, over the same Bootstrap handlers and
+// Validate methods) and the JSON gateway (httpgateway.go, grpc-gateway over
+// an in-memory connection to this gRPC server).
 package server
 
 import (

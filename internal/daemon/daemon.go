@@ -141,6 +141,7 @@ type Daemon struct {
 	metrics *metrics.Metrics
 	lis     net.Listener
 	mlis    net.Listener
+	hlis    net.Listener                  // server.http_listen (http.go)
 	tracing string                        // OTLP endpoint spans go to ("" = tracing off)
 	closers []func(context.Context) error // run in reverse order after the gRPC server stopped
 	loops   []func(context.Context) error // background loops, run under the errgroup
@@ -297,8 +298,19 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 			return nil
 		})
 	}
+	if err := d.addHTTP(d.srv); err != nil {
+		return nil, err
+	}
 	ok = true
 	return d, nil
+}
+
+// HTTPAddr is the server.http_listen address, "" when it is off.
+func (d *Daemon) HTTPAddr() string {
+	if d.hlis == nil {
+		return ""
+	}
+	return d.hlis.Addr().String()
 }
 
 // Started is closed once Run serves and, unless readiness follows the
@@ -341,6 +353,9 @@ func (d *Daemon) closeListeners() {
 	}
 	if d.mlis != nil {
 		d.mlis.Close()
+	}
+	if d.hlis != nil {
+		d.hlis.Close()
 	}
 }
 
@@ -425,7 +440,11 @@ func (d *Daemon) run(ctx context.Context) error {
 	if d.tracing != "" {
 		traces = d.tracing + " (OTLP gRPC; Jaeger UI/API on :16686)"
 	}
-	log.Info("decodeplane serving", "listen", d.lis.Addr().String(), "metrics", metricsAddr, "traces", traces,
+	httpAddr := "off"
+	if d.hlis != nil {
+		httpAddr = "http://" + d.hlis.Addr().String()
+	}
+	log.Info("decodeplane serving", "listen", d.lis.Addr().String(), "metrics", metricsAddr, "http", httpAddr, "traces", traces,
 		"version", d.version, "transfer_path", d.cfg.Transfer.Path, "layout", d.cfg.Decode().Layout().String())
 
 	select {

@@ -353,7 +353,12 @@ func (x *LookupDPRanksRequest) Validate() error {
 		errs = append(errs, fieldErr("rooms", "has %d entries (at most %d per call)", n, MaxLookupRooms))
 	} else {
 		var rep repeated
+		// The field name is formatted only for a bad room: this check runs
+		// on every lookup (the HTTP /query_dp_ranks path included).
 		for i, r := range x.GetRooms() {
+			if r != 0 && r <= maxRoom {
+				continue
+			}
 			rep.add(checkRoom(fmt.Sprintf("rooms[%d]", i), r))
 		}
 		errs = append(errs, rep.err("rooms"))
