@@ -78,7 +78,7 @@ type RoomsClient interface {
 	// that stopped reading) is cut with UNAVAILABLE.
 	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
-	// address or DP rank); RESOURCE_EXHAUSTED (too many claims wait for rooms
+	// address or DP rank); RESOURCE_EXHAUSTED (8,192 claims already wait for rooms
 	// not yet open); UNAVAILABLE (draining, for rooms not yet open);
 	// UNAUTHENTICATED. Safe to retry (re-delivers).
 	AwaitDestination(ctx context.Context, in *AwaitDestinationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DestinationEvent], error)
@@ -370,7 +370,7 @@ type RoomsServer interface {
 	// that stopped reading) is cut with UNAVAILABLE.
 	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
-	// address or DP rank); RESOURCE_EXHAUSTED (too many claims wait for rooms
+	// address or DP rank); RESOURCE_EXHAUSTED (8,192 claims already wait for rooms
 	// not yet open); UNAVAILABLE (draining, for rooms not yet open);
 	// UNAUTHENTICATED. Safe to retry (re-delivers).
 	AwaitDestination(*AwaitDestinationRequest, grpc.ServerStreamingServer[DestinationEvent]) error
