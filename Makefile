@@ -64,7 +64,7 @@ test-short: ## Run the fast tests without the race detector.
 # FUZZ_PKGS. FUZZTIME is per target: a duration (60s) or a count (1000000x).
 FUZZTIME      ?= 60s
 FUZZSMOKETIME ?= 2s
-FUZZ_PKGS     := ./proto/decodeplane/v1 ./proto/decodeplane/transfer/v1 ./server ./cmd/decodeplane
+FUZZ_PKGS     := ./proto/decodeplane/v1 ./proto/decodeplane/transfer/v1 ./internal/grpcdecode ./cmd/decodeplane
 
 fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FUZZTIME=1000000x for a count).
 	@set -e; for pkg in $(FUZZ_PKGS); do \
