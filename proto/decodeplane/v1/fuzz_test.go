@@ -47,7 +47,7 @@ func fuzzValidate[T validated](f *testing.F, newMsg func() T, check func(*bounds
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m := newMsg()
 		if err := proto.Unmarshal(data, m); err != nil {
-			return // the server's codec refuses it (server/codec.go)
+			return // the server's codec refuses it (internal/grpcdecode)
 		}
 		err := m.Validate()
 		if err != nil {
