@@ -88,6 +88,13 @@ bandwidth); --target drives an external daemon instead. --rate turns the
 closed loop into a steady stream of rooms (the demo mode; no bare-gRPC
 measurement).
 
+--queued N measures what a QUEUED room costs instead: the daemon runs as a
+child process ('serve', settings by --set; or --target with --target-pid),
+one prefill instance is registered, one admitted room that is never claimed
+fills each shard's KV pool, N rooms are opened and checked to be QUEUED
+(blocked by tokens), and the daemon's RSS and Go heap before and after give
+the cost per room.
+
 Flags:
 `)
 		fs.PrintDefaults()

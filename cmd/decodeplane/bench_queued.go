@@ -36,10 +36,10 @@ import (
 //
 // The daemon cannot be told to collect garbage, so each reading waits for
 // a garbage collection that completed after the rooms were opened
-// (go_gc_duration_seconds_count), asking GetStatus meanwhile so that the
-// daemon allocates and reaches its GC goal sooner (the runtime also forces a
-// cycle every 2 minutes), then for the RSS to settle (within 0.5% for 2 s),
-// both bounded by --settle-timeout.
+// (go_gc_duration_seconds_count), asking GetStatus every 20 ms meanwhile so
+// that the daemon allocates and reaches its GC goal sooner (the runtime also
+// forces a cycle every 2 minutes), then for the RSS to settle (within 0.5%
+// for 2 s), both bounded by --settle-timeout, and then reads the heap.
 
 // Settling: RSS is read every benchSettleInterval; it has settled when the
 // last benchSettleReadings readings are within benchSettleTolerance.
@@ -47,6 +47,8 @@ const (
 	benchSettleInterval  = 250 * time.Millisecond
 	benchSettleReadings  = 8
 	benchSettleTolerance = 0.005
+	// benchNudgePause spaces the GetStatus calls that hasten a GC.
+	benchNudgePause = 20 * time.Millisecond
 	// benchQueuedLongTimeout is what the child daemon's timeouts.bootstrap
 	// and admission.claim_timeout are set to: longer than any measurement.
 	benchQueuedLongTimeout = "1h"
@@ -645,16 +647,16 @@ func (q *benchQueued) read(ctx context.Context) (benchQueuedReading, error) {
 			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			_, _ = q.c.Status(sctx)
 			cancel()
-			if ctx.Err() != nil {
+			select {
+			case <-ctx.Done():
 				return r, ctx.Err()
+			case <-time.After(benchNudgePause):
 			}
 			if g, err = benchScrapeGauges(ctx, q.d.metricsURL); err != nil {
 				return r, fmt.Errorf("daemon metrics: %w", err)
 			}
 		}
 		r.GCObserved = g["go_gc_duration_seconds_count"] > g0["go_gc_duration_seconds_count"]
-		r.HeapAllocBytes, r.HeapInuseBytes = g["go_memstats_heap_alloc_bytes"], g["go_memstats_heap_inuse_bytes"]
-		r.HeapObjects, r.GoSysBytes = g["go_memstats_heap_objects"], g["go_memstats_sys_bytes"]
 	}
 	if q.d.pid > 0 {
 		var last []int64
@@ -684,6 +686,17 @@ func (q *benchQueued) read(ctx context.Context) (benchQueuedReading, error) {
 			case <-time.After(benchSettleInterval):
 			}
 		}
+	}
+	if q.d.metricsURL != "" {
+		// Read after the RSS settled (2 s at least): by then the GC's
+		// sweep is done, so the heap holds the live objects and what the
+		// idle daemon allocated since.
+		g, err := benchScrapeGauges(ctx, q.d.metricsURL)
+		if err != nil {
+			return r, fmt.Errorf("daemon metrics: %w", err)
+		}
+		r.HeapAllocBytes, r.HeapInuseBytes = g["go_memstats_heap_alloc_bytes"], g["go_memstats_heap_inuse_bytes"]
+		r.HeapObjects, r.GoSysBytes = g["go_memstats_heap_objects"], g["go_memstats_sys_bytes"]
 	}
 	r.WaitSeconds = time.Since(start).Seconds()
 	return r, nil
