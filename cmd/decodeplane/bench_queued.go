@@ -36,8 +36,9 @@ import (
 //
 // The daemon cannot be told to collect garbage, so each reading waits for
 // a garbage collection that completed after the rooms were opened
-// (go_gc_duration_seconds_count), asking GetStatus every 20 ms meanwhile so
-// that the daemon allocates and reaches its GC goal sooner (the runtime also
+// (go_gc_duration_seconds_count), asking GetStatus meanwhile (every 20 ms,
+// less often when it is slow) so that the daemon allocates and reaches its
+// GC goal sooner (the runtime also
 // forces a cycle every 2 minutes), then for the RSS to settle (within 0.5%
 // for 2 s), both bounded by --settle-timeout, and then reads the heap.
 
@@ -49,6 +50,9 @@ const (
 	benchSettleTolerance = 0.005
 	// benchNudgePause spaces the GetStatus calls that hasten a GC.
 	benchNudgePause = 20 * time.Millisecond
+	// benchQueuedCallTimeout bounds a GetStatus or /metrics scrape of a
+	// daemon that holds a million rooms (both walk them all).
+	benchQueuedCallTimeout = time.Minute
 	// benchQueuedLongTimeout is what the child daemon's timeouts.bootstrap
 	// and admission.claim_timeout are set to: longer than any measurement.
 	benchQueuedLongTimeout = "1h"
@@ -280,7 +284,7 @@ func benchStartChild(o *benchOptions, environ []string) (*benchQueuedDaemon, err
 			case <-t.C:
 				_ = cmd.Process.Kill()
 				<-exited
-				return fmt.Errorf("the child daemon (pid %d) did not stop within 30s of SIGTERM and was killed", d.pid)
+				return fmt.Errorf("the child daemon (pid %d) was still failing its queued rooms 30s after SIGTERM and was killed (the measurement was complete)", d.pid)
 			}
 		}
 		return nil
@@ -644,13 +648,16 @@ func (q *benchQueued) read(ctx context.Context) (benchQueuedReading, error) {
 		g := g0
 		for g["go_gc_duration_seconds_count"] <= g0["go_gc_duration_seconds_count"] && time.Now().Before(deadline) {
 			// GetStatus makes the daemon allocate, towards its next GC.
-			sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			// It walks every room under the manager's lock: the pause keeps
+			// it to a fifth of the daemon's time at most.
+			t0 := time.Now()
+			sctx, cancel := context.WithTimeout(ctx, benchQueuedCallTimeout)
 			_, _ = q.c.Status(sctx)
 			cancel()
 			select {
 			case <-ctx.Done():
 				return r, ctx.Err()
-			case <-time.After(benchNudgePause):
+			case <-time.After(max(benchNudgePause, 4*time.Since(t0))):
 			}
 			if g, err = benchScrapeGauges(ctx, q.d.metricsURL); err != nil {
 				return r, fmt.Errorf("daemon metrics: %w", err)
@@ -761,7 +768,7 @@ var benchQueuedGauges = []string{
 
 // benchScrapeGauges reads benchQueuedGauges from a /metrics URL.
 func benchScrapeGauges(ctx context.Context, url string) (map[string]float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, benchQueuedCallTimeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
