@@ -50,9 +50,16 @@ const (
 	benchSettleTolerance = 0.005
 	// benchNudgePause spaces the GetStatus calls that hasten a GC.
 	benchNudgePause = 20 * time.Millisecond
-	// benchQueuedCallTimeout bounds a GetStatus or /metrics scrape of a
-	// daemon that holds a million rooms (both walk them all).
-	benchQueuedCallTimeout = time.Minute
+	// benchQueuedCallTimeout bounds a GetStatus or /metrics scrape: both
+	// walk every room under the manager's lock, and a daemon holding a
+	// million rooms on a busy 2-core machine took 81 s to answer one scrape.
+	benchQueuedCallTimeout = 5 * time.Minute
+	// benchQueuedHeartbeatFailures is the child's
+	// timeouts.heartbeat_max_failures: a daemon that does not answer for
+	// longer than 2 intervals (the default) declares the bench's prefill
+	// instance dead and fails the filler room, and a daemon with a million
+	// rooms can stall that long while it collects garbage on a busy machine.
+	benchQueuedHeartbeatFailures = "60"
 	// benchQueuedLongTimeout is what the child daemon's timeouts.bootstrap
 	// and admission.claim_timeout are set to: longer than any measurement.
 	benchQueuedLongTimeout = "1h"
@@ -233,6 +240,7 @@ func benchStartChild(o *benchOptions, environ []string) (*benchQueuedDaemon, err
 		"--set", "admission.claim_timeout=" + benchQueuedLongTimeout,
 		// Its queued rooms never finish: do not wait for them on SIGTERM.
 		"--set", "server.shutdown_timeout=1s",
+		"--set", "timeouts.heartbeat_max_failures=" + benchQueuedHeartbeatFailures,
 	}
 	if o.configPath != "" {
 		args = append(args, "--config", o.configPath)
@@ -441,7 +449,7 @@ func (q *benchQueued) run(ctx context.Context) (*benchQueuedJSON, error) {
 	sum.Setup = []string{
 		fmt.Sprintf("daemon      %s, version %s", where, st.GetVersion()),
 		fmt.Sprintf("layout      %s, %s, page size %d, decode attn TP %d, decode DP shards %d", l.GetKind(), l.GetKvCacheDtype(), l.GetPageSize(), max(1, l.GetAttnTpSize()), len(shards)),
-		fmt.Sprintf("admission   max_queued %d per shard, timeouts.bootstrap %s, claim_timeout %s, reserved decode tokens %d", maxQueued, cfg["timeouts.bootstrap"], cfg["admission.claim_timeout"], reserved),
+		fmt.Sprintf("admission   max_queued %d per shard, timeouts.bootstrap %s, claim_timeout %s, heartbeat_max_failures %s, reserved decode tokens %d", maxQueued, cfg["timeouts.bootstrap"], cfg["admission.claim_timeout"], cfg["timeouts.heartbeat_max_failures"], reserved),
 		fmt.Sprintf("rooms       1 prefill instance (TP 1, heartbeats), %d filler room(s) admitted and never claimed, then %d rooms opened at concurrency %d; prompt %s, max new tokens %d", len(q.fillers), o.queued, o.concurrency, o.prompt.String(), o.maxNewTokens),
 	}
 
@@ -623,8 +631,12 @@ func (q *benchQueued) verify(ctx context.Context) (benchQueuedVerified, error) {
 			return v, nil
 		}
 		if time.Now().After(deadline) {
-			return v, fmt.Errorf("%d rooms opened, but GetStatus counts %d queued, ListRooms(QUEUED) %d, shards blocked by %v; want %d queued, blocked by tokens",
-				want, v.ShardQueued, v.ListQueued, v.BlockedBy, want)
+			var prefills []string
+			for _, p := range st.GetPrefills() {
+				prefills = append(prefills, fmt.Sprintf("%s: %d of %d ranks, %d missed heartbeats", p.GetBootstrapAddr(), p.GetRegisteredRanks(), p.GetExpectedRanks(), p.GetMissedHeartbeats()))
+			}
+			return v, fmt.Errorf("%d rooms opened, but GetStatus counts %d queued, ListRooms(QUEUED) %d, shards blocked by %v; want %d queued, blocked by tokens (rooms by phase %v; prefill instances: %s)",
+				want, v.ShardQueued, v.ListQueued, v.BlockedBy, want, st.GetRoomsByPhase(), strings.Join(prefills, "; "))
 		}
 		select {
 		case <-ctx.Done():
