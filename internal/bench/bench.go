@@ -62,6 +62,11 @@ type benchOptions struct {
 	cpuProfile         string
 	memProfile         string
 	progress           bool
+	// queued > 0 measures N queued rooms instead of the lifecycle
+	// (bench_queued.go); targetPID is the --target daemon's process.
+	queued        int
+	targetPID     int
+	settleTimeout time.Duration
 	// visited are the flags given on the command line.
 	visited map[string]bool
 	// version is decodeplane's, reported by the in-process daemon and in
@@ -95,6 +100,13 @@ bandwidth); --target drives an external daemon instead. --rate turns the
 closed loop into a steady stream of rooms (the demo mode; no bare-gRPC
 measurement).
 
+--queued N measures what a QUEUED room costs instead: the daemon runs as a
+child process ('serve', settings by --set; or --target with --target-pid),
+one prefill instance is registered, one admitted room that is never claimed
+fills each shard's KV pool, N rooms are opened and checked to be QUEUED
+(blocked by tokens), and the daemon's RSS and Go heap before and after give
+the cost per room.
+
 Flags:
 `)
 		fs.PrintDefaults()
@@ -126,6 +138,9 @@ Flags:
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the measured rooms to this file")
 	fs.StringVar(&o.memProfile, "memprofile", "", "write a heap allocation profile (since start, taken after the measured rooms) to this file")
 	fs.BoolVar(&o.progress, "progress", true, "show progress on stderr")
+	fs.IntVar(&o.queued, "queued", 0, "measure the daemon's resident memory per QUEUED room instead of the lifecycle: start the daemon as a child process (or measure --target, --target-pid), keep N rooms queued behind a full KV pool, report (RSS, Go heap) delta / N")
+	fs.IntVar(&o.targetPID, "target-pid", 0, "with --queued --target: the daemon's process id, to read its RSS from /proc/<pid>/status")
+	fs.DurationVar(&o.settleTimeout, "settle-timeout", 3*time.Minute, "with --queued: how long each reading waits at most for a garbage collection in the daemon and a settled RSS")
 	return fs, o
 }
 
@@ -190,13 +205,35 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 	if o.unreachableTimeout < 0 {
 		bad("--unreachable-timeout %s: must be >= 0 (0: never stop)", o.unreachableTimeout)
 	}
+	if o.queued < 0 {
+		bad("--queued %d: must be >= 0 (0: measure the lifecycle)", o.queued)
+	}
+	if o.settleTimeout <= 0 {
+		bad("--settle-timeout %s: must be > 0", o.settleTimeout)
+	}
+	if o.queued > 0 {
+		if o.rate > 0 {
+			bad("--rate applies to the lifecycle; --queued opens its rooms at --concurrency")
+		}
+		if o.target != "" && o.targetPID <= 0 {
+			bad("--queued --target %s needs --target-pid, the daemon's process id (its RSS is read from /proc/<pid>/status)", o.target)
+		}
+		if o.target == "" && o.metricsURL != "" {
+			bad("--metrics-url needs --target (the child daemon's /metrics is known)")
+		}
+	} else if o.targetPID != 0 {
+		bad("--target-pid applies to --queued only")
+	}
+	if o.targetPID < 0 {
+		bad("--target-pid %d: must be a process id", o.targetPID)
+	}
 	if o.target != "" {
 		for _, name := range benchInProcessFlags {
 			if o.visited[name] {
 				bad("--%s applies to the in-process daemon only; configure the daemon at %s itself", name, o.target)
 			}
 		}
-	} else if o.metricsURL != "" {
+	} else if o.metricsURL != "" && o.queued == 0 {
 		bad("--metrics-url needs --target (in-process, the bench's own CPU and allocations include the daemon's)")
 	}
 	return errors.Join(errs...)
@@ -294,7 +331,11 @@ func Main(version string, args, environ []string, stdout, stderr io.Writer) int 
 		<-ctx.Done()
 		stop()
 	}()
-	code, err := runBench(ctx, o, environ, stdout, stderr)
+	run := runBench
+	if o.queued > 0 {
+		run = runBenchQueued
+	}
+	code, err := run(ctx, o, environ, stdout, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "decodeplane bench: %v\n", err)
 		if ue := (*config.UsageError)(nil); errors.As(err, &ue) {
