@@ -373,3 +373,27 @@ func ScatterBatch(op ScatterOp) (kvcopy.Batch, error) {
 	}
 	return b, nil
 }
+
+// CheckChunk implements ChunkChecker: on the delegated path a chunk with
+// pages names its source (a prefill-side buffer at the agent, one page per
+// destination page). A request without it is refused before anything
+// changes, instead of failing the room when the batch is built.
+func (e *DelegateEngine) CheckChunk(req ChunkRequest) error {
+	if req.NumPages <= 0 {
+		return nil
+	}
+	switch {
+	case req.SrcBuffer == "":
+		return invalid("source.buffer", "is required on the delegated transfer path: the prefill rank's KV buffer at the transfer agent")
+	case strings.HasPrefix(req.SrcBuffer, "decode/"):
+		return invalid("source.buffer", "%q is one of the decode side's own buffers: a chunk is copied from the prefill rank's KV buffer", req.SrcBuffer)
+	case len(req.SrcPages) != req.NumPages:
+		return invalid("source.page_indices", "has %d entries for num_pages %d: the delegated path needs one prefill page per destination page", len(req.SrcPages), req.NumPages)
+	}
+	for i, p := range req.SrcPages {
+		if p < 0 {
+			return invalid("source.page_indices", "[%d] = %d is negative", i, p)
+		}
+	}
+	return nil
+}

@@ -20,6 +20,13 @@ type TransferEngine interface {
 	Transfer(ctx context.Context, op ChunkOp) (ChunkResult, error)
 }
 
+// ChunkChecker is implemented by an engine that can refuse a chunk's
+// request before anything changes (the delegated path needs the chunk's
+// source); the manager asks it before it records the chunk.
+type ChunkChecker interface {
+	CheckChunk(req ChunkRequest) error
+}
+
 // ChunkOp is one chunk of one prefill rank's KV for one room.
 type ChunkOp struct {
 	Room       uint64

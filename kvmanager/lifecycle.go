@@ -391,6 +391,11 @@ type ChunkRequest struct {
 // chunk returns its result with duplicate = true; a retry of a chunk in
 // flight waits for it.
 func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, bool, error) {
+	if cc, ok := m.engine.(ChunkChecker); ok {
+		if err := cc.CheckChunk(req); err != nil {
+			return ChunkResult{}, false, err
+		}
+	}
 	m.mu.Lock()
 	r, rp, cs, fresh, err := m.chunkBeginLocked(req, false)
 	if err != nil || !fresh {

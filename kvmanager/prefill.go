@@ -144,6 +144,9 @@ func (m *Manager) checkCompat(reg Registration) error {
 	if !ok || pd != d.DType {
 		return fmt.Errorf("%w: KV cache dtype mismatch: prefill server has kv_cache_dtype=%s, but decode server has kv_cache_dtype=%s. Both servers must use the same --kv-cache-dtype value.", ErrPrefillMismatch, reg.KVDType, d.DType)
 	}
+	if pp := reg.Parallel.PP; d.NumLayers > 0 && pp > d.NumLayers {
+		return fmt.Errorf("%w: parallel.pp_size=%d exceeds the model's %d layers: a pipeline stage would hold no layer, so its KV could not be mapped onto the decode pool", ErrPrefillMismatch, pp, d.NumLayers)
+	}
 	var bad []string
 	if f.Kind != "" && kind != d.Kind {
 		bad = append(bad, fmt.Sprintf("kv_pool_kind %q (decode: %s)", f.Kind, d.Kind))
@@ -333,7 +336,7 @@ func (m *Manager) Heartbeat(rank RankID, instanceID string) (time.Duration, int,
 		return 0, 0, fmt.Errorf("heartbeat from %s: %w: this rank is not registered (register again)", rank, ErrPrefillNotFound)
 	}
 	if instanceID != "" && rk.instanceID != "" && instanceID != rk.instanceID {
-		return 0, 0, fmt.Errorf("heartbeat from %s: %w: instance %s replaced %s (register again)", rank, ErrPrefillNotFound, rk.instanceID, instanceID)
+		return 0, 0, fmt.Errorf("heartbeat from %s: %w: instance_id %q is not the registered instance %q (a new process replaced it, or this one was replaced: register again)", rank, ErrPrefillNotFound, instanceID, rk.instanceID)
 	}
 	rk.lastSeen = m.clock.Now()
 	rk.missed = 0

@@ -53,8 +53,9 @@ func TestRegisterPrefillHugeSizesAllocateNothing(t *testing.T) {
 		{name: "attn_dp_size 2^31", par: ParallelInfo{AttnDP: big}, expected: big},
 		{name: "attn_cp_size 2^31", par: ParallelInfo{AttnCP: big}, expected: big},
 		{name: "system_dp_size 2^31", par: ParallelInfo{SystemDP: big}, expected: big},
-		{name: "every size 1024", par: ParallelInfo{AttnTP: 1024, AttnCP: 1024, AttnDP: 1024, PP: 1024}, expected: 1 << 40},
-		{name: "every size 1024 on an all-CP MLA pool", dec: mlaDecode(prealloc.KindHybridMLA), par: ParallelInfo{AttnTP: 1024, AttnCP: 1024, AttnDP: 1024, PP: 1024}, expected: 1 << 40},
+		{name: "pp_size 1024 (more stages than the model's 32 layers)", par: ParallelInfo{PP: 1024}},
+		{name: "every size 1024, pp 16", par: ParallelInfo{AttnTP: 1024, AttnCP: 1024, AttnDP: 1024, PP: 16}, expected: 1 << 34},
+		{name: "every size 1024, pp 16, on an all-CP MLA pool", dec: mlaDecode(prealloc.KindHybridMLA), par: ParallelInfo{AttnTP: 1024, AttnCP: 1024, AttnDP: 1024, PP: 16}, expected: 1 << 34},
 		{name: "dp, cp 2^32-1 (product saturates)", par: ParallelInfo{AttnCP: max32, AttnDP: max32, SystemDP: max32}, expected: math.MaxInt},
 	}
 	for _, tc := range tests {
@@ -84,8 +85,8 @@ func TestRegisterPrefillHugeSizesAllocateNothing(t *testing.T) {
 					if err == nil {
 						t.Fatalf("RegisterPrefill = %+v, want refused", res)
 					}
-					if !errors.Is(err, ErrPrefillMismatch) || !strings.Contains(err.Error(), "decodeplane lists at most 65536") {
-						t.Errorf("RegisterPrefill = %v, want the mapping budget's ErrPrefillMismatch", err)
+					if !errors.Is(err, ErrPrefillMismatch) || (!strings.Contains(err.Error(), "decodeplane lists at most 65536") && !strings.Contains(err.Error(), "exceeds the model's")) {
+						t.Errorf("RegisterPrefill = %v, want the mapping budget's or the PP-stage ErrPrefillMismatch", err)
 					}
 					if len(st.Prefills) != 0 {
 						t.Errorf("a refused registration was stored: %+v", st.Prefills)
@@ -462,7 +463,7 @@ func TestIncompleteInstancesRetainLittle(t *testing.T) {
 		const n = 1000
 		before := heap()
 		for i := range n {
-			reg := h.registration(instance{addr: fmt.Sprintf("10.1.%d.%d:8998", i/250, i%250), tp: 1024, cp: 1024, dp: 1024, pp: 1024}, 0, 0, 0, 0)
+			reg := h.registration(instance{addr: fmt.Sprintf("10.1.%d.%d:8998", i/250, i%250), tp: 1024, cp: 1024, dp: 1024, pp: 16}, 0, 0, 0, 0)
 			if _, err := h.m.RegisterPrefill(reg); err != nil {
 				t.Fatalf("RegisterPrefill: %v", err)
 			}

@@ -90,8 +90,10 @@ type TransferAgentClient interface {
 	// the outcome comes on WatchCompletions. batch_id is the idempotency key:
 	// resubmitting a known id accepts nothing new (duplicate = true) and, if the
 	// batch already finished, its completion is sent again.
-	// Codes: OK; INVALID_ARGUMENT (a copy outside its buffers, unknown buffer:
-	// nothing was written); UNAVAILABLE. Safe to retry with the same batch_id.
+	// Codes: OK; INVALID_ARGUMENT (a copy outside its buffers, or writing more
+	// bytes than its destination holds: nothing was written); NOT_FOUND (a
+	// copy or write names an unknown buffer: nothing was written); UNAVAILABLE.
+	// Safe to retry with the same batch_id.
 	SubmitBatch(ctx context.Context, in *SubmitBatchRequest, opts ...grpc.CallOption) (*SubmitBatchResponse, error)
 	// WatchCompletions streams completions of every batch. The first message
 	// is a hello (empty batch_id) carrying the agent's instance id; then the
@@ -220,8 +222,10 @@ type TransferAgentServer interface {
 	// the outcome comes on WatchCompletions. batch_id is the idempotency key:
 	// resubmitting a known id accepts nothing new (duplicate = true) and, if the
 	// batch already finished, its completion is sent again.
-	// Codes: OK; INVALID_ARGUMENT (a copy outside its buffers, unknown buffer:
-	// nothing was written); UNAVAILABLE. Safe to retry with the same batch_id.
+	// Codes: OK; INVALID_ARGUMENT (a copy outside its buffers, or writing more
+	// bytes than its destination holds: nothing was written); NOT_FOUND (a
+	// copy or write names an unknown buffer: nothing was written); UNAVAILABLE.
+	// Safe to retry with the same batch_id.
 	SubmitBatch(context.Context, *SubmitBatchRequest) (*SubmitBatchResponse, error)
 	// WatchCompletions streams completions of every batch. The first message
 	// is a hello (empty batch_id) carrying the agent's instance id; then the
