@@ -387,7 +387,10 @@ func (h *BootstrapHTTP) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Rooms []uint64 `json:"bootstrap_rooms"`
 	}
-	raw, err := io.ReadAll(r.Body)
+	buf := getBuf()
+	defer putBuf(buf)
+	raw, err := readBody(r.Body, (*buf)[:0])
+	*buf = raw
 	if err != nil {
 		writeText(w, http.StatusBadRequest, decodeJSON(io.MultiReader(bytes.NewReader(raw), errReader{err}), &body).Error())
 		return
@@ -417,11 +420,45 @@ func (h *BootstrapHTTP) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, toStatus(r.Context(), h.s.log, err))
 		return
 	}
-	o.b = make([]byte, 0, 2+32*len(res))
+	// The answer is written into the request's buffer (the body is parsed
+	// by now) and handed to w, which copies it before Write returns.
+	o.b = (*buf)[:0]
 	for _, x := range res {
 		o.roomInt(x.Room, int64(x.DP))
 	}
-	writeJSON(w, o.close())
+	o.b = o.close()
+	*buf = o.b
+	writeJSON(w, o.b)
+}
+
+// bufPool holds the /query_dp_ranks request and answer buffers.
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+
+func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+
+// putBuf returns a buffer to the pool unless it grew past 64 KiB (a rare
+// large call does not pin its memory).
+func putBuf(b *[]byte) {
+	if cap(*b) <= 64<<10 {
+		bufPool.Put(b)
+	}
+}
+
+// readBody is io.ReadAll into b (reused from the pool).
+func readBody(r io.Reader, b []byte) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+	}
 }
 
 // Run polls every HTTP-registered instance's http://rank_ip:prefill_http_port/health
