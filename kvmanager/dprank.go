@@ -135,5 +135,8 @@ func (m *Manager) LookupDPRanks(addr string, rooms []uint64, hints map[uint64]in
 			m.obs.DPRankResolvedN(DPRule(rule), n)
 		}
 	}
+	if len(res) == 0 {
+		res = nil // as before pre-sizing: nothing resolved is a nil slice
+	}
 	return res, unresolved, nil
 }

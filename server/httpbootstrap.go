@@ -341,7 +341,10 @@ func (h *BootstrapHTTP) registerDPRank(w http.ResponseWriter, r *http.Request) {
 		Room *uint64 `json:"bootstrap_room"`
 		DP   *int64  `json:"dp_rank"`
 	}
-	raw, err := io.ReadAll(r.Body)
+	qb := getQueryBufs()
+	defer putQueryBufs(qb)
+	raw, err := readBody(r.Body, qb.b[:0])
+	qb.b = raw
 	if err != nil {
 		writeText(w, http.StatusBadRequest, decodeJSON(io.MultiReader(bytes.NewReader(raw), errReader{err}), &body).Error())
 		return
@@ -376,8 +379,9 @@ func (h *BootstrapHTTP) registerDPRank(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusBadRequest, badRequest(err))
 		return
 	}
-	if _, err := h.b.BindRoom(r.Context(), req); err != nil {
-		writeStatus(w, err)
+	// The domain call of Bootstrap.BindRoom, without the proto answer.
+	if _, err := h.m.BindRoom(req.GetBootstrapAddr(), req.GetRoom(), int(req.GetDpRank())); err != nil {
+		writeStatus(w, toStatus(r.Context(), h.s.log, err))
 		return
 	}
 	writeText(w, http.StatusOK, "OK")
@@ -387,31 +391,34 @@ func (h *BootstrapHTTP) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Rooms []uint64 `json:"bootstrap_rooms"`
 	}
-	buf := getBuf()
-	defer putBuf(buf)
-	raw, err := readBody(r.Body, (*buf)[:0])
-	*buf = raw
+	qb := getQueryBufs()
+	defer putQueryBufs(qb)
+	raw, err := readBody(r.Body, qb.b[:0])
+	qb.b = raw
 	if err != nil {
 		writeText(w, http.StatusBadRequest, decodeJSON(io.MultiReader(bytes.NewReader(raw), errReader{err}), &body).Error())
 		return
 	}
-	rooms, ok := scanRoomList(raw)
-	if !ok {
+	rooms, ok := scanRoomListInto(raw, qb.rooms[:0])
+	if ok {
+		qb.rooms = rooms
+	} else {
 		if err := decodeJSON(bytes.NewReader(raw), &body); err != nil {
 			writeText(w, http.StatusBadRequest, err.Error())
 			return
 		}
 		rooms = body.Rooms
 	}
-	req := &pb.LookupDPRanksRequest{BootstrapAddr: instanceAddr(r), Rooms: rooms}
-	if err := req.Validate(); err != nil {
+	addr := instanceAddr(r)
+	// The wire bounds of Bootstrap.LookupDPRanks, checked in their one place.
+	if err := (&pb.LookupDPRanksRequest{BootstrapAddr: addr, Rooms: rooms}).Validate(); err != nil {
 		writeText(w, http.StatusBadRequest, badRequest(err))
 		return
 	}
 	// The domain call of Bootstrap.LookupDPRanks (no hints here), answered
 	// without the proto round trip: this is the hot read.
 	var o pyObject
-	res, _, err := h.m.LookupDPRanks(req.GetBootstrapAddr(), req.GetRooms(), nil)
+	res, _, err := h.m.LookupDPRanks(addr, rooms, nil)
 	if errors.Is(err, kvmanager.ErrPrefillNotFound) {
 		writeJSON(w, o.close()) // SGLang: an empty table answers {}
 		return
@@ -422,25 +429,31 @@ func (h *BootstrapHTTP) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 	}
 	// The answer is written into the request's buffer (the body is parsed
 	// by now) and handed to w, which copies it before Write returns.
-	o.b = (*buf)[:0]
+	o.b = qb.b[:0]
 	for _, x := range res {
 		o.roomInt(x.Room, int64(x.DP))
 	}
 	o.b = o.close()
-	*buf = o.b
+	qb.b = o.b
 	writeJSON(w, o.b)
 }
 
-// bufPool holds the /query_dp_ranks request and answer buffers.
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 2048); return &b }}
+// queryBufs are one /query_dp_ranks call's request/answer bytes and parsed
+// rooms, reused through queryPool.
+type queryBufs struct {
+	b     []byte
+	rooms []uint64
+}
 
-func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+var queryPool = sync.Pool{New: func() any { return &queryBufs{b: make([]byte, 0, 2048), rooms: make([]uint64, 0, 64)} }}
 
-// putBuf returns a buffer to the pool unless it grew past 64 KiB (a rare
-// large call does not pin its memory).
-func putBuf(b *[]byte) {
-	if cap(*b) <= 64<<10 {
-		bufPool.Put(b)
+func getQueryBufs() *queryBufs { return queryPool.Get().(*queryBufs) }
+
+// putQueryBufs returns the buffers to the pool unless they grew past 64 KiB
+// (a rare large call does not pin its memory).
+func putQueryBufs(q *queryBufs) {
+	if cap(q.b) <= 64<<10 && cap(q.rooms) <= 8<<10 {
+		queryPool.Put(q)
 	}
 }
 
@@ -627,7 +640,10 @@ func scanUintObject(b []byte, names [2]string) (vals [2]uint64, seen [2]bool, ok
 // {"bootstrap_rooms": [n, ...]} with decimal integers that fit in uint64 and
 // optional whitespace; anything else (another key, a sign, a fraction, an
 // overflow) reports !ok and encoding/json decides.
-func scanRoomList(b []byte) ([]uint64, bool) {
+func scanRoomList(b []byte) ([]uint64, bool) { return scanRoomListInto(b, make([]uint64, 0, 64)) }
+
+// scanRoomListInto is scanRoomList appending to rooms.
+func scanRoomListInto(b []byte, rooms []uint64) ([]uint64, bool) {
 	i := 0
 	ws := func() {
 		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
@@ -645,7 +661,6 @@ func scanRoomList(b []byte) ([]uint64, bool) {
 	if !lit("{") || !lit(`"bootstrap_rooms"`) || !lit(":") || !lit("[") {
 		return nil, false
 	}
-	rooms := make([]uint64, 0, 64)
 	ws()
 	if i < len(b) && b[i] == ']' {
 		i++
