@@ -429,13 +429,21 @@ func (h *BootstrapHTTP) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 	}
 	// The answer is written into the request's buffer (the body is parsed
 	// by now) and handed to w, which copies it before Write returns.
-	o.b = qb.b[:0]
-	for _, x := range res {
-		o.roomInt(x.Room, int64(x.DP))
+	// A local slice (no pyObject field writes in the loop) keeps the
+	// per-room appends free of GC write barriers.
+	out := append(qb.b[:0], '{')
+	for i, x := range res {
+		if i > 0 {
+			out = append(out, ", "...)
+		}
+		out = append(out, '"')
+		out = strconv.AppendUint(out, x.Room, 10)
+		out = append(out, `": `...)
+		out = strconv.AppendInt(out, int64(x.DP), 10)
 	}
-	o.b = o.close()
-	qb.b = o.b
-	writeJSON(w, o.b)
+	out = append(out, '}')
+	qb.b = out
+	writeJSON(w, out)
 }
 
 // queryBufs are one /query_dp_ranks call's request/answer bytes and parsed
@@ -794,18 +802,6 @@ func (o *pyObject) key(k string) {
 
 func (o *pyObject) int(k string, v int64) { o.key(k); o.b = strconv.AppendInt(o.b, v, 10) }
 
-// roomInt adds a room key, a decimal string, as SGLang's str(room) keys.
-func (o *pyObject) roomInt(room uint64, v int64) {
-	if len(o.b) == 0 {
-		o.b = append(o.b, '{')
-	} else {
-		o.b = append(o.b, ", "...)
-	}
-	o.b = append(o.b, '"')
-	o.b = strconv.AppendUint(o.b, room, 10)
-	o.b = append(o.b, `": `...)
-	o.b = strconv.AppendInt(o.b, v, 10)
-}
 func (o *pyObject) str(k, v string)       { o.key(k); o.b = pyQuote(o.b, v) }
 func (o *pyObject) bool(k string, v bool) { o.key(k); o.b = strconv.AppendBool(o.b, v) }
 
