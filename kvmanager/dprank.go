@@ -15,6 +15,12 @@ type binding struct {
 // room % dp_size under follow_bootstrap_room (unless force_query), the
 // binding table. ok is false when the room is not resolvable yet.
 func (m *Manager) resolveDPLocked(addr string, room uint64, hint int, topo PrefillTopology) (dp int, rule DPRule, ok bool) {
+	return m.resolveDPAt(m.bindings[addr], time.Time{}, room, hint, topo)
+}
+
+// resolveDPAt is resolveDPLocked with the instance's binding table and the
+// time already read (now is read here if zero and a binding is consulted).
+func (m *Manager) resolveDPAt(tab map[uint64]binding, now time.Time, room uint64, hint int, topo PrefillTopology) (dp int, rule DPRule, ok bool) {
 	switch {
 	case hint >= 0:
 		return hint, DPRuleHint, true
@@ -23,8 +29,13 @@ func (m *Manager) resolveDPLocked(addr string, room uint64, hint int, topo Prefi
 	case topo.FollowBootstrapRoom && !m.cfg.DPRank.ForceQuery:
 		return int(room % uint64(topo.DP)), DPRuleFollowRoom, true
 	}
-	if b, found := m.bindings[addr][room]; found && m.clock.Now().Sub(b.at) < m.cfg.DPRank.BindingTTL {
-		return b.dp, DPRuleBinding, true
+	if b, found := tab[room]; found {
+		if now.IsZero() {
+			now = m.clock.Now()
+		}
+		if now.Sub(b.at) < m.cfg.DPRank.BindingTTL {
+			return b.dp, DPRuleBinding, true
+		}
 	}
 	return 0, DPRuleNone, false
 }
@@ -83,7 +94,9 @@ type DPResolution struct {
 }
 
 // LookupDPRanks resolves rooms in SGLang's order; rooms no rule resolves are
-// returned as unresolved, never guessed.
+// returned as unresolved, never guessed. The instance's binding table and
+// the clock are read once per call, and the observer hears one count per
+// rule per accepted call (none for a refused one), so the lock is held for little more than the map reads.
 func (m *Manager) LookupDPRanks(addr string, rooms []uint64, hints map[uint64]int) ([]DPResolution, []uint64, error) {
 	m.mu.Lock()
 	defer m.unlock()
@@ -91,22 +104,39 @@ func (m *Manager) LookupDPRanks(addr string, rooms []uint64, hints map[uint64]in
 	if inst == nil || !inst.complete {
 		return nil, nil, fmt.Errorf("lookup DP ranks at %s: %w (or not fully registered)", addr, ErrPrefillNotFound)
 	}
-	var res []DPResolution
+	topo := inst.topo
+	res := make([]DPResolution, 0, len(rooms))
 	var unresolved []uint64
+	var counts [len(dpRuleNames)]int
+	tab := m.bindings[addr]
+	var now time.Time
+	if len(tab) > 0 {
+		now = m.clock.Now()
+	}
 	for _, room := range rooms {
 		hint := -1
-		if h, ok := hints[room]; ok {
-			if h < 0 || h >= inst.topo.DP {
-				return nil, nil, invalid("hints", "room %d: dp_rank %d is out of range (dp_size %d)", room, h, inst.topo.DP)
+		if len(hints) > 0 {
+			if h, ok := hints[room]; ok {
+				if h < 0 || h >= topo.DP {
+					return nil, nil, invalid("hints", "room %d: dp_rank %d is out of range (dp_size %d)", room, h, topo.DP)
+				}
+				hint = h
 			}
-			hint = h
 		}
-		if dp, rule, ok := m.resolveDPLocked(addr, room, hint, inst.topo); ok {
+		if dp, rule, ok := m.resolveDPAt(tab, now, room, hint, topo); ok {
 			res = append(res, DPResolution{Room: room, DP: dp, Rule: rule})
-			m.obs.DPRankResolved(rule)
+			counts[rule]++
 		} else {
 			unresolved = append(unresolved, room)
 		}
+	}
+	for rule, n := range counts {
+		if n > 0 {
+			m.obs.DPRankResolvedN(DPRule(rule), n)
+		}
+	}
+	if len(res) == 0 {
+		res = nil // as before pre-sizing: nothing resolved is a nil slice
 	}
 	return res, unresolved, nil
 }

@@ -28,6 +28,8 @@ type Observer interface {
 	ChunkDone(bytes int64, d time.Duration, ok bool)
 	// DPRankResolved counts resolutions by rule.
 	DPRankResolved(rule DPRule)
+	// DPRankResolvedN counts n resolutions by one rule (one LookupDPRanks call).
+	DPRankResolvedN(rule DPRule, n int)
 	// AdmissionPass is one admission pass on a shard.
 	AdmissionPass(shard, admitted int, blocked prealloc.BlockReason)
 	// PrefillRegistered counts rank registrations (replaced: a new endpoint
@@ -49,6 +51,7 @@ func (NopObserver) DestinationLatency(time.Duration)               {}
 func (NopObserver) TransferLatency(time.Duration)                  {}
 func (NopObserver) ChunkDone(int64, time.Duration, bool)           {}
 func (NopObserver) DPRankResolved(DPRule)                          {}
+func (NopObserver) DPRankResolvedN(DPRule, int)                    {}
 func (NopObserver) AdmissionPass(int, int, prealloc.BlockReason)   {}
 func (NopObserver) PrefillRegistered(string, bool)                 {}
 func (NopObserver) PrefillLost(string, int)                        {}

@@ -216,6 +216,18 @@ func (m *Metrics) DPRankResolved(rule kvmanager.DPRule) {
 	m.dpResolutions.WithLabelValues(rule.String()).Inc()
 }
 
+// DPRankResolvedN implements kvmanager.Observer: n resolutions by one rule.
+func (m *Metrics) DPRankResolvedN(rule kvmanager.DPRule, n int) {
+	if n <= 0 { // a counter panics on a negative Add
+		return
+	}
+	if int(rule) >= 0 && int(rule) < len(m.dpByRule) && m.dpByRule[rule] != nil {
+		m.dpByRule[rule].Add(float64(n))
+		return
+	}
+	m.dpResolutions.WithLabelValues(rule.String()).Add(float64(n))
+}
+
 // AdmissionPass implements kvmanager.Observer.
 func (m *Metrics) AdmissionPass(shard, admitted int, blocked prealloc.BlockReason) {
 	s := strconv.Itoa(shard)

@@ -240,3 +240,28 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 		t.Fatalf("found only %d metric references in the dashboard; the regexp or the file is wrong", queried)
 	}
 }
+
+// TestDPResolutionsCountEveryRoom: a lookup is counted once per rule per
+// call (DPRankResolvedN), and the count is the number of rooms each rule
+// resolved; a refused lookup counts nothing.
+func TestDPResolutionsCountEveryRoom(t *testing.T) {
+	d := startMetricsDaemon(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	d.register(t, ctx)
+	res, err := d.boot.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: metricsAddr, Rooms: []uint64{10, 11, 12, 13, 14},
+		Hints: []*pb.RoomHint{{Room: 12, DpRank: 0}}})
+	if err != nil || len(res.GetResolved()) != 5 {
+		t.Fatalf("LookupDPRanks = %v, %v; want 5 resolved", res, err)
+	}
+	if _, err := d.boot.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: metricsAddr, Rooms: []uint64{20, 21},
+		Hints: []*pb.RoomHint{{Room: 21, DpRank: 1}}}); err == nil {
+		t.Fatal("LookupDPRanks with a hint out of dp_size 1 succeeded")
+	}
+	fams := d.scrape(t)
+	for rule, want := range map[string]float64{"single_dp": 4, "hint": 1} {
+		if got := value(fams, "decodeplane_dp_rank_resolutions_total", map[string]string{"rule": rule}); got != want {
+			t.Errorf("decodeplane_dp_rank_resolutions_total{rule=%q} = %v, want %v", rule, got, want)
+		}
+	}
+}

@@ -341,7 +341,10 @@ func (h *BootstrapHTTP) registerDPRank(w http.ResponseWriter, r *http.Request) {
 		Room *uint64 `json:"bootstrap_room"`
 		DP   *int64  `json:"dp_rank"`
 	}
-	raw, err := io.ReadAll(r.Body)
+	qb := getQueryBufs()
+	defer putQueryBufs(qb)
+	raw, err := readBody(r.Body, qb.b[:0])
+	qb.b = raw
 	if err != nil {
 		writeText(w, http.StatusBadRequest, decodeJSON(io.MultiReader(bytes.NewReader(raw), errReader{err}), &body).Error())
 		return
@@ -376,8 +379,9 @@ func (h *BootstrapHTTP) registerDPRank(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusBadRequest, badRequest(err))
 		return
 	}
-	if _, err := h.b.BindRoom(r.Context(), req); err != nil {
-		writeStatus(w, err)
+	// The domain call of Bootstrap.BindRoom, without the proto answer.
+	if _, err := h.m.BindRoom(req.GetBootstrapAddr(), req.GetRoom(), int(req.GetDpRank())); err != nil {
+		writeStatus(w, toStatus(r.Context(), h.s.log, err))
 		return
 	}
 	writeText(w, http.StatusOK, "OK")
@@ -387,28 +391,34 @@ func (h *BootstrapHTTP) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Rooms []uint64 `json:"bootstrap_rooms"`
 	}
-	raw, err := io.ReadAll(r.Body)
+	qb := getQueryBufs()
+	defer putQueryBufs(qb)
+	raw, err := readBody(r.Body, qb.b[:0])
+	qb.b = raw
 	if err != nil {
 		writeText(w, http.StatusBadRequest, decodeJSON(io.MultiReader(bytes.NewReader(raw), errReader{err}), &body).Error())
 		return
 	}
-	rooms, ok := scanRoomList(raw)
-	if !ok {
+	rooms, ok := scanRoomListInto(raw, qb.rooms[:0])
+	if ok {
+		qb.rooms = rooms
+	} else {
 		if err := decodeJSON(bytes.NewReader(raw), &body); err != nil {
 			writeText(w, http.StatusBadRequest, err.Error())
 			return
 		}
 		rooms = body.Rooms
 	}
-	req := &pb.LookupDPRanksRequest{BootstrapAddr: instanceAddr(r), Rooms: rooms}
-	if err := req.Validate(); err != nil {
+	addr := instanceAddr(r)
+	// The wire bounds of Bootstrap.LookupDPRanks, checked in their one place.
+	if err := (&pb.LookupDPRanksRequest{BootstrapAddr: addr, Rooms: rooms}).Validate(); err != nil {
 		writeText(w, http.StatusBadRequest, badRequest(err))
 		return
 	}
 	// The domain call of Bootstrap.LookupDPRanks (no hints here), answered
 	// without the proto round trip: this is the hot read.
 	var o pyObject
-	res, _, err := h.m.LookupDPRanks(req.GetBootstrapAddr(), req.GetRooms(), nil)
+	res, _, err := h.m.LookupDPRanks(addr, rooms, nil)
 	if errors.Is(err, kvmanager.ErrPrefillNotFound) {
 		writeJSON(w, o.close()) // SGLang: an empty table answers {}
 		return
@@ -417,11 +427,59 @@ func (h *BootstrapHTTP) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, toStatus(r.Context(), h.s.log, err))
 		return
 	}
-	o.b = make([]byte, 0, 2+32*len(res))
-	for _, x := range res {
-		o.roomInt(x.Room, int64(x.DP))
+	// The answer is written into the request's buffer (the body is parsed
+	// by now) and handed to w, which copies it before Write returns.
+	// A local slice (no pyObject field writes in the loop) keeps the
+	// per-room appends free of GC write barriers.
+	out := append(qb.b[:0], '{')
+	for i, x := range res {
+		if i > 0 {
+			out = append(out, ", "...)
+		}
+		out = append(out, '"')
+		out = strconv.AppendUint(out, x.Room, 10)
+		out = append(out, `": `...)
+		out = strconv.AppendInt(out, int64(x.DP), 10)
 	}
-	writeJSON(w, o.close())
+	out = append(out, '}')
+	qb.b = out
+	writeJSON(w, out)
+}
+
+// queryBufs are one /query_dp_ranks call's request/answer bytes and parsed
+// rooms, reused through queryPool.
+type queryBufs struct {
+	b     []byte
+	rooms []uint64
+}
+
+var queryPool = sync.Pool{New: func() any { return &queryBufs{b: make([]byte, 0, 2048), rooms: make([]uint64, 0, 64)} }}
+
+func getQueryBufs() *queryBufs { return queryPool.Get().(*queryBufs) }
+
+// putQueryBufs returns the buffers to the pool unless they grew past 64 KiB
+// (a rare large call does not pin its memory).
+func putQueryBufs(q *queryBufs) {
+	if cap(q.b) <= 64<<10 && cap(q.rooms) <= 8<<10 {
+		queryPool.Put(q)
+	}
+}
+
+// readBody is io.ReadAll into b (reused from the pool).
+func readBody(r io.Reader, b []byte) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+	}
 }
 
 // Run polls every HTTP-registered instance's http://rank_ip:prefill_http_port/health
@@ -590,7 +648,10 @@ func scanUintObject(b []byte, names [2]string) (vals [2]uint64, seen [2]bool, ok
 // {"bootstrap_rooms": [n, ...]} with decimal integers that fit in uint64 and
 // optional whitespace; anything else (another key, a sign, a fraction, an
 // overflow) reports !ok and encoding/json decides.
-func scanRoomList(b []byte) ([]uint64, bool) {
+func scanRoomList(b []byte) ([]uint64, bool) { return scanRoomListInto(b, make([]uint64, 0, 64)) }
+
+// scanRoomListInto is scanRoomList appending to rooms.
+func scanRoomListInto(b []byte, rooms []uint64) ([]uint64, bool) {
 	i := 0
 	ws := func() {
 		for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
@@ -608,7 +669,6 @@ func scanRoomList(b []byte) ([]uint64, bool) {
 	if !lit("{") || !lit(`"bootstrap_rooms"`) || !lit(":") || !lit("[") {
 		return nil, false
 	}
-	rooms := make([]uint64, 0, 64)
 	ws()
 	if i < len(b) && b[i] == ']' {
 		i++
@@ -742,18 +802,6 @@ func (o *pyObject) key(k string) {
 
 func (o *pyObject) int(k string, v int64) { o.key(k); o.b = strconv.AppendInt(o.b, v, 10) }
 
-// roomInt adds a room key, a decimal string, as SGLang's str(room) keys.
-func (o *pyObject) roomInt(room uint64, v int64) {
-	if len(o.b) == 0 {
-		o.b = append(o.b, '{')
-	} else {
-		o.b = append(o.b, ", "...)
-	}
-	o.b = append(o.b, '"')
-	o.b = strconv.AppendUint(o.b, room, 10)
-	o.b = append(o.b, `": `...)
-	o.b = strconv.AppendInt(o.b, v, 10)
-}
 func (o *pyObject) str(k, v string)       { o.key(k); o.b = pyQuote(o.b, v) }
 func (o *pyObject) bool(k string, v bool) { o.key(k); o.b = strconv.AppendBool(o.b, v) }
 
