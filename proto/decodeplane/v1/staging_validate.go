@@ -44,8 +44,8 @@ func (x *WatchWatermarkRequest) Validate() error {
 	var rep repeated
 	for i, tp := range x.GetDecodeTpRanks() {
 		if tp >= MaxWatchTPRanks {
-			rep.add(fieldErr(fmt.Sprintf("decode_tp_ranks[%d]", i), "%d is not a plausible TP rank (allowed 0..%d)", tp, MaxWatchTPRanks-1))
+			rep.Add(fieldErr(fmt.Sprintf("decode_tp_ranks[%d]", i), "%d is not a plausible TP rank (allowed 0..%d)", tp, MaxWatchTPRanks-1))
 		}
 	}
-	return errors.Join(append(errs, rep.err("decode_tp_ranks"))...)
+	return errors.Join(append(errs, rep.Err("decode_tp_ranks"))...)
 }

@@ -3,6 +3,7 @@ package decodeplanev1
 import (
 	"errors"
 	"fmt"
+	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 	"net"
 	"strings"
 	"unicode"
@@ -83,8 +84,8 @@ var LoadBalanceMethods = []string{"follow_bootstrap_room", "round_robin", "short
 // "_" for "-"); "" is not checked.
 var KVPoolKinds = []string{"mha", "gqa", "mla", "hybrid-mla", "hybrid-swa", "hybrid-linear"}
 
-func fieldErr(field string, format string, args ...any) error {
-	return fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...))
+func fieldErr(field, format string, args ...any) error {
+	return fieldcheck.Err(field, format, args...)
 }
 
 // short quotes s for a message, cut to 64 bytes: a hostile peer's megabyte
@@ -166,33 +167,8 @@ func checkMax(field string, v, maxV uint64) error {
 	return nil
 }
 
-// repeated collects the errors of a repeated field's elements: the first few
-// are reported, the rest counted, so that a 100,000-entry request does not
-// answer with a 100,000-line message.
-type repeated struct {
-	errs  []error
-	extra int
-}
-
-const maxElemErrs = 8
-
-func (r *repeated) add(err error) {
-	if err == nil {
-		return
-	}
-	if len(r.errs) < maxElemErrs {
-		r.errs = append(r.errs, err)
-		return
-	}
-	r.extra++
-}
-
-func (r *repeated) err(field string) error {
-	if r.extra > 0 {
-		r.errs = append(r.errs, fieldErr(field, "%d more entries are invalid", r.extra))
-	}
-	return errors.Join(r.errs...)
-}
+// repeated reports a repeated field's bad entries (fieldcheck.Repeated).
+type repeated = fieldcheck.Repeated
 
 // validate checks a PrefillRank named by field.
 func (x *PrefillRank) validate(field string) error {
@@ -359,19 +335,19 @@ func (x *LookupDPRanksRequest) Validate() error {
 			if r != 0 && r <= maxRoom {
 				continue
 			}
-			rep.add(checkRoom(fmt.Sprintf("rooms[%d]", i), r))
+			rep.Add(checkRoom(fmt.Sprintf("rooms[%d]", i), r))
 		}
-		errs = append(errs, rep.err("rooms"))
+		errs = append(errs, rep.Err("rooms"))
 	}
 	if n := len(x.GetHints()); n > MaxLookupRooms {
 		errs = append(errs, fieldErr("hints", "has %d entries (at most %d per call)", n, MaxLookupRooms))
 	} else {
 		var rep repeated
 		for i, h := range x.GetHints() {
-			rep.add(checkRoom(fmt.Sprintf("hints[%d].room", i), h.GetRoom()))
-			rep.add(checkMax(fmt.Sprintf("hints[%d].dp_rank", i), uint64(h.GetDpRank()), MaxRank))
+			rep.Add(checkRoom(fmt.Sprintf("hints[%d].room", i), h.GetRoom()))
+			rep.Add(checkMax(fmt.Sprintf("hints[%d].dp_rank", i), uint64(h.GetDpRank()), MaxRank))
 		}
-		errs = append(errs, rep.err("hints"))
+		errs = append(errs, rep.Err("hints"))
 	}
 	return errors.Join(errs...)
 }
@@ -472,10 +448,10 @@ func (x *TransferRequest) Validate() error {
 			var rep repeated
 			for i, p := range src.GetPageIndices() {
 				if p < 0 {
-					rep.add(fieldErr(fmt.Sprintf("source.page_indices[%d]", i), "%d is negative (page indices are 0..2^31-1)", p))
+					rep.Add(fieldErr(fmt.Sprintf("source.page_indices[%d]", i), "%d is negative (page indices are 0..2^31-1)", p))
 				}
 			}
-			errs = append(errs, rep.err("source.page_indices"))
+			errs = append(errs, rep.Err("source.page_indices"))
 		}
 	}
 	errs = append(errs, checkAux(x.GetAux(), x.GetLast())...)
@@ -547,10 +523,10 @@ func (x *ReportRunningRequest) Validate() error {
 		if u == nil {
 			continue
 		}
-		rep.add(checkRoom(fmt.Sprintf("rooms[%d].room", i), u.GetRoom()))
-		rep.add(checkMax(fmt.Sprintf("rooms[%d].output_len", i), uint64(u.GetOutputLen()), MaxTokens))
+		rep.Add(checkRoom(fmt.Sprintf("rooms[%d].room", i), u.GetRoom()))
+		rep.Add(checkMax(fmt.Sprintf("rooms[%d].output_len", i), uint64(u.GetOutputLen()), MaxTokens))
 	}
-	return rep.err("rooms")
+	return rep.Err("rooms")
 }
 
 // Validate implements the validator interceptor's contract.

@@ -3,6 +3,7 @@ package transferv1
 import (
 	"errors"
 	"fmt"
+	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 	"math/bits"
 )
 
@@ -39,7 +40,7 @@ const (
 )
 
 func fieldErr(field, format string, args ...any) error {
-	return fmt.Errorf("%s: %s", field, fmt.Sprintf(format, args...))
+	return fieldcheck.Err(field, format, args...)
 }
 
 func checkName(field, name, what string) error {
@@ -52,30 +53,8 @@ func checkName(field, name, what string) error {
 	return nil
 }
 
-// repeated reports the first few bad entries of a repeated field and counts
-// the rest.
-type repeated struct {
-	errs  []error
-	extra int
-}
-
-func (r *repeated) add(err error) {
-	if err == nil {
-		return
-	}
-	if len(r.errs) < 8 {
-		r.errs = append(r.errs, err)
-		return
-	}
-	r.extra++
-}
-
-func (r *repeated) err(field string) error {
-	if r.extra > 0 {
-		r.errs = append(r.errs, fieldErr(field, "%d more entries are invalid", r.extra))
-	}
-	return errors.Join(r.errs...)
-}
+// repeated reports a repeated field's bad entries (fieldcheck.Repeated).
+type repeated = fieldcheck.Repeated
 
 // CopyEnd returns the end of a copy's rows on one side, offset +
 // (rows−1)·stride + length, and false when it overflows 64 bits.
@@ -100,22 +79,22 @@ func (x *RegisterBuffersRequest) Validate() error {
 	for i, b := range x.GetBuffers() {
 		f := fmt.Sprintf("buffers[%d]", i)
 		if err := checkName(f+".name", b.GetName(), "the buffer's name"); err != nil {
-			rep.add(err)
+			rep.Add(err)
 		} else if seen[b.GetName()] {
-			rep.add(fieldErr(f+".name", "%q is listed twice", b.GetName()))
+			rep.Add(fieldErr(f+".name", "%q is listed twice", b.GetName()))
 		}
 		seen[b.GetName()] = true
 		if b.GetLength() == 0 || b.GetLength() > MaxExtent {
-			rep.add(fieldErr(f+".length", "%d must be in 1..2^62", b.GetLength()))
+			rep.Add(fieldErr(f+".length", "%d must be in 1..2^62", b.GetLength()))
 		}
 		if b.GetItemSize() > MaxExtent {
-			rep.add(fieldErr(f+".item_size", "%d must be in 0..2^62", b.GetItemSize()))
+			rep.Add(fieldErr(f+".item_size", "%d must be in 0..2^62", b.GetItemSize()))
 		}
 		if _, ok := BufferKind_name[int32(b.GetKind())]; !ok || b.GetKind() == BufferKind_BUFFER_KIND_UNSPECIFIED {
-			rep.add(fieldErr(f+".kind", "%d is not a buffer kind (KV_POOL, STAGING_RING, METADATA, PREFILL_KV)", int32(b.GetKind())))
+			rep.Add(fieldErr(f+".kind", "%d is not a buffer kind (KV_POOL, STAGING_RING, METADATA, PREFILL_KV)", int32(b.GetKind())))
 		}
 	}
-	return rep.err("buffers")
+	return rep.Err("buffers")
 }
 
 // Validate implements the validator interceptor's contract.
@@ -125,9 +104,9 @@ func (x *DeregisterBuffersRequest) Validate() error {
 	}
 	var rep repeated
 	for i, n := range x.GetNames() {
-		rep.add(checkName(fmt.Sprintf("names[%d]", i), n, "a buffer name"))
+		rep.Add(checkName(fmt.Sprintf("names[%d]", i), n, "a buffer name"))
 	}
-	return rep.err("names")
+	return rep.Err("names")
 }
 
 func (c *Copy) validate(f string) []error {
@@ -172,10 +151,10 @@ func (x *SubmitBatchRequest) Validate() error {
 		var rep repeated
 		for i, c := range x.GetCopies() {
 			for _, err := range c.validate(fmt.Sprintf("copies[%d]", i)) {
-				rep.add(err)
+				rep.Add(err)
 			}
 		}
-		errs = append(errs, rep.err("copies"))
+		errs = append(errs, rep.Err("copies"))
 	}
 	if n := len(x.GetWrites()); n > MaxBatchWrites {
 		errs = append(errs, fieldErr("writes", "has %d entries (at most %d)", n, MaxBatchWrites))
@@ -183,15 +162,15 @@ func (x *SubmitBatchRequest) Validate() error {
 		var rep repeated
 		for i, w := range x.GetWrites() {
 			f := fmt.Sprintf("writes[%d]", i)
-			rep.add(checkName(f+".dst_buffer", w.GetDstBuffer(), "the destination buffer"))
+			rep.Add(checkName(f+".dst_buffer", w.GetDstBuffer(), "the destination buffer"))
 			if n := len(w.GetData()); n == 0 || n > MaxInlineWrite {
-				rep.add(fieldErr(f+".data", "has %d bytes (allowed 1..%d)", n, MaxInlineWrite))
+				rep.Add(fieldErr(f+".data", "has %d bytes (allowed 1..%d)", n, MaxInlineWrite))
 			}
 			if w.GetDstOffset() > MaxExtent-MaxInlineWrite {
-				rep.add(fieldErr(f+".dst_offset", "%d is out of range (allowed 0..2^62-2^16)", w.GetDstOffset()))
+				rep.Add(fieldErr(f+".dst_offset", "%d is out of range (allowed 0..2^62-2^16)", w.GetDstOffset()))
 			}
 		}
-		errs = append(errs, rep.err("writes"))
+		errs = append(errs, rep.Err("writes"))
 	}
 	if len(x.GetCopies()) == 0 && len(x.GetWrites()) == 0 {
 		errs = append(errs, fieldErr("copies", "the batch moves nothing (no copies, no writes)"))
@@ -210,9 +189,9 @@ func checkBatchIDs(field string, ids []string) error {
 	}
 	var rep repeated
 	for i, id := range ids {
-		rep.add(checkName(fmt.Sprintf("%s[%d]", field, i), id, "a batch id"))
+		rep.Add(checkName(fmt.Sprintf("%s[%d]", field, i), id, "a batch id"))
 	}
-	return rep.err(field)
+	return rep.Err(field)
 }
 
 // Validate implements the validator interceptor's contract.
