@@ -284,25 +284,30 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		d.mlis = mlis
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", d.metrics.Handler())
-		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-		d.extra = append(d.extra, func(ctx context.Context) error {
-			go func() {
-				<-ctx.Done()
-				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-				defer cancel()
-				_ = hs.Shutdown(sctx)
-			}()
-			if err := hs.Serve(mlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				return fmt.Errorf("metrics server: %w", err)
-			}
-			return nil
-		})
+		d.serveHTTP("metrics server", &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, mlis)
 	}
 	if err := d.addHTTP(d.srv); err != nil {
 		return nil, err
 	}
 	ok = true
 	return d, nil
+}
+
+// serveHTTP runs hs on lis among the daemon's other servers: it serves until
+// Run's context ends, then shuts down within 2 s.
+func (d *Daemon) serveHTTP(what string, hs *http.Server, lis net.Listener) {
+	d.extra = append(d.extra, func(ctx context.Context) error {
+		go func() {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			_ = hs.Shutdown(sctx)
+		}()
+		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	})
 }
 
 // HTTPAddr is the server.http_listen address, "" when it is off.

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -43,17 +42,6 @@ func (d *Daemon) addHTTP(srv *server.Server) error {
 	}
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 	d.loops = append(d.loops, bh.Run)
-	d.extra = append(d.extra, func(ctx context.Context) error {
-		go func() {
-			<-ctx.Done()
-			sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			_ = hs.Shutdown(sctx)
-		}()
-		if err := hs.Serve(hlis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			return fmt.Errorf("HTTP server (server.http_listen): %w", err)
-		}
-		return nil
-	})
+	d.serveHTTP("HTTP server (server.http_listen)", hs, hlis)
 	return nil
 }
