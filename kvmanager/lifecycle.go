@@ -535,9 +535,8 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 		return nil, nil, nil, false, err
 	}
 	if cs := rp.chunks[req.Index]; cs != nil {
-		if cs.off != req.PageOffset || cs.n != req.NumPages || cs.last != req.Last {
-			return nil, nil, nil, false, invalid("chunk_index", "%d was already sent with pages [%d, %d) and last=%v; a retry must carry the same page_offset, num_pages and last (got pages [%d, %d), last=%v)",
-				req.Index, cs.off, cs.off+cs.n, cs.last, req.PageOffset, req.PageOffset+req.NumPages, req.Last)
+		if err := cs.sameChunk(req); err != nil {
+			return nil, nil, nil, false, err
 		}
 		return r, rp, cs, false, nil
 	}
@@ -606,6 +605,16 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 	}
 	rp.chunks[req.Index] = cs
 	return r, rp, cs, true, nil
+}
+
+// sameChunk checks that req is a retry of cs: a chunk index names one page
+// range and one last flag for the rank's attempt.
+func (cs *chunkState) sameChunk(req ChunkRequest) error {
+	if cs.off != req.PageOffset || cs.n != req.NumPages || cs.last != req.Last {
+		return invalid("chunk_index", "%d was already sent with pages [%d, %d) and last=%v; a retry must carry the same page_offset, num_pages and last (got pages [%d, %d), last=%v)",
+			req.Index, cs.off, cs.off+cs.n, cs.last, req.PageOffset, req.PageOffset+req.NumPages, req.Last)
+	}
+	return nil
 }
 
 // chunkDroppedLocked forgets a chunk that did not land and may be sent

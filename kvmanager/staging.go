@@ -639,10 +639,9 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
 	}
 	if rp := r.ranks[req.Rank.key()]; rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
-		if cs := rp.chunks[req.Index]; cs.off != req.PageOffset || cs.n != req.NumPages || cs.last != req.Last {
+		if err := rp.chunks[req.Index].sameChunk(req); err != nil {
 			m.unlock()
-			return StagingChunkResult{}, invalid("chunk_index", "%d was already reported with pages [%d, %d) and last=%v; a retry must carry the same page_offset, num_pages and last (got pages [%d, %d), last=%v)",
-				req.Index, cs.off, cs.off+cs.n, cs.last, req.PageOffset, req.PageOffset+req.NumPages, req.Last)
+			return StagingChunkResult{}, err
 		}
 		// A retry: resubmit the regions whose scatter did not happen.
 		rs := m.stg.rooms[r.id]
