@@ -100,6 +100,13 @@ type held struct {
 // from the ledger.
 type Entry struct{ r room }
 
+// Request is the room's request as the ledger holds it now (OutputLen and
+// Rebootstrap follow UpdateRunning, Hold, ResumeHeld and StartRunning); it
+// stays readable after the room is gone. The ledger writes it only inside
+// those calls, so a caller that makes every call on the room itself reads
+// it without the ledger's lock.
+func (e *Entry) Request() Request { return e.r.req }
+
 // metaSlotOf is the room's metadata slot, -1 when it holds none.
 func (r *room) metaSlotOf() int32 {
 	if r.held == nil {
@@ -609,7 +616,7 @@ func (l *Ledger) drop(r *room) {
 		*h = held{retired: retired}
 		l.freeHeld = append(l.freeHeld, h)
 	}
-	*r = room{readyIdx: -1}
+	*r = room{id: r.id, req: r.req, readyIdx: -1} // the request stays readable (Entry.Request)
 }
 
 func (l *Ledger) lookup(op string, id uint64) (*room, error) {
