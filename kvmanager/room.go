@@ -62,8 +62,8 @@ type room struct {
 	*handoff
 
 	// Small fields together (no padding between them).
-	attempt  uint32
-	metaSlot int32
+	attempt        uint32
+	metaSlot       int32
 	inLedger       bool // the ledger holds this room (any ledger state)
 	releasePending bool
 	staging        bool
