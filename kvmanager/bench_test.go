@@ -42,7 +42,7 @@ func benchRoomLifecycle(b *testing.B, watched bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: []Ledger{led}, Engine: NewSimEngine(cfg.Transfer.Sim, RealClock{}), Logger: slog.New(slog.DiscardHandler)})
+	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: NewSimEngine(cfg.Transfer.Sim, RealClock{}), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -23,7 +23,7 @@ func countingHarness(t *testing.T, dec prealloc.Config, cfg Config, obs Observer
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: []Ledger{led}, Engine: NewSimEngine(SimConfig{}, nil), Clock: clk, Logger: slog.New(slog.DiscardHandler), Observer: obs})
+	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: NewSimEngine(SimConfig{}, nil), Clock: clk, Logger: slog.New(slog.DiscardHandler), Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}

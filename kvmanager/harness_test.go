@@ -117,7 +117,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		o.cfg(&cfg)
 	}
 	h := &harness{t: t, dec: dec, cfg: cfg}
-	var ledgers []Ledger
+	var ledgers []*prealloc.Ledger
 	for i := range o.shards {
 		l, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
 		if err != nil {
@@ -457,8 +457,12 @@ func (h *harness) assertNoLiveRooms() {
 	h.m.mu.Lock()
 	defer h.m.mu.Unlock()
 	for id, r := range h.m.rooms {
-		if r.releasePending || r.inflight != 0 || r.inLedger {
-			h.t.Errorf("room %d (%s): releasePending %v, inflight %d, inLedger %v; want all released", id, r.phase, r.releasePending, r.inflight, r.inLedger)
+		inflight := 0
+		if r.handoff != nil {
+			inflight = r.inflight
+		}
+		if r.releasePending || inflight != 0 || r.inLedger {
+			h.t.Errorf("room %d (%s): releasePending %v, inflight %d, inLedger %v; want all released", id, r.phase, r.releasePending, inflight, r.inLedger)
 		}
 	}
 }

@@ -64,18 +64,22 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 	preq := prealloc.Request{Room: req.Room, RID: req.RID, PromptLen: req.PromptLen, OutputLen: req.OutputLen,
 		MaxNewTokens: req.MaxNewTokens, Priority: req.Priority, Rebootstrap: req.Rebootstrap}
 	led := m.shards[shard]
-	if err := led.Enqueue(preq); err != nil {
+	addr := req.Addr
+	if inst := m.prefills[addr]; inst != nil {
+		addr = inst.addr // one copy of the address per instance, not one per room
+	}
+	now := m.clock.Now()
+	r := &room{
+		id: req.Room, rid: req.RID, addr: addr, idemKey: req.IdempotencyKey,
+		decodeDP: shard, led: led, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
+		attempt: 1, openedAt: now, updatedAt: now, metaSlot: -1,
+		bootstrapAt: now.Add(m.cfg.Timeouts.Bootstrap),
+	}
+	if err := led.EnqueueEntry(&r.entry, preq); err != nil { // the room's ledger record lives in the room
 		if errors.Is(err, prealloc.ErrQueueFull) {
 			err = &RetryError{Err: err, RetryAfter: time.Second}
 		}
 		return RoomSnapshot{}, false, fmt.Errorf("open room %d on decode shard %d: %w", req.Room, shard, err)
-	}
-	now := m.clock.Now()
-	r := &room{
-		id: req.Room, rid: req.RID, addr: req.Addr, idemKey: req.IdempotencyKey, req: preq,
-		decodeDP: shard, led: led, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
-		attempt: 1, openedAt: now, updatedAt: now, metaSlot: -1,
-		bootstrapAt: now.Add(m.cfg.Timeouts.Bootstrap),
 	}
 	m.startSpanLocked(ctx, r)
 	m.rooms[r.id] = r
@@ -106,7 +110,7 @@ func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
 		attribute.String("decodeplane.rid", r.rid),
 		attribute.String("decodeplane.prefill.addr", r.addr),
 		attribute.Int("decodeplane.decode_dp_rank", r.decodeDP),
-		attribute.Int("decodeplane.prompt_len", r.req.PromptLen),
+		attribute.Int("decodeplane.prompt_len", r.entry.Request().PromptLen),
 		attribute.Int("decodeplane.attempt", int(r.attempt)),
 	}
 	_, span := m.tracer.Start(ctx, "room", trace.WithAttributes(attrs...))
@@ -122,7 +126,9 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang
 	}
 	r.plan = inst.plan
 	r.staging = inst.plan.staging
-	r.ranks, r.claimedN, r.doneN = map[rankKey]*rankProgress{}, 0, 0 // filled per rank on first use (room.progress)
+	if r.handoff != nil { // a rebootstrap: the new attempt's progress starts empty
+		r.ranks, r.claimedN, r.doneN = nil, 0, 0 // made per rank on first use (room.progress)
+	}
 	if r.hintDP >= inst.topo.DP {
 		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, inst.topo.DP)})
 		return
@@ -185,6 +191,7 @@ func (m *Manager) admitLocked(shard int) {
 			_ = led.Release(a.Room)
 			continue
 		}
+		r.admittedOnce()
 		r.pages = slices.Clone(a.Alloc.Pages)
 		r.fillLen = a.Alloc.FillLen
 		r.metaSlot = a.Alloc.MetadataSlot
@@ -314,7 +321,7 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		return nil
 	}
 	r.claims.set(k, c)
-	if r.pages != nil && (r.phase == PhaseAdmitted || r.phase == PhaseClaimed || r.phase == PhaseTransferring) {
+	if r.handoff != nil && r.pages != nil && (r.phase == PhaseAdmitted || r.phase == PhaseClaimed || r.phase == PhaseTransferring) {
 		c.queue(DestinationEvent{Destination: m.destinationLocked(r, k)})
 	}
 	return nil
@@ -514,7 +521,7 @@ func (m *Manager) sourceRankLocked(req ChunkRequest) (*room, *rankProgress, erro
 	if req.Attempt != 0 && req.Attempt != r.attempt {
 		return nil, nil, fmt.Errorf("chunk %d of room %d: %w: it belongs to attempt %d, but the room was rebootstrapped (attempt %d)", req.Index, r.id, ErrWrongState, req.Attempt, r.attempt)
 	}
-	if r.plan == nil || r.prefillDP < 0 {
+	if r.plan == nil || r.prefillDP < 0 || r.handoff == nil {
 		return nil, nil, fmt.Errorf("chunk %d of room %d: %w: the room has no destination yet (phase %s)", req.Index, r.id, ErrWrongState, r.phase)
 	}
 	if req.Rank.DP != r.prefillDP {
@@ -811,15 +818,17 @@ func (m *Manager) failLocked(r *room, f Failure) {
 	if inst := m.prefills[r.addr]; inst != nil {
 		delete(inst.unresolved, r.id)
 	}
-	if r.xferCancel != nil {
-		r.xferCancel()
-	}
-	for _, rp := range r.ranks {
-		for _, cs := range rp.chunks {
-			if cs.cancel != nil {
-				cs.cancel() // the engine call in flight ends; its chunkEndLocked sees the failure
-			}
+	if h := r.handoff; h != nil {
+		if h.xferCancel != nil {
+			h.xferCancel()
 		}
+		h.ranks.each(func(rp *rankProgress) {
+			for _, cs := range rp.chunks {
+				if cs.cancel != nil {
+					cs.cancel() // the engine call in flight ends; its chunkEndLocked sees the failure
+				}
+			}
+		})
 	}
 	r.claims.finishAll(DestinationEvent{Failure: &fc})
 	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt))
@@ -845,7 +854,7 @@ func (m *Manager) endLocked(r *room) {
 // releaseIfIdleLocked returns a terminal room's resources to the ledger once
 // no transfer is in flight, exactly once.
 func (m *Manager) releaseIfIdleLocked(r *room) {
-	if !r.releasePending || r.inflight > 0 {
+	if !r.releasePending || (r.handoff != nil && r.inflight > 0) {
 		return
 	}
 	if now := m.clock.Now(); r.writesUntil().After(now) && !m.closed {
@@ -855,7 +864,7 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 		}
 		return
 	}
-	if r.quarantine != nil {
+	if r.handoff != nil && r.quarantine != nil {
 		m.clearDeadlineLocked(&r.quarantine.dl)
 		r.quarantine = nil
 	}
@@ -1185,7 +1194,6 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 			continue
 		}
 		r.attempt++
-		r.req.Rebootstrap = true
 		r.pages, r.state, r.metaSlot, r.fillLen, r.marker = nil, nil, -1, 0, 0
 		r.chunksDone, r.bytes = 0, 0
 		r.claims = claimSet{}
@@ -1220,7 +1228,7 @@ func (m *Manager) failDroppedHeldLocked(shard int, resumed []uint64) {
 		}
 		r.inLedger = false
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf(
-			"rebootstrap of room %d refused at ContinueGeneration: prompt %d + output %d tokens exceed the decode pool", r.id, r.req.PromptLen, r.req.OutputLen)})
+			"rebootstrap of room %d refused at ContinueGeneration: prompt %d + output %d tokens exceed the decode pool", r.id, r.entry.Request().PromptLen, r.entry.Request().OutputLen)})
 	}
 }
 

@@ -28,7 +28,7 @@ func benchManager(b *testing.B, dec prealloc.Config, cfg Config) *Manager {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: []Ledger{led}, Engine: NewSimEngine(SimConfig{}, RealClock{}), Logger: slog.New(slog.DiscardHandler)})
+	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: NewSimEngine(SimConfig{}, RealClock{}), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

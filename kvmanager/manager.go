@@ -17,34 +17,10 @@ import (
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
-// Ledger is what the manager needs of one decode DP shard's KV ledger
-// (prealloc.Ledger implements it).
-type Ledger interface {
-	Enqueue(req prealloc.Request) error
-	SetReady(room uint64) error
-	Admit() ([]prealloc.Admission, prealloc.BlockReason)
-	Claim(room uint64) error
-	Allocation(room uint64) (prealloc.Allocation, bool)
-	StartRunning(room uint64) error
-	UpdateRunning(room uint64, outputLen int) ([]int32, error)
-	Retract(room uint64) error
-	Hold(room uint64) error
-	ResumeHeld() []uint64
-	Release(room uint64) error
-	Expire() []prealloc.Expired
-	NextDeadline() (time.Time, bool)
-	Drain()
-	Stats() prealloc.Stats
-	SetMetadataMarker(room uint64, marker uint64) error
-	State(room uint64) (prealloc.RoomState, bool)
-}
-
-var _ Ledger = (*prealloc.Ledger)(nil)
-
 // Deps are the manager's collaborators.
 type Deps struct {
 	// Ledgers are the decode DP shards, index = decode DP rank; required.
-	Ledgers []Ledger
+	Ledgers []*prealloc.Ledger
 	// Engine moves chunks; required.
 	Engine TransferEngine
 	// Clock defaults to RealClock.
@@ -71,7 +47,7 @@ type Manager struct {
 	tracing bool
 	obs     Observer
 	engine  TransferEngine
-	shards  []Ledger
+	shards  []*prealloc.Ledger
 
 	mu           sync.Mutex
 	rooms        map[uint64]*room

@@ -29,10 +29,10 @@ func TestNewValidates(t *testing.T) {
 		deps Deps
 		want string
 	}{
-		{name: "config", cfg: bad, deps: Deps{Ledgers: []Ledger{led}, Engine: eng}, want: "timeouts.waiting"},
+		{name: "config", cfg: bad, deps: Deps{Ledgers: []*prealloc.Ledger{led}, Engine: eng}, want: "timeouts.waiting"},
 		{name: "no ledgers", cfg: DefaultConfig(), deps: Deps{Engine: eng}, want: "at least one ledger"},
-		{name: "ledgers for dp", cfg: DefaultConfig(), deps: Deps{Ledgers: []Ledger{led, led}, Engine: eng}, want: "2 ledgers for parallel.dp = 1"},
-		{name: "no engine", cfg: DefaultConfig(), deps: Deps{Ledgers: []Ledger{led}}, want: "transfer engine is required"},
+		{name: "ledgers for dp", cfg: DefaultConfig(), deps: Deps{Ledgers: []*prealloc.Ledger{led, led}, Engine: eng}, want: "2 ledgers for parallel.dp = 1"},
+		{name: "no engine", cfg: DefaultConfig(), deps: Deps{Ledgers: []*prealloc.Ledger{led}}, want: "transfer engine is required"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

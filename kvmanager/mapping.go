@@ -300,15 +300,19 @@ func buildPlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, totalHe
 // not need. The table grows only with the calls received, never with the
 // prefill's parallel sizes.
 func (r *room) progress(k rankKey) *rankProgress {
-	if rp := r.ranks[k]; rp != nil {
-		return rp
-	}
-	if r.plan == nil || r.ranks == nil || !r.plan.isRequired(k) {
+	if r.handoff == nil { // never admitted: no rank has anything to report yet
 		return nil
 	}
-	rp := &rankProgress{chunks: map[int]*chunkState{}, last: -1}
-	r.ranks[k] = rp
-	return rp
+	if rp := r.ranks.get(k); rp != nil {
+		return rp
+	}
+	if r.plan == nil || !r.plan.isRequired(k) {
+		return nil
+	}
+	if r.ranks == nil {
+		r.ranks = &rankSet{}
+	}
+	return r.ranks.add(k)
 }
 
 // listRanks renders at most maxListedRanks rank keys and how many more.

@@ -3,7 +3,6 @@ package kvmanager
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -47,41 +46,25 @@ func TestT21T22RebootstrapAfterDPShrinkFails(t *testing.T) {
 	})
 }
 
-// droppingLedger is a real ledger whose ResumeHeld drops the first room
-// instead of re-queueing it, as the ledger does for a request that no
-// longer fits the pool (a path the ledger's API cannot reach otherwise).
-type droppingLedger struct{ *prealloc.Ledger }
-
-func (l droppingLedger) ResumeHeld() []uint64 {
-	ids := l.Ledger.ResumeHeld()
-	if len(ids) == 0 {
-		return ids
-	}
-	if err := l.Ledger.Release(ids[0]); err != nil {
-		panic(err)
-	}
-	return ids[1:]
-}
-
-// T22: a held room the ledger drops at ContinueGeneration fails at once
-// rather than staying held forever.
+// T22: a held room that no longer fits the pool at ContinueGeneration (its
+// output grew while it ran, and a rebootstrap re-prefills prompt + output
+// with max_new_tokens still to come) is dropped by the ledger's entry check
+// and fails at once rather than staying held forever; the others re-enter.
 func TestT22DroppedHeldRoomFails(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		dec := prealloc.DefaultConfig()
-		led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		h := &harness{t: t, dec: dec, cfg: DefaultConfig(), leds: []*prealloc.Ledger{led}}
-		h.sim = NewSimEngine(SimConfig{}, RealClock{})
-		h.m, err = New(h.cfg, dec, Deps{Ledgers: []Ledger{droppingLedger{led}}, Engine: h.sim, Logger: slog.New(slog.DiscardHandler)})
-		if err != nil {
-			t.Fatal(err)
-		}
+		// 16,384 tokens: room 1 (prompt 1000, max_new 4096) fits when opened
+		// (1000 + 4096), but after growing to 11,300 output tokens its
+		// rebootstrap needs 1000 + 11,299 + 4096 = 16,395.
+		h := newHarness(t, withDecode(func(d *prealloc.Config) { d.Pool.TotalTokens = 16384 }))
 		h.register(instance{addr: addrA})
 		for _, room := range []uint64{1, 2} {
-			h.open(addrA, room)
+			h.open(addrA, room, func(r *OpenRequest) { r.MaxNewTokens = 4096 })
 			h.complete(room)
+		}
+		if _, noCap, notRunning := h.m.ReportRunning([]Usage{{Room: 1, OutputLen: 11300}}); len(noCap) != 0 || len(notRunning) != 0 {
+			t.Fatalf("ReportRunning: no capacity %v, not running %v", noCap, notRunning)
+		}
+		for _, room := range []uint64{1, 2} {
 			if _, err := h.m.RetractRoom(room, RetractRebootstrap); err != nil {
 				t.Fatal(err)
 			}
@@ -89,7 +72,7 @@ func TestT22DroppedHeldRoomFails(t *testing.T) {
 		if got := h.m.ContinueGeneration(context.Background()); len(got) != 1 || got[0] != 2 {
 			t.Fatalf("ContinueGeneration() = %v, want [2] (room 1 dropped by the ledger)", got)
 		}
-		h.wantFailure(1, FailureUnspecified, "rebootstrap of room 1 refused at ContinueGeneration")
+		h.wantFailure(1, FailureUnspecified, "rebootstrap of room 1 refused at ContinueGeneration: prompt 1000 + output 11299 tokens exceed the decode pool")
 		h.complete(2)
 		h.release(2)
 		h.assertClean()

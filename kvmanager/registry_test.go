@@ -195,7 +195,7 @@ func TestLargeAllowedInstanceCompletes(t *testing.T) {
 			t.Fatalf("room 1 needs %d ranks, want 1024", len(ranks))
 		}
 		h.m.mu.Lock()
-		seen := len(h.m.rooms[1].ranks)
+		seen := h.m.rooms[1].ranks.len()
 		h.m.mu.Unlock()
 		if seen != 0 {
 			t.Errorf("room 1 holds progress for %d ranks before any claimed", seen)

@@ -214,7 +214,7 @@ func TestPendingClaimTimerStopsWhenTheRoomOpens(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := DefaultConfig()
-		m, err := New(cfg, dec, Deps{Ledgers: []Ledger{led}, Engine: NewSimEngine(SimConfig{}, nil), Clock: clk, Logger: slog.New(slog.DiscardHandler)})
+		m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: NewSimEngine(SimConfig{}, nil), Clock: clk, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -15,47 +15,75 @@ import (
 )
 
 // room is one request's KV hand-off. Every field is guarded by Manager.mu.
+// A room that was never admitted is only what it needs while it waits
+// (identity, request, DP rank, phase, deadlines, timeline); what admission
+// and the transfer add lives in *handoff, made at its first admission and
+// kept until the room is forgotten, so that a queued room stays small.
+// Code reading a handoff field checks r.handoff first unless the room's
+// phase implies an admission (admitted, claimed, transferring, succeeded,
+// retracted, held; see hasHandoff).
 type room struct {
 	id       uint64
 	rid      string
 	addr     string
 	idemKey  string
-	req      prealloc.Request
+	entry    prealloc.Entry // the ledger's record of the room (its request, queue position, allocation)
 	decodeDP int
-	led      Ledger
+	led      *prealloc.Ledger
 
 	hintDP    int // -1: no hint
 	prefillDP int // -1: unresolved
 	dpRule    DPRule
 
-	phase      Phase
-	failure    *Failure
-	openedAt   time.Time
-	updatedAt  time.Time
-	admittedAt time.Time
-	claimedAt  time.Time
+	phase     Phase
+	failure   *Failure
+	openedAt  time.Time
+	updatedAt time.Time
 	// finishedAt is updatedAt once the room is terminal (no transition
 	// follows the terminal one).
 	transitions []transition // compact; rendered by timeline
 
-	// Deadlines, zero when not armed.
+	// Deadlines, zero when not armed (waitingAt is the handoff's).
 	bootstrapAt time.Time
 	dpAt        time.Time
-	waitingAt   time.Time
 	dl          deadline // the earliest of them, on the manager's deadline heap
+
+	plan   *roomPlan
+	claims claimSet
+
+	watchers map[*Watcher]struct{}
+	onEnd    []func()
+	gates    map[string]bool // conditions success waits for (e.g. staged scatters)
+
+	span      trace.Span
+	spanCtx   context.Context
+	phaseSpan trace.Span
+
+	*handoff
+
+	// Small fields together (no padding between them).
+	attempt        uint32
+	metaSlot       int32
+	inLedger       bool // the ledger holds this room (any ledger state)
+	releasePending bool
+	staging        bool
+}
+
+// handoff is what a room holds from its first admission on: its
+// destination, its transfer's progress and what its release waits for.
+type handoff struct {
+	admittedAt time.Time
+	claimedAt  time.Time
+	waitingAt  time.Time
 
 	// Admission results (copies, safe to hand out).
 	pages   []int32
 	fillLen int
 	state   []prealloc.StateIndices
 
-	plan   *roomPlan
-	ranks  map[rankKey]*rankProgress // required ranks seen this attempt (room.progress)
-	claims claimSet
+	ranks *rankSet // required ranks seen this attempt (room.progress), made on first use
 	// claimedN, doneN count required ranks claimed / done this attempt.
 	claimedN, doneN int
-
-	watchers map[*Watcher]struct{}
 
 	// Transfers in flight; the ledger is released only when none remain, so
 	// that nothing writes into pages another room may get. xferCtx (made by
@@ -64,26 +92,29 @@ type room struct {
 	xferCtx    context.Context
 	xferCancel context.CancelFunc
 	inflight   int
-	onEnd      []func()
 	// quarantine is made when an engine failure could not rule out writes
 	// into the pages until a time: the release waits for it.
 	quarantine *quarantine
 
-	gates      map[string]bool // conditions success waits for (e.g. staged scatters)
 	marker     uint64
 	bytes      uint64
 	chunksDone int
+}
 
-	span      trace.Span
-	spanCtx   context.Context
-	phaseSpan trace.Span
+// ranksOf is rank k's progress on this attempt, nil if none (or never
+// admitted).
+func (r *room) ranksOf(k rankKey) *rankProgress {
+	if r.handoff == nil {
+		return nil
+	}
+	return r.ranks.get(k)
+}
 
-	// Small fields together (no padding between them).
-	attempt        uint32
-	metaSlot       int32
-	inLedger       bool // the ledger holds this room (any ledger state)
-	releasePending bool
-	staging        bool
+// admittedOnce gives the room its handoff state at its first admission.
+func (r *room) admittedOnce() {
+	if r.handoff == nil {
+		r.handoff = &handoff{}
+	}
 }
 
 // quarantine holds a room's release until writes that may continue after
@@ -96,7 +127,7 @@ type quarantine struct {
 // writesUntil is when writes into the room's pages may have stopped (zero:
 // nothing may still write).
 func (r *room) writesUntil() time.Time {
-	if r.quarantine == nil {
+	if r.handoff == nil || r.quarantine == nil {
 		return time.Time{}
 	}
 	return r.quarantine.until
@@ -146,13 +177,16 @@ func (r *room) handingOff() bool {
 
 // snapshot renders the room; the caller holds the lock.
 func (r *room) snapshot(withTransitions, withPages bool) RoomSnapshot {
+	req := r.entry.Request()
 	s := RoomSnapshot{
 		Room: r.id, RID: r.rid, Addr: r.addr, DecodeDP: r.decodeDP,
 		PrefillDP: r.prefillDP, DPRule: r.dpRule, Poll: r.phase.Poll(), Phase: r.phase,
-		PromptLen: r.req.PromptLen, MaxNewTokens: r.req.MaxNewTokens, Priority: r.req.Priority,
-		NumPages: len(r.pages), MetadataSlot: r.metaSlot, BytesTransferred: r.bytes,
-		ChunksDone: r.chunksDone, OpenedAt: r.openedAt, UpdatedAt: r.updatedAt,
+		PromptLen: req.PromptLen, MaxNewTokens: req.MaxNewTokens, Priority: req.Priority,
+		MetadataSlot: r.metaSlot, OpenedAt: r.openedAt, UpdatedAt: r.updatedAt,
 		Attempt: r.attempt, Staging: r.staging,
+	}
+	if h := r.handoff; h != nil {
+		s.NumPages, s.BytesTransferred, s.ChunksDone = len(h.pages), h.bytes, h.chunksDone
 	}
 	if r.failure != nil {
 		f := *r.failure
@@ -161,7 +195,7 @@ func (r *room) snapshot(withTransitions, withPages bool) RoomSnapshot {
 	if withTransitions {
 		s.Transitions = r.timeline()
 	}
-	if withPages {
+	if withPages && r.handoff != nil {
 		s.Pages = slices.Clone(r.pages)
 	}
 	if r.span != nil {
@@ -223,9 +257,9 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 const levelDebug = -4
 
 // roomTransitions is the timeline's first capacity: a queued room's
-// transitions (opened, queued, admitted, claimed) fit, a whole hand-off
-// takes one more allocation.
-const roomTransitions = 4
+// transitions (opened, resolving its DP rank, queued) fit, a whole hand-off
+// takes one more allocation (append grows it to 8).
+const roomTransitions = 3
 
 // phaseSpanLocked keeps one child span per phase under the room span, which
 // covers the hand-off from OpenRoom to success or failure.
@@ -352,7 +386,7 @@ func (r *room) pendingRanks(ok func(*rankProgress) bool) string {
 	var out []rankKey
 	more := 0
 	for _, k := range r.plan.required {
-		if rp := r.ranks[k]; rp == nil || !ok(rp) {
+		if rp := r.ranks.get(k); rp == nil || !ok(rp) {
 			if len(out) < maxListedRanks {
 				out = append(out, k)
 			} else {
@@ -385,13 +419,13 @@ func (r *room) waitingNote() string {
 
 // coverageOf renders each required rank's progress on the current attempt.
 func (r *room) coverageOf() []RankCoverage {
-	if r.plan == nil || len(r.plan.required) == 0 {
+	if r.plan == nil || len(r.plan.required) == 0 || r.handoff == nil {
 		return nil
 	}
 	out := make([]RankCoverage, 0, len(r.plan.required))
 	for _, k := range r.plan.required {
 		c := RankCoverage{CP: k.CP, TP: k.TP, PP: k.PP, PagesRequired: len(r.pages)}
-		if rp := r.ranks[k]; rp != nil {
+		if rp := r.ranks.get(k); rp != nil {
 			c.Claimed, c.PagesLanded, c.LastLanded, c.Bytes = rp.claimed, rp.cov.landed, rp.lastLanded, rp.bytes
 		}
 		out = append(out, c)
@@ -431,7 +465,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 		var pending []string
 		if r.plan != nil {
 			for _, k := range r.plan.required {
-				rp := r.ranks[k]
+				rp := r.ranks.get(k)
 				if rp == nil || rp.done {
 					continue
 				}

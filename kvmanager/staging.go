@@ -517,7 +517,7 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 	if r.phase == PhaseFailed {
 		return nil, nil, fmt.Errorf("%s of room %d: %w: the room failed: %s", what, r.id, ErrWrongState, r.failure.Message)
 	}
-	if r.plan == nil || r.prefillDP < 0 {
+	if r.plan == nil || r.prefillDP < 0 || r.handoff == nil {
 		return nil, nil, fmt.Errorf("%s of room %d: %w: the room has no destination yet (phase %s)", what, r.id, ErrWrongState, r.phase)
 	}
 	if rank.DP != r.prefillDP {
@@ -638,7 +638,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		m.unlock()
 		return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
 	}
-	if rp := r.ranks[req.Rank.key()]; rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
+	if rp := r.ranksOf(req.Rank.key()); rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
 		if err := rp.chunks[req.Index].sameChunk(req); err != nil {
 			m.unlock()
 			return StagingChunkResult{}, err

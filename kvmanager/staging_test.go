@@ -69,7 +69,7 @@ func newStgEnv(t *testing.T, dec prealloc.Config, sim kvmanager.SimConfig, engin
 	}
 	cfg := kvmanager.DefaultConfig()
 	cfg.Timeouts.HeartbeatInterval = time.Hour
-	m, err := kvmanager.New(cfg, dec, kvmanager.Deps{Ledgers: []kvmanager.Ledger{led}, Engine: eng, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	m, err := kvmanager.New(cfg, dec, kvmanager.Deps{Ledgers: []*prealloc.Ledger{led}, Engine: eng, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ func TestPageAllocZeroAllocs(t *testing.T) {
 				cfg.Pool.KVHeads, cfg.Pool.HeadDim, cfg.Pool.KVLoraRank, cfg.Pool.QKRopeHeadDim = 0, 0, 512, 64
 			}
 			l, _ := newLedger(t, cfg, false)
-			r := &room{readyIdx: -1, dlIdx: -1, runIdx: -1, runSWAIdx: -1, metaSlot: -1}
+			r := &room{readyIdx: -1}
 			cycle := func() {
 				l.preAlloc(r, 4096, 4096)
 				r.metaSlot = l.meta.pop()
@@ -53,14 +53,17 @@ func TestPageAllocZeroAllocs(t *testing.T) {
 
 // TestRoomLifecycleAllocs: the whole public lifecycle of a room (enqueue,
 // ready, admit, claim, start, grow by two pages, release) allocates exactly
-// once in steady state: the []Admission that Admit returns.
+// once in steady state: the []Admission that Admit returns. The room's
+// record is the caller's (EnqueueEntry, as kvmanager keeps it inside its own
+// room); Enqueue would allocate it.
 func TestRoomLifecycleAllocs(t *testing.T) {
 	l, _ := newLedger(t, typicalConfig(), false)
 	var id uint64
+	var e Entry
 	cycle := func() {
 		id++
 		r := Request{Room: id, PromptLen: 4096, MaxNewTokens: 256}
-		if err := l.Enqueue(r); err != nil {
+		if err := l.EnqueueEntry(&e, r); err != nil {
 			t.Fatal(err)
 		}
 		if err := l.SetReady(id); err != nil {

@@ -122,6 +122,7 @@ func (l *Ledger) CheckInvariants() error {
 		}
 		counts[r.state]++
 		l.checkRoom(r, &errs)
+		r := r.view()
 		for _, p := range r.pages {
 			pages.own(p, id)
 		}
@@ -228,16 +229,33 @@ func (l *Ledger) CheckInvariants() error {
 	checkList("retracted", &l.retracted, RoomRetracted)
 	checkList("held", &l.held, RoomHeld)
 
-	for _, r := range l.freeRooms {
-		if got, ok := l.rooms[r.id]; ok && got == r {
-			fail("recycled room struct of room %d is still live", r.id)
+	for _, h := range l.freeHeld {
+		for id, r := range l.rooms {
+			if r.held == h {
+				fail("recycled admission state of room %d is still live", id)
+			}
 		}
 	}
 	return errors.Join(errs...)
 }
 
+// view is r with an empty admission state when it has none, for reading.
+func (r *room) view() *room {
+	if r.held != nil {
+		return r
+	}
+	v := *r
+	v.held = &held{dlIdx: -1, runIdx: -1, runSWAIdx: -1, metaSlot: -1}
+	return &v
+}
+
 // checkRoom verifies that r holds exactly what its state implies.
 func (l *Ledger) checkRoom(r *room, errs *[]error) {
+	if r.held == nil && r.state.holdsAllocation() {
+		*errs = append(*errs, fmt.Errorf("room %d (%s): holds an allocation but has no admission state", r.id, r.state))
+		return
+	}
+	r = r.view()
 	fail := func(format string, args ...any) {
 		*errs = append(*errs, fmt.Errorf("room %d (%s): "+format, append([]any{r.id, r.state}, args...)...))
 	}

@@ -44,14 +44,24 @@ const (
 	orderHighFirst
 )
 
-// room is one request in the ledger.
+// room is one request in the ledger. A queued room (waiting or ready) is
+// only its identity, its request and its queue position; what admission
+// gives it lives in *held, made at its first admission (recycled through
+// Ledger.freeHeld when the room is dropped), so that a queued room costs
+// ~112 bytes. Code that reads a held field checks r.held first unless the
+// room's state implies an admission (RoomState.admitted).
 type room struct {
-	id    uint64
-	req   Request
-	state RoomState
-	seq   uint64 // queue position (FIFO order within a priority class)
+	id       uint64
+	req      Request
+	seq      uint64 // queue position (FIFO order within a priority class)
+	readyIdx int    // position in Ledger.ready, or -1
+	bypassed int    // rooms admitted ahead of this ready room while it did not fit
+	state    RoomState
+	*held
+}
 
-	readyIdx  int // position in Ledger.ready, or -1
+// held is what a room holds from its first admission until it is dropped.
+type held struct {
 	dlIdx     int // position in Ledger.deadlines, or -1
 	runIdx    int // position in Ledger.runMax, or -1
 	runSWAIdx int // position in Ledger.runSWAMax, or -1
@@ -81,7 +91,28 @@ type room struct {
 	retFull   int64  // full_required while retracted
 	retSWA    int64  // swa_required while retracted
 	retStep   uint64 // Ledger.steps when retracted
-	bypassed  int    // rooms admitted ahead of this ready room while it did not fit
+}
+
+// Entry is the memory of one room's ledger record, for a caller that keeps
+// it inside its own record of the room (EnqueueEntry): the room is then one
+// object, not two. Its fields are the ledger's; the zero value is ready for
+// EnqueueEntry, and an Entry may be enqueued again once its room is gone
+// from the ledger.
+type Entry struct{ r room }
+
+// Request is the room's request as the ledger holds it now (OutputLen and
+// Rebootstrap follow UpdateRunning, Hold, ResumeHeld and StartRunning); it
+// stays readable after the room is gone. The ledger writes it only inside
+// those calls, so a caller that makes every call on the room itself reads
+// it without the ledger's lock.
+func (e *Entry) Request() Request { return e.r.req }
+
+// metaSlotOf is the room's metadata slot, -1 when it holds none.
+func (r *room) metaSlotOf() int32 {
+	if r.held == nil {
+		return -1
+	}
+	return r.metaSlot
 }
 
 // Ledger is one decode data-parallel shard's allocator of record: it owns
@@ -117,9 +148,9 @@ type Ledger struct {
 	markers  []uint64
 	pool     slicePool
 
-	rooms     map[uint64]*room
-	freeRooms []*room
-	nextSeq   uint64
+	rooms    map[uint64]*room
+	freeHeld []*held // recycled from dropped rooms
+	nextSeq  uint64
 
 	ready     roomHeap // ready rooms by (priority class, seq)
 	deadlines roomHeap // admitted rooms with a claim deadline
@@ -400,24 +431,25 @@ func (l *Ledger) capacityCheck(req Request) error {
 
 // ---- room bookkeeping ----
 
-func (l *Ledger) newRoom(id uint64, req Request) *room {
-	var r *room
-	if n := len(l.freeRooms); n > 0 {
-		r = l.freeRooms[n-1]
-		l.freeRooms[n-1] = nil
-		l.freeRooms = l.freeRooms[:n-1]
-	} else {
-		r = &room{}
-	}
-	retired := r.retired[:0]
-	*r = room{retired: retired}
-	r.id, r.req = id, req
-	r.readyIdx, r.dlIdx, r.runIdx, r.runSWAIdx = -1, -1, -1, -1
-	r.metaSlot = -1
-	r.seq = l.nextSeq
+func (l *Ledger) newRoom(r *room, req Request) {
+	*r = room{id: req.Room, req: req, readyIdx: -1, seq: l.nextSeq}
 	l.nextSeq++
-	l.rooms[id] = r
-	return r
+	l.rooms[r.id] = r
+}
+
+// hold gives r its admission state (recycled when one is free).
+func (l *Ledger) hold(r *room) {
+	if r.held != nil {
+		return
+	}
+	if n := len(l.freeHeld); n > 0 {
+		r.held = l.freeHeld[n-1]
+		l.freeHeld[n-1] = nil
+		l.freeHeld = l.freeHeld[:n-1]
+	} else {
+		r.held = &held{}
+	}
+	r.dlIdx, r.runIdx, r.runSWAIdx, r.metaSlot = -1, -1, -1, -1
 }
 
 func (l *Ledger) setState(r *room, s RoomState) {
@@ -460,6 +492,7 @@ func (l *Ledger) fitsPages(fill int64) (pagesOK, swaOK bool) {
 // of page-rounded KV (alloc_extend / alloc_extend_swa_tail) and the
 // per-request state slots. The caller has checked that everything fits.
 func (l *Ledger) preAlloc(r *room, fill, origin int64) {
+	l.hold(r)
 	r.reqSlot = l.reqSlots.pop()
 	nPages, nSWA := l.need(fill)
 	r.fill = fill
@@ -488,6 +521,9 @@ func (l *Ledger) preAlloc(r *room, fill, origin int64) {
 
 // freeResources returns everything the room holds to the pools.
 func (l *Ledger) freeResources(r *room) {
+	if r.held == nil {
+		return
+	}
 	if r.reqSlot != 0 {
 		l.reqSlots.push(r.reqSlot)
 		r.reqSlot = 0
@@ -575,9 +611,12 @@ func (l *Ledger) drop(r *room) {
 	l.freeResources(r)
 	l.counts[r.state]--
 	delete(l.rooms, r.id)
-	retired := r.retired[:0]
-	*r = room{retired: retired}
-	l.freeRooms = append(l.freeRooms, r)
+	if h := r.held; h != nil {
+		retired := h.retired[:0]
+		*h = held{retired: retired}
+		l.freeHeld = append(l.freeHeld, h)
+	}
+	*r = room{id: r.id, req: r.req, readyIdx: -1} // the request stays readable (Entry.Request)
 }
 
 func (l *Ledger) lookup(op string, id uint64) (*room, error) {
@@ -601,7 +640,13 @@ func wrongState(op string, r *room) error {
 // nothing is allocated. Other errors: ErrInvalidRequest, ErrDraining,
 // ErrRoomExists, ErrQueueFull. The room's queue position is fixed here:
 // arrival order, or priority then arrival order.
-func (l *Ledger) Enqueue(req Request) error {
+func (l *Ledger) Enqueue(req Request) error { return l.EnqueueEntry(new(Entry), req) }
+
+// EnqueueEntry is Enqueue with the room's record kept in e, which the
+// caller owns (see Entry): e must not be in a ledger already, and the
+// ledger uses it until the room is gone (Release, Expire, a dropped held
+// room).
+func (l *Ledger) EnqueueEntry(e *Entry, req Request) error {
 	if err := checkRequest("enqueue", req); err != nil {
 		return err
 	}
@@ -619,7 +664,8 @@ func (l *Ledger) Enqueue(req Request) error {
 	if l.queued() >= l.maxQueued {
 		return fmt.Errorf("enqueue room %d: %d rooms queued: %w", req.Room, l.queued(), ErrQueueFull)
 	}
-	r := l.newRoom(req.Room, req)
+	r := &e.r
+	l.newRoom(r, req)
 	l.setState(r, RoomWaiting)
 	return nil
 }
@@ -1038,7 +1084,7 @@ func (l *Ledger) SetMetadataMarker(id uint64, marker uint64) error {
 	if err != nil {
 		return err
 	}
-	if r.metaSlot < 0 {
+	if r.metaSlotOf() < 0 {
 		return wrongState("set metadata marker", r)
 	}
 	l.markers[r.metaSlot] = marker
@@ -1052,7 +1098,7 @@ func (l *Ledger) MetadataMarker(id uint64) (uint64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	r, ok := l.rooms[id]
-	if !ok || r.metaSlot < 0 {
+	if !ok || r.metaSlotOf() < 0 {
 		return 0, false
 	}
 	return l.markers[r.metaSlot], true

@@ -10,7 +10,7 @@ import (
 // (64 pages). Expect 0 allocs/op.
 func BenchmarkPageAllocFree(b *testing.B) {
 	l, _ := newLedger(b, typicalConfig(), false)
-	r := &room{readyIdx: -1, dlIdx: -1, runIdx: -1, runSWAIdx: -1, metaSlot: -1}
+	r := &room{readyIdx: -1}
 	l.preAlloc(r, 4096, 4096)
 	l.freeResources(r)
 	b.ReportAllocs()
@@ -22,15 +22,16 @@ func BenchmarkPageAllocFree(b *testing.B) {
 }
 
 // BenchmarkRoomLifecycle runs a room through the public API: enqueue, ready,
-// admit, claim, start, grow by two pages, release (1 alloc/op: the Admit
-// result slice).
+// admit, claim, start, grow by two pages, release, the room's record
+// kept by the caller (EnqueueEntry) (1 alloc/op: the Admit result slice).
 func BenchmarkRoomLifecycle(b *testing.B) {
 	l, _ := newLedger(b, typicalConfig(), false)
 	var id uint64
+	var e Entry
 	b.ReportAllocs()
 	for b.Loop() {
 		id++
-		if err := l.Enqueue(Request{Room: id, PromptLen: 4096, MaxNewTokens: 256}); err != nil {
+		if err := l.EnqueueEntry(&e, Request{Room: id, PromptLen: 4096, MaxNewTokens: 256}); err != nil {
 			b.Fatal(err)
 		}
 		_ = l.SetReady(id)

@@ -1042,6 +1042,9 @@ func (s *sim) check(n int) {
 	for id, r := range s.rooms {
 		counts[r.state]++
 		lr, ok := s.l.rooms[id]
+		if ok {
+			lr = lr.view()
+		}
 		switch {
 		case !ok:
 			mismatch = fmt.Sprintf("room %d missing from the ledger", id)

@@ -55,7 +55,7 @@ func newManager(tb testing.TB, decodeTP int, mod func(*kvmanager.Config)) (*kvma
 	if mod != nil {
 		mod(&kcfg)
 	}
-	m, err := kvmanager.New(kcfg, dec, kvmanager.Deps{Ledgers: []kvmanager.Ledger{led}, Engine: kvmanager.NewSimEngine(kvmanager.SimConfig{}, nil),
+	m, err := kvmanager.New(kcfg, dec, kvmanager.Deps{Ledgers: []*prealloc.Ledger{led}, Engine: kvmanager.NewSimEngine(kvmanager.SimConfig{}, nil),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		tb.Fatal(err)

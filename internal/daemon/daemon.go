@@ -203,7 +203,7 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	d.loops = append(d.loops, serverTLS.loops()...)
 	d.loops = append(d.loops, agentTLS.loops()...)
 	dec := cfg.Decode()
-	ledgers := make([]kvmanager.Ledger, max(1, cfg.Parallel.DP))
+	ledgers := make([]*prealloc.Ledger, max(1, cfg.Parallel.DP))
 	for i := range ledgers {
 		led, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
 		if err != nil {
