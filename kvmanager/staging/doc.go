@@ -51,7 +51,9 @@
 // # Concurrency
 //
 // A Stager has its own mutex, a leaf: the Manager takes it after its own,
-// and nothing is called while it is held. Every method takes it, so a
-// Watch's Next and Close need no lock of the Manager. The *Room and *Staged
-// handles are opaque; only the Stager reads or changes what is behind them.
+// and nothing is called while it is held. Every method that reads or
+// changes a ring, a watch or a region takes it (the plan arithmetic — Stage,
+// Writers, Room.Stage — reads only what New and Open fixed), so a Watch's
+// Next and Close need no lock of the Manager. The *Room and *Staged handles
+// are opaque; only the Stager reads or changes what is behind them.
 package staging
