@@ -77,6 +77,10 @@ func TestPackageDirection(t *testing.T) {
 		{"./cmd/decodeplane-agent", []string{"/server", "/internal/daemon", "/internal/config", "/metrics", "/kvmanager", "/transfer/agentclient"}},
 		// The config loader describes; it builds nothing.
 		{"./internal/config", []string{"/internal/daemon", "/metrics", "/transfer/agentclient"}},
+		// Staging is a leaf of the domain: it returns effects to the room
+		// manager and never calls it or the registry (gRPC and the generated
+		// API are kept out of ./kvmanager/... by TestDomainPackagesArePure).
+		{"./kvmanager/staging", []string{"/kvmanager", "/kvmanager/registry", "/transfer", "/server"}},
 		// decodectl is a client of the API.
 		{"./cmd/decodectl", []string{"/server", "/internal/daemon", "/kvmanager"}},
 	} {

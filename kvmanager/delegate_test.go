@@ -208,7 +208,7 @@ func TestScatterBatchBytes(t *testing.T) {
 	var region []byte
 	for s := range 2 {
 		for w := range 2 {
-			ws := kvmanager.StagingWriter{Index: len(writers), PrefillTP: 2 + w, PrefillPP: s, Slice: kvmanager.HeadSlice{DstHeadStart: 2 * w, NumHeads: 2},
+			ws := kvmanager.StagingWriter{Index: len(writers), PrefillTP: 2 + w, PrefillPP: s, Slice: kvmanager.StagingHeadSlice{DstHeadStart: 2 * w, NumHeads: 2},
 				LayerBegin: 2 * s, LayerEnd: 2*s + 2, BytesPerToken: int64(2 * hb * 2 * 2), OffsetPerToken: int64(len(region) / tokens)}
 			writers = append(writers, ws)
 			// SGLang's layout: [K layers][V layers], each tokens × heads × dim.

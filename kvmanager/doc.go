@@ -2,9 +2,11 @@
 // prefill/decode KV hand-off, as a pure domain package (no gRPC). It owns
 // the prefill registry (registrations, heartbeats, SGLang's rank mapping),
 // room → prefill DP-rank resolution, the transfer state machine of every
-// room, the staging rings of heterogeneous TP, and the transfer engines (the
-// simulated one and the delegated one that drives an external agent through
-// the Agent interface, which transfer/agentclient implements over gRPC). The KV pages, slots and admission decisions belong
+// room, the room-facing side of staging for heterogeneous TP (the rings and
+// regions are package kvmanager/staging, whose doc says what it owns), and
+// the transfer engines (the simulated one and the delegated one that drives
+// an external agent through the Agent interface, which transfer/agentclient
+// implements over gRPC). The KV pages, slots and admission decisions belong
 // to the prealloc ledgers, one per decode DP shard, which the manager drives
 // through the Ledger interface.
 //
@@ -113,8 +115,8 @@
 // # Concurrency
 //
 // A Manager is safe for concurrent use: one mutex guards its state, engine
-// calls run outside it, and the ledgers have their own locks (always taken
-// after the manager's). The room path is cheap: without a tracer (the no-op
+// calls run outside it, and the ledgers and the staging handler have their
+// own locks (always taken after the manager's). The room path is cheap: without a tracer (the no-op
 // provider, detected once in New) or when the room's span does not record,
 // no span or attribute is built; a room keeps its timeline as compact
 // transitions (a note code and numbers, 48 bytes each) whose text is

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
@@ -123,6 +124,7 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		shardDl:     make([]deadline, len(deps.Ledgers)),
 		admitDl:     make([]deadline, len(deps.Ledgers)),
 		due:         make([]bool, len(deps.Ledgers)),
+		stg:         stagingState{s: staging.New(dec.Layout(), StagingRingBytes(dec))},
 	}
 	m.dl.fire = m.fireDeadlines
 	return m, nil

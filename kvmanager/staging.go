@@ -12,21 +12,23 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
-// The staging handler (SGLang's DecodeStagingHandler, spec §5): per decode
-// rank a ring (StagingRing), per staged room the regions of its chunks. A
-// prefill rank allocates a chunk's region per decode rank (AllocateStaging,
-// deduplicated across the rank's peers), writes it once the watermark allows,
-// and reports it (StagingChunkReady); the report counts as the rank's chunk
-// for the room's progress. When every writer of a region has reported, the
-// region is scattered into the room's pages by the transfer engine
-// (Scatterer), freed, and the watermark advances. A staged room holds a
+// The Manager's side of staging (the handler itself, its rings and regions,
+// is package staging). A prefill rank allocates a chunk's region per decode
+// rank (AllocateStaging, deduplicated across the rank's peers), writes it
+// once the watermark allows, and reports it (StagingChunkReady); the report
+// counts as the rank's chunk for the room's progress. When every writer of
+// a region has reported, the Manager has the region scattered into the
+// room's pages by the transfer engine (Scatterer), outside its lock, and
+// the handler frees it and advances the watermark. A staged room holds a
 // success gate from admission until every allocated region is scattered; if
 // the scatters are not done timeouts.waiting after every prefill rank
-// reported, the room fails (FailureStagingFailed). Every exit path frees
-// every region of the room, after any scatter in flight returned.
+// reported, the room fails (FailureStagingFailed) — that timeout is an
+// entry of the manager's deadline heap. Every exit path frees every region
+// of the room (an OnRoomEnd hook), after any scatter in flight returned.
 
 // Scatterer is the transfer-engine capability staging needs: scatter one
 // staged region into a room's pages. SimEngine and DelegateEngine implement
@@ -69,78 +71,35 @@ func (op ScatterOp) Bytes() int64 {
 	return n
 }
 
-// StagingWriter is one prefill rank's part of a region.
-type StagingWriter struct {
-	Index     int
-	PrefillTP int
-	PrefillPP int
-	// Slice is the head slice it carries (ComputeHeadSliceParams).
-	Slice HeadSlice
-	// LayerBegin and LayerEnd are the model layers it carries.
-	LayerBegin, LayerEnd int
-	// BytesPerToken is Slice.NumHeads × head bytes × layers × 2.
-	BytesPerToken int64
-	// OffsetPerToken: the writer starts tokens × OffsetPerToken into the region.
-	OffsetPerToken int64
-}
+// The staging types and errors are the staging package's; kvmanager
+// re-exports them under their historical names so that its callers (the
+// server, the engines) need not know where the handler lives.
+type (
+	StagingWriter = staging.Writer
+	// StagingHeadSlice has HeadSlice's fields; staging keeps its own type
+	// because it may not import the registry's.
+	StagingHeadSlice = staging.HeadSlice
+	StagingTarget    = staging.Target
+	HeadSlicePair    = staging.Pair
+	Watermark        = staging.Watermark
+	StagingRingInfo  = staging.RingInfo
+	StagingPlan      = staging.Plan
+	StagingRegion    = staging.Region
+	RingRegion       = staging.RingRegion
+	StagingError     = staging.UnavailableError
+	WatermarkWatch   = staging.Watch
+)
 
-// StagingTarget is one decode rank a prefill rank writes to.
-type StagingTarget struct {
-	DecodeTP            int
-	Slice               HeadSlice
-	Writer              StagingWriter
-	Writers             []StagingWriter
-	RegionBytesPerToken int64
-}
+// Staging errors (the server maps them with errors.Is; see the staging
+// package for what each means).
+var (
+	ErrStagingUnavailable = staging.ErrUnavailable
+	ErrStagingTooLarge    = staging.ErrTooLarge
+	ErrStagingNotWritable = staging.ErrNotWritable
+)
 
-// HeadSlicePair is one (prefill TP rank, decode TP rank) pair.
-type HeadSlicePair struct {
-	PrefillTP, DecodeTP int
-	Slice               HeadSlice
-}
-
-// Watermark is one ring's state.
-type Watermark struct {
-	DecodeDP, DecodeTP int
-	Round, Tail        int64
-	HeadRound, Head    int64
-	Live               int
-	Size               int64
-}
-
-// StagingRingInfo describes one decode rank's ring.
-type StagingRingInfo struct {
-	DecodeDP, DecodeTP int
-	Buffer             string
-	Size               int64
-	Watermark          Watermark
-}
-
-// StagingPlan is SetupStaging's answer.
-type StagingPlan struct {
-	Required                                 bool
-	PrefillTP, DecodeTP, PrefillPP, DecodePP int
-	TotalKVHeads, PageSize, NumLayers        int
-	HeadBytes                                int64
-	Pairs                                    []HeadSlicePair
-	Targets                                  []StagingTarget
-	Rings                                    []StagingRingInfo
-	CompletionTimeout                        time.Duration
-}
-
-// StagingRegion is one allocated region as a writer sees it.
-type StagingRegion struct {
-	DecodeTP     int
-	Buffer       string
-	Region       RingRegion
-	NumPages     int
-	Writable     bool
-	NumWriters   int
-	WriterIndex  int
-	WriterOffset int64
-	WriterBytes  int64
-	Existing     bool
-}
+// StagingHint is SGLang's advice when a chunk does not fit the decode ring.
+const StagingHint = staging.Hint
 
 // StagingChunkResult is ChunkReady's answer.
 type StagingChunkResult struct {
@@ -154,62 +113,21 @@ type StagingChunkResult struct {
 // stagingGate is the success gate of a staged room.
 const stagingGate = "staging"
 
-type ringKey struct{ dp, tp int }
-
-type stagingRing struct {
-	key     ringKey
-	ring    *StagingRing
-	watches map[*WatermarkWatch]struct{}
-}
-
-// stagingState is the manager's staging handler; its zero value is ready and
-// Manager.mu guards it.
+// stagingState is the manager's side of staging: the handler (its own leaf
+// lock, taken after Manager.mu) and, per staged room, the handler's state
+// and the room's completion timeout. Manager.mu guards rooms.
 type stagingState struct {
-	rings map[ringKey]*stagingRing
-	rooms map[uint64]*roomStaging
+	s     *staging.Stager
+	rooms map[uint64]*stagedRoom
 }
 
-type roomStaging struct {
-	attempt uint32
-	topo    PrefillTopology
-	chunks  map[stagedKey]*stagedChunk
-	pending int      // regions allocated and not yet freed
-	timer   deadline // the completion timeout, on the manager's deadline heap
+type stagedRoom struct {
+	st    *staging.Room
+	timer deadline // the completion timeout, on the manager's deadline heap
 	// deadline is when timer fires: once every region is scattered it
 	// becomes the room's waiting deadline again, so that a room still not
 	// successful (no metadata marker, another gate) stays bounded.
 	deadline time.Time
-}
-
-// stagedKey is one region: (chunk, decode TP rank, decode PP stage).
-type stagedKey struct{ chunk, tp, pp int }
-
-type scatterState int
-
-const (
-	scatterIdle scatterState = iota
-	scatterRunning
-	scatterDone
-)
-
-type stagedChunk struct {
-	key        stagedKey
-	ring       *stagingRing
-	region     RingRegion
-	numPages   int
-	pageOffset int // -1 until the first writer reported
-	writers    []StagingWriter
-	arrived    []bool
-	nArrived   int
-	aux        []*chunkAux
-	state      scatterState
-	running    chan struct{} // closed when the scatter in flight returns
-	freed      bool
-}
-
-type chunkAux struct {
-	marker    uint64
-	outputIDs []int32
 }
 
 // StagingRingBytes is the staging ring of each decode rank for a decode
@@ -223,37 +141,10 @@ func StagingRingBytes(dec prealloc.Config) int64 {
 	return int64(dec.Staging.PoolSizeMB) << 20
 }
 
-func (m *Manager) ringBytes() int64 { return StagingRingBytes(m.dec) }
+func (m *Manager) ringBytes() int64 { return m.stg.s.RingBytes() }
 
-func (m *Manager) ringLocked(dp, tp int) *stagingRing {
-	if m.stg.rings == nil {
-		m.stg.rings = map[ringKey]*stagingRing{}
-	}
-	k := ringKey{dp, tp}
-	sr := m.stg.rings[k]
-	if sr == nil {
-		sr = &stagingRing{key: k, ring: NewStagingRing(m.ringBytes()), watches: map[*WatermarkWatch]struct{}{}}
-		m.stg.rings[k] = sr
-	}
-	return sr
-}
-
-func (sr *stagingRing) watermark() Watermark {
-	r, t := sr.ring.Watermark()
-	hr, h := sr.ring.Head()
-	return Watermark{DecodeDP: sr.key.dp, DecodeTP: sr.key.tp, Round: r, Tail: t, HeadRound: hr, Head: h, Live: sr.ring.Live(), Size: sr.ring.Size()}
-}
-
-// notifyLocked tells the ring's watchers its new state.
-func (sr *stagingRing) notifyLocked() {
-	wm := sr.watermark()
-	for w := range sr.watches {
-		w.update(sr.key, wm)
-	}
-}
-
-// totalKVHeadsLocked is SGLang's resolve_total_kv_heads: the model's total,
-// else per-rank heads × decode TP.
+// totalKVHeads is SGLang's resolve_total_kv_heads: the model's total, else
+// per-rank heads × decode TP.
 func (m *Manager) totalKVHeads() (int, error) {
 	if m.layout.TotalKVHeads > 0 {
 		return m.layout.TotalKVHeads, nil
@@ -283,47 +174,14 @@ func (m *Manager) stagingUsable() (int, error) {
 	return heads, nil
 }
 
-// decodeStage is the decode PP stage a prefill PP rank writes to.
-func (m *Manager) decodeStage(topo PrefillTopology, ppRank int) int {
-	if m.layout.PP == topo.PP {
-		return ppRank
+// stagingErr turns the handler's field errors into the manager's
+// InvalidError (InvalidArgument naming the field); others pass through.
+func stagingErr(err error) error {
+	var fe *staging.FieldError
+	if errors.As(err, &fe) {
+		return invalid(fe.Field, "%s", fe.Msg)
 	}
-	return 0
-}
-
-// stagingWriters lists the writers of decode rank e's regions for decode PP
-// stage q, in order (pp stage, tp writer), with their per-token layout.
-func (m *Manager) stagingWriters(topo PrefillTopology, heads, e, q int) []StagingWriter {
-	P, D := topo.AttnTP, m.layout.AttnTP
-	var tps []int
-	if P > D {
-		k := P / D
-		for t := e * k; t < (e+1)*k; t++ {
-			tps = append(tps, t)
-		}
-	} else {
-		tps = []int{e / max(1, D/P)}
-	}
-	stages := []int{q}
-	if m.layout.PP != topo.PP {
-		stages = nil
-		for s := range topo.PP {
-			stages = append(stages, s)
-		}
-	}
-	var out []StagingWriter
-	var off int64
-	for _, s := range stages {
-		b, end := kvcopy.StageLayers(m.layout.NumLayers, topo.PP, s)
-		for _, t := range tps {
-			hs := ComputeHeadSliceParams(P, D, t, e, heads)
-			w := StagingWriter{Index: len(out), PrefillTP: t, PrefillPP: s, Slice: hs, LayerBegin: b, LayerEnd: end,
-				BytesPerToken: int64(hs.NumHeads) * m.layout.HeadBytes() * int64(end-b) * 2, OffsetPerToken: off}
-			off += w.BytesPerToken
-			out = append(out, w)
-		}
-	}
-	return out
+	return err
 }
 
 // SetupStaging validates staging against this decode instance and returns
@@ -358,7 +216,7 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 				continue
 			}
 			seen[[2]int{t, dm.DecodeTP}] = true
-			plan.Pairs = append(plan.Pairs, HeadSlicePair{PrefillTP: t, DecodeTP: dm.DecodeTP, Slice: ComputeHeadSliceParams(topo.AttnTP, l.AttnTP, t, dm.DecodeTP, heads)})
+			plan.Pairs = append(plan.Pairs, HeadSlicePair{PrefillTP: t, DecodeTP: dm.DecodeTP, Slice: staging.HeadSlice(ComputeHeadSliceParams(topo.AttnTP, l.AttnTP, t, dm.DecodeTP, heads))})
 		}
 	}
 	sort.Slice(plan.Pairs, func(i, j int) bool {
@@ -368,14 +226,14 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 		}
 		return a.DecodeTP < b.DecodeTP
 	})
-	q := m.decodeStage(topo, rank.PP)
+	q := m.stg.s.Stage(topo.PP, rank.PP)
 	if rp := inst.plan.rankPlan(rank.key()); rp != nil {
 		for _, tg := range rp.targets {
 			if tg.Dummy {
 				continue
 			}
-			ws := m.stagingWriters(topo, heads, tg.DecodeTP, q)
-			st := StagingTarget{DecodeTP: tg.DecodeTP, Slice: HeadSlice{SrcHeadStart: tg.SrcHeadStart, DstHeadStart: tg.DstHeadStart, NumHeads: tg.NumHeads}, Writers: ws}
+			ws := m.stg.s.Writers(topo.AttnTP, topo.PP, heads, tg.DecodeTP, q)
+			st := StagingTarget{DecodeTP: tg.DecodeTP, Slice: staging.HeadSlice{SrcHeadStart: tg.SrcHeadStart, DstHeadStart: tg.DstHeadStart, NumHeads: tg.NumHeads}, Writers: ws}
 			for _, w := range ws {
 				st.RegionBytesPerToken += w.BytesPerToken
 				if w.PrefillTP == rank.TP && w.PrefillPP == rank.PP {
@@ -384,8 +242,7 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 			}
 			plan.Targets = append(plan.Targets, st)
 			for dp := range l.DP {
-				sr := m.ringLocked(dp, tg.DecodeTP)
-				plan.Rings = append(plan.Rings, StagingRingInfo{DecodeDP: dp, DecodeTP: tg.DecodeTP, Buffer: kvcopy.StagingName(dp, tg.DecodeTP), Size: sr.ring.Size(), Watermark: sr.watermark()})
+				plan.Rings = append(plan.Rings, m.stg.s.RingInfo(dp, tg.DecodeTP))
 			}
 		}
 	}
@@ -401,12 +258,13 @@ func (m *Manager) stagingAdmittedLocked(r *room) {
 		return
 	}
 	if m.stg.rooms == nil {
-		m.stg.rooms = map[uint64]*roomStaging{}
+		m.stg.rooms = map[uint64]*stagedRoom{}
 	}
 	if old := m.stg.rooms[r.id]; old != nil {
 		m.stagingReleaseLocked(r.id)
 	}
-	m.stg.rooms[r.id] = &roomStaging{attempt: r.attempt, topo: m.topoLocked(r.addr), chunks: map[stagedKey]*stagedChunk{}}
+	topo := m.topoLocked(r.addr)
+	m.stg.rooms[r.id] = &stagedRoom{st: m.stg.s.Open(r.id, r.attempt, topo.AttnTP, topo.PP)}
 	if r.gates == nil {
 		r.gates = map[string]bool{}
 	}
@@ -419,25 +277,15 @@ func (m *Manager) stagingAdmittedLocked(r *room) {
 // unregister_decode_req) and forgets its staging state. It runs when no
 // scatter of the room is in flight.
 func (m *Manager) stagingReleaseLocked(id uint64) {
-	rs := m.stg.rooms[id]
-	if rs == nil {
+	sr := m.stg.rooms[id]
+	if sr == nil {
 		return
 	}
 	delete(m.stg.rooms, id)
-	m.clearDeadlineLocked(&rs.timer)
-	touched := map[*stagingRing]bool{}
-	for _, sc := range rs.chunks {
-		if sc.freed {
-			continue
-		}
-		m.log.Debug("releasing unscattered staging allocation", "room", id, "chunk", sc.key.chunk, "decode_tp", sc.key.tp,
-			"offset", sc.region.Offset, "size", sc.region.Size, "round", sc.region.Round)
-		sc.ring.ring.Free(sc.region.ID)
-		sc.freed = true
-		touched[sc.ring] = true
-	}
-	for sr := range touched {
-		sr.notifyLocked()
+	m.clearDeadlineLocked(&sr.timer)
+	for _, f := range m.stg.s.Release(sr.st) {
+		m.log.Debug("releasing unscattered staging allocation", "room", id, "chunk", f.Chunk, "decode_tp", f.DecodeTP,
+			"offset", f.Region.Offset, "size", f.Region.Size, "round", f.Region.Round)
 	}
 }
 
@@ -449,68 +297,51 @@ func (m *Manager) stagingSettleLocked(r *room) {
 	if !r.gates[stagingGate] {
 		return
 	}
-	rs := m.stg.rooms[r.id]
-	if rs == nil || rs.attempt != r.attempt || rs.pending == 0 || !scattersDue(rs) {
+	sr := m.stg.rooms[r.id]
+	if sr == nil || sr.st.Attempt() != r.attempt || m.stg.s.Pending(sr.st) == 0 || !m.stg.s.ScattersDue(sr.st) {
 		// Every rank is done, so a region whose writers have not all
 		// reported never will be (its pages are covered, and nothing may
 		// follow a last chunk): it does not hold the room back; it is freed
 		// with the room.
 		delete(r.gates, stagingGate)
-		if rs != nil && rs.timer.armed() {
-			m.clearDeadlineLocked(&rs.timer)
+		if sr != nil && sr.timer.armed() {
+			m.clearDeadlineLocked(&sr.timer)
 			// The waiting deadline was lifted for the completion timer:
 			// restore it, so that a room that does not succeed now (the
 			// metadata marker never came) is still failed in time.
 			if r.waitingAt.IsZero() {
-				r.waitingAt = rs.deadline
+				r.waitingAt = sr.deadline
 				m.armTimerLocked(r)
 			}
 		}
 		return
 	}
-	if rs.timer.armed() {
+	if sr.timer.armed() {
 		return
 	}
 	r.waitingAt = time.Time{}
 	m.armTimerLocked(r)
-	rs.deadline = m.clock.Now().Add(m.cfg.Timeouts.Waiting)
-	m.setDeadlineLocked(&rs.timer, dlStaging, rs.deadline, r.id, r.attempt, nil)
-}
-
-// scattersDue: a region every writer reported is still to be scattered.
-func scattersDue(rs *roomStaging) bool {
-	for _, sc := range rs.chunks {
-		if !sc.freed && sc.state != scatterDone && sc.nArrived == len(sc.writers) {
-			return true
-		}
-	}
-	return false
+	sr.deadline = m.clock.Now().Add(m.cfg.Timeouts.Waiting)
+	m.setDeadlineLocked(&sr.timer, dlStaging, sr.deadline, r.id, r.attempt, nil)
 }
 
 // stagingDeadlineLocked fails a staged room whose scatters did not finish within
 // the completion timeout.
 func (m *Manager) stagingDeadlineLocked(id uint64, attempt uint32) {
 	r := m.rooms[id]
-	rs := m.stg.rooms[id]
-	if r == nil || r.attempt != attempt || r.phase.Terminal() || rs == nil || rs.attempt != attempt || rs.pending == 0 {
+	sr := m.stg.rooms[id]
+	if r == nil || r.attempt != attempt || r.phase.Terminal() || sr == nil || sr.st.Attempt() != attempt || m.stg.s.Pending(sr.st) == 0 {
 		return
 	}
-	var missing []string
-	for _, sc := range rs.chunks {
-		if !sc.freed {
-			missing = append(missing, fmt.Sprintf("chunk %d -> decode tp %d (%d/%d writers)", sc.key.chunk, sc.key.tp, sc.nArrived, len(sc.writers)))
-		}
-	}
-	sort.Strings(missing)
 	m.failLocked(r, Failure{Code: FailureStagingFailed, Message: fmt.Sprintf(
 		"Request %d: staged KV was not scattered within %.1fs after every prefill rank reported (a scatter never arrived): %s",
-		id, m.cfg.Timeouts.Waiting.Seconds(), strings.Join(missing, "; "))})
+		id, m.cfg.Timeouts.Waiting.Seconds(), strings.Join(m.stg.s.Missing(sr.st), "; "))})
 }
 
 // stagingRankLocked checks that rank may write room r now: the room's
 // prefill, DP rank, a required rank that claimed the destination, a room
 // being handed off, and the room is staged.
-func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankProgress, *roomStaging, error) {
+func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankProgress, *stagedRoom, error) {
 	if rank.Addr != r.addr {
 		return nil, nil, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", rank.Addr, r.id, r.addr)
 	}
@@ -544,11 +375,11 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 			return nil, nil, fmt.Errorf("%s of room %d: %w: the room failed: %s", what, r.id, ErrWrongState, r.failure.Message)
 		}
 	}
-	rs := m.stg.rooms[r.id]
-	if !r.staging || rs == nil || rs.attempt != r.attempt {
+	sr := m.stg.rooms[r.id]
+	if !r.staging || sr == nil || sr.st.Attempt() != r.attempt {
 		return nil, nil, fmt.Errorf("%s of room %d: %w: the room is not staged (its destination has staging = false): send its KV with Rooms.Transfer or ReportTransfer", what, r.id, ErrWrongState)
 	}
-	return rp, rs, nil
+	return rp, sr, nil
 }
 
 // AllocateStaging allocates the regions of one chunk of a staged room, one
@@ -566,7 +397,7 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 	if r == nil {
 		return nil, fmt.Errorf("allocate staging for chunk %d of room %d: %w", chunk, room, ErrRoomNotFound)
 	}
-	_, rs, err := m.stagingRankLocked(r, rank, fmt.Sprintf("allocate staging for chunk %d", chunk))
+	_, sr, err := m.stagingRankLocked(r, rank, fmt.Sprintf("allocate staging for chunk %d", chunk))
 	if err != nil {
 		return nil, err
 	}
@@ -576,49 +407,41 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 	if numPages > len(r.pages) {
 		return nil, invalid("num_pages", "%d is more than the destination's %d pages", numPages, len(r.pages))
 	}
-	tokens := numPages * m.layout.PageSize
-	q := m.decodeStage(rs.topo, rank.PP)
+	q := sr.st.Stage(m.stg.s, rank.PP)
 	var out []StagingRegion
 	for _, tg := range r.plan.perRank[rank.key()].targets {
 		if tg.Dummy {
 			continue
 		}
-		key := stagedKey{chunk: chunk, tp: tg.DecodeTP, pp: q}
-		sc := rs.chunks[key]
-		existing := sc != nil
-		if existing && sc.numPages != numPages {
-			return nil, invalid("num_pages", "%d differs from the %d pages chunk %d's region on decode rank %d was allocated with", numPages, sc.numPages, chunk, tg.DecodeTP)
-		}
-		if !existing {
-			ws := m.stagingWriters(rs.topo, heads, tg.DecodeTP, q)
-			var perToken int64
-			for _, w := range ws {
-				perToken += w.BytesPerToken
+		reg, err := m.stg.s.Allocate(sr.st, staging.Alloc{DecodeDP: r.decodeDP, DecodeTP: tg.DecodeTP, Stage: q, Chunk: chunk, NumPages: numPages,
+			Heads: heads, WriterTP: rank.TP, WriterPP: rank.PP})
+		if err != nil {
+			var tl *staging.TooLargeError
+			if errors.As(err, &tl) {
+				m.failLocked(r, Failure{Code: FailureStagingFailed, Message: tl.Msg})
 			}
-			sr := m.ringLocked(r.decodeDP, tg.DecodeTP)
-			reg, aerr := sr.ring.Assign(int64(tokens) * perToken)
-			if aerr != nil {
-				msg := fmt.Sprintf("Staging chunk %d of room %d (%d pages, %d bytes for decode rank dp %d tp %d) exceeds the staging ring (%d bytes): %s",
-					chunk, r.id, numPages, int64(tokens)*perToken, r.decodeDP, tg.DecodeTP, sr.ring.Size(), StagingHint)
-				m.failLocked(r, Failure{Code: FailureStagingFailed, Message: msg})
-				return nil, fmt.Errorf("%w: %s", ErrStagingTooLarge, msg)
-			}
-			sc = &stagedChunk{key: key, ring: sr, region: reg, numPages: numPages, pageOffset: -1, writers: ws,
-				arrived: make([]bool, len(ws)), aux: make([]*chunkAux, len(ws))}
-			rs.chunks[key] = sc
-			rs.pending++
-			sr.notifyLocked()
-		}
-		reg := StagingRegion{DecodeTP: tg.DecodeTP, Buffer: kvcopy.StagingName(r.decodeDP, tg.DecodeTP), Region: sc.region,
-			NumPages: numPages, Writable: !sc.freed && sc.ring.ring.Writable(sc.region), NumWriters: len(sc.writers), Existing: existing}
-		for _, w := range sc.writers {
-			if w.PrefillTP == rank.TP && w.PrefillPP == rank.PP {
-				reg.WriterIndex, reg.WriterOffset, reg.WriterBytes = w.Index, int64(tokens)*w.OffsetPerToken, int64(tokens)*w.BytesPerToken
-			}
+			return nil, stagingErr(err)
 		}
 		out = append(out, reg)
 	}
 	return out, nil
+}
+
+// stagingTargets lists the decode TP ranks rank writes to in room r (dummy
+// targets included: they have no region).
+func stagingTargets(r *room, rank RankID) []int {
+	if r.plan == nil {
+		return nil
+	}
+	rpl := r.plan.perRank[rank.key()]
+	if rpl == nil {
+		return nil
+	}
+	tps := make([]int, 0, len(rpl.targets))
+	for _, tg := range rpl.targets {
+		tps = append(tps, tg.DecodeTP)
+	}
+	return tps
 }
 
 // StagingChunkReady records that a prefill rank wrote its part of a chunk's
@@ -644,19 +467,18 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 			return StagingChunkResult{}, err
 		}
 		// A retry: resubmit the regions whose scatter did not happen.
-		rs := m.stg.rooms[r.id]
-		todo := m.readyRegionsLocked(r, rs, req.Rank, req.Index)
+		sr := m.stg.rooms[r.id]
+		todo := m.readyRegionsLocked(r, sr, req.Rank, req.Index)
 		m.unlock()
-		res, err := m.runScatters(ctx, r, rs, todo)
+		res, err := m.runScatters(ctx, r, sr, todo)
 		res.Duplicate = true
 		return res, err
 	}
-	rp, rs, err := m.stagingRankLocked(r, req.Rank, fmt.Sprintf("chunk %d", req.Index))
+	rp, sr, err := m.stagingRankLocked(r, req.Rank, fmt.Sprintf("chunk %d", req.Index))
 	if err != nil {
 		m.unlock()
 		return StagingChunkResult{}, err
 	}
-	var aux *chunkAux
 	if req.Marker != 0 || len(req.OutputIDs) > 0 {
 		if !req.Last {
 			m.unlock()
@@ -666,39 +488,24 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 			m.unlock()
 			return StagingChunkResult{}, invalid("aux.output_ids", "has %d ids; a metadata slot holds at most %d", len(req.OutputIDs), kvcopy.MaxOutputIDs)
 		}
-		aux = &chunkAux{marker: req.Marker, outputIDs: slices.Clone(req.OutputIDs)}
 	}
-	q := m.decodeStage(rs.topo, req.Rank.PP)
-	var scs []*stagedChunk
+	q := sr.st.Stage(m.stg.s, req.Rank.PP)
+	var scs []*staging.Staged
 	var writerIdx []int
+	rep := staging.Report{DecodeDP: r.decodeDP, NumPages: req.NumPages, PageOffset: req.PageOffset, WriterTP: req.Rank.TP, WriterPP: req.Rank.PP}
 	for _, tg := range r.plan.perRank[req.Rank.key()].targets {
 		if tg.Dummy {
 			continue
 		}
-		sc := rs.chunks[stagedKey{chunk: req.Index, tp: tg.DecodeTP, pp: q}]
+		sc := m.stg.s.Lookup(sr.st, req.Index, tg.DecodeTP, q)
 		if sc == nil {
 			m.unlock()
 			return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d for decode rank %d: %w: no staging region is allocated (call AllocateStaging first)", req.Index, r.id, tg.DecodeTP, ErrWrongState)
 		}
-		if sc.numPages != req.NumPages {
+		wi, err := m.stg.s.Check(sr.st, sc, rep)
+		if err != nil {
 			m.unlock()
-			return StagingChunkResult{}, invalid("num_pages", "%d differs from the region's %d pages (chunk %d, decode rank %d)", req.NumPages, sc.numPages, req.Index, tg.DecodeTP)
-		}
-		if sc.pageOffset >= 0 && sc.pageOffset != req.PageOffset {
-			m.unlock()
-			return StagingChunkResult{}, invalid("page_offset", "%d differs from %d reported by another writer of chunk %d (decode rank %d)", req.PageOffset, sc.pageOffset, req.Index, tg.DecodeTP)
-		}
-		if !sc.ring.ring.Writable(sc.region) {
-			wr, wt := sc.ring.ring.Watermark()
-			m.unlock()
-			return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w: region [%d, %d) of round %d on decode rank dp %d tp %d is released only when the watermark passes it (now round %d, tail %d); wait for WatchWatermark, write it, then report it",
-				req.Index, r.id, ErrStagingNotWritable, sc.region.Offset, sc.region.End(), sc.region.Round, r.decodeDP, tg.DecodeTP, wr, wt)
-		}
-		wi := -1
-		for _, w := range sc.writers {
-			if w.PrefillTP == req.Rank.TP && w.PrefillPP == req.Rank.PP {
-				wi = w.Index
-			}
+			return StagingChunkResult{}, stagingErr(err)
 		}
 		if wi < 0 {
 			m.unlock()
@@ -717,82 +524,66 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		return StagingChunkResult{}, err
 	}
 	res := ChunkResult{Duration: -1} // the prefill moved it into the ring
-	tokens := req.NumPages * m.layout.PageSize
 	for i, sc := range scs {
-		w := writerIdx[i]
-		sc.pageOffset = req.PageOffset
-		sc.arrived[w] = true
-		sc.nArrived++
-		sc.aux[w] = aux
-		res.Bytes += int64(tokens) * sc.writers[w].BytesPerToken
+		res.Bytes += m.stg.s.Arrive(sc, writerIdx[i], req.PageOffset, req.Marker, req.OutputIDs)
 	}
 	cs.settle()
 	cs.done, cs.result = true, res
 	m.chunkLandedLocked(r, rp, creq, res)
-	todo := m.readyRegionsLocked(r, rs, req.Rank, req.Index)
+	todo := m.readyRegionsLocked(r, sr, req.Rank, req.Index)
 	m.unlock()
-	out, err := m.runScatters(ctx, r, rs, todo)
-	m.mu.Lock()
+	out, err := m.runScatters(ctx, r, sr, todo)
 	for i, sc := range scs {
-		if i == 0 || sc.nArrived < out.Arrived {
-			out.Arrived, out.NumWriters = sc.nArrived, len(sc.writers)
+		if n, w := m.stg.s.Arrived(sc); i == 0 || n < out.Arrived {
+			out.Arrived, out.NumWriters = n, w
 		}
 	}
-	m.unlock()
 	return out, err
 }
 
 // readyRegionsLocked lists the regions of rank's chunk whose writers have
 // all reported and whose scatter has not landed.
-func (m *Manager) readyRegionsLocked(r *room, rs *roomStaging, rank RankID, chunk int) []*stagedChunk {
-	if rs == nil || rs.attempt != r.attempt || r.plan == nil {
+func (m *Manager) readyRegionsLocked(r *room, sr *stagedRoom, rank RankID, chunk int) []*staging.Staged {
+	if sr == nil || sr.st.Attempt() != r.attempt {
 		return nil
 	}
-	rpl := r.plan.perRank[rank.key()]
-	if rpl == nil {
+	tps := stagingTargets(r, rank)
+	if tps == nil {
 		return nil
 	}
-	q := m.decodeStage(rs.topo, rank.PP)
-	var out []*stagedChunk
-	for _, tg := range rpl.targets {
-		sc := rs.chunks[stagedKey{chunk: chunk, tp: tg.DecodeTP, pp: q}]
-		if sc != nil && sc.nArrived == len(sc.writers) && sc.state != scatterDone {
-			out = append(out, sc)
-		}
-	}
-	return out
+	return m.stg.s.Ready(sr.st, chunk, sr.st.Stage(m.stg.s, rank.PP), tps)
 }
 
 // runScatters scatters the regions (one after the other) and returns once
 // they landed or failed. It is called without the lock.
-func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs []*stagedChunk) (StagingChunkResult, error) {
+func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs []*staging.Staged) (StagingChunkResult, error) {
 	out := StagingChunkResult{Scattered: len(scs) > 0}
 	eng, _ := m.engine.(Scatterer)
 	for _, sc := range scs {
 		m.mu.Lock()
-		for sc.state == scatterRunning {
-			ch := sc.running
+		wait, done := m.stg.s.Scattering(sc)
+		for wait != nil {
 			m.unlock()
 			select {
-			case <-ch:
+			case <-wait:
 			case <-ctx.Done():
 				return out, ctx.Err()
 			}
 			m.mu.Lock()
+			wait, done = m.stg.s.Scattering(sc)
 		}
-		if sc.state == scatterDone {
+		if done {
 			m.unlock()
 			continue
 		}
-		if r.phase.Terminal() || m.stg.rooms[r.id] != rs {
+		if r.phase.Terminal() || m.stg.rooms[r.id] != sr {
 			msg := "the room ended"
 			if r.failure != nil {
 				msg = "the room failed: " + r.failure.Message
 			}
 			m.unlock()
-			return out, fmt.Errorf("scatter chunk %d of room %d: %w: %s", sc.key.chunk, r.id, ErrWrongState, msg)
+			return out, fmt.Errorf("scatter chunk %d of room %d: %w: %s", sc.Chunk(), r.id, ErrWrongState, msg)
 		}
-		op := m.scatterOpLocked(r, sc)
 		if r.phase == PhaseAdmitted {
 			// A scatter writes the pages before every rank claimed: the
 			// ledger must not expire them under it at admission.claim_timeout
@@ -801,7 +592,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 				m.armShardTimerLocked(r.decodeDP)
 			}
 		}
-		sc.state, sc.running = scatterRunning, make(chan struct{})
+		op := m.scatterOpLocked(r, m.stg.s.StartScatter(sc))
 		r.inflight++
 		xctx, roomSpan := m.xferCtxLocked(r), r.spanCtx
 		m.unlock()
@@ -820,9 +611,8 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 
 		m.mu.Lock()
 		r.inflight--
-		close(sc.running)
 		m.noteWritesMayContinueLocked(r, err)
-		err = m.scatterDoneLocked(r, rs, sc, res, err)
+		err = m.scatterDoneLocked(r, sr, sc, op, res, err)
 		m.releaseIfIdleLocked(r)
 		out.Poll = r.phase.Poll()
 		m.unlock()
@@ -837,71 +627,42 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 	return out, nil
 }
 
-func (m *Manager) scatterOpLocked(r *room, sc *stagedChunk) ScatterOp {
-	op := ScatterOp{
-		Room: r.id, RID: r.rid, Attempt: r.attempt, ChunkIndex: sc.key.chunk, DecodeDP: r.decodeDP, DecodeTP: sc.key.tp,
-		Layout: m.layout, Region: sc.region, Tokens: sc.numPages * m.layout.PageSize,
-		DestPages: slices.Clone(r.pages[sc.pageOffset : sc.pageOffset+sc.numPages]),
-		Writers:   sc.writers, MetadataSlot: r.metaSlot,
+// scatterOpLocked is the engine's operation for one region of room r.
+func (m *Manager) scatterOpLocked(r *room, sc staging.Scatter) ScatterOp {
+	return ScatterOp{
+		Room: r.id, RID: r.rid, Attempt: r.attempt, ChunkIndex: sc.Chunk, DecodeDP: r.decodeDP, DecodeTP: sc.DecodeTP,
+		Layout: m.layout, Region: sc.Region, Tokens: sc.Tokens,
+		DestPages: slices.Clone(r.pages[sc.PageOffset : sc.PageOffset+sc.NumPages]),
+		Writers:   sc.Writers, MetadataSlot: r.metaSlot, Marker: sc.Marker, OutputIDs: sc.OutputIDs,
 	}
-	for _, a := range sc.aux {
-		if a != nil {
-			op.Marker, op.OutputIDs = a.marker, a.outputIDs
-			break
-		}
-	}
-	return op
 }
 
 // scatterDoneLocked records a scatter's outcome: the region is freed (the
 // scatter returned, nothing reads it any more) unless it may be retried, the
 // watermark advances, and the room moves on or fails.
-func (m *Manager) scatterDoneLocked(r *room, rs *roomStaging, sc *stagedChunk, res ChunkResult, err error) error {
-	free := func() {
-		if !sc.freed {
-			sc.ring.ring.Free(sc.region.ID)
-			sc.freed = true
-			if m.stg.rooms[r.id] == rs {
-				rs.pending--
-			}
-			sc.ring.notifyLocked()
-		}
-	}
+func (m *Manager) scatterDoneLocked(r *room, sr *stagedRoom, sc *staging.Staged, op ScatterOp, res ChunkResult, err error) error {
 	switch {
 	case err == nil && !r.phase.Terminal():
-		sc.state = scatterDone
-		free()
+		m.stg.s.EndScatter(sr.st, sc, true)
 		m.markerLandedLocked(r, res.MarkerWritten)
 		m.checkSuccessLocked(r)
 		return nil
 	case r.phase.Terminal():
-		sc.state = scatterDone
-		free()
+		m.stg.s.EndScatter(sr.st, sc, true)
 		msg := "the room ended"
 		if r.failure != nil {
 			msg = "the room failed: " + r.failure.Message
 		}
-		return fmt.Errorf("scatter chunk %d of room %d: %w: %s", sc.key.chunk, r.id, ErrWrongState, msg)
+		return fmt.Errorf("scatter chunk %d of room %d: %w: %s", op.ChunkIndex, r.id, ErrWrongState, msg)
 	case errors.Is(err, ErrEngineUnavailable):
-		sc.state = scatterIdle // nothing landed: a retried ChunkReady resubmits it
-		return fmt.Errorf("scatter chunk %d of room %d into decode rank %d: %w", sc.key.chunk, r.id, sc.key.tp, err)
+		m.stg.s.EndScatter(sr.st, sc, false) // nothing landed: a retried ChunkReady resubmits it
+		return fmt.Errorf("scatter chunk %d of room %d into decode rank %d: %w", op.ChunkIndex, r.id, op.DecodeTP, err)
 	default:
-		sc.state = scatterDone
-		free()
-		f := Failure{Code: FailureStagingFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): scatter of staged chunk %d into decode rank dp %d tp %d failed: %v", r.id, sc.key.chunk, r.decodeDP, sc.key.tp, err)}
+		m.stg.s.EndScatter(sr.st, sc, true)
+		f := Failure{Code: FailureStagingFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): scatter of staged chunk %d into decode rank dp %d tp %d failed: %v", r.id, op.ChunkIndex, r.decodeDP, op.DecodeTP, err)}
 		m.failLocked(r, f)
 		return fmt.Errorf("%w: %s", ErrTransferFailed, f.Message)
 	}
-}
-
-// WatermarkWatch streams the watermarks of some rings (WatchWatermark).
-// Updates coalesce: Next returns the latest state of every ring that changed.
-type WatermarkWatch struct {
-	m      *Manager
-	rings  []*stagingRing
-	notify chan struct{}
-	latest map[ringKey]Watermark // guarded by m.mu
-	closed bool
 }
 
 // WatchWatermark watches the rings of decode DP shard dp (tps empty: every
@@ -918,96 +679,15 @@ func (m *Manager) WatchWatermark(dp int, tps []int) (*WatermarkWatch, error) {
 			tps = append(tps, tp)
 		}
 	}
-	m.mu.Lock()
-	defer m.unlock()
-	w := &WatermarkWatch{m: m, notify: make(chan struct{}, 1), latest: map[ringKey]Watermark{}}
 	for _, tp := range tps {
 		if tp < 0 || tp >= m.layout.AttnTP {
 			return nil, invalid("decode_tp_ranks", "%d is out of range (allowed 0..%d)", tp, m.layout.AttnTP-1)
 		}
-		sr := m.ringLocked(dp, tp)
-		if slices.Contains(w.rings, sr) {
-			continue
-		}
-		w.rings = append(w.rings, sr)
-		sr.watches[w] = struct{}{}
-		w.update(sr.key, sr.watermark())
 	}
-	return w, nil
-}
-
-// update records a ring's state and wakes Next; called with m.mu held.
-func (w *WatermarkWatch) update(k ringKey, wm Watermark) {
-	w.latest[k] = wm
-	select {
-	case w.notify <- struct{}{}:
-	default: // a wake-up is already pending; Next reads the latest state
-	}
-}
-
-// Next waits for changes and returns the latest state of every changed ring,
-// ordered by TP rank.
-func (w *WatermarkWatch) Next(ctx context.Context) ([]Watermark, error) {
-	for {
-		select {
-		case <-w.notify:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		w.m.mu.Lock()
-		if w.closed {
-			w.m.unlock()
-			return nil, errors.New("watermark watch closed")
-		}
-		out := make([]Watermark, 0, len(w.latest))
-		for _, wm := range w.latest {
-			out = append(out, wm)
-		}
-		clear(w.latest)
-		w.m.unlock()
-		if len(out) == 0 {
-			continue
-		}
-		sort.Slice(out, func(i, j int) bool { return out[i].DecodeTP < out[j].DecodeTP })
-		return out, nil
-	}
-}
-
-// Close stops the watch.
-func (w *WatermarkWatch) Close() {
-	w.m.mu.Lock()
-	defer w.m.unlock()
-	w.closed = true
-	for _, sr := range w.rings {
-		delete(sr.watches, w)
-	}
+	return m.stg.s.Watch(dp, tps), nil
 }
 
 // StagingWatermarks returns the state of every decode rank's ring (for
-// status and metrics): rings not used yet are reported empty. None when
-// staging is off.
-func (m *Manager) StagingWatermarks() []Watermark {
-	m.mu.Lock()
-	defer m.unlock()
-	size := m.ringBytes()
-	if size <= 0 {
-		return nil
-	}
-	out := make([]Watermark, 0, m.layout.DP*m.layout.AttnTP)
-	for dp := range m.layout.DP {
-		for tp := range m.layout.AttnTP {
-			if sr := m.stg.rings[ringKey{dp, tp}]; sr != nil {
-				out = append(out, sr.watermark())
-			} else {
-				out = append(out, Watermark{DecodeDP: dp, DecodeTP: tp, Size: size})
-			}
-		}
-	}
-	sort.Slice(out, func(i, j int) bool {
-		if out[i].DecodeDP != out[j].DecodeDP {
-			return out[i].DecodeDP < out[j].DecodeDP
-		}
-		return out[i].DecodeTP < out[j].DecodeTP
-	})
-	return out
-}
+// status and metrics), ordered by (DP, TP): rings not used yet are reported
+// empty. None when staging is off.
+func (m *Manager) StagingWatermarks() []Watermark { return m.stg.s.Watermarks() }

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
@@ -179,15 +180,15 @@ func TestSetupStagingPlan(t *testing.T) {
 	}
 	// 4 heads per decode rank, 2 per prefill rank: rank 3 is writer 1 of
 	// decode rank 1, dst heads [2, 4). Per token: 2 heads × 32 B × 4 layers × 2.
-	w0 := kvmanager.StagingWriter{Index: 0, PrefillTP: 2, Slice: kvmanager.HeadSlice{NumHeads: 2}, LayerEnd: 4, BytesPerToken: 512}
-	w1 := kvmanager.StagingWriter{Index: 1, PrefillTP: 3, Slice: kvmanager.HeadSlice{DstHeadStart: 2, NumHeads: 2}, LayerEnd: 4, BytesPerToken: 512, OffsetPerToken: 512}
+	w0 := kvmanager.StagingWriter{Index: 0, PrefillTP: 2, Slice: kvmanager.StagingHeadSlice{NumHeads: 2}, LayerEnd: 4, BytesPerToken: 512}
+	w1 := kvmanager.StagingWriter{Index: 1, PrefillTP: 3, Slice: kvmanager.StagingHeadSlice{DstHeadStart: 2, NumHeads: 2}, LayerEnd: 4, BytesPerToken: 512, OffsetPerToken: 512}
 	want := kvmanager.StagingPlan{
 		Required: true, PrefillTP: 4, DecodeTP: 2, PrefillPP: 1, DecodePP: 1, TotalKVHeads: 8, PageSize: 16, NumLayers: 4, HeadBytes: 32,
 		Pairs: []kvmanager.HeadSlicePair{
-			{PrefillTP: 0, DecodeTP: 0, Slice: kvmanager.HeadSlice{NumHeads: 2}},
-			{PrefillTP: 1, DecodeTP: 0, Slice: kvmanager.HeadSlice{DstHeadStart: 2, NumHeads: 2}},
-			{PrefillTP: 2, DecodeTP: 1, Slice: kvmanager.HeadSlice{NumHeads: 2}},
-			{PrefillTP: 3, DecodeTP: 1, Slice: kvmanager.HeadSlice{DstHeadStart: 2, NumHeads: 2}},
+			{PrefillTP: 0, DecodeTP: 0, Slice: kvmanager.StagingHeadSlice{NumHeads: 2}},
+			{PrefillTP: 1, DecodeTP: 0, Slice: kvmanager.StagingHeadSlice{DstHeadStart: 2, NumHeads: 2}},
+			{PrefillTP: 2, DecodeTP: 1, Slice: kvmanager.StagingHeadSlice{NumHeads: 2}},
+			{PrefillTP: 3, DecodeTP: 1, Slice: kvmanager.StagingHeadSlice{DstHeadStart: 2, NumHeads: 2}},
 		},
 		Targets:           []kvmanager.StagingTarget{{DecodeTP: 1, Slice: w1.Slice, Writer: w1, Writers: []kvmanager.StagingWriter{w0, w1}, RegionBytesPerToken: 1024}},
 		Rings:             []kvmanager.StagingRingInfo{{DecodeDP: 0, DecodeTP: 1, Buffer: "decode/dp0/tp1/staging", Size: 1 << 20, Watermark: kvmanager.Watermark{DecodeTP: 1, Size: 1 << 20}}},
@@ -209,10 +210,10 @@ func TestSetupStagingPlan(t *testing.T) {
 		got = plan.Targets[0].Writers
 	}
 	wantW := []kvmanager.StagingWriter{
-		{Index: 0, PrefillTP: 0, PrefillPP: 0, Slice: kvmanager.HeadSlice{NumHeads: 2}, LayerBegin: 0, LayerEnd: 2, BytesPerToken: 256},
-		{Index: 1, PrefillTP: 1, PrefillPP: 0, Slice: kvmanager.HeadSlice{DstHeadStart: 2, NumHeads: 2}, LayerBegin: 0, LayerEnd: 2, BytesPerToken: 256, OffsetPerToken: 256},
-		{Index: 2, PrefillTP: 0, PrefillPP: 1, Slice: kvmanager.HeadSlice{NumHeads: 2}, LayerBegin: 2, LayerEnd: 4, BytesPerToken: 256, OffsetPerToken: 512},
-		{Index: 3, PrefillTP: 1, PrefillPP: 1, Slice: kvmanager.HeadSlice{DstHeadStart: 2, NumHeads: 2}, LayerBegin: 2, LayerEnd: 4, BytesPerToken: 256, OffsetPerToken: 768},
+		{Index: 0, PrefillTP: 0, PrefillPP: 0, Slice: kvmanager.StagingHeadSlice{NumHeads: 2}, LayerBegin: 0, LayerEnd: 2, BytesPerToken: 256},
+		{Index: 1, PrefillTP: 1, PrefillPP: 0, Slice: kvmanager.StagingHeadSlice{DstHeadStart: 2, NumHeads: 2}, LayerBegin: 0, LayerEnd: 2, BytesPerToken: 256, OffsetPerToken: 256},
+		{Index: 2, PrefillTP: 0, PrefillPP: 1, Slice: kvmanager.StagingHeadSlice{NumHeads: 2}, LayerBegin: 2, LayerEnd: 4, BytesPerToken: 256, OffsetPerToken: 512},
+		{Index: 3, PrefillTP: 1, PrefillPP: 1, Slice: kvmanager.StagingHeadSlice{DstHeadStart: 2, NumHeads: 2}, LayerBegin: 2, LayerEnd: 4, BytesPerToken: 256, OffsetPerToken: 768},
 	}
 	if diff := cmp.Diff(wantW, got); diff != "" {
 		t.Errorf("writers with prefill PP 2 mismatch (-want +got):\n%s", diff)
@@ -376,7 +377,7 @@ func TestStagingBackPressure(t *testing.T) {
 		}
 		wm = got[0]
 	}
-	if !kvmanager.WatermarkReady(wm.Round, wm.Tail, c1[0].Region.Round, c1[0].Region.End()) {
+	if !staging.WatermarkReady(wm.Round, wm.Tail, c1[0].Region.Round, c1[0].Region.End()) {
 		t.Fatalf("after chunk 0's scatter the watermark %+v does not release chunk 1 %+v", wm, c1[0].Region)
 	}
 	e.ready(addr, 0, room, 1, 24, 24, false)

@@ -96,7 +96,7 @@ func watermarkToProto(w kvmanager.Watermark) *pb.Watermark {
 		HeadRound: uint64(w.HeadRound), Head: uint64(w.Head), LiveAllocations: uint32(w.Live), SizeBytes: uint64(w.Size)}
 }
 
-func headSliceToProto(prefillTP, decodeTP int, s kvmanager.HeadSlice) *pb.HeadSlice {
+func headSliceToProto(prefillTP, decodeTP int, s kvmanager.StagingHeadSlice) *pb.HeadSlice {
 	return &pb.HeadSlice{PrefillTpRank: uint32(prefillTP), DecodeTpRank: uint32(decodeTP), SrcHeadStart: uint32(s.SrcHeadStart),
 		DstHeadStart: uint32(s.DstHeadStart), NumHeads: uint32(s.NumHeads)}
 }

@@ -1,39 +1,40 @@
-package kvmanager
+package staging
 
 import (
 	"errors"
 	"fmt"
 )
 
-// Staging errors. The server maps them with errors.Is.
+// Staging errors (kvmanager re-exports them as ErrStaging*). The server maps
+// them with errors.Is.
 var (
-	// ErrStagingUnavailable: staging cannot be used against this decode
+	// ErrUnavailable: staging cannot be used against this decode
 	// instance (MLA pool, staging not configured, total KV heads unknown, or
 	// an engine that cannot scatter). FailedPrecondition; the message is
-	// SGLang's where SGLang has one (see StagingError).
-	ErrStagingUnavailable = errors.New("staging not available")
-	// ErrStagingTooLarge: a chunk needs more bytes than the whole staging
+	// SGLang's where SGLang has one (see UnavailableError).
+	ErrUnavailable = errors.New("staging not available")
+	// ErrTooLarge: a chunk needs more bytes than the whole staging
 	// ring; the room fails (it can never complete). ResourceExhausted, not
 	// worth retrying: increase staging.pool_size_mb or send smaller chunks.
-	ErrStagingTooLarge = errors.New("staging chunk exceeds the ring")
-	// ErrStagingNotWritable: the region's watermark has not released it yet;
+	ErrTooLarge = errors.New("staging chunk exceeds the ring")
+	// ErrNotWritable: the region's watermark has not released it yet;
 	// nothing was recorded. FailedPrecondition: wait for WatchWatermark,
 	// write, then report.
-	ErrStagingNotWritable = errors.New("staging region not writable yet")
+	ErrNotWritable = errors.New("staging region not writable yet")
 )
 
-// StagingHint is SGLang's advice when a chunk does not fit the decode ring
+// Hint is SGLang's advice when a chunk does not fit the decode ring
 // (MooncakeKVManager._do_staging_transfer).
-const StagingHint = "Increase SGLANG_DISAGG_STAGING_POOL_SIZE_MB or reduce chunked_prefill_size."
+const Hint = "Increase SGLANG_DISAGG_STAGING_POOL_SIZE_MB or reduce chunked_prefill_size."
 
-// StagingError is a staging refusal whose message is exactly Msg (SGLang's
-// text where it has one); it wraps ErrStagingUnavailable.
-type StagingError struct{ Msg string }
+// UnavailableError is a staging refusal whose message is exactly Msg (SGLang's
+// text where it has one); it wraps ErrUnavailable.
+type UnavailableError struct{ Msg string }
 
-func (e *StagingError) Error() string { return e.Msg }
+func (e *UnavailableError) Error() string { return e.Msg }
 
-// Unwrap returns ErrStagingUnavailable.
-func (e *StagingError) Unwrap() error { return ErrStagingUnavailable }
+// Unwrap returns ErrUnavailable.
+func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
 
 // RingRegion is one allocation of a staging ring.
 type RingRegion struct {
@@ -46,7 +47,7 @@ type RingRegion struct {
 // End is one past the region's last byte.
 func (r RingRegion) End() int64 { return r.Offset + r.Size }
 
-// StagingRing is SGLang's StagingAllocator (ring + overcommit, spec §5.5): an
+// Ring is SGLang's StagingAllocator (ring + overcommit, spec §5.5): an
 // allocation that fits after the head goes there; otherwise the ring starts a
 // new round at offset 0. Assign never checks overlap: a region is safe to
 // write only once the watermark — the (round, offset) of the oldest live
@@ -56,11 +57,11 @@ func (r RingRegion) End() int64 { return r.Offset + r.Size }
 // One deliberate difference: SGLang recomputes the watermark only on free,
 // so a region that starts a new round while nothing is live is never
 // writable (the watermark still points at the old round's head and nothing
-// is left to free). StagingRing also recomputes it on assign; the value is
+// is left to free). Ring also recomputes it on assign; the value is
 // SGLang's whenever an allocation was live at the last free, and otherwise
 // the oldest live allocation's position, which is always safe. So the oldest
 // live region is always writable and the ring cannot deadlock.
-type StagingRing struct {
+type Ring struct {
 	size    int64
 	head    int64
 	round   int64
@@ -71,22 +72,22 @@ type StagingRing struct {
 	wmTail  int64
 }
 
-// NewStagingRing returns an empty ring of size bytes.
-func NewStagingRing(size int64) *StagingRing {
-	return &StagingRing{size: size, live: map[uint64]RingRegion{}}
+// NewRing returns an empty ring of size bytes.
+func NewRing(size int64) *Ring {
+	return &Ring{size: size, live: map[uint64]RingRegion{}}
 }
 
 // Size is the ring's size in bytes.
-func (a *StagingRing) Size() int64 { return a.size }
+func (a *Ring) Size() int64 { return a.size }
 
 // Assign allocates n bytes. n larger than the whole ring is
-// ErrStagingTooLarge (SGLang's ALLOC_OVERSIZED).
-func (a *StagingRing) Assign(n int64) (RingRegion, error) {
+// ErrTooLarge (SGLang's ALLOC_OVERSIZED).
+func (a *Ring) Assign(n int64) (RingRegion, error) {
 	if n <= 0 {
 		return RingRegion{}, fmt.Errorf("assign %d bytes from the staging ring: the size must be > 0", n)
 	}
 	if n > a.size {
-		return RingRegion{}, fmt.Errorf("%w: %d bytes needed, the ring has %d", ErrStagingTooLarge, n, a.size)
+		return RingRegion{}, fmt.Errorf("%w: %d bytes needed, the ring has %d", ErrTooLarge, n, a.size)
 	}
 	var off int64
 	if n <= a.size-a.head {
@@ -107,7 +108,7 @@ func (a *StagingRing) Assign(n int64) (RingRegion, error) {
 
 // Free releases an allocation and advances the watermark past the leading
 // freed allocations. It reports whether id was live.
-func (a *StagingRing) Free(id uint64) bool {
+func (a *Ring) Free(id uint64) bool {
 	if _, ok := a.live[id]; !ok {
 		return false
 	}
@@ -129,7 +130,7 @@ func (a *StagingRing) Free(id uint64) bool {
 
 // updateWatermark sets the watermark: (round, head) when nothing is live,
 // else the oldest live allocation's (round, offset).
-func (a *StagingRing) updateWatermark() {
+func (a *Ring) updateWatermark() {
 	if len(a.live) == 0 {
 		a.wmRound, a.wmTail = a.round, a.head
 		return
@@ -139,17 +140,17 @@ func (a *StagingRing) updateWatermark() {
 }
 
 // Watermark returns (round, tail): everything before it is free to overwrite.
-func (a *StagingRing) Watermark() (round, tail int64) { return a.wmRound, a.wmTail }
+func (a *Ring) Watermark() (round, tail int64) { return a.wmRound, a.wmTail }
 
 // Head returns the current round and the next allocation offset.
-func (a *StagingRing) Head() (round, head int64) { return a.round, a.head }
+func (a *Ring) Head() (round, head int64) { return a.round, a.head }
 
 // Live counts allocations not freed yet.
-func (a *StagingRing) Live() int { return len(a.live) }
+func (a *Ring) Live() int { return len(a.live) }
 
 // Writable reports whether r may be written now (WatermarkReady against this
 // ring's watermark).
-func (a *StagingRing) Writable(r RingRegion) bool {
+func (a *Ring) Writable(r RingRegion) bool {
 	return WatermarkReady(a.wmRound, a.wmTail, r.Round, r.End())
 }
 
@@ -165,33 +166,65 @@ func WatermarkReady(wmRound, wmTail, round, end int64) bool {
 	return prev < wmRound || (prev == wmRound && end <= wmTail)
 }
 
-// StagingLayout is compute_staging_layout's answer for one decode rank and
+// ChunkLayout is compute_staging_layout's answer for one decode rank and
 // one chunk: how many prefill ranks write the region and how many bytes each
 // writes, concatenated in writer order.
-type StagingLayout struct {
+type ChunkLayout struct {
 	NumWriters    int
 	WriterBytes   []int64
 	WriterOffsets []int64
 	Total         int64
 }
 
-// ComputeStagingLayout mirrors SGLang's compute_staging_layout: num_writers =
+// ComputeLayout mirrors SGLang's compute_staging_layout: num_writers =
 // srcTP / max(1, dstTP) when the prefill TP is larger, else 1; writer i
 // carries numTokens × heads_i × bytesPerHeadToken × numLayers × 2 bytes
 // ([K layer 0..L−1][V layer 0..L−1], each layer block token-major), heads_i
-// from ComputeHeadSliceParams(srcTP, dstTP, i, dstRank, totalHeads).
-func ComputeStagingLayout(srcTP, dstTP, dstRank, totalHeads, numTokens int, bytesPerHeadToken int64, numLayers int) StagingLayout {
+// from headSlice(srcTP, dstTP, i, dstRank, totalHeads).
+func ComputeLayout(srcTP, dstTP, dstRank, totalHeads, numTokens int, bytesPerHeadToken int64, numLayers int) ChunkLayout {
 	n := 1
 	if srcTP > dstTP {
 		n = srcTP / max(1, dstTP)
 	}
-	out := StagingLayout{NumWriters: n, WriterBytes: make([]int64, n), WriterOffsets: make([]int64, n)}
+	out := ChunkLayout{NumWriters: n, WriterBytes: make([]int64, n), WriterOffsets: make([]int64, n)}
 	for w := range n {
-		hs := ComputeHeadSliceParams(srcTP, dstTP, w, dstRank, totalHeads)
+		hs := headSlice(srcTP, dstTP, w, dstRank, totalHeads)
 		b := int64(numTokens) * int64(hs.NumHeads) * bytesPerHeadToken * int64(numLayers) * 2
 		out.WriterOffsets[w] = out.Total
 		out.WriterBytes[w] = b
 		out.Total += b
 	}
 	return out
+}
+
+// HeadSlice is compute_head_slice_params's answer for one (prefill rank,
+// decode rank) pair (spec §5.4): the same fields as kvmanager's HeadSlice,
+// which the Manager converts.
+type HeadSlice struct {
+	SrcHeadStart int
+	DstHeadStart int
+	NumHeads     int
+}
+
+// headSlice is SGLang's compute_head_slice_params, the formula of
+// kvmanager's ComputeHeadSliceParams, kept here so that staging imports
+// neither kvmanager nor the registry; kvmanager's
+// TestStagingHeadSlicesMatchMapping checks that the two agree.
+func headSlice(srcTP, dstTP, srcRank, dstRank, totalHeads int) HeadSlice {
+	srcPer := max(1, totalHeads/srcTP)
+	dstPer := max(1, totalHeads/dstTP)
+	if srcTP > dstTP {
+		srcRepl := max(1, srcTP/totalHeads)
+		return HeadSlice{
+			SrcHeadStart: 0,
+			DstHeadStart: ((srcRank % srcTP) / srcRepl * srcPer) % dstPer,
+			NumHeads:     srcPer,
+		}
+	}
+	dstRepl := max(1, dstTP/totalHeads)
+	return HeadSlice{
+		SrcHeadStart: ((dstRank % dstTP) / dstRepl * dstPer) % srcPer,
+		DstHeadStart: 0,
+		NumHeads:     dstPer,
+	}
 }

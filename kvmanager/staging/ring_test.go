@@ -1,4 +1,4 @@
-package kvmanager_test
+package staging_test
 
 import (
 	"errors"
@@ -7,91 +7,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/kvmanager/staging"
 )
-
-// Expected values are computed by hand from SGLang's formulas (spec §5.4):
-// src_per = max(1, H/src_tp), dst_per = max(1, H/dst_tp); src_tp > dst_tp:
-// dst_start = ((src_rank % src_tp) / max(1, src_tp/H) · src_per) % dst_per;
-// else src_start = ((dst_rank % dst_tp) / max(1, dst_tp/H) · dst_per) % src_per.
-func TestComputeHeadSliceParams(t *testing.T) {
-	type hs = kvmanager.HeadSlice
-	tests := []struct {
-		name                string
-		srcTP, dstTP, heads int
-		pairs               map[[2]int]hs // (src rank, dst rank) → slice
-	}{
-		{
-			name: "prefill TP 4 to decode TP 2, 8 KV heads", srcTP: 4, dstTP: 2, heads: 8,
-			// src_per 2, dst_per 4: each prefill rank sends its 2 heads into
-			// half of a decode rank's 4.
-			pairs: map[[2]int]hs{
-				{0, 0}: {SrcHeadStart: 0, DstHeadStart: 0, NumHeads: 2},
-				{1, 0}: {SrcHeadStart: 0, DstHeadStart: 2, NumHeads: 2},
-				{2, 1}: {SrcHeadStart: 0, DstHeadStart: 0, NumHeads: 2},
-				{3, 1}: {SrcHeadStart: 0, DstHeadStart: 2, NumHeads: 2},
-			},
-		},
-		{
-			name: "prefill TP 2 to decode TP 4, 8 KV heads", srcTP: 2, dstTP: 4, heads: 8,
-			// src_per 4, dst_per 2: each decode rank takes 2 of its prefill
-			// rank's 4 heads.
-			pairs: map[[2]int]hs{
-				{0, 0}: {SrcHeadStart: 0, DstHeadStart: 0, NumHeads: 2},
-				{0, 1}: {SrcHeadStart: 2, DstHeadStart: 0, NumHeads: 2},
-				{1, 2}: {SrcHeadStart: 0, DstHeadStart: 0, NumHeads: 2},
-				{1, 3}: {SrcHeadStart: 2, DstHeadStart: 0, NumHeads: 2},
-			},
-		},
-		{
-			name: "prefill TP 8 to decode TP 1, 8 KV heads", srcTP: 8, dstTP: 1, heads: 8,
-			pairs: map[[2]int]hs{
-				{0, 0}: {DstHeadStart: 0, NumHeads: 1}, {1, 0}: {DstHeadStart: 1, NumHeads: 1},
-				{2, 0}: {DstHeadStart: 2, NumHeads: 1}, {3, 0}: {DstHeadStart: 3, NumHeads: 1},
-				{4, 0}: {DstHeadStart: 4, NumHeads: 1}, {5, 0}: {DstHeadStart: 5, NumHeads: 1},
-				{6, 0}: {DstHeadStart: 6, NumHeads: 1}, {7, 0}: {DstHeadStart: 7, NumHeads: 1},
-			},
-		},
-		{
-			name: "prefill TP 4 above 2 KV heads to decode TP 1 (replicated prefill heads)", srcTP: 4, dstTP: 1, heads: 2,
-			// src_per max(1, 0) = 1, src_repl 2: ranks 0,1 hold head 0 and
-			// ranks 2,3 hold head 1.
-			pairs: map[[2]int]hs{
-				{0, 0}: {DstHeadStart: 0, NumHeads: 1}, {1, 0}: {DstHeadStart: 0, NumHeads: 1},
-				{2, 0}: {DstHeadStart: 1, NumHeads: 1}, {3, 0}: {DstHeadStart: 1, NumHeads: 1},
-			},
-		},
-		{
-			name: "prefill TP 1 to decode TP 4 above 2 KV heads (replicated decode heads)", srcTP: 1, dstTP: 4, heads: 2,
-			// dst_per 1, dst_repl 2: decode ranks 0,1 hold head 0, 2,3 head 1.
-			pairs: map[[2]int]hs{
-				{0, 0}: {SrcHeadStart: 0, NumHeads: 1}, {0, 1}: {SrcHeadStart: 0, NumHeads: 1},
-				{0, 2}: {SrcHeadStart: 1, NumHeads: 1}, {0, 3}: {SrcHeadStart: 1, NumHeads: 1},
-			},
-		},
-		{
-			name: "prefill TP 8 to decode TP 4, both above 4 KV heads", srcTP: 8, dstTP: 4, heads: 4,
-			// src_per = dst_per = 1: every pair moves its one head to 0.
-			pairs: map[[2]int]hs{
-				{0, 0}: {NumHeads: 1}, {1, 0}: {NumHeads: 1}, {6, 3}: {NumHeads: 1}, {7, 3}: {NumHeads: 1},
-			},
-		},
-		{
-			name: "equal TP 2, 8 KV heads", srcTP: 2, dstTP: 2, heads: 8,
-			pairs: map[[2]int]hs{{0, 0}: {NumHeads: 4}, {1, 1}: {NumHeads: 4}},
-		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			for p, want := range tc.pairs {
-				got := kvmanager.ComputeHeadSliceParams(tc.srcTP, tc.dstTP, p[0], p[1], tc.heads)
-				if got != want {
-					t.Errorf("ComputeHeadSliceParams(%d, %d, %d, %d, %d) = %+v, want %+v", tc.srcTP, tc.dstTP, p[0], p[1], tc.heads, got, want)
-				}
-			}
-		})
-	}
-}
 
 // compute_staging_layout: writers = src_tp/dst_tp when larger, else 1;
 // writer bytes = tokens × heads × bytes_per_head_token × layers × 2.
@@ -101,48 +18,48 @@ func TestComputeStagingLayout(t *testing.T) {
 		srcTP, dstTP, dstRank, heads int
 		tokens, layers               int
 		bpht                         int64
-		want                         kvmanager.StagingLayout
+		want                         staging.ChunkLayout
 	}{
 		{
 			name: "prefill TP 4 to decode TP 2", srcTP: 4, dstTP: 2, dstRank: 1, heads: 8, tokens: 64, layers: 4, bpht: 256,
 			// 64 × 2 × 256 × 4 × 2 = 262144 per writer.
-			want: kvmanager.StagingLayout{NumWriters: 2, WriterBytes: []int64{262144, 262144}, WriterOffsets: []int64{0, 262144}, Total: 524288},
+			want: staging.ChunkLayout{NumWriters: 2, WriterBytes: []int64{262144, 262144}, WriterOffsets: []int64{0, 262144}, Total: 524288},
 		},
 		{
 			name: "prefill TP 2 to decode TP 4", srcTP: 2, dstTP: 4, dstRank: 3, heads: 8, tokens: 64, layers: 4, bpht: 256,
-			want: kvmanager.StagingLayout{NumWriters: 1, WriterBytes: []int64{262144}, WriterOffsets: []int64{0}, Total: 262144},
+			want: staging.ChunkLayout{NumWriters: 1, WriterBytes: []int64{262144}, WriterOffsets: []int64{0}, Total: 262144},
 		},
 		{
 			name: "prefill TP 8 to decode TP 1", srcTP: 8, dstTP: 1, dstRank: 0, heads: 8, tokens: 16, layers: 2, bpht: 256,
 			// 16 × 1 × 256 × 2 × 2 = 16384 per writer, 8 writers.
-			want: kvmanager.StagingLayout{NumWriters: 8,
+			want: staging.ChunkLayout{NumWriters: 8,
 				WriterBytes:   []int64{16384, 16384, 16384, 16384, 16384, 16384, 16384, 16384},
 				WriterOffsets: []int64{0, 16384, 32768, 49152, 65536, 81920, 98304, 114688}, Total: 131072},
 		},
 		{
 			name: "prefill TP 4 above 2 KV heads to decode TP 1", srcTP: 4, dstTP: 1, dstRank: 0, heads: 2, tokens: 16, layers: 2, bpht: 256,
 			// Every writer carries its one (replicated) head.
-			want: kvmanager.StagingLayout{NumWriters: 4, WriterBytes: []int64{16384, 16384, 16384, 16384}, WriterOffsets: []int64{0, 16384, 32768, 49152}, Total: 65536},
+			want: staging.ChunkLayout{NumWriters: 4, WriterBytes: []int64{16384, 16384, 16384, 16384}, WriterOffsets: []int64{0, 16384, 32768, 49152}, Total: 65536},
 		},
 		{
 			name: "prefill TP 1 to decode TP 4 above 2 KV heads", srcTP: 1, dstTP: 4, dstRank: 2, heads: 2, tokens: 32, layers: 3, bpht: 128,
 			// dst_per 1: 32 × 1 × 128 × 3 × 2 = 24576.
-			want: kvmanager.StagingLayout{NumWriters: 1, WriterBytes: []int64{24576}, WriterOffsets: []int64{0}, Total: 24576},
+			want: staging.ChunkLayout{NumWriters: 1, WriterBytes: []int64{24576}, WriterOffsets: []int64{0}, Total: 24576},
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := kvmanager.ComputeStagingLayout(tc.srcTP, tc.dstTP, tc.dstRank, tc.heads, tc.tokens, tc.bpht, tc.layers)
+			got := staging.ComputeLayout(tc.srcTP, tc.dstTP, tc.dstRank, tc.heads, tc.tokens, tc.bpht, tc.layers)
 			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("ComputeStagingLayout(%d, %d, %d, %d, %d, %d, %d) mismatch (-want +got):\n%s", tc.srcTP, tc.dstTP, tc.dstRank, tc.heads, tc.tokens, tc.bpht, tc.layers, diff)
+				t.Errorf("ComputeLayout(%d, %d, %d, %d, %d, %d, %d) mismatch (-want +got):\n%s", tc.srcTP, tc.dstTP, tc.dstRank, tc.heads, tc.tokens, tc.bpht, tc.layers, diff)
 			}
 		})
 	}
 }
 
 func TestStagingRing(t *testing.T) {
-	type region = kvmanager.RingRegion
-	ring := kvmanager.NewStagingRing(100)
+	type region = staging.RingRegion
+	ring := staging.NewRing(100)
 	type wm struct{ round, tail int64 }
 	watermark := func() wm { r, tl := ring.Watermark(); return wm{r, tl} }
 	assign := func(n int64) region {
@@ -213,7 +130,7 @@ func TestStagingRing(t *testing.T) {
 	if e != (region{ID: 4, Offset: 0, Size: 60, Round: 2}) || !ring.Writable(e) {
 		t.Errorf("Assign(60) = %+v writable %v, want {4 0 60 2} writable", e, ring.Writable(e))
 	}
-	if _, err := ring.Assign(101); !errors.Is(err, kvmanager.ErrStagingTooLarge) {
+	if _, err := ring.Assign(101); !errors.Is(err, staging.ErrTooLarge) {
 		t.Errorf("Assign(101) error = %v, want ErrStagingTooLarge", err)
 	}
 	if _, err := ring.Assign(0); err == nil {
@@ -240,7 +157,7 @@ func TestWatermarkReady(t *testing.T) {
 		{-1, 0, -1, 5, true},  // rounds <= 0 are always writable
 	}
 	for _, tc := range tests {
-		got := kvmanager.WatermarkReady(tc.wmRound, tc.wmTail, tc.round, tc.end)
+		got := staging.WatermarkReady(tc.wmRound, tc.wmTail, tc.round, tc.end)
 		if got != tc.want {
 			t.Errorf("WatermarkReady(wm (%d, %d), region round %d end %d) = %v, want %v", tc.wmRound, tc.wmTail, tc.round, tc.end, got, tc.want)
 		}
@@ -259,9 +176,9 @@ func FuzzStagingRing(f *testing.F) {
 		if size == 0 {
 			return
 		}
-		ring := kvmanager.NewStagingRing(int64(size))
+		ring := staging.NewRing(int64(size))
 		rng := rand.New(rand.NewPCG(seed, seed>>1|1))
-		var live []kvmanager.RingRegion
+		var live []staging.RingRegion
 		for i, op := range ops {
 			if op >= 128 && len(live) > 0 {
 				k := rng.IntN(len(live))
@@ -279,7 +196,7 @@ func FuzzStagingRing(f *testing.F) {
 					}
 					continue
 				case n > int64(size):
-					if !errors.Is(err, kvmanager.ErrStagingTooLarge) {
+					if !errors.Is(err, staging.ErrTooLarge) {
 						t.Fatalf("step %d: Assign(%d) on a %d-byte ring: err %v, want ErrStagingTooLarge", i, n, size, err)
 					}
 					continue
@@ -331,7 +248,7 @@ func FuzzStagingRing(f *testing.F) {
 // regions of varying size in a 4 MiB ring, one Assign and one Free per op
 // (wraps every few operations).
 func BenchmarkStagingRing(b *testing.B) {
-	ring := kvmanager.NewStagingRing(4 << 20)
+	ring := staging.NewRing(4 << 20)
 	sizes := []int64{256 << 10, 512 << 10, 128 << 10, 384 << 10}
 	var live []uint64
 	for i := range 8 {
