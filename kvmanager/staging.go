@@ -594,7 +594,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs 
 		}
 		op := m.scatterOpLocked(r, m.stg.s.StartScatter(sc))
 		r.inflight++
-		xctx, roomSpan := m.xferCtxLocked(r), r.spanCtx
+		xctx, roomSpan := m.xferCtxLocked(r), r.logCtx()
 		m.unlock()
 
 		// The scatter outlives the caller's RPC (every writer already
