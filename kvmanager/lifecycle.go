@@ -44,10 +44,10 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 	if r := m.rooms[req.Room]; r != nil {
 		// Before the draining check: a retry of an OpenRoom that succeeded
 		// must learn that the room exists.
-		if req.IdempotencyKey != "" && r.idemKey == req.IdempotencyKey {
+		if req.IdempotencyKey != "" && r.extra != nil && r.extra.idemKey == req.IdempotencyKey {
 			return r.snapshot(false, false), true, nil
 		}
-		return RoomSnapshot{}, false, fmt.Errorf("open room %d (rid %q): %w (rid %q, phase %s)", req.Room, req.RID, ErrRoomExists, r.rid, r.phase)
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d (rid %q): %w (rid %q, phase %s)", req.Room, req.RID, ErrRoomExists, r.rid(), r.phase)
 	}
 	if m.draining || m.closed {
 		return RoomSnapshot{}, false, fmt.Errorf("open room %d: %w", req.Room, ErrDraining)
@@ -70,10 +70,13 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 	}
 	now := m.clock.Now()
 	r := &room{
-		id: req.Room, rid: req.RID, addr: addr, idemKey: req.IdempotencyKey,
+		id: req.Room, addr: addr,
 		decodeDP: shard, led: led, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
 		attempt: 1, openedAt: stampOf(now), updatedAt: stampOf(now), metaSlot: -1,
 		bootstrapAt: stampOf(now.Add(m.cfg.Timeouts.Bootstrap)),
+	}
+	if req.IdempotencyKey != "" {
+		r.x().idemKey = req.IdempotencyKey
 	}
 	if err := led.EnqueueEntry(&r.entry, preq); err != nil { // the room's ledger record lives in the room
 		if errors.Is(err, prealloc.ErrQueueFull) {
@@ -107,7 +110,7 @@ func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
 	}
 	attrs := []attribute.KeyValue{
 		attribute.Int64("decodeplane.room", int64(r.id)),
-		attribute.String("decodeplane.rid", r.rid),
+		attribute.String("decodeplane.rid", r.rid()),
 		attribute.String("decodeplane.prefill.addr", r.addr),
 		attribute.Int("decodeplane.decode_dp_rank", r.decodeDP),
 		attribute.Int("decodeplane.prompt_len", r.entry.Request().PromptLen),
@@ -637,7 +640,7 @@ func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) ChunkOp {
 	ps := m.layout.PageSize
 	tokens := min((req.PageOffset+req.NumPages)*ps, r.fillLen) - req.PageOffset*ps
 	op := ChunkOp{
-		Room: r.id, RID: r.rid, Attempt: r.attempt, Rank: req.Rank, ChunkIndex: req.Index,
+		Room: r.id, RID: r.rid(), Attempt: r.attempt, Rank: req.Rank, ChunkIndex: req.Index,
 		DestPages: r.pages[req.PageOffset : req.PageOffset+req.NumPages], Tokens: max(tokens, 0),
 		SrcBuffer: req.SrcBuffer, SrcPages: req.SrcPages, Layout: m.layout, DecodeDP: r.decodeDP,
 		Last: req.Last, MetadataSlot: r.metaSlot, Marker: req.Marker, OutputIDs: req.OutputIDs,
@@ -773,7 +776,7 @@ func (m *Manager) checkSuccessLocked(r *room) {
 		return
 	}
 	m.stagingSettleLocked(r) // lifts the staging gate once every region is scattered
-	if len(r.gates) > 0 {
+	if r.gated() {
 		return
 	}
 	if r.marker == 0 {
@@ -831,7 +834,7 @@ func (m *Manager) failLocked(r *room, f Failure) {
 	}
 	r.claims.finishAll(DestinationEvent{Failure: &fc})
 	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt.time()))
-	m.log.WarnContext(r.logCtx(), "room failed", "room", r.id, "rid", r.rid, "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
+	m.log.WarnContext(r.logCtx(), "room failed", "room", r.id, "rid", r.rid(), "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
 	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], textNote(r.failure.Message))
 	m.endLocked(r)
 }
@@ -874,11 +877,12 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 			m.log.Error("ledger release failed", "room", r.id, "err", err)
 		}
 	}
-	for _, f := range r.onEnd {
-		f()
+	if x := r.extra; x != nil {
+		for _, f := range x.onEnd {
+			f()
+		}
+		x.onEnd, x.gates = nil, nil
 	}
-	r.onEnd = nil
-	r.gates = nil
 	m.admitDueLocked(r.decodeDP) // once, when the call that ended the room unlocks
 }
 
@@ -973,16 +977,16 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(past)), m: m, room: room}
 	snap := r.snapshot(false, false)
 	for i, t := range past {
-		w.ch <- RoomEvent{Room: snap, Transition: t.public(r.addr), Terminal: r.phase.Terminal() && i == len(past)-1}
+		w.ch <- RoomEvent{Room: snap, Transition: t.public(r.addr, r.texts()), Terminal: r.phase.Terminal() && i == len(past)-1}
 	}
 	if r.phase.Terminal() {
 		w.close(nil)
 		return w, nil
 	}
-	if r.watchers == nil {
-		r.watchers = make(map[*Watcher]struct{}, 1)
+	if x := r.x(); x.watchers == nil {
+		x.watchers = make(map[*Watcher]struct{}, 1)
 	}
-	r.watchers[w] = struct{}{}
+	r.extra.watchers[w] = struct{}{}
 	return w, nil
 }
 
@@ -1197,7 +1201,7 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 		r.chunksDone, r.bytes = 0, 0
 		r.claims = claimSet{}
 		r.plan, r.ranks = nil, nil // per-attempt progress: set again once the prefill is known
-		r.gates = nil
+		r.clearGates()
 		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = stampOf(now.Add(m.cfg.Timeouts.Bootstrap)), time.Time{}, time.Time{}, time.Time{}
 		m.startSpanLocked(ctx, r) // the new attempt's transfer context is made at its admission
 		m.transitionLocked(r, PhaseWaitingPrefill, "T22", numNote(noteRebootstrap, int64(r.attempt), 0))
@@ -1243,10 +1247,7 @@ func (m *Manager) HoldSuccess(room uint64, gate string) error {
 	if r.phase.Terminal() || r.phase.Poll() == PollSuccess {
 		return fmt.Errorf("hold success of room %d: %w (phase %s)", room, ErrWrongState, r.phase)
 	}
-	if r.gates == nil {
-		r.gates = map[string]bool{}
-	}
-	r.gates[gate] = true
+	r.hold(gate)
 	return nil
 }
 
@@ -1258,7 +1259,7 @@ func (m *Manager) ReleaseHold(room uint64, gate string, failure *Failure) {
 	if r == nil || r.phase.Terminal() {
 		return
 	}
-	delete(r.gates, gate)
+	r.unhold(gate)
 	if failure != nil {
 		m.failLocked(r, *failure)
 		return
@@ -1280,7 +1281,8 @@ func (m *Manager) OnRoomEnd(room uint64, f func()) error {
 		f()
 		return nil
 	}
-	r.onEnd = append(r.onEnd, f)
+	x := r.x()
+	x.onEnd = append(x.onEnd, f)
 	return nil
 }
 

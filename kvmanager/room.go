@@ -24,9 +24,7 @@ import (
 // retracted, held; see hasHandoff).
 type room struct {
 	id       uint64
-	rid      string
 	addr     string
-	idemKey  string
 	entry    prealloc.Entry // the ledger's record of the room (its request, queue position, allocation)
 	decodeDP int
 	led      *prealloc.Ledger
@@ -51,9 +49,7 @@ type room struct {
 	plan   *roomPlan
 	claims claimSet
 
-	watchers map[*Watcher]struct{}
-	onEnd    []func()
-	gates    map[string]bool // conditions success waits for (e.g. staged scatters)
+	extra *roomExtra // what few rooms have: watchers, end hooks, success gates, an idempotency key
 
 	tr *roomTrace // nil unless the room's span is built (a tracer, see startSpanLocked)
 
@@ -135,6 +131,63 @@ func (s stamp) time() time.Time {
 	return time.Unix(0, int64(s))
 }
 
+// roomExtra is what most rooms never have, made on first use.
+type roomExtra struct {
+	idemKey  string
+	watchers map[*Watcher]struct{}
+	onEnd    []func()
+	gates    map[string]bool // conditions success waits for (e.g. staged scatters)
+	texts    []string        // the timeline's notes of text of their own (transition.a indexes them)
+}
+
+// rid is the request's id (SGLang's rid), as the ledger's record holds it.
+func (r *room) rid() string { return r.entry.Request().RID }
+
+// x is the room's roomExtra, made on first use (to write to it).
+func (r *room) x() *roomExtra {
+	if r.extra == nil {
+		r.extra = &roomExtra{}
+	}
+	return r.extra
+}
+
+// gated reports whether a condition holds the room's success back.
+func (r *room) gated() bool { return r.extra != nil && len(r.extra.gates) > 0 }
+
+// gate reports whether the named condition holds the room's success back.
+func (r *room) gate(name string) bool { return r.extra != nil && r.extra.gates[name] }
+
+// hold makes the named condition hold the room's success back.
+func (r *room) hold(name string) {
+	x := r.x()
+	if x.gates == nil {
+		x.gates = map[string]bool{}
+	}
+	x.gates[name] = true
+}
+
+// unhold lifts the named condition.
+func (r *room) unhold(name string) {
+	if r.extra != nil {
+		delete(r.extra.gates, name)
+	}
+}
+
+// clearGates lifts every condition.
+func (r *room) clearGates() {
+	if r.extra != nil {
+		r.extra.gates = nil
+	}
+}
+
+// watching is the room's watchers (nil when none).
+func (r *room) watching() map[*Watcher]struct{} {
+	if r.extra == nil {
+		return nil
+	}
+	return r.extra.watchers
+}
+
 // roomTrace is a traced room's spans: the room span from OpenRoom to
 // success or failure, its context, and the current phase's child span.
 type roomTrace struct {
@@ -214,7 +267,7 @@ func (r *room) handingOff() bool {
 func (r *room) snapshot(withTransitions, withPages bool) RoomSnapshot {
 	req := r.entry.Request()
 	s := RoomSnapshot{
-		Room: r.id, RID: r.rid, Addr: r.addr, DecodeDP: r.decodeDP,
+		Room: r.id, RID: r.rid(), Addr: r.addr, DecodeDP: r.decodeDP,
 		PrefillDP: r.prefillDP, DPRule: r.dpRule, Poll: r.phase.Poll(), Phase: r.phase,
 		PromptLen: req.PromptLen, MaxNewTokens: req.MaxNewTokens, Priority: req.Priority,
 		MetadataSlot: r.metaSlot, OpenedAt: r.openedAt.time(), UpdatedAt: r.updatedAt.time(),
@@ -258,7 +311,11 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 	from := r.phase
 	r.phase = to
 	r.updatedAt = stampOf(now)
-	t := newTransition(now, to, sglang, note, r.attempt)
+	var texts *[]string
+	if needsText(sglang, note) {
+		texts = &r.x().texts
+	}
+	t := newTransition(now, to, sglang, note, r.attempt, texts)
 	if r.transitions == nil {
 		r.transitions = make([]transition, 0, roomTransitions)
 	}
@@ -269,22 +326,24 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 		close(m.progress)
 		m.progress = nil
 	}
-	if len(r.watchers) > 0 { // the snapshot is only for watchers: not on the hot path without them
-		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t.public(r.addr), Terminal: to.Terminal()}
-		for w := range r.watchers {
+	if ws := r.watching(); len(ws) > 0 { // the snapshot is only for watchers: not on the hot path without them
+		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t.public(r.addr, r.texts()), Terminal: to.Terminal()}
+		for w := range ws {
 			if !w.send(ev) {
-				delete(r.watchers, w)
+				delete(ws, w)
 			}
 		}
 	}
 	if to.Terminal() {
-		for w := range r.watchers {
+		for w := range r.watching() {
 			w.close(nil)
 		}
-		r.watchers = nil
+		if r.extra != nil {
+			r.extra.watchers = nil
+		}
 	}
 	if ctx := r.logCtx(); m.log.Enabled(ctx, levelDebug) {
-		m.log.DebugContext(ctx, "room transition", "room", r.id, "rid", r.rid, "from", from.String(), "to", to.String(), "sglang", sglang, "note", note.render(r.addr))
+		m.log.DebugContext(ctx, "room transition", "room", r.id, "rid", r.rid(), "from", from.String(), "to", to.String(), "sglang", sglang, "note", note.render(r.addr))
 	}
 	m.armTimerLocked(r)
 }
@@ -520,7 +579,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 		switch {
 		case len(pending) > 0:
 			what = "KV pages from prefill ranks " + strings.Join(pending, "; ") + " of " + r.addr
-		case len(r.gates) > 0:
+		case r.gated():
 			what = "the scatter of staged regions into the room's pages"
 		case r.marker == 0:
 			what = "the room marker in the metadata slot (aux with the last chunk)"
