@@ -44,10 +44,10 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 	if r := m.rooms[req.Room]; r != nil {
 		// Before the draining check: a retry of an OpenRoom that succeeded
 		// must learn that the room exists.
-		if req.IdempotencyKey != "" && r.idemKey == req.IdempotencyKey {
+		if req.IdempotencyKey != "" && r.extra != nil && r.extra.idemKey == req.IdempotencyKey {
 			return r.snapshot(false, false), true, nil
 		}
-		return RoomSnapshot{}, false, fmt.Errorf("open room %d (rid %q): %w (rid %q, phase %s)", req.Room, req.RID, ErrRoomExists, r.rid, r.phase)
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d (rid %q): %w (rid %q, phase %s)", req.Room, req.RID, ErrRoomExists, r.rid(), r.phase)
 	}
 	if m.draining || m.closed {
 		return RoomSnapshot{}, false, fmt.Errorf("open room %d: %w", req.Room, ErrDraining)
@@ -70,10 +70,13 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 	}
 	now := m.clock.Now()
 	r := &room{
-		id: req.Room, rid: req.RID, addr: addr, idemKey: req.IdempotencyKey,
+		id: req.Room, addr: addr,
 		decodeDP: shard, led: led, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
-		attempt: 1, openedAt: now, updatedAt: now, metaSlot: -1,
-		bootstrapAt: now.Add(m.cfg.Timeouts.Bootstrap),
+		attempt: 1, openedAt: stampOf(now), updatedAt: stampOf(now), metaSlot: -1,
+		bootstrapAt: stampOf(now.Add(m.cfg.Timeouts.Bootstrap)),
+	}
+	if req.IdempotencyKey != "" {
+		r.x().idemKey = req.IdempotencyKey
 	}
 	if err := led.EnqueueEntry(&r.entry, preq); err != nil { // the room's ledger record lives in the room
 		if errors.Is(err, prealloc.ErrQueueFull) {
@@ -102,20 +105,19 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 
 func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
 	if !m.tracing {
-		r.span, r.spanCtx = nil, context.Background()
+		r.tr = nil
 		return
 	}
 	attrs := []attribute.KeyValue{
 		attribute.Int64("decodeplane.room", int64(r.id)),
-		attribute.String("decodeplane.rid", r.rid),
+		attribute.String("decodeplane.rid", r.rid()),
 		attribute.String("decodeplane.prefill.addr", r.addr),
 		attribute.Int("decodeplane.decode_dp_rank", r.decodeDP),
 		attribute.Int("decodeplane.prompt_len", r.entry.Request().PromptLen),
 		attribute.Int("decodeplane.attempt", int(r.attempt)),
 	}
 	_, span := m.tracer.Start(ctx, "room", trace.WithAttributes(attrs...))
-	r.span = span
-	r.spanCtx = trace.ContextWithSpan(context.Background(), span)
+	r.tr = &roomTrace{span: span, spanCtx: trace.ContextWithSpan(context.Background(), span)}
 }
 
 // afterPrefillKnownLocked continues a room once its prefill instance is
@@ -146,7 +148,7 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang
 		m.dpResolvedLocked(r, inst, dp, rule)
 		return
 	}
-	r.dpAt = m.clock.Now().Add(m.cfg.Timeouts.DPRankResolution)
+	r.dpAt = stampOf(m.clock.Now().Add(m.cfg.Timeouts.DPRankResolution))
 	inst.unresolved[r.id] = r
 	m.transitionLocked(r, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(inst.topo.DP), b2i(inst.topo.FollowBootstrapRoom)))
 }
@@ -154,10 +156,10 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang
 // dpResolvedLocked records the room's prefill DP rank and queues it for
 // admission (handshake done: KVPoll WaitingForInput).
 func (m *Manager) dpResolvedLocked(r *room, inst *prefillInstance, dp int, rule DPRule) {
-	r.prefillDP, r.dpRule, r.dpAt = dp, rule, time.Time{}
+	r.prefillDP, r.dpRule, r.dpAt = dp, rule, 0
 	m.obs.DPRankResolved(rule)
-	if r.span != nil {
-		r.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", dp), attribute.String("decodeplane.dp_rank_rule", rule.String()))
+	if r.tr != nil && r.tr.span != nil {
+		r.tr.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", dp), attribute.String("decodeplane.dp_rank_rule", rule.String()))
 	}
 	for _, c := range r.claims.removeIf(func(c *Claim) bool { return c.rank.DP != dp }) {
 		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", c.rank, r.id, dp, rule)}})
@@ -212,7 +214,7 @@ func (m *Manager) admitLocked(shard int) {
 			r.xferCancel() // the previous attempt's (a rebootstrap): nothing of it runs any more
 			r.xferCtx, r.xferCancel = nil, nil
 		}
-		m.obs.DestinationLatency(now.Sub(r.openedAt))
+		m.obs.DestinationLatency(now.Sub(r.openedAt.time()))
 		m.transitionLocked(r, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)))
 		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
 		r.claims.each(func(c *Claim) { c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.key())}) })
@@ -433,7 +435,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 	opCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	cs.cancel = cancel
-	roomSpan := r.spanCtx
+	roomSpan := r.logCtx()
 	r.inflight++
 	m.unlock()
 
@@ -638,7 +640,7 @@ func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) ChunkOp {
 	ps := m.layout.PageSize
 	tokens := min((req.PageOffset+req.NumPages)*ps, r.fillLen) - req.PageOffset*ps
 	op := ChunkOp{
-		Room: r.id, RID: r.rid, Attempt: r.attempt, Rank: req.Rank, ChunkIndex: req.Index,
+		Room: r.id, RID: r.rid(), Attempt: r.attempt, Rank: req.Rank, ChunkIndex: req.Index,
 		DestPages: r.pages[req.PageOffset : req.PageOffset+req.NumPages], Tokens: max(tokens, 0),
 		SrcBuffer: req.SrcBuffer, SrcPages: req.SrcPages, Layout: m.layout, DecodeDP: r.decodeDP,
 		Last: req.Last, MetadataSlot: r.metaSlot, Marker: req.Marker, OutputIDs: req.OutputIDs,
@@ -774,7 +776,7 @@ func (m *Manager) checkSuccessLocked(r *room) {
 		return
 	}
 	m.stagingSettleLocked(r) // lifts the staging gate once every region is scattered
-	if len(r.gates) > 0 {
+	if r.gated() {
 		return
 	}
 	if r.marker == 0 {
@@ -786,7 +788,7 @@ func (m *Manager) checkSuccessLocked(r *room) {
 	}
 	now := m.clock.Now()
 	m.obs.TransferLatency(now.Sub(r.admittedAt))
-	m.obs.RoomFinished(PhaseSucceeded, FailureUnspecified, now.Sub(r.openedAt))
+	m.obs.RoomFinished(PhaseSucceeded, FailureUnspecified, now.Sub(r.openedAt.time()))
 	m.transitionLocked(r, PhaseSucceeded, "T12/T17", numNote(noteSucceeded, int64(r.chunksDone), int64(r.bytes)))
 	p := PhaseSucceeded
 	r.claims.finishAll(DestinationEvent{Done: &p})
@@ -831,8 +833,8 @@ func (m *Manager) failLocked(r *room, f Failure) {
 		})
 	}
 	r.claims.finishAll(DestinationEvent{Failure: &fc})
-	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt))
-	m.log.WarnContext(r.spanCtx, "room failed", "room", r.id, "rid", r.rid, "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
+	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt.time()))
+	m.log.WarnContext(r.logCtx(), "room failed", "room", r.id, "rid", r.rid(), "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
 	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], textNote(r.failure.Message))
 	m.endLocked(r)
 }
@@ -848,7 +850,7 @@ func (m *Manager) endLocked(r *room) {
 	r.releasePending = true
 	m.releaseIfIdleLocked(r)
 	m.retained = append(m.retained, r)
-	m.trimRetainedLocked(r.updatedAt)
+	m.trimRetainedLocked(r.updatedAt.time())
 }
 
 // releaseIfIdleLocked returns a terminal room's resources to the ledger once
@@ -875,11 +877,12 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 			m.log.Error("ledger release failed", "room", r.id, "err", err)
 		}
 	}
-	for _, f := range r.onEnd {
-		f()
+	if x := r.extra; x != nil {
+		for _, f := range x.onEnd {
+			f()
+		}
+		x.onEnd, x.gates = nil, nil
 	}
-	r.onEnd = nil
-	r.gates = nil
 	m.admitDueLocked(r.decodeDP) // once, when the call that ended the room unlocks
 }
 
@@ -903,7 +906,7 @@ func (m *Manager) noteWritesMayContinueLocked(r *room, err error) {
 func (m *Manager) trimRetainedLocked(now time.Time) {
 	for len(m.retained) > 0 {
 		old := m.retained[0]
-		if len(m.retained) <= m.cfg.Rooms.MaxRetained && now.Sub(old.updatedAt) < m.cfg.Rooms.Retention {
+		if len(m.retained) <= m.cfg.Rooms.MaxRetained && now.Sub(old.updatedAt.time()) < m.cfg.Rooms.Retention {
 			break
 		}
 		m.retained[0] = nil
@@ -974,16 +977,16 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(past)), m: m, room: room}
 	snap := r.snapshot(false, false)
 	for i, t := range past {
-		w.ch <- RoomEvent{Room: snap, Transition: t.public(r.addr), Terminal: r.phase.Terminal() && i == len(past)-1}
+		w.ch <- RoomEvent{Room: snap, Transition: t.public(r.addr, r.texts()), Terminal: r.phase.Terminal() && i == len(past)-1}
 	}
 	if r.phase.Terminal() {
 		w.close(nil)
 		return w, nil
 	}
-	if r.watchers == nil {
-		r.watchers = make(map[*Watcher]struct{}, 1)
+	if x := r.x(); x.watchers == nil {
+		x.watchers = make(map[*Watcher]struct{}, 1)
 	}
-	r.watchers[w] = struct{}{}
+	r.extra.watchers[w] = struct{}{}
 	return w, nil
 }
 
@@ -1035,8 +1038,8 @@ func (m *Manager) ListRooms(f ListFilter) ([]RoomSnapshot, int) {
 		if f.NewestFirst {
 			a, b = b, a
 		}
-		if !a.openedAt.Equal(b.openedAt) {
-			return a.openedAt.Before(b.openedAt)
+		if a.openedAt != b.openedAt {
+			return a.openedAt < b.openedAt
 		}
 		return a.id < b.id
 	})
@@ -1198,8 +1201,8 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 		r.chunksDone, r.bytes = 0, 0
 		r.claims = claimSet{}
 		r.plan, r.ranks = nil, nil // per-attempt progress: set again once the prefill is known
-		r.gates = nil
-		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = now.Add(m.cfg.Timeouts.Bootstrap), time.Time{}, time.Time{}, time.Time{}
+		r.clearGates()
+		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = stampOf(now.Add(m.cfg.Timeouts.Bootstrap)), time.Time{}, time.Time{}, time.Time{}
 		m.startSpanLocked(ctx, r) // the new attempt's transfer context is made at its admission
 		m.transitionLocked(r, PhaseWaitingPrefill, "T22", numNote(noteRebootstrap, int64(r.attempt), 0))
 		if inst := m.prefills[r.addr]; inst != nil && inst.complete {
@@ -1244,10 +1247,7 @@ func (m *Manager) HoldSuccess(room uint64, gate string) error {
 	if r.phase.Terminal() || r.phase.Poll() == PollSuccess {
 		return fmt.Errorf("hold success of room %d: %w (phase %s)", room, ErrWrongState, r.phase)
 	}
-	if r.gates == nil {
-		r.gates = map[string]bool{}
-	}
-	r.gates[gate] = true
+	r.hold(gate)
 	return nil
 }
 
@@ -1259,7 +1259,7 @@ func (m *Manager) ReleaseHold(room uint64, gate string, failure *Failure) {
 	if r == nil || r.phase.Terminal() {
 		return
 	}
-	delete(r.gates, gate)
+	r.unhold(gate)
 	if failure != nil {
 		m.failLocked(r, *failure)
 		return
@@ -1281,7 +1281,8 @@ func (m *Manager) OnRoomEnd(room uint64, f func()) error {
 		f()
 		return nil
 	}
-	r.onEnd = append(r.onEnd, f)
+	x := r.x()
+	x.onEnd = append(x.onEnd, f)
 	return nil
 }
 

@@ -344,8 +344,8 @@ func shutdownMessage(what, request string) string {
 // requestName is how failure messages name the request: its rid, else the
 // bootstrap room.
 func (r *room) requestName() string {
-	if r.rid != "" {
-		return r.rid
+	if r.rid() != "" {
+		return r.rid()
 	}
 	return strconv.FormatUint(r.id, 10)
 }

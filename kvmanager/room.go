@@ -24,9 +24,7 @@ import (
 // retracted, held; see hasHandoff).
 type room struct {
 	id       uint64
-	rid      string
 	addr     string
-	idemKey  string
 	entry    prealloc.Entry // the ledger's record of the room (its request, queue position, allocation)
 	decodeDP int
 	led      *prealloc.Ledger
@@ -37,27 +35,23 @@ type room struct {
 
 	phase     Phase
 	failure   *Failure
-	openedAt  time.Time
-	updatedAt time.Time
+	openedAt  stamp
+	updatedAt stamp
 	// finishedAt is updatedAt once the room is terminal (no transition
 	// follows the terminal one).
 	transitions []transition // compact; rendered by timeline
 
 	// Deadlines, zero when not armed (waitingAt is the handoff's).
-	bootstrapAt time.Time
-	dpAt        time.Time
+	bootstrapAt stamp
+	dpAt        stamp
 	dl          deadline // the earliest of them, on the manager's deadline heap
 
 	plan   *roomPlan
 	claims claimSet
 
-	watchers map[*Watcher]struct{}
-	onEnd    []func()
-	gates    map[string]bool // conditions success waits for (e.g. staged scatters)
+	extra *roomExtra // what few rooms have: watchers, end hooks, success gates, an idempotency key
 
-	span      trace.Span
-	spanCtx   context.Context
-	phaseSpan trace.Span
+	tr *roomTrace // nil unless the room's span is built (a tracer, see startSpanLocked)
 
 	*handoff
 
@@ -115,6 +109,100 @@ func (r *room) admittedOnce() {
 	if r.handoff == nil {
 		r.handoff = &handoff{}
 	}
+}
+
+// stamp is a time as Unix nanoseconds, 0 for none: a room keeps its times
+// in 8 bytes each instead of time.Time's 24 (the deadline heap keys by the
+// same numbers).
+type stamp int64
+
+func stampOf(t time.Time) stamp {
+	if t.IsZero() {
+		return 0
+	}
+	return stamp(t.UnixNano())
+}
+
+// time is the stamp as a time.Time (the zero time for none).
+func (s stamp) time() time.Time {
+	if s == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(s))
+}
+
+// roomExtra is what most rooms never have, made on first use.
+type roomExtra struct {
+	idemKey  string
+	watchers map[*Watcher]struct{}
+	onEnd    []func()
+	gates    map[string]bool // conditions success waits for (e.g. staged scatters)
+	texts    []string        // the timeline's notes of text of their own (transition.a indexes them)
+}
+
+// rid is the request's id (SGLang's rid), as the ledger's record holds it.
+func (r *room) rid() string { return r.entry.Request().RID }
+
+// x is the room's roomExtra, made on first use (to write to it).
+func (r *room) x() *roomExtra {
+	if r.extra == nil {
+		r.extra = &roomExtra{}
+	}
+	return r.extra
+}
+
+// gated reports whether a condition holds the room's success back.
+func (r *room) gated() bool { return r.extra != nil && len(r.extra.gates) > 0 }
+
+// gate reports whether the named condition holds the room's success back.
+func (r *room) gate(name string) bool { return r.extra != nil && r.extra.gates[name] }
+
+// hold makes the named condition hold the room's success back.
+func (r *room) hold(name string) {
+	x := r.x()
+	if x.gates == nil {
+		x.gates = map[string]bool{}
+	}
+	x.gates[name] = true
+}
+
+// unhold lifts the named condition.
+func (r *room) unhold(name string) {
+	if r.extra != nil {
+		delete(r.extra.gates, name)
+	}
+}
+
+// clearGates lifts every condition.
+func (r *room) clearGates() {
+	if r.extra != nil {
+		r.extra.gates = nil
+	}
+}
+
+// watching is the room's watchers (nil when none).
+func (r *room) watching() map[*Watcher]struct{} {
+	if r.extra == nil {
+		return nil
+	}
+	return r.extra.watchers
+}
+
+// roomTrace is a traced room's spans: the room span from OpenRoom to
+// success or failure, its context, and the current phase's child span.
+type roomTrace struct {
+	span      trace.Span
+	spanCtx   context.Context
+	phaseSpan trace.Span
+}
+
+// logCtx is the context a room's log lines and engine calls carry: its
+// span's when it has one.
+func (r *room) logCtx() context.Context {
+	if r.tr == nil {
+		return context.Background()
+	}
+	return r.tr.spanCtx
 }
 
 // quarantine holds a room's release until writes that may continue after
@@ -179,10 +267,10 @@ func (r *room) handingOff() bool {
 func (r *room) snapshot(withTransitions, withPages bool) RoomSnapshot {
 	req := r.entry.Request()
 	s := RoomSnapshot{
-		Room: r.id, RID: r.rid, Addr: r.addr, DecodeDP: r.decodeDP,
+		Room: r.id, RID: r.rid(), Addr: r.addr, DecodeDP: r.decodeDP,
 		PrefillDP: r.prefillDP, DPRule: r.dpRule, Poll: r.phase.Poll(), Phase: r.phase,
 		PromptLen: req.PromptLen, MaxNewTokens: req.MaxNewTokens, Priority: req.Priority,
-		MetadataSlot: r.metaSlot, OpenedAt: r.openedAt, UpdatedAt: r.updatedAt,
+		MetadataSlot: r.metaSlot, OpenedAt: r.openedAt.time(), UpdatedAt: r.updatedAt.time(),
 		Attempt: r.attempt, Staging: r.staging,
 	}
 	if h := r.handoff; h != nil {
@@ -198,8 +286,8 @@ func (r *room) snapshot(withTransitions, withPages bool) RoomSnapshot {
 	if withPages && r.handoff != nil {
 		s.Pages = slices.Clone(r.pages)
 	}
-	if r.span != nil {
-		if sc := r.span.SpanContext(); sc.IsValid() {
+	if r.tr != nil && r.tr.span != nil {
+		if sc := r.tr.span.SpanContext(); sc.IsValid() {
 			s.TraceID = sc.TraceID().String()
 		}
 	}
@@ -222,8 +310,12 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 	now := m.clock.Now()
 	from := r.phase
 	r.phase = to
-	r.updatedAt = now
-	t := newTransition(now, to, sglang, note, r.attempt)
+	r.updatedAt = stampOf(now)
+	var texts *[]string
+	if needsText(sglang, note) {
+		texts = &r.x().texts
+	}
+	t := newTransition(now, to, sglang, note, r.attempt, texts)
 	if r.transitions == nil {
 		r.transitions = make([]transition, 0, roomTransitions)
 	}
@@ -234,22 +326,24 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 		close(m.progress)
 		m.progress = nil
 	}
-	if len(r.watchers) > 0 { // the snapshot is only for watchers: not on the hot path without them
-		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t.public(r.addr), Terminal: to.Terminal()}
-		for w := range r.watchers {
+	if ws := r.watching(); len(ws) > 0 { // the snapshot is only for watchers: not on the hot path without them
+		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t.public(r.addr, r.texts()), Terminal: to.Terminal()}
+		for w := range ws {
 			if !w.send(ev) {
-				delete(r.watchers, w)
+				delete(ws, w)
 			}
 		}
 	}
 	if to.Terminal() {
-		for w := range r.watchers {
+		for w := range r.watching() {
 			w.close(nil)
 		}
-		r.watchers = nil
+		if r.extra != nil {
+			r.extra.watchers = nil
+		}
 	}
-	if m.log.Enabled(r.spanCtx, levelDebug) {
-		m.log.DebugContext(r.spanCtx, "room transition", "room", r.id, "rid", r.rid, "from", from.String(), "to", to.String(), "sglang", sglang, "note", note.render(r.addr))
+	if ctx := r.logCtx(); m.log.Enabled(ctx, levelDebug) {
+		m.log.DebugContext(ctx, "room transition", "room", r.id, "rid", r.rid(), "from", from.String(), "to", to.String(), "sglang", sglang, "note", note.render(r.addr))
 	}
 	m.armTimerLocked(r)
 }
@@ -264,41 +358,42 @@ const roomTransitions = 3
 // phaseSpanLocked keeps one child span per phase under the room span, which
 // covers the hand-off from OpenRoom to success or failure.
 func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note note) {
-	if r.span == nil {
+	if r.tr == nil || r.tr.span == nil {
 		return
 	}
-	if !r.span.IsRecording() { // sampled out: nothing to build
+	t := r.tr
+	if !t.span.IsRecording() { // sampled out: nothing to build
 		if to == PhaseFailed || to == PhaseReleased {
-			r.span = nil
+			t.span = nil
 		}
 		return
 	}
-	if r.phaseSpan != nil && from != to {
+	if t.phaseSpan != nil && from != to {
 		if s := note.render(r.addr); s != "" {
-			r.phaseSpan.AddEvent(s)
+			t.phaseSpan.AddEvent(s)
 		}
-		r.phaseSpan.End()
-		r.phaseSpan = nil
+		t.phaseSpan.End()
+		t.phaseSpan = nil
 	}
-	r.span.AddEvent("phase", trace.WithAttributes(attribute.String("phase", to.String()), attribute.Int("kvpoll", int(to.Poll()))))
+	t.span.AddEvent("phase", trace.WithAttributes(attribute.String("phase", to.String()), attribute.Int("kvpoll", int(to.Poll()))))
 	switch {
 	case to == PhaseSucceeded && from != PhaseRetracted:
-		r.span.SetAttributes(attribute.Int("kvpoll", int(PollSuccess)), attribute.Int64("bytes", int64(r.bytes)), attribute.Int("pages", len(r.pages)))
-		r.span.SetStatus(codes.Ok, "")
-		r.span.End()
+		t.span.SetAttributes(attribute.Int("kvpoll", int(PollSuccess)), attribute.Int64("bytes", int64(r.bytes)), attribute.Int("pages", len(r.pages)))
+		t.span.SetStatus(codes.Ok, "")
+		t.span.End()
 	case to == PhaseFailed:
 		if r.failure != nil {
-			r.span.SetAttributes(attribute.String("failure.code", r.failure.Code.String()), attribute.String("failure.reason", r.failure.Message))
-			r.span.SetStatus(codes.Error, r.failure.Message)
+			t.span.SetAttributes(attribute.String("failure.code", r.failure.Code.String()), attribute.String("failure.reason", r.failure.Message))
+			t.span.SetStatus(codes.Error, r.failure.Message)
 		}
-		r.span.SetAttributes(attribute.Int("kvpoll", int(PollFailed)))
-		r.span.End()
-		r.span = nil
+		t.span.SetAttributes(attribute.Int("kvpoll", int(PollFailed)))
+		t.span.End()
+		t.span = nil
 	case to == PhaseReleased:
-		r.span = nil
+		t.span = nil
 	default:
 		if name, ok := phaseSpanName[to]; ok {
-			_, r.phaseSpan = m.tracer.Start(r.spanCtx, name, trace.WithAttributes(attribute.Int64("room", int64(r.id))))
+			_, t.phaseSpan = m.tracer.Start(t.spanCtx, name, trace.WithAttributes(attribute.Int64("room", int64(r.id))))
 		}
 	}
 }
@@ -318,10 +413,10 @@ func (m *Manager) armTimerLocked(r *room) {
 	}
 	switch r.phase {
 	case PhaseWaitingPrefill, PhaseQueued, PhaseAdmitted:
-		consider(r.bootstrapAt)
+		consider(r.bootstrapAt.time())
 	case PhaseResolvingDP:
-		consider(r.bootstrapAt)
-		consider(r.dpAt)
+		consider(r.bootstrapAt.time())
+		consider(r.dpAt.time())
 	case PhaseClaimed, PhaseTransferring:
 		consider(r.waitingAt)
 	}
@@ -342,18 +437,18 @@ func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
 	elapsed := func(since time.Time) float64 { return now.Sub(since).Seconds() }
 	switch r.phase {
 	case PhaseResolvingDP:
-		if !r.dpAt.IsZero() && !now.Before(r.dpAt) {
+		if r.dpAt != 0 && !now.Before(r.dpAt.time()) {
 			m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
 				"Request %d timed out after %.1fs in KVPoll.Bootstrapping: no rule resolved its prefill DP rank at %s within timeouts.dp_rank_resolution (no router hint, prefill dp_size %d, follow_bootstrap_room %v, no BindRoom received)",
-				r.id, elapsed(r.openedAt), r.addr, m.topoLocked(r.addr).DP, m.topoLocked(r.addr).FollowBootstrapRoom)})
+				r.id, elapsed(r.openedAt.time()), r.addr, m.topoLocked(r.addr).DP, m.topoLocked(r.addr).FollowBootstrapRoom)})
 			return
 		}
 		fallthrough
 	case PhaseWaitingPrefill, PhaseQueued, PhaseAdmitted:
-		if !r.bootstrapAt.IsZero() && !now.Before(r.bootstrapAt) {
+		if r.bootstrapAt != 0 && !now.Before(r.bootstrapAt.time()) {
 			m.failLocked(r, Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
 				"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)",
-				r.id, elapsed(r.openedAt), r.phase.Poll(), r.phase, r.unclaimedNote())})
+				r.id, elapsed(r.openedAt.time()), r.phase.Poll(), r.phase, r.unclaimedNote())})
 			return
 		}
 	case PhaseClaimed, PhaseTransferring:
@@ -448,9 +543,9 @@ func (m *Manager) waitingForLocked(r *room) string {
 		if inst := m.prefills[r.addr]; inst != nil {
 			n, want = len(inst.ranks), inst.expected
 		}
-		return fmt.Sprintf("the registration of prefill instance %s (%d of %d ranks registered); bounded by SGLang's registration retries and timeouts.bootstrap%s", r.addr, n, want, at(r.bootstrapAt))
+		return fmt.Sprintf("the registration of prefill instance %s (%d of %d ranks registered); bounded by SGLang's registration retries and timeouts.bootstrap%s", r.addr, n, want, at(r.bootstrapAt.time()))
 	case PhaseResolvingDP:
-		return fmt.Sprintf("the prefill DP rank of the room: a BindRoom from %s (or a router hint); bounded by timeouts.dp_rank_resolution%s", r.addr, at(r.dpAt))
+		return fmt.Sprintf("the prefill DP rank of the room: a BindRoom from %s (or a router hint); bounded by timeouts.dp_rank_resolution%s", r.addr, at(r.dpAt.time()))
 	case PhaseQueued:
 		reason := "the rooms ahead of it"
 		if r.decodeDP < len(m.shards) {
@@ -458,9 +553,9 @@ func (m *Manager) waitingForLocked(r *room) string {
 				reason = "blocked by " + b.String()
 			}
 		}
-		return fmt.Sprintf("KV admission on decode DP shard %d (%s); bounded by timeouts.bootstrap%s", r.decodeDP, reason, at(r.bootstrapAt))
+		return fmt.Sprintf("KV admission on decode DP shard %d (%s); bounded by timeouts.bootstrap%s", r.decodeDP, reason, at(r.bootstrapAt.time()))
 	case PhaseAdmitted:
-		return fmt.Sprintf("the destination's claim (AwaitDestination) by prefill ranks %s of %s; bounded by admission.claim_timeout and timeouts.bootstrap%s", r.unclaimedRanks(), r.addr, at(r.bootstrapAt))
+		return fmt.Sprintf("the destination's claim (AwaitDestination) by prefill ranks %s of %s; bounded by admission.claim_timeout and timeouts.bootstrap%s", r.unclaimedRanks(), r.addr, at(r.bootstrapAt.time()))
 	case PhaseClaimed, PhaseTransferring:
 		var pending []string
 		if r.plan != nil {
@@ -484,7 +579,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 		switch {
 		case len(pending) > 0:
 			what = "KV pages from prefill ranks " + strings.Join(pending, "; ") + " of " + r.addr
-		case len(r.gates) > 0:
+		case r.gated():
 			what = "the scatter of staged regions into the room's pages"
 		case r.marker == 0:
 			what = "the room marker in the metadata slot (aux with the last chunk)"

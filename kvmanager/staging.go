@@ -265,12 +265,10 @@ func (m *Manager) stagingAdmittedLocked(r *room) {
 	}
 	topo := m.topoLocked(r.addr)
 	m.stg.rooms[r.id] = &stagedRoom{st: m.stg.s.Open(r.id, r.attempt, topo.AttnTP, topo.PP)}
-	if r.gates == nil {
-		r.gates = map[string]bool{}
-	}
-	r.gates[stagingGate] = true
+	r.hold(stagingGate)
 	id := r.id
-	r.onEnd = append(r.onEnd, func() { m.stagingReleaseLocked(id) })
+	x := r.x()
+	x.onEnd = append(x.onEnd, func() { m.stagingReleaseLocked(id) })
 }
 
 // stagingReleaseLocked frees every region of a room (SGLang's
@@ -294,7 +292,7 @@ func (m *Manager) stagingReleaseLocked(id uint64) {
 // scattered, else starts the completion timeout (SGLang: completion_timeout
 // after all-success; the waiting timeout no longer applies).
 func (m *Manager) stagingSettleLocked(r *room) {
-	if !r.gates[stagingGate] {
+	if !r.gate(stagingGate) {
 		return
 	}
 	sr := m.stg.rooms[r.id]
@@ -303,7 +301,7 @@ func (m *Manager) stagingSettleLocked(r *room) {
 		// reported never will be (its pages are covered, and nothing may
 		// follow a last chunk): it does not hold the room back; it is freed
 		// with the room.
-		delete(r.gates, stagingGate)
+		r.unhold(stagingGate)
 		if sr != nil && sr.timer.armed() {
 			m.clearDeadlineLocked(&sr.timer)
 			// The waiting deadline was lifted for the completion timer:
@@ -594,7 +592,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs 
 		}
 		op := m.scatterOpLocked(r, m.stg.s.StartScatter(sc))
 		r.inflight++
-		xctx, roomSpan := m.xferCtxLocked(r), r.spanCtx
+		xctx, roomSpan := m.xferCtxLocked(r), r.logCtx()
 		m.unlock()
 
 		// The scatter outlives the caller's RPC (every writer already
@@ -630,7 +628,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs 
 // scatterOpLocked is the engine's operation for one region of room r.
 func (m *Manager) scatterOpLocked(r *room, sc staging.Scatter) ScatterOp {
 	return ScatterOp{
-		Room: r.id, RID: r.rid, Attempt: r.attempt, ChunkIndex: sc.Chunk, DecodeDP: r.decodeDP, DecodeTP: sc.DecodeTP,
+		Room: r.id, RID: r.rid(), Attempt: r.attempt, ChunkIndex: sc.Chunk, DecodeDP: r.decodeDP, DecodeTP: sc.DecodeTP,
 		Layout: m.layout, Region: sc.Region, Tokens: sc.Tokens,
 		DestPages: slices.Clone(r.pages[sc.PageOffset : sc.PageOffset+sc.NumPages]),
 		Writers:   sc.Writers, MetadataSlot: r.metaSlot, Marker: sc.Marker, OutputIDs: sc.OutputIDs,

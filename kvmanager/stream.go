@@ -55,7 +55,7 @@ func (w *Watcher) Close() {
 	w.m.mu.Lock()
 	defer w.m.mu.Unlock()
 	if r := w.m.rooms[w.room]; r != nil {
-		delete(r.watchers, w)
+		delete(r.watching(), w)
 	}
 	w.close(nil)
 }

@@ -14,7 +14,8 @@ import (
 type noteCode uint8
 
 const (
-	noteText        noteCode = iota // text is the note (a failure's message, a constant)
+	noteText        noteCode = iota // text is the note (a failure's message); a kept transition holds its index in the room's texts
+	noteConst                       // a: index in constNotes
 	noteOpened                      // a: decode shard
 	noteResolvingDP                 // a: dp_size, b: follow_bootstrap_room (0/1); the room's address
 	noteDPResolved                  // a: prefill DP rank, b: DPRule
@@ -33,7 +34,26 @@ type note struct {
 	code noteCode
 }
 
-func textNote(s string) note                 { return note{text: s} }
+// constNotes are the fixed notes; a transition holds one as its index.
+var constNotes = [...]string{
+	"chunks landed before every rank claimed",
+	"released by the decode engine",
+	"released at shutdown",
+	"retracted: pages returned; resumes after the next ReportRunning, before new admissions",
+	"held for rebootstrap until ContinueGeneration",
+}
+
+// textNote is a note of text: one of constNotes, or a text of its own
+// (which a kept transition stores in the room's texts).
+func textNote(s string) note {
+	for i, c := range constNotes {
+		if c == s {
+			return note{code: noteConst, a: int64(i), text: s}
+		}
+	}
+	return note{text: s}
+}
+
 func numNote(code noteCode, a, b int64) note { return note{code: code, a: a, b: b} }
 
 // chunkLandedNote is "chunk i from rank landed" (formatted at once for a
@@ -80,16 +100,20 @@ func (n note) render(addr string) string {
 		return fmt.Sprintf("%d chunks, %d bytes", n.a, n.b)
 	case noteRebootstrap:
 		return fmt.Sprintf("rebootstrap attempt %d", n.a)
+	case noteConst:
+		if n.a >= 0 && n.a < int64(len(constNotes)) {
+			return constNotes[n.a]
+		}
 	}
 	return n.text
 }
 
-// transition is one step of a room's timeline as the room keeps it (48
-// bytes): the time in Unix nanoseconds, the note flattened, the SGLang label
-// as its index in sglangLabels.
+// transition is one step of a room's timeline as the room keeps it (32
+// bytes): the time in Unix nanoseconds, the note flattened (a text of its
+// own as its index in the room's texts), the SGLang label as its index in
+// sglangLabels.
 type transition struct {
 	at      int64
-	text    string
 	a, b    int64
 	attempt uint32
 	code    noteCode
@@ -112,27 +136,60 @@ func sglangIndex(label string) (uint8, bool) {
 	return 0, false
 }
 
-func newTransition(at time.Time, to Phase, sglang string, n note, attempt uint32) transition {
-	idx, ok := sglangIndex(sglang)
-	if !ok && n.code == noteText { // not a known label: keep it in the note
-		n.text = sglang + ": " + n.text
-	}
-	return transition{at: at.UnixNano(), text: n.text, a: n.a, b: n.b, attempt: attempt, code: n.code, sglang: idx, phase: uint8(to)}
+// needsText reports whether a transition with this label and note keeps a
+// text of its own (newTransition's texts must then be given).
+func needsText(sglang string, n note) bool {
+	_, ok := sglangIndex(sglang)
+	return n.code == noteText || (!ok && n.code == noteConst)
 }
 
-func (t transition) note() note { return note{text: t.text, a: t.a, b: t.b, code: t.code} }
+// newTransition records a transition; a text of its own is appended to
+// texts (see needsText; nil drops it).
+func newTransition(at time.Time, to Phase, sglang string, n note, attempt uint32, texts *[]string) transition {
+	idx, ok := sglangIndex(sglang)
+	if !ok && (n.code == noteText || n.code == noteConst) { // not a known label: keep it in the note
+		n = note{text: sglang + ": " + n.render("")}
+	}
+	t := transition{at: at.UnixNano(), a: n.a, b: n.b, attempt: attempt, code: n.code, sglang: idx, phase: uint8(to)}
+	if n.code == noteText {
+		t.a = -1
+		if texts != nil {
+			t.a = int64(len(*texts))
+			*texts = append(*texts, n.text)
+		}
+	}
+	return t
+}
 
-// public renders the transition; addr is the room's prefill address.
-func (t transition) public(addr string) Transition {
+func (t transition) note(texts []string) note {
+	n := note{a: t.a, b: t.b, code: t.code}
+	if t.code == noteText && t.a >= 0 && t.a < int64(len(texts)) {
+		n.text = texts[t.a]
+	}
+	return n
+}
+
+// public renders the transition; addr is the room's prefill address, texts
+// the room's texts.
+func (t transition) public(addr string, texts []string) Transition {
 	p := Phase(t.phase)
-	return Transition{Phase: p, Poll: p.Poll(), At: time.Unix(0, t.at), SGLang: sglangLabels[t.sglang], Note: t.note().render(addr), Attempt: t.attempt}
+	return Transition{Phase: p, Poll: p.Poll(), At: time.Unix(0, t.at), SGLang: sglangLabels[t.sglang], Note: t.note(texts).render(addr), Attempt: t.attempt}
+}
+
+// texts are the room's notes of text of their own (nil when none).
+func (r *room) texts() []string {
+	if r.extra == nil {
+		return nil
+	}
+	return r.extra.texts
 }
 
 // timeline renders the room's transitions.
 func (r *room) timeline() []Transition {
 	out := make([]Transition, len(r.transitions))
+	texts := r.texts()
 	for i, t := range r.transitions {
-		out[i] = t.public(r.addr)
+		out[i] = t.public(r.addr, texts)
 	}
 	return out
 }

@@ -37,12 +37,13 @@ func TestTransitionRendersItsNote(t *testing.T) {
 		{numNote(noteSucceeded, 3, 4096), "3 chunks, 4096 bytes"},
 		{textNote("released by the decode engine"), "released by the decode engine"},
 	} {
-		tr := newTransition(at, PhaseTransferring, "T11", c.n, 2).public(addrA)
+		var texts []string
+		tr := newTransition(at, PhaseTransferring, "T11", c.n, 2, &texts).public(addrA, texts)
 		if tr.Note != c.want || tr.Phase != PhaseTransferring || tr.Poll != PhaseTransferring.Poll() || !tr.At.Equal(at) || tr.SGLang != "T11" || tr.Attempt != 2 {
 			t.Errorf("rendered %+v, want note %q, phase transferring at %s, T11, attempt 2", tr, c.want, at)
 		}
 	}
-	if s := unsafe.Sizeof(transition{}); s > 48 {
-		t.Errorf("a compact transition takes %d bytes, want at most 48", s)
+	if s := unsafe.Sizeof(transition{}); s > 32 {
+		t.Errorf("a compact transition takes %d bytes, want at most 32", s)
 	}
 }
