@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // A rank that never registered with a fully registered instance cannot claim
@@ -73,7 +75,7 @@ func TestT22DroppedHeldRoomFails(t *testing.T) {
 			t.Fatal(err)
 		}
 		h := &harness{t: t, dec: dec, cfg: DefaultConfig(), leds: []*prealloc.Ledger{led}}
-		h.sim = NewSimEngine(SimConfig{}, RealClock{})
+		h.sim = sim.NewSimEngine(sim.SimConfig{}, clock.RealClock{})
 		h.m, err = New(h.cfg, dec, Deps{Ledgers: []Ledger{droppingLedger{led}}, Engine: h.sim, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)

@@ -11,8 +11,9 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // The staging handler (SGLang's DecodeStagingHandler, spec §5): per decode
@@ -22,52 +23,11 @@ import (
 // and reports it (StagingChunkReady); the report counts as the rank's chunk
 // for the room's progress. When every writer of a region has reported, the
 // region is scattered into the room's pages by the transfer engine
-// (Scatterer), freed, and the watermark advances. A staged room holds a
+// (transfer.Scatterer), freed, and the watermark advances. A staged room holds a
 // success gate from admission until every allocated region is scattered; if
 // the scatters are not done timeouts.waiting after every prefill rank
 // reported, the room fails (FailureStagingFailed). Every exit path frees
 // every region of the room, after any scatter in flight returned.
-
-// Scatterer is the transfer-engine capability staging needs: scatter one
-// staged region into a room's pages. SimEngine and DelegateEngine implement
-// it; an engine without it cannot serve staged rooms.
-type Scatterer interface {
-	// Scatter copies op's ring region into the decode pages and, when
-	// op.Marker is set, writes the metadata slot. Errors and cancellation as
-	// TransferEngine.Transfer: after it returns nothing writes into the pages.
-	Scatter(ctx context.Context, op ScatterOp) (ChunkResult, error)
-}
-
-// ScatterOp is one staged region to scatter into a room's pages.
-type ScatterOp struct {
-	Room       uint64
-	RID        string
-	Attempt    uint32
-	ChunkIndex int
-	DecodeDP   int
-	DecodeTP   int
-	Layout     prealloc.Layout
-	// Region is the allocation in the ring of (DecodeDP, DecodeTP).
-	Region RingRegion
-	// Tokens is num_pages × page_size: the region's token rows per block.
-	Tokens    int
-	DestPages []int32
-	// Writers are the region's writers in order.
-	Writers []StagingWriter
-	// Marker (0: none) and OutputIDs go into MetadataSlot with the scatter.
-	MetadataSlot int32
-	Marker       uint64
-	OutputIDs    []int32
-}
-
-// Bytes is what the scatter moves out of the ring.
-func (op ScatterOp) Bytes() int64 {
-	var n int64
-	for _, w := range op.Writers {
-		n += int64(op.Tokens) * w.BytesPerToken
-	}
-	return n
-}
 
 // StagingWriter is one prefill rank's part of a region.
 type StagingWriter struct {
@@ -277,7 +237,7 @@ func (m *Manager) stagingUsable() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, ok := m.engine.(Scatterer); !ok {
+	if _, ok := m.engine.(transfer.Scatterer); !ok {
 		return 0, &StagingError{Msg: fmt.Sprintf("Staging is enabled but the transfer engine (%T) cannot scatter staged chunks into the KV pool. Use transfer.path sim or delegate.", m.engine)}
 	}
 	return heads, nil
@@ -314,7 +274,7 @@ func (m *Manager) stagingWriters(topo PrefillTopology, heads, e, q int) []Stagin
 	var out []StagingWriter
 	var off int64
 	for _, s := range stages {
-		b, end := kvcopy.StageLayers(m.layout.NumLayers, topo.PP, s)
+		b, end := transfer.StageLayers(m.layout.NumLayers, topo.PP, s)
 		for _, t := range tps {
 			hs := ComputeHeadSliceParams(P, D, t, e, heads)
 			w := StagingWriter{Index: len(out), PrefillTP: t, PrefillPP: s, Slice: hs, LayerBegin: b, LayerEnd: end,
@@ -627,7 +587,7 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 // set the region is scattered before it returns. A region the watermark has
 // not released is ErrStagingNotWritable and nothing is recorded. A retry of
 // a reported chunk is a duplicate; it resubmits a scatter that failed with
-// ErrEngineUnavailable.
+// transfer.ErrEngineUnavailable.
 func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (StagingChunkResult, error) {
 	if _, err := m.stagingUsable(); err != nil {
 		return StagingChunkResult{}, err
@@ -716,7 +676,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		}
 		return StagingChunkResult{}, err
 	}
-	res := ChunkResult{Duration: -1} // the prefill moved it into the ring
+	res := transfer.ChunkResult{Duration: -1} // the prefill moved it into the ring
 	tokens := req.NumPages * m.layout.PageSize
 	for i, sc := range scs {
 		w := writerIdx[i]
@@ -767,7 +727,7 @@ func (m *Manager) readyRegionsLocked(r *room, rs *roomStaging, rank RankID, chun
 // they landed or failed. It is called without the lock.
 func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs []*stagedChunk) (StagingChunkResult, error) {
 	out := StagingChunkResult{Scattered: len(scs) > 0}
-	eng, _ := m.engine.(Scatterer)
+	eng, _ := m.engine.(transfer.Scatterer)
 	for _, sc := range scs {
 		m.mu.Lock()
 		for sc.state == scatterRunning {
@@ -816,7 +776,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 				attribute.Int("decodeplane.staging.writers", len(op.Writers))}
 		}
 		res, err := m.runRoomOp(context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", attrs,
-			func(ctx context.Context) (ChunkResult, error) { return eng.Scatter(ctx, op) })
+			func(ctx context.Context) (transfer.ChunkResult, error) { return eng.Scatter(ctx, op) })
 
 		m.mu.Lock()
 		r.inflight--
@@ -837,12 +797,16 @@ func (m *Manager) runScatters(ctx context.Context, r *room, rs *roomStaging, scs
 	return out, nil
 }
 
-func (m *Manager) scatterOpLocked(r *room, sc *stagedChunk) ScatterOp {
-	op := ScatterOp{
+func (m *Manager) scatterOpLocked(r *room, sc *stagedChunk) transfer.ScatterOp {
+	op := transfer.ScatterOp{
 		Room: r.id, RID: r.rid, Attempt: r.attempt, ChunkIndex: sc.key.chunk, DecodeDP: r.decodeDP, DecodeTP: sc.key.tp,
-		Layout: m.layout, Region: sc.region, Tokens: sc.numPages * m.layout.PageSize,
+		Layout: m.layout, RingOffset: sc.region.Offset, Tokens: sc.numPages * m.layout.PageSize,
 		DestPages: slices.Clone(r.pages[sc.pageOffset : sc.pageOffset+sc.numPages]),
-		Writers:   sc.writers, MetadataSlot: r.metaSlot,
+		Writers:   make([]transfer.ScatterWriter, len(sc.writers)), MetadataSlot: r.metaSlot,
+	}
+	for i, w := range sc.writers {
+		op.Writers[i] = transfer.ScatterWriter{NumHeads: w.Slice.NumHeads, DstHeadStart: w.Slice.DstHeadStart, LayerBegin: w.LayerBegin, LayerEnd: w.LayerEnd,
+			BytesPerToken: w.BytesPerToken, OffsetPerToken: w.OffsetPerToken}
 	}
 	for _, a := range sc.aux {
 		if a != nil {
@@ -856,7 +820,7 @@ func (m *Manager) scatterOpLocked(r *room, sc *stagedChunk) ScatterOp {
 // scatterDoneLocked records a scatter's outcome: the region is freed (the
 // scatter returned, nothing reads it any more) unless it may be retried, the
 // watermark advances, and the room moves on or fails.
-func (m *Manager) scatterDoneLocked(r *room, rs *roomStaging, sc *stagedChunk, res ChunkResult, err error) error {
+func (m *Manager) scatterDoneLocked(r *room, rs *roomStaging, sc *stagedChunk, res transfer.ChunkResult, err error) error {
 	free := func() {
 		if !sc.freed {
 			sc.ring.ring.Free(sc.region.ID)
@@ -882,7 +846,7 @@ func (m *Manager) scatterDoneLocked(r *room, rs *roomStaging, sc *stagedChunk, r
 			msg = "the room failed: " + r.failure.Message
 		}
 		return fmt.Errorf("scatter chunk %d of room %d: %w: %s", sc.key.chunk, r.id, ErrWrongState, msg)
-	case errors.Is(err, ErrEngineUnavailable):
+	case errors.Is(err, transfer.ErrEngineUnavailable):
 		sc.state = scatterIdle // nothing landed: a retried ChunkReady resubmits it
 		return fmt.Errorf("scatter chunk %d of room %d into decode rank %d: %w", sc.key.chunk, r.id, sc.key.tp, err)
 	default:
@@ -890,7 +854,7 @@ func (m *Manager) scatterDoneLocked(r *room, rs *roomStaging, sc *stagedChunk, r
 		free()
 		f := Failure{Code: FailureStagingFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): scatter of staged chunk %d into decode rank dp %d tp %d failed: %v", r.id, sc.key.chunk, r.decodeDP, sc.key.tp, err)}
 		m.failLocked(r, f)
-		return fmt.Errorf("%w: %s", ErrTransferFailed, f.Message)
+		return fmt.Errorf("%w: %s", transfer.ErrTransferFailed, f.Message)
 	}
 }
 

@@ -11,7 +11,6 @@ import (
 
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
-	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/server"
 )
 
@@ -58,7 +57,7 @@ func buildTLS(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (d
 		return daemonServerTLS{}, daemonAgentTLS{}, fmt.Errorf("server.tls: %w", err)
 	}
 	var at *server.AgentTLS
-	if cfg.Transfer.Path == kvmanager.PathDelegate {
+	if cfg.Transfer.Path == config.PathDelegate {
 		if at, err = server.NewAgentTLS(cfg.AgentTLS, counted("transfer.delegate.tls")); err != nil {
 			return daemonServerTLS{}, daemonAgentTLS{}, fmt.Errorf("transfer.delegate.tls: %w", err)
 		}

@@ -17,11 +17,11 @@ import (
 
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
 	"github.com/decodeplane/decodeplane/internal/tlstest"
-	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
 	"github.com/decodeplane/decodeplane/server"
 	"github.com/decodeplane/decodeplane/transfer/agentclient"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"
+	"github.com/decodeplane/decodeplane/transfer/delegate"
+	"github.com/decodeplane/decodeplane/transfer/hostmem"
 )
 
 // testTimeout bounds every wait in these tests; nothing should come close.
@@ -127,7 +127,7 @@ func TestAgentLinkMutualTLS(t *testing.T) {
 		} {
 			ac, _ := dialAgent(t, addr, tt.cfg)
 			err := checkAgent(t, ac)
-			if !errors.Is(err, kvmanager.ErrAgentUnreachable) {
+			if !errors.Is(err, delegate.ErrAgentUnreachable) {
 				t.Errorf("%s: Check = %v, want unreachable", tt.name, err)
 			}
 		}
