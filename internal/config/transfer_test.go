@@ -71,3 +71,35 @@ func TestTransferConfigWarnings(t *testing.T) {
 		t.Errorf("Warnings() on the delegated path = %v, want none", w)
 	}
 }
+
+// TestTransferConfigValidateFor: the delegated path moves pages and the
+// metadata slot only, so it refuses pools with per-request SWA or Mamba
+// state; the simulated path and state-free pools (and DSA, which lives in
+// the pages) pass.
+func TestTransferConfigValidateFor(t *testing.T) {
+	for _, tc := range []struct {
+		path    string
+		kind    prealloc.Kind
+		refused bool
+	}{
+		{PathDelegate, prealloc.KindGQA, false},
+		{PathDelegate, prealloc.KindHybridMLA, false},
+		{PathDelegate, prealloc.KindHybridSWA, true},
+		{PathDelegate, prealloc.KindHybridLinear, true},
+		{PathSim, prealloc.KindHybridSWA, false},
+		{PathSim, prealloc.KindHybridLinear, false},
+	} {
+		c := DefaultTransferConfig()
+		c.Path = tc.path
+		var dec prealloc.Config
+		dec.Pool.Kind = tc.kind
+		err := c.ValidateFor(dec)
+		var ce *prealloc.ConfigError
+		switch {
+		case !tc.refused && err != nil:
+			t.Errorf("%s on %s: ValidateFor = %v, want nil", tc.path, tc.kind, err)
+		case tc.refused && (!errors.As(err, &ce) || ce.Key != "transfer.path"):
+			t.Errorf("%s on %s: ValidateFor = %v, want a transfer.path problem", tc.path, tc.kind, err)
+		}
+	}
+}
