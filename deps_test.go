@@ -79,6 +79,21 @@ func TestPackageDirection(t *testing.T) {
 		{"./internal/config", []string{"/internal/daemon", "/metrics", "/transfer/agentclient"}},
 		// decodectl is a client of the API.
 		{"./cmd/decodectl", []string{"/server", "/internal/daemon", "/kvmanager"}},
+		// The engine contract is a leaf under the domain: it names no engine
+		// and knows neither the room manager nor the daemon.
+		{"./transfer", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon", "/internal/config", "/transfer/sim", "/transfer/delegate",
+			"/transfer/kvcopy", "/transfer/hostmem", "/transfer/agentclient", "/transfer/agentservice", "/transfer/agentwire"}},
+		// The engines implement the contract; the room manager drives them,
+		// never the other way round.
+		{"./transfer/sim", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon", "/internal/config", "/transfer/delegate", "/transfer/agentclient"}},
+		{"./transfer/delegate", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon", "/internal/config", "/transfer/sim", "/transfer/agentclient", "/transfer/agentservice"}},
+		{"./transfer/kvcopy", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon"}},
+		{"./transfer/hostmem", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon"}},
+		// The domain consumes the engine contract only: which engine runs is
+		// the composition root's choice.
+		{"./kvmanager", []string{"/transfer/sim", "/transfer/delegate", "/transfer/agentclient", "/transfer/agentservice", "/transfer/agentwire", "/transfer/hostmem"}},
+		// The shared clock is a leaf.
+		{"./internal/clock", []string{"/kvmanager", "/transfer", "/prealloc"}},
 	} {
 		deps := depsOf(t, tt.pkg)
 		for _, f := range tt.forbidden {
