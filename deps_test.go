@@ -92,6 +92,9 @@ func TestPackageDirection(t *testing.T) {
 		// The domain consumes the engine contract only: which engine runs is
 		// the composition root's choice.
 		{"./kvmanager", []string{"/transfer/sim", "/transfer/delegate", "/transfer/agentclient", "/transfer/agentservice", "/transfer/agentwire", "/transfer/hostmem"}},
+		// The agent link's TLS section is described without the client it
+		// secures, so that the config loader can name it.
+		{"./transfer/agentclient/agenttls", []string{"/transfer/agentclient", "/server", "/kvmanager", "/internal/daemon", "/internal/config"}},
 		// The shared clock is a leaf.
 		{"./internal/clock", []string{"/kvmanager", "/transfer", "/prealloc"}},
 	} {

@@ -27,6 +27,7 @@ import (
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/transfer/agentclient/agenttls"
 )
 
 // Config is the daemon's whole configuration: the schema of the YAML file.
@@ -42,7 +43,7 @@ type Config struct {
 	Server    server.Config            `yaml:"server"`
 	Log       LogConfig                `yaml:"log"`
 	Transfer  TransferConfig           `yaml:"transfer"`
-	AgentTLS  server.AgentTLSConfig    `yaml:"transfer.delegate.tls"`
+	AgentTLS  agenttls.AgentTLSConfig  `yaml:"transfer.delegate.tls"`
 	KVPool    prealloc.PoolConfig      `yaml:"kv_pool"`
 	Parallel  prealloc.ParallelConfig  `yaml:"parallel"`
 	Staging   prealloc.StagingConfig   `yaml:"staging"`
@@ -68,7 +69,7 @@ func DefaultConfig() Config {
 		Server:    server.DefaultConfig(),
 		Log:       LogConfig{Level: "info", Format: "text"},
 		Transfer:  DefaultTransferConfig(),
-		AgentTLS:  server.DefaultAgentTLSConfig(),
+		AgentTLS:  agenttls.DefaultAgentTLSConfig(),
 		KVPool:    p.Pool,
 		Parallel:  p.Parallel,
 		Staging:   p.Staging,

@@ -37,7 +37,7 @@ type Options struct {
 	// trace context to the agent); nil means no-op / TraceContext+Baggage.
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
-	// Credentials secure the link (server.NewAgentTLS); nil is plaintext.
+	// Credentials secure the link (agenttls.NewAgentTLS); nil is plaintext.
 	Credentials credentials.TransportCredentials
 	// DialOptions are appended.
 	DialOptions []grpc.DialOption
