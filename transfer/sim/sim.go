@@ -93,8 +93,9 @@ func (e *SimEngine) SetScatterFault(fn func(transfer.ScatterOp) error) {
 	e.scatterFault = fn
 }
 
-// Scatter implements transfer.Scatterer: it takes latency + bytes / bandwidth for the
-// region's bytes and writes the room marker when the op carries one.
+// Scatter implements transfer.Scatterer: it takes latency + bytes /
+// bandwidth for the region's bytes and writes the room marker when the op
+// carries one.
 func (e *SimEngine) Scatter(ctx context.Context, op transfer.ScatterOp) (transfer.ChunkResult, error) {
 	e.mu.Lock()
 	fault := e.scatterFault
