@@ -79,10 +79,30 @@ func TestPackageDirection(t *testing.T) {
 		{"./internal/config", []string{"/internal/daemon", "/metrics", "/transfer/agentclient"}},
 		// Staging is a leaf of the domain: it returns effects to the room
 		// manager and never calls it or the registry (gRPC and the generated
-		// API are kept out of ./kvmanager/... by TestDomainPackagesArePure).
-		{"./kvmanager/staging", []string{"/kvmanager", "/kvmanager/registry", "/transfer", "/server"}},
+		// API are kept out of ./kvmanager/... by TestDomainPackagesArePure);
+		// of transfer it uses the contract's layer arithmetic and kvcopy's
+		// buffer names, never an engine.
+		{"./kvmanager/staging", []string{"/kvmanager", "/kvmanager/registry", "/server", "/transfer/sim", "/transfer/delegate", "/transfer/agentclient", "/transfer/agentservice"}},
 		// decodectl is a client of the API.
 		{"./cmd/decodectl", []string{"/server", "/internal/daemon", "/kvmanager"}},
+		// The engine contract is a leaf under the domain: it names no engine
+		// and knows neither the room manager nor the daemon.
+		{"./transfer", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon", "/internal/config", "/transfer/sim", "/transfer/delegate",
+			"/transfer/kvcopy", "/transfer/hostmem", "/transfer/agentclient", "/transfer/agentservice", "/transfer/agentwire"}},
+		// The engines implement the contract; the room manager drives them,
+		// never the other way round.
+		{"./transfer/sim", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon", "/internal/config", "/transfer/delegate", "/transfer/agentclient"}},
+		{"./transfer/delegate", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon", "/internal/config", "/transfer/sim", "/transfer/agentclient", "/transfer/agentservice"}},
+		{"./transfer/kvcopy", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon"}},
+		{"./transfer/hostmem", []string{"/kvmanager", "/server", "/metrics", "/internal/daemon"}},
+		// The domain consumes the engine contract only: which engine runs is
+		// the composition root's choice.
+		{"./kvmanager", []string{"/transfer/sim", "/transfer/delegate", "/transfer/agentclient", "/transfer/agentservice", "/transfer/agentwire", "/transfer/hostmem"}},
+		// The agent link's TLS section is described without the client it
+		// secures, so that the config loader can name it.
+		{"./transfer/agentclient/agenttls", []string{"/transfer/agentclient", "/server", "/kvmanager", "/internal/daemon", "/internal/config"}},
+		// The shared clock is a leaf.
+		{"./internal/clock", []string{"/kvmanager", "/transfer", "/prealloc"}},
 	} {
 		deps := depsOf(t, tt.pkg)
 		for _, f := range tt.forbidden {

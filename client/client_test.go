@@ -20,9 +20,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/decodeplane/decodeplane/client"
-	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // testTimeout bounds every wait; nothing should come close.
@@ -457,7 +457,7 @@ func TestDummyDestination(t *testing.T) {
 	d := newDaemon(t, dc)
 	c := d.client(t)
 	ctx := ctxT(t)
-	d.engine.SetFault(func(kvmanager.ChunkOp) error {
+	d.engine.SetFault(func(transfer.ChunkOp) error {
 		select {
 		case <-dummySent:
 			return nil
@@ -560,7 +560,7 @@ func TestReportRoom(t *testing.T) {
 
 func TestTransferFailureFailsTheRoom(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
-	d.engine.SetFault(func(op kvmanager.ChunkOp) error {
+	d.engine.SetFault(func(op transfer.ChunkOp) error {
 		if op.ChunkIndex == 1 {
 			return errors.New("nic down")
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // daemonConfig adjusts the in-process daemon of the examples and tests.
@@ -37,7 +38,7 @@ type daemonConfig struct {
 // transfer engine, served on an in-memory listener.
 type daemon struct {
 	*daemontest.Daemon
-	engine *kvmanager.SimEngine
+	engine *sim.SimEngine
 }
 
 // startDaemon builds and serves a daemon. Dial it with dialer() at target
@@ -53,7 +54,7 @@ func startDaemon(dc daemonConfig) (*daemon, error) {
 			if dc.manager != nil {
 				k := c.Manager()
 				dc.manager(&k)
-				c.Timeouts, c.DPRank, c.Rooms, c.Transfer = k.Timeouts, k.DPRank, k.Rooms, k.Transfer
+				c.Timeouts, c.DPRank, c.Rooms = k.Timeouts, k.DPRank, k.Rooms
 			}
 			if dc.server != nil {
 				dc.server(&c.Server)

@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // BenchmarkRoomLifecycle is one room's whole walk through the domain, without
@@ -15,7 +17,7 @@ import (
 // reports it delivered) → Transfer (one last chunk of every page, writing
 // the marker; the simulated engine is instant) → Success (the claim's Done
 // event) → ReleaseRoom. The manager is built as the harness builds it
-// (real ledgers, SimEngine with zero latency, the real clock: timers are
+// (real ledgers, sim.SimEngine with zero latency, the real clock: timers are
 // armed and stopped as in the daemon); one prefill instance, TP 1 → TP 1.
 // "watched" adds what the decode engine's WaitRoom does: a Watch with
 // history from the open to the release, every event drained.
@@ -37,12 +39,12 @@ func benchRoomLifecycle(b *testing.B, watched bool) {
 		b.Fatal(err)
 	}
 	cfg := DefaultConfig()
-	cfg.Transfer.Sim = SimConfig{Seed: 1} // instant: no bandwidth, no latency, no faults
+	simCfg := sim.SimConfig{Seed: 1} // instant: no bandwidth, no latency, no faults
 	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: NewSimEngine(cfg.Transfer.Sim, RealClock{}), Logger: slog.New(slog.DiscardHandler)})
+	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: sim.NewSimEngine(simCfg, clock.RealClock{}), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

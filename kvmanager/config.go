@@ -3,20 +3,18 @@ package kvmanager
 import (
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
 // Config is the room manager's configuration: timeouts, DP-rank resolution,
-// room retention and the transfer path. The yaml tags are the daemon's
+// room retention. The yaml tags are the daemon's
 // configuration keys.
 type Config struct {
-	Timeouts TimeoutConfig  `yaml:"timeouts"`
-	DPRank   DPRankConfig   `yaml:"dp_rank"`
-	Rooms    RoomsConfig    `yaml:"rooms"`
-	Transfer TransferConfig `yaml:"transfer"`
+	Timeouts TimeoutConfig `yaml:"timeouts"`
+	DPRank   DPRankConfig  `yaml:"dp_rank"`
+	Rooms    RoomsConfig   `yaml:"rooms"`
 }
 
 // TimeoutConfig bounds every wait of a room (timeouts). Defaults are SGLang's.
@@ -70,52 +68,7 @@ type RoomsConfig struct {
 	MaxRetained int `yaml:"max_retained"`
 }
 
-// Transfer paths.
-const (
-	PathSim      = "sim"
-	PathDelegate = "delegate"
-)
-
-// TransferConfig selects how KV moves (transfer).
-type TransferConfig struct {
-	// Path is "sim" (the embedded simulated engine) or "delegate" (an
-	// external transfer agent over gRPC).
-	Path string `yaml:"path"`
-	// Backend is the engine transfer backend decodeplane stands in for
-	// (mooncake, nixl, ascend, mori, fake); see prealloc.TransferBackends.
-	Backend string `yaml:"backend"`
-	// Sim configures the simulated engine.
-	Sim SimConfig `yaml:"sim"`
-	// Delegate configures the external transfer agent.
-	Delegate DelegateConfig `yaml:"delegate"`
-}
-
-// SimConfig configures the simulated transfer engine (transfer.sim).
-type SimConfig struct {
-	// BandwidthGBytesPerS is the simulated bandwidth in gigabytes (10^9
-	// bytes) per second (64); 0 means infinite. It was bandwidth_gbps, a name
-	// that reads as gigabits; the loader refuses the old name, naming this one.
-	BandwidthGBytesPerS float64 `yaml:"bandwidth_gbytes_per_s"`
-	// Latency is the fixed cost of one transfer (20µs); 0 means none.
-	Latency time.Duration `yaml:"latency"`
-	// FailureProbability fails a chunk with this probability
-	// (SGLANG_TEST_DISAGG_FAILURE_PROB); 0 disables it.
-	FailureProbability float64 `yaml:"failure_probability"`
-	// Seed seeds fault injection; 0 picks a random seed.
-	Seed int64 `yaml:"seed"`
-}
-
-// DelegateConfig configures the delegated path (transfer.delegate).
-type DelegateConfig struct {
-	// Target is the transfer agent's gRPC address, "host:port".
-	Target string `yaml:"target"`
-	// BatchTimeout bounds one copy batch at the agent.
-	BatchTimeout time.Duration `yaml:"batch_timeout"`
-	// HealthInterval is how often the agent's health is checked.
-	HealthInterval time.Duration `yaml:"health_interval"`
-}
-
-// DefaultConfig returns SGLang's defaults and the simulated path.
+// DefaultConfig returns SGLang's defaults.
 func DefaultConfig() Config {
 	return Config{
 		Timeouts: TimeoutConfig{
@@ -128,9 +81,8 @@ func DefaultConfig() Config {
 			PrefillInfoBackoffMax: 4 * time.Second,
 			DPRankResolution:      60 * time.Second,
 		},
-		DPRank:   DPRankConfig{BindingTTL: 120 * time.Second},
-		Rooms:    RoomsConfig{Retention: 10 * time.Minute, MaxRetained: 10000},
-		Transfer: TransferConfig{Path: PathSim, Backend: "mooncake", Sim: SimConfig{BandwidthGBytesPerS: 64, Latency: 20 * time.Microsecond}, Delegate: DelegateConfig{BatchTimeout: 30 * time.Second, HealthInterval: time.Second}},
+		DPRank: DPRankConfig{BindingTTL: 120 * time.Second},
+		Rooms:  RoomsConfig{Retention: 10 * time.Minute, MaxRetained: 10000},
 	}
 }
 
@@ -188,31 +140,6 @@ func (c Config) Validate() error {
 	if c.Rooms.MaxRetained < 0 {
 		add("rooms.max_retained", c.Rooms.MaxRetained, "must not be negative.", "set it to 0 or more.")
 	}
-	t := c.Transfer
-	switch t.Path {
-	case PathSim:
-	case PathDelegate:
-		if _, _, err := net.SplitHostPort(t.Delegate.Target); err != nil {
-			add("transfer.delegate.target", t.Delegate.Target, "the delegated path needs the transfer agent's address (host:port).", "set transfer.delegate.target, e.g. 127.0.0.1:7700, or use transfer.path: sim.")
-		}
-		if t.Delegate.BatchTimeout <= 0 {
-			add("transfer.delegate.batch_timeout", t.Delegate.BatchTimeout, "must be > 0.", "set a duration such as 30s.")
-		}
-		if t.Delegate.HealthInterval <= 0 {
-			add("transfer.delegate.health_interval", t.Delegate.HealthInterval, "must be > 0.", "set a duration such as 1s.")
-		}
-	default:
-		add("transfer.path", t.Path, "unknown transfer path.", "set transfer.path to sim (simulated transfers) or delegate (an external transfer agent).")
-	}
-	if t.Sim.BandwidthGBytesPerS < 0 {
-		add("transfer.sim.bandwidth_gbytes_per_s", t.Sim.BandwidthGBytesPerS, "must not be negative.", "set it in gigabytes per second (64 by default), or 0 for instant transfers.")
-	}
-	if t.Sim.Latency < 0 {
-		add("transfer.sim.latency", t.Sim.Latency, "must not be negative.", "set a duration such as 20us, or 0.")
-	}
-	if t.Sim.FailureProbability < 0 || t.Sim.FailureProbability > 1 || t.Sim.FailureProbability != t.Sim.FailureProbability {
-		add("transfer.sim.failure_probability", t.Sim.FailureProbability, "must be between 0 and 1.", "set SGLANG_TEST_DISAGG_FAILURE_PROB / transfer.sim.failure_probability to a probability, or 0.")
-	}
 	return errors.Join(errs...)
 }
 
@@ -226,27 +153,5 @@ func (c Config) Warnings() []prealloc.Warning {
 	if mf != c.Timeouts.HeartbeatMaxFailures && c.Timeouts.HeartbeatMaxFailures >= 0 {
 		w = append(w, prealloc.Warning{Key: "timeouts.heartbeat_max_failures", Message: fmt.Sprintf("%d is below SGLang's floor; the effective value is %d.", c.Timeouts.HeartbeatMaxFailures, mf)})
 	}
-	if c.Transfer.Sim.FailureProbability > 0 && c.Transfer.Path == PathSim {
-		w = append(w, prealloc.Warning{Key: "transfer.sim.failure_probability", Message: fmt.Sprintf("%.3g of simulated chunks will fail on purpose.", c.Transfer.Sim.FailureProbability)})
-	}
 	return w
-}
-
-// ValidateFor checks the combinations of this configuration with the decode
-// pool that the daemon cannot serve correctly: no configuration may start
-// whose rooms could succeed on state that never moved.
-func (c Config) ValidateFor(dec prealloc.Config) error {
-	if c.Transfer.Path != PathDelegate {
-		return nil
-	}
-	var errs []error
-	for _, st := range dec.Pool.Kind.StateTypes() {
-		switch st {
-		case prealloc.StateSWA, prealloc.StateMamba:
-			errs = append(errs, &prealloc.ConfigError{Key: "transfer.path", Value: c.Transfer.Path,
-				Problem: fmt.Sprintf("the delegated transfer path moves KV pages and the metadata slot, but not the %s state a %s pool needs per request: its rooms would decode on state that never landed.", st, dec.Pool.Kind),
-				Fix:     "use transfer.path: sim for this pool, or a KV pool kind without per-request state (mha, gqa, mla, hybrid-mla)."})
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -16,7 +16,6 @@ func TestConfigValidate(t *testing.T) {
 		wantKeys []string
 	}{
 		{name: "defaults", mod: func(*Config) {}},
-		{name: "delegate path", mod: func(c *Config) { c.Transfer.Path = PathDelegate; c.Transfer.Delegate.Target = "127.0.0.1:7700" }},
 		{
 			name: "every timeout zero",
 			mod: func(c *Config) {
@@ -35,16 +34,6 @@ func TestConfigValidate(t *testing.T) {
 			},
 			wantKeys: []string{"timeouts.heartbeat_max_failures", "timeouts.prefill_info_attempts", "timeouts.prefill_info_backoff_max", "rooms.retention", "rooms.max_retained"},
 		},
-		{
-			name: "transfer",
-			mod: func(c *Config) {
-				c.Transfer.Path = PathDelegate
-				c.Transfer.Delegate = DelegateConfig{Target: "no-port"}
-				c.Transfer.Sim = SimConfig{BandwidthGBytesPerS: -1, Latency: -1, FailureProbability: 2}
-			},
-			wantKeys: []string{"transfer.delegate.target", "transfer.delegate.batch_timeout", "transfer.delegate.health_interval", "transfer.sim.bandwidth_gbytes_per_s", "transfer.sim.latency", "transfer.sim.failure_probability"},
-		},
-		{name: "unknown path", mod: func(c *Config) { c.Transfer.Path = "rdma" }, wantKeys: []string{"transfer.path"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -83,7 +72,6 @@ func TestConfigWarningsAndHeartbeatFloors(t *testing.T) {
 	}
 	c.Timeouts.HeartbeatInterval = time.Second
 	c.Timeouts.HeartbeatMaxFailures = 0
-	c.Transfer.Sim.FailureProbability = 0.01
 	if iv, mf := c.Timeouts.EffectiveHeartbeat(); iv != 2*time.Second || mf != 1 {
 		t.Errorf("EffectiveHeartbeat() = %s, %d; want SGLang's floors 2s, 1", iv, mf)
 	}
@@ -91,7 +79,7 @@ func TestConfigWarningsAndHeartbeatFloors(t *testing.T) {
 	for _, w := range c.Warnings() {
 		keys = append(keys, w.Key)
 	}
-	want := []string{"timeouts.heartbeat_interval", "timeouts.heartbeat_max_failures", "transfer.sim.failure_probability"}
+	want := []string{"timeouts.heartbeat_interval", "timeouts.heartbeat_max_failures"}
 	if !slices.Equal(keys, want) {
 		t.Errorf("Warnings() keys = %q, want %q", keys, want)
 	}

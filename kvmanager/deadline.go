@@ -2,6 +2,8 @@ package kvmanager
 
 import (
 	"time"
+
+	"github.com/decodeplane/decodeplane/internal/clock"
 )
 
 // The manager's deadlines live in one min-heap keyed by time, driven by one
@@ -56,13 +58,13 @@ func (d *deadline) armed() bool { return d.idx > 0 }
 // deadlines is the heap and its timer; Manager.mu guards it.
 type deadlines struct {
 	h       []*deadline
-	timer   Stopper
+	timer   clock.Stopper
 	armed   bool   // the timer is pending
 	armedAt int64  // when it fires (Unix nanoseconds)
 	fire    func() // m.fireDeadlines, built once
 }
 
-// resetter is a Stopper that can be re-armed in place (*time.Timer).
+// resetter is a clock.Stopper that can be re-armed in place (*time.Timer).
 type resetter interface {
 	Reset(d time.Duration) bool
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // countingHarness is a harness whose manager runs on rvCountingClock (it
@@ -23,7 +24,7 @@ func countingHarness(t *testing.T, dec prealloc.Config, cfg Config, obs Observer
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: NewSimEngine(SimConfig{}, nil), Clock: clk, Logger: slog.New(slog.DiscardHandler), Observer: obs})
+	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: sim.NewSimEngine(sim.SimConfig{}, nil), Clock: clk, Logger: slog.New(slog.DiscardHandler), Observer: obs})
 	if err != nil {
 		t.Fatal(err)
 	}

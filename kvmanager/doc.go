@@ -3,12 +3,14 @@
 // the prefill registry (registrations, heartbeats, SGLang's rank mapping),
 // room → prefill DP-rank resolution, the transfer state machine of every
 // room, the room-facing side of staging for heterogeneous TP (the rings and
-// regions are package kvmanager/staging, whose doc says what it owns), and
-// the transfer engines (the simulated one and the delegated one that drives
-// an external agent through the Agent interface, which transfer/agentclient
-// implements over gRPC). The KV pages, slots and admission decisions belong
-// to the prealloc ledgers, one per decode DP shard, which the manager drives
-// through the Ledger interface.
+// regions are package kvmanager/staging, whose doc says what it owns). It
+// moves KV through the transfer engine it is given, through package
+// transfer's contract only (transfer.Engine, transfer.Scatterer for staged
+// rooms, the optional transfer.ChunkChecker); the engines (transfer/sim,
+// transfer/delegate) are the composition root's choice. The KV pages, slots
+// and admission decisions belong to the prealloc ledgers, one per decode DP
+// shard (*prealloc.Ledger); a room's ledger record lives inside the room
+// (prealloc.Entry).
 //
 // # A room's lifecycle
 //
@@ -32,7 +34,7 @@
 // room's marker (T19 when it holds another room). A chunk whose pages fall
 // outside the destination or overlap pages its rank already sent, a retry
 // with another page range, and a reported byte count that is not what the
-// layout says the pages weigh (RankWeights) are refused before anything
+// layout says the pages weigh (transfer.RankWeights) are refused before anything
 // changes. GetRoom shows the coverage and what the room waits for. The
 // decode engine releases a succeeded room (ReleaseRoom); AbortRoom fails a
 // room in any phase (T16). While it runs, ReportRunning grows it (the
@@ -105,7 +107,7 @@
 // regions), exactly once, and only after every transfer the engine runs into
 // its pages has returned — and, when the engine cannot rule out late writes
 // (a transfer agent lost with a batch it may have accepted,
-// WritesMayContinueError), only after that batch's deadline. Writes a prefill
+// transfer.WritesMayContinueError), only after that batch's deadline. Writes a prefill
 // performs itself (ReportTransfer, its own writes into a staging region) are
 // beyond the daemon's sight: the claim stream tells the prefill at once that
 // the room ended, and its resources go back then, as in SGLang's base
@@ -138,6 +140,6 @@
 // so that the gRPC handlers send them before the server stops, and reads
 // ShutdownSummary for the exit status. Releases wait for the engine's
 // in-flight transfers as always; a quarantine for writes that may continue
-// (WritesMayContinueError) is not waited out, since the ledgers go away with
+// (transfer.WritesMayContinueError) is not waited out, since the ledgers go away with
 // the process.
 package kvmanager

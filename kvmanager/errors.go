@@ -7,7 +7,9 @@ import (
 )
 
 // Errors returned by the Manager. The server maps them to gRPC codes with
-// errors.Is; ledger errors (prealloc.Err*) pass through wrapped.
+// errors.Is; ledger errors (prealloc.Err*) and the engine's
+// (transfer.ErrTransferFailed, transfer.ErrEngineUnavailable) pass through
+// wrapped.
 var (
 	// ErrRoomNotFound: the room is unknown (never opened, or forgotten after
 	// its retention). NotFound.
@@ -27,11 +29,6 @@ var (
 	// ErrDPRankConflict: a binding contradicts follow_bootstrap_room or an
 	// earlier resolution. FailedPrecondition.
 	ErrDPRankConflict = errors.New("prefill DP rank conflict")
-	// ErrTransferFailed: the chunk failed; the room is failed. Aborted.
-	ErrTransferFailed = errors.New("transfer failed")
-	// ErrEngineUnavailable: the transfer engine cannot be reached (delegated
-	// path). Unavailable.
-	ErrEngineUnavailable = errors.New("transfer engine unavailable")
 	// ErrDraining: the daemon no longer opens rooms. Unavailable.
 	ErrDraining = errors.New("decodeplane is draining")
 	// ErrTooManyWaiters: too many claims wait for rooms that are not open.

@@ -10,12 +10,15 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // The harness builds a Manager over real prealloc ledgers and the simulated
 // engine. Every test that builds one runs inside a synctest bubble (see
-// bubble), so the manager's RealClock is the bubble's virtual clock: the
+// bubble), so the manager's clock.RealClock is the bubble's virtual clock: the
 // manager's deadlines fire only when the test advances time with advance.
 
 const (
@@ -27,7 +30,7 @@ const (
 type harness struct {
 	t    *testing.T
 	m    *Manager
-	sim  *SimEngine
+	sim  *sim.SimEngine
 	leds []*prealloc.Ledger
 	dec  prealloc.Config
 	cfg  Config
@@ -36,10 +39,10 @@ type harness struct {
 type harnessOptions struct {
 	dec    func(*prealloc.Config)
 	cfg    func(*Config)
-	sim    SimConfig
+	sim    sim.SimConfig
 	shards int
 	run    bool
-	engine func(sim *SimEngine) TransferEngine
+	engine func(sim *sim.SimEngine) transfer.Engine
 	obs    Observer
 	log    *slog.Logger
 }
@@ -57,7 +60,7 @@ func withConfig(f func(*Config)) option {
 }
 
 // withSim configures the simulated engine (default: instant, no faults).
-func withSim(s SimConfig) option {
+func withSim(s sim.SimConfig) option {
 	return func(o *harnessOptions) { o.sim = s }
 }
 
@@ -73,7 +76,7 @@ func withRun() option {
 }
 
 // withEngine wraps the simulated engine (to inject what it cannot).
-func withEngine(f func(sim *SimEngine) TransferEngine) option {
+func withEngine(f func(sim *sim.SimEngine) transfer.Engine) option {
 	return func(o *harnessOptions) { o.engine = f }
 }
 
@@ -99,7 +102,7 @@ func mlaDecode(kind prealloc.Kind) func(*prealloc.Config) {
 // newHarness builds the manager. It must be called inside a bubble.
 func newHarness(t *testing.T, opts ...option) *harness {
 	t.Helper()
-	o := harnessOptions{shards: 1, sim: SimConfig{Seed: 1}}
+	o := harnessOptions{shards: 1, sim: sim.SimConfig{Seed: 1}}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -112,7 +115,6 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		t.Fatalf("decode config does not validate: %v", err)
 	}
 	cfg := DefaultConfig()
-	cfg.Transfer.Sim = o.sim
 	if o.cfg != nil {
 		o.cfg(&cfg)
 	}
@@ -126,8 +128,8 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		h.leds = append(h.leds, l)
 		ledgers = append(ledgers, l)
 	}
-	h.sim = NewSimEngine(cfg.Transfer.Sim, RealClock{})
-	var eng TransferEngine = h.sim
+	h.sim = sim.NewSimEngine(o.sim, clock.RealClock{})
+	var eng transfer.Engine = h.sim
 	if o.engine != nil {
 		eng = o.engine(h.sim)
 	}
@@ -491,7 +493,7 @@ func nextEvent(t *testing.T, c *Claim) (DestinationEvent, bool) {
 
 // gate is a fault hook that holds chunks in flight until released.
 type gate struct {
-	entered chan ChunkOp
+	entered chan transfer.ChunkOp
 	release chan error
 	stop    chan struct{}
 }
@@ -499,14 +501,14 @@ type gate struct {
 // newGate builds a gate; chunks still held when the test ends (a failed
 // test) are let go with an error, so that the bubble can exit.
 func newGate(t *testing.T) *gate {
-	g := &gate{entered: make(chan ChunkOp, 16), release: make(chan error), stop: make(chan struct{})}
+	g := &gate{entered: make(chan transfer.ChunkOp, 16), release: make(chan error), stop: make(chan struct{})}
 	t.Cleanup(func() { close(g.stop) })
 	return g
 }
 
-// hook is installed with SimEngine.SetFault: each chunk blocks until the
+// hook is installed with sim.SimEngine.SetFault: each chunk blocks until the
 // test sends its outcome on release.
-func (g *gate) hook(op ChunkOp) error {
+func (g *gate) hook(op transfer.ChunkOp) error {
 	g.entered <- op
 	select {
 	case err := <-g.release:
@@ -544,7 +546,7 @@ func decodes(fs ...func(*prealloc.Config)) func(*prealloc.Config) {
 func (h *harness) getRoom(room uint64) RoomSnapshot { h.t.Helper(); return h.snapshot(room) }
 
 // transferDup runs Transfer and returns its result and duplicate flag.
-func transferDup(h *harness, req ChunkRequest) (ChunkResult, KVPoll, bool, error) {
+func transferDup(h *harness, req ChunkRequest) (transfer.ChunkResult, KVPoll, bool, error) {
 	res, dup, err := h.m.Transfer(context.Background(), req)
 	return res, h.m.Poll(req.Room), dup, err
 }

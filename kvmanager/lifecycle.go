@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // OpenRequest opens a room (OpenRoom).
@@ -240,7 +241,7 @@ func (m *Manager) destinationLocked(r *room, k rankKey) *Destination {
 		d.Targets = rp.targets
 		d.Dummy = rp.dummy
 		d.RequiredDstInfoNum = rp.requiredDstInfoNum
-		d.TokenBytes, d.StateBytes = RankWeights(m.layout, rp.targets, m.topoLocked(r.addr).PP, k.PP)
+		d.TokenBytes, d.StateBytes = transfer.RankWeights(m.layout, rp.targets, m.topoLocked(r.addr).PP, k.PP)
 	}
 	if d.Dummy {
 		// Dummy targets get an empty destination, as SGLang sends empty
@@ -399,10 +400,14 @@ type ChunkRequest struct {
 // landed. (room, rank, index) is the idempotency key: a retry of a landed
 // chunk returns its result with duplicate = true; a retry of a chunk in
 // flight waits for it.
-func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, bool, error) {
-	if cc, ok := m.engine.(ChunkChecker); ok {
-		if err := cc.CheckChunk(req); err != nil {
-			return ChunkResult{}, false, err
+func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.ChunkResult, bool, error) {
+	if cc, ok := m.engine.(transfer.ChunkChecker); ok {
+		if err := cc.CheckChunk(transfer.ChunkSource{NumPages: req.NumPages, Buffer: req.SrcBuffer, Pages: req.SrcPages}); err != nil {
+			var fe *transfer.FieldError
+			if errors.As(err, &fe) {
+				err = &InvalidError{Field: fe.Field, Msg: fe.Msg}
+			}
+			return transfer.ChunkResult{}, false, err
 		}
 	}
 	m.mu.Lock()
@@ -417,7 +422,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 		}
 		m.unlock()
 		if err != nil {
-			return ChunkResult{}, false, err
+			return transfer.ChunkResult{}, false, err
 		}
 		return m.awaitChunk(ctx, cs, inflight)
 	}
@@ -446,7 +451,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (ChunkResult, 
 			attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
 			attribute.Bool("decodeplane.last", req.Last)}
 	}
-	res, terr := m.runRoomOp(opCtx, nil, roomSpan, "chunk", attrs, func(ctx context.Context) (ChunkResult, error) { return m.engine.Transfer(ctx, op) })
+	res, terr := m.runRoomOp(opCtx, nil, roomSpan, "chunk", attrs, func(ctx context.Context) (transfer.ChunkResult, error) { return m.engine.Transfer(ctx, op) })
 
 	m.mu.Lock()
 	defer m.unlock()
@@ -471,7 +476,7 @@ func (m *Manager) xferCtxLocked(r *room) context.Context {
 // room's transfer context (the room failed) ends; with no xctx, parent is
 // already cancelled with the room. Without tracing no span is started
 // (attrs is then nil).
-func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string, attrs []attribute.KeyValue, op func(context.Context) (ChunkResult, error)) (ChunkResult, error) {
+func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string, attrs []attribute.KeyValue, op func(context.Context) (transfer.ChunkResult, error)) (transfer.ChunkResult, error) {
 	ctx := parent
 	if xctx != nil {
 		var cancel context.CancelFunc
@@ -494,12 +499,12 @@ func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string,
 	return res, err
 }
 
-func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState, inflight chan struct{}) (ChunkResult, bool, error) {
+func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState, inflight chan struct{}) (transfer.ChunkResult, bool, error) {
 	if inflight != nil {
 		select {
 		case <-inflight:
 		case <-ctx.Done():
-			return ChunkResult{}, false, ctx.Err()
+			return transfer.ChunkResult{}, false, ctx.Err()
 		}
 	}
 	m.mu.Lock()
@@ -593,7 +598,7 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 	if checkBytes {
 		// The bytes a prefill reports are checked against what the layout
 		// says the chunk's pages weigh for this rank (head slice included).
-		if want := ChunkBytes(m.chunkOpLocked(r, req)); req.Bytes != want {
+		if want := transfer.ChunkBytes(m.chunkOpLocked(r, req)); req.Bytes != want {
 			return nil, nil, nil, false, invalid("bytes", "%d is not what chunk %d of %s weighs: pages [%d, %d) carry %d bytes by the layout (Destination.token_bytes x tokens + state_bytes on the last chunk)",
 				req.Bytes, req.Index, req.Rank, req.PageOffset, req.PageOffset+req.NumPages, want)
 		}
@@ -636,11 +641,11 @@ func chunkDroppedLocked(rp *rankProgress, index int, cs *chunkState) {
 	}
 }
 
-func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) ChunkOp {
+func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) transfer.ChunkOp {
 	ps := m.layout.PageSize
 	tokens := min((req.PageOffset+req.NumPages)*ps, r.fillLen) - req.PageOffset*ps
-	op := ChunkOp{
-		Room: r.id, RID: r.rid(), Attempt: r.attempt, Rank: req.Rank, ChunkIndex: req.Index,
+	op := transfer.ChunkOp{
+		Room: r.id, RID: r.rid(), Attempt: r.attempt, Rank: transfer.Rank(req.Rank), ChunkIndex: req.Index,
 		DestPages: r.pages[req.PageOffset : req.PageOffset+req.NumPages], Tokens: max(tokens, 0),
 		SrcBuffer: req.SrcBuffer, SrcPages: req.SrcPages, Layout: m.layout, DecodeDP: r.decodeDP,
 		Last: req.Last, MetadataSlot: r.metaSlot, Marker: req.Marker, OutputIDs: req.OutputIDs,
@@ -657,8 +662,8 @@ func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) ChunkOp {
 }
 
 // chunkEndLocked records a chunk's outcome and advances the room.
-func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress, req ChunkRequest, cs *chunkState, res ChunkResult, terr error) (ChunkResult, bool, error) {
-	finish := func(err error) (ChunkResult, bool, error) {
+func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress, req ChunkRequest, cs *chunkState, res transfer.ChunkResult, terr error) (transfer.ChunkResult, bool, error) {
+	finish := func(err error) (transfer.ChunkResult, bool, error) {
 		cs.err = err
 		cs.settle()
 		m.releaseIfIdleLocked(r)
@@ -671,7 +676,7 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 	if terr != nil {
 		// The room has not failed (checked above): a cancelled call is the
 		// caller's, and nothing landed.
-		retryable := errors.Is(terr, ErrEngineUnavailable) || ctx.Err() != nil
+		retryable := errors.Is(terr, transfer.ErrEngineUnavailable) || ctx.Err() != nil
 		if retryable {
 			chunkDroppedLocked(rp, req.Index, cs) // nothing landed: a retry may send it again
 			return finish(terr)
@@ -679,7 +684,7 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 		m.obs.ChunkDone(res.Bytes, res.Duration, false)
 		f := Failure{Code: FailureTransferFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): chunk %d from %s failed: %v", r.id, req.Index, req.Rank, terr)}
 		m.failLocked(r, f)
-		return finish(fmt.Errorf("%w: %s", ErrTransferFailed, f.Message))
+		return finish(fmt.Errorf("%w: %s", transfer.ErrTransferFailed, f.Message))
 	}
 	cs.done, cs.result = true, res
 	cs.settle()
@@ -689,7 +694,7 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 
 // chunkLandedLocked advances a room after a chunk landed (moved by the
 // engine or reported by the prefill).
-func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest, res ChunkResult) {
+func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest, res transfer.ChunkResult) {
 	r.bytes += uint64(max(res.Bytes, 0))
 	rp.bytes += uint64(max(res.Bytes, 0))
 	r.chunksDone++
@@ -755,7 +760,7 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 	}
 	cs.settle()
 	cs.done = true
-	cs.result = ChunkResult{Bytes: req.Bytes, Duration: -1, MarkerWritten: req.Marker} // duration unknown: the prefill moved it
+	cs.result = transfer.ChunkResult{Bytes: req.Bytes, Duration: -1, MarkerWritten: req.Marker} // duration unknown: the prefill moved it
 	m.chunkLandedLocked(r, rp, req, cs.result)
 	return r.phase.Poll(), false, nil
 }
@@ -887,12 +892,12 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 }
 
 // noteWritesMayContinueLocked records how long an engine failure may still
-// write into the room's pages (see WritesMayContinueError).
+// write into the room's pages (see transfer.WritesMayContinueError).
 func (m *Manager) noteWritesMayContinueLocked(r *room, err error) {
 	if err == nil {
 		return
 	}
-	var wmc *WritesMayContinueError
+	var wmc *transfer.WritesMayContinueError
 	if errors.As(err, &wmc) && wmc.Until.After(r.writesUntil()) {
 		if r.quarantine == nil {
 			r.quarantine = &quarantine{}

@@ -8,7 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // The domain benchmarks (issue 10): the room path without gRPC, over a real
@@ -28,7 +30,7 @@ func benchManager(b *testing.B, dec prealloc.Config, cfg Config) *Manager {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: NewSimEngine(SimConfig{}, RealClock{}), Logger: slog.New(slog.DiscardHandler)})
+	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: sim.NewSimEngine(sim.SimConfig{}, clock.RealClock{}), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

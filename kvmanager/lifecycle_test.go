@@ -75,6 +75,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 func TestT1T2T4T8T11T12T17HappyPath(t *testing.T) {
@@ -356,7 +358,7 @@ func TestT12HeterogeneousTP(t *testing.T) {
 		wantRanks []RankID
 		// wantTargets are the targets of every rank's destination (dummies
 		// included), by prefill TP rank.
-		wantTargets map[int][]Target
+		wantTargets map[int][]transfer.Target
 		wantDummy   map[int]bool
 		wantDstInfo int
 		// wantBytes is what every required rank's single 1000-token chunk moves.
@@ -368,7 +370,7 @@ func TestT12HeterogeneousTP(t *testing.T) {
 			name:      "prefill TP 2 to decode TP 1",
 			inst:      instance{addr: addrA, tp: 2},
 			wantRanks: []RankID{{Addr: addrA, TP: 0}, {Addr: addrA, TP: 1}},
-			wantTargets: map[int][]Target{
+			wantTargets: map[int][]transfer.Target{
 				0: {{DecodeTP: 0, SrcHeadStart: 0, DstHeadStart: 0, NumHeads: 4}},
 				1: {{DecodeTP: 0, SrcHeadStart: 0, DstHeadStart: 4, NumHeads: 4}},
 			},
@@ -384,7 +386,7 @@ func TestT12HeterogeneousTP(t *testing.T) {
 			dec:       func(c *prealloc.Config) { c.Parallel.AttnTP = 4 },
 			inst:      instance{addr: addrA, tp: 1},
 			wantRanks: []RankID{{Addr: addrA, TP: 0}},
-			wantTargets: map[int][]Target{0: {
+			wantTargets: map[int][]transfer.Target{0: {
 				{DecodeTP: 0, SrcHeadStart: 0, NumHeads: 2},
 				{DecodeTP: 1, SrcHeadStart: 2, NumHeads: 2},
 				{DecodeTP: 2, SrcHeadStart: 4, NumHeads: 2},
@@ -402,7 +404,7 @@ func TestT12HeterogeneousTP(t *testing.T) {
 			dec:       mlaDecode(prealloc.KindMLA),
 			inst:      instance{addr: addrA, tp: 4},
 			wantRanks: []RankID{{Addr: addrA, TP: 0}},
-			wantTargets: map[int][]Target{
+			wantTargets: map[int][]transfer.Target{
 				0: {{DecodeTP: 0}},
 				1: {{DecodeTP: 0, Dummy: true}},
 				2: {{DecodeTP: 0, Dummy: true}},
@@ -512,7 +514,7 @@ func TestT13T18ChunkFailureFromEngine(t *testing.T) {
 		h.open(addrA, 9)
 		c0, _ := h.claim(9, ranksOf(in)[0])
 		h.claim(9, ranksOf(in)[1])
-		h.sim.SetFault(func(op ChunkOp) error {
+		h.sim.SetFault(func(op transfer.ChunkOp) error {
 			if op.Rank.TP == 1 {
 				return errors.New("rdma write to 10.0.0.1 failed: QP in error state")
 			}
@@ -522,8 +524,8 @@ func TestT13T18ChunkFailureFromEngine(t *testing.T) {
 			t.Fatalf("Transfer from rank 0 = %v", err)
 		}
 		_, _, err := h.m.Transfer(context.Background(), chunk(9, ranksOf(in)[1], 0, 0, 16, true))
-		if !errors.Is(err, ErrTransferFailed) {
-			t.Fatalf("Transfer from rank 1 = %v, want ErrTransferFailed", err)
+		if !errors.Is(err, transfer.ErrTransferFailed) {
+			t.Fatalf("Transfer from rank 1 = %v, want transfer.ErrTransferFailed", err)
 		}
 		msg := h.wantFailure(9, FailureTransferFailed, "KVTransferError(bootstrap_room=9): chunk 0 from")
 		if !strings.Contains(msg, "rdma write to 10.0.0.1 failed: QP in error state") {
@@ -1313,7 +1315,7 @@ func TestRetryOfInFlightChunkWaits(t *testing.T) {
 		h.claimAll(1)
 		rk := h.requiredRanks(1)[0]
 		type result struct {
-			res ChunkResult
+			res transfer.ChunkResult
 			dup bool
 			err error
 		}
@@ -1353,7 +1355,7 @@ func TestRetryOfInFlightChunkWaits(t *testing.T) {
 // does not fail the room (no T13); the retry moves the chunk (decodeplane).
 func TestRetryAfterCallerGaveUp(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		h := newHarness(t, withSim(SimConfig{BandwidthGBytesPerS: 1, Seed: 1}))
+		h := newHarness(t, withSim(sim.SimConfig{BandwidthGBytesPerS: 1, Seed: 1}))
 		h.register(instance{addr: addrA})
 		h.open(addrA, 1)
 		h.claimAll(1)

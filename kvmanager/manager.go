@@ -14,8 +14,10 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // Deps are the manager's collaborators.
@@ -23,9 +25,9 @@ type Deps struct {
 	// Ledgers are the decode DP shards, index = decode DP rank; required.
 	Ledgers []*prealloc.Ledger
 	// Engine moves chunks; required.
-	Engine TransferEngine
-	// Clock defaults to RealClock.
-	Clock Clock
+	Engine transfer.Engine
+	// Clock defaults to clock.RealClock.
+	Clock clock.Clock
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// TracerProvider defaults to a no-op provider.
@@ -40,14 +42,14 @@ type Manager struct {
 	cfg    Config
 	dec    prealloc.Config
 	layout prealloc.Layout
-	clock  Clock
+	clock  clock.Clock
 	log    *slog.Logger
 	tracer trace.Tracer
 	// tracing: the provider is not the no-op one; without it no span or
 	// attribute is built on the room path.
 	tracing bool
 	obs     Observer
-	engine  TransferEngine
+	engine  transfer.Engine
 	shards  []*prealloc.Ledger
 
 	mu           sync.Mutex
@@ -77,7 +79,7 @@ const maxPendingClaims = 8192
 
 // New builds a manager. dec must be validated.
 func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
-	if err := errors.Join(cfg.Validate(), cfg.ValidateFor(dec)); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if len(deps.Ledgers) == 0 {
@@ -90,7 +92,7 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		return nil, errors.New("kvmanager: a transfer engine is required")
 	}
 	if deps.Clock == nil {
-		deps.Clock = RealClock{}
+		deps.Clock = clock.RealClock{}
 	}
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
@@ -140,57 +142,19 @@ func (m *Manager) Run(ctx context.Context) error {
 	interval, _ := m.cfg.Timeouts.EffectiveHeartbeat()
 	// Check four times per interval, so that a dead instance is found at
 	// most a quarter interval after interval × max_failures of silence.
-	hb := newTicker(m.clock, interval/4)
-	defer hb.stop()
-	sweep := newTicker(m.clock, min(m.cfg.DPRank.BindingTTL, time.Minute))
-	defer sweep.stop()
+	hb := clock.NewTicker(m.clock, interval/4)
+	defer hb.Stop()
+	sweep := clock.NewTicker(m.clock, min(m.cfg.DPRank.BindingTTL, time.Minute))
+	defer sweep.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-hb.c:
+		case <-hb.C:
 			m.checkLiveness()
-		case <-sweep.c:
+		case <-sweep.C:
 			m.sweep()
 		}
-	}
-}
-
-// ticker is a clock-driven ticker (time.Ticker on the injected clock).
-type ticker struct {
-	c    chan struct{}
-	mu   sync.Mutex
-	t    Stopper
-	done bool
-}
-
-func newTicker(c Clock, d time.Duration) *ticker {
-	t := &ticker{c: make(chan struct{}, 1)}
-	var arm func()
-	arm = func() {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		if t.done {
-			return
-		}
-		t.t = c.AfterFunc(d, func() {
-			select {
-			case t.c <- struct{}{}:
-			default: // a tick is already pending
-			}
-			arm()
-		})
-	}
-	arm()
-	return t
-}
-
-func (t *ticker) stop() {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.done = true
-	if t.t != nil {
-		t.t.Stop()
 	}
 }
 

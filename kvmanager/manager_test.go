@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 func TestNewValidates(t *testing.T) {
@@ -20,7 +21,7 @@ func TestNewValidates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eng := NewSimEngine(SimConfig{Seed: 1}, nil)
+	eng := sim.NewSimEngine(sim.SimConfig{Seed: 1}, nil)
 	bad := DefaultConfig()
 	bad.Timeouts.Waiting = 0
 	tests := []struct {
@@ -132,7 +133,7 @@ func TestShutdownFailsInFlightAndReleasesSucceeded(t *testing.T) {
 func TestShutdownWaitsForHandOff(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		// 1000 tokens × 131072 B at 1 GB/s: 131.072 ms.
-		h := newHarness(t, withSim(SimConfig{BandwidthGBytesPerS: 1, Seed: 1}))
+		h := newHarness(t, withSim(sim.SimConfig{BandwidthGBytesPerS: 1, Seed: 1}))
 		h.register(instance{addr: addrA})
 		h.open(addrA, 1)
 		h.claimAll(1)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // DecodeRankMapping is SGLang's _resolve_rank_mapping for one decode
@@ -178,7 +180,7 @@ type roomPlan struct {
 }
 
 type rankPlan struct {
-	targets            []Target
+	targets            []transfer.Target
 	dummy              bool // dummy for every decode rank that addresses it
 	requiredDstInfoNum int
 }
@@ -213,7 +215,7 @@ func (s planShape) rank(k rankKey) *rankPlan {
 	}
 	rp := &rankPlan{dummy: true, requiredDstInfoNum: 1}
 	add := func(e int, dummy bool) {
-		tg := Target{DecodeTP: e, Dummy: dummy}
+		tg := transfer.Target{DecodeTP: e, Dummy: dummy}
 		if !s.isMLA && !dummy {
 			hs := ComputeHeadSliceParams(P, D, k.TP, e, s.totalHeads)
 			tg.SrcHeadStart, tg.DstHeadStart, tg.NumHeads = hs.SrcHeadStart, hs.DstHeadStart, hs.NumHeads

@@ -14,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // allocated returns how many bytes f allocated (runtime.MemStats.TotalAlloc:
@@ -371,7 +372,7 @@ func referencePlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, tot
 					for _, d := range m.DummyTPRanks {
 						dummy = dummy || d == t
 					}
-					tg := Target{DecodeTP: m.DecodeTP, Dummy: dummy}
+					tg := transfer.Target{DecodeTP: m.DecodeTP, Dummy: dummy}
 					if !isMLA && !dummy {
 						hs := ComputeHeadSliceParams(p.AttnTP, decodeTP, t, m.DecodeTP, totalHeads)
 						tg.SrcHeadStart, tg.DstHeadStart, tg.NumHeads = hs.SrcHeadStart, hs.DstHeadStart, hs.NumHeads

@@ -14,8 +14,12 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
+	"github.com/decodeplane/decodeplane/transfer/delegate"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // rvStaging turns the harness's decode side into a small GQA pool with a
@@ -87,7 +91,7 @@ func TestStagedRoomWithoutMarkerFailsAtTheWaitingDeadline(t *testing.T) {
 
 // rvLostAgent is a transfer agent that accepts every batch and then loses it
 // (the completion stream broke and could not be re-established, as
-// agentclient.Client reports it: ErrAgentLost). The agent itself is alive and
+// agentclient.Client reports it: delegate.ErrAgentLost). The agent itself is alive and
 // keeps executing the batch until its deadline.
 type rvLostAgent struct {
 	deadlines chan time.Time
@@ -98,24 +102,32 @@ func (a *rvLostAgent) CancelRoom(context.Context, uint64) error                 
 func (a *rvLostAgent) Check(context.Context) error                                { return nil }
 func (a *rvLostAgent) Execute(_ context.Context, b kvcopy.Batch) error {
 	a.deadlines <- b.Deadline
-	return fmt.Errorf("%w: completion stream broke and the agent could not be reached again", ErrAgentLost)
+	return fmt.Errorf("%w: completion stream broke and the agent could not be reached again", delegate.ErrAgentLost)
 }
 
 // Regression (finding 2, pages reused under an in-flight write, delegated path): when a
 // batch's outcome is unknown (ErrAgentLost: the batch was accepted, the agent
-// may still be copying until the batch deadline), DelegateEngine reports
-// ErrTransferFailed, the room fails and its pages go straight back to the
+// may still be copying until the batch deadline), delegate.DelegateEngine reports
+// transfer.ErrTransferFailed, the room fails and its pages go straight back to the
 // ledger, which hands them to the next room while the lost batch may still
 // write into them (until transfer.delegate.batch_timeout).
 func TestAgentLostBatchKeepsPagesUntilItsDeadline(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		agent := &rvLostAgent{deadlines: make(chan time.Time, 4)}
-		var eng *DelegateEngine
-		h := newHarness(t, withDecode(smallPool(24)), withEngine(func(*SimEngine) TransferEngine {
-			eng = NewDelegateEngine(DelegateConfig{Target: "agent:1", BatchTimeout: 30 * time.Second, HealthInterval: time.Second}, agent, DelegateDeps{Logger: slog.New(slog.DiscardHandler)})
-			eng.setState(true, "test: agent up")
+		var eng *delegate.DelegateEngine
+		h := newHarness(t, withDecode(smallPool(24)), withEngine(func(*sim.SimEngine) transfer.Engine {
+			eng = delegate.NewDelegateEngine(delegate.DelegateConfig{Target: "agent:1", BatchTimeout: 30 * time.Second, HealthInterval: time.Second}, agent, delegate.DelegateDeps{Logger: slog.New(slog.DiscardHandler)})
 			return eng
 		}))
+		// The engine is ready once its health loop's first check passed.
+		runCtx, stop := context.WithCancel(context.Background())
+		ran := make(chan struct{})
+		go func() { _ = eng.Run(runCtx); close(ran) }()
+		defer func() { stop(); <-ran }()
+		synctest.Wait()
+		if up, reason := eng.Ready(); !up {
+			t.Fatalf("delegated engine not ready after its first health check: %s", reason)
+		}
 		h.register(instance{addr: addrA})
 		h.open(addrA, 1)
 		h.claimAll(1)
@@ -132,8 +144,8 @@ func TestAgentLostBatchKeepsPagesUntilItsDeadline(t *testing.T) {
 		for i := range pages1 {
 			req.SrcPages = append(req.SrcPages, int32(i))
 		}
-		if _, _, err := h.m.Transfer(context.Background(), req); !errors.Is(err, ErrTransferFailed) {
-			t.Fatalf("Transfer with a lost batch = %v, want ErrTransferFailed", err)
+		if _, _, err := h.m.Transfer(context.Background(), req); !errors.Is(err, transfer.ErrTransferFailed) {
+			t.Fatalf("Transfer with a lost batch = %v, want transfer.ErrTransferFailed", err)
 		}
 		deadline := <-agent.deadlines
 		now := time.Now()
@@ -154,7 +166,7 @@ func TestAgentLostBatchKeepsPagesUntilItsDeadline(t *testing.T) {
 	})
 }
 
-// rvCountingClock is RealClock (the bubble's clock) that counts the timers
+// rvCountingClock is clock.RealClock (the bubble's clock) that counts the timers
 // armed and not yet fired or stopped.
 type rvCountingClock struct {
 	mu   sync.Mutex
@@ -168,7 +180,7 @@ type rvTimer struct {
 }
 
 func (c *rvCountingClock) Now() time.Time { return time.Now() }
-func (c *rvCountingClock) AfterFunc(d time.Duration, f func()) Stopper {
+func (c *rvCountingClock) AfterFunc(d time.Duration, f func()) clock.Stopper {
 	tm := &rvTimer{c: c}
 	c.mu.Lock()
 	c.live++
@@ -201,7 +213,7 @@ func (c *rvCountingClock) Live() int {
 }
 
 // Regression (finding 4, timer/claim retained): a claim that arrives before OpenRoom
-// arms an expiry timer (AwaitDestination, lifecycle.go) whose Stopper is
+// arms an expiry timer (AwaitDestination, lifecycle.go) whose clock.Stopper is
 // dropped: when the room opens and the claim attaches, the timer is never
 // stopped, so it (and the Claim, its channel and buffered Destination) stays
 // alive for timeouts.bootstrap after the room is long released.
@@ -214,7 +226,7 @@ func TestPendingClaimTimerStopsWhenTheRoomOpens(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := DefaultConfig()
-		m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: NewSimEngine(SimConfig{}, nil), Clock: clk, Logger: slog.New(slog.DiscardHandler)})
+		m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: sim.NewSimEngine(sim.SimConfig{}, nil), Clock: clk, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // room is one request's KV hand-off. Every field is guarded by Manager.mu.
@@ -206,7 +207,7 @@ func (r *room) logCtx() context.Context {
 }
 
 // quarantine holds a room's release until writes that may continue after
-// an engine failure (WritesMayContinueError) can no longer happen.
+// an engine failure (transfer.WritesMayContinueError) can no longer happen.
 type quarantine struct {
 	until time.Time
 	dl    deadline
@@ -252,7 +253,7 @@ type chunkState struct {
 	// closed when it ends; cancel ends the engine call (the room failed).
 	waiters chan struct{}
 	cancel  context.CancelFunc
-	result  ChunkResult
+	result  transfer.ChunkResult
 	err     error
 	// The chunk's identity beyond its index: a retry must match it.
 	off, n int

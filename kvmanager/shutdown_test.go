@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // queuedRoomEvents takes every event a watcher has queued; the channel must be
@@ -235,7 +236,7 @@ func TestShutdownTellsEveryStream(t *testing.T) {
 func TestShutdownSummaryCleanStop(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		// 1000 tokens × 131072 B at 1 GB/s: 131.072 ms.
-		h := newHarness(t, withSim(SimConfig{BandwidthGBytesPerS: 1, Seed: 1}))
+		h := newHarness(t, withSim(sim.SimConfig{BandwidthGBytesPerS: 1, Seed: 1}))
 		h.register(instance{addr: addrA})
 		h.open(addrA, 1)
 		c, _ := h.claim(1, RankID{Addr: addrA})

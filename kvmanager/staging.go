@@ -11,9 +11,10 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // The Manager's side of staging (the handler itself, its rings and regions,
@@ -22,54 +23,13 @@ import (
 // once the watermark allows, and reports it (StagingChunkReady); the report
 // counts as the rank's chunk for the room's progress. When every writer of
 // a region has reported, the Manager has the region scattered into the
-// room's pages by the transfer engine (Scatterer), outside its lock, and
+// room's pages by the transfer engine (transfer.Scatterer), outside its lock, and
 // the handler frees it and advances the watermark. A staged room holds a
 // success gate from admission until every allocated region is scattered; if
 // the scatters are not done timeouts.waiting after every prefill rank
 // reported, the room fails (FailureStagingFailed) — that timeout is an
 // entry of the manager's deadline heap. Every exit path frees every region
 // of the room (an OnRoomEnd hook), after any scatter in flight returned.
-
-// Scatterer is the transfer-engine capability staging needs: scatter one
-// staged region into a room's pages. SimEngine and DelegateEngine implement
-// it; an engine without it cannot serve staged rooms.
-type Scatterer interface {
-	// Scatter copies op's ring region into the decode pages and, when
-	// op.Marker is set, writes the metadata slot. Errors and cancellation as
-	// TransferEngine.Transfer: after it returns nothing writes into the pages.
-	Scatter(ctx context.Context, op ScatterOp) (ChunkResult, error)
-}
-
-// ScatterOp is one staged region to scatter into a room's pages.
-type ScatterOp struct {
-	Room       uint64
-	RID        string
-	Attempt    uint32
-	ChunkIndex int
-	DecodeDP   int
-	DecodeTP   int
-	Layout     prealloc.Layout
-	// Region is the allocation in the ring of (DecodeDP, DecodeTP).
-	Region RingRegion
-	// Tokens is num_pages × page_size: the region's token rows per block.
-	Tokens    int
-	DestPages []int32
-	// Writers are the region's writers in order.
-	Writers []StagingWriter
-	// Marker (0: none) and OutputIDs go into MetadataSlot with the scatter.
-	MetadataSlot int32
-	Marker       uint64
-	OutputIDs    []int32
-}
-
-// Bytes is what the scatter moves out of the ring.
-func (op ScatterOp) Bytes() int64 {
-	var n int64
-	for _, w := range op.Writers {
-		n += int64(op.Tokens) * w.BytesPerToken
-	}
-	return n
-}
 
 // The staging types and errors are the staging package's; kvmanager
 // re-exports them under their historical names so that its callers (the
@@ -168,7 +128,7 @@ func (m *Manager) stagingUsable() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if _, ok := m.engine.(Scatterer); !ok {
+	if _, ok := m.engine.(transfer.Scatterer); !ok {
 		return 0, &StagingError{Msg: fmt.Sprintf("Staging is enabled but the transfer engine (%T) cannot scatter staged chunks into the KV pool. Use transfer.path sim or delegate.", m.engine)}
 	}
 	return heads, nil
@@ -448,7 +408,7 @@ func stagingTargets(r *room, rank RankID) []int {
 // set the region is scattered before it returns. A region the watermark has
 // not released is ErrStagingNotWritable and nothing is recorded. A retry of
 // a reported chunk is a duplicate; it resubmits a scatter that failed with
-// ErrEngineUnavailable.
+// transfer.ErrEngineUnavailable.
 func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (StagingChunkResult, error) {
 	if _, err := m.stagingUsable(); err != nil {
 		return StagingChunkResult{}, err
@@ -521,7 +481,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		}
 		return StagingChunkResult{}, err
 	}
-	res := ChunkResult{Duration: -1} // the prefill moved it into the ring
+	res := transfer.ChunkResult{Duration: -1} // the prefill moved it into the ring
 	for i, sc := range scs {
 		res.Bytes += m.stg.s.Arrive(sc, writerIdx[i], req.PageOffset, req.Marker, req.OutputIDs)
 	}
@@ -556,7 +516,7 @@ func (m *Manager) readyRegionsLocked(r *room, sr *stagedRoom, rank RankID, chunk
 // they landed or failed. It is called without the lock.
 func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs []*staging.Staged) (StagingChunkResult, error) {
 	out := StagingChunkResult{Scattered: len(scs) > 0}
-	eng, _ := m.engine.(Scatterer)
+	eng, _ := m.engine.(transfer.Scatterer)
 	for _, sc := range scs {
 		m.mu.Lock()
 		wait, done := m.stg.s.Scattering(sc)
@@ -605,7 +565,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs 
 				attribute.Int("decodeplane.staging.writers", len(op.Writers))}
 		}
 		res, err := m.runRoomOp(context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", attrs,
-			func(ctx context.Context) (ChunkResult, error) { return eng.Scatter(ctx, op) })
+			func(ctx context.Context) (transfer.ChunkResult, error) { return eng.Scatter(ctx, op) })
 
 		m.mu.Lock()
 		r.inflight--
@@ -626,19 +586,24 @@ func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs 
 }
 
 // scatterOpLocked is the engine's operation for one region of room r.
-func (m *Manager) scatterOpLocked(r *room, sc staging.Scatter) ScatterOp {
-	return ScatterOp{
+func (m *Manager) scatterOpLocked(r *room, sc staging.Scatter) transfer.ScatterOp {
+	op := transfer.ScatterOp{
 		Room: r.id, RID: r.rid(), Attempt: r.attempt, ChunkIndex: sc.Chunk, DecodeDP: r.decodeDP, DecodeTP: sc.DecodeTP,
-		Layout: m.layout, Region: sc.Region, Tokens: sc.Tokens,
+		Layout: m.layout, RingOffset: sc.Region.Offset, Tokens: sc.Tokens,
 		DestPages: slices.Clone(r.pages[sc.PageOffset : sc.PageOffset+sc.NumPages]),
-		Writers:   sc.Writers, MetadataSlot: r.metaSlot, Marker: sc.Marker, OutputIDs: sc.OutputIDs,
+		Writers:   make([]transfer.ScatterWriter, len(sc.Writers)), MetadataSlot: r.metaSlot, Marker: sc.Marker, OutputIDs: sc.OutputIDs,
 	}
+	for i, w := range sc.Writers {
+		op.Writers[i] = transfer.ScatterWriter{NumHeads: w.Slice.NumHeads, DstHeadStart: w.Slice.DstHeadStart, LayerBegin: w.LayerBegin, LayerEnd: w.LayerEnd,
+			BytesPerToken: w.BytesPerToken, OffsetPerToken: w.OffsetPerToken}
+	}
+	return op
 }
 
 // scatterDoneLocked records a scatter's outcome: the region is freed (the
 // scatter returned, nothing reads it any more) unless it may be retried, the
 // watermark advances, and the room moves on or fails.
-func (m *Manager) scatterDoneLocked(r *room, sr *stagedRoom, sc *staging.Staged, op ScatterOp, res ChunkResult, err error) error {
+func (m *Manager) scatterDoneLocked(r *room, sr *stagedRoom, sc *staging.Staged, op transfer.ScatterOp, res transfer.ChunkResult, err error) error {
 	switch {
 	case err == nil && !r.phase.Terminal():
 		m.stg.s.EndScatter(sr.st, sc, true)
@@ -652,14 +617,14 @@ func (m *Manager) scatterDoneLocked(r *room, sr *stagedRoom, sc *staging.Staged,
 			msg = "the room failed: " + r.failure.Message
 		}
 		return fmt.Errorf("scatter chunk %d of room %d: %w: %s", op.ChunkIndex, r.id, ErrWrongState, msg)
-	case errors.Is(err, ErrEngineUnavailable):
+	case errors.Is(err, transfer.ErrEngineUnavailable):
 		m.stg.s.EndScatter(sr.st, sc, false) // nothing landed: a retried ChunkReady resubmits it
 		return fmt.Errorf("scatter chunk %d of room %d into decode rank %d: %w", op.ChunkIndex, r.id, op.DecodeTP, err)
 	default:
 		m.stg.s.EndScatter(sr.st, sc, true)
 		f := Failure{Code: FailureStagingFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): scatter of staged chunk %d into decode rank dp %d tp %d failed: %v", r.id, op.ChunkIndex, r.decodeDP, op.DecodeTP, err)}
 		m.failLocked(r, f)
-		return fmt.Errorf("%w: %s", ErrTransferFailed, f.Message)
+		return fmt.Errorf("%w: %s", transfer.ErrTransferFailed, f.Message)
 	}
 }
 

@@ -16,6 +16,8 @@ import (
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // stgEnv is a manager with one decode DP shard, a small GQA pool (4 layers,
@@ -23,7 +25,7 @@ import (
 type stgEnv struct {
 	t   *testing.T
 	m   *kvmanager.Manager
-	sim *kvmanager.SimEngine
+	sim *sim.SimEngine
 	led *prealloc.Ledger
 	// dests are the destinations each rank received, by room and TP rank.
 	dests map[[2]uint64]*kvmanager.Destination
@@ -54,7 +56,7 @@ func stgDecode(decodeTP int) prealloc.Config {
 	return dec
 }
 
-func newStgEnv(t *testing.T, dec prealloc.Config, sim kvmanager.SimConfig, engine func(*kvmanager.SimEngine) kvmanager.TransferEngine) *stgEnv {
+func newStgEnv(t *testing.T, dec prealloc.Config, simCfg sim.SimConfig, engine func(*sim.SimEngine) transfer.Engine) *stgEnv {
 	t.Helper()
 	if err := dec.Validate(); err != nil {
 		t.Fatalf("decode config: %v", err)
@@ -63,8 +65,8 @@ func newStgEnv(t *testing.T, dec prealloc.Config, sim kvmanager.SimConfig, engin
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &stgEnv{t: t, sim: kvmanager.NewSimEngine(sim, nil), led: led}
-	var eng kvmanager.TransferEngine = e.sim
+	e := &stgEnv{t: t, sim: sim.NewSimEngine(simCfg, nil), led: led}
+	var eng transfer.Engine = e.sim
 	if engine != nil {
 		eng = engine(e.sim)
 	}
@@ -172,7 +174,7 @@ func (e *stgEnv) settled() {
 }
 
 func TestSetupStagingPlan(t *testing.T) {
-	e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
+	e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, nil)
 	e.register("p4:1", 4, 1)
 	plan, err := e.m.SetupStaging(rank("p4:1", 3))
 	if err != nil {
@@ -248,7 +250,7 @@ func TestSetupStagingRefusals(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			e := newStgEnv(t, tc.dec, kvmanager.SimConfig{}, nil)
+			e := newStgEnv(t, tc.dec, sim.SimConfig{}, nil)
 			e.register("p:1", 4, 1)
 			_, err := e.m.SetupStaging(rank("p:1", 0))
 			var se *kvmanager.StagingError
@@ -261,14 +263,14 @@ func TestSetupStagingRefusals(t *testing.T) {
 		})
 	}
 	t.Run("engine without scatter", func(t *testing.T) {
-		e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, func(s *kvmanager.SimEngine) kvmanager.TransferEngine { return transferOnly{s} })
+		e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, func(s *sim.SimEngine) transfer.Engine { return transferOnly{s} })
 		e.register("p:1", 4, 1)
 		if _, err := e.m.SetupStaging(rank("p:1", 0)); !errors.Is(err, kvmanager.ErrStagingUnavailable) || !strings.Contains(err.Error(), "cannot scatter") {
 			t.Errorf("SetupStaging = %v, want ErrStagingUnavailable (cannot scatter)", err)
 		}
 	})
 	t.Run("unknown prefill", func(t *testing.T) {
-		e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
+		e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, nil)
 		if _, err := e.m.SetupStaging(rank("nobody:1", 0)); !errors.Is(err, kvmanager.ErrPrefillNotFound) {
 			t.Errorf("SetupStaging = %v, want ErrPrefillNotFound", err)
 		}
@@ -276,14 +278,14 @@ func TestSetupStagingRefusals(t *testing.T) {
 }
 
 // transferOnly hides SimEngine's Scatter.
-type transferOnly struct{ s *kvmanager.SimEngine }
+type transferOnly struct{ s *sim.SimEngine }
 
-func (e transferOnly) Transfer(ctx context.Context, op kvmanager.ChunkOp) (kvmanager.ChunkResult, error) {
+func (e transferOnly) Transfer(ctx context.Context, op transfer.ChunkOp) (transfer.ChunkResult, error) {
 	return e.s.Transfer(ctx, op)
 }
 
 func TestStagingRoomFourToTwo(t *testing.T) {
-	e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
+	e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, nil)
 	const addr, room = "p4:1", 7
 	e.register(addr, 4, 1)
 	pages := e.open(addr, 4, room, 100) // 7 pages
@@ -341,7 +343,7 @@ func isInvalid(err error) bool {
 }
 
 func TestStagingBackPressure(t *testing.T) {
-	e := newStgEnv(t, stgDecode(1), kvmanager.SimConfig{}, nil)
+	e := newStgEnv(t, stgDecode(1), sim.SimConfig{}, nil)
 	const addr, room = "p2:1", 9
 	e.register(addr, 2, 1)
 	e.open(addr, 2, room, 1280) // 80 pages; decode TP 1: 2 writers × 4 heads
@@ -396,7 +398,7 @@ func TestStagingBackPressure(t *testing.T) {
 }
 
 func TestStagingChunkLargerThanRing(t *testing.T) {
-	e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
+	e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, nil)
 	const addr, room = "p4:1", 11
 	e.register(addr, 4, 1)
 	e.open(addr, 4, room, 1280)
@@ -414,7 +416,7 @@ func TestStagingChunkLargerThanRing(t *testing.T) {
 func TestStagingTransferredRoomStillSucceeds(t *testing.T) {
 	// A staged room whose prefill moved every chunk itself (no region ever
 	// allocated) lifts the staging gate and succeeds.
-	e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
+	e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, nil)
 	const addr, room = "p4:1", 13
 	e.register(addr, 4, 1)
 	e.open(addr, 4, room, 40)
@@ -438,7 +440,7 @@ func TestStagingTransferredRoomStillSucceeds(t *testing.T) {
 // back, and it is freed with the room.
 func TestStagingUnreportedRegionDoesNotHoldTheRoom(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
+		e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, nil)
 		const addr, room = "p1:1", 15
 		e.register(addr, 1, 1)
 		e.open(addr, 1, room, 100)
@@ -464,7 +466,7 @@ func TestStagingUnreportedRegionDoesNotHoldTheRoom(t *testing.T) {
 // TestStagingRetryMustMatch: a ChunkReady retry with another page range is
 // refused naming chunk_index, and changes nothing.
 func TestStagingRetryMustMatch(t *testing.T) {
-	e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
+	e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, nil)
 	const addr, room = "p1:1", 16
 	e.register(addr, 1, 1)
 	pages := e.open(addr, 1, room, 100)
@@ -488,23 +490,23 @@ func TestStagingRetryMustMatch(t *testing.T) {
 
 // unavailableScatter is the sim engine whose scatters never happen (the
 // transfer agent is unreachable and no retry comes).
-type unavailableScatter struct{ *kvmanager.SimEngine }
+type unavailableScatter struct{ *sim.SimEngine }
 
-func (unavailableScatter) Scatter(context.Context, kvmanager.ScatterOp) (kvmanager.ChunkResult, error) {
-	return kvmanager.ChunkResult{}, fmt.Errorf("%w: test: agent unreachable", kvmanager.ErrEngineUnavailable)
+func (unavailableScatter) Scatter(context.Context, transfer.ScatterOp) (transfer.ChunkResult, error) {
+	return transfer.ChunkResult{}, fmt.Errorf("%w: test: agent unreachable", transfer.ErrEngineUnavailable)
 }
 
 // TestStagingCompletionTimeout: every writer reported its region, but the
 // scatter never lands: the completion timeout fails the room naming it.
 func TestStagingCompletionTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, func(s *kvmanager.SimEngine) kvmanager.TransferEngine { return unavailableScatter{s} })
+		e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, func(s *sim.SimEngine) transfer.Engine { return unavailableScatter{s} })
 		const addr, room = "p1:1", 15
 		e.register(addr, 1, 1)
 		pages := e.open(addr, 1, room, 100)
 		e.alloc(addr, 0, room, 0, len(pages))
 		start := time.Now()
-		if _, err := e.m.StagingChunkReady(context.Background(), kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), Index: 0, NumPages: len(pages), Last: true, Marker: room}); !errors.Is(err, kvmanager.ErrEngineUnavailable) {
+		if _, err := e.m.StagingChunkReady(context.Background(), kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), Index: 0, NumPages: len(pages), Last: true, Marker: room}); !errors.Is(err, transfer.ErrEngineUnavailable) {
 			t.Fatalf("StagingChunkReady = %v, want ErrEngineUnavailable", err)
 		}
 		if ph, _ := e.phase(room); ph != kvmanager.PhaseTransferring {
@@ -528,7 +530,7 @@ func TestStagingCompletionTimeout(t *testing.T) {
 func TestStagingAbortDuringScatter(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		// Scatters take an hour: the abort arrives while one is in flight.
-		e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{Latency: time.Hour}, nil)
+		e := newStgEnv(t, stgDecode(2), sim.SimConfig{Latency: time.Hour}, nil)
 		const addr, room = "p1:1", 17
 		e.register(addr, 1, 1)
 		e.open(addr, 1, room, 40)
@@ -566,8 +568,8 @@ func TestStagingAbortDuringScatter(t *testing.T) {
 }
 
 func TestStagingScatterFailure(t *testing.T) {
-	e := newStgEnv(t, stgDecode(2), kvmanager.SimConfig{}, nil)
-	e.sim.SetScatterFault(func(op kvmanager.ScatterOp) error {
+	e := newStgEnv(t, stgDecode(2), sim.SimConfig{}, nil)
+	e.sim.SetScatterFault(func(op transfer.ScatterOp) error {
 		if op.DecodeTP == 1 {
 			return errors.New("copy 3: ECC error")
 		}
@@ -578,7 +580,7 @@ func TestStagingScatterFailure(t *testing.T) {
 	e.open(addr, 1, room, 40)
 	e.alloc(addr, 0, room, 0, 3)
 	_, err := e.m.StagingChunkReady(context.Background(), kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 0), NumPages: 3, Last: true, Marker: room})
-	if !errors.Is(err, kvmanager.ErrTransferFailed) {
+	if !errors.Is(err, transfer.ErrTransferFailed) {
 		t.Fatalf("ChunkReady with a failing scatter = %v, want ErrTransferFailed", err)
 	}
 	if ph, f := e.phase(room); ph != kvmanager.PhaseFailed || f.Code != kvmanager.FailureStagingFailed || !strings.Contains(f.Message, "ECC error") {
@@ -589,21 +591,21 @@ func TestStagingScatterFailure(t *testing.T) {
 
 // flakyScatter is unavailable for its first scatters, then scatters.
 type flakyScatter struct {
-	*kvmanager.SimEngine
+	*sim.SimEngine
 	down int
 }
 
-func (f *flakyScatter) Scatter(ctx context.Context, op kvmanager.ScatterOp) (kvmanager.ChunkResult, error) {
+func (f *flakyScatter) Scatter(ctx context.Context, op transfer.ScatterOp) (transfer.ChunkResult, error) {
 	if f.down > 0 {
 		f.down--
-		return kvmanager.ChunkResult{}, fmt.Errorf("%w: agent restarting", kvmanager.ErrEngineUnavailable)
+		return transfer.ChunkResult{}, fmt.Errorf("%w: agent restarting", transfer.ErrEngineUnavailable)
 	}
 	return f.SimEngine.Scatter(ctx, op)
 }
 
 func TestStagingUnavailableScatterIsRetried(t *testing.T) {
 	flaky := &flakyScatter{down: 1}
-	e := newStgEnv(t, stgDecode(1), kvmanager.SimConfig{}, func(s *kvmanager.SimEngine) kvmanager.TransferEngine {
+	e := newStgEnv(t, stgDecode(1), sim.SimConfig{}, func(s *sim.SimEngine) transfer.Engine {
 		flaky.SimEngine = s
 		return flaky
 	})
@@ -614,7 +616,7 @@ func TestStagingUnavailableScatterIsRetried(t *testing.T) {
 	e.alloc(addr, 1, room, 0, 3)
 	e.ready(addr, 0, room, 0, 0, 3, true)
 	req := kvmanager.ChunkRequest{Room: room, Rank: rank(addr, 1), NumPages: 3, Last: true, Marker: room}
-	if _, err := e.m.StagingChunkReady(context.Background(), req); !errors.Is(err, kvmanager.ErrEngineUnavailable) {
+	if _, err := e.m.StagingChunkReady(context.Background(), req); !errors.Is(err, transfer.ErrEngineUnavailable) {
 		t.Fatalf("ChunkReady with the engine down = %v, want ErrEngineUnavailable", err)
 	}
 	if ph, _ := e.phase(room); ph != kvmanager.PhaseTransferring {

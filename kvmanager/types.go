@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // KVPoll is SGLang's per-room status with SGLang's numbers
@@ -195,16 +196,6 @@ type Transition struct {
 	Attempt uint32
 }
 
-// Target is one decode TP rank a prefill rank writes to, with the head slice
-// for heterogeneous TP (SGLang compute_head_slice_params).
-type Target struct {
-	DecodeTP     int
-	Dummy        bool
-	SrcHeadStart int
-	DstHeadStart int
-	NumHeads     int
-}
-
 // Destination is what a prefill rank needs to write a room's KV.
 type Destination struct {
 	Room               uint64
@@ -216,11 +207,11 @@ type Destination struct {
 	State              []prealloc.StateIndices
 	RequiredDstInfoNum int
 	DecodePrefixLen    int
-	Targets            []Target
+	Targets            []transfer.Target
 	Dummy              bool
 	Staging            bool
 	Attempt            uint32
-	// TokenBytes and StateBytes weigh a chunk of this rank (RankWeights):
+	// TokenBytes and StateBytes weigh a chunk of this rank (transfer.RankWeights):
 	// tokens x TokenBytes, plus StateBytes with the last chunk.
 	TokenBytes int64
 	StateBytes int64

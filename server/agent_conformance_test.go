@@ -20,9 +20,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/decodeplane/decodeplane/internal/grpcdecode"
-	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"
+	"github.com/decodeplane/decodeplane/transfer/hostmem"
 )
 
 // TestConformanceTransferAgent is the conformance table of the reference

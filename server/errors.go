@@ -13,6 +13,7 @@ import (
 
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // errorCodes maps domain errors to gRPC codes, checked in order with errors.Is.
@@ -27,7 +28,7 @@ var errorCodes = []struct {
 	{kvmanager.ErrSlowConsumer, codes.ResourceExhausted},
 	{kvmanager.ErrDraining, codes.Unavailable},
 	{prealloc.ErrDraining, codes.Unavailable},
-	{kvmanager.ErrEngineUnavailable, codes.Unavailable},
+	{transfer.ErrEngineUnavailable, codes.Unavailable},
 	{kvmanager.ErrRoomNotFound, codes.NotFound},
 	{kvmanager.ErrPrefillNotFound, codes.NotFound},
 	{prealloc.ErrUnknownRoom, codes.NotFound},
@@ -39,7 +40,7 @@ var errorCodes = []struct {
 	{kvmanager.ErrStagingUnavailable, codes.FailedPrecondition},
 	{kvmanager.ErrStagingNotWritable, codes.FailedPrecondition},
 	{prealloc.ErrWrongState, codes.FailedPrecondition},
-	{kvmanager.ErrTransferFailed, codes.Aborted},
+	{transfer.ErrTransferFailed, codes.Aborted},
 }
 
 // toStatus is the one place where errors become gRPC statuses. Unknown

@@ -24,6 +24,7 @@ import (
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // SGLang's bootstrap routes over real HTTP on loopback, spoken the way
@@ -55,7 +56,7 @@ func newManager(tb testing.TB, decodeTP int, mod func(*kvmanager.Config)) (*kvma
 	if mod != nil {
 		mod(&kcfg)
 	}
-	m, err := kvmanager.New(kcfg, dec, kvmanager.Deps{Ledgers: []*prealloc.Ledger{led}, Engine: kvmanager.NewSimEngine(kvmanager.SimConfig{}, nil),
+	m, err := kvmanager.New(kcfg, dec, kvmanager.Deps{Ledgers: []*prealloc.Ledger{led}, Engine: sim.NewSimEngine(sim.SimConfig{}, nil),
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		tb.Fatal(err)

@@ -197,26 +197,6 @@ func TestTLSConfigValidate(t *testing.T) {
 			}
 		})
 	}
-	agent := []struct {
-		name string
-		c    AgentTLSConfig
-		want []string
-	}{
-		{"off", DefaultAgentTLSConfig(), nil},
-		{"system roots", AgentTLSConfig{Enabled: true, ReloadInterval: 1}, nil},
-		{"mtls", AgentTLSConfig{Enabled: true, CAFile: f.CA, CertFile: f.Cert, KeyFile: f.Key, ServerName: "x", ReloadInterval: 1}, nil},
-		{"set while off", AgentTLSConfig{CAFile: f.CA, ServerName: "x", ReloadInterval: 1}, []string{"transfer.delegate.tls.ca_file", "transfer.delegate.tls.server_name"}},
-		{"cert without key, bad CA", AgentTLSConfig{Enabled: true, CAFile: garbage, CertFile: f.Cert, ReloadInterval: 1},
-			[]string{"transfer.delegate.tls.key_file", "transfer.delegate.tls.ca_file"}},
-		{"reload interval", AgentTLSConfig{Enabled: true}, []string{"transfer.delegate.tls.reload_interval"}},
-	}
-	for _, tt := range agent {
-		t.Run("agent "+tt.name, func(t *testing.T) {
-			if got := keys(tt.c.Validate()); strings.Join(got, ",") != strings.Join(tt.want, ",") {
-				t.Errorf("problems %q, want %q", got, tt.want)
-			}
-		})
-	}
 }
 
 func flattenErr(err error) []error {

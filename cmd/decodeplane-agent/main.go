@@ -46,9 +46,9 @@ import (
 
 	"github.com/decodeplane/decodeplane/internal/grpcdecode"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
-	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"
+	"github.com/decodeplane/decodeplane/transfer/hostmem"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

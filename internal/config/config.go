@@ -27,6 +27,7 @@ import (
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/transfer/agentclient/agenttls"
 )
 
 // Config is the daemon's whole configuration: the schema of the YAML file.
@@ -41,8 +42,8 @@ import (
 type Config struct {
 	Server    server.Config            `yaml:"server"`
 	Log       LogConfig                `yaml:"log"`
-	Transfer  kvmanager.TransferConfig `yaml:"transfer"`
-	AgentTLS  server.AgentTLSConfig    `yaml:"transfer.delegate.tls"`
+	Transfer  TransferConfig           `yaml:"transfer"`
+	AgentTLS  agenttls.AgentTLSConfig  `yaml:"transfer.delegate.tls"`
 	KVPool    prealloc.PoolConfig      `yaml:"kv_pool"`
 	Parallel  prealloc.ParallelConfig  `yaml:"parallel"`
 	Staging   prealloc.StagingConfig   `yaml:"staging"`
@@ -67,8 +68,8 @@ func DefaultConfig() Config {
 	return Config{
 		Server:    server.DefaultConfig(),
 		Log:       LogConfig{Level: "info", Format: "text"},
-		Transfer:  k.Transfer,
-		AgentTLS:  server.DefaultAgentTLSConfig(),
+		Transfer:  DefaultTransferConfig(),
+		AgentTLS:  agenttls.DefaultAgentTLSConfig(),
 		KVPool:    p.Pool,
 		Parallel:  p.Parallel,
 		Staging:   p.Staging,
@@ -86,13 +87,13 @@ func (c Config) Decode() prealloc.Config {
 
 // Manager returns the kvmanager view of the configuration.
 func (c Config) Manager() kvmanager.Config {
-	return kvmanager.Config{Timeouts: c.Timeouts, DPRank: c.DPRank, Rooms: c.Rooms, Transfer: c.Transfer}
+	return kvmanager.Config{Timeouts: c.Timeouts, DPRank: c.DPRank, Rooms: c.Rooms}
 }
 
 // Validate checks every section and returns every problem at once.
 func (c Config) Validate() error {
 	var errs []error
-	errs = append(errs, c.Server.Validate(), c.AgentTLS.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Manager().ValidateFor(c.Decode()))
+	errs = append(errs, c.Server.Validate(), c.AgentTLS.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Transfer.Validate(), c.Transfer.ValidateFor(c.Decode()))
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		errs = append(errs, &prealloc.ConfigError{Key: "log.level", Value: c.Log.Level, Problem: "unknown log level.", Fix: "set it to debug, info, warn or error."})
 	}
@@ -106,6 +107,7 @@ func (c Config) Validate() error {
 func (c Config) Warnings() []prealloc.Warning {
 	w := c.Decode().Warnings()
 	w = append(w, c.Manager().Warnings()...)
+	w = append(w, c.Transfer.Warnings()...)
 	if c.Server.AuthToken == "" {
 		w = append(w, prealloc.Warning{Key: "server.auth_token", Message: "no bootstrap token: any client can register prefill ranks and mutate rooms (set SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)."})
 	} else if !c.Server.TLS.Enabled() {

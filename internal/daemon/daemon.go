@@ -53,14 +53,18 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/telemetry"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/metrics"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/agentclient"
+	"github.com/decodeplane/decodeplane/transfer/delegate"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // Options are what Build takes besides the configuration.
@@ -137,7 +141,7 @@ type Daemon struct {
 	version string
 	srv     *server.Server
 	mgr     *kvmanager.Manager
-	engine  kvmanager.TransferEngine
+	engine  transfer.Engine
 	metrics *metrics.Metrics
 	lis     net.Listener
 	mlis    net.Listener
@@ -212,15 +216,15 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		ledgers[i] = led
 	}
 	switch cfg.Transfer.Path {
-	case kvmanager.PathSim:
-		d.engine = kvmanager.NewSimEngine(cfg.Transfer.Sim, kvmanager.RealClock{})
-	case kvmanager.PathDelegate:
+	case config.PathSim:
+		d.engine = sim.NewSimEngine(cfg.Transfer.Sim, clock.RealClock{})
+	case config.PathDelegate:
 		ac, err := agentclient.Dial(cfg.Transfer.Delegate.Target, agentclient.Options{Logger: log, TracerProvider: d.tp, Propagator: d.prop, Credentials: agentTLS.credentials()})
 		if err != nil {
 			return nil, err
 		}
 		d.closers = append(d.closers, func(context.Context) error { return ac.Close() })
-		de := kvmanager.NewDelegateEngine(cfg.Transfer.Delegate, ac, kvmanager.DelegateDeps{
+		de := delegate.NewDelegateEngine(cfg.Transfer.Delegate, ac, delegate.DelegateDeps{
 			Buffers: kvcopy.DecodeBuffers(dec.Layout(), kvmanager.StagingRingBytes(dec), dec.Pool.Metadata()),
 			Logger:  log,
 			// The loops start after d.srv is set.
@@ -231,6 +235,11 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		d.engine = de
 	default:
 		return nil, &config.UsageError{Err: fmt.Errorf("transfer.path %q is not available in this build", cfg.Transfer.Path)}
+	}
+	// kvmanager.New checks its own section; the transfer section is the
+	// composition root's, checked here with it (same problems, same order).
+	if err := errors.Join(cfg.Manager().Validate(), cfg.Transfer.Validate(), cfg.Transfer.ValidateFor(dec)); err != nil {
+		return nil, err
 	}
 	mgr, err := kvmanager.New(cfg.Manager(), dec, kvmanager.Deps{
 		Ledgers:        ledgers,
@@ -343,8 +352,8 @@ func (d *Daemon) Manager() *kvmanager.Manager { return d.mgr }
 // Server is the gRPC server.
 func (d *Daemon) Server() *server.Server { return d.srv }
 
-// Engine is the transfer engine (*kvmanager.SimEngine on the sim path).
-func (d *Daemon) Engine() kvmanager.TransferEngine { return d.engine }
+// Engine is the transfer engine (*sim.SimEngine on the sim path).
+func (d *Daemon) Engine() transfer.Engine { return d.engine }
 
 // TracerProvider is the provider the daemon's spans go to.
 func (d *Daemon) TracerProvider() trace.TracerProvider { return d.tp }

@@ -13,8 +13,8 @@ import (
 
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/daemon"
-	"github.com/decodeplane/decodeplane/kvmanager"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 func testConfig() config.Config {
@@ -22,7 +22,7 @@ func testConfig() config.Config {
 	cfg.Server.Listen = "127.0.0.1:0"
 	cfg.Server.MetricsListen = "127.0.0.1:0"
 	cfg.Server.ShutdownTimeout = 5 * time.Second
-	cfg.Transfer.Sim = kvmanager.SimConfig{}
+	cfg.Transfer.Sim = sim.SimConfig{}
 	cfg.Timeouts.HeartbeatInterval = 10 * time.Minute
 	return cfg
 }

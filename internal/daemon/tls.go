@@ -11,15 +11,15 @@ import (
 
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
-	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/transfer/agentclient/agenttls"
 )
 
 // daemonServerTLS is the listener's TLS (nil: plaintext).
 type daemonServerTLS struct{ *server.ServerTLS }
 
 // daemonAgentTLS is the agent link's TLS (nil: plaintext).
-type daemonAgentTLS struct{ *server.AgentTLS }
+type daemonAgentTLS struct{ *agenttls.AgentTLS }
 
 // buildTLS loads the listener's and the agent link's certificates and
 // counts their reloads in decodeplane_tls_reloads_total.
@@ -57,9 +57,10 @@ func buildTLS(cfg config.Config, log *slog.Logger, reg prometheus.Registerer) (d
 	if err != nil {
 		return daemonServerTLS{}, daemonAgentTLS{}, fmt.Errorf("server.tls: %w", err)
 	}
-	var at *server.AgentTLS
-	if cfg.Transfer.Path == kvmanager.PathDelegate {
-		if at, err = server.NewAgentTLS(cfg.AgentTLS, counted("transfer.delegate.tls")); err != nil {
+	var at *agenttls.AgentTLS
+	if cfg.Transfer.Path == config.PathDelegate {
+		o := counted("transfer.delegate.tls")
+		if at, err = agenttls.NewAgentTLS(cfg.AgentTLS, agenttls.Options{Logger: o.Logger, OnReload: o.OnReload}); err != nil {
 			return daemonServerTLS{}, daemonAgentTLS{}, fmt.Errorf("transfer.delegate.tls: %w", err)
 		}
 	}

@@ -18,7 +18,7 @@ import (
 
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/daemon"
-	"github.com/decodeplane/decodeplane/kvmanager"
+	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // Target is the gRPC target of a bufconn daemon; dial it with Dialer.
@@ -51,7 +51,7 @@ func (o Options) config() config.Config {
 	cfg := config.DefaultConfig()
 	cfg.Server.Listen = "127.0.0.1:0"
 	cfg.Server.MetricsListen = ""
-	cfg.Transfer.Sim = kvmanager.SimConfig{}
+	cfg.Transfer.Sim = sim.SimConfig{}
 	// No test may lose its prefill to a missed heartbeat.
 	cfg.Timeouts.HeartbeatInterval = 10 * time.Minute
 	if o.Config != nil {
@@ -137,7 +137,7 @@ func (d *Daemon) Conn(t testing.TB) *grpc.ClientConn {
 }
 
 // SimEngine is the daemon's simulated transfer engine (fault injection).
-func (d *Daemon) SimEngine() *kvmanager.SimEngine {
-	e, _ := d.Engine().(*kvmanager.SimEngine)
+func (d *Daemon) SimEngine() *sim.SimEngine {
+	e, _ := d.Engine().(*sim.SimEngine)
 	return e
 }

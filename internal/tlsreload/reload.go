@@ -35,6 +35,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/credentials"
+
+	"github.com/decodeplane/decodeplane/prealloc"
 )
 
 // DefaultInterval is how often the files are read when Options.Interval is 0.
@@ -135,6 +137,28 @@ func joinProblems(ps []Problem) error {
 func Check(f Files, now time.Time) []Problem {
 	_, problems := load(f, now)
 	return problems
+}
+
+// ConfigErrors is Check's findings as configuration problems: keys names the
+// configuration key of each file ("cert", "key", "ca") and what describes
+// what the file must be, for the fix.
+func ConfigErrors(f Files, now time.Time, keys, what map[string]string) []error {
+	var errs []error
+	for _, p := range Check(f, now) {
+		errs = append(errs, &prealloc.ConfigError{Key: keys[p.File], Value: p.Path, Problem: p.Message, Fix: p.fix(what[p.File])})
+	}
+	return errs
+}
+
+// fix is the fix for a problem with one kind of file.
+func (p Problem) fix(what string) string {
+	switch {
+	case strings.Contains(p.Message, "expired") || strings.Contains(p.Message, "not valid before"):
+		return "renew the certificate (or check this machine's clock)."
+	case strings.Contains(p.Message, "does not match"):
+		return "give the key that was generated with the certificate (the pair of one cert-manager secret: tls.crt and tls.key)."
+	}
+	return "point it at " + what + "."
 }
 
 // read returns a file's content, or a problem.

@@ -9,8 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // Writer is one prefill rank's part of a region.
@@ -207,7 +208,7 @@ func (s *Stager) Writers(prefillTP, prefillPP, heads, e, q int) []Writer {
 	var out []Writer
 	var off int64
 	for _, st := range stages {
-		b, end := kvcopy.StageLayers(s.layout.NumLayers, prefillPP, st)
+		b, end := transfer.StageLayers(s.layout.NumLayers, prefillPP, st)
 		for _, t := range tps {
 			hs := headSlice(P, D, t, e, heads)
 			w := Writer{Index: len(out), PrefillTP: t, PrefillPP: st, Slice: hs, LayerBegin: b, LayerEnd: end,

@@ -1,5 +1,5 @@
 // Package agentclient is the daemon's gRPC client of a transfer agent
-// (decodeplane.transfer.v1.TransferAgent): it implements kvmanager.Agent for
+// (decodeplane.transfer.v1.TransferAgent): it implements delegate.Agent for
 // the delegated transfer engine. The agent's side is transfer/agentservice
 // (the reference agent) or any agent speaking the same protocol.
 package agentclient
@@ -23,10 +23,10 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	"github.com/decodeplane/decodeplane/transfer/agentwire"
+	"github.com/decodeplane/decodeplane/transfer/delegate"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // Options configure Dial.
@@ -37,7 +37,7 @@ type Options struct {
 	// trace context to the agent); nil means no-op / TraceContext+Baggage.
 	TracerProvider trace.TracerProvider
 	Propagator     propagation.TextMapPropagator
-	// Credentials secure the link (server.NewAgentTLS); nil is plaintext.
+	// Credentials secure the link (agenttls.NewAgentTLS); nil is plaintext.
 	Credentials credentials.TransportCredentials
 	// DialOptions are appended.
 	DialOptions []grpc.DialOption
@@ -47,12 +47,12 @@ type Options struct {
 // copies).
 const maxAgentMessage = 64 << 20
 
-// Client implements kvmanager.Agent over gRPC: SubmitBatch per batch,
+// Client implements delegate.Agent over gRPC: SubmitBatch per batch,
 // one long-lived WatchCompletions stream (maintained by Run) whose
 // completions are matched to waiting batches by batch id. When the stream
 // breaks it reconnects at once, replaying the ids it waits for; if the agent
 // cannot be reached, or comes back as another instance (a restart: its
-// memory is new), the batches in flight fail with kvmanager.ErrAgentLost.
+// memory is new), the batches in flight fail with delegate.ErrAgentLost.
 type Client struct {
 	target string
 	conn   *grpc.ClientConn
@@ -73,7 +73,7 @@ type pendingBatch struct {
 	done     chan error
 }
 
-var _ kvmanager.Agent = (*Client)(nil)
+var _ delegate.Agent = (*Client)(nil)
 
 // Dial builds a client for the agent at target; it connects lazily.
 // Run must be running for Execute to work. Close releases the connection.
@@ -100,7 +100,7 @@ func Dial(target string, opts Options) (*Client, error) {
 func (c *Client) Close() error { return c.conn.Close() }
 
 func unreachable(op string, err error) error {
-	return fmt.Errorf("%w: %s: %s", kvmanager.ErrAgentUnreachable, op, status.Convert(err).Message())
+	return fmt.Errorf("%w: %s: %s", delegate.ErrAgentUnreachable, op, status.Convert(err).Message())
 }
 
 // Run keeps the WatchCompletions stream up until ctx is done.
@@ -112,7 +112,7 @@ func (c *Client) Run(ctx context.Context) error {
 		c.connected = false
 		c.mu.Unlock()
 		if ctx.Err() != nil {
-			c.failPending(func(*pendingBatch) bool { return true }, fmt.Errorf("%w: the daemon is shutting down", kvmanager.ErrAgentLost))
+			c.failPending(func(*pendingBatch) bool { return true }, fmt.Errorf("%w: the daemon is shutting down", delegate.ErrAgentLost))
 			return ctx.Err()
 		}
 		if hello {
@@ -122,7 +122,7 @@ func (c *Client) Run(ctx context.Context) error {
 			backoff = 50 * time.Millisecond
 			continue
 		}
-		c.failPending(func(*pendingBatch) bool { return true }, fmt.Errorf("%w: %s: %s", kvmanager.ErrAgentLost, c.target, status.Convert(err).Message()))
+		c.failPending(func(*pendingBatch) bool { return true }, fmt.Errorf("%w: %s: %s", delegate.ErrAgentLost, c.target, status.Convert(err).Message()))
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
@@ -164,7 +164,7 @@ func (c *Client) watchOnce(ctx context.Context) (hello bool, err error) {
 	c.mu.Unlock()
 	// Batches accepted by another instance will never complete here.
 	c.failPending(func(p *pendingBatch) bool { return p.instance != "" && p.instance != inst },
-		fmt.Errorf("%w: the transfer agent at %s restarted (instance %s) with the batch in flight", kvmanager.ErrAgentLost, c.target, inst))
+		fmt.Errorf("%w: the transfer agent at %s restarted (instance %s) with the batch in flight", delegate.ErrAgentLost, c.target, inst))
 	for {
 		comp, err := stream.Recv()
 		if err != nil {
@@ -203,7 +203,7 @@ func (c *Client) failPending(match func(*pendingBatch) bool, err error) {
 	}
 }
 
-// Check implements kvmanager.Agent: the agent's health is SERVING and the
+// Check implements delegate.Agent: the agent's health is SERVING and the
 // completion stream is up (it waits for the stream until ctx is done).
 func (c *Client) Check(ctx context.Context) error {
 	resp, err := c.health.Check(ctx, &healthpb.HealthCheckRequest{})
@@ -211,7 +211,7 @@ func (c *Client) Check(ctx context.Context) error {
 		return unreachable("health check", err)
 	}
 	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		return fmt.Errorf("%w: health %s", kvmanager.ErrAgentUnreachable, resp.GetStatus())
+		return fmt.Errorf("%w: health %s", delegate.ErrAgentUnreachable, resp.GetStatus())
 	}
 	for {
 		c.mu.Lock()
@@ -223,12 +223,12 @@ func (c *Client) Check(ctx context.Context) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return fmt.Errorf("%w: the completion stream is not connected", kvmanager.ErrAgentUnreachable)
+			return fmt.Errorf("%w: the completion stream is not connected", delegate.ErrAgentUnreachable)
 		}
 	}
 }
 
-// RegisterBuffers implements kvmanager.Agent.
+// RegisterBuffers implements delegate.Agent.
 func (c *Client) RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferSpec) error {
 	_, err := c.api.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: agentwire.BuffersToProto(bufs)})
 	switch {
@@ -240,7 +240,7 @@ func (c *Client) RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferSpec) 
 	return fmt.Errorf("register buffers: %s", status.Convert(err).Message())
 }
 
-// CancelRoom implements kvmanager.Agent.
+// CancelRoom implements delegate.Agent.
 func (c *Client) CancelRoom(ctx context.Context, room uint64) error {
 	return c.cancel(ctx, room)
 }
@@ -262,12 +262,12 @@ func (c *Client) cancel(ctx context.Context, room uint64, ids ...string) error {
 // one that failed on the wire may have been accepted and is "lost".
 const submitAttempts = 3
 
-// Execute implements kvmanager.Agent.
+// Execute implements delegate.Agent.
 func (c *Client) Execute(ctx context.Context, b kvcopy.Batch) error {
 	c.mu.Lock()
 	if !c.connected {
 		c.mu.Unlock()
-		return fmt.Errorf("%w: %s: no completion stream", kvmanager.ErrAgentUnreachable, c.target)
+		return fmt.Errorf("%w: %s: no completion stream", delegate.ErrAgentUnreachable, c.target)
 	}
 	p := &pendingBatch{room: b.Room, done: make(chan error, 1)}
 	c.pending[b.ID] = p
@@ -304,7 +304,7 @@ func (c *Client) Execute(ctx context.Context, b kvcopy.Batch) error {
 			// "nothing was written". Cancel it in case the agent is still
 			// there (it also fails it at its deadline).
 			c.cancelQuietly(ctx, b)
-			return fmt.Errorf("%w: submit batch %s to %s: %s (it may have been accepted)", kvmanager.ErrAgentLost, b.ID, c.target, status.Convert(err).Message())
+			return fmt.Errorf("%w: submit batch %s to %s: %s (it may have been accepted)", delegate.ErrAgentLost, b.ID, c.target, status.Convert(err).Message())
 		}
 		return fmt.Errorf("the agent refused batch %s: %s", b.ID, status.Convert(err).Message())
 	}

@@ -17,11 +17,11 @@ import (
 
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
 	"github.com/decodeplane/decodeplane/internal/tlstest"
-	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
-	"github.com/decodeplane/decodeplane/server"
 	"github.com/decodeplane/decodeplane/transfer/agentclient"
+	"github.com/decodeplane/decodeplane/transfer/agentclient/agenttls"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"
+	"github.com/decodeplane/decodeplane/transfer/delegate"
+	"github.com/decodeplane/decodeplane/transfer/hostmem"
 )
 
 // testTimeout bounds every wait in these tests; nothing should come close.
@@ -74,9 +74,9 @@ func agentServer(t *testing.T, addr string, files tlsreload.Files) (string, func
 }
 
 // dialAgent runs a Client with tls until the test ends.
-func dialAgent(t *testing.T, addr string, c server.AgentTLSConfig) (*agentclient.Client, *server.AgentTLS) {
+func dialAgent(t *testing.T, addr string, c agenttls.AgentTLSConfig) (*agentclient.Client, *agenttls.AgentTLS) {
 	t.Helper()
-	at, err := server.NewAgentTLS(c, server.TLSOptions{Logger: slog.New(slog.DiscardHandler)})
+	at, err := agenttls.NewAgentTLS(c, agenttls.Options{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,15 +119,15 @@ func TestAgentLinkMutualTLS(t *testing.T) {
 	t.Run("refused", func(t *testing.T) {
 		for _, tt := range []struct {
 			name string
-			cfg  server.AgentTLSConfig
+			cfg  agenttls.AgentTLSConfig
 		}{
-			{"no client certificate", server.AgentTLSConfig{Enabled: true, CAFile: df.CA, ServerName: "localhost", ReloadInterval: tlsreload.DefaultInterval}},
-			{"system roots only", server.AgentTLSConfig{Enabled: true, CertFile: df.Cert, KeyFile: df.Key, ServerName: "localhost", ReloadInterval: tlsreload.DefaultInterval}},
-			{"wrong server name", server.AgentTLSConfig{Enabled: true, CAFile: df.CA, CertFile: df.Cert, KeyFile: df.Key, ServerName: "agent.elsewhere", ReloadInterval: tlsreload.DefaultInterval}},
+			{"no client certificate", agenttls.AgentTLSConfig{Enabled: true, CAFile: df.CA, ServerName: "localhost", ReloadInterval: tlsreload.DefaultInterval}},
+			{"system roots only", agenttls.AgentTLSConfig{Enabled: true, CertFile: df.Cert, KeyFile: df.Key, ServerName: "localhost", ReloadInterval: tlsreload.DefaultInterval}},
+			{"wrong server name", agenttls.AgentTLSConfig{Enabled: true, CAFile: df.CA, CertFile: df.Cert, KeyFile: df.Key, ServerName: "agent.elsewhere", ReloadInterval: tlsreload.DefaultInterval}},
 		} {
 			ac, _ := dialAgent(t, addr, tt.cfg)
 			err := checkAgent(t, ac)
-			if !errors.Is(err, kvmanager.ErrAgentUnreachable) {
+			if !errors.Is(err, delegate.ErrAgentUnreachable) {
 				t.Errorf("%s: Check = %v, want unreachable", tt.name, err)
 			}
 		}
@@ -140,7 +140,7 @@ func TestAgentLinkMutualTLS(t *testing.T) {
 		refused(t, "plaintext to the agent", err)
 	})
 
-	ac, at := dialAgent(t, addr, server.AgentTLSConfig{Enabled: true, CAFile: df.CA, CertFile: df.Cert, KeyFile: df.Key, ServerName: "localhost", ReloadInterval: tlsreload.DefaultInterval})
+	ac, at := dialAgent(t, addr, agenttls.AgentTLSConfig{Enabled: true, CAFile: df.CA, CertFile: df.Cert, KeyFile: df.Key, ServerName: "localhost", ReloadInterval: tlsreload.DefaultInterval})
 	if err := checkAgent(t, ac); err != nil {
 		t.Fatalf("mutual TLS: %v", err)
 	}

@@ -1,6 +1,6 @@
 // Package agentservice is the reference transfer agent's gRPC service
 // (decodeplane.transfer.v1.TransferAgent) over host memory
-// (kvmanager/hostmem): what cmd/decodeplane-agent serves. The daemon never
+// (transfer/hostmem): what cmd/decodeplane-agent serves. The daemon never
 // links it; its side of the protocol is transfer/agentclient.
 package agentservice
 
@@ -16,14 +16,14 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	"github.com/decodeplane/decodeplane/transfer/agentwire"
+	"github.com/decodeplane/decodeplane/transfer/hostmem"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // Service is the reference decodeplane.transfer.v1.TransferAgent: every
-// buffer lives in host memory (kvmanager/hostmem) and every copy moves real
+// buffer lives in host memory (transfer/hostmem) and every copy moves real
 // bytes. Batches run asynchronously; their completions fan out to every
 // WatchCompletions stream and are remembered (the last maxRemembered) so a
 // resubmitted batch id or a reconnecting watcher gets the outcome again.

@@ -18,12 +18,12 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	"github.com/decodeplane/decodeplane/transfer/agentclient"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"
+	"github.com/decodeplane/decodeplane/transfer/delegate"
+	"github.com/decodeplane/decodeplane/transfer/hostmem"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // serve runs the reference agent's service (with the validator, as
@@ -121,7 +121,7 @@ func TestServiceRefusesWithReasons(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := ac.Execute(ctx, kvcopy.Batch{ID: "b2", Room: 1, Copies: []kvcopy.Copy{{SrcBuffer: "a", SrcOffset: 60, DstBuffer: "a", DstOffset: 0, Length: 16}}})
-	if err == nil || errors.Is(err, kvmanager.ErrAgentLost) {
+	if err == nil || errors.Is(err, delegate.ErrAgentLost) {
 		t.Errorf("out-of-range Execute = %v, want the agent's refusal", err)
 	}
 	_, err = raw.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: []*transferv1.Buffer{{Name: "x", Kind: 9, Length: 64}}})

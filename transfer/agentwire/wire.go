@@ -1,5 +1,5 @@
 // Package agentwire converts between the transfer engines' types
-// (kvmanager/kvcopy: buffers, batches) and the transfer agent's wire
+// (transfer/kvcopy: buffers, batches) and the transfer agent's wire
 // messages (decodeplane.transfer.v1). Both ends of the agent protocol use it:
 // transfer/agentclient (the daemon) and transfer/agentservice (the reference
 // agent), so the two cannot drift apart.
@@ -8,8 +8,8 @@ package agentwire
 import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // bufferKindWire maps kvcopy's buffer kinds to the wire's, indexed by the

@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // TestBufferKindMappingCoversEveryValue walks every kvcopy buffer kind and

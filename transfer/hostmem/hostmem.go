@@ -11,7 +11,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // Errors returned by the store. Callers branch with errors.Is.

@@ -5,7 +5,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 func TestKVOffsets(t *testing.T) {
@@ -35,9 +35,6 @@ func TestKVOffsets(t *testing.T) {
 	m := kvcopy.KV{Layers: 3, RowBytes: 10, PageSize: 4, MLA: true}
 	if got := m.RowOffset(2, 1, 3); got != ((2*3+1)*4+3)*10 {
 		t.Errorf("MLA RowOffset(2, 1, 3) = %d", got)
-	}
-	if b, e := kvcopy.StageLayers(61, 4, 3); b != 45 || e != 61 {
-		t.Errorf("StageLayers(61, 4, 3) = [%d, %d), want [45, 61)", b, e)
 	}
 }
 

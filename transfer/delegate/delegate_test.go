@@ -1,4 +1,4 @@
-package kvmanager_test
+package delegate_test
 
 import (
 	"context"
@@ -13,14 +13,28 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
+	"github.com/decodeplane/decodeplane/transfer/delegate"
+	"github.com/decodeplane/decodeplane/transfer/hostmem"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
-var _ kvmanager.Agent = (*hostmem.Agent)(nil)
+var _ delegate.Agent = (*hostmem.Agent)(nil)
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// stgDecode is a small GQA decode pool (4 layers, 8 KV heads × 16) at
+// decode TP decodeTP, with staging on.
+func stgDecode(decodeTP int) prealloc.Config {
+	dec := prealloc.DefaultConfig()
+	dec.Pool.Kind = prealloc.KindGQA
+	dec.Pool.NumLayers, dec.Pool.KVHeads, dec.Pool.HeadDim, dec.Pool.DType = 4, 8, 16, "bf16"
+	dec.Pool.PageSize, dec.Pool.TotalTokens, dec.Pool.TotalPages, dec.Pool.RequestSlots = 16, 0, 512, 8
+	dec.Parallel.AttnTP = decodeTP
+	dec.Staging = prealloc.StagingConfig{Enabled: true, PoolSizeMB: 1}
+	return dec
+}
 
 // pat is the byte every copy must carry for (layer, kv, token, global head,
 // byte): distinct enough that a misplaced row shows.
@@ -47,7 +61,7 @@ func mlaLayout() prealloc.Layout {
 func fillPrefill(t *testing.T, st *hostmem.Store, name string, l prealloc.Layout, ptp, pp, ppRank, tpRank, n int, srcPage func(int) int) {
 	t.Helper()
 	g := kvcopy.PrefillKV(l, ptp, pp, ppRank)
-	lb, _ := kvcopy.StageLayers(l.NumLayers, pp, ppRank)
+	lb, _ := transfer.StageLayers(l.NumLayers, pp, ppRank)
 	if _, err := st.Register([]kvcopy.BufferSpec{{Name: name, Kind: kvcopy.KindPrefillKV, Length: g.Size(64)}}); err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +156,7 @@ func TestTransferBatchBytes(t *testing.T) {
 			}
 			srcPage := func(i int) int { return 40 - 3*i }
 			fillPrefill(t, st, "prefill", l, tc.ptp, tc.pp, tc.ppRank, tc.tpr, 5, srcPage)
-			op := kvmanager.ChunkOp{Room: 5, Rank: kvmanager.RankID{TP: tc.tpr, PP: tc.ppRank}, DestPages: []int32{9, 2, 30, 31, 4},
+			op := transfer.ChunkOp{Room: 5, Rank: transfer.Rank{TP: tc.tpr, PP: tc.ppRank}, DestPages: []int32{9, 2, 30, 31, 4},
 				SrcBuffer: "prefill", Layout: l, PrefillTP: tc.ptp, PrefillPP: tc.pp, Last: true, MetadataSlot: 3, Marker: 5, OutputIDs: []int32{42, -1}}
 			for i := range op.DestPages {
 				op.SrcPages = append(op.SrcPages, int32(srcPage(i)))
@@ -151,7 +165,7 @@ func TestTransferBatchBytes(t *testing.T) {
 			switch {
 			case l.IsMLA:
 				targets = []int{0}
-				op.Targets = []kvmanager.Target{{DecodeTP: 0}}
+				op.Targets = []transfer.Target{{DecodeTP: 0}}
 			case tc.ptp >= l.AttnTP:
 				e := tc.tpr / (tc.ptp / l.AttnTP)
 				targets = []int{e}
@@ -164,17 +178,17 @@ func TestTransferBatchBytes(t *testing.T) {
 			if !l.IsMLA {
 				for _, e := range targets {
 					hs := kvmanager.ComputeHeadSliceParams(tc.ptp, l.AttnTP, tc.tpr, e, l.TotalKVHeads)
-					op.Targets = append(op.Targets, kvmanager.Target{DecodeTP: e, SrcHeadStart: hs.SrcHeadStart, DstHeadStart: hs.DstHeadStart, NumHeads: hs.NumHeads})
+					op.Targets = append(op.Targets, transfer.Target{DecodeTP: e, SrcHeadStart: hs.SrcHeadStart, DstHeadStart: hs.DstHeadStart, NumHeads: hs.NumHeads})
 				}
 			}
-			b, err := kvmanager.TransferBatch(op)
+			b, err := delegate.TransferBatch(op)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if _, err := st.Execute(context.Background(), b); err != nil {
 				t.Fatal(err)
 			}
-			lb, le := kvcopy.StageLayers(l.NumLayers, tc.pp, tc.ppRank)
+			lb, le := transfer.StageLayers(l.NumLayers, tc.pp, tc.ppRank)
 			hp := max(1, l.TotalKVHeads/tc.ptp)
 			for i, e := range targets {
 				tg := op.Targets[i]
@@ -204,11 +218,11 @@ func TestScatterBatchBytes(t *testing.T) {
 	dest := []int32{17, 3, 8}
 	tokens := len(dest) * l.PageSize
 	hb := int(l.HeadBytes())
-	var writers []kvmanager.StagingWriter
+	var writers []transfer.ScatterWriter
 	var region []byte
 	for s := range 2 {
 		for w := range 2 {
-			ws := kvmanager.StagingWriter{Index: len(writers), PrefillTP: 2 + w, PrefillPP: s, Slice: kvmanager.StagingHeadSlice{DstHeadStart: 2 * w, NumHeads: 2},
+			ws := transfer.ScatterWriter{DstHeadStart: 2 * w, NumHeads: 2,
 				LayerBegin: 2 * s, LayerEnd: 2*s + 2, BytesPerToken: int64(2 * hb * 2 * 2), OffsetPerToken: int64(len(region) / tokens)}
 			writers = append(writers, ws)
 			// SGLang's layout: [K layers][V layers], each tokens × heads × dim.
@@ -229,12 +243,12 @@ func TestScatterBatchBytes(t *testing.T) {
 	if err := st.Write(kvcopy.StagingName(0, 1), off, region); err != nil {
 		t.Fatal(err)
 	}
-	op := kvmanager.ScatterOp{Room: 8, DecodeTP: 1, Layout: l, Region: kvmanager.RingRegion{Offset: off, Size: int64(len(region))}, Tokens: tokens,
+	op := transfer.ScatterOp{Room: 8, DecodeTP: 1, Layout: l, RingOffset: off, Tokens: tokens,
 		DestPages: dest, Writers: writers, MetadataSlot: 1, Marker: 8}
 	if got := op.Bytes(); got != int64(len(region)) {
 		t.Fatalf("ScatterOp.Bytes() = %d, want %d", got, len(region))
 	}
-	b, err := kvmanager.ScatterBatch(op)
+	b, err := delegate.ScatterBatch(op)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,16 +267,16 @@ func TestScatterBatchBytes(t *testing.T) {
 type unreachableAgent struct{}
 
 func (unreachableAgent) RegisterBuffers(context.Context, []kvcopy.BufferSpec) error {
-	return kvmanager.ErrAgentUnreachable
+	return delegate.ErrAgentUnreachable
 }
 func (unreachableAgent) Execute(context.Context, kvcopy.Batch) error {
-	return kvmanager.ErrAgentUnreachable
+	return delegate.ErrAgentUnreachable
 }
 func (unreachableAgent) CancelRoom(context.Context, uint64) error {
-	return kvmanager.ErrAgentUnreachable
+	return delegate.ErrAgentUnreachable
 }
 func (unreachableAgent) Check(context.Context) error {
-	return fmt.Errorf("%w: connection refused", kvmanager.ErrAgentUnreachable)
+	return fmt.Errorf("%w: connection refused", delegate.ErrAgentUnreachable)
 }
 
 // readiness records the engine's readiness callbacks.
@@ -281,22 +295,22 @@ func (r *readiness) on(ready bool, _ string) {
 	r.ch <- ready
 }
 
-func chunkOp(l prealloc.Layout) kvmanager.ChunkOp {
-	return kvmanager.ChunkOp{Room: 3, DestPages: []int32{1}, SrcBuffer: "prefill", SrcPages: []int32{0}, Layout: l, PrefillTP: l.AttnTP, PrefillPP: 1,
-		Targets: []kvmanager.Target{{DecodeTP: 0, NumHeads: l.HeadsPerRank}}}
+func chunkOp(l prealloc.Layout) transfer.ChunkOp {
+	return transfer.ChunkOp{Room: 3, DestPages: []int32{1}, SrcBuffer: "prefill", SrcPages: []int32{0}, Layout: l, PrefillTP: l.AttnTP, PrefillPP: 1,
+		Targets: []transfer.Target{{DecodeTP: 0, NumHeads: l.HeadsPerRank}}}
 }
 
 func TestDelegateEngine(t *testing.T) {
 	l := gqaLayout(1)
-	cfg := kvmanager.DelegateConfig{Target: "agent:7700", BatchTimeout: 5 * time.Second, HealthInterval: time.Second}
+	cfg := delegate.DelegateConfig{Target: "agent:7700", BatchTimeout: 5 * time.Second, HealthInterval: time.Second}
 
 	t.Run("moves bytes and reports readiness", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			st := hostmem.New(0)
 			agent := hostmem.NewAgent(st)
 			rd := newReadiness()
-			eng := kvmanager.NewDelegateEngine(cfg, agent, kvmanager.DelegateDeps{Buffers: kvcopy.DecodeBuffers(l, 0, 4), OnReadiness: rd.on, Logger: quiet})
-			if _, err := eng.Transfer(context.Background(), chunkOp(l)); !errors.Is(err, kvmanager.ErrEngineUnavailable) {
+			eng := delegate.NewDelegateEngine(cfg, agent, delegate.DelegateDeps{Buffers: kvcopy.DecodeBuffers(l, 0, 4), OnReadiness: rd.on, Logger: quiet})
+			if _, err := eng.Transfer(context.Background(), chunkOp(l)); !errors.Is(err, transfer.ErrEngineUnavailable) {
 				t.Fatalf("Transfer before the first health check = %v, want ErrEngineUnavailable", err)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
@@ -323,7 +337,7 @@ func TestDelegateEngine(t *testing.T) {
 		agent := hostmem.NewAgent(st)
 		agent.SetFault(func(b kvcopy.Batch) error { return fmt.Errorf("copy 0 of %s: NVLink error", b.ID) })
 		rd := newReadiness()
-		eng := kvmanager.NewDelegateEngine(cfg, agent, kvmanager.DelegateDeps{Buffers: kvcopy.DecodeBuffers(l, 0, 4), OnReadiness: rd.on, Logger: quiet})
+		eng := delegate.NewDelegateEngine(cfg, agent, delegate.DelegateDeps{Buffers: kvcopy.DecodeBuffers(l, 0, 4), OnReadiness: rd.on, Logger: quiet})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		done := make(chan error)
@@ -331,7 +345,7 @@ func TestDelegateEngine(t *testing.T) {
 		<-rd.ch
 		fillPrefill(t, st, "prefill", l, 1, 1, 0, 0, 1, func(int) int { return 0 })
 		_, err := eng.Transfer(context.Background(), chunkOp(l))
-		if !errors.Is(err, kvmanager.ErrTransferFailed) || !strings.Contains(err.Error(), "NVLink error") {
+		if !errors.Is(err, transfer.ErrTransferFailed) || !strings.Contains(err.Error(), "NVLink error") {
 			t.Errorf("Transfer = %v, want ErrTransferFailed with the agent's reason", err)
 		}
 		cancel()
@@ -341,7 +355,7 @@ func TestDelegateEngine(t *testing.T) {
 	t.Run("an unreachable agent is unavailable and not ready", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			rd := newReadiness()
-			eng := kvmanager.NewDelegateEngine(cfg, unreachableAgent{}, kvmanager.DelegateDeps{OnReadiness: rd.on, Logger: quiet})
+			eng := delegate.NewDelegateEngine(cfg, unreachableAgent{}, delegate.DelegateDeps{OnReadiness: rd.on, Logger: quiet})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)
 			go func() { done <- eng.Run(ctx) }()
@@ -349,7 +363,7 @@ func TestDelegateEngine(t *testing.T) {
 			if ready, reason := eng.Ready(); ready || !strings.Contains(reason, "connection refused") {
 				t.Errorf("Ready() = %v, %q; want not ready, with the reason", ready, reason)
 			}
-			if _, err := eng.Transfer(context.Background(), chunkOp(l)); !errors.Is(err, kvmanager.ErrEngineUnavailable) {
+			if _, err := eng.Transfer(context.Background(), chunkOp(l)); !errors.Is(err, transfer.ErrEngineUnavailable) {
 				t.Errorf("Transfer = %v, want ErrEngineUnavailable", err)
 			}
 			cancel()
@@ -368,7 +382,7 @@ func TestDelegateEngine(t *testing.T) {
 			agent := hostmem.NewAgent(st)
 			agent.SetHold(func(kvcopy.Batch) bool { return true })
 			rd := newReadiness()
-			eng := kvmanager.NewDelegateEngine(cfg, agent, kvmanager.DelegateDeps{Buffers: kvcopy.DecodeBuffers(l, 0, 4), OnReadiness: rd.on, Logger: quiet})
+			eng := delegate.NewDelegateEngine(cfg, agent, delegate.DelegateDeps{Buffers: kvcopy.DecodeBuffers(l, 0, 4), OnReadiness: rd.on, Logger: quiet})
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error)
 			go func() { done <- eng.Run(ctx) }()
@@ -376,7 +390,7 @@ func TestDelegateEngine(t *testing.T) {
 			fillPrefill(t, st, "prefill", l, 1, 1, 0, 0, 1, func(int) int { return 0 })
 			start := time.Now()
 			_, err := eng.Transfer(context.Background(), chunkOp(l))
-			if !errors.Is(err, kvmanager.ErrTransferFailed) || time.Since(start) < cfg.BatchTimeout {
+			if !errors.Is(err, transfer.ErrTransferFailed) || time.Since(start) < cfg.BatchTimeout {
 				t.Errorf("Transfer of a held batch = %v after %s; want ErrTransferFailed after the %s batch timeout", err, time.Since(start), cfg.BatchTimeout)
 			}
 			if n := agent.InFlight(); n != 0 {

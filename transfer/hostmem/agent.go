@@ -7,14 +7,14 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // ErrCancelled: the batch was cancelled (CancelRoom) before it finished.
 var ErrCancelled = errors.New("batch cancelled")
 
 // Agent runs batches on a Store in process, with per-batch deadlines and
-// per-room cancellation: kvmanager.Agent without a network, and the engine
+// per-room cancellation: delegate.Agent without a network, and the engine
 // of the reference agent's gRPC service. It is safe for concurrent use.
 type Agent struct {
 	store *Store

@@ -6,8 +6,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/kvmanager/hostmem"
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/transfer/hostmem"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 func TestStore(t *testing.T) {

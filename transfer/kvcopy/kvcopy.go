@@ -2,8 +2,8 @@
 // transfer path: the page-major layout of every KV buffer, the names of the
 // decode buffers, the metadata slot encoding, and the copy batches a transfer
 // agent executes (decodeplane.transfer.v1.TransferAgent mirrors these types).
-// It is pure Go: the reference agent's host-memory store (kvmanager/hostmem)
-// and the delegated engine (kvmanager.DelegateEngine) both build on it.
+// It is pure Go: the reference agent's host-memory store (transfer/hostmem)
+// and the delegated engine (transfer/delegate) both build on it.
 //
 // # KV buffers
 //
@@ -20,7 +20,7 @@
 //
 // A decode rank's buffer has every layer and max(1, total_kv_heads /
 // decode_tp) heads; a prefill rank's buffer has max(1, total_kv_heads /
-// prefill_tp) heads and, with PP > 1, only its stage's layers (StageLayers),
+// prefill_tp) heads and, with PP > 1, only its stage's layers (transfer.StageLayers),
 // numbered from 0.
 //
 // # Metadata slots
@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // BufferKind says what a registered buffer holds.
@@ -193,13 +194,6 @@ func (g KV) LayerOffset(page, layer int) int64 {
 // Size is the size of a buffer of pages pages.
 func (g KV) Size(pages int64) int64 { return pages * g.PageBytes() }
 
-// StageLayers is the layer range [begin, end) of PP stage of n over layers
-// layers: [stage·layers/n, (stage+1)·layers/n).
-func StageLayers(layers, n, stage int) (begin, end int) {
-	n = max(1, n)
-	return stage * layers / n, (stage + 1) * layers / n
-}
-
 // mlaRowBytes is one MLA row: latent × dtype, plus the DSA indexer-K bytes.
 func mlaRowBytes(l prealloc.Layout) int64 { return l.HeadBytes() + int64(l.DSAIndexBytes) }
 
@@ -215,7 +209,7 @@ func DecodeKV(l prealloc.Layout) KV {
 // layout: the same model, max(1, total_kv_heads / prefillTP) heads, and the
 // layers of its PP stage.
 func PrefillKV(l prealloc.Layout, prefillTP, prefillPP, ppRank int) KV {
-	b, e := StageLayers(l.NumLayers, prefillPP, ppRank)
+	b, e := transfer.StageLayers(l.NumLayers, prefillPP, ppRank)
 	g := DecodeKV(l)
 	g.Layers = e - b
 	if !l.IsMLA {

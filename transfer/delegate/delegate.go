@@ -1,4 +1,4 @@
-package kvmanager
+package delegate
 
 import (
 	"context"
@@ -10,7 +10,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/decodeplane/decodeplane/kvmanager/kvcopy"
+	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/transfer"
+	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
 // Agent is what DelegateEngine needs of an external transfer agent
@@ -54,8 +56,8 @@ type DelegateDeps struct {
 	// OnReadiness is told every change of the agent's reachability (the
 	// daemon flips its health); nil ignores it. It must not block.
 	OnReadiness func(ready bool, reason string)
-	// Clock defaults to RealClock.
-	Clock Clock
+	// Clock defaults to clock.RealClock.
+	Clock clock.Clock
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -66,7 +68,7 @@ type DelegateDeps struct {
 // and each staged region into a scatter batch, applies a per-batch deadline
 // (transfer.delegate.batch_timeout), and maps the agent's answers: a failed
 // batch fails the chunk with the agent's reason (the room fails); an
-// unreachable agent is ErrEngineUnavailable (nothing was written; the caller
+// unreachable agent is transfer.ErrEngineUnavailable (nothing was written; the caller
 // may retry) and flips readiness until a health check succeeds and the
 // decode buffers are registered again. Batches whose submission is known to
 // have failed are the only ones resent; a batch id makes resubmission of the
@@ -76,7 +78,7 @@ type DelegateEngine struct {
 	agent   Agent
 	buffers []kvcopy.BufferSpec
 	onReady func(bool, string)
-	clock   Clock
+	clock   clock.Clock
 	log     *slog.Logger
 	seq     atomic.Uint64
 	wake    chan struct{}
@@ -88,15 +90,16 @@ type DelegateEngine struct {
 }
 
 var (
-	_ TransferEngine = (*DelegateEngine)(nil)
-	_ Scatterer      = (*DelegateEngine)(nil)
+	_ transfer.Engine       = (*DelegateEngine)(nil)
+	_ transfer.Scatterer    = (*DelegateEngine)(nil)
+	_ transfer.ChunkChecker = (*DelegateEngine)(nil)
 )
 
 // NewDelegateEngine builds the engine; it is not ready until Run's first
 // health check registered the buffers.
 func NewDelegateEngine(cfg DelegateConfig, agent Agent, deps DelegateDeps) *DelegateEngine {
 	if deps.Clock == nil {
-		deps.Clock = RealClock{}
+		deps.Clock = clock.RealClock{}
 	}
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
@@ -121,13 +124,13 @@ func (e *DelegateEngine) Ready() (bool, string) {
 // agent restarted) and makes the engine ready.
 func (e *DelegateEngine) Run(ctx context.Context) error {
 	e.probe(ctx)
-	t := newTicker(e.clock, e.cfg.HealthInterval)
-	defer t.stop()
+	t := clock.NewTicker(e.clock, e.cfg.HealthInterval)
+	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-t.c:
+		case <-t.C:
 		case <-e.wake:
 		}
 		e.probe(ctx)
@@ -193,7 +196,7 @@ func (e *DelegateEngine) execute(ctx context.Context, b kvcopy.Batch) error {
 		return nil // nothing to move (an empty last chunk without metadata)
 	}
 	if up, reason := e.Ready(); !up {
-		return fmt.Errorf("%w: %s", ErrEngineUnavailable, reason)
+		return fmt.Errorf("%w: %s", transfer.ErrEngineUnavailable, reason)
 	}
 	b.ID = fmt.Sprintf("%s#%d", b.ID, e.seq.Add(1))
 	b.Deadline = e.clock.Now().Add(e.cfg.BatchTimeout)
@@ -209,24 +212,24 @@ func (e *DelegateEngine) execute(ctx context.Context, b kvcopy.Batch) error {
 		// The agent may have accepted the batch: it can write until the
 		// batch's deadline, after which it must stop.
 		e.markDown(err)
-		return &WritesMayContinueError{Err: fmt.Errorf("%w: batch %s: %v", ErrTransferFailed, b.ID, err), Until: b.Deadline}
+		return &transfer.WritesMayContinueError{Err: fmt.Errorf("%w: batch %s: %v", transfer.ErrTransferFailed, b.ID, err), Until: b.Deadline}
 	case ctx.Err() != nil:
 		return ctx.Err()
 	case bctx.Err() != nil:
-		return fmt.Errorf("%w: batch %s of room %d did not complete within transfer.delegate.batch_timeout (%s); it was cancelled at the agent", ErrTransferFailed, b.ID, b.Room, e.cfg.BatchTimeout)
+		return fmt.Errorf("%w: batch %s of room %d did not complete within transfer.delegate.batch_timeout (%s); it was cancelled at the agent", transfer.ErrTransferFailed, b.ID, b.Room, e.cfg.BatchTimeout)
 	case errors.Is(err, ErrAgentUnreachable):
 		e.markDown(err)
-		return fmt.Errorf("%w: batch %s: %v", ErrEngineUnavailable, b.ID, err)
+		return fmt.Errorf("%w: batch %s: %v", transfer.ErrEngineUnavailable, b.ID, err)
 	}
-	return fmt.Errorf("%w: transfer agent failed batch %s: %v", ErrTransferFailed, b.ID, err)
+	return fmt.Errorf("%w: transfer agent failed batch %s: %v", transfer.ErrTransferFailed, b.ID, err)
 }
 
 func batchGrace(d time.Duration) time.Duration {
 	return min(max(d/10, 100*time.Millisecond), 2*time.Second)
 }
 
-// Transfer implements TransferEngine on the agent.
-func (e *DelegateEngine) Transfer(ctx context.Context, op ChunkOp) (ChunkResult, error) {
+// Transfer implements transfer.Engine on the agent.
+func (e *DelegateEngine) Transfer(ctx context.Context, op transfer.ChunkOp) (transfer.ChunkResult, error) {
 	b, err := TransferBatch(op)
 	res, err := e.run(ctx, b, err)
 	if err == nil && op.Last && op.Marker != 0 {
@@ -235,8 +238,8 @@ func (e *DelegateEngine) Transfer(ctx context.Context, op ChunkOp) (ChunkResult,
 	return res, err
 }
 
-// Scatter implements Scatterer on the agent.
-func (e *DelegateEngine) Scatter(ctx context.Context, op ScatterOp) (ChunkResult, error) {
+// Scatter implements transfer.Scatterer on the agent.
+func (e *DelegateEngine) Scatter(ctx context.Context, op transfer.ScatterOp) (transfer.ChunkResult, error) {
 	b, err := ScatterBatch(op)
 	res, err := e.run(ctx, b, err)
 	if err == nil {
@@ -246,15 +249,15 @@ func (e *DelegateEngine) Scatter(ctx context.Context, op ScatterOp) (ChunkResult
 }
 
 // run executes a batch built with buildErr and times it.
-func (e *DelegateEngine) run(ctx context.Context, b kvcopy.Batch, buildErr error) (ChunkResult, error) {
+func (e *DelegateEngine) run(ctx context.Context, b kvcopy.Batch, buildErr error) (transfer.ChunkResult, error) {
 	if buildErr != nil {
-		return ChunkResult{}, fmt.Errorf("%w: %v", ErrTransferFailed, buildErr)
+		return transfer.ChunkResult{}, fmt.Errorf("%w: %v", transfer.ErrTransferFailed, buildErr)
 	}
 	start := e.clock.Now()
 	if err := e.execute(ctx, b); err != nil {
-		return ChunkResult{}, err
+		return transfer.ChunkResult{}, err
 	}
-	return ChunkResult{Bytes: b.Bytes(), Duration: e.clock.Now().Sub(start)}, nil
+	return transfer.ChunkResult{Bytes: b.Bytes(), Duration: e.clock.Now().Sub(start)}, nil
 }
 
 // metadataWrite is the inline write of a room's metadata slot.
@@ -274,7 +277,7 @@ func metadataWrite(dp int, slot int32, marker uint64, ids []int32) (kvcopy.Inlin
 // prefill rank's heads are exactly the decode rank's (equal TP, and MLA),
 // else one strided copy of the head slice over every (layer, K/V, token) row
 // of the page; with the last chunk, the metadata slot.
-func TransferBatch(op ChunkOp) (kvcopy.Batch, error) {
+func TransferBatch(op transfer.ChunkOp) (kvcopy.Batch, error) {
 	l := op.Layout
 	b := kvcopy.Batch{ID: fmt.Sprintf("t/%d/%d/%d.%d.%d.%d/%d", op.Room, op.Attempt, op.Rank.DP, op.Rank.CP, op.Rank.TP, op.Rank.PP, op.ChunkIndex), Room: op.Room}
 	if len(op.DestPages) > 0 {
@@ -290,7 +293,7 @@ func TransferBatch(op ChunkOp) (kvcopy.Batch, error) {
 	}
 	dec := kvcopy.DecodeKV(l)
 	pre := kvcopy.PrefillKV(l, max(1, op.PrefillTP), max(1, op.PrefillPP), op.Rank.PP)
-	lb, _ := kvcopy.StageLayers(l.NumLayers, max(1, op.PrefillPP), op.Rank.PP)
+	lb, _ := transfer.StageLayers(l.NumLayers, max(1, op.PrefillPP), op.Rank.PP)
 	for _, t := range op.Targets {
 		if t.Dummy {
 			continue
@@ -332,7 +335,7 @@ func TransferBatch(op ChunkOp) (kvcopy.Batch, error) {
 // from the writer's block in the ring (token-major, heads × head_dim) into
 // the writer's head range of the page; the metadata slot when the op carries
 // the marker.
-func ScatterBatch(op ScatterOp) (kvcopy.Batch, error) {
+func ScatterBatch(op transfer.ScatterOp) (kvcopy.Batch, error) {
 	l := op.Layout
 	b := kvcopy.Batch{ID: fmt.Sprintf("s/%d/%d/%d.%d/%d", op.Room, op.Attempt, op.DecodeDP, op.DecodeTP, op.ChunkIndex), Room: op.Room}
 	if l.IsMLA {
@@ -346,8 +349,8 @@ func ScatterBatch(op ScatterOp) (kvcopy.Batch, error) {
 	ring, dst := kvcopy.StagingName(op.DecodeDP, op.DecodeTP), kvcopy.DecodeKVName(op.DecodeDP, op.DecodeTP)
 	tokens := int64(op.Tokens)
 	for _, w := range op.Writers {
-		base := op.Region.Offset + tokens*w.OffsetPerToken
-		nh := int64(w.Slice.NumHeads)
+		base := op.RingOffset + tokens*w.OffsetPerToken
+		nh := int64(w.NumHeads)
 		nl := w.LayerEnd - w.LayerBegin
 		row := nh * hb
 		block := tokens * row
@@ -357,7 +360,7 @@ func ScatterBatch(op ScatterOp) (kvcopy.Batch, error) {
 				for pi, page := range op.DestPages {
 					b.Copies = append(b.Copies, kvcopy.Copy{
 						SrcBuffer: ring, SrcOffset: src + int64(pi*l.PageSize)*row,
-						DstBuffer: dst, DstOffset: dec.Offset(int(page), w.LayerBegin+li, kv, 0, w.Slice.DstHeadStart),
+						DstBuffer: dst, DstOffset: dec.Offset(int(page), w.LayerBegin+li, kv, 0, w.DstHeadStart),
 						Length: row, Count: l.PageSize, SrcStride: row, DstStride: dec.TokenRowBytes(),
 					})
 				}
@@ -374,26 +377,30 @@ func ScatterBatch(op ScatterOp) (kvcopy.Batch, error) {
 	return b, nil
 }
 
-// CheckChunk implements ChunkChecker: on the delegated path a chunk with
-// pages names its source (a prefill-side buffer at the agent, one page per
-// destination page). A request without it is refused before anything
-// changes, instead of failing the room when the batch is built.
-func (e *DelegateEngine) CheckChunk(req ChunkRequest) error {
-	if req.NumPages <= 0 {
+// CheckChunk implements transfer.ChunkChecker: on the delegated path a
+// chunk with pages names its source (a prefill-side buffer at the agent, one
+// page per destination page). A request without it is refused before
+// anything changes, instead of failing the room when the batch is built.
+func (e *DelegateEngine) CheckChunk(src transfer.ChunkSource) error {
+	if src.NumPages <= 0 {
 		return nil
 	}
 	switch {
-	case req.SrcBuffer == "":
+	case src.Buffer == "":
 		return invalid("source.buffer", "is required on the delegated transfer path: the prefill rank's KV buffer at the transfer agent")
-	case strings.HasPrefix(req.SrcBuffer, "decode/"):
-		return invalid("source.buffer", "%q is one of the decode side's own buffers: a chunk is copied from the prefill rank's KV buffer", req.SrcBuffer)
-	case len(req.SrcPages) != req.NumPages:
-		return invalid("source.page_indices", "has %d entries for num_pages %d: the delegated path needs one prefill page per destination page", len(req.SrcPages), req.NumPages)
+	case strings.HasPrefix(src.Buffer, "decode/"):
+		return invalid("source.buffer", "%q is one of the decode side's own buffers: a chunk is copied from the prefill rank's KV buffer", src.Buffer)
+	case len(src.Pages) != src.NumPages:
+		return invalid("source.page_indices", "has %d entries for num_pages %d: the delegated path needs one prefill page per destination page", len(src.Pages), src.NumPages)
 	}
-	for i, p := range req.SrcPages {
+	for i, p := range src.Pages {
 		if p < 0 {
 			return invalid("source.page_indices", "[%d] = %d is negative", i, p)
 		}
 	}
 	return nil
+}
+
+func invalid(field, format string, args ...any) error {
+	return &transfer.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
