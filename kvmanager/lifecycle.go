@@ -72,7 +72,7 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 	now := m.clock.Now()
 	r := &room{
 		id: req.Room, addr: addr,
-		decodeDP: shard, led: led, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
+		decodeDP: shard, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
 		attempt: 1, openedAt: stampOf(now), updatedAt: stampOf(now), metaSlot: -1,
 		bootstrapAt: stampOf(now.Add(m.cfg.Timeouts.Bootstrap)),
 	}
@@ -166,7 +166,7 @@ func (m *Manager) dpResolvedLocked(r *room, inst *prefillInstance, dp int, rule 
 		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", c.rank, r.id, dp, rule)}})
 	}
 	m.transitionLocked(r, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)))
-	if err := r.led.SetReady(r.id); err != nil {
+	if err := m.shards[r.decodeDP].SetReady(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused room %d: %v", r.id, err)})
 		return
 	}
@@ -203,7 +203,7 @@ func (m *Manager) admitLocked(shard int) {
 			// The engine reloads the room's KV from its CPU copy: the room
 			// runs again (the ledger's resumed -> running), so that it can
 			// grow, be retracted again and be released.
-			if err := r.led.StartRunning(r.id); err != nil {
+			if err := m.shards[r.decodeDP].StartRunning(r.id); err != nil {
 				m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to resume room %d: %v", r.id, err)})
 				continue
 			}
@@ -362,7 +362,7 @@ func (m *Manager) claimedLocked(r *room) {
 	now := m.clock.Now()
 	r.claimedAt = now
 	r.waitingAt = now.Add(m.cfg.Timeouts.Waiting)
-	if err := r.led.Claim(r.id); err != nil {
+	if err := m.shards[r.decodeDP].Claim(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused the claim of room %d: %v", r.id, err)})
 		return
 	}
@@ -431,7 +431,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 		// A rank writes before every rank claimed: the ledger must not
 		// expire (and hand out) the pages under the write at
 		// admission.claim_timeout; timeouts.bootstrap still bounds the room.
-		if err := r.led.Claim(r.id); err == nil {
+		if err := m.shards[r.decodeDP].Claim(r.id); err == nil {
 			m.armShardTimerLocked(r.decodeDP)
 		}
 	}
@@ -722,7 +722,7 @@ func (m *Manager) markerLandedLocked(r *room, marker uint64) {
 		return
 	}
 	r.marker = marker
-	if err := r.led.SetMetadataMarker(r.id, marker); err != nil {
+	if err := m.shards[r.decodeDP].SetMetadataMarker(r.id, marker); err != nil {
 		m.log.Error("ledger refused the metadata marker", "room", r.id, "err", err)
 	}
 }
@@ -787,7 +787,7 @@ func (m *Manager) checkSuccessLocked(r *room) {
 	if r.marker == 0 {
 		return // aux not landed yet: stay Transferring (the waiting timeout bounds it)
 	}
-	if err := r.led.StartRunning(r.id); err != nil {
+	if err := m.shards[r.decodeDP].StartRunning(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to start room %d: %v", r.id, err)})
 		return
 	}
@@ -878,7 +878,7 @@ func (m *Manager) releaseIfIdleLocked(r *room) {
 	r.releasePending = false
 	if r.inLedger {
 		r.inLedger = false
-		if err := r.led.Release(r.id); err != nil {
+		if err := m.shards[r.decodeDP].Release(r.id); err != nil {
 			m.log.Error("ledger release failed", "room", r.id, "err", err)
 		}
 	}
@@ -1093,7 +1093,7 @@ func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRu
 			stepped = make([]bool, len(m.shards))
 		}
 		stepped[r.decodeDP] = true
-		pages, err := r.led.UpdateRunning(r.id, u.OutputLen)
+		pages, err := m.shards[r.decodeDP].UpdateRunning(r.id, u.OutputLen)
 		switch {
 		case errors.Is(err, prealloc.ErrNoCapacity):
 			noCapacity = append(noCapacity, u.Room)
@@ -1158,12 +1158,12 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 	}
 	switch mode {
 	case RetractCPU:
-		if err := r.led.Retract(r.id); err != nil {
+		if err := m.shards[r.decodeDP].Retract(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, err)
 		}
 		r.pages = nil
 		m.transitionLocked(r, PhaseRetracted, "T20", textNote("retracted: pages returned; resumes after the next ReportRunning, before new admissions"))
-		if r.led.Stats().Running == 0 {
+		if m.shards[r.decodeDP].Stats().Running == 0 {
 			// Nothing left on the shard to grow into the pages: resume (or
 			// not) at the next pass, at the latest RetractResumeAfter from
 			// now, so that the pages are visibly free meanwhile (for a room
@@ -1171,7 +1171,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 			m.setDeadlineLocked(&m.admitDl[r.decodeDP], dlAdmit, m.clock.Now().Add(RetractResumeAfter), uint64(r.decodeDP), 0, nil)
 		}
 	case RetractRebootstrap:
-		if err := r.led.Hold(r.id); err != nil {
+		if err := m.shards[r.decodeDP].Hold(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("hold room %d: %w", room, err)
 		}
 		r.pages = nil
@@ -1231,7 +1231,7 @@ func (m *Manager) failDroppedHeldLocked(shard int, resumed []uint64) {
 		if r.decodeDP != shard || r.phase != PhaseHeld || back[r.id] {
 			continue
 		}
-		if _, known := r.led.State(r.id); known {
+		if _, known := m.shards[r.decodeDP].State(r.id); known {
 			continue // the ledger still holds it
 		}
 		r.inLedger = false

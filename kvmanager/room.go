@@ -28,13 +28,10 @@ type room struct {
 	addr     string
 	entry    prealloc.Entry // the ledger's record of the room (its request, queue position, allocation)
 	decodeDP int
-	led      *prealloc.Ledger
 
 	hintDP    int // -1: no hint
 	prefillDP int // -1: unresolved
-	dpRule    DPRule
 
-	phase     Phase
 	failure   *Failure
 	openedAt  stamp
 	updatedAt stamp
@@ -59,6 +56,8 @@ type room struct {
 	// Small fields together (no padding between them).
 	attempt        uint32
 	metaSlot       int32
+	phase          Phase
+	dpRule         DPRule
 	inLedger       bool // the ledger holds this room (any ledger state)
 	releasePending bool
 	staging        bool
@@ -352,9 +351,9 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 const levelDebug = -4
 
 // roomTransitions is the timeline's first capacity: a queued room's
-// transitions (opened, resolving its DP rank, queued) fit, a whole hand-off
-// takes one more allocation (append grows it to 8).
-const roomTransitions = 3
+// transitions (opened, queued) fit; one that waits for its DP rank, and a
+// whole hand-off, take more allocations (append doubles it).
+const roomTransitions = 2
 
 // phaseSpanLocked keeps one child span per phase under the room span, which
 // covers the hand-off from OpenRoom to success or failure.

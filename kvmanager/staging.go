@@ -546,7 +546,7 @@ func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs 
 			// A scatter writes the pages before every rank claimed: the
 			// ledger must not expire them under it at admission.claim_timeout
 			// (as Transfer does); timeouts.bootstrap still bounds the room.
-			if err := r.led.Claim(r.id); err == nil {
+			if err := m.shards[r.decodeDP].Claim(r.id); err == nil {
 				m.armShardTimerLocked(r.decodeDP)
 			}
 		}

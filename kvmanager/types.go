@@ -39,7 +39,7 @@ func (p KVPoll) String() string {
 }
 
 // Phase is where a room is in decodeplane's lifecycle; it refines KVPoll.
-type Phase int
+type Phase uint8
 
 // Phases, in lifecycle order.
 const (
@@ -166,7 +166,7 @@ type rankKey struct{ CP, TP, PP int }
 func (r RankID) key() rankKey { return rankKey{CP: r.CP, TP: r.TP, PP: r.PP} }
 
 // DPRule says which rule resolved a room's prefill DP rank.
-type DPRule int
+type DPRule uint8
 
 // DP rank rules, in SGLang's resolution order.
 const (

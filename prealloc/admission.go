@@ -223,7 +223,7 @@ func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 			// budgets (every room needs at least R tokens and no negative
 			// SWA amount): stop here, as the scan would admit nothing.
 			noneFits := budget < l.reserve || (l.swaMode == swaTail && swaB < 0)
-			if r.bypassed < l.maxBypass && nAside < len(aside) && !noneFits {
+			if int(r.bypassed) < l.maxBypass && nAside < len(aside) && !noneFits {
 				l.ready.pop()
 				aside[nAside] = r
 				nAside++
@@ -257,7 +257,7 @@ func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 		exhausted := false
 		for _, a := range aside[:nAside] {
 			a.bypassed++
-			exhausted = exhausted || a.bypassed >= l.maxBypass
+			exhausted = exhausted || int(a.bypassed) >= l.maxBypass
 		}
 		if exhausted {
 			// The oldest room set aside may not be overtaken again: the

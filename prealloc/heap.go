@@ -6,7 +6,7 @@ package prealloc
 type roomHeap struct {
 	items []*room
 	less  func(a, b *room) bool
-	pos   func(r *room) *int
+	pos   func(r *room) *int32
 }
 
 func (h *roomHeap) len() int { return len(h.items) }
@@ -19,7 +19,7 @@ func (h *roomHeap) peek() *room {
 }
 
 func (h *roomHeap) push(r *room) {
-	*h.pos(r) = len(h.items)
+	*h.pos(r) = int32(len(h.items))
 	h.items = append(h.items, r)
 	h.up(len(h.items) - 1)
 }
@@ -35,7 +35,7 @@ func (h *roomHeap) pop() *room {
 
 // remove takes r out of the heap. r must be in it.
 func (h *roomHeap) remove(r *room) {
-	i := *h.pos(r)
+	i := int(*h.pos(r))
 	last := len(h.items) - 1
 	if i != last {
 		h.swap(i, last)
@@ -52,8 +52,8 @@ func (h *roomHeap) remove(r *room) {
 
 func (h *roomHeap) swap(i, j int) {
 	h.items[i], h.items[j] = h.items[j], h.items[i]
-	*h.pos(h.items[i]) = i
-	*h.pos(h.items[j]) = j
+	*h.pos(h.items[i]) = int32(i)
+	*h.pos(h.items[j]) = int32(j)
 }
 
 func (h *roomHeap) up(i int) {
@@ -91,7 +91,7 @@ func (h *roomHeap) down(i0 int) bool {
 // valid reports whether positions and the heap order are consistent.
 func (h *roomHeap) valid() bool {
 	for i, r := range h.items {
-		if *h.pos(r) != i {
+		if int(*h.pos(r)) != i {
 			return false
 		}
 		if i > 0 && h.less(r, h.items[(i-1)/2]) {

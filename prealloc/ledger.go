@@ -51,20 +51,20 @@ const (
 // ~112 bytes. Code that reads a held field checks r.held first unless the
 // room's state implies an admission (RoomState.admitted).
 type room struct {
-	id       uint64
-	req      Request
-	seq      uint64 // queue position (FIFO order within a priority class)
-	readyIdx int    // position in Ledger.ready, or -1
-	bypassed int    // rooms admitted ahead of this ready room while it did not fit
-	state    RoomState
+	id  uint64
+	req Request
+	seq uint64 // queue position (FIFO order within a priority class)
 	*held
+	readyIdx int32 // position in Ledger.ready, or -1
+	bypassed int32 // rooms admitted ahead of this ready room while it did not fit
+	state    RoomState
 }
 
 // held is what a room holds from its first admission until it is dropped.
 type held struct {
-	dlIdx     int // position in Ledger.deadlines, or -1
-	runIdx    int // position in Ledger.runMax, or -1
-	runSWAIdx int // position in Ledger.runSWAMax, or -1
+	dlIdx     int32 // position in Ledger.deadlines, or -1
+	runIdx    int32 // position in Ledger.runMax, or -1
+	runSWAIdx int32 // position in Ledger.runSWAMax, or -1
 	deadline  time.Time
 
 	prev, next *room // Ledger.retracted or Ledger.held
@@ -284,7 +284,7 @@ func NewLedger(cfg Config, shard int, clock Clock) (*Ledger, error) {
 	l.markers = make([]uint64, nMeta)
 	l.pool.limit = 2*int(nPages+nSWA) + 4096
 
-	l.ready = roomHeap{less: l.readyLess, pos: func(r *room) *int { return &r.readyIdx }}
+	l.ready = roomHeap{less: l.readyLess, pos: func(r *room) *int32 { return &r.readyIdx }}
 	l.deadlines = roomHeap{
 		less: func(a, b *room) bool {
 			if !a.deadline.Equal(b.deadline) {
@@ -292,10 +292,10 @@ func NewLedger(cfg Config, shard int, clock Clock) (*Ledger, error) {
 			}
 			return a.seq < b.seq
 		},
-		pos: func(r *room) *int { return &r.dlIdx },
+		pos: func(r *room) *int32 { return &r.dlIdx },
 	}
-	l.runMax = roomHeap{less: func(a, b *room) bool { return a.runKey > b.runKey }, pos: func(r *room) *int { return &r.runIdx }}
-	l.runSWAMax = roomHeap{less: func(a, b *room) bool { return a.runSWAKey > b.runSWAKey }, pos: func(r *room) *int { return &r.runSWAIdx }}
+	l.runMax = roomHeap{less: func(a, b *room) bool { return a.runKey > b.runKey }, pos: func(r *room) *int32 { return &r.runIdx }}
+	l.runSWAMax = roomHeap{less: func(a, b *room) bool { return a.runSWAKey > b.runSWAKey }, pos: func(r *room) *int32 { return &r.runSWAIdx }}
 	return l, nil
 }
 

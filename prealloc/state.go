@@ -4,7 +4,7 @@ import "fmt"
 
 // RoomState is where a room is in the ledger's lifecycle (see the package
 // documentation for the transitions).
-type RoomState int
+type RoomState uint8
 
 // Room states.
 const (

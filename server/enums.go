@@ -70,7 +70,7 @@ var stateTypeWire = [...]pb.StateType{
 
 // wireOf looks v up in table; a value outside it maps to the table's entry 0
 // (UNSPECIFIED, or KV_POLL_FAILED).
-func wireOf[D ~int, W any](table []W, v D) W {
+func wireOf[D ~int | ~uint8, W any](table []W, v D) W {
 	if v < 0 || int(v) >= len(table) {
 		return table[0]
 	}
@@ -79,7 +79,7 @@ func wireOf[D ~int, W any](table []W, v D) W {
 
 // domainOf is the inverse of a table: the domain value whose wire value is w,
 // or false if none has it.
-func domainOf[D ~int, W comparable](table []W, w W) (D, bool) {
+func domainOf[D ~int | ~uint8, W comparable](table []W, w W) (D, bool) {
 	for i, x := range table {
 		if x == w {
 			return D(i), true

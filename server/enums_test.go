@@ -30,7 +30,9 @@ type enumCase struct {
 // domainName is v's String unless it is the "Type(v)" fallback.
 func domainName[T fmt.Stringer](v T) string {
 	s := v.String()
-	if s == fmt.Sprintf("%s(%d)", reflect.TypeOf(v).Name(), reflect.ValueOf(v).Int()) {
+	rv := reflect.ValueOf(v)
+	n := fmt.Sprint(rv.Convert(reflect.TypeFor[int64]()).Int())
+	if s == reflect.TypeOf(v).Name()+"("+n+")" {
 		return ""
 	}
 	return s
@@ -38,7 +40,7 @@ func domainName[T fmt.Stringer](v T) string {
 
 func norm(s string) string { return strings.ToLower(strings.ReplaceAll(s, "_", "")) }
 
-func tableInverse[D ~int, W comparable](table []W) func(int32) (int, bool) {
+func tableInverse[D ~int | ~uint8, W comparable](table []W) func(int32) (int, bool) {
 	return func(w int32) (int, bool) {
 		var wv W
 		reflect.ValueOf(&wv).Elem().SetInt(int64(w))
