@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
@@ -49,7 +50,7 @@ type room struct {
 	fillLen int
 	state   []prealloc.StateIndices
 
-	plan   *roomPlan
+	plan   *registry.Plan
 	ranks  map[rankKey]*rankProgress // required ranks seen this attempt (room.progress)
 	claims claimSet
 	// claimedN, doneN count required ranks claimed / done this attempt.
@@ -334,10 +335,7 @@ func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
 }
 
 func (m *Manager) topoLocked(addr string) PrefillTopology {
-	if p := m.prefills[addr]; p != nil {
-		return p.topo
-	}
-	return PrefillTopology{}
+	return m.reg.Topology(addr)
 }
 
 func (r *room) unclaimedRanks() string {
@@ -351,7 +349,7 @@ func (r *room) unclaimedRanks() string {
 func (r *room) pendingRanks(ok func(*rankProgress) bool) string {
 	var out []rankKey
 	more := 0
-	for _, k := range r.plan.required {
+	for _, k := range r.plan.Required() {
 		if rp := r.ranks[k]; rp == nil || !ok(rp) {
 			if len(out) < maxListedRanks {
 				out = append(out, k)
@@ -374,7 +372,7 @@ func (r *room) waitingNote() string {
 	if r.plan == nil {
 		return ""
 	}
-	if r.doneN >= len(r.plan.required) {
+	if r.doneN >= len(r.plan.Required()) {
 		if r.marker == 0 {
 			return " (every chunk landed but the metadata slot never received the room marker)"
 		}
@@ -385,11 +383,11 @@ func (r *room) waitingNote() string {
 
 // coverageOf renders each required rank's progress on the current attempt.
 func (r *room) coverageOf() []RankCoverage {
-	if r.plan == nil || len(r.plan.required) == 0 {
+	if r.plan == nil || len(r.plan.Required()) == 0 {
 		return nil
 	}
-	out := make([]RankCoverage, 0, len(r.plan.required))
-	for _, k := range r.plan.required {
+	out := make([]RankCoverage, 0, len(r.plan.Required()))
+	for _, k := range r.plan.Required() {
 		c := RankCoverage{CP: k.CP, TP: k.TP, PP: k.PP, PagesRequired: len(r.pages)}
 		if rp := r.ranks[k]; rp != nil {
 			c.Claimed, c.PagesLanded, c.LastLanded, c.Bytes = rp.claimed, rp.cov.landed, rp.lastLanded, rp.bytes
@@ -411,8 +409,8 @@ func (m *Manager) waitingForLocked(r *room) string {
 	switch r.phase {
 	case PhaseWaitingPrefill:
 		n, want := 0, 0
-		if inst := m.prefills[r.addr]; inst != nil {
-			n, want = len(inst.ranks), inst.expected
+		if inst, ok := m.reg.Instance(r.addr); ok {
+			n, want = inst.Registered, inst.Expected
 		}
 		return fmt.Sprintf("the registration of prefill instance %s (%d of %d ranks registered); bounded by SGLang's registration retries and timeouts.bootstrap%s", r.addr, n, want, at(r.bootstrapAt))
 	case PhaseResolvingDP:
@@ -430,7 +428,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 	case PhaseClaimed, PhaseTransferring:
 		var pending []string
 		if r.plan != nil {
-			for _, k := range r.plan.required {
+			for _, k := range r.plan.Required() {
 				rp := r.ranks[k]
 				if rp == nil || rp.done {
 					continue
@@ -440,7 +438,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 					last = "last chunk landed"
 				}
 				if len(pending) == maxListedRanks {
-					pending = append(pending, fmt.Sprintf("and %d more", len(r.plan.required)-r.doneN-maxListedRanks))
+					pending = append(pending, fmt.Sprintf("and %d more", len(r.plan.Required())-r.doneN-maxListedRanks))
 					break
 				}
 				pending = append(pending, fmt.Sprintf("cp %d tp %d pp %d (%d of %d pages landed, %s)", k.CP, k.TP, k.PP, rp.cov.landed, len(r.pages), last))

@@ -336,22 +336,22 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 	}
 	m.mu.Lock()
 	defer m.unlock()
-	inst := m.prefills[rank.Addr]
-	if inst == nil {
+	inst, ok := m.reg.Instance(rank.Addr)
+	if !ok {
 		return StagingPlan{}, fmt.Errorf("setup staging for %s: %w (register it first)", rank, ErrPrefillNotFound)
 	}
-	topo := inst.topo
+	topo := inst.Topology
 	if rank.TP >= topo.AttnTP || rank.PP >= topo.PP || rank.DP >= topo.DP || rank.CP >= topo.AttnCP {
 		return StagingPlan{}, invalid("rank", "%s is outside %s's layout (attn_tp %d, pp %d, dp %d, attn_cp %d)", rank, rank.Addr, topo.AttnTP, topo.PP, topo.DP, topo.AttnCP)
 	}
 	l := m.layout
 	plan := StagingPlan{
-		Required: inst.plan.staging, PrefillTP: topo.AttnTP, DecodeTP: l.AttnTP, PrefillPP: topo.PP, DecodePP: l.PP,
+		Required: inst.Plan.Staging(), PrefillTP: topo.AttnTP, DecodeTP: l.AttnTP, PrefillPP: topo.PP, DecodePP: l.PP,
 		TotalKVHeads: heads, PageSize: l.PageSize, NumLayers: l.NumLayers, HeadBytes: l.HeadBytes(),
 		CompletionTimeout: m.cfg.Timeouts.Waiting,
 	}
 	seen := map[[2]int]bool{}
-	mapping, _ := m.rankMappingOf(topo) // accepted at registration: cannot fail now
+	mapping, _ := m.reg.Mapping(topo) // accepted at registration: cannot fail now
 	for _, dm := range mapping {
 		for _, t := range dm.TargetTPRanks {
 			if slices.Contains(dm.DummyTPRanks, t) || seen[[2]int{t, dm.DecodeTP}] {
@@ -369,8 +369,8 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 		return a.DecodeTP < b.DecodeTP
 	})
 	q := m.decodeStage(topo, rank.PP)
-	if rp := inst.plan.rankPlan(rank.key()); rp != nil {
-		for _, tg := range rp.targets {
+	if rp := inst.Plan.Rank(rank.Key()); rp != nil {
+		for _, tg := range rp.Targets() {
 			if tg.Dummy {
 				continue
 			}
@@ -523,7 +523,7 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 	if rank.DP != r.prefillDP {
 		return nil, nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", rank.DP, r.id, r.prefillDP, r.dpRule)
 	}
-	rp := r.progress(rank.key())
+	rp := r.progress(rank.Key())
 	if rp == nil {
 		return nil, nil, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", rank, r.id)
 	}
@@ -536,7 +536,7 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 		// As for chunks (chunkBeginLocked): a rank whose claim stream was
 		// given the destination holds it, even if the claim is not recorded
 		// yet (the stream's Send races with this call).
-		if c := r.claims.get(rank.key()); c == nil || r.phase != PhaseAdmitted {
+		if c := r.claims.get(rank.Key()); c == nil || r.phase != PhaseAdmitted {
 			return nil, nil, fmt.Errorf("%s of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", what, r.id, rank, ErrWrongState)
 		}
 		m.claimRankLocked(r, rp)
@@ -579,7 +579,7 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 	tokens := numPages * m.layout.PageSize
 	q := m.decodeStage(rs.topo, rank.PP)
 	var out []StagingRegion
-	for _, tg := range r.plan.perRank[rank.key()].targets {
+	for _, tg := range r.plan.Rank(rank.Key()).Targets() {
 		if tg.Dummy {
 			continue
 		}
@@ -638,7 +638,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		m.unlock()
 		return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
 	}
-	if rp := r.ranks[req.Rank.key()]; rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
+	if rp := r.ranks[req.Rank.Key()]; rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
 		if err := rp.chunks[req.Index].sameChunk(req); err != nil {
 			m.unlock()
 			return StagingChunkResult{}, err
@@ -671,7 +671,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 	q := m.decodeStage(rs.topo, req.Rank.PP)
 	var scs []*stagedChunk
 	var writerIdx []int
-	for _, tg := range r.plan.perRank[req.Rank.key()].targets {
+	for _, tg := range r.plan.Rank(req.Rank.Key()).Targets() {
 		if tg.Dummy {
 			continue
 		}
@@ -748,13 +748,13 @@ func (m *Manager) readyRegionsLocked(r *room, rs *roomStaging, rank RankID, chun
 	if rs == nil || rs.attempt != r.attempt || r.plan == nil {
 		return nil
 	}
-	rpl := r.plan.perRank[rank.key()]
+	rpl := r.plan.Rank(rank.Key())
 	if rpl == nil {
 		return nil
 	}
 	q := m.decodeStage(rs.topo, rank.PP)
 	var out []*stagedChunk
-	for _, tg := range rpl.targets {
+	for _, tg := range rpl.Targets() {
 		sc := rs.chunks[stagedKey{chunk: chunk, tp: tg.DecodeTP, pp: q}]
 		if sc != nil && sc.nArrived == len(sc.writers) && sc.state != scatterDone {
 			out = append(out, sc)

@@ -146,45 +146,6 @@ type Failure struct {
 
 func (f Failure) Error() string { return f.Message }
 
-// RankID identifies one prefill scheduler rank.
-type RankID struct {
-	Addr string
-	DP   int
-	CP   int
-	TP   int
-	PP   int
-}
-
-func (r RankID) String() string {
-	return fmt.Sprintf("%s[dp %d cp %d tp %d pp %d]", r.Addr, r.DP, r.CP, r.TP, r.PP)
-}
-
-// rankKey is a rank within one prefill DP group.
-type rankKey struct{ CP, TP, PP int }
-
-func (r RankID) key() rankKey { return rankKey{CP: r.CP, TP: r.TP, PP: r.PP} }
-
-// DPRule says which rule resolved a room's prefill DP rank.
-type DPRule int
-
-// DP rank rules, in SGLang's resolution order.
-const (
-	DPRuleNone DPRule = iota
-	DPRuleHint
-	DPRuleSingleDP
-	DPRuleFollowRoom
-	DPRuleBinding
-)
-
-var dpRuleNames = [...]string{"none", "hint", "single_dp", "follow_room", "binding"}
-
-func (r DPRule) String() string {
-	if r < 0 || int(r) >= len(dpRuleNames) {
-		return fmt.Sprintf("DPRule(%d)", int(r))
-	}
-	return dpRuleNames[r]
-}
-
 // Transition is one step of a room's timeline.
 type Transition struct {
 	Phase   Phase
@@ -193,16 +154,6 @@ type Transition struct {
 	SGLang  string // T1–T23 of the decode spec, "" where decodeplane adds a step
 	Note    string
 	Attempt uint32
-}
-
-// Target is one decode TP rank a prefill rank writes to, with the head slice
-// for heterogeneous TP (SGLang compute_head_slice_params).
-type Target struct {
-	DecodeTP     int
-	Dummy        bool
-	SrcHeadStart int
-	DstHeadStart int
-	NumHeads     int
 }
 
 // Destination is what a prefill rank needs to write a room's KV.
