@@ -87,10 +87,17 @@ func (t TimeoutConfig) backoff(n int) time.Duration {
 // address fails the rooms still handing off there, a new endpoint for a
 // known rank fails those of its DP group, and a completed registration lets
 // the rooms waiting for it go on.
+//
+// The checks that read no state (compatibility, the rank mapping) run
+// before the manager's lock; recording and applying the events run under it.
 func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) {
+	checked, err := m.reg.Check(reg)
+	if err != nil {
+		return RegistrationResult{}, regErr(err)
+	}
 	m.mu.Lock()
 	defer m.unlock()
-	res, evs, err := m.reg.Register(reg)
+	res, evs, err := m.reg.Record(checked)
 	if err != nil {
 		return RegistrationResult{}, regErr(err)
 	}

@@ -14,7 +14,8 @@
 // the registry's lock and returns what happened as Events, in order, for the
 // caller to apply to rooms after that lock is released:
 //
-//   - Register: RankRegistered for every accepted registration; before it
+//   - Register (Check, which reads no state and takes no lock, then
+//     Record): RankRegistered for every accepted registration; before it
 //     InstanceReplaced (a new instance_id at a known address: the old
 //     instance and its bindings are already forgotten) or RankReplaced (a
 //     new endpoint for a known rank, naming the rank, whose DP group's rooms
@@ -40,7 +41,7 @@
 // A Registry has its own mutex and calls nothing outside itself while
 // holding it. kvmanager calls it while holding the manager's lock (the
 // manager's lock is always taken first) whenever the answer changes rooms
-// — Register, CheckLiveness, BindRoom, and every read on the room path —
+// — Record, CheckLiveness, BindRoom, and every read on the room path —
 // so that what it applies is what the registry did, with no room opened in
 // between; Heartbeat, Touch, LookupDPRanks, Info and RankEndpoint take the
 // registry's lock only.

@@ -49,6 +49,10 @@ func TestRegisterEvents(t *testing.T) {
 		if err != nil || !slices.Equal(kinds(evs), []EventKind{RankRegistered}) || evs[0].Replaced {
 			t.Errorf("same rank again: %v, events %+v; want one RankRegistered, not replaced", err, evs)
 		}
+		// A Checked that did not come from Check: refused, nothing recorded.
+		if _, evs, err := h.g.Record(Checked{}); err == nil || evs != nil {
+			t.Errorf("Record(zero Checked) = %v, events %+v; want an error and none", err, evs)
+		}
 		// A refused registration: an error and no event.
 		bad := h.registration(prefill{addr: addrA, tp: 4}, 0, 0, 3, 0)
 		if _, evs, err := h.g.Register(bad); !errors.Is(err, ErrPrefillMismatch) || evs != nil {

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -192,14 +193,23 @@ func checkRankInLayout(par ParallelInfo, id RankID, topo PrefillTopology) error 
 	return nil
 }
 
-// Register registers one prefill rank. It is idempotent per rank; a new
-// endpoint for a known rank (RankReplaced), or a new instance id for a known
-// address (InstanceReplaced), replaces the old registration. The events say
-// what the rooms must do, in order; an error changes nothing and comes with
-// no event. The compatibility checks and the mapping run before the lock.
-func (g *Registry) Register(reg Registration) (RegistrationResult, []Event, error) {
+// Checked is a registration that passed the checks that read no registry
+// state (Check): compatibility with the decode layout, SGLang's rank
+// mapping, the rank within its own layout.
+type Checked struct {
+	reg     Registration
+	topo    PrefillTopology
+	mapping []DecodeRankMapping
+	id      RankID
+}
+
+// Check applies the checks of a registration that read no registry state,
+// without the registry's lock (the caller need hold no lock either): the
+// compatibility checks and the rank mapping, whose lists are the costly
+// part of a registration.
+func (g *Registry) Check(reg Registration) (Checked, error) {
 	if err := g.checkCompat(reg); err != nil {
-		return RegistrationResult{}, nil, err
+		return Checked{}, err
 	}
 	par := reg.Parallel
 	dpSize, dpGroup := par.dp()
@@ -207,13 +217,35 @@ func (g *Registry) Register(reg Registration) (RegistrationResult, []Event, erro
 		FollowBootstrapRoom: followsRoom(reg.LoadBalanceMethod), DSACacheLayerSplit: reg.DSACacheLayerSplit}
 	mapping, err := g.Mapping(topo)
 	if err != nil {
-		return RegistrationResult{}, nil, fmt.Errorf("%w: %v", ErrPrefillMismatch, err)
+		return Checked{}, fmt.Errorf("%w: %v", ErrPrefillMismatch, err)
 	}
 	id := RankID{Addr: reg.Addr, DP: dpGroup, CP: par.AttnCPRank, TP: par.AttnTPRank, PP: par.PPRank}
 	if err := checkRankInLayout(par, id, topo); err != nil {
+		return Checked{}, err
+	}
+	return Checked{reg: reg, topo: topo, mapping: mapping, id: id}, nil
+}
+
+// Register is Check, then Record.
+func (g *Registry) Register(reg Registration) (RegistrationResult, []Event, error) {
+	c, err := g.Check(reg)
+	if err != nil {
 		return RegistrationResult{}, nil, err
 	}
+	return g.Record(c)
+}
 
+// Record registers one checked prefill rank. It is idempotent per rank; a
+// new endpoint for a known rank (RankReplaced), or a new instance id for a
+// known address (InstanceReplaced), replaces the old registration. The
+// events say what the rooms must do, in order; an error (a layout that
+// contradicts the instance's first registration) changes nothing and comes
+// with no event.
+func (g *Registry) Record(c Checked) (RegistrationResult, []Event, error) {
+	if c.mapping == nil { // the zero Checked: every checked registration has a mapping
+		return RegistrationResult{}, nil, errors.New("registry: Record of a registration that did not pass Check")
+	}
+	reg, topo, mapping, id := c.reg, c.topo, c.mapping, c.id
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.cfg.Now()
