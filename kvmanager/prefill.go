@@ -82,8 +82,8 @@ func (t TimeoutConfig) backoff(n int) time.Duration {
 	return min(d, t.PrefillInfoBackoffMax)
 }
 
-// RegisterPrefill registers one prefill rank (registry.Registry.Register)
-// and applies what it did to the rooms: a new instance id for a known
+// RegisterPrefill registers one prefill rank (registry.Registry.Check, then
+// Record) and applies what it did to the rooms: a new instance id for a known
 // address fails the rooms still handing off there, a new endpoint for a
 // known rank fails those of its DP group, and a completed registration lets
 // the rooms waiting for it go on.

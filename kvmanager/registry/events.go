@@ -10,8 +10,8 @@ type EventKind int
 
 // Event kinds.
 const (
-	// RankRegistered: one rank registration was accepted (Addr, Replaced:
-	// a new endpoint or instance for a known rank).
+	// RankRegistered: one rank registration was accepted (Addr, Rank;
+	// Replaced: a new endpoint or instance for a known rank).
 	RankRegistered EventKind = iota + 1
 	// InstanceReplaced: a rank of Addr registered with a new instance_id;
 	// the old instance and its bindings are forgotten. The rooms of Addr
