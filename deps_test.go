@@ -112,3 +112,19 @@ func TestPackageDirection(t *testing.T) {
 		}
 	}
 }
+
+// TestRegistryDependsOnNoManager keeps the prefill registry below the room
+// manager: it emits events that kvmanager applies, so it must never import
+// kvmanager (its parent) nor, as a domain package, gRPC or the generated API.
+func TestRegistryDependsOnNoManager(t *testing.T) {
+	deps := depsOf(t, "./kvmanager/registry")
+	for _, d := range deps {
+		switch {
+		case d == module+"/kvmanager":
+			t.Errorf("kvmanager/registry links its parent %s (forbidden: the registry never calls the room manager)", d)
+		case d == "google.golang.org/grpc" || strings.HasPrefix(d, "google.golang.org/grpc/"),
+			d == module+"/proto" || strings.HasPrefix(d, module+"/proto/"):
+			t.Errorf("kvmanager/registry depends on %s (forbidden: no gRPC, no generated API)", d)
+		}
+	}
+}

@@ -1,6 +1,5 @@
 // Package kvmanager is decodeplane's room manager: the decode side of a
 // prefill/decode KV hand-off, as a pure domain package (no gRPC). It owns
-// the prefill registry (registrations, heartbeats, SGLang's rank mapping),
 // room → prefill DP-rank resolution, the transfer state machine of every
 // room, the room-facing side of staging for heterogeneous TP (the rings and
 // regions are package kvmanager/staging, whose doc says what it owns). It
@@ -10,7 +9,14 @@
 // transfer/delegate) are the composition root's choice. The KV pages, slots
 // and admission decisions belong to the prealloc ledgers, one per decode DP
 // shard (*prealloc.Ledger); a room's ledger record lives inside the room
-// (prealloc.Entry).
+// (prealloc.Entry). The prefill registry (registrations, heartbeats and
+// liveness, DP-rank rules and bindings, SGLang's rank mapping and the
+// per-instance rank plan) is kvmanager/registry, with its own lock: its
+// calls return events (an instance complete, lost or replaced, a rank
+// replaced, a room bound) that the manager applies to rooms under its own
+// lock; which rooms wait for which address, and their registration retry
+// schedule, stay here as room state. Its types (RankID, Registration,
+// PrefillTopology, DPRule, ...) are re-exported here as aliases.
 //
 // # A room's lifecycle
 //
@@ -59,16 +65,11 @@
 //
 // # Nothing sized by a client's numbers
 //
-// A prefill's parallel sizes are client-chosen, so the registry never
-// allocates or loops in proportion to them: an instance holds one entry per
-// rank that registered (it is complete once dp × cp × tp × pp distinct
-// in-layout ranks did, a count that saturates instead of overflowing); a
-// rank's plan is computed in closed form from the topology, and the full
-// plan is enumerated only once the instance is complete, when every entry
-// stands for a registration already received; a room creates a rank's
-// progress when that rank first claims or sends and counts claimed and done
-// ranks instead of scanning them; SGLang's mapping lists are built only
-// when their total length is within a fixed budget.
+// A prefill's parallel sizes are client-chosen; the registry's bounds (lazy
+// rank tables, saturating counts, closed-form plans, the mapping-list
+// budget) are in kvmanager/registry's package comment. A room creates a
+// rank's progress when that rank first claims or sends and counts claimed
+// and done ranks instead of scanning them.
 //
 // # One deadline heap
 //
@@ -117,8 +118,10 @@
 // # Concurrency
 //
 // A Manager is safe for concurrent use: one mutex guards its state, engine
-// calls run outside it, and the ledgers and the staging handler have their
-// own locks (always taken after the manager's). The room path is cheap: without a tracer (the no-op
+// calls run outside it, and the ledgers, the staging handler and the
+// registry have their own locks (always taken after the manager's; none
+// calls the manager). Heartbeat, TouchPrefill, LookupDPRanks, PrefillInfo
+// and RankEndpoint take the registry's lock only. The room path is cheap: without a tracer (the no-op
 // provider, detected once in New) or when the room's span does not record,
 // no span or attribute is built; a room keeps its timeline as compact
 // transitions (a note code and numbers, 48 bytes each) whose text is

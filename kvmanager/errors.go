@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
 )
 
 // Errors returned by the Manager. The server maps them to gRPC codes with
@@ -18,17 +20,18 @@ var (
 	// key. AlreadyExists.
 	ErrRoomExists = errors.New("room already exists")
 	// ErrPrefillNotFound: the prefill instance or rank is not registered (or
-	// was declared dead). NotFound.
-	ErrPrefillNotFound = errors.New("prefill not registered")
+	// was declared dead). NotFound. The registry's value.
+	ErrPrefillNotFound = registry.ErrPrefillNotFound
 	// ErrPrefillMismatch: the prefill's layout cannot serve this decode side
 	// (page size, KV dtype, parallel sizes, model facts). FailedPrecondition.
-	ErrPrefillMismatch = errors.New("prefill incompatible with the decode side")
+	// The registry's value.
+	ErrPrefillMismatch = registry.ErrPrefillMismatch
 	// ErrWrongState: the operation does not apply to the room now.
 	// FailedPrecondition.
 	ErrWrongState = errors.New("operation not valid in the room's state")
 	// ErrDPRankConflict: a binding contradicts follow_bootstrap_room or an
-	// earlier resolution. FailedPrecondition.
-	ErrDPRankConflict = errors.New("prefill DP rank conflict")
+	// earlier resolution. FailedPrecondition. The registry's value.
+	ErrDPRankConflict = registry.ErrDPRankConflict
 	// ErrDraining: the daemon no longer opens rooms. Unavailable.
 	ErrDraining = errors.New("decodeplane is draining")
 	// ErrTooManyWaiters: too many claims wait for rooms that are not open.

@@ -278,10 +278,16 @@ func (h *harness) requiredRanks(room uint64) []RankID {
 		h.t.Fatalf("room %d has no plan yet", room)
 	}
 	var out []RankID
-	for _, k := range r.plan.required {
+	for _, k := range r.plan.Required() {
 		out = append(out, RankID{Addr: r.addr, DP: r.prefillDP, CP: k.CP, TP: k.TP, PP: k.PP})
 	}
 	return out
+}
+
+// instanceComplete reports whether the instance at addr completed its registration.
+func (h *harness) instanceComplete(addr string) bool {
+	inst, ok := h.m.reg.Instance(addr)
+	return ok && inst.Complete
 }
 
 // claim registers a rank's claim, takes the destination it must already
@@ -558,7 +564,7 @@ func (h *harness) chunkWeight(room uint64, req ChunkRequest) int64 {
 	h.m.mu.Lock()
 	defer h.m.mu.Unlock()
 	r := h.m.rooms[room]
-	d := h.m.destinationLocked(r, req.Rank.key())
+	d := h.m.destinationLocked(r, req.Rank.Key())
 	ps := d.PageSize
 	tokens := min((req.PageOffset+req.NumPages)*ps, d.FillLen) - req.PageOffset*ps
 	w := int64(max(tokens, 0)) * d.TokenBytes

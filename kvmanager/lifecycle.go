@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 )
@@ -59,15 +60,15 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 	} else if shard >= len(m.shards) {
 		return RoomSnapshot{}, false, invalid("decode_dp_rank", "%d is out of range: this daemon hosts %d decode DP shards (allowed 0..%d)", shard, len(m.shards), len(m.shards)-1)
 	}
-	if inst := m.prefills[req.Addr]; inst != nil && inst.complete && req.PrefillDP >= inst.topo.DP {
-		return RoomSnapshot{}, false, invalid("prefill_dp_rank", "%d is out of range: %s has dp_size %d (allowed 0..%d)", req.PrefillDP, req.Addr, inst.topo.DP, inst.topo.DP-1)
+	if inst, ok := m.reg.Instance(req.Addr); ok && inst.Complete && req.PrefillDP >= inst.Topology.DP {
+		return RoomSnapshot{}, false, invalid("prefill_dp_rank", "%d is out of range: %s has dp_size %d (allowed 0..%d)", req.PrefillDP, req.Addr, inst.Topology.DP, inst.Topology.DP-1)
 	}
 	preq := prealloc.Request{Room: req.Room, RID: req.RID, PromptLen: req.PromptLen, OutputLen: req.OutputLen,
 		MaxNewTokens: req.MaxNewTokens, Priority: req.Priority, Rebootstrap: req.Rebootstrap}
 	led := m.shards[shard]
 	addr := req.Addr
-	if inst := m.prefills[addr]; inst != nil {
-		addr = inst.addr // one copy of the address per instance, not one per room
+	if inst, ok := m.reg.Instance(addr); ok {
+		addr = inst.Addr // one copy of the address per instance, not one per room
 	}
 	now := m.clock.Now()
 	r := &room{
@@ -96,7 +97,7 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 			m.attachClaimLocked(r, c)
 		}
 	}
-	if inst := m.prefills[r.addr]; inst != nil && inst.complete {
+	if inst, ok := m.reg.Instance(r.addr); ok && inst.Complete {
 		m.afterPrefillKnownLocked(r, inst, "T4")
 	} else if !r.phase.Terminal() {
 		m.waitForPrefillLocked(r)
@@ -123,40 +124,40 @@ func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
 
 // afterPrefillKnownLocked continues a room once its prefill instance is
 // fully registered: plan the ranks, then resolve the DP rank.
-func (m *Manager) afterPrefillKnownLocked(r *room, inst *prefillInstance, sglang string) {
+func (m *Manager) afterPrefillKnownLocked(r *room, inst registry.Instance, sglang string) {
 	if w := m.waitPrefill[r.addr]; w != nil {
 		delete(w.rooms, r.id)
 	}
-	r.plan = inst.plan
-	r.staging = inst.plan.staging
+	topo := inst.Topology
+	r.plan = inst.Plan
+	r.staging = inst.Plan.Staging()
 	if r.handoff != nil { // a rebootstrap: the new attempt's progress starts empty
 		r.ranks, r.claimedN, r.doneN = nil, 0, 0 // made per rank on first use (room.progress)
 	}
-	if r.hintDP >= inst.topo.DP {
-		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, inst.topo.DP)})
+	if r.hintDP >= topo.DP {
+		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, topo.DP)})
 		return
 	}
 	if r.prefillDP >= 0 { // rebootstrap: stay on the bound DP rank (SGLang #40730)
-		if r.prefillDP >= inst.topo.DP {
+		if r.prefillDP >= topo.DP {
 			m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
-				"rebootstrap of room %d: its prefill DP rank %d no longer exists at %s (dp_size is now %d)", r.id, r.prefillDP, r.addr, inst.topo.DP)})
+				"rebootstrap of room %d: its prefill DP rank %d no longer exists at %s (dp_size is now %d)", r.id, r.prefillDP, r.addr, topo.DP)})
 			return
 		}
-		m.dpResolvedLocked(r, inst, r.prefillDP, r.dpRule)
+		m.dpResolvedLocked(r, r.prefillDP, r.dpRule)
 		return
 	}
-	if dp, rule, ok := m.resolveDPLocked(r.addr, r.id, r.hintDP, inst.topo); ok {
-		m.dpResolvedLocked(r, inst, dp, rule)
+	if dp, rule, ok := m.reg.ResolveDP(r.addr, r.id, r.hintDP, topo); ok {
+		m.dpResolvedLocked(r, dp, rule)
 		return
 	}
 	r.dpAt = stampOf(m.clock.Now().Add(m.cfg.Timeouts.DPRankResolution))
-	inst.unresolved[r.id] = r
-	m.transitionLocked(r, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(inst.topo.DP), b2i(inst.topo.FollowBootstrapRoom)))
+	m.transitionLocked(r, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(topo.DP), b2i(topo.FollowBootstrapRoom)))
 }
 
 // dpResolvedLocked records the room's prefill DP rank and queues it for
 // admission (handshake done: KVPoll WaitingForInput).
-func (m *Manager) dpResolvedLocked(r *room, inst *prefillInstance, dp int, rule DPRule) {
+func (m *Manager) dpResolvedLocked(r *room, dp int, rule DPRule) {
 	r.prefillDP, r.dpRule, r.dpAt = dp, rule, 0
 	m.obs.DPRankResolved(rule)
 	if r.tr != nil && r.tr.span != nil {
@@ -218,7 +219,7 @@ func (m *Manager) admitLocked(shard int) {
 		m.obs.DestinationLatency(now.Sub(r.openedAt.time()))
 		m.transitionLocked(r, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)))
 		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
-		r.claims.each(func(c *Claim) { c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.key())}) })
+		r.claims.each(func(c *Claim) { c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.Key())}) })
 	}
 	m.armShardTimerLocked(shard)
 }
@@ -237,11 +238,11 @@ func (m *Manager) destinationLocked(r *room, k rankKey) *Destination {
 		Room: r.id, DecodeDP: r.decodeDP, Pages: r.pages, PageSize: m.layout.PageSize, FillLen: r.fillLen,
 		MetadataSlot: r.metaSlot, State: r.state, Staging: r.staging, Attempt: r.attempt, Dummy: true,
 	}
-	if rp := r.plan.perRank[k]; rp != nil {
-		d.Targets = rp.targets
-		d.Dummy = rp.dummy
-		d.RequiredDstInfoNum = rp.requiredDstInfoNum
-		d.TokenBytes, d.StateBytes = transfer.RankWeights(m.layout, rp.targets, m.topoLocked(r.addr).PP, k.PP)
+	if rp := r.plan.Rank(k); rp != nil {
+		d.Targets = rp.Targets()
+		d.Dummy = rp.Dummy()
+		d.RequiredDstInfoNum = rp.RequiredDstInfoNum()
+		d.TokenBytes, d.StateBytes = transfer.RankWeights(m.layout, rp.Targets(), m.topoLocked(r.addr).PP, k.PP)
 	}
 	if d.Dummy {
 		// Dummy targets get an empty destination, as SGLang sends empty
@@ -305,12 +306,12 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: err.Error()}})
 		return err
 	}
-	if inst := m.prefills[r.addr]; inst != nil && inst.complete && inst.ranks[c.rank] == nil {
+	if !m.reg.RankRegistered(c.rank) {
 		err := fmt.Errorf("await destination of room %d: %w: rank %s is not registered with this daemon (RegisterPrefill first)", r.id, ErrPrefillNotFound, c.rank)
 		c.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: err.Error()}})
 		return err
 	}
-	k := c.rank.key()
+	k := c.rank.Key()
 	if old := r.claims.get(k); old != nil && old != c {
 		old.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: "superseded by a newer AwaitDestination from the same rank"}})
 	}
@@ -338,7 +339,7 @@ func (m *Manager) delivered(c *Claim, d *Destination) {
 	if r == nil || d == nil || d.Attempt != r.attempt || r.phase != PhaseAdmitted {
 		return
 	}
-	if rp := r.progress(c.rank.key()); rp != nil {
+	if rp := r.progress(c.rank.Key()); rp != nil {
 		m.claimRankLocked(r, rp)
 	}
 }
@@ -350,7 +351,7 @@ func (m *Manager) claimRankLocked(r *room, rp *rankProgress) {
 		return
 	}
 	rp.claimed = true
-	if r.claimedN++; r.claimedN < len(r.plan.required) {
+	if r.claimedN++; r.claimedN < len(r.plan.Required()) {
 		return
 	}
 	m.claimedLocked(r)
@@ -367,7 +368,7 @@ func (m *Manager) claimedLocked(r *room) {
 		return
 	}
 	m.armShardTimerLocked(r.decodeDP)
-	m.transitionLocked(r, PhaseClaimed, "T11", numNote(noteClaimed, int64(len(r.plan.required)), int64(m.cfg.Timeouts.Waiting)))
+	m.transitionLocked(r, PhaseClaimed, "T11", numNote(noteClaimed, int64(len(r.plan.Required())), int64(m.cfg.Timeouts.Waiting)))
 	if r.chunksDone > 0 {
 		m.transitionLocked(r, PhaseTransferring, "", textNote("chunks landed before every rank claimed"))
 		m.checkSuccessLocked(r)
@@ -534,7 +535,7 @@ func (m *Manager) sourceRankLocked(req ChunkRequest) (*room, *rankProgress, erro
 	if req.Rank.DP != r.prefillDP {
 		return nil, nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", req.Rank.DP, r.id, r.prefillDP, r.dpRule)
 	}
-	rp := r.progress(req.Rank.key())
+	rp := r.progress(req.Rank.Key())
 	if rp == nil {
 		return nil, nil, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", req.Rank, r.id)
 	}
@@ -563,7 +564,7 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 	// proves it holds it: the stream's Send and this call race, and the
 	// claim may not be recorded yet.
 	if !rp.claimed {
-		if c := r.claims.get(req.Rank.key()); c == nil || r.phase != PhaseAdmitted {
+		if c := r.claims.get(req.Rank.Key()); c == nil || r.phase != PhaseAdmitted {
 			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
 		}
 	}
@@ -650,8 +651,8 @@ func (m *Manager) chunkOpLocked(r *room, req ChunkRequest) transfer.ChunkOp {
 		SrcBuffer: req.SrcBuffer, SrcPages: req.SrcPages, Layout: m.layout, DecodeDP: r.decodeDP,
 		Last: req.Last, MetadataSlot: r.metaSlot, Marker: req.Marker, OutputIDs: req.OutputIDs,
 	}
-	if rpl := r.plan.perRank[req.Rank.key()]; rpl != nil {
-		op.Targets = rpl.targets
+	if rpl := r.plan.Rank(req.Rank.Key()); rpl != nil {
+		op.Targets = rpl.Targets()
 	}
 	topo := m.topoLocked(r.addr)
 	op.PrefillTP, op.PrefillPP = topo.AttnTP, topo.PP
@@ -777,7 +778,7 @@ func (m *Manager) checkSuccessLocked(r *room) {
 			"Metadata corruption detected - bootstrap_room mismatch: metadata slot %d holds room %d, expected %d", r.metaSlot, r.marker, r.id)})
 		return
 	}
-	if r.doneN < len(r.plan.required) {
+	if r.doneN < len(r.plan.Required()) {
 		return
 	}
 	m.stagingSettleLocked(r) // lifts the staging gate once every region is scattered
@@ -821,9 +822,6 @@ func (m *Manager) failLocked(r *room, f Failure) {
 	r.failure = &fc
 	if w := m.waitPrefill[r.addr]; w != nil {
 		delete(w.rooms, r.id)
-	}
-	if inst := m.prefills[r.addr]; inst != nil {
-		delete(inst.unresolved, r.id)
 	}
 	if h := r.handoff; h != nil {
 		if h.xferCancel != nil {
@@ -1210,7 +1208,7 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = stampOf(now.Add(m.cfg.Timeouts.Bootstrap)), time.Time{}, time.Time{}, time.Time{}
 		m.startSpanLocked(ctx, r) // the new attempt's transfer context is made at its admission
 		m.transitionLocked(r, PhaseWaitingPrefill, "T22", numNote(noteRebootstrap, int64(r.attempt), 0))
-		if inst := m.prefills[r.addr]; inst != nil && inst.complete {
+		if inst, ok := m.reg.Instance(r.addr); ok && inst.Complete {
 			m.afterPrefillKnownLocked(r, inst, "T22")
 		} else {
 			m.waitForPrefillLocked(r)

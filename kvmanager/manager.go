@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
@@ -54,10 +55,9 @@ type Manager struct {
 
 	mu           sync.Mutex
 	rooms        map[uint64]*room
-	prefills     map[string]*prefillInstance
+	reg          *registry.Registry   // prefill instances, liveness, DP-rank bindings (own lock, taken after mu)
 	waitPrefill  map[string]*addrWait // rooms waiting for an instance's registration
-	bindings     map[string]map[uint64]binding
-	pending      map[uint64][]*Claim // claims for rooms not opened yet
+	pending      map[uint64][]*Claim  // claims for rooms not opened yet
 	pendingCount int
 	retained     []*room    // terminal rooms, oldest first
 	dl           deadlines  // every deadline, one heap and one timer (deadline.go)
@@ -119,9 +119,8 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		engine:      deps.Engine,
 		shards:      deps.Ledgers,
 		rooms:       map[uint64]*room{},
-		prefills:    map[string]*prefillInstance{},
+		reg:         newRegistry(cfg, dec.Layout(), deps.Clock),
 		waitPrefill: map[string]*addrWait{},
-		bindings:    map[string]map[uint64]binding{},
 		pending:     map[uint64][]*Claim{},
 		shardDl:     make([]deadline, len(deps.Ledgers)),
 		admitDl:     make([]deadline, len(deps.Ledgers)),
@@ -163,16 +162,7 @@ func (m *Manager) sweep() {
 	m.mu.Lock()
 	defer m.unlock()
 	now := m.clock.Now()
-	for addr, tab := range m.bindings {
-		for room, b := range tab {
-			if now.Sub(b.at) >= m.cfg.DPRank.BindingTTL {
-				delete(tab, room)
-			}
-		}
-		if len(tab) == 0 {
-			delete(m.bindings, addr)
-		}
-	}
+	m.reg.ExpireBindings()
 	m.trimRetainedLocked(now)
 }
 
@@ -401,19 +391,10 @@ func (m *Manager) Status() Status {
 			active[r.addr]++
 		}
 	}
-	now := m.clock.Now()
-	interval, _ := m.cfg.Timeouts.EffectiveHeartbeat()
-	for _, p := range m.prefills {
-		ps := PrefillStatus{Addr: p.addr, Registered: len(p.ranks), Expected: p.expected, Topology: p.topo}
-		for _, rk := range p.ranks {
-			if rk.lastSeen.After(ps.LastHeartbeat) || ps.LastHeartbeat.IsZero() {
-				ps.LastHeartbeat = rk.lastSeen
-			}
-			ps.MissedHeartbeats = max(ps.MissedHeartbeats, int(now.Sub(rk.lastSeen)/interval))
-		}
-		ps.ActiveRooms = active[p.addr]
-		ps.SilentRanks, ps.SilentRankCount = p.silentRanks(now, interval, interval, maxListedRanks)
-		st.Prefills = append(st.Prefills, ps)
+	for _, p := range m.reg.Status() {
+		st.Prefills = append(st.Prefills, PrefillStatus{Addr: p.Addr, Registered: p.Registered, Expected: p.Expected, Topology: p.Topology,
+			LastHeartbeat: p.LastHeartbeat, MissedHeartbeats: p.MissedHeartbeats, ActiveRooms: active[p.Addr],
+			SilentRanks: p.SilentRanks, SilentRankCount: p.SilentRankCount})
 	}
 	m.unlock()
 	sort.Slice(st.Prefills, func(i, j int) bool { return st.Prefills[i].Addr < st.Prefills[j].Addr })

@@ -7,8 +7,9 @@ import (
 )
 
 // Observer receives the manager's events, for metrics. Calls are made with
-// the manager's lock held: implementations must be fast and must not call
-// back into the manager.
+// the manager's lock held (DPRankResolvedN, LookupDPRanks's count, without
+// it, concurrently with the others): implementations must be fast, safe for
+// concurrent use, and must not call back into the manager.
 type Observer interface {
 	// RoomPhase is a room moving from one phase to another (from is
 	// PhaseUnspecified for a new room; to may be terminal).

@@ -2,166 +2,12 @@ package kvmanager
 
 import (
 	"errors"
-	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-
-	"github.com/decodeplane/decodeplane/prealloc"
 )
-
-// mismatchText strips the ErrPrefillMismatch umbrella, leaving SGLang's text.
-func mismatchText(t *testing.T, err error) string {
-	t.Helper()
-	if !errors.Is(err, ErrPrefillMismatch) {
-		t.Fatalf("error %v is not ErrPrefillMismatch", err)
-	}
-	prefix := ErrPrefillMismatch.Error() + ": "
-	msg := err.Error()
-	if len(msg) < len(prefix) || msg[:len(prefix)] != prefix {
-		t.Fatalf("error %q does not start with %q", msg, prefix)
-	}
-	return msg[len(prefix):]
-}
-
-func TestRegisterPrefillCompatibility(t *testing.T) {
-	tests := []struct {
-		name string
-		dec  func(*prealloc.Config)
-		mod  func(*Registration)
-		want string // SGLang's text after the umbrella; "" = accepted
-	}{
-		{name: "same layout", mod: func(*Registration) {}},
-		{name: "dtype spelled differently", mod: func(r *Registration) { r.KVDType = "bfloat16" }},
-		{name: "auto dtype against bf16", mod: func(r *Registration) { r.KVDType = "auto" }},
-		{
-			name: "page size mismatch", mod: func(r *Registration) { r.PageSize = 16 },
-			want: "Page size mismatch: prefill server has page_size=16, but decode server has page_size=64. Both servers must use the same --page-size value.",
-		},
-		{
-			name: "dtype mismatch", mod: func(r *Registration) { r.KVDType = "fp8_e4m3" },
-			want: "KV cache dtype mismatch: prefill server has kv_cache_dtype=fp8_e4m3, but decode server has kv_cache_dtype=bf16. Both servers must use the same --kv-cache-dtype value.",
-		},
-		{
-			name: "auto dtype against fp8", dec: func(c *prealloc.Config) { c.Pool.DType = "fp8_e4m3" }, mod: func(r *Registration) { r.KVDType = "auto" },
-			want: "KV cache dtype mismatch: prefill server has kv_cache_dtype=auto, but decode server has kv_cache_dtype=fp8_e4m3. Both servers must use the same --kv-cache-dtype value.",
-		},
-		{
-			name: "unknown dtype", mod: func(r *Registration) { r.KVDType = "int4" },
-			want: "KV cache dtype mismatch: prefill server has kv_cache_dtype=int4, but decode server has kv_cache_dtype=bf16. Both servers must use the same --kv-cache-dtype value.",
-		},
-		{
-			name: "model facts", mod: func(r *Registration) { r.Model = ModelFacts{Kind: "mla", NumLayers: 61, TotalKVHeads: 8, HeadDim: 64} },
-			want: `the prefill's model does not match the decode KV pool: kv_pool_kind "mla" (decode: gqa), num_layers 61 (decode: 32), head_dim 64 (decode: 128)`,
-		},
-		{name: "matching model facts", mod: func(r *Registration) { r.Model = ModelFacts{Kind: "GQA", NumLayers: 32, TotalKVHeads: 8, HeadDim: 128} }},
-		{
-			name: "MLA model facts", dec: mlaDecode(prealloc.KindMLA), mod: func(r *Registration) { r.Model = ModelFacts{Kind: "mla", KVLoraRank: 512, QKRopeHeadDim: 32} },
-			want: "the prefill's model does not match the decode KV pool: kv_lora_rank + qk_rope_head_dim 544 (decode: 576)",
-		},
-		{
-			name: "TP sizes that do not divide", dec: func(c *prealloc.Config) { c.Parallel.AttnTP = 2 }, mod: func(r *Registration) { r.Parallel.AttnTP = 3 },
-			want: "prefill attn_tp_size=3 and decode attn_tp_size=2: one must divide the other for the rank mapping",
-		},
-		{
-			name: "decode PP neither equal nor 1", dec: func(c *prealloc.Config) { c.Parallel.PP = 2 }, mod: func(r *Registration) { r.Parallel.PP = 4 },
-			want: "decode pp_size=2 must equal the prefill's pp_size=4 or be 1",
-		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			bubble(t, func(t *testing.T) {
-				h := newHarness(t, withDecode(tc.dec))
-				reg := h.registration(instance{addr: addrA}, 0, 0, 0, 0)
-				tc.mod(&reg)
-				_, err := h.m.RegisterPrefill(reg)
-				if tc.want == "" {
-					if err != nil {
-						t.Fatalf("RegisterPrefill = %v, want nil", err)
-					}
-					return
-				}
-				if got := mismatchText(t, err); got != tc.want {
-					t.Errorf("RegisterPrefill error:\n got %q\nwant %q", got, tc.want)
-				}
-				if st := h.m.Status(); len(st.Prefills) != 0 {
-					t.Errorf("a refused registration was stored: %+v", st.Prefills)
-				}
-			})
-		})
-	}
-}
-
-func TestRegisterPrefillLayoutConflict(t *testing.T) {
-	bubble(t, func(t *testing.T) {
-		h := newHarness(t)
-		in := instance{addr: addrA, tp: 2}
-		if _, err := h.m.RegisterPrefill(h.registration(in, 0, 0, 0, 0)); err != nil {
-			t.Fatalf("RegisterPrefill(rank 0) = %v", err)
-		}
-		other := h.registration(instance{addr: addrA, tp: 4}, 0, 0, 1, 0)
-		if _, err := h.m.RegisterPrefill(other); !errors.Is(err, ErrPrefillMismatch) {
-			t.Errorf("RegisterPrefill(other layout) = %v, want ErrPrefillMismatch", err)
-		}
-		lb := h.registration(in, 0, 0, 1, 0)
-		lb.LoadBalanceMethod = "round_robin"
-		if _, err := h.m.RegisterPrefill(lb); !errors.Is(err, ErrPrefillMismatch) {
-			t.Errorf("RegisterPrefill(other load_balance_method) = %v, want ErrPrefillMismatch", err)
-		}
-	})
-}
-
-func TestRegistrationResultRankView(t *testing.T) {
-	tests := []struct {
-		name string
-		dec  func(*prealloc.Config)
-		inst instance
-		rank RankID
-		want RegistrationResult
-	}{
-		{
-			name: "MLA real source", dec: mlaDecode(prealloc.KindMLA), inst: instance{addr: addrA, tp: 4}, rank: RankID{TP: 0},
-			want: RegistrationResult{ServesDecodeTP: []int{0}, RequiredDstInfoNum: 1},
-		},
-		{
-			name: "MLA dummy", dec: mlaDecode(prealloc.KindMLA), inst: instance{addr: addrA, tp: 4}, rank: RankID{TP: 3},
-			want: RegistrationResult{ServesDecodeTP: []int{0}, Dummy: true, RequiredDstInfoNum: 1},
-		},
-		{
-			name: "prefill TP 1 serves decode TP 4", dec: func(c *prealloc.Config) { c.Parallel.AttnTP = 4 }, inst: instance{addr: addrA}, rank: RankID{},
-			want: RegistrationResult{ServesDecodeTP: []int{0, 1, 2, 3}, RequiredDstInfoNum: 4},
-		},
-		{
-			name: "staging for heterogeneous GQA", dec: func(c *prealloc.Config) { c.Staging.Enabled = true }, inst: instance{addr: addrA, tp: 2}, rank: RankID{TP: 1},
-			want: RegistrationResult{ServesDecodeTP: []int{0}, RequiredDstInfoNum: 1, Staging: true},
-		},
-		{
-			// CP 2 without all-CP transfer: only CP rank 0 is addressed.
-			name: "prefill CP rank beyond 0", inst: instance{addr: addrA, cp: 2}, rank: RankID{CP: 1},
-			want: RegistrationResult{Dummy: true},
-		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			bubble(t, func(t *testing.T) {
-				h := newHarness(t, withDecode(tc.dec))
-				h.register(tc.inst) // completes the instance
-				res, err := h.m.RegisterPrefill(h.registration(tc.inst, tc.rank.DP, tc.rank.CP, tc.rank.TP, tc.rank.PP))
-				if err != nil {
-					t.Fatalf("RegisterPrefill = %v", err)
-				}
-				if res.HeartbeatInterval != 5*time.Second || res.MaxFailures != 2 || res.Replaced || res.RoomsFailed != 0 {
-					t.Errorf("result = %+v, want SGLang's heartbeat settings and no replacement", res)
-				}
-				got := RegistrationResult{ServesDecodeTP: res.ServesDecodeTP, Dummy: res.Dummy, RequiredDstInfoNum: res.RequiredDstInfoNum, Staging: res.Staging}
-				if diff := cmp.Diff(tc.want, got); diff != "" {
-					t.Errorf("rank view (-want +got):\n%s", diff)
-				}
-			})
-		})
-	}
-}
 
 func TestT5ReregistrationWithNewEndpointFailsDPGroup(t *testing.T) {
 	bubble(t, func(t *testing.T) {
@@ -239,19 +85,6 @@ func TestNewInstanceIDReplacesInstance(t *testing.T) {
 	})
 }
 
-func TestHeartbeatUnknown(t *testing.T) {
-	bubble(t, func(t *testing.T) {
-		h := newHarness(t)
-		if _, _, err := h.m.Heartbeat(RankID{Addr: addrA}, ""); !errors.Is(err, ErrPrefillNotFound) {
-			t.Errorf("Heartbeat(unknown instance) = %v, want ErrPrefillNotFound", err)
-		}
-		h.register(instance{addr: addrA})
-		if _, _, err := h.m.Heartbeat(RankID{Addr: addrA, TP: 1}, ""); !errors.Is(err, ErrPrefillNotFound) {
-			t.Errorf("Heartbeat(unknown rank) = %v, want ErrPrefillNotFound", err)
-		}
-	})
-}
-
 func TestBindRoomFollowBootstrapRoomConflict(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		h := newHarness(t)
@@ -310,85 +143,6 @@ func TestBindRoomForceQuery(t *testing.T) {
 	})
 }
 
-func TestLookupDPRanks(t *testing.T) {
-	tests := []struct {
-		name           string
-		inst           instance
-		force          bool
-		binds          map[uint64]int
-		rooms          []uint64
-		hints          map[uint64]int
-		wait           time.Duration // before the lookup
-		want           []DPResolution
-		wantUnresolved []uint64
-	}{
-		{
-			name: "single dp", inst: instance{addr: addrA, lb: "round_robin"}, rooms: []uint64{7, 8},
-			want: []DPResolution{{Room: 7, DP: 0, Rule: DPRuleSingleDP}, {Room: 8, DP: 0, Rule: DPRuleSingleDP}},
-		},
-		{
-			name: "follow room", inst: instance{addr: addrA, dp: 4}, rooms: []uint64{7, 8}, hints: map[uint64]int{8: 3},
-			want: []DPResolution{{Room: 7, DP: 3, Rule: DPRuleFollowRoom}, {Room: 8, DP: 3, Rule: DPRuleHint}},
-		},
-		{
-			name: "bindings and unresolved", inst: instance{addr: addrA, dp: 4, lb: "round_robin"}, binds: map[uint64]int{10: 2},
-			rooms: []uint64{10, 11, 12}, hints: map[uint64]int{12: 1},
-			want:           []DPResolution{{Room: 10, DP: 2, Rule: DPRuleBinding}, {Room: 12, DP: 1, Rule: DPRuleHint}},
-			wantUnresolved: []uint64{11},
-		},
-		{
-			name: "force query ignores room % dp", inst: instance{addr: addrA, dp: 4}, force: true, binds: map[uint64]int{10: 1},
-			rooms: []uint64{10, 11}, want: []DPResolution{{Room: 10, DP: 1, Rule: DPRuleBinding}}, wantUnresolved: []uint64{11},
-		},
-		{
-			// SGLang's server-side entry lives 120–240 s; here binding_ttl.
-			name: "expired binding", inst: instance{addr: addrA, dp: 4, lb: "round_robin"}, binds: map[uint64]int{10: 2},
-			rooms: []uint64{10}, wait: 120 * time.Second, wantUnresolved: []uint64{10},
-		},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			bubble(t, func(t *testing.T) {
-				h := newHarness(t, withConfig(func(c *Config) { c.DPRank.ForceQuery = tc.force }))
-				h.register(tc.inst)
-				for room, dp := range tc.binds {
-					if _, err := h.m.BindRoom(tc.inst.addr, room, dp); err != nil {
-						t.Fatalf("BindRoom(%d, %d) = %v", room, dp, err)
-					}
-				}
-				advance(tc.wait)
-				res, unresolved, err := h.m.LookupDPRanks(tc.inst.addr, tc.rooms, tc.hints)
-				if err != nil {
-					t.Fatalf("LookupDPRanks = %v", err)
-				}
-				if diff := cmp.Diff(tc.want, res); diff != "" {
-					t.Errorf("resolved (-want +got):\n%s", diff)
-				}
-				if !slices.Equal(tc.wantUnresolved, unresolved) {
-					t.Errorf("unresolved = %v, want %v", unresolved, tc.wantUnresolved)
-				}
-			})
-		})
-	}
-	t.Run("errors", func(t *testing.T) {
-		bubble(t, func(t *testing.T) {
-			h := newHarness(t)
-			in := instance{addr: addrA, dp: 2}
-			if _, err := h.m.RegisterPrefill(h.registration(in, 0, 0, 0, 0)); err != nil {
-				t.Fatal(err)
-			}
-			if _, _, err := h.m.LookupDPRanks(addrA, []uint64{1}, nil); !errors.Is(err, ErrPrefillNotFound) {
-				t.Errorf("LookupDPRanks(incomplete instance) = %v, want ErrPrefillNotFound", err)
-			}
-			h.register(in)
-			var inv *InvalidError
-			if _, _, err := h.m.LookupDPRanks(addrA, []uint64{1}, map[uint64]int{1: 2}); !errors.As(err, &inv) || inv.Field != "hints" {
-				t.Errorf("LookupDPRanks(hint out of range) = %v, want InvalidError on hints", err)
-			}
-		})
-	})
-}
-
 func TestStatus(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		h := newHarness(t, withShards(2))
@@ -434,5 +188,83 @@ func TestT2HintOutOfRangeOnceRegistered(t *testing.T) {
 			t.Errorf("failure = %q, want %q", msg, want)
 		}
 		h.assertClean()
+	})
+}
+
+// registryObserver records the registry-side observer calls.
+type registryObserver struct {
+	NopObserver
+	mu         sync.Mutex
+	registered []bool // PrefillRegistered's replaced, in order
+	resolvedN  map[DPRule]int
+	missed     map[string]int
+}
+
+func (o *registryObserver) PrefillRegistered(_ string, replaced bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.registered = append(o.registered, replaced)
+}
+
+func (o *registryObserver) DPRankResolvedN(rule DPRule, n int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.resolvedN[rule] += n
+}
+
+func (o *registryObserver) HeartbeatMissed(addr string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.missed[addr]++
+}
+
+// TestRegistryThroughManager: the manager's registry calls keep their
+// contract — the registry's field errors come out as the manager's
+// InvalidError (same field, same text), the heartbeat policy is the
+// effective one (SGLang's floors), and the observer hears the registrations,
+// the lookups' counts by rule and the missed heartbeats.
+func TestRegistryThroughManager(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		obs := &registryObserver{resolvedN: map[DPRule]int{}, missed: map[string]int{}}
+		h := newHarness(t, withRun(), withObserver(obs), withConfig(func(c *Config) { c.Timeouts.HeartbeatInterval = time.Second }))
+		bad := h.registration(instance{addr: addrA}, 0, 0, 1, 0)
+		var inv *InvalidError
+		if _, err := h.m.RegisterPrefill(bad); !errors.As(err, &inv) || inv.Field != "parallel.attn_tp_rank" || err.Error() != "parallel.attn_tp_rank: 1 is outside parallel.attn_tp_size 1 (allowed 0..0)" {
+			t.Errorf("RegisterPrefill(rank outside layout) = %v, want the manager's InvalidError on parallel.attn_tp_rank", err)
+		}
+		in := instance{addr: addrA, dp: 2, lb: "round_robin"}
+		res := h.register(in)
+		if res.HeartbeatInterval != 2*time.Second || res.MaxFailures != 2 {
+			t.Errorf("RegisterPrefill's policy = %s × %d, want the 2s floor × 2", res.HeartbeatInterval, res.MaxFailures)
+		}
+		moved := in
+		moved.endpoint = "tcp://moved"
+		if _, err := h.m.RegisterPrefill(h.registration(moved, 1, 0, 0, 0)); err != nil {
+			t.Fatal(err)
+		}
+		if iv, mf, err := h.m.Heartbeat(RankID{Addr: addrA, DP: 1}, ""); err != nil || iv != 2*time.Second || mf != 2 {
+			t.Errorf("Heartbeat = %s, %d, %v; want 2s, 2", iv, mf, err)
+		}
+		if _, _, err := h.m.LookupDPRanks(addrA, []uint64{1}, map[uint64]int{1: 2}); !errors.As(err, &inv) || inv.Field != "hints" {
+			t.Errorf("LookupDPRanks(hint out of range) = %v, want the manager's InvalidError on hints", err)
+		}
+		if _, err := h.m.BindRoom(addrA, 10, 1); err != nil {
+			t.Fatal(err)
+		}
+		if res, un, err := h.m.LookupDPRanks(addrA, []uint64{10, 11, 12}, map[uint64]int{11: 0}); err != nil || len(res) != 2 || !cmp.Equal(un, []uint64{12}) {
+			t.Fatalf("LookupDPRanks = %+v, %v, %v", res, un, err)
+		}
+		advance(2 * time.Second) // one interval: both ranks missed one (rank 1 heartbeat at 0s)
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		if want := []bool{false, false, true}; !cmp.Equal(obs.registered, want) {
+			t.Errorf("PrefillRegistered(replaced) = %v, want %v", obs.registered, want)
+		}
+		if want := map[DPRule]int{DPRuleBinding: 1, DPRuleHint: 1}; !cmp.Equal(obs.resolvedN, want) {
+			t.Errorf("DPRankResolvedN = %v, want %v (none for the refused lookup)", obs.resolvedN, want)
+		}
+		if obs.missed[addrA] != 2 {
+			t.Errorf("HeartbeatMissed(%s) = %d, want 2 (one per rank)", addrA, obs.missed[addrA])
+		}
 	})
 }

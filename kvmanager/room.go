@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 )
@@ -44,7 +45,7 @@ type room struct {
 	dpAt        stamp
 	dl          deadline // the earliest of them, on the manager's deadline heap
 
-	plan   *roomPlan
+	plan   *registry.Plan
 	claims claimSet
 
 	extra *roomExtra // what few rooms have: watchers, end hooks, success gates, an idempotency key
@@ -463,10 +464,7 @@ func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
 }
 
 func (m *Manager) topoLocked(addr string) PrefillTopology {
-	if p := m.prefills[addr]; p != nil {
-		return p.topo
-	}
-	return PrefillTopology{}
+	return m.reg.Topology(addr)
 }
 
 func (r *room) unclaimedRanks() string {
@@ -480,7 +478,7 @@ func (r *room) unclaimedRanks() string {
 func (r *room) pendingRanks(ok func(*rankProgress) bool) string {
 	var out []rankKey
 	more := 0
-	for _, k := range r.plan.required {
+	for _, k := range r.plan.Required() {
 		if rp := r.ranks.get(k); rp == nil || !ok(rp) {
 			if len(out) < maxListedRanks {
 				out = append(out, k)
@@ -503,7 +501,7 @@ func (r *room) waitingNote() string {
 	if r.plan == nil {
 		return ""
 	}
-	if r.doneN >= len(r.plan.required) {
+	if r.doneN >= len(r.plan.Required()) {
 		if r.marker == 0 {
 			return " (every chunk landed but the metadata slot never received the room marker)"
 		}
@@ -514,11 +512,11 @@ func (r *room) waitingNote() string {
 
 // coverageOf renders each required rank's progress on the current attempt.
 func (r *room) coverageOf() []RankCoverage {
-	if r.plan == nil || len(r.plan.required) == 0 || r.handoff == nil {
+	if r.plan == nil || len(r.plan.Required()) == 0 || r.handoff == nil {
 		return nil
 	}
-	out := make([]RankCoverage, 0, len(r.plan.required))
-	for _, k := range r.plan.required {
+	out := make([]RankCoverage, 0, len(r.plan.Required()))
+	for _, k := range r.plan.Required() {
 		c := RankCoverage{CP: k.CP, TP: k.TP, PP: k.PP, PagesRequired: len(r.pages)}
 		if rp := r.ranks.get(k); rp != nil {
 			c.Claimed, c.PagesLanded, c.LastLanded, c.Bytes = rp.claimed, rp.cov.landed, rp.lastLanded, rp.bytes
@@ -540,8 +538,8 @@ func (m *Manager) waitingForLocked(r *room) string {
 	switch r.phase {
 	case PhaseWaitingPrefill:
 		n, want := 0, 0
-		if inst := m.prefills[r.addr]; inst != nil {
-			n, want = len(inst.ranks), inst.expected
+		if inst, ok := m.reg.Instance(r.addr); ok {
+			n, want = inst.Registered, inst.Expected
 		}
 		return fmt.Sprintf("the registration of prefill instance %s (%d of %d ranks registered); bounded by SGLang's registration retries and timeouts.bootstrap%s", r.addr, n, want, at(r.bootstrapAt.time()))
 	case PhaseResolvingDP:
@@ -559,7 +557,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 	case PhaseClaimed, PhaseTransferring:
 		var pending []string
 		if r.plan != nil {
-			for _, k := range r.plan.required {
+			for _, k := range r.plan.Required() {
 				rp := r.ranks.get(k)
 				if rp == nil || rp.done {
 					continue
@@ -569,7 +567,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 					last = "last chunk landed"
 				}
 				if len(pending) == maxListedRanks {
-					pending = append(pending, fmt.Sprintf("and %d more", len(r.plan.required)-r.doneN-maxListedRanks))
+					pending = append(pending, fmt.Sprintf("and %d more", len(r.plan.Required())-r.doneN-maxListedRanks))
 					break
 				}
 				pending = append(pending, fmt.Sprintf("cp %d tp %d pp %d (%d of %d pages landed, %s)", k.CP, k.TP, k.PP, rp.cov.landed, len(r.pages), last))

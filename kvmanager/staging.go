@@ -154,22 +154,22 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 	}
 	m.mu.Lock()
 	defer m.unlock()
-	inst := m.prefills[rank.Addr]
-	if inst == nil {
+	inst, ok := m.reg.Instance(rank.Addr)
+	if !ok {
 		return StagingPlan{}, fmt.Errorf("setup staging for %s: %w (register it first)", rank, ErrPrefillNotFound)
 	}
-	topo := inst.topo
+	topo := inst.Topology
 	if rank.TP >= topo.AttnTP || rank.PP >= topo.PP || rank.DP >= topo.DP || rank.CP >= topo.AttnCP {
 		return StagingPlan{}, invalid("rank", "%s is outside %s's layout (attn_tp %d, pp %d, dp %d, attn_cp %d)", rank, rank.Addr, topo.AttnTP, topo.PP, topo.DP, topo.AttnCP)
 	}
 	l := m.layout
 	plan := StagingPlan{
-		Required: inst.plan.staging, PrefillTP: topo.AttnTP, DecodeTP: l.AttnTP, PrefillPP: topo.PP, DecodePP: l.PP,
+		Required: inst.Plan.Staging(), PrefillTP: topo.AttnTP, DecodeTP: l.AttnTP, PrefillPP: topo.PP, DecodePP: l.PP,
 		TotalKVHeads: heads, PageSize: l.PageSize, NumLayers: l.NumLayers, HeadBytes: l.HeadBytes(),
 		CompletionTimeout: m.cfg.Timeouts.Waiting,
 	}
 	seen := map[[2]int]bool{}
-	mapping, _ := m.rankMappingOf(topo) // accepted at registration: cannot fail now
+	mapping, _ := m.reg.Mapping(topo) // accepted at registration: cannot fail now
 	for _, dm := range mapping {
 		for _, t := range dm.TargetTPRanks {
 			if slices.Contains(dm.DummyTPRanks, t) || seen[[2]int{t, dm.DecodeTP}] {
@@ -187,8 +187,8 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 		return a.DecodeTP < b.DecodeTP
 	})
 	q := m.stg.s.Stage(topo.PP, rank.PP)
-	if rp := inst.plan.rankPlan(rank.key()); rp != nil {
-		for _, tg := range rp.targets {
+	if rp := inst.Plan.Rank(rank.Key()); rp != nil {
+		for _, tg := range rp.Targets() {
 			if tg.Dummy {
 				continue
 			}
@@ -312,7 +312,7 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 	if rank.DP != r.prefillDP {
 		return nil, nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", rank.DP, r.id, r.prefillDP, r.dpRule)
 	}
-	rp := r.progress(rank.key())
+	rp := r.progress(rank.Key())
 	if rp == nil {
 		return nil, nil, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", rank, r.id)
 	}
@@ -325,7 +325,7 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 		// As for chunks (chunkBeginLocked): a rank whose claim stream was
 		// given the destination holds it, even if the claim is not recorded
 		// yet (the stream's Send races with this call).
-		if c := r.claims.get(rank.key()); c == nil || r.phase != PhaseAdmitted {
+		if c := r.claims.get(rank.Key()); c == nil || r.phase != PhaseAdmitted {
 			return nil, nil, fmt.Errorf("%s of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", what, r.id, rank, ErrWrongState)
 		}
 		m.claimRankLocked(r, rp)
@@ -367,7 +367,7 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 	}
 	q := sr.st.Stage(m.stg.s, rank.PP)
 	var out []StagingRegion
-	for _, tg := range r.plan.perRank[rank.key()].targets {
+	for _, tg := range r.plan.Rank(rank.Key()).Targets() {
 		if tg.Dummy {
 			continue
 		}
@@ -391,12 +391,12 @@ func stagingTargets(r *room, rank RankID) []int {
 	if r.plan == nil {
 		return nil
 	}
-	rpl := r.plan.perRank[rank.key()]
+	rpl := r.plan.Rank(rank.Key())
 	if rpl == nil {
 		return nil
 	}
-	tps := make([]int, 0, len(rpl.targets))
-	for _, tg := range rpl.targets {
+	tps := make([]int, 0, len(rpl.Targets()))
+	for _, tg := range rpl.Targets() {
 		tps = append(tps, tg.DecodeTP)
 	}
 	return tps
@@ -419,7 +419,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		m.unlock()
 		return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
 	}
-	if rp := r.ranksOf(req.Rank.key()); rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
+	if rp := r.ranksOf(req.Rank.Key()); rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
 		if err := rp.chunks[req.Index].sameChunk(req); err != nil {
 			m.unlock()
 			return StagingChunkResult{}, err
@@ -451,7 +451,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 	var scs []*staging.Staged
 	var writerIdx []int
 	rep := staging.Report{DecodeDP: r.decodeDP, NumPages: req.NumPages, PageOffset: req.PageOffset, WriterTP: req.Rank.TP, WriterPP: req.Rank.PP}
-	for _, tg := range r.plan.perRank[req.Rank.key()].targets {
+	for _, tg := range r.plan.Rank(req.Rank.Key()).Targets() {
 		if tg.Dummy {
 			continue
 		}

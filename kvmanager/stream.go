@@ -114,8 +114,8 @@ func (c *Claim) Close() {
 	c.m.mu.Lock()
 	defer c.m.mu.Unlock()
 	c.stopExpiry()
-	if r := c.m.rooms[c.room]; r != nil && r.claims.get(c.rank.key()) == c {
-		r.claims.remove(c.rank.key())
+	if r := c.m.rooms[c.room]; r != nil && r.claims.get(c.rank.Key()) == c {
+		r.claims.remove(c.rank.Key())
 	}
 	if cs := c.m.pending[c.room]; cs != nil {
 		for i, x := range cs {

@@ -147,45 +147,6 @@ type Failure struct {
 
 func (f Failure) Error() string { return f.Message }
 
-// RankID identifies one prefill scheduler rank.
-type RankID struct {
-	Addr string
-	DP   int
-	CP   int
-	TP   int
-	PP   int
-}
-
-func (r RankID) String() string {
-	return fmt.Sprintf("%s[dp %d cp %d tp %d pp %d]", r.Addr, r.DP, r.CP, r.TP, r.PP)
-}
-
-// rankKey is a rank within one prefill DP group.
-type rankKey struct{ CP, TP, PP int }
-
-func (r RankID) key() rankKey { return rankKey{CP: r.CP, TP: r.TP, PP: r.PP} }
-
-// DPRule says which rule resolved a room's prefill DP rank.
-type DPRule uint8
-
-// DP rank rules, in SGLang's resolution order.
-const (
-	DPRuleNone DPRule = iota
-	DPRuleHint
-	DPRuleSingleDP
-	DPRuleFollowRoom
-	DPRuleBinding
-)
-
-var dpRuleNames = [...]string{"none", "hint", "single_dp", "follow_room", "binding"}
-
-func (r DPRule) String() string {
-	if r < 0 || int(r) >= len(dpRuleNames) {
-		return fmt.Sprintf("DPRule(%d)", int(r))
-	}
-	return dpRuleNames[r]
-}
-
 // Transition is one step of a room's timeline.
 type Transition struct {
 	Phase   Phase

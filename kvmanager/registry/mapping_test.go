@@ -1,4 +1,4 @@
-package kvmanager
+package registry
 
 import (
 	"strings"
@@ -239,31 +239,31 @@ func TestBuildPlan(t *testing.T) {
 		isMLA        bool
 		staging      bool
 		prefill      PrefillTopology
-		wantRequired []rankKey
-		wantDummy    map[rankKey]bool
+		wantRequired []RankKey
+		wantDummy    map[RankKey]bool
 		wantStaging  bool
 	}{
 		{
 			name: "prefill TP 4 to decode TP 2 GQA", decodeTP: 2, heads: 8, staging: true, prefill: PrefillTopology{AttnTP: 4, AttnCP: 1, PP: 1},
-			wantRequired: []rankKey{{TP: 0}, {TP: 1}, {TP: 2}, {TP: 3}},
-			wantDummy:    map[rankKey]bool{{TP: 0}: false, {TP: 1}: false, {TP: 2}: false, {TP: 3}: false},
+			wantRequired: []RankKey{{TP: 0}, {TP: 1}, {TP: 2}, {TP: 3}},
+			wantDummy:    map[RankKey]bool{{TP: 0}: false, {TP: 1}: false, {TP: 2}: false, {TP: 3}: false},
 			wantStaging:  true,
 		},
 		{
 			name: "prefill TP 4 to decode TP 2 MLA", decodeTP: 2, isMLA: true, staging: true, prefill: PrefillTopology{AttnTP: 4, AttnCP: 1, PP: 1},
-			wantRequired: []rankKey{{TP: 0}, {TP: 2}},
-			wantDummy:    map[rankKey]bool{{TP: 0}: false, {TP: 1}: true, {TP: 2}: false, {TP: 3}: true},
+			wantRequired: []RankKey{{TP: 0}, {TP: 2}},
+			wantDummy:    map[RankKey]bool{{TP: 0}: false, {TP: 1}: true, {TP: 2}: false, {TP: 3}: true},
 		},
 		{
 			// Required ranks are ordered by PP, then CP, then TP.
 			name: "prefill TP 2 PP 2 to decode TP 1", decodeTP: 1, heads: 8, prefill: PrefillTopology{AttnTP: 2, AttnCP: 1, PP: 2},
-			wantRequired: []rankKey{{TP: 0}, {TP: 1}, {PP: 1, TP: 0}, {PP: 1, TP: 1}},
-			wantDummy:    map[rankKey]bool{{TP: 0}: false, {TP: 1}: false, {PP: 1}: false, {PP: 1, TP: 1}: false},
+			wantRequired: []RankKey{{TP: 0}, {TP: 1}, {PP: 1, TP: 0}, {PP: 1, TP: 1}},
+			wantDummy:    map[RankKey]bool{{TP: 0}: false, {TP: 1}: false, {PP: 1}: false, {PP: 1, TP: 1}: false},
 		},
 		{
 			name: "equal TP no staging", decodeTP: 2, heads: 8, staging: true, prefill: PrefillTopology{AttnTP: 2, AttnCP: 1, PP: 1},
-			wantRequired: []rankKey{{TP: 0}, {TP: 1}},
-			wantDummy:    map[rankKey]bool{{TP: 0}: false, {TP: 1}: false},
+			wantRequired: []RankKey{{TP: 0}, {TP: 1}},
+			wantDummy:    map[RankKey]bool{{TP: 0}: false, {TP: 1}: false},
 		},
 	}
 	for _, tc := range tests {
@@ -273,14 +273,14 @@ func TestBuildPlan(t *testing.T) {
 				t.Fatal(err)
 			}
 			plan := buildPlan(mapping, tc.prefill, tc.decodeTP, tc.heads, tc.isMLA, tc.staging)
-			if diff := cmp.Diff(tc.wantRequired, plan.required, cmp.AllowUnexported(rankKey{})); diff != "" {
+			if diff := cmp.Diff(tc.wantRequired, plan.required, cmp.AllowUnexported(RankKey{})); diff != "" {
 				t.Errorf("required (-want +got):\n%s", diff)
 			}
-			got := map[rankKey]bool{}
+			got := map[RankKey]bool{}
 			for k, rp := range plan.perRank {
 				got[k] = rp.dummy
 			}
-			if diff := cmp.Diff(tc.wantDummy, got, cmp.AllowUnexported(rankKey{})); diff != "" {
+			if diff := cmp.Diff(tc.wantDummy, got, cmp.AllowUnexported(RankKey{})); diff != "" {
 				t.Errorf("dummy by rank (-want +got):\n%s", diff)
 			}
 			if plan.staging != tc.wantStaging {

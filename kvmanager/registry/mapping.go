@@ -1,36 +1,9 @@
-package kvmanager
+package registry
 
 import (
 	"fmt"
 	"slices"
-	"strings"
-
-	"github.com/decodeplane/decodeplane/transfer"
 )
-
-// DecodeRankMapping is SGLang's _resolve_rank_mapping for one decode
-// attention-TP rank (spec §4.4).
-type DecodeRankMapping struct {
-	DecodeTP                   int
-	TargetTPRanks              []int
-	TargetTPRank               int
-	TargetCPRanks              []int
-	TargetPPRanks              []int
-	RequiredDstInfoNum         int
-	RequiredPrefillResponseNum int
-	DummyTPRanks               []int
-}
-
-// PrefillTopology is what the decode side needs to know of a prefill
-// instance to map ranks: SGLang's PrefillServerInfo.
-type PrefillTopology struct {
-	AttnTP              int
-	AttnCP              int
-	DP                  int
-	PP                  int
-	FollowBootstrapRoom bool
-	DSACacheLayerSplit  bool
-}
 
 // rankMapping computes the mapping of every decode TP rank (0..decodeTP-1)
 // against a prefill. isMLA follows the decode pool; hybridMLA pulls from every
@@ -160,27 +133,32 @@ func ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads int) Head
 	}
 }
 
-// roomPlan is, for one prefill instance's DP group, which prefill ranks a
-// room needs and what each writes where. It depends only on the topology.
+// Plan is, for one prefill instance's DP group, which prefill ranks a
+// room needs and what each writes where: the per-instance rank plan. It
+// depends only on the topology, is made by the registry and never changes
+// once the instance is complete, so rooms share it (read-only).
 //
 // Nothing in it is sized by the prefill's parallel sizes until the instance
 // is fully registered: before that, one rank's view is computed from the
 // shape (O(decode TP)); once every expected rank registered, required and
 // perRank are enumerated once, which costs at most one entry per registered
 // rank (each of them a RegisterPrefill call already received).
-type roomPlan struct {
+type Plan struct {
 	shape planShape
 	// required are the ranks whose KV must land (non-dummy), in a stable
 	// order; nil until the instance is complete.
-	required []rankKey
+	required []RankKey
 	// perRank maps every addressed rank (real or dummy) to its targets; nil
 	// until the instance is complete.
-	perRank map[rankKey]*rankPlan
+	perRank map[RankKey]*RankPlan
 	staging bool
 }
 
-type rankPlan struct {
-	targets            []transfer.Target
+// RankPlan is what one prefill rank writes for a room: its targets, whether
+// it is a dummy for every decode rank addressing it, and how many
+// destinations it receives. Read-only: plans are shared.
+type RankPlan struct {
+	targets            []Target
 	dummy              bool // dummy for every decode rank that addresses it
 	requiredDstInfoNum int
 }
@@ -205,7 +183,7 @@ func newPlanShape(p PrefillTopology, decodeTP, totalHeads int, isMLA, allCP bool
 // address it, with head slices; nil when no decode rank addresses it (a CP
 // rank beyond 0 without all-CP transfer, or a rank outside the layout). It
 // costs O(number of targets) <= O(decode TP).
-func (s planShape) rank(k rankKey) *rankPlan {
+func (s planShape) rank(k RankKey) *RankPlan {
 	D, P := s.decodeTP, s.prefillTP
 	if D <= 0 || P <= 0 || k.TP < 0 || k.TP >= P || k.PP < 0 || k.PP >= s.pp || k.CP < 0 || k.CP >= max(1, s.cp) {
 		return nil
@@ -213,9 +191,9 @@ func (s planShape) rank(k rankKey) *rankPlan {
 	if k.CP != 0 && !s.cpAll {
 		return nil
 	}
-	rp := &rankPlan{dummy: true, requiredDstInfoNum: 1}
+	rp := &RankPlan{dummy: true, requiredDstInfoNum: 1}
 	add := func(e int, dummy bool) {
-		tg := transfer.Target{DecodeTP: e, Dummy: dummy}
+		tg := Target{DecodeTP: e, Dummy: dummy}
 		if !s.isMLA && !dummy {
 			hs := ComputeHeadSliceParams(P, D, k.TP, e, s.totalHeads)
 			tg.SrcHeadStart, tg.DstHeadStart, tg.NumHeads = hs.SrcHeadStart, hs.DstHeadStart, hs.NumHeads
@@ -239,15 +217,16 @@ func (s planShape) rank(k rankKey) *rankPlan {
 	return rp
 }
 
-// required reports whether a rank's KV must land for a room.
-func (p *roomPlan) isRequired(k rankKey) bool {
-	rp := p.rankPlan(k)
+// IsRequired reports whether a rank's KV must land for a room.
+func (p *Plan) IsRequired(k RankKey) bool {
+	rp := p.Rank(k)
 	return rp != nil && !rp.dummy
 }
 
-// rankPlan returns one rank's plan: from the enumerated table once the
-// instance is complete, from the shape before.
-func (p *roomPlan) rankPlan(k rankKey) *rankPlan {
+// Rank returns one rank's plan (nil for a rank no decode rank addresses):
+// from the enumerated table once the instance is complete, from the shape
+// before.
+func (p *Plan) Rank(k RankKey) *RankPlan {
 	if p.perRank != nil {
 		return p.perRank[k]
 	}
@@ -256,25 +235,25 @@ func (p *roomPlan) rankPlan(k rankKey) *rankPlan {
 
 // newPlan returns the plan of an instance that is still registering: only
 // the shape, nothing enumerated.
-func newPlan(p PrefillTopology, decodeTP, totalHeads int, isMLA, allCP, staging bool) *roomPlan {
-	return &roomPlan{shape: newPlanShape(p, decodeTP, totalHeads, isMLA, allCP), staging: staging && !isMLA && p.AttnTP != decodeTP}
+func newPlan(p PrefillTopology, decodeTP, totalHeads int, isMLA, allCP, staging bool) *Plan {
+	return &Plan{shape: newPlanShape(p, decodeTP, totalHeads, isMLA, allCP), staging: staging && !isMLA && p.AttnTP != decodeTP}
 }
 
 // enumerate fills required and perRank. Call it once the instance is fully
 // registered: the addressed ranks are a subset of the registered ones, so
 // the cost is bounded by the RegisterPrefill calls already received.
-func (p *roomPlan) enumerate() {
+func (p *Plan) enumerate() {
 	s := p.shape
 	cps := 1
 	if s.cpAll {
 		cps = s.cp
 	}
-	p.perRank = map[rankKey]*rankPlan{}
+	p.perRank = map[RankKey]*RankPlan{}
 	p.required = nil
 	for pp := range s.pp {
 		for cp := range cps {
 			for tp := range s.prefillTP {
-				k := rankKey{CP: cp, TP: tp, PP: pp}
+				k := RankKey{CP: cp, TP: tp, PP: pp}
 				rp := s.rank(k)
 				if rp == nil {
 					continue
@@ -288,49 +267,30 @@ func (p *roomPlan) enumerate() {
 	}
 }
 
+// Required are the ranks whose KV must land for a room (non-dummy), in
+// (PP, CP, TP) order; nil until the instance is complete. The slice is the
+// plan's own: read-only.
+func (p *Plan) Required() []RankKey { return p.required }
+
+// Staging reports whether rooms of this instance go through the staging
+// rings (heterogeneous TP on a non-MLA pool, staging enabled).
+func (p *Plan) Staging() bool { return p.staging }
+
+// Targets are the decode TP ranks this prefill rank writes to (read-only).
+func (rp *RankPlan) Targets() []Target { return rp.targets }
+
+// Dummy reports whether the rank is a dummy for every decode rank that
+// addresses it.
+func (rp *RankPlan) Dummy() bool { return rp.dummy }
+
+// RequiredDstInfoNum is how many destinations the rank receives.
+func (rp *RankPlan) RequiredDstInfoNum() int { return rp.requiredDstInfoNum }
+
 // buildPlan derives the complete room plan of a topology whose mapping is
 // known (the mapping says whether every CP rank is a source).
-func buildPlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, totalHeads int, isMLA, staging bool) *roomPlan {
+func buildPlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, totalHeads int, isMLA, staging bool) *Plan {
 	allCP := len(mapping) > 0 && len(mapping[0].TargetCPRanks) > 1
 	plan := newPlan(p, decodeTP, totalHeads, isMLA, allCP, staging)
 	plan.enumerate()
 	return plan
 }
-
-// progress returns a required rank's progress in this attempt, created on
-// first use (a claim or a chunk from that rank); nil for a rank the room does
-// not need. The table grows only with the calls received, never with the
-// prefill's parallel sizes.
-func (r *room) progress(k rankKey) *rankProgress {
-	if r.handoff == nil { // never admitted: no rank has anything to report yet
-		return nil
-	}
-	if rp := r.ranks.get(k); rp != nil {
-		return rp
-	}
-	if r.plan == nil || !r.plan.isRequired(k) {
-		return nil
-	}
-	if r.ranks == nil {
-		r.ranks = &rankSet{}
-	}
-	return r.ranks.add(k)
-}
-
-// listRanks renders at most maxListedRanks rank keys and how many more.
-func listRanks(keys []rankKey, more int) string {
-	var b strings.Builder
-	for i, k := range keys {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		fmt.Fprintf(&b, "cp %d tp %d pp %d", k.CP, k.TP, k.PP)
-	}
-	if more > 0 {
-		fmt.Fprintf(&b, "; and %d more", more)
-	}
-	return b.String()
-}
-
-// maxListedRanks bounds every list of ranks in a message or a status.
-const maxListedRanks = 8

@@ -1,0 +1,34 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors returned by the Registry (kvmanager re-exports the same values, so
+// errors.Is holds on either name).
+var (
+	// ErrPrefillNotFound: the prefill instance or rank is not registered (or
+	// was declared dead). NotFound.
+	ErrPrefillNotFound = errors.New("prefill not registered")
+	// ErrPrefillMismatch: the prefill's layout cannot serve this decode side
+	// (page size, KV dtype, parallel sizes, model facts). FailedPrecondition.
+	ErrPrefillMismatch = errors.New("prefill incompatible with the decode side")
+	// ErrDPRankConflict: a binding contradicts follow_bootstrap_room or an
+	// earlier resolution. FailedPrecondition.
+	ErrDPRankConflict = errors.New("prefill DP rank conflict")
+)
+
+// InvalidError is a request field with a bad value (InvalidArgument). The
+// room manager turns it into its own kvmanager.InvalidError, field and
+// message unchanged.
+type InvalidError struct {
+	Field string
+	Msg   string
+}
+
+func (e *InvalidError) Error() string { return e.Field + ": " + e.Msg }
+
+func invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}

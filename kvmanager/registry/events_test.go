@@ -1,0 +1,230 @@
+package registry
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestRegisterEvents: each accepted registration says what happened, in
+// order — the rank registered, and the instance complete (with its complete
+// plan) on the last rank; a refused one changes nothing and says nothing.
+func TestRegisterEvents(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		in := prefill{addr: addrA, tp: 2}
+		_, evs, err := h.g.Register(h.registration(in, 0, 0, 0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := kinds(evs), []EventKind{RankRegistered}; !slices.Equal(got, want) {
+			t.Fatalf("first rank: events %v, want %v", got, want)
+		}
+		if e := evs[0]; e.Addr != addrA || e.Rank != (RankID{Addr: addrA}) || e.Replaced {
+			t.Errorf("RankRegistered = %+v", e)
+		}
+		if inst, ok := h.g.Instance(addrA); !ok || inst.Complete || inst.Plan.Required() != nil {
+			t.Errorf("Instance after one of two ranks = %+v, %v; want known, incomplete, nothing enumerated", inst, ok)
+		}
+		_, evs, err = h.g.Register(h.registration(in, 0, 0, 1, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := kinds(evs), []EventKind{RankRegistered, InstanceComplete}; !slices.Equal(got, want) {
+			t.Fatalf("last rank: events %v, want %v", got, want)
+		}
+		done := evs[1].Instance
+		if done.Addr != addrA || !done.Complete || done.Registered != 2 || done.Expected != 2 || done.Topology.AttnTP != 2 || !done.Topology.FollowBootstrapRoom {
+			t.Errorf("InstanceComplete.Instance = %+v", done)
+		}
+		if diff := cmp.Diff([]RankKey{{TP: 0}, {TP: 1}}, done.Plan.Required()); diff != "" {
+			t.Errorf("complete plan's required ranks (-want +got):\n%s", diff)
+		}
+		// Registering a rank again (same endpoint) is idempotent: no completion again.
+		_, evs, err = h.g.Register(h.registration(in, 0, 0, 1, 0))
+		if err != nil || !slices.Equal(kinds(evs), []EventKind{RankRegistered}) || evs[0].Replaced {
+			t.Errorf("same rank again: %v, events %+v; want one RankRegistered, not replaced", err, evs)
+		}
+		// A Checked that did not come from Check: refused, nothing recorded.
+		if _, evs, err := h.g.Record(Checked{}); err == nil || evs != nil {
+			t.Errorf("Record(zero Checked) = %v, events %+v; want an error and none", err, evs)
+		}
+		// A refused registration: an error and no event.
+		bad := h.registration(prefill{addr: addrA, tp: 4}, 0, 0, 3, 0)
+		if _, evs, err := h.g.Register(bad); !errors.Is(err, ErrPrefillMismatch) || evs != nil {
+			t.Errorf("other layout: %v, events %+v; want ErrPrefillMismatch and none", err, evs)
+		}
+	})
+}
+
+// TestRegisterReplacementEvents: a new endpoint for a known rank is
+// RankReplaced (naming the rank, with SGLang's message) before the rank's
+// RankRegistered; a new instance id is InstanceReplaced, and the old
+// instance's ranks and bindings are forgotten at once.
+func TestRegisterReplacementEvents(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withForceQuery(true))
+		in := prefill{addr: addrA, dp: 2, instanceID: "one"}
+		h.register(in)
+		moved := in
+		moved.endpoint = "tcp://moved"
+		res, evs, err := h.g.Register(h.registration(moved, 1, 0, 0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := kinds(evs), []EventKind{RankReplaced, RankRegistered}; !slices.Equal(got, want) {
+			t.Fatalf("new endpoint: events %v, want %v", got, want)
+		}
+		want := "Prefill server with bootstrap_addr: 10.0.0.1:8998 is healthy before, but now it is down: rank 10.0.0.1:8998[dp 1 cp 0 tp 0 pp 0] re-registered with a new endpoint (tcp://rank-1-0-0-0 -> tcp://moved-1-0-0-0). Requests bound to the old registration have been marked as failed."
+		if e := evs[0]; e.Rank != (RankID{Addr: addrA, DP: 1}) || e.Message != want {
+			t.Errorf("RankReplaced = %+v\nwant rank dp 1 and message %q", e, want)
+		}
+		if !res.Replaced || !evs[1].Replaced || res.RoomsFailed != 0 {
+			t.Errorf("result %+v, RankRegistered %+v: want replaced, no room counted by the registry", res, evs[1])
+		}
+		if _, _, err := h.g.BindRoom(addrA, 9, 1); err != nil {
+			t.Fatal(err)
+		}
+		next := prefill{addr: addrA, dp: 2, instanceID: "two"}
+		res, evs, err = h.g.Register(h.registration(next, 0, 0, 0, 0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := kinds(evs), []EventKind{InstanceReplaced, RankRegistered}; !slices.Equal(got, want) {
+			t.Fatalf("new instance id: events %v, want %v", got, want)
+		}
+		if msg := evs[0].Message; msg != "prefill instance 10.0.0.1:8998 was replaced (instance id one -> two)" {
+			t.Errorf("InstanceReplaced message = %q", msg)
+		}
+		if res.Registered != 1 || res.Expected != 2 || !res.Replaced {
+			t.Errorf("result = %+v, want 1 of 2 registered, replaced", res)
+		}
+		// The old instance's rank 1 is gone, and so is its binding.
+		if _, _, err := h.g.Heartbeat(RankID{Addr: addrA, DP: 1}, "one"); !errors.Is(err, ErrPrefillNotFound) {
+			t.Errorf("Heartbeat(old rank) = %v, want ErrPrefillNotFound", err)
+		}
+		h.register(next)
+		if _, un, err := h.lookup(addrA, []uint64{9}, nil); err != nil || !slices.Equal(un, []uint64{9}) {
+			t.Errorf("lookup of the old instance's binding = %v, unresolved %v; want it forgotten", err, un)
+		}
+	})
+}
+
+// TestCheckLivenessEvents: each check counts once per rank whose missed
+// intervals grew (HeartbeatMissed), and a rank silent for max_failures
+// intervals loses its instance (InstanceLost naming the silent rank) and its
+// bindings.
+func TestCheckLivenessEvents(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withForceQuery(true))
+		h.register(prefill{addr: addrA, tp: 2, dp: 2})
+		h.register(prefill{addr: addrB})
+		if _, _, err := h.g.BindRoom(addrA, 3, 1); err != nil {
+			t.Fatal(err)
+		}
+		if evs := h.g.CheckLiveness(); len(evs) != 0 {
+			t.Fatalf("check at 0s: %+v, want nothing", evs)
+		}
+		r0 := RankID{Addr: addrA, DP: 0, TP: 0}
+		advance(6 * time.Second)
+		for _, rk := range append(ranksOf(prefill{addr: addrA, tp: 2, dp: 2})[1:], RankID{Addr: addrB}) {
+			if _, _, err := h.g.Heartbeat(rk, ""); err != nil {
+				t.Fatalf("Heartbeat(%s) = %v", rk, err)
+			}
+		}
+		evs := h.g.CheckLiveness()
+		want := []Event{{Kind: HeartbeatMissed, Addr: addrA, Count: 1}}
+		if diff := cmp.Diff(want, evs); diff != "" {
+			t.Fatalf("check at 6s (-want +got):\n%s", diff)
+		}
+		if evs := h.g.CheckLiveness(); len(evs) != 0 {
+			t.Errorf("second check at 6s: %+v, want nothing (an interval counts once)", evs)
+		}
+		advance(4 * time.Second) // r0 silent 10 s = 2 × 5 s; the others 4 s
+		evs = h.g.CheckLiveness()
+		if got, want := kinds(evs), []EventKind{HeartbeatMissed, InstanceLost}; !slices.Equal(got, want) {
+			t.Fatalf("check at 10s: events %v, want %v", got, want)
+		}
+		lost := evs[1]
+		if lost.Addr != addrA || lost.SilentTotal != 1 || len(lost.Silent) != 1 || lost.Silent[0].Rank != r0 || lost.Silent[0].Missed != 2 {
+			t.Errorf("InstanceLost = %+v, want rank %s, 2 intervals missed", lost, r0)
+		}
+		msg := "Lost connection with prefill instance (bootstrap_addr: 10.0.0.1:8998), 3 requests affected; silent ranks (no heartbeat within 2 × 5s): dp 0 cp 0 tp 0 pp 0 for 10s"
+		if got := lost.LostMessage(3); got != msg {
+			t.Errorf("LostMessage(3) = %q\nwant %q", got, msg)
+		}
+		if _, ok := h.g.Instance(addrA); ok {
+			t.Error("the lost instance is still known")
+		}
+		if _, ok := h.g.Instance(addrB); !ok {
+			t.Error("the live instance was forgotten")
+		}
+		if _, _, err := h.g.BindRoom(addrA, 3, 1); !errors.Is(err, ErrPrefillNotFound) {
+			t.Errorf("BindRoom on the lost instance = %v, want ErrPrefillNotFound", err)
+		}
+		h.register(prefill{addr: addrA, tp: 2, dp: 2})
+		if _, un, err := h.lookup(addrA, []uint64{3}, nil); err != nil || !slices.Equal(un, []uint64{3}) {
+			t.Errorf("lookup after re-registration = %v, unresolved %v; want the old binding forgotten", err, un)
+		}
+	})
+}
+
+// TestBindRoomEvents: an accepted binding is RoomBound; a follow-room
+// conflict is BindConflict with SGLang's message and records nothing; other
+// refusals carry no event.
+func TestBindRoomEvents(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(prefill{addr: addrA, dp: 4})
+		replaced, ev, err := h.g.BindRoom(addrA, 5, 1)
+		if err != nil || replaced || !cmp.Equal(ev, Event{Kind: RoomBound, Addr: addrA, Room: 5, DP: 1}) {
+			t.Errorf("BindRoom(5, 1) = %v, %+v, %v; want RoomBound", replaced, ev, err)
+		}
+		_, ev, err = h.g.BindRoom(addrA, 5, 0)
+		want := "follow_bootstrap_room conflict: dispatched to dp_rank 0 but bootstrap_room 5 implies dp_rank 1. Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing."
+		if !errors.Is(err, ErrDPRankConflict) || ev.Kind != BindConflict || ev.Room != 5 || ev.Message != want || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("BindRoom(5, 0) = %+v, %v; want BindConflict with %q", ev, err, want)
+		}
+		var inv *InvalidError
+		if _, ev, err := h.g.BindRoom(addrA, 5, 4); !errors.As(err, &inv) || inv.Field != "dp_rank" || ev.Kind != 0 {
+			t.Errorf("BindRoom(dp 4 of 4) = %+v, %v; want InvalidError on dp_rank, no event", ev, err)
+		}
+		if _, ev, err := h.g.BindRoom(addrB, 5, 0); !errors.Is(err, ErrPrefillNotFound) || ev.Kind != 0 {
+			t.Errorf("BindRoom(unknown instance) = %+v, %v; want ErrPrefillNotFound, no event", ev, err)
+		}
+	})
+}
+
+// TestExpireBindings: a binding resolves its room until binding_ttl, and the
+// sweep forgets it after.
+func TestExpireBindings(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		in := prefill{addr: addrA, dp: 2, lb: "round_robin"}
+		h.register(in)
+		topo := PrefillTopology{AttnTP: 1, AttnCP: 1, DP: 2, PP: 1}
+		if _, _, err := h.g.BindRoom(addrA, 7, 1); err != nil {
+			t.Fatal(err)
+		}
+		advance(119 * time.Second)
+		h.g.ExpireBindings()
+		if dp, rule, ok := h.g.ResolveDP(addrA, 7, -1, topo); !ok || dp != 1 || rule != DPRuleBinding {
+			t.Errorf("ResolveDP at 119s = %d, %s, %v; want 1 by binding", dp, rule, ok)
+		}
+		advance(time.Second)
+		h.g.ExpireBindings()
+		h.g.mu.Lock()
+		n := len(h.g.bindings)
+		h.g.mu.Unlock()
+		if n != 0 {
+			t.Errorf("%d binding tables left after the TTL, want none", n)
+		}
+		if _, _, ok := h.g.ResolveDP(addrA, 7, -1, topo); ok {
+			t.Error("ResolveDP at 120s resolved the expired binding")
+		}
+	})
+}

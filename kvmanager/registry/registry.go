@@ -1,0 +1,536 @@
+package registry
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// Config is what the registry checks and keeps instances against.
+type Config struct {
+	// Layout is the decode KV layout registrations are checked against and
+	// mapped onto.
+	Layout prealloc.Layout
+	// HeartbeatInterval and MaxFailures are the effective heartbeat policy
+	// (after SGLang's floors): a rank silent for MaxFailures intervals
+	// kills its instance.
+	HeartbeatInterval time.Duration
+	MaxFailures       int
+	// ForceQuery is SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK: the
+	// binding table is consulted even under follow_bootstrap_room.
+	ForceQuery bool
+	// BindingTTL is how long a BindRoom binding resolves its room.
+	BindingTTL time.Duration
+	// Now reads the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+// Registry holds the prefill instances known to one decode instance, their
+// ranks' liveness and the DP-rank bindings. It is safe for concurrent use;
+// it has its own mutex and calls nothing outside itself while holding it.
+type Registry struct {
+	cfg Config
+
+	mu        sync.Mutex
+	instances map[string]*instance
+	bindings  map[string]map[uint64]binding
+}
+
+// New returns an empty registry.
+func New(cfg Config) *Registry {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Registry{cfg: cfg, instances: map[string]*instance{}, bindings: map[string]map[uint64]binding{}}
+}
+
+type instance struct {
+	addr       string
+	instanceID string
+	topo       PrefillTopology
+	pageSize   int
+	dtype      string
+	lbMethod   string
+	httpPort   int
+	ranks      map[RankID]*rank
+	expected   int
+	complete   bool
+	plan       *Plan
+}
+
+type rank struct {
+	id         RankID
+	endpoint   string
+	instanceID string
+	lastSeen   time.Time
+	missed     int // heartbeat intervals missed since lastSeen, as counted so far
+}
+
+func (inst *instance) view() Instance {
+	return Instance{Addr: inst.addr, Topology: inst.topo, Plan: inst.plan, Registered: len(inst.ranks), Expected: inst.expected, Complete: inst.complete}
+}
+
+func followsRoom(lbMethod string) bool {
+	return lbMethod == "" || lbMethod == "follow_bootstrap_room"
+}
+
+// checkCompat applies SGLang's fatal checks (spec §4.3, §9.3) and the model
+// facts; messages are SGLang's where it has them. A kv_pool_kind that is no
+// kind at all is a bad value (InvalidError, InvalidArgument); facts that
+// contradict this decode pool are ErrPrefillMismatch (FailedPrecondition),
+// every contradiction listed at once.
+func (g *Registry) checkCompat(reg Registration) error {
+	d := g.cfg.Layout
+	f := reg.Model
+	var kind prealloc.Kind
+	if f.Kind != "" {
+		k, err := prealloc.ParseKind(f.Kind)
+		if err != nil {
+			return invalid("model.kv_pool_kind", "%q is not a KV pool kind (allowed: %s)", f.Kind, strings.Join(prealloc.KindNames(), ", "))
+		}
+		kind = k
+	}
+	if reg.PageSize != d.PageSize {
+		return fmt.Errorf("%w: Page size mismatch: prefill server has page_size=%d, but decode server has page_size=%d. Both servers must use the same --page-size value.", ErrPrefillMismatch, reg.PageSize, d.PageSize)
+	}
+	pd, ok := prealloc.CanonicalDType(reg.KVDType)
+	if strings.EqualFold(strings.TrimSpace(reg.KVDType), "auto") && (d.DType == "bf16" || d.DType == "fp16") {
+		pd, ok = d.DType, true
+	}
+	if !ok || pd != d.DType {
+		return fmt.Errorf("%w: KV cache dtype mismatch: prefill server has kv_cache_dtype=%s, but decode server has kv_cache_dtype=%s. Both servers must use the same --kv-cache-dtype value.", ErrPrefillMismatch, reg.KVDType, d.DType)
+	}
+	if pp := reg.Parallel.PP; d.NumLayers > 0 && pp > d.NumLayers {
+		return fmt.Errorf("%w: parallel.pp_size=%d exceeds the model's %d layers: a pipeline stage would hold no layer, so its KV could not be mapped onto the decode pool", ErrPrefillMismatch, pp, d.NumLayers)
+	}
+	var bad []string
+	if f.Kind != "" && kind != d.Kind {
+		bad = append(bad, fmt.Sprintf("kv_pool_kind %q (decode: %s)", f.Kind, d.Kind))
+	}
+	check := func(name string, got, want int) {
+		if got != 0 && got != want {
+			bad = append(bad, fmt.Sprintf("%s %d (decode: %d)", name, got, want))
+		}
+	}
+	check("num_layers", f.NumLayers, d.NumLayers)
+	if d.IsMLA {
+		if f.TotalKVHeads > 1 {
+			bad = append(bad, fmt.Sprintf("total_kv_heads %d (decode: %s pool, one latent KV vector per token)", f.TotalKVHeads, d.Kind))
+		}
+		// On an MLA pool head_dim is the width of one KV entry.
+		check("head_dim", f.HeadDim, d.HeadDim)
+		if f.KVLoraRank != 0 || f.QKRopeHeadDim != 0 {
+			check("kv_lora_rank + qk_rope_head_dim", f.KVLoraRank+f.QKRopeHeadDim, d.HeadDim)
+		}
+	} else {
+		check("total_kv_heads", f.TotalKVHeads, d.TotalKVHeads)
+		check("head_dim", f.HeadDim, d.HeadDim)
+		if f.KVLoraRank != 0 {
+			bad = append(bad, fmt.Sprintf("kv_lora_rank %d (decode: %s pool, which has no latent dimension)", f.KVLoraRank, d.Kind))
+		}
+		if f.QKRopeHeadDim != 0 {
+			bad = append(bad, fmt.Sprintf("qk_rope_head_dim %d (decode: %s pool, which has no decoupled RoPE part)", f.QKRopeHeadDim, d.Kind))
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("%w: the prefill's model does not match the decode KV pool: %s", ErrPrefillMismatch, strings.Join(bad, ", "))
+	}
+	return nil
+}
+
+// Mapping is SGLang's mapping of this decode side against a prefill
+// topology. It is computed per call and never kept: its lists grow with the
+// prefill's sizes, and an instance must cost the same whatever they are.
+func (g *Registry) Mapping(topo PrefillTopology) ([]DecodeRankMapping, error) {
+	l := g.cfg.Layout
+	return rankMapping(l.AttnTP, l.PP, l.IsMLA, l.Kind == prealloc.KindHybridMLA, topo)
+}
+
+// rankCount is the number of ranks an instance registers: dp × cp × tp × pp,
+// saturating instead of overflowing (sizes are client-chosen). Registration
+// completes when exactly that many distinct in-layout ranks registered; an
+// instance whose count no deployment reaches simply never completes, and
+// costs one table entry per RegisterPrefill call received.
+func (p PrefillTopology) rankCount() int {
+	n := 1
+	for _, f := range []int{p.DP, p.AttnCP, p.AttnTP, p.PP} {
+		f = max(1, f)
+		if n > math.MaxInt/f {
+			return math.MaxInt
+		}
+		n *= f
+	}
+	return n
+}
+
+// checkRankInLayout refuses a rank outside its own parallel sizes: the
+// registration count is exact only if every rank it counts exists.
+func checkRankInLayout(par ParallelInfo, id RankID, topo PrefillTopology) error {
+	dpField, dpSize := "parallel.attn_dp_rank", "parallel.attn_dp_size"
+	if par.SystemDP > 1 {
+		dpField, dpSize = "parallel.system_dp_rank", "parallel.system_dp_size"
+	}
+	for _, c := range []struct {
+		field, sizeField string
+		rank, size       int
+	}{
+		{"parallel.attn_tp_rank", "parallel.attn_tp_size", id.TP, topo.AttnTP},
+		{"parallel.attn_cp_rank", "parallel.attn_cp_size", id.CP, topo.AttnCP},
+		{dpField, dpSize, id.DP, topo.DP},
+		{"parallel.pp_rank", "parallel.pp_size", id.PP, topo.PP},
+	} {
+		if c.rank < 0 || c.rank >= c.size {
+			return invalid(c.field, "%d is outside %s %d (allowed 0..%d)", c.rank, c.sizeField, c.size, c.size-1)
+		}
+	}
+	return nil
+}
+
+// Checked is a registration that passed the checks that read no registry
+// state (Check): compatibility with the decode layout, SGLang's rank
+// mapping, the rank within its own layout.
+type Checked struct {
+	reg     Registration
+	topo    PrefillTopology
+	mapping []DecodeRankMapping
+	id      RankID
+}
+
+// Check applies the checks of a registration that read no registry state,
+// without the registry's lock (the caller need hold no lock either): the
+// compatibility checks and the rank mapping, whose lists are the costly
+// part of a registration.
+func (g *Registry) Check(reg Registration) (Checked, error) {
+	if err := g.checkCompat(reg); err != nil {
+		return Checked{}, err
+	}
+	par := reg.Parallel
+	dpSize, dpGroup := par.dp()
+	topo := PrefillTopology{AttnTP: max(1, par.AttnTP), AttnCP: max(1, par.AttnCP), DP: dpSize, PP: max(1, par.PP),
+		FollowBootstrapRoom: followsRoom(reg.LoadBalanceMethod), DSACacheLayerSplit: reg.DSACacheLayerSplit}
+	mapping, err := g.Mapping(topo)
+	if err != nil {
+		return Checked{}, fmt.Errorf("%w: %v", ErrPrefillMismatch, err)
+	}
+	id := RankID{Addr: reg.Addr, DP: dpGroup, CP: par.AttnCPRank, TP: par.AttnTPRank, PP: par.PPRank}
+	if err := checkRankInLayout(par, id, topo); err != nil {
+		return Checked{}, err
+	}
+	return Checked{reg: reg, topo: topo, mapping: mapping, id: id}, nil
+}
+
+// Register is Check, then Record.
+func (g *Registry) Register(reg Registration) (RegistrationResult, []Event, error) {
+	c, err := g.Check(reg)
+	if err != nil {
+		return RegistrationResult{}, nil, err
+	}
+	return g.Record(c)
+}
+
+// Record registers one checked prefill rank. It is idempotent per rank; a
+// new endpoint for a known rank (RankReplaced), or a new instance id for a
+// known address (InstanceReplaced), replaces the old registration. The
+// events say what the rooms must do, in order; an error (a layout that
+// contradicts the instance's first registration) changes nothing and comes
+// with no event.
+func (g *Registry) Record(c Checked) (RegistrationResult, []Event, error) {
+	if c.mapping == nil { // the zero Checked: every checked registration has a mapping
+		return RegistrationResult{}, nil, errors.New("registry: Record of a registration that did not pass Check")
+	}
+	reg, topo, mapping, id := c.reg, c.topo, c.mapping, c.id
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := g.cfg.Now()
+	res := RegistrationResult{}
+	var evs []Event
+	inst := g.instances[reg.Addr]
+	if inst != nil && reg.InstanceID != "" && inst.instanceID != "" && reg.InstanceID != inst.instanceID {
+		evs = append(evs, Event{Kind: InstanceReplaced, Addr: reg.Addr, Message: fmt.Sprintf(
+			"prefill instance %s was replaced (instance id %s -> %s)", reg.Addr, inst.instanceID, reg.InstanceID)})
+		g.forgetLocked(reg.Addr)
+		res.Replaced = true
+		inst = nil
+	}
+	if inst != nil && inst.topo != topo {
+		return RegistrationResult{}, nil, fmt.Errorf("%w: rank %s reports attn_tp=%d attn_cp=%d dp=%d pp=%d load_balance_method=%q, but %s registered attn_tp=%d attn_cp=%d dp=%d pp=%d follow_bootstrap_room=%v first; restart the instance with one layout (or with a new instance id)",
+			ErrPrefillMismatch, id, topo.AttnTP, topo.AttnCP, topo.DP, topo.PP, reg.LoadBalanceMethod, reg.Addr,
+			inst.topo.AttnTP, inst.topo.AttnCP, inst.topo.DP, inst.topo.PP, inst.topo.FollowBootstrapRoom)
+	}
+	if inst == nil {
+		l := g.cfg.Layout
+		inst = &instance{
+			addr: reg.Addr, instanceID: reg.InstanceID, topo: topo, pageSize: reg.PageSize, dtype: reg.KVDType,
+			lbMethod: reg.LoadBalanceMethod, httpPort: reg.HTTPPort, ranks: map[RankID]*rank{},
+			expected: topo.rankCount(),
+			plan:     newPlan(topo, l.AttnTP, l.TotalKVHeads, l.IsMLA, l.Kind == prealloc.KindHybridMLA, l.Staging),
+		}
+		g.instances[reg.Addr] = inst
+	}
+	if inst.instanceID == "" {
+		inst.instanceID = reg.InstanceID
+	}
+	if old := inst.ranks[id]; old != nil && old.endpoint != reg.Endpoint {
+		res.Replaced = true
+		evs = append(evs, Event{Kind: RankReplaced, Addr: reg.Addr, Rank: id, Message: fmt.Sprintf(
+			"Prefill server with bootstrap_addr: %s is healthy before, but now it is down: rank %s re-registered with a new endpoint (%s -> %s). Requests bound to the old registration have been marked as failed.",
+			reg.Addr, id, old.endpoint, reg.Endpoint)})
+	}
+	inst.ranks[id] = &rank{id: id, endpoint: reg.Endpoint, instanceID: reg.InstanceID, lastSeen: now}
+	evs = append(evs, Event{Kind: RankRegistered, Addr: reg.Addr, Rank: id, Replaced: res.Replaced})
+	if !inst.complete && len(inst.ranks) >= inst.expected {
+		inst.complete = true
+		inst.plan.enumerate() // bounded by the ranks registered (every required rank is one)
+		evs = append(evs, Event{Kind: InstanceComplete, Addr: reg.Addr, Instance: inst.view()})
+	}
+	res.Mapping = mapping
+	res.HeartbeatInterval, res.MaxFailures = g.cfg.HeartbeatInterval, g.cfg.MaxFailures
+	res.Registered, res.Expected = len(inst.ranks), inst.expected
+	if rp := inst.plan.Rank(id.Key()); rp != nil {
+		for _, t := range rp.targets {
+			if !slices.Contains(res.ServesDecodeTP, t.DecodeTP) {
+				res.ServesDecodeTP = append(res.ServesDecodeTP, t.DecodeTP)
+			}
+		}
+		res.Dummy = rp.dummy
+		res.RequiredDstInfoNum = rp.requiredDstInfoNum
+	} else {
+		res.Dummy = true // addressed by no decode rank (CP ranks beyond 0, for instance)
+	}
+	res.Staging = inst.plan.staging
+	return res, evs, nil
+}
+
+// forgetLocked drops an instance and its bindings.
+func (g *Registry) forgetLocked(addr string) {
+	delete(g.instances, addr)
+	delete(g.bindings, addr)
+}
+
+// Heartbeat refreshes a registered rank and returns the heartbeat policy.
+// An unknown rank (never registered, or its instance was declared dead or
+// replaced) is ErrPrefillNotFound: the rank must register again.
+func (g *Registry) Heartbeat(id RankID, instanceID string) (time.Duration, int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	inst := g.instances[id.Addr]
+	if inst == nil {
+		return 0, 0, fmt.Errorf("heartbeat from %s: %w (register again)", id, ErrPrefillNotFound)
+	}
+	rk := inst.ranks[id]
+	if rk == nil {
+		return 0, 0, fmt.Errorf("heartbeat from %s: %w: this rank is not registered (register again)", id, ErrPrefillNotFound)
+	}
+	if instanceID != "" && rk.instanceID != "" && instanceID != rk.instanceID {
+		return 0, 0, fmt.Errorf("heartbeat from %s: %w: instance_id %q is not the registered instance %q (a new process replaced it, or this one was replaced: register again)", id, ErrPrefillNotFound, instanceID, rk.instanceID)
+	}
+	rk.lastSeen = g.cfg.Now()
+	rk.missed = 0
+	return g.cfg.HeartbeatInterval, g.cfg.MaxFailures, nil
+}
+
+// Touch counts as a heartbeat of every registered rank of the instance at
+// addr. It reports false when the instance is not registered, or was
+// replaced by another instance id than instanceID (when both are set).
+func (g *Registry) Touch(addr, instanceID string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	inst := g.instances[addr]
+	if inst == nil || (instanceID != "" && inst.instanceID != "" && inst.instanceID != instanceID) {
+		return false
+	}
+	now := g.cfg.Now()
+	for _, rk := range inst.ranks {
+		rk.lastSeen = now
+		rk.missed = 0
+	}
+	return true
+}
+
+// Instance returns a view of the instance at addr; ok is false when no rank
+// of addr is registered.
+func (g *Registry) Instance(addr string) (Instance, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	inst := g.instances[addr]
+	if inst == nil {
+		return Instance{}, false
+	}
+	return inst.view(), true
+}
+
+// Topology returns the topology of the instance at addr (zero when none).
+func (g *Registry) Topology(addr string) PrefillTopology {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if inst := g.instances[addr]; inst != nil {
+		return inst.topo
+	}
+	return PrefillTopology{}
+}
+
+// Info returns what the first registration of the instance at addr set
+// (SGLang's first-PUT-wins fields) and how many ranks registered; ok is
+// false when no rank of addr is registered.
+func (g *Registry) Info(addr string) (PrefillServerInfo, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	inst := g.instances[addr]
+	if inst == nil {
+		return PrefillServerInfo{}, false
+	}
+	return PrefillServerInfo{Topology: inst.topo, PageSize: inst.pageSize, KVDType: inst.dtype, HTTPPort: inst.httpPort,
+		InstanceID: inst.instanceID, Registered: len(inst.ranks), Expected: inst.expected, Complete: inst.complete}, true
+}
+
+// RankEndpoint returns the endpoint id registered with, and whether its
+// instance is complete; ok is false when the rank is not registered.
+func (g *Registry) RankEndpoint(id RankID) (endpoint string, complete, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	inst := g.instances[id.Addr]
+	if inst == nil {
+		return "", false, false
+	}
+	rk := inst.ranks[id]
+	if rk == nil {
+		return "", inst.complete, false
+	}
+	return rk.endpoint, inst.complete, true
+}
+
+// RankRegistered reports whether id is a registered rank of a complete
+// instance at its address; an instance still registering (or unknown)
+// reports true: nothing is known to refuse yet.
+func (g *Registry) RankRegistered(id RankID) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	inst := g.instances[id.Addr]
+	return inst == nil || !inst.complete || inst.ranks[id] != nil
+}
+
+// Status lists every known instance, in no particular order.
+func (g *Registry) Status() []InstanceStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := g.cfg.Now()
+	interval := g.cfg.HeartbeatInterval
+	out := make([]InstanceStatus, 0, len(g.instances))
+	for _, p := range g.instances {
+		ps := InstanceStatus{Addr: p.addr, Registered: len(p.ranks), Expected: p.expected, Topology: p.topo}
+		for _, rk := range p.ranks {
+			if rk.lastSeen.After(ps.LastHeartbeat) || ps.LastHeartbeat.IsZero() {
+				ps.LastHeartbeat = rk.lastSeen
+			}
+			ps.MissedHeartbeats = max(ps.MissedHeartbeats, int(now.Sub(rk.lastSeen)/interval))
+		}
+		ps.SilentRanks, ps.SilentRankCount = p.silentRanks(now, interval, interval, MaxListedRanks)
+		out = append(out, ps)
+	}
+	return out
+}
+
+// MaxListedRanks bounds every list of ranks in a message or a status.
+const MaxListedRanks = 8
+
+// silentRanks returns the ranks of an instance silent for at least least,
+// longest silent first (then in rank order), at most limit of them, and how
+// many there are in all. Liveness is per rank: every registered rank must
+// heartbeat, since a room needs every required rank's KV.
+//
+// It keeps only the top limit while scanning, so a status of an instance
+// with many silent ranks costs O(ranks × limit) time and O(limit) memory.
+func (inst *instance) silentRanks(now time.Time, least, iv time.Duration, limit int) ([]SilentRank, int) {
+	order := func(a, b SilentRank) int {
+		if c := cmp.Compare(b.Silent, a.Silent); c != 0 {
+			return c
+		}
+		return compareRank(a.Rank, b.Rank)
+	}
+	var top []SilentRank
+	total := 0
+	for _, rk := range inst.ranks {
+		d := now.Sub(rk.lastSeen)
+		if d < least {
+			continue
+		}
+		total++
+		s := SilentRank{Rank: rk.id, Silent: d, Missed: int(d / iv)}
+		i, _ := slices.BinarySearchFunc(top, s, order)
+		if i >= limit {
+			continue
+		}
+		top = slices.Insert(top, i, s)
+		if len(top) > limit {
+			top = top[:limit]
+		}
+	}
+	return top, total
+}
+
+func compareRank(a, b RankID) int {
+	for _, d := range [...]int{a.DP - b.DP, a.PP - b.PP, a.CP - b.CP, a.TP - b.TP} {
+		if d != 0 {
+			return d
+		}
+	}
+	return 0
+}
+
+func describeSilent(ranks []SilentRank, total int) string {
+	parts := make([]string, 0, len(ranks)+1)
+	for _, s := range ranks {
+		parts = append(parts, s.String())
+	}
+	if more := total - len(ranks); more > 0 {
+		parts = append(parts, fmt.Sprintf("and %d more", more))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// CheckLiveness counts the heartbeat intervals each rank newly missed
+// (HeartbeatMissed, each interval once although checks run more often) and
+// forgets every instance with a rank silent for MaxFailures intervals
+// (InstanceLost, SGLang T15, in address order), with its bindings.
+func (g *Registry) CheckLiveness() []Event {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	iv, mf := g.cfg.HeartbeatInterval, g.cfg.MaxFailures
+	limit := iv * time.Duration(mf)
+	now := g.cfg.Now()
+	var evs []Event
+	var dead []string
+	for addr, inst := range g.instances {
+		lost := false
+		missedNow := 0
+		for _, rk := range inst.ranks {
+			silent := now.Sub(rk.lastSeen)
+			if missed := int(silent / iv); missed > rk.missed {
+				// Count each missed interval once, although checks run more often.
+				rk.missed = missed
+				missedNow++
+			}
+			lost = lost || silent >= limit
+		}
+		if missedNow > 0 {
+			evs = append(evs, Event{Kind: HeartbeatMissed, Addr: addr, Count: missedNow})
+		}
+		if lost {
+			dead = append(dead, addr)
+		}
+	}
+	slices.Sort(dead)
+	for _, addr := range dead {
+		silent, total := g.instances[addr].silentRanks(now, limit, iv, MaxListedRanks)
+		evs = append(evs, Event{Kind: InstanceLost, Addr: addr, Silent: silent, SilentTotal: total, Interval: iv, MaxFailures: mf})
+		g.forgetLocked(addr)
+	}
+	return evs
+}
