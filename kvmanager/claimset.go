@@ -9,7 +9,12 @@ type claimSet struct {
 	more map[rankKey]*Claim
 }
 
+// A nil set has no claims (a room has one once a rank claims).
+
 func (s *claimSet) get(k rankKey) *Claim {
+	if s == nil {
+		return nil
+	}
 	if s.c1 != nil && s.k1 == k {
 		return s.c1
 	}
@@ -29,6 +34,9 @@ func (s *claimSet) set(k rankKey, c *Claim) {
 }
 
 func (s *claimSet) remove(k rankKey) {
+	if s == nil {
+		return
+	}
 	if s.c1 != nil && s.k1 == k {
 		s.k1, s.c1 = rankKey{}, nil
 		return
@@ -38,6 +46,9 @@ func (s *claimSet) remove(k rankKey) {
 
 // removeIf removes (and returns, in no order) the claims drop selects.
 func (s *claimSet) removeIf(drop func(*Claim) bool) []*Claim {
+	if s == nil {
+		return nil
+	}
 	var out []*Claim
 	if s.c1 != nil && drop(s.c1) {
 		out = append(out, s.c1)
@@ -54,6 +65,9 @@ func (s *claimSet) removeIf(drop func(*Claim) bool) []*Claim {
 
 // each calls f for every claim.
 func (s *claimSet) each(f func(*Claim)) {
+	if s == nil {
+		return
+	}
 	if s.c1 != nil {
 		f(s.c1)
 	}
@@ -64,6 +78,9 @@ func (s *claimSet) each(f func(*Claim)) {
 
 // finishAll ends every claim with ev and empties the set.
 func (s *claimSet) finishAll(ev DestinationEvent) {
+	if s == nil {
+		return
+	}
 	if s.c1 != nil {
 		s.c1.finish(ev)
 	}

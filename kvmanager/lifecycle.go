@@ -324,6 +324,9 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		c.finish(DestinationEvent{Done: &p})
 		return nil
 	}
+	if r.claims == nil {
+		r.claims = &claimSet{}
+	}
 	r.claims.set(k, c)
 	if r.handoff != nil && r.pages != nil && (r.phase == PhaseAdmitted || r.phase == PhaseClaimed || r.phase == PhaseTransferring) {
 		c.queue(DestinationEvent{Destination: m.destinationLocked(r, k)})
@@ -973,9 +976,9 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 	if r == nil {
 		return nil, fmt.Errorf("watch room %d: %w", room, ErrRoomNotFound)
 	}
-	past := r.transitions[len(r.transitions)-1:]
+	past := []transition{r.lastStep()}
 	if history {
-		past = r.transitions
+		past = r.steps()
 	}
 	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(past)), m: m, room: room}
 	snap := r.snapshot(false, false)
@@ -1202,7 +1205,7 @@ func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 		r.attempt++
 		r.pages, r.state, r.metaSlot, r.fillLen, r.marker = nil, nil, -1, 0, 0
 		r.chunksDone, r.bytes = 0, 0
-		r.claims = claimSet{}
+		r.claims = nil
 		r.plan, r.ranks = nil, nil // per-attempt progress: set again once the prefill is known
 		r.clearGates()
 		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = stampOf(now.Add(m.cfg.Timeouts.Bootstrap)), time.Time{}, time.Time{}, time.Time{}

@@ -46,7 +46,7 @@ type room struct {
 	dl          deadline // the earliest of them, on the manager's deadline heap
 
 	plan   *registry.Plan
-	claims claimSet
+	claims *claimSet // made by the first claim
 
 	extra *roomExtra // what few rooms have: watchers, end hooks, success gates, an idempotency key
 
@@ -317,10 +317,9 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 		texts = &r.x().texts
 	}
 	t := newTransition(now, to, sglang, note, r.attempt, texts)
-	if r.transitions == nil {
-		r.transitions = make([]transition, 0, roomTransitions)
+	if sglang != "T1" { // OpenRoom's transition is not kept: timeline derives it (room.opened)
+		r.keep(t)
 	}
-	r.transitions = append(r.transitions, t)
 	m.obs.RoomPhase(from, to)
 	m.phaseSpanLocked(r, from, to, note)
 	if m.progress != nil && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
@@ -351,10 +350,25 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 
 const levelDebug = -4
 
-// roomTransitions is the timeline's first capacity: a queued room's
-// transitions (opened, queued) fit; one that waits for its DP rank, and a
-// whole hand-off, take more allocations (append doubles it).
-const roomTransitions = 2
+// A room keeps its timeline after OpenRoom's transition, which timeline
+// derives from the room (opened): a queued room keeps one transition
+// (queued, 32 bytes); the second grows the timeline straight to
+// roomTransitions, which holds a whole hand-off (queued, admitted, claimed,
+// transferring, succeeded, released), then append doubles it.
+const roomTransitions = 8
+
+// keep appends t to the room's timeline.
+func (r *room) keep(t transition) {
+	switch {
+	case r.transitions == nil:
+		r.transitions = make([]transition, 0, 1)
+	case len(r.transitions) == cap(r.transitions) && cap(r.transitions) < roomTransitions:
+		grown := make([]transition, len(r.transitions), roomTransitions)
+		copy(grown, r.transitions)
+		r.transitions = grown
+	}
+	r.transitions = append(r.transitions, t)
+}
 
 // phaseSpanLocked keeps one child span per phase under the room span, which
 // covers the hand-off from OpenRoom to success or failure.

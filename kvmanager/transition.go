@@ -184,11 +184,36 @@ func (r *room) texts() []string {
 	return r.extra.texts
 }
 
+// opened is the room's first transition (OpenRoom's, T1), which the room
+// does not keep: everything in it is the room's (its opening time and
+// decode shard; attempt 1).
+func (r *room) opened() transition {
+	return transition{at: int64(r.openedAt), a: int64(r.decodeDP), attempt: 1, code: noteOpened, sglang: sglangT1, phase: uint8(PhaseWaitingPrefill)}
+}
+
+// sglangT1 is T1's index in sglangLabels.
+const sglangT1 = 1
+
+// steps is the room's whole timeline, OpenRoom's transition first.
+func (r *room) steps() []transition {
+	out := make([]transition, 0, 1+len(r.transitions))
+	return append(append(out, r.opened()), r.transitions...)
+}
+
+// lastStep is the room's latest transition.
+func (r *room) lastStep() transition {
+	if n := len(r.transitions); n > 0 {
+		return r.transitions[n-1]
+	}
+	return r.opened()
+}
+
 // timeline renders the room's transitions.
 func (r *room) timeline() []Transition {
-	out := make([]Transition, len(r.transitions))
+	steps := r.steps()
+	out := make([]Transition, len(steps))
 	texts := r.texts()
-	for i, t := range r.transitions {
+	for i, t := range steps {
 		out[i] = t.public(r.addr, texts)
 	}
 	return out
