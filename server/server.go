@@ -20,11 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/validator"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -84,6 +80,13 @@ type Server struct {
 	grpc    *grpc.Server
 	health  *health.Server
 	started time.Time
+	// tracing: the tracer provider is not the no-op one; without it the
+	// otelgrpc stats handler is not installed (intercept.go).
+	tracing bool
+	// fullLogUnary and fullLogStream are the middleware call logger, used
+	// when debug logging is on.
+	fullLogUnary  grpc.UnaryServerInterceptor
+	fullLogStream grpc.StreamServerInterceptor
 
 	// stopCtx is cancelled when Shutdown stops serving: long-lived streams
 	// with no natural end (WatchWatermark) return on it.
@@ -105,7 +108,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	deps.Logger, deps.TracerProvider, deps.Propagator = telemetryDefaults(deps.Logger, deps.TracerProvider, deps.Propagator)
-	s := &Server{cfg: cfg, deps: deps, log: deps.Logger, started: time.Now(), readiness: "starting"}
+	s := &Server{cfg: cfg, deps: deps, log: deps.Logger, started: time.Now(), readiness: "starting", tracing: tracingOn(deps.TracerProvider)}
 	s.stopCtx, s.stopServ = context.WithCancel(context.Background())
 
 	logOpts := []logging.Option{
@@ -114,33 +117,20 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		logging.WithFieldsFromContext(traceFields),
 	}
 	// The middleware logger logs every call (successes at debug), which costs
-	// a fifth of a room's allocations; it runs only when debug logging is on.
-	// Otherwise logFailed* log just the failed calls, at the same levels.
-	fullLog := selector.MatchFunc(func(ctx context.Context, c interceptors.CallMeta) bool {
-		return c.Service != healthpb.Health_ServiceDesc.ServiceName && s.log.Enabled(ctx, slog.LevelDebug)
-	})
-	recoveryOpt := recovery.WithRecoveryHandlerContext(s.recoverPanic)
-	unary := append(append([]grpc.UnaryServerInterceptor{}, deps.UnaryInterceptors...),
-		selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...), fullLog),
-		s.logFailedUnary,
-		recovery.UnaryServerInterceptor(recoveryOpt),
-		s.authUnary,
-		validator.UnaryServerInterceptor(),
-	)
-	stream := append(append([]grpc.StreamServerInterceptor{}, deps.StreamInterceptors...),
-		selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...), fullLog),
-		s.logFailedStream,
-		recovery.StreamServerInterceptor(recoveryOpt),
-		s.authStream,
-		validator.StreamServerInterceptor(),
-	)
+	// a fifth of a room's allocations; it runs only when debug logging is on
+	// (intercept.go). Otherwise logFailed logs just the failed calls, at the
+	// same levels.
+	s.fullLogUnary = logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...)
+	s.fullLogStream = logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...)
+	unary := append(append([]grpc.UnaryServerInterceptor{}, deps.UnaryInterceptors...), s.unaryInterceptor)
+	stream := append(append([]grpc.StreamServerInterceptor{}, deps.StreamInterceptors...), s.streamInterceptor)
 	// DecodeOptions first: undecodable requests are InvalidArgument (codec.go).
-	opts := append(grpcdecode.DecodeOptions(),
-		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider),
-			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))),
-		grpc.ChainUnaryInterceptor(unary...),
-		grpc.ChainStreamInterceptor(stream...),
-	)
+	opts := grpcdecode.DecodeOptions()
+	if s.tracing {
+		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider),
+			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))))
+	}
+	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	opts = append(opts, deps.ExtraServerOptions...)
 	s.grpc = grpc.NewServer(opts...)
 
@@ -303,6 +293,16 @@ type healthWatchStream struct {
 
 func (s *healthWatchStream) Context() context.Context { return s.ctx }
 
+// tracingOn reports whether tp records anything (it is not the no-op
+// provider).
+func tracingOn(tp trace.TracerProvider) bool {
+	switch tp.(type) {
+	case noop.TracerProvider, *noop.TracerProvider:
+		return false
+	}
+	return true
+}
+
 // telemetryDefaults fills in what the caller left nil: the default logger, a
 // no-op tracer provider, W3C trace context and baggage.
 func telemetryDefaults(l *slog.Logger, tp trace.TracerProvider, p propagation.TextMapPropagator) (*slog.Logger, trace.TracerProvider, propagation.TextMapPropagator) {
@@ -339,34 +339,6 @@ func callLevel(code codes.Code) logging.Level {
 		return logging.LevelWarn
 	}
 	return logging.LevelError
-}
-
-// logFailedUnary logs a failed call when the middleware logger is off (debug
-// disabled), at callLevel's level for its code.
-func (s *Server) logFailedUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if s.log.Enabled(ctx, slog.LevelDebug) {
-		return h(ctx, req)
-	}
-	start := time.Now()
-	resp, err := h(ctx, req)
-	if err != nil {
-		s.logFailed(ctx, info.FullMethod, "unary", start, err)
-	}
-	return resp, err
-}
-
-// logFailedStream is logFailedUnary for streams.
-func (s *Server) logFailedStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	ctx := ss.Context()
-	if s.log.Enabled(ctx, slog.LevelDebug) {
-		return h(srv, ss)
-	}
-	start := time.Now()
-	err := h(srv, ss)
-	if err != nil {
-		s.logFailed(ctx, info.FullMethod, "server_stream", start, err)
-	}
-	return err
 }
 
 func (s *Server) logFailed(ctx context.Context, method, kind string, start time.Time, err error) {
