@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"context"
 	"strings"
 	"time"
 
@@ -23,11 +22,12 @@ type grpcMetrics struct {
 	handling                         *prometheus.HistogramVec
 	// methods is written by InitializeGRPC before the server serves and only
 	// read afterwards.
-	methods map[string]*methodMetrics
+	methods map[string]*GRPCMethod
 }
 
-// methodMetrics are one method's series.
-type methodMetrics struct {
+// GRPCMethod is one method's series (it implements server.MethodMetrics;
+// internal/daemon passes it to the server).
+type GRPCMethod struct {
 	started, received, sent prometheus.Counter
 	handling                prometheus.Observer
 	handled                 [codes.Unauthenticated + 1]prometheus.Counter
@@ -55,7 +55,7 @@ func newGRPCMetrics() *grpcMetrics {
 			Help:    "Histogram of response latency (seconds) of gRPC that had been application-level handled by the server.",
 			Buckets: latencyBuckets,
 		}, labels),
-		methods: map[string]*methodMetrics{},
+		methods: map[string]*GRPCMethod{},
 	}
 }
 
@@ -76,8 +76,8 @@ func methodType(clientStreams, serverStreams bool) string {
 }
 
 // series makes (or finds) a method's series.
-func (g *grpcMetrics) series(typ, service, method string) *methodMetrics {
-	mm := &methodMetrics{
+func (g *grpcMetrics) series(typ, service, method string) *GRPCMethod {
+	mm := &GRPCMethod{
 		started:  g.started.WithLabelValues(typ, service, method),
 		received: g.received.WithLabelValues(typ, service, method),
 		sent:     g.sent.WithLabelValues(typ, service, method),
@@ -101,7 +101,7 @@ func (g *grpcMetrics) initialize(s *grpc.Server) {
 
 // lookup is a method's series: cached, or (a method registered after
 // InitializeGRPC) by label values.
-func (g *grpcMetrics) lookup(fullMethod, typ string) *methodMetrics {
+func (g *grpcMetrics) lookup(fullMethod, typ string) *GRPCMethod {
 	if mm := g.methods[fullMethod]; mm != nil {
 		return mm
 	}
@@ -118,7 +118,18 @@ func splitMethod(full string) (string, string) {
 	return "unknown", "unknown"
 }
 
-func (mm *methodMetrics) done(err error, start time.Time) {
+// Started counts a call started (server.MethodMetrics).
+func (mm *GRPCMethod) Started() { mm.started.Inc() }
+
+// Received counts a message received.
+func (mm *GRPCMethod) Received() { mm.received.Inc() }
+
+// Sent counts a message sent.
+func (mm *GRPCMethod) Sent() { mm.sent.Inc() }
+
+// Handled counts the call's end with its error's code (a context error as
+// the server maps it) and observes its duration.
+func (mm *GRPCMethod) Handled(err error, start time.Time) {
 	st, ok := status.FromError(err)
 	if !ok {
 		st = status.FromContextError(err)
@@ -130,48 +141,4 @@ func (mm *methodMetrics) done(err error, start time.Time) {
 		mm.handledOther(c)
 	}
 	mm.handling.Observe(time.Since(start).Seconds())
-}
-
-func (g *grpcMetrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	start := time.Now()
-	mm := g.lookup(info.FullMethod, "unary")
-	mm.started.Inc()
-	mm.received.Inc()
-	resp, err := h(ctx, req)
-	if err == nil {
-		mm.sent.Inc()
-	}
-	mm.done(err, start)
-	return resp, err
-}
-
-func (g *grpcMetrics) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	start := time.Now()
-	mm := g.lookup(info.FullMethod, methodType(info.IsClientStream, info.IsServerStream))
-	mm.started.Inc()
-	err := h(srv, &countedStream{ServerStream: ss, mm: mm})
-	mm.done(err, start)
-	return err
-}
-
-// countedStream counts the messages a stream sent and received.
-type countedStream struct {
-	grpc.ServerStream
-	mm *methodMetrics
-}
-
-func (s *countedStream) SendMsg(m any) error {
-	err := s.ServerStream.SendMsg(m)
-	if err == nil {
-		s.mm.sent.Inc()
-	}
-	return err
-}
-
-func (s *countedStream) RecvMsg(m any) error {
-	err := s.ServerStream.RecvMsg(m)
-	if err == nil {
-		s.mm.received.Inc()
-	}
-	return err
 }

@@ -74,7 +74,7 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 16)
 func New() *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
-		reg: reg,
+		reg:  reg,
 		grpc: newGRPCMetrics(),
 		rooms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "decodeplane_rooms", Help: "Rooms held by the daemon, by phase (finished rooms stay until their retention ends).",
@@ -166,9 +166,12 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-// Interceptors returns the gRPC server metric interceptors (outermost).
-func (m *Metrics) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
-	return m.grpc.unary, m.grpc.stream
+// GRPCMethod is the series of a method of the gRPC server, for the
+// server's interceptor (server.CallMetrics, through internal/daemon); kind
+// is the method's type ("unary", "server_stream", ...). The series of every
+// method InitializeGRPC saw are cached; any other is looked up by labels.
+func (m *Metrics) GRPCMethod(fullMethod, kind string) *GRPCMethod {
+	return m.grpc.lookup(fullMethod, kind)
 }
 
 // InitializeGRPC pre-registers every method's series at zero and caches

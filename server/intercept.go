@@ -14,18 +14,44 @@ import (
 	"google.golang.org/grpc/status"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/decodeplane/decodeplane/internal/grpcdecode"
 )
 
+// CallMetrics counts the calls the server handles: the Prometheus gRPC
+// server metrics (metrics.Metrics, wired by internal/daemon). Method is
+// called once per call, with the method's type ("unary", "server_stream",
+// "client_stream", "bidi_stream").
+type CallMetrics interface {
+	Method(fullMethod, kind string) MethodMetrics
+}
+
+// MethodMetrics are one method's counters. As go-grpc-middleware's
+// Prometheus interceptors count: a call is started; a unary call received
+// its request and sent its answer when it succeeded; a stream counts each
+// message received or sent without error; Handled ends the call with its
+// error's status code and duration.
+type MethodMetrics interface {
+	Started()
+	Received()
+	Sent()
+	Handled(err error, start time.Time)
+}
+
 // The server's own interceptor: one per call kind, instead of a chain of
-// six (a chain allocates a closure per link per call, a stream wrapper per
-// link per stream). In order, as the chain was:
+// seven (a chain allocates a closure per link per call, a stream wrapper
+// per link per stream). In order, as the chain was:
 //
-//  1. call logging: with debug logging on, go-grpc-middleware's logger
+//  1. the decode check (internal/grpcdecode), when no other interceptor is
+//     installed (else grpcdecode's own interceptors run it, outermost,
+//     and Deps.UnaryInterceptors/StreamInterceptors come next);
+//  2. the call metrics (Deps.Calls);
+//  3. call logging: with debug logging on, go-grpc-middleware's logger
 //     (every call but health checks, successes at debug); otherwise only the
 //     failed calls, at callLevel's level (logFailed);
-//  2. recovery: a panicking handler is Internal, logged with its stack;
-//  3. auth (checkToken);
-//  4. validation: the request's ValidateAll/Validate methods, as
+//  4. recovery: a panicking handler is Internal, logged with its stack;
+//  5. auth (checkToken);
+//  6. validation: the request's ValidateAll/Validate methods, as
 //     go-grpc-middleware's validator interceptor calls them
 //     (InvalidArgument with the error's text).
 //
@@ -41,15 +67,47 @@ func isHealth(fullMethod string) bool { return strings.HasPrefix(fullMethod, hea
 
 var healthPrefix = "/" + healthpb.Health_ServiceDesc.ServiceName + "/"
 
+// streamKind is a stream's method type as the gRPC metrics label it.
+func streamKind(info *grpc.StreamServerInfo) string {
+	switch {
+	case info.IsClientStream && !info.IsServerStream:
+		return "client_stream"
+	case !info.IsClientStream && info.IsServerStream:
+		return "server_stream"
+	}
+	return "bidi_stream"
+}
+
 func (s *Server) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	ctx = s.remoteTraceContext(ctx)
+	if s.checkDecode {
+		if err := grpcdecode.Check(req); err != nil {
+			return nil, err
+		}
+	}
+	start := time.Now()
+	var mm MethodMetrics
+	if s.deps.Calls != nil {
+		mm = s.deps.Calls.Method(info.FullMethod, "unary")
+		mm.Started()
+		mm.Received()
+	}
+	resp, err := s.loggedUnary(s.remoteTraceContext(ctx), req, info, h, start)
+	if mm != nil {
+		if err == nil {
+			mm.Sent()
+		}
+		mm.Handled(err, start)
+	}
+	return resp, err
+}
+
+func (s *Server) loggedUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler, start time.Time) (any, error) {
 	if s.log.Enabled(ctx, slog.LevelDebug) {
 		if isHealth(info.FullMethod) {
 			return s.guardUnary(ctx, req, info, h)
 		}
 		return s.fullLogUnary(ctx, req, info, func(ctx context.Context, req any) (any, error) { return s.guardUnary(ctx, req, info, h) })
 	}
-	start := time.Now()
 	resp, err := s.guardUnary(ctx, req, info, h)
 	if err != nil {
 		s.logFailed(ctx, info.FullMethod, "unary", start, err)
@@ -74,18 +132,30 @@ func (s *Server) guardUnary(ctx context.Context, req any, info *grpc.UnaryServer
 }
 
 func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	ctx := s.remoteTraceContext(ss.Context())
-	cs := &checkedStream{ServerStream: ss, ctx: ctx}
-	if s.log.Enabled(ctx, slog.LevelDebug) {
+	start := time.Now()
+	kind := streamKind(info)
+	cs := &checkedStream{ServerStream: ss, ctx: s.remoteTraceContext(ss.Context()), decode: s.checkDecode}
+	if s.deps.Calls != nil {
+		cs.mm = s.deps.Calls.Method(info.FullMethod, kind)
+		cs.mm.Started()
+	}
+	err := s.loggedStream(srv, cs, info, h, kind, start)
+	if cs.mm != nil {
+		cs.mm.Handled(err, start)
+	}
+	return err
+}
+
+func (s *Server) loggedStream(srv any, cs *checkedStream, info *grpc.StreamServerInfo, h grpc.StreamHandler, kind string, start time.Time) error {
+	if s.log.Enabled(cs.ctx, slog.LevelDebug) {
 		if isHealth(info.FullMethod) {
 			return s.guardStream(srv, cs, info, h)
 		}
 		return s.fullLogStream(srv, cs, info, func(srv any, ss grpc.ServerStream) error { return s.guardStream(srv, ss, info, h) })
 	}
-	start := time.Now()
 	err := s.guardStream(srv, cs, info, h)
 	if err != nil {
-		s.logFailed(ctx, info.FullMethod, "server_stream", start, err)
+		s.logFailed(cs.ctx, info.FullMethod, "server_stream", start, err)
 	}
 	return err
 }
@@ -104,11 +174,14 @@ func (s *Server) guardStream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	return h(srv, ss)
 }
 
-// checkedStream validates every message received, and carries the
-// context with the caller's trace context.
+// checkedStream is the one wrapper of a stream: each message received is
+// decode-checked (when the server makes the check), counted and validated,
+// each sent counted; its context carries the caller's trace context.
 type checkedStream struct {
 	grpc.ServerStream
-	ctx context.Context
+	ctx    context.Context
+	mm     MethodMetrics
+	decode bool
 }
 
 func (s *checkedStream) Context() context.Context { return s.ctx }
@@ -117,7 +190,23 @@ func (s *checkedStream) RecvMsg(m any) error {
 	if err := s.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
+	if s.decode {
+		if err := grpcdecode.Check(m); err != nil {
+			return err
+		}
+	}
+	if s.mm != nil {
+		s.mm.Received()
+	}
 	return validateMessage(m)
+}
+
+func (s *checkedStream) SendMsg(m any) error {
+	err := s.ServerStream.SendMsg(m)
+	if err == nil && s.mm != nil {
+		s.mm.Sent()
+	}
+	return err
 }
 
 // validateMessage calls a message's validation as go-grpc-middleware's

@@ -56,7 +56,7 @@ func (h *roomsService) AwaitDestination(req *pb.AwaitDestinationRequest, stream 
 				return nil
 			}
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			return contextStatus(ctx.Err())
 		}
 	}
 }
@@ -71,6 +71,24 @@ func (h *roomsService) Transfer(ctx context.Context, req *pb.TransferRequest) (*
 	b.resp = pb.TransferResponse{Bytes: uint64(res.Bytes), Duration: &b.d, Poll: pollToProto(h.m.Poll(req.GetRoom())), Duplicate: dup}
 	return &b.resp, nil
 }
+
+// contextStatus is status.FromContextError(err).Err(), made once for the
+// two context errors: a watch or claim stream the client cancels (as the
+// decode engine does once its room succeeded) ends without allocating.
+func contextStatus(err error) error {
+	switch err {
+	case context.Canceled:
+		return errCanceled
+	case context.DeadlineExceeded:
+		return errDeadline
+	}
+	return status.FromContextError(err).Err()
+}
+
+var (
+	errCanceled = status.FromContextError(context.Canceled).Err()
+	errDeadline = status.FromContextError(context.DeadlineExceeded).Err()
+)
 
 // openRoomBlock is an OpenRoom answer in one allocation (convert.go).
 type openRoomBlock struct {
@@ -118,7 +136,7 @@ func (h *roomsService) WatchRoom(req *pb.WatchRoomRequest, stream grpc.ServerStr
 				return nil
 			}
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			return contextStatus(ctx.Err())
 		}
 	}
 }

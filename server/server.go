@@ -63,11 +63,15 @@ type Deps struct {
 	// Manager is the room manager behind Bootstrap and Rooms; nil serves
 	// only Admin and health (used by tests of the gRPC layer alone).
 	Manager *kvmanager.Manager
-	// ExtraServerOptions are appended to the grpc.Server options (metrics
-	// interceptors, TLS credentials).
+	// ExtraServerOptions are appended to the grpc.Server options (TLS
+	// credentials).
 	ExtraServerOptions []grpc.ServerOption
-	// UnaryInterceptors and StreamInterceptors run outermost, before logging
-	// (e.g. Prometheus server metrics).
+	// Calls counts every call (the Prometheus gRPC server metrics); nil
+	// counts nothing. The server's interceptor updates it (intercept.go).
+	Calls CallMetrics
+	// UnaryInterceptors and StreamInterceptors run outermost, right after
+	// the decode check and before the call metrics and logging (fault
+	// injection in tests).
 	UnaryInterceptors  []grpc.UnaryServerInterceptor
 	StreamInterceptors []grpc.StreamServerInterceptor
 }
@@ -83,6 +87,9 @@ type Server struct {
 	// tracing: the tracer provider is not the no-op one; without it the
 	// otelgrpc stats handler is not installed (intercept.go).
 	tracing bool
+	// checkDecode: the server's interceptor makes grpcdecode's check (no
+	// other interceptor runs before it).
+	checkDecode bool
 	// fullLogUnary and fullLogStream are the middleware call logger, used
 	// when debug logging is on.
 	fullLogUnary  grpc.UnaryServerInterceptor
@@ -122,10 +129,18 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	// same levels.
 	s.fullLogUnary = logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...)
 	s.fullLogStream = logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...)
+	// Undecodable requests are InvalidArgument (internal/grpcdecode): the
+	// check comes before anything else sees a request, in the server's own
+	// interceptor when it is the only one, else in grpcdecode's, outermost.
+	var opts []grpc.ServerOption
+	if len(deps.UnaryInterceptors) == 0 && len(deps.StreamInterceptors) == 0 {
+		s.checkDecode = true
+		opts = append(opts, grpcdecode.Codec())
+	} else {
+		opts = grpcdecode.DecodeOptions()
+	}
 	unary := append(append([]grpc.UnaryServerInterceptor{}, deps.UnaryInterceptors...), s.unaryInterceptor)
 	stream := append(append([]grpc.StreamServerInterceptor{}, deps.StreamInterceptors...), s.streamInterceptor)
-	// DecodeOptions first: undecodable requests are InvalidArgument (codec.go).
-	opts := grpcdecode.DecodeOptions()
 	if s.tracing {
 		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider),
 			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))))
