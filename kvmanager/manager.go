@@ -90,6 +90,12 @@ type Manager struct {
 	closed       bool
 	progress     chan struct{} // made by a waiting Shutdown; closed (and forgotten) when a room stops handing off
 	stg          stagingState  // the staging handler (staging.go)
+	// byPhase and byAddr count the rooms held (m.rooms) by phase and by
+	// bootstrap address, so that Status, InFlight and RoomsFor walk no
+	// room: countTransitionLocked keeps them on every transition, forgetLocked
+	// when a room is forgotten.
+	byPhase [PhaseHeld + 1]int
+	byAddr  map[string]*addrRooms
 
 	shut ShutdownSummary // what Shutdown ended
 }
@@ -253,9 +259,9 @@ func (m *Manager) InFlight() int {
 	m.mu.Lock()
 	defer m.unlock()
 	n := 0
-	for _, r := range m.rooms {
-		if !r.phase.Terminal() {
-			n++
+	for p, c := range m.byPhase {
+		if !Phase(p).Terminal() {
+			n += c
 		}
 	}
 	return n
@@ -452,11 +458,9 @@ type PrefillStatus struct {
 func (m *Manager) Status() Status {
 	m.mu.Lock()
 	st := Status{Draining: m.draining, RoomsByPhase: map[Phase]int{}}
-	active := map[string]int{}
-	for _, r := range m.rooms {
-		st.RoomsByPhase[r.phase]++
-		if !r.phase.Terminal() {
-			active[r.addr]++
+	for p, n := range m.byPhase { // counted on transition: no walk of the rooms
+		if n > 0 {
+			st.RoomsByPhase[Phase(p)] = n
 		}
 	}
 	now := m.clock.Now()
@@ -469,7 +473,9 @@ func (m *Manager) Status() Status {
 			}
 			ps.MissedHeartbeats = max(ps.MissedHeartbeats, int(now.Sub(rk.lastSeen)/interval))
 		}
-		ps.ActiveRooms = active[p.addr]
+		if a := m.byAddr[p.addr]; a != nil {
+			ps.ActiveRooms = a.live
+		}
 		ps.SilentRanks, ps.SilentRankCount = p.silentRanks(now, interval, interval, maxListedRanks)
 		st.Prefills = append(st.Prefills, ps)
 	}
@@ -477,6 +483,17 @@ func (m *Manager) Status() Status {
 	sort.Slice(st.Prefills, func(i, j int) bool { return st.Prefills[i].Addr < st.Prefills[j].Addr })
 	st.Shards = m.ShardStats()
 	return st
+}
+
+// RoomsFor counts the rooms held (finished ones until they are forgotten
+// included) whose bootstrap address is addr.
+func (m *Manager) RoomsFor(addr string) int {
+	m.mu.Lock()
+	defer m.unlock()
+	if a := m.byAddr[addr]; a != nil {
+		return a.all
+	}
+	return 0
 }
 
 // armShardTimerLocked keeps the shard's entry on the deadline heap at the

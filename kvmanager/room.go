@@ -194,6 +194,7 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 		r.transitions = make([]transition, 0, roomTransitions)
 	}
 	r.transitions = append(r.transitions, t)
+	m.countTransitionLocked(r, from, to)
 	m.obs.RoomPhase(from, to)
 	m.phaseSpanLocked(r, from, to, note)
 	if m.progress != nil && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
