@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
@@ -63,6 +64,16 @@ type Metrics struct {
 
 	mu      sync.Mutex
 	manager *kvmanager.Manager
+
+	// addrMu guards addrSeries: the bootstrap addresses that have
+	// per-address series (heartbeatMisses, prefillLost), each with the
+	// sequence number of its last event. A scrape deletes the series of an
+	// address the manager no longer knows and no room refers to
+	// (pruneAddrSeries), so that they stay bounded by the instances alive
+	// or still referred to.
+	addrMu     sync.Mutex
+	addrSeries map[string]uint64
+	addrSeq    uint64
 }
 
 var _ kvmanager.Observer = (*Metrics)(nil)
@@ -161,9 +172,14 @@ func (c lazyChild) observer() prometheus.Observer { return c.get().(prometheus.O
 // Registry exposes the registry (tests, extra collectors).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// Handler serves /metrics.
+// Handler serves /metrics; each scrape first deletes the per-address series
+// of the prefill instances that are gone (pruneAddrSeries).
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+	gather := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		m.pruneAddrSeries()
+		return m.reg.Gather()
+	})
+	return promhttp.HandlerFor(gather, promhttp.HandlerOpts{Registry: m.reg})
 }
 
 // GRPCMethod is the series of a method of the gRPC server, for the
@@ -311,10 +327,67 @@ func (m *Metrics) PrefillRegistered(addr string, replaced bool) {
 }
 
 // PrefillLost implements kvmanager.Observer.
-func (m *Metrics) PrefillLost(addr string, rooms int) { m.prefillLost.WithLabelValues(addr).Inc() }
+func (m *Metrics) PrefillLost(addr string, rooms int) {
+	m.addrEvent(addr)
+	m.prefillLost.WithLabelValues(addr).Inc()
+}
 
 // HeartbeatMissed implements kvmanager.Observer.
-func (m *Metrics) HeartbeatMissed(addr string) { m.heartbeatMisses.WithLabelValues(addr).Inc() }
+func (m *Metrics) HeartbeatMissed(addr string) {
+	m.addrEvent(addr)
+	m.heartbeatMisses.WithLabelValues(addr).Inc()
+}
+
+// addrEvent records that addr has per-address series.
+func (m *Metrics) addrEvent(addr string) {
+	m.addrMu.Lock()
+	defer m.addrMu.Unlock()
+	if m.addrSeries == nil {
+		m.addrSeries = map[string]uint64{}
+	}
+	m.addrSeq++
+	m.addrSeries[addr] = m.addrSeq
+}
+
+// pruneAddrSeries deletes the per-address series of every address that is
+// gone: no prefill instance the manager knows and no room referring to it. The manager is asked without addrMu held (its observer
+// calls take addrMu under the manager's lock); an address with an event
+// since keeps its series.
+func (m *Metrics) pruneAddrSeries() {
+	m.mu.Lock()
+	mgr := m.manager
+	m.mu.Unlock()
+	m.addrMu.Lock()
+	n := len(m.addrSeries)
+	m.addrMu.Unlock()
+	if mgr == nil || n == 0 {
+		return
+	}
+	known := map[string]bool{}
+	for _, p := range mgr.Status().Prefills {
+		known[p.Addr] = true
+	}
+	m.addrMu.Lock()
+	candidates := map[string]uint64{}
+	for addr, seq := range m.addrSeries {
+		if !known[addr] {
+			candidates[addr] = seq
+		}
+	}
+	m.addrMu.Unlock()
+	for addr, seq := range candidates {
+		if mgr.RoomsFor(addr) > 0 {
+			continue
+		}
+		m.addrMu.Lock()
+		if m.addrSeries[addr] == seq {
+			delete(m.addrSeries, addr)
+			m.heartbeatMisses.DeleteLabelValues(addr)
+			m.prefillLost.DeleteLabelValues(addr)
+		}
+		m.addrMu.Unlock()
+	}
+}
 
 // ledgerCollector reads every shard's ledger at scrape time.
 type ledgerCollector struct{ m *Metrics }
