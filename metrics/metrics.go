@@ -1,9 +1,13 @@
 // Package metrics is decodeplane's Prometheus instrumentation: the room
 // manager's events (Metrics implements kvmanager.Observer), gauges read from
-// the ledgers and staging rings at scrape time, and go-grpc-middleware's gRPC
-// server metrics. The composition root (internal/daemon) builds one, hands it
-// to the manager as its Observer and to the server as interceptors, and
-// serves Handler on server.metrics_listen.
+// the ledgers and staging rings at scrape time, and the gRPC server metrics
+// (go-grpc-middleware's names and counting, with each method's series cached:
+// grpc.go). The composition root (internal/daemon) builds one, hands it to
+// the manager as its Observer and to the server as its call metrics
+// (GRPCMethod behind server.CallMetrics), and serves Handler on
+// server.metrics_listen. Every child series the room path updates is looked
+// up once, not by label values per event; the per-bootstrap_addr series are
+// deleted once their instance is gone.
 package metrics
 
 import (
@@ -24,7 +28,7 @@ import (
 
 // Metrics is decodeplane's Prometheus instrumentation: the manager's events
 // (it implements kvmanager.Observer), gauges read from the ledgers at scrape
-// time, and go-grpc-middleware's gRPC server metrics. Names follow Prometheus
+// time, and the gRPC server metrics. Names follow Prometheus
 // conventions: decodeplane_ prefix, base units in the name.
 type Metrics struct {
 	reg  *prometheus.Registry

@@ -1,10 +1,10 @@
 // Package server is decodeplane's inbound API, the adapter between
 // decodeplane.v1 and the domain packages (the outbound agent protocol is
 // transfer/, Prometheus is metrics/, the wiring internal/daemon). Each
-// handler validates the request (through the validator interceptor and the
-// messages' Validate methods), converts it to domain types, calls the
-// domain, maps the error with toStatus and converts the answer back. No
-// business rule lives here. The HTTP surface lives here too: SGLang's
+// handler validates the request (through the server's interceptor,
+// intercept.go, and the messages' Validate methods), converts it to domain
+// types, calls the domain, maps the error with toStatus and converts the
+// answer back. No business rule lives here. The HTTP surface lives here too: SGLang's
 // bootstrap routes (httpbootstrap.go, over the same Bootstrap handlers and
 // Validate methods) and the JSON gateway (httpgateway.go, grpc-gateway over
 // an in-memory connection to this gRPC server).
@@ -48,7 +48,8 @@ type ConfigEntry struct {
 type Deps struct {
 	// Logger receives call logs and lifecycle events; nil means slog.Default().
 	Logger *slog.Logger
-	// TracerProvider feeds the otelgrpc stats handler; nil means no-op.
+	// TracerProvider feeds the otelgrpc stats handler, installed only when
+	// it is not the no-op provider; nil means no-op.
 	TracerProvider trace.TracerProvider
 	// Propagator extracts W3C trace context; nil means TraceContext+Baggage.
 	Propagator propagation.TextMapPropagator
