@@ -155,7 +155,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
 	if m := deps.Manager; m != nil {
 		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m})
-		pb.RegisterRoomsServer(s.grpc, &roomsService{s: s, m: m})
+		rs := &roomsService{s: s, m: m}
+		s.grpc.RegisterService(roomsDesc(rs), rs)
 		pb.RegisterStagingServer(s.grpc, &stagingService{s: s, m: m})
 		s.OnDrain(m.Drain)
 	}
