@@ -76,9 +76,9 @@ func TestCountsMatchAWalk(t *testing.T) {
 	}
 	check("rooms 2 and 10 aborted")
 	h.m.mu.Lock()
-	h.m.killInstanceLocked(a.addr, FailurePrefillLost, "lost")
+	h.m.failRoomsLocked(func(r *room) bool { return r.addr == a.addr && r.handingOff() }, Failure{Code: FailurePrefillLost, Message: "lost"})
 	h.m.unlock()
-	check("instance lost")
+	check("the instance's rooms failed")
 	if _, _, err := h.m.AbortRoom(11, ""); err != nil {
 		t.Fatal(err)
 	}

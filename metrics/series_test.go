@@ -8,9 +8,11 @@ import (
 	"testing/synctest"
 	"time"
 
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/decodeplane/decodeplane/internal/config"
+	"github.com/decodeplane/decodeplane/internal/daemon"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/metrics"
-	"github.com/decodeplane/decodeplane/prealloc"
 )
 
 // TestAddrSeriesDeletedWhenGone: the per-bootstrap_addr series
@@ -21,20 +23,19 @@ import (
 // room is forgotten after rooms.retention.
 func TestAddrSeriesDeletedWhenGone(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m := metrics.New()
-		dec := prealloc.DefaultConfig()
-		cfg := kvmanager.DefaultConfig()
+		// The daemon's own wiring (internal/daemon), built and never served:
+		// its manager, with the metrics as its Observer, runs here.
+		cfg := config.DefaultConfig()
+		cfg.Server.MetricsListen = ""
 		cfg.Rooms.Retention = time.Minute
-		led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+		lis := bufconn.Listen(1 << 10)
+		d, err := daemon.Build(t.Context(), cfg, daemon.Options{Listener: lis})
 		if err != nil {
 			t.Fatal(err)
 		}
-		mgr, err := kvmanager.New(cfg, dec, kvmanager.Deps{Ledgers: []kvmanager.Ledger{led},
-			Engine: kvmanager.NewSimEngine(kvmanager.SimConfig{}, kvmanager.RealClock{}), Observer: m})
-		if err != nil {
-			t.Fatal(err)
-		}
-		m.Attach(mgr)
+		defer d.Shutdown(context.Background()) // never run: releases the listener
+		m, mgr := d.Metrics(), d.Manager()
+		dec := cfg.Decode()
 		ctx, cancel := context.WithCancel(t.Context())
 		ran := make(chan error, 1)
 		go func() { ran <- mgr.Run(ctx) }()
@@ -81,7 +82,7 @@ func TestAddrSeriesDeletedWhenGone(t *testing.T) {
 			t.Fatalf("instance lost, its room retained: heartbeat_failures series %v, prefill_lost series %v; want both", misses, lost)
 		}
 
-		time.Sleep(cfg.Rooms.Retention + cfg.DPRank.BindingTTL) // the failed room is forgotten
+		time.Sleep(cfg.Rooms.Retention + cfg.DPRank.BindingTTL) // the failed room is forgotten (the sweep runs at most a minute apart)
 		synctest.Wait()
 		if n := mgr.RoomsFor(addr); n != 0 {
 			t.Fatalf("RoomsFor(%s) = %d after the retention", addr, n)
