@@ -11,8 +11,10 @@ import (
 // roomsDesc is pb.Rooms_ServiceDesc with the unary methods of a room's path
 // (OpenRoom, Transfer, ReportTransfer, ReleaseRoom) served by handlers whose
 // UnaryServerInfo and handler closure are made once, here, instead of on
-// every call as the generated handlers make them (two allocations per call).
-// Everything else, and what the interceptor sees, is the generated
+// every call as the generated handlers make them (two allocations per call),
+// and its two streams (AwaitDestination, WatchRoom) by handlers that
+// allocate the request and the typed stream together (one allocation instead
+// of two). Everything else, and what the interceptor sees, is the generated
 // service's.
 func roomsDesc(rs pb.RoomsServer) *grpc.ServiceDesc {
 	desc := pb.Rooms_ServiceDesc
@@ -28,7 +30,37 @@ func roomsDesc(rs pb.RoomsServer) *grpc.ServiceDesc {
 			desc.Methods[i].Handler = h
 		}
 	}
+	desc.Streams = append([]grpc.StreamDesc(nil), pb.Rooms_ServiceDesc.Streams...)
+	hotStreams := map[string]grpc.StreamHandler{
+		"AwaitDestination": serverStreamHandler(rs.AwaitDestination),
+		"WatchRoom":        serverStreamHandler(rs.WatchRoom),
+	}
+	for i, sd := range desc.Streams {
+		if h := hotStreams[sd.StreamName]; h != nil {
+			desc.Streams[i].Handler = h
+		}
+	}
 	return &desc
+}
+
+// streamBlock is a server stream's request and its typed stream, in one
+// allocation.
+type streamBlock[Req, Resp any] struct {
+	req    Req
+	stream grpc.GenericServerStream[Req, Resp]
+}
+
+// serverStreamHandler is a generated server-stream handler for call, with
+// the request and the typed stream allocated together.
+func serverStreamHandler[Req, Resp any](call func(*Req, grpc.ServerStreamingServer[Resp]) error) grpc.StreamHandler {
+	return func(_ any, stream grpc.ServerStream) error {
+		b := &streamBlock[Req, Resp]{}
+		if err := stream.RecvMsg(&b.req); err != nil {
+			return err
+		}
+		b.stream.ServerStream = stream
+		return call(&b.req, &b.stream)
+	}
 }
 
 // unaryHandler is a generated unary handler for call, with its

@@ -17,7 +17,9 @@ func (recordingRooms) OpenRoom(_ context.Context, req *pb.OpenRoomRequest) (*pb.
 }
 
 // TestRoomsDescIsTheGenerated: roomsDesc serves the generated service's
-// methods and streams, under the same names; a replaced handler decodes the
+// methods and streams, under the same names and kinds (the streams' handlers
+// run in every WatchRoom and AwaitDestination test of the package and of
+// the daemon); a replaced unary handler decodes the
 // request, hands the interceptor the method's info and the request, and
 // reaches the service, allocating nothing but the request.
 func TestRoomsDescIsTheGenerated(t *testing.T) {
@@ -27,6 +29,12 @@ func TestRoomsDescIsTheGenerated(t *testing.T) {
 	if desc.ServiceName != gen.ServiceName || len(desc.Methods) != len(gen.Methods) || len(desc.Streams) != len(gen.Streams) {
 		t.Fatalf("roomsDesc: %s with %d methods and %d streams, want %s with %d and %d",
 			desc.ServiceName, len(desc.Methods), len(desc.Streams), gen.ServiceName, len(gen.Methods), len(gen.Streams))
+	}
+	for i, sd := range desc.Streams {
+		if g := gen.Streams[i]; sd.StreamName != g.StreamName || sd.ServerStreams != g.ServerStreams || sd.ClientStreams != g.ClientStreams {
+			t.Errorf("stream %d is %s (server %v, client %v), want %s (server %v, client %v)", i,
+				sd.StreamName, sd.ServerStreams, sd.ClientStreams, g.StreamName, g.ServerStreams, g.ClientStreams)
+		}
 	}
 	var open func(any, context.Context, func(any) error, grpc.UnaryServerInterceptor) (any, error)
 	for i, m := range desc.Methods {
