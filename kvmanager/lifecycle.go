@@ -918,7 +918,7 @@ func (m *Manager) trimRetainedLocked(now time.Time) {
 		m.retained[0] = nil
 		m.retained = m.retained[1:]
 		if m.rooms[old.id] == old && old.phase.Terminal() && !old.releasePending {
-			delete(m.rooms, old.id)
+			m.forgetLocked(old)
 			m.obs.RoomForgotten(old.phase)
 		} else if m.rooms[old.id] == old && old.releasePending {
 			m.retained = append(m.retained, old) // still draining transfers: look again later

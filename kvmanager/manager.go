@@ -69,6 +69,12 @@ type Manager struct {
 	closed       bool
 	progress     chan struct{} // made by a waiting Shutdown; closed (and forgotten) when a room stops handing off
 	stg          stagingState  // the staging handler (staging.go)
+	// byPhase and byAddr count the rooms held (m.rooms) by phase and by
+	// bootstrap address, so that Status, InFlight and RoomsFor walk no
+	// room: countTransitionLocked keeps them on every transition, forgetLocked
+	// when a room is forgotten.
+	byPhase [PhaseHeld + 1]int
+	byAddr  map[string]*addrRooms
 
 	shut ShutdownSummary // what Shutdown ended
 }
@@ -185,9 +191,9 @@ func (m *Manager) InFlight() int {
 	m.mu.Lock()
 	defer m.unlock()
 	n := 0
-	for _, r := range m.rooms {
-		if !r.phase.Terminal() {
-			n++
+	for p, c := range m.byPhase {
+		if !Phase(p).Terminal() {
+			n += c
 		}
 	}
 	return n
@@ -384,22 +390,35 @@ type PrefillStatus struct {
 func (m *Manager) Status() Status {
 	m.mu.Lock()
 	st := Status{Draining: m.draining, RoomsByPhase: map[Phase]int{}}
-	active := map[string]int{}
-	for _, r := range m.rooms {
-		st.RoomsByPhase[r.phase]++
-		if !r.phase.Terminal() {
-			active[r.addr]++
+	for p, n := range m.byPhase { // counted on transition: no walk of the rooms
+		if n > 0 {
+			st.RoomsByPhase[Phase(p)] = n
 		}
 	}
 	for _, p := range m.reg.Status() {
-		st.Prefills = append(st.Prefills, PrefillStatus{Addr: p.Addr, Registered: p.Registered, Expected: p.Expected, Topology: p.Topology,
-			LastHeartbeat: p.LastHeartbeat, MissedHeartbeats: p.MissedHeartbeats, ActiveRooms: active[p.Addr],
-			SilentRanks: p.SilentRanks, SilentRankCount: p.SilentRankCount})
+		ps := PrefillStatus{Addr: p.Addr, Registered: p.Registered, Expected: p.Expected, Topology: p.Topology,
+			LastHeartbeat: p.LastHeartbeat, MissedHeartbeats: p.MissedHeartbeats,
+			SilentRanks: p.SilentRanks, SilentRankCount: p.SilentRankCount}
+		if a := m.byAddr[p.Addr]; a != nil {
+			ps.ActiveRooms = a.live
+		}
+		st.Prefills = append(st.Prefills, ps)
 	}
 	m.unlock()
 	sort.Slice(st.Prefills, func(i, j int) bool { return st.Prefills[i].Addr < st.Prefills[j].Addr })
 	st.Shards = m.ShardStats()
 	return st
+}
+
+// RoomsFor counts the rooms held (finished ones until they are forgotten
+// included) whose bootstrap address is addr.
+func (m *Manager) RoomsFor(addr string) int {
+	m.mu.Lock()
+	defer m.unlock()
+	if a := m.byAddr[addr]; a != nil {
+		return a.all
+	}
+	return 0
 }
 
 // armShardTimerLocked keeps the shard's entry on the deadline heap at the

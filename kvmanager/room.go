@@ -320,6 +320,7 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 	if sglang != "T1" { // OpenRoom's transition is not kept: timeline derives it (room.opened)
 		r.keep(t)
 	}
+	m.countTransitionLocked(r, from, to)
 	m.obs.RoomPhase(from, to)
 	m.phaseSpanLocked(r, from, to, note)
 	if m.progress != nil && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {

@@ -1,9 +1,13 @@
 // Package metrics is decodeplane's Prometheus instrumentation: the room
 // manager's events (Metrics implements kvmanager.Observer), gauges read from
-// the ledgers and staging rings at scrape time, and go-grpc-middleware's gRPC
-// server metrics. The composition root (internal/daemon) builds one, hands it
-// to the manager as its Observer and to the server as interceptors, and
-// serves Handler on server.metrics_listen.
+// the ledgers and staging rings at scrape time, and the gRPC server metrics
+// (go-grpc-middleware's names and counting, with each method's series cached:
+// grpc.go). The composition root (internal/daemon) builds one, hands it to
+// the manager as its Observer and to the server as its call metrics
+// (GRPCMethod behind server.CallMetrics), and serves Handler on
+// server.metrics_listen. Every child series the room path updates is looked
+// up once, not by label values per event; the per-bootstrap_addr series are
+// deleted once their instance is gone.
 package metrics
 
 import (
@@ -12,10 +16,10 @@ import (
 	"sync"
 	"time"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
@@ -24,11 +28,11 @@ import (
 
 // Metrics is decodeplane's Prometheus instrumentation: the manager's events
 // (it implements kvmanager.Observer), gauges read from the ledgers at scrape
-// time, and go-grpc-middleware's gRPC server metrics. Names follow Prometheus
+// time, and the gRPC server metrics. Names follow Prometheus
 // conventions: decodeplane_ prefix, base units in the name.
 type Metrics struct {
 	reg  *prometheus.Registry
-	grpc *grpcprom.ServerMetrics
+	grpc *grpcMetrics
 
 	rooms            *prometheus.GaugeVec
 	finished         *prometheus.CounterVec
@@ -46,8 +50,34 @@ type Metrics struct {
 	heartbeatMisses  *prometheus.CounterVec
 	prefillLost      *prometheus.CounterVec
 
+	// The children the room path updates, each looked up by label values
+	// once, on first use (a series appears when it did before: at Attach or
+	// at its first event), instead of on every event.
+	roomsByPhase  [kvmanager.PhaseHeld + 1]func() prometheus.Gauge
+	succeeded     func() prometheus.Counter
+	failedBy      [kvmanager.FailureShutdown + 1]func() prometheus.Counter
+	handoffOK     func() prometheus.Observer
+	handoffFailed func() prometheus.Observer
+	chunksOK      func() prometheus.Counter
+	chunksFailed  func() prometheus.Counter
+	chunkOK       func() prometheus.Observer
+	chunkFailed   func() prometheus.Observer
+	// admitted is admissionPasses' child per shard, set by Attach before the
+	// manager runs and only read afterwards.
+	admitted []prometheus.Counter
+
 	mu      sync.Mutex
 	manager *kvmanager.Manager
+
+	// addrMu guards addrSeries: the bootstrap addresses that have
+	// per-address series (heartbeatMisses, prefillLost), each with the
+	// sequence number of its last event. A scrape deletes the series of an
+	// address the manager no longer knows and no room refers to
+	// (pruneAddrSeries), so that they stay bounded by the instances alive
+	// or still referred to.
+	addrMu     sync.Mutex
+	addrSeries map[string]uint64
+	addrSeq    uint64
 }
 
 var _ kvmanager.Observer = (*Metrics)(nil)
@@ -59,9 +89,8 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 16)
 func New() *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
-		reg: reg,
-		grpc: grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
-			grpcprom.WithHistogramBuckets(latencyBuckets))),
+		reg:  reg,
+		grpc: newGRPCMetrics(),
 		rooms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "decodeplane_rooms", Help: "Rooms held by the daemon, by phase (finished rooms stay until their retention ends).",
 		}, []string{"phase"}),
@@ -107,28 +136,68 @@ func New() *Metrics {
 	}
 	reg.MustRegister(
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.grpc, m.rooms, m.finished, m.handoff, m.openToDest, m.destToSuccess, m.chunks, m.chunkDuration,
+		m.rooms, m.finished, m.handoff, m.openToDest, m.destToSuccess, m.chunks, m.chunkDuration,
 		m.transferBytes, m.dpResolutions, m.admissionPasses, m.admissionBlocked, m.registrations,
 		m.heartbeatMisses, m.prefillLost, ledgerCollector{m},
 	)
+	reg.MustRegister(m.grpc.collectors()...)
+	for p := range m.roomsByPhase {
+		m.roomsByPhase[p] = child(m.rooms.MetricVec, kvmanager.Phase(p).String()).gauge
+	}
+	m.succeeded = child(m.finished.MetricVec, "succeeded", "none").counter
+	for c := range m.failedBy {
+		m.failedBy[c] = child(m.finished.MetricVec, "failed", kvmanager.FailureCode(c).String()).counter
+	}
+	m.handoffOK, m.handoffFailed = child(m.handoff.MetricVec, "succeeded").observer, child(m.handoff.MetricVec, "failed").observer
+	m.chunksOK, m.chunksFailed = child(m.chunks.MetricVec, "ok").counter, child(m.chunks.MetricVec, "failed").counter
+	m.chunkOK, m.chunkFailed = child(m.chunkDuration.MetricVec, "ok").observer, child(m.chunkDuration.MetricVec, "failed").observer
 	return m
 }
+
+// lazyChild is one series of a vector, made on first use and then kept.
+type lazyChild struct {
+	get func() prometheus.Metric
+}
+
+func child(v *prometheus.MetricVec, labels ...string) lazyChild {
+	return lazyChild{get: sync.OnceValue(func() prometheus.Metric {
+		c, err := v.GetMetricWithLabelValues(labels...)
+		if err != nil {
+			panic(err) // the labels are fixed in this file: a bug
+		}
+		return c
+	})}
+}
+
+func (c lazyChild) gauge() prometheus.Gauge       { return c.get().(prometheus.Gauge) }
+func (c lazyChild) counter() prometheus.Counter   { return c.get().(prometheus.Counter) }
+func (c lazyChild) observer() prometheus.Observer { return c.get().(prometheus.Observer) }
 
 // Registry exposes the registry (tests, extra collectors).
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// Handler serves /metrics.
+// Handler serves /metrics; each scrape first deletes the per-address series
+// of the prefill instances that are gone (pruneAddrSeries).
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+	gather := prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) {
+		m.pruneAddrSeries()
+		return m.reg.Gather()
+	})
+	return promhttp.HandlerFor(gather, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-// Interceptors returns the gRPC server metric interceptors (outermost).
-func (m *Metrics) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
-	return m.grpc.UnaryServerInterceptor(), m.grpc.StreamServerInterceptor()
+// GRPCMethod is the series of a method of the gRPC server, for the
+// server's interceptor (server.CallMetrics, through internal/daemon); kind
+// is the method's type ("unary", "server_stream", ...). The series of every
+// method InitializeGRPC saw are cached; any other is looked up by labels.
+func (m *Metrics) GRPCMethod(fullMethod, kind string) *GRPCMethod {
+	return m.grpc.lookup(fullMethod, kind)
 }
 
-// InitializeGRPC pre-registers every method's series at zero.
-func (m *Metrics) InitializeGRPC(s *grpc.Server) { m.grpc.InitializeMetrics(s) }
+// InitializeGRPC pre-registers every method's series at zero and caches
+// them for the interceptors; call it once, after registering the services
+// and before serving.
+func (m *Metrics) InitializeGRPC(s *grpc.Server) { m.grpc.initialize(s) }
 
 // Attach gives the scrape-time collectors the manager to read.
 func (m *Metrics) Attach(mgr *kvmanager.Manager) {
@@ -140,9 +209,11 @@ func (m *Metrics) Attach(mgr *kvmanager.Manager) {
 	for p := kvmanager.PhaseWaitingPrefill; p <= kvmanager.PhaseHeld; p++ {
 		m.rooms.WithLabelValues(p.String())
 	}
-	for _, st := range mgr.ShardStats() {
+	stats := mgr.ShardStats()
+	m.admitted = make([]prometheus.Counter, len(stats))
+	for i, st := range stats {
 		s := strconv.Itoa(st.Shard)
-		m.admissionPasses.WithLabelValues(s)
+		m.admitted[i] = m.admissionPasses.WithLabelValues(s)
 		for b := prealloc.BlockRetracted; b <= prealloc.BlockDraining; b++ {
 			m.admissionBlocked.WithLabelValues(s, b.String())
 		}
@@ -168,22 +239,34 @@ func (m *Metrics) Attach(mgr *kvmanager.Manager) {
 // RoomPhase implements kvmanager.Observer.
 func (m *Metrics) RoomPhase(from, to kvmanager.Phase) {
 	if from != kvmanager.PhaseUnspecified {
-		m.rooms.WithLabelValues(from.String()).Dec()
+		m.phaseGauge(from).Dec()
 	}
-	m.rooms.WithLabelValues(to.String()).Inc()
+	m.phaseGauge(to).Inc()
+}
+
+func (m *Metrics) phaseGauge(p kvmanager.Phase) prometheus.Gauge {
+	if p >= 0 && int(p) < len(m.roomsByPhase) {
+		return m.roomsByPhase[p]()
+	}
+	return m.rooms.WithLabelValues(p.String())
 }
 
 // RoomForgotten implements kvmanager.Observer.
-func (m *Metrics) RoomForgotten(p kvmanager.Phase) { m.rooms.WithLabelValues(p.String()).Dec() }
+func (m *Metrics) RoomForgotten(p kvmanager.Phase) { m.phaseGauge(p).Dec() }
 
 // RoomFinished implements kvmanager.Observer.
 func (m *Metrics) RoomFinished(outcome kvmanager.Phase, code kvmanager.FailureCode, d time.Duration) {
-	o, reason := "succeeded", "none"
-	if outcome == kvmanager.PhaseFailed {
-		o, reason = "failed", code.String()
+	if outcome != kvmanager.PhaseFailed {
+		m.succeeded().Inc()
+		m.handoffOK().Observe(d.Seconds())
+		return
 	}
-	m.finished.WithLabelValues(o, reason).Inc()
-	m.handoff.WithLabelValues(o).Observe(d.Seconds())
+	if code >= 0 && int(code) < len(m.failedBy) {
+		m.failedBy[code]().Inc()
+	} else {
+		m.finished.WithLabelValues("failed", code.String()).Inc()
+	}
+	m.handoffFailed().Observe(d.Seconds())
 }
 
 // DestinationLatency implements kvmanager.Observer.
@@ -194,13 +277,13 @@ func (m *Metrics) TransferLatency(d time.Duration) { m.destToSuccess.Observe(d.S
 
 // ChunkDone implements kvmanager.Observer.
 func (m *Metrics) ChunkDone(bytes int64, d time.Duration, ok bool) {
-	o := "ok"
+	count, dur := m.chunksOK, m.chunkOK
 	if !ok {
-		o = "failed"
+		count, dur = m.chunksFailed, m.chunkFailed
 	}
-	m.chunks.WithLabelValues(o).Inc()
+	count().Inc()
 	if d >= 0 {
-		m.chunkDuration.WithLabelValues(o).Observe(d.Seconds())
+		dur().Observe(d.Seconds())
 	}
 	if ok && bytes > 0 { // a counter panics on a negative Add
 		m.transferBytes.Add(float64(bytes))
@@ -230,12 +313,15 @@ func (m *Metrics) DPRankResolvedN(rule kvmanager.DPRule, n int) {
 
 // AdmissionPass implements kvmanager.Observer.
 func (m *Metrics) AdmissionPass(shard, admitted int, blocked prealloc.BlockReason) {
-	s := strconv.Itoa(shard)
 	if admitted > 0 {
-		m.admissionPasses.WithLabelValues(s).Add(float64(admitted))
+		if shard >= 0 && shard < len(m.admitted) {
+			m.admitted[shard].Add(float64(admitted))
+		} else {
+			m.admissionPasses.WithLabelValues(strconv.Itoa(shard)).Add(float64(admitted))
+		}
 	}
 	if blocked != prealloc.BlockNone {
-		m.admissionBlocked.WithLabelValues(s, blocked.String()).Inc()
+		m.admissionBlocked.WithLabelValues(strconv.Itoa(shard), blocked.String()).Inc()
 	}
 }
 
@@ -245,10 +331,67 @@ func (m *Metrics) PrefillRegistered(addr string, replaced bool) {
 }
 
 // PrefillLost implements kvmanager.Observer.
-func (m *Metrics) PrefillLost(addr string, rooms int) { m.prefillLost.WithLabelValues(addr).Inc() }
+func (m *Metrics) PrefillLost(addr string, rooms int) {
+	m.addrEvent(addr)
+	m.prefillLost.WithLabelValues(addr).Inc()
+}
 
 // HeartbeatMissed implements kvmanager.Observer.
-func (m *Metrics) HeartbeatMissed(addr string) { m.heartbeatMisses.WithLabelValues(addr).Inc() }
+func (m *Metrics) HeartbeatMissed(addr string) {
+	m.addrEvent(addr)
+	m.heartbeatMisses.WithLabelValues(addr).Inc()
+}
+
+// addrEvent records that addr has per-address series.
+func (m *Metrics) addrEvent(addr string) {
+	m.addrMu.Lock()
+	defer m.addrMu.Unlock()
+	if m.addrSeries == nil {
+		m.addrSeries = map[string]uint64{}
+	}
+	m.addrSeq++
+	m.addrSeries[addr] = m.addrSeq
+}
+
+// pruneAddrSeries deletes the per-address series of every address that is
+// gone: no prefill instance the manager knows and no room referring to it. The manager is asked without addrMu held (its observer
+// calls take addrMu under the manager's lock); an address with an event
+// since keeps its series.
+func (m *Metrics) pruneAddrSeries() {
+	m.mu.Lock()
+	mgr := m.manager
+	m.mu.Unlock()
+	m.addrMu.Lock()
+	n := len(m.addrSeries)
+	m.addrMu.Unlock()
+	if mgr == nil || n == 0 {
+		return
+	}
+	known := map[string]bool{}
+	for _, p := range mgr.Status().Prefills {
+		known[p.Addr] = true
+	}
+	m.addrMu.Lock()
+	candidates := map[string]uint64{}
+	for addr, seq := range m.addrSeries {
+		if !known[addr] {
+			candidates[addr] = seq
+		}
+	}
+	m.addrMu.Unlock()
+	for addr, seq := range candidates {
+		if mgr.RoomsFor(addr) > 0 {
+			continue
+		}
+		m.addrMu.Lock()
+		if m.addrSeries[addr] == seq {
+			delete(m.addrSeries, addr)
+			m.heartbeatMisses.DeleteLabelValues(addr)
+			m.prefillLost.DeleteLabelValues(addr)
+		}
+		m.addrMu.Unlock()
+	}
+}
 
 // ledgerCollector reads every shard's ledger at scrape time.
 type ledgerCollector struct{ m *Metrics }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"math"
+	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -137,32 +138,95 @@ func failureToProto(f *kvmanager.Failure) *pb.Failure {
 }
 
 func transitionToProto(t kvmanager.Transition) *pb.Transition {
-	return &pb.Transition{Phase: phaseToProto(t.Phase), Poll: pollToProto(t.Poll), At: timestamppb.New(t.At), Sglang: t.SGLang, Note: t.Note, Attempt: t.Attempt}
+	b := &transitionBlock{}
+	b.fill(t)
+	return &b.tr
+}
+
+// The conversions of the hot path build each answer in one allocation: a
+// block holds the message and the messages it points to (timestamps, a
+// oneof's wrapper), instead of one allocation each.
+
+// transitionBlock is a Transition and its timestamp.
+type transitionBlock struct {
+	tr pb.Transition
+	at timestamppb.Timestamp
+}
+
+func (b *transitionBlock) fill(t kvmanager.Transition) {
+	setTimestamp(&b.at, t.At)
+	b.tr = pb.Transition{Phase: phaseToProto(t.Phase), Poll: pollToProto(t.Poll), At: &b.at, Sglang: t.SGLang, Note: t.Note, Attempt: t.Attempt}
+}
+
+// setTimestamp is timestamppb.New(t) into ts.
+func setTimestamp(ts *timestamppb.Timestamp, t time.Time) {
+	ts.Seconds, ts.Nanos = t.Unix(), int32(t.Nanosecond())
+}
+
+// roomBlock is a Room, its two timestamps and its prefill DP rank.
+type roomBlock struct {
+	room            pb.Room
+	opened, updated timestamppb.Timestamp
+	prefillDP       uint32
 }
 
 func roomToProto(s kvmanager.RoomSnapshot) *pb.Room {
-	out := &pb.Room{
+	b := &roomBlock{}
+	b.fill(s)
+	return &b.room
+}
+
+func (b *roomBlock) fill(s kvmanager.RoomSnapshot) {
+	setTimestamp(&b.opened, s.OpenedAt)
+	setTimestamp(&b.updated, s.UpdatedAt)
+	b.room = pb.Room{
 		Room: s.Room, Rid: s.RID, BootstrapAddr: s.Addr, DecodeDpRank: uint32(s.DecodeDP),
 		DpRankRule: dpRuleToProto(s.DPRule), Poll: pollToProto(s.Poll), Phase: phaseToProto(s.Phase),
 		Failure: failureToProto(s.Failure), PromptLen: uint32(s.PromptLen), MaxNewTokens: uint32(s.MaxNewTokens),
 		Priority: int32(s.Priority), NumPages: uint32(s.NumPages), MetadataSlot: s.MetadataSlot,
 		BytesTransferred: s.BytesTransferred, ChunksDone: uint32(s.ChunksDone),
-		OpenedAt: timestamppb.New(s.OpenedAt), UpdatedAt: timestamppb.New(s.UpdatedAt),
+		OpenedAt: &b.opened, UpdatedAt: &b.updated,
 		Attempt: s.Attempt, PageIndices: s.Pages, TraceId: s.TraceID, Staging: s.Staging,
 		WaitingFor: s.WaitingFor,
 	}
-	for _, c := range s.Coverage {
-		out.Coverage = append(out.Coverage, &pb.RankCoverage{CpRank: uint32(c.CP), TpRank: uint32(c.TP), PpRank: uint32(c.PP),
-			Claimed: c.Claimed, PagesLanded: uint32(c.PagesLanded), PagesRequired: uint32(c.PagesRequired), LastLanded: c.LastLanded, Bytes: c.Bytes})
+	out := &b.room
+	if len(s.Coverage) > 0 {
+		cov := make([]pb.RankCoverage, len(s.Coverage))
+		out.Coverage = make([]*pb.RankCoverage, len(s.Coverage))
+		for i, c := range s.Coverage {
+			cov[i] = pb.RankCoverage{CpRank: uint32(c.CP), TpRank: uint32(c.TP), PpRank: uint32(c.PP),
+				Claimed: c.Claimed, PagesLanded: uint32(c.PagesLanded), PagesRequired: uint32(c.PagesRequired), LastLanded: c.LastLanded, Bytes: c.Bytes}
+			out.Coverage[i] = &cov[i]
+		}
 	}
 	if s.PrefillDP >= 0 {
-		dp := uint32(s.PrefillDP)
-		out.PrefillDpRank = &dp
+		b.prefillDP = uint32(s.PrefillDP)
+		out.PrefillDpRank = &b.prefillDP
 	}
-	for _, t := range s.Transitions {
-		out.Transitions = append(out.Transitions, transitionToProto(t))
+	if len(s.Transitions) > 0 {
+		ts := make([]transitionBlock, len(s.Transitions))
+		out.Transitions = make([]*pb.Transition, len(s.Transitions))
+		for i, t := range s.Transitions {
+			ts[i].fill(t)
+			out.Transitions[i] = &ts[i].tr
+		}
 	}
-	return out
+}
+
+// roomEventBlock is a WatchRoom event: the event, its room and its
+// transition.
+type roomEventBlock struct {
+	ev   pb.RoomEvent
+	room roomBlock
+	tr   transitionBlock
+}
+
+func roomEventToProto(ev kvmanager.RoomEvent) *pb.RoomEvent {
+	b := &roomEventBlock{}
+	b.room.fill(ev.Room)
+	b.tr.fill(ev.Transition)
+	b.ev = pb.RoomEvent{Room: &b.room.room, Transition: &b.tr.tr, Terminal: ev.Terminal}
+	return &b.ev
 }
 
 func stateToProto(in []prealloc.StateIndices) []*pb.StateIndices {
@@ -173,22 +237,45 @@ func stateToProto(in []prealloc.StateIndices) []*pb.StateIndices {
 	return out
 }
 
+// destinationBlock is a Destination event: the event, its oneof wrapper
+// and the destination.
+type destinationBlock struct {
+	ev   pb.DestinationEvent
+	wrap pb.DestinationEvent_Destination
+	d    pb.Destination
+}
+
+// doneBlock is a Done event.
+type doneBlock struct {
+	ev   pb.DestinationEvent
+	wrap pb.DestinationEvent_Done
+	done pb.RoomDone
+}
+
 func destinationEventToProto(ev kvmanager.DestinationEvent) *pb.DestinationEvent {
 	switch {
 	case ev.Destination != nil:
 		d := ev.Destination
-		out := &pb.Destination{
+		b := &destinationBlock{}
+		b.d = pb.Destination{
 			Room: d.Room, DecodeDpRank: uint32(d.DecodeDP), PageIndices: d.Pages, PageSize: uint32(d.PageSize),
 			FillLen: uint32(d.FillLen), MetadataSlot: d.MetadataSlot, StateIndices: stateToProto(d.State),
 			RequiredDstInfoNum: uint32(d.RequiredDstInfoNum), DecodePrefixLen: uint32(d.DecodePrefixLen),
 			Dummy: d.Dummy, Staging: d.Staging, Attempt: d.Attempt,
 			TokenBytes: uint64(max(d.TokenBytes, 0)), StateBytes: uint64(max(d.StateBytes, 0)),
 		}
-		for _, t := range d.Targets {
-			out.Targets = append(out.Targets, &pb.DecodeTarget{DecodeTpRank: uint32(t.DecodeTP), Dummy: t.Dummy,
-				SrcHeadStart: uint32(t.SrcHeadStart), DstHeadStart: uint32(t.DstHeadStart), NumHeads: uint32(t.NumHeads)})
+		if len(d.Targets) > 0 {
+			ts := make([]pb.DecodeTarget, len(d.Targets))
+			b.d.Targets = make([]*pb.DecodeTarget, len(d.Targets))
+			for i, t := range d.Targets {
+				ts[i] = pb.DecodeTarget{DecodeTpRank: uint32(t.DecodeTP), Dummy: t.Dummy,
+					SrcHeadStart: uint32(t.SrcHeadStart), DstHeadStart: uint32(t.DstHeadStart), NumHeads: uint32(t.NumHeads)}
+				b.d.Targets[i] = &ts[i]
+			}
 		}
-		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Destination{Destination: out}}
+		b.wrap.Destination = &b.d
+		b.ev.Event = &b.wrap
+		return &b.ev
 	case ev.Failure != nil:
 		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Failure{Failure: failureToProto(ev.Failure)}}
 	default:
@@ -196,7 +283,11 @@ func destinationEventToProto(ev kvmanager.DestinationEvent) *pb.DestinationEvent
 		if ev.Done != nil {
 			p = *ev.Done
 		}
-		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Done{Done: &pb.RoomDone{Poll: pollToProto(p.Poll()), Phase: phaseToProto(p)}}}
+		b := &doneBlock{}
+		b.done.Poll, b.done.Phase = pollToProto(p.Poll()), phaseToProto(p)
+		b.wrap.Done = &b.done
+		b.ev.Event = &b.wrap
+		return &b.ev
 	}
 }
 

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
@@ -26,7 +27,10 @@ func (h *roomsService) OpenRoom(ctx context.Context, req *pb.OpenRoomRequest) (*
 	if err != nil {
 		return nil, h.err(ctx, err)
 	}
-	return &pb.OpenRoomResponse{Room: roomToProto(snap), Existing: existing}, nil
+	b := &openRoomBlock{}
+	b.room.fill(snap)
+	b.resp = pb.OpenRoomResponse{Room: &b.room.room, Existing: existing}
+	return &b.resp, nil
 }
 
 func (h *roomsService) AwaitDestination(req *pb.AwaitDestinationRequest, stream grpc.ServerStreamingServer[pb.DestinationEvent]) error {
@@ -52,7 +56,7 @@ func (h *roomsService) AwaitDestination(req *pb.AwaitDestinationRequest, stream 
 				return nil
 			}
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			return contextStatus(ctx.Err())
 		}
 	}
 }
@@ -62,7 +66,46 @@ func (h *roomsService) Transfer(ctx context.Context, req *pb.TransferRequest) (*
 	if err != nil {
 		return nil, h.err(ctx, err)
 	}
-	return &pb.TransferResponse{Bytes: uint64(res.Bytes), Duration: durationpb.New(res.Duration), Poll: pollToProto(h.m.Poll(req.GetRoom())), Duplicate: dup}, nil
+	b := &transferBlock{}
+	b.d.Seconds, b.d.Nanos = durationParts(res.Duration)
+	b.resp = pb.TransferResponse{Bytes: uint64(res.Bytes), Duration: &b.d, Poll: pollToProto(h.m.Poll(req.GetRoom())), Duplicate: dup}
+	return &b.resp, nil
+}
+
+// contextStatus is status.FromContextError(err).Err(), made once for the
+// two context errors: a watch or claim stream the client cancels (as the
+// decode engine does once its room succeeded) ends without allocating.
+func contextStatus(err error) error {
+	switch err {
+	case context.Canceled:
+		return errCanceled
+	case context.DeadlineExceeded:
+		return errDeadline
+	}
+	return status.FromContextError(err).Err()
+}
+
+var (
+	errCanceled = status.FromContextError(context.Canceled).Err()
+	errDeadline = status.FromContextError(context.DeadlineExceeded).Err()
+)
+
+// openRoomBlock is an OpenRoom answer in one allocation (convert.go).
+type openRoomBlock struct {
+	resp pb.OpenRoomResponse
+	room roomBlock
+}
+
+// transferBlock is a Transfer answer and its duration.
+type transferBlock struct {
+	resp pb.TransferResponse
+	d    durationpb.Duration
+}
+
+// durationParts is durationpb.New(d)'s seconds and nanoseconds.
+func durationParts(d time.Duration) (int64, int32) {
+	nanos := d.Nanoseconds()
+	return nanos / 1e9, int32(nanos % 1e9)
 }
 
 func (h *roomsService) ReportTransfer(ctx context.Context, req *pb.ReportTransferRequest) (*pb.ReportTransferResponse, error) {
@@ -86,14 +129,14 @@ func (h *roomsService) WatchRoom(req *pb.WatchRoomRequest, stream grpc.ServerStr
 			if !ok {
 				return h.err(ctx, w.Err())
 			}
-			if err := stream.Send(&pb.RoomEvent{Room: roomToProto(ev.Room), Transition: transitionToProto(ev.Transition), Terminal: ev.Terminal}); err != nil {
+			if err := stream.Send(roomEventToProto(ev)); err != nil {
 				return err
 			}
 			if ev.Terminal {
 				return nil
 			}
 		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			return contextStatus(ctx.Err())
 		}
 	}
 }

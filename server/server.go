@@ -1,10 +1,10 @@
 // Package server is decodeplane's inbound API, the adapter between
 // decodeplane.v1 and the domain packages (the outbound agent protocol is
 // transfer/, Prometheus is metrics/, the wiring internal/daemon). Each
-// handler validates the request (through the validator interceptor and the
-// messages' Validate methods), converts it to domain types, calls the
-// domain, maps the error with toStatus and converts the answer back. No
-// business rule lives here. The HTTP surface lives here too: SGLang's
+// handler validates the request (through the server's interceptor,
+// intercept.go, and the messages' Validate methods), converts it to domain
+// types, calls the domain, maps the error with toStatus and converts the
+// answer back. No business rule lives here. The HTTP surface lives here too: SGLang's
 // bootstrap routes (httpbootstrap.go, over the same Bootstrap handlers and
 // Validate methods) and the JSON gateway (httpgateway.go, grpc-gateway over
 // an in-memory connection to this gRPC server).
@@ -20,11 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/validator"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
@@ -52,7 +48,8 @@ type ConfigEntry struct {
 type Deps struct {
 	// Logger receives call logs and lifecycle events; nil means slog.Default().
 	Logger *slog.Logger
-	// TracerProvider feeds the otelgrpc stats handler; nil means no-op.
+	// TracerProvider feeds the otelgrpc stats handler, installed only when
+	// it is not the no-op provider; nil means no-op.
 	TracerProvider trace.TracerProvider
 	// Propagator extracts W3C trace context; nil means TraceContext+Baggage.
 	Propagator propagation.TextMapPropagator
@@ -67,11 +64,15 @@ type Deps struct {
 	// Manager is the room manager behind Bootstrap and Rooms; nil serves
 	// only Admin and health (used by tests of the gRPC layer alone).
 	Manager *kvmanager.Manager
-	// ExtraServerOptions are appended to the grpc.Server options (metrics
-	// interceptors, TLS credentials).
+	// ExtraServerOptions are appended to the grpc.Server options (TLS
+	// credentials).
 	ExtraServerOptions []grpc.ServerOption
-	// UnaryInterceptors and StreamInterceptors run outermost, before logging
-	// (e.g. Prometheus server metrics).
+	// Calls counts every call (the Prometheus gRPC server metrics); nil
+	// counts nothing. The server's interceptor updates it (intercept.go).
+	Calls CallMetrics
+	// UnaryInterceptors and StreamInterceptors run outermost, right after
+	// the decode check and before the call metrics and logging (fault
+	// injection in tests).
 	UnaryInterceptors  []grpc.UnaryServerInterceptor
 	StreamInterceptors []grpc.StreamServerInterceptor
 }
@@ -84,6 +85,16 @@ type Server struct {
 	grpc    *grpc.Server
 	health  *health.Server
 	started time.Time
+	// tracing: the tracer provider is not the no-op one; without it the
+	// otelgrpc stats handler is not installed (intercept.go).
+	tracing bool
+	// checkDecode: the server's interceptor makes grpcdecode's check (no
+	// other interceptor runs before it).
+	checkDecode bool
+	// fullLogUnary and fullLogStream are the middleware call logger, used
+	// when debug logging is on.
+	fullLogUnary  grpc.UnaryServerInterceptor
+	fullLogStream grpc.StreamServerInterceptor
 
 	// stopCtx is cancelled when Shutdown stops serving: long-lived streams
 	// with no natural end (WatchWatermark) return on it.
@@ -105,7 +116,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		return nil, err
 	}
 	deps.Logger, deps.TracerProvider, deps.Propagator = telemetryDefaults(deps.Logger, deps.TracerProvider, deps.Propagator)
-	s := &Server{cfg: cfg, deps: deps, log: deps.Logger, started: time.Now(), readiness: "starting"}
+	s := &Server{cfg: cfg, deps: deps, log: deps.Logger, started: time.Now(), readiness: "starting", tracing: tracingOn(deps.TracerProvider)}
 	s.stopCtx, s.stopServ = context.WithCancel(context.Background())
 
 	logOpts := []logging.Option{
@@ -114,33 +125,28 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		logging.WithFieldsFromContext(traceFields),
 	}
 	// The middleware logger logs every call (successes at debug), which costs
-	// a fifth of a room's allocations; it runs only when debug logging is on.
-	// Otherwise logFailed* log just the failed calls, at the same levels.
-	fullLog := selector.MatchFunc(func(ctx context.Context, c interceptors.CallMeta) bool {
-		return c.Service != healthpb.Health_ServiceDesc.ServiceName && s.log.Enabled(ctx, slog.LevelDebug)
-	})
-	recoveryOpt := recovery.WithRecoveryHandlerContext(s.recoverPanic)
-	unary := append(append([]grpc.UnaryServerInterceptor{}, deps.UnaryInterceptors...),
-		selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...), fullLog),
-		s.logFailedUnary,
-		recovery.UnaryServerInterceptor(recoveryOpt),
-		s.authUnary,
-		validator.UnaryServerInterceptor(),
-	)
-	stream := append(append([]grpc.StreamServerInterceptor{}, deps.StreamInterceptors...),
-		selector.StreamServerInterceptor(logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...), fullLog),
-		s.logFailedStream,
-		recovery.StreamServerInterceptor(recoveryOpt),
-		s.authStream,
-		validator.StreamServerInterceptor(),
-	)
-	// DecodeOptions first: undecodable requests are InvalidArgument (codec.go).
-	opts := append(grpcdecode.DecodeOptions(),
-		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider),
-			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))),
-		grpc.ChainUnaryInterceptor(unary...),
-		grpc.ChainStreamInterceptor(stream...),
-	)
+	// a fifth of a room's allocations; it runs only when debug logging is on
+	// (intercept.go). Otherwise logFailed logs just the failed calls, at the
+	// same levels.
+	s.fullLogUnary = logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...)
+	s.fullLogStream = logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...)
+	// Undecodable requests are InvalidArgument (internal/grpcdecode): the
+	// check comes before anything else sees a request, in the server's own
+	// interceptor when it is the only one, else in grpcdecode's, outermost.
+	var opts []grpc.ServerOption
+	if len(deps.UnaryInterceptors) == 0 && len(deps.StreamInterceptors) == 0 {
+		s.checkDecode = true
+		opts = append(opts, grpcdecode.Codec())
+	} else {
+		opts = grpcdecode.DecodeOptions()
+	}
+	unary := append(append([]grpc.UnaryServerInterceptor{}, deps.UnaryInterceptors...), s.unaryInterceptor)
+	stream := append(append([]grpc.StreamServerInterceptor{}, deps.StreamInterceptors...), s.streamInterceptor)
+	if s.tracing {
+		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider),
+			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))))
+	}
+	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
 	opts = append(opts, deps.ExtraServerOptions...)
 	s.grpc = grpc.NewServer(opts...)
 
@@ -149,7 +155,8 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
 	if m := deps.Manager; m != nil {
 		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m})
-		pb.RegisterRoomsServer(s.grpc, &roomsService{s: s, m: m})
+		rs := &roomsService{s: s, m: m}
+		s.grpc.RegisterService(roomsDesc(rs), rs)
 		pb.RegisterStagingServer(s.grpc, &stagingService{s: s, m: m})
 		s.OnDrain(m.Drain)
 	}
@@ -303,6 +310,16 @@ type healthWatchStream struct {
 
 func (s *healthWatchStream) Context() context.Context { return s.ctx }
 
+// tracingOn reports whether tp records anything (it is not the no-op
+// provider).
+func tracingOn(tp trace.TracerProvider) bool {
+	switch tp.(type) {
+	case noop.TracerProvider, *noop.TracerProvider:
+		return false
+	}
+	return true
+}
+
 // telemetryDefaults fills in what the caller left nil: the default logger, a
 // no-op tracer provider, W3C trace context and baggage.
 func telemetryDefaults(l *slog.Logger, tp trace.TracerProvider, p propagation.TextMapPropagator) (*slog.Logger, trace.TracerProvider, propagation.TextMapPropagator) {
@@ -339,34 +356,6 @@ func callLevel(code codes.Code) logging.Level {
 		return logging.LevelWarn
 	}
 	return logging.LevelError
-}
-
-// logFailedUnary logs a failed call when the middleware logger is off (debug
-// disabled), at callLevel's level for its code.
-func (s *Server) logFailedUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if s.log.Enabled(ctx, slog.LevelDebug) {
-		return h(ctx, req)
-	}
-	start := time.Now()
-	resp, err := h(ctx, req)
-	if err != nil {
-		s.logFailed(ctx, info.FullMethod, "unary", start, err)
-	}
-	return resp, err
-}
-
-// logFailedStream is logFailedUnary for streams.
-func (s *Server) logFailedStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	ctx := ss.Context()
-	if s.log.Enabled(ctx, slog.LevelDebug) {
-		return h(srv, ss)
-	}
-	start := time.Now()
-	err := h(srv, ss)
-	if err != nil {
-		s.logFailed(ctx, info.FullMethod, "server_stream", start, err)
-	}
-	return err
 }
 
 func (s *Server) logFailed(ctx context.Context, method, kind string, start time.Time, err error) {

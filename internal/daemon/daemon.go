@@ -15,7 +15,7 @@
 //  4. the transfer engine: the simulated one, or the delegate engine over
 //     transfer/agentclient (readiness then follows the agent);
 //  5. the room manager (kvmanager.New) with the metrics as its Observer;
-//  6. the gRPC server (server.New) with the metrics interceptors;
+//  6. the gRPC server (server.New) counting its calls in the metrics;
 //  7. the gRPC listener (server.listen) and the /metrics listener
 //     (server.metrics_listen).
 //
@@ -253,7 +253,6 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	}
 	d.mgr = mgr
 	d.metrics.Attach(mgr)
-	unary, stream := d.metrics.Interceptors()
 	srv, err := server.New(cfg.Server, server.Deps{
 		Logger:             log,
 		TracerProvider:     d.tp,
@@ -263,8 +262,9 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		Layout:             dec.Layout(),
 		TransferPath:       cfg.Transfer.Path,
 		Manager:            mgr,
-		UnaryInterceptors:  append(append([]grpc.UnaryServerInterceptor{}, opts.UnaryInterceptors...), unary),
-		StreamInterceptors: append(append([]grpc.StreamServerInterceptor{}, opts.StreamInterceptors...), stream),
+		Calls:              callMetrics{d.metrics},
+		UnaryInterceptors:  opts.UnaryInterceptors,
+		StreamInterceptors: opts.StreamInterceptors,
 		ExtraServerOptions: append(serverTLS.options(), opts.ServerOptions...),
 	})
 	if err != nil {
@@ -300,6 +300,13 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	}
 	ok = true
 	return d, nil
+}
+
+// callMetrics gives the server the metrics' per-method gRPC series.
+type callMetrics struct{ m *metrics.Metrics }
+
+func (c callMetrics) Method(fullMethod, kind string) server.MethodMetrics {
+	return c.m.GRPCMethod(fullMethod, kind)
 }
 
 // serveHTTP runs hs on lis among the daemon's other servers: it serves until

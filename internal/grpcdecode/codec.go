@@ -64,8 +64,71 @@ type decodeCodec struct{ base encoding.CodecV2 }
 // Name is the codec's content subtype, "proto".
 func (c decodeCodec) Name() string { return c.base.Name() }
 
-// Marshal is the proto codec's.
-func (c decodeCodec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+// Marshal is the proto codec's, in one allocation for a message below
+// grpc-go's pooling threshold (1 KiB; larger ones go to the proto codec,
+// which marshals them into pooled buffers) instead of three: the proto codec
+// allocates the bytes, the interface value holding them (a mem.SliceBuffer)
+// and the one-element BufferSlice; here one block with room for the next
+// size up (128, 256, 512 or 1,024 bytes) holds the BufferSlice's array, the
+// SliceBuffer the interface points to and the bytes.
+func (c decodeCodec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return c.base.Marshal(v)
+	}
+	switch size := proto.Size(m); {
+	case size <= 128:
+		b := &small128{}
+		return marshalInto(b.slice[:], &b.data, b.bytes[:0], m)
+	case size <= 256:
+		b := &small256{}
+		return marshalInto(b.slice[:], &b.data, b.bytes[:0], m)
+	case size <= 512:
+		b := &small512{}
+		return marshalInto(b.slice[:], &b.data, b.bytes[:0], m)
+	case size <= 1024 && mem.IsBelowBufferPoolingThreshold(size):
+		b := &small1024{}
+		return marshalInto(b.slice[:], &b.data, b.bytes[:0], m)
+	}
+	return c.base.Marshal(v)
+}
+
+// smallN is a marshalled message of at most N bytes: the BufferSlice's
+// array, the buffer it holds and the bytes, in one allocation.
+type (
+	small128 struct {
+		slice [1]mem.Buffer
+		data  mem.SliceBuffer
+		bytes [128]byte
+	}
+	small256 struct {
+		slice [1]mem.Buffer
+		data  mem.SliceBuffer
+		bytes [256]byte
+	}
+	small512 struct {
+		slice [1]mem.Buffer
+		data  mem.SliceBuffer
+		bytes [512]byte
+	}
+	small1024 struct {
+		slice [1]mem.Buffer
+		data  mem.SliceBuffer
+		bytes [1024]byte
+	}
+)
+
+// marshalInto marshals m into buf (its capacity is the message's size or
+// more), keeps the bytes in *data and returns slice holding data.
+func marshalInto(slice []mem.Buffer, data *mem.SliceBuffer, buf []byte, m proto.Message) (mem.BufferSlice, error) {
+	out, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(buf, m)
+	if err != nil {
+		return nil, err
+	}
+	*data = out
+	slice[0] = data
+	return slice, nil
+}
 
 // Unmarshal decodes v; when the data does not decode into a proto message,
 // v is reset and carries the record of why, and the error is nil.
@@ -175,6 +238,13 @@ func findDecodeProblem(b []byte, md protoreflect.MessageDescriptor, prefix strin
 	return "", ""
 }
 
+// Check returns the InvalidArgument status of a request decodeCodec could
+// not decode (naming the field), nil for any other message: for a server
+// whose own outermost interceptor makes the check (Codec, then Check on the
+// request of a unary call and on each message a stream receives, before
+// anything else sees it), instead of DecodeOptions' interceptors.
+func Check(msg any) error { return decodeError(msg) }
+
 // decodeUnary refuses a request decodeCodec could not decode.
 func decodeUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if err := decodeError(req); err != nil {
@@ -202,8 +272,14 @@ func (s decodeCheckedStream) RecvMsg(m any) error {
 // grpc.NewServer's options so that the interceptors run outermost.
 func DecodeOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ForceServerCodecV2(decodeCodec{base: encoding.GetCodecV2("proto")}),
+		Codec(),
 		grpc.ChainUnaryInterceptor(decodeUnary),
 		grpc.ChainStreamInterceptor(decodeStream),
 	}
+}
+
+// Codec is the server option of the codec alone; the server must then call
+// Check itself.
+func Codec() grpc.ServerOption {
+	return grpc.ForceServerCodecV2(decodeCodec{base: encoding.GetCodecV2("proto")})
 }

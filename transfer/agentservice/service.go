@@ -47,9 +47,17 @@ var _ transferv1.TransferAgentServer = (*Service)(nil)
 // maxRemembered bounds the finished batches kept for replay.
 const maxRemembered = 65536
 
-// watchBuffer is how far a WatchCompletions stream may fall behind before it
-// is dropped (the client reconnects and replays what it waits for).
+// completionBuffer is how far a WatchCompletions stream may fall behind
+// before it is dropped (the client reconnects and replays what it waits
+// for); watchBuffer adds headroom for a replay.
 const completionBuffer = 4096
+
+// watchBuffer is a watch's channel capacity: completionBuffer, plus room
+// for what finishes while the replay is sent (it grows with the completions
+// replayed, not with the ids asked for: a request may name 2^20 ids), at
+// most completionBuffer more. A watch that falls further behind is dropped
+// and replays again.
+func watchBuffer(replayed int) int { return completionBuffer + min(replayed, completionBuffer) }
 
 type batchRecord struct {
 	room       uint64
@@ -196,19 +204,19 @@ func (a *Service) broadcastLocked(c *transferv1.Completion) {
 
 // WatchCompletions implements TransferAgent.
 func (a *Service) WatchCompletions(req *transferv1.WatchCompletionsRequest, stream grpc.ServerStreamingServer[transferv1.Completion]) error {
-	w := &completionWatch{ch: make(chan *transferv1.Completion, completionBuffer+len(req.GetReplayBatchIds())), dropped: make(chan struct{})}
 	a.mu.Lock()
 	if a.closed {
 		a.mu.Unlock()
 		return status.Error(codes.Unavailable, "the transfer agent is shutting down")
 	}
-	a.watches[w] = struct{}{}
 	var replay []*transferv1.Completion
 	for _, id := range req.GetReplayBatchIds() {
 		if rec := a.batches[id]; rec != nil && rec.completion != nil {
 			replay = append(replay, rec.completion)
 		}
 	}
+	w := &completionWatch{ch: make(chan *transferv1.Completion, watchBuffer(len(replay))), dropped: make(chan struct{})}
+	a.watches[w] = struct{}{}
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()

@@ -175,6 +175,11 @@ func (x *PrefillRank) validate(field string) error {
 	if x == nil {
 		return fieldErr(field, "is required")
 	}
+	// A valid rank (every call of the room path) builds no field names.
+	if x.GetDpRank() <= MaxRank && x.GetCpRank() <= MaxRank && x.GetTpRank() <= MaxRank && x.GetPpRank() <= MaxRank &&
+		checkAddr(field, x.GetBootstrapAddr()) == nil {
+		return nil
+	}
 	return errors.Join(
 		checkAddr(field+".bootstrap_addr", x.GetBootstrapAddr()),
 		checkMax(field+".dp_rank", uint64(x.GetDpRank()), MaxRank),
@@ -354,7 +359,7 @@ func (x *LookupDPRanksRequest) Validate() error {
 
 // Validate implements the validator interceptor's contract.
 func (x *OpenRoomRequest) Validate() error {
-	var errs []error
+	errs := make([]error, 0, 16) // on the stack: errors.Join keeps none of it
 	switch {
 	case x.GetRid() == "":
 		errs = append(errs, fieldErr("rid", "is required (the request id)"))
@@ -403,9 +408,11 @@ func (x *AwaitDestinationRequest) Validate() error {
 // num_pages bounded, page_offset + num_pages <= MaxPages, num_pages > 0
 // unless emptyOK.
 func checkChunk(index, offset, pages uint32, emptyOK bool, emptyWhy string) []error {
-	errs := []error{
-		checkMax("chunk_index", uint64(index), MaxChunkIndex),
-		checkMax("page_offset", uint64(offset), MaxPages),
+	var errs []error // nil for a valid chunk: nothing allocated
+	for _, err := range [...]error{checkMax("chunk_index", uint64(index), MaxChunkIndex), checkMax("page_offset", uint64(offset), MaxPages)} {
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	switch {
 	case pages == 0 && !emptyOK:
@@ -438,7 +445,8 @@ func checkAux(a *Aux, last bool) []error {
 
 // Validate implements the validator interceptor's contract.
 func (x *TransferRequest) Validate() error {
-	errs := []error{checkRoom("room", x.GetRoom()), x.GetRank().validate("rank")}
+	errs := make([]error, 0, 16) // on the stack: errors.Join keeps none of it
+	errs = append(errs, checkRoom("room", x.GetRoom()), x.GetRank().validate("rank"))
 	errs = append(errs, checkChunk(x.GetChunkIndex(), x.GetPageOffset(), x.GetNumPages(), x.GetLast(), "only the last chunk may carry no pages")...)
 	if src := x.GetSource(); src != nil {
 		errs = append(errs, checkLen("source.buffer", src.GetBuffer(), false, MaxBufferNameLen, "the prefill KV buffer's name"))
@@ -461,7 +469,8 @@ func (x *TransferRequest) Validate() error {
 
 // Validate implements the validator interceptor's contract.
 func (x *ReportTransferRequest) Validate() error {
-	errs := []error{checkRoom("room", x.GetRoom()), x.GetRank().validate("rank")}
+	errs := make([]error, 0, 16) // on the stack: errors.Join keeps none of it
+	errs = append(errs, checkRoom("room", x.GetRoom()), x.GetRank().validate("rank"))
 	errs = append(errs, checkChunk(x.GetChunkIndex(), x.GetPageOffset(), x.GetNumPages(), !x.GetSuccess() || x.GetLast(), "only the last chunk may carry no pages")...)
 	if x.GetSuccess() && x.GetFailureReason() != "" {
 		errs = append(errs, fieldErr("failure_reason", "is set on a successful report"))
