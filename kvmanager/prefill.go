@@ -9,6 +9,7 @@ import (
 	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // The prefill registry's types, re-exported so that callers of the Manager
@@ -41,9 +42,9 @@ const (
 )
 
 // ComputeHeadSliceParams mirrors SGLang's compute_head_slice_params
-// (registry.ComputeHeadSliceParams).
+// (transfer.ComputeHeadSliceParams).
 func ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads int) HeadSlice {
-	return registry.ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads)
+	return transfer.ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads)
 }
 
 // newRegistry builds the manager's registry from its configuration.

@@ -210,7 +210,7 @@ func (s *Stager) Writers(prefillTP, prefillPP, heads, e, q int) []Writer {
 	for _, st := range stages {
 		b, end := transfer.StageLayers(s.layout.NumLayers, prefillPP, st)
 		for _, t := range tps {
-			hs := headSlice(P, D, t, e, heads)
+			hs := transfer.ComputeHeadSliceParams(P, D, t, e, heads)
 			w := Writer{Index: len(out), PrefillTP: t, PrefillPP: st, Slice: hs, LayerBegin: b, LayerEnd: end,
 				BytesPerToken: int64(hs.NumHeads) * s.layout.HeadBytes() * int64(end-b) * 2, OffsetPerToken: off}
 			off += w.BytesPerToken
