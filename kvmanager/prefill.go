@@ -1,7 +1,6 @@
 package kvmanager
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -54,16 +53,6 @@ func newRegistry(cfg Config, layout prealloc.Layout, clk clock.Clock) *registry.
 		ForceQuery: cfg.DPRank.ForceQuery, BindingTTL: cfg.DPRank.BindingTTL, Now: clk.Now})
 }
 
-// regErr turns the registry's field error into the manager's (same field,
-// same message); sentinels are shared values and pass through.
-func regErr(err error) error {
-	var ie *registry.InvalidError
-	if errors.As(err, &ie) {
-		return &InvalidError{Field: ie.Field, Msg: ie.Msg}
-	}
-	return err
-}
-
 // addrWait is SGLang's per-address topology retry budget (spec §4.3): rooms
 // waiting for an instance's registration are re-checked with back-off
 // 1, 1, 2, 4, 4, ... s; after PrefillInfoAttempts checks they fail (T3).
@@ -95,13 +84,13 @@ func (t TimeoutConfig) backoff(n int) time.Duration {
 func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) {
 	checked, err := m.reg.Check(reg)
 	if err != nil {
-		return RegistrationResult{}, regErr(err)
+		return RegistrationResult{}, err
 	}
 	m.mu.Lock()
 	defer m.unlock()
 	res, evs, err := m.reg.Record(checked)
 	if err != nil {
-		return RegistrationResult{}, regErr(err)
+		return RegistrationResult{}, err
 	}
 	res.RoomsFailed += m.applyLocked(evs)
 	return res, nil
