@@ -24,7 +24,7 @@ func (m *Manager) BindRoom(addr string, room uint64, dp int) (replaced bool, err
 		return false, err
 	case registry.RoomBound:
 	default:
-		return false, regErr(err)
+		return false, err
 	}
 	if r := m.rooms[room]; r != nil && r.addr == addr {
 		switch {
@@ -47,7 +47,7 @@ func (m *Manager) BindRoom(addr string, room uint64, dp int) (replaced bool, err
 func (m *Manager) LookupDPRanks(addr string, rooms []uint64, hints map[uint64]int) ([]DPResolution, []uint64, error) {
 	lk, err := m.reg.LookupDPRanks(addr, rooms, hints)
 	if err != nil {
-		return nil, nil, regErr(err)
+		return nil, nil, err
 	}
 	for rule, n := range lk.ByRule {
 		if n > 0 {

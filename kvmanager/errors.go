@@ -2,9 +2,9 @@ package kvmanager
 
 import (
 	"errors"
-	"fmt"
 	"time"
 
+	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 )
 
@@ -42,16 +42,13 @@ var (
 	ErrSlowConsumer = errors.New("watch stream too slow; events were dropped")
 )
 
-// InvalidError is a request field with a bad value. InvalidArgument.
-type InvalidError struct {
-	Field string
-	Msg   string
-}
-
-func (e *InvalidError) Error() string { return e.Field + ": " + e.Msg }
+// InvalidError is a request field with a bad value. InvalidArgument. The
+// registry's, the staging handler's and the engines' field errors are this
+// same type (fieldcheck.Invalid), so they reach the server as they are.
+type InvalidError = fieldcheck.Invalid
 
 func invalid(field, format string, args ...any) error {
-	return &InvalidError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	return fieldcheck.Invalidf(field, format, args...)
 }
 
 // RetryError carries a retry hint for ResourceExhausted answers.

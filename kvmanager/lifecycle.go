@@ -407,11 +407,7 @@ type ChunkRequest struct {
 func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.ChunkResult, bool, error) {
 	if cc, ok := m.engine.(transfer.ChunkChecker); ok {
 		if err := cc.CheckChunk(transfer.ChunkSource{NumPages: req.NumPages, Buffer: req.SrcBuffer, Pages: req.SrcPages}); err != nil {
-			var fe *transfer.FieldError
-			if errors.As(err, &fe) {
-				err = &InvalidError{Field: fe.Field, Msg: fe.Msg}
-			}
-			return transfer.ChunkResult{}, false, err
+			return transfer.ChunkResult{}, false, err // a field error is an InvalidError already
 		}
 	}
 	m.mu.Lock()

@@ -1,7 +1,6 @@
 package kvmanager
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -9,6 +8,7 @@ import (
 	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // The prefill registry's types, re-exported so that callers of the Manager
@@ -41,9 +41,9 @@ const (
 )
 
 // ComputeHeadSliceParams mirrors SGLang's compute_head_slice_params
-// (registry.ComputeHeadSliceParams).
+// (transfer.ComputeHeadSliceParams).
 func ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads int) HeadSlice {
-	return registry.ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads)
+	return transfer.ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads)
 }
 
 // newRegistry builds the manager's registry from its configuration.
@@ -51,16 +51,6 @@ func newRegistry(cfg Config, layout prealloc.Layout, clk clock.Clock) *registry.
 	iv, mf := cfg.Timeouts.EffectiveHeartbeat()
 	return registry.New(registry.Config{Layout: layout, HeartbeatInterval: iv, MaxFailures: mf,
 		ForceQuery: cfg.DPRank.ForceQuery, BindingTTL: cfg.DPRank.BindingTTL, Now: clk.Now})
-}
-
-// regErr turns the registry's field error into the manager's (same field,
-// same message); sentinels are shared values and pass through.
-func regErr(err error) error {
-	var ie *registry.InvalidError
-	if errors.As(err, &ie) {
-		return &InvalidError{Field: ie.Field, Msg: ie.Msg}
-	}
-	return err
 }
 
 // addrWait is SGLang's per-address topology retry budget (spec §4.3): rooms
@@ -94,13 +84,13 @@ func (t TimeoutConfig) backoff(n int) time.Duration {
 func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) {
 	checked, err := m.reg.Check(reg)
 	if err != nil {
-		return RegistrationResult{}, regErr(err)
+		return RegistrationResult{}, err
 	}
 	m.mu.Lock()
 	defer m.unlock()
 	res, evs, err := m.reg.Record(checked)
 	if err != nil {
-		return RegistrationResult{}, regErr(err)
+		return RegistrationResult{}, err
 	}
 	res.RoomsFailed += m.applyLocked(evs)
 	return res, nil

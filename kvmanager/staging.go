@@ -134,16 +134,6 @@ func (m *Manager) stagingUsable() (int, error) {
 	return heads, nil
 }
 
-// stagingErr turns the handler's field errors into the manager's
-// InvalidError (InvalidArgument naming the field); others pass through.
-func stagingErr(err error) error {
-	var fe *staging.FieldError
-	if errors.As(err, &fe) {
-		return invalid(fe.Field, "%s", fe.Msg)
-	}
-	return err
-}
-
 // SetupStaging validates staging against this decode instance and returns
 // the plan of one prefill rank (spec §5.2–§5.4). Errors: *StagingError
 // (ErrStagingUnavailable) with SGLang's messages; ErrPrefillNotFound.
@@ -378,7 +368,7 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 			if errors.As(err, &tl) {
 				m.failLocked(r, Failure{Code: FailureStagingFailed, Message: tl.Msg})
 			}
-			return nil, stagingErr(err)
+			return nil, err
 		}
 		out = append(out, reg)
 	}
@@ -463,7 +453,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		wi, err := m.stg.s.Check(sr.st, sc, rep)
 		if err != nil {
 			m.unlock()
-			return StagingChunkResult{}, stagingErr(err)
+			return StagingChunkResult{}, err
 		}
 		if wi < 0 {
 			m.unlock()

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/prealloc"
+
+	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 )
 
 // Engine errors. The room manager classifies an engine's error with
@@ -61,14 +63,10 @@ type ChunkSource struct {
 	Pages  []int32
 }
 
-// FieldError is a chunk request field an engine refuses (ChunkChecker); the
-// manager answers it as an invalid argument naming Field.
-type FieldError struct {
-	Field string
-	Msg   string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+// FieldError is a chunk request field an engine refuses (ChunkChecker): the
+// domain's one field error (fieldcheck.Invalid), answered as an invalid
+// argument naming Field.
+type FieldError = fieldcheck.Invalid
 
 // Rank is the prefill scheduler rank a chunk comes from.
 type Rank struct {

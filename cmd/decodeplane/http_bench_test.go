@@ -79,6 +79,13 @@ func cpuTicks(t *testing.T, pid int) int64 {
 
 const clockTick = 10 * time.Millisecond // CLK_TCK = 100 on Linux
 
+// A cell runs at least its duration and until the server process took
+// minCellTicks of CPU, at most maxCellFactor × its duration.
+const (
+	minCellTicks  = 5
+	maxCellFactor = 10
+)
+
 type benchCase struct {
 	name, method, path, body string
 	auth                     bool
@@ -137,6 +144,13 @@ func load(t *testing.T, tr *http.Transport, c benchCase, base string, conc int, 
 		})
 	}
 	time.Sleep(d)
+	// Clock ticks are 10 ms: a short cell on a loaded machine may see the
+	// server take less than one. Run on until it took minCellTicks (or
+	// maxCellFactor × d), so that CPU per request is a measurement, not a
+	// rounding of a few ticks to 0.
+	for cpuTicks(t, pid)-before < minCellTicks && time.Since(start) < maxCellFactor*d {
+		time.Sleep(20 * time.Millisecond)
+	}
 	close(stop)
 	wg.Wait()
 	el := time.Since(start)

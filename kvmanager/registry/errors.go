@@ -2,7 +2,8 @@ package registry
 
 import (
 	"errors"
-	"fmt"
+
+	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 )
 
 // Errors returned by the Registry (kvmanager re-exports the same values, so
@@ -19,16 +20,10 @@ var (
 	ErrDPRankConflict = errors.New("prefill DP rank conflict")
 )
 
-// InvalidError is a request field with a bad value (InvalidArgument). The
-// room manager turns it into its own kvmanager.InvalidError, field and
-// message unchanged.
-type InvalidError struct {
-	Field string
-	Msg   string
-}
-
-func (e *InvalidError) Error() string { return e.Field + ": " + e.Msg }
+// InvalidError is a request field with a bad value (InvalidArgument): the
+// domain's one field error (fieldcheck.Invalid, kvmanager.InvalidError).
+type InvalidError = fieldcheck.Invalid
 
 func invalid(field, format string, args ...any) error {
-	return &InvalidError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	return fieldcheck.Invalidf(field, format, args...)
 }

@@ -3,6 +3,8 @@ package registry
 import (
 	"fmt"
 	"slices"
+
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // rankMapping computes the mapping of every decode TP rank (0..decodeTP-1)
@@ -102,37 +104,6 @@ func mappingEntries(decodeTP int, isMLA, allCP bool, p PrefillTopology) int64 {
 	return n
 }
 
-// HeadSlice is compute_head_slice_params's answer for one (prefill rank,
-// decode rank) pair (spec §5.4).
-type HeadSlice struct {
-	SrcHeadStart int
-	DstHeadStart int
-	NumHeads     int
-}
-
-// ComputeHeadSliceParams mirrors SGLang's compute_head_slice_params: which
-// heads of a prefill rank (src) go to which heads of a decode rank (dst) when
-// their attention TP sizes differ, with GQA replication when TP exceeds the
-// KV head count.
-func ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads int) HeadSlice {
-	srcPer := max(1, totalHeads/srcTP)
-	dstPer := max(1, totalHeads/dstTP)
-	if srcTP > dstTP {
-		srcRepl := max(1, srcTP/totalHeads)
-		return HeadSlice{
-			SrcHeadStart: 0,
-			DstHeadStart: ((srcRank % srcTP) / srcRepl * srcPer) % dstPer,
-			NumHeads:     srcPer,
-		}
-	}
-	dstRepl := max(1, dstTP/totalHeads)
-	return HeadSlice{
-		SrcHeadStart: ((dstRank % dstTP) / dstRepl * dstPer) % srcPer,
-		DstHeadStart: 0,
-		NumHeads:     dstPer,
-	}
-}
-
 // Plan is, for one prefill instance's DP group, which prefill ranks a
 // room needs and what each writes where: the per-instance rank plan. It
 // depends only on the topology, is made by the registry and never changes
@@ -195,7 +166,7 @@ func (s planShape) rank(k RankKey) *RankPlan {
 	add := func(e int, dummy bool) {
 		tg := Target{DecodeTP: e, Dummy: dummy}
 		if !s.isMLA && !dummy {
-			hs := ComputeHeadSliceParams(P, D, k.TP, e, s.totalHeads)
+			hs := transfer.ComputeHeadSliceParams(P, D, k.TP, e, s.totalHeads)
 			tg.SrcHeadStart, tg.DstHeadStart, tg.NumHeads = hs.SrcHeadStart, hs.DstHeadStart, hs.NumHeads
 		}
 		rp.targets = append(rp.targets, tg)

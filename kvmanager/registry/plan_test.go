@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // referencePlan is the plan derived by enumerating rankMapping's lists (the
@@ -30,7 +32,7 @@ func referencePlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, tot
 					}
 					tg := Target{DecodeTP: m.DecodeTP, Dummy: dummy}
 					if !isMLA && !dummy {
-						hs := ComputeHeadSliceParams(p.AttnTP, decodeTP, t, m.DecodeTP, totalHeads)
+						hs := transfer.ComputeHeadSliceParams(p.AttnTP, decodeTP, t, m.DecodeTP, totalHeads)
 						tg.SrcHeadStart, tg.DstHeadStart, tg.NumHeads = hs.SrcHeadStart, hs.DstHeadStart, hs.NumHeads
 					}
 					rp.targets = append(rp.targets, tg)

@@ -55,6 +55,9 @@ func (r DPRule) String() string {
 // contract's type, since the destination hands it to the engine as is.
 type Target = transfer.Target
 
+// HeadSlice is the engine contract's head slice (transfer.ComputeHeadSliceParams).
+type HeadSlice = transfer.HeadSlice
+
 // ParallelInfo is a prefill rank's parallel layout (SGLang's PUT /route body).
 type ParallelInfo struct {
 	AttnTP, AttnTPRank     int

@@ -21,9 +21,10 @@
 // # What it does not
 //
 // It knows nothing of rooms beyond the numbers it is given: it imports
-// neither kvmanager nor the prefill registry (deps_test.go), so it keeps
-// its own copy of compute_head_slice_params (headSlice; kvmanager's
-// TestStagingHeadSlicesMatchMapping checks it against the registry's). The
+// neither kvmanager nor the prefill registry (deps_test.go); the head slices
+// of its writers come from the engine contract's
+// transfer.ComputeHeadSliceParams, the formula the registry plans
+// destinations with. The
 // room manager (kvmanager.Manager) decides whether a rank may stage into a
 // room now (its phase, its plan, the rank's claim), runs the engine's
 // scatter, moves the room's success gate and coverage, fails the room, and

@@ -3,6 +3,8 @@ package staging
 import (
 	"errors"
 	"fmt"
+
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // Staging errors (kvmanager re-exports them as ErrStaging*). The server maps
@@ -180,7 +182,7 @@ type ChunkLayout struct {
 // srcTP / max(1, dstTP) when the prefill TP is larger, else 1; writer i
 // carries numTokens × heads_i × bytesPerHeadToken × numLayers × 2 bytes
 // ([K layer 0..L−1][V layer 0..L−1], each layer block token-major), heads_i
-// from headSlice(srcTP, dstTP, i, dstRank, totalHeads).
+// from transfer.ComputeHeadSliceParams(srcTP, dstTP, i, dstRank, totalHeads).
 func ComputeLayout(srcTP, dstTP, dstRank, totalHeads, numTokens int, bytesPerHeadToken int64, numLayers int) ChunkLayout {
 	n := 1
 	if srcTP > dstTP {
@@ -188,7 +190,7 @@ func ComputeLayout(srcTP, dstTP, dstRank, totalHeads, numTokens int, bytesPerHea
 	}
 	out := ChunkLayout{NumWriters: n, WriterBytes: make([]int64, n), WriterOffsets: make([]int64, n)}
 	for w := range n {
-		hs := headSlice(srcTP, dstTP, w, dstRank, totalHeads)
+		hs := transfer.ComputeHeadSliceParams(srcTP, dstTP, w, dstRank, totalHeads)
 		b := int64(numTokens) * int64(hs.NumHeads) * bytesPerHeadToken * int64(numLayers) * 2
 		out.WriterOffsets[w] = out.Total
 		out.WriterBytes[w] = b
@@ -198,33 +200,6 @@ func ComputeLayout(srcTP, dstTP, dstRank, totalHeads, numTokens int, bytesPerHea
 }
 
 // HeadSlice is compute_head_slice_params's answer for one (prefill rank,
-// decode rank) pair (spec §5.4): the same fields as kvmanager's HeadSlice,
-// which the Manager converts.
-type HeadSlice struct {
-	SrcHeadStart int
-	DstHeadStart int
-	NumHeads     int
-}
-
-// headSlice is SGLang's compute_head_slice_params, the formula of
-// kvmanager's ComputeHeadSliceParams, kept here so that staging imports
-// neither kvmanager nor the registry; kvmanager's
-// TestStagingHeadSlicesMatchMapping checks that the two agree.
-func headSlice(srcTP, dstTP, srcRank, dstRank, totalHeads int) HeadSlice {
-	srcPer := max(1, totalHeads/srcTP)
-	dstPer := max(1, totalHeads/dstTP)
-	if srcTP > dstTP {
-		srcRepl := max(1, srcTP/totalHeads)
-		return HeadSlice{
-			SrcHeadStart: 0,
-			DstHeadStart: ((srcRank % srcTP) / srcRepl * srcPer) % dstPer,
-			NumHeads:     srcPer,
-		}
-	}
-	dstRepl := max(1, dstTP/totalHeads)
-	return HeadSlice{
-		SrcHeadStart: ((dstRank % dstTP) / dstRepl * dstPer) % srcPer,
-		DstHeadStart: 0,
-		NumHeads:     dstPer,
-	}
-}
+// decode rank) pair: the engine contract's (transfer.ComputeHeadSliceParams),
+// the same formula the registry plans destinations with.
+type HeadSlice = transfer.HeadSlice

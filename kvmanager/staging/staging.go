@@ -12,6 +12,8 @@ import (
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"
+
+	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 )
 
 // Writer is one prefill rank's part of a region.
@@ -88,17 +90,12 @@ type Region struct {
 }
 
 // FieldError is a request field that contradicts a region already
-// allocated or reported; the Manager answers it as an invalid argument
-// naming Field.
-type FieldError struct {
-	Field string
-	Msg   string
-}
-
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+// allocated or reported: the domain's one field error (fieldcheck.Invalid),
+// answered as an invalid argument naming Field.
+type FieldError = fieldcheck.Invalid
 
 func fieldErr(field, format string, args ...any) error {
-	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+	return fieldcheck.Invalidf(field, format, args...)
 }
 
 // TooLargeError is a chunk that needs more bytes than the whole ring: the
@@ -210,7 +207,7 @@ func (s *Stager) Writers(prefillTP, prefillPP, heads, e, q int) []Writer {
 	for _, st := range stages {
 		b, end := transfer.StageLayers(s.layout.NumLayers, prefillPP, st)
 		for _, t := range tps {
-			hs := headSlice(P, D, t, e, heads)
+			hs := transfer.ComputeHeadSliceParams(P, D, t, e, heads)
 			w := Writer{Index: len(out), PrefillTP: t, PrefillPP: st, Slice: hs, LayerBegin: b, LayerEnd: end,
 				BytesPerToken: int64(hs.NumHeads) * s.layout.HeadBytes() * int64(end-b) * 2, OffsetPerToken: off}
 			off += w.BytesPerToken
