@@ -160,10 +160,10 @@ type Ledger struct {
 	held      roomList
 
 	counts         [numRoomStates]int
-	retractable    int64 // Σ running (prompt + output)
-	retractableSWA int64 // Σ running (swa_tail_len(prompt) + output)
-	retractedFull  int64 // Σ retracted full_required
-	retractedSWA   int64 // Σ retracted swa_required
+	retractable    int64      // Σ running (prompt + output)
+	retractableSWA int64      // Σ running (swa_tail_len(prompt) + output)
+	retractedFull  int64      // Σ retracted full_required
+	retractedSWA   int64      // Σ retracted swa_required
 	drained        drainedRes // what draining rooms hold
 
 	maxBypass int    // admission.max_bypass
