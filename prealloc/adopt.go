@@ -10,45 +10,41 @@ const (
 	idxHeld
 )
 
-// checkIndices tests indices against a free-list position index (pos[v −
-// first] ≥ 0 when v is free): each must be in range, free and named once.
-// It returns idxOK, or the first problem and the index concerned. It marks
-// the indices it has seen by encoding their position as −2 − pos (so a
-// second mention is recognised) and restores every mark before returning:
-// O(len(idx)), nothing changed, no allocation.
-func checkIndices(pos []int32, first int32, idx []int32) (int, int32) {
-	res, bad, n := idxOK, int32(0), 0
-	for _, v := range idx {
-		i := int64(v) - int64(first)
-		if i < 0 || i >= int64(len(pos)) {
+// freeList is a free list indexed by item (pageStack, slotRing).
+type freeList interface {
+	inRange(v int32) bool
+	// loc is where v sits in slots() if it is free (or marked), else -1.
+	loc(v int32) int
+	slots() []int32
+}
+
+// checkIndices tests indices against a free list: each must be in range,
+// free and named once. It returns idxOK, or the first problem and the index
+// concerned. To recognise a second mention it marks each free index it has
+// seen in place (slots()[loc(v)] = ^v, never a valid index) and restores
+// every mark before returning: O(len(idx)), nothing changed, no allocation.
+func checkIndices[F freeList](f F, idx []int32) (int, int32) {
+	res, bad, k := idxOK, int32(0), 0
+	arr := f.slots()
+	for ; k < len(idx); k++ {
+		v := idx[k]
+		if !f.inRange(v) {
 			res, bad = idxRange, v
 			break
 		}
-		switch p := pos[i]; {
-		case p == -1:
+		i := f.loc(v)
+		if i < 0 || (arr[i] != v && arr[i] != ^v) {
 			res, bad = idxHeld, v
-		case p <= -2:
-			res, bad = idxTwice, v
-		default:
-			pos[i] = -2 - p
-			n++
-			continue
-		}
-		break
-	}
-	// Restore: the first n distinct in-range indices were marked.
-	for _, v := range idx {
-		if n == 0 {
 			break
 		}
-		i := int64(v) - int64(first)
-		if i < 0 || i >= int64(len(pos)) {
-			continue
+		if arr[i] == ^v {
+			res, bad = idxTwice, v
+			break
 		}
-		if p := pos[i]; p <= -2 {
-			pos[i] = -2 - p
-			n--
-		}
+		arr[i] = ^v
+	}
+	for _, v := range idx[:k] { // distinct, free and marked
+		arr[f.loc(v)] = v
 	}
 	return res, bad
 }
@@ -142,7 +138,7 @@ func (l *Ledger) AdoptEntry(e *Entry, a Adoption) error {
 		return fmt.Errorf("adopt room %d: %d pages for %d tokens (prompt %d + output %d) at page size %d, want %d: %w",
 			req.Room, len(a.Pages), seq, req.PromptLen, req.OutputLen, l.page, nPages, ErrInvalidRequest)
 	}
-	if res, v := checkIndices(l.pages.pos, 0, a.Pages); res != idxOK {
+	if res, v := checkIndices(&l.pages, a.Pages); res != idxOK {
 		return l.indexError(req.Room, "page", res, v, fmt.Sprintf("0..%d", l.pages.total-1))
 	}
 	switch {
@@ -156,7 +152,7 @@ func (l *Ledger) AdoptEntry(e *Entry, a Adoption) error {
 			return fmt.Errorf("adopt room %d: %d SWA pages for %d pages, want %d..%d (window %d): %w",
 				req.Room, n, nPages, minLive, nPages, l.window, ErrInvalidRequest)
 		}
-		if res, v := checkIndices(l.swaPages.pos, 0, a.SWAPages); res != idxOK {
+		if res, v := checkIndices(&l.swaPages, a.SWAPages); res != idxOK {
 			return l.indexError(req.Room, "swa page", res, v, fmt.Sprintf("0..%d", l.swaPages.total-1))
 		}
 	}
@@ -164,7 +160,7 @@ func (l *Ledger) AdoptEntry(e *Entry, a Adoption) error {
 		return fmt.Errorf("adopt room %d: %d mamba slots given, kind %s needs %d: %w", req.Room, len(a.MambaSlots), l.kind, l.mambaPerReq, ErrInvalidRequest)
 	}
 	if l.mambaPerReq > 0 {
-		if res, v := checkIndices(l.mambaS.pos, l.mambaS.first, a.MambaSlots); res != idxOK {
+		if res, v := checkIndices(&l.mambaS, a.MambaSlots); res != idxOK {
 			return l.indexError(req.Room, "mamba slot", res, v, fmt.Sprintf("0..%d", len(l.mambaS.buf)-1))
 		}
 	}

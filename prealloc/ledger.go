@@ -1026,6 +1026,8 @@ func (l *Ledger) ResumeHeld() []uint64 {
 // Release ends the room from any state and returns exactly what it holds to
 // the pools. An unknown or already released room is ErrUnknownRoom (never a
 // double free). Unlike SGLang, held rebootstrap rooms can be released too.
+// For a draining room this is the deferred release: its pages, slots and
+// metadata slot (marker reset to 0) become free at once.
 func (l *Ledger) Release(id uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()

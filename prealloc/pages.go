@@ -6,10 +6,13 @@ import "math/bits"
 // Taking n indices and giving them back are O(n) with no heap allocation: the
 // backing arrays are sized to the pool once and never grow. pos indexes the
 // free list by page so that a specific page can be tested and taken in O(1)
-// (takePage, for Adopt).
+// (takePage, for Adopt). It is a sparse set: pos[p] is p's index in free
+// while p is free and stale once p is taken (p is free iff
+// pos[p] < len(free) and free[pos[p]] == p), so taking pages never writes
+// pos; only give does, one write per page.
 type pageStack struct {
 	free  []int32
-	pos   []int32 // pos[p] = index of p in free, or -1 while p is held
+	pos   []int32 // pos[p] = index of p in free while p is free
 	total int
 }
 
@@ -26,17 +29,33 @@ func newPageStack(n int) pageStack {
 
 func (s *pageStack) avail() int { return len(s.free) }
 
+// inRange reports whether p is one of the pool's pages.
+func (s *pageStack) inRange(p int32) bool { return p >= 0 && int(p) < s.total }
+
+// loc is where p would sit in the free list if it were free: pos[p] if
+// that is inside the free list, else -1 (p is held).
+func (s *pageStack) loc(p int32) int {
+	if i := int(s.pos[p]); i < len(s.free) {
+		return i
+	}
+	return -1
+}
+
+// slots is the free list, for checkIndices.
+func (s *pageStack) slots() []int32 { return s.free }
+
 // isFree reports whether page p (in range) is on the free list.
-func (s *pageStack) isFree(p int32) bool { return s.pos[p] >= 0 }
+func (s *pageStack) isFree(p int32) bool {
+	i := s.loc(p)
+	return i >= 0 && s.free[i] == p
+}
 
 // take pops n indices and appends them to dst in pop order. The caller has
 // checked avail() >= n and that dst has room for n more elements.
 func (s *pageStack) take(dst []int32, n int) []int32 {
 	k := len(s.free) - n
 	for i := len(s.free) - 1; i >= k; i-- {
-		v := s.free[i]
-		s.pos[v] = -1
-		dst = append(dst, v)
+		dst = append(dst, s.free[i])
 	}
 	s.free = s.free[:k]
 	return dst
@@ -50,7 +69,6 @@ func (s *pageStack) takePage(p int32) {
 	s.free[i] = top
 	s.pos[top] = i
 	s.free = s.free[:last]
-	s.pos[p] = -1
 }
 
 // give pushes indices back. They are pushed in reverse so that an immediate
@@ -69,10 +87,13 @@ func (s *pageStack) give(idx []int32) {
 // (DecodeReqToTokenPool, ReqToMetadataIdxAllocator's deque).
 //
 // pos indexes the ring by slot so that a specific slot can be tested and
-// taken in O(1) (takeSlot, for Adopt).
+// taken in O(1) (takeSlot, for Adopt). Like pageStack.pos it is a sparse
+// set: pos[v-first] is v's index in buf while v is free, stale once v is
+// popped (v is free iff that index lies in the free region [head,
+// head+n) and holds v); pop never writes it, push does.
 type slotRing struct {
 	buf   []int32
-	pos   []int32 // pos[v-first] = index of v in buf, or -1 while v is held
+	pos   []int32 // pos[v-first] = index of v in buf while v is free
 	first int32
 	head  int
 	n     int
@@ -96,12 +117,31 @@ func (r *slotRing) inRange(v int32) bool {
 	return v >= r.first && int64(v)-int64(r.first) < int64(len(r.buf))
 }
 
+// loc is where v would sit in buf if it were free: its recorded index if
+// that lies in the free region, else -1 (v is held).
+func (r *slotRing) loc(v int32) int {
+	i := int(r.pos[v-r.first])
+	off := i - r.head
+	if off < 0 {
+		off += len(r.buf)
+	}
+	if off < r.n {
+		return i
+	}
+	return -1
+}
+
+// slots is the ring's backing array, for checkIndices.
+func (r *slotRing) slots() []int32 { return r.buf }
+
 // isFree reports whether slot v (in range) is free.
-func (r *slotRing) isFree(v int32) bool { return r.pos[v-r.first] >= 0 }
+func (r *slotRing) isFree(v int32) bool {
+	i := r.loc(v)
+	return i >= 0 && r.buf[i] == v
+}
 
 func (r *slotRing) pop() int32 {
 	v := r.buf[r.head]
-	r.pos[v-r.first] = -1
 	r.head++
 	if r.head == len(r.buf) {
 		r.head = 0
