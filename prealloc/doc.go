@@ -39,10 +39,12 @@
 //	                ▲                                      │                  │
 //	                │                              Expire (deadline)   StartRunning
 //	            ResumeHeld                                 ▼                  ▼
-//	                │                                  (released)          running ◄──┐
+//	                │                                  (released)          running ◄──┐ ◄── Adopt
 //	              held ◄───────────────Hold────────────────────────────────  │ │      │
 //	                                                               Retract ──┘ │  UpdateRunning
 //	                                           retracted ──Admit──► resumed ───┘ StartRunning
+//
+//	admitted, claimed, resumed, running ──DrainRoom──► draining ──Release──► (released)
 //
 // Release ends a room from any state and frees exactly what it holds; a
 // second release is ErrUnknownRoom, never a double free. Waiting, ready,
@@ -57,6 +59,44 @@
 // pages first, as in SGLang where the retracting step runs before the next
 // process_decode_queue. Held rooms wait for ResumeHeld, which re-enqueues
 // them as rebootstrap requests needing a new handshake.
+//
+// # Draining rooms (deferred release)
+//
+// A room that ends while a prefill rank may still be writing into its pages
+// by itself (abort, failure, timeout: issue 11) must not give them back
+// yet. DrainRoom moves an admitted, claimed, resumed or running room to
+// RoomDraining: it keeps exactly its pages, SWA pages, req slot, Mamba
+// slots and, if it has one (drained while admitted or claimed), its
+// metadata slot and marker — prefill may still write the aux row too. It
+// leaves the claim deadline heap and the running set and is no request any
+// more: every other operation on it is ErrWrongState (DrainRoom again is a
+// no-op), reads (State, Allocation: every page it holds, MetadataMarker)
+// still answer. Release frees everything once; the caller decides when
+// (every rank acknowledged, or its bound expired). A room that holds
+// nothing cannot drain (ErrWrongState): it is simply released. Stats counts
+// draining rooms (Stats.Draining) and what they hold in each pool
+// (ResourceStats.Draining, part of Used). Drain (no argument) is unrelated:
+// it stops the whole ledger taking new rooms.
+//
+// # Adopted rooms (engine resync)
+//
+// After a daemon restart the decode engine re-declares the rooms it still
+// runs. Adopt (AdoptEntry) makes each a running room owning exactly what
+// the engine names (Adoption): its req_to_token row (the engine's own row:
+// its req_pool_indices keep pointing at it), its pages —
+// ceil((prompt + output) / page_size) of them, the pages a running room of
+// that length holds — and per kind its live SWA pages (covering at least
+// the window, floor(max(0, seq − window) / page_size) on) or its
+// slots_per_req Mamba slots. A page or slot out of range, named twice or
+// held by another room (ErrOwned names the index and the room), a taken or
+// out-of-range row, an existing room, a wrong page count or missing state
+// slots refuse the whole adoption and change nothing. Adopted rooms are
+// then running rooms like any other (UpdateRunning, Retract, Hold,
+// DrainRoom, Release) and count in the budget. The free lists are indexed
+// by item (pageStack.pos, slotRing.pos), so checking and taking the adopted
+// items is O(items), not O(pool); taking a specific free item moves one
+// other free item into its place (the stack's top, or the ring's next pop),
+// the others keep their order.
 //
 // # Admission and the budget
 //
@@ -76,7 +116,11 @@
 //     running request could still need if every other one were retracted.
 //   - active = running + admitted + claimed + resumed rooms (SGLang's
 //     running batch, transfer queue and waiting queue; rooms admitted earlier
-//     in the same pass count as SGLang's extra_reserved_reqs).
+//     in the same pass count as SGLang's extra_reserved_reqs). Adopted rooms
+//     are running rooms. Draining rooms are not active requests (no R
+//     reserved for them, not retractable, no need_single term): their
+//     pages, SWA pages and slots are simply not free, so they count as used
+//     in every "free" term below, and the budget stays SGLang's.
 //   - full_budget = free full-pool tokens − max(R × active, need_single)
 //     − Σ over retracted rooms of (fill_len + R).
 //   - fill_len = prompt + max(output − 1, 0); a rebootstrap has no −1.
@@ -132,7 +176,7 @@
 // the slice returned by UpdateRunning are owned by the ledger and are not
 // copied. They stay valid and unchanged while the room holds its resources:
 // until it is released (Release, Expire) or gives its resources up (Retract,
-// Hold). Growth never moves or rewrites pages already returned. After that
+// Hold); a draining room still holds them. Adopt copies the caller's slices. Growth never moves or rewrites pages already returned. After that
 // the ledger reuses the memory; copy anything you need to keep longer.
 // Callers must not modify them.
 package prealloc

@@ -87,11 +87,11 @@ func assertFull(t testing.TB, l *Ledger) {
 	checkInv(t, l)
 	s := l.Stats()
 	for name, r := range map[string]ResourceStats{"pages": s.Pages, "req slots": s.ReqSlots, "metadata slots": s.MetaSlots, "mamba slots": s.MambaSlots, "swa pages": s.SWAPages} {
-		if r.Used != 0 || r.Free != r.Total {
+		if r.Used != 0 || r.Free != r.Total || r.Draining != 0 {
 			t.Errorf("%s not back to full: %+v", name, r)
 		}
 	}
-	rooms := s.Waiting + s.Ready + s.Admitted + s.Claimed + s.Resumed + s.Running + s.Retracted + s.Held
+	rooms := s.Waiting + s.Ready + s.Admitted + s.Claimed + s.Resumed + s.Running + s.Retracted + s.Held + s.Draining
 	if rooms != 0 || s.Retractable != 0 {
 		t.Errorf("rooms left: %+v", s)
 	}

@@ -77,7 +77,10 @@ func (o *owners) complete() {
 // index belongs to exactly one live room; each room holds exactly what its
 // state implies; the ready, deadline and running heaps, the retracted and
 // held lists and the per-state counters match the rooms; the incrementally
-// maintained budget terms equal their definitions recomputed from scratch.
+// maintained budget terms and the draining rooms' totals equal their
+// definitions recomputed from scratch; every free list's position index
+// (used by Adopt) locates each free item (a mark left behind would show as
+// an out-of-range free index).
 // It is O(pool size + rooms) and meant for tests and debugging.
 func (l *Ledger) CheckInvariants() error {
 	l.mu.Lock()
@@ -112,11 +115,12 @@ func (l *Ledger) CheckInvariants() error {
 
 	var counts [numRoomStates]int
 	var retractable, retractableSWA, retractedFull, retractedSWA int64
+	var drained drainedRes
 	for id, r := range l.rooms {
 		if r.id != id {
 			fail("room keyed %d records id %d", id, r.id)
 		}
-		if r.state < RoomWaiting || r.state > RoomHeld {
+		if r.state < RoomWaiting || r.state > RoomDraining {
 			fail("room %d has invalid state %d", id, int(r.state))
 			continue
 		}
@@ -149,6 +153,8 @@ func (l *Ledger) CheckInvariants() error {
 		case RoomRetracted:
 			retractedFull += r.retFull
 			retractedSWA += r.retSWA
+		case RoomDraining:
+			drained.account(r, 1)
 		}
 	}
 	pages.complete()
@@ -165,6 +171,34 @@ func (l *Ledger) CheckInvariants() error {
 	}
 	if retractableSWA != l.retractableSWA {
 		fail("retractable SWA tokens %d, recomputed %d", l.retractableSWA, retractableSWA)
+	}
+	if drained != l.drained {
+		fail("draining rooms hold %+v, recomputed %+v", l.drained, drained)
+	}
+	for i, v := range l.pages.free {
+		if int(v) >= 0 && int(v) < len(l.pages.pos) && l.pages.pos[v] != int32(i) {
+			fail("pages: page %d at %d, position says %d", v, i, l.pages.pos[v])
+		}
+	}
+	for i, v := range l.swaPages.free {
+		if int(v) >= 0 && int(v) < len(l.swaPages.pos) && l.swaPages.pos[v] != int32(i) {
+			fail("swa pages: page %d at %d, position says %d", v, i, l.swaPages.pos[v])
+		}
+	}
+	for _, ring := range []struct {
+		name string
+		r    *slotRing
+	}{{"req slots", &l.reqSlots}, {"metadata slots", &l.meta}, {"mamba slots", &l.mambaS}} {
+		r := ring.r
+		for i := 0; i < r.avail(); i++ {
+			j := r.head + i
+			if j >= len(r.buf) {
+				j -= len(r.buf)
+			}
+			if v := r.buf[j]; r.inRange(v) && r.pos[v-r.first] != int32(j) {
+				fail("%s: slot %d at %d, position says %d", ring.name, v, j, r.pos[v-r.first])
+			}
+		}
 	}
 	if retractedFull != l.retractedFull || retractedSWA != l.retractedSWA {
 		fail("retracted requirements (%d, %d), recomputed (%d, %d)", l.retractedFull, l.retractedSWA, retractedFull, retractedSWA)
@@ -269,7 +303,7 @@ func (l *Ledger) checkRoom(r *room, errs *[]error) {
 			fail("holds no req slot")
 		}
 		wantMeta := r.state == RoomAdmitted || r.state == RoomClaimed
-		if (r.metaSlot >= 0) != wantMeta {
+		if (r.metaSlot >= 0) != wantMeta && r.state != RoomDraining {
 			fail("metadata slot %d, want one: %v", r.metaSlot, wantMeta)
 		}
 		if r.nMamba != l.mambaPerReq {
@@ -277,7 +311,9 @@ func (l *Ledger) checkRoom(r *room, errs *[]error) {
 		}
 		base := int(ceilDiv(r.fill, l.page))
 		switch r.state {
-		case RoomRunning:
+		case RoomRunning, RoomDraining:
+			// A draining room keeps what it held as admitted, claimed,
+			// resumed or running: at most its running extent.
 			seq := int(ceilDiv(int64(r.req.PromptLen)+int64(r.req.OutputLen), l.page))
 			if len(r.pages) < base || len(r.pages) > max(base, seq) {
 				fail("holds %d pages, want between %d and %d", len(r.pages), base, max(base, seq))

@@ -160,10 +160,11 @@ type Ledger struct {
 	held      roomList
 
 	counts         [numRoomStates]int
-	retractable    int64 // Σ running (prompt + output)
-	retractableSWA int64 // Σ running (swa_tail_len(prompt) + output)
-	retractedFull  int64 // Σ retracted full_required
-	retractedSWA   int64 // Σ retracted swa_required
+	retractable    int64      // Σ running (prompt + output)
+	retractableSWA int64      // Σ running (swa_tail_len(prompt) + output)
+	retractedFull  int64      // Σ retracted full_required
+	retractedSWA   int64      // Σ retracted swa_required
+	drained        drainedRes // what draining rooms hold
 
 	maxBypass int    // admission.max_bypass
 	steps     uint64 // UpdateRunning calls so far: the engine's decode-step reports
@@ -602,6 +603,8 @@ func (l *Ledger) detach(r *room) {
 		l.retractedSWA -= r.retSWA
 	case RoomHeld:
 		l.held.remove(r)
+	case RoomDraining:
+		l.drained.account(r, -1)
 	}
 }
 
@@ -717,8 +720,10 @@ func (l *Ledger) Claim(id uint64) error {
 // Allocation returns what the room holds. ok is false if the room is unknown
 // or holds nothing (waiting, ready, retracted, held). For an admitted or
 // claimed room Pages are the transfer destination (kv_to_page_indices of the
-// tokens prefill writes); for a resumed or running room they are every page
-// it holds. MetadataSlot is -1 when the room holds none (resumed, running).
+// tokens prefill writes); for a resumed, running or draining room they are
+// every page it holds (and State its live state). MetadataSlot is -1 when
+// the room holds none (resumed, running, and draining rooms drained from
+// those).
 // The slices are owned by the ledger; see the package documentation.
 func (l *Ledger) Allocation(id uint64) (Allocation, bool) {
 	l.mu.Lock()
@@ -773,7 +778,7 @@ func (l *Ledger) allocationOf(r *room) Allocation {
 	if l.stateType == 0 {
 		return a
 	}
-	if r.state == RoomRunning {
+	if r.state == RoomRunning || r.state == RoomDraining {
 		a.State = []StateIndices{l.stateOf(r, false, a.Pages)}
 	} else {
 		a.State = r.stateBuf[:1:1]
@@ -1021,6 +1026,8 @@ func (l *Ledger) ResumeHeld() []uint64 {
 // Release ends the room from any state and returns exactly what it holds to
 // the pools. An unknown or already released room is ErrUnknownRoom (never a
 // double free). Unlike SGLang, held rebootstrap rooms can be released too.
+// For a draining room this is the deferred release: its pages, slots and
+// metadata slot (marker reset to 0) become free at once.
 func (l *Ledger) Release(id uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -1076,7 +1083,9 @@ func (l *Ledger) Drain() {
 
 // SetMetadataMarker records what the transfer path found in the room's
 // metadata slot (the bootstrap_room prefill wrote). The marker is reset to 0
-// when the slot is freed. ErrWrongState if the room holds no metadata slot.
+// when the slot is freed. ErrWrongState if the room holds no metadata slot
+// or is draining (it is no longer a request; MetadataMarker still reads the
+// marker it had).
 func (l *Ledger) SetMetadataMarker(id uint64, marker uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -1084,7 +1093,7 @@ func (l *Ledger) SetMetadataMarker(id uint64, marker uint64) error {
 	if err != nil {
 		return err
 	}
-	if r.metaSlotOf() < 0 {
+	if r.metaSlotOf() < 0 || r.state == RoomDraining {
 		return wrongState("set metadata marker", r)
 	}
 	l.markers[r.metaSlot] = marker
@@ -1132,14 +1141,15 @@ func (l *Ledger) RoomRequest(id uint64) (Request, bool) {
 func (l *Ledger) Stats() Stats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	rs := func(total, free int) ResourceStats {
-		return ResourceStats{Total: int64(total), Free: int64(free), Used: int64(total - free)}
+	rs := func(total, free int, draining int64) ResourceStats {
+		return ResourceStats{Total: int64(total), Free: int64(free), Used: int64(total - free), Draining: draining}
 	}
+	d := &l.drained
 	s := Stats{
 		Shard:       l.shard,
-		Pages:       rs(l.pages.total, l.pages.avail()),
-		ReqSlots:    rs(len(l.reqSlots.buf), l.reqSlots.avail()),
-		MetaSlots:   rs(len(l.meta.buf), l.meta.avail()),
+		Pages:       rs(l.pages.total, l.pages.avail(), d.pages),
+		ReqSlots:    rs(len(l.reqSlots.buf), l.reqSlots.avail(), d.req),
+		MetaSlots:   rs(len(l.meta.buf), l.meta.avail(), d.meta),
 		Waiting:     l.counts[RoomWaiting],
 		Ready:       l.counts[RoomReady],
 		Admitted:    l.counts[RoomAdmitted],
@@ -1148,16 +1158,17 @@ func (l *Ledger) Stats() Stats {
 		Running:     l.counts[RoomRunning],
 		Retracted:   l.counts[RoomRetracted],
 		Held:        l.counts[RoomHeld],
+		Draining:    l.counts[RoomDraining],
 		LastBlocked: l.lastBlocked,
 		FullBudget:  l.lastFull,
 		SWABudget:   l.lastSWABudget,
 		Retractable: l.retractable,
 	}
 	if l.mambaPerReq > 0 {
-		s.MambaSlots = rs(len(l.mambaS.buf), l.mambaS.avail())
+		s.MambaSlots = rs(len(l.mambaS.buf), l.mambaS.avail(), d.mamba)
 	}
 	if l.swaMode != swaNone {
-		s.SWAPages = rs(l.swaPages.total, l.swaPages.avail())
+		s.SWAPages = rs(l.swaPages.total, l.swaPages.avail(), d.swa)
 	}
 	return s
 }

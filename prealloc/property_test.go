@@ -3,6 +3,7 @@ package prealloc
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sort"
@@ -160,6 +161,9 @@ func TestPropertySeeded(t *testing.T) {
 				"release: room not in the ledger", "set ready: operation not valid in the room's ledger state",
 				"update: invalid request", "enqueue: room already in the ledger", "enqueue: ledger is draining",
 				"resume: waits for a decode step",
+				"drain: room", "drain: again", "drain: operation not valid in the room's ledger state",
+				"release: draining", "adopt: room", "adopt: already held by another room", "adopt: invalid request",
+				"adopt: room already in the ledger", "set marker: draining",
 			}
 			for _, k := range append(must, c.expect...) {
 				if seen[k] == 0 {
@@ -171,6 +175,30 @@ func TestPropertySeeded(t *testing.T) {
 	}
 	if total != propertyOps {
 		t.Fatalf("planned %d operations, want %d", total, propertyOps)
+	}
+}
+
+// TestPropertyManySeeds runs shorter sequences from many seeds on every
+// pool, so that the invariants (draining and adopted rooms included) are
+// checked from many starting points, not one stream per pool.
+func TestPropertyManySeeds(t *testing.T) {
+	const seeds, ops = 16, 600
+	for i, c := range propertyConfigs() {
+		t.Run(c.name, func(t *testing.T) {
+			seen := map[string]int{}
+			for seed := uint64(1); seed <= seeds; seed++ {
+				src := pcgSource{rand.New(rand.NewPCG(seed<<8|uint64(i), 0xd7a1))}
+				_, got := runSim(t, c.cfg, c.unvalidated, src, ops)
+				for k, v := range got {
+					seen[k] += v
+				}
+			}
+			for _, k := range []string{"drain: room", "release: draining", "adopt: room", "adopt: already held by another room"} {
+				if seen[k] == 0 {
+					t.Errorf("%d seeds never produced %q", seeds, k)
+				}
+			}
+		})
 	}
 }
 
@@ -400,7 +428,11 @@ func runSim(t testing.TB, cfg Config, unvalidated bool, src source, ops int) (in
 }
 
 func (s *sim) step(n int) {
-	switch op := s.src.intn(100); {
+	switch op := s.src.intn(108); {
+	case op >= 104:
+		s.opAdopt()
+	case op >= 100:
+		s.opDrain()
 	case op < 18:
 		s.opEnqueue()
 	case op < 31:
@@ -689,6 +721,9 @@ func (s *sim) opRelease() {
 	if err != nil {
 		s.fatalf("release %d: %v", id, err)
 	}
+	if r.state == RoomDraining {
+		s.seen["release: draining"]++
+	}
 	s.forget(id)
 	s.expectErr("second release", s.l.Release(id), ErrUnknownRoom)
 }
@@ -747,6 +782,9 @@ func (s *sim) opMarker() {
 	switch {
 	case r == nil:
 		s.expectErr("set marker", err, ErrUnknownRoom)
+	case r.state == RoomDraining:
+		s.expectErr("set marker", err, ErrWrongState)
+		s.seen["set marker: draining"]++
 	case r.meta:
 		if err != nil {
 			s.fatalf("set marker %d: %v", id, err)
@@ -1032,6 +1070,7 @@ func (s *sim) check(n int) {
 	}
 	st := s.l.Stats()
 	var pages, swaPages, req, meta int
+	var dPages, dSWA, dReq, dMeta int
 	var retractable int64
 	var counts [numRoomStates]int
 	var mismatch string
@@ -1065,6 +1104,16 @@ func (s *sim) check(n int) {
 		if r.meta {
 			meta++
 		}
+		if r.state == RoomDraining {
+			dPages += r.pages
+			dReq++
+			if s.swa != swaNone {
+				dSWA += r.pages - r.swaFirst
+			}
+			if r.meta {
+				dMeta++
+			}
+		}
 		if r.state == RoomRunning {
 			retractable += int64(r.req.PromptLen + r.req.OutputLen)
 		}
@@ -1081,14 +1130,18 @@ func (s *sim) check(n int) {
 			s.fatalf("op %d: accessors of room %d: %s %+v %d %v; shadow %s %+v %d %v", n, id, got, gr, m, ok, r.state, r.req, r.marker, r.meta)
 		}
 	}
-	want := [...]int{counts[RoomWaiting], counts[RoomReady], counts[RoomAdmitted], counts[RoomClaimed], counts[RoomResumed], counts[RoomRunning], counts[RoomRetracted], counts[RoomHeld]}
-	got := [...]int{st.Waiting, st.Ready, st.Admitted, st.Claimed, st.Resumed, st.Running, st.Retracted, st.Held}
+	want := [...]int{counts[RoomWaiting], counts[RoomReady], counts[RoomAdmitted], counts[RoomClaimed], counts[RoomResumed], counts[RoomRunning], counts[RoomRetracted], counts[RoomHeld], counts[RoomDraining]}
+	got := [...]int{st.Waiting, st.Ready, st.Admitted, st.Claimed, st.Resumed, st.Running, st.Retracted, st.Held, st.Draining}
 	if want != got {
 		s.fatalf("op %d: state counts %v, shadow %v", n, got, want)
 	}
 	if int(st.Pages.Used) != pages || int(st.SWAPages.Used) != swaPages || int(st.ReqSlots.Used) != req ||
 		int(st.MetaSlots.Used) != meta || int(st.MambaSlots.Used) != req*s.spr || st.Retractable != retractable {
 		s.fatalf("op %d: stats %+v; shadow pages %d swa %d req %d meta %d retractable %d", n, st, pages, swaPages, req, meta, retractable)
+	}
+	if int(st.Pages.Draining) != dPages || int(st.SWAPages.Draining) != dSWA || int(st.ReqSlots.Draining) != dReq ||
+		int(st.MetaSlots.Draining) != dMeta || int(st.MambaSlots.Draining) != dReq*s.spr {
+		s.fatalf("op %d: draining stats %+v; shadow pages %d swa %d req %d meta %d", n, st, dPages, dSWA, dReq, dMeta)
 	}
 }
 
@@ -1115,4 +1168,176 @@ func (s *sim) releaseAll() {
 		}
 	}
 	assertFull(s.t, s.l)
+}
+
+// opDrain drains a random room: rooms holding an allocation drain (and stay
+// exactly as big), others are refused.
+func (s *sim) opDrain() {
+	id, r := s.pick(func(r *shadowRoom) bool { return s.holds(r) || s.src.intn(8) == 0 })
+	before := s.l.Stats()
+	err := s.l.DrainRoom(id)
+	switch {
+	case r == nil:
+		s.expectErr("drain", err, ErrUnknownRoom)
+	case r.state == RoomDraining:
+		if err != nil {
+			s.fatalf("drain again %d: %v", id, err)
+		}
+		s.seen["drain: again"]++
+	case s.holds(r):
+		if err != nil {
+			s.fatalf("drain %d (%s): %v", id, r.state, err)
+		}
+		after := s.l.Stats()
+		if after.Pages.Used != before.Pages.Used || after.SWAPages.Used != before.SWAPages.Used ||
+			after.ReqSlots.Used != before.ReqSlots.Used || after.MetaSlots.Used != before.MetaSlots.Used {
+			s.fatalf("drain %d changed the pools:\n%+v\n%+v", id, before, after)
+		}
+		r.state = RoomDraining
+		s.seen["drain: room"]++
+	default:
+		s.expectErr("drain", err, ErrWrongState)
+	}
+}
+
+// opAdopt re-declares a running room on free pages and slots read from the
+// ledger's free lists, with at most one defect, and predicts the outcome.
+func (s *sim) opAdopt() {
+	l := s.l
+	l.mu.Lock()
+	freeP := slices.Clone(l.pages.free)
+	freeS := slices.Clone(l.swaPages.free)
+	var freeR, freeM []int32
+	for i := 0; i < l.reqSlots.avail(); i++ {
+		freeR = append(freeR, l.reqSlots.at(i))
+	}
+	for i := 0; i < l.mambaS.avail(); i++ {
+		freeM = append(freeM, l.mambaS.at(i))
+	}
+	// Something held, to name in a conflict: a holding room's first page,
+	// SWA page, row and Mamba slot.
+	var heldP, heldS, heldR, heldM []int32
+	for _, id := range slices.Sorted(maps.Keys(l.rooms)) {
+		r := l.rooms[id]
+		if !r.state.holdsAllocation() {
+			continue
+		}
+		if len(r.pages) > 0 {
+			heldP = append(heldP, r.pages[0])
+		}
+		if r.swa != nil && len(r.swa) > r.swaOff {
+			heldS = append(heldS, r.swa[r.swaOff])
+		}
+		heldR = append(heldR, r.reqSlot)
+		if r.nMamba > 0 {
+			heldM = append(heldM, r.mamba[0])
+		}
+	}
+	l.mu.Unlock()
+	choose := func(from []int32, n int) []int32 {
+		from = slices.Clone(from)
+		out := make([]int32, 0, n)
+		for i := 0; i < n; i++ {
+			j := i + s.src.intn(len(from)-i)
+			from[i], from[j] = from[j], from[i]
+			out = append(out, from[i])
+		}
+		return out
+	}
+	req := Request{
+		Room:         s.nextID + 1,
+		RID:          fmt.Sprintf("a%d", s.nextID+1),
+		PromptLen:    s.src.intn(int(s.maxTotal/24) + 1),
+		OutputLen:    s.src.intn(int(s.page)*3 + 2),
+		MaxNewTokens: s.src.intn(int(s.clip) * 2),
+		Priority:     s.src.intn(4),
+	}
+	seq := int64(req.PromptLen + req.OutputLen)
+	nP := s.pagesFor(seq)
+	minLive, nS := 0, 0
+	if s.swa != swaNone {
+		minLive = nP - int(max(0, seq-s.window)/s.page)
+		nS = minLive + s.src.intn(nP-minLive+1)
+	}
+	if nP > len(freeP) || nS > len(freeS) || len(freeR) == 0 || s.spr > len(freeM) {
+		s.seen["adopt: no room"]++
+		return
+	}
+	a := Adoption{Request: req, ReqSlot: choose(freeR, 1)[0], Pages: choose(freeP, nP)}
+	if s.swa != swaNone {
+		a.SWAPages = choose(freeS, nS)
+	}
+	if s.spr > 0 {
+		a.MambaSlots = choose(freeM, s.spr)
+	}
+	var want error = nil
+	switch s.src.intn(14) {
+	case 0:
+		if len(heldP) > 0 && nP > 0 {
+			a.Pages[s.src.intn(nP)] = heldP[s.src.intn(len(heldP))]
+			want = ErrOwned
+		}
+	case 1:
+		if nP > 1 {
+			a.Pages[nP-1] = a.Pages[0]
+			want = ErrInvalidRequest
+		}
+	case 2:
+		if nP > 0 {
+			a.Pages[s.src.intn(nP)] = int32(s.totalPages + s.src.intn(3))
+			want = ErrInvalidRequest
+		}
+	case 3:
+		if s.src.intn(2) == 0 && nP > 0 {
+			a.Pages = a.Pages[:nP-1]
+		} else {
+			a.Request.OutputLen += int(s.page) // one more page's worth of tokens
+		}
+		want = ErrInvalidRequest
+	case 4:
+		if len(heldR) > 0 {
+			a.ReqSlot = heldR[s.src.intn(len(heldR))]
+			want = ErrOwned
+		}
+	case 5:
+		a.ReqSlot = int32(s.src.intn(2)) << 20 // 0 (padding) or far out of range
+		want = ErrInvalidRequest
+	case 6:
+		switch {
+		case s.swa != swaNone && len(heldS) > 0 && nS > 0:
+			a.SWAPages[0] = heldS[s.src.intn(len(heldS))]
+			want = ErrOwned
+		case s.swa != swaNone && minLive > 0:
+			a.SWAPages = a.SWAPages[:minLive-1]
+			want = ErrInvalidRequest
+		case s.spr > 0 && len(heldM) > 0:
+			a.MambaSlots[s.spr-1] = heldM[s.src.intn(len(heldM))]
+			want = ErrOwned
+		case s.spr > 1:
+			a.MambaSlots[1] = a.MambaSlots[0]
+			want = ErrInvalidRequest
+		}
+	case 7:
+		if id, old := s.pick(nil); old != nil {
+			a.Request.Room = id
+			want = ErrRoomExists
+		}
+	}
+	before, lists := s.l.Stats(), freeLists(s.l)
+	err := s.l.Adopt(a)
+	if want != nil {
+		s.expectErr("adopt", err, want)
+		if after := s.l.Stats(); after != before || freeLists(s.l) != lists {
+			s.fatalf("refused adopt changed the ledger:\n%+v\n%+v", before, after)
+		}
+		return
+	}
+	if err != nil {
+		s.fatalf("adopt %+v: %v", a, err)
+	}
+	s.rooms[req.Room] = &shadowRoom{id: req.Room, req: req, state: RoomRunning, seq: s.nextSeq,
+		fill: seq, pages: nP, swaFirst: nP - nS}
+	s.nextSeq++
+	s.nextID = max(s.nextID, req.Room)
+	s.seen["adopt: room"]++
 }

@@ -29,6 +29,13 @@ const (
 	// RoomHeld: retracted for rebootstrap (pause_generation retract mode);
 	// holds nothing, re-enters the queue on ResumeHeld.
 	RoomHeld
+	// RoomDraining: ended (DrainRoom) while a prefill rank may still be
+	// writing into its pages by itself. It is no longer a request: it is in
+	// no queue or heap and no budget term of a live request, but it keeps
+	// exactly its pages, SWA pages, req slot, state slots and, if it had
+	// one, its metadata slot (prefill may still write the aux row) until
+	// Release frees them. Those are not free: admission never hands them out.
+	RoomDraining
 )
 
 var roomStateNames = [...]string{
@@ -40,10 +47,11 @@ var roomStateNames = [...]string{
 	RoomRunning:   "running",
 	RoomRetracted: "retracted",
 	RoomHeld:      "held",
+	RoomDraining:  "draining",
 }
 
 // numRoomStates sizes per-state counters (index 0 unused).
-const numRoomStates = int(RoomHeld) + 1
+const numRoomStates = int(RoomDraining) + 1
 
 // String returns the state's name.
 func (s RoomState) String() string {
@@ -56,5 +64,5 @@ func (s RoomState) String() string {
 // holdsAllocation reports whether a room in this state holds a req slot,
 // pages and state slots.
 func (s RoomState) holdsAllocation() bool {
-	return s == RoomAdmitted || s == RoomClaimed || s == RoomResumed || s == RoomRunning
+	return s == RoomAdmitted || s == RoomClaimed || s == RoomResumed || s == RoomRunning || s == RoomDraining
 }

@@ -138,7 +138,40 @@ var (
 	// absurdly large, or an output length that shrinks). Nothing changed.
 	// Map to InvalidArgument.
 	ErrInvalidRequest = errors.New("invalid request")
+	// ErrOwned: Adopt named a page or slot that another room of the ledger
+	// already holds (the message names the index and the room). Nothing
+	// changed. Map to FailedPrecondition.
+	ErrOwned = errors.New("already held by another room")
 )
+
+// Adoption is one room the decode engine re-declares after a daemon restart
+// (Adopt): a request it is decoding and exactly what it holds, in the
+// engine's own numbering. The ledger copies the slices.
+type Adoption struct {
+	// Request is the room's request: Room, RID, PromptLen, OutputLen
+	// (len(output_ids) so far) and MaxNewTokens as in Enqueue; Priority is
+	// not used and Rebootstrap must be false (the room is running).
+	Request Request
+	// ReqSlot is the room's req_to_token row (1..request_slots +
+	// pre_alloc_slots): the engine's row, which its own req_pool_indices
+	// keep pointing at.
+	ReqSlot int32
+	// Pages are every full-pool KV page the room holds, in token order:
+	// exactly ceil((PromptLen + OutputLen) / page_size) of them, the
+	// pages a running room of that length holds in the ledger.
+	Pages []int32
+	// SWAPages (hybrid-swa only) are the room's live SWA pages, in token
+	// order, backing the last len(SWAPages) of Pages. They must cover the
+	// sliding window: at least the pages from
+	// floor(max(0, seq − window) / page_size) on, seq = PromptLen + OutputLen.
+	// Older pages the engine has not evicted yet may be included; the next
+	// UpdateRunning evicts them.
+	SWAPages []int32
+	// MambaSlots (hybrid-linear only) are the room's Mamba state slots:
+	// exactly slots_per_req of them, the main slot first, then the
+	// ping-pong track slots.
+	MambaSlots []int32
+}
 
 // CapacityError is a request that can never fit, with SGLang's message
 // (spec §2.3): "Request {rid} exceeds the maximum number of tokens: {n} > {max}"
@@ -166,23 +199,29 @@ type ResourceStats struct {
 	Total int64
 	Free  int64
 	Used  int64
+	// Draining is the part of Used that draining rooms hold.
+	Draining int64
 }
 
 // Stats is a snapshot of one shard's ledger.
 type Stats struct {
-	Shard       int
-	Pages       ResourceStats
-	ReqSlots    ResourceStats
-	MetaSlots   ResourceStats
-	MambaSlots  ResourceStats // zero unless hybrid-linear
-	SWAPages    ResourceStats // zero unless hybrid-swa
-	Waiting     int           // enqueued, handshake not ready
-	Ready       int           // ready, waiting for admission
-	Admitted    int           // pre-allocated, not yet claimed
-	Claimed     int           // claimed by prefill, transferring
-	Running     int           // transferred, decoding
-	Retracted   int
-	Held        int
+	Shard      int
+	Pages      ResourceStats
+	ReqSlots   ResourceStats
+	MetaSlots  ResourceStats
+	MambaSlots ResourceStats // zero unless hybrid-linear
+	SWAPages   ResourceStats // zero unless hybrid-swa
+	Waiting    int           // enqueued, handshake not ready
+	Ready      int           // ready, waiting for admission
+	Admitted   int           // pre-allocated, not yet claimed
+	Claimed    int           // claimed by prefill, transferring
+	Running    int           // transferred, decoding
+	Retracted  int
+	Held       int
+	// Draining counts rooms that ended while a prefill rank may still write
+	// into their pages (DrainRoom); what they hold is in each pool's
+	// Draining.
+	Draining    int
 	LastBlocked BlockReason // why the last admission pass stopped
 	FullBudget  int64       // the last pass's full-attention token budget
 	Retractable int64       // Σ running (prompt + output)
