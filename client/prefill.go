@@ -39,6 +39,7 @@ type Prefill struct {
 	rank  *pb.PrefillRank
 	every time.Duration
 	onErr func(error)
+	onInc func(old, new uint64)
 
 	mu       sync.Mutex
 	resp     *pb.RegisterPrefillResponse
@@ -101,13 +102,14 @@ func (p *Prefill) learn(inc uint64, registered bool) {
 		return
 	}
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	var old uint64
 	switch g := p.gen; {
 	case g == nil:
 		p.gen = newGeneration(inc)
 	case g.inc == 0:
 		g.inc = inc
 	case g.inc != inc:
+		old = g.inc
 		g.void(&IncarnationChangedError{Old: g.inc, New: inc})
 		p.gen = newGeneration(inc)
 		if !registered {
@@ -116,6 +118,10 @@ func (p *Prefill) learn(inc uint64, registered bool) {
 	}
 	if registered {
 		p.reregister = false
+	}
+	p.mu.Unlock()
+	if old != 0 && p.onInc != nil {
+		p.onInc(old, inc)
 	}
 }
 
@@ -181,6 +187,15 @@ func HeartbeatEvery(d time.Duration) PrefillOption {
 // that made it register again. Use it to log.
 func OnHeartbeatError(f func(error)) PrefillOption {
 	return func(p *Prefill) { p.onErr = f }
+}
+
+// OnIncarnationChange is called when the Prefill learns that the daemon's
+// incarnation changed from old to new (the daemon restarted): every
+// destination of old is void by then. It is called from the goroutine that
+// learned it (RunHeartbeat's, Register's caller's, a hand-off's), not with
+// the Prefill's lock held. Use it to log, or to hand the rooms off again.
+func OnIncarnationChange(f func(old, new uint64)) PrefillOption {
+	return func(p *Prefill) { p.onInc = f }
 }
 
 // Prefill returns the prefill side of the rank described by reg (a copy is
