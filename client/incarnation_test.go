@@ -317,3 +317,52 @@ func TestDestinationStreamOfAnotherIncarnation(t *testing.T) {
 		t.Fatalf("claim naming the daemon's incarnation = %v, %v; want a destination of %x", ev, err, own)
 	}
 }
+
+// TestHeartbeatLearnsIncarnation: a heartbeat answered OK by a restarted
+// daemon (another caller registered the rank there) carries the new
+// incarnation; the Prefill learns it, calls OnIncarnationChange and
+// registers again on its next beat.
+func TestHeartbeatLearnsIncarnation(t *testing.T) {
+	ctx := ctxT(t)
+	r := startRestartable(t)
+	oldInc := r.cur.Incarnation()
+	c := fastClient(t, r.addr)
+	changes := make(chan [2]uint64, 4)
+	p := c.Prefill(prefillRank(addr, 1, 0), client.HeartbeatEvery(time.Millisecond),
+		client.OnIncarnationChange(func(o, n uint64) { changes <- [2]uint64{o, n} }))
+	if _, err := p.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec := newRecorder()
+	r.restart(rec)
+	newInc := r.cur.Incarnation()
+	waitConnected(t, ctx, c)
+	// Another Prefill of the same rank registers with the new daemon.
+	if _, err := c.Prefill(prefillRank(addr, 1, 0)).Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-rec.registered
+	hctx, cancel := context.WithCancel(ctx)
+	beat := make(chan error, 1)
+	go func() { beat <- p.RunHeartbeat(hctx) }()
+	select {
+	case got := <-changes:
+		if got != [2]uint64{oldInc, newInc} {
+			t.Errorf("OnIncarnationChange(%x, %x), want (%x, %x)", got[0], got[1], oldInc, newInc)
+		}
+	case <-ctx.Done():
+		t.Fatal("the heartbeat never learned the new incarnation")
+	}
+	<-rec.registered // the next beat registers again
+	cancel()
+	<-beat
+	if rec.count(pb.Bootstrap_Heartbeat_FullMethodName) == 0 || rec.count(pb.Bootstrap_RegisterPrefill_FullMethodName) < 2 {
+		t.Errorf("heartbeats %d, registrations %d at the new daemon; want a heartbeat, then a registration of its own",
+			rec.count(pb.Bootstrap_Heartbeat_FullMethodName), rec.count(pb.Bootstrap_RegisterPrefill_FullMethodName))
+	}
+	// (The registration's answer may have been cut by the cancel: the
+	// incarnation came from the heartbeat.)
+	if p.Incarnation() != newInc {
+		t.Errorf("Prefill holds %x; want %x", p.Incarnation(), newInc)
+	}
+}
