@@ -240,8 +240,9 @@ var ErrIncarnationChanged = errors.New("daemon incarnation changed")
 // IncarnationChangedError is a hand-off (or a DestinationStream) stopped
 // because the destination it held belongs to an earlier incarnation of the
 // daemon: the daemon restarted, and may already have given those pages to
-// another room. Nothing more was written or reported for that destination
-// once the client knew. Register again (Prefill.RunHeartbeat does it on its
+// another room. No write or report for that destination starts once the
+// client knows (one already started has its context cancelled, and the
+// daemon refuses it by its incarnation). Register again (Prefill.RunHeartbeat does it on its
 // next beat) and claim the room again. It matches ErrIncarnationChanged.
 type IncarnationChangedError struct {
 	// Room is the room whose destination is void (0: not about one room).

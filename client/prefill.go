@@ -125,9 +125,11 @@ func (p *Prefill) learn(inc uint64, registered bool) {
 	}
 }
 
-// check is called before every write and report of a hand-off bound to g:
-// it fails once g is void. It holds p.mu, so that no write starts after
-// learn returned.
+// check is called right before every write and report of a hand-off bound
+// to g: it fails once g is void. Taken under p.mu, it fails for every check
+// made after learn returned; a write whose check passed just before is sent
+// with the hand-off's context, which learn cancelled, and the daemon refuses
+// it by its incarnation in any case.
 func (p *Prefill) check(g *generation, room uint64) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
