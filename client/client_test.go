@@ -356,7 +356,7 @@ func TestSendRoomChunks(t *testing.T) {
 	var want []proto.Message
 	for i, off := range []uint32{0, 5, 10, 15} {
 		n := min(5, 16-off)
-		req := &pb.TransferRequest{Room: 5, Rank: rank, ChunkIndex: uint32(i), PageOffset: off, NumPages: n, Source: &pb.TransferSource{Buffer: "kv0"}, Attempt: 1}
+		req := &pb.TransferRequest{Room: 5, Rank: rank, ChunkIndex: uint32(i), PageOffset: off, NumPages: n, Source: &pb.TransferSource{Buffer: "kv0"}, Attempt: 1, Incarnation: d.Incarnation()}
 		for j := range n {
 			req.Source.PageIndices = append(req.Source.PageIndices, int32(1000+off+j))
 		}

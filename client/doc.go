@@ -76,6 +76,23 @@
 //		// uses SGLang's wording ("Page size mismatch: ...")
 //	}
 //
+// A hand-off (SendRoom, ReportRoom) or a DestinationStream whose
+// destination belongs to an earlier incarnation of the daemon is an
+// *IncarnationChangedError (errors.Is(err, ErrIncarnationChanged)); see
+// Incarnations. StaleIncarnation reads the daemon's STALE_INCARNATION
+// refusal from an *Error.
+//
+// # Incarnations
+//
+// The daemon draws a new incarnation at every start and refuses requests
+// about destinations of another one (FAILED_PRECONDITION,
+// STALE_INCARNATION). A Prefill records the incarnation from each
+// registration and heartbeat answer and names it in every request about a
+// destination. When it learns a new one, every destination of the old one is
+// void: the hand-offs holding one stop before their next write or report,
+// RunHeartbeat registers again on its next beat (or call Register), and
+// OnIncarnationChange is told; hand the rooms off again after that.
+//
 // # Retries
 //
 // Retries are declared per RPC, in one table (retry.go), from the contract

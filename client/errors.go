@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -230,3 +231,62 @@ func (e *RoomFailedError) Is(target error) bool { return target == ErrRoomFailed
 
 // Unwrap returns the RPC error that revealed the failure, if any.
 func (e *RoomFailedError) Unwrap() error { return e.Err }
+
+// ErrIncarnationChanged matches every *IncarnationChangedError: the daemon
+// restarted (its incarnation changed), so every destination the prefill
+// received from the earlier incarnation is void.
+var ErrIncarnationChanged = errors.New("daemon incarnation changed")
+
+// IncarnationChangedError is a hand-off (or a DestinationStream) stopped
+// because the destination it held belongs to an earlier incarnation of the
+// daemon: the daemon restarted, and may already have given those pages to
+// another room. No write or report for that destination starts once the
+// client knows (one already started has its context cancelled, and the
+// daemon refuses it by its incarnation). Register again (Prefill.RunHeartbeat does it on its
+// next beat) and claim the room again. It matches ErrIncarnationChanged.
+type IncarnationChangedError struct {
+	// Room is the room whose destination is void (0: not about one room).
+	Room uint64
+	// Old is the incarnation of the void destination (or of the
+	// registration the claim named); New is the daemon's incarnation as the
+	// client learned it (0 when the daemon's refusal did not give it).
+	Old, New uint64
+	// Err is the RPC error that revealed the change (a STALE_INCARNATION
+	// refusal), if any.
+	Err error
+}
+
+// Error renders "room 7: destination of decodeplane incarnation 1f (now
+// 2e) is void: register again and claim again".
+func (e *IncarnationChangedError) Error() string {
+	return fmt.Sprintf("room %d: destination of decodeplane incarnation %x (now %x) is void: the daemon restarted; register again and claim again", e.Room, e.Old, e.New)
+}
+
+// Is matches ErrIncarnationChanged.
+func (e *IncarnationChangedError) Is(target error) bool { return target == ErrIncarnationChanged }
+
+// Unwrap returns the RPC error that revealed the change, if any.
+func (e *IncarnationChangedError) Unwrap() error { return e.Err }
+
+// reasonStaleIncarnation is the daemon's ErrorInfo reason for a request
+// that names an earlier incarnation (server.ReasonStaleIncarnation).
+const reasonStaleIncarnation = "STALE_INCARNATION"
+
+// StaleIncarnation reports whether err is the daemon's refusal of a request
+// that named an earlier incarnation (FAILED_PRECONDITION with ErrorInfo
+// reason STALE_INCARNATION), with the incarnation the request named and the
+// daemon's own (0 when the refusal does not give them).
+func StaleIncarnation(err error) (named, daemon uint64, ok bool) {
+	var e *Error
+	if !errors.As(err, &e) || e.Code() != codes.FailedPrecondition {
+		return 0, 0, false
+	}
+	for _, d := range e.st.Details() {
+		if ei, isInfo := d.(*errdetails.ErrorInfo); isInfo && ei.GetReason() == reasonStaleIncarnation {
+			named, _ = strconv.ParseUint(ei.GetMetadata()["incarnation"], 16, 64)
+			daemon, _ = strconv.ParseUint(ei.GetMetadata()["daemon_incarnation"], 16, 64)
+			return named, daemon, true
+		}
+	}
+	return 0, 0, false
+}

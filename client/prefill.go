@@ -16,16 +16,163 @@ import (
 // registration, its heartbeat loop and the delivery of each room's KV. Build
 // it with Client.Prefill. It is safe for concurrent use: one goroutine runs
 // RunHeartbeat while others send rooms.
+//
+// # Incarnations
+//
+// The daemon draws a new incarnation at every start. The Prefill records it
+// from every registration and heartbeat answer, and every request it sends
+// about a destination names the destination's incarnation and attempt.
+// When it learns another incarnation than the one it holds (a registration
+// or heartbeat answer, a destination, or the daemon's STALE_INCARNATION
+// refusal), every destination of the old one is void: each SendRoom and
+// ReportRoom holding one stops before its next write (Move, Transfer) or
+// report and returns an *IncarnationChangedError
+// (errors.Is(err, ErrIncarnationChanged)); the context of a Move or an RPC
+// in flight for it is cancelled. Re-registering is automatic: RunHeartbeat
+// registers again on its next beat (the daemon that restarted answers the
+// heartbeat NOT_FOUND, or the change was learned elsewhere); a caller that
+// does not run RunHeartbeat calls Register. The caller then hands the room
+// off again (a new claim: the new daemon knows nothing of the old one).
 type Prefill struct {
 	c     *Client
 	reg   *pb.RegisterPrefillRequest
 	rank  *pb.PrefillRank
 	every time.Duration
 	onErr func(error)
+	onInc func(old, new uint64)
 
 	mu       sync.Mutex
 	resp     *pb.RegisterPrefillResponse
 	interval time.Duration // the daemon's heartbeat interval, 0 until known
+	// gen is the daemon incarnation the rank holds destinations of; nil
+	// until one is known.
+	gen *generation
+	// reregister: a new incarnation was learned other than by Register;
+	// the next beat registers again.
+	reregister bool
+}
+
+// generation is one daemon incarnation as a Prefill holds it: void is
+// cancelled (with an *IncarnationChangedError as its cause) once the
+// Prefill learned another incarnation.
+type generation struct {
+	inc  uint64 // guarded by Prefill.mu; 0 until known (bound by the first learn)
+	ctx  context.Context
+	void context.CancelCauseFunc
+}
+
+func newGeneration(inc uint64) *generation {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &generation{inc: inc, ctx: ctx, void: cancel}
+}
+
+// Incarnation returns the daemon incarnation the rank holds (from its last
+// registration or heartbeat), 0 until one is known.
+func (p *Prefill) Incarnation() uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gen == nil {
+		return 0
+	}
+	return p.gen.inc
+}
+
+// generation returns the current generation, made (unbound) if none is.
+func (p *Prefill) generation() *generation {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.gen == nil {
+		p.gen = newGeneration(0)
+	}
+	return p.gen
+}
+
+// incOf reads g's incarnation.
+func (p *Prefill) incOf(g *generation) uint64 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return g.inc
+}
+
+// learn records the daemon's incarnation inc (0: nothing known). Another
+// one than the Prefill holds voids every destination of the old one;
+// unless it came from Register, the next beat registers again.
+func (p *Prefill) learn(inc uint64, registered bool) {
+	if inc == 0 {
+		return
+	}
+	p.mu.Lock()
+	var old uint64
+	switch g := p.gen; {
+	case g == nil:
+		p.gen = newGeneration(inc)
+	case g.inc == 0:
+		g.inc = inc
+	case g.inc != inc:
+		old = g.inc
+		g.void(&IncarnationChangedError{Old: g.inc, New: inc})
+		p.gen = newGeneration(inc)
+		if !registered {
+			p.reregister = true
+		}
+	}
+	if registered {
+		p.reregister = false
+	}
+	p.mu.Unlock()
+	if old != 0 && p.onInc != nil {
+		p.onInc(old, inc)
+	}
+}
+
+// check is called right before every write and report of a hand-off bound
+// to g: it fails once g is void. Taken under p.mu, it fails for every check
+// made after learn returned; a write whose check passed just before is sent
+// with the hand-off's context, which learn cancelled, and the daemon refuses
+// it by its incarnation in any case.
+func (p *Prefill) check(g *generation, room uint64) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if g.ctx.Err() != nil {
+		return p.changed(g, room, nil)
+	}
+	return nil
+}
+
+// changed is g's void cause, for room, wrapping err.
+func (p *Prefill) changed(g *generation, room uint64, err error) error {
+	ic := &IncarnationChangedError{Room: room, Old: g.inc, Err: err}
+	var cause *IncarnationChangedError
+	if errors.As(context.Cause(g.ctx), &cause) {
+		ic.New = cause.New
+	}
+	return ic
+}
+
+// voided turns a hand-off's error into an *IncarnationChangedError when the
+// incarnation changed: the error says so (a STALE_INCARNATION refusal, a
+// destination of another incarnation), or g was voided meanwhile. It
+// learns the daemon's incarnation from the error.
+func (p *Prefill) voided(g *generation, room uint64, err error) error {
+	var ic *IncarnationChangedError
+	if errors.As(err, &ic) {
+		p.learn(ic.New, false)
+		out := *ic
+		out.Room = room
+		return &out
+	}
+	if _, daemon, ok := StaleIncarnation(err); ok {
+		p.learn(daemon, false)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return &IncarnationChangedError{Room: room, Old: g.inc, New: daemon, Err: err}
+	}
+	if g.ctx.Err() != nil {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return p.changed(g, room, err)
+	}
+	return err
 }
 
 // PrefillOption configures a Prefill.
@@ -42,6 +189,15 @@ func HeartbeatEvery(d time.Duration) PrefillOption {
 // that made it register again. Use it to log.
 func OnHeartbeatError(f func(error)) PrefillOption {
 	return func(p *Prefill) { p.onErr = f }
+}
+
+// OnIncarnationChange is called when the Prefill learns that the daemon's
+// incarnation changed from old to new (the daemon restarted): every
+// destination of old is void by then. It is called from the goroutine that
+// learned it (RunHeartbeat's, Register's caller's, a hand-off's), not with
+// the Prefill's lock held. Use it to log, or to hand the rooms off again.
+func OnIncarnationChange(f func(old, new uint64)) PrefillOption {
+	return func(p *Prefill) { p.onInc = f }
 }
 
 // Prefill returns the prefill side of the rank described by reg (a copy is
@@ -78,12 +234,15 @@ func (c *Client) Prefill(reg *pb.RegisterPrefillRequest, opts ...PrefillOption) 
 func (p *Prefill) Rank() *pb.PrefillRank { return proto.CloneOf(p.rank) }
 
 // Register registers the rank (RegisterPrefill) and keeps the answer
-// (Registration) and its heartbeat interval. Safe to repeat.
+// (Registration), its heartbeat interval and the daemon's incarnation: an
+// incarnation other than the one the Prefill held voids every destination
+// of the old one (see Prefill). Safe to repeat.
 func (p *Prefill) Register(ctx context.Context) (*pb.RegisterPrefillResponse, error) {
 	resp, err := p.c.RegisterPrefill(ctx, p.reg)
 	if err != nil {
 		return nil, err
 	}
+	p.learn(resp.GetIncarnation(), true)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.resp = resp
@@ -126,7 +285,9 @@ func (p *Prefill) cadence() time.Duration {
 // RunHeartbeat keeps the rank alive until ctx ends, and returns ctx's error
 // then. It registers first if Register has not succeeded yet, then beats
 // every half heartbeat interval (see HeartbeatEvery); when the daemon answers
-// ErrNotFound (it declared the rank dead, or restarted) it registers again.
+// ErrNotFound (it declared the rank dead, or restarted) it registers again,
+// and so it does on the beat after the Prefill learned a new daemon
+// incarnation anywhere else (a heartbeat answer, a hand-off).
 // Transient failures (ErrUnavailable, a beat that timed out) are retried on
 // the next beat and passed to OnHeartbeatError; errors that repeating cannot
 // fix (ErrInvalidArgument, ErrFailedPrecondition, ErrUnauthenticated,
@@ -164,7 +325,7 @@ func (p *Prefill) RunHeartbeat(ctx context.Context) error {
 func (p *Prefill) beat(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.heartbeatInterval())
 	defer cancel()
-	if p.Registration() == nil {
+	if p.Registration() == nil || p.mustReregister() {
 		_, err := p.Register(ctx)
 		return err
 	}
@@ -179,12 +340,21 @@ func (p *Prefill) beat(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	p.learn(resp.GetIncarnation(), false)
 	if iv := resp.GetInterval().AsDuration(); iv > 0 {
 		p.mu.Lock()
 		p.interval = iv
 		p.mu.Unlock()
 	}
 	return nil
+}
+
+// mustReregister reports that a new incarnation was learned since the last
+// registration.
+func (p *Prefill) mustReregister() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.reregister
 }
 
 // permanent reports errors that repeating the same call cannot fix.
@@ -274,18 +444,24 @@ type SendOptions struct {
 // A room that fails is a *RoomFailedError (errors.Is(err, ErrRoomFailed));
 // when a chunk's failure revealed it, the error also matches ErrAborted.
 // Bound the whole hand-off with ctx.
+//
+// A daemon restart (a new incarnation, see Prefill) stops the hand-off
+// before its next Transfer with an *IncarnationChangedError.
 func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	return p.handOff(ctx, "SendRoom", room, o, func(ctx context.Context, ch Chunk) error {
+	return p.handOff(ctx, "SendRoom", room, o, func(ctx context.Context, ch Chunk, check func() error) error {
 		req := &pb.TransferRequest{
 			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
 			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
-			Attempt: ch.Destination.GetAttempt(),
+			Attempt: ch.Destination.GetAttempt(), Incarnation: ch.Destination.GetIncarnation(),
 		}
 		if o.Source != nil {
 			req.Source = o.Source(ch)
 		}
 		if ch.Last {
 			req.Aux = &pb.Aux{RoomMarker: room, OutputIds: o.OutputIDs}
+		}
+		if err := check(); err != nil {
+			return err
 		}
 		_, err := p.c.Transfer(ctx, req)
 		return err
@@ -297,17 +473,26 @@ func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb
 // ReportTransfer (the last with metadata_room_marker = room). A Move error is
 // reported as the chunk's failure, and ReportRoom returns a
 // *RoomFailedError whose Err is the Move error.
+//
+// A daemon restart (a new incarnation, see Prefill) stops the hand-off
+// before its next Move and before its next report with an
+// *IncarnationChangedError; a Move in flight then sees its context
+// cancelled, and what it moved is not reported.
 func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	return p.handOff(ctx, "ReportRoom", room, o, func(ctx context.Context, ch Chunk) error {
+	return p.handOff(ctx, "ReportRoom", room, o, func(ctx context.Context, ch Chunk, check func() error) error {
 		n := ch.Bytes()
 		var moveErr error
 		if o.Move != nil {
 			n, moveErr = o.Move(ctx, ch)
 		}
+		if err := check(); err != nil {
+			return err
+		}
 		req := &pb.ReportTransferRequest{
 			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
 			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
 			Success: moveErr == nil, Bytes: n, Attempt: ch.Destination.GetAttempt(),
+			Incarnation: ch.Destination.GetIncarnation(),
 		}
 		switch {
 		case moveErr != nil:
@@ -335,30 +520,50 @@ func (m *moveFailure) Error() string { return m.err.Error() }
 func (m *moveFailure) Unwrap() error { return m.err }
 
 // handOff is SendRoom and ReportRoom: claim, move every chunk with move,
-// wait for the end.
-func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOptions, move func(context.Context, Chunk) error) (*pb.Destination, error) {
+// wait for the end. The hand-off is bound to the daemon incarnation the
+// Prefill holds when it starts (or, when none is known yet, to the
+// destination's): move calls check right before each write or report, and
+// its context ends once that incarnation is void.
+func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOptions, move func(context.Context, Chunk, func() error) error) (*pb.Destination, error) {
 	if o.ChunkPages < 0 {
 		return nil, localError(op, codes.InvalidArgument, "SendOptions.ChunkPages: %d must be >= 0 (0 sends every page in one chunk)", o.ChunkPages)
 	}
-	s, err := p.c.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: room, Rank: p.rank})
-	if err != nil {
+	g := p.generation()
+	if err := p.check(g, room); err != nil {
 		return nil, err
+	}
+	hctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(g.ctx, cancel)()
+	s, err := p.c.AwaitDestination(hctx, &pb.AwaitDestinationRequest{Room: room, Rank: p.rank, Incarnation: p.incOf(g)})
+	if err != nil {
+		return nil, p.voided(g, room, err)
 	}
 	defer s.Close()
 	var dest *pb.Destination
 	for dest == nil {
 		ev, err := s.Next()
 		if err != nil {
-			return nil, err
+			return nil, p.voided(g, room, err)
 		}
 		if ev.Done != nil {
 			return nil, nil
 		}
 		dest = ev.Destination
 	}
+	if err := p.bind(g, room, dest); err != nil {
+		return nil, err
+	}
+	check := func() error { return p.check(g, room) }
 	if !dest.GetDummy() {
 		for _, ch := range chunks(dest, o.ChunkPages) {
-			if err := move(ctx, ch); err != nil {
+			if err := check(); err != nil {
+				return dest, err
+			}
+			if err := move(hctx, ch, check); err != nil {
+				if v := p.voided(g, room, err); errors.Is(v, ErrIncarnationChanged) {
+					return dest, v
+				}
 				return dest, p.explain(ctx, room, err)
 			}
 		}
@@ -366,7 +571,7 @@ func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOpt
 	for {
 		ev, err := s.Next()
 		if err != nil {
-			return dest, err
+			return dest, p.voided(g, room, err)
 		}
 		if ev.Done != nil {
 			return dest, nil
@@ -374,6 +579,27 @@ func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOpt
 		// Another destination cannot come on this claim (a rebootstrap
 		// starts new claims after the room succeeded); skip it.
 	}
+}
+
+// bind binds a hand-off of g to its destination's incarnation: a g not
+// bound yet takes it; a destination of another incarnation than g's means
+// the daemon changed (learned: g is void) and nothing is written.
+func (p *Prefill) bind(g *generation, room uint64, dest *pb.Destination) error {
+	inc := dest.GetIncarnation()
+	if inc == 0 {
+		return nil // a daemon older than incarnations
+	}
+	p.mu.Lock()
+	old := g.inc
+	if old == 0 && p.gen == g {
+		g.inc = inc
+	}
+	p.mu.Unlock()
+	if old == 0 || old == inc {
+		return p.check(g, room)
+	}
+	p.learn(inc, false)
+	return &IncarnationChangedError{Room: room, Old: old, New: inc}
 }
 
 // explain turns a chunk's error into the room's failure when the room failed

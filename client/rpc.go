@@ -68,7 +68,9 @@ func (c *Client) LookupDPRanks(ctx context.Context, req *pb.LookupDPRanksRequest
 // AwaitDestination claims a room for a prefill rank and returns the stream
 // of its events: the destination once the room is admitted, then the room's
 // end. Errors (including the room's failure, a *RoomFailedError) come from
-// Next. Prefill.SendRoom drives the whole hand-off.
+// Next. Set req.Incarnation to the daemon incarnation the rank registered
+// with: a claim of an earlier incarnation is refused, and Next returns an
+// *IncarnationChangedError. Prefill.SendRoom drives the whole hand-off.
 func (c *Client) AwaitDestination(ctx context.Context, req *pb.AwaitDestinationRequest) (*DestinationStream, error) {
 	req = proto.CloneOf(req)
 	if req == nil {
@@ -81,7 +83,7 @@ func (c *Client) AwaitDestination(ctx context.Context, req *pb.AwaitDestinationR
 	if err != nil {
 		return nil, err
 	}
-	return &DestinationStream{s: s, room: req.GetRoom()}, nil
+	return &DestinationStream{s: s, room: req.GetRoom(), inc: req.GetIncarnation()}, nil
 }
 
 // Transfer asks the daemon's transfer engine to move one chunk into the

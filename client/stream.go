@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"errors"
 	"io"
 
 	"google.golang.org/grpc/codes"
@@ -126,6 +127,14 @@ func (s *resumable[Ev]) backoff(e *Error) bool {
 	return true
 }
 
+// replaceErr makes err the stream's final answer in place of the one it
+// ended with (a refusal the caller reads as something more precise).
+func (s *resumable[Ev]) replaceErr(err error) error {
+	s.err = err
+	s.cancel()
+	return err
+}
+
 // end makes err the stream's final answer and releases the call.
 func (s *resumable[Ev]) end(err error) error {
 	if s.err == nil {
@@ -155,6 +164,9 @@ type DestinationStream struct {
 	room    uint64
 	seen    bool
 	attempt uint32 // attempt of the last destination returned
+	// inc is the daemon incarnation the stream is bound to: the request's,
+	// else the first destination's (0 until known).
+	inc uint64
 }
 
 // Next returns the next event: a destination, then Done. The room's failure
@@ -162,15 +174,38 @@ type DestinationStream struct {
 // error every call returns io.EOF or that error again. A stream cut by the
 // network is re-opened (the daemon re-delivers the destination, which Next
 // does not return twice).
+//
+// The stream is bound to one daemon incarnation: the request's Incarnation,
+// else the first destination's. A destination of another incarnation (the
+// daemon restarted and the re-opened stream reached the new one), or the
+// daemon's STALE_INCARNATION refusal of the claim, ends the stream with an
+// *IncarnationChangedError (errors.Is(err, ErrIncarnationChanged)).
 func (d *DestinationStream) Next() (*Event, error) {
 	for {
 		ev, err := d.s.recv()
 		if err != nil {
+			if named, daemon, ok := StaleIncarnation(err); ok {
+				var ic *IncarnationChangedError
+				if !errors.As(err, &ic) {
+					old := d.inc
+					if old == 0 {
+						old = named
+					}
+					err = d.s.replaceErr(&IncarnationChangedError{Room: d.room, Old: old, New: daemon, Err: err})
+				}
+			}
 			return nil, err
 		}
 		switch {
 		case ev.GetDestination() != nil:
 			dst := ev.GetDestination()
+			if inc := dst.GetIncarnation(); inc != 0 {
+				if d.inc == 0 {
+					d.inc = inc
+				} else if inc != d.inc {
+					return nil, d.s.end(&IncarnationChangedError{Room: d.room, Old: d.inc, New: inc})
+				}
+			}
 			if d.seen && dst.GetAttempt() == d.attempt {
 				continue // re-delivered after a re-open
 			}

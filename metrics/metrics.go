@@ -13,6 +13,7 @@ package metrics
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +50,7 @@ type Metrics struct {
 	registrations    *prometheus.CounterVec
 	heartbeatMisses  *prometheus.CounterVec
 	prefillLost      *prometheus.CounterVec
+	staleIncarnation *prometheus.CounterVec
 
 	// The children the room path updates, each looked up by label values
 	// once, on first use (a series appears when it did before: at Attach or
@@ -133,12 +135,16 @@ func New() *Metrics {
 		prefillLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "decodeplane_prefill_lost_total", Help: "Prefill instances declared dead after missed heartbeats.",
 		}, []string{"bootstrap_addr"}),
+		staleIncarnation: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_stale_incarnation_total",
+			Help: "Calls refused (FAILED_PRECONDITION STALE_INCARNATION) because they named a destination of an earlier daemon incarnation, by method.",
+		}, []string{"method"}),
 	}
 	reg.MustRegister(
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rooms, m.finished, m.handoff, m.openToDest, m.destToSuccess, m.chunks, m.chunkDuration,
 		m.transferBytes, m.dpResolutions, m.admissionPasses, m.admissionBlocked, m.registrations,
-		m.heartbeatMisses, m.prefillLost, ledgerCollector{m},
+		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m},
 	)
 	reg.MustRegister(m.grpc.collectors()...)
 	for p := range m.roomsByPhase {
@@ -151,7 +157,25 @@ func New() *Metrics {
 	m.handoffOK, m.handoffFailed = child(m.handoff.MetricVec, "succeeded").observer, child(m.handoff.MetricVec, "failed").observer
 	m.chunksOK, m.chunksFailed = child(m.chunks.MetricVec, "ok").counter, child(m.chunks.MetricVec, "failed").counter
 	m.chunkOK, m.chunkFailed = child(m.chunkDuration.MetricVec, "ok").observer, child(m.chunkDuration.MetricVec, "failed").observer
+	for _, method := range staleMethods {
+		m.staleIncarnation.WithLabelValues(method) // at zero from the start
+	}
 	return m
+}
+
+// staleMethods are the methods whose requests name a destination's
+// incarnation (decodeplane.v1's Rooms and Staging).
+var staleMethods = []string{"AwaitDestination", "Transfer", "ReportTransfer", "AllocateStaging", "ChunkReady"}
+
+// StaleIncarnation counts a call the server refused because it named an
+// earlier daemon incarnation (server.StaleMetrics); the method label is the
+// method's name ("Transfer").
+func (m *Metrics) StaleIncarnation(fullMethod string) {
+	name := fullMethod
+	if i := strings.LastIndexByte(fullMethod, '/'); i >= 0 {
+		name = fullMethod[i+1:]
+	}
+	m.staleIncarnation.WithLabelValues(name).Inc()
 }
 
 // lazyChild is one series of a vector, made on first use and then kept.

@@ -30,6 +30,7 @@ func (a *adminService) GetStatus(ctx context.Context, _ *pb.GetStatusRequest) (*
 		Draining:     draining,
 		TransferPath: s.deps.TransferPath,
 		Layout:       layoutToProto(s.deps.Layout),
+		Incarnation:  s.deps.Incarnation,
 	}
 	for _, c := range s.deps.Config {
 		resp.Config = append(resp.Config, &pb.ConfigValue{Key: c.Key, Value: c.Value, Source: c.Source})

@@ -22,7 +22,9 @@ func (b *bootstrapService) RegisterPrefill(ctx context.Context, req *pb.Register
 	if err != nil {
 		return nil, toStatus(ctx, b.s.log, err)
 	}
-	return registrationToProto(res, b.m.Layout()), nil
+	resp := registrationToProto(res, b.m.Layout())
+	resp.Incarnation = b.s.deps.Incarnation
+	return resp, nil
 }
 
 func (b *bootstrapService) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest) (*pb.HeartbeatResponse, error) {
@@ -30,7 +32,7 @@ func (b *bootstrapService) Heartbeat(ctx context.Context, req *pb.HeartbeatReque
 	if err != nil {
 		return nil, toStatus(ctx, b.s.log, err)
 	}
-	return &pb.HeartbeatResponse{Interval: durationpb.New(iv), MaxFailures: uint32(mf)}, nil
+	return &pb.HeartbeatResponse{Interval: durationpb.New(iv), MaxFailures: uint32(mf), Incarnation: b.s.deps.Incarnation}, nil
 }
 
 func (b *bootstrapService) BindRoom(ctx context.Context, req *pb.BindRoomRequest) (*pb.BindRoomResponse, error) {

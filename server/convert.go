@@ -252,7 +252,7 @@ type doneBlock struct {
 	done pb.RoomDone
 }
 
-func destinationEventToProto(ev kvmanager.DestinationEvent) *pb.DestinationEvent {
+func destinationEventToProto(ev kvmanager.DestinationEvent, incarnation uint64) *pb.DestinationEvent {
 	switch {
 	case ev.Destination != nil:
 		d := ev.Destination
@@ -263,6 +263,7 @@ func destinationEventToProto(ev kvmanager.DestinationEvent) *pb.DestinationEvent
 			RequiredDstInfoNum: uint32(d.RequiredDstInfoNum), DecodePrefixLen: uint32(d.DecodePrefixLen),
 			Dummy: d.Dummy, Staging: d.Staging, Attempt: d.Attempt,
 			TokenBytes: uint64(max(d.TokenBytes, 0)), StateBytes: uint64(max(d.StateBytes, 0)),
+			Incarnation: incarnation,
 		}
 		if len(d.Targets) > 0 {
 			ts := make([]pb.DecodeTarget, len(d.Targets))

@@ -53,7 +53,10 @@ type MethodMetrics interface {
 //  5. auth (checkToken);
 //  6. validation: the request's ValidateAll/Validate methods, as
 //     go-grpc-middleware's validator interceptor calls them
-//     (InvalidArgument with the error's text).
+//     (InvalidArgument with the error's text);
+//  7. the incarnation check (incarnation.go): a request that names another
+//     daemon incarnation is FAILED_PRECONDITION STALE_INCARNATION and
+//     never reaches the handler.
 //
 // With tracing off (a no-op tracer provider) the otelgrpc stats handler is
 // not installed (it built a span context, a metadata copy and its
@@ -128,13 +131,16 @@ func (s *Server) guardUnary(ctx context.Context, req any, info *grpc.UnaryServer
 	if err := validateMessage(req); err != nil {
 		return nil, err
 	}
+	if err := s.checkIncarnation(info.FullMethod, req); err != nil {
+		return nil, err
+	}
 	return h(ctx, req)
 }
 
 func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	start := time.Now()
 	kind := streamKind(info)
-	cs := &checkedStream{ServerStream: ss, ctx: s.remoteTraceContext(ss.Context()), decode: s.checkDecode}
+	cs := &checkedStream{ServerStream: ss, ctx: s.remoteTraceContext(ss.Context()), decode: s.checkDecode, srv: s, method: info.FullMethod}
 	if s.deps.Calls != nil {
 		cs.mm = s.deps.Calls.Method(info.FullMethod, kind)
 		cs.mm.Started()
@@ -175,13 +181,16 @@ func (s *Server) guardStream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 }
 
 // checkedStream is the one wrapper of a stream: each message received is
-// decode-checked (when the server makes the check), counted and validated,
-// each sent counted; its context carries the caller's trace context.
+// decode-checked (when the server makes the check), counted, validated and
+// its incarnation checked (incarnation.go), each sent counted; its context
+// carries the caller's trace context.
 type checkedStream struct {
 	grpc.ServerStream
 	ctx    context.Context
 	mm     MethodMetrics
 	decode bool
+	srv    *Server
+	method string
 }
 
 func (s *checkedStream) Context() context.Context { return s.ctx }
@@ -198,7 +207,10 @@ func (s *checkedStream) RecvMsg(m any) error {
 	if s.mm != nil {
 		s.mm.Received()
 	}
-	return validateMessage(m)
+	if err := validateMessage(m); err != nil {
+		return err
+	}
+	return s.srv.checkIncarnation(s.method, m)
 }
 
 func (s *checkedStream) SendMsg(m any) error {

@@ -46,7 +46,7 @@ func (h *roomsService) AwaitDestination(req *pb.AwaitDestinationRequest, stream 
 			if !ok {
 				return nil
 			}
-			if err := stream.Send(destinationEventToProto(ev)); err != nil {
+			if err := stream.Send(destinationEventToProto(ev, h.s.deps.Incarnation)); err != nil {
 				return err
 			}
 			if ev.Destination != nil {

@@ -75,6 +75,15 @@ type Deps struct {
 	// injection in tests).
 	UnaryInterceptors  []grpc.UnaryServerInterceptor
 	StreamInterceptors []grpc.StreamServerInterceptor
+	// Incarnation is the daemon process's incarnation (random, non-zero,
+	// new at every start: internal/daemon draws it). It is returned by
+	// registration, heartbeat, status and every destination, and requests
+	// that name another one are refused (incarnation.go). 0 (tests of the
+	// gRPC layer alone) reports 0 and checks nothing.
+	Incarnation uint64
+	// Stale counts the calls refused for a stale incarnation; nil counts
+	// nothing.
+	Stale StaleMetrics
 }
 
 // Server is the daemon's gRPC server.

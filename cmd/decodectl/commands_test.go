@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"regexp"
 	"slices"
@@ -69,6 +70,7 @@ func TestStatus(t *testing.T) {
 		"Version:        test-1.2.3\n",
 		"Ready:          yes (serving)\n",
 		"Health:         SERVING\n",
+		fmt.Sprintf("Incarnation:    %x (new at every daemon start)\n", d.Incarnation()),
 		"Transfer path:  sim\n",
 		"KV layout:      gqa, 32 layers, 8 KV heads per rank (8 total) x 128 dim, bf16, page 64 tokens",
 		"Rooms:          5 total: waiting_prefill 1, admitted 1, succeeded 1, released 1, failed 1\n",

@@ -176,6 +176,7 @@ func writeStatus(w io.Writer, st *pb.GetStatusResponse, health string, showConfi
 	}
 	err := table(w, func(tw io.Writer) {
 		fmt.Fprintf(tw, "Version:\t%s\n", st.GetVersion())
+		fmt.Fprintf(tw, "Incarnation:\t%x (new at every daemon start)\n", st.GetIncarnation())
 		fmt.Fprintf(tw, "Ready:\t%s\n", ready)
 		fmt.Fprintf(tw, "Health:\t%s\n", health)
 		if st.GetDraining() {

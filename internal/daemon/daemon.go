@@ -15,7 +15,11 @@
 //  4. the transfer engine: the simulated one, or the delegate engine over
 //     transfer/agentclient (readiness then follows the agent);
 //  5. the room manager (kvmanager.New) with the metrics as its Observer;
-//  6. the gRPC server (server.New) counting its calls in the metrics;
+//  6. the gRPC server (server.New) counting its calls in the metrics, with
+//     the daemon's incarnation: a random non-zero 64-bit value drawn from
+//     crypto/rand at every Build, returned by registration, heartbeat,
+//     status and every destination, logged at startup; requests naming
+//     another one are refused (server/incarnation.go);
 //  7. the gRPC listener (server.listen) and the /metrics listener
 //     (server.metrics_listen).
 //
@@ -39,6 +43,8 @@ package daemon
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -139,19 +145,21 @@ type Daemon struct {
 	cfg     config.Config
 	log     *slog.Logger
 	version string
-	srv     *server.Server
-	mgr     *kvmanager.Manager
-	engine  transfer.Engine
-	metrics *metrics.Metrics
-	lis     net.Listener
-	mlis    net.Listener
-	hlis    net.Listener                  // server.http_listen (http.go)
-	tracing string                        // OTLP endpoint spans go to ("" = tracing off)
-	closers []func(context.Context) error // run in reverse order after the gRPC server stopped
-	loops   []func(context.Context) error // background loops, run under the errgroup
-	extra   []func(context.Context) error // other servers (metrics), stopped with ctx
-	tp      trace.TracerProvider
-	prop    propagation.TextMapPropagator
+	// incarnation is this process's incarnation (newIncarnation).
+	incarnation uint64
+	srv         *server.Server
+	mgr         *kvmanager.Manager
+	engine      transfer.Engine
+	metrics     *metrics.Metrics
+	lis         net.Listener
+	mlis        net.Listener
+	hlis        net.Listener                  // server.http_listen (http.go)
+	tracing     string                        // OTLP endpoint spans go to ("" = tracing off)
+	closers     []func(context.Context) error // run in reverse order after the gRPC server stopped
+	loops       []func(context.Context) error // background loops, run under the errgroup
+	extra       []func(context.Context) error // other servers (metrics), stopped with ctx
+	tp          trace.TracerProvider
+	prop        propagation.TextMapPropagator
 	// engineReady: readiness follows the transfer engine (the delegated
 	// path flips it with the agent's reachability) instead of being set at
 	// start.
@@ -253,7 +261,14 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	}
 	d.mgr = mgr
 	d.metrics.Attach(mgr)
+	inc, err := newIncarnation()
+	if err != nil {
+		return nil, err
+	}
+	d.incarnation = inc
 	srv, err := server.New(cfg.Server, server.Deps{
+		Incarnation:        inc,
+		Stale:              d.metrics,
 		Logger:             log,
 		TracerProvider:     d.tp,
 		Propagator:         d.prop,
@@ -301,6 +316,23 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	ok = true
 	return d, nil
 }
+
+// newIncarnation draws a daemon incarnation: 64 random bits from
+// crypto/rand, never 0 (0 means "not checked" on the wire).
+func newIncarnation() (uint64, error) {
+	var b [8]byte
+	for {
+		if _, err := rand.Read(b[:]); err != nil {
+			return 0, fmt.Errorf("draw the daemon incarnation: %w", err)
+		}
+		if v := binary.LittleEndian.Uint64(b[:]); v != 0 {
+			return v, nil
+		}
+	}
+}
+
+// Incarnation is this daemon's incarnation, new at every Build.
+func (d *Daemon) Incarnation() uint64 { return d.incarnation }
 
 // callMetrics gives the server the metrics' per-method gRPC series.
 type callMetrics struct{ m *metrics.Metrics }
@@ -466,7 +498,7 @@ func (d *Daemon) run(ctx context.Context) error {
 		httpAddr = "http://" + d.hlis.Addr().String()
 	}
 	log.Info("decodeplane serving", "listen", d.lis.Addr().String(), "metrics", metricsAddr, "http", httpAddr, "traces", traces,
-		"version", d.version, "transfer_path", d.cfg.Transfer.Path, "layout", d.cfg.Decode().Layout().String())
+		"version", d.version, "incarnation", fmt.Sprintf("%x", d.incarnation), "transfer_path", d.cfg.Transfer.Path, "layout", d.cfg.Decode().Layout().String())
 
 	select {
 	case <-gctx.Done():

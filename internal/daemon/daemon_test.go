@@ -97,6 +97,9 @@ func TestRunServesThenShutdownEndsTheRoomsInFlight(t *testing.T) {
 	if err != nil || st.GetVersion() != "v-test" {
 		t.Fatalf("GetStatus = %v, %v; want version v-test", st, err)
 	}
+	if st.GetIncarnation() == 0 || st.GetIncarnation() != d.Incarnation() {
+		t.Errorf("GetStatus incarnation %x, daemon's %x: want the same non-zero value", st.GetIncarnation(), d.Incarnation())
+	}
 	// A room whose prefill never registers waits (waiting_prefill).
 	rooms := pb.NewRoomsClient(conn)
 	if _, err := rooms.OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r1", BootstrapAddr: "10.0.0.9:8998", Room: 1, PromptLen: 16, MaxNewTokens: 4}); err != nil {
@@ -129,5 +132,25 @@ func TestRunServesThenShutdownEndsTheRoomsInFlight(t *testing.T) {
 	}
 	if last.GetRoom().GetFailure().GetCode() != pb.FailureCode_FAILURE_CODE_SHUTDOWN {
 		t.Errorf("last watch event %v, want the room failed with FAILURE_CODE_SHUTDOWN", last)
+	}
+}
+
+// TestIncarnationNewAtEveryBuild: every Build draws its own non-zero
+// incarnation.
+func TestIncarnationNewAtEveryBuild(t *testing.T) {
+	seen := map[uint64]bool{}
+	for range 3 {
+		d, err := daemon.Build(t.Context(), testConfig(), daemon.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		inc := d.Incarnation()
+		if err := d.Shutdown(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		if inc == 0 || seen[inc] || d.Server().Incarnation() != inc {
+			t.Fatalf("incarnation %x (server %x) after %d builds that drew %v: want a new non-zero one handed to the server", inc, d.Server().Incarnation(), len(seen), seen)
+		}
+		seen[inc] = true
 	}
 }

@@ -522,9 +522,14 @@ type GetStatusResponse struct {
 	Layout       *KVLayout      `protobuf:"bytes,8,opt,name=layout,proto3" json:"layout,omitempty"`
 	Config       []*ConfigValue `protobuf:"bytes,9,rep,name=config,proto3" json:"config,omitempty"`
 	// rooms_by_phase counts live and retained rooms by phase name.
-	RoomsByPhase  map[string]uint32 `protobuf:"bytes,10,rep,name=rooms_by_phase,json=roomsByPhase,proto3" json:"rooms_by_phase,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
-	Shards        []*ShardStatus    `protobuf:"bytes,11,rep,name=shards,proto3" json:"shards,omitempty"`
-	Prefills      []*PrefillStatus  `protobuf:"bytes,12,rep,name=prefills,proto3" json:"prefills,omitempty"`
+	RoomsByPhase map[string]uint32 `protobuf:"bytes,10,rep,name=rooms_by_phase,json=roomsByPhase,proto3" json:"rooms_by_phase,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"varint,2,opt,name=value"`
+	Shards       []*ShardStatus    `protobuf:"bytes,11,rep,name=shards,proto3" json:"shards,omitempty"`
+	Prefills     []*PrefillStatus  `protobuf:"bytes,12,rep,name=prefills,proto3" json:"prefills,omitempty"`
+	// incarnation is this daemon process's incarnation (see
+	// RegisterPrefillResponse.incarnation), also logged at startup
+	// ("decodeplane serving ... incarnation=<hex>"); it differs after every
+	// restart.
+	Incarnation   uint64 `protobuf:"fixed64,13,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -641,6 +646,13 @@ func (x *GetStatusResponse) GetPrefills() []*PrefillStatus {
 		return x.Prefills
 	}
 	return nil
+}
+
+func (x *GetStatusResponse) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type DrainRequest struct {
@@ -778,7 +790,7 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x128\n" +
 	"\n" +
 	"silent_for\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\tsilentFor\x12+\n" +
-	"\x11missed_heartbeats\x18\x03 \x01(\rR\x10missedHeartbeats\"\x83\x05\n" +
+	"\x11missed_heartbeats\x18\x03 \x01(\rR\x10missedHeartbeats\"\xa5\x05\n" +
 	"\x11GetStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x14\n" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x1c\n" +
@@ -793,7 +805,8 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\x0erooms_by_phase\x18\n" +
 	" \x03(\v23.decodeplane.v1.GetStatusResponse.RoomsByPhaseEntryR\froomsByPhase\x123\n" +
 	"\x06shards\x18\v \x03(\v2\x1b.decodeplane.v1.ShardStatusR\x06shards\x129\n" +
-	"\bprefills\x18\f \x03(\v2\x1d.decodeplane.v1.PrefillStatusR\bprefills\x1a?\n" +
+	"\bprefills\x18\f \x03(\v2\x1d.decodeplane.v1.PrefillStatusR\bprefills\x12 \n" +
+	"\vincarnation\x18\r \x01(\x06R\vincarnation\x1a?\n" +
 	"\x11RoomsByPhaseEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x0e\n" +

@@ -591,8 +591,16 @@ type RegisterPrefillResponse struct {
 	ExpectedRanks        uint32                 `protobuf:"varint,6,opt,name=expected_ranks,json=expectedRanks,proto3" json:"expected_ranks,omitempty"`
 	// replaced is true when an earlier registration of this rank (another
 	// endpoint or instance id) was replaced; rooms_failed counts its rooms.
-	Replaced      bool   `protobuf:"varint,7,opt,name=replaced,proto3" json:"replaced,omitempty"`
-	RoomsFailed   uint32 `protobuf:"varint,8,opt,name=rooms_failed,json=roomsFailed,proto3" json:"rooms_failed,omitempty"`
+	Replaced    bool   `protobuf:"varint,7,opt,name=replaced,proto3" json:"replaced,omitempty"`
+	RoomsFailed uint32 `protobuf:"varint,8,opt,name=rooms_failed,json=roomsFailed,proto3" json:"rooms_failed,omitempty"`
+	// incarnation is this daemon process's incarnation: a random non-zero
+	// 64-bit value drawn (crypto/rand) at every start of decodeplane, and
+	// never 0. A prefill that sees another value than the one it holds knows
+	// the daemon restarted: every destination it received from the earlier
+	// incarnation is void (its pages may be handed to another room), it must
+	// not write or report anything for them, and it must register again (the
+	// new daemon may have another layout and mapping) and claim again.
+	Incarnation   uint64 `protobuf:"fixed64,9,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -683,6 +691,13 @@ func (x *RegisterPrefillResponse) GetRoomsFailed() uint32 {
 	return 0
 }
 
+func (x *RegisterPrefillResponse) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
 type HeartbeatRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bounds: required; see PrefillRank.
@@ -739,9 +754,16 @@ func (x *HeartbeatRequest) GetInstanceId() string {
 }
 
 type HeartbeatResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Interval      *durationpb.Duration   `protobuf:"bytes,1,opt,name=interval,proto3" json:"interval,omitempty"`
-	MaxFailures   uint32                 `protobuf:"varint,2,opt,name=max_failures,json=maxFailures,proto3" json:"max_failures,omitempty"`
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Interval    *durationpb.Duration   `protobuf:"bytes,1,opt,name=interval,proto3" json:"interval,omitempty"`
+	MaxFailures uint32                 `protobuf:"varint,2,opt,name=max_failures,json=maxFailures,proto3" json:"max_failures,omitempty"`
+	// incarnation is the daemon's incarnation (see
+	// RegisterPrefillResponse.incarnation). A heartbeat answered by a daemon
+	// that restarted is NOT_FOUND (the rank is not registered there); an OK
+	// answer with another incarnation than the registration's means another
+	// caller registered this rank with the new daemon: the destinations of
+	// the old incarnation are void all the same, and the rank registers again.
+	Incarnation   uint64 `protobuf:"fixed64,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -786,6 +808,13 @@ func (x *HeartbeatResponse) GetInterval() *durationpb.Duration {
 func (x *HeartbeatResponse) GetMaxFailures() uint32 {
 	if x != nil {
 		return x.MaxFailures
+	}
+	return 0
+}
+
+func (x *HeartbeatResponse) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -1189,7 +1218,7 @@ const file_decodeplane_v1_bootstrap_proto_rawDesc = "" +
 	"\x16serves_decode_tp_ranks\x18\x02 \x03(\rR\x13servesDecodeTpRanks\x12\x14\n" +
 	"\x05dummy\x18\x03 \x01(\bR\x05dummy\x121\n" +
 	"\x15required_dst_info_num\x18\x04 \x01(\rR\x12requiredDstInfoNum\x12)\n" +
-	"\x10staging_required\x18\x05 \x01(\bR\x0fstagingRequired\"\xa7\x03\n" +
+	"\x10staging_required\x18\x05 \x01(\bR\x0fstagingRequired\"\xc9\x03\n" +
 	"\x17RegisterPrefillResponse\x12=\n" +
 	"\rdecode_layout\x18\x01 \x01(\v2\x18.decodeplane.v1.KVLayoutR\fdecodeLayout\x12<\n" +
 	"\amapping\x18\x02 \x01(\v2\".decodeplane.v1.PrefillRankMappingR\amapping\x12H\n" +
@@ -1198,14 +1227,16 @@ const file_decodeplane_v1_bootstrap_proto_rawDesc = "" +
 	"\x10registered_ranks\x18\x05 \x01(\rR\x0fregisteredRanks\x12%\n" +
 	"\x0eexpected_ranks\x18\x06 \x01(\rR\rexpectedRanks\x12\x1a\n" +
 	"\breplaced\x18\a \x01(\bR\breplaced\x12!\n" +
-	"\frooms_failed\x18\b \x01(\rR\vroomsFailed\"d\n" +
+	"\frooms_failed\x18\b \x01(\rR\vroomsFailed\x12 \n" +
+	"\vincarnation\x18\t \x01(\x06R\vincarnation\"d\n" +
 	"\x10HeartbeatRequest\x12/\n" +
 	"\x04rank\x18\x01 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
-	"instanceId\"m\n" +
+	"instanceId\"\x8f\x01\n" +
 	"\x11HeartbeatResponse\x125\n" +
 	"\binterval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12!\n" +
-	"\fmax_failures\x18\x02 \x01(\rR\vmaxFailures\"e\n" +
+	"\fmax_failures\x18\x02 \x01(\rR\vmaxFailures\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"e\n" +
 	"\x0fBindRoomRequest\x12%\n" +
 	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12\x12\n" +
 	"\x04room\x18\x02 \x01(\x04R\x04room\x12\x17\n" +

@@ -274,7 +274,13 @@ type AwaitDestinationRequest struct {
 	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
 	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
 	// bounds: required; see PrefillRank.
-	Rank          *PrefillRank `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	Rank *PrefillRank `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// incarnation is optional here: the daemon incarnation the prefill
+	// registered with (RegisterPrefillResponse.incarnation), 0 for none. A
+	// claim that names another incarnation than this daemon's is refused as
+	// TransferRequest.incarnation says (FAILED_PRECONDITION,
+	// STALE_INCARNATION) and nothing is claimed.
+	Incarnation   uint64 `protobuf:"fixed64,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -321,6 +327,13 @@ func (x *AwaitDestinationRequest) GetRank() *PrefillRank {
 		return x.Rank
 	}
 	return nil
+}
+
+func (x *AwaitDestinationRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 // DecodeTarget is one decode TP rank this prefill rank writes to.
@@ -439,7 +452,12 @@ type Destination struct {
 	// page_offset x page_size. ReportTransferRequest.bytes must equal it.
 	TokenBytes uint64 `protobuf:"varint,14,opt,name=token_bytes,json=tokenBytes,proto3" json:"token_bytes,omitempty"`
 	// state_bytes is the per-request state (Mamba) the last chunk carries.
-	StateBytes    uint64 `protobuf:"varint,15,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
+	StateBytes uint64 `protobuf:"varint,15,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
+	// incarnation is the incarnation of the daemon that handed out this
+	// destination (see RegisterPrefillResponse.incarnation); with attempt it
+	// is the destination's generation. Every request about the destination
+	// carries it back; a destination of an earlier incarnation is void.
+	Incarnation   uint64 `protobuf:"fixed64,16,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -575,6 +593,13 @@ func (x *Destination) GetTokenBytes() uint64 {
 func (x *Destination) GetStateBytes() uint64 {
 	if x != nil {
 		return x.StateBytes
+	}
+	return 0
+}
+
+func (x *Destination) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -873,7 +898,17 @@ type TransferRequest struct {
 	// attempt is the destination's attempt (0: not checked); a chunk of an
 	// earlier attempt of a rebootstrapped room is refused.
 	// bounds: 0..2^20.
-	Attempt       uint32 `protobuf:"varint,9,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Attempt uint32 `protobuf:"varint,9,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// incarnation is the incarnation of the daemon that handed out the
+	// destination this chunk is for (Destination.incarnation). Clients must set it;
+	// 0 is not checked (clients older than incarnations). Any other value
+	// than this daemon's is refused before anything changes:
+	// FAILED_PRECONDITION with an ErrorInfo (domain "decodeplane.v1", reason
+	// STALE_INCARNATION, metadata "incarnation" and "daemon_incarnation" in
+	// hex) and the message "destination of an earlier decodeplane
+	// incarnation <hex> (this daemon is <hex>): every destination it handed
+	// out is void; re-register and re-claim".
+	Incarnation   uint64 `protobuf:"fixed64,10,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -967,6 +1002,13 @@ func (x *TransferRequest) GetAux() *Aux {
 func (x *TransferRequest) GetAttempt() uint32 {
 	if x != nil {
 		return x.Attempt
+	}
+	return 0
+}
+
+func (x *TransferRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -1067,7 +1109,9 @@ type ReportTransferRequest struct {
 	MetadataRoomMarker uint64 `protobuf:"varint,10,opt,name=metadata_room_marker,json=metadataRoomMarker,proto3" json:"metadata_room_marker,omitempty"`
 	// attempt is the destination's attempt (0: not checked).
 	// bounds: 0..2^20.
-	Attempt       uint32 `protobuf:"varint,11,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	Attempt uint32 `protobuf:"varint,11,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// incarnation: as TransferRequest.incarnation.
+	Incarnation   uint64 `protobuf:"fixed64,12,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1175,6 +1219,13 @@ func (x *ReportTransferRequest) GetMetadataRoomMarker() uint64 {
 func (x *ReportTransferRequest) GetAttempt() uint32 {
 	if x != nil {
 		return x.Attempt
+	}
+	return 0
+}
+
+func (x *ReportTransferRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -2514,16 +2565,17 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x0f_decode_dp_rank\"X\n" +
 	"\x10OpenRoomResponse\x12(\n" +
 	"\x04room\x18\x01 \x01(\v2\x14.decodeplane.v1.RoomR\x04room\x12\x1a\n" +
-	"\bexisting\x18\x02 \x01(\bR\bexisting\"^\n" +
+	"\bexisting\x18\x02 \x01(\bR\bexisting\"\x80\x01\n" +
 	"\x17AwaitDestinationRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12/\n" +
-	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\"\xb3\x01\n" +
+	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12 \n" +
+	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"\xb3\x01\n" +
 	"\fDecodeTarget\x12$\n" +
 	"\x0edecode_tp_rank\x18\x01 \x01(\rR\fdecodeTpRank\x12\x14\n" +
 	"\x05dummy\x18\x02 \x01(\bR\x05dummy\x12$\n" +
 	"\x0esrc_head_start\x18\x03 \x01(\rR\fsrcHeadStart\x12$\n" +
 	"\x0edst_head_start\x18\x04 \x01(\rR\fdstHeadStart\x12\x1b\n" +
-	"\tnum_heads\x18\x05 \x01(\rR\bnumHeads\"\xad\x04\n" +
+	"\tnum_heads\x18\x05 \x01(\rR\bnumHeads\"\xcf\x04\n" +
 	"\vDestination\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12$\n" +
 	"\x0edecode_dp_rank\x18\x02 \x01(\rR\fdecodeDpRank\x12!\n" +
@@ -2542,7 +2594,8 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\vtoken_bytes\x18\x0e \x01(\x04R\n" +
 	"tokenBytes\x12\x1f\n" +
 	"\vstate_bytes\x18\x0f \x01(\x04R\n" +
-	"stateBytes\"g\n" +
+	"stateBytes\x12 \n" +
+	"\vincarnation\x18\x10 \x01(\x06R\vincarnation\"g\n" +
 	"\bRoomDone\x12*\n" +
 	"\x04poll\x18\x01 \x01(\x0e2\x16.decodeplane.v1.KVPollR\x04poll\x12/\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x19.decodeplane.v1.RoomPhaseR\x05phase\"\xc1\x01\n" +
@@ -2558,7 +2611,7 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\vroom_marker\x18\x01 \x01(\x04R\n" +
 	"roomMarker\x12\x1d\n" +
 	"\n" +
-	"output_ids\x18\x02 \x03(\x05R\toutputIds\"\xc2\x02\n" +
+	"output_ids\x18\x02 \x03(\x05R\toutputIds\"\xe4\x02\n" +
 	"\x0fTransferRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12/\n" +
 	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x1f\n" +
@@ -2570,12 +2623,14 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x04last\x18\x06 \x01(\bR\x04last\x126\n" +
 	"\x06source\x18\a \x01(\v2\x1e.decodeplane.v1.TransferSourceR\x06source\x12%\n" +
 	"\x03aux\x18\b \x01(\v2\x13.decodeplane.v1.AuxR\x03aux\x12\x18\n" +
-	"\aattempt\x18\t \x01(\rR\aattempt\"\xa9\x01\n" +
+	"\aattempt\x18\t \x01(\rR\aattempt\x12 \n" +
+	"\vincarnation\x18\n" +
+	" \x01(\x06R\vincarnation\"\xa9\x01\n" +
 	"\x10TransferResponse\x12\x14\n" +
 	"\x05bytes\x18\x01 \x01(\x04R\x05bytes\x125\n" +
 	"\bduration\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12*\n" +
 	"\x04poll\x18\x03 \x01(\x0e2\x16.decodeplane.v1.KVPollR\x04poll\x12\x1c\n" +
-	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\xf2\x02\n" +
+	"\tduplicate\x18\x04 \x01(\bR\tduplicate\"\x94\x03\n" +
 	"\x15ReportTransferRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12/\n" +
 	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x1f\n" +
@@ -2590,7 +2645,8 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x05bytes\x18\t \x01(\x04R\x05bytes\x120\n" +
 	"\x14metadata_room_marker\x18\n" +
 	" \x01(\x04R\x12metadataRoomMarker\x12\x18\n" +
-	"\aattempt\x18\v \x01(\rR\aattempt\"b\n" +
+	"\aattempt\x18\v \x01(\rR\aattempt\x12 \n" +
+	"\vincarnation\x18\f \x01(\x06R\vincarnation\"b\n" +
 	"\x16ReportTransferResponse\x12*\n" +
 	"\x04poll\x18\x01 \x01(\x0e2\x16.decodeplane.v1.KVPollR\x04poll\x12\x1c\n" +
 	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"@\n" +

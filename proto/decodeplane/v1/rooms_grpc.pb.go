@@ -42,6 +42,24 @@ const (
 // destination (AwaitDestination) and move or report each chunk (Transfer,
 // ReportTransfer). Every room reaches a terminal state within the configured
 // bounds, and every page, slot and staging region returns to its pool.
+//
+// Generations. The daemon draws a new incarnation (a random non-zero 64-bit
+// value) at every start; it is in RegisterPrefillResponse,
+// HeartbeatResponse, GetStatusResponse and every Destination. A
+// destination's generation is (incarnation, attempt). Every message a
+// prefill sends about a destination names both: TransferRequest,
+// ReportTransferRequest, AllocateStagingRequest and ChunkReadyRequest carry
+// incarnation and (where the message has one) attempt;
+// AwaitDestinationRequest may name the incarnation the prefill registered
+// with. The daemon checks the incarnation in one place, before the domain
+// sees the call: 0 is not checked, any other value than its own is
+// FAILED_PRECONDITION with reason STALE_INCARNATION (see
+// TransferRequest.incarnation), counted in
+// decodeplane_stale_incarnation_total{method}, and nothing changes. A
+// prefill that learns a new incarnation (a registration or heartbeat
+// answer, a destination or a STALE_INCARNATION refusal) must stop writing
+// into the destinations of the old one at once, send nothing more about
+// them, register again and claim again.
 type RoomsClient interface {
 	// OpenRoom admits a request to the decode side: capacity check, prefill
 	// registration wait (SGLang's retry policy), DP-rank resolution, then the
@@ -77,6 +95,8 @@ type RoomsClient interface {
 	// only a stream still open when server.shutdown_timeout runs out (a client
 	// that stopped reading) is cut with UNAVAILABLE.
 	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
+	// FAILED_PRECONDITION (STALE_INCARNATION: the claim names an earlier
+	// daemon incarnation; nothing is claimed);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
 	// address or DP rank); RESOURCE_EXHAUSTED (8,192 claims already wait for rooms
 	// not yet open); UNAVAILABLE (draining, for rooms not yet open);
@@ -85,7 +105,9 @@ type RoomsClient interface {
 	// Transfer asks the daemon's transfer engine (simulated or delegated) to
 	// move one KV chunk into the room's pages, and returns when it landed.
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (room not claimed by this rank,
-	// already terminal, or rebootstrapped since the chunk's attempt); ABORTED
+	// already terminal, or rebootstrapped since the chunk's attempt; or
+	// STALE_INCARNATION: the chunk names an earlier daemon incarnation, and
+	// nothing changed); ABORTED
 	// (the chunk failed: the room is now failed); INVALID_ARGUMENT (a field,
 	// named: e.g. the chunk's page range outside the destination); UNAVAILABLE
 	// (transfer agent unreachable); UNAUTHENTICATED.
@@ -334,6 +356,24 @@ func (c *roomsClient) ContinueGeneration(ctx context.Context, in *ContinueGenera
 // destination (AwaitDestination) and move or report each chunk (Transfer,
 // ReportTransfer). Every room reaches a terminal state within the configured
 // bounds, and every page, slot and staging region returns to its pool.
+//
+// Generations. The daemon draws a new incarnation (a random non-zero 64-bit
+// value) at every start; it is in RegisterPrefillResponse,
+// HeartbeatResponse, GetStatusResponse and every Destination. A
+// destination's generation is (incarnation, attempt). Every message a
+// prefill sends about a destination names both: TransferRequest,
+// ReportTransferRequest, AllocateStagingRequest and ChunkReadyRequest carry
+// incarnation and (where the message has one) attempt;
+// AwaitDestinationRequest may name the incarnation the prefill registered
+// with. The daemon checks the incarnation in one place, before the domain
+// sees the call: 0 is not checked, any other value than its own is
+// FAILED_PRECONDITION with reason STALE_INCARNATION (see
+// TransferRequest.incarnation), counted in
+// decodeplane_stale_incarnation_total{method}, and nothing changes. A
+// prefill that learns a new incarnation (a registration or heartbeat
+// answer, a destination or a STALE_INCARNATION refusal) must stop writing
+// into the destinations of the old one at once, send nothing more about
+// them, register again and claim again.
 type RoomsServer interface {
 	// OpenRoom admits a request to the decode side: capacity check, prefill
 	// registration wait (SGLang's retry policy), DP-rank resolution, then the
@@ -369,6 +409,8 @@ type RoomsServer interface {
 	// only a stream still open when server.shutdown_timeout runs out (a client
 	// that stopped reading) is cut with UNAVAILABLE.
 	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
+	// FAILED_PRECONDITION (STALE_INCARNATION: the claim names an earlier
+	// daemon incarnation; nothing is claimed);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
 	// address or DP rank); RESOURCE_EXHAUSTED (8,192 claims already wait for rooms
 	// not yet open); UNAVAILABLE (draining, for rooms not yet open);
@@ -377,7 +419,9 @@ type RoomsServer interface {
 	// Transfer asks the daemon's transfer engine (simulated or delegated) to
 	// move one KV chunk into the room's pages, and returns when it landed.
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (room not claimed by this rank,
-	// already terminal, or rebootstrapped since the chunk's attempt); ABORTED
+	// already terminal, or rebootstrapped since the chunk's attempt; or
+	// STALE_INCARNATION: the chunk names an earlier daemon incarnation, and
+	// nothing changed); ABORTED
 	// (the chunk failed: the room is now failed); INVALID_ARGUMENT (a field,
 	// named: e.g. the chunk's page range outside the destination); UNAVAILABLE
 	// (transfer agent unreachable); UNAUTHENTICATED.

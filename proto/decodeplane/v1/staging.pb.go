@@ -566,7 +566,11 @@ type AllocateStagingRequest struct {
 	ChunkIndex uint32 `protobuf:"varint,3,opt,name=chunk_index,json=chunkIndex,proto3" json:"chunk_index,omitempty"`
 	// num_pages is the chunk's page count (> 0); tokens = num_pages × page_size.
 	// bounds: 1..2^24.
-	NumPages      uint32 `protobuf:"varint,4,opt,name=num_pages,json=numPages,proto3" json:"num_pages,omitempty"`
+	NumPages uint32 `protobuf:"varint,4,opt,name=num_pages,json=numPages,proto3" json:"num_pages,omitempty"`
+	// incarnation is the room's Destination.incarnation; checked as
+	// TransferRequest.incarnation (0: not checked; another value than this
+	// daemon's: FAILED_PRECONDITION STALE_INCARNATION, nothing allocated).
+	Incarnation   uint64 `protobuf:"fixed64,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -625,6 +629,13 @@ func (x *AllocateStagingRequest) GetChunkIndex() uint32 {
 func (x *AllocateStagingRequest) GetNumPages() uint32 {
 	if x != nil {
 		return x.NumPages
+	}
+	return 0
+}
+
+func (x *AllocateStagingRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
 	}
 	return 0
 }
@@ -845,7 +856,11 @@ type ChunkReadyRequest struct {
 	Last bool `protobuf:"varint,6,opt,name=last,proto3" json:"last,omitempty"`
 	// bounds: required when last (aux.room_marker != 0), absent otherwise;
 	// see Aux.
-	Aux           *Aux `protobuf:"bytes,7,opt,name=aux,proto3" json:"aux,omitempty"`
+	Aux *Aux `protobuf:"bytes,7,opt,name=aux,proto3" json:"aux,omitempty"`
+	// incarnation is the room's Destination.incarnation; checked as
+	// TransferRequest.incarnation (0: not checked; another value than this
+	// daemon's: FAILED_PRECONDITION STALE_INCARNATION, nothing counted).
+	Incarnation   uint64 `protobuf:"fixed64,8,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -927,6 +942,13 @@ func (x *ChunkReadyRequest) GetAux() *Aux {
 		return x.Aux
 	}
 	return nil
+}
+
+func (x *ChunkReadyRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type ChunkReadyResponse struct {
@@ -1222,13 +1244,14 @@ const file_decodeplane_v1_staging_proto_rawDesc = "" +
 	"headSlices\x127\n" +
 	"\atargets\x18\v \x03(\v2\x1d.decodeplane.v1.StagingTargetR\atargets\x121\n" +
 	"\x05rings\x18\f \x03(\v2\x1b.decodeplane.v1.StagingRingR\x05rings\x12H\n" +
-	"\x12completion_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\x11completionTimeout\"\x9b\x01\n" +
+	"\x12completion_timeout\x18\r \x01(\v2\x19.google.protobuf.DurationR\x11completionTimeout\"\xbd\x01\n" +
 	"\x16AllocateStagingRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12/\n" +
 	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x1f\n" +
 	"\vchunk_index\x18\x03 \x01(\rR\n" +
 	"chunkIndex\x12\x1b\n" +
-	"\tnum_pages\x18\x04 \x01(\rR\bnumPages\"\x9d\x03\n" +
+	"\tnum_pages\x18\x04 \x01(\rR\bnumPages\x12 \n" +
+	"\vincarnation\x18\x05 \x01(\x06R\vincarnation\"\x9d\x03\n" +
 	"\rStagingRegion\x12$\n" +
 	"\x0edecode_tp_rank\x18\x01 \x01(\rR\fdecodeTpRank\x12\x16\n" +
 	"\x06buffer\x18\x02 \x01(\tR\x06buffer\x12\x19\n" +
@@ -1247,7 +1270,7 @@ const file_decodeplane_v1_staging_proto_rawDesc = "" +
 	"\fwriter_bytes\x18\r \x01(\x04R\vwriterBytes\x12\x1a\n" +
 	"\bexisting\x18\x0e \x01(\bR\bexisting\"R\n" +
 	"\x17AllocateStagingResponse\x127\n" +
-	"\aregions\x18\x01 \x03(\v2\x1d.decodeplane.v1.StagingRegionR\aregions\"\xf2\x01\n" +
+	"\aregions\x18\x01 \x03(\v2\x1d.decodeplane.v1.StagingRegionR\aregions\"\x94\x02\n" +
 	"\x11ChunkReadyRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12/\n" +
 	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x1f\n" +
@@ -1257,7 +1280,8 @@ const file_decodeplane_v1_staging_proto_rawDesc = "" +
 	"pageOffset\x12\x1b\n" +
 	"\tnum_pages\x18\x05 \x01(\rR\bnumPages\x12\x12\n" +
 	"\x04last\x18\x06 \x01(\bR\x04last\x12%\n" +
-	"\x03aux\x18\a \x01(\v2\x13.decodeplane.v1.AuxR\x03aux\"\xc6\x01\n" +
+	"\x03aux\x18\a \x01(\v2\x13.decodeplane.v1.AuxR\x03aux\x12 \n" +
+	"\vincarnation\x18\b \x01(\x06R\vincarnation\"\xc6\x01\n" +
 	"\x12ChunkReadyResponse\x12*\n" +
 	"\x04poll\x18\x01 \x01(\x0e2\x16.decodeplane.v1.KVPollR\x04poll\x12\x1c\n" +
 	"\tduplicate\x18\x02 \x01(\bR\tduplicate\x12'\n" +

@@ -88,7 +88,8 @@ type StagingClient interface {
 	// `writable` says whether it may be written now; WatchWatermark tells when
 	// it becomes writable.
 	// Codes: OK; NOT_FOUND (room); FAILED_PRECONDITION (the room is not staged,
-	// not admitted, failed, or this rank has not claimed it);
+	// not admitted, failed, or this rank has not claimed it; or
+	// STALE_INCARNATION, see AllocateStagingRequest.incarnation);
 	// RESOURCE_EXHAUSTED (the chunk is larger than the whole ring: the room
 	// fails, it can never complete; the message ends with "Increase
 	// SGLANG_DISAGG_STAGING_POOL_SIZE_MB or reduce chunked_prefill_size.");
@@ -103,7 +104,8 @@ type StagingClient interface {
 	// the scatter (scattered = true). A region the watermark has not released
 	// yet is refused and not counted (never a silent overlap).
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (no region allocated, region
-	// not writable yet, room not staged or terminal); INVALID_ARGUMENT
+	// not writable yet, room not staged or terminal; STALE_INCARNATION, see
+	// ChunkReadyRequest.incarnation); INVALID_ARGUMENT
 	// (num_pages or page_offset differ from the region's, pages outside the
 	// destination); ABORTED (the scatter failed: the room is failed);
 	// UNAVAILABLE (transfer agent unreachable: retry the same ChunkReady);
@@ -239,7 +241,8 @@ type StagingServer interface {
 	// `writable` says whether it may be written now; WatchWatermark tells when
 	// it becomes writable.
 	// Codes: OK; NOT_FOUND (room); FAILED_PRECONDITION (the room is not staged,
-	// not admitted, failed, or this rank has not claimed it);
+	// not admitted, failed, or this rank has not claimed it; or
+	// STALE_INCARNATION, see AllocateStagingRequest.incarnation);
 	// RESOURCE_EXHAUSTED (the chunk is larger than the whole ring: the room
 	// fails, it can never complete; the message ends with "Increase
 	// SGLANG_DISAGG_STAGING_POOL_SIZE_MB or reduce chunked_prefill_size.");
@@ -254,7 +257,8 @@ type StagingServer interface {
 	// the scatter (scattered = true). A region the watermark has not released
 	// yet is refused and not counted (never a silent overlap).
 	// Codes: OK; NOT_FOUND; FAILED_PRECONDITION (no region allocated, region
-	// not writable yet, room not staged or terminal); INVALID_ARGUMENT
+	// not writable yet, room not staged or terminal; STALE_INCARNATION, see
+	// ChunkReadyRequest.incarnation); INVALID_ARGUMENT
 	// (num_pages or page_offset differ from the region's, pages outside the
 	// destination); ABORTED (the scatter failed: the room is failed);
 	// UNAVAILABLE (transfer agent unreachable: retry the same ChunkReady);
