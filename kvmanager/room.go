@@ -16,7 +16,8 @@ import (
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
-// room is one request's KV hand-off. Every field is guarded by Manager.mu.
+// room is one request's KV hand-off. Every field is guarded by its shard's
+// lock (shard.mu); id and decodeDP never change once it is opened.
 // A room that was never admitted is only what it needs while it waits
 // (identity, request, DP rank, phase, deadlines, timeline); what admission
 // and the transfer add lives in *handoff, made at its first admission and
@@ -62,6 +63,7 @@ type room struct {
 	inLedger       bool // the ledger holds this room (any ledger state)
 	releasePending bool
 	staging        bool
+	parked         bool // among its address's waiting rooms (Manager.wait)
 }
 
 // handoff is what a room holds from its first admission on: its
@@ -323,9 +325,8 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 	r.transitions = append(r.transitions, t)
 	m.obs.RoomPhase(from, to)
 	m.phaseSpanLocked(r, from, to, note)
-	if m.progress != nil && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
-		close(m.progress)
-		m.progress = nil
+	if m.prog.waiting.Load() && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
+		m.signalProgress()
 	}
 	if ws := r.watching(); len(ws) > 0 { // the snapshot is only for watchers: not on the hot path without them
 		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t.public(r.addr, r.texts()), Terminal: to.Terminal()}
@@ -350,6 +351,17 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 }
 
 const levelDebug = -4
+
+// signalProgress wakes a waiting Shutdown: a room stopped handing off.
+func (m *Manager) signalProgress() {
+	m.prog.mu.Lock()
+	if m.prog.ch != nil {
+		close(m.prog.ch)
+		m.prog.ch = nil
+		m.prog.waiting.Store(false)
+	}
+	m.prog.mu.Unlock()
+}
 
 // roomTransitions is the timeline's first capacity: a queued room's
 // transitions (opened, queued) fit; one that waits for its DP rank, and a
@@ -402,7 +414,7 @@ func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note note) {
 // armTimerLocked keeps the room's entry on the deadline heap at its
 // earliest deadline (none once it is terminal).
 func (m *Manager) armTimerLocked(r *room) {
-	if r.phase.Terminal() || m.closed {
+	if r.phase.Terminal() || m.closed.Load() {
 		m.clearDeadlineLocked(&r.dl)
 		return
 	}
@@ -431,7 +443,7 @@ func (m *Manager) armTimerLocked(r *room) {
 // roomDeadlineLocked fails a room whose current phase's deadline passed
 // (the heap's dlRoom entry, armed for attempt).
 func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
-	if m.rooms[r.id] != r || r.attempt != attempt || r.phase.Terminal() {
+	if m.shardOf(r).rooms[r.id] != r || r.attempt != attempt || r.phase.Terminal() {
 		return
 	}
 	now := m.clock.Now()
@@ -547,7 +559,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 	case PhaseQueued:
 		reason := "the rooms ahead of it"
 		if r.decodeDP < len(m.shards) {
-			if b := m.shards[r.decodeDP].Stats().LastBlocked; b != prealloc.BlockNone {
+			if b := m.shards[r.decodeDP].led.Stats().LastBlocked; b != prealloc.BlockNone {
 				reason = "blocked by " + b.String()
 			}
 		}
