@@ -86,13 +86,7 @@ func (m *Manager) openRoom(ctx context.Context, req OpenRequest) (_ RoomSnapshot
 	if inst, ok := m.reg.Instance(addr); ok {
 		addr = inst.Addr // one copy of the address per instance, not one per room
 	}
-	now := m.clock.Now()
-	r := &room{
-		id: req.Room, addr: addr,
-		decodeDP: shard, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
-		attempt: 1, openedAt: stampOf(now), updatedAt: stampOf(now), metaSlot: -1,
-		bootstrapAt: stampOf(now.Add(m.cfg.Timeouts.Bootstrap)),
-	}
+	r := newRoom(req.Room, addr, shard, req.PrefillDP, m.clock.Now(), m.cfg.Timeouts.Bootstrap)
 	if req.IdempotencyKey != "" {
 		r.x().idemKey = req.IdempotencyKey
 	}
@@ -423,28 +417,20 @@ func (m *Manager) delivered(c *Claim, d *Destination) {
 // claimRankLocked records one required rank's claim on an admitted room; the
 // room is claimed when every required rank has one.
 func (m *Manager) claimRankLocked(r *room, rp *rankProgress) {
-	if rp.claimed {
-		return
+	if r.claimRank(rp) {
+		m.claimedLocked(r)
 	}
-	rp.claimed = true
-	if r.claimedN++; r.claimedN < len(r.plan.Required()) {
-		return
-	}
-	m.claimedLocked(r)
 }
 
 // claimedLocked: every required rank holds the destination. The ledger's
 // claim deadline stops and SGLang's waiting timeout starts (T11).
 func (m *Manager) claimedLocked(r *room) {
-	now := m.clock.Now()
-	r.claimedAt = now
-	r.waitingAt = now.Add(m.cfg.Timeouts.Waiting)
 	if err := m.shards[r.decodeDP].led.Claim(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused the claim of room %d: %v", r.id, err)})
 		return
 	}
 	m.armShardTimerLocked(r.decodeDP)
-	m.transitionLocked(r, PhaseClaimed, "T11", numNote(noteClaimed, int64(len(r.plan.Required())), int64(m.cfg.Timeouts.Waiting)))
+	m.applyLocked(r, r.claimed(m.clock.Now(), m.cfg.Timeouts.Waiting))
 	if r.chunksDone > 0 {
 		m.transitionLocked(r, PhaseTransferring, "", textNote("chunks landed before every rank claimed"))
 		m.checkSuccessLocked(r)
@@ -776,36 +762,17 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 // chunkLandedLocked advances a room after a chunk landed (moved by the
 // engine or reported by the prefill).
 func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest, res transfer.ChunkResult) {
-	r.bytes += uint64(max(res.Bytes, 0))
-	rp.bytes += uint64(max(res.Bytes, 0))
-	r.chunksDone++
-	rp.cov.landed += req.NumPages
-	m.obs.ChunkDone(res.Bytes, res.Duration, true)
-	if req.Last {
-		rp.lastLanded = true
+	e := r.chunkLanded(m.clock.Now(), rp, req, res)
+	m.applyLocked(r, e)
+	if e.checkAfter {
+		m.checkSuccessLocked(r)
 	}
-	if !rp.done && rp.lastLanded && rp.cov.sent != nil && rp.cov.landed == rp.cov.need {
-		rp.done = true
-		r.doneN++
-	}
-	m.markerLandedLocked(r, res.MarkerWritten)
-	if r.phase == PhaseClaimed {
-		m.transitionLocked(r, PhaseTransferring, "", chunkLandedNote(req.Index, req.Rank))
-	}
-	m.checkSuccessLocked(r)
 }
 
-// markerLandedLocked records a room marker written into the metadata slot.
-// A wrong marker sticks (the room fails as metadata corruption at the next
-// success check, whatever other ranks wrote after it).
+// markerLandedLocked records a room marker written into the metadata slot
+// (room.markerLanded) and in the ledger.
 func (m *Manager) markerLandedLocked(r *room, marker uint64) {
-	if marker == 0 || (r.marker != 0 && r.marker != r.id) {
-		return
-	}
-	r.marker = marker
-	if err := m.shards[r.decodeDP].led.SetMetadataMarker(r.id, marker); err != nil {
-		m.log.Error("ledger refused the metadata marker", "room", r.id, "err", err)
-	}
+	m.applyLocked(r, effects{markerSet: r.markerLanded(marker)})
 }
 
 // ReportTransfer records a chunk the prefill moved itself. A failure fails
@@ -875,12 +842,7 @@ func (m *Manager) checkSuccessLocked(r *room) {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to start room %d: %v", r.id, err)})
 		return
 	}
-	now := m.clock.Now()
-	m.obs.TransferLatency(now.Sub(r.admittedAt))
-	m.obs.RoomFinished(PhaseSucceeded, FailureUnspecified, now.Sub(r.openedAt.time()))
-	m.transitionLocked(r, PhaseSucceeded, "T12/T17", numNote(noteSucceeded, int64(r.chunksDone), int64(r.bytes)))
-	p := PhaseSucceeded
-	r.claims.finishAll(DestinationEvent{Done: &p})
+	m.applyLocked(r, r.succeeded(m.clock.Now()))
 }
 
 // sglangFor names the SGLang transition a failure code corresponds to.
@@ -898,40 +860,17 @@ var sglangFor = map[FailureCode]string{
 // claims and watchers are told, and every resource goes back once nothing
 // is in flight.
 func (m *Manager) failLocked(r *room, f Failure) {
-	if r.phase.Terminal() {
-		return
-	}
-	fc := f
-	r.failure = &fc
-	m.unwait(r)
-	if h := r.handoff; h != nil {
-		if h.xferCancel != nil {
-			h.xferCancel()
-		}
-		h.ranks.each(func(rp *rankProgress) {
-			for _, cs := range rp.chunks {
-				if cs.cancel != nil {
-					cs.cancel() // the engine call in flight ends; its chunkEndLocked sees the failure
-				}
-			}
-		})
-	}
-	r.claims.finishAll(DestinationEvent{Failure: &fc})
-	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt.time()))
-	m.log.WarnContext(r.logCtx(), "room failed", "room", r.id, "rid", r.rid(), "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
-	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], textNote(r.failure.Message))
-	m.endLocked(r)
+	m.applyLocked(r, r.fail(m.clock.Now(), f))
 }
 
 // releaseRoomLocked ends a room the decode engine is done with.
 func (m *Manager) releaseRoomLocked(r *room, note string) {
-	m.transitionLocked(r, PhaseReleased, "", textNote(note))
-	m.endLocked(r)
+	m.applyLocked(r, r.released(m.clock.Now(), note))
 }
 
-// endLocked retains a terminal room and releases its resources.
+// endLocked retains a room that ended (room.fail, room.released) and
+// releases its resources once it may.
 func (m *Manager) endLocked(r *room) {
-	r.releasePending = true
 	m.releaseIfIdleLocked(r)
 	sh := m.shardOf(r)
 	sh.retained = append(sh.retained, r)
@@ -941,32 +880,27 @@ func (m *Manager) endLocked(r *room) {
 // releaseIfIdleLocked returns a terminal room's resources to the ledger once
 // no transfer is in flight, exactly once.
 func (m *Manager) releaseIfIdleLocked(r *room) {
-	if !r.releasePending || (r.handoff != nil && r.inflight > 0) {
-		return
-	}
-	if now := m.clock.Now(); r.writesUntil().After(now) && !m.closed.Load() {
+	rel := r.release(m.clock.Now(), m.closed.Load())
+	if rel.wait {
 		// An engine could not rule out writes into the pages until then.
-		if q := r.quarantine; !m.dlArmed(&q.dl) {
-			m.setDeadlineLocked(&q.dl, dlQuarantine, q.until, r.id, r.attempt, r)
+		if !m.dlArmed(rel.q) {
+			m.setDeadlineLocked(rel.q, dlQuarantine, rel.until, r.id, r.attempt, r)
 		}
 		return
 	}
-	if r.handoff != nil && r.quarantine != nil {
-		m.clearDeadlineLocked(&r.quarantine.dl)
-		r.quarantine = nil
+	if !rel.done {
+		return
 	}
-	r.releasePending = false
-	if r.inLedger {
-		r.inLedger = false
+	if rel.q != nil {
+		m.clearDeadlineLocked(rel.q)
+	}
+	if rel.ledger {
 		if err := m.shards[r.decodeDP].led.Release(r.id); err != nil {
 			m.log.Error("ledger release failed", "room", r.id, "err", err)
 		}
 	}
-	if x := r.extra; x != nil {
-		for _, f := range x.onEnd {
-			f()
-		}
-		x.onEnd, x.gates = nil, nil
+	for _, f := range rel.onEnd {
+		f()
 	}
 	m.admitDueLocked(r.decodeDP) // once, when the call that ended the room unlocks
 }
@@ -1297,15 +1231,9 @@ func (m *Manager) rebootstrapLocked(ctx context.Context, sh *shard, ids []uint64
 		if r == nil {
 			continue
 		}
-		r.attempt++
-		r.pages, r.state, r.metaSlot, r.fillLen, r.marker = nil, nil, -1, 0, 0
-		r.chunksDone, r.bytes = 0, 0
-		r.claims = claimSet{}
-		r.plan, r.ranks = nil, nil // per-attempt progress: set again once the prefill is known
-		r.clearGates()
-		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = stampOf(now.Add(m.cfg.Timeouts.Bootstrap)), time.Time{}, time.Time{}, time.Time{}
+		e := r.rebootstrap(now, m.cfg.Timeouts.Bootstrap)
 		m.startSpanLocked(ctx, r) // the new attempt's transfer context is made at its admission
-		m.transitionLocked(r, PhaseWaitingPrefill, "T22", numNote(noteRebootstrap, int64(r.attempt), 0))
+		m.applyLocked(r, e)
 		m.prefillOrWaitLocked(r, "T22")
 	}
 }

@@ -307,29 +307,76 @@ var phaseSpanName = map[Phase]string{
 	PhaseRetracted:      "room.retracted",
 }
 
-// transitionLocked moves the room to phase, records the transition, ends
-// and starts phase spans, and tells watchers, claims and the observer.
+// transitionLocked moves the room to phase (room.transition) and applies
+// the step's effects.
 func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) {
-	now := m.clock.Now()
-	from := r.phase
-	r.phase = to
-	r.updatedAt = stampOf(now)
-	var texts *[]string
-	if needsText(sglang, note) {
-		texts = &r.x().texts
+	m.applyLocked(r, r.transition(m.clock.Now(), to, sglang, note))
+}
+
+// applyLocked applies the effects of one event the room applied to itself,
+// in this order: off the waiting rooms, transfers cancelled, claims ended,
+// the outcome observed and logged; then the phase change (observer, spans,
+// a waiting Shutdown, watchers, debug log, the room's deadline); then the
+// chunk's observation and marker; then the end (retention, resources).
+// The room's shard lock is held.
+func (m *Manager) applyLocked(r *room, e effects) {
+	if e.unwait {
+		m.unwait(r)
 	}
-	t := newTransition(now, to, sglang, note, r.attempt, texts)
-	if r.transitions == nil {
-		r.transitions = make([]transition, 0, roomTransitions)
+	if e.cancel {
+		if h := r.handoff; h != nil {
+			if h.xferCancel != nil {
+				h.xferCancel()
+			}
+			h.ranks.each(func(rp *rankProgress) {
+				for _, cs := range rp.chunks {
+					if cs.cancel != nil {
+						cs.cancel() // the engine call in flight ends; its chunkEndLocked sees the failure
+					}
+				}
+			})
+		}
 	}
-	r.transitions = append(r.transitions, t)
+	if e.claimEv != (DestinationEvent{}) {
+		e.claims.finishAll(e.claimEv)
+	}
+	if e.finished {
+		if e.outcome == PhaseSucceeded {
+			m.obs.TransferLatency(e.transferred)
+		}
+		m.obs.RoomFinished(e.outcome, e.code, e.sinceOpen)
+	}
+	if f := e.failure; f != nil {
+		m.log.WarnContext(r.logCtx(), "room failed", "room", r.id, "rid", r.rid(), "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", e.from.String(), "reason", f.Message)
+	}
+	if e.moved {
+		m.movedLocked(r, e)
+	}
+	if e.chunk {
+		m.obs.ChunkDone(e.chunkRes.Bytes, e.chunkRes.Duration, true)
+	}
+	if e.markerSet != 0 {
+		if err := m.shardOf(r).led.SetMetadataMarker(r.id, e.markerSet); err != nil {
+			m.log.Error("ledger refused the metadata marker", "room", r.id, "err", err)
+		}
+	}
+	if e.end {
+		m.endLocked(r)
+	}
+}
+
+// movedLocked applies a phase change: the observer, the phase spans, a
+// waiting Shutdown, the watchers (closed after a terminal step), the debug
+// log and the room's deadline.
+func (m *Manager) movedLocked(r *room, e effects) {
+	from, to := e.from, e.to
 	m.obs.RoomPhase(from, to)
-	m.phaseSpanLocked(r, from, to, note)
+	m.phaseSpanLocked(r, from, to, e.note)
 	if m.prog.waiting.Load() && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
 		m.signalProgress()
 	}
 	if ws := r.watching(); len(ws) > 0 { // the snapshot is only for watchers: not on the hot path without them
-		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t.public(r.addr, r.texts()), Terminal: to.Terminal()}
+		ev := RoomEvent{Room: r.snapshot(false, false), Transition: e.t.public(r.addr, r.texts()), Terminal: to.Terminal()}
 		for w := range ws {
 			if !w.send(ev) {
 				delete(ws, w)
@@ -345,7 +392,7 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 		}
 	}
 	if ctx := r.logCtx(); m.log.Enabled(ctx, levelDebug) {
-		m.log.DebugContext(ctx, "room transition", "room", r.id, "rid", r.rid(), "from", from.String(), "to", to.String(), "sglang", sglang, "note", note.render(r.addr))
+		m.log.DebugContext(ctx, "room transition", "room", r.id, "rid", r.rid(), "from", from.String(), "to", to.String(), "sglang", e.sglang, "note", e.note.render(r.addr))
 	}
 	m.armTimerLocked(r)
 }
@@ -412,28 +459,10 @@ func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note note) {
 }
 
 // armTimerLocked keeps the room's entry on the deadline heap at its
-// earliest deadline (none once it is terminal).
+// earliest deadline (room.nextDeadline; none once it is terminal).
 func (m *Manager) armTimerLocked(r *room) {
-	if r.phase.Terminal() || m.closed.Load() {
-		m.clearDeadlineLocked(&r.dl)
-		return
-	}
-	var next time.Time
-	consider := func(t time.Time) {
-		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-			next = t
-		}
-	}
-	switch r.phase {
-	case PhaseWaitingPrefill, PhaseQueued, PhaseAdmitted:
-		consider(r.bootstrapAt.time())
-	case PhaseResolvingDP:
-		consider(r.bootstrapAt.time())
-		consider(r.dpAt.time())
-	case PhaseClaimed, PhaseTransferring:
-		consider(r.waitingAt)
-	}
-	if next.IsZero() {
+	next := r.nextDeadline()
+	if next.IsZero() || m.closed.Load() {
 		m.clearDeadlineLocked(&r.dl)
 		return
 	}
@@ -441,38 +470,29 @@ func (m *Manager) armTimerLocked(r *room) {
 }
 
 // roomDeadlineLocked fails a room whose current phase's deadline passed
-// (the heap's dlRoom entry, armed for attempt).
+// (the heap's dlRoom entry, armed for attempt; room.expired decides which).
 func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
 	if m.shardOf(r).rooms[r.id] != r || r.attempt != attempt || r.phase.Terminal() {
 		return
 	}
 	now := m.clock.Now()
 	elapsed := func(since time.Time) float64 { return now.Sub(since).Seconds() }
-	switch r.phase {
-	case PhaseResolvingDP:
-		if r.dpAt != 0 && !now.Before(r.dpAt.time()) {
-			m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
-				"Request %d timed out after %.1fs in KVPoll.Bootstrapping: no rule resolved its prefill DP rank at %s within timeouts.dp_rank_resolution (no router hint, prefill dp_size %d, follow_bootstrap_room %v, no BindRoom received)",
-				r.id, elapsed(r.openedAt.time()), r.addr, m.topoLocked(r.addr).DP, m.topoLocked(r.addr).FollowBootstrapRoom)})
-			return
-		}
-		fallthrough
-	case PhaseWaitingPrefill, PhaseQueued, PhaseAdmitted:
-		if r.bootstrapAt != 0 && !now.Before(r.bootstrapAt.time()) {
-			m.failLocked(r, Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
-				"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)",
-				r.id, elapsed(r.openedAt.time()), r.phase.Poll(), r.phase, r.unclaimedNote())})
-			return
-		}
-	case PhaseClaimed, PhaseTransferring:
-		if !r.waitingAt.IsZero() && !now.Before(r.waitingAt) {
-			m.failLocked(r, Failure{Code: FailureWaitingTimeout, Message: fmt.Sprintf(
-				"Request %d timed out after %.1fs in KVPoll.WaitingForInput%s",
-				r.id, elapsed(r.claimedAt), r.waitingNote())})
-			return
-		}
+	switch r.expired(now) {
+	case FailureDPRankUnresolved:
+		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
+			"Request %d timed out after %.1fs in KVPoll.Bootstrapping: no rule resolved its prefill DP rank at %s within timeouts.dp_rank_resolution (no router hint, prefill dp_size %d, follow_bootstrap_room %v, no BindRoom received)",
+			r.id, elapsed(r.openedAt.time()), r.addr, m.topoLocked(r.addr).DP, m.topoLocked(r.addr).FollowBootstrapRoom)})
+	case FailureBootstrapTimeout:
+		m.failLocked(r, Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
+			"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)",
+			r.id, elapsed(r.openedAt.time()), r.phase.Poll(), r.phase, r.unclaimedNote())})
+	case FailureWaitingTimeout:
+		m.failLocked(r, Failure{Code: FailureWaitingTimeout, Message: fmt.Sprintf(
+			"Request %d timed out after %.1fs in KVPoll.WaitingForInput%s",
+			r.id, elapsed(r.claimedAt), r.waitingNote())})
+	default:
+		m.armTimerLocked(r)
 	}
-	m.armTimerLocked(r)
 }
 
 func (m *Manager) topoLocked(addr string) PrefillTopology {
