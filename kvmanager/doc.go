@@ -51,6 +51,24 @@
 // inside RetractRoom. A room's KVPoll
 // is derived from its phase with SGLang's numbers and only moves forward.
 //
+// # The room is the state machine
+//
+// One type, room, owns a room's phase, attempt, claims, page coverage,
+// watchers, gates, staging hold and deadlines. Its event methods
+// (effects.go: transition, allocated/admitted/resumed, claimRank/claimed,
+// chunkLanded, markerLanded, succeeded, fail, released, rebootstrap,
+// release, nextDeadline, expired) change only the room — no clock (the
+// time is an argument), no lock, no ledger, no channel — and return an
+// effects value (no slice of its own) that the manager applies right after,
+// under the room's shard lock (Manager.applyLocked): claims to end, watcher
+// events, the deadline to re-arm, transfers to cancel, the ledger's record
+// and end hooks to give back (exactly once: room.release), the admission to
+// mark due, observer calls, spans and log lines. Each transition is tested
+// on a bare room (effects_test.go). What needs the registry, the ledger or
+// the staging handler to decide (DP-rank resolution, the admission pass,
+// the success check's staging gate, chunk validation) stays in the
+// manager's methods, which call the room's.
+//
 // # Bounded waits
 //
 // Every wait has a deadline on the injected Clock: the prefill registration

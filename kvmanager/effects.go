@@ -1,7 +1,11 @@
 package kvmanager
 
 import (
+	"context"
+	"slices"
 	"time"
+
+	"github.com/decodeplane/decodeplane/prealloc"
 
 	"github.com/decodeplane/decodeplane/transfer"
 )
@@ -53,6 +57,12 @@ type effects struct {
 	// end: the room ended; it is retained and its resources go back once
 	// nothing is in flight (room.release).
 	end bool
+	// admission: the room was admitted (the observer's DestinationLatency,
+	// from OpenRoom); cancelPrev ends the previous attempt's transfer
+	// context (a rebootstrap), nil when none.
+	admission     bool
+	admittedAfter time.Duration
+	cancelPrev    context.CancelFunc
 }
 
 // newRoom is a room as OpenRoom makes it, before its first transition: on
@@ -124,6 +134,33 @@ func (r *room) succeeded(now time.Time) effects {
 	e.claimEv = DestinationEvent{Done: &p}
 	e.finished, e.outcome, e.code = true, PhaseSucceeded, FailureUnspecified
 	e.sinceOpen, e.transferred = now.Sub(r.openedAt.time()), now.Sub(r.admittedAt)
+	return e
+}
+
+// allocated gives the room the destination an admission pass allocated
+// (copies: the room hands them out).
+func (r *room) allocated(al prealloc.Allocation) {
+	r.admittedOnce()
+	r.pages = slices.Clone(al.Pages)
+	r.fillLen = al.FillLen
+	r.metaSlot = al.MetadataSlot
+	r.state = cloneState(al.State)
+}
+
+// resumed: a retracted room got its pages back and runs again (T20).
+func (r *room) resumed(now time.Time) effects {
+	return r.transition(now, PhaseSucceeded, "T20", numNote(noteResumed, int64(len(r.pages)), 0))
+}
+
+// admitted: the room's destination is allocated (T11); the previous
+// attempt's transfer context, if any, is to be cancelled (nothing of it
+// runs any more).
+func (r *room) admitted(now time.Time) effects {
+	r.admittedAt = now
+	cancel := r.xferCancel
+	r.xferCtx, r.xferCancel = nil, nil
+	e := r.transition(now, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)))
+	e.admission, e.admittedAfter, e.cancelPrev = true, now.Sub(r.openedAt.time()), cancel
 	return e
 }
 

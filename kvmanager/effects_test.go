@@ -1,6 +1,7 @@
 package kvmanager
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -56,9 +57,43 @@ func admitRoom(t *testing.T, r *room) {
 	wantMove(t, r, r.transition(t0, PhaseWaitingPrefill, "T1", numNote(noteOpened, 0, 0)), PhaseUnspecified, PhaseWaitingPrefill)
 	r.prefillDP, r.dpRule = 0, DPRuleSingleDP
 	wantMove(t, r, r.transition(t0, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, 0, int64(DPRuleSingleDP))), PhaseWaitingPrefill, PhaseQueued)
-	r.admittedOnce()
-	r.pages, r.metaSlot, r.admittedAt = []int32{3, 4, 5, 6}, 2, t0.Add(time.Second)
-	wantMove(t, r, r.transition(t0.Add(time.Second), PhaseAdmitted, "T11", numNote(noteAdmitted, 4, 2)), PhaseQueued, PhaseAdmitted)
+	al := prealloc.Allocation{Pages: []int32{3, 4, 5, 6}, FillLen: 200, MetadataSlot: 2}
+	r.allocated(al)
+	al.Pages[0] = 99 // the room keeps a copy
+	e := r.admitted(t0.Add(time.Second))
+	wantMove(t, r, e, PhaseQueued, PhaseAdmitted)
+	if r.pages[0] != 3 || len(r.pages) != 4 || r.fillLen != 200 || r.metaSlot != 2 || !r.admittedAt.Equal(t0.Add(time.Second)) {
+		t.Fatalf("admitted: pages %v fill %d slot %d at %v", r.pages, r.fillLen, r.metaSlot, r.admittedAt)
+	}
+	if !e.admission || e.admittedAfter != time.Second || e.cancelPrev != nil {
+		t.Fatalf("admission effects: %v after %v, cancel %v", e.admission, e.admittedAfter, e.cancelPrev != nil)
+	}
+}
+
+// TestRoomAdmittedAgain: the admission of a rebootstrapped room hands its
+// previous attempt's transfer context to the caller to cancel; a retracted
+// room's admission resumes it (T20).
+func TestRoomAdmittedAgain(t *testing.T) {
+	r, _ := roomPlan(t)
+	admitRoom(t, r)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.xferCtx, r.xferCancel = ctx, cancel
+	r.phase = PhaseQueued
+	e := r.admitted(t0.Add(time.Hour))
+	if e.cancelPrev == nil || r.xferCtx != nil || r.xferCancel != nil {
+		t.Fatalf("the previous attempt's context stayed with the room (effects cancel %v)", e.cancelPrev != nil)
+	}
+	e.cancelPrev()
+	if ctx.Err() == nil {
+		t.Error("cancelPrev is not the previous attempt's cancel")
+	}
+	r.phase = PhaseRetracted
+	r.allocated(prealloc.Allocation{Pages: []int32{8, 9}, MetadataSlot: -1})
+	e = r.resumed(t0.Add(2 * time.Hour))
+	wantMove(t, r, e, PhaseRetracted, PhaseSucceeded)
+	if got := e.t.public(r.addr, r.texts()); got.SGLang != "T20" || got.Note != "resumed after retraction with 2 pages" || e.admission {
+		t.Errorf("resume: %+v (admission %v)", got, e.admission)
+	}
 }
 
 // sendLast marks the rank's whole destination sent, as chunkBeginLocked

@@ -237,11 +237,7 @@ func (m *Manager) admitLocked(shard int) {
 			_ = led.Release(a.Room)
 			continue
 		}
-		r.admittedOnce()
-		r.pages = slices.Clone(a.Alloc.Pages)
-		r.fillLen = a.Alloc.FillLen
-		r.metaSlot = a.Alloc.MetadataSlot
-		r.state = cloneState(a.Alloc.State)
+		r.allocated(a.Alloc)
 		if a.Resumed {
 			// The engine reloads the room's KV from its CPU copy: the room
 			// runs again (the ledger's resumed -> running), so that it can
@@ -250,16 +246,10 @@ func (m *Manager) admitLocked(shard int) {
 				m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to resume room %d: %v", r.id, err)})
 				continue
 			}
-			m.transitionLocked(r, PhaseSucceeded, "T20", numNote(noteResumed, int64(len(r.pages)), 0))
+			m.applyLocked(r, r.resumed(now))
 			continue
 		}
-		r.admittedAt = now
-		if r.xferCancel != nil {
-			r.xferCancel() // the previous attempt's (a rebootstrap): nothing of it runs any more
-			r.xferCtx, r.xferCancel = nil, nil
-		}
-		m.obs.DestinationLatency(now.Sub(r.openedAt.time()))
-		m.transitionLocked(r, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)))
+		m.applyLocked(r, r.admitted(now))
 		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
 		r.claims.each(func(c *Claim) { c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.Key())}) })
 	}

@@ -323,6 +323,12 @@ func (m *Manager) applyLocked(r *room, e effects) {
 	if e.unwait {
 		m.unwait(r)
 	}
+	if e.cancelPrev != nil {
+		e.cancelPrev()
+	}
+	if e.admission {
+		m.obs.DestinationLatency(e.admittedAfter)
+	}
 	if e.cancel {
 		if h := r.handoff; h != nil {
 			if h.xferCancel != nil {
