@@ -55,9 +55,10 @@
 //
 // One type, room, owns a room's phase, attempt, claims, page coverage,
 // watchers, gates, staging hold and deadlines. Its event methods
-// (effects.go: transition, allocated/admitted/resumed, claimRank/claimed,
-// chunkLanded, markerLanded, succeeded, fail, released, rebootstrap,
-// release, nextDeadline, expired) change only the room — no clock (the
+// (effects.go: transition, prefillKnown, resolvingDP, dpResolved,
+// allocated/admitted/resumed, claimRank/claimed, chunkLanded, markerLanded,
+// succeeded, fail, released, rebootstrap, release, nextDeadline, expired)
+// change only the room — no clock (the
 // time is an argument), no lock, no ledger, no channel — and return an
 // effects value (no slice of its own) that the manager applies right after,
 // under the room's shard lock (Manager.applyLocked): claims to end, watcher

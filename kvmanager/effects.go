@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/prealloc"
 
 	"github.com/decodeplane/decodeplane/transfer"
@@ -63,6 +64,11 @@ type effects struct {
 	admission     bool
 	admittedAfter time.Duration
 	cancelPrev    context.CancelFunc
+	// resolved: the room's prefill DP rank was resolved to dp by rule (the
+	// observer's DPRankResolved, the room span's attributes).
+	resolved bool
+	rule     DPRule
+	dp       int
 }
 
 // newRoom is a room as OpenRoom makes it, before its first transition: on
@@ -134,6 +140,34 @@ func (r *room) succeeded(now time.Time) effects {
 	e.claimEv = DestinationEvent{Done: &p}
 	e.finished, e.outcome, e.code = true, PhaseSucceeded, FailureUnspecified
 	e.sinceOpen, e.transferred = now.Sub(r.openedAt.time()), now.Sub(r.admittedAt)
+	return e
+}
+
+// prefillKnown gives the room its prefill instance's rank plan once the
+// instance is fully registered; a rebootstrap's new attempt starts its rank
+// progress empty (made per rank on first use, room.progress).
+func (r *room) prefillKnown(plan *registry.Plan) {
+	r.plan = plan
+	r.staging = plan.Staging()
+	if r.handoff != nil {
+		r.ranks, r.claimedN, r.doneN = nil, 0, 0
+	}
+}
+
+// resolvingDP: no rule resolves the room's prefill DP rank yet (dp_size
+// dpSize, follow_bootstrap_room follow); it waits for a BindRoom, bounded
+// by timeouts.dp_rank_resolution (bound) from now.
+func (r *room) resolvingDP(now time.Time, bound time.Duration, dpSize int, follow bool) effects {
+	r.dpAt = stampOf(now.Add(bound))
+	return r.transition(now, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(dpSize), b2i(follow)))
+}
+
+// dpResolved: the room's prefill DP rank is dp (by rule); the handshake is
+// done and the room is Queued for admission (T2/T4/T8).
+func (r *room) dpResolved(now time.Time, dp int, rule DPRule) effects {
+	r.prefillDP, r.dpRule, r.dpAt = dp, rule, 0
+	e := r.transition(now, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)))
+	e.resolved, e.rule, e.dp = true, rule, dp
 	return e
 }
 

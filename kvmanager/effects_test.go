@@ -55,12 +55,15 @@ func wantMove(t *testing.T, r *room, e effects, from, to Phase) {
 func admitRoom(t *testing.T, r *room) {
 	t.Helper()
 	wantMove(t, r, r.transition(t0, PhaseWaitingPrefill, "T1", numNote(noteOpened, 0, 0)), PhaseUnspecified, PhaseWaitingPrefill)
-	r.prefillDP, r.dpRule = 0, DPRuleSingleDP
-	wantMove(t, r, r.transition(t0, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, 0, int64(DPRuleSingleDP))), PhaseWaitingPrefill, PhaseQueued)
+	e := r.dpResolved(t0, 0, DPRuleSingleDP)
+	wantMove(t, r, e, PhaseWaitingPrefill, PhaseQueued)
+	if r.prefillDP != 0 || r.dpRule != DPRuleSingleDP || !e.resolved || e.rule != DPRuleSingleDP || e.dp != 0 {
+		t.Fatalf("DP resolved: room dp %d (%s), effects %v %s %d", r.prefillDP, r.dpRule, e.resolved, e.rule, e.dp)
+	}
 	al := prealloc.Allocation{Pages: []int32{3, 4, 5, 6}, FillLen: 200, MetadataSlot: 2}
 	r.allocated(al)
 	al.Pages[0] = 99 // the room keeps a copy
-	e := r.admitted(t0.Add(time.Second))
+	e = r.admitted(t0.Add(time.Second))
 	wantMove(t, r, e, PhaseQueued, PhaseAdmitted)
 	if r.pages[0] != 3 || len(r.pages) != 4 || r.fillLen != 200 || r.metaSlot != 2 || !r.admittedAt.Equal(t0.Add(time.Second)) {
 		t.Fatalf("admitted: pages %v fill %d slot %d at %v", r.pages, r.fillLen, r.metaSlot, r.admittedAt)
@@ -340,5 +343,40 @@ func TestRoomDeadlines(t *testing.T) {
 	}
 	if got := r.expired(boot); got != FailureBootstrapTimeout {
 		t.Errorf("resolving at timeouts.bootstrap: %s, want %s", got, FailureBootstrapTimeout)
+	}
+}
+
+// TestRoomResolvesDPRank: a room whose DP rank no rule resolves waits,
+// bounded by the resolution timeout, and a BindRoom queues it; a
+// rebootstrapped room's new plan starts its rank progress empty.
+func TestRoomResolvesDPRank(t *testing.T) {
+	r, rk := roomPlan(t)
+	plan := r.plan
+	r.plan = nil
+	r.transition(t0, PhaseWaitingPrefill, "T1", numNote(noteOpened, 0, 0))
+	r.prefillKnown(plan)
+	if r.plan != plan || r.staging {
+		t.Fatalf("plan %v staging %v", r.plan, r.staging)
+	}
+	e := r.resolvingDP(t0, 10*time.Second, 2, true)
+	wantMove(t, r, e, PhaseWaitingPrefill, PhaseResolvingDP)
+	if got := r.nextDeadline(); !got.Equal(t0.Add(10 * time.Second)) {
+		t.Errorf("resolving: next deadline %v, want the resolution bound", got)
+	}
+	if got := e.t.public(r.addr, r.texts()).Note; got != addrA+": dp_size 2, follow_bootstrap_room true: waiting for BindRoom" {
+		t.Errorf("note %q", got)
+	}
+	e = r.dpResolved(t0.Add(time.Second), 1, DPRuleBinding)
+	wantMove(t, r, e, PhaseResolvingDP, PhaseQueued)
+	if r.dpAt != 0 || r.prefillDP != 1 || r.dpRule != DPRuleBinding {
+		t.Errorf("after BindRoom: dpAt %v, dp %d (%s)", r.dpAt, r.prefillDP, r.dpRule)
+	}
+	// A new attempt's plan forgets the previous attempt's rank progress.
+	r.admittedOnce()
+	r.pages = []int32{1}
+	r.claimRank(r.progress(rk.Key()))
+	r.prefillKnown(plan)
+	if r.ranks != nil || r.claimedN != 0 || r.doneN != 0 {
+		t.Errorf("rank progress kept across attempts: ranks %v claimed %d done %d", r.ranks != nil, r.claimedN, r.doneN)
 	}
 }

@@ -173,11 +173,7 @@ func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
 func (m *Manager) afterPrefillKnownLocked(r *room, inst registry.Instance, sglang string) {
 	m.unwait(r)
 	topo := inst.Topology
-	r.plan = inst.Plan
-	r.staging = inst.Plan.Staging()
-	if r.handoff != nil { // a rebootstrap: the new attempt's progress starts empty
-		r.ranks, r.claimedN, r.doneN = nil, 0, 0 // made per rank on first use (room.progress)
-	}
+	r.prefillKnown(inst.Plan)
 	if r.hintDP >= topo.DP {
 		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, topo.DP)})
 		return
@@ -195,22 +191,16 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst registry.Instance, sglan
 		m.dpResolvedLocked(r, dp, rule)
 		return
 	}
-	r.dpAt = stampOf(m.clock.Now().Add(m.cfg.Timeouts.DPRankResolution))
-	m.transitionLocked(r, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(topo.DP), b2i(topo.FollowBootstrapRoom)))
+	m.applyLocked(r, r.resolvingDP(m.clock.Now(), m.cfg.Timeouts.DPRankResolution, topo.DP, topo.FollowBootstrapRoom))
 }
 
 // dpResolvedLocked records the room's prefill DP rank and queues it for
 // admission (handshake done: KVPoll WaitingForInput).
 func (m *Manager) dpResolvedLocked(r *room, dp int, rule DPRule) {
-	r.prefillDP, r.dpRule, r.dpAt = dp, rule, 0
-	m.obs.DPRankResolved(rule)
-	if r.tr != nil && r.tr.span != nil {
-		r.tr.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", dp), attribute.String("decodeplane.dp_rank_rule", rule.String()))
-	}
 	for _, c := range r.claims.removeIf(func(c *Claim) bool { return c.rank.DP != dp }) {
 		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", c.rank, r.id, dp, rule)}})
 	}
-	m.transitionLocked(r, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)))
+	m.applyLocked(r, r.dpResolved(m.clock.Now(), dp, rule))
 	if err := m.shards[r.decodeDP].led.SetReady(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused room %d: %v", r.id, err)})
 		return

@@ -329,6 +329,12 @@ func (m *Manager) applyLocked(r *room, e effects) {
 	if e.admission {
 		m.obs.DestinationLatency(e.admittedAfter)
 	}
+	if e.resolved {
+		m.obs.DPRankResolved(e.rule)
+		if r.tr != nil && r.tr.span != nil {
+			r.tr.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", e.dp), attribute.String("decodeplane.dp_rank_rule", e.rule.String()))
+		}
+	}
 	if e.cancel {
 		if h := r.handoff; h != nil {
 			if h.xferCancel != nil {
