@@ -92,6 +92,11 @@ func (m *Manager) openRoom(ctx context.Context, req OpenRequest) (_ RoomSnapshot
 	}
 	sh.mu.Lock()
 	defer m.unlockShard(sh)
+	if m.draining.Load() || m.closed.Load() {
+		// Shutdown drains, then visits each shard under its lock: a room
+		// inserted after that visit would escape its first pass.
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d: %w", req.Room, ErrDraining), false
+	}
 	// The room id is unique across the shards: look again, and insert, under
 	// openMu. Calls that find the room now wait for this shard's lock and
 	// see it opened (or gone, when the ledger refuses it below).
