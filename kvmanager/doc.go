@@ -171,7 +171,11 @@
 // ContinueGeneration, the retention sweep) visits the shards one at a time,
 // and nothing calls back up. Heartbeat, TouchPrefill, LookupDPRanks,
 // PrefillInfo and RankEndpoint take the registry's lock only; a registry
-// call's events are applied after it returned. rooms.max_retained is split
+// call's events are applied after it returned. A room opened meanwhile reads
+// the registry's new state itself (and looks again after parking for a
+// registration); one whose OpenRoom read an instance just before it was
+// declared lost or replaced, and joined its shard just after the event
+// visited that shard, is not failed by the event: its own deadlines end it. rooms.max_retained is split
 // evenly across the shards (each keeps its share of the most recent
 // terminal rooms). The room path is cheap: without a tracer (the no-op
 // provider, detected once in New) or when the room's span does not record,
