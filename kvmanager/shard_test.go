@@ -233,3 +233,84 @@ func TestShardsInParallel(t *testing.T) {
 		h.assertClean()
 	})
 }
+
+// TestClaimRacesOpenRoom races AwaitDestination, and the close of a claim
+// waiting for its room, with the room's OpenRoom on another shard than
+// its home: a claim is either attached by OpenRoom or attaches itself,
+// never stranded among the pending claims (checked once every call
+// returned; it would end with the bootstrap timeout instead of a
+// destination), and a closed claim is never attached (its closed channel
+// would be sent to). Rooms beyond the shards' request slots are admitted as
+// the claims of earlier ones (never delivered) time out at
+// admission.claim_timeout on the bubble's clock.
+func TestClaimRacesOpenRoom(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		const rooms = 2000
+		h := newHarness(t, withShards(2))
+		in := instance{addr: addrA}
+		h.register(in)
+		rk := ranksOf(in)[0]
+		open := func(room uint64) error {
+			_, _, err := h.m.OpenRoom(context.Background(), OpenRequest{RID: "r", Addr: addrA, Room: room, PrefillDP: -1, DecodeDP: int(room+1) % 2, PromptLen: 16, MaxNewTokens: 16})
+			return err
+		}
+		errs := make(chan error, 4*rooms)
+		claims := make(chan *Claim, rooms)
+		var calls sync.WaitGroup
+		for room := uint64(1); room <= rooms; room++ {
+			calls.Go(func() {
+				c, err := h.m.AwaitDestination(room, rk)
+				if err != nil {
+					errs <- err
+					return
+				}
+				claims <- c
+			})
+			calls.Go(func() {
+				if err := open(room); err != nil {
+					errs <- err
+				}
+			})
+		}
+		// Claims that close while their room opens.
+		for room := uint64(rooms + 1); room <= 2*rooms; room++ {
+			c, err := h.m.AwaitDestination(room, rk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			calls.Go(c.Close)
+			calls.Go(func() {
+				if err := open(room); err != nil {
+					errs <- err
+				}
+			})
+		}
+		calls.Wait()
+		close(claims)
+		if n := h.m.pendingCount(); n != 0 {
+			t.Errorf("%d claims still pending after every room opened", n)
+			h.m.Shutdown(endedContext()) // ends them
+		}
+		for c := range claims {
+			if ev := <-c.Events(); ev.Destination == nil {
+				t.Errorf("room %d: the claim got %+v, want its destination", c.room, ev)
+			}
+			c.Close()
+		}
+		close(errs)
+		for err := range errs {
+			t.Error(err)
+		}
+		h.m.lockAll()
+		for id, r := range h.m.allRooms() {
+			if id > rooms && r.claims.get(rk.Key()) != nil {
+				t.Errorf("room %d holds a claim that was closed", id)
+			}
+		}
+		h.m.unlockAll()
+		for room := uint64(1); room <= 2*rooms; room++ {
+			h.m.AbortRoom(room, "")
+		}
+		h.assertClean()
+	})
+}
