@@ -57,7 +57,8 @@
 // watchers, gates, staging hold and deadlines. Its event methods
 // (effects.go: transition, prefillKnown, resolvingDP, dpResolved,
 // allocated/admitted/resumed, claimRank/claimed, chunkLanded, markerLanded,
-// succeeded, fail, released, rebootstrap, release, nextDeadline, expired)
+// successCheck/successReady, succeeded, retracted, held, fail, released,
+// rebootstrap, release, nextDeadline, expired)
 // change only the room — no clock (the
 // time is an argument), no lock, no ledger, no channel — and return an
 // effects value (no slice of its own) that the manager applies right after,

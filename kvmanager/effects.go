@@ -198,6 +198,49 @@ func (r *room) admitted(now time.Time) effects {
 	return e
 }
 
+// successCheck is the first part of the success proof (T12/T17): checkWait
+// while the room is not Transferring or a required rank is not done,
+// checkCorrupt when the metadata slot holds another room's marker (T19),
+// else checkRanksDone: every page landed from every required rank, and
+// what is left (the staging gate, the marker; successReady) decides.
+func (r *room) successCheck() successCheck {
+	switch {
+	case r.phase != PhaseTransferring:
+		return checkWait
+	case r.marker != 0 && r.marker != r.id:
+		return checkCorrupt
+	case r.doneN < len(r.plan.Required()):
+		return checkWait
+	}
+	return checkRanksDone
+}
+
+type successCheck uint8
+
+const (
+	checkWait successCheck = iota
+	checkCorrupt
+	checkRanksDone
+)
+
+// successReady: no gate holds the room's success back and the metadata
+// slot holds its marker.
+func (r *room) successReady() bool { return !r.gated() && r.marker != 0 }
+
+// retracted: a running room gave its pages back (RETRACT, T20); it resumes
+// at a later admission pass.
+func (r *room) retracted(now time.Time) effects {
+	r.pages = nil
+	return r.transition(now, PhaseRetracted, "T20", textNote("retracted: pages returned; resumes after the next ReportRunning, before new admissions"))
+}
+
+// held: a running room gave its pages back until ContinueGeneration
+// (REBOOTSTRAP, T21).
+func (r *room) held(now time.Time) effects {
+	r.pages = nil
+	return r.transition(now, PhaseHeld, "T21", textNote("held for rebootstrap until ContinueGeneration"))
+}
+
 // claimRank records one required rank's claim on this attempt; all is true
 // when it was the last one missing (the room is then claimed, see claimed).
 func (r *room) claimRank(rp *rankProgress) (all bool) {

@@ -380,3 +380,49 @@ func TestRoomResolvesDPRank(t *testing.T) {
 		t.Errorf("rank progress kept across attempts: ranks %v claimed %d done %d", r.ranks != nil, r.claimedN, r.doneN)
 	}
 }
+
+// TestRoomSuccessCheck: success waits for every required rank, refuses
+// another room's marker, and then waits for the gates and the marker.
+func TestRoomSuccessCheck(t *testing.T) {
+	r, rk := roomPlan(t)
+	admitRoom(t, r)
+	if got := r.successCheck(); got != checkWait {
+		t.Errorf("admitted: %d, want wait", got)
+	}
+	rp := r.progress(rk.Key())
+	r.claimRank(rp)
+	r.claimed(t0, time.Minute)
+	r.phase = PhaseTransferring
+	if got := r.successCheck(); got != checkWait {
+		t.Errorf("no rank done: %d, want wait", got)
+	}
+	req := sendLast(r, rp, rk)
+	r.chunkLanded(t0, rp, req, transfer.ChunkResult{Bytes: 1})
+	if got := r.successCheck(); got != checkRanksDone || r.successReady() {
+		t.Errorf("every rank done, no marker: %d ready %v, want ranks done and not ready", got, r.successReady())
+	}
+	r.hold(stagingGate)
+	r.markerLanded(r.id)
+	if r.successReady() {
+		t.Error("ready while a gate holds the room")
+	}
+	r.unhold(stagingGate)
+	if !r.successReady() {
+		t.Error("not ready with every rank done, no gate and the marker")
+	}
+	r.marker = 99
+	if got := r.successCheck(); got != checkCorrupt {
+		t.Errorf("another room's marker: %d, want corrupt", got)
+	}
+	r.phase = PhaseSucceeded
+	wantMove(t, r, r.retracted(t0), PhaseSucceeded, PhaseRetracted)
+	if r.pages != nil {
+		t.Error("a retracted room kept its pages")
+	}
+	r.phase = PhaseSucceeded
+	r.pages = []int32{1}
+	wantMove(t, r, r.held(t0), PhaseSucceeded, PhaseHeld)
+	if r.pages != nil {
+		t.Error("a held room kept its pages")
+	}
+}

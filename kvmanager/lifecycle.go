@@ -805,23 +805,17 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 // landed, no success gate is pending and the metadata slot holds the room's
 // marker (SGLang's metadata gate, §2.2).
 func (m *Manager) checkSuccessLocked(r *room) {
-	if r.phase != PhaseTransferring {
+	switch r.successCheck() {
+	case checkWait:
 		return
-	}
-	if r.marker != 0 && r.marker != r.id {
+	case checkCorrupt:
 		m.failLocked(r, Failure{Code: FailureMetadataCorruption, Message: fmt.Sprintf(
 			"Metadata corruption detected - bootstrap_room mismatch: metadata slot %d holds room %d, expected %d", r.metaSlot, r.marker, r.id)})
 		return
 	}
-	if r.doneN < len(r.plan.Required()) {
-		return
-	}
 	m.stagingSettleLocked(r) // lifts the staging gate once every region is scattered
-	if r.gated() {
-		return
-	}
-	if r.marker == 0 {
-		return // aux not landed yet: stay Transferring (the waiting timeout bounds it)
+	if !r.successReady() {
+		return // a gate holds it, or aux not landed yet: stay Transferring (the waiting timeout bounds it)
 	}
 	if err := m.shards[r.decodeDP].led.StartRunning(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to start room %d: %v", r.id, err)})
@@ -1172,8 +1166,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 		if err := sh.led.Retract(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, err)
 		}
-		r.pages = nil
-		m.transitionLocked(r, PhaseRetracted, "T20", textNote("retracted: pages returned; resumes after the next ReportRunning, before new admissions"))
+		m.applyLocked(r, r.retracted(m.clock.Now()))
 		if sh.led.Stats().Running == 0 {
 			// Nothing left on the shard to grow into the pages: resume (or
 			// not) at the next pass, at the latest RetractResumeAfter from
@@ -1185,8 +1178,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 		if err := sh.led.Hold(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("hold room %d: %w", room, err)
 		}
-		r.pages = nil
-		m.transitionLocked(r, PhaseHeld, "T21", textNote("held for rebootstrap until ContinueGeneration"))
+		m.applyLocked(r, r.held(m.clock.Now()))
 		m.admitLocked(r.decodeDP)
 	default:
 		return RoomSnapshot{}, invalid("mode", "must be RETRACT or REBOOTSTRAP")
