@@ -64,7 +64,9 @@ type DPRankConfig struct {
 type RoomsConfig struct {
 	// Retention keeps a finished room for GetRoom/WatchRoom/ListRooms.
 	Retention time.Duration `yaml:"retention"`
-	// MaxRetained caps the finished rooms kept; the oldest go first.
+	// MaxRetained caps the finished rooms kept; the oldest go first. It is
+	// split evenly across the decode DP shards (each keeps its share,
+	// rounded up).
 	MaxRetained int `yaml:"max_retained"`
 }
 

@@ -8,10 +8,10 @@ import (
 // walkCounts is what Status, InFlight and RoomsFor counted by walking every
 // room before the counts were kept on transition.
 func (m *Manager) walkCounts() (byPhase map[Phase]int, live map[string]int, all map[string]int, inFlight int) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
+	m.lockAll()
+	defer m.unlockAll()
 	byPhase, live, all = map[Phase]int{}, map[string]int{}, map[string]int{}
-	for _, r := range m.rooms {
+	for _, r := range m.allRooms() {
 		byPhase[r.phase]++
 		all[r.addr]++
 		if !r.phase.Terminal() {
@@ -51,11 +51,17 @@ func TestCountsMatchAWalk(t *testing.T) {
 		if got := h.m.InFlight(); got != inFlight {
 			t.Errorf("%s: InFlight() = %d, a walk finds %d", step, got, inFlight)
 		}
-		h.m.mu.Lock()
-		if len(h.m.byAddr) != len(all) {
-			t.Errorf("%s: %d addresses counted, %d referred to by a room", step, len(h.m.byAddr), len(all))
+		h.m.lockAll()
+		counted := map[string]bool{}
+		for _, sh := range h.m.shards {
+			for addr := range sh.byAddr {
+				counted[addr] = true
+			}
 		}
-		h.m.mu.Unlock()
+		h.m.unlockAll()
+		if len(counted) != len(all) {
+			t.Errorf("%s: %d addresses counted, %d referred to by a room", step, len(counted), len(all))
+		}
 	}
 	check("empty")
 	for room := uint64(1); room <= 4; room++ {
@@ -75,16 +81,12 @@ func TestCountsMatchAWalk(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("rooms 2 and 10 aborted")
-	h.m.mu.Lock()
-	h.m.failRoomsLocked(func(r *room) bool { return r.addr == a.addr && r.handingOff() }, Failure{Code: FailurePrefillLost, Message: "lost"})
-	h.m.unlock()
+	h.m.failRooms(func(r *room) bool { return r.addr == a.addr && r.handingOff() }, Failure{Code: FailurePrefillLost, Message: "lost"})
 	check("the instance's rooms failed")
 	if _, _, err := h.m.AbortRoom(11, ""); err != nil {
 		t.Fatal(err)
 	}
-	h.m.mu.Lock()
-	h.m.trimRetainedLocked(h.m.clock.Now()) // keeps the newest 2 finished rooms
-	h.m.unlock()
+	h.m.eachShard(func(sh *shard) { h.m.trimRetainedLocked(sh, h.m.clock.Now()) }) // keeps the newest 2 finished rooms
 	check("retention trimmed")
 	if h.m.RoomsFor("10.0.0.2:8998") != 0 {
 		t.Errorf("RoomsFor(10.0.0.2:8998) = %d after its only room was forgotten", h.m.RoomsFor("10.0.0.2:8998"))

@@ -1,6 +1,7 @@
 package kvmanager
 
 import (
+	"sync"
 	"time"
 
 	"github.com/decodeplane/decodeplane/internal/clock"
@@ -55,8 +56,12 @@ type deadline struct {
 
 func (d *deadline) armed() bool { return d.idx > 0 }
 
-// deadlines is the heap and its timer; Manager.mu guards it.
+// deadlines is the heap and its timer. mu is a leaf lock: it guards the
+// heap, its timer and every field of every deadline entry (the heap index
+// included), wherever the entry lives; it is taken under any other lock and
+// nothing is called while it is held.
 type deadlines struct {
+	mu      sync.Mutex
 	h       []*deadline
 	timer   clock.Stopper
 	armed   bool   // the timer is pending
@@ -156,9 +161,12 @@ func (q *deadlines) popDue(now time.Time) *deadline {
 }
 
 // setDeadlineLocked arms d at at, for kind on (id, gen, ref), and keeps the
-// timer at the heap's minimum.
+// timer at the heap's minimum. The caller holds the lock of what d bounds;
+// the heap's own lock is taken here.
 func (m *Manager) setDeadlineLocked(d *deadline, kind deadlineKind, at time.Time, id uint64, gen uint32, ref any) {
-	if m.closed {
+	m.dl.mu.Lock()
+	defer m.dl.mu.Unlock()
+	if m.closed.Load() {
 		m.dl.remove(d)
 		m.rearmLocked()
 		return
@@ -170,6 +178,8 @@ func (m *Manager) setDeadlineLocked(d *deadline, kind deadlineKind, at time.Time
 
 // clearDeadlineLocked disarms d.
 func (m *Manager) clearDeadlineLocked(d *deadline) {
+	m.dl.mu.Lock()
+	defer m.dl.mu.Unlock()
 	if !d.armed() {
 		return
 	}
@@ -178,13 +188,20 @@ func (m *Manager) clearDeadlineLocked(d *deadline) {
 	m.rearmLocked()
 }
 
+// dlArmed reports whether d is on the heap.
+func (m *Manager) dlArmed(d *deadline) bool {
+	m.dl.mu.Lock()
+	defer m.dl.mu.Unlock()
+	return d.armed()
+}
+
 // rearmLocked keeps the one timer at the heap's minimum: stopped when the
 // heap is empty, moved earlier when an earlier deadline arrives. A timer
 // that fires before the minimum (an earlier entry was removed) finds nothing
-// due and re-arms itself.
+// due and re-arms itself. m.dl.mu is held.
 func (m *Manager) rearmLocked() {
 	q := &m.dl
-	if len(q.h) == 0 || m.closed {
+	if len(q.h) == 0 || m.closed.Load() {
 		if q.armed {
 			q.timer.Stop()
 			q.armed = false
@@ -207,64 +224,83 @@ func (m *Manager) rearmLocked() {
 	q.timer = m.clock.AfterFunc(d, q.fire)
 }
 
-// fireDeadlines is the run loop's one step: it handles every deadline due
-// now, drains the admission passes they made due, and re-arms the timer.
+// firedDeadline is a due entry taken off the heap, copied under its lock.
+type firedDeadline struct {
+	ref  any
+	id   uint64
+	gen  uint32
+	kind deadlineKind
+}
+
+// fireDeadlines is the run loop's one step: it pops every deadline due now
+// under the heap's lock, releases it, then handles each entry under the lock
+// of what it bounds (the room's shard, the shard, the pending claims, the
+// waiting addresses), each checked against the current state (kind, id,
+// generation); unlocking a shard runs the admission passes the entries made
+// due. Then it re-arms the timer.
 func (m *Manager) fireDeadlines() {
-	m.mu.Lock()
-	defer m.unlock()
+	m.dl.mu.Lock()
 	m.dl.armed = false
-	if m.closed {
+	if m.closed.Load() {
+		m.dl.mu.Unlock()
 		return
 	}
 	now := m.clock.Now()
+	var due []firedDeadline
 	for d := m.dl.popDue(now); d != nil; d = m.dl.popDue(now) {
-		ref := d.ref
+		due = append(due, firedDeadline{ref: d.ref, id: d.id, gen: d.gen, kind: d.kind})
 		d.ref = nil
+	}
+	m.dl.mu.Unlock()
+	for _, d := range due {
 		switch d.kind {
 		case dlRoom:
-			m.roomDeadlineLocked(ref.(*room), d.gen)
+			r := d.ref.(*room)
+			sh := m.shardOf(r)
+			sh.mu.Lock()
+			m.roomDeadlineLocked(r, d.gen)
+			m.unlockShard(sh)
 		case dlQuarantine:
-			m.releaseIfIdleLocked(ref.(*room))
+			r := d.ref.(*room)
+			sh := m.shardOf(r)
+			sh.mu.Lock()
+			m.releaseIfIdleLocked(r)
+			m.unlockShard(sh)
 		case dlShard:
-			m.expireShardLocked(int(d.id))
+			sh := m.shards[d.id]
+			sh.mu.Lock()
+			m.expireShardLocked(sh.idx)
+			m.unlockShard(sh)
 		case dlAdmit:
-			m.admitLocked(int(d.id))
+			sh := m.shards[d.id]
+			sh.mu.Lock()
+			m.admitLocked(sh.idx)
+			m.unlockShard(sh)
 		case dlPendingClaim:
-			m.expirePendingClaimLocked(ref.(*Claim))
+			m.expirePendingClaim(d.ref.(*Claim))
 		case dlPrefillAttempt:
-			w := ref.(*addrWait)
-			m.prefillAttemptLocked(w.addr, w)
+			m.prefillAttempt(d.ref.(*addrWait))
 		case dlStaging:
-			m.stagingDeadlineLocked(d.id, d.gen)
-		}
-	}
-	m.rearmLocked()
-}
-
-// admitDueLocked records that a shard's resources changed: its admission
-// pass runs once, when the call that changed them ends (unlock) — never
-// inside the call of the room that freed them.
-func (m *Manager) admitDueLocked(shard int) {
-	if m.closed {
-		return
-	}
-	if !m.due[shard] {
-		m.due[shard] = true
-		m.nDue++
-	}
-}
-
-// unlock drains the admission passes made due under the lock, then unlocks.
-// Every entry point that may end a room unlocks with it.
-func (m *Manager) unlock() {
-	for m.nDue > 0 && !m.closed {
-		for shard, due := range m.due {
-			if due {
-				m.admitLocked(shard) // clears the flag
+			if sh, r := m.lockRoom(d.id); r != nil {
+				m.stagingDeadlineLocked(r, d.gen)
+				m.unlockShard(sh)
 			}
 		}
 	}
-	m.mu.Unlock()
+	m.dl.mu.Lock()
+	m.rearmLocked()
+	m.dl.mu.Unlock()
+}
+
+// admitDueLocked records that a shard's resources changed: its admission
+// pass runs once, when the call that changed them unlocks the shard
+// (unlockShard) — never inside the call of the room that freed them. The
+// shard's lock is held.
+func (m *Manager) admitDueLocked(shard int) {
+	if m.closed.Load() {
+		return
+	}
+	m.shards[shard].due = true
 }
 
 // clear disarms every deadline (Shutdown: nothing is waited for any more).

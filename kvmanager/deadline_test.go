@@ -61,9 +61,9 @@ func TestOneTimerForEveryDeadline(t *testing.T) {
 			h.open(addrB, room)
 			look()
 		}
-		h.m.mu.Lock()
-		entries := len(h.m.dl.h)
-		h.m.mu.Unlock()
+		h.m.lockAll()
+		entries := h.m.dlLen()
+		h.m.unlockAll()
 		if entries < 40+10+1+1 {
 			t.Errorf("%d deadline entries, want one per open room, pending claim, shard and waiting address (>= 52)", entries)
 		}
@@ -80,9 +80,9 @@ func TestOneTimerForEveryDeadline(t *testing.T) {
 				t.Errorf("room %d is %s after timeouts.bootstrap, want failed", room, s.Phase)
 			}
 		}
-		h.m.mu.Lock()
-		entries = len(h.m.dl.h)
-		h.m.mu.Unlock()
+		h.m.lockAll()
+		entries = h.m.dlLen()
+		h.m.unlockAll()
 		if entries != 0 || clk.Live() != 0 {
 			t.Errorf("after every room failed: %d deadline entries, %d timers armed; want 0 and 0", entries, clk.Live())
 		}

@@ -13,9 +13,9 @@
 // liveness, DP-rank rules and bindings, SGLang's rank mapping and the
 // per-instance rank plan) is kvmanager/registry, with its own lock: its
 // calls return events (an instance complete, lost or replaced, a rank
-// replaced, a room bound) that the manager applies to rooms under its own
-// lock; which rooms wait for which address, and their registration retry
-// schedule, stay here as room state. Its types (RankID, Registration,
+// replaced, a room bound) that the manager applies to rooms shard by shard,
+// under each shard's lock in turn; which rooms wait for which address, and
+// their registration retry schedule, stay here as room state. Its types (RankID, Registration,
 // PrefillTopology, DPRule, ...) are re-exported here as aliases.
 //
 // # A room's lifecycle
@@ -50,6 +50,26 @@
 // its shard, or RetractResumeAfter (1 s) after the call when nothing else runs there — never
 // inside RetractRoom. A room's KVPoll
 // is derived from its phase with SGLang's numbers and only moves forward.
+//
+// # The room is the state machine
+//
+// One type, room, owns a room's phase, attempt, claims, page coverage,
+// watchers, gates, staging hold and deadlines. Its event methods
+// (effects.go: transition, prefillKnown, resolvingDP, dpResolved,
+// allocated/admitted/resumed, claimRank/claimed, chunkLanded, markerLanded,
+// successCheck/successReady, succeeded, retracted, held, fail, released,
+// rebootstrap, release, nextDeadline, expired)
+// change only the room — no clock (the
+// time is an argument), no lock, no ledger, no channel — and return an
+// effects value (no slice of its own) that the manager applies right after,
+// under the room's shard lock (Manager.applyLocked): claims to end, watcher
+// events, the deadline to re-arm, transfers to cancel, the ledger's record
+// and end hooks to give back (exactly once: room.release), the admission to
+// mark due, observer calls, spans and log lines. Each transition is tested
+// on a bare room (effects_test.go). What needs the registry, the ledger or
+// the staging handler to decide (DP-rank resolution, the admission pass,
+// the success check's staging gate, chunk validation) stays in the
+// manager's methods, which call the room's.
 //
 // # Bounded waits
 //
@@ -94,9 +114,10 @@
 //
 // A call that ends rooms (ReleaseRoom, AbortRoom, a failure, a timeout, a
 // prefill lost) does not run admission inside itself for each room it frees:
-// it marks the room's shard "admission due", and one pass per due shard runs
+// it marks the room's shard "admission due", and the shard's pass runs once
 // when the call is done with its own rooms, just before it releases the
-// manager's lock (Manager.unlock), or at the end of the deadline loop's step.
+// shard's lock (Manager.unlockShard; the deadline loop unlocks each shard it
+// handled an entry of the same way).
 // The calls that make a room admissible (OpenRoom, BindRoom, a completed
 // registration, ReportRunning's decode step) run their shard's pass
 // directly, so that their answer shows the admission.
@@ -117,11 +138,47 @@
 //
 // # Concurrency
 //
-// A Manager is safe for concurrent use: one mutex guards its state, engine
-// calls run outside it, and the ledgers, the staging handler and the
-// registry have their own locks (always taken after the manager's; none
-// calls the manager). Heartbeat, TouchPrefill, LookupDPRanks, PrefillInfo
-// and RankEndpoint take the registry's lock only. The room path is cheap: without a tracer (the no-op
+// A Manager is safe for concurrent use, and its decode DP shards are the
+// unit of concurrency (shard.go). A shard's mutex guards its rooms (every
+// field of every room on it), its retained terminal rooms, its staged
+// rooms, its admission-due flag and the state its deadline entries bound;
+// a call that names a room takes only that room's shard lock, and no lock
+// but that one is held across room work. Engine calls run outside every
+// lock. The other locks are leaves, held only for their own data:
+//
+//   - the room directory: each shard's map of its rooms, written with the
+//     shard's lock and its directory lock (shard.dirMu) held, read by a
+//     lookup that holds no shard lock under dirMu alone (the room's home
+//     shard, room % dp, first, then the others); after taking the found
+//     room's shard lock the caller checks the room is still there;
+//   - openMu: OpenRoom's look-again-and-insert, so that a room id is unique
+//     across the shards;
+//   - the claims for rooms not opened yet (Manager.pend) and the rooms
+//     waiting for a prefill's registration with their retry schedule
+//     (Manager.wait): OpenRoom inserts the room before it takes its
+//     pending claims, and AwaitDestination looks the room up again under
+//     the pending claims' lock, so that a claim is never lost between them;
+//   - the deadline heap (deadlines.mu): it guards every entry's fields and
+//     heap index; the timer's callback pops the due entries under it,
+//     releases it, then handles each under the lock of what it bounds,
+//     re-checking (kind, id, generation);
+//   - the Shutdown progress signal and summary; draining and closed are
+//     atomics.
+//
+// Lock order: shard → openMu → pending claims → waiting addresses → the
+// directory, the registry, the staging handler, the ledger, the deadline
+// heap. No two shard locks are ever held at once: whatever concerns every
+// room (registry events, Status, ListRooms, InFlight, Shutdown,
+// ContinueGeneration, the retention sweep) visits the shards one at a time,
+// and nothing calls back up. Heartbeat, TouchPrefill, LookupDPRanks,
+// PrefillInfo and RankEndpoint take the registry's lock only; a registry
+// call's events are applied after it returned. A room opened meanwhile reads
+// the registry's new state itself (and looks again after parking for a
+// registration); one whose OpenRoom read an instance just before it was
+// declared lost or replaced, and joined its shard just after the event
+// visited that shard, is not failed by the event: its own deadlines end it. rooms.max_retained is split
+// evenly across the shards (each keeps its share of the most recent
+// terminal rooms). The room path is cheap: without a tracer (the no-op
 // provider, detected once in New) or when the room's span does not record,
 // no span or attribute is built; a room keeps its timeline as compact
 // transitions (a note code and numbers, 48 bytes each) whose text is

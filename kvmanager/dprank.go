@@ -13,20 +13,26 @@ import (
 // fails with SGLang's message. A room resolving its DP rank is resolved; a
 // room already resolved to another rank fails.
 func (m *Manager) BindRoom(addr string, room uint64, dp int) (replaced bool, err error) {
-	m.mu.Lock()
-	defer m.unlock()
 	replaced, ev, err := m.reg.BindRoom(addr, room, dp)
 	switch ev.Kind {
 	case registry.BindConflict:
-		if r := m.rooms[room]; r != nil && r.addr == addr && r.handingOff() {
-			m.failLocked(r, Failure{Code: FailureDPRankConflict, Message: ev.Message})
+		if sh, r := m.lockRoom(room); r != nil {
+			if r.addr == addr && r.handingOff() {
+				m.failLocked(r, Failure{Code: FailureDPRankConflict, Message: ev.Message})
+			}
+			m.unlockShard(sh)
 		}
 		return false, err
 	case registry.RoomBound:
 	default:
 		return false, err
 	}
-	if r := m.rooms[room]; r != nil && r.addr == addr {
+	sh, r := m.lockRoom(room)
+	if r == nil {
+		return replaced, nil
+	}
+	defer m.unlockShard(sh)
+	if r.addr == addr {
 		switch {
 		case r.phase == PhaseResolvingDP:
 			m.dpResolvedLocked(r, dp, DPRuleBinding)

@@ -271,9 +271,9 @@ func (h *harness) open(addr string, room uint64, mods ...func(*OpenRequest)) Roo
 // requiredRanks returns the prefill ranks whose KV a room needs.
 func (h *harness) requiredRanks(room uint64) []RankID {
 	h.t.Helper()
-	h.m.mu.Lock()
-	defer h.m.mu.Unlock()
-	r := h.m.rooms[room]
+	h.m.lockAll()
+	defer h.m.unlockAll()
+	r := h.m.allRooms()[room]
 	if r == nil || r.plan == nil || r.prefillDP < 0 {
 		h.t.Fatalf("room %d has no plan yet", room)
 	}
@@ -462,9 +462,9 @@ func (h *harness) assertNoLiveRooms() {
 		}
 		h.t.Errorf("InFlight() = %d, want 0: %s", n, strings.Join(desc, ", "))
 	}
-	h.m.mu.Lock()
-	defer h.m.mu.Unlock()
-	for id, r := range h.m.rooms {
+	h.m.lockAll()
+	defer h.m.unlockAll()
+	for id, r := range h.m.allRooms() {
 		inflight := 0
 		if r.handoff != nil {
 			inflight = r.inflight
@@ -561,9 +561,9 @@ func transferDup(h *harness, req ChunkRequest) (transfer.ChunkResult, KVPoll, bo
 // ReportTransfer must carry), computed from the destination the rank got.
 func (h *harness) chunkWeight(room uint64, req ChunkRequest) int64 {
 	h.t.Helper()
-	h.m.mu.Lock()
-	defer h.m.mu.Unlock()
-	r := h.m.rooms[room]
+	h.m.lockAll()
+	defer h.m.unlockAll()
+	r := h.m.allRooms()[room]
 	d := h.m.destinationLocked(r, req.Rank.Key())
 	ps := d.PageSize
 	tokens := min((req.PageOffset+req.NumPages)*ps, d.FillLen) - req.PageOffset*ps
@@ -572,4 +572,43 @@ func (h *harness) chunkWeight(room uint64, req ChunkRequest) int64 {
 		w += d.StateBytes
 	}
 	return w
+}
+
+// lockAll locks every shard, in order (tests only: they read room state;
+// the manager itself never holds two shard locks).
+func (m *Manager) lockAll() {
+	for _, sh := range m.shards {
+		sh.mu.Lock()
+	}
+}
+
+func (m *Manager) unlockAll() {
+	for _, sh := range m.shards {
+		sh.mu.Unlock()
+	}
+}
+
+// allRooms is every shard's rooms (lockAll held).
+func (m *Manager) allRooms() map[uint64]*room {
+	out := map[uint64]*room{}
+	for _, sh := range m.shards {
+		for id, r := range sh.rooms {
+			out[id] = r
+		}
+	}
+	return out
+}
+
+// dlLen is the number of entries on the deadline heap.
+func (m *Manager) dlLen() int {
+	m.dl.mu.Lock()
+	defer m.dl.mu.Unlock()
+	return len(m.dl.h)
+}
+
+// pendingCount is the number of claims waiting for rooms not opened yet.
+func (m *Manager) pendingCount() int {
+	m.pend.mu.Lock()
+	defer m.pend.mu.Unlock()
+	return m.pend.count
 }

@@ -41,68 +41,119 @@ type OpenRequest struct {
 // message) for a request its shard could not admit even when empty (see
 // prealloc's Enqueue), ErrQueueFull when admission.max_queued rooms wait.
 func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, bool, error) {
-	m.mu.Lock()
-	defer m.unlock()
-	if r := m.rooms[req.Room]; r != nil {
-		// Before the draining check: a retry of an OpenRoom that succeeded
-		// must learn that the room exists.
-		if req.IdempotencyKey != "" && r.extra != nil && r.extra.idemKey == req.IdempotencyKey {
-			return r.snapshot(false, false), true, nil
+	for {
+		snap, idem, err, again := m.openRoom(ctx, req)
+		if !again {
+			return snap, idem, err
 		}
-		return RoomSnapshot{}, false, fmt.Errorf("open room %d (rid %q): %w (rid %q, phase %s)", req.Room, req.RID, ErrRoomExists, r.rid(), r.phase)
 	}
-	if m.draining || m.closed {
-		return RoomSnapshot{}, false, fmt.Errorf("open room %d: %w", req.Room, ErrDraining)
+}
+
+// existingRoom answers an OpenRoom for a room that exists.
+func existingRoom(r *room, req OpenRequest) (RoomSnapshot, bool, error) {
+	// Before the draining check: a retry of an OpenRoom that succeeded
+	// must learn that the room exists.
+	if req.IdempotencyKey != "" && r.extra != nil && r.extra.idemKey == req.IdempotencyKey {
+		return r.snapshot(false, false), true, nil
+	}
+	return RoomSnapshot{}, false, fmt.Errorf("open room %d (rid %q): %w (rid %q, phase %s)", req.Room, req.RID, ErrRoomExists, r.rid(), r.phase)
+}
+
+// openRoom is one try of OpenRoom; again is true when another OpenRoom of
+// the same room id raced it onto another shard (the next try sees it).
+func (m *Manager) openRoom(ctx context.Context, req OpenRequest) (_ RoomSnapshot, _ bool, _ error, again bool) {
+	if sh, r := m.lockRoom(req.Room); r != nil {
+		snap, idem, err := existingRoom(r, req)
+		m.unlockShard(sh)
+		return snap, idem, err, false
+	}
+	if m.draining.Load() || m.closed.Load() {
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d: %w", req.Room, ErrDraining), false
 	}
 	shard := req.DecodeDP
 	if shard < 0 {
 		shard = int(req.Room % uint64(len(m.shards)))
 	} else if shard >= len(m.shards) {
-		return RoomSnapshot{}, false, invalid("decode_dp_rank", "%d is out of range: this daemon hosts %d decode DP shards (allowed 0..%d)", shard, len(m.shards), len(m.shards)-1)
+		return RoomSnapshot{}, false, invalid("decode_dp_rank", "%d is out of range: this daemon hosts %d decode DP shards (allowed 0..%d)", shard, len(m.shards), len(m.shards)-1), false
 	}
 	if inst, ok := m.reg.Instance(req.Addr); ok && inst.Complete && req.PrefillDP >= inst.Topology.DP {
-		return RoomSnapshot{}, false, invalid("prefill_dp_rank", "%d is out of range: %s has dp_size %d (allowed 0..%d)", req.PrefillDP, req.Addr, inst.Topology.DP, inst.Topology.DP-1)
+		return RoomSnapshot{}, false, invalid("prefill_dp_rank", "%d is out of range: %s has dp_size %d (allowed 0..%d)", req.PrefillDP, req.Addr, inst.Topology.DP, inst.Topology.DP-1), false
 	}
 	preq := prealloc.Request{Room: req.Room, RID: req.RID, PromptLen: req.PromptLen, OutputLen: req.OutputLen,
 		MaxNewTokens: req.MaxNewTokens, Priority: req.Priority, Rebootstrap: req.Rebootstrap}
-	led := m.shards[shard]
+	sh := m.shards[shard]
 	addr := req.Addr
 	if inst, ok := m.reg.Instance(addr); ok {
 		addr = inst.Addr // one copy of the address per instance, not one per room
 	}
-	now := m.clock.Now()
-	r := &room{
-		id: req.Room, addr: addr,
-		decodeDP: shard, inLedger: true, hintDP: req.PrefillDP, prefillDP: -1,
-		attempt: 1, openedAt: stampOf(now), updatedAt: stampOf(now), metaSlot: -1,
-		bootstrapAt: stampOf(now.Add(m.cfg.Timeouts.Bootstrap)),
-	}
+	r := newRoom(req.Room, addr, shard, req.PrefillDP, m.clock.Now(), m.cfg.Timeouts.Bootstrap)
 	if req.IdempotencyKey != "" {
 		r.x().idemKey = req.IdempotencyKey
 	}
-	if err := led.EnqueueEntry(&r.entry, preq); err != nil { // the room's ledger record lives in the room
+	sh.mu.Lock()
+	defer m.unlockShard(sh)
+	if m.draining.Load() || m.closed.Load() {
+		// Shutdown drains, then visits each shard under its lock: a room
+		// inserted after that visit would escape its first pass.
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d: %w", req.Room, ErrDraining), false
+	}
+	// The room id is unique across the shards: look again, and insert, under
+	// openMu. Calls that find the room now wait for this shard's lock and
+	// see it opened (or gone, when the ledger refuses it below).
+	m.openMu.Lock()
+	if _, other := m.find(req.Room); other != nil {
+		m.openMu.Unlock()
+		return RoomSnapshot{}, false, nil, true
+	}
+	sh.insert(r)
+	m.openMu.Unlock()
+	if err := sh.led.EnqueueEntry(&r.entry, preq); err != nil { // the room's ledger record lives in the room
+		sh.forget(r)
 		if errors.Is(err, prealloc.ErrQueueFull) {
 			err = &RetryError{Err: err, RetryAfter: time.Second}
 		}
-		return RoomSnapshot{}, false, fmt.Errorf("open room %d on decode shard %d: %w", req.Room, shard, err)
+		return RoomSnapshot{}, false, fmt.Errorf("open room %d on decode shard %d: %w", req.Room, shard, err), false
 	}
 	m.startSpanLocked(ctx, r)
-	m.rooms[r.id] = r
 	m.transitionLocked(r, PhaseWaitingPrefill, "T1", numNote(noteOpened, int64(shard), 0))
-	if cs := m.pending[r.id]; cs != nil {
-		delete(m.pending, r.id)
-		m.pendingCount -= len(cs)
+	if cs := m.takePending(r.id); cs != nil {
 		for _, c := range cs {
 			c.stopExpiry()
 			m.attachClaimLocked(r, c)
 		}
 	}
+	m.prefillOrWaitLocked(r, "T4")
+	return r.snapshot(false, false), false, nil, false
+}
+
+// prefillOrWaitLocked continues a room once its prefill instance is fully
+// registered, or parks it until it is. A registration completed while the
+// room was being parked is seen by the second look (the registry records
+// the completion before its event takes the waiting rooms).
+func (m *Manager) prefillOrWaitLocked(r *room, sglang string) {
 	if inst, ok := m.reg.Instance(r.addr); ok && inst.Complete {
-		m.afterPrefillKnownLocked(r, inst, "T4")
-	} else if !r.phase.Terminal() {
-		m.waitForPrefillLocked(r)
+		m.afterPrefillKnownLocked(r, inst, sglang)
+		return
 	}
-	return r.snapshot(false, false), false, nil
+	if r.phase.Terminal() {
+		return
+	}
+	m.waitForPrefillLocked(r)
+	if inst, ok := m.reg.Instance(r.addr); ok && inst.Complete && r.phase == PhaseWaitingPrefill {
+		m.afterPrefillKnownLocked(r, inst, sglang)
+	}
+}
+
+// takePending removes and returns the claims waiting for room.
+func (m *Manager) takePending(room uint64) []*Claim {
+	m.pend.mu.Lock()
+	defer m.pend.mu.Unlock()
+	cs := m.pend.rooms[room]
+	if cs != nil {
+		delete(m.pend.rooms, room)
+		m.pend.count -= len(cs)
+	}
+	return cs
 }
 
 func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
@@ -125,15 +176,9 @@ func (m *Manager) startSpanLocked(ctx context.Context, r *room) {
 // afterPrefillKnownLocked continues a room once its prefill instance is
 // fully registered: plan the ranks, then resolve the DP rank.
 func (m *Manager) afterPrefillKnownLocked(r *room, inst registry.Instance, sglang string) {
-	if w := m.waitPrefill[r.addr]; w != nil {
-		delete(w.rooms, r.id)
-	}
+	m.unwait(r)
 	topo := inst.Topology
-	r.plan = inst.Plan
-	r.staging = inst.Plan.Staging()
-	if r.handoff != nil { // a rebootstrap: the new attempt's progress starts empty
-		r.ranks, r.claimedN, r.doneN = nil, 0, 0 // made per rank on first use (room.progress)
-	}
+	r.prefillKnown(inst.Plan)
 	if r.hintDP >= topo.DP {
 		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, topo.DP)})
 		return
@@ -151,23 +196,17 @@ func (m *Manager) afterPrefillKnownLocked(r *room, inst registry.Instance, sglan
 		m.dpResolvedLocked(r, dp, rule)
 		return
 	}
-	r.dpAt = stampOf(m.clock.Now().Add(m.cfg.Timeouts.DPRankResolution))
-	m.transitionLocked(r, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(topo.DP), b2i(topo.FollowBootstrapRoom)))
+	m.applyLocked(r, r.resolvingDP(m.clock.Now(), m.cfg.Timeouts.DPRankResolution, topo.DP, topo.FollowBootstrapRoom))
 }
 
 // dpResolvedLocked records the room's prefill DP rank and queues it for
 // admission (handshake done: KVPoll WaitingForInput).
 func (m *Manager) dpResolvedLocked(r *room, dp int, rule DPRule) {
-	r.prefillDP, r.dpRule, r.dpAt = dp, rule, 0
-	m.obs.DPRankResolved(rule)
-	if r.tr != nil && r.tr.span != nil {
-		r.tr.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", dp), attribute.String("decodeplane.dp_rank_rule", rule.String()))
-	}
 	for _, c := range r.claims.removeIf(func(c *Claim) bool { return c.rank.DP != dp }) {
 		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", c.rank, r.id, dp, rule)}})
 	}
-	m.transitionLocked(r, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)))
-	if err := m.shards[r.decodeDP].SetReady(r.id); err != nil {
+	m.applyLocked(r, r.dpResolved(m.clock.Now(), dp, rule))
+	if err := m.shards[r.decodeDP].led.SetReady(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused room %d: %v", r.id, err)})
 		return
 	}
@@ -177,47 +216,35 @@ func (m *Manager) dpResolvedLocked(r *room, dp int, rule DPRule) {
 // admitLocked runs one admission pass on a shard and hands out what it
 // admitted: destinations to the prefill ranks, pages back to resumed rooms.
 func (m *Manager) admitLocked(shard int) {
-	if m.due[shard] {
-		m.due[shard] = false
-		m.nDue--
-	}
-	if m.closed {
+	sh := m.shards[shard]
+	sh.due = false
+	if m.closed.Load() {
 		return
 	}
-	led := m.shards[shard]
+	led := sh.led
 	adms, blocked := led.Admit()
 	m.obs.AdmissionPass(shard, len(adms), blocked)
 	now := m.clock.Now()
 	for _, a := range adms {
-		r := m.rooms[a.Room]
+		r := sh.rooms[a.Room]
 		if r == nil || r.phase.Terminal() {
 			m.log.Error("ledger admitted a room the manager does not hold; releasing it", "room", a.Room)
 			_ = led.Release(a.Room)
 			continue
 		}
-		r.admittedOnce()
-		r.pages = slices.Clone(a.Alloc.Pages)
-		r.fillLen = a.Alloc.FillLen
-		r.metaSlot = a.Alloc.MetadataSlot
-		r.state = cloneState(a.Alloc.State)
+		r.allocated(a.Alloc)
 		if a.Resumed {
 			// The engine reloads the room's KV from its CPU copy: the room
 			// runs again (the ledger's resumed -> running), so that it can
 			// grow, be retracted again and be released.
-			if err := m.shards[r.decodeDP].StartRunning(r.id); err != nil {
+			if err := led.StartRunning(r.id); err != nil {
 				m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to resume room %d: %v", r.id, err)})
 				continue
 			}
-			m.transitionLocked(r, PhaseSucceeded, "T20", numNote(noteResumed, int64(len(r.pages)), 0))
+			m.applyLocked(r, r.resumed(now))
 			continue
 		}
-		r.admittedAt = now
-		if r.xferCancel != nil {
-			r.xferCancel() // the previous attempt's (a rebootstrap): nothing of it runs any more
-			r.xferCtx, r.xferCancel = nil, nil
-		}
-		m.obs.DestinationLatency(now.Sub(r.openedAt.time()))
-		m.transitionLocked(r, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)))
+		m.applyLocked(r, r.admitted(now))
 		m.stagingAdmittedLocked(r) // staged rooms: register before the destination goes out
 		r.claims.each(func(c *Claim) { c.queue(DestinationEvent{Destination: m.destinationLocked(r, c.rank.Key())}) })
 	}
@@ -255,36 +282,62 @@ func (m *Manager) destinationLocked(r *room, k rankKey) *Destination {
 // AwaitDestination registers a prefill rank's claim on a room. A claim for a
 // room not opened yet waits (bounded by timeouts.bootstrap) for OpenRoom.
 func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
-	m.mu.Lock()
-	defer m.unlock()
 	c := &Claim{m: m, room: room, rank: rank, ch: make(chan DestinationEvent, claimBuffer)}
-	r := m.rooms[room]
-	if r == nil {
-		if m.draining || m.closed {
-			return nil, fmt.Errorf("await destination of room %d: %w", room, ErrDraining)
+	for {
+		if sh, r := m.lockRoom(room); r != nil {
+			err := m.attachClaimLocked(r, c)
+			m.unlockShard(sh)
+			if err != nil {
+				return nil, err
+			}
+			return c, nil
 		}
-		if m.pendingCount >= maxPendingClaims {
-			return nil, &RetryError{Err: fmt.Errorf("await destination of room %d: %w (%d)", room, ErrTooManyWaiters, m.pendingCount), RetryAfter: time.Second}
+		queued, err := m.queuePending(c)
+		if queued || err != nil {
+			return c, err
 		}
-		m.pending[room] = append(m.pending[room], c)
-		m.pendingCount++
-		m.setDeadlineLocked(&c.expiry, dlPendingClaim, m.clock.Now().Add(m.cfg.Timeouts.Bootstrap), room, 0, c)
-		return c, nil
+		// The room was opened meanwhile: attach to it.
 	}
-	if err := m.attachClaimLocked(r, c); err != nil {
-		return nil, err
-	}
-	return c, nil
 }
 
-func (m *Manager) expirePendingClaimLocked(c *Claim) {
-	cs := m.pending[c.room]
+// queuePending queues a claim for a room not opened yet; false (and no
+// error) when the room is open by now. Under the pending claims' lock the
+// room is looked up again: OpenRoom inserts the room before it takes the
+// claims waiting for it, so that a claim is either seen here or taken there.
+func (m *Manager) queuePending(c *Claim) (bool, error) {
+	m.pend.mu.Lock()
+	defer m.pend.mu.Unlock()
+	if _, r := m.find(c.room); r != nil {
+		return false, nil
+	}
+	room := c.room
+	if m.draining.Load() || m.closed.Load() {
+		return false, fmt.Errorf("await destination of room %d: %w", room, ErrDraining)
+	}
+	if m.pend.count >= maxPendingClaims {
+		return false, &RetryError{Err: fmt.Errorf("await destination of room %d: %w (%d)", room, ErrTooManyWaiters, m.pend.count), RetryAfter: time.Second}
+	}
+	m.pend.rooms[room] = append(m.pend.rooms[room], c)
+	m.pend.count++
+	m.setDeadlineLocked(&c.expiry, dlPendingClaim, m.clock.Now().Add(m.cfg.Timeouts.Bootstrap), room, 0, c)
+	return true, nil
+}
+
+// expirePendingClaim fails a claim whose room was never opened within
+// timeouts.bootstrap (the heap's dlPendingClaim entry).
+func (m *Manager) expirePendingClaim(c *Claim) {
+	m.pend.mu.Lock()
+	defer m.pend.mu.Unlock()
+	if m.closed.Load() {
+		return
+	}
+	cs := m.pend.rooms[c.room]
 	for i, x := range cs {
 		if x == c {
-			m.pending[c.room] = append(cs[:i], cs[i+1:]...)
-			m.pendingCount--
-			if len(m.pending[c.room]) == 0 {
-				delete(m.pending, c.room)
+			m.pend.rooms[c.room] = append(cs[:i], cs[i+1:]...)
+			m.pend.count--
+			if len(m.pend.rooms[c.room]) == 0 {
+				delete(m.pend.rooms, c.room)
 			}
 			c.finish(DestinationEvent{Failure: &Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
 				"Request %d timed out after %.1fs in KVPoll.Bootstrapping: the decode side never opened the room", c.room, m.cfg.Timeouts.Bootstrap.Seconds())}})
@@ -324,10 +377,7 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 		c.finish(DestinationEvent{Done: &p})
 		return nil
 	}
-	if r.claims == nil {
-		r.claims = &claimSet{}
-	}
-	r.claims.set(k, c)
+	r.addClaim(k, c)
 	if r.handoff != nil && r.pages != nil && (r.phase == PhaseAdmitted || r.phase == PhaseClaimed || r.phase == PhaseTransferring) {
 		c.queue(DestinationEvent{Destination: m.destinationLocked(r, k)})
 	}
@@ -336,10 +386,12 @@ func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 
 // delivered records that a rank received its destination: its claim.
 func (m *Manager) delivered(c *Claim, d *Destination) {
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[c.room]
-	if r == nil || d == nil || d.Attempt != r.attempt || r.phase != PhaseAdmitted {
+	sh, r := m.lockRoom(c.room)
+	if r == nil {
+		return
+	}
+	defer m.unlockShard(sh)
+	if d == nil || d.Attempt != r.attempt || r.phase != PhaseAdmitted {
 		return
 	}
 	if rp := r.progress(c.rank.Key()); rp != nil {
@@ -350,28 +402,20 @@ func (m *Manager) delivered(c *Claim, d *Destination) {
 // claimRankLocked records one required rank's claim on an admitted room; the
 // room is claimed when every required rank has one.
 func (m *Manager) claimRankLocked(r *room, rp *rankProgress) {
-	if rp.claimed {
-		return
+	if r.claimRank(rp) {
+		m.claimedLocked(r)
 	}
-	rp.claimed = true
-	if r.claimedN++; r.claimedN < len(r.plan.Required()) {
-		return
-	}
-	m.claimedLocked(r)
 }
 
 // claimedLocked: every required rank holds the destination. The ledger's
 // claim deadline stops and SGLang's waiting timeout starts (T11).
 func (m *Manager) claimedLocked(r *room) {
-	now := m.clock.Now()
-	r.claimedAt = now
-	r.waitingAt = now.Add(m.cfg.Timeouts.Waiting)
-	if err := m.shards[r.decodeDP].Claim(r.id); err != nil {
+	if err := m.shards[r.decodeDP].led.Claim(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused the claim of room %d: %v", r.id, err)})
 		return
 	}
 	m.armShardTimerLocked(r.decodeDP)
-	m.transitionLocked(r, PhaseClaimed, "T11", numNote(noteClaimed, int64(len(r.plan.Required())), int64(m.cfg.Timeouts.Waiting)))
+	m.applyLocked(r, r.claimed(m.clock.Now(), m.cfg.Timeouts.Waiting))
 	if r.chunksDone > 0 {
 		m.transitionLocked(r, PhaseTransferring, "", textNote("chunks landed before every rank claimed"))
 		m.checkSuccessLocked(r)
@@ -410,8 +454,11 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 			return transfer.ChunkResult{}, false, err // a field error is an InvalidError already
 		}
 	}
-	m.mu.Lock()
-	r, rp, cs, fresh, err := m.chunkBeginLocked(req, false)
+	sh, r := m.lockRoom(req.Room)
+	if r == nil {
+		return transfer.ChunkResult{}, false, errNoChunkRoom(req)
+	}
+	rp, cs, fresh, err := m.chunkBeginLocked(r, req, false)
 	if err != nil || !fresh {
 		var inflight chan struct{}
 		if cs != nil && cs.busy { // under the lock: chunkEndLocked settles it
@@ -420,18 +467,18 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 			}
 			inflight = cs.waiters
 		}
-		m.unlock()
+		m.unlockShard(sh)
 		if err != nil {
 			return transfer.ChunkResult{}, false, err
 		}
-		return m.awaitChunk(ctx, cs, inflight)
+		return m.awaitChunk(ctx, sh, cs, inflight)
 	}
 	op := m.chunkOpLocked(r, req)
 	if r.phase == PhaseAdmitted {
 		// A rank writes before every rank claimed: the ledger must not
 		// expire (and hand out) the pages under the write at
 		// admission.claim_timeout; timeouts.bootstrap still bounds the room.
-		if err := m.shards[r.decodeDP].Claim(r.id); err == nil {
+		if err := sh.led.Claim(r.id); err == nil {
 			m.armShardTimerLocked(r.decodeDP)
 		}
 	}
@@ -442,7 +489,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 	cs.cancel = cancel
 	roomSpan := r.logCtx()
 	r.inflight++
-	m.unlock()
+	m.unlockShard(sh)
 
 	var attrs []attribute.KeyValue
 	if m.tracing {
@@ -453,8 +500,8 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 	}
 	res, terr := m.runRoomOp(opCtx, nil, roomSpan, "chunk", attrs, func(ctx context.Context) (transfer.ChunkResult, error) { return m.engine.Transfer(ctx, op) })
 
-	m.mu.Lock()
-	defer m.unlock()
+	sh.mu.Lock() // the room stays on its shard while a transfer is in flight (releasePending holds it)
+	defer m.unlockShard(sh)
 	r.inflight--
 	return m.chunkEndLocked(ctx, r, rp, req, cs, res, terr)
 }
@@ -499,7 +546,7 @@ func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string,
 	return res, err
 }
 
-func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState, inflight chan struct{}) (transfer.ChunkResult, bool, error) {
+func (m *Manager) awaitChunk(ctx context.Context, sh *shard, cs *chunkState, inflight chan struct{}) (transfer.ChunkResult, bool, error) {
 	if inflight != nil {
 		select {
 		case <-inflight:
@@ -507,106 +554,107 @@ func (m *Manager) awaitChunk(ctx context.Context, cs *chunkState, inflight chan 
 			return transfer.ChunkResult{}, false, ctx.Err()
 		}
 	}
-	m.mu.Lock()
-	defer m.unlock()
+	sh.mu.Lock()
+	defer m.unlockShard(sh)
 	return cs.result, cs.done, cs.err
 }
 
-// sourceRankLocked finds the room and the required prefill rank a chunk (or
-// a failure report) comes from.
-func (m *Manager) sourceRankLocked(req ChunkRequest) (*room, *rankProgress, error) {
-	r := m.rooms[req.Room]
-	if r == nil {
-		return nil, nil, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
-	}
+// errNoChunkRoom is a chunk's (or a failure report's) unknown room.
+func errNoChunkRoom(req ChunkRequest) error {
+	return fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
+}
+
+// sourceRankLocked checks the required prefill rank of room r a chunk (or a
+// failure report) comes from.
+func (m *Manager) sourceRankLocked(r *room, req ChunkRequest) (*rankProgress, error) {
 	if req.Rank.Addr != r.addr {
-		return nil, nil, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", req.Rank.Addr, r.id, r.addr)
+		return nil, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", req.Rank.Addr, r.id, r.addr)
 	}
 	if r.phase == PhaseFailed {
-		return nil, nil, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
+		return nil, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
 	}
 	if req.Attempt != 0 && req.Attempt != r.attempt {
-		return nil, nil, fmt.Errorf("chunk %d of room %d: %w: it belongs to attempt %d, but the room was rebootstrapped (attempt %d)", req.Index, r.id, ErrWrongState, req.Attempt, r.attempt)
+		return nil, fmt.Errorf("chunk %d of room %d: %w: it belongs to attempt %d, but the room was rebootstrapped (attempt %d)", req.Index, r.id, ErrWrongState, req.Attempt, r.attempt)
 	}
 	if r.plan == nil || r.prefillDP < 0 || r.handoff == nil {
-		return nil, nil, fmt.Errorf("chunk %d of room %d: %w: the room has no destination yet (phase %s)", req.Index, r.id, ErrWrongState, r.phase)
+		return nil, fmt.Errorf("chunk %d of room %d: %w: the room has no destination yet (phase %s)", req.Index, r.id, ErrWrongState, r.phase)
 	}
 	if req.Rank.DP != r.prefillDP {
-		return nil, nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", req.Rank.DP, r.id, r.prefillDP, r.dpRule)
+		return nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", req.Rank.DP, r.id, r.prefillDP, r.dpRule)
 	}
 	rp := r.progress(req.Rank.Key())
 	if rp == nil {
-		return nil, nil, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", req.Rank, r.id)
+		return nil, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", req.Rank, r.id)
 	}
-	return r, rp, nil
+	return rp, nil
 }
 
 // chunkBeginLocked validates a chunk and registers it in flight. fresh is
 // false for a chunk already landed or in flight (cs tells which).
-func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *rankProgress, *chunkState, bool, error) {
-	r, rp, err := m.sourceRankLocked(req)
+func (m *Manager) chunkBeginLocked(r *room, req ChunkRequest, checkBytes bool) (*rankProgress, *chunkState, bool, error) {
+	rp, err := m.sourceRankLocked(r, req)
 	if err != nil {
-		return nil, nil, nil, false, err
+		return nil, nil, false, err
 	}
 	if cs := rp.chunks[req.Index]; cs != nil {
 		if err := cs.sameChunk(req); err != nil {
-			return nil, nil, nil, false, err
+			return nil, nil, false, err
 		}
-		return r, rp, cs, false, nil
+		return rp, cs, false, nil
 	}
 	switch r.phase {
 	case PhaseAdmitted, PhaseClaimed, PhaseTransferring:
 	default:
-		return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: phase %s", req.Index, r.id, ErrWrongState, r.phase)
+		return nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: phase %s", req.Index, r.id, ErrWrongState, r.phase)
 	}
 	// A chunk from a rank whose claim stream was given the destination
 	// proves it holds it: the stream's Send and this call race, and the
 	// claim may not be recorded yet.
 	if !rp.claimed {
 		if c := r.claims.get(req.Rank.Key()); c == nil || r.phase != PhaseAdmitted {
-			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
+			return nil, nil, false, fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
 		}
 	}
 	// Validate everything first; nothing changes until the chunk is accepted.
 	if req.NumPages < 0 || req.PageOffset < 0 || req.PageOffset+req.NumPages > len(r.pages) {
-		return nil, nil, nil, false, invalid("page_offset", "pages [%d, %d) are outside the destination's %d pages", req.PageOffset, req.PageOffset+req.NumPages, len(r.pages))
+		return nil, nil, false, invalid("page_offset", "pages [%d, %d) are outside the destination's %d pages", req.PageOffset, req.PageOffset+req.NumPages, len(r.pages))
 	}
 	if req.NumPages == 0 && !req.Last {
-		return nil, nil, nil, false, invalid("num_pages", "must be > 0 (only the last chunk may carry no pages)")
+		return nil, nil, false, invalid("num_pages", "must be > 0 (only the last chunk may carry no pages)")
 	}
 	if len(req.SrcPages) > 0 && len(req.SrcPages) != req.NumPages {
-		return nil, nil, nil, false, invalid("source.page_indices", "has %d entries for %d pages", len(req.SrcPages), req.NumPages)
+		return nil, nil, false, invalid("source.page_indices", "has %d entries for %d pages", len(req.SrcPages), req.NumPages)
 	}
 	if rp.last >= 0 {
-		return nil, nil, nil, false, invalid("chunk_index", "%d comes after this rank's last chunk %d: nothing may follow the last chunk", req.Index, rp.last)
+		return nil, nil, false, invalid("chunk_index", "%d comes after this rank's last chunk %d: nothing may follow the last chunk", req.Index, rp.last)
 	}
 	rp.cov.init(len(r.pages))
 	if p := rp.cov.overlap(req.PageOffset, req.NumPages); p >= 0 {
-		return nil, nil, nil, false, invalid("page_offset", "pages [%d, %d) overlap page %d, which %s already sent for room %d: each page is sent once per rank",
+		return nil, nil, false, invalid("page_offset", "pages [%d, %d) overlap page %d, which %s already sent for room %d: each page is sent once per rank",
 			req.PageOffset, req.PageOffset+req.NumPages, p, req.Rank, r.id)
 	}
 	if req.Last && rp.cov.nSent+req.NumPages != rp.cov.need {
 		rp.cov.mark(req.PageOffset, req.NumPages, true)
 		gap := rp.cov.firstGap()
 		rp.cov.mark(req.PageOffset, req.NumPages, false)
-		return nil, nil, nil, false, invalid("last", "chunk %d is marked last, but pages %s of the destination's %d were never sent by %s: send every page before (or with) the last chunk",
+		return nil, nil, false, invalid("last", "chunk %d is marked last, but pages %s of the destination's %d were never sent by %s: send every page before (or with) the last chunk",
 			req.Index, gap, len(r.pages), req.Rank)
 	}
 	if req.Last && req.Marker == 0 {
-		return nil, nil, nil, false, invalid("aux", "the last chunk of every prefill rank carries the room marker (aux.room_marker / metadata_room_marker), and chunk %d has none", req.Index)
+		return nil, nil, false, invalid("aux", "the last chunk of every prefill rank carries the room marker (aux.room_marker / metadata_room_marker), and chunk %d has none", req.Index)
 	}
 	if checkBytes {
 		// The bytes a prefill reports are checked against what the layout
 		// says the chunk's pages weigh for this rank (head slice included).
 		if want := transfer.ChunkBytes(m.chunkOpLocked(r, req)); req.Bytes != want {
-			return nil, nil, nil, false, invalid("bytes", "%d is not what chunk %d of %s weighs: pages [%d, %d) carry %d bytes by the layout (Destination.token_bytes x tokens + state_bytes on the last chunk)",
+			return nil, nil, false, invalid("bytes", "%d is not what chunk %d of %s weighs: pages [%d, %d) carry %d bytes by the layout (Destination.token_bytes x tokens + state_bytes on the last chunk)",
 				req.Bytes, req.Index, req.Rank, req.PageOffset, req.PageOffset+req.NumPages, want)
 		}
 	}
 	if !rp.claimed {
 		m.claimRankLocked(r, rp)
 		if r.phase == PhaseFailed {
-			return nil, nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
+			return nil, nil, false, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
 		}
 	}
 	rp.cov.mark(req.PageOffset, req.NumPages, true)
@@ -618,7 +666,7 @@ func (m *Manager) chunkBeginLocked(req ChunkRequest, checkBytes bool) (*room, *r
 		rp.chunks = make(map[int]*chunkState, 1)
 	}
 	rp.chunks[req.Index] = cs
-	return r, rp, cs, true, nil
+	return rp, cs, true, nil
 }
 
 // sameChunk checks that req is a retry of cs: a chunk index names one page
@@ -695,47 +743,31 @@ func (m *Manager) chunkEndLocked(ctx context.Context, r *room, rp *rankProgress,
 // chunkLandedLocked advances a room after a chunk landed (moved by the
 // engine or reported by the prefill).
 func (m *Manager) chunkLandedLocked(r *room, rp *rankProgress, req ChunkRequest, res transfer.ChunkResult) {
-	r.bytes += uint64(max(res.Bytes, 0))
-	rp.bytes += uint64(max(res.Bytes, 0))
-	r.chunksDone++
-	rp.cov.landed += req.NumPages
-	m.obs.ChunkDone(res.Bytes, res.Duration, true)
-	if req.Last {
-		rp.lastLanded = true
+	e := r.chunkLanded(m.clock.Now(), rp, req, res)
+	m.applyLocked(r, e)
+	if e.checkAfter {
+		m.checkSuccessLocked(r)
 	}
-	if !rp.done && rp.lastLanded && rp.cov.sent != nil && rp.cov.landed == rp.cov.need {
-		rp.done = true
-		r.doneN++
-	}
-	m.markerLandedLocked(r, res.MarkerWritten)
-	if r.phase == PhaseClaimed {
-		m.transitionLocked(r, PhaseTransferring, "", chunkLandedNote(req.Index, req.Rank))
-	}
-	m.checkSuccessLocked(r)
 }
 
-// markerLandedLocked records a room marker written into the metadata slot.
-// A wrong marker sticks (the room fails as metadata corruption at the next
-// success check, whatever other ranks wrote after it).
+// markerLandedLocked records a room marker written into the metadata slot
+// (room.markerLanded) and in the ledger.
 func (m *Manager) markerLandedLocked(r *room, marker uint64) {
-	if marker == 0 || (r.marker != 0 && r.marker != r.id) {
-		return
-	}
-	r.marker = marker
-	if err := m.shards[r.decodeDP].SetMetadataMarker(r.id, marker); err != nil {
-		m.log.Error("ledger refused the metadata marker", "room", r.id, "err", err)
-	}
+	m.applyLocked(r, effects{markerSet: r.markerLanded(marker)})
 }
 
 // ReportTransfer records a chunk the prefill moved itself. A failure fails
 // the room with the prefill's reason (SGLang T13).
 func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
-	m.mu.Lock()
-	defer m.unlock()
+	sh, r := m.lockRoom(req.Room)
+	if r == nil {
+		return PollFailed, false, errNoChunkRoom(req)
+	}
+	defer m.unlockShard(sh)
 	if req.Failed {
 		// A failure fails the room whatever the chunk's pages or index
 		// (SGLang T13): nothing of it is to be kept.
-		r, _, err := m.sourceRankLocked(req)
+		_, err := m.sourceRankLocked(r, req)
 		if err != nil {
 			return PollFailed, false, err
 		}
@@ -748,7 +780,7 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 			"KVTransferError(bootstrap_room=%d): %s (reported by %s, chunk %d)", r.id, reason, req.Rank, req.Index)})
 		return PollFailed, false, nil
 	}
-	r, rp, cs, fresh, err := m.chunkBeginLocked(req, true)
+	rp, cs, fresh, err := m.chunkBeginLocked(r, req, true)
 	if err != nil {
 		return PollFailed, false, err
 	}
@@ -769,34 +801,23 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 // landed, no success gate is pending and the metadata slot holds the room's
 // marker (SGLang's metadata gate, §2.2).
 func (m *Manager) checkSuccessLocked(r *room) {
-	if r.phase != PhaseTransferring {
+	switch r.successCheck() {
+	case checkWait:
 		return
-	}
-	if r.marker != 0 && r.marker != r.id {
+	case checkCorrupt:
 		m.failLocked(r, Failure{Code: FailureMetadataCorruption, Message: fmt.Sprintf(
 			"Metadata corruption detected - bootstrap_room mismatch: metadata slot %d holds room %d, expected %d", r.metaSlot, r.marker, r.id)})
 		return
 	}
-	if r.doneN < len(r.plan.Required()) {
-		return
-	}
 	m.stagingSettleLocked(r) // lifts the staging gate once every region is scattered
-	if r.gated() {
-		return
+	if !r.successReady() {
+		return // a gate holds it, or aux not landed yet: stay Transferring (the waiting timeout bounds it)
 	}
-	if r.marker == 0 {
-		return // aux not landed yet: stay Transferring (the waiting timeout bounds it)
-	}
-	if err := m.shards[r.decodeDP].StartRunning(r.id); err != nil {
+	if err := m.shards[r.decodeDP].led.StartRunning(r.id); err != nil {
 		m.failLocked(r, Failure{Code: FailureUnspecified, Message: fmt.Sprintf("internal: ledger refused to start room %d: %v", r.id, err)})
 		return
 	}
-	now := m.clock.Now()
-	m.obs.TransferLatency(now.Sub(r.admittedAt))
-	m.obs.RoomFinished(PhaseSucceeded, FailureUnspecified, now.Sub(r.openedAt.time()))
-	m.transitionLocked(r, PhaseSucceeded, "T12/T17", numNote(noteSucceeded, int64(r.chunksDone), int64(r.bytes)))
-	p := PhaseSucceeded
-	r.claims.finishAll(DestinationEvent{Done: &p})
+	m.applyLocked(r, r.succeeded(m.clock.Now()))
 }
 
 // sglangFor names the SGLang transition a failure code corresponds to.
@@ -814,76 +835,47 @@ var sglangFor = map[FailureCode]string{
 // claims and watchers are told, and every resource goes back once nothing
 // is in flight.
 func (m *Manager) failLocked(r *room, f Failure) {
-	if r.phase.Terminal() {
-		return
-	}
-	fc := f
-	r.failure = &fc
-	if w := m.waitPrefill[r.addr]; w != nil {
-		delete(w.rooms, r.id)
-	}
-	if h := r.handoff; h != nil {
-		if h.xferCancel != nil {
-			h.xferCancel()
-		}
-		h.ranks.each(func(rp *rankProgress) {
-			for _, cs := range rp.chunks {
-				if cs.cancel != nil {
-					cs.cancel() // the engine call in flight ends; its chunkEndLocked sees the failure
-				}
-			}
-		})
-	}
-	r.claims.finishAll(DestinationEvent{Failure: &fc})
-	m.obs.RoomFinished(PhaseFailed, f.Code, m.clock.Now().Sub(r.openedAt.time()))
-	m.log.WarnContext(r.logCtx(), "room failed", "room", r.id, "rid", r.rid(), "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", r.phase.String(), "reason", f.Message)
-	m.transitionLocked(r, PhaseFailed, sglangFor[f.Code], textNote(r.failure.Message))
-	m.endLocked(r)
+	m.applyLocked(r, r.fail(m.clock.Now(), f))
 }
 
 // releaseRoomLocked ends a room the decode engine is done with.
 func (m *Manager) releaseRoomLocked(r *room, note string) {
-	m.transitionLocked(r, PhaseReleased, "", textNote(note))
-	m.endLocked(r)
+	m.applyLocked(r, r.released(m.clock.Now(), note))
 }
 
-// endLocked retains a terminal room and releases its resources.
+// endLocked retains a room that ended (room.fail, room.released) and
+// releases its resources once it may.
 func (m *Manager) endLocked(r *room) {
-	r.releasePending = true
 	m.releaseIfIdleLocked(r)
-	m.retained = append(m.retained, r)
-	m.trimRetainedLocked(r.updatedAt.time())
+	sh := m.shardOf(r)
+	sh.retained = append(sh.retained, r)
+	m.trimRetainedLocked(sh, r.updatedAt.time())
 }
 
 // releaseIfIdleLocked returns a terminal room's resources to the ledger once
 // no transfer is in flight, exactly once.
 func (m *Manager) releaseIfIdleLocked(r *room) {
-	if !r.releasePending || (r.handoff != nil && r.inflight > 0) {
-		return
-	}
-	if now := m.clock.Now(); r.writesUntil().After(now) && !m.closed {
+	rel := r.release(m.clock.Now(), m.closed.Load())
+	if rel.wait {
 		// An engine could not rule out writes into the pages until then.
-		if q := r.quarantine; !q.dl.armed() {
-			m.setDeadlineLocked(&q.dl, dlQuarantine, q.until, r.id, r.attempt, r)
+		if !m.dlArmed(rel.q) {
+			m.setDeadlineLocked(rel.q, dlQuarantine, rel.until, r.id, r.attempt, r)
 		}
 		return
 	}
-	if r.handoff != nil && r.quarantine != nil {
-		m.clearDeadlineLocked(&r.quarantine.dl)
-		r.quarantine = nil
+	if !rel.done {
+		return
 	}
-	r.releasePending = false
-	if r.inLedger {
-		r.inLedger = false
-		if err := m.shards[r.decodeDP].Release(r.id); err != nil {
+	if rel.q != nil {
+		m.clearDeadlineLocked(rel.q)
+	}
+	if rel.ledger {
+		if err := m.shards[r.decodeDP].led.Release(r.id); err != nil {
 			m.log.Error("ledger release failed", "room", r.id, "err", err)
 		}
 	}
-	if x := r.extra; x != nil {
-		for _, f := range x.onEnd {
-			f()
-		}
-		x.onEnd, x.gates = nil, nil
+	for _, f := range rel.onEnd {
+		f()
 	}
 	m.admitDueLocked(r.decodeDP) // once, when the call that ended the room unlocks
 }
@@ -904,20 +896,21 @@ func (m *Manager) noteWritesMayContinueLocked(r *room, err error) {
 	}
 }
 
-// trimRetainedLocked forgets finished rooms past retention or beyond the cap.
-func (m *Manager) trimRetainedLocked(now time.Time) {
-	for len(m.retained) > 0 {
-		old := m.retained[0]
-		if len(m.retained) <= m.cfg.Rooms.MaxRetained && now.Sub(old.updatedAt.time()) < m.cfg.Rooms.Retention {
+// trimRetainedLocked forgets a shard's finished rooms past retention or
+// beyond its share of the cap (retainCap).
+func (m *Manager) trimRetainedLocked(sh *shard, now time.Time) {
+	for len(sh.retained) > 0 {
+		old := sh.retained[0]
+		if len(sh.retained) <= m.retainCap() && now.Sub(old.updatedAt.time()) < m.cfg.Rooms.Retention {
 			break
 		}
-		m.retained[0] = nil
-		m.retained = m.retained[1:]
-		if m.rooms[old.id] == old && old.phase.Terminal() && !old.releasePending {
-			m.forgetLocked(old)
+		sh.retained[0] = nil
+		sh.retained = sh.retained[1:]
+		if sh.rooms[old.id] == old && old.phase.Terminal() && !old.releasePending {
+			sh.forget(old)
 			m.obs.RoomForgotten(old.phase)
-		} else if m.rooms[old.id] == old && old.releasePending {
-			m.retained = append(m.retained, old) // still draining transfers: look again later
+		} else if sh.rooms[old.id] == old && old.releasePending {
+			sh.retained = append(sh.retained, old) // still draining transfers: look again later
 			break
 		}
 	}
@@ -926,12 +919,11 @@ func (m *Manager) trimRetainedLocked(now time.Time) {
 // AbortRoom fails a room in any phase (held rebootstrap included) with
 // "Aborted by AbortReq." or reason. Aborting a finished room is a no-op.
 func (m *Manager) AbortRoom(room uint64, reason string) (RoomSnapshot, bool, error) {
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[room]
+	sh, r := m.lockRoom(room)
 	if r == nil {
 		return RoomSnapshot{}, false, fmt.Errorf("abort room %d: %w", room, ErrRoomNotFound)
 	}
+	defer m.unlockShard(sh)
 	if r.phase.Terminal() {
 		return r.snapshot(false, false), true, nil
 	}
@@ -945,12 +937,12 @@ func (m *Manager) AbortRoom(room uint64, reason string) (RoomSnapshot, bool, err
 
 // ReleaseRoom returns a successful room's pages; idempotent.
 func (m *Manager) ReleaseRoom(room uint64) (pages int, already bool, err error) {
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[room]
-	switch {
-	case r == nil:
+	sh, r := m.lockRoom(room)
+	if r == nil {
 		return 0, false, fmt.Errorf("release room %d: %w", room, ErrRoomNotFound)
+	}
+	defer m.unlockShard(sh)
+	switch {
 	case r.phase == PhaseReleased:
 		return 0, true, nil
 	case r.phase == PhaseFailed:
@@ -966,17 +958,16 @@ func (m *Manager) ReleaseRoom(room uint64) (pages int, already bool, err error) 
 // Watch streams a room's transitions: its current state (every earlier
 // transition when history is set), then each transition until terminal.
 func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[room]
+	sh, r := m.lockRoom(room)
 	if r == nil {
 		return nil, fmt.Errorf("watch room %d: %w", room, ErrRoomNotFound)
 	}
+	defer m.unlockShard(sh)
 	past := []transition{r.lastStep()}
 	if history {
 		past = r.steps()
 	}
-	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(past)), m: m, room: room}
+	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(past)), sh: sh, room: room}
 	snap := r.snapshot(false, false)
 	for i, t := range past {
 		w.ch <- RoomEvent{Room: snap, Transition: t.public(r.addr, r.texts()), Terminal: r.phase.Terminal() && i == len(past)-1}
@@ -994,12 +985,11 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 
 // GetRoom returns a room's state and timeline.
 func (m *Manager) GetRoom(room uint64, withPages bool) (RoomSnapshot, error) {
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[room]
+	sh, r := m.lockRoom(room)
 	if r == nil {
 		return RoomSnapshot{}, fmt.Errorf("get room %d: %w", room, ErrRoomNotFound)
 	}
+	defer m.unlockShard(sh)
 	snap := r.snapshot(true, withPages)
 	snap.Coverage = r.coverageOf()
 	snap.WaitingFor = m.waitingForLocked(r)
@@ -1020,40 +1010,48 @@ type ListFilter struct {
 // ListRooms returns matching rooms, oldest first (or newest first), and the
 // total before Limit.
 func (m *Manager) ListRooms(f ListFilter) ([]RoomSnapshot, int) {
-	m.mu.Lock()
-	defer m.unlock()
-	var match []*room
-	for _, r := range m.rooms {
-		if f.Addr != "" && r.addr != f.Addr {
-			continue
+	// Each shard in turn: its matching rooms are rendered under its lock,
+	// then every shard's are sorted together.
+	var out []RoomSnapshot
+	var opened []stamp // out[i]'s open time, to the nanosecond
+	m.eachShard(func(sh *shard) {
+		for _, r := range sh.rooms {
+			if f.Addr != "" && r.addr != f.Addr {
+				continue
+			}
+			if f.LiveOnly && r.phase.Terminal() {
+				continue
+			}
+			if len(f.Phases) > 0 && !slices.Contains(f.Phases, r.phase) {
+				continue
+			}
+			out = append(out, r.snapshot(false, false))
+			opened = append(opened, r.openedAt)
 		}
-		if f.LiveOnly && r.phase.Terminal() {
-			continue
-		}
-		if len(f.Phases) > 0 && !slices.Contains(f.Phases, r.phase) {
-			continue
-		}
-		match = append(match, r)
+	})
+	idx := make([]int, len(out))
+	for i := range idx {
+		idx[i] = i
 	}
-	sort.Slice(match, func(i, j int) bool {
-		a, b := match[i], match[j]
+	sort.Slice(idx, func(i, j int) bool {
+		a, b := idx[i], idx[j]
 		if f.NewestFirst {
 			a, b = b, a
 		}
-		if a.openedAt != b.openedAt {
-			return a.openedAt < b.openedAt
+		if opened[a] != opened[b] {
+			return opened[a] < opened[b]
 		}
-		return a.id < b.id
+		return out[a].Room < out[b].Room
 	})
-	total := len(match)
-	if f.Limit > 0 && len(match) > f.Limit {
-		match = match[:f.Limit]
+	total := len(out)
+	if f.Limit > 0 && len(idx) > f.Limit {
+		idx = idx[:f.Limit]
 	}
-	out := make([]RoomSnapshot, len(match))
-	for i, r := range match {
-		out[i] = r.snapshot(false, false)
+	sorted := make([]RoomSnapshot, len(idx))
+	for i, k := range idx {
+		sorted[i] = out[k]
 	}
-	return out, total
+	return sorted, total
 }
 
 // Usage is a running room's output length.
@@ -1077,12 +1075,15 @@ type Grown struct {
 // the batch), which resumes the rooms retracted before this report when
 // their pages and reserve fit, then admits queued rooms.
 func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRunning []uint64) {
-	m.mu.Lock()
-	defer m.unlock()
 	var stepped []bool // shards with a running room in this report
 	for _, u := range usage {
-		r := m.rooms[u.Room]
-		if r == nil || r.phase != PhaseSucceeded {
+		sh, r := m.lockRoom(u.Room)
+		if r == nil {
+			notRunning = append(notRunning, u.Room)
+			continue
+		}
+		if r.phase != PhaseSucceeded {
+			m.unlockShard(sh)
 			notRunning = append(notRunning, u.Room)
 			continue
 		}
@@ -1090,7 +1091,7 @@ func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRu
 			stepped = make([]bool, len(m.shards))
 		}
 		stepped[r.decodeDP] = true
-		pages, err := m.shards[r.decodeDP].UpdateRunning(r.id, u.OutputLen)
+		pages, err := sh.led.UpdateRunning(r.id, u.OutputLen)
 		switch {
 		case errors.Is(err, prealloc.ErrNoCapacity):
 			noCapacity = append(noCapacity, u.Room)
@@ -1100,10 +1101,14 @@ func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRu
 			r.pages = append(r.pages, pages...)
 			grown = append(grown, Grown{Room: r.id, NewPages: slices.Clone(pages)})
 		}
+		m.unlockShard(sh)
 	}
 	for shard, ok := range stepped {
 		if ok {
+			sh := m.shards[shard]
+			sh.mu.Lock()
 			m.admitLocked(shard)
+			m.unlockShard(sh)
 		}
 	}
 	return grown, noCapacity, notRunning
@@ -1144,35 +1149,32 @@ const (
 const RetractResumeAfter = time.Second
 
 func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, error) {
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[room]
+	sh, r := m.lockRoom(room)
 	if r == nil {
 		return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, ErrRoomNotFound)
 	}
+	defer m.unlockShard(sh)
 	if r.phase != PhaseSucceeded {
 		return RoomSnapshot{}, fmt.Errorf("retract room %d: %w: only a running (succeeded) room can be retracted (phase %s)", room, ErrWrongState, r.phase)
 	}
 	switch mode {
 	case RetractCPU:
-		if err := m.shards[r.decodeDP].Retract(r.id); err != nil {
+		if err := sh.led.Retract(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, err)
 		}
-		r.pages = nil
-		m.transitionLocked(r, PhaseRetracted, "T20", textNote("retracted: pages returned; resumes after the next ReportRunning, before new admissions"))
-		if m.shards[r.decodeDP].Stats().Running == 0 {
+		m.applyLocked(r, r.retracted(m.clock.Now()))
+		if sh.led.Stats().Running == 0 {
 			// Nothing left on the shard to grow into the pages: resume (or
 			// not) at the next pass, at the latest RetractResumeAfter from
 			// now, so that the pages are visibly free meanwhile (for a room
 			// being admitted, or an engine reading the pool).
-			m.setDeadlineLocked(&m.admitDl[r.decodeDP], dlAdmit, m.clock.Now().Add(RetractResumeAfter), uint64(r.decodeDP), 0, nil)
+			m.setDeadlineLocked(&sh.admitDl, dlAdmit, m.clock.Now().Add(RetractResumeAfter), uint64(r.decodeDP), 0, nil)
 		}
 	case RetractRebootstrap:
-		if err := m.shards[r.decodeDP].Hold(r.id); err != nil {
+		if err := sh.led.Hold(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("hold room %d: %w", room, err)
 		}
-		r.pages = nil
-		m.transitionLocked(r, PhaseHeld, "T21", textNote("held for rebootstrap until ContinueGeneration"))
+		m.applyLocked(r, r.held(m.clock.Now()))
 		m.admitLocked(r.decodeDP)
 	default:
 		return RoomSnapshot{}, invalid("mode", "must be RETRACT or REBOOTSTRAP")
@@ -1184,51 +1186,44 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 // (SGLang T22): a new attempt that bootstraps again from the same prefill DP
 // rank.
 func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
-	m.mu.Lock()
-	defer m.unlock()
 	var ids []uint64
-	for shard, led := range m.shards {
-		resumed := led.ResumeHeld()
+	m.eachShard(func(sh *shard) {
+		resumed := sh.led.ResumeHeld()
 		ids = append(ids, resumed...)
-		m.failDroppedHeldLocked(shard, resumed)
-	}
+		m.failDroppedHeldLocked(sh, resumed)
+		m.rebootstrapLocked(ctx, sh, resumed)
+	})
+	return ids
+}
+
+// rebootstrapLocked starts the new attempt of a shard's re-queued held rooms.
+func (m *Manager) rebootstrapLocked(ctx context.Context, sh *shard, ids []uint64) {
 	now := m.clock.Now()
 	for _, id := range ids {
-		r := m.rooms[id]
+		r := sh.rooms[id]
 		if r == nil {
 			continue
 		}
-		r.attempt++
-		r.pages, r.state, r.metaSlot, r.fillLen, r.marker = nil, nil, -1, 0, 0
-		r.chunksDone, r.bytes = 0, 0
-		r.claims = nil
-		r.plan, r.ranks = nil, nil // per-attempt progress: set again once the prefill is known
-		r.clearGates()
-		r.bootstrapAt, r.waitingAt, r.claimedAt, r.admittedAt = stampOf(now.Add(m.cfg.Timeouts.Bootstrap)), time.Time{}, time.Time{}, time.Time{}
+		e := r.rebootstrap(now, m.cfg.Timeouts.Bootstrap)
 		m.startSpanLocked(ctx, r) // the new attempt's transfer context is made at its admission
-		m.transitionLocked(r, PhaseWaitingPrefill, "T22", numNote(noteRebootstrap, int64(r.attempt), 0))
-		if inst, ok := m.reg.Instance(r.addr); ok && inst.Complete {
-			m.afterPrefillKnownLocked(r, inst, "T22")
-		} else {
-			m.waitForPrefillLocked(r)
-		}
+		m.applyLocked(r, e)
+		m.prefillOrWaitLocked(r, "T22")
 	}
-	return ids
 }
 
 // failDroppedHeldLocked fails the held rooms of a shard that the ledger
 // dropped instead of re-queueing at ContinueGeneration (it refuses a request
 // that can no longer fit the pool).
-func (m *Manager) failDroppedHeldLocked(shard int, resumed []uint64) {
+func (m *Manager) failDroppedHeldLocked(sh *shard, resumed []uint64) {
 	back := make(map[uint64]bool, len(resumed))
 	for _, id := range resumed {
 		back[id] = true
 	}
-	for _, r := range m.rooms {
-		if r.decodeDP != shard || r.phase != PhaseHeld || back[r.id] {
+	for _, r := range sh.rooms {
+		if r.phase != PhaseHeld || back[r.id] {
 			continue
 		}
-		if _, known := m.shards[r.decodeDP].State(r.id); known {
+		if _, known := sh.led.State(r.id); known {
 			continue // the ledger still holds it
 		}
 		r.inLedger = false
@@ -1240,12 +1235,11 @@ func (m *Manager) failDroppedHeldLocked(shard int, resumed []uint64) {
 // HoldSuccess adds a condition the room's success waits for (for example a
 // staged chunk still scattering). ReleaseHold removes it.
 func (m *Manager) HoldSuccess(room uint64, gate string) error {
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[room]
+	sh, r := m.lockRoom(room)
 	if r == nil {
 		return fmt.Errorf("hold success of room %d: %w", room, ErrRoomNotFound)
 	}
+	defer m.unlockShard(sh)
 	if r.phase.Terminal() || r.phase.Poll() == PollSuccess {
 		return fmt.Errorf("hold success of room %d: %w (phase %s)", room, ErrWrongState, r.phase)
 	}
@@ -1255,10 +1249,12 @@ func (m *Manager) HoldSuccess(room uint64, gate string) error {
 
 // ReleaseHold removes a success condition; a non-nil failure fails the room.
 func (m *Manager) ReleaseHold(room uint64, gate string, failure *Failure) {
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[room]
-	if r == nil || r.phase.Terminal() {
+	sh, r := m.lockRoom(room)
+	if r == nil {
+		return
+	}
+	defer m.unlockShard(sh)
+	if r.phase.Terminal() {
 		return
 	}
 	r.unhold(gate)
@@ -1271,14 +1267,13 @@ func (m *Manager) ReleaseHold(room uint64, gate string, failure *Failure) {
 
 // OnRoomEnd runs f exactly once when the room's resources are released, on
 // every exit path (release, failure, abort, timeout, shutdown). f runs with
-// the manager's lock held and must not call back into the manager.
+// the room's shard lock held and must not call back into the manager.
 func (m *Manager) OnRoomEnd(room uint64, f func()) error {
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[room]
+	sh, r := m.lockRoom(room)
 	if r == nil {
 		return fmt.Errorf("on end of room %d: %w", room, ErrRoomNotFound)
 	}
+	defer m.unlockShard(sh)
 	if r.phase.Terminal() && !r.releasePending {
 		f()
 		return nil
@@ -1290,9 +1285,8 @@ func (m *Manager) OnRoomEnd(room uint64, f func()) error {
 
 // Poll returns a room's KVPoll (Failed for an unknown room).
 func (m *Manager) Poll(room uint64) KVPoll {
-	m.mu.Lock()
-	defer m.unlock()
-	if r := m.rooms[room]; r != nil {
+	if sh, r := m.lockRoom(room); r != nil {
+		defer m.unlockShard(sh)
 		return r.phase.Poll()
 	}
 	return PollFailed

@@ -212,9 +212,9 @@ func TestT2DPRankRules(t *testing.T) {
 // waitAttempts is the registration check count of an address (-1 when no
 // room waits on it).
 func (h *harness) waitAttempts(addr string) int {
-	h.m.mu.Lock()
-	defer h.m.mu.Unlock()
-	if w := h.m.waitPrefill[addr]; w != nil {
+	h.m.wait.mu.Lock()
+	defer h.m.wait.mu.Unlock()
+	if w := h.m.wait.addrs[addr]; w != nil {
 		return w.attempts
 	}
 	return -1
@@ -881,9 +881,9 @@ func TestT16AbortWithChunkInFlight(t *testing.T) {
 			t.Errorf("InFlight() = %d, want 0 (the room is terminal)", n)
 		}
 		// The room is retained until released; it cannot be forgotten yet.
-		h.m.mu.Lock()
-		pending := h.m.rooms[1].releasePending
-		h.m.mu.Unlock()
+		h.m.lockAll()
+		pending := h.m.allRooms()[1].releasePending
+		h.m.unlockAll()
 		if !pending {
 			t.Errorf("room released its resources with a chunk in flight")
 		}
@@ -1257,9 +1257,9 @@ func TestClaimOnRoomNeverOpenedExpires(t *testing.T) {
 			ev.Failure.Message != "Request 31 timed out after 300.0s in KVPoll.Bootstrapping: the decode side never opened the room" {
 			t.Errorf("pending claim got %+v (open %v), want the bootstrap timeout", ev.Failure, ok)
 		}
-		h.m.mu.Lock()
-		n := h.m.pendingCount
-		h.m.mu.Unlock()
+		h.m.lockAll()
+		n := h.m.pendingCount()
+		h.m.unlockAll()
 		if n != 0 {
 			t.Errorf("pendingCount = %d, want 0", n)
 		}
@@ -1637,9 +1637,9 @@ func TestOnRoomEndRunsOnceOnEveryExit(t *testing.T) {
 		<-g.entered
 		h.m.AbortRoom(1, "")
 		h.m.AbortRoom(2, "")
-		h.m.mu.Lock()
+		h.m.lockAll()
 		c1, c2 := calls[1], calls[2]
-		h.m.mu.Unlock()
+		h.m.unlockAll()
 		if c1 != 0 || c2 != 1 {
 			t.Errorf("after abort: calls %d, %d; want 0 (chunk in flight), 1", c1, c2)
 		}
@@ -1649,9 +1649,9 @@ func TestOnRoomEndRunsOnceOnEveryExit(t *testing.T) {
 		if err := h.m.OnRoomEnd(2, func() { calls[2]++ }); err != nil {
 			t.Fatalf("OnRoomEnd(ended room) = %v", err)
 		}
-		h.m.mu.Lock()
+		h.m.lockAll()
 		c1, c2 = calls[1], calls[2]
-		h.m.mu.Unlock()
+		h.m.unlockAll()
 		if c1 != 1 || c2 != 2 {
 			t.Errorf("calls %d, %d; want 1, 2", c1, c2)
 		}

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -51,32 +52,40 @@ type Manager struct {
 	tracing bool
 	obs     Observer
 	engine  transfer.Engine
-	shards  []*prealloc.Ledger
+	shards  []*shard // the decode DP shards, index = decode DP rank (shard.go)
 
-	mu           sync.Mutex
-	rooms        map[uint64]*room
-	reg          *registry.Registry   // prefill instances, liveness, DP-rank bindings (own lock, taken after mu)
-	waitPrefill  map[string]*addrWait // rooms waiting for an instance's registration
-	pending      map[uint64][]*Claim  // claims for rooms not opened yet
-	pendingCount int
-	retained     []*room    // terminal rooms, oldest first
-	dl           deadlines  // every deadline, one heap and one timer (deadline.go)
-	shardDl      []deadline // per shard: the ledger's next claim deadline
-	admitDl      []deadline // per shard: an admission pass right after a call
-	due          []bool     // per shard: an admission pass is due at unlock
-	nDue         int
-	draining     bool
-	closed       bool
-	progress     chan struct{} // made by a waiting Shutdown; closed (and forgotten) when a room stops handing off
-	stg          stagingState  // the staging handler (staging.go)
-	// byPhase and byAddr count the rooms held (m.rooms) by phase and by
-	// bootstrap address, so that Status, InFlight and RoomsFor walk no
-	// room: countTransitionLocked keeps them on every transition, forgetLocked
-	// when a room is forgotten.
-	byPhase [PhaseHeld + 1]int
-	byAddr  map[string]*addrRooms
+	reg *registry.Registry // prefill instances, liveness, DP-rank bindings (own lock)
+	dl  deadlines          // every deadline, one heap and one timer (deadline.go; own lock)
+	stg stagingState       // the staging handler (staging.go; own lock)
 
-	shut ShutdownSummary // what Shutdown ended
+	// openMu makes a room id unique across the shards: OpenRoom holds it
+	// (under the new room's shard lock) for the lookup and the insert only.
+	openMu sync.Mutex
+
+	pend struct { // claims for rooms not opened yet (a leaf lock)
+		mu    sync.Mutex
+		rooms map[uint64][]*Claim
+		count int
+	}
+	wait struct { // rooms waiting for an instance's registration (a leaf lock)
+		mu    sync.Mutex
+		addrs map[string]*addrWait
+	}
+
+	draining atomic.Bool
+	closed   atomic.Bool
+
+	// prog is a waiting Shutdown's progress signal: made by Shutdown, closed
+	// (and forgotten) when a room stops handing off. waiting says whether a
+	// channel is set, so that a transition does not take the lock otherwise.
+	prog struct {
+		mu      sync.Mutex
+		ch      chan struct{}
+		waiting atomic.Bool
+	}
+
+	shutMu sync.Mutex
+	shut   ShutdownSummary // what Shutdown ended
 }
 
 // maxPendingClaims bounds claims waiting for rooms that are not open yet
@@ -114,25 +123,23 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		deps.Observer = NopObserver{}
 	}
 	m := &Manager{
-		cfg:         cfg,
-		dec:         dec,
-		layout:      dec.Layout(),
-		clock:       deps.Clock,
-		log:         deps.Logger,
-		tracer:      deps.TracerProvider.Tracer("github.com/decodeplane/decodeplane/kvmanager"),
-		tracing:     tracing,
-		obs:         deps.Observer,
-		engine:      deps.Engine,
-		shards:      deps.Ledgers,
-		rooms:       map[uint64]*room{},
-		reg:         newRegistry(cfg, dec.Layout(), deps.Clock),
-		waitPrefill: map[string]*addrWait{},
-		pending:     map[uint64][]*Claim{},
-		shardDl:     make([]deadline, len(deps.Ledgers)),
-		admitDl:     make([]deadline, len(deps.Ledgers)),
-		due:         make([]bool, len(deps.Ledgers)),
-		stg:         stagingState{s: staging.New(dec.Layout(), StagingRingBytes(dec))},
+		cfg:     cfg,
+		dec:     dec,
+		layout:  dec.Layout(),
+		clock:   deps.Clock,
+		log:     deps.Logger,
+		tracer:  deps.TracerProvider.Tracer("github.com/decodeplane/decodeplane/kvmanager"),
+		tracing: tracing,
+		obs:     deps.Observer,
+		engine:  deps.Engine,
+		reg:     newRegistry(cfg, dec.Layout(), deps.Clock),
+		stg:     stagingState{s: staging.New(dec.Layout(), StagingRingBytes(dec))},
 	}
+	for i, led := range deps.Ledgers {
+		m.shards = append(m.shards, newShard(i, led))
+	}
+	m.pend.rooms = map[uint64][]*Claim{}
+	m.wait.addrs = map[string]*addrWait{}
 	m.dl.fire = m.fireDeadlines
 	return m, nil
 }
@@ -165,22 +172,16 @@ func (m *Manager) Run(ctx context.Context) error {
 
 // sweep expires DP-rank bindings and forgets finished rooms past retention.
 func (m *Manager) sweep() {
-	m.mu.Lock()
-	defer m.unlock()
-	now := m.clock.Now()
 	m.reg.ExpireBindings()
-	m.trimRetainedLocked(now)
+	m.eachShard(func(sh *shard) { m.trimRetainedLocked(sh, m.clock.Now()) })
 }
 
 // Drain stops opening rooms (OpenRoom and claims for unopened rooms return
 // ErrDraining); rooms already open, queued ones included, go on.
 func (m *Manager) Drain() {
-	m.mu.Lock()
-	defer m.unlock()
-	if m.draining {
+	if !m.draining.CompareAndSwap(false, true) {
 		return
 	}
-	m.draining = true
 	// The ledgers keep admitting: rooms already opened are accepted requests
 	// whose prefill is waiting, and finishing them is what a drain is for.
 	m.log.Info("draining: no new rooms; rooms already open go on")
@@ -188,14 +189,14 @@ func (m *Manager) Drain() {
 
 // InFlight counts rooms that have not reached a terminal phase.
 func (m *Manager) InFlight() int {
-	m.mu.Lock()
-	defer m.unlock()
 	n := 0
-	for p, c := range m.byPhase {
-		if !Phase(p).Terminal() {
-			n += c
+	m.eachShard(func(sh *shard) {
+		for p, c := range sh.byPhase { // counted on transition: no walk of the rooms
+			if !Phase(p).Terminal() {
+				n += c
+			}
 		}
-	}
+	})
 	return n
 }
 
@@ -223,37 +224,42 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	m.Drain()
 	// Rooms not admitted yet hold nothing prefill writes into: fail them now
 	// and stop admitting, then give the rooms whose KV may be moving time to
-	// finish.
-	m.mu.Lock()
-	for _, l := range m.shards {
-		l.Drain()
-	}
-	var early []*room
-	for _, r := range m.rooms {
-		if r.phase == PhaseWaitingPrefill || r.phase == PhaseResolvingDP || r.phase == PhaseQueued {
-			early = append(early, r)
-		}
-	}
-	slices.SortFunc(early, func(a, b *room) int { return compareU64(a.id, b.id) })
-	for _, r := range early {
-		m.failLocked(r, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d was admitted (phase %s)", r.id, r.phase), r.requestName())})
-		m.shut.Failed++
-	}
-	m.failPendingClaimsLocked()
-	m.unlock()
-	for {
-		m.mu.Lock()
-		busy := 0
-		for _, r := range m.rooms {
-			if r.handingOff() {
-				busy++
+	// finish. Each shard in turn, one shard lock at a time.
+	failed := 0
+	m.eachShard(func(sh *shard) {
+		sh.led.Drain()
+		var early []*room
+		for _, r := range sh.rooms {
+			if r.phase == PhaseWaitingPrefill || r.phase == PhaseResolvingDP || r.phase == PhaseQueued {
+				early = append(early, r)
 			}
 		}
-		if m.progress == nil {
-			m.progress = make(chan struct{})
+		slices.SortFunc(early, func(a, b *room) int { return compareU64(a.id, b.id) })
+		for _, r := range early {
+			m.failLocked(r, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d was admitted (phase %s)", r.id, r.phase), r.requestName())})
+			failed++
 		}
-		progress := m.progress
-		m.unlock()
+	})
+	pending := m.failPendingClaims()
+	m.addShutdown(ShutdownSummary{Failed: failed, PendingClaims: pending})
+	for {
+		// The signal is set before the rooms are counted: a room that stops
+		// handing off after its shard was counted closes it.
+		m.prog.mu.Lock()
+		if m.prog.ch == nil {
+			m.prog.ch = make(chan struct{})
+			m.prog.waiting.Store(true)
+		}
+		progress := m.prog.ch
+		m.prog.mu.Unlock()
+		busy := 0
+		m.eachShard(func(sh *shard) {
+			for _, r := range sh.rooms {
+				if r.handingOff() {
+					busy++
+				}
+			}
+		})
 		if busy == 0 {
 			break
 		}
@@ -265,34 +271,49 @@ func (m *Manager) Shutdown(ctx context.Context) {
 			break
 		}
 	}
-	m.mu.Lock()
-	defer m.unlock()
 	// Closed first: no admission, no new timers, and no quarantine: the
 	// process is going away, every room's accounting goes back now.
-	m.closed = true
-	ids := make([]uint64, 0, len(m.rooms))
-	for id, r := range m.rooms {
-		if !r.phase.Terminal() {
-			ids = append(ids, id)
+	m.closed.Store(true)
+	var sum ShutdownSummary
+	m.eachShard(func(sh *shard) {
+		ids := make([]uint64, 0, len(sh.rooms))
+		for id, r := range sh.rooms {
+			if !r.phase.Terminal() {
+				ids = append(ids, id)
+			}
 		}
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	for _, id := range ids {
-		r := m.rooms[id]
-		if r.phase.Poll() == PollSuccess {
-			m.releaseRoomLocked(r, "released at shutdown")
-			m.shut.Released++
-			continue
+		slices.Sort(ids)
+		for _, id := range ids {
+			r := sh.rooms[id]
+			if r.phase.Poll() == PollSuccess {
+				m.releaseRoomLocked(r, "released at shutdown")
+				sum.Released++
+				continue
+			}
+			m.failLocked(r, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d finished (phase %s)", r.id, r.phase), r.requestName())})
+			sum.Failed++
 		}
-		m.failLocked(r, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d finished (phase %s)", r.id, r.phase), r.requestName())})
-		m.shut.Failed++
-	}
-	m.failPendingClaimsLocked() // none can be left: AwaitDestination refuses them while draining
-	m.dl.clear()                // closed: no deadline applies any more
+	})
+	sum.PendingClaims = m.failPendingClaims() // none can be left: AwaitDestination refuses them while draining
+	m.addShutdown(sum)
+	m.dl.mu.Lock()
+	m.dl.clear() // closed: no deadline applies any more
 	m.rearmLocked()
-	for _, r := range m.rooms {
-		m.releaseIfIdleLocked(r) // rooms quarantined before the shutdown
-	}
+	m.dl.mu.Unlock()
+	m.eachShard(func(sh *shard) {
+		for _, r := range sh.rooms {
+			m.releaseIfIdleLocked(r) // rooms quarantined before the shutdown
+		}
+	})
+}
+
+// addShutdown adds to what Shutdown ended.
+func (m *Manager) addShutdown(s ShutdownSummary) {
+	m.shutMu.Lock()
+	m.shut.Failed += s.Failed
+	m.shut.PendingClaims += s.PendingClaims
+	m.shut.Released += s.Released
+	m.shutMu.Unlock()
 }
 
 // shutdownMessage is a room's FailureShutdown message: what decodeplane saw,
@@ -310,24 +331,28 @@ func (r *room) requestName() string {
 	return strconv.FormatUint(r.id, 10)
 }
 
-// failPendingClaimsLocked ends every claim waiting for a room never opened
-// with FailureShutdown.
-func (m *Manager) failPendingClaimsLocked() {
-	rooms := make([]uint64, 0, len(m.pending))
-	for room := range m.pending {
+// failPendingClaims ends every claim waiting for a room never opened with
+// FailureShutdown and returns how many it ended.
+func (m *Manager) failPendingClaims() int {
+	m.pend.mu.Lock()
+	defer m.pend.mu.Unlock()
+	rooms := make([]uint64, 0, len(m.pend.rooms))
+	for room := range m.pend.rooms {
 		rooms = append(rooms, room)
 	}
 	slices.Sort(rooms)
+	n := 0
 	for _, room := range rooms {
-		for _, c := range m.pending[room] {
+		for _, c := range m.pend.rooms[room] {
 			c.stopExpiry()
 			c.finish(DestinationEvent{Failure: &Failure{Code: FailureShutdown, Message: shutdownMessage(
 				fmt.Sprintf("decodeplane shut down before room %d was opened", room), strconv.FormatUint(room, 10))}})
-			m.shut.PendingClaims++
+			n++
 		}
-		delete(m.pending, room)
+		delete(m.pend.rooms, room)
 	}
-	m.pendingCount = 0
+	m.pend.count = 0
+	return n
 }
 
 // ShutdownSummary is what Shutdown had to end.
@@ -349,16 +374,16 @@ func (s ShutdownSummary) CutShort() bool { return s.Failed > 0 || s.PendingClaim
 
 // ShutdownSummary reports what Shutdown ended (zero before Shutdown).
 func (m *Manager) ShutdownSummary() ShutdownSummary {
-	m.mu.Lock()
-	defer m.unlock()
+	m.shutMu.Lock()
+	defer m.shutMu.Unlock()
 	return m.shut
 }
 
 // ShardStats returns every shard's ledger stats.
 func (m *Manager) ShardStats() []prealloc.Stats {
 	out := make([]prealloc.Stats, len(m.shards))
-	for i, l := range m.shards {
-		out[i] = l.Stats()
+	for i, sh := range m.shards {
+		out[i] = sh.led.Stats()
 	}
 	return out
 }
@@ -388,23 +413,27 @@ type PrefillStatus struct {
 
 // Status returns rooms by phase, shard stats and prefill instances.
 func (m *Manager) Status() Status {
-	m.mu.Lock()
-	st := Status{Draining: m.draining, RoomsByPhase: map[Phase]int{}}
-	for p, n := range m.byPhase { // counted on transition: no walk of the rooms
-		if n > 0 {
-			st.RoomsByPhase[Phase(p)] = n
+	st := Status{Draining: m.draining.Load(), RoomsByPhase: map[Phase]int{}}
+	active := map[string]int{}
+	m.eachShard(func(sh *shard) {
+		for p, n := range sh.byPhase { // counted on transition: no walk of the rooms
+			if n > 0 {
+				st.RoomsByPhase[Phase(p)] += n
+			}
 		}
-	}
+		for addr, a := range sh.byAddr {
+			if a.live > 0 {
+				active[addr] += a.live
+			}
+		}
+	})
 	for _, p := range m.reg.Status() {
 		ps := PrefillStatus{Addr: p.Addr, Registered: p.Registered, Expected: p.Expected, Topology: p.Topology,
 			LastHeartbeat: p.LastHeartbeat, MissedHeartbeats: p.MissedHeartbeats,
 			SilentRanks: p.SilentRanks, SilentRankCount: p.SilentRankCount}
-		if a := m.byAddr[p.Addr]; a != nil {
-			ps.ActiveRooms = a.live
-		}
+		ps.ActiveRooms = active[p.Addr]
 		st.Prefills = append(st.Prefills, ps)
 	}
-	m.unlock()
 	sort.Slice(st.Prefills, func(i, j int) bool { return st.Prefills[i].Addr < st.Prefills[j].Addr })
 	st.Shards = m.ShardStats()
 	return st
@@ -413,31 +442,34 @@ func (m *Manager) Status() Status {
 // RoomsFor counts the rooms held (finished ones until they are forgotten
 // included) whose bootstrap address is addr.
 func (m *Manager) RoomsFor(addr string) int {
-	m.mu.Lock()
-	defer m.unlock()
-	if a := m.byAddr[addr]; a != nil {
-		return a.all
-	}
-	return 0
+	n := 0
+	m.eachShard(func(sh *shard) {
+		if a := sh.byAddr[addr]; a != nil {
+			n += a.all
+		}
+	})
+	return n
 }
 
 // armShardTimerLocked keeps the shard's entry on the deadline heap at the
 // ledger's next claim deadline; expireShardLocked runs when it is due.
 func (m *Manager) armShardTimerLocked(shard int) {
-	next, ok := m.shards[shard].NextDeadline()
-	if !ok || m.closed {
-		m.clearDeadlineLocked(&m.shardDl[shard])
+	sh := m.shards[shard]
+	next, ok := sh.led.NextDeadline()
+	if !ok || m.closed.Load() {
+		m.clearDeadlineLocked(&sh.claimDl)
 		return
 	}
-	m.setDeadlineLocked(&m.shardDl[shard], dlShard, next, uint64(shard), 0, nil)
+	m.setDeadlineLocked(&sh.claimDl, dlShard, next, uint64(shard), 0, nil)
 }
 
 func (m *Manager) expireShardLocked(shard int) {
-	if m.closed {
+	if m.closed.Load() {
 		return
 	}
-	for _, e := range m.shards[shard].Expire() {
-		r := m.rooms[e.Room]
+	sh := m.shards[shard]
+	for _, e := range sh.led.Expire() {
+		r := sh.rooms[e.Room]
 		if r == nil {
 			continue
 		}

@@ -257,14 +257,14 @@ func TestObserverGaugesMatchRooms(t *testing.T) {
 		h := newHarness(t, withRun(), withObserver(obs), withConfig(func(c *Config) { c.Rooms.Retention = 90 * time.Second }))
 		check := func(when string) {
 			t.Helper()
-			h.m.mu.Lock()
+			h.m.lockAll()
 			got := map[Phase]int{}
 			for p, n := range obs.live {
 				if n != 0 {
 					got[p] = n
 				}
 			}
-			h.m.mu.Unlock()
+			h.m.unlockAll()
 			if diff := cmp.Diff(h.m.Status().RoomsByPhase, got); diff != "" {
 				t.Errorf("%s: gauge differs from the rooms (-rooms +gauge):\n%s", when, diff)
 			}
@@ -295,9 +295,9 @@ func TestObserverGaugesMatchRooms(t *testing.T) {
 		check("after retention")
 		// Room 2 succeeded twice (attempts 1 and 2); rooms 3 and 4 failed.
 		want := map[Phase]int{PhaseSucceeded: 3, PhaseFailed: 2}
-		h.m.mu.Lock()
+		h.m.lockAll()
 		finished, codes := obs.finished, obs.codes
-		h.m.mu.Unlock()
+		h.m.unlockAll()
 		if diff := cmp.Diff(want, finished); diff != "" {
 			t.Errorf("RoomFinished outcomes (-want +got):\n%s", diff)
 		}

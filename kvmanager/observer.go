@@ -7,9 +7,10 @@ import (
 )
 
 // Observer receives the manager's events, for metrics. Calls are made with
-// the manager's lock held (DPRankResolvedN, LookupDPRanks's count, without
-// it, concurrently with the others): implementations must be fast, safe for
-// concurrent use, and must not call back into the manager.
+// the room's (or the shard's) lock held, concurrently from different shards
+// (DPRankResolvedN, LookupDPRanks's count, without any lock):
+// implementations must be fast, safe for concurrent use, and must not call
+// back into the manager.
 type Observer interface {
 	// RoomPhase is a room moving from one phase to another (from is
 	// PhaseUnspecified for a new room; to may be terminal).

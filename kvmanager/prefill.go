@@ -58,7 +58,7 @@ func newRegistry(cfg Config, layout prealloc.Layout, clk clock.Clock) *registry.
 // 1, 1, 2, 4, 4, ... s; after PrefillInfoAttempts checks they fail (T3).
 type addrWait struct {
 	addr     string
-	rooms    map[uint64]*room
+	rooms    map[uint64]*room // of every shard; Manager.wait.mu guards the map (and attempts)
 	attempts int
 	next     deadline // the next check, on the manager's deadline heap
 }
@@ -80,25 +80,25 @@ func (t TimeoutConfig) backoff(n int) time.Duration {
 // the rooms waiting for it go on.
 //
 // The checks that read no state (compatibility, the rank mapping) run
-// before the manager's lock; recording and applying the events run under it.
+// first; recording takes the registry's lock only, and the events are
+// applied afterwards, shard by shard.
 func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) {
 	checked, err := m.reg.Check(reg)
 	if err != nil {
 		return RegistrationResult{}, err
 	}
-	m.mu.Lock()
-	defer m.unlock()
 	res, evs, err := m.reg.Record(checked)
 	if err != nil {
 		return RegistrationResult{}, err
 	}
-	res.RoomsFailed += m.applyLocked(evs)
+	res.RoomsFailed += m.apply(evs)
 	return res, nil
 }
 
-// applyLocked applies the registry's events to the rooms, in order, and
-// returns how many rooms failed.
-func (m *Manager) applyLocked(evs []registry.Event) int {
+// apply applies the registry's events to the rooms, in order, and returns
+// how many rooms failed. It holds no lock: each event is applied shard by
+// shard, one shard lock at a time.
+func (m *Manager) apply(evs []registry.Event) int {
 	failed := 0
 	for _, e := range evs {
 		addr := e.Addr
@@ -106,24 +106,23 @@ func (m *Manager) applyLocked(evs []registry.Event) int {
 		case registry.RankRegistered:
 			m.obs.PrefillRegistered(addr, e.Replaced)
 		case registry.InstanceReplaced:
-			failed += m.failRoomsLocked(func(r *room) bool { return r.addr == addr && r.handingOff() },
+			failed += m.failRooms(func(r *room) bool { return r.addr == addr && r.handingOff() },
 				Failure{Code: FailurePrefillLost, Message: e.Message})
 		case registry.RankReplaced:
 			dp := e.Rank.DP
-			failed += m.failRoomsLocked(func(r *room) bool { return r.addr == addr && r.prefillDP == dp && r.handingOff() },
+			failed += m.failRooms(func(r *room) bool { return r.addr == addr && r.prefillDP == dp && r.handingOff() },
 				Failure{Code: FailurePrefillLost, Message: e.Message})
 		case registry.InstanceComplete:
 			topo := e.Instance.Topology
 			m.log.Info("prefill instance registered", "bootstrap_addr", addr, "ranks", e.Instance.Registered,
 				"attn_tp", topo.AttnTP, "dp", topo.DP, "pp", topo.PP, "attn_cp", topo.AttnCP, "follow_bootstrap_room", topo.FollowBootstrapRoom)
-			if w := m.waitPrefill[addr]; w != nil {
+			if w := m.takeWait(addr, nil); w != nil {
 				m.clearDeadlineLocked(&w.next)
-				delete(m.waitPrefill, addr)
-				for _, r := range sortedRooms(w.rooms) {
+				m.eachWaiting(w, func(r *room) {
 					if r.phase == PhaseWaitingPrefill {
 						m.afterPrefillKnownLocked(r, e.Instance, "T4")
 					}
-				}
+				})
 			}
 		case registry.HeartbeatMissed:
 			for range e.Count {
@@ -131,10 +130,10 @@ func (m *Manager) applyLocked(evs []registry.Event) int {
 			}
 		case registry.InstanceLost:
 			who := e.SilentList()
-			n := m.countRoomsLocked(func(r *room) bool { return r.addr == addr && r.handingOff() })
+			n := m.countRooms(func(r *room) bool { return r.addr == addr && r.handingOff() })
 			m.log.Warn("prefill instance lost: heartbeats stopped", "bootstrap_addr", addr, "rooms_affected", n,
 				"silent_ranks", who, "silent_rank_count", e.SilentTotal, "heartbeat_interval", e.Interval, "heartbeat_max_failures", e.MaxFailures)
-			failed += m.failRoomsLocked(func(r *room) bool { return r.addr == addr && r.handingOff() },
+			failed += m.failRooms(func(r *room) bool { return r.addr == addr && r.handingOff() },
 				Failure{Code: FailurePrefillLost, Message: e.LostMessage(n)})
 			m.obs.PrefillLost(addr, n)
 		}
@@ -154,33 +153,40 @@ func (m *Manager) Heartbeat(rank RankID, instanceID string) (time.Duration, int,
 // max_failures heartbeat intervals (SGLang T15). The rooms' failure, the log
 // line and the metrics say which ranks went silent and for how long.
 func (m *Manager) checkLiveness() {
-	m.mu.Lock()
-	defer m.unlock()
-	m.applyLocked(m.reg.CheckLiveness())
+	m.apply(m.reg.CheckLiveness())
 }
 
-func (m *Manager) countRoomsLocked(match func(*room) bool) int {
+// countRooms counts the rooms match selects, shard by shard.
+func (m *Manager) countRooms(match func(*room) bool) int {
 	n := 0
-	for _, r := range m.rooms {
-		if match(r) {
-			n++
+	m.eachShard(func(sh *shard) {
+		for _, r := range sh.rooms {
+			if match(r) {
+				n++
+			}
 		}
-	}
+	})
 	return n
 }
 
-func (m *Manager) failRoomsLocked(match func(*room) bool, f Failure) int {
-	var victims []*room
-	for _, r := range m.rooms {
-		if match(r) {
-			victims = append(victims, r)
+// failRooms fails the rooms match selects, shard by shard (each shard's in
+// room order), and returns how many it failed.
+func (m *Manager) failRooms(match func(*room) bool, f Failure) int {
+	n := 0
+	m.eachShard(func(sh *shard) {
+		var victims []*room
+		for _, r := range sh.rooms {
+			if match(r) {
+				victims = append(victims, r)
+			}
 		}
-	}
-	slices.SortFunc(victims, func(a, b *room) int { return compareU64(a.id, b.id) })
-	for _, r := range victims {
-		m.failLocked(r, f)
-	}
-	return len(victims)
+		slices.SortFunc(victims, func(a, b *room) int { return compareU64(a.id, b.id) })
+		for _, r := range victims {
+			m.failLocked(r, f)
+		}
+		n += len(victims)
+	})
+	return n
 }
 
 func compareU64(a, b uint64) int {
@@ -203,61 +209,127 @@ func sortedRooms(set map[uint64]*room) []*room {
 }
 
 // waitForPrefillLocked parks a room until its instance completes its
-// registration, under SGLang's retry budget.
+// registration, under SGLang's retry budget (the room's shard lock is held;
+// the waiting addresses' leaf lock is taken here).
 func (m *Manager) waitForPrefillLocked(r *room) {
-	w := m.waitPrefill[r.addr]
+	m.wait.mu.Lock()
+	defer m.wait.mu.Unlock()
+	w := m.wait.addrs[r.addr]
 	if w == nil {
 		w = &addrWait{addr: r.addr, rooms: map[uint64]*room{}}
-		m.waitPrefill[r.addr] = w
+		m.wait.addrs[r.addr] = w
 	}
 	w.rooms[r.id] = r
-	if !w.next.armed() {
-		m.scheduleAttemptLocked(r.addr, w)
+	r.parked = true
+	if !m.dlArmed(&w.next) {
+		m.scheduleAttempt(w)
 	}
 }
 
-func (m *Manager) scheduleAttemptLocked(addr string, w *addrWait) {
-	if m.closed {
+// unwait takes a room off its address's waiting rooms (its shard lock is
+// held).
+func (m *Manager) unwait(r *room) {
+	if !r.parked {
+		return
+	}
+	r.parked = false
+	m.wait.mu.Lock()
+	if w := m.wait.addrs[r.addr]; w != nil {
+		delete(w.rooms, r.id)
+	}
+	m.wait.mu.Unlock()
+}
+
+// takeWait removes and returns the address's waiting rooms (only if they
+// are w, when w is set).
+func (m *Manager) takeWait(addr string, w *addrWait) *addrWait {
+	m.wait.mu.Lock()
+	defer m.wait.mu.Unlock()
+	cur := m.wait.addrs[addr]
+	if cur == nil || (w != nil && cur != w) {
+		return nil
+	}
+	delete(m.wait.addrs, addr)
+	return cur
+}
+
+// eachWaiting runs f on w's rooms (w is no longer in the waiting
+// addresses), shard by shard and in room order, each under its shard lock
+// and only while the shard still holds it.
+func (m *Manager) eachWaiting(w *addrWait, f func(*room)) {
+	m.wait.mu.Lock()
+	rooms := sortedRooms(w.rooms)
+	m.wait.mu.Unlock()
+	for _, sh := range m.shards {
+		locked := false
+		for _, r := range rooms {
+			if r.decodeDP != sh.idx {
+				continue
+			}
+			if !locked {
+				sh.mu.Lock()
+				locked = true
+			}
+			if sh.rooms[r.id] == r {
+				f(r)
+			}
+		}
+		if locked {
+			m.unlockShard(sh)
+		}
+	}
+}
+
+func (m *Manager) scheduleAttempt(w *addrWait) {
+	if m.closed.Load() {
 		return
 	}
 	m.setDeadlineLocked(&w.next, dlPrefillAttempt, m.clock.Now().Add(m.cfg.Timeouts.backoff(w.attempts)), 0, 0, w)
 }
 
-// prefillAttemptLocked is one check of an address's registration (one of SGLang's
-// _ensure_prefill_info attempts).
-func (m *Manager) prefillAttemptLocked(addr string, w *addrWait) {
-	if m.waitPrefill[addr] != w {
+// prefillAttempt is one check of an address's registration (one of SGLang's
+// _ensure_prefill_info attempts). What it decides is decided under the
+// waiting addresses' lock; the rooms it continues or fails are then handled
+// shard by shard.
+func (m *Manager) prefillAttempt(w *addrWait) {
+	m.wait.mu.Lock()
+	addr := w.addr
+	if m.wait.addrs[addr] != w {
+		m.wait.mu.Unlock()
 		return
 	}
-	for id, r := range w.rooms {
-		if r.phase != PhaseWaitingPrefill {
-			delete(w.rooms, id)
-		}
-	}
 	if len(w.rooms) == 0 {
-		delete(m.waitPrefill, addr)
+		delete(m.wait.addrs, addr)
+		m.wait.mu.Unlock()
 		return
 	}
 	w.attempts++
 	inst, known := m.reg.Instance(addr)
 	if known && inst.Complete {
-		delete(m.waitPrefill, addr)
-		for _, r := range sortedRooms(w.rooms) {
-			m.afterPrefillKnownLocked(r, inst, "T4")
-		}
+		delete(m.wait.addrs, addr)
+		m.wait.mu.Unlock()
+		m.eachWaiting(w, func(r *room) {
+			if r.phase == PhaseWaitingPrefill {
+				m.afterPrefillKnownLocked(r, inst, "T4")
+			}
+		})
 		return
 	}
 	if w.attempts >= m.cfg.Timeouts.PrefillInfoAttempts {
-		delete(m.waitPrefill, addr)
+		delete(m.wait.addrs, addr)
+		m.wait.mu.Unlock()
 		registered := inst.Registered // zero when no rank of addr is registered
 		msg := fmt.Sprintf("Could not fetch prefill parallel info from %s after %d attempts", addr, w.attempts)
 		if registered > 0 {
 			msg += fmt.Sprintf(" (Prefill server not fully registered yet (%d workers registered).)", registered)
 		}
-		for _, r := range sortedRooms(w.rooms) {
-			m.failLocked(r, Failure{Code: FailurePrefillUnavailable, Message: msg})
-		}
+		m.eachWaiting(w, func(r *room) {
+			if r.phase == PhaseWaitingPrefill {
+				m.failLocked(r, Failure{Code: FailurePrefillUnavailable, Message: msg})
+			}
+		})
 		return
 	}
-	m.scheduleAttemptLocked(addr, w)
+	m.scheduleAttempt(w)
+	m.wait.mu.Unlock()
 }

@@ -59,9 +59,9 @@ func TestLargeAllowedInstanceCompletes(t *testing.T) {
 		if len(ranks) != 1024 {
 			t.Fatalf("room 1 needs %d ranks, want 1024", len(ranks))
 		}
-		h.m.mu.Lock()
-		seen := h.m.rooms[1].ranks.len()
-		h.m.mu.Unlock()
+		h.m.lockAll()
+		seen := h.m.allRooms()[1].ranks.len()
+		h.m.unlockAll()
 		if seen != 0 {
 			t.Errorf("room 1 holds progress for %d ranks before any claimed", seen)
 		}

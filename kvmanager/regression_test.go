@@ -75,10 +75,10 @@ func TestStagedRoomWithoutMarkerFailsAtTheWaitingDeadline(t *testing.T) {
 		if ph := h.snapshot(room).Phase; ph != PhaseClaimed && ph != PhaseTransferring {
 			t.Fatalf("phase %s, want claimed or transferring", ph)
 		}
-		h.m.mu.Lock()
-		r := h.m.rooms[room]
-		armed := r.dl.armed() || !r.waitingAt.IsZero()
-		h.m.mu.Unlock()
+		h.m.lockAll()
+		r := h.m.allRooms()[room]
+		armed := h.m.dlArmed(&r.dl) || !r.waitingAt.IsZero()
+		h.m.unlockAll()
 		if !armed {
 			t.Errorf("room %d is Transferring with no deadline armed (none on the heap, waitingAt zero)", room)
 		}
@@ -132,9 +132,9 @@ func TestAgentLostBatchKeepsPagesUntilItsDeadline(t *testing.T) {
 		h.open(addrA, 1)
 		h.claimAll(1)
 		pages1 := h.snapshot(1).NumPages
-		h.m.mu.Lock()
-		room1Pages := slices.Clone(h.m.rooms[1].pages)
-		h.m.mu.Unlock()
+		h.m.lockAll()
+		room1Pages := slices.Clone(h.m.allRooms()[1].pages)
+		h.m.unlockAll()
 		h.open(addrA, 2) // does not fit next to room 1: queued
 		h.wantPhase(2, PhaseQueued)
 
@@ -151,9 +151,9 @@ func TestAgentLostBatchKeepsPagesUntilItsDeadline(t *testing.T) {
 		now := time.Now()
 		h.wantFailure(1, FailureTransferFailed, "KVTransferError(bootstrap_room=1)")
 		if now.Before(deadline) && h.snapshot(2).Phase != PhaseQueued {
-			h.m.mu.Lock()
-			room2Pages := slices.Clone(h.m.rooms[2].pages)
-			h.m.mu.Unlock()
+			h.m.lockAll()
+			room2Pages := slices.Clone(h.m.allRooms()[2].pages)
+			h.m.unlockAll()
 			reused := 0
 			for _, p := range room2Pages {
 				if slices.Contains(room1Pages, p) {

@@ -16,7 +16,8 @@ import (
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
-// room is one request's KV hand-off. Every field is guarded by Manager.mu.
+// room is one request's KV hand-off. Every field is guarded by its shard's
+// lock (shard.mu); id and decodeDP never change once it is opened.
 // A room that was never admitted is only what it needs while it waits
 // (identity, request, DP rank, phase, deadlines, timeline); what admission
 // and the transfer add lives in *handoff, made at its first admission and
@@ -62,6 +63,7 @@ type room struct {
 	inLedger       bool // the ledger holds this room (any ledger state)
 	releasePending bool
 	staging        bool
+	parked         bool // among its address's waiting rooms (Manager.wait)
 }
 
 // handoff is what a room holds from its first admission on: its
@@ -305,30 +307,89 @@ var phaseSpanName = map[Phase]string{
 	PhaseRetracted:      "room.retracted",
 }
 
-// transitionLocked moves the room to phase, records the transition, ends
-// and starts phase spans, and tells watchers, claims and the observer.
+// transitionLocked moves the room to phase (room.transition) and applies
+// the step's effects.
 func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) {
-	now := m.clock.Now()
-	from := r.phase
-	r.phase = to
-	r.updatedAt = stampOf(now)
-	var texts *[]string
-	if needsText(sglang, note) {
-		texts = &r.x().texts
+	m.applyLocked(r, r.transition(m.clock.Now(), to, sglang, note))
+}
+
+// applyLocked applies the effects of one event the room applied to itself,
+// in this order: off the waiting rooms, transfers cancelled, claims ended,
+// the outcome observed and logged; then the phase change (observer, spans,
+// a waiting Shutdown, watchers, debug log, the room's deadline); then the
+// chunk's observation and marker; then the end (retention, resources).
+// The room's shard lock is held.
+func (m *Manager) applyLocked(r *room, e effects) {
+	if e.unwait {
+		m.unwait(r)
 	}
-	t := newTransition(now, to, sglang, note, r.attempt, texts)
-	if sglang != "T1" { // OpenRoom's transition is not kept: timeline derives it (room.opened)
-		r.keep(t)
+	if e.cancelPrev != nil {
+		e.cancelPrev()
 	}
-	m.countTransitionLocked(r, from, to)
+	if e.admission {
+		m.obs.DestinationLatency(e.admittedAfter)
+	}
+	if e.resolved {
+		m.obs.DPRankResolved(e.rule)
+		if r.tr != nil && r.tr.span != nil {
+			r.tr.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", e.dp), attribute.String("decodeplane.dp_rank_rule", e.rule.String()))
+		}
+	}
+	if e.cancel {
+		if h := r.handoff; h != nil {
+			if h.xferCancel != nil {
+				h.xferCancel()
+			}
+			h.ranks.each(func(rp *rankProgress) {
+				for _, cs := range rp.chunks {
+					if cs.cancel != nil {
+						cs.cancel() // the engine call in flight ends; its chunkEndLocked sees the failure
+					}
+				}
+			})
+		}
+	}
+	if e.claimEv != (DestinationEvent{}) {
+		e.claims.finishAll(e.claimEv)
+	}
+	if e.finished {
+		if e.outcome == PhaseSucceeded {
+			m.obs.TransferLatency(e.transferred)
+		}
+		m.obs.RoomFinished(e.outcome, e.code, e.sinceOpen)
+	}
+	if f := e.failure; f != nil {
+		m.log.WarnContext(r.logCtx(), "room failed", "room", r.id, "rid", r.rid(), "bootstrap_addr", r.addr, "code", f.Code.String(), "phase", e.from.String(), "reason", f.Message)
+	}
+	if e.moved {
+		m.movedLocked(r, e)
+	}
+	if e.chunk {
+		m.obs.ChunkDone(e.chunkRes.Bytes, e.chunkRes.Duration, true)
+	}
+	if e.markerSet != 0 {
+		if err := m.shardOf(r).led.SetMetadataMarker(r.id, e.markerSet); err != nil {
+			m.log.Error("ledger refused the metadata marker", "room", r.id, "err", err)
+		}
+	}
+	if e.end {
+		m.endLocked(r)
+	}
+}
+
+// movedLocked applies a phase change: the observer, the phase spans, a
+// waiting Shutdown, the watchers (closed after a terminal step), the debug
+// log and the room's deadline.
+func (m *Manager) movedLocked(r *room, e effects) {
+	from, to := e.from, e.to
+	m.shardOf(r).count(r, from, to)
 	m.obs.RoomPhase(from, to)
-	m.phaseSpanLocked(r, from, to, note)
-	if m.progress != nil && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
-		close(m.progress)
-		m.progress = nil
+	m.phaseSpanLocked(r, from, to, e.note)
+	if m.prog.waiting.Load() && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
+		m.signalProgress()
 	}
 	if ws := r.watching(); len(ws) > 0 { // the snapshot is only for watchers: not on the hot path without them
-		ev := RoomEvent{Room: r.snapshot(false, false), Transition: t.public(r.addr, r.texts()), Terminal: to.Terminal()}
+		ev := RoomEvent{Room: r.snapshot(false, false), Transition: e.t.public(r.addr, r.texts()), Terminal: to.Terminal()}
 		for w := range ws {
 			if !w.send(ev) {
 				delete(ws, w)
@@ -344,7 +405,7 @@ func (m *Manager) transitionLocked(r *room, to Phase, sglang string, note note) 
 		}
 	}
 	if ctx := r.logCtx(); m.log.Enabled(ctx, levelDebug) {
-		m.log.DebugContext(ctx, "room transition", "room", r.id, "rid", r.rid(), "from", from.String(), "to", to.String(), "sglang", sglang, "note", note.render(r.addr))
+		m.log.DebugContext(ctx, "room transition", "room", r.id, "rid", r.rid(), "from", from.String(), "to", to.String(), "sglang", e.sglang, "note", e.note.render(r.addr))
 	}
 	m.armTimerLocked(r)
 }
@@ -369,6 +430,17 @@ func (r *room) keep(t transition) {
 		r.transitions = grown
 	}
 	r.transitions = append(r.transitions, t)
+}
+
+// signalProgress wakes a waiting Shutdown: a room stopped handing off.
+func (m *Manager) signalProgress() {
+	m.prog.mu.Lock()
+	if m.prog.ch != nil {
+		close(m.prog.ch)
+		m.prog.ch = nil
+		m.prog.waiting.Store(false)
+	}
+	m.prog.mu.Unlock()
 }
 
 // phaseSpanLocked keeps one child span per phase under the room span, which
@@ -415,28 +487,10 @@ func (m *Manager) phaseSpanLocked(r *room, from, to Phase, note note) {
 }
 
 // armTimerLocked keeps the room's entry on the deadline heap at its
-// earliest deadline (none once it is terminal).
+// earliest deadline (room.nextDeadline; none once it is terminal).
 func (m *Manager) armTimerLocked(r *room) {
-	if r.phase.Terminal() || m.closed {
-		m.clearDeadlineLocked(&r.dl)
-		return
-	}
-	var next time.Time
-	consider := func(t time.Time) {
-		if !t.IsZero() && (next.IsZero() || t.Before(next)) {
-			next = t
-		}
-	}
-	switch r.phase {
-	case PhaseWaitingPrefill, PhaseQueued, PhaseAdmitted:
-		consider(r.bootstrapAt.time())
-	case PhaseResolvingDP:
-		consider(r.bootstrapAt.time())
-		consider(r.dpAt.time())
-	case PhaseClaimed, PhaseTransferring:
-		consider(r.waitingAt)
-	}
-	if next.IsZero() {
+	next := r.nextDeadline()
+	if next.IsZero() || m.closed.Load() {
 		m.clearDeadlineLocked(&r.dl)
 		return
 	}
@@ -444,38 +498,29 @@ func (m *Manager) armTimerLocked(r *room) {
 }
 
 // roomDeadlineLocked fails a room whose current phase's deadline passed
-// (the heap's dlRoom entry, armed for attempt).
+// (the heap's dlRoom entry, armed for attempt; room.expired decides which).
 func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
-	if m.rooms[r.id] != r || r.attempt != attempt || r.phase.Terminal() {
+	if m.shardOf(r).rooms[r.id] != r || r.attempt != attempt || r.phase.Terminal() {
 		return
 	}
 	now := m.clock.Now()
 	elapsed := func(since time.Time) float64 { return now.Sub(since).Seconds() }
-	switch r.phase {
-	case PhaseResolvingDP:
-		if r.dpAt != 0 && !now.Before(r.dpAt.time()) {
-			m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
-				"Request %d timed out after %.1fs in KVPoll.Bootstrapping: no rule resolved its prefill DP rank at %s within timeouts.dp_rank_resolution (no router hint, prefill dp_size %d, follow_bootstrap_room %v, no BindRoom received)",
-				r.id, elapsed(r.openedAt.time()), r.addr, m.topoLocked(r.addr).DP, m.topoLocked(r.addr).FollowBootstrapRoom)})
-			return
-		}
-		fallthrough
-	case PhaseWaitingPrefill, PhaseQueued, PhaseAdmitted:
-		if r.bootstrapAt != 0 && !now.Before(r.bootstrapAt.time()) {
-			m.failLocked(r, Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
-				"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)",
-				r.id, elapsed(r.openedAt.time()), r.phase.Poll(), r.phase, r.unclaimedNote())})
-			return
-		}
-	case PhaseClaimed, PhaseTransferring:
-		if !r.waitingAt.IsZero() && !now.Before(r.waitingAt) {
-			m.failLocked(r, Failure{Code: FailureWaitingTimeout, Message: fmt.Sprintf(
-				"Request %d timed out after %.1fs in KVPoll.WaitingForInput%s",
-				r.id, elapsed(r.claimedAt), r.waitingNote())})
-			return
-		}
+	switch r.expired(now) {
+	case FailureDPRankUnresolved:
+		m.failLocked(r, Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
+			"Request %d timed out after %.1fs in KVPoll.Bootstrapping: no rule resolved its prefill DP rank at %s within timeouts.dp_rank_resolution (no router hint, prefill dp_size %d, follow_bootstrap_room %v, no BindRoom received)",
+			r.id, elapsed(r.openedAt.time()), r.addr, m.topoLocked(r.addr).DP, m.topoLocked(r.addr).FollowBootstrapRoom)})
+	case FailureBootstrapTimeout:
+		m.failLocked(r, Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
+			"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)",
+			r.id, elapsed(r.openedAt.time()), r.phase.Poll(), r.phase, r.unclaimedNote())})
+	case FailureWaitingTimeout:
+		m.failLocked(r, Failure{Code: FailureWaitingTimeout, Message: fmt.Sprintf(
+			"Request %d timed out after %.1fs in KVPoll.WaitingForInput%s",
+			r.id, elapsed(r.claimedAt), r.waitingNote())})
+	default:
+		m.armTimerLocked(r)
 	}
-	m.armTimerLocked(r)
 }
 
 func (m *Manager) topoLocked(addr string) PrefillTopology {
@@ -562,7 +607,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 	case PhaseQueued:
 		reason := "the rooms ahead of it"
 		if r.decodeDP < len(m.shards) {
-			if b := m.shards[r.decodeDP].Stats().LastBlocked; b != prealloc.BlockNone {
+			if b := m.shards[r.decodeDP].led.Stats().LastBlocked; b != prealloc.BlockNone {
 				reason = "blocked by " + b.String()
 			}
 		}

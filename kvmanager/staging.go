@@ -74,11 +74,11 @@ type StagingChunkResult struct {
 const stagingGate = "staging"
 
 // stagingState is the manager's side of staging: the handler (its own leaf
-// lock, taken after Manager.mu) and, per staged room, the handler's state
-// and the room's completion timeout. Manager.mu guards rooms.
+// lock, taken under a shard's). Per staged room, the handler's state and the
+// room's completion timeout are its shard's (shard.staged), guarded by the
+// shard's lock.
 type stagingState struct {
-	s     *staging.Stager
-	rooms map[uint64]*stagedRoom
+	s *staging.Stager
 }
 
 type stagedRoom struct {
@@ -142,8 +142,6 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 	if err != nil {
 		return StagingPlan{}, err
 	}
-	m.mu.Lock()
-	defer m.unlock()
 	inst, ok := m.reg.Instance(rank.Addr)
 	if !ok {
 		return StagingPlan{}, fmt.Errorf("setup staging for %s: %w (register it first)", rank, ErrPrefillNotFound)
@@ -207,29 +205,30 @@ func (m *Manager) stagingAdmittedLocked(r *room) {
 	if !r.staging || m.ringBytes() <= 0 {
 		return
 	}
-	if m.stg.rooms == nil {
-		m.stg.rooms = map[uint64]*stagedRoom{}
+	sh := m.shardOf(r)
+	if sh.staged == nil {
+		sh.staged = map[uint64]*stagedRoom{}
 	}
-	if old := m.stg.rooms[r.id]; old != nil {
-		m.stagingReleaseLocked(r.id)
+	if old := sh.staged[r.id]; old != nil {
+		m.stagingReleaseLocked(sh, r.id)
 	}
 	topo := m.topoLocked(r.addr)
-	m.stg.rooms[r.id] = &stagedRoom{st: m.stg.s.Open(r.id, r.attempt, topo.AttnTP, topo.PP)}
+	sh.staged[r.id] = &stagedRoom{st: m.stg.s.Open(r.id, r.attempt, topo.AttnTP, topo.PP)}
 	r.hold(stagingGate)
 	id := r.id
 	x := r.x()
-	x.onEnd = append(x.onEnd, func() { m.stagingReleaseLocked(id) })
+	x.onEnd = append(x.onEnd, func() { m.stagingReleaseLocked(sh, id) })
 }
 
 // stagingReleaseLocked frees every region of a room (SGLang's
 // unregister_decode_req) and forgets its staging state. It runs when no
 // scatter of the room is in flight.
-func (m *Manager) stagingReleaseLocked(id uint64) {
-	sr := m.stg.rooms[id]
+func (m *Manager) stagingReleaseLocked(sh *shard, id uint64) {
+	sr := sh.staged[id]
 	if sr == nil {
 		return
 	}
-	delete(m.stg.rooms, id)
+	delete(sh.staged, id)
 	m.clearDeadlineLocked(&sr.timer)
 	for _, f := range m.stg.s.Release(sr.st) {
 		m.log.Debug("releasing unscattered staging allocation", "room", id, "chunk", f.Chunk, "decode_tp", f.DecodeTP,
@@ -245,14 +244,14 @@ func (m *Manager) stagingSettleLocked(r *room) {
 	if !r.gate(stagingGate) {
 		return
 	}
-	sr := m.stg.rooms[r.id]
+	sr := m.shardOf(r).staged[r.id]
 	if sr == nil || sr.st.Attempt() != r.attempt || m.stg.s.Pending(sr.st) == 0 || !m.stg.s.ScattersDue(sr.st) {
 		// Every rank is done, so a region whose writers have not all
 		// reported never will be (its pages are covered, and nothing may
 		// follow a last chunk): it does not hold the room back; it is freed
 		// with the room.
 		r.unhold(stagingGate)
-		if sr != nil && sr.timer.armed() {
+		if sr != nil && m.dlArmed(&sr.timer) {
 			m.clearDeadlineLocked(&sr.timer)
 			// The waiting deadline was lifted for the completion timer:
 			// restore it, so that a room that does not succeed now (the
@@ -264,7 +263,7 @@ func (m *Manager) stagingSettleLocked(r *room) {
 		}
 		return
 	}
-	if sr.timer.armed() {
+	if m.dlArmed(&sr.timer) {
 		return
 	}
 	r.waitingAt = time.Time{}
@@ -275,10 +274,10 @@ func (m *Manager) stagingSettleLocked(r *room) {
 
 // stagingDeadlineLocked fails a staged room whose scatters did not finish within
 // the completion timeout.
-func (m *Manager) stagingDeadlineLocked(id uint64, attempt uint32) {
-	r := m.rooms[id]
-	sr := m.stg.rooms[id]
-	if r == nil || r.attempt != attempt || r.phase.Terminal() || sr == nil || sr.st.Attempt() != attempt || m.stg.s.Pending(sr.st) == 0 {
+func (m *Manager) stagingDeadlineLocked(r *room, attempt uint32) {
+	id := r.id
+	sr := m.shardOf(r).staged[id]
+	if r.attempt != attempt || r.phase.Terminal() || sr == nil || sr.st.Attempt() != attempt || m.stg.s.Pending(sr.st) == 0 {
 		return
 	}
 	m.failLocked(r, Failure{Code: FailureStagingFailed, Message: fmt.Sprintf(
@@ -323,7 +322,7 @@ func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankPro
 			return nil, nil, fmt.Errorf("%s of room %d: %w: the room failed: %s", what, r.id, ErrWrongState, r.failure.Message)
 		}
 	}
-	sr := m.stg.rooms[r.id]
+	sr := m.shardOf(r).staged[r.id]
 	if !r.staging || sr == nil || sr.st.Attempt() != r.attempt {
 		return nil, nil, fmt.Errorf("%s of room %d: %w: the room is not staged (its destination has staging = false): send its KV with Rooms.Transfer or ReportTransfer", what, r.id, ErrWrongState)
 	}
@@ -339,12 +338,11 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 	if err != nil {
 		return nil, err
 	}
-	m.mu.Lock()
-	defer m.unlock()
-	r := m.rooms[room]
+	sh, r := m.lockRoom(room)
 	if r == nil {
 		return nil, fmt.Errorf("allocate staging for chunk %d of room %d: %w", chunk, room, ErrRoomNotFound)
 	}
+	defer m.unlockShard(sh)
 	_, sr, err := m.stagingRankLocked(r, rank, fmt.Sprintf("allocate staging for chunk %d", chunk))
 	if err != nil {
 		return nil, err
@@ -403,37 +401,35 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 	if _, err := m.stagingUsable(); err != nil {
 		return StagingChunkResult{}, err
 	}
-	m.mu.Lock()
-	r := m.rooms[req.Room]
+	sh, r := m.lockRoom(req.Room)
 	if r == nil {
-		m.unlock()
 		return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
 	}
 	if rp := r.ranksOf(req.Rank.Key()); rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
 		if err := rp.chunks[req.Index].sameChunk(req); err != nil {
-			m.unlock()
+			m.unlockShard(sh)
 			return StagingChunkResult{}, err
 		}
 		// A retry: resubmit the regions whose scatter did not happen.
-		sr := m.stg.rooms[r.id]
+		sr := sh.staged[r.id]
 		todo := m.readyRegionsLocked(r, sr, req.Rank, req.Index)
-		m.unlock()
+		m.unlockShard(sh)
 		res, err := m.runScatters(ctx, r, sr, todo)
 		res.Duplicate = true
 		return res, err
 	}
 	rp, sr, err := m.stagingRankLocked(r, req.Rank, fmt.Sprintf("chunk %d", req.Index))
 	if err != nil {
-		m.unlock()
+		m.unlockShard(sh)
 		return StagingChunkResult{}, err
 	}
 	if req.Marker != 0 || len(req.OutputIDs) > 0 {
 		if !req.Last {
-			m.unlock()
+			m.unlockShard(sh)
 			return StagingChunkResult{}, invalid("aux", "only the last chunk carries the metadata (aux)")
 		}
 		if len(req.OutputIDs) > kvcopy.MaxOutputIDs {
-			m.unlock()
+			m.unlockShard(sh)
 			return StagingChunkResult{}, invalid("aux.output_ids", "has %d ids; a metadata slot holds at most %d", len(req.OutputIDs), kvcopy.MaxOutputIDs)
 		}
 	}
@@ -447,25 +443,25 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 		}
 		sc := m.stg.s.Lookup(sr.st, req.Index, tg.DecodeTP, q)
 		if sc == nil {
-			m.unlock()
+			m.unlockShard(sh)
 			return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d for decode rank %d: %w: no staging region is allocated (call AllocateStaging first)", req.Index, r.id, tg.DecodeTP, ErrWrongState)
 		}
 		wi, err := m.stg.s.Check(sr.st, sc, rep)
 		if err != nil {
-			m.unlock()
+			m.unlockShard(sh)
 			return StagingChunkResult{}, err
 		}
 		if wi < 0 {
-			m.unlock()
+			m.unlockShard(sh)
 			return StagingChunkResult{}, invalid("rank", "%s is not a writer of chunk %d's region on decode rank %d", req.Rank, req.Index, tg.DecodeTP)
 		}
 		scs = append(scs, sc)
 		writerIdx = append(writerIdx, wi)
 	}
 	creq := ChunkRequest{Room: req.Room, Rank: req.Rank, Index: req.Index, PageOffset: req.PageOffset, NumPages: req.NumPages, Last: req.Last, Marker: req.Marker}
-	_, _, cs, fresh, err := m.chunkBeginLocked(creq, false)
+	_, cs, fresh, err := m.chunkBeginLocked(r, creq, false)
 	if err != nil || !fresh {
-		m.unlock()
+		m.unlockShard(sh)
 		if err == nil {
 			err = fmt.Errorf("chunk %d of room %d: %w: already reported", req.Index, r.id, ErrWrongState)
 		}
@@ -479,7 +475,7 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 	cs.done, cs.result = true, res
 	m.chunkLandedLocked(r, rp, creq, res)
 	todo := m.readyRegionsLocked(r, sr, req.Rank, req.Index)
-	m.unlock()
+	m.unlockShard(sh)
 	out, err := m.runScatters(ctx, r, sr, todo)
 	for i, sc := range scs {
 		if n, w := m.stg.s.Arrived(sc); i == 0 || n < out.Arrived {
@@ -507,43 +503,44 @@ func (m *Manager) readyRegionsLocked(r *room, sr *stagedRoom, rank RankID, chunk
 func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs []*staging.Staged) (StagingChunkResult, error) {
 	out := StagingChunkResult{Scattered: len(scs) > 0}
 	eng, _ := m.engine.(transfer.Scatterer)
+	sh := m.shardOf(r)
 	for _, sc := range scs {
-		m.mu.Lock()
+		sh.mu.Lock()
 		wait, done := m.stg.s.Scattering(sc)
 		for wait != nil {
-			m.unlock()
+			m.unlockShard(sh)
 			select {
 			case <-wait:
 			case <-ctx.Done():
 				return out, ctx.Err()
 			}
-			m.mu.Lock()
+			sh.mu.Lock()
 			wait, done = m.stg.s.Scattering(sc)
 		}
 		if done {
-			m.unlock()
+			m.unlockShard(sh)
 			continue
 		}
-		if r.phase.Terminal() || m.stg.rooms[r.id] != sr {
+		if r.phase.Terminal() || sh.staged[r.id] != sr {
 			msg := "the room ended"
 			if r.failure != nil {
 				msg = "the room failed: " + r.failure.Message
 			}
-			m.unlock()
+			m.unlockShard(sh)
 			return out, fmt.Errorf("scatter chunk %d of room %d: %w: %s", sc.Chunk(), r.id, ErrWrongState, msg)
 		}
 		if r.phase == PhaseAdmitted {
 			// A scatter writes the pages before every rank claimed: the
 			// ledger must not expire them under it at admission.claim_timeout
 			// (as Transfer does); timeouts.bootstrap still bounds the room.
-			if err := m.shards[r.decodeDP].Claim(r.id); err == nil {
+			if err := sh.led.Claim(r.id); err == nil {
 				m.armShardTimerLocked(r.decodeDP)
 			}
 		}
 		op := m.scatterOpLocked(r, m.stg.s.StartScatter(sc))
 		r.inflight++
 		xctx, roomSpan := m.xferCtxLocked(r), r.logCtx()
-		m.unlock()
+		m.unlockShard(sh)
 
 		// The scatter outlives the caller's RPC (every writer already
 		// reported) but not the room.
@@ -557,21 +554,21 @@ func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs 
 		res, err := m.runRoomOp(context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", attrs,
 			func(ctx context.Context) (transfer.ChunkResult, error) { return eng.Scatter(ctx, op) })
 
-		m.mu.Lock()
+		sh.mu.Lock()
 		r.inflight--
 		m.noteWritesMayContinueLocked(r, err)
 		err = m.scatterDoneLocked(r, sr, sc, op, res, err)
 		m.releaseIfIdleLocked(r)
 		out.Poll = r.phase.Poll()
-		m.unlock()
+		m.unlockShard(sh)
 		if err != nil {
 			out.Scattered = false
 			return out, err
 		}
 	}
-	m.mu.Lock()
+	sh.mu.Lock()
 	out.Poll = r.phase.Poll()
-	m.unlock()
+	m.unlockShard(sh)
 	return out, nil
 }
 

@@ -14,8 +14,8 @@ const watchBuffer = 16
 type Watcher struct {
 	ch   chan RoomEvent
 	once sync.Once
-	err  error
-	m    *Manager
+	err  error  // guarded by sh.mu
+	sh   *shard // the room's shard
 	room uint64
 }
 
@@ -25,13 +25,13 @@ func (w *Watcher) Events() <-chan RoomEvent { return w.ch }
 
 // Err reports why Events was closed early (nil after the terminal event).
 func (w *Watcher) Err() error {
-	w.m.mu.Lock()
-	defer w.m.mu.Unlock()
+	w.sh.mu.Lock()
+	defer w.sh.mu.Unlock()
 	return w.err
 }
 
 // send queues an event without blocking; false means the watcher was dropped.
-// Called with the manager lock held.
+// Called with the room's shard lock held.
 func (w *Watcher) send(ev RoomEvent) bool {
 	select {
 	case w.ch <- ev:
@@ -42,7 +42,7 @@ func (w *Watcher) send(ev RoomEvent) bool {
 	}
 }
 
-// close ends the stream; called with the manager lock held.
+// close ends the stream; called with the room's shard lock held.
 func (w *Watcher) close(err error) {
 	w.once.Do(func() {
 		w.err = err
@@ -52,9 +52,9 @@ func (w *Watcher) close(err error) {
 
 // Close stops watching.
 func (w *Watcher) Close() {
-	w.m.mu.Lock()
-	defer w.m.mu.Unlock()
-	if r := w.m.rooms[w.room]; r != nil {
+	w.sh.mu.Lock()
+	defer w.sh.mu.Unlock()
+	if r := w.sh.rooms[w.room]; r != nil {
 		delete(r.watching(), w)
 	}
 	w.close(nil)
@@ -75,7 +75,7 @@ type Claim struct {
 	expiry  deadline // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
 }
 
-// stopExpiry takes the pending claim's deadline off the heap; lock held.
+// stopExpiry takes the pending claim's deadline off the heap.
 func (c *Claim) stopExpiry() { c.m.clearDeadlineLocked(&c.expiry) }
 
 // Events delivers the destination, then the room's end. The channel is
@@ -85,7 +85,8 @@ func (c *Claim) Events() <-chan DestinationEvent { return c.ch }
 // Rank is the claiming rank.
 func (c *Claim) Rank() RankID { return c.rank }
 
-// queue adds an event without blocking; called with the manager lock held.
+// queue adds an event without blocking; called with the lock of what holds
+// the claim held (the room's shard, or the pending claims').
 // The buffer is sized so that a room never queues more than it holds.
 func (c *Claim) queue(ev DestinationEvent) {
 	select {
@@ -110,24 +111,35 @@ func (c *Claim) Delivered(d *Destination) {
 }
 
 // Close ends the claim (the stream ended). Claims already made stand.
+//
+// A claim waiting for its room is taken off the pending claims first; one
+// that is not there any more is (or is being) attached to its room by
+// OpenRoom under the room's shard lock, which Close takes next: either way
+// nothing holds the claim when its channel closes.
 func (c *Claim) Close() {
-	c.m.mu.Lock()
-	defer c.m.mu.Unlock()
+	m := c.m
 	c.stopExpiry()
-	if r := c.m.rooms[c.room]; r != nil && r.claims.get(c.rank.Key()) == c {
-		r.claims.remove(c.rank.Key())
-	}
-	if cs := c.m.pending[c.room]; cs != nil {
+	m.pend.mu.Lock()
+	if cs := m.pend.rooms[c.room]; cs != nil {
 		for i, x := range cs {
 			if x == c {
-				c.m.pending[c.room] = append(cs[:i], cs[i+1:]...)
-				c.m.pendingCount--
+				m.pend.rooms[c.room] = append(cs[:i], cs[i+1:]...)
+				m.pend.count--
 				break
 			}
 		}
-		if len(c.m.pending[c.room]) == 0 {
-			delete(c.m.pending, c.room)
+		if len(m.pend.rooms[c.room]) == 0 {
+			delete(m.pend.rooms, c.room)
 		}
+	}
+	m.pend.mu.Unlock()
+	if sh, r := m.lockRoom(c.room); r != nil {
+		if r.claims.get(c.rank.Key()) == c {
+			r.claims.remove(c.rank.Key())
+		}
+		c.once.Do(func() { close(c.ch) })
+		sh.mu.Unlock()
+		return
 	}
 	c.once.Do(func() { close(c.ch) })
 }

@@ -206,9 +206,9 @@ func TestClaimStreams(t *testing.T) {
 			t.Fatal(err)
 		}
 		p.Close()
-		h.m.mu.Lock()
-		n := h.m.pendingCount
-		h.m.mu.Unlock()
+		h.m.lockAll()
+		n := h.m.pendingCount()
+		h.m.unlockAll()
 		if n != 0 {
 			t.Errorf("pendingCount = %d after closing the pending claim, want 0", n)
 		}

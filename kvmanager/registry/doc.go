@@ -39,12 +39,12 @@
 // # Locks
 //
 // A Registry has its own mutex and calls nothing outside itself while
-// holding it. kvmanager calls it while holding the manager's lock (the
-// manager's lock is always taken first) whenever the answer changes rooms
-// — Record, CheckLiveness, BindRoom, and every read on the room path —
-// so that what it applies is what the registry did, with no room opened in
-// between; Heartbeat, Touch, LookupDPRanks, Info and RankEndpoint take the
-// registry's lock only.
+// holding it. kvmanager reads it on the room path while holding a decode
+// shard's lock (a shard's lock is always taken first); the calls that
+// change rooms — Record, CheckLiveness, BindRoom — return events that
+// kvmanager applies after the call, shard by shard (a room opened in
+// between reads the registry's new state itself); Heartbeat, Touch,
+// LookupDPRanks, Info and RankEndpoint take the registry's lock only.
 //
 // # Nothing sized by a client's numbers
 //
