@@ -22,8 +22,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/client-go/kubernetes/scheme"
 	"sigs.k8s.io/kustomize/api/krusty"
@@ -458,10 +458,32 @@ func checkNetworkPolicy(t *testing.T, np *networkingv1.NetworkPolicy) {
 }
 
 // validateInPod runs `decodeplane validate` on the ConfigMap's file with
-// the container's environment: literal values as they are, values from a
-// Secret replaced by a stand-in, and paths into a mounted Secret pointed at
-// generated files of the same names (a self-signed certificate for TLS).
+// the container's environment (podFiles): literal values as they are, values
+// from a Secret replaced by a stand-in, and paths into a mounted Secret
+// pointed at generated files of the same names (a self-signed certificate
+// for TLS).
 func validateInPod(t *testing.T, pod *corev1.PodSpec, c *corev1.Container, cm *corev1.ConfigMap) (string, int) {
+	t.Helper()
+	cfgFile, env := podFiles(t, pod, c, cm)
+	cmd := exec.Command(binary(t, "decodeplane"), "validate", "--config", cfgFile)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if err != nil {
+		ee, ok := err.(*exec.ExitError)
+		if !ok {
+			t.Fatal(err)
+		}
+		code = ee.ExitCode()
+	}
+	t.Logf("decodeplane validate (exit %d):\n%s", code, out)
+	return string(out), code
+}
+
+// podFiles writes the ConfigMap's file and the mounted Secrets' files into a
+// temporary directory and returns the file and the container's environment
+// pointing at them.
+func podFiles(t *testing.T, pod *corev1.PodSpec, c *corev1.Container, cm *corev1.ConfigMap) (string, []string) {
 	t.Helper()
 	dir := t.TempDir()
 	cfgFile := filepath.Join(dir, configKey)
@@ -494,19 +516,7 @@ func validateInPod(t *testing.T, pod *corev1.PodSpec, c *corev1.Container, cm *c
 		}
 		env = append(env, e.Name+"="+v)
 	}
-	cmd := exec.Command(binary(t, "decodeplane"), "validate", "--config", cfgFile)
-	cmd.Env = env
-	out, err := cmd.CombinedOutput()
-	code := 0
-	if err != nil {
-		ee, ok := err.(*exec.ExitError)
-		if !ok {
-			t.Fatal(err)
-		}
-		code = ee.ExitCode()
-	}
-	t.Logf("decodeplane validate (exit %d):\n%s", code, out)
-	return string(out), code
+	return cfgFile, env
 }
 
 // writeTLSFiles writes tls.crt, tls.key and ca.crt (a self-signed
