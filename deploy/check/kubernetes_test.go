@@ -365,8 +365,11 @@ func TestKubernetesOverlays(t *testing.T) {
 			if err != nil {
 				t.Fatalf("server.shutdown_timeout %q must be set explicitly in the ConfigMap: %v", cfg.Server.ShutdownTimeout, err)
 			}
+			if pod.TerminationGracePeriodSeconds == nil {
+				t.Fatal("terminationGracePeriodSeconds is not set (the default 30 s is below shutdown_timeout + the drain)")
+			}
 			grace := time.Duration(*pod.TerminationGracePeriodSeconds) * time.Second
-			if pod.TerminationGracePeriodSeconds == nil || grace < shutdown+drainTimeout {
+			if grace < shutdown+drainTimeout {
 				t.Errorf("terminationGracePeriodSeconds %s < server.shutdown_timeout %s + preStop drain %s", grace, shutdown, drainTimeout)
 			}
 			t.Logf("grace %s >= shutdown_timeout %s + preStop drain %s (margin %s)", grace, shutdown, drainTimeout, grace-shutdown-drainTimeout)

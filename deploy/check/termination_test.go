@@ -41,11 +41,14 @@ func TestKubernetesTermination(t *testing.T) {
 			if err := daemon.Start(); err != nil {
 				t.Fatal(err)
 			}
+			// The reader takes stderr to EOF (the daemon exited), then Wait:
+			// Wait closes the pipe, so it must not run before the reads end.
 			exited := make(chan error, 1) // the one Wait result
 			done := make(chan struct{})   // closed once the daemon exited
-			logs := make(chan string, 1)
+			logs := make(chan string, 1)  // its stderr, once it exited
 			serving := make(chan struct{})
 			go func() {
+				defer close(done)
 				var all strings.Builder
 				sc := bufio.NewScanner(stderr)
 				once := false
@@ -58,8 +61,8 @@ func TestKubernetesTermination(t *testing.T) {
 				}
 				io.Copy(io.Discard, stderr)
 				logs <- all.String()
+				exited <- daemon.Wait()
 			}()
-			go func() { exited <- daemon.Wait(); close(done) }()
 			t.Cleanup(func() {
 				daemon.Process.Kill()
 				<-done
