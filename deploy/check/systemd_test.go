@@ -59,7 +59,7 @@ func TestSystemdUnit(t *testing.T) {
 		"LockPersonality": "yes", "PrivateDevices": "yes", "RestrictRealtime": "yes", "RestrictSUIDSGID": "yes",
 		"RestrictNamespaces": "yes", "ProtectKernelTunables": "yes", "ProtectKernelModules": "yes",
 		"ProtectKernelLogs": "yes", "ProtectControlGroups": "yes", "ProtectClock": "yes",
-		"SystemCallArchitectures": "native", "KillSignal": "SIGTERM",
+		"SystemCallArchitectures": "native", "SystemCallErrorNumber": "EPERM", "KillSignal": "SIGTERM",
 	} {
 		if got := last(key); got != want {
 			t.Errorf("[Service] %s=%s, want %q", key, got, want)
