@@ -11,8 +11,12 @@
 // ≥ server.shutdown_timeout + the preStop drain, ports equal to the
 // ConfigMap's listen addresses, selectors that match) and run the real
 // `decodeplane validate`, built from the repository, on every ConfigMap with
-// the container's environment. They parse the Dockerfile and the systemd
-// unit and run `systemd-analyze verify` where it exists. Run them with
+// the container's environment, and run each overlay's termination (the
+// daemon serving the ConfigMap, the preStop drain, SIGTERM). They parse the
+// Dockerfile, the .dockerignore and the systemd unit, run `systemd-analyze
+// verify` where it exists, and trace `decodeplane serve` with strace (where
+// it exists) to check every system call against the unit's
+// SystemCallFilter. Run them with
 // `make deploy-check` (Go only, no cluster, no Docker, no network beyond the
 // module proxy).
 package check
