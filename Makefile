@@ -14,7 +14,7 @@ CONFIG    ?=
 
 export GOTOOLCHAIN := local
 
-.PHONY: help build run run-traced demo demo-traced test test-short fuzz fuzz-smoke check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build clean
+.PHONY: help build run run-traced demo demo-traced test test-short fuzz fuzz-smoke check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build deploy-check clean
 
 # help colours the target names only on a terminal, and never with NO_COLOR
 # set (https://no-color.org), so that `make help | less` or a log stays clean.
@@ -77,7 +77,14 @@ fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FUZZTIME=1000000x
 fuzz-smoke: ## Run every fuzz target for FUZZSMOKETIME (default 2s) each: what CI runs.
 	@$(MAKE) --no-print-directory fuzz FUZZTIME=$(FUZZSMOKETIME)
 
-check: fmt-check vet proto-check tidy-check test ## Everything CI checks.
+# The deployment artifacts (deploy/kubernetes, deploy/container,
+# deploy/systemd), checked by the deploy/check module: its own go.mod, so
+# that the daemon's never pulls Kubernetes. Go only: kustomize runs
+# in-process, the daemon and decodectl are built from this repository.
+deploy-check: ## Render and strictly check the Kubernetes overlays, the Dockerfile and the systemd unit.
+	cd deploy/check && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+check: fmt-check vet proto-check tidy-check test deploy-check ## Everything CI checks.
 
 fmt: ## Format the code.
 	gofmt -w $$(git ls-files '*.go' | grep -v '\.pb\.go$$')
@@ -125,8 +132,9 @@ proto-check: $(GW_PLUGINS) ## Fail if the generated code or the OpenAPI document
 		echo "generated protobuf code or OpenAPI document is stale: run 'make proto' and commit the result"; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp; echo "proto-check: generated code is current"
 
-tidy-check: ## Fail if go.mod/go.sum are not tidy.
+tidy-check: ## Fail if go.mod/go.sum are not tidy (the main module and deploy/check).
 	$(GO) mod tidy -diff
+	cd deploy/check && $(GO) mod tidy -diff
 
 clean: ## Remove build outputs.
 	rm -rf $(BIN)

@@ -10,6 +10,10 @@
 // 3 serve stopped on SIGINT/SIGTERM but the graceful stop was cut short
 // (rooms failed with FAILURE_CODE_SHUTDOWN, or server.shutdown_timeout ended
 // GracefulStop).
+//
+// Under systemd (Type=notify, $NOTIFY_SOCKET set) serve sends READY=1 once
+// its listeners serve and STOPPING=1 when SIGINT/SIGTERM starts the drain
+// (sdnotify.go; deploy/systemd/decodeplane.service).
 package main
 
 import (

@@ -52,6 +52,31 @@ func cmdServe(args, environ []string, stdout, stderr io.Writer) int {
 	}
 	otel.SetTracerProvider(d.TracerProvider())
 	otel.SetTextMapPropagator(d.Propagator())
+	// Under systemd (Type=notify): READY=1 once the listeners serve,
+	// STOPPING=1 when SIGINT/SIGTERM starts the drain.
+	notified := make(chan struct{})
+	defer func() { <-notified }()
+	runDone := make(chan struct{})
+	defer close(runDone)
+	go func() {
+		defer close(notified)
+		notify := func(state string) {
+			if err := sdNotify(environ, state); err != nil {
+				log.Warn("sd_notify failed", "state", state, "err", err)
+			}
+		}
+		select {
+		case <-d.Started():
+			notify("READY=1")
+		case <-runDone:
+			return
+		}
+		select {
+		case <-ctx.Done():
+			notify("STOPPING=1")
+		case <-runDone:
+		}
+	}()
 	if err := d.Run(ctx); err != nil {
 		var cut *daemon.CutShortError
 		if errors.As(err, &cut) {
