@@ -379,7 +379,7 @@ func (m *Metrics) addrEvent(addr string) {
 
 // pruneAddrSeries deletes the per-address series of every address that is
 // gone: no prefill instance the manager knows and no room referring to it. The manager is asked without addrMu held (its observer
-// calls take addrMu under the manager's lock); an address with an event
+// calls take addrMu under a shard's lock); an address with an event
 // since keeps its series.
 func (m *Metrics) pruneAddrSeries() {
 	m.mu.Lock()
