@@ -396,19 +396,11 @@ type Status struct {
 	Prefills     []PrefillStatus
 }
 
-// PrefillStatus is one known prefill instance.
+// PrefillStatus is one known prefill instance: the registry's view of it and
+// the rooms that refer to its address and have not ended.
 type PrefillStatus struct {
-	Addr             string
-	Registered       int
-	Expected         int
-	Topology         PrefillTopology
-	LastHeartbeat    time.Time
-	MissedHeartbeats int
-	ActiveRooms      int
-	// SilentRanks are the ranks that missed at least one heartbeat interval,
-	// longest silent first (at most 8); SilentRankCount counts them all.
-	SilentRanks     []SilentRank
-	SilentRankCount int
+	registry.InstanceStatus
+	ActiveRooms int
 }
 
 // Status returns rooms by phase, shard stats and prefill instances.
@@ -428,9 +420,7 @@ func (m *Manager) Status() Status {
 		}
 	})
 	for _, p := range m.reg.Status() {
-		ps := PrefillStatus{Addr: p.Addr, Registered: p.Registered, Expected: p.Expected, Topology: p.Topology,
-			LastHeartbeat: p.LastHeartbeat, MissedHeartbeats: p.MissedHeartbeats,
-			SilentRanks: p.SilentRanks, SilentRankCount: p.SilentRankCount}
+		ps := PrefillStatus{InstanceStatus: p}
 		ps.ActiveRooms = active[p.Addr]
 		st.Prefills = append(st.Prefills, ps)
 	}
