@@ -246,7 +246,10 @@ func TestShardsInParallel(t *testing.T) {
 func TestClaimRacesOpenRoom(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		const rooms = 2000
-		h := newHarness(t, withShards(2))
+		// Every room is admitted at once (4,096 request slots per shard for
+		// its 2,000 rooms): a room's claim must see its destination without
+		// waiting for others to end.
+		h := newHarness(t, withShards(2), withDecode(func(d *prealloc.Config) { d.Pool.RequestSlots = 4096 }))
 		in := instance{addr: addrA}
 		h.register(in)
 		rk := ranksOf(in)[0]
