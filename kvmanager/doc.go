@@ -181,8 +181,9 @@
 // terminal rooms). The room path is cheap: without a tracer (the no-op
 // provider, detected once in New) or when the room's span does not record,
 // no span or attribute is built; a room keeps its timeline as compact
-// transitions (a note code and numbers, 48 bytes each) whose text is
-// rendered only for a snapshot, an event or a debug log; claims, watchers
+// transitions (a note code and numbers, 32 bytes each; OpenRoom's is derived
+// from the room, not kept) whose text is rendered only for a snapshot, an
+// event or a debug log; claims, watchers
 // and chunk maps are made on first use; an engine Transfer's cancel lives
 // in its chunk, called when the room fails. Run runs the periodic checks (heartbeat liveness,
 // binding expiry, retention); Shutdown ends every room and leaves every
