@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/decodeplane/decodeplane/prealloc"
 )
 
 // A held room with no ContinueGeneration fails when timeouts.held passes
@@ -155,6 +157,29 @@ func TestParkedTimeoutsValidate(t *testing.T) {
 		h.wantPhase(1, PhaseHeld)
 		advance(time.Millisecond)
 		h.wantFailure(1, FailureRetractTimeout, "Request 1 was held for rebootstrap (REBOOTSTRAP) and no ContinueGeneration came within timeouts.held (5m0s)")
+		h.assertClean()
+	})
+}
+
+// A rebootstrapped room whose recompute never comes (the engine did not
+// POST it, or the prefill did not act on it) fails at admission.claim_timeout
+// with a message saying what it waited for.
+func TestRebootstrapWithoutRecomputeSaysWhy(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(func(d *prealloc.Config) { d.Admission.ClaimTimeout = 30 * time.Second }))
+		h.register(instance{addr: addrA})
+		h.open(addrA, 1)
+		h.complete(1)
+		if _, err := h.m.RetractRoom(1, RetractRebootstrap); err != nil {
+			t.Fatal(err)
+		}
+		h.m.ContinueGeneration(context.Background())
+		h.wantPhase(1, PhaseAdmitted)
+		advance(30 * time.Second)
+		msg := h.wantFailure(1, FailureClaimTimeout, "Request 1 timed out after 30.0s in KVPoll.WaitingForInput: the pre-allocated destination was not claimed")
+		if !strings.HasSuffix(msg, "within admission.claim_timeout; rebootstrap attempt 2: the prefill sends only after the decode engine's recompute request (POST http://10.0.0.1:30000/generate, pinned to prefill DP rank 0, from ContinueGeneration's answer)") {
+			t.Errorf("message %q does not say it waited for the recompute", msg)
+		}
 		h.assertClean()
 	})
 }

@@ -513,8 +513,8 @@ func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
 			r.id, elapsed(r.openedAt.time()), r.addr, m.topoLocked(r.addr).DP, m.topoLocked(r.addr).FollowBootstrapRoom)})
 	case FailureBootstrapTimeout:
 		m.failLocked(r, Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
-			"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)",
-			r.id, elapsed(r.openedAt.time()), r.phase.Poll(), r.phase, r.unclaimedNote())})
+			"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)%s",
+			r.id, elapsed(r.openedAt.time()), r.phase.Poll(), r.phase, r.unclaimedNote(), m.recomputeNoteLocked(r))})
 	case FailureWaitingTimeout:
 		m.failLocked(r, Failure{Code: FailureWaitingTimeout, Message: fmt.Sprintf(
 			"Request %d timed out after %.1fs in KVPoll.WaitingForInput%s",
