@@ -47,6 +47,14 @@ type TimeoutConfig struct {
 	// DPRankResolution bounds the wait for a room's prefill DP rank once the
 	// prefill is known (SGLang retries forever; 60s).
 	DPRankResolution time.Duration `yaml:"dp_rank_resolution"`
+	// Retracted bounds how long a RETRACT room waits to resume (its pages
+	// back) and Held how long a REBOOTSTRAP room waits for
+	// ContinueGeneration, each from the retraction (SGLang: unbounded; 300s
+	// each, the order of an RL weight update; 0 is that default, so that a
+	// TimeoutConfig without them stays bounded). Past it the room fails
+	// with FailureRetractTimeout.
+	Retracted time.Duration `yaml:"retracted"`
+	Held      time.Duration `yaml:"held"`
 }
 
 // DPRankConfig configures room → prefill DP rank resolution (dp_rank).
@@ -82,11 +90,17 @@ func DefaultConfig() Config {
 			PrefillInfoBackoff:    time.Second,
 			PrefillInfoBackoffMax: 4 * time.Second,
 			DPRankResolution:      60 * time.Second,
+			Retracted:             DefaultParkedTimeout,
+			Held:                  DefaultParkedTimeout,
 		},
 		DPRank: DPRankConfig{BindingTTL: 120 * time.Second},
 		Rooms:  RoomsConfig{Retention: 10 * time.Minute, MaxRetained: 10000},
 	}
 }
+
+// DefaultParkedTimeout is timeouts.retracted's and timeouts.held's default,
+// also used when either is 0.
+const DefaultParkedTimeout = 300 * time.Second
 
 // SGLang's floors for heartbeat settings (CommonKVManager.__init__).
 const (
@@ -125,6 +139,14 @@ func (c Config) Validate() error {
 				fix = fmt.Sprintf("set a positive duration such as 300s (or %s in seconds).", p.env)
 			}
 			add(p.key, p.d, "must be > 0: every wait of a room is bounded.", fix)
+		}
+	}
+	for _, p := range []struct {
+		key string
+		d   time.Duration
+	}{{"timeouts.retracted", c.Timeouts.Retracted}, {"timeouts.held", c.Timeouts.Held}} {
+		if p.d < 0 {
+			add(p.key, p.d, "must not be negative: a retracted or held room is always bounded.", fmt.Sprintf("set a positive duration such as 300s, or 0 for the default (%s).", DefaultParkedTimeout))
 		}
 	}
 	if c.Timeouts.HeartbeatMaxFailures < 0 {

@@ -48,7 +48,14 @@
 // pass) and RetractRoom takes its pages back at once: a RETRACT room is
 // PhaseRetracted and resumes (T20) at a pass after the next ReportRunning of
 // its shard, or RetractResumeAfter (1 s) after the call when nothing else runs there — never
-// inside RetractRoom. A room's KVPoll
+// inside RetractRoom. A REBOOTSTRAP room is PhaseHeld (T21) until
+// ContinueGeneration starts its next attempt on its pinned prefill DP rank
+// (T22); ContinueGenerationResumed gives the decode engine the prefill's
+// /generate (bootstrap host + prefill_http_port) and that rank, and the
+// engine's recompute request makes the prefill claim and send (T23;
+// rebootstrap.go). A retracted room is bounded by timeouts.retracted and a
+// held one by timeouts.held from the retraction (FailureRetractTimeout).
+// A room's KVPoll
 // is derived from its phase with SGLang's numbers and only moves forward.
 //
 // # The room is the state machine

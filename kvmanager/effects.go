@@ -318,7 +318,8 @@ func (r *room) rebootstrap(now time.Time, bootstrap time.Duration) effects {
 
 // nextDeadline is the earliest deadline of the room's phase (zero: none):
 // timeouts.bootstrap until the destination is claimed, the DP-rank
-// resolution bound while resolving, the waiting timeout once claimed.
+// resolution bound while resolving, the waiting timeout once claimed,
+// timeouts.retracted / timeouts.held while retracted / held.
 func (r *room) nextDeadline() time.Time {
 	if r.phase.Terminal() {
 		return time.Time{}
@@ -337,6 +338,8 @@ func (r *room) nextDeadline() time.Time {
 		consider(r.dpAt.time())
 	case PhaseClaimed, PhaseTransferring:
 		consider(r.waitingAt)
+	case PhaseRetracted, PhaseHeld:
+		consider(r.parkedAt.time())
 	}
 	return next
 }
@@ -344,7 +347,7 @@ func (r *room) nextDeadline() time.Time {
 // expired says which of the room's deadlines passed at now, as the failure
 // code it ends the room with (FailureUnspecified: none has): the DP-rank
 // resolution bound first, then timeouts.bootstrap, then the waiting
-// timeout, each only in the phases it bounds.
+// timeout, then the retracted/held bound, each only in the phases it bounds.
 func (r *room) expired(now time.Time) FailureCode {
 	switch r.phase {
 	case PhaseResolvingDP:
@@ -359,6 +362,10 @@ func (r *room) expired(now time.Time) FailureCode {
 	case PhaseClaimed, PhaseTransferring:
 		if !r.waitingAt.IsZero() && !now.Before(r.waitingAt) {
 			return FailureWaitingTimeout
+		}
+	case PhaseRetracted, PhaseHeld:
+		if r.parkedAt != 0 && !now.Before(r.parkedAt.time()) {
+			return FailureRetractTimeout
 		}
 	}
 	return FailureUnspecified

@@ -1162,6 +1162,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 		if err := sh.led.Retract(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", room, err)
 		}
+		m.parkLocked(r, m.clock.Now(), false)
 		m.applyLocked(r, r.retracted(m.clock.Now()))
 		if sh.led.Stats().Running == 0 {
 			// Nothing left on the shard to grow into the pages: resume (or
@@ -1174,6 +1175,7 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 		if err := sh.led.Hold(r.id); err != nil {
 			return RoomSnapshot{}, fmt.Errorf("hold room %d: %w", room, err)
 		}
+		m.parkLocked(r, m.clock.Now(), true)
 		m.applyLocked(r, r.held(m.clock.Now()))
 		m.admitLocked(r.decodeDP)
 	default:
@@ -1184,15 +1186,13 @@ func (m *Manager) RetractRoom(room uint64, mode RetractMode) (RoomSnapshot, erro
 
 // ContinueGeneration re-enqueues every held room as a rebootstrap request
 // (SGLang T22): a new attempt that bootstraps again from the same prefill DP
-// rank.
+// rank. ContinueGenerationResumed also says, per room, where the engine
+// requests the prefill's recompute.
 func (m *Manager) ContinueGeneration(ctx context.Context) []uint64 {
 	var ids []uint64
-	m.eachShard(func(sh *shard) {
-		resumed := sh.led.ResumeHeld()
-		ids = append(ids, resumed...)
-		m.failDroppedHeldLocked(sh, resumed)
-		m.rebootstrapLocked(ctx, sh, resumed)
-	})
+	for _, rs := range m.ContinueGenerationResumed(ctx) {
+		ids = append(ids, rs.Room)
+	}
 	return ids
 }
 

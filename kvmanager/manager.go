@@ -466,8 +466,8 @@ func (m *Manager) expireShardLocked(shard int) {
 		r.inLedger = false // the ledger already released it
 		waited := m.clock.Now().Sub(r.admittedAt)
 		m.failLocked(r, Failure{Code: FailureClaimTimeout, Message: fmt.Sprintf(
-			"Request %d timed out after %.1fs in KVPoll.WaitingForInput: the pre-allocated destination was not claimed by every required prefill rank (%s) within admission.claim_timeout",
-			r.id, waited.Seconds(), r.unclaimedRanks())})
+			"Request %d timed out after %.1fs in KVPoll.WaitingForInput: the pre-allocated destination was not claimed by every required prefill rank (%s) within admission.claim_timeout%s",
+			r.id, waited.Seconds(), r.unclaimedRanks(), m.recomputeNoteLocked(r))})
 	}
 	m.armShardTimerLocked(shard)
 	m.admitLocked(shard)

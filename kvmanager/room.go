@@ -44,6 +44,7 @@ type room struct {
 	// Deadlines, zero when not armed (waitingAt is the handoff's).
 	bootstrapAt stamp
 	dpAt        stamp
+	parkedAt    stamp    // a retracted or held room's bound (timeouts.retracted / timeouts.held)
 	dl          deadline // the earliest of them, on the manager's deadline heap
 
 	plan   *registry.Plan
@@ -512,12 +513,14 @@ func (m *Manager) roomDeadlineLocked(r *room, attempt uint32) {
 			r.id, elapsed(r.openedAt.time()), r.addr, m.topoLocked(r.addr).DP, m.topoLocked(r.addr).FollowBootstrapRoom)})
 	case FailureBootstrapTimeout:
 		m.failLocked(r, Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
-			"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)",
-			r.id, elapsed(r.openedAt.time()), r.phase.Poll(), r.phase, r.unclaimedNote())})
+			"Request %d timed out after %.1fs in KVPoll.%s: the destination was not claimed within timeouts.bootstrap (phase %s%s)%s",
+			r.id, elapsed(r.openedAt.time()), r.phase.Poll(), r.phase, r.unclaimedNote(), m.recomputeNoteLocked(r))})
 	case FailureWaitingTimeout:
 		m.failLocked(r, Failure{Code: FailureWaitingTimeout, Message: fmt.Sprintf(
 			"Request %d timed out after %.1fs in KVPoll.WaitingForInput%s",
 			r.id, elapsed(r.claimedAt), r.waitingNote())})
+	case FailureRetractTimeout:
+		m.parkedTimeoutLocked(r, now)
 	default:
 		m.armTimerLocked(r)
 	}
@@ -613,7 +616,7 @@ func (m *Manager) waitingForLocked(r *room) string {
 		}
 		return fmt.Sprintf("KV admission on decode DP shard %d (%s); bounded by timeouts.bootstrap%s", r.decodeDP, reason, at(r.bootstrapAt.time()))
 	case PhaseAdmitted:
-		return fmt.Sprintf("the destination's claim (AwaitDestination) by prefill ranks %s of %s; bounded by admission.claim_timeout and timeouts.bootstrap%s", r.unclaimedRanks(), r.addr, at(r.bootstrapAt.time()))
+		return fmt.Sprintf("the destination's claim (AwaitDestination) by prefill ranks %s of %s; bounded by admission.claim_timeout and timeouts.bootstrap%s%s", r.unclaimedRanks(), r.addr, at(r.bootstrapAt.time()), m.recomputeNoteLocked(r))
 	case PhaseClaimed, PhaseTransferring:
 		var pending []string
 		if r.plan != nil {
@@ -648,9 +651,9 @@ func (m *Manager) waitingForLocked(r *room) string {
 	case PhaseSucceeded:
 		return "ReleaseRoom from the decode engine (it owns the pages until then)"
 	case PhaseRetracted:
-		return fmt.Sprintf("resumption on decode DP shard %d: its pages come back before any new admission", r.decodeDP)
+		return fmt.Sprintf("resumption on decode DP shard %d: its pages come back before any new admission; bounded by timeouts.retracted%s", r.decodeDP, at(r.parkedAt.time()))
 	case PhaseHeld:
-		return "ContinueGeneration (rebootstrap: the room re-enters bootstrap and its prefill recomputes)"
+		return "ContinueGeneration (rebootstrap: the room re-enters bootstrap on its pinned prefill DP rank, then the decode engine POSTs the recompute to the prefill's /generate named in ContinueGeneration's answer); bounded by timeouts.held" + at(r.parkedAt.time())
 	}
 	return ""
 }

@@ -126,9 +126,10 @@ const (
 	FailureMetadataCorruption
 	FailureStagingFailed
 	FailureShutdown
+	FailureRetractTimeout
 )
 
-var failureNames = [...]string{"unspecified", "aborted", "prefill_unavailable", "prefill_lost", "dp_rank_unresolved", "dp_rank_conflict", "bootstrap_timeout", "claim_timeout", "waiting_timeout", "transfer_failed", "metadata_corruption", "staging_failed", "shutdown"}
+var failureNames = [...]string{"unspecified", "aborted", "prefill_unavailable", "prefill_lost", "dp_rank_unresolved", "dp_rank_conflict", "bootstrap_timeout", "claim_timeout", "waiting_timeout", "transfer_failed", "metadata_corruption", "staging_failed", "shutdown", "retract_timeout"}
 
 func (c FailureCode) String() string {
 	if c < 0 || int(c) >= len(failureNames) {

@@ -50,6 +50,7 @@ var failureWire = [...]pb.FailureCode{
 	kvmanager.FailureMetadataCorruption: pb.FailureCode_FAILURE_CODE_METADATA_CORRUPTION,
 	kvmanager.FailureStagingFailed:      pb.FailureCode_FAILURE_CODE_STAGING_FAILED,
 	kvmanager.FailureShutdown:           pb.FailureCode_FAILURE_CODE_SHUTDOWN,
+	kvmanager.FailureRetractTimeout:     pb.FailureCode_FAILURE_CODE_RETRACT_TIMEOUT,
 }
 
 var dpRuleWire = [...]pb.DPRankRule{

@@ -216,5 +216,5 @@ func (h *roomsService) RetractRoom(ctx context.Context, req *pb.RetractRoomReque
 }
 
 func (h *roomsService) ContinueGeneration(ctx context.Context, _ *pb.ContinueGenerationRequest) (*pb.ContinueGenerationResponse, error) {
-	return &pb.ContinueGenerationResponse{Rooms: h.m.ContinueGeneration(ctx)}, nil
+	return continueGenerationToProto(h.m.ContinueGenerationResumed(ctx)), nil
 }

@@ -224,6 +224,10 @@ const (
 	// decode server shutting down".
 	// A succeeded room is not failed: it is released (RELEASED).
 	FailureCode_FAILURE_CODE_SHUTDOWN FailureCode = 12
+	// A retracted room did not resume within timeouts.retracted, or a held
+	// (REBOOTSTRAP) room got no ContinueGeneration within timeouts.held, both
+	// counted from the retraction; the message names the setting.
+	FailureCode_FAILURE_CODE_RETRACT_TIMEOUT FailureCode = 13
 )
 
 // Enum value maps for FailureCode.
@@ -242,6 +246,7 @@ var (
 		10: "FAILURE_CODE_METADATA_CORRUPTION",
 		11: "FAILURE_CODE_STAGING_FAILED",
 		12: "FAILURE_CODE_SHUTDOWN",
+		13: "FAILURE_CODE_RETRACT_TIMEOUT",
 	}
 	FailureCode_value = map[string]int32{
 		"FAILURE_CODE_UNSPECIFIED":         0,
@@ -257,6 +262,7 @@ var (
 		"FAILURE_CODE_METADATA_CORRUPTION": 10,
 		"FAILURE_CODE_STAGING_FAILED":      11,
 		"FAILURE_CODE_SHUTDOWN":            12,
+		"FAILURE_CODE_RETRACT_TIMEOUT":     13,
 	}
 )
 
@@ -952,7 +958,7 @@ const file_decodeplane_v1_common_proto_rawDesc = "" +
 	"\x11ROOM_PHASE_FAILED\x10\t\x12\x18\n" +
 	"\x14ROOM_PHASE_RETRACTED\x10\n" +
 	"\x12\x13\n" +
-	"\x0fROOM_PHASE_HELD\x10\v*\xbc\x03\n" +
+	"\x0fROOM_PHASE_HELD\x10\v*\xde\x03\n" +
 	"\vFailureCode\x12\x1c\n" +
 	"\x18FAILURE_CODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FAILURE_CODE_ABORTED\x10\x01\x12$\n" +
@@ -967,7 +973,8 @@ const file_decodeplane_v1_common_proto_rawDesc = "" +
 	" FAILURE_CODE_METADATA_CORRUPTION\x10\n" +
 	"\x12\x1f\n" +
 	"\x1bFAILURE_CODE_STAGING_FAILED\x10\v\x12\x19\n" +
-	"\x15FAILURE_CODE_SHUTDOWN\x10\f*e\n" +
+	"\x15FAILURE_CODE_SHUTDOWN\x10\f\x12 \n" +
+	"\x1cFAILURE_CODE_RETRACT_TIMEOUT\x10\r*e\n" +
 	"\tStateType\x12\x1a\n" +
 	"\x16STATE_TYPE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10STATE_TYPE_MAMBA\x10\x01\x12\x12\n" +

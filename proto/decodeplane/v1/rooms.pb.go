@@ -2498,8 +2498,10 @@ func (*ContinueGenerationRequest) Descriptor() ([]byte, []int) {
 }
 
 type ContinueGenerationResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rooms         []uint64               `protobuf:"varint,1,rep,packed,name=rooms,proto3" json:"rooms,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Rooms []uint64               `protobuf:"varint,1,rep,packed,name=rooms,proto3" json:"rooms,omitempty"`
+	// One entry per room of rooms, in the same order.
+	Resumed       []*ResumedRoom `protobuf:"bytes,2,rep,name=resumed,proto3" json:"resumed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2539,6 +2541,135 @@ func (x *ContinueGenerationResponse) GetRooms() []uint64 {
 		return x.Rooms
 	}
 	return nil
+}
+
+func (x *ContinueGenerationResponse) GetResumed() []*ResumedRoom {
+	if x != nil {
+		return x.Resumed
+	}
+	return nil
+}
+
+// ResumedRoom is one room ContinueGeneration re-enqueued, with what the
+// decode engine needs to request its prefill's recompute (SGLang T23).
+type ResumedRoom struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Room  uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	Rid   string                 `protobuf:"bytes,2,opt,name=rid,proto3" json:"rid,omitempty"`
+	// The new attempt: with the daemon incarnation, the generation of the
+	// destination the prefill will claim.
+	Attempt uint32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// The room's phase right after the re-enqueue (FAILED when it could not
+	// start again, e.g. its DP rank no longer exists; see GetRoom).
+	Phase RoomPhase `protobuf:"varint,4,opt,name=phase,proto3,enum=decodeplane.v1.RoomPhase" json:"phase,omitempty"`
+	// The prefill's bootstrap address (host:port) the room was opened with.
+	PrefillBootstrapAddr string `protobuf:"bytes,5,opt,name=prefill_bootstrap_addr,json=prefillBootstrapAddr,proto3" json:"prefill_bootstrap_addr,omitempty"`
+	// The prefill's HTTP server: the bootstrap address's host and the
+	// prefill_http_port it registered with (0 when it registered none or is
+	// not registered now); generate_url is http://host:port/generate, empty
+	// without a port.
+	PrefillHttpHost string `protobuf:"bytes,6,opt,name=prefill_http_host,json=prefillHttpHost,proto3" json:"prefill_http_host,omitempty"`
+	PrefillHttpPort uint32 `protobuf:"varint,7,opt,name=prefill_http_port,json=prefillHttpPort,proto3" json:"prefill_http_port,omitempty"`
+	GenerateUrl     string `protobuf:"bytes,8,opt,name=generate_url,json=generateUrl,proto3" json:"generate_url,omitempty"`
+	// The prefill DP rank the room is pinned to (the binding that survives the
+	// retraction, sglang#40730/#40731): the recompute must run there. -1 when
+	// none was resolved.
+	PrefillDpRank int32 `protobuf:"varint,9,opt,name=prefill_dp_rank,json=prefillDpRank,proto3" json:"prefill_dp_rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumedRoom) Reset() {
+	*x = ResumedRoom{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumedRoom) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumedRoom) ProtoMessage() {}
+
+func (x *ResumedRoom) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumedRoom.ProtoReflect.Descriptor instead.
+func (*ResumedRoom) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *ResumedRoom) GetRoom() uint64 {
+	if x != nil {
+		return x.Room
+	}
+	return 0
+}
+
+func (x *ResumedRoom) GetRid() string {
+	if x != nil {
+		return x.Rid
+	}
+	return ""
+}
+
+func (x *ResumedRoom) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *ResumedRoom) GetPhase() RoomPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return RoomPhase_ROOM_PHASE_UNSPECIFIED
+}
+
+func (x *ResumedRoom) GetPrefillBootstrapAddr() string {
+	if x != nil {
+		return x.PrefillBootstrapAddr
+	}
+	return ""
+}
+
+func (x *ResumedRoom) GetPrefillHttpHost() string {
+	if x != nil {
+		return x.PrefillHttpHost
+	}
+	return ""
+}
+
+func (x *ResumedRoom) GetPrefillHttpPort() uint32 {
+	if x != nil {
+		return x.PrefillHttpPort
+	}
+	return 0
+}
+
+func (x *ResumedRoom) GetGenerateUrl() string {
+	if x != nil {
+		return x.GenerateUrl
+	}
+	return ""
+}
+
+func (x *ResumedRoom) GetPrefillDpRank() int32 {
+	if x != nil {
+		return x.PrefillDpRank
+	}
+	return 0
 }
 
 var File_decodeplane_v1_rooms_proto protoreflect.FileDescriptor
@@ -2746,9 +2877,20 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x04mode\x18\x02 \x01(\x0e2\x1b.decodeplane.v1.RetractModeR\x04mode\"?\n" +
 	"\x13RetractRoomResponse\x12(\n" +
 	"\x04room\x18\x01 \x01(\v2\x14.decodeplane.v1.RoomR\x04room\"\x1b\n" +
-	"\x19ContinueGenerationRequest\"2\n" +
+	"\x19ContinueGenerationRequest\"i\n" +
 	"\x1aContinueGenerationResponse\x12\x14\n" +
-	"\x05rooms\x18\x01 \x03(\x04R\x05rooms*c\n" +
+	"\x05rooms\x18\x01 \x03(\x04R\x05rooms\x125\n" +
+	"\aresumed\x18\x02 \x03(\v2\x1b.decodeplane.v1.ResumedRoomR\aresumed\"\xd7\x02\n" +
+	"\vResumedRoom\x12\x12\n" +
+	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x10\n" +
+	"\x03rid\x18\x02 \x01(\tR\x03rid\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\rR\aattempt\x12/\n" +
+	"\x05phase\x18\x04 \x01(\x0e2\x19.decodeplane.v1.RoomPhaseR\x05phase\x124\n" +
+	"\x16prefill_bootstrap_addr\x18\x05 \x01(\tR\x14prefillBootstrapAddr\x12*\n" +
+	"\x11prefill_http_host\x18\x06 \x01(\tR\x0fprefillHttpHost\x12*\n" +
+	"\x11prefill_http_port\x18\a \x01(\rR\x0fprefillHttpPort\x12!\n" +
+	"\fgenerate_url\x18\b \x01(\tR\vgenerateUrl\x12&\n" +
+	"\x0fprefill_dp_rank\x18\t \x01(\x05R\rprefillDpRank*c\n" +
 	"\vRetractMode\x12\x1c\n" +
 	"\x18RETRACT_MODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRACT_MODE_RETRACT\x10\x01\x12\x1c\n" +
@@ -2780,7 +2922,7 @@ func file_decodeplane_v1_rooms_proto_rawDescGZIP() []byte {
 }
 
 var file_decodeplane_v1_rooms_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(RetractMode)(0),                   // 0: decodeplane.v1.RetractMode
 	(*OpenRoomRequest)(nil),            // 1: decodeplane.v1.OpenRoomRequest
@@ -2815,80 +2957,83 @@ var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(*RetractRoomResponse)(nil),        // 30: decodeplane.v1.RetractRoomResponse
 	(*ContinueGenerationRequest)(nil),  // 31: decodeplane.v1.ContinueGenerationRequest
 	(*ContinueGenerationResponse)(nil), // 32: decodeplane.v1.ContinueGenerationResponse
-	(*PrefillRank)(nil),                // 33: decodeplane.v1.PrefillRank
-	(*StateIndices)(nil),               // 34: decodeplane.v1.StateIndices
-	(KVPoll)(0),                        // 35: decodeplane.v1.KVPoll
-	(RoomPhase)(0),                     // 36: decodeplane.v1.RoomPhase
-	(*Failure)(nil),                    // 37: decodeplane.v1.Failure
-	(*durationpb.Duration)(nil),        // 38: google.protobuf.Duration
-	(*Transition)(nil),                 // 39: decodeplane.v1.Transition
-	(DPRankRule)(0),                    // 40: decodeplane.v1.DPRankRule
-	(*timestamppb.Timestamp)(nil),      // 41: google.protobuf.Timestamp
+	(*ResumedRoom)(nil),                // 33: decodeplane.v1.ResumedRoom
+	(*PrefillRank)(nil),                // 34: decodeplane.v1.PrefillRank
+	(*StateIndices)(nil),               // 35: decodeplane.v1.StateIndices
+	(KVPoll)(0),                        // 36: decodeplane.v1.KVPoll
+	(RoomPhase)(0),                     // 37: decodeplane.v1.RoomPhase
+	(*Failure)(nil),                    // 38: decodeplane.v1.Failure
+	(*durationpb.Duration)(nil),        // 39: google.protobuf.Duration
+	(*Transition)(nil),                 // 40: decodeplane.v1.Transition
+	(DPRankRule)(0),                    // 41: decodeplane.v1.DPRankRule
+	(*timestamppb.Timestamp)(nil),      // 42: google.protobuf.Timestamp
 }
 var file_decodeplane_v1_rooms_proto_depIdxs = []int32{
 	17, // 0: decodeplane.v1.OpenRoomResponse.room:type_name -> decodeplane.v1.Room
-	33, // 1: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	34, // 2: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
+	34, // 1: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	35, // 2: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
 	4,  // 3: decodeplane.v1.Destination.targets:type_name -> decodeplane.v1.DecodeTarget
-	35, // 4: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
-	36, // 5: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
+	36, // 4: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
+	37, // 5: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
 	5,  // 6: decodeplane.v1.DestinationEvent.destination:type_name -> decodeplane.v1.Destination
-	37, // 7: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
+	38, // 7: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
 	6,  // 8: decodeplane.v1.DestinationEvent.done:type_name -> decodeplane.v1.RoomDone
-	33, // 9: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	34, // 9: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
 	8,  // 10: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
 	9,  // 11: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
-	38, // 12: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
-	35, // 13: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	33, // 14: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	35, // 15: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	39, // 12: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
+	36, // 13: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	34, // 14: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	36, // 15: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
 	17, // 16: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
-	39, // 17: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
-	40, // 18: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
-	35, // 19: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
-	36, // 20: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
-	37, // 21: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
-	41, // 22: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
-	41, // 23: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
-	39, // 24: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
+	40, // 17: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
+	41, // 18: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
+	36, // 19: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
+	37, // 20: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
+	38, // 21: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
+	42, // 22: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
+	42, // 23: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
+	40, // 24: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
 	18, // 25: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
 	17, // 26: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
-	36, // 27: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
+	37, // 27: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
 	17, // 28: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
 	25, // 29: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
 	27, // 30: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
-	38, // 31: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
+	39, // 31: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
 	0,  // 32: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
 	17, // 33: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
-	1,  // 34: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
-	3,  // 35: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
-	10, // 36: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
-	12, // 37: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
-	14, // 38: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
-	16, // 39: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
-	19, // 40: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
-	21, // 41: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
-	23, // 42: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
-	26, // 43: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
-	29, // 44: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
-	31, // 45: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
-	2,  // 46: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
-	7,  // 47: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
-	11, // 48: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
-	13, // 49: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
-	15, // 50: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
-	17, // 51: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
-	20, // 52: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
-	22, // 53: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
-	24, // 54: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
-	28, // 55: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
-	30, // 56: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
-	32, // 57: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
-	46, // [46:58] is the sub-list for method output_type
-	34, // [34:46] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	33, // 34: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
+	37, // 35: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
+	1,  // 36: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
+	3,  // 37: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
+	10, // 38: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
+	12, // 39: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
+	14, // 40: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
+	16, // 41: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
+	19, // 42: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
+	21, // 43: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
+	23, // 44: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
+	26, // 45: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
+	29, // 46: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
+	31, // 47: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
+	2,  // 48: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
+	7,  // 49: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
+	11, // 50: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
+	13, // 51: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
+	15, // 52: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
+	17, // 53: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
+	20, // 54: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
+	22, // 55: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
+	24, // 56: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
+	28, // 57: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
+	30, // 58: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
+	32, // 59: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
+	48, // [48:60] is the sub-list for method output_type
+	36, // [36:48] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_rooms_proto_init() }
@@ -2910,7 +3055,7 @@ func file_decodeplane_v1_rooms_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_rooms_proto_rawDesc), len(file_decodeplane_v1_rooms_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

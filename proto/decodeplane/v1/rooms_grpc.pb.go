@@ -197,7 +197,13 @@ type RoomsClient interface {
 	// or release it); UNAUTHENTICATED.
 	RetractRoom(ctx context.Context, in *RetractRoomRequest, opts ...grpc.CallOption) (*RetractRoomResponse, error)
 	// ContinueGeneration re-enqueues every held rebootstrap room
-	// (SGLang's continue_generation). Codes: OK; UNAUTHENTICATED.
+	// (SGLang's continue_generation) as a new attempt on the prefill DP rank
+	// it was bound to. The daemon does not have the prompt: the answer gives
+	// the decode engine, per room (resumed), the prefill's HTTP endpoint and
+	// pinned DP rank, and the engine POSTs the request to that /generate; the
+	// prefill then claims the new attempt's destination and sends (T23). Until
+	// then the room's waiting_for says it waits for that recompute.
+	// Codes: OK; UNAUTHENTICATED.
 	ContinueGeneration(ctx context.Context, in *ContinueGenerationRequest, opts ...grpc.CallOption) (*ContinueGenerationResponse, error)
 }
 
@@ -511,7 +517,13 @@ type RoomsServer interface {
 	// or release it); UNAUTHENTICATED.
 	RetractRoom(context.Context, *RetractRoomRequest) (*RetractRoomResponse, error)
 	// ContinueGeneration re-enqueues every held rebootstrap room
-	// (SGLang's continue_generation). Codes: OK; UNAUTHENTICATED.
+	// (SGLang's continue_generation) as a new attempt on the prefill DP rank
+	// it was bound to. The daemon does not have the prompt: the answer gives
+	// the decode engine, per room (resumed), the prefill's HTTP endpoint and
+	// pinned DP rank, and the engine POSTs the request to that /generate; the
+	// prefill then claims the new attempt's destination and sends (T23). Until
+	// then the room's waiting_for says it waits for that recompute.
+	// Codes: OK; UNAUTHENTICATED.
 	ContinueGeneration(context.Context, *ContinueGenerationRequest) (*ContinueGenerationResponse, error)
 	mustEmbedUnimplementedRoomsServer()
 }
