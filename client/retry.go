@@ -135,6 +135,9 @@ var retryTable = map[string]retryClass{
 	pb.Rooms_ReportRunning_FullMethodName:      retryNever,
 	pb.Rooms_RetractRoom_FullMethodName:        retryNever,
 	pb.Rooms_ContinueGeneration_FullMethodName: retryNever,
+	// A repeat after a lost answer would see AlreadyExists for the rooms
+	// the first attempt adopted (client/resync.go resends the rest).
+	pb.Rooms_Resync_FullMethodName: retryNever,
 }
 
 // keyed is a request that may carry an idempotency key.

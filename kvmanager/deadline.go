@@ -42,6 +42,8 @@ const (
 	// dlStaging: a staged room's completion timeout; id is the room, gen
 	// its attempt.
 	dlStaging
+	// dlResync: the end of the engine resync wait (resync.go).
+	dlResync
 )
 
 // deadline is one entry of the heap. Its zero value is not armed.
@@ -285,6 +287,8 @@ func (m *Manager) fireDeadlines() {
 				m.stagingDeadlineLocked(r, d.gen)
 				m.unlockShard(sh)
 			}
+		case dlResync:
+			m.resyncExpired()
 		}
 	}
 	m.dl.mu.Lock()

@@ -102,8 +102,9 @@
 //
 // Every one of these deadlines — a room's phase deadline, a shard's next
 // ledger claim deadline, a claim waiting for OpenRoom, an address's next
-// registration check, a staged room's completion timeout, a quarantine's end
-// and the admission pass due right after a retraction — is an entry of one
+// registration check, a staged room's completion timeout, a quarantine's end,
+// the admission pass due right after a retraction and the end of the engine
+// resync wait — is an entry of one
 // min-heap keyed by time (deadline.go; etcd's lessor is the model), driven by
 // one timer on the injected Clock armed at the heap's minimum. An entry is a
 // value inside what it bounds (arming one allocates nothing) and carries its
@@ -143,6 +144,20 @@
 // behaviour (SGLang's newer deferred release waits for the prefill's
 // ABORT_ACK; decodeplane does not have that acknowledgement yet).
 //
+// # Engine resync after a restart
+//
+// With a resync wait (HoldForResync, engine.resync_timeout) the manager
+// starts without admitting: rooms open and queue, admitLocked returns at
+// once, nothing is pre-allocated. Resync adopts the rooms the decode engine
+// still runs (prealloc.Ledger.AdoptEntry: exactly the req slot, pages, SWA
+// pages and Mamba slots it names, or nothing); each is a room in
+// PhaseSucceeded, never admitted here, that ReportRunning, RetractRoom,
+// ReleaseRoom and AbortRoom treat as any running room. The wait ends with
+// the engine's done or at its deadline (dlResync on the one heap), after
+// which every shard runs an admission pass and Resync is ErrResyncClosed
+// (resync.go). Its lock (Manager.rs.mu) is taken before a shard's: Resync
+// adopts under it so that the wait cannot end half-way through a call.
+//
 // # Concurrency
 //
 // A Manager is safe for concurrent use, and its decode DP shards are the
@@ -172,7 +187,7 @@
 //   - the Shutdown progress signal and summary; draining and closed are
 //     atomics.
 //
-// Lock order: shard → openMu → pending claims → waiting addresses → the
+// Lock order: the resync wait's lock → shard → openMu → pending claims → waiting addresses → the
 // directory, the registry, the staging handler, the ledger, the deadline
 // heap. No two shard locks are ever held at once: whatever concerns every
 // room (registry events, Status, ListRooms, InFlight, Shutdown,

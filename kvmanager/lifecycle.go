@@ -218,7 +218,7 @@ func (m *Manager) dpResolvedLocked(r *room, dp int, rule DPRule) {
 func (m *Manager) admitLocked(shard int) {
 	sh := m.shards[shard]
 	sh.due = false
-	if m.closed.Load() {
+	if m.closed.Load() || m.rs.gated.Load() { // resync.go: nothing is admitted during the resync wait
 		return
 	}
 	led := sh.led

@@ -57,6 +57,7 @@ type Manager struct {
 	reg *registry.Registry // prefill instances, liveness, DP-rank bindings (own lock)
 	dl  deadlines          // every deadline, one heap and one timer (deadline.go; own lock)
 	stg stagingState       // the staging handler (staging.go; own lock)
+	rs  resyncGate         // the engine resync wait (resync.go; own lock)
 
 	// openMu makes a room id unique across the shards: OpenRoom holds it
 	// (under the new room's shard lock) for the lookup and the insert only.

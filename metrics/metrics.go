@@ -32,8 +32,9 @@ import (
 // time, and the gRPC server metrics. Names follow Prometheus
 // conventions: decodeplane_ prefix, base units in the name.
 type Metrics struct {
-	reg  *prometheus.Registry
-	grpc *grpcMetrics
+	reg    *prometheus.Registry
+	grpc   *grpcMetrics
+	resync resyncMetrics // resync.go
 
 	rooms            *prometheus.GaugeVec
 	finished         *prometheus.CounterVec
@@ -91,8 +92,9 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 16)
 func New() *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
-		reg:  reg,
-		grpc: newGRPCMetrics(),
+		reg:    reg,
+		grpc:   newGRPCMetrics(),
+		resync: newResyncMetrics(),
 		rooms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "decodeplane_rooms", Help: "Rooms held by the daemon, by phase (finished rooms stay until their retention ends).",
 		}, []string{"phase"}),
@@ -147,6 +149,7 @@ func New() *Metrics {
 		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m},
 	)
 	reg.MustRegister(m.grpc.collectors()...)
+	reg.MustRegister(m.resync.collectors()...)
 	for p := range m.roomsByPhase {
 		m.roomsByPhase[p] = child(m.rooms.MetricVec, kvmanager.Phase(p).String()).gauge
 	}

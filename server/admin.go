@@ -21,6 +21,11 @@ var _ pb.AdminServer = (*adminService)(nil)
 func (a *adminService) GetStatus(ctx context.Context, _ *pb.GetStatusRequest) (*pb.GetStatusResponse, error) {
 	s := a.s
 	ready, readiness, draining := s.Readiness()
+	if ready {
+		if w := resyncReadiness(s.deps.Manager); w != "" {
+			readiness = w // health stays SERVING: the engine must reach the daemon to resync (resync.go)
+		}
+	}
 	resp := &pb.GetStatusResponse{
 		Version:      s.deps.Version,
 		Ready:        ready,

@@ -40,6 +40,8 @@ var errorCodes = []struct {
 	{kvmanager.ErrStagingUnavailable, codes.FailedPrecondition},
 	{kvmanager.ErrStagingNotWritable, codes.FailedPrecondition},
 	{prealloc.ErrWrongState, codes.FailedPrecondition},
+	{prealloc.ErrOwned, codes.FailedPrecondition},         // resync.go
+	{kvmanager.ErrResyncClosed, codes.FailedPrecondition}, // resync.go
 	{transfer.ErrTransferFailed, codes.Aborted},
 }
 

@@ -51,6 +51,7 @@ type Config struct {
 	Timeouts  kvmanager.TimeoutConfig  `yaml:"timeouts"`
 	DPRank    kvmanager.DPRankConfig   `yaml:"dp_rank"`
 	Rooms     kvmanager.RoomsConfig    `yaml:"rooms"`
+	Engine    EngineConfig             `yaml:"engine"` // engine.go
 }
 
 // LogConfig configures logging (log).
@@ -93,7 +94,7 @@ func (c Config) Manager() kvmanager.Config {
 // Validate checks every section and returns every problem at once.
 func (c Config) Validate() error {
 	var errs []error
-	errs = append(errs, c.Server.Validate(), c.AgentTLS.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Transfer.Validate(), c.Transfer.ValidateFor(c.Decode()))
+	errs = append(errs, c.Server.Validate(), c.AgentTLS.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Transfer.Validate(), c.Transfer.ValidateFor(c.Decode()), c.Engine.Validate())
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		errs = append(errs, &prealloc.ConfigError{Key: "log.level", Value: c.Log.Level, Problem: "unknown log level.", Fix: "set it to debug, info, warn or error."})
 	}

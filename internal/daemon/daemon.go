@@ -261,6 +261,7 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	}
 	d.mgr = mgr
 	d.metrics.Attach(mgr)
+	mgr.HoldForResync(cfg.Engine.ResyncTimeout) // engine.resync_timeout: no admission until the engine's resync (kvmanager/resync.go)
 	inc, err := newIncarnation()
 	if err != nil {
 		return nil, err

@@ -513,6 +513,11 @@ type GetStatusResponse struct {
 	Version string                 `protobuf:"bytes,1,opt,name=version,proto3" json:"version,omitempty"`
 	Ready   bool                   `protobuf:"varint,2,opt,name=ready,proto3" json:"ready,omitempty"`
 	// readiness explains ready: e.g. "serving", "draining", "transfer agent unreachable".
+	// While admission waits for the decode engine's resync after a restart
+	// (engine.resync_timeout, Rooms.Resync) ready stays true (health SERVING,
+	// so that the engine can reach the daemon) and readiness is "waiting for
+	// the decode engine's resync (N rooms declared so far), until T" (T in
+	// RFC 3339, UTC).
 	Readiness string                 `protobuf:"bytes,3,opt,name=readiness,proto3" json:"readiness,omitempty"`
 	StartedAt *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	Uptime    *durationpb.Duration   `protobuf:"bytes,5,opt,name=uptime,proto3" json:"uptime,omitempty"`

@@ -2672,6 +2672,289 @@ func (x *ResumedRoom) GetPrefillDpRank() int32 {
 	return 0
 }
 
+// ResyncRoom is one room the decode engine still runs after a daemon
+// restart, in the engine's own numbering.
+type ResyncRoom struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// rid is the request id. bounds: 1..512 bytes.
+	Rid string `protobuf:"bytes,2,opt,name=rid,proto3" json:"rid,omitempty"`
+	// prompt_len is len(origin_input_ids). bounds: 1..2^24 tokens.
+	PromptLen uint32 `protobuf:"varint,3,opt,name=prompt_len,json=promptLen,proto3" json:"prompt_len,omitempty"`
+	// output_len is len(output_ids) now. bounds: 0..2^24 tokens.
+	OutputLen uint32 `protobuf:"varint,4,opt,name=output_len,json=outputLen,proto3" json:"output_len,omitempty"`
+	// max_new_tokens of the request. bounds: 1..2^24 tokens.
+	MaxNewTokens uint32 `protobuf:"varint,5,opt,name=max_new_tokens,json=maxNewTokens,proto3" json:"max_new_tokens,omitempty"`
+	// decode_dp_rank is the decode DP shard the room runs on. bounds:
+	// 0..1023 and below parallel.dp.
+	DecodeDpRank uint32 `protobuf:"varint,6,opt,name=decode_dp_rank,json=decodeDpRank,proto3" json:"decode_dp_rank,omitempty"`
+	// req_slot is the room's req_to_token row. bounds: 1..request slots +
+	// pre-alloc slots of the shard.
+	ReqSlot int32 `protobuf:"varint,7,opt,name=req_slot,json=reqSlot,proto3" json:"req_slot,omitempty"`
+	// page_indices are every KV page the room holds, in token order: exactly
+	// ceil((prompt_len + output_len) / page_size). bounds: at most 2^24
+	// entries, each 0..pages-1, none twice.
+	PageIndices []int32 `protobuf:"varint,8,rep,packed,name=page_indices,json=pageIndices,proto3" json:"page_indices,omitempty"`
+	// swa_page_indices (hybrid-swa only) are the live SWA pages backing the
+	// last of page_indices; they cover at least the sliding window. bounds:
+	// at most len(page_indices) entries.
+	SwaPageIndices []int32 `protobuf:"varint,9,rep,packed,name=swa_page_indices,json=swaPageIndices,proto3" json:"swa_page_indices,omitempty"`
+	// mamba_slots (hybrid-linear only) are the room's Mamba slots, the main
+	// slot first: exactly slots_per_req. bounds: at most 16 entries.
+	MambaSlots []int32 `protobuf:"varint,10,rep,packed,name=mamba_slots,json=mambaSlots,proto3" json:"mamba_slots,omitempty"`
+	// bootstrap_addr is the room's prefill bootstrap address, "" if unknown
+	// (a REBOOTSTRAP retraction of the room needs it). bounds: host:port, at
+	// most 255 bytes.
+	BootstrapAddr string `protobuf:"bytes,11,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
+	// prefill_dp_rank is the prefill DP rank the room came from (a
+	// rebootstrap stays on it). bounds: 0..1023.
+	PrefillDpRank *uint32 `protobuf:"varint,12,opt,name=prefill_dp_rank,json=prefillDpRank,proto3,oneof" json:"prefill_dp_rank,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResyncRoom) Reset() {
+	*x = ResyncRoom{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResyncRoom) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResyncRoom) ProtoMessage() {}
+
+func (x *ResyncRoom) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResyncRoom.ProtoReflect.Descriptor instead.
+func (*ResyncRoom) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ResyncRoom) GetRoom() uint64 {
+	if x != nil {
+		return x.Room
+	}
+	return 0
+}
+
+func (x *ResyncRoom) GetRid() string {
+	if x != nil {
+		return x.Rid
+	}
+	return ""
+}
+
+func (x *ResyncRoom) GetPromptLen() uint32 {
+	if x != nil {
+		return x.PromptLen
+	}
+	return 0
+}
+
+func (x *ResyncRoom) GetOutputLen() uint32 {
+	if x != nil {
+		return x.OutputLen
+	}
+	return 0
+}
+
+func (x *ResyncRoom) GetMaxNewTokens() uint32 {
+	if x != nil {
+		return x.MaxNewTokens
+	}
+	return 0
+}
+
+func (x *ResyncRoom) GetDecodeDpRank() uint32 {
+	if x != nil {
+		return x.DecodeDpRank
+	}
+	return 0
+}
+
+func (x *ResyncRoom) GetReqSlot() int32 {
+	if x != nil {
+		return x.ReqSlot
+	}
+	return 0
+}
+
+func (x *ResyncRoom) GetPageIndices() []int32 {
+	if x != nil {
+		return x.PageIndices
+	}
+	return nil
+}
+
+func (x *ResyncRoom) GetSwaPageIndices() []int32 {
+	if x != nil {
+		return x.SwaPageIndices
+	}
+	return nil
+}
+
+func (x *ResyncRoom) GetMambaSlots() []int32 {
+	if x != nil {
+		return x.MambaSlots
+	}
+	return nil
+}
+
+func (x *ResyncRoom) GetBootstrapAddr() string {
+	if x != nil {
+		return x.BootstrapAddr
+	}
+	return ""
+}
+
+func (x *ResyncRoom) GetPrefillDpRank() uint32 {
+	if x != nil && x.PrefillDpRank != nil {
+		return *x.PrefillDpRank
+	}
+	return 0
+}
+
+type ResyncRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: at most 4,096 rooms per call.
+	Rooms []*ResyncRoom `protobuf:"bytes,1,rep,name=rooms,proto3" json:"rooms,omitempty"`
+	// done ends the resync: admission starts once this call's rooms are
+	// adopted.
+	Done          bool `protobuf:"varint,2,opt,name=done,proto3" json:"done,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResyncRequest) Reset() {
+	*x = ResyncRequest{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResyncRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResyncRequest) ProtoMessage() {}
+
+func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResyncRequest.ProtoReflect.Descriptor instead.
+func (*ResyncRequest) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ResyncRequest) GetRooms() []*ResyncRoom {
+	if x != nil {
+		return x.Rooms
+	}
+	return nil
+}
+
+func (x *ResyncRequest) GetDone() bool {
+	if x != nil {
+		return x.Done
+	}
+	return false
+}
+
+type ResyncResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// adopted is how many rooms this call adopted.
+	Adopted uint32 `protobuf:"varint,1,opt,name=adopted,proto3" json:"adopted,omitempty"`
+	// declared is how many rooms the resync adopted so far, pages the pages
+	// they hold.
+	Declared uint32 `protobuf:"varint,2,opt,name=declared,proto3" json:"declared,omitempty"`
+	Pages    uint64 `protobuf:"varint,3,opt,name=pages,proto3" json:"pages,omitempty"`
+	// admitting: the resync is over (done) and admission runs.
+	Admitting     bool `protobuf:"varint,4,opt,name=admitting,proto3" json:"admitting,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResyncResponse) Reset() {
+	*x = ResyncResponse{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResyncResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResyncResponse) ProtoMessage() {}
+
+func (x *ResyncResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResyncResponse.ProtoReflect.Descriptor instead.
+func (*ResyncResponse) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ResyncResponse) GetAdopted() uint32 {
+	if x != nil {
+		return x.Adopted
+	}
+	return 0
+}
+
+func (x *ResyncResponse) GetDeclared() uint32 {
+	if x != nil {
+		return x.Declared
+	}
+	return 0
+}
+
+func (x *ResyncResponse) GetPages() uint64 {
+	if x != nil {
+		return x.Pages
+	}
+	return 0
+}
+
+func (x *ResyncResponse) GetAdmitting() bool {
+	if x != nil {
+		return x.Admitting
+	}
+	return false
+}
+
 var File_decodeplane_v1_rooms_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_rooms_proto_rawDesc = "" +
@@ -2890,11 +3173,38 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x11prefill_http_host\x18\x06 \x01(\tR\x0fprefillHttpHost\x12*\n" +
 	"\x11prefill_http_port\x18\a \x01(\rR\x0fprefillHttpPort\x12!\n" +
 	"\fgenerate_url\x18\b \x01(\tR\vgenerateUrl\x12&\n" +
-	"\x0fprefill_dp_rank\x18\t \x01(\x05R\rprefillDpRank*c\n" +
+	"\x0fprefill_dp_rank\x18\t \x01(\x05R\rprefillDpRank\"\xad\x03\n" +
+	"\n" +
+	"ResyncRoom\x12\x12\n" +
+	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x10\n" +
+	"\x03rid\x18\x02 \x01(\tR\x03rid\x12\x1d\n" +
+	"\n" +
+	"prompt_len\x18\x03 \x01(\rR\tpromptLen\x12\x1d\n" +
+	"\n" +
+	"output_len\x18\x04 \x01(\rR\toutputLen\x12$\n" +
+	"\x0emax_new_tokens\x18\x05 \x01(\rR\fmaxNewTokens\x12$\n" +
+	"\x0edecode_dp_rank\x18\x06 \x01(\rR\fdecodeDpRank\x12\x19\n" +
+	"\breq_slot\x18\a \x01(\x05R\areqSlot\x12!\n" +
+	"\fpage_indices\x18\b \x03(\x05R\vpageIndices\x12(\n" +
+	"\x10swa_page_indices\x18\t \x03(\x05R\x0eswaPageIndices\x12\x1f\n" +
+	"\vmamba_slots\x18\n" +
+	" \x03(\x05R\n" +
+	"mambaSlots\x12%\n" +
+	"\x0ebootstrap_addr\x18\v \x01(\tR\rbootstrapAddr\x12+\n" +
+	"\x0fprefill_dp_rank\x18\f \x01(\rH\x00R\rprefillDpRank\x88\x01\x01B\x12\n" +
+	"\x10_prefill_dp_rank\"U\n" +
+	"\rResyncRequest\x120\n" +
+	"\x05rooms\x18\x01 \x03(\v2\x1a.decodeplane.v1.ResyncRoomR\x05rooms\x12\x12\n" +
+	"\x04done\x18\x02 \x01(\bR\x04done\"z\n" +
+	"\x0eResyncResponse\x12\x18\n" +
+	"\aadopted\x18\x01 \x01(\rR\aadopted\x12\x1a\n" +
+	"\bdeclared\x18\x02 \x01(\rR\bdeclared\x12\x14\n" +
+	"\x05pages\x18\x03 \x01(\x04R\x05pages\x12\x1c\n" +
+	"\tadmitting\x18\x04 \x01(\bR\tadmitting*c\n" +
 	"\vRetractMode\x12\x1c\n" +
 	"\x18RETRACT_MODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRACT_MODE_RETRACT\x10\x01\x12\x1c\n" +
-	"\x18RETRACT_MODE_REBOOTSTRAP\x10\x022\x93\b\n" +
+	"\x18RETRACT_MODE_REBOOTSTRAP\x10\x022\xdc\b\n" +
 	"\x05Rooms\x12M\n" +
 	"\bOpenRoom\x12\x1f.decodeplane.v1.OpenRoomRequest\x1a .decodeplane.v1.OpenRoomResponse\x12_\n" +
 	"\x10AwaitDestination\x12'.decodeplane.v1.AwaitDestinationRequest\x1a .decodeplane.v1.DestinationEvent0\x01\x12M\n" +
@@ -2907,7 +3217,8 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\tListRooms\x12 .decodeplane.v1.ListRoomsRequest\x1a!.decodeplane.v1.ListRoomsResponse\x12\\\n" +
 	"\rReportRunning\x12$.decodeplane.v1.ReportRunningRequest\x1a%.decodeplane.v1.ReportRunningResponse\x12V\n" +
 	"\vRetractRoom\x12\".decodeplane.v1.RetractRoomRequest\x1a#.decodeplane.v1.RetractRoomResponse\x12k\n" +
-	"\x12ContinueGeneration\x12).decodeplane.v1.ContinueGenerationRequest\x1a*.decodeplane.v1.ContinueGenerationResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
+	"\x12ContinueGeneration\x12).decodeplane.v1.ContinueGenerationRequest\x1a*.decodeplane.v1.ContinueGenerationResponse\x12G\n" +
+	"\x06Resync\x12\x1d.decodeplane.v1.ResyncRequest\x1a\x1e.decodeplane.v1.ResyncResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 
 var (
 	file_decodeplane_v1_rooms_proto_rawDescOnce sync.Once
@@ -2922,7 +3233,7 @@ func file_decodeplane_v1_rooms_proto_rawDescGZIP() []byte {
 }
 
 var file_decodeplane_v1_rooms_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(RetractMode)(0),                   // 0: decodeplane.v1.RetractMode
 	(*OpenRoomRequest)(nil),            // 1: decodeplane.v1.OpenRoomRequest
@@ -2958,82 +3269,88 @@ var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(*ContinueGenerationRequest)(nil),  // 31: decodeplane.v1.ContinueGenerationRequest
 	(*ContinueGenerationResponse)(nil), // 32: decodeplane.v1.ContinueGenerationResponse
 	(*ResumedRoom)(nil),                // 33: decodeplane.v1.ResumedRoom
-	(*PrefillRank)(nil),                // 34: decodeplane.v1.PrefillRank
-	(*StateIndices)(nil),               // 35: decodeplane.v1.StateIndices
-	(KVPoll)(0),                        // 36: decodeplane.v1.KVPoll
-	(RoomPhase)(0),                     // 37: decodeplane.v1.RoomPhase
-	(*Failure)(nil),                    // 38: decodeplane.v1.Failure
-	(*durationpb.Duration)(nil),        // 39: google.protobuf.Duration
-	(*Transition)(nil),                 // 40: decodeplane.v1.Transition
-	(DPRankRule)(0),                    // 41: decodeplane.v1.DPRankRule
-	(*timestamppb.Timestamp)(nil),      // 42: google.protobuf.Timestamp
+	(*ResyncRoom)(nil),                 // 34: decodeplane.v1.ResyncRoom
+	(*ResyncRequest)(nil),              // 35: decodeplane.v1.ResyncRequest
+	(*ResyncResponse)(nil),             // 36: decodeplane.v1.ResyncResponse
+	(*PrefillRank)(nil),                // 37: decodeplane.v1.PrefillRank
+	(*StateIndices)(nil),               // 38: decodeplane.v1.StateIndices
+	(KVPoll)(0),                        // 39: decodeplane.v1.KVPoll
+	(RoomPhase)(0),                     // 40: decodeplane.v1.RoomPhase
+	(*Failure)(nil),                    // 41: decodeplane.v1.Failure
+	(*durationpb.Duration)(nil),        // 42: google.protobuf.Duration
+	(*Transition)(nil),                 // 43: decodeplane.v1.Transition
+	(DPRankRule)(0),                    // 44: decodeplane.v1.DPRankRule
+	(*timestamppb.Timestamp)(nil),      // 45: google.protobuf.Timestamp
 }
 var file_decodeplane_v1_rooms_proto_depIdxs = []int32{
 	17, // 0: decodeplane.v1.OpenRoomResponse.room:type_name -> decodeplane.v1.Room
-	34, // 1: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	35, // 2: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
+	37, // 1: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	38, // 2: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
 	4,  // 3: decodeplane.v1.Destination.targets:type_name -> decodeplane.v1.DecodeTarget
-	36, // 4: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
-	37, // 5: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
+	39, // 4: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
+	40, // 5: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
 	5,  // 6: decodeplane.v1.DestinationEvent.destination:type_name -> decodeplane.v1.Destination
-	38, // 7: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
+	41, // 7: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
 	6,  // 8: decodeplane.v1.DestinationEvent.done:type_name -> decodeplane.v1.RoomDone
-	34, // 9: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	37, // 9: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
 	8,  // 10: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
 	9,  // 11: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
-	39, // 12: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
-	36, // 13: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	34, // 14: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	36, // 15: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	42, // 12: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
+	39, // 13: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	37, // 14: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	39, // 15: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
 	17, // 16: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
-	40, // 17: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
-	41, // 18: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
-	36, // 19: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
-	37, // 20: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
-	38, // 21: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
-	42, // 22: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
-	42, // 23: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
-	40, // 24: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
+	43, // 17: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
+	44, // 18: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
+	39, // 19: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
+	40, // 20: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
+	41, // 21: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
+	45, // 22: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
+	45, // 23: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
+	43, // 24: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
 	18, // 25: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
 	17, // 26: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
-	37, // 27: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
+	40, // 27: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
 	17, // 28: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
 	25, // 29: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
 	27, // 30: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
-	39, // 31: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
+	42, // 31: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
 	0,  // 32: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
 	17, // 33: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
 	33, // 34: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
-	37, // 35: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
-	1,  // 36: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
-	3,  // 37: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
-	10, // 38: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
-	12, // 39: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
-	14, // 40: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
-	16, // 41: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
-	19, // 42: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
-	21, // 43: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
-	23, // 44: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
-	26, // 45: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
-	29, // 46: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
-	31, // 47: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
-	2,  // 48: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
-	7,  // 49: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
-	11, // 50: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
-	13, // 51: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
-	15, // 52: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
-	17, // 53: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
-	20, // 54: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
-	22, // 55: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
-	24, // 56: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
-	28, // 57: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
-	30, // 58: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
-	32, // 59: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
-	48, // [48:60] is the sub-list for method output_type
-	36, // [36:48] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	40, // 35: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
+	34, // 36: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
+	1,  // 37: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
+	3,  // 38: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
+	10, // 39: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
+	12, // 40: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
+	14, // 41: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
+	16, // 42: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
+	19, // 43: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
+	21, // 44: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
+	23, // 45: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
+	26, // 46: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
+	29, // 47: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
+	31, // 48: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
+	35, // 49: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
+	2,  // 50: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
+	7,  // 51: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
+	11, // 52: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
+	13, // 53: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
+	15, // 54: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
+	17, // 55: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
+	20, // 56: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
+	22, // 57: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
+	24, // 58: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
+	28, // 59: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
+	30, // 60: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
+	32, // 61: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
+	36, // 62: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
+	50, // [50:63] is the sub-list for method output_type
+	37, // [37:50] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_rooms_proto_init() }
@@ -3049,13 +3366,14 @@ func file_decodeplane_v1_rooms_proto_init() {
 		(*DestinationEvent_Done)(nil),
 	}
 	file_decodeplane_v1_rooms_proto_msgTypes[16].OneofWrappers = []any{}
+	file_decodeplane_v1_rooms_proto_msgTypes[33].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_rooms_proto_rawDesc), len(file_decodeplane_v1_rooms_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

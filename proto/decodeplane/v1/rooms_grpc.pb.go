@@ -31,6 +31,7 @@ const (
 	Rooms_ReportRunning_FullMethodName      = "/decodeplane.v1.Rooms/ReportRunning"
 	Rooms_RetractRoom_FullMethodName        = "/decodeplane.v1.Rooms/RetractRoom"
 	Rooms_ContinueGeneration_FullMethodName = "/decodeplane.v1.Rooms/ContinueGeneration"
+	Rooms_Resync_FullMethodName             = "/decodeplane.v1.Rooms/Resync"
 )
 
 // RoomsClient is the client API for Rooms service.
@@ -205,6 +206,33 @@ type RoomsClient interface {
 	// then the room's waiting_for says it waits for that recompute.
 	// Codes: OK; UNAUTHENTICATED.
 	ContinueGeneration(ctx context.Context, in *ContinueGenerationRequest, opts ...grpc.CallOption) (*ContinueGenerationResponse, error)
+	// Resync is the decode engine's re-declaration, after a daemon restart,
+	// of the rooms it still runs and exactly what each holds (engine resync,
+	// issue 11). With engine.resync_timeout > 0 the daemon starts without
+	// admitting: rooms may be opened and queue, nothing is pre-allocated,
+	// until a Resync with done = true or the timeout; meanwhile gRPC health
+	// stays SERVING (the engine and the prefills reach the daemon through the
+	// Service that readiness gates) and GetStatusResponse.readiness says
+	// "waiting for the decode engine's resync (N rooms declared so far), until
+	// T". The engine sends its rooms in calls of at most 4,096, the last with
+	// done = true (done with no rooms is fine). Each declared room becomes a
+	// running room (ROOM_PHASE_SUCCEEDED, not released) owning exactly the
+	// req slot, pages, SWA pages and Mamba slots named, on the decode DP shard
+	// named; the engine then grows, retracts, releases or aborts it as any
+	// running room. A call is all or nothing per room, in order: the first
+	// room refused stops the call, the rooms before it stay adopted (the
+	// answer's error names the index, rooms[i]), and the engine may send the
+	// rest again. When the timeout expires first the daemon admits with the
+	// pool less what was declared, logs a warning and counts
+	// decodeplane_resync_expired_total: pages of rooms the engine never
+	// declared may then be handed out again.
+	// Codes: OK; INVALID_ARGUMENT (a field, named: a page, slot or row out of
+	// range or named twice, a page count that is not ceil((prompt_len +
+	// output_len) / page_size), missing or extra state slots); ALREADY_EXISTS
+	// (the room is known); FAILED_PRECONDITION (admission already started —
+	// no resync wait configured, done already sent, or the wait expired: the
+	// pool is in use; or a page, slot or row held by another declared room).
+	Resync(ctx context.Context, in *ResyncRequest, opts ...grpc.CallOption) (*ResyncResponse, error)
 }
 
 type roomsClient struct {
@@ -347,6 +375,16 @@ func (c *roomsClient) ContinueGeneration(ctx context.Context, in *ContinueGenera
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ContinueGenerationResponse)
 	err := c.cc.Invoke(ctx, Rooms_ContinueGeneration_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *roomsClient) Resync(ctx context.Context, in *ResyncRequest, opts ...grpc.CallOption) (*ResyncResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResyncResponse)
+	err := c.cc.Invoke(ctx, Rooms_Resync_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -525,6 +563,33 @@ type RoomsServer interface {
 	// then the room's waiting_for says it waits for that recompute.
 	// Codes: OK; UNAUTHENTICATED.
 	ContinueGeneration(context.Context, *ContinueGenerationRequest) (*ContinueGenerationResponse, error)
+	// Resync is the decode engine's re-declaration, after a daemon restart,
+	// of the rooms it still runs and exactly what each holds (engine resync,
+	// issue 11). With engine.resync_timeout > 0 the daemon starts without
+	// admitting: rooms may be opened and queue, nothing is pre-allocated,
+	// until a Resync with done = true or the timeout; meanwhile gRPC health
+	// stays SERVING (the engine and the prefills reach the daemon through the
+	// Service that readiness gates) and GetStatusResponse.readiness says
+	// "waiting for the decode engine's resync (N rooms declared so far), until
+	// T". The engine sends its rooms in calls of at most 4,096, the last with
+	// done = true (done with no rooms is fine). Each declared room becomes a
+	// running room (ROOM_PHASE_SUCCEEDED, not released) owning exactly the
+	// req slot, pages, SWA pages and Mamba slots named, on the decode DP shard
+	// named; the engine then grows, retracts, releases or aborts it as any
+	// running room. A call is all or nothing per room, in order: the first
+	// room refused stops the call, the rooms before it stay adopted (the
+	// answer's error names the index, rooms[i]), and the engine may send the
+	// rest again. When the timeout expires first the daemon admits with the
+	// pool less what was declared, logs a warning and counts
+	// decodeplane_resync_expired_total: pages of rooms the engine never
+	// declared may then be handed out again.
+	// Codes: OK; INVALID_ARGUMENT (a field, named: a page, slot or row out of
+	// range or named twice, a page count that is not ceil((prompt_len +
+	// output_len) / page_size), missing or extra state slots); ALREADY_EXISTS
+	// (the room is known); FAILED_PRECONDITION (admission already started —
+	// no resync wait configured, done already sent, or the wait expired: the
+	// pool is in use; or a page, slot or row held by another declared room).
+	Resync(context.Context, *ResyncRequest) (*ResyncResponse, error)
 	mustEmbedUnimplementedRoomsServer()
 }
 
@@ -570,6 +635,9 @@ func (UnimplementedRoomsServer) RetractRoom(context.Context, *RetractRoomRequest
 }
 func (UnimplementedRoomsServer) ContinueGeneration(context.Context, *ContinueGenerationRequest) (*ContinueGenerationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ContinueGeneration not implemented")
+}
+func (UnimplementedRoomsServer) Resync(context.Context, *ResyncRequest) (*ResyncResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Resync not implemented")
 }
 func (UnimplementedRoomsServer) mustEmbedUnimplementedRoomsServer() {}
 func (UnimplementedRoomsServer) testEmbeddedByValue()               {}
@@ -794,6 +862,24 @@ func _Rooms_ContinueGeneration_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Rooms_Resync_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResyncRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RoomsServer).Resync(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Rooms_Resync_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RoomsServer).Resync(ctx, req.(*ResyncRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Rooms_ServiceDesc is the grpc.ServiceDesc for Rooms service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -840,6 +926,10 @@ var Rooms_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ContinueGeneration",
 			Handler:    _Rooms_ContinueGeneration_Handler,
+		},
+		{
+			MethodName: "Resync",
+			Handler:    _Rooms_Resync_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,253 @@
+package kvmanager
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// Engine resync (issue 11 §2). After a restart the daemon's ledgers are
+// empty while the decode engine still decodes its running requests in pages
+// a new admission would hand out again. With a resync wait (HoldForResync,
+// engine.resync_timeout > 0) the manager starts without admitting: rooms
+// open and queue, no admission pass runs (admitLocked returns at once), so
+// nothing is pre-allocated. The engine re-declares its running rooms
+// (Resync); each becomes a running room (PhaseSucceeded, not released)
+// that owns exactly what the engine names (prealloc.Ledger.AdoptEntry).
+// Admission starts when the engine says it is done, or when the wait
+// expires (a deadline of the one heap, dlResync): then the pool less what
+// was declared is admitted into, with a warning, since pages of rooms the
+// engine never declared may be handed out again. A resync once admission
+// has started is refused (ErrResyncClosed): the pool is in use.
+//
+// Locks: resync.mu is taken before a shard's lock (Resync adopts under it,
+// so that the wait cannot end half-way through a call) and alone (status,
+// the expiry); gated is read by admitLocked without it.
+
+// ErrResyncClosed: a Resync once admission has started (no resync wait was
+// configured, the engine already sent done, or the wait expired): the pool
+// is in use. FailedPrecondition.
+var ErrResyncClosed = errors.New("admission already started: the pool is in use, a resync is no longer possible")
+
+// ResyncRoom is one room the decode engine still runs, in its own
+// numbering (see prealloc.Adoption).
+type ResyncRoom struct {
+	Room         uint64
+	RID          string
+	PromptLen    int
+	OutputLen    int
+	MaxNewTokens int
+	DecodeDP     int
+	ReqSlot      int32
+	Pages        []int32
+	SWAPages     []int32
+	MambaSlots   []int32
+	// Addr is the room's prefill bootstrap address ("" if unknown; a
+	// rebootstrap needs it); PrefillDP its prefill DP rank, -1 if unknown.
+	Addr      string
+	PrefillDP int
+}
+
+// ResyncState is the resync's progress.
+type ResyncState struct {
+	// Waiting: admission is held for the engine's resync, until Until.
+	Waiting bool
+	Until   time.Time
+	// Declared rooms adopted so far and the pages they hold.
+	Declared int
+	Pages    int64
+	// Expired: the wait ran out before the engine's done.
+	Expired bool
+}
+
+// ResyncObserver is the part of an Observer that counts resyncs (optional:
+// an Observer without it is not told).
+type ResyncObserver interface {
+	// RoomsAdopted is n rooms adopted by one Resync call.
+	RoomsAdopted(n int)
+	// ResyncEnded is the end of the wait: d after it started, rooms adopted,
+	// expired when the timeout ended it.
+	ResyncEnded(d time.Duration, rooms int, expired bool)
+}
+
+// resyncGate is the manager's resync state (Manager.rs).
+type resyncGate struct {
+	gated atomic.Bool // admission held; read without mu
+
+	mu       sync.Mutex
+	open     bool // a resync is accepted (the wait is on)
+	started  time.Time
+	until    time.Time
+	declared int
+	pages    int64
+	expired  bool
+	dl       deadline
+}
+
+// HoldForResync starts the resync wait: no admission until Resync(done) or
+// timeout from now. Call it before serving; timeout <= 0 does nothing.
+func (m *Manager) HoldForResync(timeout time.Duration) {
+	if timeout <= 0 {
+		return
+	}
+	g := &m.rs
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := m.clock.Now()
+	g.open, g.started, g.until = true, now, now.Add(timeout)
+	g.gated.Store(true)
+	m.setDeadlineLocked(&g.dl, dlResync, g.until, 0, 0, nil)
+}
+
+// ResyncStatus is the resync's progress (for readiness and GetStatus).
+func (m *Manager) ResyncStatus() ResyncState {
+	g := &m.rs
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return ResyncState{Waiting: g.open, Until: g.until, Declared: g.declared, Pages: g.pages, Expired: g.expired}
+}
+
+// Resync adopts the rooms the decode engine still runs, in order; done ends
+// the wait once they are adopted. It returns how many rooms this call
+// adopted; the first room refused stops it (the rooms before it stay
+// adopted) with an error naming rooms[i] and its field: an InvalidError
+// (a bad index, count or shard), ErrRoomExists, prealloc.ErrOwned (a page,
+// slot or row another room holds) or ErrResyncClosed.
+func (m *Manager) Resync(rooms []ResyncRoom, done bool) (int, ResyncState, error) {
+	g := &m.rs
+	g.mu.Lock()
+	if !g.open {
+		st := ResyncState{Declared: g.declared, Pages: g.pages, Expired: g.expired}
+		g.mu.Unlock()
+		return 0, st, fmt.Errorf("resync: %w", ErrResyncClosed)
+	}
+	var err error
+	n := 0
+	for i := range rooms {
+		if err = m.adoptLocked(i, &rooms[i]); err != nil {
+			break
+		}
+		n++
+		g.declared++
+		g.pages += int64(len(rooms[i].Pages))
+	}
+	if n > 0 {
+		if o, ok := m.obs.(ResyncObserver); ok {
+			o.RoomsAdopted(n)
+		}
+	}
+	ended := done && err == nil
+	if ended {
+		m.endResyncLocked(false)
+	}
+	st := ResyncState{Waiting: g.open, Until: g.until, Declared: g.declared, Pages: g.pages, Expired: g.expired}
+	g.mu.Unlock()
+	if ended {
+		m.admitAll()
+	}
+	return n, st, err
+}
+
+// adoptLocked makes one declared room a running room (g.mu held).
+func (m *Manager) adoptLocked(i int, d *ResyncRoom) error {
+	at := func(f string) string { return fmt.Sprintf("rooms[%d].%s", i, f) }
+	if d.DecodeDP < 0 || d.DecodeDP >= len(m.shards) {
+		return invalid(at("decode_dp_rank"), "%d is out of range: this daemon hosts %d decode DP shards (allowed 0..%d)", d.DecodeDP, len(m.shards), len(m.shards)-1)
+	}
+	sh := m.shards[d.DecodeDP]
+	r := newRoom(d.Room, d.Addr, d.DecodeDP, -1, m.clock.Now(), 0)
+	r.bootstrapAt = 0
+	if d.PrefillDP >= 0 {
+		r.prefillDP = d.PrefillDP
+	}
+	sh.mu.Lock()
+	defer m.unlockShard(sh)
+	m.openMu.Lock()
+	if _, other := m.find(d.Room); other != nil {
+		m.openMu.Unlock()
+		return fmt.Errorf("%s: room %d: %w (phase %s)", at("room"), d.Room, ErrRoomExists, other.phase)
+	}
+	sh.insert(r)
+	m.openMu.Unlock()
+	a := prealloc.Adoption{
+		Request: prealloc.Request{Room: d.Room, RID: d.RID, PromptLen: d.PromptLen, OutputLen: d.OutputLen, MaxNewTokens: d.MaxNewTokens},
+		ReqSlot: d.ReqSlot, Pages: d.Pages, SWAPages: d.SWAPages, MambaSlots: d.MambaSlots,
+	}
+	if err := sh.led.AdoptEntry(&r.entry, a); err != nil {
+		sh.forget(r)
+		if errors.Is(err, prealloc.ErrInvalidRequest) {
+			return invalid(at(adoptField(err)), "%v", err)
+		}
+		return fmt.Errorf("%s: %w", at(adoptField(err)), err)
+	}
+	r.admittedOnce()
+	r.pages = slices.Clone(d.Pages)
+	r.fillLen = d.PromptLen + d.OutputLen
+	if al, ok := sh.led.Allocation(d.Room); ok {
+		r.state = cloneState(al.State)
+	}
+	m.transitionLocked(r, PhaseSucceeded, "", textNote(fmt.Sprintf(
+		"adopted at the engine's resync: %d pages, req slot %d (prompt %d + output %d tokens)", len(d.Pages), d.ReqSlot, d.PromptLen, d.OutputLen)))
+	return nil
+}
+
+// adoptField names the ResyncRoom field a ledger refusal is about.
+func adoptField(err error) string {
+	s := err.Error()
+	switch {
+	case strings.Contains(s, "swa page"), strings.Contains(s, "SWA pages"):
+		return "swa_page_indices"
+	case strings.Contains(s, "mamba slot"):
+		return "mamba_slots"
+	case strings.Contains(s, "req slot"):
+		return "req_slot"
+	case strings.Contains(s, "page"):
+		return "page_indices"
+	case errors.Is(err, prealloc.ErrRoomExists):
+		return "room"
+	}
+	return "prompt_len"
+}
+
+// endResyncLocked ends the wait (g.mu held); the caller runs admitAll after
+// releasing g.mu.
+func (m *Manager) endResyncLocked(expired bool) {
+	g := &m.rs
+	g.open, g.expired = false, expired
+	g.gated.Store(false)
+	m.clearDeadlineLocked(&g.dl)
+	d := m.clock.Now().Sub(g.started)
+	if o, ok := m.obs.(ResyncObserver); ok {
+		o.ResyncEnded(d, g.declared, expired)
+	}
+	if expired {
+		m.log.Warn("the decode engine's resync did not finish in time: admitting with the pool less the rooms it declared; pages of rooms it never declared may be handed out again",
+			"waited", d, "rooms_declared", g.declared, "pages_declared", g.pages)
+		return
+	}
+	m.log.Info("decode engine resync done: admitting", "took", d, "rooms_adopted", g.declared, "pages_adopted", g.pages)
+}
+
+// resyncExpired is the dlResync deadline.
+func (m *Manager) resyncExpired() {
+	g := &m.rs
+	g.mu.Lock()
+	if !g.open || m.clock.Now().Before(g.until) {
+		g.mu.Unlock()
+		return
+	}
+	m.endResyncLocked(true)
+	g.mu.Unlock()
+	m.admitAll()
+}
+
+// admitAll runs an admission pass on every shard (the wait ended).
+func (m *Manager) admitAll() {
+	m.eachShard(func(sh *shard) { m.admitLocked(sh.idx) })
+}
