@@ -3,6 +3,7 @@ package bench
 import (
 	"encoding/json"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -15,8 +16,8 @@ import (
 // plausible, never to be fast or small: the machines are shared.
 func TestBenchQueuedEndToEnd(t *testing.T) {
 	bin := e2e.Binary(t, "github.com/decodeplane/decodeplane/cmd/decodeplane")
-	const rooms = 2000
-	cmd := exec.Command(bin, "bench", "--queued", "2000", "--concurrency", "32", "--settle-timeout", "2m", "--json")
+	const rooms = 10000 // ~4 MiB of queued rooms: well above the GC noise of a heap reading
+	cmd := exec.Command(bin, "bench", "--queued", strconv.Itoa(rooms), "--concurrency", "32", "--settle-timeout", "2m", "--json")
 	cmd.Env = e2e.Environ()
 	stderr := e2e.NewOutput()
 	cmd.Stderr = stderr
