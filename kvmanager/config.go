@@ -15,6 +15,7 @@ type Config struct {
 	Timeouts TimeoutConfig `yaml:"timeouts"`
 	DPRank   DPRankConfig  `yaml:"dp_rank"`
 	Rooms    RoomsConfig   `yaml:"rooms"`
+	Release  ReleaseConfig `yaml:"release"`
 }
 
 // TimeoutConfig bounds every wait of a room (timeouts). Defaults are SGLang's.
@@ -142,6 +143,7 @@ func (c Config) Validate() error {
 	if c.Rooms.MaxRetained < 0 {
 		add("rooms.max_retained", c.Rooms.MaxRetained, "must not be negative.", "set it to 0 or more.")
 	}
+	c.Release.validate(add)
 	return errors.Join(errs...)
 }
 

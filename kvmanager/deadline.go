@@ -42,6 +42,9 @@ const (
 	// dlStaging: a staged room's completion timeout; id is the room, gen
 	// its attempt.
 	dlStaging
+	// dlDrain: release.deferred_timeout of a draining room; ref is the
+	// *room, gen its attempt (drain.go).
+	dlDrain
 )
 
 // deadline is one entry of the heap. Its zero value is not armed.
@@ -265,6 +268,12 @@ func (m *Manager) fireDeadlines() {
 			sh := m.shardOf(r)
 			sh.mu.Lock()
 			m.releaseIfIdleLocked(r)
+			m.unlockShard(sh)
+		case dlDrain:
+			r := d.ref.(*room)
+			sh := m.shardOf(r)
+			sh.mu.Lock()
+			m.drainDeadlineLocked(r, d.gen)
 			m.unlockShard(sh)
 		case dlShard:
 			sh := m.shards[d.id]

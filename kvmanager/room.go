@@ -92,6 +92,8 @@ type handoff struct {
 	// quarantine is made when an engine failure could not rule out writes
 	// into the pages until a time: the release waits for it.
 	quarantine *quarantine
+	// drain: the acknowledgements a failed room's prefill ranks owe (drain.go).
+	drain *drainState
 
 	marker     uint64
 	bytes      uint64
@@ -233,6 +235,8 @@ type rankProgress struct {
 	last    int // index of the last chunk sent (landed or in flight), -1 until seen
 	// lastLanded: the last chunk landed.
 	lastLanded bool
+	// engine: the daemon's engine moved this rank's chunks (Transfer).
+	engine bool
 	// done: every page of the destination landed from this rank and its
 	// last chunk (with the metadata) landed; counted once in room.doneN.
 	done bool
@@ -350,7 +354,7 @@ func (m *Manager) applyLocked(r *room, e effects) {
 		}
 	}
 	if e.claimEv != (DestinationEvent{}) {
-		e.claims.finishAll(e.claimEv)
+		m.finishClaimsLocked(r, e)
 	}
 	if e.finished {
 		if e.outcome == PhaseSucceeded {

@@ -31,6 +31,7 @@ const (
 	Rooms_ReportRunning_FullMethodName      = "/decodeplane.v1.Rooms/ReportRunning"
 	Rooms_RetractRoom_FullMethodName        = "/decodeplane.v1.Rooms/RetractRoom"
 	Rooms_ContinueGeneration_FullMethodName = "/decodeplane.v1.Rooms/ContinueGeneration"
+	Rooms_AckRoomEnd_FullMethodName         = "/decodeplane.v1.Rooms/AckRoomEnd"
 )
 
 // RoomsClient is the client API for Rooms service.
@@ -199,6 +200,32 @@ type RoomsClient interface {
 	// ContinueGeneration re-enqueues every held rebootstrap room
 	// (SGLang's continue_generation). Codes: OK; UNAUTHENTICATED.
 	ContinueGeneration(ctx context.Context, in *ContinueGenerationRequest, opts ...grpc.CallOption) (*ContinueGenerationResponse, error)
+	// AckRoomEnd is a prefill rank's acknowledgement that it will write
+	// nothing more into the destination of one generation (attempt,
+	// incarnation) of a room that ended (SGLang's ABORT_ACK, deferred
+	// release). When a room fails (abort, failure, timeout, prefill lost)
+	// while a rank that received its destination may still write into its
+	// pages by itself (ReportTransfer, or its own writes into a staging
+	// region) and its last chunk has not landed, the rank's claim stream ends
+	// with the failure and DestinationEvent.ack_required; the room's pages
+	// and staging regions are then draining: not free, not reusable, shown in
+	// GetRoom's waiting_for and GetStatus's shards. They go back when every
+	// owing rank acked, or when release.deferred_timeout expires (then with a
+	// warning naming the ranks that never acked, counted in
+	// decodeplane_room_end_acks_total{outcome="expired"}). A rank whose chunks
+	// the daemon's engine moves (Transfer, on an unstaged room) owes nothing:
+	// the daemon waits for its engine itself. Shutdown does not wait for
+	// acknowledgements (the ledgers go away with the process).
+	// Idempotent per rank and generation: an ack from a rank that owes none
+	// (never received the destination, its last chunk landed, it acked
+	// already, the room is still live, or deferral is off) is accepted as a
+	// no-op (owed = false).
+	// Codes: OK; INVALID_ARGUMENT (a bound, naming the field; a rank of
+	// another prefill instance); NOT_FOUND (unknown room); FAILED_PRECONDITION
+	// (a stale generation: attempt is not the room's current attempt, reason
+	// STALE_ATTEMPT; or STALE_INCARNATION: incarnation names an earlier
+	// daemon); nothing changes on an error; UNAUTHENTICATED.
+	AckRoomEnd(ctx context.Context, in *AckRoomEndRequest, opts ...grpc.CallOption) (*AckRoomEndResponse, error)
 }
 
 type roomsClient struct {
@@ -341,6 +368,16 @@ func (c *roomsClient) ContinueGeneration(ctx context.Context, in *ContinueGenera
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ContinueGenerationResponse)
 	err := c.cc.Invoke(ctx, Rooms_ContinueGeneration_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *roomsClient) AckRoomEnd(ctx context.Context, in *AckRoomEndRequest, opts ...grpc.CallOption) (*AckRoomEndResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AckRoomEndResponse)
+	err := c.cc.Invoke(ctx, Rooms_AckRoomEnd_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -513,6 +550,32 @@ type RoomsServer interface {
 	// ContinueGeneration re-enqueues every held rebootstrap room
 	// (SGLang's continue_generation). Codes: OK; UNAUTHENTICATED.
 	ContinueGeneration(context.Context, *ContinueGenerationRequest) (*ContinueGenerationResponse, error)
+	// AckRoomEnd is a prefill rank's acknowledgement that it will write
+	// nothing more into the destination of one generation (attempt,
+	// incarnation) of a room that ended (SGLang's ABORT_ACK, deferred
+	// release). When a room fails (abort, failure, timeout, prefill lost)
+	// while a rank that received its destination may still write into its
+	// pages by itself (ReportTransfer, or its own writes into a staging
+	// region) and its last chunk has not landed, the rank's claim stream ends
+	// with the failure and DestinationEvent.ack_required; the room's pages
+	// and staging regions are then draining: not free, not reusable, shown in
+	// GetRoom's waiting_for and GetStatus's shards. They go back when every
+	// owing rank acked, or when release.deferred_timeout expires (then with a
+	// warning naming the ranks that never acked, counted in
+	// decodeplane_room_end_acks_total{outcome="expired"}). A rank whose chunks
+	// the daemon's engine moves (Transfer, on an unstaged room) owes nothing:
+	// the daemon waits for its engine itself. Shutdown does not wait for
+	// acknowledgements (the ledgers go away with the process).
+	// Idempotent per rank and generation: an ack from a rank that owes none
+	// (never received the destination, its last chunk landed, it acked
+	// already, the room is still live, or deferral is off) is accepted as a
+	// no-op (owed = false).
+	// Codes: OK; INVALID_ARGUMENT (a bound, naming the field; a rank of
+	// another prefill instance); NOT_FOUND (unknown room); FAILED_PRECONDITION
+	// (a stale generation: attempt is not the room's current attempt, reason
+	// STALE_ATTEMPT; or STALE_INCARNATION: incarnation names an earlier
+	// daemon); nothing changes on an error; UNAUTHENTICATED.
+	AckRoomEnd(context.Context, *AckRoomEndRequest) (*AckRoomEndResponse, error)
 	mustEmbedUnimplementedRoomsServer()
 }
 
@@ -558,6 +621,9 @@ func (UnimplementedRoomsServer) RetractRoom(context.Context, *RetractRoomRequest
 }
 func (UnimplementedRoomsServer) ContinueGeneration(context.Context, *ContinueGenerationRequest) (*ContinueGenerationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ContinueGeneration not implemented")
+}
+func (UnimplementedRoomsServer) AckRoomEnd(context.Context, *AckRoomEndRequest) (*AckRoomEndResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AckRoomEnd not implemented")
 }
 func (UnimplementedRoomsServer) mustEmbedUnimplementedRoomsServer() {}
 func (UnimplementedRoomsServer) testEmbeddedByValue()               {}
@@ -782,6 +848,24 @@ func _Rooms_ContinueGeneration_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Rooms_AckRoomEnd_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AckRoomEndRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RoomsServer).AckRoomEnd(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Rooms_AckRoomEnd_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RoomsServer).AckRoomEnd(ctx, req.(*AckRoomEndRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Rooms_ServiceDesc is the grpc.ServiceDesc for Rooms service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -828,6 +912,10 @@ var Rooms_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ContinueGeneration",
 			Handler:    _Rooms_ContinueGeneration_Handler,
+		},
+		{
+			MethodName: "AckRoomEnd",
+			Handler:    _Rooms_AckRoomEnd_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
