@@ -51,6 +51,7 @@ type Metrics struct {
 	heartbeatMisses  *prometheus.CounterVec
 	prefillLost      *prometheus.CounterVec
 	staleIncarnation *prometheus.CounterVec
+	drain            drainMetrics // deferred release (drain.go)
 
 	// The children the room path updates, each looked up by label values
 	// once, on first use (a series appears when it did before: at Attach or
@@ -147,6 +148,8 @@ func New() *Metrics {
 		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m},
 	)
 	reg.MustRegister(m.grpc.collectors()...)
+	m.drain = newDrainMetrics()
+	m.drain.register(reg, m)
 	for p := range m.roomsByPhase {
 		m.roomsByPhase[p] = child(m.rooms.MetricVec, kvmanager.Phase(p).String()).gauge
 	}
