@@ -80,7 +80,7 @@ func (r *room) owesAck(rp *rankProgress) bool {
 // acknowledgement (see the package's deferred release). claims are the
 // claims moved out of the room; from is the phase it failed in.
 func (m *Manager) noteOwingLocked(r *room, claims *claimSet, from Phase) {
-	if m.cfg.Release.DeferredTimeout <= 0 || r.handoff == nil || r.pages == nil || !r.inLedger { // !inLedger: the ledger freed it (claim timeout)
+	if m.cfg.Release.DeferredTimeout <= 0 || m.closed.Load() || r.handoff == nil || r.pages == nil || !r.inLedger { // !inLedger: the ledger freed it (claim timeout)
 		return
 	}
 	switch from {

@@ -273,8 +273,8 @@ func TestDeferredReleaseRebootstrapAndShutdown(t *testing.T) {
 		}
 		h.assertLedgersFull()
 
-		// Shutdown with an owing rank: it fails the room and releases it
-		// at once (no wait for the ack).
+		// Shutdown with a rank that would owe: it fails the room and
+		// releases it at once, asking for no ack (nothing waits for it).
 		h.open(addrA, 3)
 		c3, _ := h.claim(3, rank)
 		if err := h.reportChunk(3, rank, 0, 0, 4, false); err != nil {
@@ -283,7 +283,7 @@ func TestDeferredReleaseRebootstrapAndShutdown(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		h.m.Shutdown(ctx)
-		if ev, _ := nextEvent(t, c3); ev.Failure == nil || ev.Failure.Code != FailureShutdown || !ev.AckRequired {
+		if ev, _ := nextEvent(t, c3); ev.Failure == nil || ev.Failure.Code != FailureShutdown || ev.AckRequired {
 			t.Fatalf("claim's end at shutdown = %+v", ev)
 		}
 		if s := h.stats(0); s.Draining != 0 {
