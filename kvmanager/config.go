@@ -9,7 +9,7 @@ import (
 )
 
 // Config is the room manager's configuration: timeouts, DP-rank resolution,
-// room retention. The yaml tags are the daemon's
+// room retention, deferred release (drain.go; its zero value: no deferral). The yaml tags are the daemon's
 // configuration keys.
 type Config struct {
 	Timeouts TimeoutConfig `yaml:"timeouts"`
