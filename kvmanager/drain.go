@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -16,10 +17,13 @@ import (
 // records, for its current attempt, the ranks that owe an acknowledgement:
 // every required rank that received the destination (claimed it, or holds
 // a claim stream it was queued on) and whose last chunk has not landed,
-// unless the daemon's engine moves its chunks (it sent chunks through
-// Transfer only, on a room that is not staged: those writes keep the
-// engine's rule, release after the engine returns). A rank that never
-// received the destination, or whose last chunk landed, owes nothing.
+// when the room is staged (the prefill writes into staging regions) or
+// when its instance is known to write by itself (one of its ranks reported
+// a chunk with ReportTransfer, selfWriters) and the daemon's engine does
+// not move this rank's chunks (Transfer: those writes keep the engine's
+// rule, release after the engine returns). A rank that never received the
+// destination, whose last chunk landed, or whose instance has only ever
+// used the daemon's engine owes nothing.
 //
 // The owing ranks' claims end with AckRequired. Once nothing is in flight,
 // the room's ledger record goes to prealloc's DrainRoom (its pages, slots
@@ -71,9 +75,53 @@ type drainState struct {
 	dl      deadline
 }
 
-// owesAck: rank rp may still write into the room's pages by itself.
-func (r *room) owesAck(rp *rankProgress) bool {
-	return rp != nil && !rp.lastLanded && (r.staging || !rp.engine)
+// owesAck: rank rp may still write into the room's pages by itself: its
+// last chunk has not landed, and the room is staged (the prefill writes
+// into staging regions) or its chunks are not moved by the daemon's engine
+// while its instance is known to write by itself (selfWriters).
+func (m *Manager) owesAck(r *room, rp *rankProgress) bool {
+	return rp != nil && !rp.lastLanded && (r.staging || (!rp.engine && m.selfWriters.known(r.addr)))
+}
+
+// maxSelfWriters bounds selfWriters (addresses are client-chosen); past it
+// every instance is treated as one that writes by itself.
+const maxSelfWriters = 4096
+
+// selfWriters are the prefill addresses whose ranks reported a chunk they
+// moved themselves (ReportTransfer): a rank of such an instance that
+// received a destination and has not sent its last chunk may be writing.
+// A rank of an instance that only ever asked the daemon's engine (Transfer)
+// owes nothing until it reports a chunk itself. A leaf: its own lock.
+type selfWriters struct {
+	mu    sync.Mutex
+	addrs map[string]struct{}
+	full  bool
+}
+
+func (s *selfWriters) note(addr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.full {
+		return
+	}
+	if _, ok := s.addrs[addr]; ok {
+		return
+	}
+	if len(s.addrs) >= maxSelfWriters {
+		s.full, s.addrs = true, nil
+		return
+	}
+	if s.addrs == nil {
+		s.addrs = map[string]struct{}{}
+	}
+	s.addrs[addr] = struct{}{}
+}
+
+func (s *selfWriters) known(addr string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, ok := s.addrs[addr]
+	return ok || s.full
 }
 
 // noteOwingLocked records, as a room fails, which ranks owe an
@@ -91,7 +139,7 @@ func (m *Manager) noteOwingLocked(r *room, claims *claimSet, from Phase) {
 	var owing []RankID
 	seen := map[rankKey]bool{}
 	add := func(k rankKey, rp *rankProgress) {
-		if seen[k] || !r.owesAck(rp) {
+		if seen[k] || !m.owesAck(r, rp) {
 			return
 		}
 		seen[k] = true

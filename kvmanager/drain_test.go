@@ -192,10 +192,10 @@ func TestDeferredReleaseBoundExpires(t *testing.T) {
 	})
 }
 
-// TestDeferredReleaseWhoOwes: a rank whose last chunk landed, a rank whose
-// chunks the daemon's engine moves, and a room whose destination nobody
-// received owe nothing: the pages go back at once; deferral 0 is today's
-// rule.
+// TestDeferredReleaseWhoOwes: a rank whose chunks the daemon's engine
+// moves, a room whose destination nobody received, and a claimed rank of an
+// instance that never reported a chunk itself owe nothing: the pages go
+// back at once; deferral 0 is today's rule.
 func TestDeferredReleaseWhoOwes(t *testing.T) {
 	cases := []struct {
 		name     string
@@ -209,6 +209,7 @@ func TestDeferredReleaseWhoOwes(t *testing.T) {
 				h.t.Fatal(err)
 			}
 		}},
+		{"claimed, its instance never wrote by itself", 30 * time.Second, func(h *harness, rank RankID) { h.claim(1, rank) }},
 		{"deferral off", 0, func(h *harness, rank RankID) {
 			h.claim(1, rank)
 			if err := h.reportChunk(1, rank, 0, 0, 4, false); err != nil {
@@ -288,6 +289,38 @@ func TestDeferredReleaseRebootstrapAndShutdown(t *testing.T) {
 		}
 		if s := h.stats(0); s.Draining != 0 {
 			t.Fatalf("%d draining rooms after shutdown", s.Draining)
+		}
+		h.assertLedgersFull()
+	})
+}
+
+// TestDeferredReleaseClaimedRankOfASelfWriter: once an instance reported a
+// chunk it moved itself, a rank of it that claimed a later room and has
+// sent nothing yet may be writing its first chunk (sglang#35049): it owes.
+func TestDeferredReleaseClaimedRankOfASelfWriter(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(drainPool), withConfig(func(c *Config) { c.Release.DeferredTimeout = 30 * time.Second }))
+		h.register(instance{addr: addrA})
+		h.open(addrA, 1)
+		rank := h.requiredRanks(1)[0]
+		h.claim(1, rank)
+		pages := h.snapshot(1).NumPages
+		if err := h.reportChunk(1, rank, 0, 0, pages, true); err != nil {
+			t.Fatal(err)
+		}
+		h.wantPhase(1, PhaseSucceeded)
+		h.release(1)
+		h.open(addrA, 2)
+		c, _ := h.claim(2, rank)
+		h.m.AbortRoom(2, "")
+		if ev, _ := nextEvent(t, c); !ev.AckRequired {
+			t.Fatalf("claim's end = %+v, want AckRequired", ev)
+		}
+		if s := h.stats(0); s.Draining != 1 {
+			t.Fatalf("%d draining rooms, want 1", s.Draining)
+		}
+		if res, err := h.m.AckRoomEnd(2, rank, 1); err != nil || !res.Released {
+			t.Fatalf("AckRoomEnd = %+v, %v", res, err)
 		}
 		h.assertLedgersFull()
 	})

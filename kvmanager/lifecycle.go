@@ -794,6 +794,8 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 	cs.settle()
 	cs.done = true
 	cs.result = transfer.ChunkResult{Bytes: req.Bytes, Duration: -1, MarkerWritten: req.Marker} // duration unknown: the prefill moved it
+	// The instance writes by itself: deferred release (drain.go).
+	m.selfWriters.note(r.addr)
 	m.chunkLandedLocked(r, rp, req, cs.result)
 	return r.phase.Poll(), false, nil
 }

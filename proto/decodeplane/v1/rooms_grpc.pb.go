@@ -205,8 +205,10 @@ type RoomsClient interface {
 	// incarnation) of a room that ended (SGLang's ABORT_ACK, deferred
 	// release). When a room fails (abort, failure, timeout, prefill lost)
 	// while a rank that received its destination may still write into its
-	// pages by itself (ReportTransfer, or its own writes into a staging
-	// region) and its last chunk has not landed, the rank's claim stream ends
+	// pages by itself (a staged room, whose regions the prefill writes; or a
+	// rank whose chunks the daemon's engine does not move, of an instance one
+	// of whose ranks has reported a chunk with ReportTransfer) and its last
+	// chunk has not landed, the rank's claim stream ends
 	// with the failure and DestinationEvent.ack_required; the room's pages
 	// and staging regions are then draining: not free, not reusable, shown in
 	// GetRoom's waiting_for and GetStatus's shards. They go back when every
@@ -555,8 +557,10 @@ type RoomsServer interface {
 	// incarnation) of a room that ended (SGLang's ABORT_ACK, deferred
 	// release). When a room fails (abort, failure, timeout, prefill lost)
 	// while a rank that received its destination may still write into its
-	// pages by itself (ReportTransfer, or its own writes into a staging
-	// region) and its last chunk has not landed, the rank's claim stream ends
+	// pages by itself (a staged room, whose regions the prefill writes; or a
+	// rank whose chunks the daemon's engine does not move, of an instance one
+	// of whose ranks has reported a chunk with ReportTransfer) and its last
+	// chunk has not landed, the rank's claim stream ends
 	// with the failure and DestinationEvent.ack_required; the room's pages
 	// and staging regions are then draining: not free, not reusable, shown in
 	// GetRoom's waiting_for and GetStatus's shards. They go back when every
