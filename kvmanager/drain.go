@@ -16,14 +16,15 @@ import (
 // failure, timeout, prefill lost, a rebootstrapped attempt's end) the room
 // records, for its current attempt, the ranks that owe an acknowledgement:
 // every required rank that received the destination (claimed it, or holds
-// a claim stream it was queued on) and whose last chunk has not landed,
-// when the room is staged (the prefill writes into staging regions) or
-// when its instance is known to write by itself (one of its ranks reported
-// a chunk with ReportTransfer, selfWriters) and the daemon's engine does
-// not move this rank's chunks (Transfer: those writes keep the engine's
-// rule, release after the engine returns). A rank that never received the
-// destination, whose last chunk landed, or whose instance has only ever
-// used the daemon's engine owes nothing.
+// a claim stream it was queued on) and that may still write by itself:
+// it holds a staging region it allocated and has not reported ready
+// (ChunkReady), or its last chunk has not landed and its instance is known
+// to write by itself (one of its ranks reported a chunk with
+// ReportTransfer, selfWriters) while the daemon's engine does not move this
+// rank's chunks (Transfer: those writes keep the engine's rule, release
+// after the engine returns). A rank that never received the destination,
+// whose writes are all reported, or whose instance has only ever used the
+// daemon's engine owes nothing.
 //
 // The owing ranks' claims end with AckRequired. Once nothing is in flight,
 // the room's ledger record goes to prealloc's DrainRoom (its pages, slots
@@ -75,12 +76,15 @@ type drainState struct {
 	dl      deadline
 }
 
-// owesAck: rank rp may still write into the room's pages by itself: its
-// last chunk has not landed, and the room is staged (the prefill writes
-// into staging regions) or its chunks are not moved by the daemon's engine
-// while its instance is known to write by itself (selfWriters).
+// owesAck: rank rp may still write into the room's memory by itself: it
+// holds a staging region of the room it has not reported ready, or its
+// last chunk has not landed, its chunks are not moved by the daemon's
+// engine and its instance is known to write by itself (selfWriters).
 func (m *Manager) owesAck(r *room, rp *rankProgress) bool {
-	return rp != nil && !rp.lastLanded && (r.staging || (!rp.engine && m.selfWriters.known(r.addr)))
+	if rp == nil {
+		return false
+	}
+	return (r.staging && rp.stagingOpen > 0) || (!rp.lastLanded && !rp.engine && m.selfWriters.known(r.addr))
 }
 
 // maxSelfWriters bounds selfWriters (addresses are client-chosen); past it

@@ -237,6 +237,9 @@ type rankProgress struct {
 	lastLanded bool
 	// engine: the daemon's engine moved this rank's chunks (Transfer).
 	engine bool
+	// stagingOpen: staging allocations this rank has not reported ready
+	// (it may be writing into those regions; drain.go).
+	stagingOpen int32
 	// done: every page of the destination landed from this rank and its
 	// last chunk (with the metadata) landed; counted once in room.doneN.
 	done bool
