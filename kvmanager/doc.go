@@ -134,9 +134,10 @@
 // transfer.WritesMayContinueError), only after that batch's deadline. Writes a prefill
 // performs itself (ReportTransfer, its own writes into a staging region) are
 // beyond the daemon's sight, so a room that fails while a rank that received
-// its destination may still write that way (its last chunk not landed; the
-// room staged, or its chunks not moved by the daemon's engine and its
-// instance known to report chunks it moved itself) enters the draining state
+// its destination may still write that way (it holds a staging region it
+// has not reported ready; or its last chunk has not landed, its chunks are
+// not moved by the daemon's engine and its instance is known to report
+// chunks it moved itself) enters the draining state
 // (drain.go; SGLang's deferred release behind ABORT_ACK): that rank's claim
 // ends with AckRequired, and once nothing is in flight the room's ledger
 // record goes to prealloc's DrainRoom — its pages, slots and metadata slot

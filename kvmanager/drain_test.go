@@ -325,3 +325,23 @@ func TestDeferredReleaseClaimedRankOfASelfWriter(t *testing.T) {
 		h.assertLedgersFull()
 	})
 }
+
+// TestReleaseConfigBounds: release.deferred_timeout is 0..10m; a value
+// outside is refused naming the setting and the fix.
+func TestReleaseConfigBounds(t *testing.T) {
+	for _, d := range []time.Duration{0, time.Second, MaxDeferredTimeout} {
+		c := DefaultConfig()
+		c.Release.DeferredTimeout = d
+		if err := c.Validate(); err != nil {
+			t.Errorf("deferred_timeout %s: %v", d, err)
+		}
+	}
+	for _, d := range []time.Duration{-time.Second, MaxDeferredTimeout + time.Second} {
+		c := DefaultConfig()
+		c.Release.DeferredTimeout = d
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), "release.deferred_timeout") || !strings.Contains(err.Error(), "between 0 and 10m0s") || !strings.Contains(err.Error(), "or 0 to release") {
+			t.Errorf("deferred_timeout %s: %v; want the setting, its bounds and the fix", d, err)
+		}
+	}
+}

@@ -205,19 +205,19 @@ type RoomsClient interface {
 	// incarnation) of a room that ended (SGLang's ABORT_ACK, deferred
 	// release). When a room fails (abort, failure, timeout, prefill lost)
 	// while a rank that received its destination may still write into its
-	// pages by itself (a staged room, whose regions the prefill writes; or a
-	// rank whose chunks the daemon's engine does not move, of an instance one
-	// of whose ranks has reported a chunk with ReportTransfer) and its last
-	// chunk has not landed, the rank's claim stream ends
+	// memory by itself (it holds a staging region it has not reported ready
+	// with ChunkReady; or its last chunk has not landed, the daemon's engine
+	// does not move its chunks, and one of its instance's ranks has reported
+	// a chunk with ReportTransfer), the rank's claim stream ends
 	// with the failure and DestinationEvent.ack_required; the room's pages
 	// and staging regions are then draining: not free, not reusable, shown in
 	// GetRoom's waiting_for and GetStatus's shards. They go back when every
 	// owing rank acked, or when release.deferred_timeout expires (then with a
 	// warning naming the ranks that never acked, counted in
 	// decodeplane_room_end_acks_total{outcome="expired"}). A rank whose chunks
-	// the daemon's engine moves (Transfer, on an unstaged room) owes nothing:
-	// the daemon waits for its engine itself. Shutdown does not wait for
-	// acknowledgements (the ledgers go away with the process).
+	// the daemon's engine moves (Transfer) owes nothing for them: the daemon
+	// waits for its engine itself. Shutdown asks for no acknowledgement and
+	// waits for none (the ledgers go away with the process).
 	// Idempotent per rank and generation: an ack from a rank that owes none
 	// (never received the destination, its last chunk landed, it acked
 	// already, the room is still live, or deferral is off) is accepted as a
@@ -557,19 +557,19 @@ type RoomsServer interface {
 	// incarnation) of a room that ended (SGLang's ABORT_ACK, deferred
 	// release). When a room fails (abort, failure, timeout, prefill lost)
 	// while a rank that received its destination may still write into its
-	// pages by itself (a staged room, whose regions the prefill writes; or a
-	// rank whose chunks the daemon's engine does not move, of an instance one
-	// of whose ranks has reported a chunk with ReportTransfer) and its last
-	// chunk has not landed, the rank's claim stream ends
+	// memory by itself (it holds a staging region it has not reported ready
+	// with ChunkReady; or its last chunk has not landed, the daemon's engine
+	// does not move its chunks, and one of its instance's ranks has reported
+	// a chunk with ReportTransfer), the rank's claim stream ends
 	// with the failure and DestinationEvent.ack_required; the room's pages
 	// and staging regions are then draining: not free, not reusable, shown in
 	// GetRoom's waiting_for and GetStatus's shards. They go back when every
 	// owing rank acked, or when release.deferred_timeout expires (then with a
 	// warning naming the ranks that never acked, counted in
 	// decodeplane_room_end_acks_total{outcome="expired"}). A rank whose chunks
-	// the daemon's engine moves (Transfer, on an unstaged room) owes nothing:
-	// the daemon waits for its engine itself. Shutdown does not wait for
-	// acknowledgements (the ledgers go away with the process).
+	// the daemon's engine moves (Transfer) owes nothing for them: the daemon
+	// waits for its engine itself. Shutdown asks for no acknowledgement and
+	// waits for none (the ledgers go away with the process).
 	// Idempotent per rank and generation: an ack from a rank that owes none
 	// (never received the destination, its last chunk landed, it acked
 	// already, the room is still live, or deferral is off) is accepted as a
