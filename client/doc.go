@@ -93,6 +93,19 @@
 // RunHeartbeat registers again on its next beat (or call Register), and
 // OnIncarnationChange is told; hand the rooms off again after that.
 //
+// # Room ends and acknowledgements
+//
+// A hand-off reads its claim stream while it writes. When the room fails
+// and the stream says ack_required (this rank may still be writing into
+// the destination by itself), the hand-off stops writing at once (the
+// context of ReportRoom's Move in flight is cancelled, nothing more is
+// moved or reported), then sends AckRoomEnd for the destination's attempt
+// and incarnation (best effort, bounded by AckTimeout), so that the
+// daemon's draining pages go back without waiting for its
+// release.deferred_timeout; it does the same when a chunk of its own
+// revealed the failure. The error is the room's failure
+// (RoomFailedError.AckRequired tells). Prefill.AckRoomEnd sends one by hand.
+//
 // # Retries
 //
 // Retries are declared per RPC, in one table (retry.go), from the contract

@@ -212,6 +212,10 @@ type RoomFailedError struct {
 	Message string
 	// FromAnotherRank is true when another prefill rank reported the failure.
 	FromAnotherRank bool
+	// AckRequired: the claim stream said this rank must acknowledge the
+	// room's end (AckRoomEnd) once it stopped writing; SendRoom and
+	// ReportRoom do it themselves (drain.go).
+	AckRequired bool
 	// Err is the RPC error that revealed the failure, if any.
 	Err error
 }

@@ -448,7 +448,7 @@ type SendOptions struct {
 // A daemon restart (a new incarnation, see Prefill) stops the hand-off
 // before its next Transfer with an *IncarnationChangedError.
 func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	return p.handOff(ctx, "SendRoom", room, o, func(ctx context.Context, ch Chunk, check func() error) error {
+	return p.handOff(ctx, "SendRoom", room, o, func(ctx, _ context.Context, ch Chunk, check func() error) error {
 		req := &pb.TransferRequest{
 			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
 			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
@@ -479,11 +479,11 @@ func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb
 // *IncarnationChangedError; a Move in flight then sees its context
 // cancelled, and what it moved is not reported.
 func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	return p.handOff(ctx, "ReportRoom", room, o, func(ctx context.Context, ch Chunk, check func() error) error {
+	return p.handOff(ctx, "ReportRoom", room, o, func(ctx, writeCtx context.Context, ch Chunk, check func() error) error {
 		n := ch.Bytes()
 		var moveErr error
 		if o.Move != nil {
-			n, moveErr = o.Move(ctx, ch)
+			n, moveErr = o.Move(writeCtx, ch) // ends when the room ends (drain.go)
 		}
 		if err := check(); err != nil {
 			return err
@@ -524,7 +524,7 @@ func (m *moveFailure) Unwrap() error { return m.err }
 // Prefill holds when it starts (or, when none is known yet, to the
 // destination's): move calls check right before each write or report, and
 // its context ends once that incarnation is void.
-func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOptions, move func(context.Context, Chunk, func() error) error) (*pb.Destination, error) {
+func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOptions, move func(ctx, writeCtx context.Context, ch Chunk, check func() error) error) (*pb.Destination, error) {
 	if o.ChunkPages < 0 {
 		return nil, localError(op, codes.InvalidArgument, "SendOptions.ChunkPages: %d must be >= 0 (0 sends every page in one chunk)", o.ChunkPages)
 	}
@@ -554,31 +554,7 @@ func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOpt
 	if err := p.bind(g, room, dest); err != nil {
 		return nil, err
 	}
-	check := func() error { return p.check(g, room) }
-	if !dest.GetDummy() {
-		for _, ch := range chunks(dest, o.ChunkPages) {
-			if err := check(); err != nil {
-				return dest, err
-			}
-			if err := move(hctx, ch, check); err != nil {
-				if v := p.voided(g, room, err); errors.Is(v, ErrIncarnationChanged) {
-					return dest, v
-				}
-				return dest, p.explain(ctx, room, err)
-			}
-		}
-	}
-	for {
-		ev, err := s.Next()
-		if err != nil {
-			return dest, p.voided(g, room, err)
-		}
-		if ev.Done != nil {
-			return dest, nil
-		}
-		// Another destination cannot come on this claim (a rebootstrap
-		// starts new claims after the room succeeded); skip it.
-	}
+	return p.moveAndWait(ctx, hctx, g, room, s, dest, o, move) // drain.go
 }
 
 // bind binds a hand-off of g to its destination's incarnation: a g not

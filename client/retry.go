@@ -129,6 +129,7 @@ var retryTable = map[string]retryClass{
 	pb.Rooms_ListRooms_FullMethodName:      retrySafe,
 	// Idempotent on the daemon (a second abort or release is OK).
 	pb.Rooms_AbortRoom_FullMethodName:   retrySafe,
+	pb.Rooms_AckRoomEnd_FullMethodName:  retrySafe, // idempotent per rank and generation
 	pb.Rooms_ReleaseRoom_FullMethodName: retrySafe,
 	// Not safe blindly: the engine re-reports absolute lengths on its own
 	// schedule; retracting or resuming twice changes what happens.

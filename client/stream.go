@@ -216,7 +216,9 @@ func (d *DestinationStream) Next() (*Event, error) {
 			d.s.end(io.EOF)
 			return &Event{Done: ev.GetDone()}, nil
 		case ev.GetFailure() != nil:
-			return nil, d.s.end(roomFailed(d.room, ev.GetFailure()))
+			rf := roomFailed(d.room, ev.GetFailure())
+			rf.AckRequired = ev.GetAckRequired()
+			return nil, d.s.end(rf)
 		}
 		// An event this client does not know (a newer daemon): skip it.
 	}

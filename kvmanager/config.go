@@ -9,12 +9,13 @@ import (
 )
 
 // Config is the room manager's configuration: timeouts, DP-rank resolution,
-// room retention. The yaml tags are the daemon's
+// room retention, deferred release (drain.go; its zero value: no deferral). The yaml tags are the daemon's
 // configuration keys.
 type Config struct {
 	Timeouts TimeoutConfig `yaml:"timeouts"`
 	DPRank   DPRankConfig  `yaml:"dp_rank"`
 	Rooms    RoomsConfig   `yaml:"rooms"`
+	Release  ReleaseConfig `yaml:"release"`
 }
 
 // TimeoutConfig bounds every wait of a room (timeouts). Defaults are SGLang's.
@@ -164,6 +165,7 @@ func (c Config) Validate() error {
 	if c.Rooms.MaxRetained < 0 {
 		add("rooms.max_retained", c.Rooms.MaxRetained, "must not be negative.", "set it to 0 or more.")
 	}
+	c.Release.validate(add)
 	return errors.Join(errs...)
 }
 

@@ -44,6 +44,9 @@ const (
 	dlStaging
 	// dlResync: the end of the engine resync wait (resync.go).
 	dlResync
+	// dlDrain: release.deferred_timeout of a draining room; ref is the
+	// *room, gen its attempt (drain.go).
+	dlDrain
 )
 
 // deadline is one entry of the heap. Its zero value is not armed.
@@ -267,6 +270,12 @@ func (m *Manager) fireDeadlines() {
 			sh := m.shardOf(r)
 			sh.mu.Lock()
 			m.releaseIfIdleLocked(r)
+			m.unlockShard(sh)
+		case dlDrain:
+			r := d.ref.(*room)
+			sh := m.shardOf(r)
+			sh.mu.Lock()
+			m.drainDeadlineLocked(r, d.gen)
 			m.unlockShard(sh)
 		case dlShard:
 			sh := m.shards[d.id]

@@ -84,7 +84,8 @@
 // budget, the DP-rank resolution bound, timeouts.bootstrap until the
 // destination is claimed (SGLang has no decode-side deadline there), the
 // ledger's claim timeout, the waiting timeout after the claim, and the
-// staging completion timeout; heartbeats declare a silent prefill instance
+// staging completion timeout, and release.deferred_timeout while a failed
+// room's pages drain; heartbeats declare a silent prefill instance
 // dead (T15). Liveness is per rank: every registered rank must heartbeat,
 // and one rank silent for max_failures intervals kills its instance; the
 // rooms' failure and the log line name the silent ranks and their silence.
@@ -103,8 +104,8 @@
 // Every one of these deadlines — a room's phase deadline, a shard's next
 // ledger claim deadline, a claim waiting for OpenRoom, an address's next
 // registration check, a staged room's completion timeout, a quarantine's end,
-// the admission pass due right after a retraction and the end of the engine
-// resync wait — is an entry of one
+// a draining room's release.deferred_timeout, the admission pass due right
+// after a retraction and the end of the engine resync wait — is an entry of one
 // min-heap keyed by time (deadline.go; etcd's lessor is the model), driven by
 // one timer on the injected Clock armed at the heap's minimum. An entry is a
 // value inside what it bounds (arming one allocates nothing) and carries its
@@ -139,10 +140,23 @@
 // (a transfer agent lost with a batch it may have accepted,
 // transfer.WritesMayContinueError), only after that batch's deadline. Writes a prefill
 // performs itself (ReportTransfer, its own writes into a staging region) are
-// beyond the daemon's sight: the claim stream tells the prefill at once that
-// the room ended, and its resources go back then, as in SGLang's base
-// behaviour (SGLang's newer deferred release waits for the prefill's
-// ABORT_ACK; decodeplane does not have that acknowledgement yet).
+// beyond the daemon's sight, so a room that fails while a rank that received
+// its destination may still write that way (it holds a staging region it
+// has not reported ready; or its last chunk has not landed, its chunks are
+// not moved by the daemon's engine and its instance is known to report
+// chunks it moved itself) enters the draining state
+// (drain.go; SGLang's deferred release behind ABORT_ACK): that rank's claim
+// ends with AckRequired, and once nothing is in flight the room's ledger
+// record goes to prealloc's DrainRoom — its pages, slots and metadata slot
+// stay held, not free, counted in Stats.Draining — and its end hooks
+// (staging regions) wait. They come back, through the same single release,
+// when every owing rank called AckRoomEnd for the room's attempt (an ack for
+// another attempt is ErrStaleAttempt and changes nothing; one from a rank
+// that owes nothing is a no-op), or when release.deferred_timeout (the
+// heap's dlDrain entry) expires, with a warning naming the ranks that never
+// acked. release.deferred_timeout 0 (kvmanager's zero Config) keeps the
+// earlier rule: resources go back when the room ends. Shutdown asks for no
+// acknowledgement and waits for none: the ledgers go away with the process.
 //
 // # Engine resync after a restart
 //

@@ -473,6 +473,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 		}
 		return m.awaitChunk(ctx, sh, cs, inflight)
 	}
+	rp.engine = true // the daemon's engine writes this rank's chunks (deferred release: drain.go)
 	op := m.chunkOpLocked(r, req)
 	if r.phase == PhaseAdmitted {
 		// A rank writes before every rank claimed: the ledger must not
@@ -793,6 +794,8 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 	cs.settle()
 	cs.done = true
 	cs.result = transfer.ChunkResult{Bytes: req.Bytes, Duration: -1, MarkerWritten: req.Marker} // duration unknown: the prefill moved it
+	// The instance writes by itself: deferred release (drain.go).
+	m.selfWriters.note(r.addr)
 	m.chunkLandedLocked(r, rp, req, cs.result)
 	return r.phase.Poll(), false, nil
 }
@@ -855,6 +858,9 @@ func (m *Manager) endLocked(r *room) {
 // releaseIfIdleLocked returns a terminal room's resources to the ledger once
 // no transfer is in flight, exactly once.
 func (m *Manager) releaseIfIdleLocked(r *room) {
+	if m.holdForAcksLocked(r) {
+		return // deferred release: a prefill rank may still write (drain.go)
+	}
 	rel := r.release(m.clock.Now(), m.closed.Load())
 	if rel.wait {
 		// An engine could not rule out writes into the pages until then.
@@ -993,6 +999,9 @@ func (m *Manager) GetRoom(room uint64, withPages bool) (RoomSnapshot, error) {
 	snap := r.snapshot(true, withPages)
 	snap.Coverage = r.coverageOf()
 	snap.WaitingFor = m.waitingForLocked(r)
+	if s := m.drainWaitingLocked(r); s != "" {
+		snap.WaitingFor = s
+	}
 	return snap, nil
 }
 

@@ -47,6 +47,8 @@ type Manager struct {
 	clock  clock.Clock
 	log    *slog.Logger
 	tracer trace.Tracer
+	// selfWriters: prefill addresses known to write by themselves (drain.go).
+	selfWriters selfWriters
 	// tracing: the provider is not the no-op one; without it no span or
 	// attribute is built on the room path.
 	tracing bool

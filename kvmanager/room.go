@@ -93,6 +93,8 @@ type handoff struct {
 	// quarantine is made when an engine failure could not rule out writes
 	// into the pages until a time: the release waits for it.
 	quarantine *quarantine
+	// drain: the acknowledgements a failed room's prefill ranks owe (drain.go).
+	drain *drainState
 
 	marker     uint64
 	bytes      uint64
@@ -234,6 +236,11 @@ type rankProgress struct {
 	last    int // index of the last chunk sent (landed or in flight), -1 until seen
 	// lastLanded: the last chunk landed.
 	lastLanded bool
+	// engine: the daemon's engine moved this rank's chunks (Transfer).
+	engine bool
+	// stagingOpen: staging allocations this rank has not reported ready
+	// (it may be writing into those regions; drain.go).
+	stagingOpen int32
 	// done: every page of the destination landed from this rank and its
 	// last chunk (with the metadata) landed; counted once in room.doneN.
 	done bool
@@ -351,7 +358,7 @@ func (m *Manager) applyLocked(r *room, e effects) {
 		}
 	}
 	if e.claimEv != (DestinationEvent{}) {
-		e.claims.finishAll(e.claimEv)
+		m.finishClaimsLocked(r, e)
 	}
 	if e.finished {
 		if e.outcome == PhaseSucceeded {

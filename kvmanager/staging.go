@@ -370,6 +370,9 @@ func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int)
 		}
 		out = append(out, reg)
 	}
+	if rp := r.progress(rank.Key()); rp != nil && len(out) > 0 {
+		rp.stagingOpen++ // the rank writes into these regions (deferred release: drain.go)
+	}
 	return out, nil
 }
 
@@ -466,6 +469,9 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 			err = fmt.Errorf("chunk %d of room %d: %w: already reported", req.Index, r.id, ErrWrongState)
 		}
 		return StagingChunkResult{}, err
+	}
+	if rp := r.ranksOf(req.Rank.Key()); rp != nil && rp.stagingOpen > 0 {
+		rp.stagingOpen-- // this chunk's writes are done (deferred release: drain.go)
 	}
 	res := transfer.ChunkResult{Duration: -1} // the prefill moved it into the ring
 	for i, sc := range scs {

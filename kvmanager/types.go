@@ -225,4 +225,7 @@ type DestinationEvent struct {
 	Destination *Destination
 	Failure     *Failure
 	Done        *Phase // the room succeeded (or was released): nothing more comes
+	// AckRequired (with Failure): this rank must call AckRoomEnd once it
+	// stopped writing (deferred release, drain.go).
+	AckRequired bool
 }

@@ -52,6 +52,7 @@ type Metrics struct {
 	heartbeatMisses  *prometheus.CounterVec
 	prefillLost      *prometheus.CounterVec
 	staleIncarnation *prometheus.CounterVec
+	drain            drainMetrics // deferred release (drain.go)
 
 	// The children the room path updates, each looked up by label values
 	// once, on first use (a series appears when it did before: at Attach or
@@ -150,6 +151,8 @@ func New() *Metrics {
 	)
 	reg.MustRegister(m.grpc.collectors()...)
 	reg.MustRegister(m.resync.collectors()...)
+	m.drain = newDrainMetrics()
+	m.drain.register(reg, m)
 	for p := range m.roomsByPhase {
 		m.roomsByPhase[p] = child(m.rooms.MetricVec, kvmanager.Phase(p).String()).gauge
 	}

@@ -75,6 +75,7 @@ func shardToProto(sh prealloc.Stats) *pb.ShardStatus {
 		Running: uint32(sh.Running), Retracted: uint32(sh.Retracted), Held: uint32(sh.Held),
 		BlockedBy:       sh.LastBlocked.String(),
 		StateSlotsTotal: uint64(sh.MambaSlots.Total + sh.SWAPages.Total), StateSlotsFree: uint64(sh.MambaSlots.Free + sh.SWAPages.Free),
+		DrainingRooms: uint32(sh.Draining), DrainingPages: uint64(sh.Pages.Draining),
 	}
 }
 

@@ -278,7 +278,7 @@ func destinationEventToProto(ev kvmanager.DestinationEvent, incarnation uint64) 
 		b.ev.Event = &b.wrap
 		return &b.ev
 	case ev.Failure != nil:
-		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Failure{Failure: failureToProto(ev.Failure)}}
+		return &pb.DestinationEvent{Event: &pb.DestinationEvent_Failure{Failure: failureToProto(ev.Failure)}, AckRequired: ev.AckRequired}
 	default:
 		p := kvmanager.PhaseSucceeded
 		if ev.Done != nil {

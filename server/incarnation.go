@@ -16,7 +16,7 @@ import (
 // (intercept.go), after validation and before the handler, so a refused
 // call reaches no domain code: every request message with an incarnation
 // field (TransferRequest, ReportTransferRequest, AwaitDestinationRequest,
-// AllocateStagingRequest, ChunkReadyRequest) is checked by its
+// AllocateStagingRequest, ChunkReadyRequest, AckRoomEndRequest) is checked by its
 // GetIncarnation method.
 
 // ReasonStaleIncarnation is the ErrorInfo reason of a refused stale call.

@@ -281,10 +281,11 @@ func formatRoomsByPhase(m map[string]uint32) string {
 
 // writeShards renders one line per decode DP shard's ledger.
 func writeShards(w io.Writer, shards []*pb.ShardStatus) error {
-	var stateSlots, retracted bool
+	var stateSlots, retracted, draining bool
 	for _, s := range shards {
 		stateSlots = stateSlots || s.GetStateSlotsTotal() > 0
 		retracted = retracted || s.GetRetracted() > 0 || s.GetHeld() > 0
+		draining = draining || s.GetDrainingRooms() > 0
 	}
 	return table(w, func(tw io.Writer) {
 		fmt.Fprint(tw, "SHARD\tPAGES USED\tREQ SLOTS\tMETA SLOTS")
@@ -294,6 +295,9 @@ func writeShards(w io.Writer, shards []*pb.ShardStatus) error {
 		fmt.Fprint(tw, "\tQUEUE WAIT/READY\tADMITTED/CLAIMED/RUNNING")
 		if retracted {
 			fmt.Fprint(tw, "\tRETRACTED/HELD")
+		}
+		if draining { // ended rooms waiting for AckRoomEnd
+			fmt.Fprint(tw, "\tDRAINING ROOMS/PAGES")
 		}
 		fmt.Fprint(tw, "\tBLOCKED BY\n")
 		for _, s := range shards {
@@ -307,6 +311,9 @@ func writeShards(w io.Writer, shards []*pb.ShardStatus) error {
 			fmt.Fprintf(tw, "\t%d/%d\t%d/%d/%d", s.GetWaiting(), s.GetQueued(), s.GetAdmitted(), s.GetClaimed(), s.GetRunning())
 			if retracted {
 				fmt.Fprintf(tw, "\t%d/%d", s.GetRetracted(), s.GetHeld())
+			}
+			if draining {
+				fmt.Fprintf(tw, "\t%d/%d", s.GetDrainingRooms(), s.GetDrainingPages())
 			}
 			blocked := s.GetBlockedBy()
 			if blocked == "" {

@@ -52,6 +52,9 @@ type Config struct {
 	DPRank    kvmanager.DPRankConfig   `yaml:"dp_rank"`
 	Rooms     kvmanager.RoomsConfig    `yaml:"rooms"`
 	Engine    EngineConfig             `yaml:"engine"` // engine.go
+	// Release is the deferred release of rooms a prefill may still write
+	// into (release.deferred_timeout, kvmanager/drain.go).
+	Release kvmanager.ReleaseConfig `yaml:"release"`
 }
 
 // LogConfig configures logging (log).
@@ -78,6 +81,7 @@ func DefaultConfig() Config {
 		Timeouts:  k.Timeouts,
 		DPRank:    k.DPRank,
 		Rooms:     k.Rooms,
+		Release:   kvmanager.ReleaseConfig{DeferredTimeout: kvmanager.DefaultDeferredTimeout},
 	}
 }
 
@@ -88,7 +92,7 @@ func (c Config) Decode() prealloc.Config {
 
 // Manager returns the kvmanager view of the configuration.
 func (c Config) Manager() kvmanager.Config {
-	return kvmanager.Config{Timeouts: c.Timeouts, DPRank: c.DPRank, Rooms: c.Rooms}
+	return kvmanager.Config{Timeouts: c.Timeouts, DPRank: c.DPRank, Rooms: c.Rooms, Release: c.Release}
 }
 
 // Validate checks every section and returns every problem at once.

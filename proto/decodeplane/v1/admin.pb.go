@@ -144,8 +144,12 @@ type ShardStatus struct {
 	BlockedBy       string `protobuf:"bytes,15,opt,name=blocked_by,json=blockedBy,proto3" json:"blocked_by,omitempty"`
 	StateSlotsTotal uint64 `protobuf:"varint,16,opt,name=state_slots_total,json=stateSlotsTotal,proto3" json:"state_slots_total,omitempty"`
 	StateSlotsFree  uint64 `protobuf:"varint,17,opt,name=state_slots_free,json=stateSlotsFree,proto3" json:"state_slots_free,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// draining_rooms and draining_pages: ended rooms whose pages wait for
+	// prefill acknowledgements (AckRoomEnd): not free, not reusable.
+	DrainingRooms uint32 `protobuf:"varint,18,opt,name=draining_rooms,json=drainingRooms,proto3" json:"draining_rooms,omitempty"`
+	DrainingPages uint64 `protobuf:"varint,19,opt,name=draining_pages,json=drainingPages,proto3" json:"draining_pages,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ShardStatus) Reset() {
@@ -293,6 +297,20 @@ func (x *ShardStatus) GetStateSlotsTotal() uint64 {
 func (x *ShardStatus) GetStateSlotsFree() uint64 {
 	if x != nil {
 		return x.StateSlotsFree
+	}
+	return 0
+}
+
+func (x *ShardStatus) GetDrainingRooms() uint32 {
+	if x != nil {
+		return x.DrainingRooms
+	}
+	return 0
+}
+
+func (x *ShardStatus) GetDrainingPages() uint64 {
+	if x != nil {
+		return x.DrainingPages
 	}
 	return 0
 }
@@ -750,7 +768,7 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\vConfigValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x16\n" +
-	"\x06source\x18\x03 \x01(\tR\x06source\"\xbf\x04\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\"\x8d\x05\n" +
 	"\vShardStatus\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12\x1f\n" +
 	"\vpages_total\x18\x02 \x01(\x04R\n" +
@@ -772,7 +790,9 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"blocked_by\x18\x0f \x01(\tR\tblockedBy\x12*\n" +
 	"\x11state_slots_total\x18\x10 \x01(\x04R\x0fstateSlotsTotal\x12(\n" +
-	"\x10state_slots_free\x18\x11 \x01(\x04R\x0estateSlotsFree\"\xb0\x04\n" +
+	"\x10state_slots_free\x18\x11 \x01(\x04R\x0estateSlotsFree\x12%\n" +
+	"\x0edraining_rooms\x18\x12 \x01(\rR\rdrainingRooms\x12%\n" +
+	"\x0edraining_pages\x18\x13 \x01(\x04R\rdrainingPages\"\xb0\x04\n" +
 	"\rPrefillStatus\x12%\n" +
 	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12)\n" +
 	"\x10registered_ranks\x18\x02 \x01(\rR\x0fregisteredRanks\x12%\n" +

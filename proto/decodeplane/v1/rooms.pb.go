@@ -664,7 +664,13 @@ type DestinationEvent struct {
 	//	*DestinationEvent_Destination
 	//	*DestinationEvent_Failure
 	//	*DestinationEvent_Done
-	Event         isDestinationEvent_Event `protobuf_oneof:"event"`
+	Event isDestinationEvent_Event `protobuf_oneof:"event"`
+	// ack_required (with failure): this rank received the destination and may
+	// still write into it by itself; it must stop writing, then call
+	// AckRoomEnd with the destination's attempt and incarnation. Until every
+	// such rank acked (or release.deferred_timeout) the room's pages are
+	// draining, not reusable.
+	AckRequired   bool `protobuf:"varint,4,opt,name=ack_required,json=ackRequired,proto3" json:"ack_required,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -731,6 +737,13 @@ func (x *DestinationEvent) GetDone() *RoomDone {
 		}
 	}
 	return nil
+}
+
+func (x *DestinationEvent) GetAckRequired() bool {
+	if x != nil {
+		return x.AckRequired
+	}
+	return false
 }
 
 type isDestinationEvent_Event interface {
@@ -2955,6 +2968,145 @@ func (x *ResyncResponse) GetAdmitting() bool {
 	return false
 }
 
+type AckRoomEndRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// rank is the acknowledging prefill rank. bounds: required; see PrefillRank.
+	Rank *PrefillRank `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
+	// attempt is the destination's attempt (Destination.attempt).
+	// bounds: >= 1.
+	Attempt uint32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
+	// incarnation is the destination's daemon incarnation
+	// (Destination.incarnation); 0 is not checked.
+	Incarnation   uint64 `protobuf:"fixed64,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AckRoomEndRequest) Reset() {
+	*x = AckRoomEndRequest{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AckRoomEndRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AckRoomEndRequest) ProtoMessage() {}
+
+func (x *AckRoomEndRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AckRoomEndRequest.ProtoReflect.Descriptor instead.
+func (*AckRoomEndRequest) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *AckRoomEndRequest) GetRoom() uint64 {
+	if x != nil {
+		return x.Room
+	}
+	return 0
+}
+
+func (x *AckRoomEndRequest) GetRank() *PrefillRank {
+	if x != nil {
+		return x.Rank
+	}
+	return nil
+}
+
+func (x *AckRoomEndRequest) GetAttempt() uint32 {
+	if x != nil {
+		return x.Attempt
+	}
+	return 0
+}
+
+func (x *AckRoomEndRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+type AckRoomEndResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// owed is true when this rank owed an acknowledgement for this generation
+	// (false: a no-op, accepted).
+	Owed bool `protobuf:"varint,1,opt,name=owed,proto3" json:"owed,omitempty"`
+	// remaining is how many ranks still owe one.
+	Remaining uint32 `protobuf:"varint,2,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// released is true when this acknowledgement was the last and the room's
+	// pages and staging regions went back.
+	Released      bool `protobuf:"varint,3,opt,name=released,proto3" json:"released,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AckRoomEndResponse) Reset() {
+	*x = AckRoomEndResponse{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AckRoomEndResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AckRoomEndResponse) ProtoMessage() {}
+
+func (x *AckRoomEndResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AckRoomEndResponse.ProtoReflect.Descriptor instead.
+func (*AckRoomEndResponse) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *AckRoomEndResponse) GetOwed() bool {
+	if x != nil {
+		return x.Owed
+	}
+	return false
+}
+
+func (x *AckRoomEndResponse) GetRemaining() uint32 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *AckRoomEndResponse) GetReleased() bool {
+	if x != nil {
+		return x.Released
+	}
+	return false
+}
+
 var File_decodeplane_v1_rooms_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_rooms_proto_rawDesc = "" +
@@ -3012,11 +3164,12 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\vincarnation\x18\x10 \x01(\x06R\vincarnation\"g\n" +
 	"\bRoomDone\x12*\n" +
 	"\x04poll\x18\x01 \x01(\x0e2\x16.decodeplane.v1.KVPollR\x04poll\x12/\n" +
-	"\x05phase\x18\x02 \x01(\x0e2\x19.decodeplane.v1.RoomPhaseR\x05phase\"\xc1\x01\n" +
+	"\x05phase\x18\x02 \x01(\x0e2\x19.decodeplane.v1.RoomPhaseR\x05phase\"\xe4\x01\n" +
 	"\x10DestinationEvent\x12?\n" +
 	"\vdestination\x18\x01 \x01(\v2\x1b.decodeplane.v1.DestinationH\x00R\vdestination\x123\n" +
 	"\afailure\x18\x02 \x01(\v2\x17.decodeplane.v1.FailureH\x00R\afailure\x12.\n" +
-	"\x04done\x18\x03 \x01(\v2\x18.decodeplane.v1.RoomDoneH\x00R\x04doneB\a\n" +
+	"\x04done\x18\x03 \x01(\v2\x18.decodeplane.v1.RoomDoneH\x00R\x04done\x12!\n" +
+	"\fack_required\x18\x04 \x01(\bR\vackRequiredB\a\n" +
 	"\x05event\"K\n" +
 	"\x0eTransferSource\x12\x16\n" +
 	"\x06buffer\x18\x01 \x01(\tR\x06buffer\x12!\n" +
@@ -3200,11 +3353,20 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\aadopted\x18\x01 \x01(\rR\aadopted\x12\x1a\n" +
 	"\bdeclared\x18\x02 \x01(\rR\bdeclared\x12\x14\n" +
 	"\x05pages\x18\x03 \x01(\x04R\x05pages\x12\x1c\n" +
-	"\tadmitting\x18\x04 \x01(\bR\tadmitting*c\n" +
+	"\tadmitting\x18\x04 \x01(\bR\tadmitting\"\x94\x01\n" +
+	"\x11AckRoomEndRequest\x12\x12\n" +
+	"\x04room\x18\x01 \x01(\x04R\x04room\x12/\n" +
+	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x18\n" +
+	"\aattempt\x18\x03 \x01(\rR\aattempt\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\x06R\vincarnation\"b\n" +
+	"\x12AckRoomEndResponse\x12\x12\n" +
+	"\x04owed\x18\x01 \x01(\bR\x04owed\x12\x1c\n" +
+	"\tremaining\x18\x02 \x01(\rR\tremaining\x12\x1a\n" +
+	"\breleased\x18\x03 \x01(\bR\breleased*c\n" +
 	"\vRetractMode\x12\x1c\n" +
 	"\x18RETRACT_MODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRACT_MODE_RETRACT\x10\x01\x12\x1c\n" +
-	"\x18RETRACT_MODE_REBOOTSTRAP\x10\x022\xdc\b\n" +
+	"\x18RETRACT_MODE_REBOOTSTRAP\x10\x022\xb1\t\n" +
 	"\x05Rooms\x12M\n" +
 	"\bOpenRoom\x12\x1f.decodeplane.v1.OpenRoomRequest\x1a .decodeplane.v1.OpenRoomResponse\x12_\n" +
 	"\x10AwaitDestination\x12'.decodeplane.v1.AwaitDestinationRequest\x1a .decodeplane.v1.DestinationEvent0\x01\x12M\n" +
@@ -3218,7 +3380,9 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\rReportRunning\x12$.decodeplane.v1.ReportRunningRequest\x1a%.decodeplane.v1.ReportRunningResponse\x12V\n" +
 	"\vRetractRoom\x12\".decodeplane.v1.RetractRoomRequest\x1a#.decodeplane.v1.RetractRoomResponse\x12k\n" +
 	"\x12ContinueGeneration\x12).decodeplane.v1.ContinueGenerationRequest\x1a*.decodeplane.v1.ContinueGenerationResponse\x12G\n" +
-	"\x06Resync\x12\x1d.decodeplane.v1.ResyncRequest\x1a\x1e.decodeplane.v1.ResyncResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
+	"\x06Resync\x12\x1d.decodeplane.v1.ResyncRequest\x1a\x1e.decodeplane.v1.ResyncResponse\x12S\n" +
+	"\n" +
+	"AckRoomEnd\x12!.decodeplane.v1.AckRoomEndRequest\x1a\".decodeplane.v1.AckRoomEndResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 
 var (
 	file_decodeplane_v1_rooms_proto_rawDescOnce sync.Once
@@ -3233,7 +3397,7 @@ func file_decodeplane_v1_rooms_proto_rawDescGZIP() []byte {
 }
 
 var file_decodeplane_v1_rooms_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
 var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(RetractMode)(0),                   // 0: decodeplane.v1.RetractMode
 	(*OpenRoomRequest)(nil),            // 1: decodeplane.v1.OpenRoomRequest
@@ -3272,85 +3436,90 @@ var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(*ResyncRoom)(nil),                 // 34: decodeplane.v1.ResyncRoom
 	(*ResyncRequest)(nil),              // 35: decodeplane.v1.ResyncRequest
 	(*ResyncResponse)(nil),             // 36: decodeplane.v1.ResyncResponse
-	(*PrefillRank)(nil),                // 37: decodeplane.v1.PrefillRank
-	(*StateIndices)(nil),               // 38: decodeplane.v1.StateIndices
-	(KVPoll)(0),                        // 39: decodeplane.v1.KVPoll
-	(RoomPhase)(0),                     // 40: decodeplane.v1.RoomPhase
-	(*Failure)(nil),                    // 41: decodeplane.v1.Failure
-	(*durationpb.Duration)(nil),        // 42: google.protobuf.Duration
-	(*Transition)(nil),                 // 43: decodeplane.v1.Transition
-	(DPRankRule)(0),                    // 44: decodeplane.v1.DPRankRule
-	(*timestamppb.Timestamp)(nil),      // 45: google.protobuf.Timestamp
+	(*AckRoomEndRequest)(nil),          // 37: decodeplane.v1.AckRoomEndRequest
+	(*AckRoomEndResponse)(nil),         // 38: decodeplane.v1.AckRoomEndResponse
+	(*PrefillRank)(nil),                // 39: decodeplane.v1.PrefillRank
+	(*StateIndices)(nil),               // 40: decodeplane.v1.StateIndices
+	(KVPoll)(0),                        // 41: decodeplane.v1.KVPoll
+	(RoomPhase)(0),                     // 42: decodeplane.v1.RoomPhase
+	(*Failure)(nil),                    // 43: decodeplane.v1.Failure
+	(*durationpb.Duration)(nil),        // 44: google.protobuf.Duration
+	(*Transition)(nil),                 // 45: decodeplane.v1.Transition
+	(DPRankRule)(0),                    // 46: decodeplane.v1.DPRankRule
+	(*timestamppb.Timestamp)(nil),      // 47: google.protobuf.Timestamp
 }
 var file_decodeplane_v1_rooms_proto_depIdxs = []int32{
 	17, // 0: decodeplane.v1.OpenRoomResponse.room:type_name -> decodeplane.v1.Room
-	37, // 1: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	38, // 2: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
+	39, // 1: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	40, // 2: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
 	4,  // 3: decodeplane.v1.Destination.targets:type_name -> decodeplane.v1.DecodeTarget
-	39, // 4: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
-	40, // 5: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
+	41, // 4: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
+	42, // 5: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
 	5,  // 6: decodeplane.v1.DestinationEvent.destination:type_name -> decodeplane.v1.Destination
-	41, // 7: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
+	43, // 7: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
 	6,  // 8: decodeplane.v1.DestinationEvent.done:type_name -> decodeplane.v1.RoomDone
-	37, // 9: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	39, // 9: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
 	8,  // 10: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
 	9,  // 11: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
-	42, // 12: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
-	39, // 13: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	37, // 14: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	39, // 15: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	44, // 12: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
+	41, // 13: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	39, // 14: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	41, // 15: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
 	17, // 16: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
-	43, // 17: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
-	44, // 18: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
-	39, // 19: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
-	40, // 20: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
-	41, // 21: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
-	45, // 22: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
-	45, // 23: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
-	43, // 24: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
+	45, // 17: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
+	46, // 18: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
+	41, // 19: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
+	42, // 20: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
+	43, // 21: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
+	47, // 22: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
+	47, // 23: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
+	45, // 24: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
 	18, // 25: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
 	17, // 26: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
-	40, // 27: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
+	42, // 27: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
 	17, // 28: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
 	25, // 29: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
 	27, // 30: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
-	42, // 31: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
+	44, // 31: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
 	0,  // 32: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
 	17, // 33: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
 	33, // 34: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
-	40, // 35: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
+	42, // 35: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
 	34, // 36: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
-	1,  // 37: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
-	3,  // 38: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
-	10, // 39: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
-	12, // 40: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
-	14, // 41: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
-	16, // 42: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
-	19, // 43: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
-	21, // 44: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
-	23, // 45: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
-	26, // 46: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
-	29, // 47: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
-	31, // 48: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
-	35, // 49: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
-	2,  // 50: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
-	7,  // 51: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
-	11, // 52: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
-	13, // 53: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
-	15, // 54: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
-	17, // 55: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
-	20, // 56: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
-	22, // 57: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
-	24, // 58: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
-	28, // 59: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
-	30, // 60: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
-	32, // 61: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
-	36, // 62: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
-	50, // [50:63] is the sub-list for method output_type
-	37, // [37:50] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	39, // 37: decodeplane.v1.AckRoomEndRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	1,  // 38: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
+	3,  // 39: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
+	10, // 40: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
+	12, // 41: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
+	14, // 42: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
+	16, // 43: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
+	19, // 44: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
+	21, // 45: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
+	23, // 46: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
+	26, // 47: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
+	29, // 48: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
+	31, // 49: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
+	35, // 50: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
+	37, // 51: decodeplane.v1.Rooms.AckRoomEnd:input_type -> decodeplane.v1.AckRoomEndRequest
+	2,  // 52: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
+	7,  // 53: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
+	11, // 54: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
+	13, // 55: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
+	15, // 56: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
+	17, // 57: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
+	20, // 58: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
+	22, // 59: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
+	24, // 60: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
+	28, // 61: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
+	30, // 62: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
+	32, // 63: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
+	36, // 64: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
+	38, // 65: decodeplane.v1.Rooms.AckRoomEnd:output_type -> decodeplane.v1.AckRoomEndResponse
+	52, // [52:66] is the sub-list for method output_type
+	38, // [38:52] is the sub-list for method input_type
+	38, // [38:38] is the sub-list for extension type_name
+	38, // [38:38] is the sub-list for extension extendee
+	0,  // [0:38] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_rooms_proto_init() }
@@ -3373,7 +3542,7 @@ func file_decodeplane_v1_rooms_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_rooms_proto_rawDesc), len(file_decodeplane_v1_rooms_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   38,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -32,6 +32,7 @@ const (
 	Rooms_RetractRoom_FullMethodName        = "/decodeplane.v1.Rooms/RetractRoom"
 	Rooms_ContinueGeneration_FullMethodName = "/decodeplane.v1.Rooms/ContinueGeneration"
 	Rooms_Resync_FullMethodName             = "/decodeplane.v1.Rooms/Resync"
+	Rooms_AckRoomEnd_FullMethodName         = "/decodeplane.v1.Rooms/AckRoomEnd"
 )
 
 // RoomsClient is the client API for Rooms service.
@@ -233,6 +234,34 @@ type RoomsClient interface {
 	// no resync wait configured, done already sent, or the wait expired: the
 	// pool is in use; or a page, slot or row held by another declared room).
 	Resync(ctx context.Context, in *ResyncRequest, opts ...grpc.CallOption) (*ResyncResponse, error)
+	// AckRoomEnd is a prefill rank's acknowledgement that it will write
+	// nothing more into the destination of one generation (attempt,
+	// incarnation) of a room that ended (SGLang's ABORT_ACK, deferred
+	// release). When a room fails (abort, failure, timeout, prefill lost)
+	// while a rank that received its destination may still write into its
+	// memory by itself (it holds a staging region it has not reported ready
+	// with ChunkReady; or its last chunk has not landed, the daemon's engine
+	// does not move its chunks, and one of its instance's ranks has reported
+	// a chunk with ReportTransfer), the rank's claim stream ends
+	// with the failure and DestinationEvent.ack_required; the room's pages
+	// and staging regions are then draining: not free, not reusable, shown in
+	// GetRoom's waiting_for and GetStatus's shards. They go back when every
+	// owing rank acked, or when release.deferred_timeout expires (then with a
+	// warning naming the ranks that never acked, counted in
+	// decodeplane_room_end_acks_total{outcome="expired"}). A rank whose chunks
+	// the daemon's engine moves (Transfer) owes nothing for them: the daemon
+	// waits for its engine itself. Shutdown asks for no acknowledgement and
+	// waits for none (the ledgers go away with the process).
+	// Idempotent per rank and generation: an ack from a rank that owes none
+	// (never received the destination, its last chunk landed, it acked
+	// already, the room is still live, or deferral is off) is accepted as a
+	// no-op (owed = false).
+	// Codes: OK; INVALID_ARGUMENT (a bound, naming the field; a rank of
+	// another prefill instance); NOT_FOUND (unknown room); FAILED_PRECONDITION
+	// (a stale generation: attempt is not the room's current attempt, reason
+	// STALE_ATTEMPT; or STALE_INCARNATION: incarnation names an earlier
+	// daemon); nothing changes on an error; UNAUTHENTICATED.
+	AckRoomEnd(ctx context.Context, in *AckRoomEndRequest, opts ...grpc.CallOption) (*AckRoomEndResponse, error)
 }
 
 type roomsClient struct {
@@ -385,6 +414,16 @@ func (c *roomsClient) Resync(ctx context.Context, in *ResyncRequest, opts ...grp
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ResyncResponse)
 	err := c.cc.Invoke(ctx, Rooms_Resync_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *roomsClient) AckRoomEnd(ctx context.Context, in *AckRoomEndRequest, opts ...grpc.CallOption) (*AckRoomEndResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AckRoomEndResponse)
+	err := c.cc.Invoke(ctx, Rooms_AckRoomEnd_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -590,6 +629,34 @@ type RoomsServer interface {
 	// no resync wait configured, done already sent, or the wait expired: the
 	// pool is in use; or a page, slot or row held by another declared room).
 	Resync(context.Context, *ResyncRequest) (*ResyncResponse, error)
+	// AckRoomEnd is a prefill rank's acknowledgement that it will write
+	// nothing more into the destination of one generation (attempt,
+	// incarnation) of a room that ended (SGLang's ABORT_ACK, deferred
+	// release). When a room fails (abort, failure, timeout, prefill lost)
+	// while a rank that received its destination may still write into its
+	// memory by itself (it holds a staging region it has not reported ready
+	// with ChunkReady; or its last chunk has not landed, the daemon's engine
+	// does not move its chunks, and one of its instance's ranks has reported
+	// a chunk with ReportTransfer), the rank's claim stream ends
+	// with the failure and DestinationEvent.ack_required; the room's pages
+	// and staging regions are then draining: not free, not reusable, shown in
+	// GetRoom's waiting_for and GetStatus's shards. They go back when every
+	// owing rank acked, or when release.deferred_timeout expires (then with a
+	// warning naming the ranks that never acked, counted in
+	// decodeplane_room_end_acks_total{outcome="expired"}). A rank whose chunks
+	// the daemon's engine moves (Transfer) owes nothing for them: the daemon
+	// waits for its engine itself. Shutdown asks for no acknowledgement and
+	// waits for none (the ledgers go away with the process).
+	// Idempotent per rank and generation: an ack from a rank that owes none
+	// (never received the destination, its last chunk landed, it acked
+	// already, the room is still live, or deferral is off) is accepted as a
+	// no-op (owed = false).
+	// Codes: OK; INVALID_ARGUMENT (a bound, naming the field; a rank of
+	// another prefill instance); NOT_FOUND (unknown room); FAILED_PRECONDITION
+	// (a stale generation: attempt is not the room's current attempt, reason
+	// STALE_ATTEMPT; or STALE_INCARNATION: incarnation names an earlier
+	// daemon); nothing changes on an error; UNAUTHENTICATED.
+	AckRoomEnd(context.Context, *AckRoomEndRequest) (*AckRoomEndResponse, error)
 	mustEmbedUnimplementedRoomsServer()
 }
 
@@ -638,6 +705,9 @@ func (UnimplementedRoomsServer) ContinueGeneration(context.Context, *ContinueGen
 }
 func (UnimplementedRoomsServer) Resync(context.Context, *ResyncRequest) (*ResyncResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Resync not implemented")
+}
+func (UnimplementedRoomsServer) AckRoomEnd(context.Context, *AckRoomEndRequest) (*AckRoomEndResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AckRoomEnd not implemented")
 }
 func (UnimplementedRoomsServer) mustEmbedUnimplementedRoomsServer() {}
 func (UnimplementedRoomsServer) testEmbeddedByValue()               {}
@@ -880,6 +950,24 @@ func _Rooms_Resync_Handler(srv interface{}, ctx context.Context, dec func(interf
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Rooms_AckRoomEnd_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AckRoomEndRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RoomsServer).AckRoomEnd(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Rooms_AckRoomEnd_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RoomsServer).AckRoomEnd(ctx, req.(*AckRoomEndRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Rooms_ServiceDesc is the grpc.ServiceDesc for Rooms service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -930,6 +1018,10 @@ var Rooms_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Resync",
 			Handler:    _Rooms_Resync_Handler,
+		},
+		{
+			MethodName: "AckRoomEnd",
+			Handler:    _Rooms_AckRoomEnd_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
