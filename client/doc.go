@@ -93,6 +93,12 @@
 // RunHeartbeat registers again on its next beat (or call Register), and
 // OnIncarnationChange is told; hand the rooms off again after that.
 //
+// On the decode side, a RoomWatch (WaitRoom, OpenAndWait) learns the
+// incarnation from its events (RoomEvent.incarnation). When the daemon
+// restarted under it, the room died with the old process: the re-opened
+// watch ends with the same *IncarnationChangedError (Watch set, naming the
+// room), not with the new daemon's NOT_FOUND; open the room again.
+//
 // # Room ends and acknowledgements
 //
 // A hand-off reads its claim stream while it writes. When the room fails

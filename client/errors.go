@@ -247,7 +247,9 @@ var ErrIncarnationChanged = errors.New("daemon incarnation changed")
 // another room. No write or report for that destination starts once the
 // client knows (one already started has its context cancelled, and the
 // daemon refuses it by its incarnation). Register again (Prefill.RunHeartbeat does it on its
-// next beat) and claim the room again. It matches ErrIncarnationChanged.
+// next beat) and claim the room again. A RoomWatch (WaitRoom,
+// OpenAndWait) of a room the restart lost ends with it too (Watch set). It
+// matches ErrIncarnationChanged.
 type IncarnationChangedError struct {
 	// Room is the room whose destination is void (0: not about one room).
 	Room uint64
@@ -256,13 +258,21 @@ type IncarnationChangedError struct {
 	// client learned it (0 when the daemon's refusal did not give it).
 	Old, New uint64
 	// Err is the RPC error that revealed the change (a STALE_INCARNATION
-	// refusal), if any.
+	// refusal, or a re-opened RoomWatch's NOT_FOUND), if any.
 	Err error
+	// Watch: a RoomWatch (WaitRoom, OpenAndWait) ended, on the decode side:
+	// the room was opened at incarnation Old and is gone with it; open it
+	// again. Old and New are then the daemon's incarnations.
+	Watch bool
 }
 
 // Error renders "room 7: destination of decodeplane incarnation 1f (now
-// 2e) is void: register again and claim again".
+// 2e) is void: ... register again and claim again", or with Watch "room 7:
+// opened at decodeplane incarnation 1f (now 2e): ... open it again".
 func (e *IncarnationChangedError) Error() string {
+	if e.Watch {
+		return fmt.Sprintf("room %d: opened at decodeplane incarnation %x (now %x): the daemon restarted and the room is gone; open it again", e.Room, e.Old, e.New)
+	}
 	return fmt.Sprintf("room %d: destination of decodeplane incarnation %x (now %x) is void: the daemon restarted; register again and claim again", e.Room, e.Old, e.New)
 }
 

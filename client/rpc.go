@@ -149,7 +149,7 @@ func (c *Client) WatchRoom(ctx context.Context, req *pb.WatchRoomRequest) (*Room
 	if err != nil {
 		return nil, err
 	}
-	return &RoomWatch{s: s}, nil
+	return &RoomWatch{s: s, c: c, ctx: ctx, room: req.GetRoom()}, nil
 }
 
 // GetRoom returns a room's state and timeline (and its pages when

@@ -232,6 +232,14 @@ func (d *DestinationStream) Close() { d.s.cancel() }
 // called from one goroutine at a time; Close may be called from any.
 type RoomWatch struct {
 	s *resumable[pb.RoomEvent]
+	// c and ctx ask the daemon's incarnation (GetStatus) when a re-opened
+	// watch finds the room gone; room names it in the error.
+	c    *Client
+	ctx  context.Context
+	room uint64
+	// inc is the daemon incarnation of the first event (0 until known, or
+	// from a daemon older than RoomEvent.incarnation).
+	inc uint64
 	// last is the newest transition returned; atLast are the transitions
 	// returned with its time (to skip them after a re-open).
 	last   *pb.Transition
@@ -245,11 +253,32 @@ type RoomWatch struct {
 // Read the phase from Transition: events the daemon replays (History, and
 // the transitions missed while a cut stream was re-opened) carry the room's
 // current state in Room, not its state after that transition.
+//
+// The watch is bound to the daemon incarnation of its first event. When the
+// daemon restarted (a re-opened watch gets an event of another incarnation,
+// or the room is not found and GetStatus gives another incarnation), the
+// room died with the old process: Next returns an *IncarnationChangedError
+// (errors.Is(err, ErrIncarnationChanged), Watch set) naming the room, not
+// the new daemon's NOT_FOUND.
 func (w *RoomWatch) Next() (*pb.RoomEvent, error) {
 	for {
 		ev, err := w.s.recv()
 		if err != nil {
+			if w.inc != 0 && errors.Is(err, ErrNotFound) {
+				// Only on this rare path: one GetStatus, bounded by the
+				// watch's context and the client's retry policy.
+				if st, serr := w.c.Status(w.ctx); serr == nil && st.GetIncarnation() != 0 && st.GetIncarnation() != w.inc {
+					err = w.s.replaceErr(&IncarnationChangedError{Room: w.room, Old: w.inc, New: st.GetIncarnation(), Watch: true, Err: err})
+				}
+			}
 			return nil, err
+		}
+		if inc := ev.GetIncarnation(); inc != 0 {
+			if w.inc == 0 {
+				w.inc = inc
+			} else if inc != w.inc {
+				return nil, w.s.end(&IncarnationChangedError{Room: w.room, Old: w.inc, New: inc, Watch: true})
+			}
 		}
 		if !w.fresh(ev.GetTransition()) {
 			continue

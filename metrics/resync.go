@@ -9,11 +9,14 @@ import (
 )
 
 // resyncMetrics count the decode engine's resync after a restart
-// (kvmanager.ResyncObserver).
+// (kvmanager.ResyncObserver) and the prefill instances seen restarting.
 type resyncMetrics struct {
 	duration prometheus.Histogram
 	adopted  prometheus.Counter
 	expired  prometheus.Counter
+	// incarnations: prefill instances replaced behind their bootstrap
+	// address by a new instance_id (kvmanager.InstanceReplacedObserver).
+	incarnations prometheus.Counter
 }
 
 func newResyncMetrics() resyncMetrics {
@@ -31,11 +34,15 @@ func newResyncMetrics() resyncMetrics {
 			Name: "decodeplane_resync_expired_total",
 			Help: "Resync waits that expired before the decode engine said done: admission started with the pool less what was declared.",
 		}),
+		incarnations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "decodeplane_prefill_incarnation_changes_total",
+			Help: "Prefill instances replaced behind the same bootstrap address by a new instance_id (a prefill restart); their rooms still handing off fail as prefill lost.",
+		}),
 	}
 }
 
 func (r resyncMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{r.duration, r.adopted, r.expired}
+	return []prometheus.Collector{r.duration, r.adopted, r.expired, r.incarnations}
 }
 
 var _ kvmanager.ResyncObserver = (*Metrics)(nil)
@@ -50,3 +57,8 @@ func (m *Metrics) ResyncEnded(d time.Duration, _ int, expired bool) {
 		m.resync.expired.Inc()
 	}
 }
+
+var _ kvmanager.InstanceReplacedObserver = (*Metrics)(nil)
+
+// PrefillInstanceReplaced implements kvmanager.InstanceReplacedObserver.
+func (m *Metrics) PrefillInstanceReplaced(string) { m.resync.incarnations.Inc() }

@@ -221,11 +221,11 @@ type roomEventBlock struct {
 	tr   transitionBlock
 }
 
-func roomEventToProto(ev kvmanager.RoomEvent) *pb.RoomEvent {
+func roomEventToProto(ev kvmanager.RoomEvent, incarnation uint64) *pb.RoomEvent {
 	b := &roomEventBlock{}
 	b.room.fill(ev.Room)
 	b.tr.fill(ev.Transition)
-	b.ev = pb.RoomEvent{Room: &b.room.room, Transition: &b.tr.tr, Terminal: ev.Terminal}
+	b.ev = pb.RoomEvent{Room: &b.room.room, Transition: &b.tr.tr, Terminal: ev.Terminal, Incarnation: incarnation}
 	return &b.ev
 }
 

@@ -129,7 +129,7 @@ func (h *roomsService) WatchRoom(req *pb.WatchRoomRequest, stream grpc.ServerStr
 			if !ok {
 				return h.err(ctx, w.Err())
 			}
-			if err := stream.Send(roomEventToProto(ev)); err != nil {
+			if err := stream.Send(roomEventToProto(ev, h.s.deps.Incarnation)); err != nil {
 				return err
 			}
 			if ev.Terminal {

@@ -1357,7 +1357,13 @@ type RoomEvent struct {
 	Room       *Room                  `protobuf:"bytes,1,opt,name=room,proto3" json:"room,omitempty"`
 	Transition *Transition            `protobuf:"bytes,2,opt,name=transition,proto3" json:"transition,omitempty"`
 	// terminal is true on the last event of the stream.
-	Terminal      bool `protobuf:"varint,3,opt,name=terminal,proto3" json:"terminal,omitempty"`
+	Terminal bool `protobuf:"varint,3,opt,name=terminal,proto3" json:"terminal,omitempty"`
+	// incarnation is the daemon's incarnation (see
+	// RegisterPrefillResponse.incarnation). A watch re-opened after a daemon
+	// restart sees another one, or the room is NOT_FOUND there: the room died
+	// with the old incarnation (the Go client's RoomWatch then ends with
+	// ErrIncarnationChanged).
+	Incarnation   uint64 `protobuf:"fixed64,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1411,6 +1417,13 @@ func (x *RoomEvent) GetTerminal() bool {
 		return x.Terminal
 	}
 	return false
+}
+
+func (x *RoomEvent) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 type GetRoomRequest struct {
@@ -3219,13 +3232,14 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"@\n" +
 	"\x10WatchRoomRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x18\n" +
-	"\ahistory\x18\x02 \x01(\bR\ahistory\"\x8d\x01\n" +
+	"\ahistory\x18\x02 \x01(\bR\ahistory\"\xaf\x01\n" +
 	"\tRoomEvent\x12(\n" +
 	"\x04room\x18\x01 \x01(\v2\x14.decodeplane.v1.RoomR\x04room\x12:\n" +
 	"\n" +
 	"transition\x18\x02 \x01(\v2\x1a.decodeplane.v1.TransitionR\n" +
 	"transition\x12\x1a\n" +
-	"\bterminal\x18\x03 \x01(\bR\bterminal\"I\n" +
+	"\bterminal\x18\x03 \x01(\bR\bterminal\x12 \n" +
+	"\vincarnation\x18\x04 \x01(\x06R\vincarnation\"I\n" +
 	"\x0eGetRoomRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12#\n" +
 	"\rinclude_pages\x18\x02 \x01(\bR\fincludePages\"\xf8\a\n" +

@@ -1,0 +1,147 @@
+package client_test
+
+import (
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/decodeplane/decodeplane/client"
+	daemonpkg "github.com/decodeplane/decodeplane/internal/daemon"
+	"github.com/decodeplane/decodeplane/internal/daemontest"
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// sentStream signals sent on every message the server sends; once crashed
+// is set it sends nothing more (the stream is cut as by a crash: no terminal
+// event, such as the shutdown's room failure, reaches the client).
+type sentStream struct {
+	grpc.ServerStream
+	sent    chan<- struct{}
+	crashed *atomic.Bool
+}
+
+func (s sentStream) SendMsg(m any) error {
+	if s.crashed.Load() {
+		return status.Error(codes.Unavailable, "simulated crash")
+	}
+	err := s.ServerStream.SendMsg(m)
+	select {
+	case s.sent <- struct{}{}:
+	default:
+	}
+	return err
+}
+
+// TestRoomWatchEndsOnDaemonRestart: a decode engine's watch of a room
+// mid-hand-off, whose daemon crashes (its streams cut with no terminal
+// event) and restarts on the same address, ends with an
+// *IncarnationChangedError naming the room and both incarnations: when the
+// new daemon does not know the room (its NOT_FOUND; OpenAndWait and a bare
+// WatchRoom), and when it has a room of that number (an event of the new
+// incarnation).
+func TestRoomWatchEndsOnDaemonRestart(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// reopen: a room of the same number is opened on the new daemon
+		// before the watch re-opens.
+		reopen bool
+		// wait: OpenAndWait, else WatchRoom and Next.
+		wait bool
+	}{
+		{"OpenAndWait, room unknown after the restart", false, true},
+		{"WatchRoom, room unknown after the restart", false, false},
+		{"WatchRoom, room reopened after the restart", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			sent := make(chan struct{}, 1)
+			var crashed atomic.Bool
+			first, err := daemontest.New(daemontest.Options{TCP: true, Daemon: daemonpkg.Options{
+				StreamInterceptors: []grpc.StreamServerInterceptor{func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+					if info.FullMethod == pb.Rooms_WatchRoom_FullMethodName {
+						if crashed.Load() {
+							return status.Error(codes.Unavailable, "simulated crash")
+						}
+						ss = sentStream{ServerStream: ss, sent: sent, crashed: &crashed}
+					}
+					return h(srv, ss)
+				}},
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &restartable{t: t, addr: first.Addr, cur: first}
+			t.Cleanup(func() {
+				if r.cur != nil {
+					if err := r.cur.Stop(); err != nil {
+						t.Errorf("daemon stop: %v", err)
+					}
+				}
+			})
+			oldInc := first.Incarnation()
+			c := fastClient(t, r.addr)
+			const room = 21
+			// No prefill registered: the room waits for its prefill (mid-hand-off).
+			var w *client.RoomWatch
+			done := make(chan error, 1)
+			if tc.wait {
+				go func() {
+					_, err := c.OpenAndWait(ctx, openReq(room, 100))
+					done <- err
+				}()
+			} else {
+				if _, err := c.OpenRoom(ctx, openReq(room, 100)); err != nil {
+					t.Fatal(err)
+				}
+				w, err = c.WatchRoom(ctx, &pb.WatchRoomRequest{Room: room, History: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer w.Close()
+				ev, err := w.Next()
+				if err != nil || ev.GetIncarnation() != oldInc {
+					t.Fatalf("first event = %v, %v; want one of incarnation %x", ev, err, oldInc)
+				}
+			}
+			select { // the watch has its first event: it knows the incarnation
+			case <-sent:
+			case <-ctx.Done():
+				t.Fatal("no WatchRoom event sent")
+			}
+			crashed.Store(true) // a crash: the watch gets no terminal event from this daemon
+			r.restart(newRecorder())
+			newInc := r.cur.Incarnation()
+			if newInc == oldInc {
+				t.Fatalf("the restarted daemon kept incarnation %x", oldInc)
+			}
+			if tc.reopen {
+				waitConnected(t, ctx, c)
+				if _, err := c.OpenRoom(ctx, openReq(room, 100)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if tc.wait {
+				err = <-done
+			} else {
+				var ev *pb.RoomEvent
+				for err == nil {
+					ev, err = w.Next()
+					if err == nil && ev.GetIncarnation() != oldInc {
+						t.Fatalf("Next returned an event of incarnation %x; want an error", ev.GetIncarnation())
+					}
+				}
+			}
+			var ic *client.IncarnationChangedError
+			if !errors.As(err, &ic) || !errors.Is(err, client.ErrIncarnationChanged) || ic.Room != room || ic.Old != oldInc || ic.New != newInc || !ic.Watch {
+				t.Fatalf("watch across the restart ended with %v; want IncarnationChangedError{room %d, %x → %x, Watch}", err, room, oldInc, newInc)
+			}
+			if !tc.reopen && !errors.Is(err, client.ErrNotFound) {
+				t.Errorf("%v does not wrap the new daemon's NOT_FOUND", err)
+			}
+		})
+	}
+}
