@@ -132,13 +132,25 @@ func (s *selfWriters) known(addr string) bool {
 // acknowledgement (see the package's deferred release). claims are the
 // claims moved out of the room; from is the phase it failed in.
 func (m *Manager) noteOwingLocked(r *room, claims *claimSet, from Phase) {
-	if m.cfg.Release.DeferredTimeout <= 0 || m.closed.Load() || r.handoff == nil || r.pages == nil || !r.inLedger { // !inLedger: the ledger freed it (claim timeout)
+	if !r.inLedger { // the ledger released it (a claim timeout it did not keep)
 		return
+	}
+	if owing := m.owingRanks(r, claims, from); len(owing) > 0 {
+		r.drain = &drainState{attempt: r.attempt, owing: owing}
+	}
+}
+
+// owingRanks are the ranks of room r (failing from phase from, with claims)
+// that owe an acknowledgement, sorted; none when deferral is off, at
+// shutdown, or for a room with no destination.
+func (m *Manager) owingRanks(r *room, claims *claimSet, from Phase) []RankID {
+	if m.cfg.Release.DeferredTimeout <= 0 || m.closed.Load() || r.handoff == nil || r.pages == nil {
+		return nil
 	}
 	switch from {
 	case PhaseAdmitted, PhaseClaimed, PhaseTransferring:
 	default:
-		return
+		return nil
 	}
 	var owing []RankID
 	seen := map[rankKey]bool{}
@@ -163,11 +175,8 @@ func (m *Manager) noteOwingLocked(r *room, claims *claimSet, from Phase) {
 		k := c.rank.Key()
 		add(k, r.progress(k))
 	})
-	if len(owing) == 0 {
-		return
-	}
 	slices.SortFunc(owing, func(a, b RankID) int { return strings.Compare(a.String(), b.String()) })
-	r.drain = &drainState{attempt: r.attempt, owing: owing}
+	return owing
 }
 
 // finishClaimsLocked ends the claims an event moved out of the room with

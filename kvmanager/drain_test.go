@@ -345,3 +345,46 @@ func TestReleaseConfigBounds(t *testing.T) {
 		}
 	}
 }
+
+// TestDeferredReleaseClaimTimeout: a room whose destination one rank of a
+// self-writing instance claimed, but not every required rank, reaches
+// admission.claim_timeout: the ledger keeps it draining (ExpireKeeping)
+// rather than freeing the pages the claimed rank may be writing into, until
+// that rank's ack.
+func TestDeferredReleaseClaimTimeout(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withConfig(func(c *Config) { c.Release.DeferredTimeout = 30 * time.Second }))
+		h.register(instance{addr: addrA, tp: 2})
+		h.open(addrA, 1)
+		ranks := h.requiredRanks(1)
+		if len(ranks) != 2 {
+			t.Fatalf("%d required ranks, want 2", len(ranks))
+		}
+		pages := h.snapshot(1).NumPages
+		for _, rk := range ranks {
+			h.claim(1, rk)
+		}
+		for _, rk := range ranks {
+			if err := h.reportChunk(1, rk, 0, 0, pages, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h.wantPhase(1, PhaseSucceeded)
+		h.release(1)
+		h.open(addrA, 2)
+		c, _ := h.claim(2, ranks[0]) // ranks[1] never claims
+		used := h.pagesUsed(0)
+		advance(h.m.dec.Admission.ClaimTimeout + time.Second)
+		h.wantFailure(2, FailureClaimTimeout, "Request 2 timed out")
+		if ev, _ := nextEvent(t, c); ev.Failure == nil || !ev.AckRequired {
+			t.Fatalf("claim's end = %+v, want the failure with AckRequired", ev)
+		}
+		if s := h.stats(0); s.Draining != 1 || h.pagesUsed(0) != used {
+			t.Fatalf("after the claim timeout: %d draining rooms, %d pages used; want 1 and %d (the pages held)", s.Draining, h.pagesUsed(0), used)
+		}
+		if res, err := h.m.AckRoomEnd(2, ranks[0], 1); err != nil || !res.Released {
+			t.Fatalf("AckRoomEnd = %+v, %v; want the room released", res, err)
+		}
+		h.assertLedgersFull()
+	})
+}

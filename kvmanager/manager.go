@@ -461,12 +461,23 @@ func (m *Manager) expireShardLocked(shard int) {
 		return
 	}
 	sh := m.shards[shard]
-	for _, e := range sh.led.Expire() {
+	// A room a prefill rank may still write into is kept draining by the
+	// ledger (deferred release) instead of released with its claim timeout.
+	keep := func(id uint64) bool {
+		r := sh.rooms[id]
+		return r != nil && len(m.owingRanks(r, r.claims, r.phase)) > 0
+	}
+	for _, e := range sh.led.ExpireKeeping(keep) {
 		r := sh.rooms[e.Room]
 		if r == nil {
+			if e.Drained {
+				_ = sh.led.Release(e.Room) // no room to wait for acks
+			}
 			continue
 		}
-		r.inLedger = false // the ledger already released it
+		if !e.Drained {
+			r.inLedger = false // the ledger already released it
+		}
 		waited := m.clock.Now().Sub(r.admittedAt)
 		m.failLocked(r, Failure{Code: FailureClaimTimeout, Message: fmt.Sprintf(
 			"Request %d timed out after %.1fs in KVPoll.WaitingForInput: the pre-allocated destination was not claimed by every required prefill rank (%s) within admission.claim_timeout%s",

@@ -267,3 +267,43 @@ func TestDrainingPagesNeverAdmitted(t *testing.T) {
 	releaseAll(t, l, 2)
 	assertFull(t, l)
 }
+
+// TestExpireKeepingDrains: an expired room the caller keeps is not released
+// but drains (pages held, out of the budget, no claim deadline) until
+// Release; one it does not keep is released as by Expire.
+func TestExpireKeepingDrains(t *testing.T) {
+	cfg := testConfig(KindGQA, 16, 1024, 8)
+	cfg.Admission.ClaimTimeout = 10 * time.Second
+	l, clk := newLedger(t, cfg, false)
+	t0 := clk.Now()
+	for _, id := range []uint64{1, 2} {
+		mustNil(t, "enqueue", l.Enqueue(req(id, 100, 1)))
+		mustNil(t, "ready", l.SetReady(id))
+	}
+	admitRooms(t, l)
+	used := l.Stats().Pages.Used
+	clk.Advance(10 * time.Second)
+	got := l.ExpireKeeping(func(id uint64) bool { return id == 1 })
+	want := []Expired{{Room: 1, Deadline: t0.Add(10 * time.Second), Drained: true}, {Room: 2, Deadline: t0.Add(10 * time.Second)}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("expired (-want +got):\n%s", diff)
+	}
+	if st, ok := l.State(1); !ok || st != RoomDraining {
+		t.Fatalf("kept room: state %s %v, want draining", st, ok)
+	}
+	if _, ok := l.State(2); ok {
+		t.Errorf("room 2 not kept: still in the ledger")
+	}
+	s := l.Stats()
+	if s.Draining != 1 || s.Pages.Draining == 0 || s.Pages.Used != used/2 || s.Pages.Draining != s.Pages.Used {
+		t.Fatalf("stats %+v: want room 1's pages (half of %d) held and draining", s, used)
+	}
+	if _, ok := l.NextDeadline(); ok {
+		t.Errorf("a draining room keeps a claim deadline")
+	}
+	mustNil(t, "invariants", l.CheckInvariants())
+	mustNil(t, "release", l.Release(1))
+	if s := l.Stats(); s.Pages.Used != 0 || s.Draining != 0 {
+		t.Fatalf("after release: %+v", s)
+	}
+}

@@ -1043,7 +1043,15 @@ func (l *Ledger) Release(id uint64) error {
 // claim deadline (clock time >= deadline) and returns them, earliest
 // deadline first. The rooms are gone from the ledger. Expire is passive: the
 // caller drives it, e.g. at NextDeadline().
-func (l *Ledger) Expire() []Expired {
+func (l *Ledger) Expire() []Expired { return l.ExpireKeeping(nil) }
+
+// ExpireKeeping is Expire, except that an expired room for which keep
+// returns true is not released but drains (as DrainRoom: its pages, slots
+// and metadata slot stay held, out of every budget term, until Release),
+// for a caller that knows a prefill rank may still write into its pages
+// (kvmanager's deferred release). keep runs with the ledger's lock held and
+// must not call the ledger.
+func (l *Ledger) ExpireKeeping(keep func(room uint64) bool) []Expired {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.deadlines.len() == 0 {
@@ -1055,6 +1063,13 @@ func (l *Ledger) Expire() []Expired {
 		r := l.deadlines.peek()
 		if r == nil || now.Before(r.deadline) {
 			return out
+		}
+		if keep != nil && keep(r.id) {
+			out = append(out, Expired{Room: r.id, Deadline: r.deadline, Drained: true})
+			l.deadlines.remove(r)
+			l.setState(r, RoomDraining)
+			l.drained.account(r, 1)
+			continue
 		}
 		out = append(out, Expired{Room: r.id, Deadline: r.deadline})
 		l.drop(r)

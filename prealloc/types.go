@@ -109,6 +109,10 @@ func (b BlockReason) String() string {
 type Expired struct {
 	Room     uint64
 	Deadline time.Time
+	// Drained: the room was kept as a draining room (ExpireKeeping's keep
+	// said so) instead of being released: it still holds its pages until
+	// Release.
+	Drained bool
 }
 
 // Errors returned by the ledger. Callers branch with errors.Is.
