@@ -8,10 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
@@ -37,20 +34,7 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	base := []string{"serve", "--listen", addr, "--set", "server.metrics_listen="}
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	hc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer hc.Close()
-	first := startDaemon(t, base, e2eEnviron())
-	e2e.WaitHealth(t, hc, first, healthpb.HealthCheckResponse_SERVING, 30*time.Second)
-
-	c, err := client.New(addr, client.WithDialOptions(grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, MaxDelay: 200 * time.Millisecond}, MinConnectTimeout: 2 * time.Second})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	hc, first, c := startForRestart(t, addr, base)
 	st, err := c.Status(ctx)
 	if err != nil {
 		t.Fatal(err)
