@@ -264,17 +264,8 @@ func (m *Manager) drainDeadlineLocked(r *room, gen uint32) {
 	}
 	m.log.Warn("room's pages released without every prefill rank's acknowledgement: release.deferred_timeout expired",
 		"room", r.id, "attempt", d.attempt, "ranks", rankList(d.owing), "deferred_timeout", m.cfg.Release.DeferredTimeout)
-	if o, ok := m.obs.(DrainObserver); ok {
-		o.RoomEndAcks("expired", len(d.owing))
-	}
+	m.obs.RoomEndAcks("expired", len(d.owing))
 	m.endDrainLocked(r)
-}
-
-// DrainObserver is optionally implemented by an Observer: acknowledgements
-// received (outcome "acked", one per owing rank) and owed ones given up on
-// (outcome "expired", when release.deferred_timeout passed).
-type DrainObserver interface {
-	RoomEndAcks(outcome string, n int)
 }
 
 // AckResult is what AckRoomEnd did.
@@ -320,9 +311,7 @@ func (m *Manager) AckRoomEnd(room uint64, rank RankID, attempt uint32) (AckResul
 	}
 	d.owing = slices.Delete(d.owing, i, i+1)
 	d.acked++
-	if o, ok := m.obs.(DrainObserver); ok {
-		o.RoomEndAcks("acked", 1)
-	}
+	m.obs.RoomEndAcks("acked", 1)
 	res := AckResult{Owed: true, Remaining: len(d.owing)}
 	if len(d.owing) == 0 {
 		res.Released = d.started

@@ -41,6 +41,19 @@ type Observer interface {
 	PrefillLost(addr string, rooms int)
 	// HeartbeatMissed is a rank whose heartbeat is overdue at a check.
 	HeartbeatMissed(addr string)
+	// PrefillInstanceReplaced is a prefill instance at addr replaced by a
+	// new instance_id (its new incarnation) behind the same bootstrap
+	// address.
+	PrefillInstanceReplaced(addr string)
+	// RoomEndAcks counts acknowledgements of ended rooms by outcome:
+	// "acked" (one per owing rank) and "expired" (the owed ones given up on
+	// when release.deferred_timeout passed).
+	RoomEndAcks(outcome string, n int)
+	// RoomsAdopted is n rooms adopted by one Resync call.
+	RoomsAdopted(n int)
+	// ResyncEnded is the end of the engine resync wait: d after it started,
+	// rooms adopted, expired when the timeout ended it.
+	ResyncEnded(d time.Duration, rooms int, expired bool)
 }
 
 // NopObserver ignores every event.
@@ -58,3 +71,7 @@ func (NopObserver) AdmissionPass(int, int, prealloc.BlockReason)   {}
 func (NopObserver) PrefillRegistered(string, bool)                 {}
 func (NopObserver) PrefillLost(string, int)                        {}
 func (NopObserver) HeartbeatMissed(string)                         {}
+func (NopObserver) PrefillInstanceReplaced(string)                 {}
+func (NopObserver) RoomEndAcks(string, int)                        {}
+func (NopObserver) RoomsAdopted(int)                               {}
+func (NopObserver) ResyncEnded(time.Duration, int, bool)           {}

@@ -95,14 +95,6 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 	return res, nil
 }
 
-// InstanceReplacedObserver is optionally implemented by an Observer (one
-// without it is not told): PrefillInstanceReplaced is one prefill instance
-// at addr replaced by a new instance_id (its new incarnation) registering
-// behind the same bootstrap address.
-type InstanceReplacedObserver interface {
-	PrefillInstanceReplaced(addr string)
-}
-
 // apply applies the registry's events to the rooms, in order, and returns
 // how many rooms failed. It holds no lock: each event is applied shard by
 // shard, one shard lock at a time.
@@ -114,9 +106,7 @@ func (m *Manager) apply(evs []registry.Event) int {
 		case registry.RankRegistered:
 			m.obs.PrefillRegistered(addr, e.Replaced)
 		case registry.InstanceReplaced:
-			if o, ok := m.obs.(InstanceReplacedObserver); ok {
-				o.PrefillInstanceReplaced(addr)
-			}
+			m.obs.PrefillInstanceReplaced(addr)
 			failed += m.failRooms(func(r *room) bool { return r.addr == addr && r.handingOff() },
 				Failure{Code: FailurePrefillLost, Message: e.Message})
 		case registry.RankReplaced:

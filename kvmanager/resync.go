@@ -66,16 +66,6 @@ type ResyncState struct {
 	Expired bool
 }
 
-// ResyncObserver is the part of an Observer that counts resyncs (optional:
-// an Observer without it is not told).
-type ResyncObserver interface {
-	// RoomsAdopted is n rooms adopted by one Resync call.
-	RoomsAdopted(n int)
-	// ResyncEnded is the end of the wait: d after it started, rooms adopted,
-	// expired when the timeout ended it.
-	ResyncEnded(d time.Duration, rooms int, expired bool)
-}
-
 // resyncGate is the manager's resync state (Manager.rs).
 type resyncGate struct {
 	gated atomic.Bool // admission held; read without mu
@@ -138,9 +128,7 @@ func (m *Manager) Resync(rooms []ResyncRoom, done bool) (int, ResyncState, error
 		g.pages += int64(len(rooms[i].Pages))
 	}
 	if n > 0 {
-		if o, ok := m.obs.(ResyncObserver); ok {
-			o.RoomsAdopted(n)
-		}
+		m.obs.RoomsAdopted(n)
 	}
 	ended := done && err == nil
 	if ended {
@@ -223,9 +211,7 @@ func (m *Manager) endResyncLocked(expired bool) {
 	g.gated.Store(false)
 	m.clearDeadlineLocked(&g.dl)
 	d := m.clock.Now().Sub(g.started)
-	if o, ok := m.obs.(ResyncObserver); ok {
-		o.ResyncEnded(d, g.declared, expired)
-	}
+	m.obs.ResyncEnded(d, g.declared, expired)
 	if expired {
 		m.log.Warn("the decode engine's resync did not finish in time: admitting with the pool less the rooms it declared; pages of rooms it never declared may be handed out again",
 			"waited", d, "rooms_declared", g.declared, "pages_declared", g.pages)

@@ -32,7 +32,7 @@ func (d drainMetrics) register(reg *prometheus.Registry, m *Metrics) {
 	reg.MustRegister(d.acks, drainCollector{m})
 }
 
-// RoomEndAcks counts acknowledgements by outcome (kvmanager.DrainObserver).
+// RoomEndAcks counts acknowledgements by outcome (kvmanager.Observer).
 func (m *Metrics) RoomEndAcks(outcome string, n int) {
 	m.drain.acks.WithLabelValues(outcome).Add(float64(n))
 }

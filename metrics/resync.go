@@ -4,18 +4,16 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/decodeplane/decodeplane/kvmanager"
 )
 
 // resyncMetrics count the decode engine's resync after a restart
-// (kvmanager.ResyncObserver) and the prefill instances seen restarting.
+// (kvmanager.Observer) and the prefill instances seen restarting.
 type resyncMetrics struct {
 	duration prometheus.Histogram
 	adopted  prometheus.Counter
 	expired  prometheus.Counter
 	// incarnations: prefill instances replaced behind their bootstrap
-	// address by a new instance_id (kvmanager.InstanceReplacedObserver).
+	// address by a new instance_id (kvmanager.Observer).
 	incarnations prometheus.Counter
 }
 
@@ -45,12 +43,10 @@ func (r resyncMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{r.duration, r.adopted, r.expired, r.incarnations}
 }
 
-var _ kvmanager.ResyncObserver = (*Metrics)(nil)
-
-// RoomsAdopted implements kvmanager.ResyncObserver.
+// RoomsAdopted implements kvmanager.Observer.
 func (m *Metrics) RoomsAdopted(n int) { m.resync.adopted.Add(float64(n)) }
 
-// ResyncEnded implements kvmanager.ResyncObserver.
+// ResyncEnded implements kvmanager.Observer.
 func (m *Metrics) ResyncEnded(d time.Duration, _ int, expired bool) {
 	m.resync.duration.Observe(d.Seconds())
 	if expired {
@@ -58,7 +54,5 @@ func (m *Metrics) ResyncEnded(d time.Duration, _ int, expired bool) {
 	}
 }
 
-var _ kvmanager.InstanceReplacedObserver = (*Metrics)(nil)
-
-// PrefillInstanceReplaced implements kvmanager.InstanceReplacedObserver.
+// PrefillInstanceReplaced implements kvmanager.Observer.
 func (m *Metrics) PrefillInstanceReplaced(string) { m.resync.incarnations.Inc() }
