@@ -233,11 +233,6 @@ func (m *Manager) holdForAcksLocked(r *room) bool {
 	d.started = true
 	d.until = m.clock.Now().Add(m.cfg.Release.DeferredTimeout)
 	m.setDeadlineLocked(&d.dl, dlDrain, d.until, r.id, d.attempt, r)
-	sh := m.shardOf(r)
-	if sh.drainingRooms == nil {
-		sh.drainingRooms = map[uint64]*room{}
-	}
-	sh.drainingRooms[r.id] = r
 	m.log.Info("room's pages draining until its prefill ranks acknowledge", "room", r.id, "attempt", d.attempt, "ranks", rankList(d.owing), "until", d.until)
 	return true
 }
@@ -251,7 +246,6 @@ func (m *Manager) endDrainLocked(r *room) {
 	}
 	m.clearDeadlineLocked(&d.dl)
 	d.owing = nil
-	delete(m.shardOf(r).drainingRooms, r.id)
 	m.releaseIfIdleLocked(r)
 }
 
@@ -287,10 +281,7 @@ type AckResult struct {
 // ErrStaleAttempt and changes nothing. When the last owing rank acked the
 // room's pages and staging regions go back at once and its shard admits.
 func (m *Manager) AckRoomEnd(room uint64, rank RankID, attempt uint32) (AckResult, error) {
-	sh, r := m.lockRoom(room)
-	if r == nil {
-		sh, r = m.lockDraining(room)
-	}
+	sh, r := m.lockRoom(room) // a draining room is not forgotten: its release is pending
 	if r == nil {
 		return AckResult{}, fmt.Errorf("ack end of room %d: %w", room, ErrRoomNotFound)
 	}
@@ -321,18 +312,6 @@ func (m *Manager) AckRoomEnd(room uint64, rank RankID, attempt uint32) (AckResul
 		m.endDrainLocked(r)
 	}
 	return res, nil
-}
-
-// lockDraining finds a draining room the retention already forgot.
-func (m *Manager) lockDraining(id uint64) (*shard, *room) {
-	for _, sh := range m.shards {
-		sh.mu.Lock()
-		if r := sh.drainingRooms[id]; r != nil {
-			return sh, r
-		}
-		sh.mu.Unlock()
-	}
-	return nil, nil
 }
 
 // drainWaitingLocked is a draining room's waiting_for ("" when none).

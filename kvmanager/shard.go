@@ -37,8 +37,6 @@ type shard struct {
 	// address (counts.go), so that Status, InFlight and RoomsFor walk no room.
 	byPhase [PhaseHeld + 1]int
 	byAddr  map[string]*addrRooms
-	// drainingRooms: rooms waiting for prefill acknowledgements (drain.go).
-	drainingRooms map[uint64]*room
 }
 
 func newShard(idx int, led *prealloc.Ledger) *shard {
