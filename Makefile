@@ -11,10 +11,13 @@ LDFLAGS   := -X main.version=$(VERSION)
 # CONFIG: a configuration file for make run (default: none, the built-in
 # defaults, which deploy/local/decodeplane.yaml documents).
 CONFIG    ?=
+# ETCD_DATA_DIR: a data directory for make dev-etcd, kept across runs
+# (default: none, a temporary directory removed on exit).
+ETCD_DATA_DIR ?=
 
 export GOTOOLCHAIN := local
 
-.PHONY: help build run run-traced demo demo-traced test test-short fuzz fuzz-smoke check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build deploy-check clean
+.PHONY: help build run run-traced demo demo-traced dev-etcd test test-short fuzz fuzz-smoke check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build deploy-check clean
 
 # help colours the target names only on a terminal, and never with NO_COLOR
 # set (https://no-color.org), so that `make help | less` or a log stays clean.
@@ -41,6 +44,9 @@ demo: build ## Push demo traffic (prefill fleet + decode engine) at a running da
 
 demo-traced: build ## Like demo, with the fleet's spans in Jaeger too: one trace per request (make run-traced).
 	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 $(DEMO)
+
+dev-etcd: build ## Run a single-member etcd on 127.0.0.1:2379 for a fleet on one machine (development only; ETCD_DATA_DIR=dir keeps the data).
+	$(BIN)/decodeplane-dev-etcd $(if $(ETCD_DATA_DIR),--data-dir $(ETCD_DATA_DIR))
 
 bench: build ## Benchmark the control path against bare gRPC (see BENCHMARKS.md).
 	$(BIN)/decodeplane bench --rooms 100000 --concurrency 256

@@ -130,14 +130,24 @@ func (s *Server) Stop() {
 	close(s.stopped)
 }
 
-// Run starts the member and serves until ctx ends (the dev binary).
+// Run starts the member and serves until ctx ends: Start, then Serve.
 func (s *Server) Run(ctx context.Context) error {
 	if err := s.Start(); err != nil {
 		return err
 	}
+	return s.Serve(ctx)
+}
+
+// Serve waits until ctx ends or the started member fails, then stops it
+// (the dev binary: Start, print the endpoint, Serve). It returns nil when
+// ctx ended, etcd's error when the member failed first.
+func (s *Server) Serve(ctx context.Context) error {
 	s.mu.Lock()
 	e := s.etcd
 	s.mu.Unlock()
+	if e == nil {
+		return errors.New("etcdtest: not running")
+	}
 	select {
 	case <-ctx.Done():
 		s.Stop()
