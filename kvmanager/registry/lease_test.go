@@ -9,7 +9,9 @@ import (
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
-func withLeaseLiveness() option { return func(_ *prealloc.Config, c *Config) { c.LeaseLiveness = true } }
+func withLeaseLiveness() option {
+	return func(_ *prealloc.Config, c *Config) { c.LeaseLiveness = true }
+}
 
 // TestLeaseLivenessNeverLoses: with the fleet's lease deciding liveness, a
 // rank silent far beyond max_failures intervals is neither lost nor counted
