@@ -72,7 +72,9 @@ type TLS struct {
 }
 
 // Enabled reports whether any TLS setting is given.
-func (t TLS) Enabled() bool { return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" }
+func (t TLS) Enabled() bool {
+	return t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != ""
+}
 
 // Defaults and bounds.
 const (

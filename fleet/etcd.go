@@ -52,10 +52,10 @@ type Observer interface {
 
 type nopObserver struct{}
 
-func (nopObserver) RegistryDegraded(bool)  {}
-func (nopObserver) RegistryError(string)   {}
-func (nopObserver) RegistryRebuilt()       {}
-func (nopObserver) RegistryRejected()      {}
+func (nopObserver) RegistryDegraded(bool) {}
+func (nopObserver) RegistryError(string)  {}
+func (nopObserver) RegistryRebuilt()      {}
+func (nopObserver) RegistryRejected()     {}
 
 // Self is this daemon's record.
 type Self struct {

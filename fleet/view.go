@@ -45,9 +45,9 @@ func (v *view) instance(addr string) *instanceView {
 // change is one thing the rooms must hear of, applied after the view's
 // lock is released.
 type change struct {
-	rank *rankRecord    // a registration to record (if not already)
-	gone *instanceView  // an instance whose records left the registry
-	addr string         // gone's address
+	rank *rankRecord   // a registration to record (if not already)
+	gone *instanceView // an instance whose records left the registry
+	addr string        // gone's address
 }
 
 // put applies one key's new value to the view and returns what the rooms
