@@ -22,7 +22,7 @@ var t0 = time.Unix(1_700_000_000, 0)
 func roomPlan(t *testing.T) (*room, RankID) {
 	t.Helper()
 	dec := prealloc.DefaultConfig()
-	reg := newRegistry(DefaultConfig(), dec.Layout(), clock.RealClock{})
+	reg := newRegistry(DefaultConfig(), dec.Layout(), clock.RealClock{}, false)
 	checked, err := reg.Check(Registration{Addr: addrA, Endpoint: "tcp://r", PageSize: dec.Pool.PageSize, KVDType: dec.Pool.DType, HTTPPort: 1,
 		Parallel: ParallelInfo{AttnTP: 1, AttnDP: 1, AttnCP: 1, PP: 1, SystemDP: 1}})
 	if err != nil {

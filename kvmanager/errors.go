@@ -32,6 +32,11 @@ var (
 	// ErrDPRankConflict: a binding contradicts follow_bootstrap_room or an
 	// earlier resolution. FailedPrecondition. The registry's value.
 	ErrDPRankConflict = registry.ErrDPRankConflict
+	// ErrRegistryUnavailable: the fleet's shared registry (etcd) cannot
+	// be reached, so a registration cannot be shared with the other daemons
+	// and is refused (Unavailable, retry); rooms keep flowing on the cached
+	// view meanwhile.
+	ErrRegistryUnavailable = errors.New("the fleet registry is unavailable")
 	// ErrDraining: the daemon no longer opens rooms. Unavailable.
 	ErrDraining = errors.New("decodeplane is draining")
 	// ErrTooManyWaiters: too many claims wait for rooms that are not open.

@@ -36,6 +36,10 @@ type Deps struct {
 	TracerProvider trace.TracerProvider
 	// Observer defaults to NopObserver.
 	Observer Observer
+	// LeaseLiveness: prefill instances live while their fleet lease does
+	// (registry.backend etcd, package fleet), not by this daemon's own
+	// heartbeat count; the fleet calls LosePrefill when a lease ends.
+	LeaseLiveness bool
 }
 
 // Manager owns rooms, prefill registrations, DP-rank bindings and the
@@ -135,7 +139,7 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		tracing: tracing,
 		obs:     deps.Observer,
 		engine:  deps.Engine,
-		reg:     newRegistry(cfg, dec.Layout(), deps.Clock),
+		reg:     newRegistry(cfg, dec.Layout(), deps.Clock, deps.LeaseLiveness),
 		stg:     stagingState{s: staging.New(dec.Layout(), StagingRingBytes(dec))},
 	}
 	for i, led := range deps.Ledgers {

@@ -47,10 +47,10 @@ func ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads int) Head
 }
 
 // newRegistry builds the manager's registry from its configuration.
-func newRegistry(cfg Config, layout prealloc.Layout, clk clock.Clock) *registry.Registry {
+func newRegistry(cfg Config, layout prealloc.Layout, clk clock.Clock, leaseLiveness bool) *registry.Registry {
 	iv, mf := cfg.Timeouts.EffectiveHeartbeat()
 	return registry.New(registry.Config{Layout: layout, HeartbeatInterval: iv, MaxFailures: mf,
-		ForceQuery: cfg.DPRank.ForceQuery, BindingTTL: cfg.DPRank.BindingTTL, Now: clk.Now})
+		ForceQuery: cfg.DPRank.ForceQuery, BindingTTL: cfg.DPRank.BindingTTL, Now: clk.Now, LeaseLiveness: leaseLiveness})
 }
 
 // addrWait is SGLang's per-address topology retry budget (spec §4.3): rooms
@@ -132,8 +132,12 @@ func (m *Manager) apply(evs []registry.Event) int {
 		case registry.InstanceLost:
 			who := e.SilentList()
 			n := m.countRooms(func(r *room) bool { return r.addr == addr && r.handingOff() })
-			m.log.Warn("prefill instance lost: heartbeats stopped", "bootstrap_addr", addr, "rooms_affected", n,
-				"silent_ranks", who, "silent_rank_count", e.SilentTotal, "heartbeat_interval", e.Interval, "heartbeat_max_failures", e.MaxFailures)
+			if e.Message != "" {
+				m.log.Warn("prefill instance lost", "bootstrap_addr", addr, "rooms_affected", n, "reason", e.Message)
+			} else {
+				m.log.Warn("prefill instance lost: heartbeats stopped", "bootstrap_addr", addr, "rooms_affected", n,
+					"silent_ranks", who, "silent_rank_count", e.SilentTotal, "heartbeat_interval", e.Interval, "heartbeat_max_failures", e.MaxFailures)
+			}
 			failed += m.failRooms(func(r *room) bool { return r.addr == addr && r.handingOff() },
 				Failure{Code: FailurePrefillLost, Message: e.LostMessage(n)})
 			m.obs.PrefillLost(addr, n)

@@ -35,6 +35,8 @@ type Metrics struct {
 	reg    *prometheus.Registry
 	grpc   *grpcMetrics
 	resync resyncMetrics // resync.go
+	// registry: the fleet registry (registry.go).
+	registry registryMetrics
 
 	rooms            *prometheus.GaugeVec
 	finished         *prometheus.CounterVec
@@ -93,9 +95,10 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 16)
 func New() *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
-		reg:    reg,
-		grpc:   newGRPCMetrics(),
-		resync: newResyncMetrics(),
+		reg:      reg,
+		grpc:     newGRPCMetrics(),
+		resync:   newResyncMetrics(),
+		registry: newRegistryMetrics(),
 		rooms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "decodeplane_rooms", Help: "Rooms held by the daemon, by phase (finished rooms stay until their retention ends).",
 		}, []string{"phase"}),
@@ -151,6 +154,7 @@ func New() *Metrics {
 	)
 	reg.MustRegister(m.grpc.collectors()...)
 	reg.MustRegister(m.resync.collectors()...)
+	reg.MustRegister(m.registry.collectors()...)
 	m.drain = newDrainMetrics()
 	m.drain.register(reg, m)
 	for p := range m.roomsByPhase {

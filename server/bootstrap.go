@@ -11,14 +11,15 @@ import (
 
 type bootstrapService struct {
 	pb.UnimplementedBootstrapServer
-	s *Server
-	m *kvmanager.Manager
+	s   *Server
+	m   *kvmanager.Manager
+	reg Registrar
 }
 
 var _ pb.BootstrapServer = (*bootstrapService)(nil)
 
 func (b *bootstrapService) RegisterPrefill(ctx context.Context, req *pb.RegisterPrefillRequest) (*pb.RegisterPrefillResponse, error) {
-	res, err := b.m.RegisterPrefill(registrationFromProto(req))
+	res, err := b.reg.RegisterPrefill(ctx, registrationFromProto(req))
 	if err != nil {
 		return nil, toStatus(ctx, b.s.log, err)
 	}
@@ -28,7 +29,7 @@ func (b *bootstrapService) RegisterPrefill(ctx context.Context, req *pb.Register
 }
 
 func (b *bootstrapService) Heartbeat(ctx context.Context, req *pb.HeartbeatRequest) (*pb.HeartbeatResponse, error) {
-	iv, mf, err := b.m.Heartbeat(rankFromProto(req.GetRank()), req.GetInstanceId())
+	iv, mf, err := b.reg.Heartbeat(ctx, rankFromProto(req.GetRank()), req.GetInstanceId())
 	if err != nil {
 		return nil, toStatus(ctx, b.s.log, err)
 	}

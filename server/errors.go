@@ -27,6 +27,7 @@ var errorCodes = []struct {
 	{prealloc.ErrNoCapacity, codes.ResourceExhausted},
 	{kvmanager.ErrSlowConsumer, codes.ResourceExhausted},
 	{kvmanager.ErrDraining, codes.Unavailable},
+	{kvmanager.ErrRegistryUnavailable, codes.Unavailable},
 	{prealloc.ErrDraining, codes.Unavailable},
 	{transfer.ErrEngineUnavailable, codes.Unavailable},
 	{kvmanager.ErrRoomNotFound, codes.NotFound},

@@ -88,7 +88,7 @@ func (s *Server) NewBootstrapHTTP(opts BootstrapHTTPOptions) (*BootstrapHTTP, er
 		c = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 2, IdleConnTimeout: time.Minute,
 			ResponseHeaderTimeout: 5 * time.Second}}
 	}
-	return &BootstrapHTTP{s: s, b: &bootstrapService{s: s, m: s.deps.Manager}, m: s.deps.Manager, client: c,
+	return &BootstrapHTTP{s: s, b: &bootstrapService{s: s, m: s.deps.Manager, reg: s.registrar()}, m: s.deps.Manager, client: c,
 		polled: map[string]pollTarget{}}, nil
 }
 

@@ -75,6 +75,11 @@ type Deps struct {
 	// injection in tests).
 	UnaryInterceptors  []grpc.UnaryServerInterceptor
 	StreamInterceptors []grpc.StreamServerInterceptor
+	// Registrar records prefill registrations and heartbeats; nil is the
+	// Manager itself (the memory registry). With registry.backend etcd it
+	// is the fleet's shared registry (package fleet), which publishes each
+	// registration to etcd before the Manager records it (registry.go).
+	Registrar Registrar
 	// Incarnation is the daemon process's incarnation (random, non-zero,
 	// new at every start: internal/daemon draws it). It is returned by
 	// registration, heartbeat, status and every destination, and requests
@@ -115,6 +120,9 @@ type Server struct {
 	readiness string
 	draining  bool
 	drainHook []func()
+	// registryDegraded is why the fleet's shared registry is degraded
+	// ("" when it is not, or with the memory registry): registry.go.
+	registryDegraded string
 }
 
 // New builds the gRPC server and registers every service, the standard health
@@ -163,7 +171,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	healthpb.RegisterHealthServer(s.grpc, &healthService{Server: s.health, stop: s.stopCtx})
 	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
 	if m := deps.Manager; m != nil {
-		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m})
+		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m, reg: s.registrar()})
 		rs := &roomsService{s: s, m: m}
 		s.grpc.RegisterService(roomsDesc(rs), rs)
 		pb.RegisterStagingServer(s.grpc, &stagingService{s: s, m: m})
@@ -225,7 +233,7 @@ func (s *Server) setHealth(ready bool, reason string) {
 func (s *Server) Readiness() (bool, string, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.ready, s.readiness, s.draining
+	return s.ready, s.readiness + registrySuffix(s.registryDegraded), s.draining
 }
 
 // OnDrain registers a function called once when the server starts draining

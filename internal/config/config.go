@@ -24,6 +24,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/decodeplane/decodeplane/fleet"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/server"
@@ -55,6 +56,9 @@ type Config struct {
 	// Release is the deferred release of rooms a prefill may still write
 	// into (release.deferred_timeout, kvmanager/drain.go).
 	Release kvmanager.ReleaseConfig `yaml:"release"`
+	// Registry is where prefill registrations, daemon records and capacity
+	// live: memory (this process) or etcd (a fleet; package fleet).
+	Registry fleet.Config `yaml:"registry"`
 }
 
 // LogConfig configures logging (log).
@@ -82,6 +86,7 @@ func DefaultConfig() Config {
 		DPRank:    k.DPRank,
 		Rooms:     k.Rooms,
 		Release:   kvmanager.ReleaseConfig{DeferredTimeout: kvmanager.DefaultDeferredTimeout},
+		Registry:  fleet.DefaultConfig(),
 	}
 }
 
@@ -98,7 +103,7 @@ func (c Config) Manager() kvmanager.Config {
 // Validate checks every section and returns every problem at once.
 func (c Config) Validate() error {
 	var errs []error
-	errs = append(errs, c.Server.Validate(), c.AgentTLS.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Transfer.Validate(), c.Transfer.ValidateFor(c.Decode()), c.Engine.Validate())
+	errs = append(errs, c.Server.Validate(), c.AgentTLS.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Transfer.Validate(), c.Transfer.ValidateFor(c.Decode()), c.Engine.Validate(), c.Registry.Validate(c.heartbeatInterval()))
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
 		errs = append(errs, &prealloc.ConfigError{Key: "log.level", Value: c.Log.Level, Problem: "unknown log level.", Fix: "set it to debug, info, warn or error."})
 	}
@@ -106,6 +111,12 @@ func (c Config) Validate() error {
 		errs = append(errs, &prealloc.ConfigError{Key: "log.format", Value: c.Log.Format, Problem: "unknown log format.", Fix: "set it to text or json."})
 	}
 	return errors.Join(errs...)
+}
+
+// heartbeatInterval is the effective prefill heartbeat interval.
+func (c Config) heartbeatInterval() time.Duration {
+	iv, _ := c.Timeouts.EffectiveHeartbeat()
+	return iv
 }
 
 // Warnings collects every section's warnings.

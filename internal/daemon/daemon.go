@@ -59,6 +59,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 
+	"github.com/decodeplane/decodeplane/fleet"
 	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/telemetry"
@@ -149,6 +150,7 @@ type Daemon struct {
 	incarnation uint64
 	srv         *server.Server
 	mgr         *kvmanager.Manager
+	fleet       *fleet.Etcd // registry.backend etcd; nil for memory
 	engine      transfer.Engine
 	metrics     *metrics.Metrics
 	lis         net.Listener
@@ -255,6 +257,7 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		Logger:         log,
 		TracerProvider: d.tp,
 		Observer:       d.metrics,
+		LeaseLiveness:  cfg.Registry.Backend == fleet.BackendEtcd,
 	})
 	if err != nil {
 		return nil, err
@@ -267,7 +270,16 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		return nil, err
 	}
 	d.incarnation = inc
+	var registrar server.Registrar
+	if cfg.Registry.Backend == fleet.BackendEtcd {
+		fl, err := d.buildFleet(cfg, opts)
+		if err != nil {
+			return nil, err
+		}
+		registrar = fl
+	}
 	srv, err := server.New(cfg.Server, server.Deps{
+		Registrar:          registrar,
 		Incarnation:        inc,
 		Stale:              d.metrics,
 		Logger:             log,
@@ -288,6 +300,10 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	}
 	d.metrics.InitializeGRPC(srv.GRPC())
 	d.srv = srv
+	if d.fleet != nil {
+		degraded, reason, _ := d.fleet.State()
+		srv.SetRegistryState(degraded, reason)
+	}
 	d.loops = append(d.loops, mgr.Run)
 
 	if d.lis == nil {
@@ -317,6 +333,35 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	ok = true
 	return d, nil
 }
+
+// buildFleet builds the registry shared through etcd (registry.backend
+// etcd): it publishes registrations, keeps this daemon's record, the view
+// and the leases (its Run is one of the loops), and reports its state into
+// the readiness text. New does not wait for etcd: a daemon whose etcd is
+// down starts degraded.
+func (d *Daemon) buildFleet(cfg config.Config, opts Options) (*fleet.Etcd, error) {
+	fl, err := fleet.New(cfg.Registry.Etcd, fleet.Deps{
+		Rooms:    d.mgr,
+		Self:     fleet.Self{Incarnation: d.incarnation, Version: opts.Version, StartedAt: time.Now(), Layout: server.LayoutProto(cfg.Decode().Layout())},
+		Logger:   d.log,
+		Observer: d.metrics,
+		OnState: func(degraded bool, reason string) {
+			if d.srv != nil {
+				d.srv.SetRegistryState(degraded, reason)
+			}
+		},
+	})
+	if err != nil {
+		return nil, &config.UsageError{Err: err}
+	}
+	d.fleet = fl
+	d.loops = append(d.loops, fl.Run)
+	d.closers = append(d.closers, func(context.Context) error { return fl.Close() })
+	return fl, nil
+}
+
+// Fleet is the shared registry (nil with the memory registry).
+func (d *Daemon) Fleet() *fleet.Etcd { return d.fleet }
 
 // newIncarnation draws a daemon incarnation: 64 random bits from
 // crypto/rand, never 0 (0 means "not checked" on the wire).

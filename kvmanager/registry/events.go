@@ -32,7 +32,8 @@ const (
 	// InstanceLost: a rank of Addr was silent for MaxFailures heartbeat
 	// intervals; the instance and its bindings are forgotten. Silent lists
 	// the silent ranks (at most MaxListedRanks, longest silent first) of
-	// SilentTotal; LostMessage is the rooms' failure (prefill lost).
+	// SilentTotal; LostMessage is the rooms' failure (prefill lost). From
+	// Lose, Message is the reason instead (and Silent is empty).
 	InstanceLost
 	// RoomBound: BindRoom recorded Room → DP at Addr.
 	RoomBound
@@ -68,8 +69,12 @@ type Event struct {
 func (e Event) SilentList() string { return describeSilent(e.Silent, e.SilentTotal) }
 
 // LostMessage is an InstanceLost event's room failure, naming how many
-// requests it affects (rooms: the room manager's count).
+// requests it affects (rooms: the room manager's count). An instance lost
+// by Lose is worded by its reason.
 func (e Event) LostMessage(rooms int) string {
+	if e.Message != "" {
+		return fmt.Sprintf("Lost connection with prefill instance (bootstrap_addr: %s), %d requests affected: %s", e.Addr, rooms, e.Message)
+	}
 	return fmt.Sprintf(
 		"Lost connection with prefill instance (bootstrap_addr: %s), %d requests affected; silent ranks (no heartbeat within %d × %s): %s",
 		e.Addr, rooms, e.MaxFailures, e.Interval, e.SilentList())

@@ -30,6 +30,13 @@ type Config struct {
 	BindingTTL time.Duration
 	// Now reads the clock; nil is time.Now.
 	Now func() time.Time
+	// LeaseLiveness: an instance's liveness is decided elsewhere (the
+	// fleet's shared registry, where it is an etcd lease kept alive by
+	// heartbeats to any daemon): CheckLiveness never loses an instance nor
+	// counts missed heartbeats, and Status reports no silent ranks, since
+	// the ranks may heartbeat to another daemon. Lose forgets an instance
+	// when its lease ends.
+	LeaseLiveness bool
 }
 
 // Registry holds the prefill instances known to one decode instance, their
@@ -431,7 +438,11 @@ func (g *Registry) Status() []InstanceStatus {
 			}
 			ps.MissedHeartbeats = max(ps.MissedHeartbeats, int(now.Sub(rk.lastSeen)/interval))
 		}
-		ps.SilentRanks, ps.SilentRankCount = p.silentRanks(now, interval, interval, MaxListedRanks)
+		if g.cfg.LeaseLiveness {
+			ps.MissedHeartbeats = 0 // the ranks may heartbeat to another daemon of the fleet
+		} else {
+			ps.SilentRanks, ps.SilentRankCount = p.silentRanks(now, interval, interval, MaxListedRanks)
+		}
 		out = append(out, ps)
 	}
 	return out
@@ -500,6 +511,9 @@ func describeSilent(ranks []SilentRank, total int) string {
 // forgets every instance with a rank silent for MaxFailures intervals
 // (InstanceLost, SGLang T15, in address order), with its bindings.
 func (g *Registry) CheckLiveness() []Event {
+	if g.cfg.LeaseLiveness {
+		return nil
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	iv, mf := g.cfg.HeartbeatInterval, g.cfg.MaxFailures
@@ -533,4 +547,58 @@ func (g *Registry) CheckLiveness() []Event {
 		g.forgetLocked(addr)
 	}
 	return evs
+}
+
+// Precheck reports whether Record would refuse c because of what is
+// already registered (a layout that contradicts the instance's first
+// registration, when the instance id is the same), without recording
+// anything: the fleet publishes a registration only once this daemon would
+// accept it.
+func (g *Registry) Precheck(c Checked) error {
+	if c.mapping == nil {
+		return errors.New("registry: Precheck of a registration that did not pass Check")
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	inst := g.instances[c.reg.Addr]
+	if inst == nil || (c.reg.InstanceID != "" && inst.instanceID != "" && c.reg.InstanceID != inst.instanceID) {
+		return nil
+	}
+	if inst.topo != c.topo {
+		return fmt.Errorf("%w: rank %s reports attn_tp=%d attn_cp=%d dp=%d pp=%d load_balance_method=%q, but %s registered attn_tp=%d attn_cp=%d dp=%d pp=%d follow_bootstrap_room=%v first; restart the instance with one layout (or with a new instance id)",
+			ErrPrefillMismatch, c.id, c.topo.AttnTP, c.topo.AttnCP, c.topo.DP, c.topo.PP, c.reg.LoadBalanceMethod, c.reg.Addr,
+			inst.topo.AttnTP, inst.topo.AttnCP, inst.topo.DP, inst.topo.PP, inst.topo.FollowBootstrapRoom)
+	}
+	return nil
+}
+
+// Known reports whether reg's rank is registered with the same endpoint
+// and instance id: recording it again would change nothing (the fleet
+// skips the registrations it already applied).
+func (g *Registry) Known(reg Registration) bool {
+	par := reg.Parallel
+	_, dpGroup := par.dp()
+	id := RankID{Addr: reg.Addr, DP: dpGroup, CP: par.AttnCPRank, TP: par.AttnTPRank, PP: par.PPRank}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	inst := g.instances[reg.Addr]
+	if inst == nil || inst.instanceID != reg.InstanceID {
+		return false
+	}
+	rk := inst.ranks[id]
+	return rk != nil && rk.endpoint == reg.Endpoint
+}
+
+// Lose forgets the instance at addr and its bindings because its liveness
+// ended elsewhere (LeaseLiveness: its fleet lease expired), and returns
+// InstanceLost with Message, the reason, which LostMessage words. An
+// unknown addr returns nothing.
+func (g *Registry) Lose(addr, reason string) []Event {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.instances[addr] == nil {
+		return nil
+	}
+	g.forgetLocked(addr)
+	return []Event{{Kind: InstanceLost, Addr: addr, Message: reason}}
 }

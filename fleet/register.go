@@ -1,0 +1,149 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/decodeplane/decodeplane/kvmanager"
+)
+
+// RegisterPrefill checks a registration as this daemon would record it,
+// publishes it to the fleet, then records it here. A registration refused
+// here is never published; one that could not be published (etcd
+// unreachable, or the registry degraded) is refused with
+// kvmanager.ErrRegistryUnavailable (UNAVAILABLE, retry) and recorded
+// nowhere. The registration counts as the instance's heartbeat here.
+func (e *Etcd) RegisterPrefill(ctx context.Context, reg kvmanager.Registration) (kvmanager.RegistrationResult, error) {
+	c, err := e.deps.Rooms.CheckPrefill(reg)
+	if err != nil {
+		return kvmanager.RegistrationResult{}, err
+	}
+	if degraded, reason, since := e.State(); degraded {
+		return kvmanager.RegistrationResult{}, fmt.Errorf("%w: registry degraded since %s (%s): new registrations are refused until etcd is reachable again; rooms keep flowing on the cached view; retry",
+			kvmanager.ErrRegistryUnavailable, since.UTC().Format(time.RFC3339), reason)
+	}
+	rctx, cancel := e.requestCtx(ctx)
+	err = e.publish(rctx, reg)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return kvmanager.RegistrationResult{}, ctx.Err()
+		}
+		e.obs.RegistryError("register")
+		return kvmanager.RegistrationResult{}, fmt.Errorf("%w: the registration could not be recorded in etcd (%v); retry", kvmanager.ErrRegistryUnavailable, err)
+	}
+	res, err := e.deps.Rooms.RecordPrefill(c)
+	if err == nil {
+		e.noteHeard(reg.Addr)
+	}
+	return res, err
+}
+
+// Heartbeat refreshes a rank here (kvmanager.Manager.Heartbeat) and notes
+// that its instance heartbeats to this daemon: its lease is then kept alive
+// from here.
+func (e *Etcd) Heartbeat(ctx context.Context, rank kvmanager.RankID, instanceID string) (time.Duration, int, error) {
+	iv, mf, err := e.deps.Rooms.Heartbeat(rank, instanceID)
+	if err == nil {
+		e.noteHeard(rank.Addr)
+	}
+	return iv, mf, err
+}
+
+// publish writes one rank's registration: under the instance's lease when
+// the instance is on record with the same instance id; else it creates the
+// instance (a new lease), or replaces it when the instance id is new (the
+// new records first, then the old lease is revoked, which removes the old
+// ranks). Each write is conditional on the instance record it read, so
+// concurrent registrations through several daemons agree on one lease.
+func (e *Etcd) publish(ctx context.Context, reg kvmanager.Registration) error {
+	instKey, rankKey := e.keys.instance(reg.Addr), e.keys.rank(rankID(reg))
+	rr, err := encode(rankRecordOf(reg, e.cfg.AdvertiseAddress))
+	if err != nil {
+		return err
+	}
+	for range 4 {
+		g, err := e.cli.Get(ctx, instKey)
+		if err != nil {
+			return err
+		}
+		var cur *instanceRecord
+		var modRev int64
+		if len(g.Kvs) == 1 {
+			modRev = g.Kvs[0].ModRevision
+			if rec, err := decode[instanceRecord](g.Kvs[0].Value); err == nil && rec.Lease != 0 {
+				cur = &rec
+			}
+		}
+		switch {
+		case cur != nil && (reg.InstanceID == "" || cur.InstanceID == "" || cur.InstanceID == reg.InstanceID):
+			err = e.putRank(ctx, instKey, modRev, rankKey, rr, clientv3.LeaseID(cur.Lease))
+		default:
+			err = e.createInstance(ctx, reg, instKey, modRev, rankKey, rr, cur)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, errStale) {
+			return err
+		}
+	}
+	return errors.New("the prefill instance's record kept changing under concurrent registrations")
+}
+
+// putRank puts a rank under the instance's lease, if the instance record
+// is still the one read.
+func (e *Etcd) putRank(ctx context.Context, instKey string, modRev int64, rankKey, rr string, lease clientv3.LeaseID) error {
+	t, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(instKey), "=", modRev)).
+		Then(clientv3.OpPut(rankKey, rr, clientv3.WithLease(lease))).Commit()
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return errStale // the lease ended meanwhile: its records are gone, create them
+	}
+	if err != nil {
+		return err
+	}
+	if !t.Succeeded {
+		return errStale
+	}
+	return nil
+}
+
+// createInstance creates (modRev 0) or replaces (cur set) the instance's
+// record under a new lease, with this rank.
+func (e *Etcd) createInstance(ctx context.Context, reg kvmanager.Registration, instKey string, modRev int64, rankKey, rr string, cur *instanceRecord) error {
+	g, err := e.cli.Grant(ctx, int64(e.cfg.LeaseTTL/time.Second))
+	if err != nil {
+		return err
+	}
+	rec, err := encode(instanceRecord{V: recordVersion, Addr: reg.Addr, InstanceID: reg.InstanceID, Lease: int64(g.ID),
+		RegisteredVia: e.cfg.AdvertiseAddress, CreatedAt: e.now().UTC()})
+	if err != nil {
+		return err
+	}
+	cmp := clientv3.Compare(clientv3.CreateRevision(instKey), "=", 0)
+	if modRev != 0 {
+		cmp = clientv3.Compare(clientv3.ModRevision(instKey), "=", modRev)
+	}
+	t, err := e.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(instKey, rec, clientv3.WithLease(g.ID)), clientv3.OpPut(rankKey, rr, clientv3.WithLease(g.ID))).Commit()
+	if err != nil || !t.Succeeded {
+		e.cli.Revoke(ctx, g.ID) //nolint:errcheck // best effort: an unused lease expires by itself
+		if err != nil {
+			return err
+		}
+		return errStale
+	}
+	if cur != nil {
+		// The replaced instance's ranks are on its old lease: revoking it
+		// removes them (the records just written are on the new one).
+		if _, err := e.cli.Revoke(ctx, clientv3.LeaseID(cur.Lease)); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+			e.log.Warn("fleet registry: could not revoke a replaced prefill instance's lease; its ranks leave the registry when it expires",
+				"bootstrap_addr", reg.Addr, "old_instance_id", cur.InstanceID, "err", err, "lease_ttl", e.cfg.LeaseTTL)
+		}
+	}
+	return nil
+}

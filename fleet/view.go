@@ -1,0 +1,375 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// view is the daemon's cached copy of the registry: what rooms are served
+// from. It is changed by the snapshot and the watch only (and by this
+// daemon's own writes, which the watch then confirms).
+type view struct {
+	rev       int64
+	daemons   map[string]daemonRecord
+	capacity  map[string]*pb.CapacityUpdate
+	instances map[string]*instanceView
+}
+
+type instanceView struct {
+	rec   instanceRecord
+	ranks map[string]rankRecord // by key
+}
+
+func newView() view {
+	return view{daemons: map[string]daemonRecord{}, capacity: map[string]*pb.CapacityUpdate{}, instances: map[string]*instanceView{}}
+}
+
+func (v *view) instance(addr string) *instanceView {
+	iv := v.instances[addr]
+	if iv == nil {
+		iv = &instanceView{ranks: map[string]rankRecord{}}
+		v.instances[addr] = iv
+	}
+	return iv
+}
+
+// change is one thing the rooms must hear of, applied after the view's
+// lock is released.
+type change struct {
+	rank *rankRecord   // a registration to record (if not already)
+	gone *instanceView // an instance whose records left the registry
+	addr string        // gone's address
+}
+
+// put applies one key's new value to the view and returns what the rooms
+// must hear of. Values that do not decode are skipped with a warning.
+func (e *Etcd) put(v *view, key string, value []byte) *change {
+	kind, addr := e.keys.parse(key)
+	switch kind {
+	case keyDaemon:
+		rec, err := decode[daemonRecord](value)
+		if err != nil {
+			e.log.Warn("fleet registry: skipping a daemon record that does not decode", "key", key, "err", err)
+			return nil
+		}
+		if addr == e.cfg.AdvertiseAddress && rec.incarnation() != e.deps.Self.Incarnation {
+			e.log.Error("fleet registry: another daemon wrote this daemon's record: two daemons advertise the same address (registry.etcd.advertise_address)",
+				"advertise_address", addr, "their_incarnation", rec.Incarnation, "our_incarnation", fmt.Sprintf("%016x", e.deps.Self.Incarnation))
+		}
+		v.daemons[addr] = rec
+	case keyCapacity:
+		if len(value) > maxValueBytes {
+			return nil
+		}
+		u := &pb.CapacityUpdate{}
+		if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(value, u); err != nil {
+			e.log.Warn("fleet registry: skipping a capacity record that does not decode", "key", key, "err", err)
+			return nil
+		}
+		v.capacity[addr] = u
+	case keyInstance:
+		rec, err := decode[instanceRecord](value)
+		if err != nil || rec.Addr != addr {
+			e.log.Warn("fleet registry: skipping an instance record that does not decode", "key", key, "err", err)
+			return nil
+		}
+		iv := v.instance(addr)
+		if iv.rec.InstanceID != rec.InstanceID {
+			for k, r := range iv.ranks {
+				if r.InstanceID != rec.InstanceID {
+					delete(iv.ranks, k) // a replaced instance's ranks (its lease is being revoked)
+				}
+			}
+		}
+		iv.rec = rec
+	case keyRank:
+		rec, err := decode[rankRecord](value)
+		if err != nil || rec.Addr != addr {
+			e.log.Warn("fleet registry: skipping a rank record that does not decode", "key", key, "err", err)
+			return nil
+		}
+		iv := v.instance(addr)
+		iv.ranks[key] = rec
+		if iv.rec.Lease == 0 || rec.InstanceID != iv.rec.InstanceID {
+			return nil // not (or no longer) of the instance on record
+		}
+		return &change{rank: &rec}
+	}
+	return nil
+}
+
+// del applies one key's deletion.
+func (e *Etcd) del(v *view, key string) *change {
+	kind, addr := e.keys.parse(key)
+	switch kind {
+	case keyDaemon:
+		delete(v.daemons, addr)
+	case keyCapacity:
+		delete(v.capacity, addr)
+	case keyInstance:
+		iv := v.instances[addr]
+		delete(v.instances, addr)
+		if iv != nil {
+			return &change{gone: iv, addr: addr}
+		}
+	case keyRank:
+		if iv := v.instances[addr]; iv != nil {
+			delete(iv.ranks, key)
+		}
+	}
+	return nil
+}
+
+// viewLoop builds the view from a snapshot, then follows the watch from
+// the snapshot's revision; a failed watch or a reconnect rebuilds it from a
+// fresh revision.
+func (e *Etcd) viewLoop(ctx context.Context) {
+	wait := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		rev, err := e.rebuild(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			e.obs.RegistryError("snapshot")
+			e.setState(true, "etcd unreachable: "+err.Error())
+			select {
+			case <-ctx.Done():
+				return
+			case <-e.resync:
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 2*time.Second)
+			continue
+		}
+		wait = 100 * time.Millisecond
+		e.setState(false, "")
+		wctx, cancel := context.WithCancel(ctx)
+		e.follow(ctx, e.cli.Watch(clientv3.WithRequireLeader(wctx), e.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1)))
+		cancel()
+	}
+}
+
+// follow applies the watch until it fails, ctx ends, or a rebuild is asked.
+func (e *Etcd) follow(ctx context.Context, wch clientv3.WatchChan) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.resync:
+			return
+		case resp, ok := <-wch:
+			if !ok {
+				return
+			}
+			if err := resp.Err(); err != nil {
+				if ctx.Err() == nil {
+					e.obs.RegistryError("watch")
+					e.log.Warn("fleet registry: the watch ended; rebuilding the view from a fresh revision", "err", err)
+				}
+				return
+			}
+			if resp.IsProgressNotify() {
+				continue
+			}
+			var changes []*change
+			e.mu.Lock()
+			for _, ev := range resp.Events {
+				var c *change
+				if ev.Type == mvccpb.PUT {
+					c = e.put(&e.view, string(ev.Kv.Key), ev.Kv.Value)
+				} else {
+					c = e.del(&e.view, string(ev.Kv.Key))
+				}
+				if c != nil {
+					changes = append(changes, c)
+				}
+			}
+			e.view.rev = resp.Header.Revision
+			e.mu.Unlock()
+			for _, c := range changes {
+				e.applyChange(ctx, c, false)
+			}
+		}
+	}
+}
+
+// rebuild reads the whole prefix at a fresh revision, replaces the view
+// and tells the rooms what changed against the old one: instances gone
+// (lost, or re-attached when they heartbeat here) and registrations new.
+func (e *Etcd) rebuild(ctx context.Context) (int64, error) {
+	rctx, cancel := e.requestCtx(ctx)
+	resp, err := e.cli.Get(rctx, e.cfg.Prefix, clientv3.WithPrefix())
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	nv := newView()
+	nv.rev = resp.Header.Revision
+	for _, kv := range resp.Kvs {
+		e.put(&nv, string(kv.Key), kv.Value)
+	}
+	e.mu.Lock()
+	old, first := e.view, !e.synced
+	e.view, e.synced = nv, true
+	var changes []*change
+	for addr, oi := range old.instances {
+		if ni := nv.instances[addr]; ni == nil || ni.rec.Lease == 0 {
+			changes = append(changes, &change{gone: oi, addr: addr})
+		}
+	}
+	for _, ni := range nv.instances {
+		for _, r := range ni.ranks {
+			if ni.rec.Lease != 0 && r.InstanceID == ni.rec.InstanceID {
+				changes = append(changes, &change{rank: &r})
+			}
+		}
+	}
+	e.mu.Unlock()
+	for _, c := range changes {
+		e.applyChange(ctx, c, true)
+	}
+	if !first {
+		e.obs.RegistryRebuilt()
+		e.log.Info("fleet registry: view rebuilt from a fresh revision", "revision", nv.rev, "daemons", len(nv.daemons), "prefill_instances", len(nv.instances))
+	}
+	return nv.rev, nil
+}
+
+// applyChange tells the rooms of one change.
+func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
+	if c.rank != nil {
+		reg := c.rank.registration()
+		if e.deps.Rooms.PrefillKnown(reg) {
+			return
+		}
+		if _, err := e.deps.Rooms.RegisterPrefill(reg); err != nil {
+			e.obs.RegistryRejected()
+			e.log.Warn("fleet registry: a prefill registration of the fleet is not accepted by this daemon (is its decode layout the fleet's?)",
+				"bootstrap_addr", reg.Addr, "rank", rankID(reg).String(), "registered_via", c.rank.Via, "err", err)
+		}
+		return
+	}
+	if c.gone == nil {
+		return
+	}
+	if e.heardRecently(c.addr) && e.reattach(ctx, c.addr, c.gone) {
+		return
+	}
+	var reason string
+	if rebuilt {
+		reason = fmt.Sprintf("it left the fleet registry while this daemon could not follow etcd (its lease expired: no rank heartbeated to any decode daemon of the fleet within registry.etcd.lease_ttl %s)", e.cfg.LeaseTTL)
+	} else {
+		reason = fmt.Sprintf("its fleet registry lease expired: no rank heartbeated to any decode daemon of the fleet within registry.etcd.lease_ttl %s", e.cfg.LeaseTTL)
+	}
+	e.deps.Rooms.LosePrefill(c.addr, reason)
+}
+
+// heardRecently: the instance heartbeated here within the lease TTL.
+func (e *Etcd) heardRecently(addr string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	h := e.heard[addr]
+	return h != nil && e.now().Sub(h.at) < e.cfg.LeaseTTL
+}
+
+// maxTxnOps stays below etcd's default --max-txn-ops (128).
+const maxTxnOps = 100
+
+// reattach re-creates the records of an instance whose lease ended while
+// its ranks still heartbeat here (this daemon was cut off from etcd, or its
+// keepalives did not arrive): a new lease, the same instance id and
+// registrations, so that the rooms here go on. It reports false when it
+// could not (the rooms then fail as lost); another daemon having
+// re-created the instance first counts as done.
+func (e *Etcd) reattach(ctx context.Context, addr string, iv *instanceView) bool {
+	if len(iv.ranks) == 0 || iv.rec.Addr == "" {
+		return false
+	}
+	rctx, cancel := e.requestCtx(ctx)
+	defer cancel()
+	g, err := e.cli.Grant(rctx, int64(e.cfg.LeaseTTL/time.Second))
+	if err != nil {
+		e.obs.RegistryError("register")
+		return false
+	}
+	rec := iv.rec
+	rec.Lease, rec.RegisteredVia, rec.CreatedAt = int64(g.ID), e.cfg.AdvertiseAddress, e.now().UTC()
+	recStr, err := encode(rec)
+	if err != nil {
+		return false
+	}
+	ops := []clientv3.Op{clientv3.OpPut(e.keys.instance(addr), recStr, clientv3.WithLease(g.ID))}
+	for k, r := range iv.ranks {
+		if r.InstanceID != rec.InstanceID {
+			continue
+		}
+		s, err := encode(r)
+		if err != nil {
+			continue
+		}
+		ops = append(ops, clientv3.OpPut(k, s, clientv3.WithLease(g.ID)))
+	}
+	first := ops[:min(len(ops), maxTxnOps)]
+	t, err := e.cli.Txn(rctx).If(clientv3.Compare(clientv3.CreateRevision(e.keys.instance(addr)), "=", 0)).Then(first...).Commit()
+	if err != nil || !t.Succeeded {
+		e.cli.Revoke(rctx, g.ID) //nolint:errcheck // best effort: an unused lease expires by itself
+		if err != nil {
+			e.obs.RegistryError("register")
+			return false
+		}
+		return true // another daemon re-created it: the watch brings it back
+	}
+	for rest := ops[len(first):]; len(rest) > 0; rest = rest[min(len(rest), maxTxnOps):] {
+		if _, err := e.cli.Txn(rctx).Then(rest[:min(len(rest), maxTxnOps)]...).Commit(); err != nil {
+			e.obs.RegistryError("register")
+		}
+	}
+	e.log.Warn("fleet registry: a prefill instance's lease ended while its ranks still heartbeat here; re-created its records under a new lease (its rooms on this daemon go on; other daemons that saw it leave failed theirs)",
+		"bootstrap_addr", addr, "instance_id", rec.InstanceID, "lease", int64(g.ID))
+	return true
+}
+
+// errStale: the instance record changed under a registration; it retries.
+var errStale = errors.New("the instance record changed meanwhile")
+
+// noteHeard records a heartbeat (or registration) of addr's instance here;
+// an instance this daemon has not kept alive within a third of the lease
+// TTL (it just failed over to this daemon) is kept alive at once.
+func (e *Etcd) noteHeard(addr string) {
+	now := e.now()
+	e.mu.Lock()
+	h := e.heard[addr]
+	if h == nil {
+		h = &heard{}
+		e.heard[addr] = h
+	}
+	h.at = now
+	kick := now.Sub(h.keptAlive) >= e.cfg.LeaseTTL/3
+	e.mu.Unlock()
+	if kick {
+		select {
+		case e.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// sortedKeys returns m's keys in order.
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

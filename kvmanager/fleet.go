@@ -1,0 +1,49 @@
+package kvmanager
+
+import "github.com/decodeplane/decodeplane/kvmanager/registry"
+
+// CheckedRegistration is a registration that passed every check this
+// daemon applies before recording it (CheckPrefill).
+type CheckedRegistration = registry.Checked
+
+// The calls a shared registry (package fleet, registry.backend etcd) makes
+// on the rooms. RegisterPrefill is CheckPrefill then RecordPrefill; the
+// fleet publishes the registration to its peers in between, so that a
+// registration refused by this daemon is never published, and one the
+// fleet could not publish is never recorded here.
+
+// CheckPrefill applies every check of RegisterPrefill that records
+// nothing: compatibility with the decode layout, SGLang's rank mapping, the
+// rank within its layout, and the layout against the instance's first
+// registration.
+func (m *Manager) CheckPrefill(reg Registration) (CheckedRegistration, error) {
+	c, err := m.reg.Check(reg)
+	if err != nil {
+		return c, err
+	}
+	return c, m.reg.Precheck(c)
+}
+
+// RecordPrefill records a checked registration and applies what it did to
+// the rooms, as RegisterPrefill does.
+func (m *Manager) RecordPrefill(c CheckedRegistration) (RegistrationResult, error) {
+	res, evs, err := m.reg.Record(c)
+	if err != nil {
+		return RegistrationResult{}, err
+	}
+	res.RoomsFailed += m.apply(evs)
+	return res, nil
+}
+
+// PrefillKnown reports whether reg is already recorded as is (same rank,
+// endpoint and instance id): the fleet skips the registrations of its view
+// that this daemon recorded itself.
+func (m *Manager) PrefillKnown(reg Registration) bool { return m.reg.Known(reg) }
+
+// LosePrefill forgets the prefill instance at addr because its fleet lease
+// ended, and fails its rooms still handing off with FailurePrefillLost and
+// a message that names reason; it returns how many rooms failed (0 for an
+// unknown addr).
+func (m *Manager) LosePrefill(addr, reason string) int {
+	return m.apply(m.reg.Lose(addr, reason))
+}
