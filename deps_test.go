@@ -75,6 +75,9 @@ func TestPackageDirection(t *testing.T) {
 		{"./transfer/agentservice", []string{"/server", "/transfer/agentclient", "/kvmanager", "/metrics"}},
 		// The reference agent does not link the daemon.
 		{"./cmd/decodeplane-agent", []string{"/server", "/internal/daemon", "/internal/config", "/metrics", "/kvmanager", "/transfer/agentclient"}},
+		// The fleet registry is an outbound adapter: it calls the room
+		// manager and etcd; the wiring and the inbound API call it.
+		{"./fleet", []string{"/server", "/internal/daemon", "/internal/config", "/metrics", "/client"}},
 		// The config loader describes; it builds nothing.
 		{"./internal/config", []string{"/internal/daemon", "/metrics", "/transfer/agentclient"}},
 		// Staging is a leaf of the domain: it returns effects to the room

@@ -274,12 +274,14 @@ func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
 	e.deps.Rooms.LosePrefill(c.addr, reason)
 }
 
-// heardRecently: the instance heartbeated here within the lease TTL.
+// heardRecently: the instance heartbeated here within half the lease TTL.
+// A live instance heartbeats at least that often (lease_ttl is at least two
+// heartbeat intervals); one that only registered here, or stopped, did not.
 func (e *Etcd) heardRecently(addr string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	h := e.heard[addr]
-	return h != nil && e.now().Sub(h.at) < e.cfg.LeaseTTL
+	return h != nil && e.now().Sub(h.at) < e.cfg.LeaseTTL/2
 }
 
 // maxTxnOps stays below etcd's default --max-txn-ops (128).

@@ -6,7 +6,7 @@ import "testing"
 // when t ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s, err := New(Options{Dir: t.TempDir(), NoFsync: true})
+	s, err := New(Options{Dir: t.TempDir(), NoFsync: true, LogLevel: "fatal"}) // etcd logs errors on every Close
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,85 @@
+// Package fleet is the prefill registry shared by the decode daemons of a
+// fleet through etcd (registry.backend etcd); the default, memory, keeps
+// the registry in the room manager of one daemon and needs nothing else.
+// It is an outbound adapter: it calls the room manager (kvmanager, through
+// Rooms) and etcd's client, and the server calls it as its Registrar and
+// its FleetView; the domain never imports it.
+//
+// # Keys
+//
+// Under the prefix P (registry.etcd.prefix, default /decodeplane/), with
+// addresses path-escaped and values JSON (records.go):
+//
+//	P daemons/<advertise_address>          a decode daemon: incarnation, version, start, KV layout     (its own lease)
+//	P capacity/<advertise_address>         its capacity (CapacityUpdate, protobuf JSON)               (its own lease)
+//	P prefills/<addr>/instance             a prefill instance: instance_id (its incarnation), lease,   (the instance's lease)
+//	                                       the daemon that created it
+//	P prefills/<addr>/ranks/<dp>.<cp>.<tp>.<pp>  one rank's registration, as RegisterPrefill got it  (the instance's lease)
+//
+// Room → DP-rank bindings (BindRoom) are NOT in etcd: they are one write
+// per request, and the measured and published etcd write rates (BENCHMARKS.md,
+// "Issue 12") are below what a fleet's requests would need. They stay in
+// the daemon that owns the room, which is the daemon the prefill hands the
+// room's KV to, and which the caller of BindRoom therefore already knows.
+//
+// # Leases
+//
+// A daemon grants one lease for itself (TTL registry.etcd.lease_ttl), keeps
+// it alive every second (which is also its probe of etcd), and revokes it
+// when it stops, so that its record and capacity leave at once; killed, they
+// leave when the lease expires.
+//
+// A prefill instance has one lease, granted by the daemon that first
+// records one of its ranks (a transaction conditional on the instance key
+// being absent, so concurrent registrations through several daemons agree
+// on one lease); its other ranks are put under the same lease (conditional
+// on the instance record read). Any daemon can keep any lease alive: the
+// lease lives while the instance heartbeats to ANY daemon of the fleet, and
+// the daemon that receives the heartbeats keeps it alive at most once per
+// third of the TTL (and at once when an instance it did not keep alive
+// recently starts heartbeating to it: a fail-over). A prefill whose daemon
+// dies moves its heartbeats to another (client.RunHeartbeatFailover) and
+// keeps its lease, and its rooms on every daemon go on, if it does so within
+// the TTL. A new instance_id at the same address replaces the instance: its
+// record and the new rank go under a new lease, then the old lease is
+// revoked, which removes the old ranks.
+//
+// Liveness in this mode is per instance and is the lease: the room
+// manager's own heartbeat count never declares an instance lost
+// (kvmanager.Deps.LeaseLiveness), since its ranks may heartbeat to another
+// daemon.
+//
+// # The view
+//
+// Each daemon reads the whole prefix once (a snapshot at revision R) and
+// then watches it from R+1; the room path reads only the room manager's
+// registry, which the view keeps current, so it never waits on etcd. A
+// watch that fails, or a reconnect after etcd was unreachable, rebuilds the
+// view from a fresh revision and applies the difference: new registrations
+// are recorded; instances that left are lost, unless they heartbeat to this
+// daemon, which then re-creates their records under a new lease
+// (re-attach) and keeps their rooms.
+//
+// # Failure semantics
+//
+//   - etcd unreachable (the per-second probe or a request fails): the
+//     registry is degraded. Rooms keep flowing on the cached view;
+//     RegisterPrefill is refused with UNAVAILABLE ("registry degraded ...;
+//     retry"); heartbeats are still accepted (their keepalives fail until
+//     etcd is back); GetStatus's and WatchCapacity's readiness ends with
+//     "; registry degraded: <reason>" while gRPC health stays SERVING;
+//     decodeplane_registry_degraded is 1. When etcd answers again the view
+//     is rebuilt, then the state is ok. A restarted etcd renews its leases'
+//     TTL, so a short outage expires nothing.
+//   - A daemon dies: its rooms are gone (they were its own); its prefills
+//     heartbeat elsewhere and keep their leases and their rooms on the
+//     other daemons.
+//   - A prefill instance heartbeats to no daemon for lease_ttl: its lease
+//     expires, every daemon forgets it and fails its rooms still handing off
+//     with FAILURE_CODE_PREFILL_LOST, "... its fleet registry lease expired:
+//     no rank heartbeated to any decode daemon of the fleet within
+//     registry.etcd.lease_ttl 30s".
+//   - A registration this daemon does not accept (a different decode layout
+//     in the same fleet) is skipped here with a warning and
+//     decodeplane_registry_rejected_total.
+package fleet
