@@ -40,7 +40,9 @@ func (c *Client) GetFleet(ctx context.Context) (*pb.GetFleetResponse, error) {
 // own daemon's incarnation: its destinations, and their hand-offs, stay
 // bound to that daemon.
 //
-// Failed beats are passed to the failing Prefill's OnHeartbeatError. Errors
+// Failed beats are passed to the failing Prefill's OnHeartbeatError, and
+// so is an incarnation change that moved the loop on (an
+// *IncarnationChangedError with both incarnations). Errors
 // that repeating cannot fix (see RunHeartbeat) end the loop and are
 // returned. It refuses (ErrInvalidArgument) no Prefill, a nil one, and
 // Prefills of different ranks or instances. Do not run RunHeartbeat on the
