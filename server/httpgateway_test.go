@@ -162,7 +162,14 @@ func TestGatewayErrorsAndAuth(t *testing.T) {
 	code, body, _ = gwCall(t, ctx, "GET", url+"/v1/fleet", "", "")
 	check("GET /v1/fleet without a token", code, body, 401, 16, "Unauthorized")
 	code, body, _ = gwCall(t, ctx, "GET", url+"/v1/fleet", "Bearer gw-token", "")
-	if code != 200 || !strings.Contains(body, `"registry":{"backend":"memory","state":"ok"`) || !strings.Contains(body, `"bootstrap_addr":"10.0.0.1:8998"`) {
-		t.Errorf("GET /v1/fleet with the token = %d %s; want the memory registry and the prefill registered above", code, body)
+	var fleet struct {
+		Registry struct{ Backend, State string }
+		Prefills []struct {
+			BootstrapAddr string `json:"bootstrap_addr"`
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &fleet); err != nil || code != 200 || fleet.Registry.Backend != "memory" || fleet.Registry.State != "ok" ||
+		len(fleet.Prefills) != 1 || fleet.Prefills[0].BootstrapAddr != "10.0.0.1:8998" {
+		t.Errorf("GET /v1/fleet with the token = %d %s (%v); want the memory registry and the prefill registered above", code, body, err)
 	}
 }
