@@ -34,6 +34,7 @@ type Client struct {
 	admin pb.AdminClient
 	boot  pb.BootstrapClient
 	rooms pb.RoomsClient
+	fleet pb.FleetClient
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -209,6 +210,7 @@ func newClient(conn *grpc.ClientConn, owns bool, o *options) *Client {
 		admin:    pb.NewAdminClient(conn),
 		boot:     pb.NewBootstrapClient(conn),
 		rooms:    pb.NewRoomsClient(conn),
+		fleet:    pb.NewFleetClient(conn),
 	}
 	if o.tokenSet {
 		c.callOpts = append(c.callOpts, grpc.PerRPCCredentials(bearer(o.token)))

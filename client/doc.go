@@ -1,6 +1,6 @@
 // Package client is the Go client of decodeplane, the decode-side control
 // plane for prefill/decode disaggregated LLM serving. It wraps the
-// decodeplane.v1 services (Admin, Bootstrap, Rooms) with one method per RPC,
+// decodeplane.v1 services (Admin, Bootstrap, Rooms, Fleet) with one method per RPC,
 // typed errors, per-RPC retries and trace propagation, and adds the two
 // helpers most callers need: Prefill (a prefill rank: register, heartbeat,
 // deliver a room's KV) and OpenAndWait (the decode engine: open a room and
@@ -99,6 +99,38 @@
 // watch ends with the same *IncarnationChangedError (Watch set, naming the
 // room), not with the new daemon's NOT_FOUND; open the room again.
 //
+// # A prefill in a fleet
+//
+// Decode daemons that share their registry through etcd
+// (registry.backend etcd) form a fleet: a prefill rank registers through
+// any of them and every one sees it, and the instance stays alive while
+// its ranks heartbeat to any of them (an etcd lease the receiving daemon
+// keeps alive, for registry.etcd.lease_ttl). If that daemon dies, the rank
+// must heartbeat to another before the lease runs out. Build the rank's
+// Prefill once per daemon, from the same registration, one Client each,
+// and run RunHeartbeatFailover over them instead of RunHeartbeat:
+//
+//	var ps []*client.Prefill
+//	for _, c := range clients { // one Client per daemon of the fleet
+//		ps = append(ps, c.Prefill(reg))
+//	}
+//	go client.RunHeartbeatFailover(ctx, ps...)
+//
+// It beats through one daemon at a time and moves to the next at once when
+// a beat fails for the daemon (ErrUnavailable, ErrDeadlineExceeded, or the
+// daemon's incarnation changed: it restarted), registering there first if
+// that Prefill has not registered, and again when the daemon answers
+// ErrNotFound; when every daemon failed in a row it waits one cadence.
+// Client.GetFleet lists the fleet's daemons to build the clients from.
+//
+// Each Prefill learns only its own daemon's incarnation, and a room is
+// handed off through the Prefill of the daemon that holds it (the one the
+// decode engine opened it on): that Prefill's destinations name that
+// daemon's incarnation, whichever daemon the heartbeats go to. With the
+// memory registry a daemon knows the rank only once it registered there,
+// so the fail-over's registration is what lets the other daemon's rooms
+// for the rank proceed.
+//
 // # Room ends and acknowledgements
 //
 // A hand-off reads its claim stream while it writes. When the room fails
@@ -123,7 +155,7 @@
 // FailedPrecondition, NotFound, AlreadyExists and every other code are never
 // retried.
 //
-//   - Retried: GetStatus, RegisterPrefill, Heartbeat, BindRoom, LookupDPRanks,
+//   - Retried: GetStatus, GetFleet, RegisterPrefill, Heartbeat, BindRoom, LookupDPRanks,
 //     GetRoom, ListRooms, AbortRoom, ReleaseRoom, and Transfer and
 //     ReportTransfer ((room, rank, chunk_index) is the daemon's idempotency
 //     key). The streams AwaitDestination and WatchRoom are re-opened when

@@ -292,6 +292,8 @@ func (p *Prefill) cadence() time.Duration {
 // the next beat and passed to OnHeartbeatError; errors that repeating cannot
 // fix (ErrInvalidArgument, ErrFailedPrecondition, ErrUnauthenticated,
 // ErrPermissionDenied, ErrUnimplemented) end the loop and are returned.
+// A rank whose daemons share their registry (a fleet) runs
+// RunHeartbeatFailover instead.
 func (p *Prefill) RunHeartbeat(ctx context.Context) error {
 	var first time.Duration
 	if p.Registration() != nil {

@@ -139,6 +139,9 @@ var retryTable = map[string]retryClass{
 	// A repeat after a lost answer would see AlreadyExists for the rooms
 	// the first attempt adopted (client/resync.go resends the rest).
 	pb.Rooms_Resync_FullMethodName: retryNever,
+
+	// Fleet: a read of the daemon's cached view.
+	pb.Fleet_GetFleet_FullMethodName: retrySafe,
 }
 
 // keyed is a request that may carry an idempotency key.

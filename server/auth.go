@@ -12,6 +12,8 @@ import (
 )
 
 // readOnlyMethods never need the token: reads, health, reflection.
+// Fleet.GetFleet is a read that needs it all the same (fleet.proto): it
+// lists the fleet's daemons and prefill instances.
 var readOnlyMethods = map[string]bool{
 	"/decodeplane.v1.Admin/GetStatus":         true,
 	"/decodeplane.v1.Bootstrap/LookupDPRanks": true,

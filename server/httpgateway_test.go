@@ -74,7 +74,7 @@ func TestGatewayServesEveryRPC(t *testing.T) {
 	url := newGatewayServer(t, "gw-token")
 	routeMiss := `{"code":5,"message":"Not Found","details":[]}`
 	n := 0
-	for _, svc := range []string{"Admin", "Bootstrap", "Rooms", "Staging"} {
+	for _, svc := range []string{"Admin", "Bootstrap", "Rooms", "Staging", "Fleet"} {
 		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName("decodeplane.v1." + svc))
 		if err != nil {
 			t.Fatal(err)
@@ -100,11 +100,13 @@ func TestGatewayServesEveryRPC(t *testing.T) {
 			}
 		}
 	}
-	if n != 24 {
-		t.Errorf("walked %d RPCs; the proto has 24: update the test with the API", n)
+	if n != 25 {
+		t.Errorf("walked %d RPCs; the proto has 25: update the test with the API", n)
 	}
 }
 
+// mutating reports the methods that need the token: every one but the
+// reads below (Fleet.GetFleet is a read that needs it: fleet.proto).
 func mutating(full string) bool {
 	switch full {
 	case "/decodeplane.v1.Admin/GetStatus", "/decodeplane.v1.Bootstrap/LookupDPRanks", "/decodeplane.v1.Rooms/GetRoom",
@@ -156,5 +158,18 @@ func TestGatewayErrorsAndAuth(t *testing.T) {
 	code, body, _ = gwCall(t, ctx, "GET", url+"/v1/status", "", "")
 	if code != 200 || !strings.Contains(body, `"ready":true`) {
 		t.Errorf("GET /v1/status = %d %s", code, body)
+	}
+	code, body, _ = gwCall(t, ctx, "GET", url+"/v1/fleet", "", "")
+	check("GET /v1/fleet without a token", code, body, 401, 16, "Unauthorized")
+	code, body, _ = gwCall(t, ctx, "GET", url+"/v1/fleet", "Bearer gw-token", "")
+	var fleet struct {
+		Registry struct{ Backend, State string }
+		Prefills []struct {
+			BootstrapAddr string `json:"bootstrap_addr"`
+		}
+	}
+	if err := json.Unmarshal([]byte(body), &fleet); err != nil || code != 200 || fleet.Registry.Backend != "memory" || fleet.Registry.State != "ok" ||
+		len(fleet.Prefills) != 1 || fleet.Prefills[0].BootstrapAddr != "10.0.0.1:8998" {
+		t.Errorf("GET /v1/fleet with the token = %d %s (%v); want the memory registry and the prefill registered above", code, body, err)
 	}
 }

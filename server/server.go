@@ -89,6 +89,14 @@ type Deps struct {
 	// Stale counts the calls refused for a stale incarnation; nil counts
 	// nothing.
 	Stale StaleMetrics
+	// Fleet is the shared registry's view that Fleet.GetFleet answers from
+	// (fleet.go); nil is the memory registry: GetFleet answers from this
+	// daemon alone.
+	Fleet FleetView
+	// AdvertiseAddress is the address this daemon goes by in its fleet
+	// (registry.etcd.advertise_address); "" is the address it serves on
+	// (Server.Address).
+	AdvertiseAddress string
 }
 
 // Server is the daemon's gRPC server.
@@ -116,6 +124,7 @@ type Server struct {
 	stopServ context.CancelFunc
 
 	mu        sync.Mutex
+	served    string // the address Serve serves on (servedAddress), "" until then
 	ready     bool
 	readiness string
 	draining  bool
@@ -170,6 +179,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, &healthService{Server: s.health, stop: s.stopCtx})
 	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
+	pb.RegisterFleetServer(s.grpc, &fleetService{s: s})
 	if m := deps.Manager; m != nil {
 		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m, reg: s.registrar()})
 		rs := &roomsService{s: s, m: m}
@@ -192,6 +202,13 @@ func (s *Server) GRPC() *grpc.Server { return s.grpc }
 
 // Serve serves on lis until Shutdown; it returns nil after a Shutdown.
 func (s *Server) Serve(lis net.Listener) error {
+	if a := servedAddress(lis); a != "" {
+		s.mu.Lock()
+		if s.served == "" {
+			s.served = a
+		}
+		s.mu.Unlock()
+	}
 	err := s.grpc.Serve(lis)
 	if errors.Is(err, grpc.ErrServerStopped) {
 		return nil

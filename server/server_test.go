@@ -254,7 +254,7 @@ func TestReflection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"decodeplane.v1.Admin", "grpc.health.v1.Health", probeService} {
+		for _, want := range []string{"decodeplane.v1.Admin", "decodeplane.v1.Fleet", "grpc.health.v1.Health", probeService} {
 			if !slices.Contains(names, want) {
 				t.Errorf("reflection lists %q, missing %s", names, want)
 			}
@@ -408,6 +408,7 @@ func TestNeedsToken(t *testing.T) {
 	tests := map[string]bool{
 		"/decodeplane.v1.Admin/Drain":                                    true,
 		"/decodeplane.v1.Admin/GetStatus":                                false,
+		"/decodeplane.v1.Fleet/GetFleet":                                 true, // a read, but fleet.proto says UNAUTHENTICATED
 		"/decodeplane.v1.Bootstrap/RegisterPrefill":                      true,
 		"/decodeplane.v1.Bootstrap/LookupDPRanks":                        false,
 		"/decodeplane.v1.Rooms/OpenRoom":                                 true,

@@ -51,6 +51,7 @@ func init() {
 			},
 			run: cmdStatus,
 		},
+		fleetCommand,
 		{
 			name: "rooms", synopsis: "[--phase P,...] [--prefill ADDR] [--live] [--oldest] [--limit N] [-w [--interval D]]", daemon: true,
 			summary: "list live and recently finished rooms",

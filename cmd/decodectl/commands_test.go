@@ -426,6 +426,15 @@ func TestJSON(t *testing.T) {
 			},
 		},
 		{
+			args: []string{"fleet"}, msg: &pb.GetFleetResponse{},
+			keys: []string{"daemons", "prefills", "registry", "truncated"},
+			check: func(m proto.Message) bool {
+				f := m.(*pb.GetFleetResponse)
+				return f.GetRegistry().GetBackend() == "memory" && len(f.GetDaemons()) == 1 && f.GetDaemons()[0].GetSelf() &&
+					len(f.GetPrefills()) == 1 && f.GetPrefills()[0].GetBootstrapAddr() == prefillA
+			},
+		},
+		{
 			args: []string{"abort", "4"}, msg: &pb.AbortRoomResponse{},
 			keys: []string{"room"},
 			check: func(m proto.Message) bool {

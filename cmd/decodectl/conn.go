@@ -140,6 +140,8 @@ func errorHint(err error, inv *invocation) string {
 			return "the daemon rejected the token given with --token or DECODEPLANE_TOKEN"
 		}
 		return "the daemon has a bootstrap token: pass --token or set DECODEPLANE_TOKEN"
+	case codes.Unimplemented:
+		return fmt.Sprintf("the daemon at %s does not serve this call (is it older than this decodectl?)", addr)
 	}
 	return ""
 }

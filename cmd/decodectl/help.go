@@ -11,7 +11,7 @@ const connectionHelp = `Connection (every command; flags go before or after the 
   --addr ADDR              daemon address: host:port, unix:///path, dns:///host:port
                            (env DECODEPLANE_ADDR; default ` + defaultAddr + `)
   --token TOKEN            the daemon's bootstrap token, sent as "authorization: Bearer"
-                           (env DECODEPLANE_TOKEN); abort and drain need it when the daemon has one
+                           (env DECODEPLANE_TOKEN); abort, drain and fleet need it when the daemon has one
   --tls                    use TLS with the system roots (implied by the flags below)
   --tls-ca FILE            CA certificates (PEM) to verify the daemon (env DECODEPLANE_TLS_CA)
   --tls-cert FILE          client certificate for mutual TLS (env DECODEPLANE_TLS_CERT)

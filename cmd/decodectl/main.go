@@ -3,6 +3,7 @@
 // running daemon through the Go client library (package client):
 //
 //	decodectl status [--config]                      version, readiness, shards, prefills
+//	decodectl fleet                                  the registry's daemons and prefill instances
 //	decodectl rooms [--phase P,...] [--prefill ADDR] [--live] [--oldest] [--limit N] [-w]
 //	decodectl room ID|--latest|--latest-failed [--pages]  a room and its timeline
 //	decodectl abort ID [--reason TEXT]               fail a room, return its pages

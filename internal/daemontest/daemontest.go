@@ -124,6 +124,15 @@ func (d *Daemon) Dialer() grpc.DialOption {
 	return grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return d.lis.DialContext(ctx) })
 }
 
+// DialContext connects to the daemon's bufconn listener (nil with TCP: dial
+// Addr), for a dialer that moves to another daemon (a restart in a test).
+func (d *Daemon) DialContext(ctx context.Context) (net.Conn, error) {
+	if d.lis == nil {
+		return nil, errors.New("daemontest: a TCP daemon: dial its Addr")
+	}
+	return d.lis.DialContext(ctx)
+}
+
 // Conn dials the daemon in plaintext; the connection closes at cleanup
 // (before the daemon stops).
 func (d *Daemon) Conn(t testing.TB) *grpc.ClientConn {

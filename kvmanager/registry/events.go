@@ -93,7 +93,11 @@ type Instance struct {
 
 // InstanceStatus is one known instance for operators.
 type InstanceStatus struct {
-	Addr             string
+	Addr string
+	// InstanceID is the instance's incarnation as its ranks registered it
+	// ("" when they gave none): a new one at the same address replaces the
+	// instance.
+	InstanceID       string
 	Registered       int
 	Expected         int
 	Topology         PrefillTopology

@@ -483,3 +483,28 @@ func TestIncompleteInstancesRetainLittle(t *testing.T) {
 		}
 	})
 }
+
+// TestStatusNamesInstanceID: Status names each instance's id as its ranks
+// registered it, the replacing one after a replacement, "" when none was
+// given.
+func TestStatusNamesInstanceID(t *testing.T) {
+	h := newHarness(t)
+	ids := func() map[string]string {
+		out := map[string]string{}
+		for _, st := range h.g.Status() {
+			out[st.Addr] = st.InstanceID
+		}
+		return out
+	}
+	h.register(prefill{addr: addrA, instanceID: "inc-1"})
+	h.register(prefill{addr: addrB})
+	if got := ids(); got[addrA] != "inc-1" || got[addrB] != "" || len(got) != 2 {
+		t.Errorf("Status instance ids = %v, want %s: inc-1, %s: \"\"", got, addrA, addrB)
+	}
+	if res, _, err := h.g.Register(h.registration(prefill{addr: addrA, instanceID: "inc-2"}, 0, 0, 0, 0)); err != nil || !res.Replaced {
+		t.Fatalf("Register(inc-2) = %+v, %v; want a replacement", res, err)
+	}
+	if got := ids()[addrA]; got != "inc-2" {
+		t.Errorf("after the replacement, Status names instance id %q, want inc-2", got)
+	}
+}

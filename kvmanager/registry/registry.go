@@ -431,7 +431,7 @@ func (g *Registry) Status() []InstanceStatus {
 	interval := g.cfg.HeartbeatInterval
 	out := make([]InstanceStatus, 0, len(g.instances))
 	for _, p := range g.instances {
-		ps := InstanceStatus{Addr: p.addr, Registered: len(p.ranks), Expected: p.expected, Topology: p.topo}
+		ps := InstanceStatus{Addr: p.addr, InstanceID: p.instanceID, Registered: len(p.ranks), Expected: p.expected, Topology: p.topo}
 		for _, rk := range p.ranks {
 			if rk.lastSeen.After(ps.LastHeartbeat) || ps.LastHeartbeat.IsZero() {
 				ps.LastHeartbeat = rk.lastSeen

@@ -233,7 +233,9 @@ func (x *RegistryState) GetLeaseTtl() *durationpb.Duration {
 // FleetDaemon is one decode daemon of the fleet.
 type FleetDaemon struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// address is its advertised address (registry.etcd.advertise_address).
+	// address is its advertised address (registry.etcd.advertise_address;
+	// with the memory registry, the address it serves gRPC on unless one is
+	// advertised).
 	Address     string `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
 	Incarnation uint64 `protobuf:"fixed64,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	// self marks the daemon that answered.
@@ -345,7 +347,8 @@ type FleetPrefill struct {
 	// lease_id is the instance's etcd lease (0 for memory).
 	LeaseId int64 `protobuf:"varint,10,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
 	// heard_here is the last heartbeat this daemon received from any of its
-	// ranks (unset when none).
+	// ranks (unset when none); a registration through this daemon counts as
+	// one.
 	HeardHere *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=heard_here,json=heardHere,proto3" json:"heard_here,omitempty"`
 	// registered_via is the address of the daemon that created the
 	// instance's record.
