@@ -157,7 +157,7 @@ func (c Config) Validate(heartbeat time.Duration) error {
 		}
 	}
 	if e.RequestTimeout > 0 && e.LeaseTTL > 0 && e.RequestTimeout > e.LeaseTTL/3 {
-		add("registry.etcd.request_timeout", e.RequestTimeout, fmt.Sprintf("longer than a third of registry.etcd.lease_ttl (%s): a slow keepalive would let leases expire.", e.LeaseTTL), fmt.Sprintf("set it to at most %s.", (e.LeaseTTL / 3).Truncate(100*time.Millisecond)))
+		add("registry.etcd.request_timeout", e.RequestTimeout, fmt.Sprintf("longer than a third of registry.etcd.lease_ttl (%s): a slow keepalive would let leases expire.", e.LeaseTTL), fmt.Sprintf("set it to at most %s.", (e.LeaseTTL/3).Truncate(100*time.Millisecond)))
 	}
 	if e.CapacityInterval != 0 && (e.CapacityInterval < MinCapacityInterval || e.CapacityInterval > MaxCapacityInterval) {
 		add("registry.etcd.capacity_interval", e.CapacityInterval, fmt.Sprintf("out of range (0 = off, or %s..%s).", MinCapacityInterval, MaxCapacityInterval), "set it to e.g. 1s.")
