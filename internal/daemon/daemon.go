@@ -271,15 +271,19 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	}
 	d.incarnation = inc
 	var registrar server.Registrar
+	var fleetView server.FleetView
+	advertise := ""
 	if cfg.Registry.Backend == fleet.BackendEtcd {
 		fl, err := d.buildFleet(cfg, opts)
 		if err != nil {
 			return nil, err
 		}
-		registrar = fl
+		registrar, fleetView, advertise = fl, fl, cfg.Registry.Etcd.AdvertiseAddress
 	}
 	srv, err := server.New(cfg.Server, server.Deps{
 		Registrar:          registrar,
+		Fleet:              fleetView,
+		AdvertiseAddress:   advertise,
 		Incarnation:        inc,
 		Stale:              d.metrics,
 		Logger:             log,
