@@ -201,7 +201,14 @@ type ShardCapacity struct {
 	PageSize uint32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// tokens_total and pages_total are the shard's pool; tokens_free and
 	// pages_free what is neither allocated, reserved for admitted rooms nor
-	// draining.
+	// draining: tokens_free is the admission budget a new room is checked
+	// against now (free tokens less max(R x active rooms, the largest
+	// running room's remaining need) and the retracted rooms' needs, R =
+	// admission.reserved_decode_tokens; never below 0), pages_free is
+	// tokens_free in whole pages. A fresh request of P prompt tokens needs at
+	// least page_round(P) + R of it (the full admission test is in the
+	// README's Admission paragraph). GetStatus's pages_free counts the free
+	// pages without the reservation.
 	TokensTotal uint64 `protobuf:"varint,3,opt,name=tokens_total,json=tokensTotal,proto3" json:"tokens_total,omitempty"`
 	TokensFree  uint64 `protobuf:"varint,4,opt,name=tokens_free,json=tokensFree,proto3" json:"tokens_free,omitempty"`
 	PagesTotal  uint64 `protobuf:"varint,5,opt,name=pages_total,json=pagesTotal,proto3" json:"pages_total,omitempty"`
@@ -211,11 +218,14 @@ type ShardCapacity struct {
 	ReqSlotsTotal uint32 `protobuf:"varint,7,opt,name=req_slots_total,json=reqSlotsTotal,proto3" json:"req_slots_total,omitempty"`
 	ReqSlotsFree  uint32 `protobuf:"varint,8,opt,name=req_slots_free,json=reqSlotsFree,proto3" json:"req_slots_free,omitempty"`
 	// queue_depth counts the rooms waiting for admission on this shard
-	// (queued, and waiting for their prefill's registration).
+	// (queued, and waiting for their prefill's registration or DP rank).
 	QueueDepth uint32 `protobuf:"varint,9,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
 	// blocked_by is why the last admission pass stopped at the head of the
-	// queue: "none", "tokens", "req_slots", "metadata_slots", "state_slots",
-	// "staging" or "resync".
+	// queue, as GetStatus's shards say it: "none", "tokens", "req_slots",
+	// "metadata_slots", "mamba" (state slots), "swa" (the SWA pool),
+	// "retracted" (retracted rooms resume first), "draining" (the daemon
+	// stops), or "resync" while admission waits for the decode engine's
+	// resync (engine.resync_timeout).
 	BlockedBy string `protobuf:"bytes,10,opt,name=blocked_by,json=blockedBy,proto3" json:"blocked_by,omitempty"`
 	// draining_pages are pages of ended rooms that wait for prefill
 	// acknowledgements (AckRoomEnd): neither free nor reusable yet.
