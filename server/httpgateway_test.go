@@ -74,7 +74,7 @@ func TestGatewayServesEveryRPC(t *testing.T) {
 	url := newGatewayServer(t, "gw-token")
 	routeMiss := `{"code":5,"message":"Not Found","details":[]}`
 	n := 0
-	for _, svc := range []string{"Admin", "Bootstrap", "Rooms", "Staging"} {
+	for _, svc := range []string{"Admin", "Bootstrap", "Rooms", "Staging", "Capacity"} {
 		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName("decodeplane.v1." + svc))
 		if err != nil {
 			t.Fatal(err)
@@ -100,8 +100,8 @@ func TestGatewayServesEveryRPC(t *testing.T) {
 			}
 		}
 	}
-	if n != 24 {
-		t.Errorf("walked %d RPCs; the proto has 24: update the test with the API", n)
+	if n != 25 {
+		t.Errorf("walked %d RPCs; the proto has 25: update the test with the API", n)
 	}
 }
 

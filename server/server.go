@@ -84,6 +84,10 @@ type Deps struct {
 	// Stale counts the calls refused for a stale incarnation; nil counts
 	// nothing.
 	Stale StaleMetrics
+	// AdvertiseAddress is the daemon's address as routers reach it
+	// (registry.etcd.advertise_address), reported in every CapacityUpdate;
+	// "" is allowed.
+	AdvertiseAddress string
 }
 
 // Server is the daemon's gRPC server.
@@ -106,7 +110,7 @@ type Server struct {
 	fullLogStream grpc.StreamServerInterceptor
 
 	// stopCtx is cancelled when Shutdown stops serving: long-lived streams
-	// with no natural end (WatchWatermark) return on it.
+	// with no natural end (WatchWatermark, WatchCapacity) return on it.
 	stopCtx  context.Context
 	stopServ context.CancelFunc
 
@@ -162,6 +166,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, &healthService{Server: s.health, stop: s.stopCtx})
 	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
+	pb.RegisterCapacityServer(s.grpc, &capacityService{s: s})
 	if m := deps.Manager; m != nil {
 		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m})
 		rs := &roomsService{s: s, m: m}
