@@ -18,7 +18,8 @@ type ShardCapacity struct {
 	// retracted ones; pages held by admitted or draining rooms are not
 	// free), never below 0. PagesFree is TokensFree in whole pages.
 	TokensFree, PagesFree int64
-	// ReqSlotsTotal and ReqSlotsFree are the request (req_to_token) slots.
+	// ReqSlotsTotal and ReqSlotsFree are the request (req_to_token) slots
+	// (request_slots + pre_alloc_slots).
 	ReqSlotsTotal, ReqSlotsFree int64
 	// QueueDepth counts the rooms opened and not admitted yet: waiting for
 	// their prefill's registration or DP rank, and queued for KV.
@@ -32,6 +33,9 @@ type ShardCapacity struct {
 	DrainingPages int64
 	// Running counts the rooms decoding on the shard.
 	Running int
+	// ReservedDecodeTokens is R (admission.reserved_decode_tokens): what a
+	// fresh request needs beyond its pages.
+	ReservedDecodeTokens int
 }
 
 // BlockedResync is ShardCapacity.BlockedBy while admission waits for the
@@ -48,6 +52,7 @@ func (m *Manager) Capacity() []ShardCapacity {
 	out := make([]ShardCapacity, len(m.shards))
 	for i, sh := range m.shards {
 		out[i] = shardCapacity(sh.led.Stats(), page, gated)
+		out[i].ReservedDecodeTokens = m.dec.Admission.ReservedDecodeTokens
 	}
 	return out
 }

@@ -20,7 +20,7 @@ func TestCapacityFromTheLedger(t *testing.T) {
 			t.Fatalf("Capacity() has %d shards, want 1", len(c))
 		}
 		want := ShardCapacity{Shard: 0, PageSize: int(page), TokensTotal: 128 * page, PagesTotal: 128, TokensFree: 128 * page, PagesFree: 128,
-			ReqSlotsTotal: slots, ReqSlotsFree: slots, BlockedBy: "none"}
+			ReqSlotsTotal: slots, ReqSlotsFree: slots, BlockedBy: "none", ReservedDecodeTokens: int(r)}
 		if c[0] != want {
 			t.Fatalf("empty shard: %+v, want %+v", c[0], want)
 		}

@@ -78,6 +78,7 @@ func (s *Server) capacityProto(sn capacitySnap, seq uint64) *pb.CapacityUpdate {
 			ReqSlotsTotal: uint32(c.ReqSlotsTotal), ReqSlotsFree: uint32(c.ReqSlotsFree),
 			QueueDepth: uint32(c.QueueDepth), BlockedBy: c.BlockedBy,
 			DrainingPages: uint64(c.DrainingPages), Running: uint32(c.Running),
+			ReservedDecodeTokens: uint32(c.ReservedDecodeTokens),
 		})
 	}
 	return u

@@ -133,7 +133,7 @@ func TestWatchCapacityFeed(t *testing.T) {
 		u, at := cw.last()
 		sh := shardStatus(t, ctx, conn)
 		want := &pb.ShardCapacity{DpRank: 0, PageSize: 16, TokensTotal: 512 * 16, TokensFree: 512 * 16, PagesTotal: 512, PagesFree: 512,
-			ReqSlotsTotal: sh.GetReqSlotsTotal(), ReqSlotsFree: sh.GetReqSlotsTotal(), BlockedBy: "none"}
+			ReqSlotsTotal: sh.GetReqSlotsTotal(), ReqSlotsFree: sh.GetReqSlotsTotal(), BlockedBy: "none", ReservedDecodeTokens: 512}
 		if !at.Equal(start) || u.GetSequence() != 1 || !u.GetReady() || u.GetReadiness() != "serving" || u.GetDraining() ||
 			u.GetIncarnation() != d.Incarnation() || u.GetAddress() != "" || !u.GetAt().AsTime().Equal(start) ||
 			len(u.GetShards()) != 1 || !proto.Equal(u.GetShards()[0], want) {

@@ -206,15 +206,16 @@ type ShardCapacity struct {
 	// running room's remaining need) and the retracted rooms' needs, R =
 	// admission.reserved_decode_tokens; never below 0), pages_free is
 	// tokens_free in whole pages. A fresh request of P prompt tokens needs at
-	// least page_round(P) + R of it (the full admission test is in the
-	// README's Admission paragraph). GetStatus's pages_free counts the free
-	// pages without the reservation.
+	// least page_round(P) + reserved_decode_tokens of it (the full admission
+	// test is in the README's Admission paragraph). GetStatus's pages_free
+	// counts the free pages without the reservation.
 	TokensTotal uint64 `protobuf:"varint,3,opt,name=tokens_total,json=tokensTotal,proto3" json:"tokens_total,omitempty"`
 	TokensFree  uint64 `protobuf:"varint,4,opt,name=tokens_free,json=tokensFree,proto3" json:"tokens_free,omitempty"`
 	PagesTotal  uint64 `protobuf:"varint,5,opt,name=pages_total,json=pagesTotal,proto3" json:"pages_total,omitempty"`
 	PagesFree   uint64 `protobuf:"varint,6,opt,name=pages_free,json=pagesFree,proto3" json:"pages_free,omitempty"`
-	// req_slots_total and req_slots_free are the request slots
-	// (kv_pool.request_slots).
+	// req_slots_total and req_slots_free are the request (req_to_token)
+	// slots admission hands out: kv_pool.request_slots plus
+	// kv_pool.pre_alloc_slots, as GetStatus counts them.
 	ReqSlotsTotal uint32 `protobuf:"varint,7,opt,name=req_slots_total,json=reqSlotsTotal,proto3" json:"req_slots_total,omitempty"`
 	ReqSlotsFree  uint32 `protobuf:"varint,8,opt,name=req_slots_free,json=reqSlotsFree,proto3" json:"req_slots_free,omitempty"`
 	// queue_depth counts the rooms waiting for admission on this shard
@@ -231,9 +232,12 @@ type ShardCapacity struct {
 	// acknowledgements (AckRoomEnd): neither free nor reusable yet.
 	DrainingPages uint64 `protobuf:"varint,11,opt,name=draining_pages,json=drainingPages,proto3" json:"draining_pages,omitempty"`
 	// running counts the rooms decoding on this shard.
-	Running       uint32 `protobuf:"varint,12,opt,name=running,proto3" json:"running,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Running uint32 `protobuf:"varint,12,opt,name=running,proto3" json:"running,omitempty"`
+	// reserved_decode_tokens is R (admission.reserved_decode_tokens): the
+	// tokens a fresh request needs beyond its pages, for the fit test above.
+	ReservedDecodeTokens uint32 `protobuf:"varint,13,opt,name=reserved_decode_tokens,json=reservedDecodeTokens,proto3" json:"reserved_decode_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ShardCapacity) Reset() {
@@ -350,6 +354,13 @@ func (x *ShardCapacity) GetRunning() uint32 {
 	return 0
 }
 
+func (x *ShardCapacity) GetReservedDecodeTokens() uint32 {
+	if x != nil {
+		return x.ReservedDecodeTokens
+	}
+	return 0
+}
+
 var File_decodeplane_v1_capacity_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_capacity_proto_rawDesc = "" +
@@ -366,7 +377,7 @@ const file_decodeplane_v1_capacity_proto_rawDesc = "" +
 	"\bdraining\x18\x05 \x01(\bR\bdraining\x125\n" +
 	"\x06shards\x18\x06 \x03(\v2\x1d.decodeplane.v1.ShardCapacityR\x06shards\x12*\n" +
 	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1a\n" +
-	"\bsequence\x18\b \x01(\x04R\bsequence\"\x98\x03\n" +
+	"\bsequence\x18\b \x01(\x04R\bsequence\"\xce\x03\n" +
 	"\rShardCapacity\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12!\n" +
@@ -385,7 +396,8 @@ const file_decodeplane_v1_capacity_proto_rawDesc = "" +
 	"blocked_by\x18\n" +
 	" \x01(\tR\tblockedBy\x12%\n" +
 	"\x0edraining_pages\x18\v \x01(\x04R\rdrainingPages\x12\x18\n" +
-	"\arunning\x18\f \x01(\rR\arunning2c\n" +
+	"\arunning\x18\f \x01(\rR\arunning\x124\n" +
+	"\x16reserved_decode_tokens\x18\r \x01(\rR\x14reservedDecodeTokens2c\n" +
 	"\bCapacity\x12W\n" +
 	"\rWatchCapacity\x12$.decodeplane.v1.WatchCapacityRequest\x1a\x1e.decodeplane.v1.CapacityUpdate0\x01BGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 

@@ -36,7 +36,8 @@ type CapacityClient interface {
 	// one per keepalive_interval even when nothing changed (so that a router
 	// can tell a quiet daemon from a dead stream). The stream ends when the
 	// daemon stops (the last message then has ready=false, readiness
-	// "shutting down"), or when the client cancels.
+	// "shutting down", and is sent at once, whatever min_interval), or when
+	// the client cancels.
 	// The daemon reads its ledgers every min_interval to see a change (a
 	// read of each shard's ledger, nothing on the room path).
 	// Codes: INVALID_ARGUMENT (an interval out of its bounds, naming the
@@ -87,7 +88,8 @@ type CapacityServer interface {
 	// one per keepalive_interval even when nothing changed (so that a router
 	// can tell a quiet daemon from a dead stream). The stream ends when the
 	// daemon stops (the last message then has ready=false, readiness
-	// "shutting down"), or when the client cancels.
+	// "shutting down", and is sent at once, whatever min_interval), or when
+	// the client cancels.
 	// The daemon reads its ledgers every min_interval to see a change (a
 	// read of each shard's ledger, nothing on the room path).
 	// Codes: INVALID_ARGUMENT (an interval out of its bounds, naming the
