@@ -34,6 +34,8 @@ type Client struct {
 	admin pb.AdminClient
 	boot  pb.BootstrapClient
 	rooms pb.RoomsClient
+	// capacity is the router-facing capacity stream (capacity.go).
+	capacity pb.CapacityClient
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -209,6 +211,7 @@ func newClient(conn *grpc.ClientConn, owns bool, o *options) *Client {
 		admin:    pb.NewAdminClient(conn),
 		boot:     pb.NewBootstrapClient(conn),
 		rooms:    pb.NewRoomsClient(conn),
+		capacity: pb.NewCapacityClient(conn),
 	}
 	if o.tokenSet {
 		c.callOpts = append(c.callOpts, grpc.PerRPCCredentials(bearer(o.token)))

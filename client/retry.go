@@ -139,6 +139,12 @@ var retryTable = map[string]retryClass{
 	// A repeat after a lost answer would see AlreadyExists for the rooms
 	// the first attempt adopted (client/resync.go resends the rest).
 	pb.Rooms_Resync_FullMethodName: retryNever,
+
+	// Capacity: safe to repeat (each stream starts with the current
+	// figures), but CapacityStream does not re-open by itself: the end of
+	// the stream is how a router learns that the daemon stopped or is
+	// unreachable, so the router re-opens it (capacity.go).
+	pb.Capacity_WatchCapacity_FullMethodName: retryNever,
 }
 
 // keyed is a request that may carry an idempotency key.
