@@ -35,6 +35,8 @@ type Client struct {
 	boot  pb.BootstrapClient
 	rooms pb.RoomsClient
 	fleet pb.FleetClient
+	// capacity is the router-facing capacity stream (capacity.go).
+	capacity pb.CapacityClient
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -211,6 +213,7 @@ func newClient(conn *grpc.ClientConn, owns bool, o *options) *Client {
 		boot:     pb.NewBootstrapClient(conn),
 		rooms:    pb.NewRoomsClient(conn),
 		fleet:    pb.NewFleetClient(conn),
+		capacity: pb.NewCapacityClient(conn),
 	}
 	if o.tokenSet {
 		c.callOpts = append(c.callOpts, grpc.PerRPCCredentials(bearer(o.token)))

@@ -1,6 +1,7 @@
 // Package client is the Go client of decodeplane, the decode-side control
 // plane for prefill/decode disaggregated LLM serving. It wraps the
-// decodeplane.v1 services (Admin, Bootstrap, Rooms, Fleet) with one method per RPC,
+// decodeplane.v1 services (Admin, Bootstrap, Rooms, Fleet, and Capacity's WatchCapacity for
+// routers) with one method per RPC,
 // typed errors, per-RPC retries and trace propagation, and adds the two
 // helpers most callers need: Prefill (a prefill rank: register, heartbeat,
 // deliver a room's KV) and OpenAndWait (the decode engine: open a room and
@@ -28,7 +29,7 @@
 //
 // A Client is safe for concurrent use by any number of goroutines, and so is
 // a Prefill: build one client per daemon and share it. A stream
-// (DestinationStream, RoomWatch) belongs to the goroutine that calls its
+// (DestinationStream, RoomWatch, CapacityStream) belongs to the goroutine that calls its
 // Next; Close may be called from any goroutine.
 //
 // # Timeouts
@@ -167,6 +168,11 @@
 //   - Never retried: Drain, ReportRunning, RetractRoom, ContinueGeneration.
 //     Decide yourself (ReportRunning reports absolute lengths: send the next
 //     report instead).
+//   - WatchCapacity is safe to repeat but not re-opened by the client: the
+//     end of a CapacityStream is how a router learns that the daemon
+//     stopped or is unreachable; open it again (each stream starts with the
+//     current figures). ExampleClient_WatchCapacity shows a router picking
+//     a decode instance from the streams.
 //
 // gRPC's own transparent retry still resends any call that never reached the
 // daemon. A prefill may send its first chunk as soon as it has the

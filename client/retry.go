@@ -142,6 +142,11 @@ var retryTable = map[string]retryClass{
 
 	// Fleet: a read of the daemon's cached view.
 	pb.Fleet_GetFleet_FullMethodName: retrySafe,
+	// Capacity: safe to repeat (each stream starts with the current
+	// figures), but CapacityStream does not re-open by itself: the end of
+	// the stream is how a router learns that the daemon stopped or is
+	// unreachable, so the router re-opens it (capacity.go).
+	pb.Capacity_WatchCapacity_FullMethodName: retryNever,
 }
 
 // keyed is a request that may carry an idempotency key.

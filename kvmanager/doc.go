@@ -207,7 +207,9 @@
 // room (registry events, Status, ListRooms, InFlight, Shutdown,
 // ContinueGeneration, the retention sweep) visits the shards one at a time,
 // and nothing calls back up. Heartbeat, TouchPrefill, LookupDPRanks,
-// PrefillInfo and RankEndpoint take the registry's lock only; a registry
+// PrefillInfo and RankEndpoint take the registry's lock only; ShardStats
+// and Capacity (capacity.go: each shard's figures for routers, polled by
+// the capacity stream) take each ledger's lock in turn and no shard lock; a registry
 // call's events are applied after it returned. A room opened meanwhile reads
 // the registry's new state itself (and looks again after parking for a
 // registration); one whose OpenRoom read an instance just before it was

@@ -150,7 +150,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rooms, m.finished, m.handoff, m.openToDest, m.destToSuccess, m.chunks, m.chunkDuration,
 		m.transferBytes, m.dpResolutions, m.admissionPasses, m.admissionBlocked, m.registrations,
-		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m},
+		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m}, capacityCollector{m},
 	)
 	reg.MustRegister(m.grpc.collectors()...)
 	reg.MustRegister(m.resync.collectors()...)

@@ -1176,6 +1176,7 @@ func (l *Ledger) Stats() Stats {
 		Draining:    l.counts[RoomDraining],
 		LastBlocked: l.lastBlocked,
 		FullBudget:  l.lastFull,
+		Budget:      l.fullBudget(true, true),
 		SWABudget:   l.lastSWABudget,
 		Retractable: l.retractable,
 	}

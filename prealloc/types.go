@@ -236,4 +236,10 @@ type Stats struct {
 	// SWABudget is the last pass's SWA token budget (hybrid-swa with a page
 	// size > 1 only).
 	SWABudget int64
+	// Budget is the full-attention token budget now (fullBudget as the
+	// next pass would compute it for a new room): the free tokens less
+	// max(R × active rooms, the largest running room's need) and the
+	// retracted rooms' needs. It may be negative. What a router may still
+	// send (Capacity.WatchCapacity's tokens_free).
+	Budget int64
 }

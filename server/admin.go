@@ -20,12 +20,7 @@ var _ pb.AdminServer = (*adminService)(nil)
 
 func (a *adminService) GetStatus(ctx context.Context, _ *pb.GetStatusRequest) (*pb.GetStatusResponse, error) {
 	s := a.s
-	ready, readiness, draining := s.Readiness()
-	if ready {
-		if w := resyncReadiness(s.deps.Manager); w != "" {
-			readiness = w // health stays SERVING: the engine must reach the daemon to resync (resync.go)
-		}
-	}
+	ready, readiness, draining := s.statusReadiness()
 	resp := &pb.GetStatusResponse{
 		Version:      s.deps.Version,
 		Ready:        ready,
@@ -64,6 +59,18 @@ func (a *adminService) GetStatus(ctx context.Context, _ *pb.GetStatusRequest) (*
 		}
 	}
 	return resp, nil
+}
+
+// statusReadiness is the readiness GetStatus and the capacity feed report:
+// Readiness, with the resync wait's account while it lasts.
+func (s *Server) statusReadiness() (ready bool, readiness string, draining bool) {
+	ready, readiness, draining = s.Readiness()
+	if ready {
+		if w := resyncReadiness(s.deps.Manager); w != "" {
+			readiness = w // health stays SERVING: the engine must reach the daemon to resync (resync.go)
+		}
+	}
+	return ready, readiness, draining
 }
 
 func shardToProto(sh prealloc.Stats) *pb.ShardStatus {

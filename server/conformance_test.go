@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/encoding/prototext"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -251,6 +252,16 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		_, err = st.Recv()
 		return err
 	}
+	capc := pb.NewCapacityClient(s.conn)
+	capacity := func(ctx context.Context, r *pb.WatchCapacityRequest) error {
+		st, err := capc.WatchCapacity(ctx, r)
+		if err != nil {
+			return err
+		}
+		_, err = st.Recv()
+		return err
+	}
+	goodCap := func() *pb.WatchCapacityRequest { return &pb.WatchCapacityRequest{} }
 	inv := codes.InvalidArgument
 	type reg = pb.RegisterPrefillRequest
 	type par = pb.ParallelInfo
@@ -452,6 +463,19 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		unaryRow("WatchWatermark tp rank", func() *pb.WatchWatermarkRequest { return &pb.WatchWatermarkRequest{} }, func(r *pb.WatchWatermarkRequest) { r.DecodeTpRanks = []uint32{0, 1 << 31} }, watermark, inv, "decode_tp_ranks[1]"),
 		unaryRow("WatchWatermark 1025 ranks", func() *pb.WatchWatermarkRequest { return &pb.WatchWatermarkRequest{} }, func(r *pb.WatchWatermarkRequest) { r.DecodeTpRanks = make([]uint32, 1025) }, watermark, inv, "decode_tp_ranks: has 1025 entries"),
 		rawRow(s.conn, "/decodeplane.v1.Staging/WatchWatermark", true, []byte{0x12, 0x05, 0x01}, "decode_tp_ranks: cannot be decoded"),
+
+		// Capacity.WatchCapacity
+		unaryRow("WatchCapacity min_interval 5ms", goodCap, func(r *pb.WatchCapacityRequest) { r.MinInterval = durationpb.New(5 * time.Millisecond) }, capacity, inv, "min_interval: 5ms is out of range: allowed 10ms..1m0s"),
+		unaryRow("WatchCapacity min_interval 61s", goodCap, func(r *pb.WatchCapacityRequest) { r.MinInterval = durationpb.New(61 * time.Second) }, capacity, inv, "min_interval: 1m1s is out of range: allowed 10ms..1m0s"),
+		unaryRow("WatchCapacity min_interval negative", goodCap, func(r *pb.WatchCapacityRequest) { r.MinInterval = durationpb.New(-time.Second) }, capacity, inv, "min_interval: -1s is out of range"),
+		unaryRow("WatchCapacity min_interval invalid", goodCap, func(r *pb.WatchCapacityRequest) { r.MinInterval = &durationpb.Duration{Seconds: 1, Nanos: -1} }, capacity, inv, "min_interval: is not a valid duration"),
+		unaryRow("WatchCapacity keepalive 500ms", goodCap, func(r *pb.WatchCapacityRequest) { r.KeepaliveInterval = durationpb.New(500 * time.Millisecond) }, capacity, inv, "keepalive_interval: 500ms is out of range: allowed 1s..10m0s"),
+		unaryRow("WatchCapacity keepalive 11m", goodCap, func(r *pb.WatchCapacityRequest) { r.KeepaliveInterval = durationpb.New(11 * time.Minute) }, capacity, inv, "keepalive_interval: 11m0s is out of range: allowed 1s..10m0s"),
+		unaryRow("WatchCapacity keepalive below min_interval", goodCap, func(r *pb.WatchCapacityRequest) {
+			r.MinInterval, r.KeepaliveInterval = durationpb.New(30*time.Second), durationpb.New(20*time.Second)
+		}, capacity, inv, "keepalive_interval: 20s is below min_interval 30s"),
+		unaryRow("WatchCapacity keepalive below the default min_interval's bound", goodCap, func(r *pb.WatchCapacityRequest) { r.KeepaliveInterval = durationpb.New(time.Millisecond) }, capacity, inv, "keepalive_interval"),
+		rawRow(s.conn, "/decodeplane.v1.Capacity/WatchCapacity", true, []byte{0x0a, 0x05, 0x08}, "min_interval: cannot be decoded"),
 
 		// Admin: no fields, but the bytes must still decode.
 		rawRow(s.conn, "/decodeplane.v1.Admin/GetStatus", false, []byte{0x0a, 0x10}, "request: cannot be decoded: unknown field 1"),

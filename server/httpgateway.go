@@ -68,6 +68,7 @@ func (s *Server) NewJSONGateway() (*JSONGateway, error) {
 	for name, reg := range map[string]func(context.Context, *runtime.ServeMux, *grpc.ClientConn) error{
 		"Admin": pb.RegisterAdminHandler, "Bootstrap": pb.RegisterBootstrapHandler,
 		"Rooms": pb.RegisterRoomsHandler, "Staging": pb.RegisterStagingHandler, "Fleet": pb.RegisterFleetHandler,
+		"Capacity": pb.RegisterCapacityHandler,
 	} {
 		if err := reg(ctx, g.mux, conn); err != nil {
 			g.Close()
@@ -84,7 +85,7 @@ func (g *JSONGateway) Register(mux *http.ServeMux) {
 		r.Body = http.MaxBytesReader(w, r.Body, MaxGatewayBodyBytes)
 		g.mux.ServeHTTP(w, r)
 	})
-	for _, p := range []string{"/decodeplane.v1.Admin/", "/decodeplane.v1.Bootstrap/", "/decodeplane.v1.Rooms/", "/decodeplane.v1.Staging/", "/decodeplane.v1.Fleet/", "/v1/"} {
+	for _, p := range []string{"/decodeplane.v1.Admin/", "/decodeplane.v1.Bootstrap/", "/decodeplane.v1.Rooms/", "/decodeplane.v1.Staging/", "/decodeplane.v1.Fleet/", "/decodeplane.v1.Capacity/", "/v1/"} {
 		mux.Handle(p, h)
 	}
 }

@@ -74,7 +74,7 @@ func TestGatewayServesEveryRPC(t *testing.T) {
 	url := newGatewayServer(t, "gw-token")
 	routeMiss := `{"code":5,"message":"Not Found","details":[]}`
 	n := 0
-	for _, svc := range []string{"Admin", "Bootstrap", "Rooms", "Staging", "Fleet"} {
+	for _, svc := range []string{"Admin", "Bootstrap", "Rooms", "Staging", "Fleet", "Capacity"} {
 		d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName("decodeplane.v1." + svc))
 		if err != nil {
 			t.Fatal(err)

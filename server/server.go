@@ -119,7 +119,7 @@ type Server struct {
 	fullLogStream grpc.StreamServerInterceptor
 
 	// stopCtx is cancelled when Shutdown stops serving: long-lived streams
-	// with no natural end (WatchWatermark) return on it.
+	// with no natural end (WatchWatermark, WatchCapacity) return on it.
 	stopCtx  context.Context
 	stopServ context.CancelFunc
 
@@ -180,6 +180,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	healthpb.RegisterHealthServer(s.grpc, &healthService{Server: s.health, stop: s.stopCtx})
 	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
 	pb.RegisterFleetServer(s.grpc, &fleetService{s: s})
+	pb.RegisterCapacityServer(s.grpc, &capacityService{s: s})
 	if m := deps.Manager; m != nil {
 		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m, reg: s.registrar()})
 		rs := &roomsService{s: s, m: m}

@@ -254,7 +254,7 @@ func TestReflection(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{"decodeplane.v1.Admin", "decodeplane.v1.Fleet", "grpc.health.v1.Health", probeService} {
+		for _, want := range []string{"decodeplane.v1.Admin", "decodeplane.v1.Fleet", "decodeplane.v1.Capacity", "grpc.health.v1.Health", probeService} {
 			if !slices.Contains(names, want) {
 				t.Errorf("reflection lists %q, missing %s", names, want)
 			}
@@ -415,6 +415,7 @@ func TestNeedsToken(t *testing.T) {
 		"/decodeplane.v1.Rooms/GetRoom":                                  false,
 		"/decodeplane.v1.Rooms/ListRooms":                                false,
 		"/decodeplane.v1.Rooms/WatchRoom":                                false,
+		"/decodeplane.v1.Capacity/WatchCapacity":                         true, // capacity.proto: UNAUTHENTICATED when a token is configured
 		"/grpc.health.v1.Health/Check":                                   false,
 		"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      false,
 		"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": false,

@@ -88,8 +88,8 @@ type CapacityUpdate struct {
 	// daemon restarted and every room it held is gone.
 	Incarnation uint64 `protobuf:"fixed64,1,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	// address is the daemon's advertised address
-	// (registry.etcd.advertise_address; "" with the memory registry when it
-	// is not set).
+	// (registry.etcd.advertise_address) or, with the memory registry, the
+	// address it serves on (as FleetDaemon.address).
 	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	// ready is the daemon's readiness (gRPC health SERVING); readiness says
 	// why, as in GetStatus ("serving", "draining", "transfer agent
@@ -201,29 +201,43 @@ type ShardCapacity struct {
 	PageSize uint32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
 	// tokens_total and pages_total are the shard's pool; tokens_free and
 	// pages_free what is neither allocated, reserved for admitted rooms nor
-	// draining.
+	// draining: tokens_free is the admission budget a new room is checked
+	// against now (free tokens less max(R x active rooms, the largest
+	// running room's remaining need) and the retracted rooms' needs, R =
+	// admission.reserved_decode_tokens; never below 0), pages_free is
+	// tokens_free in whole pages. A fresh request of P prompt tokens needs at
+	// least page_round(P) + reserved_decode_tokens of it (the full admission
+	// test is in the README's Admission paragraph). GetStatus's pages_free
+	// counts the free pages without the reservation.
 	TokensTotal uint64 `protobuf:"varint,3,opt,name=tokens_total,json=tokensTotal,proto3" json:"tokens_total,omitempty"`
 	TokensFree  uint64 `protobuf:"varint,4,opt,name=tokens_free,json=tokensFree,proto3" json:"tokens_free,omitempty"`
 	PagesTotal  uint64 `protobuf:"varint,5,opt,name=pages_total,json=pagesTotal,proto3" json:"pages_total,omitempty"`
 	PagesFree   uint64 `protobuf:"varint,6,opt,name=pages_free,json=pagesFree,proto3" json:"pages_free,omitempty"`
-	// req_slots_total and req_slots_free are the request slots
-	// (kv_pool.request_slots).
+	// req_slots_total and req_slots_free are the request (req_to_token)
+	// slots admission hands out: kv_pool.request_slots plus
+	// kv_pool.pre_alloc_slots, as GetStatus counts them.
 	ReqSlotsTotal uint32 `protobuf:"varint,7,opt,name=req_slots_total,json=reqSlotsTotal,proto3" json:"req_slots_total,omitempty"`
 	ReqSlotsFree  uint32 `protobuf:"varint,8,opt,name=req_slots_free,json=reqSlotsFree,proto3" json:"req_slots_free,omitempty"`
 	// queue_depth counts the rooms waiting for admission on this shard
-	// (queued, and waiting for their prefill's registration).
+	// (queued, and waiting for their prefill's registration or DP rank).
 	QueueDepth uint32 `protobuf:"varint,9,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
 	// blocked_by is why the last admission pass stopped at the head of the
-	// queue: "none", "tokens", "req_slots", "metadata_slots", "state_slots",
-	// "staging" or "resync".
+	// queue, as GetStatus's shards say it: "none", "tokens", "req_slots",
+	// "metadata_slots", "mamba" (state slots), "swa" (the SWA pool),
+	// "retracted" (retracted rooms resume first), "draining" (the daemon
+	// stops), or "resync" while admission waits for the decode engine's
+	// resync (engine.resync_timeout).
 	BlockedBy string `protobuf:"bytes,10,opt,name=blocked_by,json=blockedBy,proto3" json:"blocked_by,omitempty"`
 	// draining_pages are pages of ended rooms that wait for prefill
 	// acknowledgements (AckRoomEnd): neither free nor reusable yet.
 	DrainingPages uint64 `protobuf:"varint,11,opt,name=draining_pages,json=drainingPages,proto3" json:"draining_pages,omitempty"`
 	// running counts the rooms decoding on this shard.
-	Running       uint32 `protobuf:"varint,12,opt,name=running,proto3" json:"running,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Running uint32 `protobuf:"varint,12,opt,name=running,proto3" json:"running,omitempty"`
+	// reserved_decode_tokens is R (admission.reserved_decode_tokens): the
+	// tokens a fresh request needs beyond its pages, for the fit test above.
+	ReservedDecodeTokens uint32 `protobuf:"varint,13,opt,name=reserved_decode_tokens,json=reservedDecodeTokens,proto3" json:"reserved_decode_tokens,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *ShardCapacity) Reset() {
@@ -340,6 +354,13 @@ func (x *ShardCapacity) GetRunning() uint32 {
 	return 0
 }
 
+func (x *ShardCapacity) GetReservedDecodeTokens() uint32 {
+	if x != nil {
+		return x.ReservedDecodeTokens
+	}
+	return 0
+}
+
 var File_decodeplane_v1_capacity_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_capacity_proto_rawDesc = "" +
@@ -356,7 +377,7 @@ const file_decodeplane_v1_capacity_proto_rawDesc = "" +
 	"\bdraining\x18\x05 \x01(\bR\bdraining\x125\n" +
 	"\x06shards\x18\x06 \x03(\v2\x1d.decodeplane.v1.ShardCapacityR\x06shards\x12*\n" +
 	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1a\n" +
-	"\bsequence\x18\b \x01(\x04R\bsequence\"\x98\x03\n" +
+	"\bsequence\x18\b \x01(\x04R\bsequence\"\xce\x03\n" +
 	"\rShardCapacity\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12!\n" +
@@ -375,7 +396,8 @@ const file_decodeplane_v1_capacity_proto_rawDesc = "" +
 	"blocked_by\x18\n" +
 	" \x01(\tR\tblockedBy\x12%\n" +
 	"\x0edraining_pages\x18\v \x01(\x04R\rdrainingPages\x12\x18\n" +
-	"\arunning\x18\f \x01(\rR\arunning2c\n" +
+	"\arunning\x18\f \x01(\rR\arunning\x124\n" +
+	"\x16reserved_decode_tokens\x18\r \x01(\rR\x14reservedDecodeTokens2c\n" +
 	"\bCapacity\x12W\n" +
 	"\rWatchCapacity\x12$.decodeplane.v1.WatchCapacityRequest\x1a\x1e.decodeplane.v1.CapacityUpdate0\x01BGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 

@@ -36,10 +36,14 @@ type CapacityClient interface {
 	// one per keepalive_interval even when nothing changed (so that a router
 	// can tell a quiet daemon from a dead stream). The stream ends when the
 	// daemon stops (the last message then has ready=false, readiness
-	// "shutting down"), or when the client cancels.
+	// "shutting down", and is sent at once, whatever min_interval), or when
+	// the client cancels.
+	// The daemon reads its ledgers every min_interval to see a change (a
+	// read of each shard's ledger, nothing on the room path).
 	// Codes: INVALID_ARGUMENT (an interval out of its bounds, naming the
-	// field), UNAUTHENTICATED (when a token is configured). Safe to retry:
-	// each new stream starts with the current figures.
+	// field), UNAUTHENTICATED (when a token is configured: the stream needs
+	// it like a mutating call). Safe to retry: each new stream starts with
+	// the current figures.
 	WatchCapacity(ctx context.Context, in *WatchCapacityRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CapacityUpdate], error)
 }
 
@@ -84,10 +88,14 @@ type CapacityServer interface {
 	// one per keepalive_interval even when nothing changed (so that a router
 	// can tell a quiet daemon from a dead stream). The stream ends when the
 	// daemon stops (the last message then has ready=false, readiness
-	// "shutting down"), or when the client cancels.
+	// "shutting down", and is sent at once, whatever min_interval), or when
+	// the client cancels.
+	// The daemon reads its ledgers every min_interval to see a change (a
+	// read of each shard's ledger, nothing on the room path).
 	// Codes: INVALID_ARGUMENT (an interval out of its bounds, naming the
-	// field), UNAUTHENTICATED (when a token is configured). Safe to retry:
-	// each new stream starts with the current figures.
+	// field), UNAUTHENTICATED (when a token is configured: the stream needs
+	// it like a mutating call). Safe to retry: each new stream starts with
+	// the current figures.
 	WatchCapacity(*WatchCapacityRequest, grpc.ServerStreamingServer[CapacityUpdate]) error
 	mustEmbedUnimplementedCapacityServer()
 }

@@ -6,8 +6,10 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // Fuzz targets for the validation of every decodeplane.v1 request message:
@@ -323,4 +325,26 @@ func FuzzWatchWatermark(f *testing.F) {
 			b.need(tp < 1024, "decode_tp_ranks[i]")
 		}
 	}, &WatchWatermarkRequest{DecodeTpRanks: []uint32{0, 3}})
+}
+
+func FuzzWatchCapacity(f *testing.F) {
+	fuzzValidate(f, func() *WatchCapacityRequest { return new(WatchCapacityRequest) }, func(b *bounds, m *WatchCapacityRequest) {
+		// Restated from capacity.proto: unset or 0 is the default; else
+		// min_interval 10ms..60s, keepalive_interval 1s..10m and not below
+		// min_interval.
+		get := func(d *durationpb.Duration, def time.Duration) time.Duration {
+			if d.GetSeconds() == 0 && d.GetNanos() == 0 {
+				return def
+			}
+			return time.Duration(d.GetSeconds())*time.Second + time.Duration(d.GetNanos())
+		}
+		minI, keep := get(m.GetMinInterval(), 100*time.Millisecond), get(m.GetKeepaliveInterval(), 10*time.Second)
+		b.need(minI >= 10*time.Millisecond && minI <= time.Minute, "min_interval 10ms..60s")
+		b.need(keep >= time.Second && keep <= 10*time.Minute, "keepalive_interval 1s..10m")
+		b.need(keep >= minI, "keepalive_interval >= min_interval")
+		if gotMin, gotKeep := m.Intervals(); gotMin != minI || gotKeep != keep {
+			b.need(false, "Intervals() returns the validated values")
+		}
+	}, &WatchCapacityRequest{}, &WatchCapacityRequest{MinInterval: durationpb.New(time.Second), KeepaliveInterval: durationpb.New(time.Second)},
+		&WatchCapacityRequest{MinInterval: durationpb.New(time.Second), KeepaliveInterval: durationpb.New(500 * time.Millisecond)})
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // Wire-shape checks, enforced by the validator interceptor (InvalidArgument)
-// before any handler runs: this file and staging_validate.go are the one place
+// before any handler runs: this file and the *_validate.go files are the one place
 // where the bounds of every request field are checked, and the bounds below
 // are the ones the .proto comments state ("bounds: ..."). Each error names the
 // field path as in the proto (parallel.pp_size, rooms[3], source.page_indices),
