@@ -129,6 +129,18 @@ func TestRegisteredThroughOneResolvedByOthers(t *testing.T) {
 			t.Fatalf("daemon record: %v", d)
 		}
 	}
+	// Every daemon publishes its capacity (registry.etcd.capacity_interval
+	// 1s) on its lease: A's, read from C's view, names A and its shard.
+	waitFor(t, "A's capacity in C's view", func() bool {
+		f, _ := c.c.GetFleet(ctx)
+		for _, d := range f.GetDaemons() {
+			if d.GetAddress() == "10.9.0.1:7600" && len(d.GetCapacity().GetShards()) == 1 {
+				return d.GetCapacity().GetAddress() == "10.9.0.1:7600" && d.GetCapacity().GetShards()[0].GetTokensTotal() > 0 &&
+					d.GetCapacity().GetIncarnation() == d.GetIncarnation()
+			}
+		}
+		return false
+	})
 }
 
 // TestLeaseExpiryFailsRooms: a prefill that heartbeats to no daemon loses

@@ -53,6 +53,11 @@ func (f *fleetService) GetFleet(ctx context.Context, _ *pb.GetFleetRequest) (*pb
 			s.log.ErrorContext(ctx, "the fleet view answered nothing")
 			return nil, status.Error(codes.Internal, "the fleet view answered nothing (logged by the daemon)")
 		}
+		for _, d := range resp.GetDaemons() {
+			if d.GetSelf() {
+				d.Capacity = s.Capacity() // this daemon's own figures are read now, not as last published
+			}
+		}
 		return sortFleet(resp), nil
 	}
 	return sortFleet(s.memoryFleet()), nil
@@ -76,6 +81,7 @@ func (s *Server) memoryFleet() *pb.GetFleetResponse {
 	if m == nil {
 		return resp
 	}
+	resp.Daemons[0].Capacity = s.Capacity()
 	for _, p := range m.Status().Prefills {
 		fp := &pb.FleetPrefill{
 			BootstrapAddr: p.Addr, InstanceId: p.InstanceID,

@@ -66,6 +66,7 @@ import (
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/metrics"
 	"github.com/decodeplane/decodeplane/prealloc"
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/agentclient"
@@ -349,6 +350,11 @@ func (d *Daemon) buildFleet(cfg config.Config, opts Options) (*fleet.Etcd, error
 		Self:     fleet.Self{Incarnation: d.incarnation, Version: opts.Version, StartedAt: time.Now(), Layout: server.LayoutProto(cfg.Decode().Layout())},
 		Logger:   d.log,
 		Observer: d.metrics,
+		// The capacity feed of the server (built after the registry; the
+		// registry's loops start in Run, once it is).
+		Capacity: func(ctx context.Context, minInterval, keepalive time.Duration, send func(*pb.CapacityUpdate) error) error {
+			return d.srv.FeedCapacity(ctx, minInterval, keepalive, send)
+		},
 		OnState: func(degraded bool, reason string) {
 			if d.srv != nil {
 				d.srv.SetRegistryState(degraded, reason)
