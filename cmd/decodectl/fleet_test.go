@@ -25,7 +25,6 @@ func TestFleet(t *testing.T) {
 	}
 	for _, want := range []string{
 		"\nDAEMON" + strings.Repeat(" ", len(d.addr)-len("DAEMON")+2) + "SELF  INCARNATION",
-		"  READY  VERSION     TOKENS FREE/TOTAL  QUEUE\n",
 		"\nPREFILL        INSTANCE" + strings.Repeat(" ", len("prefill-"+prefillA)-len("INSTANCE")+2) + "RANKS  TP/DP/PP/CP  LIVENESS   LEASE  HEARD HERE",
 		"  REGISTERED VIA\n",
 	} {
@@ -33,9 +32,21 @@ func TestFleet(t *testing.T) {
 			t.Errorf("fleet output lacks %q:\n%s", want, out)
 		}
 	}
-	// No capacity is published with the memory registry yet: "-".
-	if got, want := rowOf(out, d.addr), []string{d.addr, "yes", fmt.Sprintf("%x", d.Incarnation()), "-", "test-1.2.3", "-", "-"}; !cmp.Equal(got, want) {
+	if got, want := rowOf(out, "DAEMON"), []string{"DAEMON", "SELF", "INCARNATION", "READY", "VERSION", "TOKENS", "FREE/TOTAL", "QUEUE"}; !cmp.Equal(got, want) {
+		t.Errorf("daemons header: %s\n%s", cmp.Diff(want, got), out)
+	}
+	// The daemon's own capacity, read now: free ≤ total tokens, and the
+	// queue holds prefill B's room, which waits for a registration.
+	row := rowOf(out, d.addr)
+	if got, want := row[:min(len(row), 6)], []string{d.addr, "yes", fmt.Sprintf("%x", d.Incarnation()), "yes", "(serving)", "test-1.2.3"}; !cmp.Equal(got, want) {
 		t.Errorf("daemon row: %s\n%s", cmp.Diff(want, got), out)
+	}
+	var free, total, queue int
+	if len(row) != 8 {
+		t.Fatalf("daemon row %q: want 8 fields", row)
+	}
+	if n, err := fmt.Sscanf(row[6]+" "+row[7], "%d/%d %d", &free, &total, &queue); n != 3 || err != nil || free > total || total == 0 || queue != 1 {
+		t.Errorf("tokens %q queue %q: want free/total with free <= total and a queue of 1 (%v)\n%s", row[6], row[7], err, out)
 	}
 	p := rowOf(out, prefillA)
 	if len(p) != 9 || p[7] != "ago" {
