@@ -368,6 +368,12 @@ func (e *Etcd) keepInstances(ctx context.Context) {
 	var todo []due
 	now := e.now()
 	e.mu.Lock()
+	if e.degraded {
+		// etcd is unreachable: every keepalive would wait for its timeout
+		// and hold up the probe that sees etcd back. They resume then.
+		e.mu.Unlock()
+		return
+	}
 	for addr, h := range e.heard {
 		if now.Sub(h.at) > e.cfg.LeaseTTL {
 			delete(e.heard, addr) // silent here for a whole TTL: no longer ours to keep
@@ -384,18 +390,30 @@ func (e *Etcd) keepInstances(ctx context.Context) {
 		h.keptAlive = now
 	}
 	e.mu.Unlock()
+	// At most keepaliveConcurrency at a time, each bounded by the request
+	// timeout: a slow etcd holds the session loop up for a few timeouts,
+	// not one per instance.
+	var g errgroup.Group
+	g.SetLimit(keepaliveConcurrency)
 	for _, d := range todo {
-		rctx, cancel := e.requestCtx(ctx)
-		_, err := e.cli.KeepAliveOnce(rctx, d.lease)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			e.obs.RegistryError("keepalive")
-			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				e.log.Warn("fleet registry: a prefill instance's lease is gone although it heartbeats here; its record is re-published when its deletion arrives", "bootstrap_addr", d.addr)
+		g.Go(func() error {
+			rctx, cancel := e.requestCtx(ctx)
+			_, err := e.cli.KeepAliveOnce(rctx, d.lease)
+			cancel()
+			if err != nil && ctx.Err() == nil {
+				e.obs.RegistryError("keepalive")
+				if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+					e.log.Warn("fleet registry: a prefill instance's lease is gone although it heartbeats here; its records are re-created when their deletion arrives", "bootstrap_addr", d.addr)
+				}
 			}
-		}
+			return nil
+		})
 	}
+	g.Wait() //nolint:errcheck // the goroutines return nil
 }
+
+// keepaliveConcurrency bounds the instance keepalives in flight.
+const keepaliveConcurrency = 16
 
 // capacityLoop publishes this daemon's capacity on its own lease.
 func (e *Etcd) capacityLoop(ctx context.Context) {
