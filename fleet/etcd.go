@@ -29,8 +29,10 @@ type Rooms interface {
 	RecordPrefill(kvmanager.CheckedRegistration) (kvmanager.RegistrationResult, error)
 	RegisterPrefill(kvmanager.Registration) (kvmanager.RegistrationResult, error)
 	PrefillKnown(kvmanager.Registration) bool
-	LosePrefill(addr, reason string) int
+	PrefillAddrs() []string
+	LosePrefill(addr, instanceID, reason string) int
 	Heartbeat(kvmanager.RankID, string) (time.Duration, int, error)
+	TouchPrefill(addr, instanceID string) bool
 }
 
 // Observer counts what the registry does (the daemon's metrics); every
@@ -100,14 +102,20 @@ type Etcd struct {
 	resync chan struct{} // a rebuild of the view is wanted (after a reconnect)
 	kick   chan struct{} // an instance failed over to this daemon: keep its lease alive now
 
-	mu       sync.Mutex
-	view     view
-	degraded bool
-	reason   string
-	since    time.Time
-	synced   bool             // the view was built at least once
-	ownLease clientv3.LeaseID // 0 until granted
-	heard    map[string]*heard
+	// notifyMu orders the state's notifications (setState): held across
+	// the state's read and the callbacks, so that they arrive in the order
+	// the state changed.
+	notifyMu sync.Mutex
+
+	mu        sync.Mutex
+	view      view
+	reachable bool // the last probe (keepSession) succeeded
+	degraded  bool
+	reason    string
+	since     time.Time
+	synced    bool             // the view was built at least once
+	ownLease  clientv3.LeaseID // 0 until granted
+	heard     map[string]*heard
 }
 
 // heard is what this daemon knows of an instance's heartbeats to it.
@@ -162,6 +170,7 @@ func New(cfg EtcdConfig, deps Deps) (*Etcd, error) {
 	e := &Etcd{cfg: cfg, keys: keys{prefix: cfg.Prefix}, deps: deps, log: deps.Logger, obs: deps.Observer, cli: cli, now: deps.Now,
 		resync: make(chan struct{}, 1), kick: make(chan struct{}, 1), heard: map[string]*heard{}, view: newView()}
 	e.degraded, e.reason, e.since = true, "connecting to etcd", e.now()
+	e.obs.RegistryDegraded(true) // until the first view is built
 	return e, nil
 }
 
@@ -221,26 +230,40 @@ func (e *Etcd) Run(ctx context.Context) error {
 // the lease TTL.
 func (e *Etcd) tick() time.Duration { return min(time.Second, e.cfg.LeaseTTL/3) }
 
-// setState records the registry's state and reports a change.
+// setState records the registry's state and reports a change (of the
+// state, or of the reason while degraded), in order.
 func (e *Etcd) setState(degraded bool, reason string) {
+	e.notifyMu.Lock()
+	defer e.notifyMu.Unlock()
 	e.mu.Lock()
 	changed := e.degraded != degraded
+	reasonChanged := degraded && e.reason != reason
 	if changed {
 		e.since = e.now()
 	}
 	e.degraded, e.reason = degraded, reason
 	e.mu.Unlock()
-	if !changed {
+	if !changed && !reasonChanged {
 		return
 	}
-	e.obs.RegistryDegraded(degraded)
-	if degraded {
-		e.log.Warn("fleet registry degraded: rooms keep flowing on the cached view; new registrations are refused until etcd is reachable", "reason", reason, "endpoints", e.cfg.Endpoints)
-	} else {
-		e.log.Info("fleet registry reachable again", "endpoints", e.cfg.Endpoints)
+	if changed {
+		e.obs.RegistryDegraded(degraded)
+		if degraded {
+			e.log.Warn("fleet registry degraded: rooms keep flowing on the cached view; new registrations are refused until etcd is reachable", "reason", reason, "endpoints", e.cfg.Endpoints)
+		} else {
+			e.log.Info("fleet registry reachable again", "endpoints", e.cfg.Endpoints)
+		}
 	}
 	if e.deps.OnState != nil {
 		e.deps.OnState(degraded, reason)
+	}
+}
+
+// wantResync asks the view loop for a rebuild from a fresh revision.
+func (e *Etcd) wantResync() {
+	select {
+	case e.resync <- struct{}{}:
+	default:
 	}
 }
 
@@ -263,29 +286,25 @@ func (e *Etcd) sessionLoop(ctx context.Context) {
 	defer t.Stop()
 	var lastRecord, lastInstances time.Time
 	for {
-		if err := e.keepSession(ctx, &lastRecord); err != nil {
+		err := e.keepSession(ctx, &lastRecord)
+		e.mu.Lock()
+		e.reachable = err == nil
+		wasDegraded, synced := e.degraded, e.synced
+		e.mu.Unlock()
+		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			e.obs.RegistryError("session")
 			e.setState(true, "etcd unreachable: "+err.Error())
 		} else {
-			e.mu.Lock()
-			wasDegraded, synced := e.degraded, e.synced
-			e.mu.Unlock()
-			if wasDegraded {
+			if wasDegraded && synced {
 				// Reachable again: the view is rebuilt from a fresh revision
 				// before the registry says it is ok (viewLoop clears it).
-				if synced {
-					select {
-					case e.resync <- struct{}{}:
-					default:
-					}
-				}
+				e.wantResync()
 			}
-			if now := e.now(); now.Sub(lastInstances) >= e.cfg.LeaseTTL/3 {
+			if now := e.now(); now.Sub(lastInstances) >= e.cfg.LeaseTTL/3 && e.keepInstances(ctx) {
 				lastInstances = now
-				e.keepInstances(ctx)
 			}
 		}
 		for waiting := true; waiting; {
@@ -311,16 +330,27 @@ func (e *Etcd) keepSession(ctx context.Context, lastRecord *time.Time) error {
 	rctx, cancel := e.requestCtx(ctx)
 	defer cancel()
 	if lease != 0 {
-		_, err := e.cli.KeepAliveOnce(rctx, lease)
+		ka, err := e.cli.KeepAliveOnce(rctx, lease)
 		if err == nil {
+			e.mu.Lock()
+			behind := ka.ResponseHeader != nil && ka.Revision < e.view.rev
+			e.mu.Unlock()
+			if behind {
+				// etcd's revision went back: it lost its data (restored or
+				// re-created); the view's watch would wait for a revision
+				// that may never come.
+				e.log.Warn("fleet registry: etcd's revision is behind the view's; rebuilding the view", "etcd_revision", ka.Revision)
+				e.wantResync()
+			}
 			if e.now().Sub(*lastRecord) < e.cfg.LeaseTTL/3 {
 				return nil
 			}
 		} else if !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return err
 		} else {
-			e.log.Warn("fleet registry: this daemon's lease expired (etcd could not be reached for longer than registry.etcd.lease_ttl); re-registering the daemon", "lease_ttl", e.cfg.LeaseTTL)
+			e.log.Warn("fleet registry: this daemon's lease is gone (etcd could not be reached for longer than registry.etcd.lease_ttl, or lost its data); re-registering the daemon and rebuilding the view", "lease_ttl", e.cfg.LeaseTTL)
 			lease = 0
+			e.wantResync()
 		}
 	}
 	if lease == 0 {
@@ -360,7 +390,9 @@ func (e *Etcd) selfRecord(lease clientv3.LeaseID) (string, error) {
 
 // keepInstances keeps alive, once per third of the lease TTL, the lease of
 // every instance that heartbeated here since its last keepalive from here.
-func (e *Etcd) keepInstances(ctx context.Context) {
+// It reports false when it sent nothing because etcd did not answer the
+// last probe.
+func (e *Etcd) keepInstances(ctx context.Context) bool {
 	type due struct {
 		addr  string
 		lease clientv3.LeaseID
@@ -368,11 +400,13 @@ func (e *Etcd) keepInstances(ctx context.Context) {
 	var todo []due
 	now := e.now()
 	e.mu.Lock()
-	if e.degraded {
-		// etcd is unreachable: every keepalive would wait for its timeout
-		// and hold up the probe that sees etcd back. They resume then.
+	if !e.reachable {
+		// etcd did not answer the probe: every keepalive would wait for its
+		// timeout and hold up the probe that sees etcd back. They resume
+		// then. (The view may still be rebuilding — degraded — but etcd
+		// answers: the leases of live instances must not lapse meanwhile.)
 		e.mu.Unlock()
-		return
+		return false
 	}
 	for addr, h := range e.heard {
 		if now.Sub(h.at) > e.cfg.LeaseTTL {
@@ -393,23 +427,33 @@ func (e *Etcd) keepInstances(ctx context.Context) {
 	// At most keepaliveConcurrency at a time, each bounded by the request
 	// timeout: a slow etcd holds the session loop up for a few timeouts,
 	// not one per instance.
+	// The first failure that is not a missing lease stops the batch: etcd
+	// is not answering, and the probe will say so.
+	bctx, stop := context.WithCancel(ctx)
+	defer stop()
 	var g errgroup.Group
 	g.SetLimit(keepaliveConcurrency)
 	for _, d := range todo {
 		g.Go(func() error {
-			rctx, cancel := e.requestCtx(ctx)
+			if bctx.Err() != nil {
+				return nil
+			}
+			rctx, cancel := e.requestCtx(bctx)
 			_, err := e.cli.KeepAliveOnce(rctx, d.lease)
 			cancel()
-			if err != nil && ctx.Err() == nil {
+			if err != nil && bctx.Err() == nil {
 				e.obs.RegistryError("keepalive")
 				if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 					e.log.Warn("fleet registry: a prefill instance's lease is gone although it heartbeats here; its records are re-created when their deletion arrives", "bootstrap_addr", d.addr)
+				} else {
+					stop()
 				}
 			}
 			return nil
 		})
 	}
 	g.Wait() //nolint:errcheck // the goroutines return nil
+	return true
 }
 
 // keepaliveConcurrency bounds the instance keepalives in flight.

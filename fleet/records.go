@@ -110,6 +110,8 @@ type instanceRecord struct {
 	Lease         int64     `json:"lease"`
 	RegisteredVia string    `json:"registered_via"`
 	CreatedAt     time.Time `json:"created_at"`
+
+	rev int64 // the revision the view holds it at (not stored)
 }
 
 // rankRecord is one rank's registration, as RegisterPrefill received it.
@@ -126,6 +128,8 @@ type rankRecord struct {
 	HTTPPort           int                    `json:"http_port,omitempty"`
 	Model              kvmanager.ModelFacts   `json:"model"`
 	Via                string                 `json:"via"`
+
+	rev int64 // the revision the view holds it at (not stored)
 }
 
 func rankRecordOf(reg kvmanager.Registration, via string) rankRecord {

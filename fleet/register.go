@@ -27,6 +27,10 @@ func (e *Etcd) RegisterPrefill(ctx context.Context, reg kvmanager.Registration) 
 		return kvmanager.RegistrationResult{}, fmt.Errorf("%w: registry degraded since %s (%s): new registrations are refused until etcd is reachable again; rooms keep flowing on the cached view; retry",
 			kvmanager.ErrRegistryUnavailable, since.UTC().Format(time.RFC3339), reason)
 	}
+	// The registration counts as a heartbeat here, from before it is in
+	// etcd: should its lease end before the rooms here record it, this
+	// daemon re-creates it instead of losing it.
+	e.noteHeard(reg.Addr)
 	rctx, cancel := e.requestCtx(ctx)
 	err = e.publish(rctx, reg)
 	cancel()
@@ -37,11 +41,7 @@ func (e *Etcd) RegisterPrefill(ctx context.Context, reg kvmanager.Registration) 
 		e.obs.RegistryError("register")
 		return kvmanager.RegistrationResult{}, fmt.Errorf("%w: the registration could not be recorded in etcd (%v); retry", kvmanager.ErrRegistryUnavailable, err)
 	}
-	res, err := e.deps.Rooms.RecordPrefill(c)
-	if err == nil {
-		e.noteHeard(reg.Addr)
-	}
-	return res, err
+	return e.deps.Rooms.RecordPrefill(c)
 }
 
 // Heartbeat refreshes a rank here (kvmanager.Manager.Heartbeat) and notes
@@ -68,25 +68,16 @@ func (e *Etcd) publish(ctx context.Context, reg kvmanager.Registration) error {
 		return err
 	}
 	for range 4 {
-		g, err := e.cli.Get(ctx, instKey)
-		if err != nil {
-			return err
-		}
-		var cur *instanceRecord
-		var modRev int64
-		if len(g.Kvs) == 1 {
-			modRev = g.Kvs[0].ModRevision
-			if rec, err := decode[instanceRecord](g.Kvs[0].Value); err == nil && rec.Lease != 0 {
-				cur = &rec
-			}
-		}
-		switch {
-		case cur != nil && (reg.InstanceID == "" || cur.InstanceID == "" || cur.InstanceID == reg.InstanceID):
-			err = e.putRank(ctx, instKey, modRev, rankKey, rr, clientv3.LeaseID(cur.Lease))
-		default:
-			err = e.createInstance(ctx, reg, instKey, modRev, rankKey, rr, cur)
-		}
+		w, err := e.publishOnce(ctx, reg, instKey, rankKey, rr)
 		if err == nil {
+			// The view holds this daemon's writes at once, at the revision
+			// etcd gave them (the watch confirms them later).
+			e.mu.Lock()
+			for _, kv := range w.kvs {
+				e.put(&e.view, kv[0], []byte(kv[1]), w.rev)
+			}
+			e.view.rev = max(e.view.rev, w.rev)
+			e.mu.Unlock()
 			return nil
 		}
 		if !errors.Is(err, errStale) {
@@ -96,34 +87,62 @@ func (e *Etcd) publish(ctx context.Context, reg kvmanager.Registration) error {
 	return errors.New("the prefill instance's record kept changing under concurrent registrations")
 }
 
+// written is what one publication wrote: key/value pairs at revision rev.
+type written struct {
+	rev int64
+	kvs [][2]string
+}
+
+// publishOnce is one attempt of publish; errStale asks for another.
+func (e *Etcd) publishOnce(ctx context.Context, reg kvmanager.Registration, instKey, rankKey, rr string) (written, error) {
+	{
+		g, err := e.cli.Get(ctx, instKey)
+		if err != nil {
+			return written{}, err
+		}
+		var cur *instanceRecord
+		var modRev int64
+		if len(g.Kvs) == 1 {
+			modRev = g.Kvs[0].ModRevision
+			if rec, err := decode[instanceRecord](g.Kvs[0].Value); err == nil && rec.Lease != 0 {
+				cur = &rec
+			}
+		}
+		if cur != nil && (reg.InstanceID == "" || cur.InstanceID == "" || cur.InstanceID == reg.InstanceID) {
+			return e.putRank(ctx, instKey, modRev, rankKey, rr, clientv3.LeaseID(cur.Lease))
+		}
+		return e.createInstance(ctx, reg, instKey, modRev, rankKey, rr, cur)
+	}
+}
+
 // putRank puts a rank under the instance's lease, if the instance record
 // is still the one read.
-func (e *Etcd) putRank(ctx context.Context, instKey string, modRev int64, rankKey, rr string, lease clientv3.LeaseID) error {
+func (e *Etcd) putRank(ctx context.Context, instKey string, modRev int64, rankKey, rr string, lease clientv3.LeaseID) (written, error) {
 	t, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(instKey), "=", modRev)).
 		Then(clientv3.OpPut(rankKey, rr, clientv3.WithLease(lease))).Commit()
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return errStale // the lease ended meanwhile: its records are gone, create them
+		return written{}, errStale // the lease ended meanwhile: its records are gone, create them
 	}
 	if err != nil {
-		return err
+		return written{}, err
 	}
 	if !t.Succeeded {
-		return errStale
+		return written{}, errStale
 	}
-	return nil
+	return written{rev: t.Header.Revision, kvs: [][2]string{{rankKey, rr}}}, nil
 }
 
 // createInstance creates (modRev 0) or replaces (cur set) the instance's
 // record under a new lease, with this rank.
-func (e *Etcd) createInstance(ctx context.Context, reg kvmanager.Registration, instKey string, modRev int64, rankKey, rr string, cur *instanceRecord) error {
+func (e *Etcd) createInstance(ctx context.Context, reg kvmanager.Registration, instKey string, modRev int64, rankKey, rr string, cur *instanceRecord) (written, error) {
 	g, err := e.cli.Grant(ctx, int64(e.cfg.LeaseTTL/time.Second))
 	if err != nil {
-		return err
+		return written{}, err
 	}
 	rec, err := encode(instanceRecord{V: recordVersion, Addr: reg.Addr, InstanceID: reg.InstanceID, Lease: int64(g.ID),
 		RegisteredVia: e.cfg.AdvertiseAddress, CreatedAt: e.now().UTC()})
 	if err != nil {
-		return err
+		return written{}, err
 	}
 	cmp := clientv3.Compare(clientv3.CreateRevision(instKey), "=", 0)
 	if modRev != 0 {
@@ -133,9 +152,9 @@ func (e *Etcd) createInstance(ctx context.Context, reg kvmanager.Registration, i
 	if err != nil || !t.Succeeded {
 		e.cli.Revoke(ctx, g.ID) //nolint:errcheck // best effort: an unused lease expires by itself
 		if err != nil {
-			return err
+			return written{}, err
 		}
-		return errStale
+		return written{}, errStale
 	}
 	if cur != nil {
 		// The replaced instance's ranks are on its old lease: revoking it
@@ -145,5 +164,16 @@ func (e *Etcd) createInstance(ctx context.Context, reg kvmanager.Registration, i
 				"bootstrap_addr", reg.Addr, "old_instance_id", cur.InstanceID, "err", err, "lease_ttl", e.cfg.LeaseTTL)
 		}
 	}
-	return nil
+	return written{rev: t.Header.Revision, kvs: [][2]string{{instKey, rec}, {rankKey, rr}}}, nil
+}
+
+// Touch counts as a heartbeat of the instance's every rank here
+// (kvmanager.Manager.TouchPrefill: the HTTP bootstrap's health poll of an
+// SGLang prefill) and, like Heartbeat, keeps its lease alive from here.
+func (e *Etcd) Touch(_ context.Context, addr, instanceID string) bool {
+	ok := e.deps.Rooms.TouchPrefill(addr, instanceID)
+	if ok {
+		e.noteHeard(addr)
+	}
+	return ok
 }

@@ -15,8 +15,10 @@ import (
 )
 
 // view is the daemon's cached copy of the registry: what rooms are served
-// from. It is changed by the snapshot and the watch only (and by this
-// daemon's own writes, which the watch then confirms).
+// from. It is changed by the snapshot, the watch, and this daemon's own
+// registrations (at the revision etcd gave them, which the watch then
+// confirms). Every instance and rank record holds the revision it is at: an
+// older event for it (a lagging watch) changes nothing.
 type view struct {
 	rev       int64
 	daemons   map[string]daemonRecord
@@ -50,9 +52,10 @@ type change struct {
 	addr string        // gone's address
 }
 
-// put applies one key's new value to the view and returns what the rooms
-// must hear of. Values that do not decode are skipped with a warning.
-func (e *Etcd) put(v *view, key string, value []byte) *change {
+// put applies one key's new value, written at revision rev, to the view
+// and returns what the rooms must hear of. Values that do not decode are
+// skipped with a warning.
+func (e *Etcd) put(v *view, key string, value []byte, rev int64) *change {
 	kind, addr := e.keys.parse(key)
 	switch kind {
 	case keyDaemon:
@@ -83,6 +86,10 @@ func (e *Etcd) put(v *view, key string, value []byte) *change {
 			return nil
 		}
 		iv := v.instance(addr)
+		if iv.rec.rev > rev {
+			return nil // an older write than the view holds
+		}
+		rec.rev = rev
 		if iv.rec.InstanceID != rec.InstanceID {
 			for k, r := range iv.ranks {
 				if r.InstanceID != rec.InstanceID {
@@ -98,6 +105,10 @@ func (e *Etcd) put(v *view, key string, value []byte) *change {
 			return nil
 		}
 		iv := v.instance(addr)
+		if old, ok := iv.ranks[key]; ok && old.rev > rev {
+			return nil
+		}
+		rec.rev = rev
 		iv.ranks[key] = rec
 		if iv.rec.Lease == 0 || rec.InstanceID != iv.rec.InstanceID {
 			return nil // not (or no longer) of the instance on record
@@ -107,8 +118,8 @@ func (e *Etcd) put(v *view, key string, value []byte) *change {
 	return nil
 }
 
-// del applies one key's deletion.
-func (e *Etcd) del(v *view, key string) *change {
+// del applies one key's deletion at revision rev.
+func (e *Etcd) del(v *view, key string, rev int64) *change {
 	kind, addr := e.keys.parse(key)
 	switch kind {
 	case keyDaemon:
@@ -117,12 +128,15 @@ func (e *Etcd) del(v *view, key string) *change {
 		delete(v.capacity, addr)
 	case keyInstance:
 		iv := v.instances[addr]
+		if iv == nil || iv.rec.rev > rev {
+			return nil // unknown, or re-written here after the deletion
+		}
 		delete(v.instances, addr)
-		if iv != nil {
+		if iv.rec.Lease != 0 {
 			return &change{gone: iv, addr: addr}
 		}
 	case keyRank:
-		if iv := v.instances[addr]; iv != nil {
+		if iv := v.instances[addr]; iv != nil && iv.ranks[key].rev <= rev {
 			delete(iv.ranks, key)
 		}
 	}
@@ -151,11 +165,27 @@ func (e *Etcd) viewLoop(ctx context.Context) {
 			wait = min(2*wait, 2*time.Second)
 			continue
 		}
-		wait = 100 * time.Millisecond
+		select { // a rebuild asked while this one ran is this one
+		case <-e.resync:
+		default:
+		}
 		e.setState(false, "")
 		wctx, cancel := context.WithCancel(ctx)
+		started := time.Now()
 		e.follow(ctx, e.cli.Watch(clientv3.WithRequireLeader(wctx), e.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1)))
 		cancel()
+		if time.Since(started) < time.Second {
+			// A watch that fails at once (etcd refusing it) must not spin
+			// snapshots: back off as for a failed snapshot.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			wait = min(2*wait, 2*time.Second)
+		} else {
+			wait = 100 * time.Millisecond
+		}
 	}
 }
 
@@ -186,15 +216,15 @@ func (e *Etcd) follow(ctx context.Context, wch clientv3.WatchChan) {
 			for _, ev := range resp.Events {
 				var c *change
 				if ev.Type == mvccpb.PUT {
-					c = e.put(&e.view, string(ev.Kv.Key), ev.Kv.Value)
+					c = e.put(&e.view, string(ev.Kv.Key), ev.Kv.Value, ev.Kv.ModRevision)
 				} else {
-					c = e.del(&e.view, string(ev.Kv.Key))
+					c = e.del(&e.view, string(ev.Kv.Key), ev.Kv.ModRevision)
 				}
 				if c != nil {
 					changes = append(changes, c)
 				}
 			}
-			e.view.rev = resp.Header.Revision
+			e.view.rev = max(e.view.rev, resp.Header.Revision)
 			e.mu.Unlock()
 			for _, c := range changes {
 				e.applyChange(ctx, c, false)
@@ -216,15 +246,26 @@ func (e *Etcd) rebuild(ctx context.Context) (int64, error) {
 	nv := newView()
 	nv.rev = resp.Header.Revision
 	for _, kv := range resp.Kvs {
-		e.put(&nv, string(kv.Key), kv.Value)
+		e.put(&nv, string(kv.Key), kv.Value, kv.ModRevision)
 	}
+	known := e.deps.Rooms.PrefillAddrs()
 	e.mu.Lock()
 	old, first := e.view, !e.synced
 	e.view, e.synced = nv, true
 	var changes []*change
+	gone := map[string]bool{}
 	for addr, oi := range old.instances {
-		if ni := nv.instances[addr]; ni == nil || ni.rec.Lease == 0 {
+		if ni := nv.instances[addr]; (ni == nil || ni.rec.Lease == 0) && oi.rec.Lease != 0 {
 			changes = append(changes, &change{gone: oi, addr: addr})
+			gone[addr] = true
+		}
+	}
+	// Instances the rooms know that the registry no longer holds, though
+	// the old view did not either (recorded here while their records were
+	// being removed): lost too, with no records to re-create them from.
+	for _, addr := range known {
+		if ni := nv.instances[addr]; (ni == nil || ni.rec.Lease == 0) && !gone[addr] {
+			changes = append(changes, &change{gone: &instanceView{}, addr: addr})
 		}
 	}
 	for _, ni := range nv.instances {
@@ -271,17 +312,18 @@ func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
 	} else {
 		reason = fmt.Sprintf("its fleet registry lease expired: no rank heartbeated to any decode daemon of the fleet within registry.etcd.lease_ttl %s", e.cfg.LeaseTTL)
 	}
-	e.deps.Rooms.LosePrefill(c.addr, reason)
+	e.deps.Rooms.LosePrefill(c.addr, c.gone.rec.InstanceID, reason)
 }
 
-// heardRecently: the instance heartbeated here within half the lease TTL.
-// A live instance heartbeats at least that often (lease_ttl is at least two
-// heartbeat intervals); one that only registered here, or stopped, did not.
+// heardRecently: the instance heartbeated here within three quarters of
+// the lease TTL. A live instance heartbeats at least every half TTL
+// (lease_ttl is at least two heartbeat intervals); one that only registered
+// here, or stopped, was silent for a whole TTL when its lease expired.
 func (e *Etcd) heardRecently(addr string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	h := e.heard[addr]
-	return h != nil && e.now().Sub(h.at) < e.cfg.LeaseTTL/2
+	return h != nil && e.now().Sub(h.at) < 3*e.cfg.LeaseTTL/4
 }
 
 // maxTxnOps stays below etcd's default --max-txn-ops (128).

@@ -43,7 +43,12 @@ func (m *Manager) PrefillKnown(reg Registration) bool { return m.reg.Known(reg) 
 // LosePrefill forgets the prefill instance at addr because its fleet lease
 // ended, and fails its rooms still handing off with FailurePrefillLost and
 // a message that names reason; it returns how many rooms failed (0 for an
-// unknown addr).
-func (m *Manager) LosePrefill(addr, reason string) int {
-	return m.apply(m.reg.Lose(addr, reason))
+// unknown addr, or when the instance there is not instanceID — a newer one
+// replaced it meanwhile; "" matches any).
+func (m *Manager) LosePrefill(addr, instanceID, reason string) int {
+	return m.apply(m.reg.Lose(addr, instanceID, reason))
 }
+
+// PrefillAddrs lists the addresses of the prefill instances this daemon
+// knows, in no order (the fleet compares them with a fresh view).
+func (m *Manager) PrefillAddrs() []string { return m.reg.Addrs() }

@@ -519,7 +519,7 @@ func (h *BootstrapHTTP) pollOnce(ctx context.Context, timeout time.Duration) {
 			if !h.healthy(ctx, tg.url, timeout) {
 				return
 			}
-			if !h.m.TouchPrefill(addr, tg.instanceID) {
+			if !h.b.reg.Touch(ctx, addr, tg.instanceID) {
 				h.mu.Lock()
 				if h.polled[addr] == tg {
 					delete(h.polled, addr) // dead or replaced: registers again to be polled again

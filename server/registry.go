@@ -16,6 +16,10 @@ import (
 type Registrar interface {
 	RegisterPrefill(ctx context.Context, reg kvmanager.Registration) (kvmanager.RegistrationResult, error)
 	Heartbeat(ctx context.Context, rank kvmanager.RankID, instanceID string) (time.Duration, int, error)
+	// Touch counts as a heartbeat of every rank of the instance at addr
+	// (the HTTP bootstrap's health poll of an SGLang prefill); false when it
+	// is not registered or was replaced.
+	Touch(ctx context.Context, addr, instanceID string) bool
 }
 
 // managerRegistrar is the memory registry: the Manager's own calls.
@@ -27,6 +31,10 @@ func (r managerRegistrar) RegisterPrefill(_ context.Context, reg kvmanager.Regis
 
 func (r managerRegistrar) Heartbeat(_ context.Context, rank kvmanager.RankID, instanceID string) (time.Duration, int, error) {
 	return r.m.Heartbeat(rank, instanceID)
+}
+
+func (r managerRegistrar) Touch(_ context.Context, addr, instanceID string) bool {
+	return r.m.TouchPrefill(addr, instanceID)
 }
 
 func (s *Server) registrar() Registrar {

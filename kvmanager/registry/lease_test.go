@@ -23,6 +23,9 @@ func TestLeaseLivenessNeverLoses(t *testing.T) {
 		in := prefill{addr: addrA, tp: 2, instanceID: "i1"}
 		h.register(in)
 		advance(time.Minute)
+		if evs := h.g.Lose(addrA, "i0", "an older instance's lease"); len(evs) != 0 {
+			t.Fatalf("Lose of another instance id = %v, want nothing (a newer instance is registered)", kinds(evs))
+		}
 		if evs := h.g.CheckLiveness(); len(evs) != 0 {
 			t.Fatalf("CheckLiveness under lease liveness = %v, want no event", kinds(evs))
 		}
@@ -30,7 +33,7 @@ func TestLeaseLivenessNeverLoses(t *testing.T) {
 		if len(st) != 1 || st[0].MissedHeartbeats != 0 || st[0].SilentRankCount != 0 {
 			t.Fatalf("Status = %+v, want one instance with no missed heartbeats", st)
 		}
-		evs := h.g.Lose(addrA, "its fleet lease expired")
+		evs := h.g.Lose(addrA, "i1", "its fleet lease expired")
 		if len(evs) != 1 || evs[0].Kind != InstanceLost {
 			t.Fatalf("Lose = %v, want one InstanceLost", kinds(evs))
 		}
@@ -41,7 +44,7 @@ func TestLeaseLivenessNeverLoses(t *testing.T) {
 		if _, ok := h.g.Instance(addrA); ok {
 			t.Fatal("the instance is still known after Lose")
 		}
-		if evs := h.g.Lose(addrA, "again"); len(evs) != 0 {
+		if evs := h.g.Lose(addrA, "", "again"); len(evs) != 0 {
 			t.Fatalf("Lose of an unknown instance = %v, want nothing", kinds(evs))
 		}
 	})

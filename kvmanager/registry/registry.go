@@ -413,6 +413,17 @@ func (g *Registry) RankEndpoint(id RankID) (endpoint string, complete, ok bool) 
 	return rk.endpoint, inst.complete, true
 }
 
+// Addrs lists the addresses of every known instance, in no order.
+func (g *Registry) Addrs() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]string, 0, len(g.instances))
+	for a := range g.instances {
+		out = append(out, a)
+	}
+	return out
+}
+
 // RankRegistered reports whether id is a registered rank of a complete
 // instance at its address; an instance still registering (or unknown)
 // reports true: nothing is known to refuse yet.
@@ -592,11 +603,13 @@ func (g *Registry) Known(reg Registration) bool {
 // Lose forgets the instance at addr and its bindings because its liveness
 // ended elsewhere (LeaseLiveness: its fleet lease expired), and returns
 // InstanceLost with Message, the reason, which LostMessage words. An
-// unknown addr returns nothing.
-func (g *Registry) Lose(addr, reason string) []Event {
+// unknown addr, or an instance whose id is not instanceID (a newer one
+// registered meanwhile; "" matches any), returns nothing.
+func (g *Registry) Lose(addr, instanceID, reason string) []Event {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.instances[addr] == nil {
+	inst := g.instances[addr]
+	if inst == nil || (instanceID != "" && inst.instanceID != "" && inst.instanceID != instanceID) {
 		return nil
 	}
 	g.forgetLocked(addr)
