@@ -12,7 +12,11 @@
 // ConfigMap's listen addresses, selectors that match) and run the real
 // `decodeplane validate`, built from the repository, on every ConfigMap with
 // the container's environment, and run each overlay's termination (the
-// daemon serving the ConfigMap, the preStop drain, SIGTERM). They parse the
+// daemon serving the ConfigMap, the preStop drain, SIGTERM; the etcd
+// overlay's daemon joined to a real etcd, decodeplane-dev-etcd). The etcd
+// overlay must also advertise the pod's IP and keep etcd's TLS and password
+// in mounted Secrets, and a pod missing one of them is refused naming the
+// key. They parse the
 // Dockerfile, the .dockerignore and the systemd unit, run `systemd-analyze
 // verify` where it exists, and trace `decodeplane serve` with strace (where
 // it exists) to check every system call against the unit's

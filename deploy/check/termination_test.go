@@ -19,12 +19,13 @@ import (
 // the preStop command runs as the kubelet would (its --addr pointed at that
 // port), the daemon then answers NOT_SERVING (the readiness probe fails, the
 // endpoints drop the pod), and SIGTERM stops it with exit 0 within
-// server.shutdown_timeout.
+// server.shutdown_timeout. The etcd overlay's daemon joins a real etcd
+// (decodeplane-dev-etcd, built from the repository, on a free loopback
+// port): its endpoints are pointed there, and its TLS and authentication
+// to etcd are turned off, since the development etcd has neither
+// (TestKubernetesOverlays validates them as shipped).
 func TestKubernetesTermination(t *testing.T) {
 	for name, want := range overlays {
-		if want.refused {
-			continue
-		}
 		t.Run(name, func(t *testing.T) {
 			r := render(t, name)
 			pod := &r.deployments[0].Spec.Template.Spec
@@ -32,7 +33,12 @@ func TestKubernetesTermination(t *testing.T) {
 			cfgFile, env := podFiles(t, pod, c, r.configMaps[0])
 			addr := freeAddr(t)
 
-			daemon := exec.Command(binary(t, "decodeplane"), "serve", "--config", cfgFile, "--listen", addr, "--set", "server.metrics_listen=")
+			args := []string{"serve", "--config", cfgFile, "--listen", addr, "--set", "server.metrics_listen="}
+			if want.etcd {
+				args = append(args, "--set", "registry.etcd.endpoints="+devEtcd(t), "--set", "registry.etcd.tls.ca_file=", "--set", "registry.etcd.tls.cert_file=",
+					"--set", "registry.etcd.tls.key_file=", "--set", "registry.etcd.username=", "--set", "registry.etcd.password_file=")
+			}
+			daemon := exec.Command(binary(t, "decodeplane"), args...)
 			daemon.Env = env
 			stderr, err := daemon.StderrPipe()
 			if err != nil {
@@ -94,6 +100,17 @@ func TestKubernetesTermination(t *testing.T) {
 				}
 				return string(out)
 			}
+			if want.etcd {
+				// The registry joins etcd (degraded until it has the lease and
+				// the view): poll the status for at most 30 s.
+				deadline := time.Now().Add(30 * time.Second)
+				for out := ctl("--addr", addr, "status"); strings.Contains(out, "registry degraded"); out = ctl("--addr", addr, "status") {
+					if time.Now().After(deadline) {
+						t.Fatalf("the registry did not reach etcd within 30 s:\n%s", out)
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
 			if out := ctl(preStop[1:]...); !strings.HasPrefix(out, "draining: new rooms are refused (health NOT_SERVING)") {
 				t.Errorf("preStop said:\n%s", out)
 			}
@@ -131,6 +148,45 @@ func cfgShutdown(t *testing.T, r *rendered, cfg *daemonConfig) string {
 		t.Fatal(err)
 	}
 	return cfg.Server.ShutdownTimeout
+}
+
+// devEtcd starts decodeplane-dev-etcd on a free loopback port for t and
+// returns its client URL.
+func devEtcd(t *testing.T) string {
+	t.Helper()
+	cmd := exec.Command(binary(t, "decodeplane-dev-etcd"), "--listen", freeAddr(t))
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		cmd.Wait()
+	})
+	line := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		if sc.Scan() {
+			line <- sc.Text()
+		}
+		close(line)
+		io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case l := <-line:
+		// "etcd: <endpoint> data-dir: <dir>"
+		f := strings.Fields(l)
+		if len(f) < 2 || f[0] != "etcd:" {
+			t.Fatalf("decodeplane-dev-etcd printed %q", l)
+		}
+		return f[1]
+	case <-time.After(60 * time.Second):
+		t.Fatal("decodeplane-dev-etcd did not serve within 60 s")
+	}
+	return ""
 }
 
 // freeAddr is a loopback address nothing listens on (at the time).
