@@ -138,7 +138,10 @@ func (c Config) Validate(heartbeat time.Duration) error {
 	if !strings.HasPrefix(e.Prefix, "/") || !strings.HasSuffix(e.Prefix, "/") || len(e.Prefix) > maxPrefixLen || len(e.Prefix) < 2 {
 		add("registry.etcd.prefix", e.Prefix, fmt.Sprintf("must start and end with / and be 2 to %d bytes.", maxPrefixLen), "set it to e.g. /decodeplane/ (daemons sharing a prefix form one fleet).")
 	}
-	if host, port, err := net.SplitHostPort(e.AdvertiseAddress); err != nil || host == "" || port == "" || port == "0" || isWildcard(host) {
+	if strings.Contains(e.AdvertiseAddress, "$(") {
+		add("registry.etcd.advertise_address", e.AdvertiseAddress, "holds an unexpanded $(VAR): on Kubernetes the variable it names must be defined before this one in the container's env.",
+			"list POD_IP (from the downward API, status.podIP) before DECODEPLANE_REGISTRY_ETCD_ADVERTISE_ADDRESS=$(POD_IP):7600.")
+	} else if host, port, err := net.SplitHostPort(e.AdvertiseAddress); err != nil || host == "" || port == "" || port == "0" || isWildcard(host) {
 		add("registry.etcd.advertise_address", e.AdvertiseAddress, "must be the host:port at which prefills, routers and operators reach this daemon (not a wildcard, not port 0).",
 			"set it to this daemon's reachable address, e.g. 10.0.0.5:7600 (on Kubernetes: $(POD_IP):7600).")
 	}

@@ -71,6 +71,17 @@ func TestConfigLeaseOutlivesHeartbeats(t *testing.T) {
 	}
 }
 
+// TestConfigUnexpandedAdvertise: Kubernetes leaves $(POD_IP) as is when
+// POD_IP is defined after the variable that uses it; the daemon says so.
+func TestConfigUnexpandedAdvertise(t *testing.T) {
+	c := validEtcd()
+	c.Etcd.AdvertiseAddress = "$(POD_IP):7600"
+	err := c.Validate(5 * time.Second)
+	if err == nil || !strings.Contains(err.Error(), "registry.etcd.advertise_address") || !strings.Contains(err.Error(), "POD_IP") {
+		t.Fatalf("unexpanded advertise address: %v", err)
+	}
+}
+
 // TestConfigUnknownBackend names the allowed values.
 func TestConfigUnknownBackend(t *testing.T) {
 	c := DefaultConfig()
