@@ -47,7 +47,11 @@
 // Liveness in this mode is per instance and is the lease: the room
 // manager's own heartbeat count never declares an instance lost
 // (kvmanager.Deps.LeaseLiveness), since its ranks may heartbeat to another
-// daemon.
+// daemon. Heartbeat RPCs, SGLang's HTTP health polls (Touch) and
+// registrations all count as heard. One rank that dies while the others
+// heartbeat keeps the lease alive: its rooms fail by their own timeouts
+// (timeouts.bootstrap, timeouts.waiting), not by the lease — the memory
+// registry's per-rank silence check has no fleet-wide equivalent here.
 //
 // # The view
 //
@@ -62,20 +66,27 @@
 //
 // # Failure semantics
 //
-//   - etcd unreachable (the per-second probe or a request fails): the
-//     registry is degraded. Rooms keep flowing on the cached view;
+//   - etcd unreachable (the per-second probe, a keepalive of this daemon's
+//     own lease, or the view's snapshot fails; a failed registration is
+//     refused and counted but changes no state): the registry is degraded
+//     (also from startup until the first view is built). Rooms keep flowing on the cached view;
 //     RegisterPrefill is refused with UNAVAILABLE ("registry degraded ...;
 //     retry"); heartbeats are still accepted (their keepalives fail until
 //     etcd is back); GetStatus's and WatchCapacity's readiness ends with
 //     "; registry degraded: <reason>" while gRPC health stays SERVING;
 //     decodeplane_registry_degraded is 1. When etcd answers again the view
-//     is rebuilt, then the state is ok. A restarted etcd renews its leases'
-//     TTL, so a short outage expires nothing.
+//     is rebuilt, then the state is ok. A restarted etcd (or a new leader)
+//     renews its leases' TTL, so an etcd outage expires nothing; a network
+//     partition between a daemon and a live etcd does not stop the leases'
+//     clocks: instances that heartbeat only to the cut-off daemon expire
+//     for the others, and are re-created by it when it reconnects (their
+//     rooms on the other daemons failed meanwhile).
 //   - A daemon dies: its rooms are gone (they were its own); its prefills
 //     heartbeat elsewhere and keep their leases and their rooms on the
 //     other daemons.
 //   - A prefill instance heartbeats to no daemon for lease_ttl: its lease
-//     expires, every daemon forgets it and fails its rooms still handing off
+//     expires (between lease_ttl and lease_ttl + lease_ttl/3 + 1 s after its
+//     last heartbeat, since keepalives go at most once per third of the TTL), every daemon forgets it and fails its rooms still handing off
 //     with FAILURE_CODE_PREFILL_LOST, "... its fleet registry lease expired:
 //     no rank heartbeated to any decode daemon of the fleet within
 //     registry.etcd.lease_ttl 30s".

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -242,8 +244,14 @@ func TestEtcdOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	if g := gauge(t, b, "decodeplane_registry_degraded"); g != 0 {
+		t.Fatalf("decodeplane_registry_degraded = %v before the outage", g)
+	}
 	e.Stop()
 	waitFor(t, "B degraded", func() bool { deg, _, _ := b.Fleet().State(); return deg })
+	if g := gauge(t, b, "decodeplane_registry_degraded"); g != 1 {
+		t.Fatalf("decodeplane_registry_degraded = %v during the outage", g)
+	}
 	st, err := b.c.Status(ctx)
 	if err != nil || !st.GetReady() || !strings.Contains(st.GetReadiness(), "registry degraded") {
 		t.Fatalf("status while etcd is down: ready=%v readiness=%q err=%v", st.GetReady(), st.GetReadiness(), err)
@@ -263,6 +271,9 @@ func TestEtcdOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "B ok again", func() bool { deg, _, _ := b.Fleet().State(); return !deg })
+	if g, r := gauge(t, b, "decodeplane_registry_degraded"), gauge(t, b, "decodeplane_registry_view_rebuilds_total"); g != 0 || r < 1 {
+		t.Fatalf("after the outage: degraded %v (want 0), rebuilds %v (want >= 1)", g, r)
+	}
 	if _, err := b.c.RegisterPrefill(ctx, other); err != nil {
 		t.Fatalf("registration after etcd is back: %v", err)
 	}
@@ -297,4 +308,79 @@ func TestReplacedInstance(t *testing.T) {
 		f, _ := a.Fleet().GetFleet(ctx)
 		return len(f.GetPrefills()) == 1 && f.GetPrefills()[0].GetInstanceId() == "p2" && f.GetPrefills()[0].GetRegisteredRanks() == 1
 	})
+}
+
+// TestReattachWhileHeartbeating: the instance's lease ends although its
+// ranks heartbeat to daemon A (here: revoked behind the daemons' backs, as
+// when A's keepalives did not reach etcd). A re-creates its records under a
+// new lease and its room goes on; B, which never heard from it, fails its
+// room as lost; then B learns the re-created instance and serves it again.
+func TestReattachWhileHeartbeating(t *testing.T) {
+	e := etcdtest.Start(t)
+	a := startMember(t, e, "10.9.0.1:7600", 30*time.Second)
+	b := startMember(t, e, "10.9.0.2:7600", 30*time.Second)
+	ctx := ctxFor(t, 40*time.Second)
+	if _, err := a.c.Prefill(rank("p1")).Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "B knows the prefill", func() bool { _, _, err := b.Manager().Heartbeat(kvmanagerRank(), "p1"); return err == nil })
+	openRoom(t, ctx, a, 1)
+	openRoom(t, ctx, b, 2)
+	f, err := a.c.GetFleet(ctx)
+	if err != nil || len(f.GetPrefills()) != 1 {
+		t.Fatalf("GetFleet: %v %v", f, err)
+	}
+	oldLease := f.GetPrefills()[0].GetLeaseId()
+	if _, err := a.c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: &pb.PrefillRank{BootstrapAddr: prefillAddr}, InstanceId: "p1"}); err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(oldLease)); err != nil {
+		t.Fatal(err)
+	}
+
+	r, err := b.c.WaitRoom(ctx, 2, pb.RoomPhase_ROOM_PHASE_FAILED)
+	if err != nil || r.GetFailure().GetCode() != pb.FailureCode_FAILURE_CODE_PREFILL_LOST || !strings.Contains(r.GetFailure().GetMessage(), "lease expired") {
+		t.Fatalf("B's room: %v %v", r.GetFailure(), err)
+	}
+	waitFor(t, "the instance re-created under a new lease", func() bool {
+		f, _ := b.c.GetFleet(ctx)
+		return len(f.GetPrefills()) == 1 && f.GetPrefills()[0].GetLeaseId() != oldLease && f.GetPrefills()[0].GetLeaseId() != 0 &&
+			f.GetPrefills()[0].GetRegisteredVia() == "10.9.0.1:7600" && f.GetPrefills()[0].GetInstanceId() == "p1"
+	})
+	if _, err := a.c.Prefill(rank("p1")).SendRoom(ctx, 1, client.SendOptions{}); err != nil {
+		t.Fatalf("A's room after the re-attach: %v", err)
+	}
+	openRoom(t, ctx, b, 3)
+	if _, err := b.c.Prefill(rank("p1")).SendRoom(ctx, 3, client.SendOptions{}); err != nil {
+		t.Fatalf("a new room on B after the re-attach: %v", err)
+	}
+}
+
+// gauge reads one unlabelled gauge or counter of a daemon's metrics.
+func gauge(t *testing.T, m *member, name string) float64 {
+	t.Helper()
+	fams, err := m.Metrics().Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+		for _, s := range f.GetMetric() {
+			if g := s.GetGauge(); g != nil {
+				return g.GetValue()
+			}
+			if c := s.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }
