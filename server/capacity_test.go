@@ -135,7 +135,7 @@ func TestWatchCapacityFeed(t *testing.T) {
 		want := &pb.ShardCapacity{DpRank: 0, PageSize: 16, TokensTotal: 512 * 16, TokensFree: 512 * 16, PagesTotal: 512, PagesFree: 512,
 			ReqSlotsTotal: sh.GetReqSlotsTotal(), ReqSlotsFree: sh.GetReqSlotsTotal(), BlockedBy: "none", ReservedDecodeTokens: 512}
 		if !at.Equal(start) || u.GetSequence() != 1 || !u.GetReady() || u.GetReadiness() != "serving" || u.GetDraining() ||
-			u.GetIncarnation() != d.Incarnation() || u.GetAddress() != "" || !u.GetAt().AsTime().Equal(start) ||
+			u.GetIncarnation() != d.Incarnation() || u.GetAddress() != d.Server().Address() || !u.GetAt().AsTime().Equal(start) ||
 			len(u.GetShards()) != 1 || !proto.Equal(u.GetShards()[0], want) {
 			t.Fatalf("first update (after %s): %v\nwant sequence 1, ready serving, incarnation %x, shard %v", at.Sub(start), u, d.Incarnation(), want)
 		}
