@@ -147,6 +147,8 @@ func (c Config) Validate(heartbeat time.Duration) error {
 	}
 	if e.LeaseTTL < MinLeaseTTL || e.LeaseTTL > MaxLeaseTTL {
 		add("registry.etcd.lease_ttl", e.LeaseTTL, fmt.Sprintf("out of range (%s..%s).", MinLeaseTTL, MaxLeaseTTL), "set it to how long a prefill may go without a heartbeat reaching any daemon of the fleet, e.g. 30s.")
+	} else if e.LeaseTTL%time.Second != 0 {
+		add("registry.etcd.lease_ttl", e.LeaseTTL, "etcd leases are granted in whole seconds.", fmt.Sprintf("set it to a whole number of seconds, e.g. %s.", e.LeaseTTL.Round(time.Second)))
 	} else if heartbeat > 0 && e.LeaseTTL < 2*heartbeat {
 		add("registry.etcd.lease_ttl", e.LeaseTTL, fmt.Sprintf("shorter than two prefill heartbeat intervals (timeouts.heartbeat_interval %s): one late heartbeat would end every prefill's lease.", heartbeat),
 			fmt.Sprintf("set it to at least %s (or shorten timeouts.heartbeat_interval).", 2*heartbeat))

@@ -82,6 +82,16 @@ func TestConfigUnexpandedAdvertise(t *testing.T) {
 	}
 }
 
+// TestConfigWholeSecondLease: etcd grants leases in seconds; 7.5s is
+// refused rather than silently cut to 7s.
+func TestConfigWholeSecondLease(t *testing.T) {
+	c := validEtcd()
+	c.Etcd.LeaseTTL = 30*time.Second + 500*time.Millisecond
+	if err := c.Validate(5 * time.Second); err == nil || !strings.Contains(err.Error(), "whole number of seconds") {
+		t.Fatalf("lease 30.5s: %v", err)
+	}
+}
+
 // TestConfigUnknownBackend names the allowed values.
 func TestConfigUnknownBackend(t *testing.T) {
 	c := DefaultConfig()
