@@ -223,6 +223,8 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 		"decodeplane_prefill_lost_total":               true,
 		"decodeplane_prefill_heartbeat_failures_total": true,
 		"decodeplane_state_slots":                      true,
+		// Failed etcd requests exist only with the etcd registry, once one failed.
+		"decodeplane_registry_etcd_errors_total": true,
 	}
 	queried := 0
 	for _, p := range dash.Panels {
