@@ -240,7 +240,9 @@ func TestFleetE2EEtcdOutage(t *testing.T) {
 	if _, err := viaA.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	startBeater(t, viaA.Rank(), "p1", b).movedTo(t, ctx, b.name)
+	knownBy(t, ctx, b, bootstrap)
+	beats := startBeater(t, viaA.Rank(), "p1", b)
+	beats.movedTo(t, ctx, b.name)
 	if v, ok := b.metric("decodeplane_registry_degraded"); !ok || v != 0 {
 		t.Fatalf("B's decodeplane_registry_degraded before the outage = %v (found %v), want 0", v, ok)
 	}
@@ -358,6 +360,10 @@ func TestFleetE2EEtcdOutage(t *testing.T) {
 		t.Fatalf("rooms on B failed: %v", errs)
 	}
 	t.Logf("rooms on B: %d succeeded, %d of them while B was degraded", total, outage)
+	// The prefill's heartbeats through B went on throughout.
+	if ok, failed := beats.counts(); len(failed[b.name]) != 0 || ok[b.name] < 3 {
+		t.Fatalf("heartbeats through B across the outage: %d ok, failures %v", ok[b.name], failed[b.name])
+	}
 
 	// A new prefill through C, resolved by A (through the rebuilt views).
 	reg2 := fleetRank(other, "p2")

@@ -307,6 +307,24 @@ func roomOnce(t *testing.T, ctx context.Context, d *fleetDaemon, p *client.Prefi
 	}
 }
 
+// knownBy waits until d's GetStatus lists bootstrap's instance with all
+// its ranks (it reached d through etcd's watch).
+func knownBy(t *testing.T, ctx context.Context, d *fleetDaemon, bootstrap string) {
+	t.Helper()
+	pollUntil(t, 20*time.Second, d.name+" to know "+bootstrap, func() (bool, string) {
+		st, err := d.c.Status(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range st.GetPrefills() {
+			if p.GetBootstrapAddr() == bootstrap {
+				return p.GetRegisteredRanks() > 0 && p.GetRegisteredRanks() == p.GetExpectedRanks(), fmt.Sprint(p)
+			}
+		}
+		return false, fmt.Sprint(st.GetPrefills())
+	})
+}
+
 // failedRooms lists d's failed rooms.
 func failedRooms(t *testing.T, ctx context.Context, d *fleetDaemon) []*pb.Room {
 	t.Helper()
