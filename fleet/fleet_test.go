@@ -2,7 +2,6 @@ package fleet_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -54,15 +53,6 @@ func startMember(t *testing.T, e *etcdtest.Server, addr string, ttl time.Duratio
 	return m
 }
 
-// knows waits until m's view holds n prefill instances: a registration
-// through another daemon reaches m through etcd's watch, which may lag the
-// registration's answer (a watch from a past revision is caught up by
-// etcd's 100 ms resync loop).
-func knows(t *testing.T, ctx context.Context, m *member, n int) {
-	t.Helper()
-	waitFor(t, fmt.Sprintf("%d prefill instances in the member's view", n), func() bool { f, _ := m.Fleet().GetFleet(ctx); return len(f.GetPrefills()) == n })
-}
-
 // waitFor polls cond every 20 ms for at most 20 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -109,7 +99,7 @@ func TestRegisteredThroughOneResolvedByOthers(t *testing.T) {
 	if _, err := a.c.Prefill(rank("p1")).Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	knows(t, ctx, b, 1)
+	waitFor(t, "B knows the prefill", func() bool { _, _, err := b.Manager().Heartbeat(kvmanagerRank(), "p1"); return err == nil })
 	if _, err := b.c.Prefill(rank("p1")).SendRoom(ctx, 1, client.SendOptions{}); err != nil {
 		t.Fatalf("SendRoom through B of a prefill registered through A: %v", err)
 	}
@@ -190,8 +180,9 @@ func TestFailoverKeepsTheLease(t *testing.T) {
 	if _, err := a.c.Prefill(rank("p1")).Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	knows(t, ctx, b, 1) // B is beaten to after A stops
-	knows(t, ctx, c, 1)
+	for _, m := range []*member{b, c} {
+		waitFor(t, "B and C know the prefill", func() bool { _, _, err := m.Manager().Heartbeat(kvmanagerRank(), "p1"); return err == nil })
+	}
 	openRoom(t, ctx, c, 9)
 	beat := func(m *member) {
 		t.Helper()
@@ -234,7 +225,7 @@ func TestEtcdOutage(t *testing.T) {
 	if _, err := a.c.Prefill(rank("p1")).Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	knows(t, ctx, b, 1)
+	waitFor(t, "B knows the prefill", func() bool { _, _, err := b.Manager().Heartbeat(kvmanagerRank(), "p1"); return err == nil })
 	openRoom(t, ctx, b, 1)
 	if _, err := b.c.Prefill(rank("p1")).SendRoom(ctx, 1, client.SendOptions{}); err != nil {
 		t.Fatal(err)
