@@ -101,6 +101,7 @@ func TestRegisteredThroughOneResolvedByOthers(t *testing.T) {
 	if _, err := a.c.Prefill(rank("p1")).Register(ctx); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "B knows the prefill", func() bool { _, _, err := b.Manager().Heartbeat(kvmanagerRank(), "p1"); return err == nil })
 	if _, err := b.c.Prefill(rank("p1")).SendRoom(ctx, 1, client.SendOptions{}); err != nil {
 		t.Fatalf("SendRoom through B of a prefill registered through A: %v", err)
 	}
@@ -239,6 +240,7 @@ func TestEtcdOutage(t *testing.T) {
 	if _, err := a.c.Prefill(rank("p1")).Register(ctx); err != nil {
 		t.Fatal(err)
 	}
+	waitFor(t, "B knows the prefill", func() bool { _, _, err := b.Manager().Heartbeat(kvmanagerRank(), "p1"); return err == nil })
 	openRoom(t, ctx, b, 1)
 	if _, err := b.c.Prefill(rank("p1")).SendRoom(ctx, 1, client.SendOptions{}); err != nil {
 		t.Fatal(err)

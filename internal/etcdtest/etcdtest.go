@@ -118,12 +118,22 @@ func (s *Server) Start() error {
 
 // Stop stops the member; its data stays for the next Start. Stopping a
 // stopped server does nothing.
+//
+// The member stops applying at once: embed's Close alone drains the open
+// client streams (watches) for up to etcd's request timeout (5 s + two
+// election timeouts) while the server runs on, refusing new requests but
+// expiring leases and sending the deletions down the open watches, so a
+// lease shorter than that window would end during Stop. The server is
+// stopped first (HardStop: no more applies, the lessor stopped), then
+// Close drains and closes the listeners, so Stop still takes that window
+// when a watch is open.
 func (s *Server) Stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.etcd == nil {
 		return
 	}
+	s.etcd.Server.HardStop()
 	s.etcd.Close()
 	<-s.etcd.Server.StopNotify()
 	s.etcd = nil
