@@ -64,6 +64,12 @@
 // daemon, which then re-creates their records under a new lease
 // (re-attach) and keeps their rooms.
 //
+// A registration reaches the other daemons through their watch, usually
+// within a millisecond of the registering daemon's answer (BENCHMARKS.md),
+// but a daemon whose watch lags may answer NotFound to a heartbeat or keep a
+// room WAITING_PREFILL a little longer: the prefill registers again there
+// (the Go client does), and the room goes on once the registration arrives.
+//
 // # Failure semantics
 //
 //   - etcd unreachable (the per-second probe, a keepalive of this daemon's
@@ -80,7 +86,11 @@
 //     partition between a daemon and a live etcd does not stop the leases'
 //     clocks: instances that heartbeat only to the cut-off daemon expire
 //     for the others, and are re-created by it when it reconnects (their
-//     rooms on the other daemons failed meanwhile).
+//     rooms on the other daemons failed meanwhile). A single-member etcd
+//     that stops gracefully refuses requests for up to ~7 s while it still
+//     expires leases (it drains its watches): with one member, keep
+//     lease_ttl well above that (the default 30 s); a 3-member cluster has
+//     no such window.
 //   - A daemon dies: its rooms are gone (they were its own); its prefills
 //     heartbeat elsewhere and keep their leases and their rooms on the
 //     other daemons.

@@ -183,8 +183,9 @@ func TestLeaseExpiryFailsRooms(t *testing.T) {
 }
 
 // TestFailoverKeepsTheLease: the daemon a prefill heartbeats to dies; the
-// prefill heartbeats to another one; its lease outlives the dead daemon by
-// several TTLs and its rooms on a third daemon go on.
+// Go client's RunHeartbeatFailover moves the beats to another daemon; the
+// instance keeps its lease (the same lease id) for several TTLs after the
+// dead daemon's last keepalive, and its rooms on a third daemon go on.
 func TestFailoverKeepsTheLease(t *testing.T) {
 	e := etcdtest.Start(t)
 	const ttl = 5 * time.Second
@@ -192,35 +193,43 @@ func TestFailoverKeepsTheLease(t *testing.T) {
 	b := startMember(t, e, "10.9.0.2:7600", ttl)
 	c := startMember(t, e, "10.9.0.3:7600", ttl)
 	ctx := ctxFor(t, 60*time.Second)
-	if _, err := a.c.Prefill(rank("p1")).Register(ctx); err != nil {
+	viaA := a.c.Prefill(rank("p1"), client.HeartbeatEvery(time.Second))
+	viaB := b.c.Prefill(rank("p1"), client.HeartbeatEvery(time.Second))
+	if _, err := viaA.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range []*member{b, c} {
 		waitFor(t, "B and C know the prefill", func() bool { _, _, err := m.Manager().Heartbeat(kvmanagerRank(), "p1"); return err == nil })
 	}
-	openRoom(t, ctx, c, 9)
-	beat := func(m *member) {
-		t.Helper()
-		if _, err := m.c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: &pb.PrefillRank{BootstrapAddr: prefillAddr}, InstanceId: "p1"}); err != nil {
-			t.Fatalf("heartbeat: %v", err)
-		}
+	f, err := c.c.GetFleet(ctx)
+	if err != nil || len(f.GetPrefills()) != 1 {
+		t.Fatalf("GetFleet: %v %v", f, err)
 	}
-	beat(a)
+	lease := f.GetPrefills()[0].GetLeaseId()
+	openRoom(t, ctx, c, 9)
+	hctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- client.RunHeartbeatFailover(hctx, viaA, viaB) }()
+	defer func() { stop(); <-done }()
+
+	time.Sleep(2 * time.Second) // beats through A
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	until := time.Now().Add(3 * ttl)
-	for time.Now().Before(until) {
-		beat(b)
-		time.Sleep(time.Second) // the prefill's heartbeat cadence
-	}
+	time.Sleep(3 * ttl) // beats through B, three TTLs after A's last keepalive
 	if r, err := c.c.GetRoom(ctx, &pb.GetRoomRequest{Room: 9}); err != nil || r.GetPhase() == pb.RoomPhase_ROOM_PHASE_FAILED {
 		t.Fatalf("room on C after its prefill's daemon died: %v %v", r.GetPhase(), err)
 	}
 	if _, err := c.c.Prefill(rank("p1")).SendRoom(ctx, 9, client.SendOptions{}); err != nil {
 		t.Fatalf("SendRoom through C: %v", err)
 	}
-	f, _ := c.Fleet().GetFleet(ctx)
+	f, _ = b.c.GetFleet(ctx)
+	if len(f.GetPrefills()) != 1 || f.GetPrefills()[0].GetLeaseId() != lease {
+		t.Fatalf("after the fail-over B's view holds %v, want the instance with its lease %x", f.GetPrefills(), lease)
+	}
+	if heard := f.GetPrefills()[0].GetHeardHere(); !heard.IsValid() || time.Since(heard.AsTime()) > 3*time.Second {
+		t.Fatalf("B last heard the prefill at %v: the beats did not move to B", heard)
+	}
 	for _, d := range f.GetDaemons() {
 		if d.GetAddress() == "10.9.0.1:7600" {
 			t.Fatalf("the stopped daemon A is still in the fleet: %v", d)
