@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,7 +37,9 @@ type EtcdConfig struct {
 	// sharing a prefix form one fleet.
 	Prefix string `yaml:"prefix"`
 	// AdvertiseAddress is the host:port at which prefills, routers and
-	// operators reach this daemon's gRPC API: the key of its record.
+	// operators reach this daemon's gRPC API: the key of its record
+	// (required with etcd). With the memory registry it is optional: when
+	// set, it is the address GetFleet and WatchCapacity report.
 	AdvertiseAddress string `yaml:"advertise_address"`
 	// LeaseTTL is the TTL of every lease the daemon grants: its own (its
 	// record and capacity), and a prefill instance's, which lives while the
@@ -118,7 +121,10 @@ func (c Config) Validate(heartbeat time.Duration) error {
 	}
 	switch c.Backend {
 	case BackendMemory:
-		return nil
+		if c.Etcd.AdvertiseAddress != "" {
+			checkAdvertise(c.Etcd.AdvertiseAddress, add)
+		}
+		return errors.Join(errs...)
 	case BackendEtcd:
 	default:
 		add("registry.backend", c.Backend, "unknown registry backend.", "set it to memory (this daemon only, the default) or etcd (shared by a fleet).")
@@ -138,13 +144,7 @@ func (c Config) Validate(heartbeat time.Duration) error {
 	if !strings.HasPrefix(e.Prefix, "/") || !strings.HasSuffix(e.Prefix, "/") || len(e.Prefix) > maxPrefixLen || len(e.Prefix) < 2 {
 		add("registry.etcd.prefix", e.Prefix, fmt.Sprintf("must start and end with / and be 2 to %d bytes.", maxPrefixLen), "set it to e.g. /decodeplane/ (daemons sharing a prefix form one fleet).")
 	}
-	if strings.Contains(e.AdvertiseAddress, "$(") {
-		add("registry.etcd.advertise_address", e.AdvertiseAddress, "holds an unexpanded $(VAR): on Kubernetes the variable it names must be defined before this one in the container's env.",
-			"list POD_IP (from the downward API, status.podIP) before DECODEPLANE_REGISTRY_ETCD_ADVERTISE_ADDRESS=$(POD_IP):7600.")
-	} else if host, port, err := net.SplitHostPort(e.AdvertiseAddress); err != nil || host == "" || port == "" || port == "0" || isWildcard(host) {
-		add("registry.etcd.advertise_address", e.AdvertiseAddress, "must be the host:port at which prefills, routers and operators reach this daemon (not a wildcard, not port 0).",
-			"set it to this daemon's reachable address, e.g. 10.0.0.5:7600 (on Kubernetes: $(POD_IP):7600).")
-	}
+	checkAdvertise(e.AdvertiseAddress, add)
 	if e.LeaseTTL < MinLeaseTTL || e.LeaseTTL > MaxLeaseTTL {
 		add("registry.etcd.lease_ttl", e.LeaseTTL, fmt.Sprintf("out of range (%s..%s).", MinLeaseTTL, MaxLeaseTTL), "set it to how long a prefill may go without a heartbeat reaching any daemon of the fleet, e.g. 30s.")
 	} else if e.LeaseTTL%time.Second != 0 {
@@ -197,6 +197,24 @@ func (c Config) Validate(heartbeat time.Duration) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// checkAdvertise checks registry.etcd.advertise_address: a host:port others
+// can dial (not a wildcard, a port in 1..65535, no blank or URL syntax, no
+// unexpanded Kubernetes $(VAR)).
+func checkAdvertise(a string, add func(key string, v any, problem, fix string)) {
+	const key = "registry.etcd.advertise_address"
+	if strings.Contains(a, "$(") {
+		add(key, a, "holds an unexpanded $(VAR): on Kubernetes the variable it names must be defined before this one in the container's env.",
+			"list POD_IP (from the downward API, status.podIP) before DECODEPLANE_REGISTRY_ETCD_ADVERTISE_ADDRESS=$(POD_IP):7600.")
+		return
+	}
+	host, port, err := net.SplitHostPort(a)
+	p, perr := strconv.Atoi(port)
+	if err != nil || host == "" || isWildcard(host) || perr != nil || p < 1 || p > 65535 || strings.ContainsAny(host, " \t\r\n/?#@,") {
+		add(key, a, "must be the host:port at which prefills, routers and operators reach this daemon (a host name or IP, not a wildcard; a port in 1..65535).",
+			"set it to this daemon's reachable address, e.g. 10.0.0.5:7600 (on Kubernetes: $(POD_IP):7600).")
+	}
 }
 
 func isWildcard(host string) bool {

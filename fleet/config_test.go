@@ -92,6 +92,33 @@ func TestConfigWholeSecondLease(t *testing.T) {
 	}
 }
 
+// TestConfigAdvertiseAddress: an address others cannot dial is refused, with
+// either registry (memory: only when set).
+func TestConfigAdvertiseAddress(t *testing.T) {
+	for _, a := range []string{"127.0.0.1:99999", "a b:1", "host", ":7600", "0.0.0.0:7600", "[::]:7600", "10.0.0.1:0", "10.0.0.1:http", "http://10.0.0.1:7600"} {
+		c := validEtcd()
+		c.Etcd.AdvertiseAddress = a
+		if err := c.Validate(5 * time.Second); err == nil || !strings.Contains(err.Error(), "registry.etcd.advertise_address") {
+			t.Errorf("etcd, advertise %q: %v", a, err)
+		}
+		m := DefaultConfig()
+		m.Etcd.AdvertiseAddress = a
+		if err := m.Validate(5 * time.Second); err == nil {
+			t.Errorf("memory, advertise %q: accepted", a)
+		}
+	}
+	for _, a := range []string{"10.0.0.5:7600", "[fd00::1]:7600", "decode-0.decode.svc:7600"} {
+		c := validEtcd()
+		c.Etcd.AdvertiseAddress = a
+		if err := c.Validate(5 * time.Second); err != nil {
+			t.Errorf("advertise %q: %v", a, err)
+		}
+	}
+	if err := DefaultConfig().Validate(5 * time.Second); err != nil {
+		t.Errorf("memory without an advertise address: %v", err)
+	}
+}
+
 // TestConfigUnknownBackend names the allowed values.
 func TestConfigUnknownBackend(t *testing.T) {
 	c := DefaultConfig()

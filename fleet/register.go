@@ -8,6 +8,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
 )
@@ -39,6 +41,13 @@ func (e *Etcd) RegisterPrefill(ctx context.Context, reg kvmanager.Registration) 
 			return kvmanager.RegistrationResult{}, ctx.Err()
 		}
 		e.obs.RegistryError("register")
+		if errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.Unavailable || status.Code(err) == codes.DeadlineExceeded {
+			// etcd did not answer: the registry is degraded from now (the
+			// probe clears it within a second if etcd is in fact fine).
+			e.setState(true, "etcd unreachable: "+err.Error())
+			return kvmanager.RegistrationResult{}, fmt.Errorf("%w: registry degraded: etcd did not record the registration within registry.etcd.request_timeout %s (%v): new registrations are refused until etcd is reachable again; rooms keep flowing on the cached view; retry",
+				kvmanager.ErrRegistryUnavailable, e.cfg.RequestTimeout, err)
+		}
 		return kvmanager.RegistrationResult{}, fmt.Errorf("%w: the registration could not be recorded in etcd (%v); retry", kvmanager.ErrRegistryUnavailable, err)
 	}
 	return e.deps.Rooms.RecordPrefill(c)

@@ -273,13 +273,15 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	d.incarnation = inc
 	var registrar server.Registrar
 	var fleetView server.FleetView
-	advertise := ""
+	// The advertised address names this daemon in GetFleet and
+	// WatchCapacity with either registry (memory: optional).
+	advertise := cfg.Registry.Etcd.AdvertiseAddress
 	if cfg.Registry.Backend == fleet.BackendEtcd {
 		fl, err := d.buildFleet(cfg, opts)
 		if err != nil {
 			return nil, err
 		}
-		registrar, fleetView, advertise = fl, fl, cfg.Registry.Etcd.AdvertiseAddress
+		registrar, fleetView = fl, fl
 	}
 	srv, err := server.New(cfg.Server, server.Deps{
 		Registrar:          registrar,

@@ -81,19 +81,25 @@ func (x *WatchCapacityRequest) GetKeepaliveInterval() *durationpb.Duration {
 
 // CapacityUpdate is one daemon's capacity at one moment. The same message
 // is published to etcd (registry.backend etcd) under
-// <prefix>capacity/<advertise_address>, as protobuf JSON.
+// <prefix>capacity/<advertise_address>, as protobuf JSON: when a figure
+// changed, at most once per registry.etcd.capacity_interval, and at least
+// once per registry.etcd.lease_ttl / 3 (so that `at` tells a reader how
+// fresh it is).
 type CapacityUpdate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// incarnation is the daemon process's incarnation: a change means the
 	// daemon restarted and every room it held is gone.
 	Incarnation uint64 `protobuf:"fixed64,1,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	// address is the daemon's advertised address
-	// (registry.etcd.advertise_address) or, with the memory registry, the
-	// address it serves on (as FleetDaemon.address).
+	// (registry.etcd.advertise_address) or, when none is set (memory
+	// registry), the address it serves on (as FleetDaemon.address).
 	Address string `protobuf:"bytes,2,opt,name=address,proto3" json:"address,omitempty"`
 	// ready is the daemon's readiness (gRPC health SERVING); readiness says
 	// why, as in GetStatus ("serving", "draining", "transfer agent
-	// unreachable", "registry degraded: ...").
+	// unreachable"). While the fleet registry is degraded (etcd unreachable)
+	// ready stays true — rooms keep flowing on the cached view — and
+	// readiness ends with "; registry degraded: <reason>" (new prefill
+	// registrations are refused meanwhile).
 	Ready     bool   `protobuf:"varint,3,opt,name=ready,proto3" json:"ready,omitempty"`
 	Readiness string `protobuf:"bytes,4,opt,name=readiness,proto3" json:"readiness,omitempty"`
 	// draining: the daemon admits no new rooms (Admin.Drain or shutdown).

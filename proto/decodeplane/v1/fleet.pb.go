@@ -143,9 +143,9 @@ type RegistryState struct {
 	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
 	// revision is the etcd revision the cached view is at (0 for memory).
 	Revision int64 `protobuf:"varint,5,opt,name=revision,proto3" json:"revision,omitempty"`
-	// prefix is the etcd key prefix (registry.etcd.prefix).
+	// prefix is the etcd key prefix (registry.etcd.prefix; "" for memory).
 	Prefix string `protobuf:"bytes,6,opt,name=prefix,proto3" json:"prefix,omitempty"`
-	// lease_ttl is registry.etcd.lease_ttl.
+	// lease_ttl is registry.etcd.lease_ttl (unset for memory).
 	LeaseTtl      *durationpb.Duration `protobuf:"bytes,7,opt,name=lease_ttl,json=leaseTtl,proto3" json:"lease_ttl,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -243,7 +243,9 @@ type FleetDaemon struct {
 	Version   string                 `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
 	StartedAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=started_at,json=startedAt,proto3" json:"started_at,omitempty"`
 	Layout    *KVLayout              `protobuf:"bytes,6,opt,name=layout,proto3" json:"layout,omitempty"`
-	// capacity is the last capacity it published (unset when none yet).
+	// capacity is the last capacity it published to etcd (unset when none
+	// yet); for the daemon that answers (self) it is its figures read at the
+	// call, with sequence 0.
 	Capacity      *CapacityUpdate `protobuf:"bytes,7,opt,name=capacity,proto3" json:"capacity,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
