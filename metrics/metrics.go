@@ -35,6 +35,8 @@ type Metrics struct {
 	reg    *prometheus.Registry
 	grpc   *grpcMetrics
 	resync resyncMetrics // resync.go
+	// session: the decode engine's EngineSession ops (session.go).
+	session sessionMetrics
 	// registry: the fleet registry (registry.go).
 	registry registryMetrics
 
@@ -154,6 +156,8 @@ func New() *Metrics {
 	)
 	reg.MustRegister(m.grpc.collectors()...)
 	reg.MustRegister(m.resync.collectors()...)
+	m.session = newSessionMetrics()
+	reg.MustRegister(m.session.ops)
 	reg.MustRegister(m.registry.collectors()...)
 	m.drain = newDrainMetrics()
 	m.drain.register(reg, m)

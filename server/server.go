@@ -89,6 +89,9 @@ type Deps struct {
 	// Stale counts the calls refused for a stale incarnation; nil counts
 	// nothing.
 	Stale StaleMetrics
+	// Sessions counts the ops of EngineSession streams (engine_session.go);
+	// nil counts nothing.
+	Sessions SessionMetrics
 	// Fleet is the shared registry's view that Fleet.GetFleet answers from
 	// (fleet.go); nil is the memory registry: GetFleet answers from this
 	// daemon alone.
@@ -185,6 +188,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m, reg: s.registrar()})
 		rs := &roomsService{s: s, m: m}
 		s.grpc.RegisterService(roomsDesc(rs), rs)
+		pb.RegisterEngineSessionServer(s.grpc, &engineSessionService{s: s, rs: rs})
 		pb.RegisterStagingServer(s.grpc, &stagingService{s: s, m: m})
 		s.OnDrain(m.Drain)
 	}

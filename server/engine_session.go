@@ -1,0 +1,448 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/decodeplane/decodeplane/kvmanager"
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// SessionMetrics counts the ops of EngineSession streams
+// (metrics.Metrics: decodeplane_engine_session_ops_total{op, code}). op is
+// "open", "release", "abort" or "watch", counted once per room of the op
+// (once for an op refused as a whole), or "protocol" for a violation that
+// ended a stream. The streams themselves are counted by the interceptor.
+type SessionMetrics interface {
+	EngineSessionOp(op string, code codes.Code)
+}
+
+// engineSessionService is EngineSession.Session: an adapter over the Rooms
+// handlers (one state machine, two transports). Each op runs the unary
+// handler (OpenRoom, ReleaseRoom, AbortRoom) or, for Watch, what WatchRoom
+// calls (Manager.Watch), after the same Validate methods; the stream adds
+// only its framing (seq, replies), the multiplexing of the rooms' events
+// and their per-room sequence.
+type engineSessionService struct {
+	pb.UnimplementedEngineSessionServer
+	s  *Server
+	rs *roomsService
+}
+
+var _ pb.EngineSessionServer = (*engineSessionService)(nil)
+
+// Session serves one engine stream. The handler's goroutine is the one
+// sender of the stream's queue; a receiver goroutine reads the ops and
+// runs them in order; one forwarder goroutine per subscribed room moves
+// its watcher's events into the queue (engine_session.proto: the
+// contract).
+func (h *engineSessionService) Session(stream pb.EngineSession_SessionServer) error {
+	es := &engineSession{
+		h: h, stream: stream, ctx: stream.Context(),
+		wake: make(chan struct{}, 1), subs: map[uint64]*kvmanager.Watcher{},
+	}
+	go es.receive()
+	err := es.send()
+	es.close()
+	return err
+}
+
+// engineSession is one stream's state.
+type engineSession struct {
+	h      *engineSessionService
+	stream pb.EngineSession_SessionServer
+	ctx    context.Context
+	wake   chan struct{} // the sender's signal (capacity 1)
+
+	mu sync.Mutex
+	// queue holds the events and replies not yet sent, at most
+	// pb.MaxEngineSessionQueue.
+	queue []*pb.EngineEvent
+	// end is why the stream ends early (a protocol violation, a slow
+	// consumer, a receive error); the sender returns it at once.
+	end error
+	// halfClosed: the client sent its last op (CloseSend).
+	halfClosed bool
+	// closed: the handler is returning; nothing is queued or subscribed.
+	closed bool
+	// subs are the rooms subscribed, each until its terminal event.
+	subs map[uint64]*kvmanager.Watcher
+	fwd  sync.WaitGroup
+}
+
+// send is the sender loop: it writes the queue in order and returns the
+// stream's status: the early end, or nil once the client half-closed (or
+// the server stops) and every subscribed room sent its terminal event.
+func (es *engineSession) send() error {
+	stop := es.h.s.stopCtx.Done()
+	stopping := false
+	for {
+		es.mu.Lock()
+		if es.end != nil {
+			err := es.end
+			es.mu.Unlock()
+			return err
+		}
+		if len(es.queue) > 0 {
+			ev := es.queue[0]
+			es.queue[0] = nil
+			es.queue = es.queue[1:]
+			es.mu.Unlock()
+			if err := es.stream.Send(ev); err != nil {
+				return err
+			}
+			continue
+		}
+		if (es.halfClosed || stopping) && len(es.subs) == 0 {
+			es.mu.Unlock()
+			return nil
+		}
+		es.mu.Unlock()
+		select {
+		case <-es.wake:
+		case <-stop:
+			stopping, stop = true, nil
+		case <-es.ctx.Done():
+			return contextStatus(es.ctx.Err())
+		}
+	}
+}
+
+// signal wakes the sender; called with mu held or not.
+func (es *engineSession) signal() {
+	select {
+	case es.wake <- struct{}{}:
+	default:
+	}
+}
+
+// fail ends the stream with err (the first reason wins).
+func (es *engineSession) fail(err error) {
+	es.mu.Lock()
+	if es.end == nil && !es.closed {
+		es.end = err
+	}
+	es.mu.Unlock()
+	es.signal()
+}
+
+// push queues ev; false when the stream ended (or ends now: a full queue
+// is a slow consumer, cut with RESOURCE_EXHAUSTED while its rooms go on).
+func (es *engineSession) push(ev *pb.EngineEvent) bool {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	if es.end != nil || es.closed {
+		return false
+	}
+	if len(es.queue) >= pb.MaxEngineSessionQueue {
+		es.end = status.Errorf(codes.ResourceExhausted, "slow consumer: %d events queued", len(es.queue))
+		es.signal()
+		return false
+	}
+	es.queue = append(es.queue, ev)
+	es.signal()
+	return true
+}
+
+// close stops every subscription and waits for the forwarders.
+func (es *engineSession) close() {
+	es.mu.Lock()
+	es.closed = true
+	subs := es.subs
+	es.subs = map[uint64]*kvmanager.Watcher{}
+	es.queue = nil
+	es.mu.Unlock()
+	for _, w := range subs {
+		w.Close()
+	}
+	es.fwd.Wait()
+}
+
+// receive reads the ops and runs them in order, until the client
+// half-closes, the stream breaks or a protocol violation ends it.
+func (es *engineSession) receive() {
+	var prev uint64
+	for {
+		req, err := es.stream.Recv()
+		if errors.Is(err, io.EOF) {
+			es.mu.Lock()
+			es.halfClosed = true
+			es.mu.Unlock()
+			es.signal()
+			return
+		}
+		if err != nil {
+			es.fail(err) // a message the interceptor refused (undecodable), or the stream's end
+			return
+		}
+		if err := req.CheckProtocol(prev); err != nil {
+			es.count("protocol", codes.InvalidArgument)
+			es.fail(status.Error(codes.InvalidArgument, err.Error()))
+			return
+		}
+		prev = req.GetSeq()
+		reply, subs := es.run(req)
+		if !es.push(&pb.EngineEvent{Event: &pb.EngineEvent_Reply{Reply: reply}}) {
+			for _, sb := range subs {
+				sb.w.Close()
+			}
+			return
+		}
+		for _, sb := range subs {
+			es.start(sb)
+		}
+	}
+}
+
+// pendingSub is a room an op subscribed: its watcher (opened before the
+// reply is queued, so nothing is missed) and the last seq the client saw.
+type pendingSub struct {
+	room  uint64
+	w     *kvmanager.Watcher
+	after uint32
+}
+
+// subscribed reports whether room is subscribed on the stream, and how
+// many rooms are.
+func (es *engineSession) subscribed(room uint64) (bool, int) {
+	es.mu.Lock()
+	defer es.mu.Unlock()
+	_, ok := es.subs[room]
+	return ok, len(es.subs)
+}
+
+// start registers a subscription and starts its forwarder (or drops it when
+// the stream ended meanwhile).
+func (es *engineSession) start(sb pendingSub) {
+	es.mu.Lock()
+	if es.closed || es.end != nil {
+		es.mu.Unlock()
+		sb.w.Close()
+		return
+	}
+	if _, dup := es.subs[sb.room]; dup { // cannot happen: ops run in order and check
+		es.mu.Unlock()
+		sb.w.Close()
+		return
+	}
+	es.subs[sb.room] = sb.w
+	es.fwd.Add(1)
+	es.mu.Unlock()
+	go es.forward(sb)
+}
+
+// forward moves a room's events into the queue, numbered by their position
+// in the room's timeline (the watcher replays the whole timeline first:
+// event i is seq i+1), skipping those up to sb.after. A watcher dropped
+// for falling behind loses events, so the stream is cut as a slow consumer
+// (the client resumes from the last seq it saw).
+func (es *engineSession) forward(sb pendingSub) {
+	defer es.fwd.Done()
+	inc := es.h.s.deps.Incarnation
+	var seq uint32
+	terminal := false
+	for ev := range sb.w.Events() {
+		seq++
+		terminal = ev.Terminal
+		if seq <= sb.after {
+			continue
+		}
+		out := &pb.EngineEvent{Event: &pb.EngineEvent_Room{Room: &pb.EngineRoomEvent{Room: sb.room, Seq: seq, Event: roomEventToProto(ev, inc)}}}
+		if !es.push(out) {
+			break
+		}
+	}
+	if !terminal && errors.Is(sb.w.Err(), kvmanager.ErrSlowConsumer) {
+		es.mu.Lock()
+		n := len(es.queue)
+		es.mu.Unlock()
+		es.fail(status.Errorf(codes.ResourceExhausted, "slow consumer: %d events queued", n))
+	}
+	es.mu.Lock()
+	if es.subs[sb.room] == sb.w {
+		delete(es.subs, sb.room)
+	}
+	es.mu.Unlock()
+	es.signal()
+}
+
+// run answers one op; subs are the rooms it subscribes, to start once its
+// reply is queued.
+func (es *engineSession) run(req *pb.EngineRequest) (*pb.EngineReply, []pendingSub) {
+	reply := &pb.EngineReply{Seq: req.GetSeq()}
+	op := opName(req)
+	if err := req.CheckOp(); err != nil {
+		reply.Code, reply.Message = int32(codes.InvalidArgument), err.Error()
+		es.count(op, codes.InvalidArgument)
+		return reply, nil
+	}
+	base := es.opContext(req.GetTraceparent())
+	switch o := req.GetOp().(type) {
+	case *pb.EngineRequest_Open:
+		return es.open(base, reply, o.Open)
+	case *pb.EngineRequest_Release:
+		res := &pb.EngineResult{Room: o.Release.GetRoom()}
+		if err := o.Release.Validate(); err != nil {
+			es.refuse(res, op, pb.PrefixFields("release.", err))
+		} else {
+			resp, err := es.h.rs.ReleaseRoom(base, o.Release)
+			es.answer(base, res, op, err)
+			if err == nil {
+				res.Answer = &pb.EngineResult_Release{Release: resp}
+			}
+		}
+		reply.Results = []*pb.EngineResult{res}
+	case *pb.EngineRequest_Abort:
+		res := &pb.EngineResult{Room: o.Abort.GetRoom()}
+		if err := o.Abort.Validate(); err != nil {
+			es.refuse(res, op, pb.PrefixFields("abort.", err))
+		} else {
+			resp, err := es.h.rs.AbortRoom(base, o.Abort)
+			es.answer(base, res, op, err)
+			if err == nil {
+				res.Answer = &pb.EngineResult_Abort{Abort: resp}
+			}
+		}
+		reply.Results = []*pb.EngineResult{res}
+	case *pb.EngineRequest_Watch:
+		return es.watch(base, reply, o.Watch)
+	}
+	return reply, nil
+}
+
+// open runs each room of a batch as OpenRoom, in order, and subscribes the
+// rooms it opened (or found open with the same idempotency key).
+func (es *engineSession) open(base context.Context, reply *pb.EngineReply, o *pb.EngineOpen) (*pb.EngineReply, []pendingSub) {
+	var subs []pendingSub
+	tps := o.GetTraceparents()
+	for i, req := range o.GetRooms() {
+		res := &pb.EngineResult{Room: req.GetRoom()}
+		reply.Results = append(reply.Results, res)
+		if err := req.Validate(); err != nil {
+			es.refuse(res, "open", pb.PrefixFields(fmt.Sprintf("open.rooms[%d].", i), err))
+			continue
+		}
+		already, n := es.subscribed(req.GetRoom())
+		if !already && n+len(subs) >= pb.MaxEngineSessionRooms {
+			es.refuse(res, "open", status.Errorf(codes.ResourceExhausted, "this stream is subscribed to %d rooms (at most %d): nothing was opened; open it on another stream", n+len(subs), pb.MaxEngineSessionRooms))
+			continue
+		}
+		ctx := base
+		if len(tps) > 0 && tps[i] != "" {
+			ctx = es.opContext(tps[i])
+		}
+		resp, err := es.h.rs.OpenRoom(ctx, req)
+		es.answer(ctx, res, "open", err)
+		if err != nil {
+			continue
+		}
+		res.Answer = &pb.EngineResult_Open{Open: resp}
+		if already {
+			continue
+		}
+		w, err := es.h.rs.m.Watch(req.GetRoom(), true)
+		if err != nil { // the room went away at once (retention): say so
+			es.answer(ctx, res, "watch", es.h.rs.err(ctx, err))
+			continue
+		}
+		subs = append(subs, pendingSub{room: req.GetRoom(), w: w})
+	}
+	return reply, subs
+}
+
+// watch subscribes rooms from the event after the last one the client saw,
+// as WatchRoom with history (what it calls: Manager.Watch).
+func (es *engineSession) watch(base context.Context, reply *pb.EngineReply, o *pb.EngineWatch) (*pb.EngineReply, []pendingSub) {
+	var subs []pendingSub
+	for _, wr := range o.GetRooms() {
+		res := &pb.EngineResult{Room: wr.GetRoom()}
+		reply.Results = append(reply.Results, res)
+		already, n := es.subscribed(wr.GetRoom())
+		if already {
+			es.answer(base, res, "watch", nil)
+			continue
+		}
+		if n+len(subs) >= pb.MaxEngineSessionRooms {
+			es.refuse(res, "watch", status.Errorf(codes.ResourceExhausted, "this stream is subscribed to %d rooms (at most %d): watch it on another stream", n+len(subs), pb.MaxEngineSessionRooms))
+			continue
+		}
+		w, err := es.h.rs.m.Watch(wr.GetRoom(), true)
+		if err != nil {
+			es.answer(base, res, "watch", es.h.rs.err(base, err))
+			continue
+		}
+		es.answer(base, res, "watch", nil)
+		subs = append(subs, pendingSub{room: wr.GetRoom(), w: w, after: wr.GetAfter()})
+	}
+	return reply, subs
+}
+
+// refuse records a room's refusal before the domain: a validation error
+// (INVALID_ARGUMENT with the field path) or a status.
+func (es *engineSession) refuse(res *pb.EngineResult, op string, err error) {
+	st, ok := status.FromError(err)
+	if !ok {
+		st = status.New(codes.InvalidArgument, err.Error())
+	}
+	res.Code, res.Message = int32(st.Code()), st.Message()
+	es.count(op, st.Code())
+}
+
+// answer records a room's answer from its unary handler's error (a
+// status): the code, the message and a RetryInfo's delay; failures are
+// logged as a failed unary call would be.
+func (es *engineSession) answer(ctx context.Context, res *pb.EngineResult, op string, err error) {
+	st := status.Convert(err)
+	res.Code, res.Message = int32(st.Code()), st.Message()
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok {
+			res.RetryAfter = ri.GetRetryDelay()
+		}
+	}
+	es.count(op, st.Code())
+	if err != nil {
+		es.h.s.logFailed(ctx, pb.EngineSession_Session_FullMethodName+"/"+op, "bidi_stream", time.Now(), err)
+	}
+}
+
+func (es *engineSession) count(op string, code codes.Code) {
+	if m := es.h.s.deps.Sessions; m != nil {
+		m.EngineSessionOp(op, code)
+	}
+}
+
+// opContext is the context an op runs in: the stream's (its metadata, its
+// cancellation), with the op's W3C trace context as the parent of what it
+// starts; without one, no parent (each room's span starts its own trace).
+func (es *engineSession) opContext(traceparent string) context.Context {
+	ctx := trace.ContextWithSpanContext(es.ctx, trace.SpanContext{})
+	if traceparent == "" {
+		return ctx
+	}
+	return es.h.s.deps.Propagator.Extract(ctx, propagation.MapCarrier{"traceparent": traceparent})
+}
+
+// opName is an op's metrics label.
+func opName(req *pb.EngineRequest) string {
+	switch req.GetOp().(type) {
+	case *pb.EngineRequest_Open:
+		return "open"
+	case *pb.EngineRequest_Release:
+		return "release"
+	case *pb.EngineRequest_Abort:
+		return "abort"
+	case *pb.EngineRequest_Watch:
+		return "watch"
+	}
+	return "protocol"
+}
