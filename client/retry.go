@@ -147,6 +147,9 @@ var retryTable = map[string]retryClass{
 	// the stream is how a router learns that the daemon stopped or is
 	// unreachable, so the router re-opens it (capacity.go).
 	pb.Capacity_WatchCapacity_FullMethodName: retryNever,
+	// EngineSession: a stream of ops, not re-opened (engine_session.go):
+	// the caller opens a new session and resumes its rooms' events.
+	pb.EngineSession_Session_FullMethodName: retryNever,
 }
 
 // keyed is a request that may carry an idempotency key.

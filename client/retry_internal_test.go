@@ -16,7 +16,7 @@ import (
 
 // wrapped lists the services this package wraps; a new one (Staging) is added
 // here with its rows in retryTable.
-var wrapped = []grpc.ServiceDesc{pb.Admin_ServiceDesc, pb.Bootstrap_ServiceDesc, pb.Rooms_ServiceDesc, pb.Fleet_ServiceDesc, pb.Capacity_ServiceDesc}
+var wrapped = []grpc.ServiceDesc{pb.Admin_ServiceDesc, pb.Bootstrap_ServiceDesc, pb.Rooms_ServiceDesc, pb.Fleet_ServiceDesc, pb.Capacity_ServiceDesc, pb.EngineSession_ServiceDesc}
 
 // TestRetryTableCoversEveryRPC fails when an RPC is added to a wrapped
 // service without a decision on its retries, or when the table names an RPC
@@ -73,6 +73,7 @@ func TestRetryClasses(t *testing.T) {
 		{"RetractRoom", pb.Rooms_RetractRoom_FullMethodName, &pb.RetractRoomRequest{}, false},
 		{"ContinueGeneration", pb.Rooms_ContinueGeneration_FullMethodName, &pb.ContinueGenerationRequest{}, false},
 		{"GetFleet", pb.Fleet_GetFleet_FullMethodName, &pb.GetFleetRequest{}, true},
+		{"EngineSession", pb.EngineSession_Session_FullMethodName, &pb.EngineRequest{}, false},
 		{"unknown RPC", "/decodeplane.v1.Staging/Reserve", nil, false},
 	}
 	for _, tt := range tests {

@@ -41,35 +41,40 @@ type engineSessionService struct {
 
 var _ pb.EngineSessionServer = (*engineSessionService)(nil)
 
-// Session serves one engine stream. The handler's goroutine is the one
-// sender of the stream's queue; a receiver goroutine reads the ops and
-// runs them in order; one forwarder goroutine per subscribed room moves
-// its watcher's events into the queue (engine_session.proto: the
-// contract).
+// Session serves one engine stream. A sender goroutine writes the stream's
+// queue; a receiver goroutine reads the ops and runs them in order; one
+// forwarder goroutine per subscribed room moves its watcher's events into
+// the queue; the handler's goroutine decides when the stream ends
+// (engine_session.proto: the contract). The handler does not wait for a
+// Send blocked by a client that stopped reading: a full queue ends the
+// stream at once (its end unblocks the Send).
 func (h *engineSessionService) Session(stream pb.EngineSession_SessionServer) error {
 	es := &engineSession{
 		h: h, stream: stream, ctx: stream.Context(),
-		wake: make(chan struct{}, 1), subs: map[uint64]*kvmanager.Watcher{},
+		wakeSend: make(chan struct{}, 1), wake: make(chan struct{}, 1), subs: map[uint64]*kvmanager.Watcher{},
 	}
 	go es.receive()
-	err := es.send()
+	go es.send()
+	err := es.wait()
 	es.close()
 	return err
 }
 
 // engineSession is one stream's state.
 type engineSession struct {
-	h      *engineSessionService
-	stream pb.EngineSession_SessionServer
-	ctx    context.Context
-	wake   chan struct{} // the sender's signal (capacity 1)
+	h        *engineSessionService
+	stream   pb.EngineSession_SessionServer
+	ctx      context.Context
+	wakeSend chan struct{} // the sender's signal: something queued (capacity 1)
+	wake     chan struct{} // the handler's signal: the state changed (capacity 1)
 
 	mu sync.Mutex
 	// queue holds the events and replies not yet sent, at most
-	// pb.MaxEngineSessionQueue.
-	queue []*pb.EngineEvent
+	// pb.MaxEngineSessionQueue; inflight: the sender is writing one more.
+	queue    []*pb.EngineEvent
+	inflight bool
 	// end is why the stream ends early (a protocol violation, a slow
-	// consumer, a receive error); the sender returns it at once.
+	// consumer, a broken stream); the handler returns it at once.
 	end error
 	// halfClosed: the client sent its last op (CloseSend).
 	halfClosed bool
@@ -80,10 +85,10 @@ type engineSession struct {
 	fwd  sync.WaitGroup
 }
 
-// send is the sender loop: it writes the queue in order and returns the
-// stream's status: the early end, or nil once the client half-closed (or
-// the server stops) and every subscribed room sent its terminal event.
-func (es *engineSession) send() error {
+// wait returns the stream's status: the early end, or nil once the client
+// half-closed (or the server stops) and every subscribed room's terminal
+// event was written.
+func (es *engineSession) wait() error {
 	stop := es.h.s.stopCtx.Done()
 	stopping := false
 	for {
@@ -93,17 +98,7 @@ func (es *engineSession) send() error {
 			es.mu.Unlock()
 			return err
 		}
-		if len(es.queue) > 0 {
-			ev := es.queue[0]
-			es.queue[0] = nil
-			es.queue = es.queue[1:]
-			es.mu.Unlock()
-			if err := es.stream.Send(ev); err != nil {
-				return err
-			}
-			continue
-		}
-		if (es.halfClosed || stopping) && len(es.subs) == 0 {
+		if (es.halfClosed || stopping) && len(es.subs) == 0 && len(es.queue) == 0 && !es.inflight {
 			es.mu.Unlock()
 			return nil
 		}
@@ -118,7 +113,41 @@ func (es *engineSession) send() error {
 	}
 }
 
-// signal wakes the sender; called with mu held or not.
+// send is the one writer of the stream: the queue, in order.
+func (es *engineSession) send() {
+	for {
+		es.mu.Lock()
+		for len(es.queue) == 0 && es.end == nil && !es.closed {
+			es.mu.Unlock()
+			select {
+			case <-es.wakeSend:
+			case <-es.ctx.Done():
+				return
+			}
+			es.mu.Lock()
+		}
+		if es.end != nil || es.closed {
+			es.mu.Unlock()
+			return
+		}
+		ev := es.queue[0]
+		es.queue[0] = nil
+		es.queue = es.queue[1:]
+		es.inflight = true
+		es.mu.Unlock()
+		err := es.stream.Send(ev)
+		es.mu.Lock()
+		es.inflight = false
+		es.mu.Unlock()
+		if err != nil {
+			es.fail(err)
+			return
+		}
+		es.signal()
+	}
+}
+
+// signal wakes the handler.
 func (es *engineSession) signal() {
 	select {
 	case es.wake <- struct{}{}:
@@ -150,7 +179,10 @@ func (es *engineSession) push(ev *pb.EngineEvent) bool {
 		return false
 	}
 	es.queue = append(es.queue, ev)
-	es.signal()
+	select {
+	case es.wakeSend <- struct{}{}:
+	default:
+	}
 	return true
 }
 

@@ -1,0 +1,298 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"slices"
+	"sync"
+
+	"go.opentelemetry.io/otel/propagation"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// EngineSession is the decode engine's multiplexed stream
+// (EngineSession.Session, engine_session.proto): batches of opens,
+// releases, aborts and resumes on one stream, and the events of every room
+// it subscribed. Opt-in: OpenAndWait and the other methods of Client stay
+// unary.
+//
+// Open, Release, Abort and Resume may be called from any goroutine; Next
+// from one. The stream's events must be read (Next) for replies to come:
+// the session reads the wire in order, and a client that leaves events
+// unread holds its replies back and is, past the daemon's queue bound
+// (4,096), cut with ErrResourceExhausted ("slow consumer"). Its rooms go on;
+// open a new session and Resume(Cursors()) to get what was missed.
+// The session is not re-opened automatically.
+type EngineSession struct {
+	stream pb.EngineSession_SessionClient
+	cancel context.CancelFunc
+
+	sendMu sync.Mutex
+	seq    uint64
+
+	mu      sync.Mutex
+	pending map[uint64]chan *pb.EngineReply
+	// cursors: for each room not yet ended, the last seq Next returned.
+	cursors map[uint64]uint32
+	err     error         // why the stream ended (io.EOF: OK)
+	done    chan struct{} // closed when the stream ended
+
+	events chan *pb.EngineRoomEvent
+}
+
+// SessionResult is one room's answer to an op of an EngineSession: what
+// its unary RPC would have answered (Open, Release or Abort, by the op), or
+// Err, an *Error with the unary RPC's code and message (RetryAfter works on
+// it).
+type SessionResult struct {
+	Room    uint64
+	Open    *pb.OpenRoomResponse
+	Release *pb.ReleaseRoomResponse
+	Abort   *pb.AbortRoomResponse
+	Err     error
+}
+
+// sessionEvents is how many room events the session holds that Next has
+// not returned yet; beyond, it stops reading the stream (the daemon's
+// queue then fills).
+const sessionEvents = 256
+
+// EngineSession opens the decode engine's stream. ctx bounds the whole
+// stream; Close ends it. Needs the token when the daemon has one.
+func (c *Client) EngineSession(ctx context.Context) (*EngineSession, error) {
+	const op = "EngineSession"
+	if err := c.errIfClosed(op); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	stream, err := pb.NewEngineSessionClient(c.conn).Session(sctx, c.callOpts...)
+	if err != nil {
+		cancel()
+		return nil, toError(op, err)
+	}
+	s := &EngineSession{
+		stream: stream, cancel: cancel,
+		pending: map[uint64]chan *pb.EngineReply{}, cursors: map[uint64]uint32{},
+		done: make(chan struct{}), events: make(chan *pb.EngineRoomEvent, sessionEvents),
+	}
+	go s.receive()
+	return s, nil
+}
+
+// receive reads the stream: replies go to their op, room events to Next.
+func (s *EngineSession) receive() {
+	defer close(s.events)
+	for {
+		ev, err := s.stream.Recv()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				err = toError("EngineSession", err)
+			}
+			s.mu.Lock()
+			s.err = err
+			s.mu.Unlock()
+			close(s.done)
+			return
+		}
+		switch e := ev.GetEvent().(type) {
+		case *pb.EngineEvent_Reply:
+			s.mu.Lock()
+			ch := s.pending[e.Reply.GetSeq()]
+			delete(s.pending, e.Reply.GetSeq())
+			s.mu.Unlock()
+			if ch != nil {
+				ch <- e.Reply
+			}
+		case *pb.EngineEvent_Room:
+			s.events <- e.Room
+		}
+	}
+}
+
+// Next returns the next event of a subscribed room, in order per room.
+// After the stream ended it returns the events still held, then io.EOF
+// (the stream ended OK: half-closed with every room ended, or the daemon
+// stopped) or the stream's *Error.
+func (s *EngineSession) Next() (*pb.EngineRoomEvent, error) {
+	ev, ok := <-s.events
+	if !ok {
+		<-s.done
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return nil, s.err
+	}
+	s.mu.Lock()
+	if ev.GetEvent().GetTerminal() {
+		delete(s.cursors, ev.GetRoom())
+	} else {
+		s.cursors[ev.GetRoom()] = ev.GetSeq()
+	}
+	s.mu.Unlock()
+	return ev, nil
+}
+
+// Cursors returns, for every room whose events Next returned and that has
+// not ended, the last seq returned: what Resume on a new session needs to
+// send only what was missed.
+func (s *EngineSession) Cursors() map[uint64]uint32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[uint64]uint32, len(s.cursors))
+	for r, q := range s.cursors {
+		out[r] = q
+	}
+	return out
+}
+
+// Open opens a batch of rooms (1..256), each as OpenRoom, and subscribes
+// them: their events come from Next until each one's terminal event. The
+// rooms' spans join ctx's trace (its W3C traceparent travels with the op).
+// One SessionResult per request, in order; the error is the op's (a batch
+// refused as a whole, ErrInvalidArgument) or the stream's.
+func (s *EngineSession) Open(ctx context.Context, reqs ...*pb.OpenRoomRequest) ([]SessionResult, error) {
+	return s.do(ctx, "EngineSession.Open", &pb.EngineRequest{Op: &pb.EngineRequest_Open{Open: &pb.EngineOpen{Rooms: reqs}}})
+}
+
+// Release is ReleaseRoom on the session.
+func (s *EngineSession) Release(ctx context.Context, req *pb.ReleaseRoomRequest) (*pb.ReleaseRoomResponse, error) {
+	res, err := s.one(ctx, "EngineSession.Release", &pb.EngineRequest{Op: &pb.EngineRequest_Release{Release: req}})
+	if err != nil {
+		return nil, err
+	}
+	return res.Release, nil
+}
+
+// Abort is AbortRoom on the session.
+func (s *EngineSession) Abort(ctx context.Context, req *pb.AbortRoomRequest) (*pb.AbortRoomResponse, error) {
+	res, err := s.one(ctx, "EngineSession.Abort", &pb.EngineRequest{Op: &pb.EngineRequest_Abort{Abort: req}})
+	if err != nil {
+		return nil, err
+	}
+	return res.Abort, nil
+}
+
+// Resume subscribes rooms on this session from the event after the given
+// seq (another session's Cursors, or 0 for a room's whole timeline): each
+// room's missed events, then its live ones, none twice. Rooms are sent in
+// order of their ids, at most 4,096 per op. One SessionResult per room
+// (ErrNotFound: the room is gone, e.g. the daemon restarted).
+func (s *EngineSession) Resume(ctx context.Context, cursors map[uint64]uint32) ([]SessionResult, error) {
+	rooms := make([]uint64, 0, len(cursors))
+	for r := range cursors {
+		rooms = append(rooms, r)
+	}
+	slices.Sort(rooms)
+	var out []SessionResult
+	for chunk := range slices.Chunk(rooms, pb.MaxEngineWatchRooms) {
+		w := &pb.EngineWatch{}
+		for _, r := range chunk {
+			w.Rooms = append(w.Rooms, &pb.EngineWatchRoom{Room: r, After: cursors[r]})
+		}
+		res, err := s.do(ctx, "EngineSession.Resume", &pb.EngineRequest{Op: &pb.EngineRequest_Watch{Watch: w}})
+		out = append(out, res...)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// CloseSend says no more ops come: the daemon ends the stream OK once every
+// subscribed room ended (Next then returns io.EOF).
+func (s *EngineSession) CloseSend() error {
+	s.sendMu.Lock()
+	defer s.sendMu.Unlock()
+	return s.stream.CloseSend()
+}
+
+// Close ends the stream at once (the rooms go on) and waits for its reader.
+func (s *EngineSession) Close() {
+	s.cancel()
+	for range s.events { //nolint:revive // drain so that receive returns
+	}
+	<-s.done
+}
+
+// one runs an op of one room and returns its result, or its error.
+func (s *EngineSession) one(ctx context.Context, op string, req *pb.EngineRequest) (SessionResult, error) {
+	res, err := s.do(ctx, op, req)
+	if err != nil {
+		return SessionResult{}, err
+	}
+	if len(res) != 1 {
+		return SessionResult{}, localError(op, codes.Internal, "the daemon answered %d results for one room", len(res))
+	}
+	return res[0], res[0].Err
+}
+
+// do sends an op and waits for its reply.
+func (s *EngineSession) do(ctx context.Context, op string, req *pb.EngineRequest) ([]SessionResult, error) {
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	req.Traceparent = carrier.Get("traceparent")
+	ch := make(chan *pb.EngineReply, 1)
+	s.sendMu.Lock()
+	s.seq++
+	req.Seq = s.seq
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		s.sendMu.Unlock()
+		return nil, s.ended(op, err)
+	}
+	s.pending[req.Seq] = ch
+	s.mu.Unlock()
+	err := s.stream.Send(req)
+	s.sendMu.Unlock()
+	if err != nil && !errors.Is(err, io.EOF) { // io.EOF: the stream ended; receive has its status
+		return nil, toError(op, err)
+	}
+	select {
+	case reply := <-ch:
+		if c := codes.Code(reply.GetCode()); c != codes.OK {
+			return nil, newError(op, status.New(c, reply.GetMessage()))
+		}
+		out := make([]SessionResult, len(reply.GetResults()))
+		for i, r := range reply.GetResults() {
+			out[i] = SessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r)}
+		}
+		return out, nil
+	case <-s.done:
+		s.mu.Lock()
+		err := s.err
+		s.mu.Unlock()
+		return nil, s.ended(op, err)
+	case <-ctx.Done():
+		return nil, toError(op, ctx.Err())
+	}
+}
+
+// ended is the error of an op on a stream that ended with err.
+func (s *EngineSession) ended(op string, err error) error {
+	if errors.Is(err, io.EOF) {
+		return localError(op, codes.FailedPrecondition, "the session ended")
+	}
+	return err
+}
+
+// resultError is a result's *Error (nil when OK), with its retry delay as
+// a RetryInfo.
+func resultError(op string, r *pb.EngineResult) error {
+	c := codes.Code(r.GetCode())
+	if c == codes.OK {
+		return nil
+	}
+	st := status.New(c, r.GetMessage())
+	if d := r.GetRetryAfter(); d != nil {
+		if withInfo, err := st.WithDetails(&errdetails.RetryInfo{RetryDelay: d}); err == nil {
+			st = withInfo
+		}
+	}
+	return newError(op, st)
+}
