@@ -22,7 +22,9 @@ import (
 const MaxGatewayBodyBytes = 8 << 20
 
 // JSONGateway serves every decodeplane.v1 RPC as JSON over HTTP
-// (grpc-gateway, bound by proto/decodeplane/v1/decodeplane_http.yaml). It
+// (grpc-gateway, bound by proto/decodeplane/v1/decodeplane_http.yaml), but
+// EngineSession.Session: a bidirectional stream, which grpc-gateway cannot
+// map (use gRPC, or the unary Rooms RPCs it multiplexes). It
 // reaches this server's gRPC handlers through an in-memory connection, so a
 // call runs the same interceptors as a gRPC call: auth (Authorization
 // travels as the "authorization" metadata), validation, recovery, logging,
