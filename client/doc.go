@@ -167,7 +167,8 @@
 //     room. WithAutoIdempotencyKey fills in a key for every call.
 //   - Never retried: Drain, ReportRunning, RetractRoom, ContinueGeneration.
 //     Decide yourself (ReportRunning reports absolute lengths: send the next
-//     report instead).
+//     report instead). The EngineSession stream is not re-opened either:
+//     open a new one and Resume.
 //   - WatchCapacity is safe to repeat but not re-opened by the client: the
 //     end of a CapacityStream is how a router learns that the daemon
 //     stopped or is unreachable; open it again (each stream starts with the
@@ -177,6 +178,24 @@
 // gRPC's own transparent retry still resends any call that never reached the
 // daemon. A prefill may send its first chunk as soon as it has the
 // destination: the daemon takes that chunk as the rank's claim.
+//
+// # The engine session
+//
+// Client.EngineSession opens the decode engine's multiplexed stream
+// (EngineSession.Session): Open sends a batch of OpenRoom requests (1..256)
+// as one op and subscribes the rooms, Release and Abort are ReleaseRoom and
+// AbortRoom, and Next returns every subscribed room's events (the WatchRoom
+// events, each with the room id and the room's event sequence), in order
+// per room, until each room's terminal event. Each op's answer is what its
+// unary RPC answers: a SessionResult per room, whose Err is an *Error with
+// the same code and message (the field names are prefixed with the op's
+// path, "open.rooms[3].prompt_len"). The rooms' spans join the trace of the
+// context given to Open. Next must be read: a session whose events are left
+// unread holds its replies back and is cut by the daemon past 4,096 queued
+// events (ErrResourceExhausted, "slow consumer"). Its rooms go on: open a
+// new session and Resume(old.Cursors()) to receive exactly the events
+// missed, then the live ones. The session is not re-opened by itself, and
+// it is opt-in: OpenAndWait and WaitRoom stay unary.
 //
 // # Tracing
 //

@@ -72,9 +72,8 @@ type EngineSessionClient interface {
 	// go on as if nothing happened (they are not aborted); a new stream's
 	// Watch, naming for each room the last seq the client saw, re-delivers
 	// exactly what it missed. A stream holds at most 16,384 subscribed rooms
-	// (MaxEngineSessionRooms); an op beyond that gets RESOURCE_EXHAUSTED for
-	// the rooms that do not fit (opened rooms are still opened: watch them
-	// later).
+	// (MaxEngineSessionRooms); beyond that a room of an Open or Watch gets
+	// RESOURCE_EXHAUSTED and is neither opened nor subscribed.
 	//
 	// Tracing. EngineRequest.traceparent (or, for a batch, Open.traceparents)
 	// is the W3C trace context of the op: the rooms it opens start their
@@ -169,9 +168,8 @@ type EngineSessionServer interface {
 	// go on as if nothing happened (they are not aborted); a new stream's
 	// Watch, naming for each room the last seq the client saw, re-delivers
 	// exactly what it missed. A stream holds at most 16,384 subscribed rooms
-	// (MaxEngineSessionRooms); an op beyond that gets RESOURCE_EXHAUSTED for
-	// the rooms that do not fit (opened rooms are still opened: watch them
-	// later).
+	// (MaxEngineSessionRooms); beyond that a room of an Open or Watch gets
+	// RESOURCE_EXHAUSTED and is neither opened nor subscribed.
 	//
 	// Tracing. EngineRequest.traceparent (or, for a batch, Open.traceparents)
 	// is the W3C trace context of the op: the rooms it opens start their
