@@ -83,6 +83,9 @@ type engineSession struct {
 	// subs are the rooms subscribed, each until its terminal event.
 	subs map[uint64]*kvmanager.Watcher
 	fwd  sync.WaitGroup
+	// opStart is when the op being run started (its failures' log line);
+	// the receiver's alone.
+	opStart time.Time
 }
 
 // wait returns the stream's status: the early end, or nil once the client
@@ -313,6 +316,7 @@ func (es *engineSession) forward(sb pendingSub) {
 func (es *engineSession) run(req *pb.EngineRequest) (*pb.EngineReply, []pendingSub) {
 	reply := &pb.EngineReply{Seq: req.GetSeq()}
 	op := opName(req)
+	es.opStart = time.Now()
 	if err := req.CheckOp(); err != nil {
 		reply.Code, reply.Message = int32(codes.InvalidArgument), err.Error()
 		es.count(op, codes.InvalidArgument)
@@ -443,7 +447,7 @@ func (es *engineSession) answer(ctx context.Context, res *pb.EngineResult, op st
 	}
 	es.count(op, st.Code())
 	if err != nil {
-		es.h.s.logFailed(ctx, pb.EngineSession_Session_FullMethodName+"/"+op, "bidi_stream", time.Now(), err)
+		es.h.s.logFailed(ctx, pb.EngineSession_Session_FullMethodName+"/"+op, "bidi_stream", es.opStart, err)
 	}
 }
 
