@@ -265,7 +265,7 @@ func (es *engineSession) start(sb pendingSub) {
 		sb.w.Close()
 		return
 	}
-	if _, dup := es.subs[sb.room]; dup { // cannot happen: ops run in order and check
+	if _, dup := es.subs[sb.room]; dup { // cannot happen: ops run in order, each checks subscribed
 		es.mu.Unlock()
 		sb.w.Close()
 		return
@@ -303,6 +303,7 @@ func (es *engineSession) forward(sb pendingSub) {
 		es.mu.Unlock()
 		es.fail(status.Errorf(codes.ResourceExhausted, "slow consumer: %d events queued", n))
 	}
+	sb.w.Close() // after an early stop (the stream ended), the room forgets the watcher
 	es.mu.Lock()
 	if es.subs[sb.room] == sb.w {
 		delete(es.subs, sb.room)
