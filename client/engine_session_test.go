@@ -190,9 +190,9 @@ func TestEngineSessionLifecycle(t *testing.T) {
 	assertPoolFull(t, c)
 }
 
-// TestEngineSessionFailures: a transfer failure and an abort end the rooms
-// with their terminal events on the session, with the codes the unary path
-// gives.
+// TestEngineSessionFailures: a transfer failure, an abort and a prefill
+// lost (its instance replaced) end the rooms with their terminal events on
+// the session, with the codes the unary path gives.
 func TestEngineSessionFailures(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
 	d.engine.SetFault(func(op transfer.ChunkOp) error {
@@ -238,6 +238,30 @@ func TestEngineSessionFailures(t *testing.T) {
 	_, unaryErr = c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 99999})
 	if !errors.Is(sessErr, client.ErrNotFound) || status.Convert(sessErr).Message() != status.Convert(unaryErr).Message() {
 		t.Errorf("Abort(unknown room) on the session = %v; unary = %v: want the same NOT_FOUND", sessErr, unaryErr)
+	}
+
+	// The prefill instance is replaced (a new instance_id behind its
+	// address): its rooms fail PREFILL_LOST, the session's as the unary
+	// path's.
+	if res, err := s.Open(ctx, openReq(603, 100)); err != nil || res[0].Err != nil {
+		t.Fatalf("Open(603) = %+v, %v", res, err)
+	}
+	if _, err := c.OpenRoom(ctx, openReq(604, 100)); err != nil {
+		t.Fatal(err)
+	}
+	unaryEnd := make(chan error, 1)
+	go func() { _, err := c.WaitRoom(ctx, 604, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); unaryEnd <- err }()
+	re.until(s, func() bool { return len(re.evs[603]) > 0 })
+	again := prefillRank(addr, 1, 0)
+	again.InstanceId = "prefill-restarted"
+	if _, err := c.RegisterPrefill(ctx, again); err != nil {
+		t.Fatalf("RegisterPrefill(new instance): %v", err)
+	}
+	re.until(s, func() bool { return re.ended[603] })
+	lost := last(603).GetFailure()
+	var rf *client.RoomFailedError
+	if err := <-unaryEnd; !errors.As(err, &rf) || lost.GetCode() != pb.FailureCode_FAILURE_CODE_PREFILL_LOST || rf.Code != lost.GetCode() {
+		t.Errorf("prefill replaced: the session's room ended with %v, the unary room's wait with %v; want PREFILL_LOST both", lost, err)
 	}
 	assertPoolFull(t, c)
 }
