@@ -10,6 +10,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -594,8 +595,9 @@ func TestEngineSessionReconnectResume(t *testing.T) {
 }
 
 // TestEngineSessionTracing: a room opened on the session starts its span in
-// the trace of the op's traceparent; a room opened without one starts its
-// own trace, not the stream's.
+// the trace of the op's traceparent (or its own entry of a batch's
+// traceparents); a room opened without one starts its own trace, not the
+// stream's.
 func TestEngineSessionTracing(t *testing.T) {
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
@@ -642,6 +644,32 @@ func TestEngineSessionTracing(t *testing.T) {
 	untraced := roomSpan(952)
 	if untraced.Parent.IsValid() || untraced.SpanContext.TraceID() == traced.SpanContext.TraceID() {
 		t.Errorf("room 952's span (no traceparent): parent %v, trace %s; want a new root trace", untraced.Parent, untraced.SpanContext.TraceID())
+	}
+
+	// Per-room trace contexts of a batch (Open.traceparents) win over the
+	// op's: each room joins its own request's trace.
+	_, reqA := tp.Tracer("decode-engine").Start(ctx, "request a")
+	_, reqB := tp.Tracer("decode-engine").Start(ctx, "request b")
+	reqA.End()
+	reqB.End()
+	w3c := func(sc trace.SpanContext) string { return fmt.Sprintf("00-%s-%s-01", sc.TraceID(), sc.SpanID()) }
+	st := rawSession(t, d)
+	o := &pb.EngineOpen{Rooms: []*pb.OpenRoomRequest{openReq(953, 100), openReq(954, 100)}, Traceparents: []string{w3c(reqA.SpanContext()), ""}}
+	if err := st.Send(&pb.EngineRequest{Seq: 1, Op: &pb.EngineRequest_Open{Open: o}, Traceparent: w3c(reqB.SpanContext())}); err != nil {
+		t.Fatal(err)
+	}
+	if r := recvReply(t, st, 1); r.GetCode() != 0 || len(r.GetResults()) != 2 || r.GetResults()[0].GetCode() != 0 || r.GetResults()[1].GetCode() != 0 {
+		t.Fatalf("batch with traceparents: %v", r)
+	}
+	for _, room := range []uint64{953, 954} {
+		if _, err := s.Abort(ctx, &pb.AbortRoomRequest{Room: room}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for room, want := range map[uint64]trace.SpanContext{953: reqA.SpanContext(), 954: reqB.SpanContext()} {
+		if sp := roomSpan(room); sp.SpanContext.TraceID() != want.TraceID() || sp.Parent.SpanID() != want.SpanID() {
+			t.Errorf("room %d's span: trace %s parent %s; want trace %s parent %s", room, sp.SpanContext.TraceID(), sp.Parent.SpanID(), want.TraceID(), want.SpanID())
+		}
 	}
 }
 
