@@ -161,7 +161,7 @@ func (s *Server) loggedStream(srv any, cs *checkedStream, info *grpc.StreamServe
 	}
 	err := s.guardStream(srv, cs, info, h)
 	if err != nil {
-		s.logFailed(cs.ctx, info.FullMethod, "server_stream", start, err)
+		s.logFailed(cs.ctx, info.FullMethod, kind, start, err)
 	}
 	return err
 }
