@@ -89,6 +89,9 @@ type Deps struct {
 	// Stale counts the calls refused for a stale incarnation; nil counts
 	// nothing.
 	Stale StaleMetrics
+	// Sessions counts the ops of prefill sessions (prefill_session.go);
+	// nil counts nothing.
+	Sessions SessionMetrics
 	// Fleet is the shared registry's view that Fleet.GetFleet answers from
 	// (fleet.go); nil is the memory registry: GetFleet answers from this
 	// daemon alone.
@@ -186,6 +189,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		rs := &roomsService{s: s, m: m}
 		s.grpc.RegisterService(roomsDesc(rs), rs)
 		pb.RegisterStagingServer(s.grpc, &stagingService{s: s, m: m})
+		pb.RegisterPrefillSessionServer(s.grpc, &prefillSessionService{s: s, rooms: rs, reg: s.registrar()})
 		s.OnDrain(m.Drain)
 	}
 	if cfg.Reflection {
