@@ -283,9 +283,9 @@ func TestRoomsE2EAuthToken(t *testing.T) {
 }
 
 // TestRoomsE2EReflection: a reflection client resolves the file descriptors
-// of decodeplane.v1.Bootstrap, decodeplane.v1.Rooms and
-// decodeplane.v1.Capacity and sees every RPC of the contract, with the
-// right streaming shape.
+// of decodeplane.v1.Bootstrap, decodeplane.v1.Rooms, decodeplane.v1.Capacity
+// and decodeplane.v1.PrefillSession and sees every RPC of the contract, with
+// the right streaming shape (PrefillSession.Session the one bidi stream).
 func TestRoomsE2EReflection(t *testing.T) {
 	t.Parallel()
 	d := roomsStartDaemon(t, "", "")
@@ -318,9 +318,10 @@ func TestRoomsE2EReflection(t *testing.T) {
 		names = append(names, s.GetName())
 	}
 	want := map[string][]string{
-		"decodeplane.v1.Bootstrap": {"RegisterPrefill", "Heartbeat", "BindRoom", "LookupDPRanks"},
-		"decodeplane.v1.Rooms":     {"OpenRoom", "AwaitDestination", "Transfer", "ReportTransfer", "WatchRoom", "GetRoom", "AbortRoom", "ReleaseRoom", "ListRooms"},
-		"decodeplane.v1.Capacity":  {"WatchCapacity"},
+		"decodeplane.v1.Bootstrap":      {"RegisterPrefill", "Heartbeat", "BindRoom", "LookupDPRanks"},
+		"decodeplane.v1.Rooms":          {"OpenRoom", "AwaitDestination", "Transfer", "ReportTransfer", "WatchRoom", "GetRoom", "AbortRoom", "ReleaseRoom", "ListRooms"},
+		"decodeplane.v1.Capacity":       {"WatchCapacity"},
+		"decodeplane.v1.PrefillSession": {"Session"},
 	}
 	// The server sends each file once per stream: collect them all.
 	files := map[string]*descriptorpb.FileDescriptorProto{}
@@ -368,11 +369,17 @@ func TestRoomsE2EReflection(t *testing.T) {
 				t.Errorf("%s has methods %q, want %s", svc, got, m)
 			}
 		}
-		if (svc == "decodeplane.v1.Bootstrap" || svc == "decodeplane.v1.Capacity") && len(got) != len(methods) {
+		if (svc == "decodeplane.v1.Bootstrap" || svc == "decodeplane.v1.Capacity" || svc == "decodeplane.v1.PrefillSession") && len(got) != len(methods) {
 			t.Errorf("%s has methods %q, want exactly %q", svc, got, methods)
 		}
 		for i := range sd.Methods().Len() {
 			m := sd.Methods().Get(i)
+			if m.Name() == "Session" {
+				if !m.IsStreamingServer() || !m.IsStreamingClient() {
+					t.Errorf("%s.%s is not a bidi stream", svc, m.Name())
+				}
+				continue
+			}
 			streaming := m.Name() == "AwaitDestination" || m.Name() == "WatchRoom" || m.Name() == "WatchCapacity"
 			if m.IsStreamingServer() != streaming || m.IsStreamingClient() {
 				t.Errorf("%s.%s: server streaming %v, client streaming %v; want server streaming %v only", svc, m.Name(), m.IsStreamingServer(), m.IsStreamingClient(), streaming)

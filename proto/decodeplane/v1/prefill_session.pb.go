@@ -25,8 +25,8 @@ const (
 // PrefillRequest is one client message of a session.
 type PrefillRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// seq numbers the op: 0 on hello and ping, > 0 and strictly increasing
-	// on every other op. bounds: 0..2^63-1.
+	// seq numbers the op: 0 on hello, ignored on ping, > 0 and strictly
+	// increasing on every other op. bounds: 0..2^63-1.
 	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	// traceparent is the W3C trace context of this op's caller (optional).
 	// bounds: at most 128 bytes.

@@ -58,19 +58,22 @@ type PrefillSessionClient interface {
 	// unreachable: UNAVAILABLE) ends the stream with that status: register
 	// again and open a new session.
 	//
-	// Ops. Every message after hello other than ping carries seq > 0,
-	// strictly increasing on the stream; its result (PrefillResult) echoes
-	// it. A seq of 0 or one not above the previous ends the stream
-	// INVALID_ARGUMENT ("seq: ..."). An op that is not valid (a bound of its
-	// request; the fields are named as in the unary request, prefixed with
-	// the op: "chunk.page_offset: ...") is a result with INVALID_ARGUMENT,
-	// and the stream stays open; so is every other refusal (STALE_INCARNATION
-	// is a result with FAILED_PRECONDITION and reason STALE_INCARNATION,
-	// counted as for unary calls). The rank of an op may be left unset (the
-	// session's rank is used); when set it must be the session's rank
-	// (INVALID_ARGUMENT naming "<op>.rank"). Results come in seq order for
-	// ops of one kind; a chunk's result comes when the chunk landed, so
-	// results of different ops may interleave.
+	// Ops. Every message after hello other than ping (whose seq is ignored)
+	// carries seq > 0, strictly increasing on the stream; its result
+	// (PrefillResult) echoes it. A seq of 0 or one not above the previous
+	// ends the stream INVALID_ARGUMENT ("seq: ..."). An op that is not valid
+	// (a bound of its request, the fields named as in the unary request and
+	// prefixed with the op: "chunk.page_offset: ..."; a traceparent too
+	// long; no op) is a result with INVALID_ARGUMENT, and the stream stays
+	// open; so is every other refusal (STALE_INCARNATION is a result with
+	// FAILED_PRECONDITION and reason STALE_INCARNATION, counted in
+	// decodeplane_stale_incarnation_total under the unary method's name).
+	// The rank of an op may be left unset (the session's rank is used); when
+	// set it must be the session's rank (INVALID_ARGUMENT naming
+	// "<op>.rank"). Claims, reports and acks are handled in the order
+	// received; a chunk waits for its transfer on its own (at most 4,096 in
+	// flight per session, beyond that a result RESOURCE_EXHAUSTED), so its
+	// result comes when the chunk landed: match results by seq.
 	//
 	// Claims. claim (AwaitDestinationRequest) is AwaitDestination for the
 	// session's rank: its result says the claim is made (or why not: the
@@ -101,6 +104,10 @@ type PrefillSessionClient interface {
 	// Shutdown. As AwaitDestination: every live claim gets the SHUTDOWN
 	// failure event, then the stream ends OK; a stream still open when
 	// server.shutdown_timeout runs out is cut UNAVAILABLE.
+	//
+	// Closing. A client that closes its side ends the session at once: what
+	// was queued is not sent, and its claims end as a dropped
+	// AwaitDestination stream's.
 	//
 	// Codes (of the stream): OK (shutdown, or the client closed its side);
 	// INVALID_ARGUMENT (a protocol violation, above); FAILED_PRECONDITION
@@ -167,19 +174,22 @@ type PrefillSessionServer interface {
 	// unreachable: UNAVAILABLE) ends the stream with that status: register
 	// again and open a new session.
 	//
-	// Ops. Every message after hello other than ping carries seq > 0,
-	// strictly increasing on the stream; its result (PrefillResult) echoes
-	// it. A seq of 0 or one not above the previous ends the stream
-	// INVALID_ARGUMENT ("seq: ..."). An op that is not valid (a bound of its
-	// request; the fields are named as in the unary request, prefixed with
-	// the op: "chunk.page_offset: ...") is a result with INVALID_ARGUMENT,
-	// and the stream stays open; so is every other refusal (STALE_INCARNATION
-	// is a result with FAILED_PRECONDITION and reason STALE_INCARNATION,
-	// counted as for unary calls). The rank of an op may be left unset (the
-	// session's rank is used); when set it must be the session's rank
-	// (INVALID_ARGUMENT naming "<op>.rank"). Results come in seq order for
-	// ops of one kind; a chunk's result comes when the chunk landed, so
-	// results of different ops may interleave.
+	// Ops. Every message after hello other than ping (whose seq is ignored)
+	// carries seq > 0, strictly increasing on the stream; its result
+	// (PrefillResult) echoes it. A seq of 0 or one not above the previous
+	// ends the stream INVALID_ARGUMENT ("seq: ..."). An op that is not valid
+	// (a bound of its request, the fields named as in the unary request and
+	// prefixed with the op: "chunk.page_offset: ..."; a traceparent too
+	// long; no op) is a result with INVALID_ARGUMENT, and the stream stays
+	// open; so is every other refusal (STALE_INCARNATION is a result with
+	// FAILED_PRECONDITION and reason STALE_INCARNATION, counted in
+	// decodeplane_stale_incarnation_total under the unary method's name).
+	// The rank of an op may be left unset (the session's rank is used); when
+	// set it must be the session's rank (INVALID_ARGUMENT naming
+	// "<op>.rank"). Claims, reports and acks are handled in the order
+	// received; a chunk waits for its transfer on its own (at most 4,096 in
+	// flight per session, beyond that a result RESOURCE_EXHAUSTED), so its
+	// result comes when the chunk landed: match results by seq.
 	//
 	// Claims. claim (AwaitDestinationRequest) is AwaitDestination for the
 	// session's rank: its result says the claim is made (or why not: the
@@ -210,6 +220,10 @@ type PrefillSessionServer interface {
 	// Shutdown. As AwaitDestination: every live claim gets the SHUTDOWN
 	// failure event, then the stream ends OK; a stream still open when
 	// server.shutdown_timeout runs out is cut UNAVAILABLE.
+	//
+	// Closing. A client that closes its side ends the session at once: what
+	// was queued is not sent, and its claims end as a dropped
+	// AwaitDestination stream's.
 	//
 	// Codes (of the stream): OK (shutdown, or the client closed its side);
 	// INVALID_ARGUMENT (a protocol violation, above); FAILED_PRECONDITION
