@@ -147,6 +147,9 @@ var retryTable = map[string]retryClass{
 	// the stream is how a router learns that the daemon stopped or is
 	// unreachable, so the router re-opens it (capacity.go).
 	pb.Capacity_WatchCapacity_FullMethodName: retryNever,
+	// PrefillSession: a Session does not re-open itself; the caller opens a
+	// new one and claims again (the daemon re-delivers).
+	pb.PrefillSession_Session_FullMethodName: retryNever,
 }
 
 // keyed is a request that may carry an idempotency key.

@@ -475,13 +475,13 @@ func (ss *session) send(flush <-chan struct{}, sent chan<- struct{}) {
 	}
 }
 
-// prefillError is an op's refusal: its code, message and ErrorInfo reason.
+// prefillError is an op's refusal: its code, message and ErrorInfo.
 func prefillError(err error) *pb.PrefillError {
 	st := status.Convert(err)
 	e := &pb.PrefillError{Code: uint32(st.Code()), Message: st.Message()}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			e.Reason = info.GetReason()
+			e.Reason, e.Metadata = info.GetReason(), info.GetMetadata()
 		}
 	}
 	return e

@@ -537,13 +537,15 @@ func (*PrefillPong) Descriptor() ([]byte, []int) {
 }
 
 // PrefillError is a refused op: the gRPC code and message the unary call
-// would have returned, and its ErrorInfo reason when it has one
-// (STALE_INCARNATION, STALE_ATTEMPT).
+// would have returned, and its ErrorInfo's reason and metadata when it has
+// one (STALE_INCARNATION with "incarnation" and "daemon_incarnation" in
+// hex, STALE_ATTEMPT).
 type PrefillError struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Code          uint32                 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
 	Message       string                 `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	Reason        string                 `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	Metadata      map[string]string      `protobuf:"bytes,4,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -597,6 +599,13 @@ func (x *PrefillError) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *PrefillError) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
 }
 
 // PrefillResult is an op's result.
@@ -878,11 +887,15 @@ const file_decodeplane_v1_prefill_session_proto_rawDesc = "" +
 	"\x16heartbeat_max_failures\x18\x03 \x01(\rR\x14heartbeatMaxFailures\x12\x1d\n" +
 	"\n" +
 	"max_queued\x18\x04 \x01(\rR\tmaxQueued\"\r\n" +
-	"\vPrefillPong\"T\n" +
+	"\vPrefillPong\"\xd9\x01\n" +
 	"\fPrefillError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\tR\amessage\x12\x16\n" +
-	"\x06reason\x18\x03 \x01(\tR\x06reason\"\xcb\x02\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12F\n" +
+	"\bmetadata\x18\x04 \x03(\v2*.decodeplane.v1.PrefillError.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xcb\x02\n" +
 	"\rPrefillResult\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x122\n" +
 	"\x05error\x18\x02 \x01(\v2\x1c.decodeplane.v1.PrefillErrorR\x05error\x126\n" +
@@ -913,7 +926,7 @@ func file_decodeplane_v1_prefill_session_proto_rawDescGZIP() []byte {
 	return file_decodeplane_v1_prefill_session_proto_rawDescData
 }
 
-var file_decodeplane_v1_prefill_session_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_decodeplane_v1_prefill_session_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_decodeplane_v1_prefill_session_proto_goTypes = []any{
 	(*PrefillRequest)(nil),          // 0: decodeplane.v1.PrefillRequest
 	(*PrefillHello)(nil),            // 1: decodeplane.v1.PrefillHello
@@ -925,43 +938,45 @@ var file_decodeplane_v1_prefill_session_proto_goTypes = []any{
 	(*PrefillResult)(nil),           // 7: decodeplane.v1.PrefillResult
 	(*PrefillClaimed)(nil),          // 8: decodeplane.v1.PrefillClaimed
 	(*PrefillRoomEvent)(nil),        // 9: decodeplane.v1.PrefillRoomEvent
-	(*AwaitDestinationRequest)(nil), // 10: decodeplane.v1.AwaitDestinationRequest
-	(*TransferRequest)(nil),         // 11: decodeplane.v1.TransferRequest
-	(*ReportTransferRequest)(nil),   // 12: decodeplane.v1.ReportTransferRequest
-	(*AckRoomEndRequest)(nil),       // 13: decodeplane.v1.AckRoomEndRequest
-	(*PrefillRank)(nil),             // 14: decodeplane.v1.PrefillRank
-	(*durationpb.Duration)(nil),     // 15: google.protobuf.Duration
-	(*TransferResponse)(nil),        // 16: decodeplane.v1.TransferResponse
-	(*ReportTransferResponse)(nil),  // 17: decodeplane.v1.ReportTransferResponse
-	(*AckRoomEndResponse)(nil),      // 18: decodeplane.v1.AckRoomEndResponse
-	(*DestinationEvent)(nil),        // 19: decodeplane.v1.DestinationEvent
+	nil,                             // 10: decodeplane.v1.PrefillError.MetadataEntry
+	(*AwaitDestinationRequest)(nil), // 11: decodeplane.v1.AwaitDestinationRequest
+	(*TransferRequest)(nil),         // 12: decodeplane.v1.TransferRequest
+	(*ReportTransferRequest)(nil),   // 13: decodeplane.v1.ReportTransferRequest
+	(*AckRoomEndRequest)(nil),       // 14: decodeplane.v1.AckRoomEndRequest
+	(*PrefillRank)(nil),             // 15: decodeplane.v1.PrefillRank
+	(*durationpb.Duration)(nil),     // 16: google.protobuf.Duration
+	(*TransferResponse)(nil),        // 17: decodeplane.v1.TransferResponse
+	(*ReportTransferResponse)(nil),  // 18: decodeplane.v1.ReportTransferResponse
+	(*AckRoomEndResponse)(nil),      // 19: decodeplane.v1.AckRoomEndResponse
+	(*DestinationEvent)(nil),        // 20: decodeplane.v1.DestinationEvent
 }
 var file_decodeplane_v1_prefill_session_proto_depIdxs = []int32{
 	1,  // 0: decodeplane.v1.PrefillRequest.hello:type_name -> decodeplane.v1.PrefillHello
 	2,  // 1: decodeplane.v1.PrefillRequest.ping:type_name -> decodeplane.v1.PrefillPing
-	10, // 2: decodeplane.v1.PrefillRequest.claim:type_name -> decodeplane.v1.AwaitDestinationRequest
-	11, // 3: decodeplane.v1.PrefillRequest.chunk:type_name -> decodeplane.v1.TransferRequest
-	12, // 4: decodeplane.v1.PrefillRequest.report:type_name -> decodeplane.v1.ReportTransferRequest
-	13, // 5: decodeplane.v1.PrefillRequest.ack:type_name -> decodeplane.v1.AckRoomEndRequest
-	14, // 6: decodeplane.v1.PrefillHello.rank:type_name -> decodeplane.v1.PrefillRank
+	11, // 2: decodeplane.v1.PrefillRequest.claim:type_name -> decodeplane.v1.AwaitDestinationRequest
+	12, // 3: decodeplane.v1.PrefillRequest.chunk:type_name -> decodeplane.v1.TransferRequest
+	13, // 4: decodeplane.v1.PrefillRequest.report:type_name -> decodeplane.v1.ReportTransferRequest
+	14, // 5: decodeplane.v1.PrefillRequest.ack:type_name -> decodeplane.v1.AckRoomEndRequest
+	15, // 6: decodeplane.v1.PrefillHello.rank:type_name -> decodeplane.v1.PrefillRank
 	4,  // 7: decodeplane.v1.PrefillEvent.welcome:type_name -> decodeplane.v1.PrefillWelcome
 	5,  // 8: decodeplane.v1.PrefillEvent.pong:type_name -> decodeplane.v1.PrefillPong
 	7,  // 9: decodeplane.v1.PrefillEvent.result:type_name -> decodeplane.v1.PrefillResult
 	9,  // 10: decodeplane.v1.PrefillEvent.room:type_name -> decodeplane.v1.PrefillRoomEvent
-	15, // 11: decodeplane.v1.PrefillWelcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	6,  // 12: decodeplane.v1.PrefillResult.error:type_name -> decodeplane.v1.PrefillError
-	8,  // 13: decodeplane.v1.PrefillResult.claim:type_name -> decodeplane.v1.PrefillClaimed
-	16, // 14: decodeplane.v1.PrefillResult.chunk:type_name -> decodeplane.v1.TransferResponse
-	17, // 15: decodeplane.v1.PrefillResult.report:type_name -> decodeplane.v1.ReportTransferResponse
-	18, // 16: decodeplane.v1.PrefillResult.ack:type_name -> decodeplane.v1.AckRoomEndResponse
-	19, // 17: decodeplane.v1.PrefillRoomEvent.event:type_name -> decodeplane.v1.DestinationEvent
-	0,  // 18: decodeplane.v1.PrefillSession.Session:input_type -> decodeplane.v1.PrefillRequest
-	3,  // 19: decodeplane.v1.PrefillSession.Session:output_type -> decodeplane.v1.PrefillEvent
-	19, // [19:20] is the sub-list for method output_type
-	18, // [18:19] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	16, // 11: decodeplane.v1.PrefillWelcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	10, // 12: decodeplane.v1.PrefillError.metadata:type_name -> decodeplane.v1.PrefillError.MetadataEntry
+	6,  // 13: decodeplane.v1.PrefillResult.error:type_name -> decodeplane.v1.PrefillError
+	8,  // 14: decodeplane.v1.PrefillResult.claim:type_name -> decodeplane.v1.PrefillClaimed
+	17, // 15: decodeplane.v1.PrefillResult.chunk:type_name -> decodeplane.v1.TransferResponse
+	18, // 16: decodeplane.v1.PrefillResult.report:type_name -> decodeplane.v1.ReportTransferResponse
+	19, // 17: decodeplane.v1.PrefillResult.ack:type_name -> decodeplane.v1.AckRoomEndResponse
+	20, // 18: decodeplane.v1.PrefillRoomEvent.event:type_name -> decodeplane.v1.DestinationEvent
+	0,  // 19: decodeplane.v1.PrefillSession.Session:input_type -> decodeplane.v1.PrefillRequest
+	3,  // 20: decodeplane.v1.PrefillSession.Session:output_type -> decodeplane.v1.PrefillEvent
+	20, // [20:21] is the sub-list for method output_type
+	19, // [19:20] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_prefill_session_proto_init() }
@@ -997,7 +1012,7 @@ func file_decodeplane_v1_prefill_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_prefill_session_proto_rawDesc), len(file_decodeplane_v1_prefill_session_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
