@@ -54,8 +54,8 @@ type Metrics struct {
 	heartbeatMisses  *prometheus.CounterVec
 	prefillLost      *prometheus.CounterVec
 	staleIncarnation *prometheus.CounterVec
-	drain            drainMetrics           // deferred release (drain.go)
-	sessionOps       *prometheus.CounterVec // prefill sessions' ops (session.go)
+	drain            drainMetrics // deferred release (drain.go)
+	sessionOps       *sessionOps  // prefill sessions' ops (session.go)
 
 	// The children the room path updates, each looked up by label values
 	// once, on first use (a series appears when it did before: at Attach or
@@ -159,7 +159,7 @@ func New() *Metrics {
 	m.drain = newDrainMetrics()
 	m.drain.register(reg, m)
 	m.sessionOps = newSessionOps()
-	reg.MustRegister(m.sessionOps)
+	reg.MustRegister(m.sessionOps.vec)
 	for p := range m.roomsByPhase {
 		m.roomsByPhase[p] = child(m.rooms.MetricVec, kvmanager.Phase(p).String()).gauge
 	}

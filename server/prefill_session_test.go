@@ -286,11 +286,27 @@ func TestPrefillSessionFailureAndAbort(t *testing.T) {
 	d9 := s.claim(9)
 	fail := w.report(9, d9, 0, 0, 8, false)
 	fail.Rank = nil
-	if r := s.result(s.op(reportOp(fail))); r.GetError() != nil {
-		t.Fatalf("failure report = %v", r)
+	seq = s.op(reportOp(fail))
+	// The report's result and the room's end, in either order (the end is
+	// queued by the room as the report fails it).
+	var gotResult, gotEnd bool
+	for range 2 {
+		ev := s.recv()
+		switch {
+		case ev.GetResult() != nil:
+			if r := ev.GetResult(); r.GetSeq() != seq || r.GetError() != nil {
+				t.Errorf("failure report = %v", r)
+			}
+			gotResult = true
+		case ev.GetRoom().GetRoom() == 9:
+			if f := ev.GetRoom().GetEvent().GetFailure(); f.GetCode() != pb.FailureCode_FAILURE_CODE_TRANSFER_FAILED {
+				t.Errorf("room 9 event = %v, want TRANSFER_FAILED", ev)
+			}
+			gotEnd = true
+		}
 	}
-	if ev := s.roomEvent(9); ev.GetFailure().GetCode() != pb.FailureCode_FAILURE_CODE_TRANSFER_FAILED {
-		t.Errorf("room 9 event = %v, want TRANSFER_FAILED", ev)
+	if !gotResult || !gotEnd {
+		t.Errorf("room 9: result %v, end %v", gotResult, gotEnd)
 	}
 	if p := w.phase(9); p != pb.RoomPhase_ROOM_PHASE_FAILED {
 		t.Errorf("room 9 is %v, want FAILED", p)
@@ -344,6 +360,17 @@ func TestPrefillSessionBadOps(t *testing.T) {
 	}
 	if p := w.phase(7); p != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 		t.Errorf("room 7 is %v, want SUCCEEDED", p)
+	}
+	ops := func(op, code string) float64 {
+		return counter(t, w.d, "decodeplane_prefill_session_ops_total", map[string]string{"op": op, "code": code})
+	}
+	if ops("chunk", "InvalidArgument") != 2 || ops("chunk", "FailedPrecondition") != 1 || ops("chunk", "OK") != 1 ||
+		ops("claim", "OK") != 1 || ops("claim", "AlreadyExists") != 1 || ops("hello", "OK") != 1 {
+		t.Errorf("session ops: chunk InvalidArgument %v FailedPrecondition %v OK %v, claim OK %v AlreadyExists %v, hello %v; want 2 1 1 1 1 1",
+			ops("chunk", "InvalidArgument"), ops("chunk", "FailedPrecondition"), ops("chunk", "OK"), ops("claim", "OK"), ops("claim", "AlreadyExists"), ops("hello", "OK"))
+	}
+	if n := counter(t, w.d, "decodeplane_stale_incarnation_total", map[string]string{"method": "Transfer"}); n != 1 {
+		t.Errorf("decodeplane_stale_incarnation_total{Transfer} = %v, want 1 (the stale chunk)", n)
 	}
 }
 
@@ -537,13 +564,18 @@ func TestPrefillSessionSlowConsumerAndReconnect(t *testing.T) {
 
 // handled is grpc_server_handled_total of a method and code.
 func handled(t *testing.T, d *daemontest.Daemon, method, code string) float64 {
+	return counter(t, d, "grpc_server_handled_total", map[string]string{"grpc_method": method, "grpc_code": code})
+}
+
+// counter is the value of the daemon's counter name with the labels want.
+func counter(t *testing.T, d *daemontest.Daemon, name string, want map[string]string) float64 {
 	t.Helper()
 	mfs, err := d.Metrics().Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "grpc_server_handled_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
@@ -551,7 +583,11 @@ func handled(t *testing.T, d *daemontest.Daemon, method, code string) float64 {
 			for _, p := range m.GetLabel() {
 				l[p.GetName()] = p.GetValue()
 			}
-			if l["grpc_method"] == method && l["grpc_code"] == code {
+			match := true
+			for k, v := range want {
+				match = match && l[k] == v
+			}
+			if match {
 				return m.GetCounter().GetValue()
 			}
 		}
