@@ -40,7 +40,9 @@ type PrefillSessionClient interface {
 	// the daemon answers welcome (PrefillWelcome). The rank must be
 	// registered (Bootstrap.RegisterPrefill) first. Anything else first, a
 	// second hello, or a hello that is not valid ends the stream
-	// INVALID_ARGUMENT (naming the field: "hello: ..."); a hello naming
+	// INVALID_ARGUMENT (naming the field: "hello.rank: ..."); so does any
+	// message that does not decode (as for every request: invalid UTF-8,
+	// truncated bytes). A hello naming
 	// another daemon incarnation ends it FAILED_PRECONDITION
 	// STALE_INCARNATION; an unregistered rank (or a wrong instance_id) ends
 	// it NOT_FOUND, as Heartbeat answers.
@@ -156,7 +158,9 @@ type PrefillSessionServer interface {
 	// the daemon answers welcome (PrefillWelcome). The rank must be
 	// registered (Bootstrap.RegisterPrefill) first. Anything else first, a
 	// second hello, or a hello that is not valid ends the stream
-	// INVALID_ARGUMENT (naming the field: "hello: ..."); a hello naming
+	// INVALID_ARGUMENT (naming the field: "hello.rank: ..."); so does any
+	// message that does not decode (as for every request: invalid UTF-8,
+	// truncated bytes). A hello naming
 	// another daemon incarnation ends it FAILED_PRECONDITION
 	// STALE_INCARNATION; an unregistered rank (or a wrong instance_id) ends
 	// it NOT_FOUND, as Heartbeat answers.
