@@ -4,7 +4,10 @@
 // handler validates the request (through the server's interceptor,
 // intercept.go, and the messages' Validate methods), converts it to domain
 // types, calls the domain, maps the error with toStatus and converts the
-// answer back. No business rule lives here. The HTTP surface lives here too: SGLang's
+// answer back. No business rule lives here. The prefill session
+// (prefill_session.go) is a second transport over the same handlers: it
+// validates and incarnation-checks each op itself, as the interceptor does
+// a unary request, so that one bad op does not end the stream. The HTTP surface lives here too: SGLang's
 // bootstrap routes (httpbootstrap.go, over the same Bootstrap handlers and
 // Validate methods) and the JSON gateway (httpgateway.go, grpc-gateway over
 // an in-memory connection to this gRPC server).
