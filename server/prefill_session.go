@@ -41,12 +41,12 @@ const SessionQueue = 4096
 // its transfer in its own goroutine).
 const sessionChunks = SessionQueue
 
-// SessionMetrics counts the ops of prefill sessions by op ("hello",
+// PrefillSessionMetrics counts the ops of prefill sessions by op ("hello",
 // "ping", "claim", "chunk", "report", "ack") and result code
 // (metrics.Metrics: decodeplane_prefill_session_ops_total); nil counts
 // nothing.
-type SessionMetrics interface {
-	SessionOp(op string, code codes.Code)
+type PrefillSessionMetrics interface {
+	PrefillSessionOp(op string, code codes.Code)
 }
 
 type prefillSessionService struct {
@@ -162,8 +162,8 @@ func (h *prefillSessionService) Session(stream grpc.BidiStreamingServer[pb.Prefi
 
 // count records one op's result.
 func (h *prefillSessionService) count(op string, err error) {
-	if h.s.deps.Sessions != nil {
-		h.s.deps.Sessions.SessionOp(op, status.Code(err))
+	if h.s.deps.PrefillSessions != nil {
+		h.s.deps.PrefillSessions.PrefillSessionOp(op, status.Code(err))
 	}
 }
 
@@ -226,7 +226,7 @@ func (ss *session) handle(m *pb.PrefillRequest) error {
 	}
 	ss.seq = seq
 	if err := m.CheckEnvelope(); err != nil {
-		ss.result(seq, opName(m), status.Error(codes.InvalidArgument, err.Error()), nil)
+		ss.result(seq, prefillOpName(m), status.Error(codes.InvalidArgument, err.Error()), nil)
 		return nil
 	}
 	ctx := ss.opContext(m)
@@ -263,7 +263,7 @@ func (ss *session) handle(m *pb.PrefillRequest) error {
 
 // opContext is the session's context with the message's trace context.
 func (ss *session) opContext(m *pb.PrefillRequest) context.Context {
-	if m.GetTraceparent() == "" || len(m.GetTraceparent()) > pb.MaxTraceparentLen || len(m.GetTracestate()) > pb.MaxTracestateLen {
+	if m.GetTraceparent() == "" || len(m.GetTraceparent()) > pb.MaxPrefillTraceparentLen || len(m.GetTracestate()) > pb.MaxPrefillTracestateLen {
 		return ss.ctx
 	}
 	c := propagation.MapCarrier{"traceparent": m.GetTraceparent()}
@@ -497,8 +497,8 @@ func prefixFields(op string, err error) string {
 	return strings.Join(lines, "\n")
 }
 
-// opName is a message's op, as the metrics label it.
-func opName(m *pb.PrefillRequest) string {
+// prefillOpName is a message's op, as the metrics label it.
+func prefillOpName(m *pb.PrefillRequest) string {
 	switch m.GetOp().(type) {
 	case *pb.PrefillRequest_Claim:
 		return "claim"

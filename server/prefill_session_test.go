@@ -336,7 +336,7 @@ func TestPrefillSessionBadOps(t *testing.T) {
 	wantOpError(t, "ack with attempt 0", s.result(s.op(ackOp(&pb.AckRoomEndRequest{Room: 7}))), codes.InvalidArgument, "ack.attempt")
 	wantOpError(t, "no op", s.result(s.op(&pb.PrefillRequest{})), codes.InvalidArgument, "op: is required")
 	long := claimOp(8)
-	long.Traceparent = strings.Repeat("x", pb.MaxTraceparentLen+1)
+	long.Traceparent = strings.Repeat("x", pb.MaxPrefillTraceparentLen+1)
 	wantOpError(t, "a traceparent too long", s.result(s.op(long)), codes.InvalidArgument, "traceparent")
 
 	stale := lastChunk(7, d)

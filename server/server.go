@@ -92,9 +92,9 @@ type Deps struct {
 	// Stale counts the calls refused for a stale incarnation; nil counts
 	// nothing.
 	Stale StaleMetrics
-	// Sessions counts the ops of prefill sessions (prefill_session.go);
-	// nil counts nothing.
-	Sessions SessionMetrics
+	// PrefillSessions counts the ops of prefill sessions
+	// (prefill_session.go); nil counts nothing.
+	PrefillSessions PrefillSessionMetrics
 	// Fleet is the shared registry's view that Fleet.GetFleet answers from
 	// (fleet.go); nil is the memory registry: GetFleet answers from this
 	// daemon alone.

@@ -4,8 +4,8 @@ import "errors"
 
 // Bounds of a PrefillSession message (prefill_session.proto).
 const (
-	MaxTraceparentLen = 128 // PrefillRequest.traceparent
-	MaxTracestateLen  = 512 // PrefillRequest.tracestate
+	MaxPrefillTraceparentLen = 128 // PrefillRequest.traceparent
+	MaxPrefillTracestateLen  = 512 // PrefillRequest.tracestate
 )
 
 // PrefillRequest deliberately has no Validate method: the server's stream
@@ -19,8 +19,8 @@ const (
 func (x *PrefillRequest) CheckEnvelope() error {
 	return errors.Join(
 		checkMax("seq", x.GetSeq(), maxRoom),
-		checkLen("traceparent", x.GetTraceparent(), false, MaxTraceparentLen, "W3C trace context"),
-		checkLen("tracestate", x.GetTracestate(), false, MaxTracestateLen, "W3C trace state"),
+		checkLen("traceparent", x.GetTraceparent(), false, MaxPrefillTraceparentLen, "W3C trace context"),
+		checkLen("tracestate", x.GetTracestate(), false, MaxPrefillTracestateLen, "W3C trace state"),
 	)
 }
 
