@@ -37,6 +37,8 @@ type Client struct {
 	fleet pb.FleetClient
 	// capacity is the router-facing capacity stream (capacity.go).
 	capacity pb.CapacityClient
+	// session is the prefill rank's multiplexed stream (prefill_session.go).
+	session pb.PrefillSessionClient
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -214,6 +216,7 @@ func newClient(conn *grpc.ClientConn, owns bool, o *options) *Client {
 		rooms:    pb.NewRoomsClient(conn),
 		fleet:    pb.NewFleetClient(conn),
 		capacity: pb.NewCapacityClient(conn),
+		session:  pb.NewPrefillSessionClient(conn),
 	}
 	if o.tokenSet {
 		c.callOpts = append(c.callOpts, grpc.PerRPCCredentials(bearer(o.token)))

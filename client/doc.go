@@ -145,6 +145,23 @@
 // revealed the failure. The error is the room's failure
 // (RoomFailedError.AckRequired tells). Prefill.AckRoomEnd sends one by hand.
 //
+// # The prefill session (opt-in)
+//
+// Prefill.Session opens the rank's PrefillSession stream
+// (prefill_session.proto): one stream carrying every claim, chunk, report
+// and acknowledgement of the rank, multiplexed, which is also its
+// heartbeat (the Session pings every half heartbeat interval; RunHeartbeat
+// is not needed while it lives). Session.Claim, Chunk, Report and Ack are
+// AwaitDestination, Transfer, ReportTransfer and AckRoomEnd over it, with
+// the same errors (a refused op is the *Error the unary call returns;
+// StaleIncarnation reads it). Prefill.SendRoomSession and
+// ReportRoomSession are SendRoom and ReportRoom over a session: the same
+// state machine, ack on ack_required included. A Session does not re-open
+// itself: when it ends (Done, Err: e.g. RESOURCE_EXHAUSTED "slow
+// consumer", or NOT_FOUND once the daemon declared the rank dead), register
+// again if needed, open another and hand the rooms off again (the daemon
+// re-delivers their destinations). SendRoom stays unary by default.
+//
 // # Retries
 //
 // Retries are declared per RPC, in one table (retry.go), from the contract
@@ -169,6 +186,7 @@
 //     Decide yourself (ReportRunning reports absolute lengths: send the next
 //     report instead). The EngineSession stream is not re-opened either:
 //     open a new one and Resume.
+//   - PrefillSession.Session is never re-opened by the client (above).
 //   - WatchCapacity is safe to repeat but not re-opened by the client: the
 //     end of a CapacityStream is how a router learns that the daemon
 //     stopped or is unreachable; open it again (each stream starts with the

@@ -41,8 +41,8 @@ type streamEnd struct {
 // rank the stream told to acknowledge (ack_required), or whose own chunk
 // revealed the room's failure, sends AckRoomEnd (best effort, bounded by
 // AckTimeout).
-func (p *Prefill) moveAndWait(ctx, hctx context.Context, g *generation, room uint64, s *DestinationStream, dest *pb.Destination,
-	o SendOptions, move func(ctx, writeCtx context.Context, ch Chunk, check func() error) error) (*pb.Destination, error) {
+func (p *Prefill) moveAndWait(ctx, hctx context.Context, g *generation, room uint64, s claimStream, dest *pb.Destination,
+	o SendOptions, tr handTransport, move func(ctx, writeCtx context.Context, ch Chunk, check func() error) error) (*pb.Destination, error) {
 	mctx, stop := context.WithCancelCause(hctx)
 	defer stop(nil)
 	end := make(chan streamEnd, 1)
@@ -97,7 +97,7 @@ func (p *Prefill) moveAndWait(ctx, hctx context.Context, g *generation, room uin
 		if e.done {
 			return dest, nil
 		}
-		p.ackIfOwed(ctx, room, dest, e.err, false)
+		p.ackIfOwed(ctx, tr, room, dest, e.err, false)
 		return dest, p.voided(g, room, e.err)
 	}
 	// Nothing writes any more. The error as before: the stream's end when
@@ -109,7 +109,7 @@ func (p *Prefill) moveAndWait(ctx, hctx context.Context, g *generation, room uin
 	default:
 	}
 	if e.err != nil && (errors.Is(moveErr, e.err) || errors.Is(moveErr, context.Canceled)) {
-		p.ackIfOwed(ctx, room, dest, e.err, false)
+		p.ackIfOwed(ctx, tr, room, dest, e.err, false)
 		return dest, p.voided(g, room, e.err)
 	}
 	if v := p.voided(g, room, moveErr); errors.Is(v, ErrIncarnationChanged) {
@@ -125,19 +125,19 @@ func (p *Prefill) moveAndWait(ctx, hctx context.Context, g *generation, room uin
 		}
 		t.Stop()
 	}
-	p.ackIfOwed(ctx, room, dest, e.err, errors.Is(err, ErrRoomFailed))
+	p.ackIfOwed(ctx, tr, room, dest, e.err, errors.Is(err, ErrRoomFailed))
 	return dest, err
 }
 
 // ackIfOwed sends AckRoomEnd when the stream's end (err) asked for it, or
 // when failed (the room failed while this rank held its destination); its
 // error is not the hand-off's (best effort).
-func (p *Prefill) ackIfOwed(ctx context.Context, room uint64, dest *pb.Destination, err error, failed bool) {
+func (p *Prefill) ackIfOwed(ctx context.Context, tr handTransport, room uint64, dest *pb.Destination, err error, failed bool) {
 	var rf *RoomFailedError
 	if !(errors.As(err, &rf) && rf.AckRequired) && !failed {
 		return
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), AckTimeout)
 	defer cancel()
-	_, _ = p.AckRoomEnd(actx, room, dest)
+	_ = tr.ack(actx, room, dest)
 }

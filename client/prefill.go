@@ -450,7 +450,13 @@ type SendOptions struct {
 // A daemon restart (a new incarnation, see Prefill) stops the hand-off
 // before its next Transfer with an *IncarnationChangedError.
 func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	return p.handOff(ctx, "SendRoom", room, o, func(ctx, _ context.Context, ch Chunk, check func() error) error {
+	return p.handOff(ctx, "SendRoom", room, o, p.transferMove(room, o, p.c.Transfer))
+}
+
+// transferMove is SendRoom's move: each chunk asked of the daemon's
+// transfer engine with transfer (the unary Transfer or a session's Chunk).
+func (p *Prefill) transferMove(room uint64, o SendOptions, transfer func(context.Context, *pb.TransferRequest) (*pb.TransferResponse, error)) func(ctx, writeCtx context.Context, ch Chunk, check func() error) error {
+	return func(ctx, _ context.Context, ch Chunk, check func() error) error {
 		req := &pb.TransferRequest{
 			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
 			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
@@ -465,9 +471,9 @@ func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb
 		if err := check(); err != nil {
 			return err
 		}
-		_, err := p.c.Transfer(ctx, req)
+		_, err := transfer(ctx, req)
 		return err
-	})
+	}
 }
 
 // ReportRoom is SendRoom for a prefill that moves the bytes itself (as
@@ -481,7 +487,13 @@ func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb
 // *IncarnationChangedError; a Move in flight then sees its context
 // cancelled, and what it moved is not reported.
 func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	return p.handOff(ctx, "ReportRoom", room, o, func(ctx, writeCtx context.Context, ch Chunk, check func() error) error {
+	return p.handOff(ctx, "ReportRoom", room, o, p.reportMove(room, o, p.c.ReportTransfer))
+}
+
+// reportMove is ReportRoom's move: o.Move, then the chunk reported with
+// report (the unary ReportTransfer or a session's Report).
+func (p *Prefill) reportMove(room uint64, o SendOptions, report func(context.Context, *pb.ReportTransferRequest) (*pb.ReportTransferResponse, error)) func(ctx, writeCtx context.Context, ch Chunk, check func() error) error {
+	return func(ctx, writeCtx context.Context, ch Chunk, check func() error) error {
 		n := ch.Bytes()
 		var moveErr error
 		if o.Move != nil {
@@ -502,14 +514,14 @@ func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*
 		case ch.Last:
 			req.MetadataRoomMarker = room
 		}
-		if _, err := p.c.ReportTransfer(ctx, req); err != nil {
+		if _, err := report(ctx, req); err != nil {
 			return err
 		}
 		if moveErr != nil {
 			return &moveFailure{moveErr}
 		}
 		return nil
-	})
+	}
 }
 
 // moveFailure is a Move error ReportRoom reported as the chunk's failure.
@@ -527,6 +539,42 @@ func (m *moveFailure) Unwrap() error { return m.err }
 // destination's): move calls check right before each write or report, and
 // its context ends once that incarnation is void.
 func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOptions, move func(ctx, writeCtx context.Context, ch Chunk, check func() error) error) (*pb.Destination, error) {
+	return p.handOffOver(ctx, op, room, o, unaryTransport(p), move)
+}
+
+// claimStream is a claim's events: a DestinationStream (unary API) or a
+// SessionClaim (prefill session).
+type claimStream interface {
+	Next() (*Event, error)
+	Close()
+}
+
+// handTransport is how a hand-off claims and acknowledges: the unary API
+// or a prefill session. The state machine (handOffOver, moveAndWait) is
+// the same over both.
+type handTransport struct {
+	claim func(ctx context.Context, req *pb.AwaitDestinationRequest) (claimStream, error)
+	ack   func(ctx context.Context, room uint64, dest *pb.Destination) error
+}
+
+func unaryTransport(p *Prefill) handTransport {
+	return handTransport{
+		claim: func(ctx context.Context, req *pb.AwaitDestinationRequest) (claimStream, error) {
+			s, err := p.c.AwaitDestination(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			return s, nil
+		},
+		ack: func(ctx context.Context, room uint64, dest *pb.Destination) error {
+			_, err := p.AckRoomEnd(ctx, room, dest)
+			return err
+		},
+	}
+}
+
+// handOffOver is handOff over tr.
+func (p *Prefill) handOffOver(ctx context.Context, op string, room uint64, o SendOptions, tr handTransport, move func(ctx, writeCtx context.Context, ch Chunk, check func() error) error) (*pb.Destination, error) {
 	if o.ChunkPages < 0 {
 		return nil, localError(op, codes.InvalidArgument, "SendOptions.ChunkPages: %d must be >= 0 (0 sends every page in one chunk)", o.ChunkPages)
 	}
@@ -537,7 +585,7 @@ func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOpt
 	hctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(g.ctx, cancel)()
-	s, err := p.c.AwaitDestination(hctx, &pb.AwaitDestinationRequest{Room: room, Rank: p.rank, Incarnation: p.incOf(g)})
+	s, err := tr.claim(hctx, &pb.AwaitDestinationRequest{Room: room, Rank: p.rank, Incarnation: p.incOf(g)})
 	if err != nil {
 		return nil, p.voided(g, room, err)
 	}
@@ -556,7 +604,7 @@ func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOpt
 	if err := p.bind(g, room, dest); err != nil {
 		return nil, err
 	}
-	return p.moveAndWait(ctx, hctx, g, room, s, dest, o, move) // drain.go
+	return p.moveAndWait(ctx, hctx, g, room, s, dest, o, tr, move) // drain.go
 }
 
 // bind binds a hand-off of g to its destination's incarnation: a g not

@@ -150,6 +150,9 @@ var retryTable = map[string]retryClass{
 	// EngineSession: a stream of ops, not re-opened (engine_session.go):
 	// the caller opens a new session and resumes its rooms' events.
 	pb.EngineSession_Session_FullMethodName: retryNever,
+	// PrefillSession: a Session does not re-open itself; the caller opens a
+	// new one and claims again (the daemon re-delivers).
+	pb.PrefillSession_Session_FullMethodName: retryNever,
 }
 
 // keyed is a request that may carry an idempotency key.

@@ -16,7 +16,7 @@ import (
 
 // wrapped lists the services this package wraps; a new one (Staging) is added
 // here with its rows in retryTable.
-var wrapped = []grpc.ServiceDesc{pb.Admin_ServiceDesc, pb.Bootstrap_ServiceDesc, pb.Rooms_ServiceDesc, pb.Fleet_ServiceDesc, pb.Capacity_ServiceDesc, pb.EngineSession_ServiceDesc}
+var wrapped = []grpc.ServiceDesc{pb.Admin_ServiceDesc, pb.Bootstrap_ServiceDesc, pb.Rooms_ServiceDesc, pb.Fleet_ServiceDesc, pb.Capacity_ServiceDesc, pb.EngineSession_ServiceDesc, pb.PrefillSession_ServiceDesc}
 
 // TestRetryTableCoversEveryRPC fails when an RPC is added to a wrapped
 // service without a decision on its retries, or when the table names an RPC

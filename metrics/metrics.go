@@ -40,23 +40,24 @@ type Metrics struct {
 	// registry: the fleet registry (registry.go).
 	registry registryMetrics
 
-	rooms            *prometheus.GaugeVec
-	finished         *prometheus.CounterVec
-	handoff          *prometheus.HistogramVec
-	openToDest       prometheus.Histogram
-	destToSuccess    prometheus.Histogram
-	chunks           *prometheus.CounterVec
-	chunkDuration    *prometheus.HistogramVec
-	transferBytes    prometheus.Counter
-	dpResolutions    *prometheus.CounterVec
-	dpByRule         [8]prometheus.Counter // dpResolutions' children, set by Attach (a lookup counts each room)
-	admissionPasses  *prometheus.CounterVec
-	admissionBlocked *prometheus.CounterVec
-	registrations    *prometheus.CounterVec
-	heartbeatMisses  *prometheus.CounterVec
-	prefillLost      *prometheus.CounterVec
-	staleIncarnation *prometheus.CounterVec
-	drain            drainMetrics // deferred release (drain.go)
+	rooms             *prometheus.GaugeVec
+	finished          *prometheus.CounterVec
+	handoff           *prometheus.HistogramVec
+	openToDest        prometheus.Histogram
+	destToSuccess     prometheus.Histogram
+	chunks            *prometheus.CounterVec
+	chunkDuration     *prometheus.HistogramVec
+	transferBytes     prometheus.Counter
+	dpResolutions     *prometheus.CounterVec
+	dpByRule          [8]prometheus.Counter // dpResolutions' children, set by Attach (a lookup counts each room)
+	admissionPasses   *prometheus.CounterVec
+	admissionBlocked  *prometheus.CounterVec
+	registrations     *prometheus.CounterVec
+	heartbeatMisses   *prometheus.CounterVec
+	prefillLost       *prometheus.CounterVec
+	staleIncarnation  *prometheus.CounterVec
+	drain             drainMetrics       // deferred release (drain.go)
+	prefillSessionOps *prefillSessionOps // prefill sessions' ops (prefill_session.go)
 
 	// The children the room path updates, each looked up by label values
 	// once, on first use (a series appears when it did before: at Attach or
@@ -161,6 +162,8 @@ func New() *Metrics {
 	reg.MustRegister(m.registry.collectors()...)
 	m.drain = newDrainMetrics()
 	m.drain.register(reg, m)
+	m.prefillSessionOps = newPrefillSessionOps()
+	reg.MustRegister(m.prefillSessionOps.vec)
 	for p := range m.roomsByPhase {
 		m.roomsByPhase[p] = child(m.rooms.MetricVec, kvmanager.Phase(p).String()).gauge
 	}

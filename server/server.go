@@ -4,7 +4,10 @@
 // handler validates the request (through the server's interceptor,
 // intercept.go, and the messages' Validate methods), converts it to domain
 // types, calls the domain, maps the error with toStatus and converts the
-// answer back. No business rule lives here. The HTTP surface lives here too: SGLang's
+// answer back. No business rule lives here. The prefill session
+// (prefill_session.go) is a second transport over the same handlers: it
+// validates and incarnation-checks each op itself, as the interceptor does
+// a unary request, so that one bad op does not end the stream. The HTTP surface lives here too: SGLang's
 // bootstrap routes (httpbootstrap.go, over the same Bootstrap handlers and
 // Validate methods) and the JSON gateway (httpgateway.go, grpc-gateway over
 // an in-memory connection to this gRPC server).
@@ -92,6 +95,9 @@ type Deps struct {
 	// Sessions counts the ops of EngineSession streams (engine_session.go);
 	// nil counts nothing.
 	Sessions SessionMetrics
+	// PrefillSessions counts the ops of prefill sessions
+	// (prefill_session.go); nil counts nothing.
+	PrefillSessions PrefillSessionMetrics
 	// Fleet is the shared registry's view that Fleet.GetFleet answers from
 	// (fleet.go); nil is the memory registry: GetFleet answers from this
 	// daemon alone.
@@ -190,6 +196,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 		s.grpc.RegisterService(roomsDesc(rs), rs)
 		pb.RegisterEngineSessionServer(s.grpc, &engineSessionService{s: s, rs: rs})
 		pb.RegisterStagingServer(s.grpc, &stagingService{s: s, m: m})
+		pb.RegisterPrefillSessionServer(s.grpc, &prefillSessionService{s: s, rooms: rs, reg: s.registrar()})
 		s.OnDrain(m.Drain)
 	}
 	if cfg.Reflection {

@@ -417,6 +417,7 @@ func TestNeedsToken(t *testing.T) {
 		"/decodeplane.v1.Rooms/WatchRoom":                                false,
 		"/decodeplane.v1.Capacity/WatchCapacity":                         true, // capacity.proto: UNAUTHENTICATED when a token is configured
 		"/decodeplane.v1.EngineSession/Session":                          true, // engine_session.proto: the stream needs it whatever its ops
+		"/decodeplane.v1.PrefillSession/Session":                         true, // a prefill rank's claims and chunks
 		"/grpc.health.v1.Health/Check":                                   false,
 		"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      false,
 		"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": false,

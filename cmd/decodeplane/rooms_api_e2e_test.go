@@ -284,8 +284,9 @@ func TestRoomsE2EAuthToken(t *testing.T) {
 
 // TestRoomsE2EReflection: a reflection client resolves the file descriptors
 // of decodeplane.v1.Bootstrap, decodeplane.v1.Rooms,
-// decodeplane.v1.Capacity and decodeplane.v1.EngineSession and sees every
-// RPC of the contract, with the right streaming shape.
+// decodeplane.v1.Capacity, decodeplane.v1.EngineSession and
+// decodeplane.v1.PrefillSession and sees every RPC of the contract, with
+// the right streaming shape (the two sessions' Session the bidi streams).
 func TestRoomsE2EReflection(t *testing.T) {
 	t.Parallel()
 	d := roomsStartDaemon(t, "", "")
@@ -322,7 +323,8 @@ func TestRoomsE2EReflection(t *testing.T) {
 		"decodeplane.v1.Rooms":     {"OpenRoom", "AwaitDestination", "Transfer", "ReportTransfer", "WatchRoom", "GetRoom", "AbortRoom", "ReleaseRoom", "ListRooms"},
 		"decodeplane.v1.Capacity":  {"WatchCapacity"},
 		// EngineSession.Session is the one bidirectional stream.
-		"decodeplane.v1.EngineSession": {"Session"},
+		"decodeplane.v1.EngineSession":  {"Session"},
+		"decodeplane.v1.PrefillSession": {"Session"},
 	}
 	// The server sends each file once per stream: collect them all.
 	files := map[string]*descriptorpb.FileDescriptorProto{}
@@ -370,7 +372,7 @@ func TestRoomsE2EReflection(t *testing.T) {
 				t.Errorf("%s has methods %q, want %s", svc, got, m)
 			}
 		}
-		if (svc == "decodeplane.v1.Bootstrap" || svc == "decodeplane.v1.Capacity" || svc == "decodeplane.v1.EngineSession") && len(got) != len(methods) {
+		if (svc == "decodeplane.v1.Bootstrap" || svc == "decodeplane.v1.Capacity" || svc == "decodeplane.v1.EngineSession" || svc == "decodeplane.v1.PrefillSession") && len(got) != len(methods) {
 			t.Errorf("%s has methods %q, want exactly %q", svc, got, methods)
 		}
 		for i := range sd.Methods().Len() {

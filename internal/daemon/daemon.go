@@ -290,6 +290,7 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		Incarnation:        inc,
 		Stale:              d.metrics,
 		Sessions:           d.metrics,
+		PrefillSessions:    d.metrics,
 		Logger:             log,
 		TracerProvider:     d.tp,
 		Propagator:         d.prop,

@@ -348,3 +348,24 @@ func FuzzWatchCapacity(f *testing.F) {
 	}, &WatchCapacityRequest{}, &WatchCapacityRequest{MinInterval: durationpb.New(time.Second), KeepaliveInterval: durationpb.New(time.Second)},
 		&WatchCapacityRequest{MinInterval: durationpb.New(time.Second), KeepaliveInterval: durationpb.New(500 * time.Millisecond)})
 }
+
+func FuzzPrefillHello(f *testing.F) {
+	fuzzValidate(f, func() *PrefillHello { return new(PrefillHello) }, func(b *bounds, m *PrefillHello) {
+		rankOK(b, m.GetRank())
+		b.need(len(m.GetInstanceId()) <= 256, "instance_id")
+	}, &PrefillHello{Rank: seedRank, InstanceId: "i-1", Incarnation: 7}, &PrefillHello{})
+}
+
+// envelope is a PrefillRequest's envelope checks as a Validate method, for
+// fuzzValidate (PrefillRequest has no Validate on purpose).
+type envelope struct{ *PrefillRequest }
+
+func (e envelope) Validate() error { return e.CheckEnvelope() }
+
+func FuzzPrefillRequestEnvelope(f *testing.F) {
+	fuzzValidate(f, func() envelope { return envelope{new(PrefillRequest)} }, func(b *bounds, m envelope) {
+		b.need(m.GetSeq() < 1<<63, "seq")
+		b.need(len(m.GetTraceparent()) <= 128, "traceparent")
+		b.need(len(m.GetTracestate()) <= 512, "tracestate")
+	}, envelope{&PrefillRequest{Seq: 3, Traceparent: "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}, envelope{&PrefillRequest{Seq: 1 << 63}})
+}

@@ -1,0 +1,432 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// Session is a prefill rank's PrefillSession stream (opt-in; see
+// Prefill.Session): one long-lived stream carrying the rank's claims,
+// chunks, reports and acknowledgements, which is also the rank's heartbeat
+// (it pings every half heartbeat interval). It is safe for concurrent use.
+// A session does not re-open itself: once it ended (Err), open another
+// one and claim again (the daemon re-delivers).
+type Session struct {
+	p       *Prefill
+	cancel  context.CancelFunc
+	welcome *pb.PrefillWelcome
+
+	sendMu sync.Mutex
+	send   func(*pb.PrefillRequest) error
+	seq    uint64
+
+	mu      sync.Mutex
+	waiting map[uint64]chan *pb.PrefillResult
+	claims  map[uint64]*SessionClaim
+	err     error // the stream's end, once ended
+	done    chan struct{}
+}
+
+// Session opens the rank's prefill session: the rank must be registered
+// (Register or RunHeartbeat). A RunHeartbeat alongside is not needed while
+// the session lives (the session is the heartbeat), nor harmful. The
+// session ends with ctx or Close.
+func (p *Prefill) Session(ctx context.Context) (*Session, error) {
+	const op = "PrefillSession"
+	if err := p.c.errIfClosed(op); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	st, err := p.c.session.Session(sctx, p.c.callOpts...)
+	if err != nil {
+		cancel()
+		return nil, toError(op, err)
+	}
+	hello := &pb.PrefillRequest{Op: &pb.PrefillRequest_Hello{Hello: &pb.PrefillHello{
+		Rank: p.rank, InstanceId: p.reg.GetInstanceId(), Incarnation: p.Incarnation()}}}
+	_ = st.Send(hello) // a failed send: Recv gives the stream's status
+	first, err := st.Recv()
+	if err != nil {
+		cancel()
+		return nil, p.voided(p.generation(), 0, toError(op, err))
+	}
+	w := first.GetWelcome()
+	if w == nil {
+		cancel()
+		return nil, localError(op, codes.Internal, "the daemon's first session message is not a welcome: %v", first)
+	}
+	p.learn(w.GetIncarnation(), false)
+	if iv := w.GetHeartbeatInterval().AsDuration(); iv > 0 {
+		p.mu.Lock()
+		p.interval = iv
+		p.mu.Unlock()
+	}
+	s := &Session{p: p, cancel: cancel, welcome: w, send: st.Send,
+		waiting: map[uint64]chan *pb.PrefillResult{}, claims: map[uint64]*SessionClaim{}, done: make(chan struct{})}
+	go s.read(st.Recv)
+	go s.ping(sctx)
+	return s, nil
+}
+
+// Welcome is the daemon's answer to the session's hello.
+func (s *Session) Welcome() *pb.PrefillWelcome { return s.welcome }
+
+// Close ends the session. Claims whose destination was delivered stand (as
+// after a dropped AwaitDestination stream).
+func (s *Session) Close() {
+	s.cancel()
+	<-s.done
+}
+
+// Done is closed when the session ended; Err then says why.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// Err is the session's end (nil while it lives): the stream's status, or
+// io.EOF after an OK end.
+func (s *Session) Err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// ping keeps the session (and the rank) alive: a ping every half
+// heartbeat interval.
+func (s *Session) ping(ctx context.Context) {
+	every := s.p.cadence()
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.done:
+			return
+		case <-t.C:
+			s.sendMu.Lock()
+			err := s.send(&pb.PrefillRequest{Op: &pb.PrefillRequest_Ping{Ping: &pb.PrefillPing{}}})
+			s.sendMu.Unlock()
+			if err != nil {
+				return // the reader sees the end
+			}
+		}
+	}
+}
+
+// read dispatches the daemon's messages until the stream ends.
+func (s *Session) read(recv func() (*pb.PrefillEvent, error)) {
+	var end error
+	for {
+		ev, err := recv()
+		if err != nil {
+			end = err
+			break
+		}
+		switch {
+		case ev.GetResult() != nil:
+			r := ev.GetResult()
+			s.mu.Lock()
+			ch := s.waiting[r.GetSeq()]
+			delete(s.waiting, r.GetSeq())
+			s.mu.Unlock()
+			if ch != nil {
+				ch <- r
+			}
+		case ev.GetRoom() != nil:
+			re := ev.GetRoom()
+			s.mu.Lock()
+			c := s.claims[re.GetRoom()]
+			s.mu.Unlock()
+			if c != nil && c.seq == re.GetClaimSeq() {
+				c.deliver(re.GetEvent())
+			}
+		}
+	}
+	if errors.Is(end, io.EOF) {
+		end = io.EOF
+	} else {
+		end = toError("PrefillSession", end)
+	}
+	s.mu.Lock()
+	s.err = end
+	for seq, ch := range s.waiting {
+		close(ch)
+		delete(s.waiting, seq)
+	}
+	cs := s.claims
+	s.claims = map[uint64]*SessionClaim{}
+	s.mu.Unlock()
+	for _, c := range cs {
+		c.fail(end)
+	}
+	s.cancel()
+	close(s.done)
+}
+
+// do sends an op and waits for its result.
+func (s *Session) do(ctx context.Context, op string, m *pb.PrefillRequest, onSent func(seq uint64)) (*pb.PrefillResult, error) {
+	ch := make(chan *pb.PrefillResult, 1)
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	m.Traceparent, m.Tracestate = carrier["traceparent"], carrier["tracestate"]
+	s.sendMu.Lock()
+	s.mu.Lock()
+	if s.err != nil {
+		err := s.err
+		s.mu.Unlock()
+		s.sendMu.Unlock()
+		return nil, sessionEnded(op, err)
+	}
+	s.seq++
+	m.Seq = s.seq
+	s.waiting[m.Seq] = ch
+	if onSent != nil {
+		onSent(m.Seq)
+	}
+	s.mu.Unlock()
+	err := s.send(m)
+	s.sendMu.Unlock()
+	if err != nil {
+		<-s.done
+		return nil, sessionEnded(op, s.Err())
+	}
+	select {
+	case r, ok := <-ch:
+		if !ok {
+			return nil, sessionEnded(op, s.Err())
+		}
+		if e := r.GetError(); e != nil {
+			return nil, opError(op, e)
+		}
+		return r, nil
+	case <-ctx.Done():
+		return nil, toError(op, ctx.Err())
+	}
+}
+
+// sessionEnded is an op's error once the session ended.
+func sessionEnded(op string, err error) error {
+	if err == nil || errors.Is(err, io.EOF) {
+		return localError(op, codes.Unavailable, "the prefill session ended")
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return newError(op, e.st)
+	}
+	return toError(op, err)
+}
+
+// opError is a refused op as the unary call's error (the same code,
+// message and ErrorInfo: StaleIncarnation reads it).
+func opError(op string, e *pb.PrefillError) error {
+	st := status.New(codes.Code(e.GetCode()), e.GetMessage())
+	if e.GetReason() != "" {
+		if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: e.GetReason(), Domain: "decodeplane.v1", Metadata: e.GetMetadata()}); err == nil {
+			st = d
+		}
+	}
+	return newError(op, st)
+}
+
+// Chunk is Transfer over the session (req.Rank unset: the session's).
+func (s *Session) Chunk(ctx context.Context, req *pb.TransferRequest) (*pb.TransferResponse, error) {
+	r, err := s.do(ctx, "Session.Chunk", &pb.PrefillRequest{Op: &pb.PrefillRequest_Chunk{Chunk: req}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return r.GetChunk(), nil
+}
+
+// Report is ReportTransfer over the session.
+func (s *Session) Report(ctx context.Context, req *pb.ReportTransferRequest) (*pb.ReportTransferResponse, error) {
+	r, err := s.do(ctx, "Session.Report", &pb.PrefillRequest{Op: &pb.PrefillRequest_Report{Report: req}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return r.GetReport(), nil
+}
+
+// Ack is AckRoomEnd over the session.
+func (s *Session) Ack(ctx context.Context, req *pb.AckRoomEndRequest) (*pb.AckRoomEndResponse, error) {
+	r, err := s.do(ctx, "Session.Ack", &pb.PrefillRequest{Op: &pb.PrefillRequest_Ack{Ack: req}}, nil)
+	if err != nil {
+		return nil, err
+	}
+	return r.GetAck(), nil
+}
+
+// Claim is AwaitDestination over the session: once the claim is made, the
+// room's events come on the returned SessionClaim (its Events, or Next).
+func (s *Session) Claim(ctx context.Context, req *pb.AwaitDestinationRequest) (*SessionClaim, error) {
+	c := &SessionClaim{s: s, room: req.GetRoom(), inc: req.GetIncarnation(), events: make(chan *pb.DestinationEvent, 4), closed: make(chan struct{})}
+	_, err := s.do(ctx, "Session.Claim", &pb.PrefillRequest{Op: &pb.PrefillRequest_Claim{Claim: req}}, func(seq uint64) {
+		c.seq = seq
+		s.claims[c.room] = c // before the result: the events follow it
+	})
+	if err != nil {
+		s.mu.Lock()
+		if s.claims[c.room] == c {
+			delete(s.claims, c.room)
+		}
+		s.mu.Unlock()
+		return nil, err
+	}
+	// The claim's events end with ctx, as a DestinationStream's.
+	stop := context.AfterFunc(ctx, func() { c.fail(toError("Session.Claim", ctx.Err())) })
+	go func() {
+		<-c.closed
+		stop()
+	}()
+	return c, nil
+}
+
+// SessionClaim is one room's claim on a Session: the destination, then the
+// room's end, as a DestinationStream gives them.
+type SessionClaim struct {
+	s      *Session
+	room   uint64
+	seq    uint64
+	inc    uint64
+	events chan *pb.DestinationEvent // a room sends at most a destination and its end
+
+	once   sync.Once
+	closed chan struct{}
+	endMu  sync.Mutex
+	end    error
+}
+
+func (c *SessionClaim) deliver(ev *pb.DestinationEvent) {
+	select {
+	case c.events <- ev:
+	default: // more than a room sends: a newer daemon's extra events
+	}
+}
+
+func (c *SessionClaim) fail(err error) {
+	c.endMu.Lock()
+	if c.end == nil {
+		c.end = err
+	}
+	c.endMu.Unlock()
+	c.Close()
+}
+
+// Next returns the next event: a destination, then Done; the room's
+// failure is a *RoomFailedError (AckRequired as the daemon said). The
+// session's end is its error; after Close, io.EOF.
+func (c *SessionClaim) Next() (*Event, error) {
+	select {
+	case ev := <-c.events:
+		return c.event(ev)
+	default:
+	}
+	select {
+	case ev := <-c.events:
+		return c.event(ev)
+	case <-c.closed:
+		select {
+		case ev := <-c.events:
+			return c.event(ev)
+		default:
+		}
+		c.endMu.Lock()
+		defer c.endMu.Unlock()
+		if c.end != nil && !errors.Is(c.end, io.EOF) {
+			if named, daemon, ok := StaleIncarnation(c.end); ok {
+				return nil, &IncarnationChangedError{Room: c.room, Old: named, New: daemon, Err: c.end}
+			}
+			return nil, c.end
+		}
+		return nil, io.EOF
+	}
+}
+
+func (c *SessionClaim) event(ev *pb.DestinationEvent) (*Event, error) {
+	switch {
+	case ev.GetDestination() != nil:
+		d := ev.GetDestination()
+		if inc := d.GetIncarnation(); inc != 0 && c.inc != 0 && inc != c.inc {
+			c.Close()
+			return nil, &IncarnationChangedError{Room: c.room, Old: c.inc, New: inc}
+		}
+		return &Event{Destination: d}, nil
+	case ev.GetDone() != nil:
+		c.Close()
+		return &Event{Done: ev.GetDone()}, nil
+	case ev.GetFailure() != nil:
+		c.Close()
+		rf := roomFailed(c.room, ev.GetFailure())
+		rf.AckRequired = ev.GetAckRequired()
+		return nil, rf
+	}
+	return c.Next()
+}
+
+// forget takes the ended claim off the session (the room may be claimed
+// again).
+func (c *SessionClaim) forget() {
+	c.s.mu.Lock()
+	if c.s.claims[c.room] == c {
+		delete(c.s.claims, c.room)
+	}
+	c.s.mu.Unlock()
+}
+
+// Close stops delivering this claim's events (Next returns io.EOF). The
+// daemon keeps the claim until the room ends or the session does.
+func (c *SessionClaim) Close() {
+	c.once.Do(func() {
+		c.forget()
+		close(c.closed)
+	})
+}
+
+// SendRoomSession is SendRoom over a prefill session: claim, move the
+// pages in chunks of o.ChunkPages, wait for the room's end, and
+// acknowledge when the room ended with ack_required; the same rules and
+// results as SendRoom (it shares its state machine). sess must be this
+// Prefill's.
+func (p *Prefill) SendRoomSession(ctx context.Context, sess *Session, room uint64, o SendOptions) (*pb.Destination, error) {
+	const op = "SendRoomSession"
+	if sess == nil || sess.p != p {
+		return nil, localError(op, codes.InvalidArgument, "sess: a session of this Prefill is required")
+	}
+	return p.handOffOver(ctx, op, room, o, sess.transport(), p.transferMove(room, o, sess.Chunk))
+}
+
+// ReportRoomSession is ReportRoom over a prefill session (the prefill moves
+// the bytes itself with o.Move; each chunk is reported on the session).
+func (p *Prefill) ReportRoomSession(ctx context.Context, sess *Session, room uint64, o SendOptions) (*pb.Destination, error) {
+	const op = "ReportRoomSession"
+	if sess == nil || sess.p != p {
+		return nil, localError(op, codes.InvalidArgument, "sess: a session of this Prefill is required")
+	}
+	return p.handOffOver(ctx, op, room, o, sess.transport(), p.reportMove(room, o, sess.Report))
+}
+
+// transport is the hand-off's claim and acknowledgement over the session.
+func (sess *Session) transport() handTransport {
+	p := sess.p
+	return handTransport{
+		claim: func(ctx context.Context, req *pb.AwaitDestinationRequest) (claimStream, error) {
+			c, err := sess.Claim(ctx, req)
+			if err != nil {
+				return nil, err
+			}
+			return c, nil
+		},
+		ack: func(ctx context.Context, room uint64, dest *pb.Destination) error {
+			_, err := sess.Ack(ctx, &pb.AckRoomEndRequest{Room: room, Rank: p.rank, Attempt: dest.GetAttempt(), Incarnation: dest.GetIncarnation()})
+			return err
+		},
+	}
+}
