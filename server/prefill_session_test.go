@@ -564,7 +564,8 @@ func TestPrefillSessionSlowConsumerAndReconnect(t *testing.T) {
 
 // handled is grpc_server_handled_total of a method and code.
 func handled(t *testing.T, d *daemontest.Daemon, method, code string) float64 {
-	return counter(t, d, "grpc_server_handled_total", map[string]string{"grpc_method": method, "grpc_code": code})
+	// Both sessions' method is named Session: the service tells them apart.
+	return counter(t, d, "grpc_server_handled_total", map[string]string{"grpc_service": "decodeplane.v1.PrefillSession", "grpc_method": method, "grpc_code": code})
 }
 
 // counter is the value of the daemon's counter name with the labels want.
