@@ -25,10 +25,19 @@ func TestReportRoomStopsAndAcksWhenTheRoomEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	writing := make(chan struct{})
+	aborted, quit := make(chan struct{}), make(chan struct{})
 	var moved []int
+	// The room's end reaches the hand-off (on the claim stream) before
+	// AbortRoom's answer may reach this goroutine: the test waits for both.
+	defer func() { close(quit); <-aborted }()
 	_, err := func() (*pb.Destination, error) {
 		go func() {
-			<-writing
+			defer close(aborted)
+			select {
+			case <-writing:
+			case <-quit: // the hand-off ended before its second write
+				return
+			}
 			if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 21}); err != nil {
 				t.Errorf("AbortRoom: %v", err)
 			}

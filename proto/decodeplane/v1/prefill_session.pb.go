@@ -29,7 +29,9 @@ type PrefillRequest struct {
 	// increasing on every other op. bounds: 0..2^63-1.
 	Seq uint64 `protobuf:"varint,1,opt,name=seq,proto3" json:"seq,omitempty"`
 	// traceparent is the W3C trace context of this op's caller (optional).
-	// bounds: at most 128 bytes.
+	// bounds: empty, or at most 128 bytes in W3C's format
+	// "vv-<32 hex trace id>-<16 hex span id>-<2 hex flags>" (as
+	// EngineRequest.traceparent).
 	Traceparent string `protobuf:"bytes,2,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
 	// tracestate goes with traceparent. bounds: at most 512 bytes.
 	Tracestate string `protobuf:"bytes,3,opt,name=tracestate,proto3" json:"tracestate,omitempty"`

@@ -65,8 +65,8 @@ type PrefillSessionClient interface {
 	// (PrefillResult) echoes it. A seq of 0 or one not above the previous
 	// ends the stream INVALID_ARGUMENT ("seq: ..."). An op that is not valid
 	// (a bound of its request, the fields named as in the unary request and
-	// prefixed with the op: "chunk.page_offset: ..."; a traceparent too
-	// long; no op) is a result with INVALID_ARGUMENT, and the stream stays
+	// prefixed with the op: "chunk.page_offset: ..."; a traceparent that is
+	// not W3C's "00-<32 hex>-<16 hex>-<2 hex>" or too long; no op) is a result with INVALID_ARGUMENT, and the stream stays
 	// open; so is every other refusal (STALE_INCARNATION is a result with
 	// FAILED_PRECONDITION and reason STALE_INCARNATION, counted in
 	// decodeplane_stale_incarnation_total under the unary method's name).
@@ -183,8 +183,8 @@ type PrefillSessionServer interface {
 	// (PrefillResult) echoes it. A seq of 0 or one not above the previous
 	// ends the stream INVALID_ARGUMENT ("seq: ..."). An op that is not valid
 	// (a bound of its request, the fields named as in the unary request and
-	// prefixed with the op: "chunk.page_offset: ..."; a traceparent too
-	// long; no op) is a result with INVALID_ARGUMENT, and the stream stays
+	// prefixed with the op: "chunk.page_offset: ..."; a traceparent that is
+	// not W3C's "00-<32 hex>-<16 hex>-<2 hex>" or too long; no op) is a result with INVALID_ARGUMENT, and the stream stays
 	// open; so is every other refusal (STALE_INCARNATION is a result with
 	// FAILED_PRECONDITION and reason STALE_INCARNATION, counted in
 	// decodeplane_stale_incarnation_total under the unary method's name).

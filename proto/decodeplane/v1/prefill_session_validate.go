@@ -4,7 +4,7 @@ import "errors"
 
 // Bounds of a PrefillSession message (prefill_session.proto).
 const (
-	MaxPrefillTraceparentLen = 128 // PrefillRequest.traceparent
+	MaxPrefillTraceparentLen = MaxTraceparentLen // PrefillRequest.traceparent: the engine session's bound and format
 	MaxPrefillTracestateLen  = 512 // PrefillRequest.tracestate
 )
 
@@ -15,11 +15,12 @@ const (
 // naming the field and the stream stays open.
 
 // CheckEnvelope checks what a session message carries besides its op: seq
-// within 0..2^63-1 and the trace context's lengths.
+// within 0..2^63-1, a traceparent that is empty or W3C's format (as the
+// engine session's, checkTraceparent), a bounded tracestate.
 func (x *PrefillRequest) CheckEnvelope() error {
 	return errors.Join(
 		checkMax("seq", x.GetSeq(), maxRoom),
-		checkLen("traceparent", x.GetTraceparent(), false, MaxPrefillTraceparentLen, "W3C trace context"),
+		checkTraceparent("traceparent", x.GetTraceparent()),
 		checkLen("tracestate", x.GetTracestate(), false, MaxPrefillTracestateLen, "W3C trace state"),
 	)
 }
