@@ -5,7 +5,7 @@ import "errors"
 // Bounds of a PrefillSession message (prefill_session.proto).
 const (
 	MaxPrefillTraceparentLen = MaxTraceparentLen // PrefillRequest.traceparent: the engine session's bound and format
-	MaxPrefillTracestateLen  = 512 // PrefillRequest.tracestate
+	MaxPrefillTracestateLen  = 512               // PrefillRequest.tracestate
 )
 
 // PrefillRequest deliberately has no Validate method: the server's stream
