@@ -33,9 +33,13 @@ const (
 
 // benchOptions are the bench's flags.
 type benchOptions struct {
-	target       string
-	metricsURL   string
-	token        string
+	target     string
+	metricsURL string
+	token      string
+	// api is how the fleet talks to the daemon: "stream" (one
+	// EngineSession for the decode engine, one PrefillSession per prefill
+	// rank) or "unary" (a call or a stream per step of every room).
+	api          string
 	rooms        int
 	roomsSet     bool
 	concurrency  int
@@ -74,6 +78,9 @@ type benchOptions struct {
 	version string
 }
 
+// stream reports --api stream.
+func (o *benchOptions) stream() bool { return o.api == "stream" }
+
 // rateMode reports an open-loop run (--rate): rooms start at a fixed rate
 // instead of as soon as one finishes.
 func (o *benchOptions) rateMode() bool { return o.rate > 0 }
@@ -93,6 +100,13 @@ fleet drive rooms through the whole lifecycle over real gRPC (OpenRoom ->
 AwaitDestination -> Transfer -> WatchRoom sees Success -> ReleaseRoom), then the
 bare-gRPC limit (an empty unary call, an empty server-stream message) is
 measured on the same kind of connection, and the ratio of the two is printed.
+
+--api stream (the default) carries every room on long-lived streams: the
+decode engine opens, watches and releases its rooms on one EngineSession,
+each prefill rank claims, transfers and acknowledges on one PrefillSession.
+--api unary makes a call or a stream per step of every room, as above. The
+bare-gRPC bound of the stream mix is not measured yet: with --api stream the
+bare phase is skipped.
 
 By default the daemon runs in this process on a loopback TCP listener with a
 bench configuration (large KV pool, simulated transfers at infinite
@@ -114,6 +128,7 @@ Flags:
 	fs.StringVar(&o.target, "target", "", "drive an external daemon at this gRPC address instead of starting one in-process")
 	fs.StringVar(&o.metricsURL, "metrics-url", "", "with --target: the daemon's /metrics URL, to report its CPU and allocations per room (e.g. http://127.0.0.1:7601/metrics)")
 	fs.StringVar(&o.token, "token", "", "bootstrap token for mutating RPCs (default $DECODEPLANE_TOKEN; in-process: the configured server.auth_token)")
+	fs.StringVar(&o.api, "api", "stream", "how the fleet talks to the daemon: stream (the decode engine on one EngineSession, each prefill rank on one PrefillSession, every room multiplexed) or unary (OpenRoom, WatchRoom, ReleaseRoom; AwaitDestination, Transfer per room)")
 	fs.IntVar(&o.rooms, "rooms", 10000, "rooms to measure (with --rate: a cap, none unless given)")
 	fs.IntVar(&o.concurrency, "concurrency", 256, "rooms in flight at most")
 	fs.IntVar(&o.prefillRanks, "prefill-ranks", 1, "prefill attention TP size: ranks per prefill DP group")
@@ -159,6 +174,9 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if o.rooms < 1 {
 		bad("--rooms %d: must be >= 1", o.rooms)
+	}
+	if o.api != "unary" && o.api != "stream" {
+		bad("--api %q: must be unary or stream", o.api)
 	}
 	if o.concurrency < 1 {
 		bad("--concurrency %d: must be >= 1", o.concurrency)
@@ -214,6 +232,9 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 	if o.queued > 0 {
 		if o.rate > 0 {
 			bad("--rate applies to the lifecycle; --queued opens its rooms at --concurrency")
+		}
+		if o.visited["api"] {
+			bad("--api applies to the lifecycle; --queued opens its rooms with OpenRoom")
 		}
 		if o.target != "" && o.targetPID <= 0 {
 			bad("--queued --target %s needs --target-pid, the daemon's process id (its RSS is read from /proc/<pid>/status)", o.target)
@@ -427,6 +448,8 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 		sum.bareSkipped = "the daemon became unreachable"
 	case o.rateMode():
 		sum.bareSkipped = "rate mode: rooms arrive at the offered rate, so there is no throughput to compare"
+	case o.stream():
+		sum.bareSkipped = "--api stream: the bare bound of the stream mix (messages on open bidirectional streams) is not measured yet"
 	case o.bareDuration == 0:
 		sum.bareSkipped = "--bare-duration 0"
 	case ctx.Err() != nil:

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -44,17 +45,27 @@ type benchMachine struct {
 	GoVersion  string `json:"go_version"`
 }
 
-// benchMix is what one room costs on the wire, per finished room.
+// benchMix is what one room costs on the wire, per finished room. The
+// sessions of --api stream count as streams: their opens (one per session,
+// not per room), the messages received and, since the client sends on them
+// too, the messages sent.
 type benchMix struct {
-	Unary          float64                   `json:"unary_calls"`
-	StreamOpens    float64                   `json:"stream_opens"`
-	StreamMessages float64                   `json:"stream_messages"`
-	ByMethod       map[string]benchMethodMix `json:"by_method"`
+	Unary          float64 `json:"unary_calls"`
+	StreamOpens    float64 `json:"stream_opens"`
+	StreamMessages float64 `json:"stream_messages"`
+	// StreamSent are the messages sent on the sessions (--api stream).
+	StreamSent float64                   `json:"stream_messages_sent,omitempty"`
+	ByMethod   map[string]benchMethodMix `json:"by_method"`
+	// Total is every message of a room, both ways: a unary call's request
+	// and answer, a server stream's request and the messages received, a
+	// session's messages sent and received.
+	Total float64 `json:"messages_total"`
 }
 
 type benchMethodMix struct {
 	Calls    float64 `json:"calls"`
 	Messages float64 `json:"messages,omitempty"`
+	Sent     float64 `json:"sent,omitempty"`
 }
 
 // describe records the setup the figures belong to.
@@ -99,6 +110,15 @@ func (b *benchRun) describe(s *benchSummary) {
 	} else if o.duration > 0 {
 		load += ", stopped after " + o.duration.String()
 	}
+	api := "unary: OpenRoom, WatchRoom and ReleaseRoom per room on the decode engine; AwaitDestination and Transfer per room on each prefill rank"
+	if o.stream() {
+		opens := "opens batched as a group commit"
+		if !b.engine.batch {
+			opens = "one-room opens, tracing on"
+		}
+		api = "stream: the decode engine's rooms on one EngineSession (" + opens + "), each prefill rank's on one PrefillSession (SendRoomSession); a session that ends fails its rooms and the next room opens a new one"
+	}
+	s.setup = append(s.setup, "api         "+api)
 	s.setup = append(s.setup, fmt.Sprintf("load        %s; prompt %s, max new tokens %d, %s, seed %d", load, o.prompt.String(), o.maxNewTokens, chunks, o.seed))
 	s.machine = benchMachine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), CPUModel: benchCPUModel(), GoVersion: runtime.Version()}
 	s.setup = append(s.setup, fmt.Sprintf("machine     %d CPUs (GOMAXPROCS %d), %s, %s", s.machine.NumCPU, s.machine.GOMAXPROCS, s.machine.CPUModel, s.machine.GoVersion))
@@ -147,6 +167,22 @@ func (s *benchSummary) compute() {
 			s.mix.ByMethod[benchMethodNames[m]] = benchMethodMix{Calls: c, Messages: msgs}
 		}
 	}
+	for _, m := range benchRoomSessions {
+		c, msgs, sent := float64(lc.counts.Calls[m])/n, float64(lc.counts.Msgs[m])/n, float64(lc.counts.Sent[m])/n
+		s.mix.StreamOpens += c
+		s.mix.StreamMessages += msgs
+		s.mix.StreamSent += sent
+		if c > 0 || msgs > 0 || sent > 0 {
+			s.mix.ByMethod[benchMethodNames[m]] = benchMethodMix{Calls: c, Messages: msgs, Sent: sent}
+		}
+	}
+	// A unary call is two messages; a server stream's open is its request
+	// (the sessions' requests are in StreamSent).
+	serverStreamOpens := 0.0
+	for _, m := range benchRoomStreams {
+		serverStreamOpens += float64(lc.counts.Calls[m]) / n
+	}
+	s.mix.Total = 2*s.mix.Unary + serverStreamOpens + s.mix.StreamMessages + s.mix.StreamSent
 	if b := s.bare; b != nil && b.Unary.PerSecond > 0 && b.StreamOpen.PerSecond > 0 && (b.StreamMsg.PerSecond > 0 || b.StreamMsg.Negligible) {
 		t := s.boundTerms()
 		if sum := t[0] + t[1] + t[2]; sum > 0 {
@@ -243,6 +279,7 @@ func (s *benchSummary) gcShare() float64 {
 
 // benchJSON is the --json summary.
 type benchJSON struct {
+	API               string                      `json:"api"`
 	Mode              string                      `json:"mode"`
 	Target            string                      `json:"target"`
 	InProcess         bool                        `json:"in_process"`
@@ -283,7 +320,7 @@ type benchDaemonJSON struct {
 func (s *benchSummary) json() benchJSON {
 	lc := s.lifecycle
 	j := benchJSON{
-		Mode: "closed-loop", Target: s.target, InProcess: s.inProcess, Setup: s.setup, Machine: s.machine,
+		API: s.o.api, Mode: "closed-loop", Target: s.target, InProcess: s.inProcess, Setup: s.setup, Machine: s.machine,
 		RoomsOK: lc.ok, RoomsFailed: lc.failed, Interrupted: lc.interrupted,
 		WallSeconds: lc.wall.Seconds(), RoomsPerSecond: s.rps,
 		LatencyMS: map[string]benchPercentiles{
@@ -373,8 +410,13 @@ func (s *benchSummary) writeTable(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "%-26s %.2f unary calls (%s)\n", "messages per room", s.mix.Unary, s.methodList(benchRoomUnary, false))
-	fmt.Fprintf(w, "%-26s %.2f stream opens (%s)\n", "", s.mix.StreamOpens, s.methodList(benchRoomStreams, false))
-	fmt.Fprintf(w, "%-26s %.2f stream messages received (%s)\n", "", s.mix.StreamMessages, s.methodList(benchRoomStreams, true))
+	streams := slices.Concat(benchRoomStreams, benchRoomSessions)
+	fmt.Fprintf(w, "%-26s %.2f stream opens (%s)\n", "", s.mix.StreamOpens, s.methodList(streams, false))
+	fmt.Fprintf(w, "%-26s %.2f stream messages received (%s)\n", "", s.mix.StreamMessages, s.methodList(streams, true))
+	if s.mix.StreamSent > 0 {
+		fmt.Fprintf(w, "%-26s %.2f session messages sent (%s)\n", "", s.mix.StreamSent, s.sentList())
+	}
+	fmt.Fprintf(w, "%-26s %.2f messages in all, both ways\n", "", s.mix.Total)
 	fmt.Fprintln(w)
 	b := s.bare
 	if b == nil {
@@ -417,6 +459,16 @@ func (s *benchSummary) methodList(methods []int, msgs bool) string {
 			v = mm.Messages
 		}
 		parts = append(parts, fmt.Sprintf("%s %.2f", benchMethodNames[m], v))
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (s *benchSummary) sentList() string {
+	var parts []string
+	for _, m := range benchRoomSessions {
+		if mm, ok := s.mix.ByMethod[benchMethodNames[m]]; ok {
+			parts = append(parts, fmt.Sprintf("%s %.2f", benchMethodNames[m], mm.Sent))
+		}
 	}
 	return strings.Join(parts, ", ")
 }

@@ -38,13 +38,16 @@ const (
 	benchGetStatus
 	benchBareUnary
 	benchBareStream
+	benchEngineSessionMethod
+	benchPrefillSessionMethod
 	benchOtherMethod
 	benchNumMethods
 )
 
 var benchMethodNames = [benchNumMethods]string{
 	"OpenRoom", "WatchRoom", "AwaitDestination", "Transfer", "ReleaseRoom", "GetRoom", "AbortRoom",
-	"RegisterPrefill", "Heartbeat", "GetStatus", "Bench/Unary", "Bench/Stream", "other",
+	"RegisterPrefill", "Heartbeat", "GetStatus", "Bench/Unary", "Bench/Stream",
+	"EngineSession", "PrefillSession", "other",
 }
 
 var benchMethodIndex = map[string]int{
@@ -60,12 +63,17 @@ var benchMethodIndex = map[string]int{
 	pb.Admin_GetStatus_FullMethodName:           benchGetStatus,
 	benchv1.Bench_Unary_FullMethodName:          benchBareUnary,
 	benchv1.Bench_Stream_FullMethodName:         benchBareStream,
+	pb.EngineSession_Session_FullMethodName:     benchEngineSessionMethod,
+	pb.PrefillSession_Session_FullMethodName:    benchPrefillSessionMethod,
 }
 
 // The lifecycle's share of the counted RPCs: what one room costs on the wire.
 var (
 	benchRoomUnary   = []int{benchOpenRoom, benchTransfer, benchReleaseRoom, benchGetRoom, benchAbortRoom}
 	benchRoomStreams = []int{benchWatchRoom, benchAwaitDestination}
+	// benchRoomSessions are the --api stream sessions: bidirectional, so
+	// the messages the client sends are counted too.
+	benchRoomSessions = []int{benchEngineSessionMethod, benchPrefillSessionMethod}
 )
 
 func benchMethodOf(full string) int {
@@ -78,11 +86,15 @@ func benchMethodOf(full string) int {
 type benchCounters struct {
 	calls [benchNumMethods]atomic.Int64
 	msgs  [benchNumMethods]atomic.Int64
+	// sent counts the messages sent on the sessions (benchRoomSessions)
+	// only: a unary call or a server stream's request is its call.
+	sent [benchNumMethods]atomic.Int64
 }
 
 type benchCounts struct {
 	Calls [benchNumMethods]int64
 	Msgs  [benchNumMethods]int64
+	Sent  [benchNumMethods]int64
 }
 
 func (c *benchCounters) snapshot() benchCounts {
@@ -90,6 +102,7 @@ func (c *benchCounters) snapshot() benchCounts {
 	for i := range benchNumMethods {
 		s.Calls[i] = c.calls[i].Load()
 		s.Msgs[i] = c.msgs[i].Load()
+		s.Sent[i] = c.sent[i].Load()
 	}
 	return s
 }
@@ -98,13 +111,14 @@ func (a benchCounts) sub(b benchCounts) benchCounts {
 	for i := range benchNumMethods {
 		a.Calls[i] -= b.Calls[i]
 		a.Msgs[i] -= b.Msgs[i]
+		a.Sent[i] -= b.Sent[i]
 	}
 	return a
 }
 
 // dialOptions are the counting interceptors (the same on the daemon's
 // connections and on the bare-gRPC ones). onDest, when set, sees every
-// destination an AwaitDestination stream delivers.
+// destination an AwaitDestination stream or a prefill session delivers.
 func (c *benchCounters) dialOptions(onDest func(*pb.Destination)) []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -119,8 +133,11 @@ func (c *benchCounters) dialOptions(onDest func(*pb.Destination)) []grpc.DialOpt
 				return nil, err
 			}
 			bs := &benchStream{ClientStream: s, recv: &c.msgs[m]}
-			if m == benchAwaitDestination {
+			if m == benchAwaitDestination || m == benchPrefillSessionMethod {
 				bs.onDest = onDest
+			}
+			if m == benchEngineSessionMethod || m == benchPrefillSessionMethod {
+				bs.sent = &c.sent[m]
 			}
 			return bs, nil
 		}),
@@ -131,6 +148,7 @@ func (c *benchCounters) dialOptions(onDest func(*pb.Destination)) []grpc.DialOpt
 type benchStream struct {
 	grpc.ClientStream
 	recv   *atomic.Int64
+	sent   *atomic.Int64 // nil: not counted (a server stream's request)
 	onDest func(*pb.Destination)
 }
 
@@ -139,10 +157,25 @@ func (s *benchStream) RecvMsg(m any) error {
 	if err == nil {
 		s.recv.Add(1)
 		if s.onDest != nil {
-			if ev, ok := m.(*pb.DestinationEvent); ok && ev.GetDestination() != nil {
-				s.onDest(ev.GetDestination())
+			switch ev := m.(type) {
+			case *pb.DestinationEvent:
+				if ev.GetDestination() != nil {
+					s.onDest(ev.GetDestination())
+				}
+			case *pb.PrefillEvent:
+				if d := ev.GetRoom().GetEvent().GetDestination(); d != nil {
+					s.onDest(d)
+				}
 			}
 		}
+	}
+	return err
+}
+
+func (s *benchStream) SendMsg(m any) error {
+	err := s.ClientStream.SendMsg(m)
+	if err == nil && s.sent != nil {
+		s.sent.Add(1)
 	}
 	return err
 }
@@ -200,6 +233,10 @@ type benchRun struct {
 	base   uint64
 	status *pb.GetStatusResponse
 	decTP  uint32
+	// --api stream: the decode engine's session and each sending prefill
+	// rank's (nil with --api unary).
+	engine   *benchEngine
+	sessions map[*client.Prefill]*benchPrefillSession
 
 	failuresExpected bool
 	// abandon ends when the bench gives up on the daemon (the watchdog
@@ -324,6 +361,15 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 			return nil, fmt.Errorf("no prefill rank of DP group %d is addressed by the decode ranks (prefill TP %d, decode TP %d)", dp, o.prefillRanks, b.decTP)
 		}
 	}
+	if o.stream() {
+		b.engine = newBenchEngine(b.decode, b.now, b.tr.tracer == nil)
+		b.sessions = map[*client.Prefill]*benchPrefillSession{}
+		for _, g := range b.groups {
+			for _, p := range g {
+				b.sessions[p] = newBenchPrefillSession(p)
+			}
+		}
+	}
 	hbCtx, hbCancel := context.WithCancel(context.Background())
 	b.hbCancel = hbCancel
 	for _, p := range prefills {
@@ -334,6 +380,14 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 }
 
 func (b *benchRun) close() {
+	if b.engine != nil {
+		b.engine.close()
+		b.engine = nil
+	}
+	for _, ps := range b.sessions {
+		ps.close()
+	}
+	b.sessions = nil
 	if b.hbCancel != nil {
 		b.hbCancel()
 		b.hbWG.Wait()
@@ -393,6 +447,9 @@ func (r *benchRecorder) fail(err error) {
 func benchReason(err error) string {
 	if errors.Is(err, errBenchUnreachable) {
 		return "daemon unreachable"
+	}
+	if errors.Is(err, errBenchSessionEnded) {
+		return benchSessionReason(err)
 	}
 	var rf *client.RoomFailedError
 	if errors.As(err, &rf) {
@@ -560,26 +617,39 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 	perr := make([]error, len(senders))
 	var wg sync.WaitGroup
 	for i, p := range senders {
+		if ps := b.sessions[p]; ps != nil {
+			wg.Go(func() { perr[i] = ps.send(pctx, room, client.SendOptions{ChunkPages: b.o.chunkPages}) })
+			continue
+		}
 		wg.Go(func() { _, perr[i] = p.SendRoom(pctx, room, client.SendOptions{ChunkPages: b.o.chunkPages}) })
 	}
 
 	// The decode engine: OpenRoom, then watch until Success (what
 	// client.OpenAndWait does, spelled out to know whether the room was
 	// opened), then ReleaseRoom.
+	// With --api stream, the same three steps on the engine session.
 	t0 := b.now()
 	opened := false
-	resp, err := b.decode.OpenRoom(ctx, &pb.OpenRoomRequest{
+	var tSucc int64
+	req := &pb.OpenRoomRequest{
 		Rid: rid, BootstrapAddr: b.addr, Room: room, PromptLen: uint32(prompt), MaxNewTokens: uint32(b.o.maxNewTokens),
-	})
-	if err == nil {
-		opened = true
-		if resp.GetRoom().GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
-			_, err = b.decode.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
-		}
 	}
-	tSucc := b.now()
-	if err == nil {
-		_, err = b.decode.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
+	var err error
+	if b.engine != nil {
+		opened, tSucc, err = b.engine.run(ctx, req)
+	} else {
+		var resp *pb.OpenRoomResponse
+		resp, err = b.decode.OpenRoom(ctx, req)
+		if err == nil {
+			opened = true
+			if resp.GetRoom().GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+				_, err = b.decode.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+			}
+		}
+		tSucc = b.now()
+		if err == nil {
+			_, err = b.decode.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
+		}
 	}
 	tEnd := b.now()
 	if err != nil && !errors.Is(err, client.ErrRoomFailed) {
@@ -625,7 +695,12 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 func (b *benchRun) abort(room uint64, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = b.decode.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room, Reason: "decodeplane bench: " + reason})
+	req := &pb.AbortRoomRequest{Room: room, Reason: "decodeplane bench: " + reason}
+	if b.engine != nil {
+		_ = b.engine.abort(ctx, req)
+		return
+	}
+	_, _ = b.decode.AbortRoom(ctx, req)
 }
 
 // benchUsage is the process's resource use: CPU (getrusage) and heap

@@ -194,3 +194,61 @@ decodeplane_admission_admitted_total{dp_rank="0"} 10
 		t.Errorf("an exposition without the process metrics: err %v, want one naming them", err)
 	}
 }
+
+func TestBenchStreamAPI(t *testing.T) {
+	// The same short run on both apis (each against its own in-process
+	// daemon): the stream path carries the rooms on two sessions' messages
+	// instead of calls and streams per room.
+	args := []string{"--rooms", "400", "--concurrency", "64", "--warmup", "20", "--bare-duration", "0",
+		"--prefill-ranks", "2", "--json"}
+	runs := map[string]benchJSON{}
+	for _, api := range []string{"unary", "stream"} {
+		code, out, errOut := benchTestRun(t, append([]string{"--api", api}, args...)...)
+		if code != exitOK {
+			t.Fatalf("--api %s: exit code %d, want 0\nstdout:\n%s\nstderr:\n%s", api, code, out, errOut)
+		}
+		j := benchTestJSON(t, out)
+		if j.API != api || j.RoomsOK != 400 || j.RoomsFailed != 0 || j.Interrupted {
+			t.Errorf("--api %s: api %q, rooms ok %d, failed %d, interrupted %v; want %s, 400, 0, false (failures: %v)",
+				api, j.API, j.RoomsOK, j.RoomsFailed, j.Interrupted, api, j.Failures)
+		}
+		if p := j.LatencyMS["open_to_destination"]; p.N != 400 {
+			t.Errorf("--api %s: open -> destination of %d rooms, want 400 (the destination seen on the fleet's streams)", api, p.N)
+		}
+		runs[api] = j
+	}
+	u, s := runs["unary"].Messages, runs["stream"].Messages
+	// Unary: OpenRoom, Transfer x2, ReleaseRoom; WatchRoom, AwaitDestination x2.
+	if u.Unary != 4 || u.StreamOpens != 3 || u.StreamSent != 0 {
+		t.Errorf("unary mix %+v, want 4 unary calls, 3 stream opens, nothing sent on sessions", u)
+	}
+	// Stream: no call, and the sessions were opened in the warm-up (or
+	// again, at most once per connection, after one ended).
+	if s.Unary != 0 || s.StreamOpens*400 > 3 {
+		t.Errorf("stream mix %+v, want no unary call and at most 3 session opens in 400 rooms", s)
+	}
+	// Each prefill rank claims and sends its one chunk on its session
+	// (2 ops, plus the session's pings), and receives the claim's result,
+	// the destination, the chunk's result and the room's end.
+	if ps := s.ByMethod["PrefillSession"]; ps.Sent < 4 || ps.Messages < 8 {
+		t.Errorf("stream mix PrefillSession = %+v, want >= 4 sent, >= 8 received per room (2 ranks)", ps)
+	}
+	// The engine: an open (batched) and a release sent; their replies and
+	// the room's events received.
+	if es := s.ByMethod["EngineSession"]; es.Sent <= 1 || es.Sent > 2 || es.Messages <= es.Sent {
+		t.Errorf("stream mix EngineSession = %+v, want (1, 2] sent (release + batched open), more received", es)
+	}
+	for _, m := range []string{"OpenRoom", "WatchRoom", "AwaitDestination", "Transfer", "ReleaseRoom"} {
+		if _, ok := s.ByMethod[m]; ok {
+			t.Errorf("stream mix has %s: %+v", m, s.ByMethod[m])
+		}
+	}
+	// What a room opens on the wire, calls and streams: 7 per room unary,
+	// none on the stream path (its messages ride on open streams).
+	if uc, sc := u.Unary+u.StreamOpens, s.Unary+s.StreamOpens; sc >= uc/100 {
+		t.Errorf("calls and stream opens per room: stream %v, unary %v; want under a hundredth", sc, uc)
+	}
+	if want := s.StreamMessages + s.StreamSent; math.Abs(s.Total-want) > 1e-9 {
+		t.Errorf("stream messages in all %v, want received %v + sent %v", s.Total, s.StreamMessages, s.StreamSent)
+	}
+}
