@@ -48,8 +48,9 @@ demo-traced: build ## Like demo, with the fleet's spans in Jaeger too: one trace
 dev-etcd: build ## Run a single-member etcd on 127.0.0.1:2379 for a fleet on one machine (development only; ETCD_DATA_DIR=dir keeps the data).
 	$(BIN)/decodeplane-dev-etcd $(if $(ETCD_DATA_DIR),--data-dir $(ETCD_DATA_DIR))
 
-bench: build ## Benchmark the control path against bare gRPC (see BENCHMARKS.md).
-	$(BIN)/decodeplane bench --rooms 100000 --concurrency 256
+bench: build ## Benchmark the control path: the unary API against bare gRPC, then the streams (see BENCHMARKS.md).
+	$(BIN)/decodeplane bench --api unary --rooms 100000 --concurrency 256
+	$(BIN)/decodeplane bench --api stream --rooms 100000 --concurrency 256
 
 jaeger-build: $(BIN)/jaeger ## Build Jaeger v2 (v1.76.0) from tools/jaeger into bin/jaeger (~6 min cold).
 

@@ -1,9 +1,12 @@
 // Package bench is `decodeplane bench`: it drives the whole room lifecycle
 // over real gRPC (a simulated decode engine and a simulated prefill fleet,
 // each rank on its own connection) against a daemon started in this process
-// (internal/daemon, as serve builds it) or an external one (--target), then
-// measures the bare-gRPC limit on the same kind of connection and prints the
-// ratio of the two. See BENCHMARKS.md.
+// (internal/daemon, as serve builds it) or an external one (--target). With
+// --api stream (the default) the rooms ride on long-lived sessions (one
+// EngineSession for the decode engine, one PrefillSession per prefill rank;
+// bench_stream.go); with --api unary each step of a room is its own call or
+// stream, and the bench then measures the bare-gRPC limit on the same kind
+// of connection and prints the ratio of the two. See BENCHMARKS.md.
 package bench
 
 import (
