@@ -35,8 +35,11 @@ func benchTestJSON(t *testing.T, stdout string) benchJSON {
 	return j
 }
 
+// The table and JSON tests run the unary path (--api unary): its mix is
+// fixed per room and it measures the bare-gRPC bound; TestBenchStreamAPI
+// runs both.
 func TestBenchInProcessTable(t *testing.T) {
-	code, out, errOut := benchTestRun(t, "--rooms", "300", "--concurrency", "16", "--warmup", "20", "--bare-duration", "100ms")
+	code, out, errOut := benchTestRun(t, "--api", "unary", "--rooms", "300", "--concurrency", "16", "--warmup", "20", "--bare-duration", "100ms")
 	if code != exitOK {
 		t.Fatalf("exit code %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
@@ -70,7 +73,7 @@ func TestBenchInProcessTable(t *testing.T) {
 
 func TestBenchInProcessJSON(t *testing.T) {
 	// Prefill TP 2 -> decode TP 1 in two DP groups, in chunks of 4 pages.
-	code, out, errOut := benchTestRun(t, "--rooms", "300", "--concurrency", "16", "--warmup", "20", "--bare-duration", "100ms",
+	code, out, errOut := benchTestRun(t, "--api", "unary", "--rooms", "300", "--concurrency", "16", "--warmup", "20", "--bare-duration", "100ms",
 		"--prefill-ranks", "2", "--dp", "2", "--chunk-pages", "4", "--prompt-len", "uniform:64-1024", "--json")
 	if code != exitOK {
 		t.Fatalf("exit code %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
@@ -79,8 +82,8 @@ func TestBenchInProcessJSON(t *testing.T) {
 	if j.RoomsOK != 300 || j.RoomsFailed != 0 || j.Interrupted {
 		t.Errorf("rooms ok %d, failed %d, interrupted %v; want 300, 0, false (failures: %v)", j.RoomsOK, j.RoomsFailed, j.Interrupted, j.Failures)
 	}
-	if !j.InProcess || j.Mode != "closed-loop" {
-		t.Errorf("in_process %v, mode %q; want true, closed-loop", j.InProcess, j.Mode)
+	if !j.InProcess || j.Mode != "closed-loop" || j.API != "unary" {
+		t.Errorf("in_process %v, mode %q, api %q; want true, closed-loop, unary", j.InProcess, j.Mode, j.API)
 	}
 	for _, name := range []string{"open_to_destination", "destination_to_success", "lifecycle"} {
 		p, ok := j.LatencyMS[name]
@@ -162,6 +165,8 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"--prompt-len", "uniform:9-3"}, "upper bound"},
 		{[]string{"--prompt-len", "normal:5"}, "unknown distribution"},
 		{[]string{"--concurrency", "0"}, "--concurrency 0"},
+		{[]string{"--api", "grpc"}, `--api "grpc": must be unary or stream`},
+		{[]string{"--queued", "10", "--api", "unary"}, "--api applies to the lifecycle"},
 		{[]string{"--target", "127.0.0.1:1", "--decode-tp", "2"}, "--decode-tp applies to the in-process daemon only"},
 		{[]string{"--metrics-url", "http://127.0.0.1:1/metrics"}, "--metrics-url needs --target"},
 		{[]string{"--set", "kv_pool.page_size=3"}, "kv_pool.page_size"},
