@@ -209,14 +209,20 @@ func TestFailoverKeepsTheLease(t *testing.T) {
 	openRoom(t, ctx, c, 9)
 	hctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
+	started := time.Now()
 	go func() { done <- client.RunHeartbeatFailover(hctx, viaA, viaB) }()
 	defer func() { stop(); <-done }()
 
-	time.Sleep(2 * time.Second) // beats through A
+	waitFor(t, "a beat through A", func() bool {
+		f, _ := a.c.GetFleet(ctx)
+		return len(f.GetPrefills()) == 1 && f.GetPrefills()[0].GetHeardHere().AsTime().After(started)
+	})
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * ttl) // beats through B, three TTLs after A's last keepalive
+	// The property under test is the lease outliving A by several of its
+	// TTLs on a real etcd: real time has to pass (beats go through B).
+	time.Sleep(3 * ttl)
 	if r, err := c.c.GetRoom(ctx, &pb.GetRoomRequest{Room: 9}); err != nil || r.GetPhase() == pb.RoomPhase_ROOM_PHASE_FAILED {
 		t.Fatalf("room on C after its prefill's daemon died: %v %v", r.GetPhase(), err)
 	}

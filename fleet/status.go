@@ -76,6 +76,9 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 				continue
 			}
 			p.RegisteredRanks++
+			if p.RegisteredRanks > 1 {
+				continue // every rank of an instance on record carries the same sizes
+			}
 			par := r.Parallel
 			dp := max(1, par.AttnDP)
 			if par.SystemDP > 1 {

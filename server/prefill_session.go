@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"strings"
 	"sync"
 	"time"
 
@@ -177,7 +176,7 @@ func (ss *session) hello(m *pb.PrefillRequest) error {
 		return status.Errorf(codes.InvalidArgument, "seq: hello carries seq 0, got %d", m.GetSeq())
 	}
 	if err := errors.Join(m.CheckEnvelope(), hello.Validate()); err != nil {
-		return status.Error(codes.InvalidArgument, prefixFields("hello", err))
+		return status.Error(codes.InvalidArgument, pb.PrefixFields("hello.", err).Error())
 	}
 	if err := ss.h.s.checkIncarnation(pb.PrefillSession_Session_FullMethodName, hello); err != nil {
 		return err
@@ -293,7 +292,7 @@ func (ss *session) check(op, method string, rank **pb.PrefillRank, req any) erro
 		return status.Errorf(codes.InvalidArgument, "%s.rank: must be the session's rank (%s) or unset", op, rankText(ss.rank))
 	}
 	if err := validateMessage(req); err != nil {
-		return status.Error(codes.InvalidArgument, prefixFields(op, errors.New(status.Convert(err).Message())))
+		return status.Error(codes.InvalidArgument, pb.PrefixFields(op+".", errors.New(status.Convert(err).Message())).Error())
 	}
 	return ss.h.s.checkIncarnation(method, req)
 }
@@ -485,16 +484,6 @@ func prefillError(err error) *pb.PrefillError {
 		}
 	}
 	return e
-}
-
-// prefixFields prefixes every line ("field: problem") of a validation
-// error with the op.
-func prefixFields(op string, err error) string {
-	lines := strings.Split(err.Error(), "\n")
-	for i, l := range lines {
-		lines[i] = op + "." + l
-	}
-	return strings.Join(lines, "\n")
 }
 
 // prefillOpName is a message's op, as the metrics label it.
