@@ -81,8 +81,17 @@ func TestReportRoomSessionStopsAndAcks(t *testing.T) {
 		t.Fatal(err)
 	}
 	writing := make(chan struct{})
+	aborted, quit := make(chan struct{}), make(chan struct{})
+	// The room's end reaches the hand-off (on the session) before
+	// AbortRoom's answer may reach this goroutine: the test waits for both.
+	defer func() { close(quit); <-aborted }()
 	go func() {
-		<-writing
+		defer close(aborted)
+		select {
+		case <-writing:
+		case <-quit: // the hand-off ended before its second write
+			return
+		}
 		if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 21}); err != nil {
 			t.Errorf("AbortRoom: %v", err)
 		}
