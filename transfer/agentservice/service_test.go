@@ -62,6 +62,14 @@ func serve(t *testing.T) (*agentclient.Client, transferv1.TransferAgentClient) {
 		gs.Stop()
 		<-served
 	})
+	// The client's completion stream must be up before a batch can be
+	// submitted: Check waits for it (a test that raced it saw "no
+	// completion stream").
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer ccancel()
+	if err := ac.Check(cctx); err != nil {
+		t.Fatalf("the agent client did not connect: %v", err)
+	}
 	return ac, transferv1.NewTransferAgentClient(raw)
 }
 
