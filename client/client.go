@@ -30,6 +30,8 @@ type Client struct {
 	callOpts []grpc.CallOption
 	retry    RetryPolicy
 	autoKey  bool
+	// transport carries OpenAndWait, SendRoom and ReportRoom (transport.go).
+	transport Transport
 
 	admin pb.AdminClient
 	boot  pb.BootstrapClient
@@ -58,6 +60,7 @@ type options struct {
 	dialOpts    []grpc.DialOption
 	retry       RetryPolicy
 	autoKey     bool
+	transport   Transport
 	dialOnlySet []string // dial-time options given, refused by NewFromConn
 }
 
@@ -143,6 +146,9 @@ func buildOptions(opts []Option) (*options, error) {
 		return nil, fmt.Errorf("client: %w", err)
 	}
 	o.retry = o.retry.withDefaults()
+	if o.transport > TransportUnary {
+		return nil, fmt.Errorf("client: WithTransport(%d): not a Transport (TransportStreams or TransportUnary)", o.transport)
+	}
 	return o, nil
 }
 
@@ -207,16 +213,17 @@ func NewFromConn(conn *grpc.ClientConn, opts ...Option) (*Client, error) {
 
 func newClient(conn *grpc.ClientConn, owns bool, o *options) *Client {
 	c := &Client{
-		conn:     conn,
-		ownsConn: owns,
-		retry:    o.retry,
-		autoKey:  o.autoKey,
-		admin:    pb.NewAdminClient(conn),
-		boot:     pb.NewBootstrapClient(conn),
-		rooms:    pb.NewRoomsClient(conn),
-		fleet:    pb.NewFleetClient(conn),
-		capacity: pb.NewCapacityClient(conn),
-		session:  pb.NewPrefillSessionClient(conn),
+		conn:      conn,
+		ownsConn:  owns,
+		retry:     o.retry,
+		autoKey:   o.autoKey,
+		transport: o.transport,
+		admin:     pb.NewAdminClient(conn),
+		boot:      pb.NewBootstrapClient(conn),
+		rooms:     pb.NewRoomsClient(conn),
+		fleet:     pb.NewFleetClient(conn),
+		capacity:  pb.NewCapacityClient(conn),
+		session:   pb.NewPrefillSessionClient(conn),
 	}
 	if o.tokenSet {
 		c.callOpts = append(c.callOpts, grpc.PerRPCCredentials(bearer(o.token)))
