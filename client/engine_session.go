@@ -31,9 +31,11 @@ import (
 type EngineSession struct {
 	stream pb.EngineSession_SessionClient
 	cancel context.CancelFunc
+	events pb.EngineEvents // what Open and Resume subscribe (SessionEvents)
 
-	sendMu sync.Mutex
-	seq    uint64
+	// out writes the ops, packing those queued meanwhile (EngineRequest.more).
+	out *sendQueue[*pb.EngineRequest]
+	seq uint64 // under out's lock
 
 	mu      sync.Mutex
 	pending map[uint64]chan *pb.EngineReply
@@ -42,7 +44,20 @@ type EngineSession struct {
 	err     error         // why the stream ended (io.EOF: OK)
 	done    chan struct{} // closed when the stream ended
 
-	events chan *pb.EngineRoomEvent
+	roomEvents chan *pb.EngineRoomEvent
+}
+
+// EngineSessionOption configures an EngineSession.
+type EngineSessionOption func(*EngineSession)
+
+// SessionEvents chooses which events of its rooms the session's Open and
+// Resume subscribe (EngineEvents in engine_session.proto):
+// pb.EngineEvents_ENGINE_EVENTS_ALL (the default) every event;
+// pb.EngineEvents_ENGINE_EVENTS_OUTCOME only each room's outcome (its
+// SUCCEEDED event, or its terminal event if it fails first), after which
+// the room leaves the session.
+func SessionEvents(e pb.EngineEvents) EngineSessionOption {
+	return func(s *EngineSession) { s.events = e }
 }
 
 // SessionResult is one room's answer to an op of an EngineSession: what
@@ -64,7 +79,7 @@ const sessionEvents = 256
 
 // EngineSession opens the decode engine's stream. ctx bounds the whole
 // stream; Close ends it. Needs the token when the daemon has one.
-func (c *Client) EngineSession(ctx context.Context) (*EngineSession, error) {
+func (c *Client) EngineSession(ctx context.Context, opts ...EngineSessionOption) (*EngineSession, error) {
 	const op = "EngineSession"
 	if err := c.errIfClosed(op); err != nil {
 		return nil, err
@@ -78,15 +93,24 @@ func (c *Client) EngineSession(ctx context.Context) (*EngineSession, error) {
 	s := &EngineSession{
 		stream: stream, cancel: cancel,
 		pending: map[uint64]chan *pb.EngineReply{}, cursors: map[uint64]uint32{},
-		done: make(chan struct{}), events: make(chan *pb.EngineRoomEvent, sessionEvents),
+		done: make(chan struct{}), roomEvents: make(chan *pb.EngineRoomEvent, sessionEvents),
 	}
+	for _, o := range opts {
+		if o != nil {
+			o(s)
+		}
+	}
+	s.out = newSendQueue(1+pb.MaxEngineRequestsPerMessage, func(first *pb.EngineRequest, more []*pb.EngineRequest) {
+		first.More = more
+		_ = stream.Send(first) // a failed send: receive gets the stream's status
+	})
 	go s.receive()
 	return s, nil
 }
 
 // receive reads the stream: replies go to their op, room events to Next.
 func (s *EngineSession) receive() {
-	defer close(s.events)
+	defer close(s.roomEvents)
 	for {
 		ev, err := s.stream.Recv()
 		if err != nil {
@@ -99,18 +123,26 @@ func (s *EngineSession) receive() {
 			close(s.done)
 			return
 		}
-		switch e := ev.GetEvent().(type) {
-		case *pb.EngineEvent_Reply:
-			s.mu.Lock()
-			ch := s.pending[e.Reply.GetSeq()]
-			delete(s.pending, e.Reply.GetSeq())
-			s.mu.Unlock()
-			if ch != nil {
-				ch <- e.Reply
-			}
-		case *pb.EngineEvent_Room:
-			s.events <- e.Room
+		s.dispatch(ev)
+		for _, m := range ev.GetMore() {
+			s.dispatch(m)
 		}
+	}
+}
+
+// dispatch hands one event to its op (a reply) or to Next (a room event).
+func (s *EngineSession) dispatch(ev *pb.EngineEvent) {
+	switch e := ev.GetEvent().(type) {
+	case *pb.EngineEvent_Reply:
+		s.mu.Lock()
+		ch := s.pending[e.Reply.GetSeq()]
+		delete(s.pending, e.Reply.GetSeq())
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- e.Reply
+		}
+	case *pb.EngineEvent_Room:
+		s.roomEvents <- e.Room
 	}
 }
 
@@ -119,7 +151,7 @@ func (s *EngineSession) receive() {
 // (the stream ended OK: half-closed with every room ended, or the daemon
 // stopped) or the stream's *Error.
 func (s *EngineSession) Next() (*pb.EngineRoomEvent, error) {
-	ev, ok := <-s.events
+	ev, ok := <-s.roomEvents
 	if !ok {
 		<-s.done
 		s.mu.Lock()
@@ -127,7 +159,7 @@ func (s *EngineSession) Next() (*pb.EngineRoomEvent, error) {
 		return nil, s.err
 	}
 	s.mu.Lock()
-	if ev.GetEvent().GetTerminal() {
+	if ev.GetEvent().GetTerminal() || (s.events == pb.EngineEvents_ENGINE_EVENTS_OUTCOME && ev.GetEvent().GetTransition().GetPhase() == pb.RoomPhase_ROOM_PHASE_SUCCEEDED) {
 		delete(s.cursors, ev.GetRoom())
 	} else {
 		s.cursors[ev.GetRoom()] = ev.GetSeq()
@@ -155,7 +187,7 @@ func (s *EngineSession) Cursors() map[uint64]uint32 {
 // One SessionResult per request, in order; the error is the op's (a batch
 // refused as a whole, ErrInvalidArgument) or the stream's.
 func (s *EngineSession) Open(ctx context.Context, reqs ...*pb.OpenRoomRequest) ([]SessionResult, error) {
-	return s.do(ctx, "EngineSession.Open", &pb.EngineRequest{Op: &pb.EngineRequest_Open{Open: &pb.EngineOpen{Rooms: reqs}}})
+	return s.do(ctx, "EngineSession.Open", &pb.EngineRequest{Op: &pb.EngineRequest_Open{Open: &pb.EngineOpen{Rooms: reqs, Events: s.events}}})
 }
 
 // Release is ReleaseRoom on the session.
@@ -189,7 +221,7 @@ func (s *EngineSession) Resume(ctx context.Context, cursors map[uint64]uint32) (
 	slices.Sort(rooms)
 	var out []SessionResult
 	for chunk := range slices.Chunk(rooms, pb.MaxEngineWatchRooms) {
-		w := &pb.EngineWatch{}
+		w := &pb.EngineWatch{Events: s.events}
 		for _, r := range chunk {
 			w.Rooms = append(w.Rooms, &pb.EngineWatchRoom{Room: r, After: cursors[r]})
 		}
@@ -205,15 +237,15 @@ func (s *EngineSession) Resume(ctx context.Context, cursors map[uint64]uint32) (
 // CloseSend says no more ops come: the daemon ends the stream OK once every
 // subscribed room ended (Next then returns io.EOF).
 func (s *EngineSession) CloseSend() error {
-	s.sendMu.Lock()
-	defer s.sendMu.Unlock()
-	return s.stream.CloseSend()
+	var err error
+	s.out.close(func() { err = s.stream.CloseSend() })
+	return err
 }
 
 // Close ends the stream at once (the rooms go on) and waits for its reader.
 func (s *EngineSession) Close() {
 	s.cancel()
-	for range s.events { //nolint:revive // drain so that receive returns
+	for range s.roomEvents { //nolint:revive // drain so that receive returns
 	}
 	<-s.done
 }
@@ -236,22 +268,24 @@ func (s *EngineSession) do(ctx context.Context, op string, req *pb.EngineRequest
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	req.Traceparent = carrier.Get("traceparent")
 	ch := make(chan *pb.EngineReply, 1)
-	s.sendMu.Lock()
-	s.seq++
-	req.Seq = s.seq
-	s.mu.Lock()
-	if s.err != nil {
-		err := s.err
-		s.mu.Unlock()
-		s.sendMu.Unlock()
-		return nil, s.ended(op, err)
-	}
-	s.pending[req.Seq] = ch
-	s.mu.Unlock()
-	err := s.stream.Send(req)
-	s.sendMu.Unlock()
-	if err != nil && !errors.Is(err, io.EOF) { // io.EOF: the stream ended; receive has its status
-		return nil, toError(op, err)
+	var ended error
+	queued := s.out.push(req, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.err != nil {
+			ended = s.err
+			return false
+		}
+		s.seq++
+		req.Seq = s.seq
+		s.pending[req.Seq] = ch
+		return true
+	})
+	if !queued {
+		if ended == nil { // CloseSend was called
+			return nil, localError(op, codes.FailedPrecondition, "the session's sending side is closed (CloseSend)")
+		}
+		return nil, s.ended(op, ended)
 	}
 	select {
 	case reply := <-ch:

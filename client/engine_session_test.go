@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -367,11 +368,32 @@ func rawSession(t *testing.T, d *daemon, opts ...grpc.DialOption) pb.EngineSessi
 	return st
 }
 
+// heldEvents keeps, per raw stream, the events of a message read but not
+// yet looked at (a message carries its own event, then those packed in its
+// more).
+var heldEvents sync.Map // pb.EngineSession_SessionClient -> []*pb.EngineEvent
+
+// recvEvent returns st's next event: the rest of the last message read, or
+// the first of the next one.
+func recvEvent(st pb.EngineSession_SessionClient) (*pb.EngineEvent, error) {
+	held, _ := heldEvents.Load(st)
+	evs, _ := held.([]*pb.EngineEvent)
+	if len(evs) == 0 {
+		ev, err := st.Recv()
+		if err != nil {
+			return nil, err
+		}
+		evs = append([]*pb.EngineEvent{ev}, ev.GetMore()...)
+	}
+	heldEvents.Store(st, evs[1:])
+	return evs[0], nil
+}
+
 // recvReply reads st until the reply of seq (room events skipped).
 func recvReply(t *testing.T, st pb.EngineSession_SessionClient, seq uint64) *pb.EngineReply {
 	t.Helper()
 	for {
-		ev, err := st.Recv()
+		ev, err := recvEvent(st)
 		if err != nil {
 			t.Fatalf("Recv: %v", err)
 		}

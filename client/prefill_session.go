@@ -26,9 +26,10 @@ type Session struct {
 	cancel  context.CancelFunc
 	welcome *pb.PrefillWelcome
 
-	sendMu sync.Mutex
-	send   func(*pb.PrefillRequest) error
-	seq    uint64
+	// out writes the messages, packing those queued meanwhile
+	// (PrefillRequest.more); seq is under its lock.
+	out *sendQueue[*pb.PrefillRequest]
+	seq uint64
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *pb.PrefillResult
@@ -71,8 +72,12 @@ func (p *Prefill) Session(ctx context.Context) (*Session, error) {
 		p.interval = iv
 		p.mu.Unlock()
 	}
-	s := &Session{p: p, cancel: cancel, welcome: w, send: st.Send,
+	s := &Session{p: p, cancel: cancel, welcome: w,
 		waiting: map[uint64]chan *pb.PrefillResult{}, claims: map[uint64]*SessionClaim{}, done: make(chan struct{})}
+	s.out = newSendQueue(1+pb.MaxPrefillRequestsPerMessage, func(first *pb.PrefillRequest, more []*pb.PrefillRequest) {
+		first.More = more
+		_ = st.Send(first) // a failed send: read gets the stream's status
+	})
 	go s.read(st.Recv)
 	go s.ping(sctx)
 	return s, nil
@@ -112,12 +117,7 @@ func (s *Session) ping(ctx context.Context) {
 		case <-s.done:
 			return
 		case <-t.C:
-			s.sendMu.Lock()
-			err := s.send(&pb.PrefillRequest{Op: &pb.PrefillRequest_Ping{Ping: &pb.PrefillPing{}}})
-			s.sendMu.Unlock()
-			if err != nil {
-				return // the reader sees the end
-			}
+			s.out.push(&pb.PrefillRequest{Op: &pb.PrefillRequest_Ping{Ping: &pb.PrefillPing{}}}, nil)
 		}
 	}
 }
@@ -131,24 +131,9 @@ func (s *Session) read(recv func() (*pb.PrefillEvent, error)) {
 			end = err
 			break
 		}
-		switch {
-		case ev.GetResult() != nil:
-			r := ev.GetResult()
-			s.mu.Lock()
-			ch := s.waiting[r.GetSeq()]
-			delete(s.waiting, r.GetSeq())
-			s.mu.Unlock()
-			if ch != nil {
-				ch <- r
-			}
-		case ev.GetRoom() != nil:
-			re := ev.GetRoom()
-			s.mu.Lock()
-			c := s.claims[re.GetRoom()]
-			s.mu.Unlock()
-			if c != nil && c.seq == re.GetClaimSeq() {
-				c.deliver(re.GetEvent())
-			}
+		s.dispatch(ev)
+		for _, m := range ev.GetMore() {
+			s.dispatch(m)
 		}
 	}
 	if errors.Is(end, io.EOF) {
@@ -172,32 +157,54 @@ func (s *Session) read(recv func() (*pb.PrefillEvent, error)) {
 	close(s.done)
 }
 
+// dispatch hands one message to its op (a result) or its claim (a room's
+// event).
+func (s *Session) dispatch(ev *pb.PrefillEvent) {
+	switch {
+	case ev.GetResult() != nil:
+		r := ev.GetResult()
+		s.mu.Lock()
+		ch := s.waiting[r.GetSeq()]
+		delete(s.waiting, r.GetSeq())
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- r
+		}
+	case ev.GetRoom() != nil:
+		re := ev.GetRoom()
+		s.mu.Lock()
+		c := s.claims[re.GetRoom()]
+		s.mu.Unlock()
+		if c != nil && c.seq == re.GetClaimSeq() {
+			c.deliver(re.GetEvent())
+		}
+	}
+}
+
 // do sends an op and waits for its result.
 func (s *Session) do(ctx context.Context, op string, m *pb.PrefillRequest, onSent func(seq uint64)) (*pb.PrefillResult, error) {
 	ch := make(chan *pb.PrefillResult, 1)
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	m.Traceparent, m.Tracestate = carrier["traceparent"], carrier["tracestate"]
-	s.sendMu.Lock()
-	s.mu.Lock()
-	if s.err != nil {
-		err := s.err
-		s.mu.Unlock()
-		s.sendMu.Unlock()
-		return nil, sessionEnded(op, err)
-	}
-	s.seq++
-	m.Seq = s.seq
-	s.waiting[m.Seq] = ch
-	if onSent != nil {
-		onSent(m.Seq)
-	}
-	s.mu.Unlock()
-	err := s.send(m)
-	s.sendMu.Unlock()
-	if err != nil {
-		<-s.done
-		return nil, sessionEnded(op, s.Err())
+	var ended error
+	queued := s.out.push(m, func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.err != nil {
+			ended = s.err
+			return false
+		}
+		s.seq++
+		m.Seq = s.seq
+		s.waiting[m.Seq] = ch
+		if onSent != nil {
+			onSent(m.Seq)
+		}
+		return true
+	})
+	if !queued {
+		return nil, sessionEnded(op, ended)
 	}
 	select {
 	case r, ok := <-ch:

@@ -133,9 +133,14 @@ func (es *engineSession) send() {
 			es.mu.Unlock()
 			return
 		}
+		// Pack what is queued into one message (EngineEvent.more).
+		n := min(len(es.queue), pb.MaxEngineEventsPerMessage)
 		ev := es.queue[0]
-		es.queue[0] = nil
-		es.queue = es.queue[1:]
+		if n > 1 {
+			ev.More = append(make([]*pb.EngineEvent, 0, n-1), es.queue[1:n]...)
+		}
+		clear(es.queue[:n])
+		es.queue = es.queue[n:]
 		es.inflight = true
 		es.mu.Unlock()
 		err := es.stream.Send(ev)
@@ -220,23 +225,44 @@ func (es *engineSession) receive() {
 			es.fail(err) // a message the interceptor refused (undecodable), or the stream's end
 			return
 		}
-		if err := req.CheckProtocol(prev); err != nil {
+		if err := req.CheckBatch(); err != nil {
 			es.count("protocol", codes.InvalidArgument)
 			es.fail(status.Error(codes.InvalidArgument, err.Error()))
 			return
 		}
-		prev = req.GetSeq()
-		reply, subs := es.run(req)
-		if !es.push(&pb.EngineEvent{Event: &pb.EngineEvent_Reply{Reply: reply}}) {
-			for _, sb := range subs {
-				sb.w.Close()
-			}
+		more := req.More
+		req.More = nil
+		if !es.handle(req, &prev) {
 			return
 		}
-		for _, sb := range subs {
-			es.start(sb)
+		for _, m := range more {
+			if !es.handle(m, &prev) {
+				return
+			}
 		}
 	}
+}
+
+// handle runs one request of a message and queues its reply; false when
+// the stream ends (a protocol violation, or it ended meanwhile).
+func (es *engineSession) handle(req *pb.EngineRequest, prev *uint64) bool {
+	if err := req.CheckProtocol(*prev); err != nil {
+		es.count("protocol", codes.InvalidArgument)
+		es.fail(status.Error(codes.InvalidArgument, err.Error()))
+		return false
+	}
+	*prev = req.GetSeq()
+	reply, subs := es.run(req)
+	if !es.push(&pb.EngineEvent{Event: &pb.EngineEvent_Reply{Reply: reply}}) {
+		for _, sb := range subs {
+			sb.w.Close()
+		}
+		return false
+	}
+	for _, sb := range subs {
+		es.start(sb)
+	}
+	return true
 }
 
 // pendingSub is a room an op subscribed: its watcher (opened before the
@@ -245,6 +271,9 @@ type pendingSub struct {
 	room  uint64
 	w     *kvmanager.Watcher
 	after uint32
+	// outcome: ENGINE_EVENTS_OUTCOME, only the room's SUCCEEDED or
+	// terminal event, then the subscription ends.
+	outcome bool
 }
 
 // subscribed reports whether room is subscribed on the stream, and how
@@ -289,11 +318,18 @@ func (es *engineSession) forward(sb pendingSub) {
 	for ev := range sb.w.Events() {
 		seq++
 		terminal = ev.Terminal
+		isOutcome := terminal || ev.Transition.Phase == kvmanager.PhaseSucceeded
+		if sb.outcome && !isOutcome {
+			continue
+		}
 		if seq <= sb.after {
+			if sb.outcome { // the client saw the outcome: nothing more to send
+				break
+			}
 			continue
 		}
 		out := &pb.EngineEvent{Event: &pb.EngineEvent_Room{Room: &pb.EngineRoomEvent{Room: sb.room, Seq: seq, Event: roomEventToProto(ev, inc)}}}
-		if !es.push(out) {
+		if !es.push(out) || sb.outcome {
 			break
 		}
 	}
@@ -392,7 +428,7 @@ func (es *engineSession) open(base context.Context, reply *pb.EngineReply, o *pb
 			es.answer(ctx, res, "watch", es.h.rs.err(ctx, err))
 			continue
 		}
-		subs = append(subs, pendingSub{room: req.GetRoom(), w: w})
+		subs = append(subs, pendingSub{room: req.GetRoom(), w: w, outcome: o.GetEvents() == pb.EngineEvents_ENGINE_EVENTS_OUTCOME})
 	}
 	return reply, subs
 }
@@ -419,7 +455,7 @@ func (es *engineSession) watch(base context.Context, reply *pb.EngineReply, o *p
 			continue
 		}
 		es.answer(base, res, "watch", nil)
-		subs = append(subs, pendingSub{room: wr.GetRoom(), w: w, after: wr.GetAfter()})
+		subs = append(subs, pendingSub{room: wr.GetRoom(), w: w, after: wr.GetAfter(), outcome: o.GetEvents() == pb.EngineEvents_ENGINE_EVENTS_OUTCOME})
 	}
 	return reply, subs
 }

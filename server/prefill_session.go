@@ -127,7 +127,7 @@ func (h *prefillSessionService) Session(stream grpc.BidiStreamingServer[pb.Prefi
 	for {
 		select {
 		case m := <-recv:
-			if err := ss.handle(m); err != nil {
+			if err := ss.handleAll(m); err != nil {
 				cancel(err)
 				ss.pumps.Wait()
 				return err
@@ -175,6 +175,9 @@ func (ss *session) hello(m *pb.PrefillRequest) error {
 	if m.GetSeq() != 0 {
 		return status.Errorf(codes.InvalidArgument, "seq: hello carries seq 0, got %d", m.GetSeq())
 	}
+	if len(m.GetMore()) > 0 {
+		return status.Error(codes.InvalidArgument, "more: the hello is sent alone (no more)")
+	}
 	if err := errors.Join(m.CheckEnvelope(), hello.Validate()); err != nil {
 		return status.Error(codes.InvalidArgument, pb.PrefixFields("hello.", err).Error())
 	}
@@ -203,6 +206,25 @@ func (ss *session) beat() error {
 		return toStatus(ss.ctx, ss.h.s.log, err)
 	}
 	ss.lastBeat, ss.interval = time.Now(), iv
+	return nil
+}
+
+// handleAll runs a message and the messages packed in its more, in order;
+// an error ends the stream.
+func (ss *session) handleAll(m *pb.PrefillRequest) error {
+	if err := m.CheckBatch(); err != nil {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	more := m.More
+	m.More = nil
+	if err := ss.handle(m); err != nil {
+		return err
+	}
+	for _, x := range more {
+		if err := ss.handle(x); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -441,14 +463,38 @@ func (ss *session) push(it sessionItem) {
 // session ends, or, after flush, until the queue is empty.
 func (ss *session) send(flush <-chan struct{}, sent chan<- struct{}) {
 	defer close(sent)
+	// out sends it and whatever else is queued (at most
+	// MaxPrefillEventsPerMessage in all) as one message
+	// (PrefillEvent.more), then runs their afters in order.
+	batch := make([]sessionItem, 0, pb.MaxPrefillEventsPerMessage)
 	out := func(it sessionItem) bool {
-		if err := ss.stream.Send(it.ev); err != nil {
+		batch = append(batch[:0], it)
+	fill:
+		for len(batch) < pb.MaxPrefillEventsPerMessage {
+			select {
+			case next := <-ss.queue:
+				batch = append(batch, next)
+			default:
+				break fill
+			}
+		}
+		ev := it.ev
+		if len(batch) > 1 {
+			ev.More = make([]*pb.PrefillEvent, len(batch)-1)
+			for i, b := range batch[1:] {
+				ev.More[i] = b.ev
+			}
+		}
+		if err := ss.stream.Send(ev); err != nil {
 			ss.cancel(err)
 			return false
 		}
-		if it.after != nil {
-			it.after()
+		for _, b := range batch {
+			if b.after != nil {
+				b.after()
+			}
 		}
+		clear(batch)
 		return true
 	}
 	for {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -35,6 +36,26 @@ type sess struct {
 	st     grpc.BidiStreamingClient[pb.PrefillRequest, pb.PrefillEvent]
 	cancel context.CancelFunc
 	seq    uint64
+	// held: the events of a message read but not yet returned (a message
+	// carries its own event, then those packed in its more).
+	held []*pb.PrefillEvent
+}
+
+// next returns the next event: the rest of the last message read, or the
+// first of the next one.
+func (s *sess) next() (*pb.PrefillEvent, error) {
+	if len(s.held) == 0 {
+		ev, err := s.st.Recv()
+		if err != nil {
+			return nil, err
+		}
+		more := ev.GetMore()
+		ev.More = nil
+		s.held = append([]*pb.PrefillEvent{ev}, more...)
+	}
+	ev := s.held[0]
+	s.held = s.held[1:]
+	return ev, nil
 }
 
 func openSession(t *testing.T, ctx context.Context, conn *grpc.ClientConn) *sess {
@@ -59,7 +80,7 @@ func (s *sess) send(m *pb.PrefillRequest) {
 
 func (s *sess) recv() *pb.PrefillEvent {
 	s.t.Helper()
-	ev, err := s.st.Recv()
+	ev, err := s.next()
 	if err != nil {
 		s.t.Fatalf("recv: %v", err)
 	}
@@ -144,7 +165,7 @@ func (s *sess) claim(room uint64) *pb.Destination {
 // streamEnd reads until the stream ends and returns its error (io.EOF: OK).
 func (s *sess) streamEnd() error {
 	for {
-		if _, err := s.st.Recv(); err != nil {
+		if _, err := s.next(); err != nil {
 			return err
 		}
 	}
@@ -398,6 +419,11 @@ func TestPrefillSessionProtocolViolations(t *testing.T) {
 		{"second hello", []*pb.PrefillRequest{hello(prank(w.addr, 0), 0), hello(prank(w.addr, 0), 0)}, codes.InvalidArgument, "hello: a session has one hello"},
 		{"seq 0", []*pb.PrefillRequest{hello(prank(w.addr, 0), 0), {Op: claimOp(7).Op}}, codes.InvalidArgument, "seq: 0 must be > 0"},
 		{"seq repeated", []*pb.PrefillRequest{hello(prank(w.addr, 0), 0), {Seq: 5, Op: claimOp(0).Op}, {Seq: 5, Op: claimOp(0).Op}}, codes.InvalidArgument, "seq: 5 must be > 0 and above the previous op's 5"},
+		{"hello with more", []*pb.PrefillRequest{{Op: hello(prank(w.addr, 0), 0).Op, More: []*pb.PrefillRequest{pingOp()}}}, codes.InvalidArgument, "more: the hello is sent alone"},
+		{"seq repeated inside a message", []*pb.PrefillRequest{hello(prank(w.addr, 0), 0), {Seq: 5, Op: claimOp(0).Op, More: []*pb.PrefillRequest{{Seq: 5, Op: claimOp(0).Op}}}}, codes.InvalidArgument, "seq: 5 must be > 0 and above the previous op's 5"},
+		{"hello inside a message", []*pb.PrefillRequest{hello(prank(w.addr, 0), 0), {Op: pingOp().Op, More: []*pb.PrefillRequest{hello(prank(w.addr, 0), 0)}}}, codes.InvalidArgument, "more[0].hello: a session has one hello"},
+		{"nested more", []*pb.PrefillRequest{hello(prank(w.addr, 0), 0), {Op: pingOp().Op, More: []*pb.PrefillRequest{{Op: pingOp().Op, More: []*pb.PrefillRequest{pingOp()}}}}}, codes.InvalidArgument, "more[0].more: must be empty"},
+		{"too many in a message", []*pb.PrefillRequest{hello(prank(w.addr, 0), 0), {Op: pingOp().Op, More: slices.Repeat([]*pb.PrefillRequest{pingOp()}, pb.MaxPrefillRequestsPerMessage+1)}}, codes.InvalidArgument, "more: has 65 messages (at most 64 per message)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -678,7 +704,7 @@ func TestPrefillSessionShutdown(t *testing.T) {
 	}()
 	ended := map[uint64]bool{}
 	for range 2 {
-		ev, err := s.st.Recv()
+		ev, err := s.next()
 		if err != nil {
 			t.Fatalf("before the shutdown events: %v", err)
 		}

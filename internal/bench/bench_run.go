@@ -166,6 +166,11 @@ func (s *benchStream) RecvMsg(m any) error {
 				if d := ev.GetRoom().GetEvent().GetDestination(); d != nil {
 					s.onDest(d)
 				}
+				for _, m := range ev.GetMore() { // the events packed in the message
+					if d := m.GetRoom().GetEvent().GetDestination(); d != nil {
+						s.onDest(d)
+					}
+				}
 			}
 		}
 	}

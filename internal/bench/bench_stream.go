@@ -144,7 +144,7 @@ func (e *benchEngine) session() (*benchEngineSession, error) {
 	if err := e.ctx.Err(); err != nil {
 		return nil, err
 	}
-	s, err := e.c.EngineSession(e.ctx)
+	s, err := e.c.EngineSession(e.ctx, client.SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME))
 	if err != nil {
 		return nil, err
 	}

@@ -234,14 +234,17 @@ func TestBenchStreamAPI(t *testing.T) {
 	}
 	// Each prefill rank claims and sends its one chunk on its session
 	// (2 ops, plus the session's pings), and receives the claim's result,
-	// the destination, the chunk's result and the room's end.
-	if ps := s.ByMethod["PrefillSession"]; ps.Sent < 4 || ps.Messages < 8 {
-		t.Errorf("stream mix PrefillSession = %+v, want >= 4 sent, >= 8 received per room (2 ranks)", ps)
+	// the destination, the chunk's result and the room's end: 4 ops and 8
+	// events per room for 2 ranks, which the sessions may pack into fewer
+	// messages (PrefillRequest.more, PrefillEvent.more), never more.
+	if ps := s.ByMethod["PrefillSession"]; ps.Sent <= 0 || ps.Sent > 4.1 || ps.Messages <= 0 || ps.Messages > 8.1 {
+		t.Errorf("stream mix PrefillSession = %+v, want (0, 4] sent, (0, 8] received per room (2 ranks; pings aside)", ps)
 	}
-	// The engine: an open (batched) and a release sent; their replies and
-	// the room's events received.
-	if es := s.ByMethod["EngineSession"]; es.Sent <= 1 || es.Sent > 2 || es.Messages <= es.Sent {
-		t.Errorf("stream mix EngineSession = %+v, want (1, 2] sent (release + batched open), more received", es)
+	// The engine: an open (batched) and a release sent; the open's reply
+	// (batched), the room's outcome alone (ENGINE_EVENTS_OUTCOME: not one
+	// event per transition) and the release's reply received.
+	if es := s.ByMethod["EngineSession"]; es.Sent <= 0 || es.Sent > 2 || es.Messages <= 0 || es.Messages > 3 {
+		t.Errorf("stream mix EngineSession = %+v, want (0, 2] sent (release + batched open), (0, 3] received (replies + the outcome)", es)
 	}
 	for _, m := range []string{"OpenRoom", "WatchRoom", "AwaitDestination", "Transfer", "ReleaseRoom"} {
 		if _, ok := s.ByMethod[m]; ok {

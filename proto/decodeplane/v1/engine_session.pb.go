@@ -22,6 +22,61 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// EngineEvents chooses which of a room's events a stream sends.
+type EngineEvents int32
+
+const (
+	// Every event of the room, from its opening to its terminal event.
+	EngineEvents_ENGINE_EVENTS_ALL EngineEvents = 0
+	// Only the room's outcome: its ROOM_PHASE_SUCCEEDED transition, or, for
+	// a room that ends without succeeding, its terminal event (FAILED). The
+	// event keeps its seq (its position in the room's timeline; the seqs a
+	// stream sends for a room then have gaps). The room is unsubscribed once
+	// its outcome was sent: a succeeded room's later RELEASED is not sent
+	// (the Release's Reply says it). What the Go client's OpenAndWait needs:
+	// one event per room instead of one per transition.
+	EngineEvents_ENGINE_EVENTS_OUTCOME EngineEvents = 1
+)
+
+// Enum value maps for EngineEvents.
+var (
+	EngineEvents_name = map[int32]string{
+		0: "ENGINE_EVENTS_ALL",
+		1: "ENGINE_EVENTS_OUTCOME",
+	}
+	EngineEvents_value = map[string]int32{
+		"ENGINE_EVENTS_ALL":     0,
+		"ENGINE_EVENTS_OUTCOME": 1,
+	}
+)
+
+func (x EngineEvents) Enum() *EngineEvents {
+	p := new(EngineEvents)
+	*p = x
+	return p
+}
+
+func (x EngineEvents) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (EngineEvents) Descriptor() protoreflect.EnumDescriptor {
+	return file_decodeplane_v1_engine_session_proto_enumTypes[0].Descriptor()
+}
+
+func (EngineEvents) Type() protoreflect.EnumType {
+	return &file_decodeplane_v1_engine_session_proto_enumTypes[0]
+}
+
+func (x EngineEvents) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use EngineEvents.Descriptor instead.
+func (EngineEvents) EnumDescriptor() ([]byte, []int) {
+	return file_decodeplane_v1_engine_session_proto_rawDescGZIP(), []int{0}
+}
+
 type EngineRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// seq is chosen by the client and echoed in the op's Reply.
@@ -40,7 +95,17 @@ type EngineRequest struct {
 	// traceparent is the op's W3C trace context ("00-<trace id>-<span
 	// id>-<flags>"). bounds: empty, or at most 128 bytes and a valid
 	// traceparent (else INVALID_ARGUMENT traceparent, in the op's Reply).
-	Traceparent   string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	Traceparent string `protobuf:"bytes,6,opt,name=traceparent,proto3" json:"traceparent,omitempty"`
+	// more: further requests sent in the same message, after this one, to
+	// save the per-message cost when a client has several ready (the Go
+	// client packs what was queued while its previous message was being
+	// written). Each entry is handled exactly as if it were a message of its
+	// own: its own seq (strictly above the previous request's, this one's
+	// for the first entry), its own op and Reply. bounds (protocol: a
+	// violation ends the stream with INVALID_ARGUMENT more): at most 64
+	// entries (MaxEngineRequestsPerMessage), and an entry's own more is
+	// empty.
+	More          []*EngineRequest `protobuf:"bytes,7,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -132,6 +197,13 @@ func (x *EngineRequest) GetTraceparent() string {
 	return ""
 }
 
+func (x *EngineRequest) GetMore() []*EngineRequest {
+	if x != nil {
+		return x.More
+	}
+	return nil
+}
+
 type isEngineRequest_Op interface {
 	isEngineRequest_Op()
 }
@@ -171,7 +243,12 @@ type EngineOpen struct {
 	// EngineRequest.traceparent (which applies to the rooms whose entry is
 	// empty). bounds: empty or exactly one per room, each empty or as
 	// EngineRequest.traceparent.
-	Traceparents  []string `protobuf:"bytes,2,rep,name=traceparents,proto3" json:"traceparents,omitempty"`
+	Traceparents []string `protobuf:"bytes,2,rep,name=traceparents,proto3" json:"traceparents,omitempty"`
+	// events: which events of the rooms the stream sends. bounds: a defined
+	// EngineEvents value (else INVALID_ARGUMENT open.events). A room
+	// already subscribed on the stream keeps the events it was subscribed
+	// with.
+	Events        EngineEvents `protobuf:"varint,3,opt,name=events,proto3,enum=decodeplane.v1.EngineEvents" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -220,12 +297,25 @@ func (x *EngineOpen) GetTraceparents() []string {
 	return nil
 }
 
+func (x *EngineOpen) GetEvents() EngineEvents {
+	if x != nil {
+		return x.Events
+	}
+	return EngineEvents_ENGINE_EVENTS_ALL
+}
+
 // EngineWatch (re)subscribes rooms: a resume after a new stream, or rooms
 // opened by another client.
 type EngineWatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bounds: 1..4,096 rooms, no room id twice.
-	Rooms         []*EngineWatchRoom `protobuf:"bytes,1,rep,name=rooms,proto3" json:"rooms,omitempty"`
+	Rooms []*EngineWatchRoom `protobuf:"bytes,1,rep,name=rooms,proto3" json:"rooms,omitempty"`
+	// events: which events of the rooms the stream sends, as
+	// EngineOpen.events: with ENGINE_EVENTS_OUTCOME a room whose outcome
+	// came before `after` sends nothing more and is not subscribed (its
+	// result is OK). bounds: a defined EngineEvents value (else
+	// INVALID_ARGUMENT watch.events).
+	Events        EngineEvents `protobuf:"varint,2,opt,name=events,proto3,enum=decodeplane.v1.EngineEvents" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -265,6 +355,13 @@ func (x *EngineWatch) GetRooms() []*EngineWatchRoom {
 		return x.Rooms
 	}
 	return nil
+}
+
+func (x *EngineWatch) GetEvents() EngineEvents {
+	if x != nil {
+		return x.Events
+	}
+	return EngineEvents_ENGINE_EVENTS_ALL
 }
 
 type EngineWatchRoom struct {
@@ -331,7 +428,13 @@ type EngineEvent struct {
 	//
 	//	*EngineEvent_Reply
 	//	*EngineEvent_Room
-	Event         isEngineEvent_Event `protobuf_oneof:"event"`
+	Event isEngineEvent_Event `protobuf_oneof:"event"`
+	// more: the replies and events queued behind this one, sent in the same
+	// message, in order: read the message's own event, then each entry's.
+	// The daemon packs what its queue holds when the sender takes it, at
+	// most 64 per message (MaxEngineEventsPerMessage); an entry's own more is
+	// always empty. Order and flow control are as if each were a message.
+	More          []*EngineEvent `protobuf:"bytes,3,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -387,6 +490,13 @@ func (x *EngineEvent) GetRoom() *EngineRoomEvent {
 		if x, ok := x.Event.(*EngineEvent_Room); ok {
 			return x.Room
 		}
+	}
+	return nil
+}
+
+func (x *EngineEvent) GetMore() []*EngineEvent {
+	if x != nil {
+		return x.More
 	}
 	return nil
 }
@@ -686,27 +796,31 @@ var File_decodeplane_v1_engine_session_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_engine_session_proto_rawDesc = "" +
 	"\n" +
-	"#decodeplane/v1/engine_session.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1adecodeplane/v1/rooms.proto\"\xaa\x02\n" +
+	"#decodeplane/v1/engine_session.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1adecodeplane/v1/rooms.proto\"\xdd\x02\n" +
 	"\rEngineRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04open\x18\x02 \x01(\v2\x1a.decodeplane.v1.EngineOpenH\x00R\x04open\x12>\n" +
 	"\arelease\x18\x03 \x01(\v2\".decodeplane.v1.ReleaseRoomRequestH\x00R\arelease\x128\n" +
 	"\x05abort\x18\x04 \x01(\v2 .decodeplane.v1.AbortRoomRequestH\x00R\x05abort\x123\n" +
 	"\x05watch\x18\x05 \x01(\v2\x1b.decodeplane.v1.EngineWatchH\x00R\x05watch\x12 \n" +
-	"\vtraceparent\x18\x06 \x01(\tR\vtraceparentB\x04\n" +
-	"\x02op\"g\n" +
+	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\x121\n" +
+	"\x04more\x18\a \x03(\v2\x1d.decodeplane.v1.EngineRequestR\x04moreB\x04\n" +
+	"\x02op\"\x9d\x01\n" +
 	"\n" +
 	"EngineOpen\x125\n" +
 	"\x05rooms\x18\x01 \x03(\v2\x1f.decodeplane.v1.OpenRoomRequestR\x05rooms\x12\"\n" +
-	"\ftraceparents\x18\x02 \x03(\tR\ftraceparents\"D\n" +
+	"\ftraceparents\x18\x02 \x03(\tR\ftraceparents\x124\n" +
+	"\x06events\x18\x03 \x01(\x0e2\x1c.decodeplane.v1.EngineEventsR\x06events\"z\n" +
 	"\vEngineWatch\x125\n" +
-	"\x05rooms\x18\x01 \x03(\v2\x1f.decodeplane.v1.EngineWatchRoomR\x05rooms\";\n" +
+	"\x05rooms\x18\x01 \x03(\v2\x1f.decodeplane.v1.EngineWatchRoomR\x05rooms\x124\n" +
+	"\x06events\x18\x02 \x01(\x0e2\x1c.decodeplane.v1.EngineEventsR\x06events\";\n" +
 	"\x0fEngineWatchRoom\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x14\n" +
-	"\x05after\x18\x02 \x01(\rR\x05after\"\x82\x01\n" +
+	"\x05after\x18\x02 \x01(\rR\x05after\"\xb3\x01\n" +
 	"\vEngineEvent\x123\n" +
 	"\x05reply\x18\x01 \x01(\v2\x1b.decodeplane.v1.EngineReplyH\x00R\x05reply\x125\n" +
-	"\x04room\x18\x02 \x01(\v2\x1f.decodeplane.v1.EngineRoomEventH\x00R\x04roomB\a\n" +
+	"\x04room\x18\x02 \x01(\v2\x1f.decodeplane.v1.EngineRoomEventH\x00R\x04room\x12/\n" +
+	"\x04more\x18\x03 \x03(\v2\x1b.decodeplane.v1.EngineEventR\x04moreB\a\n" +
 	"\x05event\"\x85\x01\n" +
 	"\vEngineReply\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x12\n" +
@@ -726,7 +840,10 @@ const file_decodeplane_v1_engine_session_proto_rawDesc = "" +
 	"\x0fEngineRoomEvent\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x10\n" +
 	"\x03seq\x18\x02 \x01(\rR\x03seq\x12/\n" +
-	"\x05event\x18\x03 \x01(\v2\x19.decodeplane.v1.RoomEventR\x05event2Z\n" +
+	"\x05event\x18\x03 \x01(\v2\x19.decodeplane.v1.RoomEventR\x05event*@\n" +
+	"\fEngineEvents\x12\x15\n" +
+	"\x11ENGINE_EVENTS_ALL\x10\x00\x12\x19\n" +
+	"\x15ENGINE_EVENTS_OUTCOME\x10\x012Z\n" +
 	"\rEngineSession\x12I\n" +
 	"\aSession\x12\x1d.decodeplane.v1.EngineRequest\x1a\x1b.decodeplane.v1.EngineEvent(\x010\x01BGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 
@@ -742,47 +859,53 @@ func file_decodeplane_v1_engine_session_proto_rawDescGZIP() []byte {
 	return file_decodeplane_v1_engine_session_proto_rawDescData
 }
 
+var file_decodeplane_v1_engine_session_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_decodeplane_v1_engine_session_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_decodeplane_v1_engine_session_proto_goTypes = []any{
-	(*EngineRequest)(nil),       // 0: decodeplane.v1.EngineRequest
-	(*EngineOpen)(nil),          // 1: decodeplane.v1.EngineOpen
-	(*EngineWatch)(nil),         // 2: decodeplane.v1.EngineWatch
-	(*EngineWatchRoom)(nil),     // 3: decodeplane.v1.EngineWatchRoom
-	(*EngineEvent)(nil),         // 4: decodeplane.v1.EngineEvent
-	(*EngineReply)(nil),         // 5: decodeplane.v1.EngineReply
-	(*EngineResult)(nil),        // 6: decodeplane.v1.EngineResult
-	(*EngineRoomEvent)(nil),     // 7: decodeplane.v1.EngineRoomEvent
-	(*ReleaseRoomRequest)(nil),  // 8: decodeplane.v1.ReleaseRoomRequest
-	(*AbortRoomRequest)(nil),    // 9: decodeplane.v1.AbortRoomRequest
-	(*OpenRoomRequest)(nil),     // 10: decodeplane.v1.OpenRoomRequest
-	(*durationpb.Duration)(nil), // 11: google.protobuf.Duration
-	(*OpenRoomResponse)(nil),    // 12: decodeplane.v1.OpenRoomResponse
-	(*ReleaseRoomResponse)(nil), // 13: decodeplane.v1.ReleaseRoomResponse
-	(*AbortRoomResponse)(nil),   // 14: decodeplane.v1.AbortRoomResponse
-	(*RoomEvent)(nil),           // 15: decodeplane.v1.RoomEvent
+	(EngineEvents)(0),           // 0: decodeplane.v1.EngineEvents
+	(*EngineRequest)(nil),       // 1: decodeplane.v1.EngineRequest
+	(*EngineOpen)(nil),          // 2: decodeplane.v1.EngineOpen
+	(*EngineWatch)(nil),         // 3: decodeplane.v1.EngineWatch
+	(*EngineWatchRoom)(nil),     // 4: decodeplane.v1.EngineWatchRoom
+	(*EngineEvent)(nil),         // 5: decodeplane.v1.EngineEvent
+	(*EngineReply)(nil),         // 6: decodeplane.v1.EngineReply
+	(*EngineResult)(nil),        // 7: decodeplane.v1.EngineResult
+	(*EngineRoomEvent)(nil),     // 8: decodeplane.v1.EngineRoomEvent
+	(*ReleaseRoomRequest)(nil),  // 9: decodeplane.v1.ReleaseRoomRequest
+	(*AbortRoomRequest)(nil),    // 10: decodeplane.v1.AbortRoomRequest
+	(*OpenRoomRequest)(nil),     // 11: decodeplane.v1.OpenRoomRequest
+	(*durationpb.Duration)(nil), // 12: google.protobuf.Duration
+	(*OpenRoomResponse)(nil),    // 13: decodeplane.v1.OpenRoomResponse
+	(*ReleaseRoomResponse)(nil), // 14: decodeplane.v1.ReleaseRoomResponse
+	(*AbortRoomResponse)(nil),   // 15: decodeplane.v1.AbortRoomResponse
+	(*RoomEvent)(nil),           // 16: decodeplane.v1.RoomEvent
 }
 var file_decodeplane_v1_engine_session_proto_depIdxs = []int32{
-	1,  // 0: decodeplane.v1.EngineRequest.open:type_name -> decodeplane.v1.EngineOpen
-	8,  // 1: decodeplane.v1.EngineRequest.release:type_name -> decodeplane.v1.ReleaseRoomRequest
-	9,  // 2: decodeplane.v1.EngineRequest.abort:type_name -> decodeplane.v1.AbortRoomRequest
-	2,  // 3: decodeplane.v1.EngineRequest.watch:type_name -> decodeplane.v1.EngineWatch
-	10, // 4: decodeplane.v1.EngineOpen.rooms:type_name -> decodeplane.v1.OpenRoomRequest
-	3,  // 5: decodeplane.v1.EngineWatch.rooms:type_name -> decodeplane.v1.EngineWatchRoom
-	5,  // 6: decodeplane.v1.EngineEvent.reply:type_name -> decodeplane.v1.EngineReply
-	7,  // 7: decodeplane.v1.EngineEvent.room:type_name -> decodeplane.v1.EngineRoomEvent
-	6,  // 8: decodeplane.v1.EngineReply.results:type_name -> decodeplane.v1.EngineResult
-	11, // 9: decodeplane.v1.EngineResult.retry_after:type_name -> google.protobuf.Duration
-	12, // 10: decodeplane.v1.EngineResult.open:type_name -> decodeplane.v1.OpenRoomResponse
-	13, // 11: decodeplane.v1.EngineResult.release:type_name -> decodeplane.v1.ReleaseRoomResponse
-	14, // 12: decodeplane.v1.EngineResult.abort:type_name -> decodeplane.v1.AbortRoomResponse
-	15, // 13: decodeplane.v1.EngineRoomEvent.event:type_name -> decodeplane.v1.RoomEvent
-	0,  // 14: decodeplane.v1.EngineSession.Session:input_type -> decodeplane.v1.EngineRequest
-	4,  // 15: decodeplane.v1.EngineSession.Session:output_type -> decodeplane.v1.EngineEvent
-	15, // [15:16] is the sub-list for method output_type
-	14, // [14:15] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	2,  // 0: decodeplane.v1.EngineRequest.open:type_name -> decodeplane.v1.EngineOpen
+	9,  // 1: decodeplane.v1.EngineRequest.release:type_name -> decodeplane.v1.ReleaseRoomRequest
+	10, // 2: decodeplane.v1.EngineRequest.abort:type_name -> decodeplane.v1.AbortRoomRequest
+	3,  // 3: decodeplane.v1.EngineRequest.watch:type_name -> decodeplane.v1.EngineWatch
+	1,  // 4: decodeplane.v1.EngineRequest.more:type_name -> decodeplane.v1.EngineRequest
+	11, // 5: decodeplane.v1.EngineOpen.rooms:type_name -> decodeplane.v1.OpenRoomRequest
+	0,  // 6: decodeplane.v1.EngineOpen.events:type_name -> decodeplane.v1.EngineEvents
+	4,  // 7: decodeplane.v1.EngineWatch.rooms:type_name -> decodeplane.v1.EngineWatchRoom
+	0,  // 8: decodeplane.v1.EngineWatch.events:type_name -> decodeplane.v1.EngineEvents
+	6,  // 9: decodeplane.v1.EngineEvent.reply:type_name -> decodeplane.v1.EngineReply
+	8,  // 10: decodeplane.v1.EngineEvent.room:type_name -> decodeplane.v1.EngineRoomEvent
+	5,  // 11: decodeplane.v1.EngineEvent.more:type_name -> decodeplane.v1.EngineEvent
+	7,  // 12: decodeplane.v1.EngineReply.results:type_name -> decodeplane.v1.EngineResult
+	12, // 13: decodeplane.v1.EngineResult.retry_after:type_name -> google.protobuf.Duration
+	13, // 14: decodeplane.v1.EngineResult.open:type_name -> decodeplane.v1.OpenRoomResponse
+	14, // 15: decodeplane.v1.EngineResult.release:type_name -> decodeplane.v1.ReleaseRoomResponse
+	15, // 16: decodeplane.v1.EngineResult.abort:type_name -> decodeplane.v1.AbortRoomResponse
+	16, // 17: decodeplane.v1.EngineRoomEvent.event:type_name -> decodeplane.v1.RoomEvent
+	1,  // 18: decodeplane.v1.EngineSession.Session:input_type -> decodeplane.v1.EngineRequest
+	5,  // 19: decodeplane.v1.EngineSession.Session:output_type -> decodeplane.v1.EngineEvent
+	19, // [19:20] is the sub-list for method output_type
+	18, // [18:19] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_engine_session_proto_init() }
@@ -811,13 +934,14 @@ func file_decodeplane_v1_engine_session_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_engine_session_proto_rawDesc), len(file_decodeplane_v1_engine_session_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_decodeplane_v1_engine_session_proto_goTypes,
 		DependencyIndexes: file_decodeplane_v1_engine_session_proto_depIdxs,
+		EnumInfos:         file_decodeplane_v1_engine_session_proto_enumTypes,
 		MessageInfos:      file_decodeplane_v1_engine_session_proto_msgTypes,
 	}.Build()
 	File_decodeplane_v1_engine_session_proto = out.File

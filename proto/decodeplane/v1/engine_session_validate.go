@@ -26,7 +26,37 @@ const (
 	MaxEngineSessionQueue = 4096
 	// MaxEngineSessionRooms bounds the rooms one stream is subscribed to.
 	MaxEngineSessionRooms = 16384
+	// MaxEngineRequestsPerMessage bounds EngineRequest.more.
+	MaxEngineRequestsPerMessage = 64
+	// MaxEngineEventsPerMessage bounds EngineEvent.more (what the daemon
+	// packs into one message).
+	MaxEngineEventsPerMessage = 64
 )
+
+// CheckBatch checks a message's more (before its requests, each then
+// checked with CheckProtocol in order): at most
+// MaxEngineRequestsPerMessage entries, none with a more of its own. An
+// error names the field; the server ends the stream with it.
+func (x *EngineRequest) CheckBatch() error {
+	more := x.GetMore()
+	if len(more) > MaxEngineRequestsPerMessage {
+		return fieldErr("more", "has %d requests (at most %d per message)", len(more), MaxEngineRequestsPerMessage)
+	}
+	for i, m := range more {
+		if len(m.GetMore()) > 0 {
+			return fieldErr(fmt.Sprintf("more[%d].more", i), "must be empty (requests are not nested)")
+		}
+	}
+	return nil
+}
+
+// checkEngineEvents checks an EngineEvents field.
+func checkEngineEvents(field string, e EngineEvents) error {
+	if _, ok := EngineEvents_name[int32(e)]; !ok {
+		return fieldErr(field, "%d is not an EngineEvents value (ENGINE_EVENTS_ALL 0, ENGINE_EVENTS_OUTCOME 1)", int32(e))
+	}
+	return nil
+}
 
 // CheckProtocol checks what a stream cannot go on without: a seq above
 // prev (the previous request's seq, 0 before the first) and an op. An
@@ -65,6 +95,9 @@ func (x *EngineRequest) CheckOp() error {
 			}
 			seen[r.GetRoom()] = i
 		}
+		if err := checkEngineEvents("open.events", op.Open.GetEvents()); err != nil {
+			errs = append(errs, err)
+		}
 		tps := op.Open.GetTraceparents()
 		if len(tps) != 0 && len(tps) != len(rooms) {
 			errs = append(errs, fieldErr("open.traceparents", "has %d entries for %d rooms: empty or one per room", len(tps), len(rooms)))
@@ -76,6 +109,9 @@ func (x *EngineRequest) CheckOp() error {
 			}
 		}
 	case *EngineRequest_Watch:
+		if err := checkEngineEvents("watch.events", op.Watch.GetEvents()); err != nil {
+			errs = append(errs, err)
+		}
 		rooms := op.Watch.GetRooms()
 		switch n := len(rooms); {
 		case n == 0:

@@ -43,7 +43,16 @@ type PrefillRequest struct {
 	//	*PrefillRequest_Chunk
 	//	*PrefillRequest_Report
 	//	*PrefillRequest_Ack
-	Op            isPrefillRequest_Op `protobuf_oneof:"op"`
+	Op isPrefillRequest_Op `protobuf_oneof:"op"`
+	// more: further messages sent in the same message, after this one, to
+	// save the per-message cost when a client has several ready (the Go
+	// client packs what was queued while its previous message was being
+	// written). Each entry is handled exactly as if it were a message of its
+	// own (its own seq, op, envelope checks and result). bounds (protocol: a
+	// violation ends the stream with INVALID_ARGUMENT more): at most 64
+	// entries (MaxPrefillRequestsPerMessage); an entry's own more is empty;
+	// not on hello.
+	More          []*PrefillRequest `protobuf:"bytes,16,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -156,6 +165,13 @@ func (x *PrefillRequest) GetAck() *AckRoomEndRequest {
 		if x, ok := x.Op.(*PrefillRequest_Ack); ok {
 			return x.Ack
 		}
+	}
+	return nil
+}
+
+func (x *PrefillRequest) GetMore() []*PrefillRequest {
+	if x != nil {
+		return x.More
 	}
 	return nil
 }
@@ -321,7 +337,14 @@ type PrefillEvent struct {
 	//	*PrefillEvent_Pong
 	//	*PrefillEvent_Result
 	//	*PrefillEvent_Room
-	Event         isPrefillEvent_Event `protobuf_oneof:"event"`
+	Event isPrefillEvent_Event `protobuf_oneof:"event"`
+	// more: the messages queued behind this one, sent in the same message, in
+	// order: read the message's own event, then each entry's. The daemon
+	// packs what its queue holds when the sender takes it, at most 64 per
+	// message (MaxPrefillEventsPerMessage); an entry's own more is always
+	// empty; the welcome is always alone. Order and flow control are as if
+	// each were a message.
+	More          []*PrefillEvent `protobuf:"bytes,5,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -395,6 +418,13 @@ func (x *PrefillEvent) GetRoom() *PrefillRoomEvent {
 		if x, ok := x.Event.(*PrefillEvent_Room); ok {
 			return x.Room
 		}
+	}
+	return nil
+}
+
+func (x *PrefillEvent) GetMore() []*PrefillEvent {
+	if x != nil {
+		return x.More
 	}
 	return nil
 }
@@ -856,7 +886,7 @@ var File_decodeplane_v1_prefill_session_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_prefill_session_proto_rawDesc = "" +
 	"\n" +
-	"$decodeplane/v1/prefill_session.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1bdecodeplane/v1/common.proto\x1a\x1adecodeplane/v1/rooms.proto\"\xc5\x03\n" +
+	"$decodeplane/v1/prefill_session.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1bdecodeplane/v1/common.proto\x1a\x1adecodeplane/v1/rooms.proto\"\xf9\x03\n" +
 	"\x0ePrefillRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12 \n" +
 	"\vtraceparent\x18\x02 \x01(\tR\vtraceparent\x12\x1e\n" +
@@ -869,19 +899,21 @@ const file_decodeplane_v1_prefill_session_proto_rawDesc = "" +
 	"\x05claim\x18\f \x01(\v2'.decodeplane.v1.AwaitDestinationRequestH\x00R\x05claim\x127\n" +
 	"\x05chunk\x18\r \x01(\v2\x1f.decodeplane.v1.TransferRequestH\x00R\x05chunk\x12?\n" +
 	"\x06report\x18\x0e \x01(\v2%.decodeplane.v1.ReportTransferRequestH\x00R\x06report\x125\n" +
-	"\x03ack\x18\x0f \x01(\v2!.decodeplane.v1.AckRoomEndRequestH\x00R\x03ackB\x04\n" +
+	"\x03ack\x18\x0f \x01(\v2!.decodeplane.v1.AckRoomEndRequestH\x00R\x03ack\x122\n" +
+	"\x04more\x18\x10 \x03(\v2\x1e.decodeplane.v1.PrefillRequestR\x04moreB\x04\n" +
 	"\x02op\"\x82\x01\n" +
 	"\fPrefillHello\x12/\n" +
 	"\x04rank\x18\x01 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
 	"instanceId\x12 \n" +
 	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"\r\n" +
-	"\vPrefillPing\"\xf7\x01\n" +
+	"\vPrefillPing\"\xa9\x02\n" +
 	"\fPrefillEvent\x12:\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1e.decodeplane.v1.PrefillWelcomeH\x00R\awelcome\x121\n" +
 	"\x04pong\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillPongH\x00R\x04pong\x127\n" +
 	"\x06result\x18\x03 \x01(\v2\x1d.decodeplane.v1.PrefillResultH\x00R\x06result\x126\n" +
-	"\x04room\x18\x04 \x01(\v2 .decodeplane.v1.PrefillRoomEventH\x00R\x04roomB\a\n" +
+	"\x04room\x18\x04 \x01(\v2 .decodeplane.v1.PrefillRoomEventH\x00R\x04room\x120\n" +
+	"\x04more\x18\x05 \x03(\v2\x1c.decodeplane.v1.PrefillEventR\x04moreB\a\n" +
 	"\x05event\"\xd1\x01\n" +
 	"\x0ePrefillWelcome\x12 \n" +
 	"\vincarnation\x18\x01 \x01(\x06R\vincarnation\x12H\n" +
@@ -959,26 +991,28 @@ var file_decodeplane_v1_prefill_session_proto_depIdxs = []int32{
 	12, // 3: decodeplane.v1.PrefillRequest.chunk:type_name -> decodeplane.v1.TransferRequest
 	13, // 4: decodeplane.v1.PrefillRequest.report:type_name -> decodeplane.v1.ReportTransferRequest
 	14, // 5: decodeplane.v1.PrefillRequest.ack:type_name -> decodeplane.v1.AckRoomEndRequest
-	15, // 6: decodeplane.v1.PrefillHello.rank:type_name -> decodeplane.v1.PrefillRank
-	4,  // 7: decodeplane.v1.PrefillEvent.welcome:type_name -> decodeplane.v1.PrefillWelcome
-	5,  // 8: decodeplane.v1.PrefillEvent.pong:type_name -> decodeplane.v1.PrefillPong
-	7,  // 9: decodeplane.v1.PrefillEvent.result:type_name -> decodeplane.v1.PrefillResult
-	9,  // 10: decodeplane.v1.PrefillEvent.room:type_name -> decodeplane.v1.PrefillRoomEvent
-	16, // 11: decodeplane.v1.PrefillWelcome.heartbeat_interval:type_name -> google.protobuf.Duration
-	10, // 12: decodeplane.v1.PrefillError.metadata:type_name -> decodeplane.v1.PrefillError.MetadataEntry
-	6,  // 13: decodeplane.v1.PrefillResult.error:type_name -> decodeplane.v1.PrefillError
-	8,  // 14: decodeplane.v1.PrefillResult.claim:type_name -> decodeplane.v1.PrefillClaimed
-	17, // 15: decodeplane.v1.PrefillResult.chunk:type_name -> decodeplane.v1.TransferResponse
-	18, // 16: decodeplane.v1.PrefillResult.report:type_name -> decodeplane.v1.ReportTransferResponse
-	19, // 17: decodeplane.v1.PrefillResult.ack:type_name -> decodeplane.v1.AckRoomEndResponse
-	20, // 18: decodeplane.v1.PrefillRoomEvent.event:type_name -> decodeplane.v1.DestinationEvent
-	0,  // 19: decodeplane.v1.PrefillSession.Session:input_type -> decodeplane.v1.PrefillRequest
-	3,  // 20: decodeplane.v1.PrefillSession.Session:output_type -> decodeplane.v1.PrefillEvent
-	20, // [20:21] is the sub-list for method output_type
-	19, // [19:20] is the sub-list for method input_type
-	19, // [19:19] is the sub-list for extension type_name
-	19, // [19:19] is the sub-list for extension extendee
-	0,  // [0:19] is the sub-list for field type_name
+	0,  // 6: decodeplane.v1.PrefillRequest.more:type_name -> decodeplane.v1.PrefillRequest
+	15, // 7: decodeplane.v1.PrefillHello.rank:type_name -> decodeplane.v1.PrefillRank
+	4,  // 8: decodeplane.v1.PrefillEvent.welcome:type_name -> decodeplane.v1.PrefillWelcome
+	5,  // 9: decodeplane.v1.PrefillEvent.pong:type_name -> decodeplane.v1.PrefillPong
+	7,  // 10: decodeplane.v1.PrefillEvent.result:type_name -> decodeplane.v1.PrefillResult
+	9,  // 11: decodeplane.v1.PrefillEvent.room:type_name -> decodeplane.v1.PrefillRoomEvent
+	3,  // 12: decodeplane.v1.PrefillEvent.more:type_name -> decodeplane.v1.PrefillEvent
+	16, // 13: decodeplane.v1.PrefillWelcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	10, // 14: decodeplane.v1.PrefillError.metadata:type_name -> decodeplane.v1.PrefillError.MetadataEntry
+	6,  // 15: decodeplane.v1.PrefillResult.error:type_name -> decodeplane.v1.PrefillError
+	8,  // 16: decodeplane.v1.PrefillResult.claim:type_name -> decodeplane.v1.PrefillClaimed
+	17, // 17: decodeplane.v1.PrefillResult.chunk:type_name -> decodeplane.v1.TransferResponse
+	18, // 18: decodeplane.v1.PrefillResult.report:type_name -> decodeplane.v1.ReportTransferResponse
+	19, // 19: decodeplane.v1.PrefillResult.ack:type_name -> decodeplane.v1.AckRoomEndResponse
+	20, // 20: decodeplane.v1.PrefillRoomEvent.event:type_name -> decodeplane.v1.DestinationEvent
+	0,  // 21: decodeplane.v1.PrefillSession.Session:input_type -> decodeplane.v1.PrefillRequest
+	3,  // 22: decodeplane.v1.PrefillSession.Session:output_type -> decodeplane.v1.PrefillEvent
+	22, // [22:23] is the sub-list for method output_type
+	21, // [21:22] is the sub-list for method input_type
+	21, // [21:21] is the sub-list for extension type_name
+	21, // [21:21] is the sub-list for extension extendee
+	0,  // [0:21] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_prefill_session_proto_init() }

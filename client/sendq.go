@@ -1,0 +1,79 @@
+package client
+
+import "sync"
+
+// sendQueue writes a stream's messages in order, one writer at a time,
+// packing the messages queued while a write was in flight into the next
+// one (the sessions' "more" field): under load many ops share one
+// message, while a lone op is written at once by its own caller (a group
+// commit: no goroutine, no timer).
+type sendQueue[M any] struct {
+	max     int                     // messages per write, the first included
+	send    func(first M, more []M) // writes one message; errors show on the stream's read side
+	mu      sync.Mutex
+	idle    sync.Cond // signalled when a writer stops
+	queue   []M
+	writing bool
+	closed  bool
+}
+
+func newSendQueue[M any](max int, send func(first M, more []M)) *sendQueue[M] {
+	q := &sendQueue[M]{max: max, send: send}
+	q.idle.L = &q.mu
+	return q
+}
+
+// push queues m, after add (under the queue's lock, so in the order of
+// the writes: it numbers the message) returned true, and writes it and
+// whatever else is queued unless another caller is writing (which then
+// writes m). false: the queue was closed or add refused, nothing queued.
+func (q *sendQueue[M]) push(m M, add func() bool) bool {
+	q.mu.Lock()
+	if q.closed || (add != nil && !add()) {
+		q.mu.Unlock()
+		return false
+	}
+	q.queue = append(q.queue, m)
+	if q.writing {
+		q.mu.Unlock()
+		return true
+	}
+	q.writing = true
+	for len(q.queue) > 0 && !q.closed {
+		n := min(len(q.queue), q.max)
+		first := q.queue[0]
+		var more []M
+		if n > 1 {
+			more = append(make([]M, 0, n-1), q.queue[1:n]...)
+		}
+		clear(q.queue[:n])
+		q.queue = q.queue[n:]
+		q.mu.Unlock()
+		q.send(first, more)
+		q.mu.Lock()
+	}
+	if len(q.queue) == 0 {
+		q.queue = nil // let a burst's backing array go
+	}
+	q.writing = false
+	q.idle.Broadcast()
+	q.mu.Unlock()
+	return true
+}
+
+// close waits for the writer to finish what is queued, then refuses new
+// messages and runs last (e.g. CloseSend) before any other write.
+func (q *sendQueue[M]) close(last func()) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for q.writing {
+		q.idle.Wait()
+	}
+	if q.closed {
+		return
+	}
+	q.closed = true
+	if last != nil {
+		last()
+	}
+}

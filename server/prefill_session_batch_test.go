@@ -1,0 +1,77 @@
+package server_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// TestPrefillSessionPackedOps: ops packed into one message
+// (PrefillRequest.more) are each handled as if sent alone, in order: the
+// claims of two rooms and a ping in one message get their results, the
+// destinations and the pong; the chunks of both rooms in one message land
+// and both rooms succeed.
+func TestPrefillSessionPackedOps(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	w := newDrainWire(t, ctx)
+	s := openSession(t, ctx, w.s.conn)
+	s.hello(prank(w.addr, 0), 0)
+	openSmall(w, 7)
+	openSmall(w, 8)
+	c7, c8 := claimOp(7), claimOp(8)
+	c7.Seq, c8.Seq = 1, 2
+	c7.More = []*pb.PrefillRequest{pingOp(), c8}
+	s.seq = 2
+	s.send(c7)
+	dests := map[uint64]*pb.Destination{}
+	results, pongs := map[uint64]bool{}, 0
+	for len(dests) < 2 || len(results) < 2 || pongs < 1 {
+		ev := s.recv()
+		switch {
+		case ev.GetResult() != nil:
+			r := ev.GetResult()
+			if r.GetError() != nil || r.GetClaim() == nil {
+				t.Fatalf("claim result = %v", r)
+			}
+			results[r.GetSeq()] = true
+		case ev.GetPong() != nil:
+			pongs++
+		case ev.GetRoom().GetEvent().GetDestination() != nil:
+			dests[ev.GetRoom().GetRoom()] = ev.GetRoom().GetEvent().GetDestination()
+		default:
+			t.Fatalf("unexpected %v", ev)
+		}
+	}
+	if !results[1] || !results[2] {
+		t.Fatalf("claim results for seqs %v, want 1 and 2", results)
+	}
+	k7, k8 := chunkOp(lastChunk(7, dests[7])), chunkOp(lastChunk(8, dests[8]))
+	k7.Seq, k8.Seq = 3, 4
+	k7.More = []*pb.PrefillRequest{k8}
+	s.seq = 4
+	s.send(k7)
+	chunks, ends := map[uint64]bool{}, map[uint64]bool{}
+	for len(chunks) < 2 || len(ends) < 2 {
+		ev := s.recv()
+		switch {
+		case ev.GetResult() != nil:
+			if r := ev.GetResult(); r.GetError() != nil || r.GetChunk() == nil {
+				t.Fatalf("chunk result = %v", r)
+			}
+			chunks[ev.GetResult().GetSeq()] = true
+		case ev.GetRoom().GetEvent().GetDone() != nil || ev.GetRoom().GetEvent().GetFailure() != nil:
+			if ev.GetRoom().GetEvent().GetFailure() != nil {
+				t.Fatalf("room end = %v", ev)
+			}
+			ends[ev.GetRoom().GetRoom()] = true
+		}
+	}
+	for _, room := range []uint64{7, 8} {
+		if p := w.phase(room); p != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+			t.Errorf("room %d is %v, want SUCCEEDED", room, p)
+		}
+	}
+}
