@@ -32,8 +32,9 @@ const (
 	// a room that ends without succeeding, its terminal event (FAILED). The
 	// event keeps its seq (its position in the room's timeline; the seqs a
 	// stream sends for a room then have gaps). The room is unsubscribed once
-	// its outcome was sent: a succeeded room's later RELEASED is not sent
-	// (the Release's Reply says it). What the Go client's OpenAndWait needs:
+	// its outcome was sent: a succeeded room's later events (RETRACTED, HELD,
+	// RELEASED) are not sent (the Release's Reply says it; WatchRoom shows
+	// them). What the Go client's OpenAndWait needs:
 	// one event per room instead of one per transition.
 	EngineEvents_ENGINE_EVENTS_OUTCOME EngineEvents = 1
 )
