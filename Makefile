@@ -138,7 +138,7 @@ proto-check: $(GW_PLUGINS) ## Fail if the generated code or the OpenAPI document
 	$(call gw_gen,$$tmp) && \
 	( cd $$tmp && find . -name '*.go' -o -name '*.swagger.json' | sort ) > $$tmp/.gen && \
 	( cd $(PROTO_DIR) && find . -name '*.pb.go' -o -name '*.pb.gw.go' -o -name '*.swagger.json' | sort ) > $$tmp/.have && \
-	if ! diff -q $$tmp/.gen $$tmp/.have >/dev/null || ! for f in $$(cat $$tmp/.gen); do cmp -s $$tmp/$$f $(PROTO_DIR)/$$f || exit 1; done; then \
+	if ! diff -q $$tmp/.gen $$tmp/.have >/dev/null || ! for f in $$(cat $$tmp/.gen); do cmp -s $$tmp/$$f $(PROTO_DIR)/$$f || { echo "stale: $$f"; exit 1; }; done; then \
 		echo "generated protobuf code or OpenAPI document is stale: run 'make proto' and commit the result"; rm -rf $$tmp; exit 1; fi; \
 	rm -rf $$tmp; echo "proto-check: generated code is current"
 
