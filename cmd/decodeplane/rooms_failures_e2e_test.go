@@ -261,7 +261,9 @@ func TestRoomsE2EChunkFails(t *testing.T) {
 // request_slots 1), admitted, claimed, transferring, succeeded and held for
 // rebootstrap. Each abort fails the room with "Aborted by AbortReq." (or the
 // given reason), tells the prefill ranks, and returns every resource; a
-// second abort is a no-op. SGLang transitions: T1, T4, T11, T16, T21.
+// second abort is a no-op. A room aborted while its prefill writes by
+// itself (ReportTransfer) keeps its pages draining until the rank's
+// AckRoomEnd. SGLang transitions: T1, T4, T11, T16, T21.
 func TestRoomsE2EAbortInEveryState(t *testing.T) {
 	t.Parallel()
 	roomsOverBoth(t, func(t *testing.T, tr roomsTransport) {
@@ -388,6 +390,41 @@ func TestRoomsE2EAbortInEveryState(t *testing.T) {
 			}
 			held := abort(t, r.GetRoom(), pb.RoomPhase_ROOM_PHASE_HELD, "")
 			roomsAssertSGLang(t, held, "T21")
+			d.assertDrained(t)
+		})
+		// Last: once this instance reported a chunk, the daemon knows it
+		// writes by itself (the subtests above rely on its engine's rule).
+		t.Run("transferring, the prefill writing by itself", func(t *testing.T) {
+			// The rank moves the KV itself and reports its chunks: aborted
+			// mid-transfer, it may still be writing, so the room's pages
+			// drain (held, in no budget) until it acknowledges the room's
+			// end, and only then come back.
+			const room = 8009
+			if _, err := d.c.OpenRoom(ctx, roomsOpen(addr, room, 256)); err != nil {
+				t.Fatal(err)
+			}
+			s, dest := roomsAwaitDestination(t, ctx, p, room)
+			ch := client.Chunk{Destination: dest, Index: 0, PageOffset: 0, NumPages: 2}
+			if _, err := p.report(ctx, &pb.ReportTransferRequest{Room: room, Rank: p.Rank(), NumPages: 2, Success: true, Bytes: ch.Bytes()}); err != nil {
+				t.Fatalf("report of chunk 0: %v", err)
+			}
+			abort(t, room, pb.RoomPhase_ROOM_PHASE_TRANSFERRING, "")
+			_, err := s.Next()
+			if rf := roomsWantFailed(t, err, room, pb.FailureCode_FAILURE_CODE_ABORTED); !rf.AckRequired {
+				t.Errorf("the claim's failure %v does not ask for an acknowledgement", rf)
+			}
+			if sh := d.shard(t, ctx, 0); sh.GetDrainingRooms() != 1 || sh.GetDrainingPages() != uint64(len(dest.GetPageIndices())) || sh.GetPagesFree() == sh.GetPagesTotal() {
+				t.Errorf("shard before the acknowledgement: %d rooms, %d pages draining, %d/%d pages free; want the room's %d pages draining",
+					sh.GetDrainingRooms(), sh.GetDrainingPages(), sh.GetPagesFree(), sh.GetPagesTotal(), len(dest.GetPageIndices()))
+			}
+			resp, err := p.ack(ctx, dest)
+			if err != nil || !resp.GetOwed() || resp.GetRemaining() != 0 || !resp.GetReleased() {
+				t.Errorf("AckRoomEnd = %v, %v; want owed, the last one, released", resp, err)
+			}
+			again, err := p.ack(ctx, dest)
+			if err != nil || again.GetOwed() || again.GetReleased() {
+				t.Errorf("second AckRoomEnd = %v, %v; want a no-op", again, err)
+			}
 			d.assertDrained(t)
 		})
 	})

@@ -337,6 +337,19 @@ func (r *roomsRank) report(ctx context.Context, req *pb.ReportTransferRequest) (
 	return s.Report(ctx, req)
 }
 
+// ack is the rank's AckRoomEnd of dest's generation.
+func (r *roomsRank) ack(ctx context.Context, dest *pb.Destination) (*pb.AckRoomEndResponse, error) {
+	r.d.prefillOps.Add(1)
+	if r.tr == overUnary {
+		return r.AckRoomEnd(ctx, dest.GetRoom(), dest)
+	}
+	s, err := r.session()
+	if err != nil {
+		return nil, err
+	}
+	return s.Ack(ctx, &pb.AckRoomEndRequest{Room: dest.GetRoom(), Rank: r.Rank(), Attempt: dest.GetAttempt(), Incarnation: dest.GetIncarnation()})
+}
+
 // SendRoom is client.Prefill.SendRoom with the rank's client built for the
 // daemon's transport (client.WithTransport). It counts one hand-off (at
 // least its claim op) for the metrics check: on stream that check fails
