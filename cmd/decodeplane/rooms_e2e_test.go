@@ -78,10 +78,10 @@ type roomsDaemon struct {
 	tr roomsTransport
 	// metricsAddr is the daemon's /metrics listener ("" when off).
 	metricsAddr string
-	// engineOps, prefillOps and handOffs count the room ops the test sent
-	// on the transport (SendRoom and ReportRoom calls apart), for
-	// assertCarried.
-	engineOps, prefillOps, handOffs atomic.Int64
+	// engineOps and prefillOps count the room ops the test sent on the
+	// transport, engineHandOffs its OpenAndWait calls and handOffs its
+	// SendRoom and ReportRoom calls, for assertCarried.
+	engineOps, prefillOps, engineHandOffs, handOffs atomic.Int64
 	// beatEvery, when set, is how often startRanks' heartbeat loops beat
 	// (default: half the daemon's interval).
 	beatEvery time.Duration

@@ -81,9 +81,9 @@ func TestRoomsE2EPrefillNeverRegisters(t *testing.T) {
 		t.Run("half registered", func(t *testing.T) {
 			const addr, room = "10.0.3.2:8998", 5002
 			d.startRanks(t, roomsReg(addr, 2, 0, 1, 0, ""))
-			if _, err := d.c.OpenRoom(ctx, roomsOpen(addr, room, 300)); err != nil {
-				t.Fatal(err)
-			}
+			// The decode engine's one call: OpenAndWait returns the failure.
+			_, err := d.c.OpenAndWait(ctx, roomsOpen(addr, room, 300))
+			roomsWantFailed(t, err, room, pb.FailureCode_FAILURE_CODE_PREFILL_UNAVAILABLE)
 			r := d.waitFailed(t, ctx, room, pb.FailureCode_FAILURE_CODE_PREFILL_UNAVAILABLE)
 			if want := "Could not fetch prefill parallel info from 10.0.3.2:8998 after 3 attempts (Prefill server not fully registered yet (1 workers registered).)"; r.GetFailure().GetMessage() != want {
 				t.Errorf("failure %q, want %q", r.GetFailure().GetMessage(), want)

@@ -15,7 +15,8 @@ package main
 //	chunk                Rooms.Transfer              PrefillSession Chunk
 //	report               Rooms.ReportTransfer        PrefillSession Report
 //	acknowledge          Rooms.AckRoomEnd            PrefillSession Ack
-//	SendRoom/ReportRoom  client.TransportUnary       client.TransportStreams (the client's default)
+//	OpenAndWait,         client.TransportUnary       client.TransportStreams (the client's default)
+//	SendRoom, ReportRoom
 //
 // Every other call (GetRoom, ListRooms, GetStatus, LookupDPRanks, BindRoom,
 // RetractRoom, Heartbeat) is the unary API on both: the sessions carry only
@@ -112,6 +113,15 @@ func (c *roomsClient) OpenRoom(ctx context.Context, req *pb.OpenRoomRequest) (*p
 	resp, err := c.eng.open(ctx, req)
 	c.count(err)
 	return resp, err
+}
+
+// OpenAndWait is client.Client.OpenAndWait with the client built for the
+// daemon's transport (client.WithTransport). It counts one engine hand-off
+// (at least its open op) for the metrics check: on stream that check fails
+// until OpenAndWait rides the engine session under TransportStreams.
+func (c *roomsClient) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
+	c.d.engineHandOffs.Add(1)
+	return c.Client.OpenAndWait(ctx, req)
 }
 
 // WaitRoom is client.WaitRoom's contract (the room once it reached one of
@@ -418,12 +428,13 @@ const (
 // assertCarried checks that the daemon's session counters match its
 // transport: on unary no session op at all (hello and ping included); on
 // stream at least as many engine and prefill ops (hello and ping aside) as
-// the test sent on each side, a SendRoom or ReportRoom counting one (its
-// claim). It runs at the test's end (cleanup), while the daemon still runs.
+// the test sent on each side, an OpenAndWait counting one (its open), a
+// SendRoom or ReportRoom one (its claim). It runs at the test's end (cleanup), while the daemon still runs.
 func (d *roomsDaemon) assertCarried(t *testing.T) {
 	t.Helper()
 	eng, pre := d.sessionOps(t, engineSessionOps), d.sessionOps(t, prefillSessionOps, "hello", "ping")
-	sentEng, sentOps, handOffs := float64(d.engineOps.Load()), float64(d.prefillOps.Load()), float64(d.handOffs.Load())
+	sentEng, engHandOffs := float64(d.engineOps.Load()), float64(d.engineHandOffs.Load())
+	sentOps, handOffs := float64(d.prefillOps.Load()), float64(d.handOffs.Load())
 	sentPre := sentOps + handOffs
 	switch d.tr {
 	case overUnary:
@@ -431,11 +442,14 @@ func (d *roomsDaemon) assertCarried(t *testing.T) {
 			t.Errorf("unary: the daemon counted %v engine session ops and %v prefill session ops, want none", eng, all)
 		}
 	case overStream:
-		if sentEng+sentPre == 0 {
+		if sentEng+engHandOffs+sentPre == 0 {
 			t.Error("stream: the test sent no room op on the transport; the check proves nothing")
 		}
-		if eng < sentEng {
+		switch {
+		case eng < sentEng:
 			t.Errorf("stream: %s = %v, want ≥ %v (the engine ops the test sent): the rooms did not ride the engine session", engineSessionOps, eng, sentEng)
+		case eng < sentEng+engHandOffs:
+			t.Errorf("stream: %s = %v, want ≥ %v (%v ops on the engine sessions + %v OpenAndWait): OpenAndWait under client.TransportStreams did not ride the engine session", engineSessionOps, eng, sentEng+engHandOffs, sentEng, engHandOffs)
 		}
 		switch {
 		case pre < sentOps:
@@ -444,5 +458,5 @@ func (d *roomsDaemon) assertCarried(t *testing.T) {
 			t.Errorf("stream: %s (hello, ping aside) = %v, want ≥ %v (%v ops on the ranks' sessions + %v SendRoom/ReportRoom): SendRoom/ReportRoom under client.TransportStreams did not ride the prefill session", prefillSessionOps, pre, sentPre, sentOps, handOffs)
 		}
 	}
-	t.Logf("%s: session ops counted by the daemon: engine %v (test sent %v), prefill %v (test sent %v ops and %v SendRoom/ReportRoom)", d.tr, eng, sentEng, pre, sentOps, handOffs)
+	t.Logf("%s: session ops counted by the daemon: engine %v (test sent %v ops and %v OpenAndWait), prefill %v (test sent %v ops and %v SendRoom/ReportRoom)", d.tr, eng, sentEng, engHandOffs, pre, sentOps, handOffs)
 }
