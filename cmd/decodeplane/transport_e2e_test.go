@@ -95,9 +95,9 @@ type roomsClient struct {
 	eng *engineWatch // stream only
 }
 
-// count records an engine-side op sent on the session, unless the session
-// was refused as a whole (Unauthenticated: the interceptor refuses the
-// stream before any op reaches it, so the daemon counts none).
+// count records an engine-side op sent on the transport, unless it was
+// refused Unauthenticated (on stream the interceptor refuses the session as
+// a whole, before any op reaches it: the daemon counts none).
 func (c *roomsClient) count(err error) {
 	if status.Code(err) != codes.Unauthenticated {
 		c.d.engineOps.Add(1)
@@ -108,7 +108,9 @@ func (c *roomsClient) count(err error) {
 // subscribed on c's session).
 func (c *roomsClient) OpenRoom(ctx context.Context, req *pb.OpenRoomRequest) (*pb.OpenRoomResponse, error) {
 	if c.eng == nil {
-		return c.Client.OpenRoom(ctx, req)
+		resp, err := c.Client.OpenRoom(ctx, req)
+		c.count(err)
+		return resp, err
 	}
 	resp, err := c.eng.open(ctx, req)
 	c.count(err)
@@ -137,7 +139,9 @@ func (c *roomsClient) WaitRoom(ctx context.Context, room uint64, phases ...pb.Ro
 // AbortRoom aborts a room (EngineSession Abort on stream).
 func (c *roomsClient) AbortRoom(ctx context.Context, req *pb.AbortRoomRequest) (*pb.AbortRoomResponse, error) {
 	if c.eng == nil {
-		return c.Client.AbortRoom(ctx, req)
+		resp, err := c.Client.AbortRoom(ctx, req)
+		c.count(err)
+		return resp, err
 	}
 	resp, err := c.eng.s.Abort(ctx, req)
 	c.count(err)
@@ -147,7 +151,9 @@ func (c *roomsClient) AbortRoom(ctx context.Context, req *pb.AbortRoomRequest) (
 // ReleaseRoom releases a room (EngineSession Release on stream).
 func (c *roomsClient) ReleaseRoom(ctx context.Context, req *pb.ReleaseRoomRequest) (*pb.ReleaseRoomResponse, error) {
 	if c.eng == nil {
-		return c.Client.ReleaseRoom(ctx, req)
+		resp, err := c.Client.ReleaseRoom(ctx, req)
+		c.count(err)
+		return resp, err
 	}
 	resp, err := c.eng.s.Release(ctx, req)
 	c.count(err)
