@@ -26,9 +26,16 @@ package main
 // Each test names the SGLang transitions (T1–T23 of the decode spec §2.5) it
 // covers and asserts them on the room's timeline (Transition.sglang).
 //
-// Timing: nothing sleeps. Tests wait on events (WatchRoom through WaitRoom,
-// AwaitDestination streams, the heartbeat loop's return) under context
-// deadlines. The daemon's own time-based behaviour (heartbeat loss, claim
+// Transports (issue 13): every TestRoomsE2E test but reflection runs twice,
+// as subtests unary and stream, each on its own daemon: the same
+// assertions, the rooms carried by the unary API or by the EngineSession
+// and PrefillSession streams, and the daemon's /metrics proving which
+// (transport_e2e_test.go).
+//
+// Timing: nothing sleeps. Tests wait on events (WatchRoom through WaitRoom
+// or the engine session's events, AwaitDestination streams or session
+// claims, the heartbeat loop's return) under context deadlines. The
+// daemon's own time-based behaviour (heartbeat loss, claim
 // timeout, the registration retry budget) runs on its real clock with short
 // configured values; the fake-clock versions live in kvmanager's synctest
 // suite.
@@ -65,7 +72,16 @@ const roomsTimeout = 60 * time.Second
 type roomsDaemon struct {
 	addr  string
 	token string
-	c     *client.Client
+	c     *roomsClient
+	// tr is how rooms are carried (transport_e2e_test.go); the zero value is
+	// unary.
+	tr roomsTransport
+	// metricsAddr is the daemon's /metrics listener ("" when off).
+	metricsAddr string
+	// engineOps and prefillOps count the room ops the test sent on the
+	// transport, engineHandOffs its OpenAndWait calls and handOffs its
+	// SendRoom and ReportRoom calls, for assertCarried.
+	engineOps, prefillOps, engineHandOffs, handOffs atomic.Int64
 	// beatEvery, when set, is how often startRanks' heartbeat loops beat
 	// (default: half the daemon's interval).
 	beatEvery time.Duration
@@ -75,15 +91,34 @@ type roomsDaemon struct {
 // free port (metrics off) and waits for health SERVING. token is what the
 // clients send (the daemon's token comes from cfgYAML or env). A port taken
 // between freeAddr and the daemon's listen is retried with another one.
+// Its rooms are carried by the unary API.
 func roomsStartDaemon(t *testing.T, cfgYAML, token string, env ...string) *roomsDaemon {
+	t.Helper()
+	return roomsStartDaemonOver(t, overUnary, false, cfgYAML, token, env...)
+}
+
+// roomsStartOver is roomsStartDaemon for a test run over both transports:
+// the daemon's /metrics listener is on, its rooms are carried by tr, and
+// the test's end checks that they were (assertCarried).
+func roomsStartOver(t *testing.T, tr roomsTransport, cfgYAML, token string, env ...string) *roomsDaemon {
+	t.Helper()
+	d := roomsStartDaemonOver(t, tr, true, cfgYAML, token, env...)
+	t.Cleanup(func() { d.assertCarried(t) })
+	return d
+}
+
+func roomsStartDaemonOver(t *testing.T, tr roomsTransport, withMetrics bool, cfgYAML, token string, env ...string) *roomsDaemon {
 	t.Helper()
 	cfgPath := filepath.Join(t.TempDir(), "decodeplane.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfgYAML), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	for attempt := 1; ; attempt++ {
-		addr := freeAddr(t)
-		p := startDaemon(t, []string{"serve", "--config", cfgPath, "--listen", addr, "--set", "server.metrics_listen="}, e2eEnviron(env...))
+		addr, maddr := freeAddr(t), ""
+		if withMetrics {
+			maddr = freeAddr(t)
+		}
+		p := startDaemon(t, []string{"serve", "--config", cfgPath, "--listen", addr, "--set", "server.metrics_listen=" + maddr}, e2eEnviron(env...))
 		err := roomsWaitServing(t, p, addr)
 		if err == nil {
 			t.Cleanup(func() {
@@ -91,7 +126,7 @@ func roomsStartDaemon(t *testing.T, cfgYAML, token string, env ...string) *rooms
 					t.Logf("daemon %s output:\n%s", addr, p.Out.String())
 				}
 			})
-			d := &roomsDaemon{addr: addr, token: token}
+			d := &roomsDaemon{addr: addr, token: token, tr: tr, metricsAddr: maddr}
 			d.c = d.newClient(t, token)
 			return d
 		}
@@ -148,10 +183,11 @@ func roomsWaitServing(t *testing.T, p *daemonProc, addr string) error {
 	}
 }
 
-// newClient is a client of the daemon with the given token ("" sends none).
-func (d *roomsDaemon) newClient(t *testing.T, token string) *client.Client {
+// newClient is a client of the daemon with the given token ("" sends none),
+// built for the daemon's transport; on stream its engine session is open.
+func (d *roomsDaemon) newClient(t *testing.T, token string) *roomsClient {
 	t.Helper()
-	var opts []client.Option
+	opts := []client.Option{client.WithTransport(d.tr.clientTransport())}
 	if token != "" {
 		opts = append(opts, client.WithToken(token))
 	}
@@ -160,7 +196,11 @@ func (d *roomsDaemon) newClient(t *testing.T, token string) *client.Client {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	return c
+	rc := &roomsClient{Client: c, d: d}
+	if d.tr == overStream {
+		rc.eng = startEngineWatch(t, c)
+	}
+	return rc
 }
 
 // roomsCtx is the test's deadline for its waits.
@@ -198,12 +238,22 @@ func roomsInstance(addr string, tp, dp uint32, lbMethod string, model *pb.ModelF
 }
 
 // roomsRank is a registered prefill rank with its heartbeat loop running.
+// Its claim, chunk, report, SendRoom and ReportRoom take the daemon's
+// transport (transport_e2e_test.go).
 type roomsRank struct {
 	*client.Prefill
-	c   *client.Client
+	c   *roomsClient
+	d   *roomsDaemon
+	tr  roomsTransport
 	reg *pb.RegisterPrefillResponse
-	// stop ends the heartbeat loop and waits for it (idempotent).
+	// stop ends the heartbeat loop and the rank's session, and waits for
+	// them (idempotent): the rank is dead on either transport.
 	stop func()
+
+	sessCtx context.Context
+	sessMu  sync.Mutex
+	sess    *client.Session
+	sessErr error
 }
 
 // startRanks registers each rank (own connection, as separate prefill
@@ -222,17 +272,25 @@ func (d *roomsDaemon) startRanks(t *testing.T, regs ...*pb.RegisterPrefillReques
 		hbCtx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- p.RunHeartbeat(hbCtx) }()
+		rank := &roomsRank{Prefill: p, c: c, d: d, tr: d.tr, reg: resp, sessCtx: hbCtx}
 		var once sync.Once
-		stop := func() {
+		rank.stop = func() {
 			once.Do(func() {
 				cancel()
 				if err := <-done; !errors.Is(err, context.Canceled) {
 					t.Errorf("heartbeat loop of %v ended with %v, want context.Canceled", p.Rank(), err)
 				}
+				rank.sessMu.Lock()
+				s := rank.sess
+				rank.sessErr = errors.New("the rank was stopped")
+				rank.sessMu.Unlock()
+				if s != nil {
+					s.Close()
+				}
 			})
 		}
-		t.Cleanup(stop)
-		out = append(out, &roomsRank{Prefill: p, c: c, reg: resp, stop: stop})
+		t.Cleanup(rank.stop)
+		out = append(out, rank)
 	}
 	return out
 }
@@ -417,9 +475,9 @@ func roomsWantCode(t *testing.T, what string, err error, code codes.Code, family
 
 // roomsAwaitDestination claims room for rank and returns the stream and the
 // destination it delivered.
-func roomsAwaitDestination(t *testing.T, ctx context.Context, r *roomsRank, room uint64) (*client.DestinationStream, *pb.Destination) {
+func roomsAwaitDestination(t *testing.T, ctx context.Context, r *roomsRank, room uint64) (roomsClaim, *pb.Destination) {
 	t.Helper()
-	s, err := r.c.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: room, Rank: r.Rank()})
+	s, err := r.claim(ctx, room)
 	if err != nil {
 		t.Fatalf("AwaitDestination %d: %v", room, err)
 	}
@@ -437,7 +495,7 @@ func roomsTransfer(ctx context.Context, r *roomsRank, dest *pb.Destination, inde
 	if last {
 		req.Aux = &pb.Aux{RoomMarker: dest.GetRoom()}
 	}
-	return r.c.Transfer(ctx, req)
+	return r.chunk(ctx, req)
 }
 
 func roomsPages(promptLen uint32) int { return int((promptLen + 63) / 64) }
@@ -452,98 +510,100 @@ var roomsGQAModel = &pb.ModelFacts{KvPoolKind: "gqa", NumLayers: 32, TotalKvHead
 // SGLang transitions: T1, T2/T4/T8, T11, T12/T17.
 func TestRoomsE2EGQAPrefillTP2DecodeTP1(t *testing.T) {
 	t.Parallel()
-	d := roomsStartDaemon(t, "kv_pool:\n  kind: gqa\n", "")
-	ctx := roomsCtx(t)
-	const addr = "10.0.0.1:8998"
-	ranks := d.startRanks(t, roomsInstance(addr, 2, 1, "", roomsGQAModel)...)
-	for i, r := range ranks {
-		m := r.reg.GetMapping()
-		if m.GetDummy() || m.GetRequiredDstInfoNum() != 1 || !slices.Equal(m.GetServesDecodeTpRanks(), []uint32{0}) {
-			t.Errorf("rank %d mapping: %v, want a real source of decode rank 0 with required_dst_info_num 1", i, m)
+	roomsOverBoth(t, func(t *testing.T, tr roomsTransport) {
+		d := roomsStartOver(t, tr, "kv_pool:\n  kind: gqa\n", "")
+		ctx := roomsCtx(t)
+		const addr = "10.0.0.1:8998"
+		ranks := d.startRanks(t, roomsInstance(addr, 2, 1, "", roomsGQAModel)...)
+		for i, r := range ranks {
+			m := r.reg.GetMapping()
+			if m.GetDummy() || m.GetRequiredDstInfoNum() != 1 || !slices.Equal(m.GetServesDecodeTpRanks(), []uint32{0}) {
+				t.Errorf("rank %d mapping: %v, want a real source of decode rank 0 with required_dst_info_num 1", i, m)
+			}
+			if dr := m.GetDecodeRanks(); len(dr) != 1 || !slices.Equal(dr[0].GetTargetTpRanks(), []uint32{0, 1}) || dr[0].GetRequiredPrefillResponseNum() != 2 {
+				t.Errorf("rank %d: decode rank mapping %v, want targets [0 1] and 2 required responses", i, dr)
+			}
+			if got := r.reg.GetRegisteredRanks(); got != uint32(i+1) || r.reg.GetExpectedRanks() != 2 {
+				t.Errorf("rank %d: registered %d of %d, want %d of 2", i, got, r.reg.GetExpectedRanks(), i+1)
+			}
 		}
-		if dr := m.GetDecodeRanks(); len(dr) != 1 || !slices.Equal(dr[0].GetTargetTpRanks(), []uint32{0, 1}) || dr[0].GetRequiredPrefillResponseNum() != 2 {
-			t.Errorf("rank %d: decode rank mapping %v, want targets [0 1] and 2 required responses", i, dr)
-		}
-		if got := r.reg.GetRegisteredRanks(); got != uint32(i+1) || r.reg.GetExpectedRanks() != 2 {
-			t.Errorf("rank %d: registered %d of %d, want %d of 2", i, got, r.reg.GetExpectedRanks(), i+1)
-		}
-	}
-	layout := d.layout(t, ctx)
+		layout := d.layout(t, ctx)
 
-	t.Run("MIN over ranks", func(t *testing.T) {
-		// Both ranks claim; rank 0 sends everything: the room is
-		// TRANSFERRING, not SUCCEEDED, until rank 1 has sent its part too.
-		const room, prompt = 3001, 1000
-		if _, err := d.c.OpenRoom(ctx, roomsOpen(addr, room, prompt)); err != nil {
-			t.Fatal(err)
-		}
-		s0, dest0 := roomsAwaitDestination(t, ctx, ranks[0], room)
-		s1, dest1 := roomsAwaitDestination(t, ctx, ranks[1], room)
-		if _, err := d.c.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_CLAIMED); err != nil {
-			t.Fatal(err)
-		}
-		n := uint32(len(dest0.GetPageIndices()))
-		if int(n) != roomsPages(prompt) || dest0.GetFillLen() != prompt || dest0.GetMetadataSlot() < 0 {
-			t.Fatalf("destination: %d pages, fill %d, metadata slot %d; want %d pages, fill %d", n, dest0.GetFillLen(), dest0.GetMetadataSlot(), roomsPages(prompt), prompt)
-		}
-		if !slices.Equal(dest0.GetPageIndices(), dest1.GetPageIndices()) || dest0.GetMetadataSlot() != dest1.GetMetadataSlot() {
-			t.Errorf("the two ranks got different pages: %v vs %v", dest0, dest1)
-		}
-		for i := range uint32(4) {
-			resp, err := roomsTransfer(ctx, ranks[0], dest0, i, i*n/4, n/4, i == 3)
-			if err != nil {
-				t.Fatalf("rank 0 chunk %d: %v", i, err)
+		t.Run("MIN over ranks", func(t *testing.T) {
+			// Both ranks claim; rank 0 sends everything: the room is
+			// TRANSFERRING, not SUCCEEDED, until rank 1 has sent its part too.
+			const room, prompt = 3001, 1000
+			if _, err := d.c.OpenRoom(ctx, roomsOpen(addr, room, prompt)); err != nil {
+				t.Fatal(err)
 			}
-			if resp.GetPoll() != pb.KVPoll_KV_POLL_TRANSFERRING {
-				t.Errorf("rank 0 chunk %d: poll %s, want TRANSFERRING", i, resp.GetPoll())
+			s0, dest0 := roomsAwaitDestination(t, ctx, ranks[0], room)
+			s1, dest1 := roomsAwaitDestination(t, ctx, ranks[1], room)
+			if _, err := d.c.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_CLAIMED); err != nil {
+				t.Fatal(err)
 			}
-		}
-		if r := d.getRoom(t, ctx, room); r.GetPhase() != pb.RoomPhase_ROOM_PHASE_TRANSFERRING || r.GetPoll() != pb.KVPoll_KV_POLL_TRANSFERRING || r.GetChunksDone() != 4 {
-			t.Fatalf("after rank 0's last chunk: %s/%s with %d chunks, want TRANSFERRING with 4 (rank 1 has sent nothing)", r.GetPhase(), r.GetPoll(), r.GetChunksDone())
-		}
-		for i := range uint32(2) {
-			if _, err := roomsTransfer(ctx, ranks[1], dest1, i, i*n/2, n/2, i == 1); err != nil {
-				t.Fatalf("rank 1 chunk %d: %v", i, err)
+			n := uint32(len(dest0.GetPageIndices()))
+			if int(n) != roomsPages(prompt) || dest0.GetFillLen() != prompt || dest0.GetMetadataSlot() < 0 {
+				t.Fatalf("destination: %d pages, fill %d, metadata slot %d; want %d pages, fill %d", n, dest0.GetFillLen(), dest0.GetMetadataSlot(), roomsPages(prompt), prompt)
 			}
-		}
-		for i, s := range []*client.DestinationStream{s0, s1} {
-			if ev, err := s.Next(); err != nil || ev.Done == nil || ev.Done.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
-				t.Fatalf("rank %d's stream after both finished: %+v, %v; want Done(SUCCEEDED)", i, ev, err)
+			if !slices.Equal(dest0.GetPageIndices(), dest1.GetPageIndices()) || dest0.GetMetadataSlot() != dest1.GetMetadataSlot() {
+				t.Errorf("the two ranks got different pages: %v vs %v", dest0, dest1)
 			}
-		}
-		r := d.getRoom(t, ctx, room)
-		if r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED || r.GetPoll() != pb.KVPoll_KV_POLL_SUCCESS || r.GetChunksDone() != 6 {
-			t.Fatalf("room: %s/%s with %d chunks, want SUCCEEDED/SUCCESS with 6", r.GetPhase(), r.GetPoll(), r.GetChunksDone())
-		}
-		if want := uint64(prompt) * layout.GetTokenBytes(); r.GetBytesTransferred() != want {
-			t.Errorf("bytes transferred %d, want %d (fill × token bytes of the decode rank)", r.GetBytesTransferred(), want)
-		}
-		roomsAssertSGLang(t, r, "T1", "T2", "T4", "T8", "T11", "T12", "T17")
-		d.release(t, ctx, r)
-		d.assertDrained(t)
-	})
+			for i := range uint32(4) {
+				resp, err := roomsTransfer(ctx, ranks[0], dest0, i, i*n/4, n/4, i == 3)
+				if err != nil {
+					t.Fatalf("rank 0 chunk %d: %v", i, err)
+				}
+				if resp.GetPoll() != pb.KVPoll_KV_POLL_TRANSFERRING {
+					t.Errorf("rank 0 chunk %d: poll %s, want TRANSFERRING", i, resp.GetPoll())
+				}
+			}
+			if r := d.getRoom(t, ctx, room); r.GetPhase() != pb.RoomPhase_ROOM_PHASE_TRANSFERRING || r.GetPoll() != pb.KVPoll_KV_POLL_TRANSFERRING || r.GetChunksDone() != 4 {
+				t.Fatalf("after rank 0's last chunk: %s/%s with %d chunks, want TRANSFERRING with 4 (rank 1 has sent nothing)", r.GetPhase(), r.GetPoll(), r.GetChunksDone())
+			}
+			for i := range uint32(2) {
+				if _, err := roomsTransfer(ctx, ranks[1], dest1, i, i*n/2, n/2, i == 1); err != nil {
+					t.Fatalf("rank 1 chunk %d: %v", i, err)
+				}
+			}
+			for i, s := range []roomsClaim{s0, s1} {
+				if ev, err := s.Next(); err != nil || ev.Done == nil || ev.Done.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+					t.Fatalf("rank %d's stream after both finished: %+v, %v; want Done(SUCCEEDED)", i, ev, err)
+				}
+			}
+			r := d.getRoom(t, ctx, room)
+			if r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED || r.GetPoll() != pb.KVPoll_KV_POLL_SUCCESS || r.GetChunksDone() != 6 {
+				t.Fatalf("room: %s/%s with %d chunks, want SUCCEEDED/SUCCESS with 6", r.GetPhase(), r.GetPoll(), r.GetChunksDone())
+			}
+			if want := uint64(prompt) * layout.GetTokenBytes(); r.GetBytesTransferred() != want {
+				t.Errorf("bytes transferred %d, want %d (fill × token bytes of the decode rank)", r.GetBytesTransferred(), want)
+			}
+			roomsAssertSGLang(t, r, "T1", "T2", "T4", "T8", "T11", "T12", "T17")
+			d.release(t, ctx, r)
+			d.assertDrained(t)
+		})
 
-	t.Run("both ranks send", func(t *testing.T) {
-		const room, prompt = 3002, 777
-		r, dests := d.handOff(t, ctx, roomsOpen(addr, room, prompt), ranks, 4)
-		for i, dest := range dests {
-			want := []*pb.DecodeTarget{{DecodeTpRank: 0, SrcHeadStart: 0, DstHeadStart: uint32(4 * i), NumHeads: 4}}
-			if !roomsTargetsEqual(dest.GetTargets(), want) {
-				t.Errorf("rank %d targets %v, want %v (half the heads each)", i, dest.GetTargets(), want)
+		t.Run("both ranks send", func(t *testing.T) {
+			const room, prompt = 3002, 777
+			r, dests := d.handOff(t, ctx, roomsOpen(addr, room, prompt), ranks, 4)
+			for i, dest := range dests {
+				want := []*pb.DecodeTarget{{DecodeTpRank: 0, SrcHeadStart: 0, DstHeadStart: uint32(4 * i), NumHeads: 4}}
+				if !roomsTargetsEqual(dest.GetTargets(), want) {
+					t.Errorf("rank %d targets %v, want %v (half the heads each)", i, dest.GetTargets(), want)
+				}
+				if dest.GetDummy() || dest.GetRequiredDstInfoNum() != 1 || len(dest.GetPageIndices()) != roomsPages(prompt) {
+					t.Errorf("rank %d destination %v", i, dest)
+				}
 			}
-			if dest.GetDummy() || dest.GetRequiredDstInfoNum() != 1 || len(dest.GetPageIndices()) != roomsPages(prompt) {
-				t.Errorf("rank %d destination %v", i, dest)
+			if want := uint32(2 * ((roomsPages(prompt) + 3) / 4)); r.GetChunksDone() != want {
+				t.Errorf("chunks done %d, want %d", r.GetChunksDone(), want)
 			}
-		}
-		if want := uint32(2 * ((roomsPages(prompt) + 3) / 4)); r.GetChunksDone() != want {
-			t.Errorf("chunks done %d, want %d", r.GetChunksDone(), want)
-		}
-		if want := uint64(prompt) * layout.GetTokenBytes(); r.GetBytesTransferred() != want {
-			t.Errorf("bytes transferred %d, want %d", r.GetBytesTransferred(), want)
-		}
-		roomsAssertSGLang(t, r, "T1", "T4", "T11", "T12", "T17")
-		d.release(t, ctx, r)
-		d.assertDrained(t)
+			if want := uint64(prompt) * layout.GetTokenBytes(); r.GetBytesTransferred() != want {
+				t.Errorf("bytes transferred %d, want %d", r.GetBytesTransferred(), want)
+			}
+			roomsAssertSGLang(t, r, "T1", "T4", "T11", "T12", "T17")
+			d.release(t, ctx, r)
+			d.assertDrained(t)
+		})
 	})
 }
 
@@ -556,42 +616,44 @@ func roomsTargetsEqual(got, want []*pb.DecodeTarget) bool {
 // SGLang transitions: T1, T2/T4/T8, T11, T12/T17.
 func TestRoomsE2EGQAPrefillTP1DecodeTP4(t *testing.T) {
 	t.Parallel()
-	d := roomsStartDaemon(t, "kv_pool:\n  kind: gqa\n  kv_heads: 8\nparallel:\n  attn_tp: 4\n", "")
-	ctx := roomsCtx(t)
-	const addr = "10.0.0.2:8998"
-	ranks := d.startRanks(t, roomsInstance(addr, 1, 1, "", roomsGQAModel)...)
-	m := ranks[0].reg.GetMapping()
-	if m.GetDummy() || m.GetRequiredDstInfoNum() != 4 || !slices.Equal(m.GetServesDecodeTpRanks(), []uint32{0, 1, 2, 3}) || len(m.GetDecodeRanks()) != 4 {
-		t.Fatalf("mapping %v, want one real source for decode ranks 0..3 with required_dst_info_num 4", m)
-	}
-	for _, dr := range m.GetDecodeRanks() {
-		if !slices.Equal(dr.GetTargetTpRanks(), []uint32{0}) || dr.GetRequiredDstInfoNum() != 4 || dr.GetRequiredPrefillResponseNum() != 1 {
-			t.Errorf("decode rank %d mapping %v", dr.GetDecodeTpRank(), dr)
+	roomsOverBoth(t, func(t *testing.T, tr roomsTransport) {
+		d := roomsStartOver(t, tr, "kv_pool:\n  kind: gqa\n  kv_heads: 8\nparallel:\n  attn_tp: 4\n", "")
+		ctx := roomsCtx(t)
+		const addr = "10.0.0.2:8998"
+		ranks := d.startRanks(t, roomsInstance(addr, 1, 1, "", roomsGQAModel)...)
+		m := ranks[0].reg.GetMapping()
+		if m.GetDummy() || m.GetRequiredDstInfoNum() != 4 || !slices.Equal(m.GetServesDecodeTpRanks(), []uint32{0, 1, 2, 3}) || len(m.GetDecodeRanks()) != 4 {
+			t.Fatalf("mapping %v, want one real source for decode ranks 0..3 with required_dst_info_num 4", m)
 		}
-	}
-	layout := d.layout(t, ctx)
-	if layout.GetAttnTpSize() != 4 || layout.GetHeadsPerRank() != 2 {
-		t.Fatalf("decode layout %v, want attn TP 4 with 2 heads per rank", layout)
-	}
+		for _, dr := range m.GetDecodeRanks() {
+			if !slices.Equal(dr.GetTargetTpRanks(), []uint32{0}) || dr.GetRequiredDstInfoNum() != 4 || dr.GetRequiredPrefillResponseNum() != 1 {
+				t.Errorf("decode rank %d mapping %v", dr.GetDecodeTpRank(), dr)
+			}
+		}
+		layout := d.layout(t, ctx)
+		if layout.GetAttnTpSize() != 4 || layout.GetHeadsPerRank() != 2 {
+			t.Fatalf("decode layout %v, want attn TP 4 with 2 heads per rank", layout)
+		}
 
-	const room, prompt = 3101, 500
-	r, dests := d.handOff(t, ctx, roomsOpen(addr, room, prompt), ranks, 2)
-	var want []*pb.DecodeTarget
-	for e := range uint32(4) {
-		want = append(want, &pb.DecodeTarget{DecodeTpRank: e, SrcHeadStart: 2 * e, DstHeadStart: 0, NumHeads: 2})
-	}
-	if !roomsTargetsEqual(dests[0].GetTargets(), want) {
-		t.Errorf("targets %v, want %v (heads 2e..2e+1 to decode rank e)", dests[0].GetTargets(), want)
-	}
-	if dests[0].GetRequiredDstInfoNum() != 4 || dests[0].GetDummy() {
-		t.Errorf("destination %v, want required_dst_info_num 4", dests[0])
-	}
-	if want := uint64(prompt) * layout.GetTokenBytes() * 4; r.GetBytesTransferred() != want {
-		t.Errorf("bytes transferred %d, want %d (fill × token bytes × 4 decode ranks)", r.GetBytesTransferred(), want)
-	}
-	roomsAssertSGLang(t, r, "T1", "T2", "T4", "T8", "T11", "T12", "T17")
-	d.release(t, ctx, r)
-	d.assertDrained(t)
+		const room, prompt = 3101, 500
+		r, dests := d.handOff(t, ctx, roomsOpen(addr, room, prompt), ranks, 2)
+		var want []*pb.DecodeTarget
+		for e := range uint32(4) {
+			want = append(want, &pb.DecodeTarget{DecodeTpRank: e, SrcHeadStart: 2 * e, DstHeadStart: 0, NumHeads: 2})
+		}
+		if !roomsTargetsEqual(dests[0].GetTargets(), want) {
+			t.Errorf("targets %v, want %v (heads 2e..2e+1 to decode rank e)", dests[0].GetTargets(), want)
+		}
+		if dests[0].GetRequiredDstInfoNum() != 4 || dests[0].GetDummy() {
+			t.Errorf("destination %v, want required_dst_info_num 4", dests[0])
+		}
+		if want := uint64(prompt) * layout.GetTokenBytes() * 4; r.GetBytesTransferred() != want {
+			t.Errorf("bytes transferred %d, want %d (fill × token bytes × 4 decode ranks)", r.GetBytesTransferred(), want)
+		}
+		roomsAssertSGLang(t, r, "T1", "T2", "T4", "T8", "T11", "T12", "T17")
+		d.release(t, ctx, r)
+		d.assertDrained(t)
+	})
 }
 
 // TestRoomsE2EMLAPrefillTP4DecodeTP1: MLA has no heads to split, so one
@@ -600,49 +662,51 @@ func TestRoomsE2EGQAPrefillTP1DecodeTP4(t *testing.T) {
 // SGLang transitions: T1, T2/T4/T8, T11, T12/T17.
 func TestRoomsE2EMLAPrefillTP4DecodeTP1(t *testing.T) {
 	t.Parallel()
-	d := roomsStartDaemon(t, "kv_pool:\n  kind: mla\n  kv_lora_rank: 512\n  qk_rope_head_dim: 64\n", "")
-	ctx := roomsCtx(t)
-	const addr = "10.0.0.3:8998"
-	model := &pb.ModelFacts{KvPoolKind: "mla", NumLayers: 32, KvLoraRank: 512, QkRopeHeadDim: 64}
-	ranks := d.startRanks(t, roomsInstance(addr, 4, 1, "", model)...)
-	for i, r := range ranks {
-		if got, want := r.reg.GetMapping().GetDummy(), i > 0; got != want {
-			t.Errorf("rank %d: mapping dummy %v, want %v", i, got, want)
+	roomsOverBoth(t, func(t *testing.T, tr roomsTransport) {
+		d := roomsStartOver(t, tr, "kv_pool:\n  kind: mla\n  kv_lora_rank: 512\n  qk_rope_head_dim: 64\n", "")
+		ctx := roomsCtx(t)
+		const addr = "10.0.0.3:8998"
+		model := &pb.ModelFacts{KvPoolKind: "mla", NumLayers: 32, KvLoraRank: 512, QkRopeHeadDim: 64}
+		ranks := d.startRanks(t, roomsInstance(addr, 4, 1, "", model)...)
+		for i, r := range ranks {
+			if got, want := r.reg.GetMapping().GetDummy(), i > 0; got != want {
+				t.Errorf("rank %d: mapping dummy %v, want %v", i, got, want)
+			}
 		}
-	}
-	dr := ranks[0].reg.GetMapping().GetDecodeRanks()
-	if len(dr) != 1 || !slices.Equal(dr[0].GetTargetTpRanks(), []uint32{0, 1, 2, 3}) || !slices.Equal(dr[0].GetDummyTpRanks(), []uint32{1, 2, 3}) || dr[0].GetRequiredPrefillResponseNum() != 1 {
-		t.Fatalf("decode rank mapping %v, want targets 0..3 with dummies 1..3 and one required response", dr)
-	}
-	layout := d.layout(t, ctx)
-	if !layout.GetIsMla() || layout.GetHeadDim() != 576 {
-		t.Fatalf("decode layout %v, want MLA with 576 (512 + 64) dims", layout)
-	}
+		dr := ranks[0].reg.GetMapping().GetDecodeRanks()
+		if len(dr) != 1 || !slices.Equal(dr[0].GetTargetTpRanks(), []uint32{0, 1, 2, 3}) || !slices.Equal(dr[0].GetDummyTpRanks(), []uint32{1, 2, 3}) || dr[0].GetRequiredPrefillResponseNum() != 1 {
+			t.Fatalf("decode rank mapping %v, want targets 0..3 with dummies 1..3 and one required response", dr)
+		}
+		layout := d.layout(t, ctx)
+		if !layout.GetIsMla() || layout.GetHeadDim() != 576 {
+			t.Fatalf("decode layout %v, want MLA with 576 (512 + 64) dims", layout)
+		}
 
-	const room, prompt = 3201, 1000
-	r, dests := d.handOff(t, ctx, roomsOpen(addr, room, prompt), ranks, 4)
-	if dests[0].GetDummy() || len(dests[0].GetPageIndices()) != roomsPages(prompt) || dests[0].GetMetadataSlot() < 0 ||
-		!roomsTargetsEqual(dests[0].GetTargets(), []*pb.DecodeTarget{{DecodeTpRank: 0}}) {
-		t.Errorf("rank 0 destination %v, want the real one: %d pages, a metadata slot, target decode rank 0", dests[0], roomsPages(prompt))
-	}
-	for i, dest := range dests[1:] {
-		if !dest.GetDummy() || len(dest.GetPageIndices()) != 0 || dest.GetMetadataSlot() != -1 ||
-			!roomsTargetsEqual(dest.GetTargets(), []*pb.DecodeTarget{{DecodeTpRank: 0, Dummy: true}}) {
-			t.Errorf("rank %d destination %v, want a dummy (no pages, metadata slot -1, dummy target 0)", i+1, dest)
+		const room, prompt = 3201, 1000
+		r, dests := d.handOff(t, ctx, roomsOpen(addr, room, prompt), ranks, 4)
+		if dests[0].GetDummy() || len(dests[0].GetPageIndices()) != roomsPages(prompt) || dests[0].GetMetadataSlot() < 0 ||
+			!roomsTargetsEqual(dests[0].GetTargets(), []*pb.DecodeTarget{{DecodeTpRank: 0}}) {
+			t.Errorf("rank 0 destination %v, want the real one: %d pages, a metadata slot, target decode rank 0", dests[0], roomsPages(prompt))
 		}
-	}
-	if want := uint32((roomsPages(prompt) + 3) / 4); r.GetChunksDone() != want {
-		t.Errorf("chunks done %d, want %d (rank 0's only)", r.GetChunksDone(), want)
-	}
-	if want := uint64(prompt) * layout.GetTokenBytes(); r.GetBytesTransferred() != want {
-		t.Errorf("bytes transferred %d, want %d", r.GetBytesTransferred(), want)
-	}
-	// A dummy rank has nothing to send: a chunk from it is refused.
-	_, err := roomsTransfer(ctx, ranks[2], &pb.Destination{Room: room}, 0, 0, 1, true)
-	roomsWantCode(t, "Transfer from a dummy rank", err, codes.InvalidArgument, client.ErrInvalidArgument, "rank", "dummy")
-	roomsAssertSGLang(t, r, "T1", "T4", "T11", "T12", "T17")
-	d.release(t, ctx, r)
-	d.assertDrained(t)
+		for i, dest := range dests[1:] {
+			if !dest.GetDummy() || len(dest.GetPageIndices()) != 0 || dest.GetMetadataSlot() != -1 ||
+				!roomsTargetsEqual(dest.GetTargets(), []*pb.DecodeTarget{{DecodeTpRank: 0, Dummy: true}}) {
+				t.Errorf("rank %d destination %v, want a dummy (no pages, metadata slot -1, dummy target 0)", i+1, dest)
+			}
+		}
+		if want := uint32((roomsPages(prompt) + 3) / 4); r.GetChunksDone() != want {
+			t.Errorf("chunks done %d, want %d (rank 0's only)", r.GetChunksDone(), want)
+		}
+		if want := uint64(prompt) * layout.GetTokenBytes(); r.GetBytesTransferred() != want {
+			t.Errorf("bytes transferred %d, want %d", r.GetBytesTransferred(), want)
+		}
+		// A dummy rank has nothing to send: a chunk from it is refused.
+		_, err := roomsTransfer(ctx, ranks[2], &pb.Destination{Room: room}, 0, 0, 1, true)
+		roomsWantCode(t, "Transfer from a dummy rank", err, codes.InvalidArgument, client.ErrInvalidArgument, "rank", "dummy")
+		roomsAssertSGLang(t, r, "T1", "T4", "T11", "T12", "T17")
+		d.release(t, ctx, r)
+		d.assertDrained(t)
+	})
 }
 
 // TestRoomsE2EPrefillDPRules resolves a room's prefill DP rank with each of
@@ -652,109 +716,111 @@ func TestRoomsE2EMLAPrefillTP4DecodeTP1(t *testing.T) {
 // SGLang transitions: T1, T2 (each rule), T4, T8, T11, T12/T17.
 func TestRoomsE2EPrefillDPRules(t *testing.T) {
 	t.Parallel()
-	d := roomsStartDaemon(t, "parallel:\n  dp: 2\n", "")
-	ctx := roomsCtx(t)
-	const (
-		single = "10.0.1.1:8998" // DP 1
-		follow = "10.0.1.2:8998" // DP 4, follow_bootstrap_room
-		rr     = "10.0.1.3:8998" // DP 4, round_robin: needs a hint or a binding
-	)
-	singleRanks := d.startRanks(t, roomsInstance(single, 1, 1, "", nil)...)
-	followRanks := d.startRanks(t, roomsInstance(follow, 1, 4, "follow_bootstrap_room", nil)...)
-	rrRanks := d.startRanks(t, roomsInstance(rr, 1, 4, "round_robin", nil)...)
+	roomsOverBoth(t, func(t *testing.T, tr roomsTransport) {
+		d := roomsStartOver(t, tr, "parallel:\n  dp: 2\n", "")
+		ctx := roomsCtx(t)
+		const (
+			single = "10.0.1.1:8998" // DP 1
+			follow = "10.0.1.2:8998" // DP 4, follow_bootstrap_room
+			rr     = "10.0.1.3:8998" // DP 4, round_robin: needs a hint or a binding
+		)
+		singleRanks := d.startRanks(t, roomsInstance(single, 1, 1, "", nil)...)
+		followRanks := d.startRanks(t, roomsInstance(follow, 1, 4, "follow_bootstrap_room", nil)...)
+		rrRanks := d.startRanks(t, roomsInstance(rr, 1, 4, "round_robin", nil)...)
 
-	// check runs the room through the ranks of dp group dp and checks the
-	// rule on the room and in LookupDPRanks (with the same hints).
-	check := func(t *testing.T, addr string, ranks []*roomsRank, req *pb.OpenRoomRequest, dp uint32, rule pb.DPRankRule) {
-		t.Helper()
-		var hints []*pb.RoomHint
-		if req.PrefillDpRank != nil {
-			hints = []*pb.RoomHint{{Room: req.GetRoom(), DpRank: req.GetPrefillDpRank()}}
+		// check runs the room through the ranks of dp group dp and checks the
+		// rule on the room and in LookupDPRanks (with the same hints).
+		check := func(t *testing.T, addr string, ranks []*roomsRank, req *pb.OpenRoomRequest, dp uint32, rule pb.DPRankRule) {
+			t.Helper()
+			var hints []*pb.RoomHint
+			if req.PrefillDpRank != nil {
+				hints = []*pb.RoomHint{{Room: req.GetRoom(), DpRank: req.GetPrefillDpRank()}}
+			}
+			r, dests := d.handOff(t, ctx, req, ranks[dp:dp+1], 0)
+			if r.GetDpRankRule() != rule || r.PrefillDpRank == nil || r.GetPrefillDpRank() != dp {
+				t.Errorf("room %d: prefill dp rank %v by %s, want %d by %s", r.GetRoom(), r.PrefillDpRank, r.GetDpRankRule(), dp, rule)
+			}
+			if want := uint32(req.GetRoom() % 2); r.GetDecodeDpRank() != want || dests[0].GetDecodeDpRank() != want {
+				t.Errorf("room %d on decode shard %d (destination %d), want %d", r.GetRoom(), r.GetDecodeDpRank(), dests[0].GetDecodeDpRank(), want)
+			}
+			res, err := d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: addr, Rooms: []uint64{req.GetRoom()}, Hints: hints})
+			if err != nil {
+				t.Fatalf("LookupDPRanks: %v", err)
+			}
+			want := &pb.LookupDPRanksResponse{Resolved: []*pb.DPRankResult{{Room: req.GetRoom(), DpRank: dp, Rule: rule}}}
+			if !proto.Equal(res, want) {
+				t.Errorf("LookupDPRanks(%d) = %v, want %v", req.GetRoom(), res, want)
+			}
+			roomsAssertSGLang(t, r, "T1", "T2", "T4", "T8", "T11", "T12", "T17")
+			d.release(t, ctx, r)
+			d.assertDrained(t)
 		}
-		r, dests := d.handOff(t, ctx, req, ranks[dp:dp+1], 0)
-		if r.GetDpRankRule() != rule || r.PrefillDpRank == nil || r.GetPrefillDpRank() != dp {
-			t.Errorf("room %d: prefill dp rank %v by %s, want %d by %s", r.GetRoom(), r.PrefillDpRank, r.GetDpRankRule(), dp, rule)
-		}
-		if want := uint32(req.GetRoom() % 2); r.GetDecodeDpRank() != want || dests[0].GetDecodeDpRank() != want {
-			t.Errorf("room %d on decode shard %d (destination %d), want %d", r.GetRoom(), r.GetDecodeDpRank(), dests[0].GetDecodeDpRank(), want)
-		}
-		res, err := d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: addr, Rooms: []uint64{req.GetRoom()}, Hints: hints})
-		if err != nil {
-			t.Fatalf("LookupDPRanks: %v", err)
-		}
-		want := &pb.LookupDPRanksResponse{Resolved: []*pb.DPRankResult{{Room: req.GetRoom(), DpRank: dp, Rule: rule}}}
-		if !proto.Equal(res, want) {
-			t.Errorf("LookupDPRanks(%d) = %v, want %v", req.GetRoom(), res, want)
-		}
-		roomsAssertSGLang(t, r, "T1", "T2", "T4", "T8", "T11", "T12", "T17")
-		d.release(t, ctx, r)
-		d.assertDrained(t)
-	}
 
-	t.Run("hint", func(t *testing.T) {
-		req := roomsOpen(rr, 4001, 300)
-		req.PrefillDpRank = proto.Uint32(2)
-		// Without the hint a round_robin room is unknown: never guessed.
-		res, err := d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: rr, Rooms: []uint64{4001}})
-		if err != nil || len(res.GetResolved()) != 0 || !slices.Equal(res.GetUnresolved(), []uint64{4001}) {
-			t.Fatalf("LookupDPRanks without hint = %v, %v; want room 4001 unresolved", res, err)
-		}
-		check(t, rr, rrRanks, req, 2, pb.DPRankRule_DP_RANK_RULE_HINT)
-	})
-	t.Run("dp_size 1", func(t *testing.T) {
-		check(t, single, singleRanks, roomsOpen(single, 4002, 300), 0, pb.DPRankRule_DP_RANK_RULE_SINGLE_DP)
-	})
-	t.Run("room mod dp_size", func(t *testing.T) {
-		const room = 4003 // 4003 % 4 == 3
-		// A rank of another DP group cannot claim the room.
-		if _, err := d.c.OpenRoom(ctx, roomsOpen(follow, room, 300)); err != nil {
-			t.Fatal(err)
-		}
-		_, err := followRanks[1].SendRoom(ctx, room, client.SendOptions{})
-		roomsWantCode(t, "SendRoom from DP group 1", err, codes.InvalidArgument, client.ErrInvalidArgument, "rank.dp_rank", "follow_room")
-		if _, err := d.c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room}); err != nil {
-			t.Fatal(err)
-		}
-		d.assertDrained(t)
-		check(t, follow, followRanks, roomsOpen(follow, 4007, 300), 3, pb.DPRankRule_DP_RANK_RULE_FOLLOW_ROOM)
-	})
-	t.Run("binding after open", func(t *testing.T) {
-		const room = 4004
-		resp, err := d.c.OpenRoom(ctx, roomsOpen(rr, room, 300))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ph := resp.GetRoom().GetPhase(); ph != pb.RoomPhase_ROOM_PHASE_RESOLVING_DP_RANK {
-			t.Fatalf("round_robin room without hint: phase %s, want RESOLVING_DP_RANK", ph)
-		}
-		res, err := d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: rr, Rooms: []uint64{room}})
-		if err != nil || !slices.Equal(res.GetUnresolved(), []uint64{room}) {
-			t.Fatalf("LookupDPRanks before BindRoom = %v, %v; want unresolved", res, err)
-		}
-		if replaced, err := rrRanks[1].BindRoom(ctx, room); err != nil || replaced {
-			t.Fatalf("BindRoom = %v, %v", replaced, err)
-		}
-		if _, err := d.c.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
-			t.Fatal(err)
-		}
-		r, dests := d.handOffOpened(t, ctx, room, rrRanks[1:2])
-		if r.GetDpRankRule() != pb.DPRankRule_DP_RANK_RULE_BINDING || r.GetPrefillDpRank() != 1 || dests[0].GetDecodeDpRank() != 0 {
-			t.Errorf("room %d: prefill dp rank %d by %s on decode shard %d, want 1 by BINDING on 0", room, r.GetPrefillDpRank(), r.GetDpRankRule(), dests[0].GetDecodeDpRank())
-		}
-		res, err = d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: rr, Rooms: []uint64{room}})
-		want := &pb.LookupDPRanksResponse{Resolved: []*pb.DPRankResult{{Room: room, DpRank: 1, Rule: pb.DPRankRule_DP_RANK_RULE_BINDING}}}
-		if err != nil || !proto.Equal(res, want) {
-			t.Errorf("LookupDPRanks = %v, %v; want %v", res, err, want)
-		}
-		d.release(t, ctx, r)
-		d.assertDrained(t)
-	})
-	t.Run("binding before open", func(t *testing.T) {
-		const room = 4005
-		if _, err := rrRanks[3].BindRoom(ctx, room); err != nil {
-			t.Fatal(err)
-		}
-		check(t, rr, rrRanks, roomsOpen(rr, room, 300), 3, pb.DPRankRule_DP_RANK_RULE_BINDING)
+		t.Run("hint", func(t *testing.T) {
+			req := roomsOpen(rr, 4001, 300)
+			req.PrefillDpRank = proto.Uint32(2)
+			// Without the hint a round_robin room is unknown: never guessed.
+			res, err := d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: rr, Rooms: []uint64{4001}})
+			if err != nil || len(res.GetResolved()) != 0 || !slices.Equal(res.GetUnresolved(), []uint64{4001}) {
+				t.Fatalf("LookupDPRanks without hint = %v, %v; want room 4001 unresolved", res, err)
+			}
+			check(t, rr, rrRanks, req, 2, pb.DPRankRule_DP_RANK_RULE_HINT)
+		})
+		t.Run("dp_size 1", func(t *testing.T) {
+			check(t, single, singleRanks, roomsOpen(single, 4002, 300), 0, pb.DPRankRule_DP_RANK_RULE_SINGLE_DP)
+		})
+		t.Run("room mod dp_size", func(t *testing.T) {
+			const room = 4003 // 4003 % 4 == 3
+			// A rank of another DP group cannot claim the room.
+			if _, err := d.c.OpenRoom(ctx, roomsOpen(follow, room, 300)); err != nil {
+				t.Fatal(err)
+			}
+			_, err := followRanks[1].SendRoom(ctx, room, client.SendOptions{})
+			roomsWantCode(t, "SendRoom from DP group 1", err, codes.InvalidArgument, client.ErrInvalidArgument, "rank.dp_rank", "follow_room")
+			if _, err := d.c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room}); err != nil {
+				t.Fatal(err)
+			}
+			d.assertDrained(t)
+			check(t, follow, followRanks, roomsOpen(follow, 4007, 300), 3, pb.DPRankRule_DP_RANK_RULE_FOLLOW_ROOM)
+		})
+		t.Run("binding after open", func(t *testing.T) {
+			const room = 4004
+			resp, err := d.c.OpenRoom(ctx, roomsOpen(rr, room, 300))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ph := resp.GetRoom().GetPhase(); ph != pb.RoomPhase_ROOM_PHASE_RESOLVING_DP_RANK {
+				t.Fatalf("round_robin room without hint: phase %s, want RESOLVING_DP_RANK", ph)
+			}
+			res, err := d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: rr, Rooms: []uint64{room}})
+			if err != nil || !slices.Equal(res.GetUnresolved(), []uint64{room}) {
+				t.Fatalf("LookupDPRanks before BindRoom = %v, %v; want unresolved", res, err)
+			}
+			if replaced, err := rrRanks[1].BindRoom(ctx, room); err != nil || replaced {
+				t.Fatalf("BindRoom = %v, %v", replaced, err)
+			}
+			if _, err := d.c.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
+				t.Fatal(err)
+			}
+			r, dests := d.handOffOpened(t, ctx, room, rrRanks[1:2])
+			if r.GetDpRankRule() != pb.DPRankRule_DP_RANK_RULE_BINDING || r.GetPrefillDpRank() != 1 || dests[0].GetDecodeDpRank() != 0 {
+				t.Errorf("room %d: prefill dp rank %d by %s on decode shard %d, want 1 by BINDING on 0", room, r.GetPrefillDpRank(), r.GetDpRankRule(), dests[0].GetDecodeDpRank())
+			}
+			res, err = d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: rr, Rooms: []uint64{room}})
+			want := &pb.LookupDPRanksResponse{Resolved: []*pb.DPRankResult{{Room: room, DpRank: 1, Rule: pb.DPRankRule_DP_RANK_RULE_BINDING}}}
+			if err != nil || !proto.Equal(res, want) {
+				t.Errorf("LookupDPRanks = %v, %v; want %v", res, err, want)
+			}
+			d.release(t, ctx, r)
+			d.assertDrained(t)
+		})
+		t.Run("binding before open", func(t *testing.T) {
+			const room = 4005
+			if _, err := rrRanks[3].BindRoom(ctx, room); err != nil {
+				t.Fatal(err)
+			}
+			check(t, rr, rrRanks, roomsOpen(rr, room, 300), 3, pb.DPRankRule_DP_RANK_RULE_BINDING)
+		})
 	})
 }
 
@@ -786,108 +852,110 @@ func (d *roomsDaemon) handOffOpened(t *testing.T, ctx context.Context, room uint
 // SGLang transitions: T1, T2/T4/T8, T11, T12/T17, on every room.
 func TestRoomsE2EThousandConcurrentRooms(t *testing.T) {
 	t.Parallel()
-	const (
-		rooms      = 1000
-		workers    = 64
-		prompt     = 256 // 4 pages
-		chunkPages = 2   // 2 chunks per rank and room
-		first      = uint64(100000)
-		addr       = "10.0.2.1:8998"
-	)
-	d := roomsStartDaemon(t, `kv_pool:
+	roomsOverBoth(t, func(t *testing.T, tr roomsTransport) {
+		const (
+			rooms      = 1000
+			workers    = 64
+			prompt     = 256 // 4 pages
+			chunkPages = 2   // 2 chunks per rank and room
+			first      = uint64(100000)
+			addr       = "10.0.2.1:8998"
+		)
+		d := roomsStartOver(t, tr, `kv_pool:
   total_tokens: 4194304
   request_slots: 1024
 admission:
   claim_timeout: 5m
 `, "")
-	ctx := roomsCtx(t)
-	ranks := d.startRanks(t, roomsInstance(addr, 4, 1, "", roomsGQAModel)...)
-	layout := d.layout(t, ctx)
+		ctx := roomsCtx(t)
+		ranks := d.startRanks(t, roomsInstance(addr, 4, 1, "", roomsGQAModel)...)
+		layout := d.layout(t, ctx)
 
-	// run calls f for each room with n goroutines and returns the first error.
-	run := func(n int, f func(room uint64) error) error {
-		next := make(chan uint64)
-		var firstErr atomic.Pointer[error]
-		var wg sync.WaitGroup
-		for range n {
-			wg.Go(func() {
-				for room := range next {
-					if err := f(room); err != nil {
-						firstErr.CompareAndSwap(nil, &err)
+		// run calls f for each room with n goroutines and returns the first error.
+		run := func(n int, f func(room uint64) error) error {
+			next := make(chan uint64)
+			var firstErr atomic.Pointer[error]
+			var wg sync.WaitGroup
+			for range n {
+				wg.Go(func() {
+					for room := range next {
+						if err := f(room); err != nil {
+							firstErr.CompareAndSwap(nil, &err)
+						}
 					}
-				}
+				})
+			}
+			for i := range uint64(rooms) {
+				next <- first + i
+			}
+			close(next)
+			wg.Wait()
+			if p := firstErr.Load(); p != nil {
+				return *p
+			}
+			return nil
+		}
+
+		start := time.Now()
+		if err := run(16, func(room uint64) error {
+			_, err := d.c.OpenRoom(ctx, roomsOpen(addr, room, prompt))
+			return err
+		}); err != nil {
+			t.Fatalf("OpenRoom: %v", err)
+		}
+		opened := time.Since(start)
+		sh := d.shard(t, ctx, 0)
+		if sh.GetAdmitted() != rooms || sh.GetPagesTotal()-sh.GetPagesFree() != rooms*uint64(roomsPages(prompt)) {
+			t.Fatalf("after opening: %d rooms admitted holding %d pages, want all %d holding %d", sh.GetAdmitted(), sh.GetPagesTotal()-sh.GetPagesFree(), rooms, rooms*roomsPages(prompt))
+		}
+
+		handOff := time.Now()
+		var bytes atomic.Uint64
+		var wg sync.WaitGroup
+		errs := make([]error, len(ranks)+1)
+		for i, r := range ranks {
+			wg.Go(func() {
+				errs[i] = run(workers, func(room uint64) error {
+					if _, err := r.SendRoom(ctx, room, client.SendOptions{ChunkPages: chunkPages}); err != nil {
+						return fmt.Errorf("rank %d room %d: %w", i, room, err)
+					}
+					return nil
+				})
 			})
 		}
-		for i := range uint64(rooms) {
-			next <- first + i
-		}
-		close(next)
-		wg.Wait()
-		if p := firstErr.Load(); p != nil {
-			return *p
-		}
-		return nil
-	}
-
-	start := time.Now()
-	if err := run(16, func(room uint64) error {
-		_, err := d.c.OpenRoom(ctx, roomsOpen(addr, room, prompt))
-		return err
-	}); err != nil {
-		t.Fatalf("OpenRoom: %v", err)
-	}
-	opened := time.Since(start)
-	sh := d.shard(t, ctx, 0)
-	if sh.GetAdmitted() != rooms || sh.GetPagesTotal()-sh.GetPagesFree() != rooms*uint64(roomsPages(prompt)) {
-		t.Fatalf("after opening: %d rooms admitted holding %d pages, want all %d holding %d", sh.GetAdmitted(), sh.GetPagesTotal()-sh.GetPagesFree(), rooms, rooms*roomsPages(prompt))
-	}
-
-	handOff := time.Now()
-	var bytes atomic.Uint64
-	var wg sync.WaitGroup
-	errs := make([]error, len(ranks)+1)
-	for i, r := range ranks {
 		wg.Go(func() {
-			errs[i] = run(workers, func(room uint64) error {
-				if _, err := r.SendRoom(ctx, room, client.SendOptions{ChunkPages: chunkPages}); err != nil {
-					return fmt.Errorf("rank %d room %d: %w", i, room, err)
+			errs[len(ranks)] = run(workers, func(room uint64) error {
+				r, err := d.c.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+				if err != nil {
+					return fmt.Errorf("room %d: %w", room, err)
+				}
+				bytes.Add(r.GetBytesTransferred())
+				resp, err := d.c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
+				if err != nil {
+					return fmt.Errorf("release %d: %w", room, err)
+				}
+				if resp.GetPagesReleased() != uint32(roomsPages(prompt)) {
+					return fmt.Errorf("release %d: %d pages, want %d", room, resp.GetPagesReleased(), roomsPages(prompt))
 				}
 				return nil
 			})
 		})
-	}
-	wg.Go(func() {
-		errs[len(ranks)] = run(workers, func(room uint64) error {
-			r, err := d.c.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
-			if err != nil {
-				return fmt.Errorf("room %d: %w", room, err)
-			}
-			bytes.Add(r.GetBytesTransferred())
-			resp, err := d.c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
-			if err != nil {
-				return fmt.Errorf("release %d: %w", room, err)
-			}
-			if resp.GetPagesReleased() != uint32(roomsPages(prompt)) {
-				return fmt.Errorf("release %d: %d pages, want %d", room, resp.GetPagesReleased(), roomsPages(prompt))
-			}
-			return nil
-		})
-	})
-	wg.Wait()
-	total, delivered := time.Since(start), time.Since(handOff)
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
-	if want := uint64(rooms) * prompt * layout.GetTokenBytes(); bytes.Load() != want {
-		t.Errorf("bytes transferred %d, want %d", bytes.Load(), want)
-	}
-	t.Logf("%d concurrent rooms, prefill TP 4 -> decode TP 1 (4 prefill ranks, %d chunks each per room): %s open to release = %.0f rooms/s (opening %s; hand-off + release %s = %.0f rooms/s)",
-		rooms, roomsPages(prompt)/chunkPages, total.Round(time.Millisecond), rooms/total.Seconds(), opened.Round(time.Millisecond), delivered.Round(time.Millisecond), rooms/delivered.Seconds())
+		wg.Wait()
+		total, delivered := time.Since(start), time.Since(handOff)
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if want := uint64(rooms) * prompt * layout.GetTokenBytes(); bytes.Load() != want {
+			t.Errorf("bytes transferred %d, want %d", bytes.Load(), want)
+		}
+		t.Logf("%d concurrent rooms, prefill TP 4 -> decode TP 1 (4 prefill ranks, %d chunks each per room): %s open to release = %.0f rooms/s (opening %s; hand-off + release %s = %.0f rooms/s)",
+			rooms, roomsPages(prompt)/chunkPages, total.Round(time.Millisecond), rooms/total.Seconds(), opened.Round(time.Millisecond), delivered.Round(time.Millisecond), rooms/delivered.Seconds())
 
-	list, err := d.c.ListRooms(ctx, &pb.ListRoomsRequest{Phases: []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_RELEASED}, Limit: 2 * rooms})
-	if err != nil || list.GetTotal() != rooms {
-		t.Errorf("ListRooms(RELEASED) total %d, %v; want %d", list.GetTotal(), err, rooms)
-	}
-	roomsAssertSGLang(t, d.getRoom(t, ctx, first+rooms-1), "T1", "T2", "T4", "T8", "T11", "T12", "T17")
-	d.assertDrained(t)
+		list, err := d.c.ListRooms(ctx, &pb.ListRoomsRequest{Phases: []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_RELEASED}, Limit: 2 * rooms})
+		if err != nil || list.GetTotal() != rooms {
+			t.Errorf("ListRooms(RELEASED) total %d, %v; want %d", list.GetTotal(), err, rooms)
+		}
+		roomsAssertSGLang(t, d.getRoom(t, ctx, first+rooms-1), "T1", "T2", "T4", "T8", "T11", "T12", "T17")
+		d.assertDrained(t)
+	})
 }
