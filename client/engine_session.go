@@ -28,6 +28,11 @@ import (
 // (4,096), cut with ErrResourceExhausted ("slow consumer"). Its rooms go on;
 // open a new session and Resume(Cursors()) to get what was missed.
 // The session is not re-opened automatically.
+//
+// Ops sent while another is being written go out together in its next
+// message (EngineRequest.more), and the daemon packs its queued events the
+// same way; SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME) asks for
+// one event per room (its outcome) instead of one per transition.
 type EngineSession struct {
 	stream pb.EngineSession_SessionClient
 	cancel context.CancelFunc
