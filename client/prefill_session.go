@@ -287,12 +287,17 @@ func (s *Session) Claim(ctx context.Context, req *pb.AwaitDestinationRequest) (*
 		s.mu.Unlock()
 		return nil, err
 	}
-	// The claim's events end with ctx, as a DestinationStream's.
+	// The claim's events end with ctx, as a DestinationStream's; Close
+	// stops the watch.
 	stop := context.AfterFunc(ctx, func() { c.fail(toError("Session.Claim", ctx.Err())) })
-	go func() {
-		<-c.closed
+	c.endMu.Lock()
+	c.stop = stop
+	c.endMu.Unlock()
+	select {
+	case <-c.closed: // ended meanwhile (the session's end): Close found no stop
 		stop()
-	}()
+	default:
+	}
 	return c, nil
 }
 
@@ -308,6 +313,7 @@ type SessionClaim struct {
 	once   sync.Once
 	closed chan struct{}
 	endMu  sync.Mutex
+	stop   func() bool // stops the watch of the Claim's ctx; under endMu
 	end    error
 }
 
@@ -394,6 +400,12 @@ func (c *SessionClaim) Close() {
 	c.once.Do(func() {
 		c.forget()
 		close(c.closed)
+		c.endMu.Lock()
+		stop := c.stop
+		c.endMu.Unlock()
+		if stop != nil { // nil: Claim has not set it yet, and stops it itself
+			stop()
+		}
 	})
 }
 

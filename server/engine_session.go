@@ -475,6 +475,10 @@ func (es *engineSession) refuse(res *pb.EngineResult, op string, err error) {
 // status): the code, the message and a RetryInfo's delay; failures are
 // logged as a failed unary call would be.
 func (es *engineSession) answer(ctx context.Context, res *pb.EngineResult, op string, err error) {
+	if err == nil {
+		es.count(op, codes.OK) // res is OK as made
+		return
+	}
 	st := status.Convert(err)
 	res.Code, res.Message = int32(st.Code()), st.Message()
 	for _, d := range st.Details() {
@@ -483,9 +487,7 @@ func (es *engineSession) answer(ctx context.Context, res *pb.EngineResult, op st
 		}
 	}
 	es.count(op, st.Code())
-	if err != nil {
-		es.h.s.logFailed(ctx, pb.EngineSession_Session_FullMethodName+"/"+op, "bidi_stream", es.opStart, err)
-	}
+	es.h.s.logFailed(ctx, pb.EngineSession_Session_FullMethodName+"/"+op, "bidi_stream", es.opStart, err)
 }
 
 func (es *engineSession) count(op string, code codes.Code) {
