@@ -969,23 +969,54 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 		return nil, fmt.Errorf("watch room %d: %w", room, ErrRoomNotFound)
 	}
 	defer m.unlockShard(sh)
-	past := []transition{r.lastStep()}
+	steps := r.steps()
+	first := len(steps) - 1
 	if history {
-		past = r.steps()
+		first = 0
 	}
-	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(past)), sh: sh, room: room}
+	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(steps)-first), sh: sh, room: room}
 	snap := r.snapshot(false, false)
-	for i, t := range past {
-		w.ch <- RoomEvent{Room: snap, Transition: t.public(r.addr, r.texts()), Terminal: r.phase.Terminal() && i == len(past)-1}
+	texts := r.texts()
+	for i := first; i < len(steps); i++ {
+		w.ch <- RoomEvent{Room: snap, Transition: steps[i].public(r.addr, texts), Terminal: r.phase.Terminal() && i == len(steps)-1, Seq: uint32(i + 1)}
 	}
 	if r.phase.Terminal() {
 		w.close(nil)
 		return w, nil
 	}
-	if x := r.x(); x.watchers == nil {
-		x.watchers = make(map[*Watcher]struct{}, 1)
+	r.addWatcher(w)
+	return w, nil
+}
+
+// WatchOutcome streams one event of a room, its outcome: the transition
+// to PhaseSucceeded, or the terminal one of a room that ends without
+// succeeding (an outcome already reached is sent at once); Events is then
+// closed. The events before it are neither sent nor built.
+func (m *Manager) WatchOutcome(room uint64) (*Watcher, error) {
+	sh, r := m.lockRoom(room)
+	if r == nil {
+		return nil, fmt.Errorf("watch room %d: %w", room, ErrRoomNotFound)
 	}
-	r.extra.watchers[w] = struct{}{}
+	defer m.unlockShard(sh)
+	w := &Watcher{ch: make(chan RoomEvent, 1), sh: sh, room: room, outcome: true}
+	steps := r.steps()
+	at := -1
+	for i, t := range steps {
+		if Phase(t.phase) == PhaseSucceeded {
+			at = i
+			break
+		}
+	}
+	if at < 0 && r.phase.Terminal() {
+		at = len(steps) - 1
+	}
+	if at >= 0 {
+		w.ch <- RoomEvent{Room: r.snapshot(false, false), Transition: steps[at].public(r.addr, r.texts()),
+			Terminal: r.phase.Terminal() && at == len(steps)-1, Seq: uint32(at + 1)}
+		w.close(nil)
+		return w, nil
+	}
+	r.addWatcher(w)
 	return w, nil
 }
 

@@ -187,6 +187,14 @@ func (r *room) clearGates() {
 }
 
 // watching is the room's watchers (nil when none).
+// addWatcher registers w for the room's next transitions.
+func (r *room) addWatcher(w *Watcher) {
+	if x := r.x(); x.watchers == nil {
+		x.watchers = make(map[*Watcher]struct{}, 1)
+	}
+	r.extra.watchers[w] = struct{}{}
+}
+
 func (r *room) watching() map[*Watcher]struct{} {
 	if r.extra == nil {
 		return nil
@@ -397,9 +405,25 @@ func (m *Manager) movedLocked(r *room, e effects) {
 		m.signalProgress()
 	}
 	if ws := r.watching(); len(ws) > 0 { // the snapshot is only for watchers: not on the hot path without them
-		ev := RoomEvent{Room: r.snapshot(false, false), Transition: e.t.public(r.addr, r.texts()), Terminal: to.Terminal()}
+		// The event is built once, when a watcher wants it (an outcome
+		// watcher wants only the outcome, and ends with it).
+		outcome := to == PhaseSucceeded || to.Terminal()
+		var ev RoomEvent
+		built := false
 		for w := range ws {
+			if w.outcome && !outcome {
+				continue
+			}
+			if !built {
+				ev = RoomEvent{Room: r.snapshot(false, false), Transition: e.t.public(r.addr, r.texts()), Terminal: to.Terminal(), Seq: uint32(1 + len(r.transitions))}
+				built = true
+			}
 			if !w.send(ev) {
+				delete(ws, w)
+				continue
+			}
+			if w.outcome {
+				w.close(nil)
 				delete(ws, w)
 			}
 		}

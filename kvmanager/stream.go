@@ -17,6 +17,8 @@ type Watcher struct {
 	err  error  // guarded by sh.mu
 	sh   *shard // the room's shard
 	room uint64
+	// outcome: WatchOutcome's watcher, sent only the room's outcome.
+	outcome bool
 }
 
 // Events delivers the room's events; it is closed after the terminal event,

@@ -217,6 +217,9 @@ type RoomEvent struct {
 	Room       RoomSnapshot
 	Transition Transition
 	Terminal   bool
+	// Seq is the transition's position in the room's timeline (1: its
+	// opening).
+	Seq uint32
 }
 
 // DestinationEvent is what a prefill rank's claim stream carries: exactly

@@ -271,9 +271,15 @@ type pendingSub struct {
 	room  uint64
 	w     *kvmanager.Watcher
 	after uint32
-	// outcome: ENGINE_EVENTS_OUTCOME, only the room's SUCCEEDED or
-	// terminal event, then the subscription ends.
-	outcome bool
+}
+
+// watcher watches room's whole timeline (ENGINE_EVENTS_ALL, as WatchRoom
+// with history) or only its outcome (ENGINE_EVENTS_OUTCOME).
+func (es *engineSession) watcher(room uint64, events pb.EngineEvents) (*kvmanager.Watcher, error) {
+	if events == pb.EngineEvents_ENGINE_EVENTS_OUTCOME {
+		return es.h.rs.m.WatchOutcome(room)
+	}
+	return es.h.rs.m.Watch(room, true)
 }
 
 // subscribed reports whether room is subscribed on the stream, and how
@@ -306,30 +312,22 @@ func (es *engineSession) start(sb pendingSub) {
 }
 
 // forward moves a room's events into the queue, numbered by their position
-// in the room's timeline (the watcher replays the whole timeline first:
-// event i is seq i+1), skipping those up to sb.after. A watcher dropped
+// in the room's timeline (RoomEvent.Seq; the watcher replays the timeline
+// first), skipping those up to sb.after. An outcome watcher
+// (ENGINE_EVENTS_OUTCOME) carries one event and ends. A watcher dropped
 // for falling behind loses events, so the stream is cut as a slow consumer
 // (the client resumes from the last seq it saw).
 func (es *engineSession) forward(sb pendingSub) {
 	defer es.fwd.Done()
 	inc := es.h.s.deps.Incarnation
-	var seq uint32
 	terminal := false
 	for ev := range sb.w.Events() {
-		seq++
 		terminal = ev.Terminal
-		isOutcome := terminal || ev.Transition.Phase == kvmanager.PhaseSucceeded
-		if sb.outcome && !isOutcome {
+		if ev.Seq <= sb.after {
 			continue
 		}
-		if seq <= sb.after {
-			if sb.outcome { // the client saw the outcome: nothing more to send
-				break
-			}
-			continue
-		}
-		out := &pb.EngineEvent{Event: &pb.EngineEvent_Room{Room: &pb.EngineRoomEvent{Room: sb.room, Seq: seq, Event: roomEventToProto(ev, inc)}}}
-		if !es.push(out) || sb.outcome {
+		out := &pb.EngineEvent{Event: &pb.EngineEvent_Room{Room: &pb.EngineRoomEvent{Room: sb.room, Seq: ev.Seq, Event: roomEventToProto(ev, inc)}}}
+		if !es.push(out) {
 			break
 		}
 	}
@@ -423,12 +421,12 @@ func (es *engineSession) open(base context.Context, reply *pb.EngineReply, o *pb
 		if already {
 			continue
 		}
-		w, err := es.h.rs.m.Watch(req.GetRoom(), true)
+		w, err := es.watcher(req.GetRoom(), o.GetEvents())
 		if err != nil { // the room went away at once (retention): say so
 			es.answer(ctx, res, "watch", es.h.rs.err(ctx, err))
 			continue
 		}
-		subs = append(subs, pendingSub{room: req.GetRoom(), w: w, outcome: o.GetEvents() == pb.EngineEvents_ENGINE_EVENTS_OUTCOME})
+		subs = append(subs, pendingSub{room: req.GetRoom(), w: w})
 	}
 	return reply, subs
 }
@@ -449,13 +447,13 @@ func (es *engineSession) watch(base context.Context, reply *pb.EngineReply, o *p
 			es.refuse(res, "watch", status.Errorf(codes.ResourceExhausted, "this stream is subscribed to %d rooms (at most %d): watch it on another stream", n+len(subs), pb.MaxEngineSessionRooms))
 			continue
 		}
-		w, err := es.h.rs.m.Watch(wr.GetRoom(), true)
+		w, err := es.watcher(wr.GetRoom(), o.GetEvents())
 		if err != nil {
 			es.answer(base, res, "watch", es.h.rs.err(base, err))
 			continue
 		}
 		es.answer(base, res, "watch", nil)
-		subs = append(subs, pendingSub{room: wr.GetRoom(), w: w, after: wr.GetAfter(), outcome: o.GetEvents() == pb.EngineEvents_ENGINE_EVENTS_OUTCOME})
+		subs = append(subs, pendingSub{room: wr.GetRoom(), w: w, after: wr.GetAfter()})
 	}
 	return reply, subs
 }
