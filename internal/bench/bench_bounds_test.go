@@ -1,10 +1,14 @@
 package bench
 
 import (
+	"context"
 	"math"
 	"strings"
 	"testing"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/encoding/protowire"
 
 	"github.com/decodeplane/decodeplane/client"
@@ -167,5 +171,23 @@ func TestBenchStreamMixOf(t *testing.T) {
 	}
 	if m, why := benchStreamMixOf(&benchPhase{}, groups); m != nil || why == "" {
 		t.Errorf("no room: mix %+v, %q; want none and why", m, why)
+	}
+}
+
+// TestBenchBareVariants: the bound the ratio uses has the otelgrpc server
+// handler exactly when the daemon installs one (a tracer provider that is
+// not the no-op one), the client's always; the other has none.
+func TestBenchBareVariants(t *testing.T) {
+	sdk := sdktrace.NewTracerProvider()
+	defer sdk.Shutdown(context.Background())
+	for _, tc := range []struct {
+		tp   trace.TracerProvider
+		want string
+	}{{noop.NewTracerProvider(), "client"}, {sdk, "client+server"}} {
+		b := &benchRun{tgt: &benchTarget{}, tr: &benchTracing{provider: tc.tp}}
+		v := b.benchBareVariants()
+		if v[0].String() != tc.want || v[1].String() != "none" {
+			t.Errorf("provider %T: variants %s, %s; want %s, none", tc.tp, v[0], v[1], tc.want)
+		}
 	}
 }

@@ -190,10 +190,16 @@ func (s *benchStream) RecvMsg(m any) error {
 }
 
 func (s *benchStream) SendMsg(m any) error {
+	if s.sent == nil {
+		return s.ClientStream.SendMsg(m)
+	}
+	// Sized before it is sent: the message is not to be read once gRPC has
+	// it.
+	n := benchSize(m)
 	err := s.ClientStream.SendMsg(m)
-	if err == nil && s.sent != nil {
+	if err == nil {
 		s.sent.Add(1)
-		s.sentBytes.Add(benchSize(m))
+		s.sentBytes.Add(n)
 	}
 	return err
 }
