@@ -199,8 +199,10 @@ func (e *benchBareEnv) stop() {
 // bare measures the bare-gRPC limit at the run's concurrency in each
 // configuration of benchBareVariants: the unary mix's parts with --api
 // unary, the stream mix measured in lc (benchStreamMixOf) with --api
-// stream. skipped is set (and both results nil) when the stream mix cannot
-// be modelled.
+// stream. Both configurations' servers are up together and each test runs
+// in one right after the other, so that a busy machine's drift falls
+// between tests rather than between the two bounds. skipped is set (and
+// both results nil) when the stream mix cannot be modelled.
 func (b *benchRun) bare(ctx context.Context, prog *benchProgress, lc *benchPhase) (asRun, noOtel *benchBare, skipped string, err error) {
 	var mix *benchBareMix
 	if b.o.stream() {
@@ -208,36 +210,47 @@ func (b *benchRun) bare(ctx context.Context, prog *benchProgress, lc *benchPhase
 			return nil, nil, skipped, nil
 		}
 	}
-	var out [2]*benchBare
+	var (
+		envs [2]*benchBareEnv
+		out  [2]*benchBare
+	)
+	defer func() {
+		for _, e := range envs {
+			if e != nil {
+				e.stop()
+			}
+		}
+	}()
 	for i, v := range b.benchBareVariants() {
-		e, err := b.bareStart(v)
-		if err != nil {
+		if envs[i], err = b.bareStart(v); err != nil {
 			return nil, nil, "", err
 		}
-		res := &benchBare{Otelgrpc: v.String(), Concurrency: b.o.concurrency, Conns: len(e.conns), Duration: b.o.bareDuration,
+		out[i] = &benchBare{Otelgrpc: v.String(), Concurrency: b.o.concurrency, Conns: len(envs[i].conns), Duration: b.o.bareDuration,
 			Seconds: b.o.bareDuration.Seconds(), Options: "loopback TCP, insecure, otelgrpc stats handler on " + v.String() + ", counting client interceptors"}
-		suffix := ""
-		if i == 1 {
-			suffix = ", no otelgrpc"
+	}
+	if mix != nil {
+		for i := range envs {
+			if err := b.bareStreamMix(ctx, prog, envs[i], mix, out[i], benchBareSuffix(i)); err != nil {
+				return nil, nil, "", err
+			}
 		}
-		if mix != nil {
-			err = b.bareStreamMix(ctx, prog, e, mix, res, suffix)
-		} else {
-			err = b.bareUnary(ctx, prog, e, res, suffix)
-		}
-		e.stop()
-		if err != nil {
-			return nil, nil, "", err
-		}
-		out[i] = res
+	} else if err := b.bareUnary(ctx, prog, envs, out); err != nil {
+		return nil, nil, "", err
 	}
 	return out[0], out[1], "", nil
 }
 
-// bareUnary measures the unary mix's parts: an empty unary call, and
-// server streams of 1 and benchBareStreamK messages.
-func (b *benchRun) bareUnary(ctx context.Context, prog *benchProgress, e *benchBareEnv, res *benchBare, suffix string) error {
-	clients := e.clients
+// benchBareSuffix labels the progress of variant i.
+func benchBareSuffix(i int) string {
+	if i == 1 {
+		return ", no otelgrpc"
+	}
+	return ""
+}
+
+// bareUnary measures the unary mix's parts in each variant: an empty unary
+// call, and server streams of 1 and benchBareStreamK messages.
+func (b *benchRun) bareUnary(ctx context.Context, prog *benchProgress, envs [2]*benchBareEnv, res [2]*benchBare) error {
 	openK := func(k uint32) func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error {
 		return func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error {
 			for {
@@ -262,10 +275,10 @@ func (b *benchRun) bareUnary(ctx context.Context, prog *benchProgress, e *benchB
 	}
 	tests := []struct {
 		name, label string
-		out         *benchBareResult
+		out         func(*benchBare) *benchBareResult
 		worker      func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error
 	}{
-		{"unary call", "bare unary", &res.Unary, func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error {
+		{"unary call", "bare unary", func(r *benchBare) *benchBareResult { return &r.Unary }, func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error {
 			for {
 				if _, err := c.Unary(ctx, &benchv1.Empty{}); err != nil {
 					return err
@@ -273,21 +286,27 @@ func (b *benchRun) bareUnary(ctx context.Context, prog *benchProgress, e *benchB
 				n.Add(1)
 			}
 		}},
-		{"stream open + 1 message", "bare stream, 1 message", &res.StreamOpen, openK(1)},
-		{fmt.Sprintf("stream open + %d messages", benchBareStreamK), fmt.Sprintf("bare stream, %d messages", benchBareStreamK), &res.StreamK, openK(benchBareStreamK)},
+		{"stream open + 1 message", "bare stream, 1 message", func(r *benchBare) *benchBareResult { return &r.StreamOpen }, openK(1)},
+		{fmt.Sprintf("stream open + %d messages", benchBareStreamK), fmt.Sprintf("bare stream, %d messages", benchBareStreamK),
+			func(r *benchBare) *benchBareResult { return &r.StreamK }, openK(benchBareStreamK)},
 	}
 	for _, t := range tests {
-		prog.setPhase(t.label+suffix, 0)
-		r, _, err := benchMeasure(ctx, &e.counters, b.o.concurrency, b.o.bareDuration, func(ctx context.Context, i int, n *atomic.Int64) error {
-			return t.worker(ctx, clients[i%len(clients)], n)
-		})
-		if err != nil {
-			return fmt.Errorf("%s: %w", t.name, err)
+		for v, e := range envs {
+			prog.setPhase(t.label+benchBareSuffix(v), 0)
+			clients := e.clients
+			r, _, err := benchMeasure(ctx, &e.counters, b.o.concurrency, b.o.bareDuration, func(ctx context.Context, i int, n *atomic.Int64) error {
+				return t.worker(ctx, clients[i%len(clients)], n)
+			})
+			if err != nil {
+				return fmt.Errorf("%s (otelgrpc on %s): %w", t.name, res[v].Otelgrpc, err)
+			}
+			r.Name = t.name
+			*t.out(res[v]) = r
 		}
-		r.Name = t.name
-		*t.out = r
 	}
-	res.StreamMsg = benchDeriveMessage(res.StreamOpen, res.StreamK, benchBareStreamK)
+	for _, r := range res {
+		r.StreamMsg = benchDeriveMessage(r.StreamOpen, r.StreamK, benchBareStreamK)
+	}
 	return nil
 }
 

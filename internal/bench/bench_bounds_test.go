@@ -31,11 +31,15 @@ func benchTestBounds(t *testing.T, j benchJSON, wantOtel string) {
 		t.Errorf("otelgrpc %q and %q, want %q (as the daemon and client.New install them, tracing off) and none", j.Bare.Otelgrpc, j.BareNoOtel.Otelgrpc, wantOtel)
 	}
 	for _, b := range []struct {
-		name         string
-		bound, ratio float64
-	}{{"bare", j.BoundRoomsPerSec, j.Ratio}, {"bare without otelgrpc", j.BoundNoOtel, j.RatioNoOtel}} {
+		name                   string
+		bound, ratio, cpu, cpr float64
+	}{{"bare", j.BoundRoomsPerSec, j.Ratio, j.BareCPUPerRoom, j.CPURatio}, {"bare without otelgrpc", j.BoundNoOtel, j.RatioNoOtel, j.BareCPUNoOtel, j.CPURatioNoOtel}} {
 		if b.bound <= 0 || math.IsInf(b.bound, 0) || !benchTestClose(b.ratio, j.RoomsPerSecond/b.bound) {
 			t.Errorf("%s: bound %v rooms/s, ratio %v; want a bound in (0, inf) and ratio = %v rooms/s / bound", b.name, b.bound, b.ratio, j.RoomsPerSecond)
+		}
+		// In-process, the bench's CPU per room is the whole room's.
+		if b.cpu <= 0 || !benchTestClose(b.cpr, b.cpu/j.CPUSecondsPerRoom) {
+			t.Errorf("%s: bare CPU per room %v, CPU ratio %v; want > 0 and bare CPU / measured CPU %v", b.name, b.cpu, b.cpr, j.CPUSecondsPerRoom)
 		}
 	}
 }
@@ -112,8 +116,8 @@ func TestBenchStreamBareBound(t *testing.T) {
 	if j.Bare != nil && !benchTestClose(j.BoundRoomsPerSec, j.Bare.StreamMix.PerSecond) {
 		t.Errorf("bound %v rooms/s, want the bare stream mix's rate %v", j.BoundRoomsPerSec, j.Bare.StreamMix.PerSecond)
 	}
-	if j.BareCPUPerRoom <= 0 || !benchTestClose(j.CPURatio, j.BareCPUPerRoom/j.CPUSecondsPerRoom) {
-		t.Errorf("bare CPU per room %v, CPU ratio %v; want > 0 and bare CPU / measured CPU %v", j.BareCPUPerRoom, j.CPURatio, j.CPUSecondsPerRoom)
+	if j.Bare != nil && !benchTestClose(j.BareCPUPerRoom, j.Bare.StreamMix.CPUMicrosPerOp/1e6) {
+		t.Errorf("bare CPU per room %v s, want the bare stream mix's %v µs", j.BareCPUPerRoom, j.Bare.StreamMix.CPUMicrosPerOp)
 	}
 }
 

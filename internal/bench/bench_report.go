@@ -35,9 +35,12 @@ type benchSummary struct {
 	rps   float64
 	bound float64
 	ratio float64
-	// boundNoOtel and ratioNoOtel are against bareNoOtel.
-	boundNoOtel float64
-	ratioNoOtel float64
+	// boundNoOtel, ratioNoOtel, cpuBoundNoOtel and cpuRatioNoOtel are
+	// against bareNoOtel.
+	boundNoOtel    float64
+	ratioNoOtel    float64
+	cpuBoundNoOtel float64
+	cpuRatioNoOtel float64
 	// cpuBound is the bare CPU time of one room's mix; cpuRatio compares it
 	// with the measured CPU per room (0 when the daemon's CPU is unknown).
 	cpuBound float64
@@ -198,8 +201,11 @@ func (s *benchSummary) compute() {
 			s.cpuRatio = s.cpuBound / cpu
 		}
 	}
-	if s.boundNoOtel, _ = s.boundOf(s.bareNoOtel); s.boundNoOtel > 0 {
+	if s.boundNoOtel, s.cpuBoundNoOtel = s.boundOf(s.bareNoOtel); s.boundNoOtel > 0 {
 		s.ratioNoOtel = s.rps / s.boundNoOtel
+	}
+	if cpu := s.roomCPU(); s.cpuBoundNoOtel > 0 && cpu > 0 {
+		s.cpuRatioNoOtel = s.cpuBoundNoOtel / cpu
 	}
 }
 
@@ -339,6 +345,8 @@ type benchJSON struct {
 	RatioNoOtel      float64    `json:"ratio_no_otel,omitempty"`
 	BareCPUPerRoom   float64    `json:"bare_cpu_seconds_per_room,omitempty"`
 	CPURatio         float64    `json:"cpu_ratio,omitempty"`
+	BareCPUNoOtel    float64    `json:"bare_cpu_seconds_per_room_no_otel,omitempty"`
+	CPURatioNoOtel   float64    `json:"cpu_ratio_no_otel,omitempty"`
 }
 
 // benchDaemonJSON are the daemon's own figures from its /metrics.
@@ -368,7 +376,7 @@ func (s *benchSummary) json() benchJSON {
 		GCCPUFraction: s.gcShare(), Messages: s.mix, HeartbeatErrors: lc.hbErrors,
 		Bare: s.bare, BareNoOtel: s.bareNoOtel, BareSkipped: s.bareSkipped, BoundRoomsPerSec: s.bound, Ratio: s.ratio,
 		BoundNoOtel: s.boundNoOtel, RatioNoOtel: s.ratioNoOtel,
-		BareCPUPerRoom: s.cpuBound, CPURatio: s.cpuRatio,
+		BareCPUPerRoom: s.cpuBound, CPURatio: s.cpuRatio, BareCPUNoOtel: s.cpuBoundNoOtel, CPURatioNoOtel: s.cpuRatioNoOtel,
 	}
 	if s.o.rateMode() {
 		j.Mode = "rate"
@@ -516,6 +524,10 @@ func (s *benchSummary) writeTable(w io.Writer) {
 	if s.cpuRatio > 0 {
 		fmt.Fprintf(w, "%-26s %.3f  (bare CPU for this mix %.1f µs / measured %.1f µs per room; steadier than the ratio on a busy machine)\n",
 			"CPU ratio", s.cpuRatio, s.cpuBound*1e6, s.roomCPU()*1e6)
+	}
+	if s.cpuRatioNoOtel > 0 {
+		fmt.Fprintf(w, "%-26s %.3f  (bare CPU without otelgrpc %.1f µs / measured %.1f µs per room)\n",
+			"CPU ratio, no otelgrpc", s.cpuRatioNoOtel, s.cpuBoundNoOtel*1e6, s.roomCPU()*1e6)
 	}
 }
 
