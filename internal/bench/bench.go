@@ -5,8 +5,10 @@
 // --api stream (the default) the rooms ride on long-lived sessions (one
 // EngineSession for the decode engine, one PrefillSession per prefill rank;
 // bench_stream.go); with --api unary each step of a room is its own call or
-// stream, and the bench then measures the bare-gRPC limit on the same kind
-// of connection and prints the ratio of the two. See BENCHMARKS.md.
+// stream. The bench then measures the bare-gRPC limit of the run's message
+// mix on the same kind of connection (bench_bare.go; the stream mix:
+// bench_bare_stream.go), with the otelgrpc handlers as the run has them and
+// without, and prints the ratio of the two. See BENCHMARKS.md.
 package bench
 
 import (
@@ -101,20 +103,26 @@ func benchFlags(stderr io.Writer) (*flag.FlagSet, *benchOptions) {
 Benchmarks the control path: a simulated decode engine and a simulated prefill
 fleet drive rooms through the whole lifecycle over real gRPC (OpenRoom ->
 AwaitDestination -> Transfer -> WatchRoom sees Success -> ReleaseRoom), then the
-bare-gRPC limit (an empty unary call, an empty server-stream message) is
-measured on the same kind of connection, and the ratio of the two is printed.
+bare-gRPC limit of that message mix (an empty unary call, an empty
+server-stream message) is measured on the same kind of connection, and the
+ratio of the two is printed.
 
 --api stream (the default) carries every room on long-lived streams: the
 decode engine opens, watches and releases its rooms on one EngineSession,
 each prefill rank claims, transfers and acknowledges on one PrefillSession.
---api unary makes a call or a stream per step of every room, as above. The
-bare-gRPC bound of the stream mix is not measured yet: with --api stream the
-bare phase is skipped.
+--api unary makes a call or a stream per step of every room, as above. With
+--api stream the bare-gRPC limit is that of the stream mix: bare
+bidirectional streams (one on the engine's connection, one on each prefill
+rank's, no decodeplane logic) carrying per room the messages, both ways and
+of the sizes, that this run's rooms carried on their sessions. The bare
+limit is measured with the otelgrpc stats handlers as the run has them (the
+bound the ratio uses) and without any.
 
 By default the daemon runs in this process on a loopback TCP listener with a
 bench configuration (large KV pool, simulated transfers at infinite
 bandwidth); --target drives an external daemon instead. --rate turns the
-closed loop into a steady stream of rooms (the demo mode; no bare-gRPC
+closed loop into a steady stream of rooms (the demo mode, and the low-load
+delays: open -> destination, last chunk -> engine told; no bare-gRPC
 measurement).
 
 --queued N measures what a QUEUED room costs instead: the daemon runs as a
@@ -451,21 +459,21 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 		sum.bareSkipped = "the daemon became unreachable"
 	case o.rateMode():
 		sum.bareSkipped = "rate mode: rooms arrive at the offered rate, so there is no throughput to compare"
-	case o.stream():
-		sum.bareSkipped = "--api stream: the bare bound of the stream mix (messages on open bidirectional streams) is not measured yet"
 	case o.bareDuration == 0:
 		sum.bareSkipped = "--bare-duration 0"
 	case ctx.Err() != nil:
 		sum.bareSkipped = "interrupted"
 	default:
-		bare, err := run.bare(ctx, prog)
+		bare, noOtel, skipped, err := run.bare(ctx, prog, sum.lifecycle)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			sum.bareSkipped = "interrupted"
 		case err != nil:
 			return 0, fmt.Errorf("bare-gRPC measurement: %w", err)
+		case skipped != "":
+			sum.bareSkipped = skipped
 		default:
-			sum.bare = bare
+			sum.bare, sum.bareNoOtel = bare, noOtel
 		}
 	}
 	prog.stop()

@@ -13,6 +13,8 @@ import (
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -21,16 +23,24 @@ import (
 
 // The bare-gRPC limit: a separate gRPC server in the bench process serving
 // decodeplane.bench.v1.Bench (never registered in the daemon), on loopback
-// TCP, with the transport options the daemon's server and the client library
-// use: the otelgrpc stats handler on the server (the daemon's tracer
-// provider and W3C propagators) and on every client connection (the bench's),
-// plus the bench's counting interceptors on the client side, as on the
-// daemon's connections. What the daemon adds on top (its interceptor chain:
-// Prometheus metrics, logging, panic recovery, auth, validation; and the
-// client library's retry and error wrappers) is part of the control path the
-// ratio measures.
+// TCP, with the bench's counting interceptors on the client side, as on the
+// daemon's connections. It is measured twice (benchBareVariants): with the
+// otelgrpc stats handlers as the run has them — on every client connection
+// (client.New always installs one), and on the server only when the daemon
+// traces (server.New installs it only with a tracer provider that is not
+// the no-op one; with --target, the bench's own tracing stands in) — which
+// is the bound the ratio compares with; and with no otelgrpc handler at
+// all, to show what the handlers cost. What the daemon adds on top (its
+// interceptor chain: Prometheus metrics, logging, panic recovery, auth,
+// validation; and the client library's retry and error wrappers) is part of
+// the control path the ratio measures.
+//
+// --api unary measures an empty unary call and server streams of 1 and K
+// messages (the unary mix's parts); --api stream measures its own mix
+// instead (bench_bare_stream.go).
 
-// benchBareService answers as cheaply as gRPC allows.
+// benchBareService answers as cheaply as gRPC allows (Session:
+// bench_bare_stream.go).
 type benchBareService struct {
 	benchv1.UnimplementedBenchServer
 }
@@ -63,15 +73,29 @@ type benchBareResult struct {
 	BytesPerOp     float64 `json:"alloc_bytes_per_op"`
 	// Negligible marks a derived cost lost in the measurements' noise.
 	Negligible bool `json:"negligible,omitempty"`
+	// SentPerOp and ReceivedPerOp (the stream mix) are the session
+	// messages the bare rooms sent and received, per room, as counted on
+	// the wire in the measured window.
+	SentPerOp     float64 `json:"sent_per_op,omitempty"`
+	ReceivedPerOp float64 `json:"received_per_op,omitempty"`
 }
 
-// benchBare is the bare-gRPC limit on this machine.
+// benchBare is the bare-gRPC limit on this machine, in one configuration
+// of the otelgrpc handlers. --api unary fills Unary to StreamMsg, --api
+// stream StreamMix and Mix.
 type benchBare struct {
-	Unary      benchBareResult `json:"unary"`
-	StreamOpen benchBareResult `json:"stream_open"`
-	StreamK    benchBareResult `json:"stream_open_k"`
+	// Otelgrpc names where the otelgrpc stats handlers were installed:
+	// "client", "client+server" or "none".
+	Otelgrpc   string          `json:"otelgrpc"`
+	Unary      benchBareResult `json:"unary,omitzero"`
+	StreamOpen benchBareResult `json:"stream_open,omitzero"`
+	StreamK    benchBareResult `json:"stream_open_k,omitzero"`
 	// StreamMsg is derived: what each message after a stream's first adds.
-	StreamMsg   benchBareResult `json:"stream_message"`
+	StreamMsg benchBareResult `json:"stream_message,omitzero"`
+	// StreamMix is one op per room of the stream mix (Mix) on bare
+	// sessions: its rate is the mix's bound.
+	StreamMix   benchBareResult `json:"stream_mix,omitzero"`
+	Mix         *benchBareMix   `json:"stream_mix_per_room,omitempty"`
 	Concurrency int             `json:"concurrency"`
 	Conns       int             `json:"connections"`
 	Duration    time.Duration   `json:"-"`
@@ -79,48 +103,154 @@ type benchBare struct {
 	Options     string          `json:"options"`
 }
 
-// bare measures the bare-gRPC limit at the run's concurrency, over as many
-// connections as the fleet has (the decode engine's and one per prefill
-// rank), each test warmed up and then measured for --bare-duration.
-func (b *benchRun) bare(ctx context.Context, prog *benchProgress) (*benchBare, error) {
+// benchBareVariant is one configuration of the bare phase's otelgrpc
+// stats handlers.
+type benchBareVariant struct {
+	serverOtel, clientOtel bool
+}
+
+func (v benchBareVariant) String() string {
+	switch {
+	case v.serverOtel && v.clientOtel:
+		return "client+server"
+	case v.clientOtel:
+		return "client"
+	case v.serverOtel:
+		return "server"
+	}
+	return "none"
+}
+
+// benchBareVariants are the configurations the bare phase measures: first
+// the run's own (the bound the ratio compares with), then none.
+func (b *benchRun) benchBareVariants() [2]benchBareVariant {
+	// In-process, benchStartDaemon made the daemon's tracer provider the
+	// global one; with --target, the bench's own stands in for it.
+	tp := otel.GetTracerProvider()
+	if !b.tgt.inProcess {
+		tp = b.tr.provider
+	}
+	return [2]benchBareVariant{{serverOtel: benchTracingOn(tp), clientOtel: true}, {}}
+}
+
+// benchTracingOn is server.tracingOn: the daemon installs its otelgrpc
+// server handler only with a tracer provider that is not the no-op one.
+func benchTracingOn(tp trace.TracerProvider) bool {
+	switch tp.(type) {
+	case noop.TracerProvider, *noop.TracerProvider:
+		return false
+	}
+	return true
+}
+
+// benchBareEnv is a bare server and the fleet's connections to it.
+type benchBareEnv struct {
+	srv      *grpc.Server
+	served   chan error
+	conns    []*grpc.ClientConn
+	clients  []benchv1.BenchClient
+	counters benchCounters
+}
+
+// bareStart serves decodeplane.bench.v1.Bench on loopback TCP and opens as
+// many connections as the fleet has (the decode engine's and one per
+// prefill rank).
+func (b *benchRun) bareStart(v benchBareVariant) (*benchBareEnv, error) {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
-	// In-process, benchStartDaemon made the daemon's tracer provider the global
-	// one; with --target, the bench's own stands in for it.
 	serverTP := otel.GetTracerProvider()
 	if !b.tgt.inProcess {
 		serverTP = b.tr.provider
 	}
-	srv := grpc.NewServer(grpc.StatsHandler(otelgrpc.NewServerHandler(
-		otelgrpc.WithTracerProvider(serverTP), otelgrpc.WithPropagators(b.tr.propagator))))
-	benchv1.RegisterBenchServer(srv, benchBareService{})
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(lis) }()
-	defer func() {
-		srv.Stop()
-		<-served
-	}()
-
-	nconn := 1 + b.ranks
-	var counters benchCounters
-	clients := make([]benchv1.BenchClient, 0, nconn)
-	for range nconn {
-		opts := append([]grpc.DialOption{
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(b.tr.provider), otelgrpc.WithPropagators(b.tr.propagator))),
-		}, counters.dialOptions(nil)...)
-		conn, err := grpc.NewClient(lis.Addr().String(), opts...)
+	var sopts []grpc.ServerOption
+	if v.serverOtel {
+		sopts = append(sopts, grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(serverTP), otelgrpc.WithPropagators(b.tr.propagator))))
+	}
+	e := &benchBareEnv{srv: grpc.NewServer(sopts...), served: make(chan error, 1)}
+	benchv1.RegisterBenchServer(e.srv, benchBareService{})
+	go func() { e.served <- e.srv.Serve(lis) }()
+	for range 1 + b.ranks {
+		opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+		if v.clientOtel {
+			opts = append(opts, grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(b.tr.provider), otelgrpc.WithPropagators(b.tr.propagator))))
+		}
+		conn, err := grpc.NewClient(lis.Addr().String(), append(opts, e.counters.dialOptions(nil)...)...)
 		if err != nil {
+			e.stop()
 			return nil, err
 		}
-		defer conn.Close()
-		clients = append(clients, benchv1.NewBenchClient(conn))
+		e.conns = append(e.conns, conn)
+		e.clients = append(e.clients, benchv1.NewBenchClient(conn))
 	}
-	res := &benchBare{Concurrency: b.o.concurrency, Conns: nconn, Duration: b.o.bareDuration, Seconds: b.o.bareDuration.Seconds(),
-		Options: "loopback TCP, insecure, otelgrpc stats handler on server and client, counting client interceptors"}
+	return e, nil
+}
 
+func (e *benchBareEnv) stop() {
+	for _, c := range e.conns {
+		c.Close()
+	}
+	e.srv.Stop()
+	<-e.served
+}
+
+// bare measures the bare-gRPC limit at the run's concurrency in each
+// configuration of benchBareVariants: the unary mix's parts with --api
+// unary, the stream mix measured in lc (benchStreamMixOf) with --api
+// stream. Both configurations' servers are up together and each test runs
+// in one right after the other, so that a busy machine's drift falls
+// between tests rather than between the two bounds. skipped is set (and
+// both results nil) when the stream mix cannot be modelled.
+func (b *benchRun) bare(ctx context.Context, prog *benchProgress, lc *benchPhase) (asRun, noOtel *benchBare, skipped string, err error) {
+	var mix *benchBareMix
+	if b.o.stream() {
+		if mix, skipped = benchStreamMixOf(lc, b.groups); mix == nil {
+			return nil, nil, skipped, nil
+		}
+	}
+	var (
+		envs [2]*benchBareEnv
+		out  [2]*benchBare
+	)
+	defer func() {
+		for _, e := range envs {
+			if e != nil {
+				e.stop()
+			}
+		}
+	}()
+	for i, v := range b.benchBareVariants() {
+		if envs[i], err = b.bareStart(v); err != nil {
+			return nil, nil, "", err
+		}
+		out[i] = &benchBare{Otelgrpc: v.String(), Concurrency: b.o.concurrency, Conns: len(envs[i].conns), Duration: b.o.bareDuration,
+			Seconds: b.o.bareDuration.Seconds(), Options: "loopback TCP, insecure, otelgrpc stats handler on " + v.String() + ", counting client interceptors"}
+	}
+	if mix != nil {
+		for i := range envs {
+			if err := b.bareStreamMix(ctx, prog, envs[i], mix, out[i], benchBareSuffix(i)); err != nil {
+				return nil, nil, "", err
+			}
+		}
+	} else if err := b.bareUnary(ctx, prog, envs, out); err != nil {
+		return nil, nil, "", err
+	}
+	return out[0], out[1], "", nil
+}
+
+// benchBareSuffix labels the progress of variant i.
+func benchBareSuffix(i int) string {
+	if i == 1 {
+		return ", no otelgrpc"
+	}
+	return ""
+}
+
+// bareUnary measures the unary mix's parts in each variant: an empty unary
+// call, and server streams of 1 and benchBareStreamK messages.
+func (b *benchRun) bareUnary(ctx context.Context, prog *benchProgress, envs [2]*benchBareEnv, res [2]*benchBare) error {
 	openK := func(k uint32) func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error {
 		return func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error {
 			for {
@@ -145,10 +275,10 @@ func (b *benchRun) bare(ctx context.Context, prog *benchProgress) (*benchBare, e
 	}
 	tests := []struct {
 		name, label string
-		out         *benchBareResult
+		out         func(*benchBare) *benchBareResult
 		worker      func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error
 	}{
-		{"unary call", "bare unary", &res.Unary, func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error {
+		{"unary call", "bare unary", func(r *benchBare) *benchBareResult { return &r.Unary }, func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error {
 			for {
 				if _, err := c.Unary(ctx, &benchv1.Empty{}); err != nil {
 					return err
@@ -156,20 +286,28 @@ func (b *benchRun) bare(ctx context.Context, prog *benchProgress) (*benchBare, e
 				n.Add(1)
 			}
 		}},
-		{"stream open + 1 message", "bare stream, 1 message", &res.StreamOpen, openK(1)},
-		{fmt.Sprintf("stream open + %d messages", benchBareStreamK), fmt.Sprintf("bare stream, %d messages", benchBareStreamK), &res.StreamK, openK(benchBareStreamK)},
+		{"stream open + 1 message", "bare stream, 1 message", func(r *benchBare) *benchBareResult { return &r.StreamOpen }, openK(1)},
+		{fmt.Sprintf("stream open + %d messages", benchBareStreamK), fmt.Sprintf("bare stream, %d messages", benchBareStreamK),
+			func(r *benchBare) *benchBareResult { return &r.StreamK }, openK(benchBareStreamK)},
 	}
 	for _, t := range tests {
-		prog.setPhase(t.label, 0)
-		r, err := benchMeasure(ctx, clients, b.o.concurrency, b.o.bareDuration, t.worker)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", t.name, err)
+		for v, e := range envs {
+			prog.setPhase(t.label+benchBareSuffix(v), 0)
+			clients := e.clients
+			r, _, err := benchMeasure(ctx, &e.counters, b.o.concurrency, b.o.bareDuration, func(ctx context.Context, i int, n *atomic.Int64) error {
+				return t.worker(ctx, clients[i%len(clients)], n)
+			})
+			if err != nil {
+				return fmt.Errorf("%s (otelgrpc on %s): %w", t.name, res[v].Otelgrpc, err)
+			}
+			r.Name = t.name
+			*t.out(res[v]) = r
 		}
-		r.Name = t.name
-		*t.out = r
 	}
-	res.StreamMsg = benchDeriveMessage(res.StreamOpen, res.StreamK, benchBareStreamK)
-	return res, nil
+	for _, r := range res {
+		r.StreamMsg = benchDeriveMessage(r.StreamOpen, r.StreamK, benchBareStreamK)
+	}
+	return nil
 }
 
 // benchBareStreamK is the length of the longer bare streams: the cost of a
@@ -203,10 +341,11 @@ func benchDeriveMessage(one, k benchBareResult, n int) benchBareResult {
 	return r
 }
 
-// benchMeasure runs conc workers (spread over the clients) for a warm-up,
-// then measures the operations they complete in dur.
-func benchMeasure(ctx context.Context, clients []benchv1.BenchClient, conc int, dur time.Duration,
-	worker func(ctx context.Context, c benchv1.BenchClient, n *atomic.Int64) error) (benchBareResult, error) {
+// benchMeasure runs conc workers (worker i of conc) for a warm-up, then
+// measures the operations they complete in dur; counts are what the
+// counters saw in that window.
+func benchMeasure(ctx context.Context, counters *benchCounters, conc int, dur time.Duration,
+	worker func(ctx context.Context, i int, n *atomic.Int64) error) (r benchBareResult, counts benchCounts, err error) {
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var n atomic.Int64
@@ -216,9 +355,8 @@ func benchMeasure(ctx context.Context, clients []benchv1.BenchClient, conc int, 
 		wg       sync.WaitGroup
 	)
 	for i := range conc {
-		c := clients[i%len(clients)]
 		wg.Go(func() {
-			if err := worker(mctx, c, &n); err != nil && mctx.Err() == nil {
+			if err := worker(mctx, i, &n); err != nil && mctx.Err() == nil {
 				errOnce.Do(func() { firstErr = err; cancel() })
 			}
 		})
@@ -234,12 +372,12 @@ func benchMeasure(ctx context.Context, clients []benchv1.BenchClient, conc int, 
 		}
 	}
 	warm := min(dur/4, 500*time.Millisecond)
-	var r benchBareResult
 	if wait(warm) {
-		u0, n0, t0 := benchReadUsage(), n.Load(), time.Now()
+		c0, u0, n0, t0 := counters.snapshot(), benchReadUsage(), n.Load(), time.Now()
 		if wait(dur) {
-			u1, n1, t1 := benchReadUsage(), n.Load(), time.Now()
+			u1, n1, t1, c1 := benchReadUsage(), n.Load(), time.Now(), counters.snapshot()
 			u := u1.sub(u0)
+			counts = c1.sub(c0)
 			r.Ops, r.Seconds = n1-n0, t1.Sub(t0).Seconds()
 			if r.Ops > 0 {
 				r.PerSecond = float64(r.Ops) / r.Seconds
@@ -254,11 +392,11 @@ func benchMeasure(ctx context.Context, clients []benchv1.BenchClient, conc int, 
 	wg.Wait()
 	switch {
 	case firstErr != nil:
-		return r, firstErr
+		return r, counts, firstErr
 	case ctx.Err() != nil:
-		return r, errors.New("interrupted")
+		return r, counts, errors.New("interrupted")
 	case r.Ops == 0:
-		return r, errors.New("no operation completed")
+		return r, counts, errors.New("no operation completed")
 	}
-	return r, nil
+	return r, counts, nil
 }

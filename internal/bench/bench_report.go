@@ -22,8 +22,11 @@ type benchSummary struct {
 	setup     []string // description lines: layout, fleet, load
 	machine   benchMachine
 
-	lifecycle   *benchPhase
+	lifecycle *benchPhase
+	// bare is the bare-gRPC limit with the otelgrpc handlers as the run
+	// has them (the bound the ratio compares with), bareNoOtel without any.
 	bare        *benchBare
+	bareNoOtel  *benchBare
 	bareSkipped string
 
 	// computed
@@ -32,6 +35,12 @@ type benchSummary struct {
 	rps   float64
 	bound float64
 	ratio float64
+	// boundNoOtel, ratioNoOtel, cpuBoundNoOtel and cpuRatioNoOtel are
+	// against bareNoOtel.
+	boundNoOtel    float64
+	ratioNoOtel    float64
+	cpuBoundNoOtel float64
+	cpuRatioNoOtel float64
 	// cpuBound is the bare CPU time of one room's mix; cpuRatio compares it
 	// with the measured CPU per room (0 when the daemon's CPU is unknown).
 	cpuBound float64
@@ -183,26 +192,50 @@ func (s *benchSummary) compute() {
 		serverStreamOpens += float64(lc.counts.Calls[m]) / n
 	}
 	s.mix.Total = 2*s.mix.Unary + serverStreamOpens + s.mix.StreamMessages + s.mix.StreamSent
-	if b := s.bare; b != nil && b.Unary.PerSecond > 0 && b.StreamOpen.PerSecond > 0 && (b.StreamMsg.PerSecond > 0 || b.StreamMsg.Negligible) {
-		t := s.boundTerms()
-		if sum := t[0] + t[1] + t[2]; sum > 0 {
-			s.bound = 1 / sum
-			s.ratio = s.rps / s.bound
-		}
-		s.cpuBound = (s.mix.Unary*b.Unary.CPUMicrosPerOp + s.mix.StreamOpens*b.StreamOpen.CPUMicrosPerOp +
-			s.extraMessages()*b.StreamMsg.CPUMicrosPerOp) / 1e6
+	s.bound, s.cpuBound = s.boundOf(s.bare)
+	if s.bound > 0 {
+		s.ratio = s.rps / s.bound
+	}
+	if s.cpuBound > 0 {
 		if cpu := s.roomCPU(); cpu > 0 {
 			s.cpuRatio = s.cpuBound / cpu
 		}
 	}
+	if s.boundNoOtel, s.cpuBoundNoOtel = s.boundOf(s.bareNoOtel); s.boundNoOtel > 0 {
+		s.ratioNoOtel = s.rps / s.boundNoOtel
+	}
+	if cpu := s.roomCPU(); s.cpuBoundNoOtel > 0 && cpu > 0 {
+		s.cpuRatioNoOtel = s.cpuBoundNoOtel / cpu
+	}
+}
+
+// boundOf is the bare bound of the run's mix in rooms/s, and the bare CPU
+// seconds of a room (0, 0 when b measured nothing usable). The stream mix
+// was measured whole (a bare room per op); the unary mix is composed from
+// its parts (boundTerms).
+func (s *benchSummary) boundOf(b *benchBare) (bound, cpu float64) {
+	switch {
+	case b == nil:
+		return 0, 0
+	case b.Mix != nil:
+		return b.StreamMix.PerSecond, b.StreamMix.CPUMicrosPerOp / 1e6
+	case b.Unary.PerSecond > 0 && b.StreamOpen.PerSecond > 0 && (b.StreamMsg.PerSecond > 0 || b.StreamMsg.Negligible):
+		t := s.boundTerms(b)
+		if sum := t[0] + t[1] + t[2]; sum > 0 {
+			bound = 1 / sum
+		}
+		cpu = (s.mix.Unary*b.Unary.CPUMicrosPerOp + s.mix.StreamOpens*b.StreamOpen.CPUMicrosPerOp +
+			s.extraMessages()*b.StreamMsg.CPUMicrosPerOp) / 1e6
+		return bound, cpu
+	}
+	return 0, 0
 }
 
 // boundTerms are the seconds of bare-gRPC capacity one room's messages take:
 // its unary calls at the bare unary rate, its stream opens (each with its
 // first message) at the bare open rate, and its other stream messages at the
 // bare stream-message rate.
-func (s *benchSummary) boundTerms() [3]float64 {
-	b := s.bare
+func (s *benchSummary) boundTerms(b *benchBare) [3]float64 {
 	t := [3]float64{s.mix.Unary / b.Unary.PerSecond, s.mix.StreamOpens / b.StreamOpen.PerSecond}
 	if !b.StreamMsg.Negligible {
 		t[2] = s.extraMessages() / b.StreamMsg.PerSecond
@@ -300,12 +333,20 @@ type benchJSON struct {
 	Daemon            *benchDaemonJSON            `json:"daemon,omitempty"`
 	Messages          benchMix                    `json:"messages_per_room"`
 	HeartbeatErrors   int64                       `json:"heartbeat_errors"`
-	Bare              *benchBare                  `json:"bare,omitempty"`
-	BareSkipped       string                      `json:"bare_skipped,omitempty"`
-	BoundRoomsPerSec  float64                     `json:"bare_bound_rooms_per_second,omitempty"`
-	Ratio             float64                     `json:"ratio,omitempty"`
-	BareCPUPerRoom    float64                     `json:"bare_cpu_seconds_per_room,omitempty"`
-	CPURatio          float64                     `json:"cpu_ratio,omitempty"`
+	// Bare, BoundRoomsPerSec and Ratio are with the otelgrpc handlers as
+	// the run has them (what the daemon and the client library install);
+	// the *NoOtel ones without any otelgrpc handler.
+	Bare             *benchBare `json:"bare,omitempty"`
+	BareNoOtel       *benchBare `json:"bare_no_otel,omitempty"`
+	BareSkipped      string     `json:"bare_skipped,omitempty"`
+	BoundRoomsPerSec float64    `json:"bare_bound_rooms_per_second,omitempty"`
+	Ratio            float64    `json:"ratio,omitempty"`
+	BoundNoOtel      float64    `json:"bare_bound_rooms_per_second_no_otel,omitempty"`
+	RatioNoOtel      float64    `json:"ratio_no_otel,omitempty"`
+	BareCPUPerRoom   float64    `json:"bare_cpu_seconds_per_room,omitempty"`
+	CPURatio         float64    `json:"cpu_ratio,omitempty"`
+	BareCPUNoOtel    float64    `json:"bare_cpu_seconds_per_room_no_otel,omitempty"`
+	CPURatioNoOtel   float64    `json:"cpu_ratio_no_otel,omitempty"`
 }
 
 // benchDaemonJSON are the daemon's own figures from its /metrics.
@@ -327,12 +368,15 @@ func (s *benchSummary) json() benchJSON {
 			"open_to_destination":    benchPercentilesMS(lc.openDest),
 			"destination_to_success": benchPercentilesMS(lc.destSucc),
 			"lifecycle":              benchPercentilesMS(lc.life),
+			// bench_delays.go
+			"last_chunk_to_engine_told": benchPercentilesMS(lc.chunkTold),
 		},
 		CPUSecondsPerRoom: s.perRoom(lc.usage.cpu.Seconds()), CPUScope: s.cpuScope(),
 		AllocsPerRoom: s.perRoom(float64(lc.usage.allocObjects)), AllocBytesPerRoom: s.perRoom(float64(lc.usage.allocBytes)),
 		GCCPUFraction: s.gcShare(), Messages: s.mix, HeartbeatErrors: lc.hbErrors,
-		Bare: s.bare, BareSkipped: s.bareSkipped, BoundRoomsPerSec: s.bound, Ratio: s.ratio,
-		BareCPUPerRoom: s.cpuBound, CPURatio: s.cpuRatio,
+		Bare: s.bare, BareNoOtel: s.bareNoOtel, BareSkipped: s.bareSkipped, BoundRoomsPerSec: s.bound, Ratio: s.ratio,
+		BoundNoOtel: s.boundNoOtel, RatioNoOtel: s.ratioNoOtel,
+		BareCPUPerRoom: s.cpuBound, CPURatio: s.cpuRatio, BareCPUNoOtel: s.cpuBoundNoOtel, CPURatioNoOtel: s.cpuRatioNoOtel,
 	}
 	if s.o.rateMode() {
 		j.Mode = "rate"
@@ -389,6 +433,7 @@ func (s *benchSummary) writeTable(w io.Writer) {
 		{"open -> destination", lc.openDest},
 		{"destination -> success", lc.destSucc},
 		{"lifecycle (open->release)", lc.life},
+		{"last chunk -> engine told", lc.chunkTold},
 	} {
 		p := benchPercentilesMS(row.d)
 		fmt.Fprintf(w, "%-26s %9.3f %9.3f %9.3f %9.3f\n", row.name, p.P50, p.P90, p.P99, p.Max)
@@ -425,25 +470,64 @@ func (s *benchSummary) writeTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "bare gRPC: a separate server in this process, %s; concurrency %d over %d connections, %s measured per test\n",
 		b.Options, b.Concurrency, b.Conns, b.Duration)
-	for _, r := range []benchBareResult{b.Unary, b.StreamOpen, b.StreamK, b.StreamMsg} {
-		rate := fmt.Sprintf("%10.0f /s", r.PerSecond)
-		if r.Negligible {
-			rate = fmt.Sprintf("%13s", "negligible")
+	assumed := ""
+	if !s.inProcess {
+		assumed = "; --target: the daemon is taken to trace as the bench does"
+	}
+	fmt.Fprintf(w, "  otelgrpc handlers as this run has them: on the %s (client.New always installs the client's; the daemon its server's only when it traces%s); the bound and ratio use these\n", b.Otelgrpc, assumed)
+	if m := b.Mix; m != nil {
+		fmt.Fprintf(w, "  stream mix per room, from %s:\n", m.Source)
+		for _, r := range []struct {
+			name string
+			m    benchBareSessionMix
+		}{{"EngineSession", m.Engine}, {"PrefillSession", m.Prefill}} {
+			fmt.Fprintf(w, "    %-14s x %.2f streams: %.2f sent (%.0f B), %.2f received (%.0f B) per stream\n",
+				r.name, r.m.Streams, r.m.Sent, r.m.SentBytes, r.m.Received, r.m.ReceivedBytes)
 		}
-		fmt.Fprintf(w, "  %-28s %s   %6.1f µs CPU, %5.1f allocs, %s each\n", r.Name, rate, r.CPUMicrosPerOp, r.AllocsPerOp, benchBytes(r.BytesPerOp))
+	}
+	for _, bb := range []*benchBare{b, s.bareNoOtel} {
+		if bb == nil {
+			continue
+		}
+		results := []benchBareResult{bb.Unary, bb.StreamOpen, bb.StreamK, bb.StreamMsg}
+		if bb.Mix != nil {
+			results = []benchBareResult{bb.StreamMix}
+		}
+		fmt.Fprintf(w, "  otelgrpc on %s:\n", bb.Otelgrpc)
+		for _, r := range results {
+			rate := fmt.Sprintf("%10.0f /s", r.PerSecond)
+			if r.Negligible {
+				rate = fmt.Sprintf("%13s", "negligible")
+			}
+			fmt.Fprintf(w, "    %-40s %s   %6.1f µs CPU, %5.1f allocs, %s each\n", r.Name, rate, r.CPUMicrosPerOp, r.AllocsPerOp, benchBytes(r.BytesPerOp))
+			if r.SentPerOp > 0 || r.ReceivedPerOp > 0 {
+				fmt.Fprintf(w, "    %-40s %.2f sent, %.2f received per room (counted)\n", "", r.SentPerOp, r.ReceivedPerOp)
+			}
+		}
 	}
 	if s.bound > 0 {
-		msgRate := fmt.Sprintf("%.0f", b.StreamMsg.PerSecond)
-		if b.StreamMsg.Negligible {
-			msgRate = "inf"
+		if b.Mix != nil {
+			fmt.Fprintf(w, "%-26s %.0f rooms/s  (bare rooms of the stream mix, otelgrpc on %s)\n", "bare bound for this mix", s.bound, b.Otelgrpc)
+		} else {
+			msgRate := fmt.Sprintf("%.0f", b.StreamMsg.PerSecond)
+			if b.StreamMsg.Negligible {
+				msgRate = "inf"
+			}
+			fmt.Fprintf(w, "%-26s %.0f rooms/s = 1 / (%.2f unary/%.0f + %.2f opens/%.0f + %.2f more messages/%s)  (otelgrpc on %s)\n", "bare bound for this mix", s.bound,
+				s.mix.Unary, b.Unary.PerSecond, s.mix.StreamOpens, b.StreamOpen.PerSecond, s.extraMessages(), msgRate, b.Otelgrpc)
 		}
-		fmt.Fprintf(w, "%-26s %.0f rooms/s = 1 / (%.2f unary/%.0f + %.2f opens/%.0f + %.2f more messages/%s)\n", "bare bound for this mix", s.bound,
-			s.mix.Unary, b.Unary.PerSecond, s.mix.StreamOpens, b.StreamOpen.PerSecond, s.extraMessages(), msgRate)
 		fmt.Fprintf(w, "%-26s %.3f  (measured %.0f rooms/s / bare bound %.0f rooms/s)\n", "ratio", s.ratio, s.rps, s.bound)
+	}
+	if s.boundNoOtel > 0 {
+		fmt.Fprintf(w, "%-26s %.0f rooms/s  (no otelgrpc handler; ratio %.3f)\n", "bare bound, no otelgrpc", s.boundNoOtel, s.ratioNoOtel)
 	}
 	if s.cpuRatio > 0 {
 		fmt.Fprintf(w, "%-26s %.3f  (bare CPU for this mix %.1f µs / measured %.1f µs per room; steadier than the ratio on a busy machine)\n",
 			"CPU ratio", s.cpuRatio, s.cpuBound*1e6, s.roomCPU()*1e6)
+	}
+	if s.cpuRatioNoOtel > 0 {
+		fmt.Fprintf(w, "%-26s %.3f  (bare CPU without otelgrpc %.1f µs / measured %.1f µs per room)\n",
+			"CPU ratio, no otelgrpc", s.cpuRatioNoOtel, s.cpuBoundNoOtel*1e6, s.roomCPU()*1e6)
 	}
 }
 

@@ -40,6 +40,7 @@ const (
 	benchBareStream
 	benchEngineSessionMethod
 	benchPrefillSessionMethod
+	benchBareSession
 	benchOtherMethod
 	benchNumMethods
 )
@@ -47,7 +48,7 @@ const (
 var benchMethodNames = [benchNumMethods]string{
 	"OpenRoom", "WatchRoom", "AwaitDestination", "Transfer", "ReleaseRoom", "GetRoom", "AbortRoom",
 	"RegisterPrefill", "Heartbeat", "GetStatus", "Bench/Unary", "Bench/Stream",
-	"EngineSession", "PrefillSession", "other",
+	"EngineSession", "PrefillSession", "Bench/Session", "other",
 }
 
 var benchMethodIndex = map[string]int{
@@ -65,6 +66,7 @@ var benchMethodIndex = map[string]int{
 	benchv1.Bench_Stream_FullMethodName:         benchBareStream,
 	pb.EngineSession_Session_FullMethodName:     benchEngineSessionMethod,
 	pb.PrefillSession_Session_FullMethodName:    benchPrefillSessionMethod,
+	benchv1.Bench_Session_FullMethodName:        benchBareSession,
 }
 
 // The lifecycle's share of the counted RPCs: what one room costs on the wire.
@@ -86,15 +88,21 @@ func benchMethodOf(full string) int {
 type benchCounters struct {
 	calls [benchNumMethods]atomic.Int64
 	msgs  [benchNumMethods]atomic.Int64
-	// sent counts the messages sent on the sessions (benchRoomSessions)
-	// only: a unary call or a server stream's request is its call.
-	sent [benchNumMethods]atomic.Int64
+	// sent counts the messages sent on the sessions (benchRoomSessions,
+	// and the bare phase's Bench/Session) only: a unary call or a server
+	// stream's request is its call. sentBytes and recvBytes are the
+	// sessions' messages' sizes (proto.Size), both ways.
+	sent      [benchNumMethods]atomic.Int64
+	sentBytes [benchNumMethods]atomic.Int64
+	recvBytes [benchNumMethods]atomic.Int64
 }
 
 type benchCounts struct {
-	Calls [benchNumMethods]int64
-	Msgs  [benchNumMethods]int64
-	Sent  [benchNumMethods]int64
+	Calls     [benchNumMethods]int64
+	Msgs      [benchNumMethods]int64
+	Sent      [benchNumMethods]int64
+	SentBytes [benchNumMethods]int64
+	RecvBytes [benchNumMethods]int64
 }
 
 func (c *benchCounters) snapshot() benchCounts {
@@ -103,6 +111,8 @@ func (c *benchCounters) snapshot() benchCounts {
 		s.Calls[i] = c.calls[i].Load()
 		s.Msgs[i] = c.msgs[i].Load()
 		s.Sent[i] = c.sent[i].Load()
+		s.SentBytes[i] = c.sentBytes[i].Load()
+		s.RecvBytes[i] = c.recvBytes[i].Load()
 	}
 	return s
 }
@@ -112,6 +122,8 @@ func (a benchCounts) sub(b benchCounts) benchCounts {
 		a.Calls[i] -= b.Calls[i]
 		a.Msgs[i] -= b.Msgs[i]
 		a.Sent[i] -= b.Sent[i]
+		a.SentBytes[i] -= b.SentBytes[i]
+		a.RecvBytes[i] -= b.RecvBytes[i]
 	}
 	return a
 }
@@ -136,8 +148,8 @@ func (c *benchCounters) dialOptions(onDest func(*pb.Destination)) []grpc.DialOpt
 			if m == benchAwaitDestination || m == benchPrefillSessionMethod {
 				bs.onDest = onDest
 			}
-			if m == benchEngineSessionMethod || m == benchPrefillSessionMethod {
-				bs.sent = &c.sent[m]
+			if m == benchEngineSessionMethod || m == benchPrefillSessionMethod || m == benchBareSession {
+				bs.sent, bs.sentBytes, bs.recvBytes = &c.sent[m], &c.sentBytes[m], &c.recvBytes[m]
 			}
 			return bs, nil
 		}),
@@ -147,15 +159,20 @@ func (c *benchCounters) dialOptions(onDest func(*pb.Destination)) []grpc.DialOpt
 // benchStream counts a stream's messages and reports destinations.
 type benchStream struct {
 	grpc.ClientStream
-	recv   *atomic.Int64
-	sent   *atomic.Int64 // nil: not counted (a server stream's request)
-	onDest func(*pb.Destination)
+	recv *atomic.Int64
+	sent *atomic.Int64 // nil: not counted (a server stream's request)
+	// sentBytes and recvBytes (set with sent) add up the messages' sizes.
+	sentBytes, recvBytes *atomic.Int64
+	onDest               func(*pb.Destination)
 }
 
 func (s *benchStream) RecvMsg(m any) error {
 	err := s.ClientStream.RecvMsg(m)
 	if err == nil {
 		s.recv.Add(1)
+		if s.recvBytes != nil {
+			s.recvBytes.Add(benchSize(m))
+		}
 		if s.onDest != nil {
 			switch ev := m.(type) {
 			case *pb.DestinationEvent:
@@ -178,9 +195,16 @@ func (s *benchStream) RecvMsg(m any) error {
 }
 
 func (s *benchStream) SendMsg(m any) error {
+	if s.sent == nil {
+		return s.ClientStream.SendMsg(m)
+	}
+	// Sized before it is sent: the message is not to be read once gRPC has
+	// it.
+	n := benchSize(m)
 	err := s.ClientStream.SendMsg(m)
-	if err == nil && s.sent != nil {
+	if err == nil {
 		s.sent.Add(1)
+		s.sentBytes.Add(n)
 	}
 	return err
 }
@@ -195,6 +219,10 @@ type benchRoomState struct {
 	// dest is when the first prefill rank received the destination
 	// (nanoseconds since the run's epoch; 0: not yet).
 	dest atomic.Int64
+	// lastChunk is when the room's last chunk was about to be sent: the
+	// latest of its prefill ranks' last chunks (0: none sent;
+	// bench_delays.go).
+	lastChunk atomic.Int64
 }
 
 func (t *benchRoomTable) add(room uint64) *benchRoomState {
@@ -415,7 +443,9 @@ type benchRecorder struct {
 	openDest []time.Duration
 	destSucc []time.Duration
 	life     []time.Duration
-	reasons  map[string]*benchFailure
+	// chunkTold are the last chunk -> engine told delays (bench_delays.go).
+	chunkTold []time.Duration
+	reasons   map[string]*benchFailure
 }
 
 // benchFailure counts one failure reason, with an example message.
@@ -478,6 +508,7 @@ type benchPhase struct {
 	openDest    []time.Duration // sorted
 	destSucc    []time.Duration
 	life        []time.Duration
+	chunkTold   []time.Duration
 	usage       benchUsage // the phase's delta
 	counts      benchCounts
 	interrupted bool
@@ -535,7 +566,7 @@ func (b *benchRun) phase(ctx context.Context, first uint64, n int, measured bool
 	c1 := b.counters.snapshot()
 	p := &benchPhase{
 		ok: rec.ok.Load(), failed: rec.failed.Load(), reasons: rec.reasons, wall: wall,
-		openDest: rec.openDest, destSucc: rec.destSucc, life: rec.life,
+		openDest: rec.openDest, destSucc: rec.destSucc, life: rec.life, chunkTold: rec.chunkTold,
 		usage: u1.sub(u0), counts: c1.sub(c0), interrupted: ctx.Err() != nil, hbErrors: b.hbErrors.Load() - hb0,
 	}
 	if measured && b.tgt.metricsURL != "" && derr == nil {
@@ -546,7 +577,7 @@ func (b *benchRun) phase(ctx context.Context, first uint64, n int, measured bool
 		}
 	}
 	p.daemonErr = derr
-	for _, s := range [][]time.Duration{p.openDest, p.destSucc, p.life} {
+	for _, s := range [][]time.Duration{p.openDest, p.destSucc, p.life, p.chunkTold} {
 		slices.Sort(s)
 	}
 	return p
@@ -621,12 +652,13 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 	defer pcancel()
 	perr := make([]error, len(senders))
 	var wg sync.WaitGroup
+	so := client.SendOptions{ChunkPages: b.o.chunkPages, Source: b.chunkStamp(st)}
 	for i, p := range senders {
 		if ps := b.sessions[p]; ps != nil {
-			wg.Go(func() { perr[i] = ps.send(pctx, room, client.SendOptions{ChunkPages: b.o.chunkPages}) })
+			wg.Go(func() { perr[i] = ps.send(pctx, room, so) })
 			continue
 		}
-		wg.Go(func() { _, perr[i] = p.SendRoom(pctx, room, client.SendOptions{ChunkPages: b.o.chunkPages}) })
+		wg.Go(func() { _, perr[i] = p.SendRoom(pctx, room, so) })
 	}
 
 	// The decode engine: OpenRoom, then watch until Success (what
@@ -690,6 +722,7 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 	if dest := st.dest.Load(); dest != 0 {
 		openDest, destSucc = time.Duration(dest-t0), time.Duration(tSucc-dest)
 	}
+	rec.chunkToTold(st, tSucc)
 	rec.done(openDest, destSucc, time.Duration(tEnd-t0))
 	if span != nil {
 		span.End()

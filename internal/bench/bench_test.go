@@ -85,12 +85,13 @@ func TestBenchInProcessJSON(t *testing.T) {
 	if !j.InProcess || j.Mode != "closed-loop" || j.API != "unary" {
 		t.Errorf("in_process %v, mode %q, api %q; want true, closed-loop, unary", j.InProcess, j.Mode, j.API)
 	}
-	for _, name := range []string{"open_to_destination", "destination_to_success", "lifecycle"} {
+	for _, name := range []string{"open_to_destination", "destination_to_success", "lifecycle", "last_chunk_to_engine_told"} {
 		p, ok := j.LatencyMS[name]
 		if !ok || p.N != 300 || p.P50 <= 0 || p.P50 > p.P90 || p.P90 > p.P99 || p.P99 > p.Max {
 			t.Errorf("latency %s = %+v, want 300 ordered percentiles", name, p)
 		}
 	}
+	benchTestDelaysWithinLifecycle(t, j)
 	// Two prefill ranks send every room; a prompt of 64+ tokens is at least
 	// one 64-token page, so each rank sends at least one chunk.
 	if got := j.Messages.ByMethod["AwaitDestination"].Calls; got != 2 {
@@ -108,6 +109,10 @@ func TestBenchInProcessJSON(t *testing.T) {
 	if j.Ratio <= 0 || math.IsInf(j.Ratio, 0) || j.BoundRoomsPerSec <= 0 {
 		t.Errorf("ratio %v, bound %v; want both in (0, inf)", j.Ratio, j.BoundRoomsPerSec)
 	}
+	benchTestBounds(t, j, "client")
+	if j.BareNoOtel.Unary.PerSecond <= 0 || j.BareNoOtel.StreamOpen.PerSecond <= 0 || j.BareNoOtel.Mix != nil {
+		t.Errorf("bare without otelgrpc = %+v, want the unary mix's parts measured", j.BareNoOtel)
+	}
 	if j.CPUSecondsPerRoom <= 0 || j.AllocsPerRoom <= 0 {
 		t.Errorf("cpu per room %v, allocs per room %v; want > 0", j.CPUSecondsPerRoom, j.AllocsPerRoom)
 	}
@@ -116,17 +121,30 @@ func TestBenchInProcessJSON(t *testing.T) {
 	}
 }
 
+// TestBenchRateModeStopsAtDuration runs the low-load mode on both apis:
+// every room that succeeded has its open -> destination and last chunk ->
+// engine told delays.
 func TestBenchRateModeStopsAtDuration(t *testing.T) {
-	code, out, errOut := benchTestRun(t, "--rate", "200", "--duration", "2s", "--concurrency", "8", "--prefill-ranks", "2", "--json")
-	if code != exitOK {
-		t.Fatalf("exit code %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
-	}
-	j := benchTestJSON(t, out)
-	if j.Mode != "rate" || j.RoomsOK < 1 || j.RoomsFailed != 0 || j.Interrupted {
-		t.Errorf("mode %q, rooms ok %d, failed %d, interrupted %v; want rate, >= 1, 0, false", j.Mode, j.RoomsOK, j.RoomsFailed, j.Interrupted)
-	}
-	if j.Bare != nil || j.Ratio != 0 || !strings.Contains(j.BareSkipped, "rate mode") {
-		t.Errorf("bare %+v, ratio %v, skipped %q; want no bare measurement in rate mode", j.Bare, j.Ratio, j.BareSkipped)
+	for _, api := range []string{"stream", "unary"} {
+		code, out, errOut := benchTestRun(t, "--api", api, "--rate", "200", "--duration", "1s", "--concurrency", "8", "--prefill-ranks", "2", "--json")
+		if code != exitOK {
+			t.Fatalf("--api %s: exit code %d, want 0\nstdout:\n%s\nstderr:\n%s", api, code, out, errOut)
+		}
+		j := benchTestJSON(t, out)
+		if j.Mode != "rate" || j.API != api || j.RoomsOK < 1 || j.RoomsFailed != 0 || j.Interrupted {
+			t.Errorf("--api %s: mode %q, api %q, rooms ok %d, failed %d, interrupted %v; want rate, %s, >= 1, 0, false",
+				api, j.Mode, j.API, j.RoomsOK, j.RoomsFailed, j.Interrupted, api)
+		}
+		if j.Bare != nil || j.BareNoOtel != nil || j.Ratio != 0 || !strings.Contains(j.BareSkipped, "rate mode") {
+			t.Errorf("--api %s: bare %+v, ratio %v, skipped %q; want no bare measurement in rate mode", api, j.Bare, j.Ratio, j.BareSkipped)
+		}
+		for _, name := range []string{"open_to_destination", "last_chunk_to_engine_told"} {
+			p, ok := j.LatencyMS[name]
+			if !ok || p.N != int(j.RoomsOK) || p.P50 <= 0 || p.P50 > p.P90 || p.P90 > p.P99 || p.P99 > p.Max {
+				t.Errorf("--api %s: latency %s = %+v, want %d ordered percentiles > 0", api, name, p, j.RoomsOK)
+			}
+		}
+		benchTestDelaysWithinLifecycle(t, j)
 	}
 }
 

@@ -110,6 +110,79 @@ func (x *StreamRequest) GetCount() uint32 {
 	return 0
 }
 
+// SessionMessage is one message of a bare session, either way.
+type SessionMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tag names the client's worker the answers go back to.
+	Tag uint32 `protobuf:"varint,1,opt,name=tag,proto3" json:"tag,omitempty"`
+	// replies (client to server) is how many messages answer this one.
+	Replies uint32 `protobuf:"varint,2,opt,name=replies,proto3" json:"replies,omitempty"`
+	// reply_bytes (client to server) is the payload size of each answer.
+	ReplyBytes uint32 `protobuf:"varint,3,opt,name=reply_bytes,json=replyBytes,proto3" json:"reply_bytes,omitempty"`
+	// payload pads the message to the size of the message it stands for.
+	Payload       []byte `protobuf:"bytes,4,opt,name=payload,proto3" json:"payload,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionMessage) Reset() {
+	*x = SessionMessage{}
+	mi := &file_decodeplane_bench_v1_bench_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionMessage) ProtoMessage() {}
+
+func (x *SessionMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_bench_v1_bench_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionMessage.ProtoReflect.Descriptor instead.
+func (*SessionMessage) Descriptor() ([]byte, []int) {
+	return file_decodeplane_bench_v1_bench_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SessionMessage) GetTag() uint32 {
+	if x != nil {
+		return x.Tag
+	}
+	return 0
+}
+
+func (x *SessionMessage) GetReplies() uint32 {
+	if x != nil {
+		return x.Replies
+	}
+	return 0
+}
+
+func (x *SessionMessage) GetReplyBytes() uint32 {
+	if x != nil {
+		return x.ReplyBytes
+	}
+	return 0
+}
+
+func (x *SessionMessage) GetPayload() []byte {
+	if x != nil {
+		return x.Payload
+	}
+	return nil
+}
+
 var File_decodeplane_bench_v1_bench_proto protoreflect.FileDescriptor
 
 const file_decodeplane_bench_v1_bench_proto_rawDesc = "" +
@@ -117,10 +190,17 @@ const file_decodeplane_bench_v1_bench_proto_rawDesc = "" +
 	" decodeplane/bench/v1/bench.proto\x12\x14decodeplane.bench.v1\"\a\n" +
 	"\x05Empty\"%\n" +
 	"\rStreamRequest\x12\x14\n" +
-	"\x05count\x18\x01 \x01(\rR\x05count2\x98\x01\n" +
+	"\x05count\x18\x01 \x01(\rR\x05count\"w\n" +
+	"\x0eSessionMessage\x12\x10\n" +
+	"\x03tag\x18\x01 \x01(\rR\x03tag\x12\x18\n" +
+	"\areplies\x18\x02 \x01(\rR\areplies\x12\x1f\n" +
+	"\vreply_bytes\x18\x03 \x01(\rR\n" +
+	"replyBytes\x12\x18\n" +
+	"\apayload\x18\x04 \x01(\fR\apayload2\xf3\x01\n" +
 	"\x05Bench\x12A\n" +
 	"\x05Unary\x12\x1b.decodeplane.bench.v1.Empty\x1a\x1b.decodeplane.bench.v1.Empty\x12L\n" +
-	"\x06Stream\x12#.decodeplane.bench.v1.StreamRequest\x1a\x1b.decodeplane.bench.v1.Empty0\x01BGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/bench/v1;benchv1b\x06proto3"
+	"\x06Stream\x12#.decodeplane.bench.v1.StreamRequest\x1a\x1b.decodeplane.bench.v1.Empty0\x01\x12Y\n" +
+	"\aSession\x12$.decodeplane.bench.v1.SessionMessage\x1a$.decodeplane.bench.v1.SessionMessage(\x010\x01BGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/bench/v1;benchv1b\x06proto3"
 
 var (
 	file_decodeplane_bench_v1_bench_proto_rawDescOnce sync.Once
@@ -134,18 +214,21 @@ func file_decodeplane_bench_v1_bench_proto_rawDescGZIP() []byte {
 	return file_decodeplane_bench_v1_bench_proto_rawDescData
 }
 
-var file_decodeplane_bench_v1_bench_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_decodeplane_bench_v1_bench_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_decodeplane_bench_v1_bench_proto_goTypes = []any{
-	(*Empty)(nil),         // 0: decodeplane.bench.v1.Empty
-	(*StreamRequest)(nil), // 1: decodeplane.bench.v1.StreamRequest
+	(*Empty)(nil),          // 0: decodeplane.bench.v1.Empty
+	(*StreamRequest)(nil),  // 1: decodeplane.bench.v1.StreamRequest
+	(*SessionMessage)(nil), // 2: decodeplane.bench.v1.SessionMessage
 }
 var file_decodeplane_bench_v1_bench_proto_depIdxs = []int32{
 	0, // 0: decodeplane.bench.v1.Bench.Unary:input_type -> decodeplane.bench.v1.Empty
 	1, // 1: decodeplane.bench.v1.Bench.Stream:input_type -> decodeplane.bench.v1.StreamRequest
-	0, // 2: decodeplane.bench.v1.Bench.Unary:output_type -> decodeplane.bench.v1.Empty
-	0, // 3: decodeplane.bench.v1.Bench.Stream:output_type -> decodeplane.bench.v1.Empty
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
+	2, // 2: decodeplane.bench.v1.Bench.Session:input_type -> decodeplane.bench.v1.SessionMessage
+	0, // 3: decodeplane.bench.v1.Bench.Unary:output_type -> decodeplane.bench.v1.Empty
+	0, // 4: decodeplane.bench.v1.Bench.Stream:output_type -> decodeplane.bench.v1.Empty
+	2, // 5: decodeplane.bench.v1.Bench.Session:output_type -> decodeplane.bench.v1.SessionMessage
+	3, // [3:6] is the sub-list for method output_type
+	0, // [0:3] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -162,7 +245,7 @@ func file_decodeplane_bench_v1_bench_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_bench_v1_bench_proto_rawDesc), len(file_decodeplane_bench_v1_bench_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

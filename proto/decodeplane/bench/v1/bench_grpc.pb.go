@@ -26,22 +26,29 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Bench_Unary_FullMethodName  = "/decodeplane.bench.v1.Bench/Unary"
-	Bench_Stream_FullMethodName = "/decodeplane.bench.v1.Bench/Stream"
+	Bench_Unary_FullMethodName   = "/decodeplane.bench.v1.Bench/Unary"
+	Bench_Stream_FullMethodName  = "/decodeplane.bench.v1.Bench/Stream"
+	Bench_Session_FullMethodName = "/decodeplane.bench.v1.Bench/Session"
 )
 
 // BenchClient is the client API for Bench service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Bench is the bare-gRPC limit: an empty unary call and an empty
-// server-stream message.
+// Bench is the bare-gRPC limit: an empty unary call, an empty server-stream
+// message, and messages both ways on a long-lived bidirectional stream (the
+// --api stream mix).
 type BenchClient interface {
 	// Unary answers at once with an empty message.
 	Unary(ctx context.Context, in *Empty, opts ...grpc.CallOption) (*Empty, error)
 	// Stream sends count empty messages and ends (count 0: until the client
 	// cancels).
 	Stream(ctx context.Context, in *StreamRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Empty], error)
+	// Session answers each message it receives with `replies` messages of
+	// `reply_bytes` payload bytes carrying its tag, in order, until the client
+	// ends the stream: one stands for an EngineSession or a PrefillSession,
+	// many rooms multiplexed on it by tag.
+	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionMessage, SessionMessage], error)
 }
 
 type benchClient struct {
@@ -81,18 +88,37 @@ func (c *benchClient) Stream(ctx context.Context, in *StreamRequest, opts ...grp
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Bench_StreamClient = grpc.ServerStreamingClient[Empty]
 
+func (c *benchClient) Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[SessionMessage, SessionMessage], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Bench_ServiceDesc.Streams[1], Bench_Session_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SessionMessage, SessionMessage]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Bench_SessionClient = grpc.BidiStreamingClient[SessionMessage, SessionMessage]
+
 // BenchServer is the server API for Bench service.
 // All implementations must embed UnimplementedBenchServer
 // for forward compatibility.
 //
-// Bench is the bare-gRPC limit: an empty unary call and an empty
-// server-stream message.
+// Bench is the bare-gRPC limit: an empty unary call, an empty server-stream
+// message, and messages both ways on a long-lived bidirectional stream (the
+// --api stream mix).
 type BenchServer interface {
 	// Unary answers at once with an empty message.
 	Unary(context.Context, *Empty) (*Empty, error)
 	// Stream sends count empty messages and ends (count 0: until the client
 	// cancels).
 	Stream(*StreamRequest, grpc.ServerStreamingServer[Empty]) error
+	// Session answers each message it receives with `replies` messages of
+	// `reply_bytes` payload bytes carrying its tag, in order, until the client
+	// ends the stream: one stands for an EngineSession or a PrefillSession,
+	// many rooms multiplexed on it by tag.
+	Session(grpc.BidiStreamingServer[SessionMessage, SessionMessage]) error
 	mustEmbedUnimplementedBenchServer()
 }
 
@@ -108,6 +134,9 @@ func (UnimplementedBenchServer) Unary(context.Context, *Empty) (*Empty, error) {
 }
 func (UnimplementedBenchServer) Stream(*StreamRequest, grpc.ServerStreamingServer[Empty]) error {
 	return status.Error(codes.Unimplemented, "method Stream not implemented")
+}
+func (UnimplementedBenchServer) Session(grpc.BidiStreamingServer[SessionMessage, SessionMessage]) error {
+	return status.Error(codes.Unimplemented, "method Session not implemented")
 }
 func (UnimplementedBenchServer) mustEmbedUnimplementedBenchServer() {}
 func (UnimplementedBenchServer) testEmbeddedByValue()               {}
@@ -159,6 +188,13 @@ func _Bench_Stream_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Bench_StreamServer = grpc.ServerStreamingServer[Empty]
 
+func _Bench_Session_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(BenchServer).Session(&grpc.GenericServerStream[SessionMessage, SessionMessage]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Bench_SessionServer = grpc.BidiStreamingServer[SessionMessage, SessionMessage]
+
 // Bench_ServiceDesc is the grpc.ServiceDesc for Bench service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -176,6 +212,12 @@ var Bench_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Stream",
 			Handler:       _Bench_Stream_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Session",
+			Handler:       _Bench_Session_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "decodeplane/bench/v1/bench.proto",
