@@ -41,6 +41,8 @@ type Client struct {
 	capacity pb.CapacityClient
 	// session is the prefill rank's multiplexed stream (prefill_session.go).
 	session pb.PrefillSessionClient
+	// pmux are the Prefills' shared sessions, closed by Close (prefill_mux.go).
+	pmux prefillMuxes
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -241,6 +243,7 @@ func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
+		c.pmux.closeAll()
 		if c.ownsConn {
 			c.closeErr = c.conn.Close()
 		}

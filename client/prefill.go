@@ -40,6 +40,9 @@ type Prefill struct {
 	every time.Duration
 	onErr func(error)
 	onInc func(old, new uint64)
+	// mux is the rank's shared session (prefill_mux.go), under
+	// TransportStreams.
+	mux *prefillMux
 
 	mu       sync.Mutex
 	resp     *pb.RegisterPrefillResponse
@@ -220,6 +223,7 @@ func (c *Client) Prefill(reg *pb.RegisterPrefillRequest, opts ...PrefillOption) 
 		TpRank:        par.GetAttnTpRank(),
 		PpRank:        par.GetPpRank(),
 	}}
+	p.mux = newPrefillMux(p)
 	for _, o := range opts {
 		if o != nil {
 			o(p)
@@ -295,6 +299,9 @@ func (p *Prefill) cadence() time.Duration {
 // A rank whose daemons share their registry (a fleet) runs
 // RunHeartbeatFailover instead.
 func (p *Prefill) RunHeartbeat(ctx context.Context) error {
+	if p.c.transport == TransportStreams {
+		return p.runHeartbeatStreams(ctx) // prefill_mux.go
+	}
 	var first time.Duration
 	if p.Registration() != nil {
 		first = p.cadence()
@@ -450,6 +457,9 @@ type SendOptions struct {
 // A daemon restart (a new incarnation, see Prefill) stops the hand-off
 // before its next Transfer with an *IncarnationChangedError.
 func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
+	if p.streams(ctx) {
+		return p.handOffOver(ctx, "SendRoom", room, o, p.mux.transport(), p.transferMove(room, o, p.mux.chunk))
+	}
 	return p.handOff(ctx, "SendRoom", room, o, p.transferMove(room, o, p.c.Transfer))
 }
 
@@ -487,6 +497,9 @@ func (p *Prefill) transferMove(room uint64, o SendOptions, transfer func(context
 // *IncarnationChangedError; a Move in flight then sees its context
 // cancelled, and what it moved is not reported.
 func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
+	if p.streams(ctx) {
+		return p.handOffOver(ctx, "ReportRoom", room, o, p.mux.transport(), p.reportMove(room, o, p.mux.report))
+	}
 	return p.handOff(ctx, "ReportRoom", room, o, p.reportMove(room, o, p.c.ReportTransfer))
 }
 
