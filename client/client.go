@@ -239,7 +239,9 @@ func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
 // Close releases the connection made by New (NewFromConn's connection is
 // left to its owner). Later calls fail with ErrCanceled; with New, calls and
-// streams in flight end with ErrCanceled too. Close is idempotent.
+// streams in flight end with ErrCanceled too. Close also ends every
+// Prefill's shared session (TransportStreams; see Prefill.Close), with
+// NewFromConn too. Close is idempotent.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)

@@ -69,14 +69,12 @@ func (m *prefillMux) live() *Session {
 	if m.cur == nil {
 		return nil
 	}
-	select {
-	case <-m.cur.Done():
+	if m.cur.Err() != nil { // ended (Err is set before Done is closed)
 		m.curCancel()
 		m.cur, m.curCancel = nil, nil
 		return nil
-	default:
-		return m.cur
 	}
+	return m.cur
 }
 
 // get returns the live session, opening one if there is none: one open at
@@ -200,12 +198,7 @@ func (m *prefillMux) close() {
 // be taken for it and sent again, which the daemon's idempotency rules
 // make harmless.
 func endedUnder(ctx context.Context, s *Session, err error) bool {
-	if err == nil || ctx.Err() != nil {
-		return false
-	}
-	select {
-	case <-s.Done():
-	default:
+	if err == nil || ctx.Err() != nil || s.Err() == nil { // Err: set once the session ended
 		return false
 	}
 	var rf *RoomFailedError
@@ -433,7 +426,8 @@ func (p *Prefill) streams(ctx context.Context) bool {
 // it ended, and beats unary while none can be opened.
 func (p *Prefill) runHeartbeatStreams(ctx context.Context) error {
 	m := p.mux
-	quick := 0 // consecutive sessions that ended within a cadence
+	quick := 0   // consecutive sessions that ended within a cadence
+	refused := 0 // consecutive opens refused NOT_FOUND or as of another incarnation
 	sleep := func(d time.Duration) error {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -472,6 +466,17 @@ func (p *Prefill) runHeartbeatStreams(ctx context.Context) error {
 			}
 		}
 		s, err := m.get(ctx)
+		if err != nil && (errors.Is(err, ErrIncarnationChanged) || errors.Is(err, ErrNotFound)) {
+			// Registered again next round; a daemon that keeps refusing
+			// the new registration's session is not asked in a tight loop.
+			if refused++; refused > 1 {
+				if err := sleep(p.c.retry.backoff(refused - 1)); err != nil {
+					return err
+				}
+			}
+		} else {
+			refused = 0
+		}
 		if err != nil {
 			switch {
 			case ctx.Err() != nil:
