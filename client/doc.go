@@ -151,7 +151,7 @@
 // default (TransportStreams); WithTransport(TransportUnary) opts out, for
 // peers that cannot hold a stream open and for comparison. On the prefill
 // side, every SendRoom and ReportRoom of a Prefill then goes on the rank's
-// one shared PrefillSession stream (prefill_session.proto), opened at the
+// one shared PrefillSession stream (prefill_session.proto), opened by the
 // first hand-off (or by RunHeartbeat) and re-opened after it ended, under
 // the retry policy's backoff; same results and errors as the unary path
 // (RoomFailedError, IncarnationChangedError, ErrAborted, ...), one state
@@ -171,10 +171,12 @@
 // unary Heartbeat calls, registers again when the daemon ends it NOT_FOUND
 // or refuses its re-open as of an earlier incarnation (a restart), and
 // sends unary beats only while no session can be opened (then tries again
-// every beat). The session lives until Prefill.Close or Client.Close: a
-// Prefill handing off rooms stays alive without RunHeartbeat, and stopping
-// RunHeartbeat does not end it; Close does. RunHeartbeatFailover beats
-// unary whatever the transport.
+// every beat). The session is open while RunHeartbeat runs or a hand-off
+// is in flight, and closed when neither is (an idle rank does not beat:
+// stopping RunHeartbeat stops the beats once the hand-offs in flight are
+// done; a hand-off's own session beats while it runs). Prefill.Close and
+// Client.Close end it for good. RunHeartbeatFailover beats unary whatever
+// the transport.
 //
 // # The prefill session by hand
 //

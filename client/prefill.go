@@ -309,7 +309,8 @@ func (p *Prefill) cadence() time.Duration {
 // (the daemon unreachable, or it does not serve PrefillSession) it beats
 // unary every cadence, as under TransportUnary, and tries the session again.
 // Its errors go to OnHeartbeatError; after Prefill.Close it returns
-// ErrCanceled. Returning does not close the session (Prefill.Close does).
+// ErrCanceled. Once it returned, the session closes when no hand-off uses
+// it any more: the rank stops beating, as under TransportUnary.
 func (p *Prefill) RunHeartbeat(ctx context.Context) error {
 	if p.c.transport == TransportStreams {
 		return p.runHeartbeatStreams(ctx) // prefill_mux.go
@@ -471,9 +472,9 @@ type SendOptions struct {
 //
 // Under TransportStreams (the Client's default) the claim, the chunks and
 // the acknowledgement go on the rank's one shared PrefillSession stream
-// (opened at the first hand-off, shared by every concurrent SendRoom and
-// ReportRoom of the Prefill, re-opened after it ended; Prefill.Close ends
-// it), with the same results and errors. A session that ends under the
+// (shared by every concurrent SendRoom and ReportRoom of the Prefill and
+// its RunHeartbeat, open while one of them uses it, re-opened after it
+// ended; Prefill.Close ends it), with the same results and errors. A session that ends under the
 // hand-off is replaced and the hand-off goes on: it claims again on the
 // new session and sends again the chunk whose answer was lost (the daemon
 // counts a chunk once: (room, rank, chunk_index) is its key); after
@@ -483,7 +484,8 @@ type SendOptions struct {
 // WithTransport(TransportUnary) keeps the unary calls: AwaitDestination,
 // Transfer per chunk, AckRoomEnd.
 func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	if p.streams(ctx) {
+	if ok, release := p.streams(ctx); ok {
+		defer release()
 		return p.handOffOver(ctx, "SendRoom", room, o, p.mux.transport(), p.transferMove(room, o, p.mux.chunk))
 	}
 	return p.handOff(ctx, "SendRoom", room, o, p.transferMove(room, o, p.c.Transfer))
@@ -528,7 +530,8 @@ func (p *Prefill) transferMove(room uint64, o SendOptions, transfer func(context
 // session; a report whose answer a session's end lost is sent again on the
 // next session (the daemon counts it once), and Move is not run again.
 func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	if p.streams(ctx) {
+	if ok, release := p.streams(ctx); ok {
+		defer release()
 		return p.handOffOver(ctx, "ReportRoom", room, o, p.mux.transport(), p.reportMove(room, o, p.mux.report))
 	}
 	return p.handOff(ctx, "ReportRoom", room, o, p.reportMove(room, o, p.c.ReportTransfer))

@@ -14,7 +14,8 @@ import (
 
 // The rank's shared prefill session (TransportStreams, the default): every
 // SendRoom and ReportRoom of a Prefill, and its RunHeartbeat, go through
-// one lazily opened Session, re-opened after it ended.
+// one lazily opened Session, re-opened after it ended, and closed when
+// none of them uses it any more (an idle rank does not beat).
 //
 // A session that ends under a hand-off in flight is replaced, and the
 // hand-off goes on, as the unary path goes on after a lost answer (a
@@ -47,6 +48,38 @@ type prefillMux struct {
 	curCancel  context.CancelFunc // ends cur's context
 	closed     bool
 	registered bool // in the Client's set (Client.Close closes it)
+	// users are the hand-offs in flight and the running RunHeartbeat: the
+	// session is closed when the last one is done.
+	users int
+}
+
+// acquire counts a user of the session (a hand-off, RunHeartbeat) until
+// its release.
+func (m *prefillMux) acquire() func() {
+	m.mu.Lock()
+	m.users++
+	m.mu.Unlock()
+	var once sync.Once
+	return func() { once.Do(m.release) }
+}
+
+// release ends a use; the last one closes the session: an idle rank does
+// not beat (stopping RunHeartbeat stops the beats once the hand-offs in
+// flight are done, as on the unary path).
+func (m *prefillMux) release() {
+	m.mu.Lock()
+	m.users--
+	var s *Session
+	var cancel context.CancelFunc
+	if m.users == 0 && m.cur != nil {
+		s, cancel = m.cur, m.curCancel
+		m.cur, m.curCancel = nil, nil
+	}
+	m.mu.Unlock()
+	if s != nil {
+		s.Close()
+		cancel()
+	}
 }
 
 func newPrefillMux(p *Prefill) *prefillMux {
@@ -412,12 +445,16 @@ func (p *Prefill) Close() { p.mux.close() }
 // Client's transport is TransportStreams and the daemon serves
 // PrefillSession (an older daemon's ErrUnimplemented falls back to the
 // unary API, for this call).
-func (p *Prefill) streams(ctx context.Context) bool {
+func (p *Prefill) streams(ctx context.Context) (bool, func()) {
 	if p.c.transport != TransportStreams {
-		return false
+		return false, func() {}
 	}
-	_, err := p.mux.get(ctx)
-	return !errors.Is(err, ErrUnimplemented)
+	release := p.mux.acquire()
+	if _, err := p.mux.get(ctx); errors.Is(err, ErrUnimplemented) {
+		release()
+		return false, func() {}
+	}
+	return true, release
 }
 
 // runHeartbeatStreams is RunHeartbeat under TransportStreams: the shared
@@ -426,6 +463,7 @@ func (p *Prefill) streams(ctx context.Context) bool {
 // it ended, and beats unary while none can be opened.
 func (p *Prefill) runHeartbeatStreams(ctx context.Context) error {
 	m := p.mux
+	defer m.acquire()()
 	quick := 0   // consecutive sessions that ended within a cadence
 	refused := 0 // consecutive opens refused NOT_FOUND or as of another incarnation
 	sleep := func(d time.Duration) error {

@@ -241,10 +241,9 @@ func TestPrefillFallsBackToUnary(t *testing.T) {
 }
 
 // sessionEnds is a client stream interceptor that signals when a prefill
-// session stream ends on the client's side.
+// session stream opens and when it ends on the client's side.
 type sessionEnds struct {
-	mu     sync.Mutex
-	opened int
+	opened chan struct{} // one per opened session
 	ended  chan struct{} // one per ended session
 }
 
@@ -253,9 +252,7 @@ func (s *sessionEnds) intercept(ctx context.Context, desc *grpc.StreamDesc, cc *
 	if err != nil || method != pb.PrefillSession_Session_FullMethodName {
 		return cs, err
 	}
-	s.mu.Lock()
-	s.opened++
-	s.mu.Unlock()
+	s.opened <- struct{}{}
 	return &endSignal{ClientStream: cs, ended: s.ended}, nil
 }
 
@@ -273,12 +270,15 @@ func (e *endSignal) RecvMsg(m any) error {
 	return err
 }
 
-// TestCloseEndsTheSession: Prefill.Close and Client.Close (on a connection
-// the client does not own, which stays open) end the rank's session; the
-// Prefill's streams methods fail with ErrCanceled afterwards.
-func TestCloseEndsTheSession(t *testing.T) {
+// TestSessionLifetime: the rank's shared session is open while
+// RunHeartbeat runs or a hand-off is in flight, and ends when neither is
+// (after a hand-off without RunHeartbeat, when RunHeartbeat returns), and
+// with Prefill.Close and Client.Close (on a connection the client does not
+// own, which stays open); the Prefill's streams methods fail with
+// ErrCanceled after Close.
+func TestSessionLifetime(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
-	ends := &sessionEnds{ended: make(chan struct{}, 4)}
+	ends := &sessionEnds{opened: make(chan struct{}, 16), ended: make(chan struct{}, 16)}
 	conn, err := grpc.NewClient("passthrough:///bufnet", d.dialer(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithStreamInterceptor(ends.intercept))
 	if err != nil {
@@ -290,47 +290,91 @@ func TestCloseEndsTheSession(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	handOff := func(p *client.Prefill, room uint64) error {
+	room := uint64(0)
+	handOff := func(p *client.Prefill) error {
+		room++
 		if _, err := c.OpenRoom(ctx, openReq(room, 100)); err != nil {
 			t.Fatal(err)
 		}
 		_, err := p.SendRoom(ctx, room, client.SendOptions{})
 		return err
 	}
-	waitEnd := func(what string) {
+	wait := func(ch chan struct{}, what string) {
 		t.Helper()
 		select {
-		case <-ends.ended:
+		case <-ch:
 		case <-ctx.Done():
-			t.Fatalf("the session did not end after %s", what)
+			t.Fatalf("no session %s", what)
 		}
 	}
+	// heartbeat runs RunHeartbeat; stop cancels it and returns its
+	// error, returned waits for it to return by itself.
+	var hbCancel []context.CancelFunc
+	t.Cleanup(func() {
+		for _, c := range hbCancel {
+			c()
+		}
+	})
+	heartbeat := func(p *client.Prefill) (stop, returned func() error) {
+		hctx, cancel := context.WithCancel(ctx)
+		hbCancel = append(hbCancel, cancel)
+		done := make(chan error, 1)
+		go func() { done <- p.RunHeartbeat(hctx) }()
+		return func() error { cancel(); return <-done }, func() error { return <-done }
+	}
 	p := registered(t, c)
-	if err := handOff(p, 1); err != nil {
+
+	// A hand-off alone: its session ends with it.
+	if err := handOff(p); err != nil {
 		t.Fatal(err)
 	}
+	wait(ends.opened, "opened by the hand-off")
+	wait(ends.ended, "end after the last hand-off, without RunHeartbeat")
+
+	// RunHeartbeat holds the session across hand-offs; it ends when
+	// RunHeartbeat returns.
+	stop, _ := heartbeat(p)
+	wait(ends.opened, "opened by RunHeartbeat")
+	for range 3 {
+		if err := handOff(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-ends.opened:
+		t.Error("a hand-off opened a second session while RunHeartbeat held one")
+	case <-ends.ended:
+		t.Error("the session ended under RunHeartbeat")
+	default:
+	}
+	if err := stop(); !errors.Is(err, context.Canceled) {
+		t.Errorf("RunHeartbeat = %v, want context.Canceled", err)
+	}
+	wait(ends.ended, "end after RunHeartbeat returned")
+
+	// Prefill.Close ends it for good.
+	_, returned := heartbeat(p)
+	wait(ends.opened, "opened by RunHeartbeat again")
 	p.Close()
-	waitEnd("Prefill.Close")
-	if err := handOff(p, 2); !errors.Is(err, client.ErrCanceled) {
+	wait(ends.ended, "end at Prefill.Close")
+	if err := returned(); !errors.Is(err, client.ErrCanceled) {
+		t.Errorf("RunHeartbeat across Prefill.Close = %v, want ErrCanceled", err)
+	}
+	if err := handOff(p); !errors.Is(err, client.ErrCanceled) {
 		t.Errorf("SendRoom after Prefill.Close = %v, want ErrCanceled", err)
 	}
-	if err := p.RunHeartbeat(ctx); !errors.Is(err, client.ErrCanceled) {
-		t.Errorf("RunHeartbeat after Prefill.Close = %v, want ErrCanceled", err)
-	}
-	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 2}); err != nil {
+	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room}); err != nil {
 		t.Fatal(err)
 	}
 
+	// Client.Close ends every Prefill's.
 	p2 := c.Prefill(prefillRank(addr, 1, 0))
-	if err := handOff(p2, 3); err != nil {
-		t.Fatal(err)
-	}
+	_, returned = heartbeat(p2)
+	wait(ends.opened, "opened by the second Prefill's RunHeartbeat")
 	c.Close()
-	waitEnd("Client.Close")
-	ends.mu.Lock()
-	defer ends.mu.Unlock()
-	if ends.opened != 2 {
-		t.Errorf("%d sessions opened, want 2 (one per Prefill)", ends.opened)
+	wait(ends.ended, "end at Client.Close")
+	if err := returned(); !errors.Is(err, client.ErrCanceled) {
+		t.Errorf("RunHeartbeat across Client.Close = %v, want ErrCanceled", err)
 	}
 }
 
