@@ -480,12 +480,19 @@ type SendOptions struct {
 // counts a chunk once: (room, rank, chunk_index) is its key); after
 // MaxAttempts sessions in a row ended under it, it fails with the
 // session's end (ErrUnavailable for a cut stream). A daemon without
-// PrefillSession (ErrUnimplemented) is handed off to unary.
+// PrefillSession (ErrUnimplemented) is handed off to unary. One difference:
+// the session needs the rank registered (its hello is a beat), so a rank
+// the daemon does not know fails at once with ErrNotFound, where the unary
+// claim waits for the registration (bounded by ctx and the daemon's
+// timeouts.bootstrap).
 // WithTransport(TransportUnary) keeps the unary calls: AwaitDestination,
 // Transfer per chunk, AckRoomEnd.
 func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	if ok, release := p.streams(ctx); ok {
+	if ok, release, err := p.streams(ctx); ok {
 		defer release()
+		if err != nil {
+			return p.handOffFailed("SendRoom", room, o, err)
+		}
 		return p.handOffOver(ctx, "SendRoom", room, o, p.mux.transport(), p.transferMove(room, o, p.mux.chunk))
 	}
 	return p.handOff(ctx, "SendRoom", room, o, p.transferMove(room, o, p.c.Transfer))
@@ -530,8 +537,11 @@ func (p *Prefill) transferMove(room uint64, o SendOptions, transfer func(context
 // session; a report whose answer a session's end lost is sent again on the
 // next session (the daemon counts it once), and Move is not run again.
 func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	if ok, release := p.streams(ctx); ok {
+	if ok, release, err := p.streams(ctx); ok {
 		defer release()
+		if err != nil {
+			return p.handOffFailed("ReportRoom", room, o, err)
+		}
 		return p.handOffOver(ctx, "ReportRoom", room, o, p.mux.transport(), p.reportMove(room, o, p.mux.report))
 	}
 	return p.handOff(ctx, "ReportRoom", room, o, p.reportMove(room, o, p.c.ReportTransfer))

@@ -445,16 +445,33 @@ func (p *Prefill) Close() { p.mux.close() }
 // Client's transport is TransportStreams and the daemon serves
 // PrefillSession (an older daemon's ErrUnimplemented falls back to the
 // unary API, for this call).
-func (p *Prefill) streams(ctx context.Context) (bool, func()) {
+// The session's open error, if any, is the hand-off's (handOffFailed):
+// the claim would only open it again.
+func (p *Prefill) streams(ctx context.Context) (bool, func(), error) {
 	if p.c.transport != TransportStreams {
-		return false, func() {}
+		return false, func() {}, nil
 	}
 	release := p.mux.acquire()
-	if _, err := p.mux.get(ctx); errors.Is(err, ErrUnimplemented) {
+	_, err := p.mux.get(ctx)
+	if errors.Is(err, ErrUnimplemented) {
 		release()
-		return false, func() {}
+		return false, func() {}, nil
 	}
-	return true, release
+	return true, release, err
+}
+
+// handOffFailed is a hand-off whose session could not be opened: the
+// errors handOffOver would return first, else err (an incarnation change
+// learned from the refused open, for room).
+func (p *Prefill) handOffFailed(op string, room uint64, o SendOptions, err error) (*pb.Destination, error) {
+	if o.ChunkPages < 0 {
+		return nil, localError(op, codes.InvalidArgument, "SendOptions.ChunkPages: %d must be >= 0 (0 sends every page in one chunk)", o.ChunkPages)
+	}
+	g := p.generation()
+	if cerr := p.check(g, room); cerr != nil {
+		return nil, cerr
+	}
+	return nil, p.voided(g, room, err)
 }
 
 // runHeartbeatStreams is RunHeartbeat under TransportStreams: the shared

@@ -494,3 +494,40 @@ func TestRunHeartbeatStreamsReregistersAfterNotFound(t *testing.T) {
 		}
 	})
 }
+
+// TestHandOffRefusalsOnBothTransports: a bad option is refused the same
+// on both transports (InvalidArgument, before anything is sent). A rank
+// the daemon does not know differs: the session's hello refuses it at once
+// (NotFound), a unary claim waits for the room's prefill to register
+// (bounded by the context, here a short one).
+func TestHandOffRefusalsOnBothTransports(t *testing.T) {
+	eachTransport(t, func(t *testing.T, tr client.Transport) {
+		d := newDaemon(t, daemonConfig{})
+		c := d.client(t, client.WithTransport(tr), fastRetry)
+		ctx := ctxT(t)
+		if _, err := c.OpenRoom(ctx, openReq(4, 100)); err != nil {
+			t.Fatal(err)
+		}
+		p := c.Prefill(prefillRank(addr, 1, 0)) // never registered
+		if _, err := p.SendRoom(ctx, 4, client.SendOptions{ChunkPages: -1}); !errors.Is(err, client.ErrInvalidArgument) {
+			t.Errorf("SendRoom(ChunkPages -1) = %v, want ErrInvalidArgument", err)
+		}
+		want := client.ErrNotFound
+		hctx := ctx
+		if tr == client.TransportUnary {
+			want = client.ErrDeadlineExceeded
+			var cancel context.CancelFunc
+			hctx, cancel = context.WithTimeout(ctx, 50*time.Millisecond)
+			defer cancel()
+		}
+		if _, err := p.SendRoom(hctx, 4, client.SendOptions{}); !errors.Is(err, want) {
+			t.Errorf("SendRoom of an unregistered rank = %v, want %v", err, want)
+		}
+		if _, err := p.ReportRoom(hctx, 4, client.SendOptions{}); !errors.Is(err, want) {
+			t.Errorf("ReportRoom of an unregistered rank = %v, want %v", err, want)
+		}
+		if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4}); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
