@@ -481,8 +481,9 @@ func (p *Prefill) handOffFailed(op string, room uint64, o SendOptions, err error
 func (p *Prefill) runHeartbeatStreams(ctx context.Context) error {
 	m := p.mux
 	defer m.acquire()()
-	quick := 0   // consecutive sessions that ended within a cadence
-	refused := 0 // consecutive opens refused NOT_FOUND or as of another incarnation
+	quick := 0      // consecutive sessions that ended within a cadence
+	refused := 0    // consecutive opens refused NOT_FOUND or as of another incarnation
+	unimpl := false // ErrUnimplemented reported (once: an older daemon stays one)
 	sleep := func(d time.Duration) error {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -520,7 +521,11 @@ func (p *Prefill) runHeartbeatStreams(ctx context.Context) error {
 				continue
 			}
 		}
-		s, err := m.get(ctx)
+		// The open is bounded as a beat is (a daemon that never welcomes
+		// the session does not stall the loop).
+		octx, cancel := context.WithTimeout(ctx, p.heartbeatInterval())
+		s, err := m.get(octx)
+		cancel()
 		if err != nil && (errors.Is(err, ErrIncarnationChanged) || errors.Is(err, ErrNotFound)) {
 			// Registered again next round; a daemon that keeps refusing
 			// the new registration's session is not asked in a tight loop.
@@ -548,7 +553,10 @@ func (p *Prefill) runHeartbeatStreams(ctx context.Context) error {
 			case permanent(err) && !errors.Is(err, ErrUnimplemented):
 				return err
 			}
-			report(err)
+			if !errors.Is(err, ErrUnimplemented) || !unimpl {
+				report(err)
+			}
+			unimpl = unimpl || errors.Is(err, ErrUnimplemented)
 			// No session: a unary beat keeps the rank alive meanwhile
 			// (an older daemon, a proxy that cuts streams); the session
 			// is tried again on the next round.

@@ -220,11 +220,12 @@ func TestPrefillFallsBackToUnary(t *testing.T) {
 	d := newDaemon(t, in.config())
 	c := d.client(t)
 	ctx := ctxT(t)
-	p := c.Prefill(prefillRank(addr, 1, 0), client.HeartbeatEvery(time.Millisecond))
+	var errs errLog
+	p := c.Prefill(prefillRank(addr, 1, 0), client.HeartbeatEvery(time.Millisecond), client.OnHeartbeatError(errs.add))
 	hctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- p.RunHeartbeat(hctx) }()
-	in.waitCalls(t, pb.Bootstrap_Heartbeat_FullMethodName, 2)
+	in.waitCalls(t, pb.Bootstrap_Heartbeat_FullMethodName, 3)
 	if _, err := c.OpenRoom(ctx, openReq(3, 300)); err != nil {
 		t.Fatal(err)
 	}
@@ -234,6 +235,12 @@ func TestPrefillFallsBackToUnary(t *testing.T) {
 	stop()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("RunHeartbeat = %v, want context.Canceled", err)
+	}
+	if e, _ := errs.get(); len(e) != 1 || !errors.Is(e[0], client.ErrUnimplemented) {
+		t.Errorf("heartbeat errors %v; want ErrUnimplemented once (an older daemon stays one)", e)
+	}
+	if n := in.count(pb.PrefillSession_Session_FullMethodName); n < 3 {
+		t.Errorf("%d session opens tried, want one per beat (>= 3)", n)
 	}
 	if n, m := in.count(pb.Rooms_AwaitDestination_FullMethodName), in.count(pb.Rooms_Transfer_FullMethodName); n != 1 || m != 1 {
 		t.Errorf("%d AwaitDestination and %d Transfer calls, want the unary hand-off (1 and 1)", n, m)
