@@ -250,10 +250,10 @@ func opMethod(tr client.Transport, method string) string {
 }
 
 // sessionRecorder records every op a prefill session receives (its
-// request, as sessionOp(op)) and injects the op's fault: the session is
-// cut with the fault's code before the op reaches the daemon, or, with
-// after set, at the next receive (the op was handled, its answer may be
-// lost).
+// request, as sessionOp(op), packed ones included) and injects the op's
+// fault: the session is cut with the fault's code before the message
+// carrying the op reaches the daemon, or, with after set, at the next
+// receive (the op was handled, its answer may be lost).
 type sessionRecorder struct {
 	grpc.ServerStream
 	record func(method string, body proto.Message) *fault
@@ -267,34 +267,53 @@ func (r *sessionRecorder) RecvMsg(m any) error {
 	if err := r.ServerStream.RecvMsg(m); err != nil {
 		return err
 	}
-	req, _ := m.(*pb.PrefillRequest)
-	var op string
-	var body proto.Message
-	switch o := req.GetOp().(type) {
-	case *pb.PrefillRequest_Hello:
-		op, body = "hello", o.Hello
-	case *pb.PrefillRequest_Ping:
-		op, body = "ping", o.Ping
-	case *pb.PrefillRequest_Claim:
-		op, body = "claim", o.Claim
-	case *pb.PrefillRequest_Chunk:
-		op, body = "chunk", o.Chunk
-	case *pb.PrefillRequest_Report:
-		op, body = "report", o.Report
-	case *pb.PrefillRequest_Ack:
-		op, body = "ack", o.Ack
-	default:
-		return nil
+	var cut *fault
+	for _, e := range unpacked(m.(proto.Message)) {
+		req, _ := e.(*pb.PrefillRequest)
+		var op string
+		var body proto.Message
+		switch o := req.GetOp().(type) {
+		case *pb.PrefillRequest_Hello:
+			op, body = "hello", o.Hello
+		case *pb.PrefillRequest_Ping:
+			op, body = "ping", o.Ping
+		case *pb.PrefillRequest_Claim:
+			op, body = "claim", o.Claim
+		case *pb.PrefillRequest_Chunk:
+			op, body = "chunk", o.Chunk
+		case *pb.PrefillRequest_Report:
+			op, body = "report", o.Report
+		case *pb.PrefillRequest_Ack:
+			op, body = "ack", o.Ack
+		default:
+			continue
+		}
+		if f := r.record(sessionOp(op), body); f != nil && cut == nil {
+			cut = f
+		}
 	}
-	f := r.record(sessionOp(op), body)
 	switch {
-	case f == nil:
+	case cut == nil:
 		return nil
-	case f.after:
-		r.cut = f.err()
+	case cut.after:
+		r.cut = cut.err()
 		return nil
 	}
-	return f.err()
+	return cut.err()
+}
+
+// unpacked is a session message and the messages packed behind it (its
+// repeated field "more", where the wire has one).
+func unpacked(m proto.Message) []proto.Message {
+	out := []proto.Message{m}
+	r := m.ProtoReflect()
+	if fd := r.Descriptor().Fields().ByName("more"); fd != nil && fd.IsList() && fd.Message() != nil {
+		l := r.Get(fd).List()
+		for i := range l.Len() {
+			out = append(out, l.Get(i).Message().Interface())
+		}
+	}
+	return out
 }
 
 // transports are the two ways a Client carries hand-offs.
@@ -539,12 +558,14 @@ func testDummyDestination(t *testing.T, tr client.Transport) {
 	var once sync.Once
 	in := newInjector()
 	in.sent = func(_ string, m any) {
-		ev, ok := m.(*pb.DestinationEvent)
-		if pe, isSession := m.(*pb.PrefillEvent); isSession {
-			ev, ok = pe.GetRoom().GetEvent(), pe.GetRoom() != nil
-		}
-		if ok && ev.GetDestination().GetDummy() {
-			once.Do(func() { close(dummySent) })
+		for _, e := range unpacked(m.(proto.Message)) {
+			ev, ok := e.(*pb.DestinationEvent)
+			if pe, isSession := e.(*pb.PrefillEvent); isSession {
+				ev, ok = pe.GetRoom().GetEvent(), pe.GetRoom() != nil
+			}
+			if ok && ev.GetDestination().GetDummy() {
+				once.Do(func() { close(dummySent) })
+			}
 		}
 	}
 	dc := in.config()
