@@ -41,6 +41,8 @@ type Client struct {
 	capacity pb.CapacityClient
 	// session is the prefill rank's multiplexed stream (prefill_session.go).
 	session pb.PrefillSessionClient
+	// pmux are the Prefills' shared sessions, closed by Close (prefill_mux.go).
+	pmux prefillMuxes
 
 	closed    atomic.Bool
 	closeOnce sync.Once
@@ -237,10 +239,13 @@ func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
 // Close releases the connection made by New (NewFromConn's connection is
 // left to its owner). Later calls fail with ErrCanceled; with New, calls and
-// streams in flight end with ErrCanceled too. Close is idempotent.
+// streams in flight end with ErrCanceled too. Close also ends every
+// Prefill's shared session (TransportStreams; see Prefill.Close), with
+// NewFromConn too. Close is idempotent.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
+		c.pmux.closeAll()
 		if c.ownsConn {
 			c.closeErr = c.conn.Close()
 		}

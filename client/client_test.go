@@ -210,6 +210,9 @@ func (in *injector) unary(ctx context.Context, req any, info *grpc.UnaryServerIn
 
 func (in *injector) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	f := in.record(info.FullMethod, nil)
+	if info.FullMethod == pb.PrefillSession_Session_FullMethodName {
+		ss = &sessionRecorder{ServerStream: ss, record: func(m string, body proto.Message) *fault { return in.record(m, body) }}
+	}
 	if in.sent != nil {
 		ss = &observed{ServerStream: ss, method: info.FullMethod, sent: in.sent}
 	}
@@ -221,6 +224,106 @@ func (in *injector) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServe
 		return h(srv, &breakAfterOne{ServerStream: ss, err: f.err()})
 	}
 	return f.err()
+}
+
+// sessionOp is the name under which the injector records (and faults) a
+// prefill session's ops: sessionOp("chunk") is a Transfer on the session.
+func sessionOp(op string) string { return pb.PrefillSession_Session_FullMethodName + "/" + op }
+
+// opMethod is where the injector records what the unary method carries
+// under tr: the method itself, or its op on the prefill session.
+func opMethod(tr client.Transport, method string) string {
+	if tr == client.TransportUnary {
+		return method
+	}
+	switch method {
+	case pb.Rooms_AwaitDestination_FullMethodName:
+		return sessionOp("claim")
+	case pb.Rooms_Transfer_FullMethodName:
+		return sessionOp("chunk")
+	case pb.Rooms_ReportTransfer_FullMethodName:
+		return sessionOp("report")
+	case pb.Rooms_AckRoomEnd_FullMethodName:
+		return sessionOp("ack")
+	}
+	return method
+}
+
+// sessionRecorder records every op a prefill session receives (its
+// request, as sessionOp(op), packed ones included) and injects the op's
+// fault: the session is cut with the fault's code before the message
+// carrying the op reaches the daemon, or, with after set, at the next
+// receive (the op was handled, its answer may be lost).
+type sessionRecorder struct {
+	grpc.ServerStream
+	record func(method string, body proto.Message) *fault
+	cut    error
+}
+
+func (r *sessionRecorder) RecvMsg(m any) error {
+	if r.cut != nil {
+		return r.cut
+	}
+	if err := r.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	var cut *fault
+	for _, e := range unpacked(m.(proto.Message)) {
+		req, _ := e.(*pb.PrefillRequest)
+		var op string
+		var body proto.Message
+		switch o := req.GetOp().(type) {
+		case *pb.PrefillRequest_Hello:
+			op, body = "hello", o.Hello
+		case *pb.PrefillRequest_Ping:
+			op, body = "ping", o.Ping
+		case *pb.PrefillRequest_Claim:
+			op, body = "claim", o.Claim
+		case *pb.PrefillRequest_Chunk:
+			op, body = "chunk", o.Chunk
+		case *pb.PrefillRequest_Report:
+			op, body = "report", o.Report
+		case *pb.PrefillRequest_Ack:
+			op, body = "ack", o.Ack
+		default:
+			continue
+		}
+		if f := r.record(sessionOp(op), body); f != nil && cut == nil {
+			cut = f
+		}
+	}
+	switch {
+	case cut == nil:
+		return nil
+	case cut.after:
+		r.cut = cut.err()
+		return nil
+	}
+	return cut.err()
+}
+
+// unpacked is a session message and the messages packed behind it (its
+// repeated field "more", where the wire has one).
+func unpacked(m proto.Message) []proto.Message {
+	out := []proto.Message{m}
+	r := m.ProtoReflect()
+	if fd := r.Descriptor().Fields().ByName("more"); fd != nil && fd.IsList() && fd.Message() != nil {
+		l := r.Get(fd).List()
+		for i := range l.Len() {
+			out = append(out, l.Get(i).Message().Interface())
+		}
+	}
+	return out
+}
+
+// transports are the two ways a Client carries hand-offs.
+var transports = []client.Transport{client.TransportStreams, client.TransportUnary}
+
+// eachTransport runs f once per transport, as a subtest named after it.
+func eachTransport(t *testing.T, f func(t *testing.T, tr client.Transport)) {
+	for _, tr := range transports {
+		t.Run(tr.String(), func(t *testing.T) { f(t, tr) })
+	}
 }
 
 // observed reports every message a server stream sends.
@@ -260,9 +363,11 @@ func (b *breakAfterOne) SendMsg(m any) error {
 
 // ---- the room lifecycle ----
 
-func TestHappyPath(t *testing.T) {
+func TestHappyPath(t *testing.T) { eachTransport(t, testHappyPath) }
+
+func testHappyPath(t *testing.T, tr client.Transport) {
 	d := newDaemon(t, daemonConfig{})
-	c := d.client(t)
+	c := d.client(t, client.WithTransport(tr))
 	ctx := ctxT(t)
 	p := registered(t, c)
 
@@ -324,10 +429,12 @@ func TestHappyPath(t *testing.T) {
 	assertPoolFull(t, c)
 }
 
-func TestSendRoomChunks(t *testing.T) {
+func TestSendRoomChunks(t *testing.T) { eachTransport(t, testSendRoomChunks) }
+
+func testSendRoomChunks(t *testing.T, tr client.Transport) {
 	in := newInjector()
 	d := newDaemon(t, in.config())
-	c := d.client(t)
+	c := d.client(t, client.WithTransport(tr))
 	ctx := ctxT(t)
 	p := registered(t, c)
 	if _, err := c.OpenRoom(ctx, openReq(5, 1000)); err != nil { // 16 pages
@@ -366,8 +473,11 @@ func TestSendRoomChunks(t *testing.T) {
 		}
 		want = append(want, req)
 	}
-	if diff := cmp.Diff(want, in.requests(pb.Rooms_Transfer_FullMethodName), protocmp.Transform()); diff != "" {
+	if diff := cmp.Diff(want, in.requests(opMethod(tr, pb.Rooms_Transfer_FullMethodName)), protocmp.Transform()); diff != "" {
 		t.Errorf("Transfer requests (-want +got):\n%s", diff)
+	}
+	if n := in.count(opMethod(client.TransportStreams+client.TransportUnary-tr, pb.Rooms_Transfer_FullMethodName)); n != 0 {
+		t.Errorf("%d chunks on the other transport than %s, want none", n, tr)
 	}
 	for i, ch := range sources {
 		if got, want := ch.Pages(), dest.GetPageIndices()[ch.PageOffset:ch.PageOffset+ch.NumPages]; !cmp.Equal(got, want) {
@@ -416,7 +526,9 @@ func TestSendRoomBeforeTheClaimIsRecorded(t *testing.T) {
 		}})
 	}
 	d := newDaemon(t, daemonConfig{unary: []grpc.UnaryServerInterceptor{unary}, stream: []grpc.StreamServerInterceptor{stream}})
-	c := d.client(t, fastRetry)
+	// The race is the unary API's (a claim stream and a Transfer call); a
+	// session's claim is recorded before its result is sent.
+	c := d.client(t, fastRetry, client.WithTransport(client.TransportUnary))
 	ctx := ctxT(t)
 	p := registered(t, c)
 	if _, err := c.OpenRoom(ctx, openReq(160, 300)); err != nil {
@@ -436,7 +548,9 @@ func TestSendRoomBeforeTheClaimIsRecorded(t *testing.T) {
 // TestDummyDestination: an MLA decode at TP 1 pulls from prefill TP rank 0
 // only; prefill rank 1 gets a dummy destination, sends nothing and sees the
 // room's end.
-func TestDummyDestination(t *testing.T) {
+func TestDummyDestination(t *testing.T) { eachTransport(t, testDummyDestination) }
+
+func testDummyDestination(t *testing.T, tr client.Transport) {
 	// Rank 0's chunk waits until rank 1 has been sent its dummy destination:
 	// otherwise the room could succeed before rank 1 claims it, and rank 1
 	// would only see the end.
@@ -444,8 +558,14 @@ func TestDummyDestination(t *testing.T) {
 	var once sync.Once
 	in := newInjector()
 	in.sent = func(_ string, m any) {
-		if ev, ok := m.(*pb.DestinationEvent); ok && ev.GetDestination().GetDummy() {
-			once.Do(func() { close(dummySent) })
+		for _, e := range unpacked(m.(proto.Message)) {
+			ev, ok := e.(*pb.DestinationEvent)
+			if pe, isSession := e.(*pb.PrefillEvent); isSession {
+				ev, ok = pe.GetRoom().GetEvent(), pe.GetRoom() != nil
+			}
+			if ok && ev.GetDestination().GetDummy() {
+				once.Do(func() { close(dummySent) })
+			}
 		}
 	}
 	dc := in.config()
@@ -455,7 +575,7 @@ func TestDummyDestination(t *testing.T) {
 		c.Pool.KVLoraRank, c.Pool.QKRopeHeadDim = 512, 64
 	}
 	d := newDaemon(t, dc)
-	c := d.client(t)
+	c := d.client(t, client.WithTransport(tr))
 	ctx := ctxT(t)
 	d.engine.SetFault(func(transfer.ChunkOp) error {
 		select {
@@ -496,10 +616,14 @@ func TestDummyDestination(t *testing.T) {
 	if !dests[1].GetDummy() || len(dests[1].GetPageIndices()) != 0 {
 		t.Errorf("rank 1 destination: dummy %v, %d pages; want a dummy without pages", dests[1].GetDummy(), len(dests[1].GetPageIndices()))
 	}
-	for _, m := range in.requests(pb.Rooms_Transfer_FullMethodName) {
-		if tr := m.(*pb.TransferRequest); tr.GetRank().GetTpRank() != 0 {
-			t.Errorf("a dummy rank sent a chunk: %v", tr)
+	chunks := in.requests(opMethod(tr, pb.Rooms_Transfer_FullMethodName))
+	for _, m := range chunks {
+		if req := m.(*pb.TransferRequest); req.GetRank().GetTpRank() != 0 {
+			t.Errorf("a dummy rank sent a chunk: %v", req)
 		}
+	}
+	if len(chunks) != 1 {
+		t.Errorf("%d chunks sent over %s, want rank 0's one", len(chunks), tr)
 	}
 	room, err := c.WaitRoom(ctx, 9, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 	if err != nil || room.GetChunksDone() != 1 {
@@ -507,9 +631,11 @@ func TestDummyDestination(t *testing.T) {
 	}
 }
 
-func TestReportRoom(t *testing.T) {
+func TestReportRoom(t *testing.T) { eachTransport(t, testReportRoom) }
+
+func testReportRoom(t *testing.T, tr client.Transport) {
 	d := newDaemon(t, daemonConfig{})
-	c := d.client(t)
+	c := d.client(t, client.WithTransport(tr))
 	ctx := ctxT(t)
 	p := registered(t, c)
 
@@ -558,7 +684,9 @@ func TestReportRoom(t *testing.T) {
 	assertPoolFull(t, c)
 }
 
-func TestTransferFailureFailsTheRoom(t *testing.T) {
+func TestTransferFailureFailsTheRoom(t *testing.T) { eachTransport(t, testTransferFailureFailsTheRoom) }
+
+func testTransferFailureFailsTheRoom(t *testing.T, tr client.Transport) {
 	d := newDaemon(t, daemonConfig{})
 	d.engine.SetFault(func(op transfer.ChunkOp) error {
 		if op.ChunkIndex == 1 {
@@ -566,7 +694,7 @@ func TestTransferFailureFailsTheRoom(t *testing.T) {
 		}
 		return nil
 	})
-	c := d.client(t)
+	c := d.client(t, client.WithTransport(tr))
 	ctx := ctxT(t)
 	p := registered(t, c)
 
@@ -640,9 +768,11 @@ func TestAbortEndsTheWait(t *testing.T) {
 	}
 }
 
-func TestConcurrentRooms(t *testing.T) {
+func TestConcurrentRooms(t *testing.T) { eachTransport(t, testConcurrentRooms) }
+
+func testConcurrentRooms(t *testing.T, tr client.Transport) {
 	d := newDaemon(t, daemonConfig{})
-	c := d.client(t) // one client shared by every goroutine
+	c := d.client(t, client.WithTransport(tr)) // one client shared by every goroutine
 	ctx := ctxT(t)
 	p := registered(t, c)
 	const rooms = 16

@@ -145,22 +145,53 @@
 // revealed the failure. The error is the room's failure
 // (RoomFailedError.AckRequired tells). Prefill.AckRoomEnd sends one by hand.
 //
-// # The prefill session (opt-in)
+// # Transports: streams by default
 //
-// Prefill.Session opens the rank's PrefillSession stream
-// (prefill_session.proto): one stream carrying every claim, chunk, report
-// and acknowledgement of the rank, multiplexed, which is also its
-// heartbeat (the Session pings every half heartbeat interval; RunHeartbeat
-// is not needed while it lives). Session.Claim, Chunk, Report and Ack are
-// AwaitDestination, Transfer, ReportTransfer and AckRoomEnd over it, with
-// the same errors (a refused op is the *Error the unary call returns;
-// StaleIncarnation reads it). Prefill.SendRoomSession and
-// ReportRoomSession are SendRoom and ReportRoom over a session: the same
-// state machine, ack on ack_required included. A Session does not re-open
-// itself: when it ends (Done, Err: e.g. RESOURCE_EXHAUSTED "slow
+// A Client carries the hand-offs on long-lived multiplexed streams by
+// default (TransportStreams); WithTransport(TransportUnary) opts out, for
+// peers that cannot hold a stream open and for comparison. On the prefill
+// side, every SendRoom and ReportRoom of a Prefill then goes on the rank's
+// one shared PrefillSession stream (prefill_session.proto), opened by the
+// first hand-off (or by RunHeartbeat) and re-opened after it ended, under
+// the retry policy's backoff; same results and errors as the unary path
+// (RoomFailedError, IncarnationChangedError, ErrAborted, ...), one state
+// machine on the daemon. A session that ends under a hand-off in flight
+// is replaced and the hand-off goes on, as the unary path goes on after a
+// lost answer: it claims again on the new session (the destination is not
+// returned twice) and sends again the op whose answer was lost, which the
+// daemon's idempotency rules make safe ((room, rank, chunk_index) keys a
+// chunk and its report; ReportRoom's Move is not run again); when the
+// sessions keep ending (MaxAttempts in a row) the hand-off fails with the
+// session's end, ErrUnavailable for a cut stream. A daemon that does not
+// serve PrefillSession (ErrUnimplemented) gets the unary API instead.
+//
+// The shared session is also the rank's heartbeat (it pings every half
+// heartbeat interval, and the daemon counts an open session as a beat):
+// under TransportStreams RunHeartbeat keeps it open instead of sending
+// unary Heartbeat calls, registers again when the daemon ends it NOT_FOUND
+// or refuses its re-open as of an earlier incarnation (a restart), and
+// sends unary beats only while no session can be opened (then tries again
+// every beat). The session is open while RunHeartbeat runs or a hand-off
+// is in flight, and closed when neither is (an idle rank does not beat:
+// stopping RunHeartbeat stops the beats once the hand-offs in flight are
+// done; a hand-off's own session beats while it runs). Prefill.Close and
+// Client.Close end it for good. RunHeartbeatFailover beats unary whatever
+// the transport.
+//
+// # The prefill session by hand
+//
+// Prefill.Session opens a PrefillSession stream of your own: one stream
+// carrying every claim, chunk, report and acknowledgement of the rank,
+// multiplexed, which is also its heartbeat. Session.Claim, Chunk, Report
+// and Ack are AwaitDestination, Transfer, ReportTransfer and AckRoomEnd
+// over it, with the same errors (a refused op is the *Error the unary call
+// returns; StaleIncarnation reads it). Prefill.SendRoomSession and
+// ReportRoomSession are SendRoom and ReportRoom over that session: the same
+// state machine, ack on ack_required included. Such a Session does not
+// re-open itself: when it ends (Done, Err: e.g. RESOURCE_EXHAUSTED "slow
 // consumer", or NOT_FOUND once the daemon declared the rank dead), register
 // again if needed, open another and hand the rooms off again (the daemon
-// re-delivers their destinations). SendRoom stays unary by default.
+// re-delivers their destinations).
 //
 // # Retries
 //
@@ -186,7 +217,9 @@
 //     Decide yourself (ReportRunning reports absolute lengths: send the next
 //     report instead). The EngineSession stream is not re-opened either:
 //     open a new one and Resume.
-//   - PrefillSession.Session is never re-opened by the client (above).
+//   - A PrefillSession.Session opened with Prefill.Session is never
+//     re-opened; the Prefill's shared session (TransportStreams) is, and
+//     its hand-offs go on (above).
 //   - WatchCapacity is safe to repeat but not re-opened by the client: the
 //     end of a CapacityStream is how a router learns that the daemon
 //     stopped or is unreachable; open it again (each stream starts with the

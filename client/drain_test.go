@@ -16,9 +16,13 @@ import (
 // (AckRoomEnd with the destination's generation), so the daemon's pages are
 // free at once rather than after release.deferred_timeout (30s by default).
 func TestReportRoomStopsAndAcksWhenTheRoomEnds(t *testing.T) {
+	eachTransport(t, testReportRoomStopsAndAcksWhenTheRoomEnds)
+}
+
+func testReportRoomStopsAndAcksWhenTheRoomEnds(t *testing.T, tr client.Transport) {
 	in := newInjector()
 	d := newDaemon(t, in.config())
-	c := d.client(t)
+	c := d.client(t, client.WithTransport(tr))
 	ctx := ctxT(t)
 	p := registered(t, c)
 	if _, err := c.OpenRoom(ctx, openReq(21, 640)); err != nil { // 10 pages
@@ -59,15 +63,20 @@ func TestReportRoomStopsAndAcksWhenTheRoomEnds(t *testing.T) {
 	if len(moved) != 2 {
 		t.Errorf("chunks moved %v, want [0 1]: nothing after the end", moved)
 	}
-	if n := in.count(pb.Rooms_ReportTransfer_FullMethodName); n != 1 {
+	if n := in.count(opMethod(tr, pb.Rooms_ReportTransfer_FullMethodName)); n != 1 {
 		t.Errorf("%d ReportTransfer calls, want 1 (the cancelled write is not reported)", n)
 	}
-	acks := in.requests(pb.Rooms_AckRoomEnd_FullMethodName)
+	acks := in.requests(opMethod(tr, pb.Rooms_AckRoomEnd_FullMethodName))
 	if len(acks) != 1 {
 		t.Fatalf("%d AckRoomEnd calls, want 1", len(acks))
 	}
 	if a := acks[0].(*pb.AckRoomEndRequest); a.GetRoom() != 21 || a.GetAttempt() != 1 || a.GetIncarnation() == 0 || a.GetRank().GetTpRank() != 0 {
 		t.Errorf("AckRoomEnd = %v; want room 21, attempt 1, the destination's incarnation", a)
+	}
+	for _, m := range []string{pb.Rooms_ReportTransfer_FullMethodName, pb.Rooms_AckRoomEnd_FullMethodName} {
+		if n := in.count(opMethod(client.TransportStreams+client.TransportUnary-tr, m)); n != 0 {
+			t.Errorf("%d %s on the other transport than %s, want none", n, m, tr)
+		}
 	}
 	assertPoolFull(t, c) // released by the ack, not the 30s bound
 }

@@ -15,10 +15,11 @@ import (
 // TestHeartbeatReregistersAfterNotFound: another instance takes the rank over
 // (a new instance id), so the daemon answers the old one's heartbeat with
 // NotFound; the loop registers again and the rank is alive.
+// (Unary beats: TestRunHeartbeatStreams covers the session's.)
 func TestHeartbeatReregistersAfterNotFound(t *testing.T) {
 	in := newInjector()
 	d := newDaemon(t, in.config())
-	c := d.client(t)
+	c := d.client(t, client.WithTransport(client.TransportUnary))
 	ctx := ctxT(t)
 	hbErrs := make(chan error, 16)
 	p := c.Prefill(prefillRank(addr, 1, 0), client.HeartbeatEvery(2*time.Millisecond), client.OnHeartbeatError(func(err error) {
@@ -71,20 +72,30 @@ func TestHeartbeatReregistersAfterNotFound(t *testing.T) {
 
 // TestRunHeartbeatRegistersFirst: a Prefill that never registered registers
 // from the loop.
-func TestRunHeartbeatRegistersFirst(t *testing.T) {
+func TestRunHeartbeatRegistersFirst(t *testing.T) { eachTransport(t, testRunHeartbeatRegistersFirst) }
+
+func testRunHeartbeatRegistersFirst(t *testing.T, tr client.Transport) {
 	in := newInjector()
 	d := newDaemon(t, in.config())
-	c := d.client(t)
+	c := d.client(t, client.WithTransport(tr))
 	p := c.Prefill(prefillRank(addr, 1, 0), client.HeartbeatEvery(time.Millisecond))
 	ctx, stop := context.WithCancel(ctxT(t))
 	done := make(chan error, 1)
 	go func() { done <- p.RunHeartbeat(ctx) }()
-	in.waitCalls(t, pb.Bootstrap_Heartbeat_FullMethodName, 1)
+	// A beat: a unary Heartbeat, or a ping on the rank's session.
+	beat := pb.Bootstrap_Heartbeat_FullMethodName
+	if tr == client.TransportStreams {
+		beat = sessionOp("ping")
+	}
+	in.waitCalls(t, beat, 1)
 	stop()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("RunHeartbeat = %v, want context.Canceled", err)
 	}
 	if p.Registration() == nil || in.count(pb.Bootstrap_RegisterPrefill_FullMethodName) != 1 {
 		t.Errorf("registration %v after %d RegisterPrefill calls, want one registration", p.Registration(), in.count(pb.Bootstrap_RegisterPrefill_FullMethodName))
+	}
+	if tr == client.TransportStreams && in.count(pb.Bootstrap_Heartbeat_FullMethodName) != 0 {
+		t.Errorf("%d unary heartbeats under %s, want none: the session beats", in.count(pb.Bootstrap_Heartbeat_FullMethodName), tr)
 	}
 }

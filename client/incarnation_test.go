@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/internal/config"
@@ -66,6 +67,9 @@ func (r *recorder) options() daemonpkg.Options {
 		}},
 		StreamInterceptors: []grpc.StreamServerInterceptor{func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 			r.add(info.FullMethod, nil)
+			if info.FullMethod == pb.PrefillSession_Session_FullMethodName {
+				ss = &sessionRecorder{ServerStream: ss, record: func(m string, body proto.Message) *fault { r.add(m, body); return nil }}
+			}
 			return h(srv, ss)
 		}},
 	}
@@ -117,10 +121,10 @@ func (r *restartable) restart(rec *recorder) {
 
 // fastClient is a client whose connection comes back quickly after the
 // daemon restarted.
-func fastClient(t *testing.T, addr string) *client.Client {
+func fastClient(t *testing.T, addr string, opts ...client.Option) *client.Client {
 	t.Helper()
-	c, err := client.New(addr, client.WithDialOptions(grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second})))
+	c, err := client.New(addr, append([]client.Option{client.WithDialOptions(grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +150,14 @@ func waitConnected(t *testing.T, ctx context.Context, c *client.Client) {
 // restarts on the same address learns the new incarnation (from its
 // registration, or from the new daemon's refusal) and stops the hand-off
 // with ErrIncarnationChanged, sending nothing more for the old destination.
-func TestPrefillStopsOnDaemonRestart(t *testing.T) {
+//
+// Under TransportStreams the hand-off's session ends with the old daemon;
+// its re-open names the old incarnation and the new daemon refuses it
+// (STALE_INCARNATION): the hand-off learns the change there, and no op
+// about the old destination reaches the new daemon at all.
+func TestPrefillStopsOnDaemonRestart(t *testing.T) { eachTransport(t, testPrefillStopsOnDaemonRestart) }
+
+func testPrefillStopsOnDaemonRestart(t *testing.T, tr client.Transport) {
 	for _, tc := range []struct {
 		name string
 		// report: ReportRoom (the prefill writes by itself), else SendRoom.
@@ -163,7 +174,7 @@ func TestPrefillStopsOnDaemonRestart(t *testing.T) {
 			ctx := ctxT(t)
 			r := startRestartable(t)
 			oldInc := r.cur.Incarnation()
-			c := fastClient(t, r.addr)
+			c := fastClient(t, r.addr, client.WithTransport(tr))
 			changes := make(chan [2]uint64, 4)
 			p := c.Prefill(prefillRank(addr, 1, 0), client.HeartbeatEvery(time.Millisecond), client.OnIncarnationChange(func(o, n uint64) { changes <- [2]uint64{o, n} }))
 			if _, err := p.Register(ctx); err != nil {
@@ -241,7 +252,19 @@ func TestPrefillStopsOnDaemonRestart(t *testing.T) {
 			}
 			// What the new daemon received about the old destination.
 			wantRefused := 0
-			if !tc.register {
+			if !tc.register && tr == client.TransportStreams {
+				// The refusal is the re-opened session's hello: it
+				// carries the daemon's STALE_INCARNATION.
+				if named, daemonInc, ok := client.StaleIncarnation(err); ok && (named != oldInc || daemonInc != newInc) {
+					t.Errorf("StaleIncarnation(%v) = %x, %x; want %x, %x", err, named, daemonInc, oldInc, newInc)
+				}
+				for _, op := range []string{"claim", "chunk", "report", "ack"} {
+					if n := rec.count(sessionOp(op)); n != 0 {
+						t.Errorf("the new daemon received %d session %s ops; want none", n, op)
+					}
+				}
+			}
+			if !tc.register && tr == client.TransportUnary {
 				// The prefill learned it from the refusal of its one
 				// Transfer, which changed nothing.
 				wantRefused = 1
@@ -261,8 +284,8 @@ func TestPrefillStopsOnDaemonRestart(t *testing.T) {
 					t.Errorf("the new daemon received %d %s requests; want %d", got, m, want)
 				}
 			}
-			if wantRefused == 1 {
-				if req, _ := rec.first(pb.Rooms_Transfer_FullMethodName).(*pb.TransferRequest); req.GetIncarnation() != oldInc || req.GetChunkIndex() != 1 {
+			if !tc.register {
+				if req, _ := rec.first(pb.Rooms_Transfer_FullMethodName).(*pb.TransferRequest); wantRefused == 1 && (req.GetIncarnation() != oldInc || req.GetChunkIndex() != 1) {
 					t.Errorf("the refused Transfer = %v; want chunk 1 naming incarnation %x", req, oldInc)
 				}
 				// Learned elsewhere than by Register: the next beat
@@ -322,11 +345,14 @@ func TestDestinationStreamOfAnotherIncarnation(t *testing.T) {
 // daemon (another caller registered the rank there) carries the new
 // incarnation; the Prefill learns it, calls OnIncarnationChange and
 // registers again on its next beat.
+//
+// (Unary beats: a session to the new daemon is refused by its incarnation
+// instead, TestRunHeartbeatStreams.)
 func TestHeartbeatLearnsIncarnation(t *testing.T) {
 	ctx := ctxT(t)
 	r := startRestartable(t)
 	oldInc := r.cur.Incarnation()
-	c := fastClient(t, r.addr)
+	c := fastClient(t, r.addr, client.WithTransport(client.TransportUnary))
 	changes := make(chan [2]uint64, 4)
 	p := c.Prefill(prefillRank(addr, 1, 0), client.HeartbeatEvery(time.Millisecond),
 		client.OnIncarnationChange(func(o, n uint64) { changes <- [2]uint64{o, n} }))

@@ -40,6 +40,9 @@ type Prefill struct {
 	every time.Duration
 	onErr func(error)
 	onInc func(old, new uint64)
+	// mux is the rank's shared session (prefill_mux.go), under
+	// TransportStreams.
+	mux *prefillMux
 
 	mu       sync.Mutex
 	resp     *pb.RegisterPrefillResponse
@@ -220,6 +223,7 @@ func (c *Client) Prefill(reg *pb.RegisterPrefillRequest, opts ...PrefillOption) 
 		TpRank:        par.GetAttnTpRank(),
 		PpRank:        par.GetPpRank(),
 	}}
+	p.mux = newPrefillMux(p)
 	for _, o := range opts {
 		if o != nil {
 			o(p)
@@ -294,7 +298,23 @@ func (p *Prefill) cadence() time.Duration {
 // ErrPermissionDenied, ErrUnimplemented) end the loop and are returned.
 // A rank whose daemons share their registry (a fleet) runs
 // RunHeartbeatFailover instead.
+//
+// Under TransportStreams (the default) the beats are the rank's shared
+// session's (see SendRoom): RunHeartbeat registers first as above, then
+// keeps the session open (its pings are the beats; no unary Heartbeat is
+// sent), re-opens it when it ends, under the retry policy's backoff, and
+// registers again when the daemon ended it NOT_FOUND or refused its
+// re-open as of an earlier incarnation (a restart: OnIncarnationChange is
+// called, the old destinations are void). While no session can be opened
+// (the daemon unreachable, or it does not serve PrefillSession) it beats
+// unary every cadence, as under TransportUnary, and tries the session again.
+// Its errors go to OnHeartbeatError; after Prefill.Close it returns
+// ErrCanceled. Once it returned, the session closes when no hand-off uses
+// it any more: the rank stops beating, as under TransportUnary.
 func (p *Prefill) RunHeartbeat(ctx context.Context) error {
+	if p.c.transport == TransportStreams {
+		return p.runHeartbeatStreams(ctx) // prefill_mux.go
+	}
 	var first time.Duration
 	if p.Registration() != nil {
 		first = p.cadence()
@@ -449,7 +469,32 @@ type SendOptions struct {
 //
 // A daemon restart (a new incarnation, see Prefill) stops the hand-off
 // before its next Transfer with an *IncarnationChangedError.
+//
+// Under TransportStreams (the Client's default) the claim, the chunks and
+// the acknowledgement go on the rank's one shared PrefillSession stream
+// (shared by every concurrent SendRoom and ReportRoom of the Prefill and
+// its RunHeartbeat, open while one of them uses it, re-opened after it
+// ended; Prefill.Close ends it), with the same results and errors. A session that ends under the
+// hand-off is replaced and the hand-off goes on: it claims again on the
+// new session and sends again the chunk whose answer was lost (the daemon
+// counts a chunk once: (room, rank, chunk_index) is its key); after
+// MaxAttempts sessions in a row ended under it, it fails with the
+// session's end (ErrUnavailable for a cut stream). A daemon without
+// PrefillSession (ErrUnimplemented) is handed off to unary. One difference:
+// the session needs the rank registered (its hello is a beat), so a rank
+// the daemon does not know fails at once with ErrNotFound, where the unary
+// claim waits for the registration (bounded by ctx and the daemon's
+// timeouts.bootstrap).
+// WithTransport(TransportUnary) keeps the unary calls: AwaitDestination,
+// Transfer per chunk, AckRoomEnd.
 func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
+	if ok, release, err := p.streams(ctx); ok {
+		defer release()
+		if err != nil {
+			return p.handOffFailed("SendRoom", room, o, err)
+		}
+		return p.handOffOver(ctx, "SendRoom", room, o, p.mux.transport(), p.transferMove(room, o, p.mux.chunk))
+	}
 	return p.handOff(ctx, "SendRoom", room, o, p.transferMove(room, o, p.c.Transfer))
 }
 
@@ -486,7 +531,19 @@ func (p *Prefill) transferMove(room uint64, o SendOptions, transfer func(context
 // before its next Move and before its next report with an
 // *IncarnationChangedError; a Move in flight then sees its context
 // cancelled, and what it moved is not reported.
+//
+// The transport is SendRoom's: under TransportStreams (the default) the
+// claim, the reports and the acknowledgement go on the rank's shared
+// session; a report whose answer a session's end lost is sent again on the
+// next session (the daemon counts it once), and Move is not run again.
 func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
+	if ok, release, err := p.streams(ctx); ok {
+		defer release()
+		if err != nil {
+			return p.handOffFailed("ReportRoom", room, o, err)
+		}
+		return p.handOffOver(ctx, "ReportRoom", room, o, p.mux.transport(), p.reportMove(room, o, p.mux.report))
+	}
 	return p.handOff(ctx, "ReportRoom", room, o, p.reportMove(room, o, p.c.ReportTransfer))
 }
 

@@ -454,7 +454,7 @@ func TestWaitRoomAcrossACut(t *testing.T) {
 func TestAwaitDestinationReopensAfterRefusal(t *testing.T) {
 	in := newInjector()
 	d := newDaemon(t, in.config())
-	c := d.client(t, fastRetry)
+	c := d.client(t, fastRetry, client.WithTransport(client.TransportUnary)) // the session's cut: TestSessionCutMidHandOff
 	ctx := ctxT(t)
 	p := registered(t, c)
 	in.fail(pb.Rooms_AwaitDestination_FullMethodName, fault{n: 1, code: codes.Unavailable})

@@ -298,6 +298,9 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 		opts := []client.Option{
 			client.WithTracerProvider(tr.provider), client.WithPropagator(tr.propagator),
 			client.WithDialOptions(b.counters.dialOptions(onDest)...),
+			// The bench chooses its api itself (--api stream opens its own
+			// sessions): the client's calls stay unary.
+			client.WithTransport(client.TransportUnary),
 		}
 		if token != "" {
 			opts = append(opts, client.WithToken(token))
