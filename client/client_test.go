@@ -260,9 +260,11 @@ func (b *breakAfterOne) SendMsg(m any) error {
 
 // ---- the room lifecycle ----
 
-func TestHappyPath(t *testing.T) {
+func TestHappyPath(t *testing.T) { forTransports(t, testHappyPath) }
+
+func testHappyPath(t *testing.T, tr client.Option) {
 	d := newDaemon(t, daemonConfig{})
-	c := d.client(t)
+	c := d.client(t, tr)
 	ctx := ctxT(t)
 	p := registered(t, c)
 
@@ -558,7 +560,9 @@ func TestReportRoom(t *testing.T) {
 	assertPoolFull(t, c)
 }
 
-func TestTransferFailureFailsTheRoom(t *testing.T) {
+func TestTransferFailureFailsTheRoom(t *testing.T) { forTransports(t, testTransferFailureFailsTheRoom) }
+
+func testTransferFailureFailsTheRoom(t *testing.T, tr client.Option) {
 	d := newDaemon(t, daemonConfig{})
 	d.engine.SetFault(func(op transfer.ChunkOp) error {
 		if op.ChunkIndex == 1 {
@@ -566,7 +570,7 @@ func TestTransferFailureFailsTheRoom(t *testing.T) {
 		}
 		return nil
 	})
-	c := d.client(t)
+	c := d.client(t, tr)
 	ctx := ctxT(t)
 	p := registered(t, c)
 
@@ -640,9 +644,11 @@ func TestAbortEndsTheWait(t *testing.T) {
 	}
 }
 
-func TestConcurrentRooms(t *testing.T) {
+func TestConcurrentRooms(t *testing.T) { forTransports(t, testConcurrentRooms) }
+
+func testConcurrentRooms(t *testing.T, tr client.Option) {
 	d := newDaemon(t, daemonConfig{})
-	c := d.client(t) // one client shared by every goroutine
+	c := d.client(t, tr) // one client shared by every goroutine
 	ctx := ctxT(t)
 	p := registered(t, c)
 	const rooms = 16

@@ -18,8 +18,9 @@ import (
 // EngineSession is the decode engine's multiplexed stream
 // (EngineSession.Session, engine_session.proto): batches of opens,
 // releases, aborts and resumes on one stream, and the events of every room
-// it subscribed. Opt-in: OpenAndWait and the other methods of Client stay
-// unary.
+// it subscribed. OpenAndWait uses one, shared by the Client
+// (TransportStreams, engine_mux.go); this is the stream itself, for an
+// engine that batches its own ops.
 //
 // Open, Release, Abort and Resume may be called from any goroutine; Next
 // from one. The stream's events must be read (Next) for replies to come:
@@ -156,6 +157,24 @@ func (s *EngineSession) Cursors() map[uint64]uint32 {
 // refused as a whole, ErrInvalidArgument) or the stream's.
 func (s *EngineSession) Open(ctx context.Context, reqs ...*pb.OpenRoomRequest) ([]SessionResult, error) {
 	return s.do(ctx, "EngineSession.Open", &pb.EngineRequest{Op: &pb.EngineRequest_Open{Open: &pb.EngineOpen{Rooms: reqs}}})
+}
+
+// OpenEach is Open with a context per room (ctxs[i] for reqs[i], or none):
+// each room's span joins its own context's trace (EngineOpen.traceparents),
+// so that a batch of several callers' rooms keeps one trace per request.
+func (s *EngineSession) OpenEach(ctx context.Context, reqs []*pb.OpenRoomRequest, ctxs []context.Context) ([]SessionResult, error) {
+	o := &pb.EngineOpen{Rooms: reqs}
+	for i, rc := range ctxs {
+		carrier := propagation.MapCarrier{}
+		propagation.TraceContext{}.Inject(rc, carrier)
+		if tp := carrier.Get("traceparent"); tp != "" && len(ctxs) == len(reqs) {
+			if o.Traceparents == nil {
+				o.Traceparents = make([]string, len(reqs))
+			}
+			o.Traceparents[i] = tp
+		}
+	}
+	return s.do(ctx, "EngineSession.Open", &pb.EngineRequest{Op: &pb.EngineRequest_Open{Open: o}})
 }
 
 // Release is ReleaseRoom on the session.

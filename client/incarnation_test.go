@@ -117,10 +117,10 @@ func (r *restartable) restart(rec *recorder) {
 
 // fastClient is a client whose connection comes back quickly after the
 // daemon restarted.
-func fastClient(t *testing.T, addr string) *client.Client {
+func fastClient(t *testing.T, addr string, opts ...client.Option) *client.Client {
 	t.Helper()
-	c, err := client.New(addr, client.WithDialOptions(grpc.WithConnectParams(grpc.ConnectParams{
-		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second})))
+	c, err := client.New(addr, append([]client.Option{client.WithDialOptions(grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff: backoff.Config{BaseDelay: 10 * time.Millisecond, Multiplier: 1.6, MaxDelay: 100 * time.Millisecond}, MinConnectTimeout: time.Second}))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
