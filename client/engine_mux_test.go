@@ -41,12 +41,12 @@ func forTransports(t *testing.T, f func(t *testing.T, tr client.Option)) {
 type engineTap struct {
 	mu      sync.Mutex
 	calls   map[string]int
-	opens   [][]int                 // per stream: rooms per open op
-	sent    []map[uint64][]uint32   // per stream: seqs sent per room
-	cut     map[int]*status.Status  // stream → its next send fails with it
-	cutWhen map[int]func(any) bool  // stream → which send fails (nil: the next)
-	gate    chan struct{}           // holds stream 0's first reply while open
-	changed chan struct{}           // cap 1: something was recorded
+	opens   [][]int                // per stream: rooms per open op
+	sent    []map[uint64][]uint32  // per stream: seqs sent per room
+	cut     map[int]*status.Status // stream → its next send fails with it
+	cutWhen map[int]func(any) bool // stream → which send fails (nil: the next)
+	gate    chan struct{}          // holds stream 0's first reply while open
+	changed chan struct{}          // cap 1: something was recorded
 	gated   bool
 }
 
