@@ -32,8 +32,16 @@ import (
 // waiting call backs off under the Client's RetryPolicy and asks for a
 // session again; the first one opens a new session and resumes every room
 // still waited on (EngineSession.Resume with each room's last seq: nothing
-// twice, nothing missed). No goroutine of the mux outlives Close; none runs
-// while no call uses the session except its demultiplexer and opener.
+// twice, nothing missed). The mux's goroutines are the open session's
+// demultiplexer and opener, and a session being opened; Close ends them
+// and waits for them.
+//
+// The daemon subscribes a stream to at most pb.MaxEngineSessionRooms
+// (16,384) rooms, each until its end (a room whose caller left stays
+// subscribed, its events dropped here). The mux opens no second session
+// past it: the open gets the daemon's RESOURCE_EXHAUSTED, as OpenRoom's
+// refusal. That is far beyond a decode engine's running batch, and one
+// stream per Client keeps the resume and the ordering simple.
 type engineMux struct {
 	c      *Client
 	ctx    context.Context // the sessions' lifetime: Client.Close ends it
@@ -400,7 +408,7 @@ func (ms *muxSession) opener() {
 			}
 			batch := ms.queue
 			if len(batch) > pb.MaxEngineOpenRooms {
-				batch = slices0(batch[:pb.MaxEngineOpenRooms])
+				batch = append([]*muxOpen(nil), batch[:pb.MaxEngineOpenRooms]...)
 				ms.queue = ms.queue[pb.MaxEngineOpenRooms:]
 			} else {
 				ms.queue = nil
@@ -413,9 +421,6 @@ func (ms *muxSession) opener() {
 		}
 	}
 }
-
-// slices0 copies b (so that the queue's backing array is not shared).
-func slices0(b []*muxOpen) []*muxOpen { return append([]*muxOpen(nil), b...) }
 
 // send opens one batch and answers each of its opens.
 func (ms *muxSession) send(batch []*muxOpen) {

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
@@ -413,10 +414,14 @@ func TestOpenAndWaitLostOpenAnswer(t *testing.T) {
 }
 
 // TestOpenAndWaitRefusals: a refused open is the same *Error on both
-// transports (op OpenRoom, code, message naming the fields, no room): bad
-// input, a room already open, a missing token.
+// transports (op OpenRoom, code, message naming the fields, retry delay,
+// no room): bad input, a room already open, a full admission queue, a
+// missing token.
 func TestOpenAndWaitRefusals(t *testing.T) {
-	d := newDaemon(t, daemonConfig{server: func(c *server.Config) { c.AuthToken = "tok" }})
+	d := newDaemon(t, daemonConfig{
+		server: func(c *server.Config) { c.AuthToken = "tok" },
+		decode: func(c *prealloc.Config) { c.Admission.MaxQueued = 1 }, // room 4301 (no prefill) fills it
+	})
 	ctx := ctxT(t)
 	bad := &pb.OpenRoomRequest{Rid: "r", BootstrapAddr: "not an address", PromptLen: 0}
 	if _, err := d.client(t, client.WithToken("tok")).OpenRoom(ctx, openReq(4301, 10)); err != nil {
@@ -431,6 +436,7 @@ func TestOpenAndWaitRefusals(t *testing.T) {
 		{"bad input", bad, true, client.ErrInvalidArgument},
 		{"nil request", nil, true, client.ErrInvalidArgument},
 		{"already open", openReq(4301, 10), true, client.ErrAlreadyExists},
+		{"queue full", openReq(4303, 10), true, client.ErrResourceExhausted},
 		{"no token", openReq(4302, 10), false, client.ErrUnauthenticated},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -447,6 +453,9 @@ func TestOpenAndWaitRefusals(t *testing.T) {
 				}
 			}
 			s, u := got[0], got[1]
+			if tc.want == client.ErrResourceExhausted && u.RetryAfter() == 0 {
+				t.Errorf("the unary refusal %v has no retry delay", u)
+			}
 			if s.Op() != u.Op() || s.Code() != u.Code() || s.Message() != u.Message() || s.RetryAfter() != u.RetryAfter() {
 				t.Errorf("stream %q (%s, %s), unary %q (%s, %s): want the same", s.Message(), s.Op(), s.Code(), u.Message(), u.Op(), u.Code())
 			}
