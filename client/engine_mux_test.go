@@ -545,3 +545,29 @@ func TestOpenAndWaitDaemonGone(t *testing.T) {
 		}
 	})
 }
+
+// TestOpenAndWaitPermanentEnd: a session that ends with a code a new
+// session would end with too (here PERMISSION_DENIED, as a proxy may say)
+// fails the waiting call with it, without opening another session.
+func TestOpenAndWaitPermanentEnd(t *testing.T) {
+	tp := newEngineTap()
+	d := tapDaemon(t, tp, daemonConfig{})
+	c := d.client(t, fastRetry)
+	ctx := ctxT(t)
+	done := make(chan error, 1)
+	go func() { _, err := c.OpenAndWait(ctx, openReq(4701, 100)); done <- err }()
+	tp.await(t, ctx, "the room's first event", func() bool { return len(tp.sent) == 1 && len(tp.sent[0][4701]) > 0 })
+	tp.mu.Lock()
+	tp.cut[0] = status.New(codes.PermissionDenied, "denied by a proxy (injected)")
+	tp.mu.Unlock()
+	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4701}); err != nil { // an event to send: the cut
+		t.Fatal(err)
+	}
+	err := <-done
+	if !errors.Is(err, client.ErrPermissionDenied) || status.Convert(err).Message() != "denied by a proxy (injected)" {
+		t.Fatalf("OpenAndWait across a PERMISSION_DENIED end = %v, want it", err)
+	}
+	if n := tp.sessions(); n != 1 {
+		t.Errorf("%d EngineSession streams, want 1 (a permanent end is not retried)", n)
+	}
+}
