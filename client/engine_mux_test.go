@@ -571,3 +571,61 @@ func TestOpenAndWaitPermanentEnd(t *testing.T) {
 		t.Errorf("%d EngineSession streams, want 1 (a permanent end is not retried)", n)
 	}
 }
+
+// TestOpenAndWaitBatchBound: more opens queued than one batch may carry
+// (pb.MaxEngineOpenRooms) go in consecutive batches of at most that many,
+// none lost.
+func TestOpenAndWaitBatchBound(t *testing.T) {
+	tp := newEngineTap()
+	gate := make(chan struct{})
+	tp.gate = gate
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	d := tapDaemon(t, tp, daemonConfig{})
+	c := d.client(t)
+	queued := make(chan int, 1024)
+	client.OnOpenQueued(c, func(n int) { queued <- n })
+	ctx := ctxT(t)
+	wctx, stop := context.WithCancel(ctx) // the rooms wait for no prefill: the test ends the waits
+	const more = pb.MaxEngineOpenRooms + 44
+	var wg sync.WaitGroup
+	call := func(room uint64) {
+		wg.Go(func() {
+			if _, err := c.OpenAndWait(wctx, openReq(room, 10)); !errors.Is(err, client.ErrCanceled) {
+				t.Errorf("OpenAndWait(%d) = %v, want the test's cancel", room, err)
+			}
+		})
+	}
+	call(5000)
+	tp.await(t, ctx, "the first open", func() bool { return len(tp.opens) == 1 && len(tp.opens[0]) == 1 })
+	for i := range uint64(more) {
+		call(5001 + i)
+	}
+	for n := 0; n < more; {
+		select {
+		case n = <-queued:
+		case <-ctx.Done():
+			t.Fatal("the opens were not queued")
+		}
+	}
+	open()
+	tp.await(t, ctx, "every open", func() bool {
+		total := 0
+		for _, n := range tp.opens[0] {
+			total += n
+		}
+		return total == 1+more
+	})
+	tp.mu.Lock()
+	got := slices.Clone(tp.opens[0])
+	tp.mu.Unlock()
+	if want := []int{1, pb.MaxEngineOpenRooms, more - pb.MaxEngineOpenRooms}; !slices.Equal(got, want) {
+		t.Errorf("open ops carried %v rooms, want %v", got, want)
+	}
+	stop()
+	wg.Wait()
+	if n := client.WaitingRooms(c); n != 0 {
+		t.Errorf("%d rooms still waited on after every call returned", n)
+	}
+}
