@@ -441,6 +441,19 @@ func (ms *muxSession) send(batch []*muxOpen) {
 		reqs[i], ctxs[i] = o.req, o.ctx
 	}
 	res, err := ms.s.OpenEach(ms.m.ctx, reqs, ctxs)
+	if err != nil && !errors.Is(err, ErrInvalidArgument) {
+		// Not the op's refusal (INVALID_ARGUMENT, the only one): the
+		// stream ended, or could not carry the op (every request was
+		// checked to marshal, so this is not expected). The session is
+		// ended in either case, and its status, the demultiplexer's to
+		// read, is the batch's (an end the op saw as "the session ended"
+		// may be the daemon's OK end, which a new session may follow).
+		ms.cancel()
+		<-ms.quit
+		if end := ms.endErr(); !errors.Is(end, ErrCanceled) || ms.m.ctx.Err() != nil {
+			err = end
+		}
+	}
 	if err == nil && len(res) != len(live) {
 		err = localError("EngineSession.Open", codes.Internal, "the daemon answered %d results for %d rooms", len(res), len(live))
 	}
@@ -522,6 +535,11 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 	if c.autoKey && req.GetIdempotencyKey() == "" {
 		req = proto.CloneOf(req)
 		req.IdempotencyKey = "auto-" + rand.Text()
+	}
+	// A request that cannot be marshalled (a string field that is not
+	// UTF-8) fails here as the unary call fails, not its whole batch.
+	if _, err := proto.Marshal(req); err != nil {
+		return nil, newError(op, status.New(codes.Internal, "grpc: error while marshaling: "+err.Error()))
 	}
 	m := c.engine
 	w, ok := m.join(req.GetRoom())

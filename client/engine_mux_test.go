@@ -66,6 +66,7 @@ func (tp *engineTap) unary(ctx context.Context, req any, info *grpc.UnaryServerI
 	tp.mu.Lock()
 	tp.calls[info.FullMethod]++
 	tp.mu.Unlock()
+	tp.signal()
 	return h(ctx, req)
 }
 
@@ -79,6 +80,7 @@ func (tp *engineTap) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServ
 		tp.sent = append(tp.sent, map[uint64][]uint32{})
 	}
 	tp.mu.Unlock()
+	tp.signal()
 	if n < 0 {
 		return h(srv, ss)
 	}
@@ -415,8 +417,8 @@ func TestOpenAndWaitLostOpenAnswer(t *testing.T) {
 
 // TestOpenAndWaitRefusals: a refused open is the same *Error on both
 // transports (op OpenRoom, code, message naming the fields, retry delay,
-// no room): bad input, a room already open, a full admission queue, a
-// missing token.
+// no room): bad input, a request that cannot be marshalled, a room already
+// open, a full admission queue, a missing token.
 func TestOpenAndWaitRefusals(t *testing.T) {
 	d := newDaemon(t, daemonConfig{
 		server: func(c *server.Config) { c.AuthToken = "tok" },
@@ -435,6 +437,7 @@ func TestOpenAndWaitRefusals(t *testing.T) {
 	}{
 		{"bad input", bad, true, client.ErrInvalidArgument},
 		{"nil request", nil, true, client.ErrInvalidArgument},
+		{"not UTF-8", &pb.OpenRoomRequest{Rid: "\xff", BootstrapAddr: addr, Room: 4304, PromptLen: 10, MaxNewTokens: 1}, true, client.ErrInternal},
 		{"already open", openReq(4301, 10), true, client.ErrAlreadyExists},
 		{"queue full", openReq(4303, 10), true, client.ErrResourceExhausted},
 		{"no token", openReq(4302, 10), false, client.ErrUnauthenticated},
@@ -627,5 +630,39 @@ func TestOpenAndWaitBatchBound(t *testing.T) {
 	wg.Wait()
 	if n := client.WaitingRooms(c); n != 0 {
 		t.Errorf("%d rooms still waited on after every call returned", n)
+	}
+}
+
+// TestOpenAndWaitSameRoomTwice: a second OpenAndWait of a room the
+// Client's session already waits on (a caller's retry with the same
+// idempotency key) runs on the unary path; both calls get the room.
+func TestOpenAndWaitSameRoomTwice(t *testing.T) {
+	tp := newEngineTap()
+	d := tapDaemon(t, tp, daemonConfig{})
+	c := d.client(t)
+	ctx := ctxT(t)
+	p := registered(t, c)
+	req := openReq(4801, 100)
+	req.IdempotencyKey = "retry-of-4801"
+	done := make(chan error, 3)
+	wait := func() {
+		r, err := c.OpenAndWait(ctx, req)
+		if err == nil && r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+			err = fmt.Errorf("phase %s", r.GetPhase())
+		}
+		done <- err
+	}
+	go wait()
+	tp.await(t, ctx, "the room's first event", func() bool { return len(tp.sent) == 1 && len(tp.sent[0][4801]) > 0 })
+	go wait()
+	tp.await(t, ctx, "the second call's watch", func() bool { return tp.calls[pb.Rooms_WatchRoom_FullMethodName] == 1 })
+	go func() { _, err := p.SendRoom(ctx, 4801, client.SendOptions{}); done <- err }()
+	for range 3 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, s := tp.count(pb.Rooms_OpenRoom_FullMethodName), tp.sessions(); n != 1 || s != 1 {
+		t.Errorf("%d OpenRoom calls and %d sessions, want 1 and 1", n, s)
 	}
 }
