@@ -209,7 +209,7 @@
 // unary RPC answers: a SessionResult per room, whose Err is an *Error with
 // the same code and message (the field names are prefixed with the op's
 // path, "open.rooms[3].prompt_len"). The rooms' spans join the trace of the
-// context given to Open. Next must be read: a session whose events are left
+// context given to Open (OpenEach: each room the trace of its own context). Next must be read: a session whose events are left
 // unread holds its replies back and is cut by the daemon past 4,096 queued
 // events (ErrResourceExhausted, "slow consumer"). Its rooms go on: open a
 // new session and Resume(old.Cursors()) to receive exactly the events

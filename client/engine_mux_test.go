@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -93,15 +94,52 @@ type tapStream struct {
 	n  int
 }
 
+// packed returns m and the messages of its kind packed in it: a session
+// message may carry more of its kind in a repeated field "more" (read by
+// reflection: the field is the wire's, not this test's, business).
+func packed[M proto.Message](m M) []M {
+	out := []M{m}
+	r := m.ProtoReflect()
+	if fd := r.Descriptor().Fields().ByName("more"); fd != nil && fd.IsList() {
+		l := r.Get(fd).List()
+		for i := range l.Len() {
+			if mm, ok := l.Get(i).Message().Interface().(M); ok {
+				out = append(out, mm)
+			}
+		}
+	}
+	return out
+}
+
 func (s *tapStream) RecvMsg(m any) error {
 	err := s.ServerStream.RecvMsg(m)
-	if req, ok := m.(*pb.EngineRequest); ok && err == nil && req.GetOpen() != nil {
-		s.tp.mu.Lock()
-		s.tp.opens[s.n] = append(s.tp.opens[s.n], len(req.GetOpen().GetRooms()))
-		s.tp.mu.Unlock()
-		s.tp.signal()
+	req, ok := m.(*pb.EngineRequest)
+	if !ok || err != nil {
+		return err
+	}
+	for _, r := range packed(req) {
+		if r.GetOpen() != nil {
+			s.tp.mu.Lock()
+			s.tp.opens[s.n] = append(s.tp.opens[s.n], len(r.GetOpen().GetRooms()))
+			s.tp.mu.Unlock()
+			s.tp.signal()
+		}
 	}
 	return err
+}
+
+// hasReply reports whether a session message carries a reply.
+func hasReply(m any) bool {
+	ev, ok := m.(*pb.EngineEvent)
+	if !ok {
+		return false
+	}
+	for _, e := range packed(ev) {
+		if e.GetReply() != nil {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *tapStream) SendMsg(m any) error {
@@ -113,7 +151,7 @@ func (s *tapStream) SendMsg(m any) error {
 		return st.Err()
 	}
 	gate := tp.gate
-	hold := gate != nil && s.n == 0 && ev.GetReply() != nil && !tp.gated
+	hold := gate != nil && s.n == 0 && hasReply(m) && !tp.gated
 	if hold {
 		tp.gated = true
 	}
@@ -122,9 +160,13 @@ func (s *tapStream) SendMsg(m any) error {
 		<-gate
 	}
 	err := s.ServerStream.SendMsg(m)
-	if err == nil && ev.GetRoom() != nil {
+	if err == nil && ev != nil {
 		tp.mu.Lock()
-		tp.sent[s.n][ev.GetRoom().GetRoom()] = append(tp.sent[s.n][ev.GetRoom().GetRoom()], ev.GetRoom().GetSeq())
+		for _, e := range packed(ev) {
+			if re := e.GetRoom(); re != nil {
+				tp.sent[s.n][re.GetRoom()] = append(tp.sent[s.n][re.GetRoom()], re.GetSeq())
+			}
+		}
 		tp.mu.Unlock()
 		tp.signal()
 	}
@@ -376,12 +418,11 @@ func TestOpenAndWaitResumesAfterCut(t *testing.T) {
 // WithAutoIdempotencyKey) the open is sent again on a new session, the
 // daemon answers the existing room, and the call succeeds.
 func TestOpenAndWaitLostOpenAnswer(t *testing.T) {
-	isReply := func(m any) bool { return m.(*pb.EngineEvent).GetReply() != nil }
 	for _, keyed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("keyed=%v", keyed), func(t *testing.T) {
 			tp := newEngineTap()
 			tp.cut[0] = status.New(codes.Unavailable, "connection reset (injected)")
-			tp.cutWhen[0] = isReply
+			tp.cutWhen[0] = hasReply
 			d := tapDaemon(t, tp, daemonConfig{})
 			opts := []client.Option{fastRetry}
 			if keyed {

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -29,8 +30,8 @@ func (s sentStream) SendMsg(m any) error {
 		return status.Error(codes.Unavailable, "simulated crash")
 	}
 	err := s.ServerStream.SendMsg(m)
-	if ev, ok := m.(*pb.EngineEvent); ok && ev.GetReply() != nil {
-		return err // an engine session's reply: not yet a room event
+	if ev, ok := m.(*pb.EngineEvent); ok && !slices.ContainsFunc(packed(ev), func(e *pb.EngineEvent) bool { return e.GetRoom() != nil }) {
+		return err // an engine session's reply alone: no room event yet
 	}
 	select {
 	case s.sent <- struct{}{}:
