@@ -529,11 +529,14 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 	if err := c.errIfClosed(op); err != nil {
 		return nil, err
 	}
+	// A copy: the opener may still be sending it after a call that ended
+	// early returned its request to the caller.
 	if req == nil {
 		req = &pb.OpenRoomRequest{}
+	} else {
+		req = proto.CloneOf(req)
 	}
 	if c.autoKey && req.GetIdempotencyKey() == "" {
-		req = proto.CloneOf(req)
 		req.IdempotencyKey = "auto-" + rand.Text()
 	}
 	// A request that cannot be marshalled (a string field that is not
