@@ -272,24 +272,29 @@ func (s *EngineSession) do(ctx context.Context, op string, req *pb.EngineRequest
 	if err != nil && !errors.Is(err, io.EOF) { // io.EOF: the stream ended; receive has its status
 		return nil, toError(op, err)
 	}
+	var reply *pb.EngineReply
 	select {
-	case reply := <-ch:
-		if c := codes.Code(reply.GetCode()); c != codes.OK {
-			return nil, newError(op, status.New(c, reply.GetMessage()))
-		}
-		out := make([]SessionResult, len(reply.GetResults()))
-		for i, r := range reply.GetResults() {
-			out[i] = SessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r)}
-		}
-		return out, nil
+	case reply = <-ch:
 	case <-s.done:
-		s.mu.Lock()
-		err := s.err
-		s.mu.Unlock()
-		return nil, s.ended(op, err)
+		select {
+		case reply = <-ch: // answered before the stream ended (receive queued it first): the answer stands
+		default:
+			s.mu.Lock()
+			err := s.err
+			s.mu.Unlock()
+			return nil, s.ended(op, err)
+		}
 	case <-ctx.Done():
 		return nil, toError(op, ctx.Err())
 	}
+	if c := codes.Code(reply.GetCode()); c != codes.OK {
+		return nil, newError(op, status.New(c, reply.GetMessage()))
+	}
+	out := make([]SessionResult, len(reply.GetResults()))
+	for i, r := range reply.GetResults() {
+		out[i] = SessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r)}
+	}
+	return out, nil
 }
 
 // ended is the error of an op on a stream that ended with err.
