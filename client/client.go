@@ -32,6 +32,9 @@ type Client struct {
 	autoKey  bool
 	// transport carries OpenAndWait, SendRoom and ReportRoom (transport.go).
 	transport Transport
+	// engine is OpenAndWait's shared EngineSession under TransportStreams
+	// (engine_mux.go), opened at its first use.
+	engine *engineMux
 
 	admin pb.AdminClient
 	boot  pb.BootstrapClient
@@ -230,6 +233,7 @@ func newClient(conn *grpc.ClientConn, owns bool, o *options) *Client {
 	if o.tokenSet {
 		c.callOpts = append(c.callOpts, grpc.PerRPCCredentials(bearer(o.token)))
 	}
+	c.engine = newEngineMux(c)
 	return c
 }
 
@@ -238,13 +242,15 @@ func newClient(conn *grpc.ClientConn, owns bool, o *options) *Client {
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
 // Close releases the connection made by New (NewFromConn's connection is
-// left to its owner). Later calls fail with ErrCanceled; with New, calls and
-// streams in flight end with ErrCanceled too. Close also ends every
-// Prefill's shared session (TransportStreams; see Prefill.Close), with
-// NewFromConn too. Close is idempotent.
+// left to its owner) and ends OpenAndWait's shared engine session (its
+// waiting calls end with ErrCanceled) and every Prefill's shared session
+// (TransportStreams; see Prefill.Close), with NewFromConn too. Later calls
+// fail with ErrCanceled; with New, calls and streams in flight end with
+// ErrCanceled too. Close is idempotent.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
+		c.engine.close() // OpenAndWait's shared session
 		c.pmux.closeAll()
 		if c.ownsConn {
 			c.closeErr = c.conn.Close()

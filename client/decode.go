@@ -12,14 +12,46 @@ import (
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// OpenAndWait opens a room (OpenRoom) and watches it until its KV has
-// landed: it returns the room once it is ROOM_PHASE_SUCCEEDED (the decode
-// engine then owns its pages until ReleaseRoom). A room that fails is
-// returned with a *RoomFailedError (errors.Is(err, ErrRoomFailed)); an
-// OpenRoom error is returned as is, with a nil room. Bound the wait with
-// ctx; on ctx's end the room is left as it is (abort it if it is no longer
-// wanted).
+// OpenAndWait opens a room and watches it until its KV has landed: it
+// returns the room once it is ROOM_PHASE_SUCCEEDED (the decode engine then
+// owns its pages until ReleaseRoom). A room that fails is returned with a
+// *RoomFailedError (errors.Is(err, ErrRoomFailed)); a refused open is
+// returned as OpenRoom's *Error (code, message, RetryAfter), with a nil
+// room. Bound the wait with ctx; on ctx's end the room is left as it is
+// (abort it if it is no longer wanted).
+//
+// Under TransportStreams (the default) the room travels on the Client's
+// one EngineSession stream, shared by every OpenAndWait and opened at the
+// first: the opens of concurrent calls are sent in batches (each room with
+// its caller's trace context, so its span joins the caller's trace), and
+// each call gets its room's events from the stream. When the stream ends
+// (the daemon cut it as a slow consumer, restarted, or the network broke),
+// the waiting calls back off under the RetryPolicy and the next attempt
+// opens a new stream and resumes their rooms from the last event each saw
+// (nothing twice, nothing missed). A call fails when its room cannot be
+// resumed (after a daemon restart: the *IncarnationChangedError WaitRoom
+// gives), when the stream's end is permanent (ErrUnauthenticated,
+// ErrPermissionDenied, ErrUnimplemented, ...), or after MaxAttempts
+// consecutive failed attempts (a daemon that is gone: ErrUnavailable). An
+// open whose answer the stream's end lost is sent again only when the
+// request has an idempotency key (or with WithAutoIdempotencyKey), as
+// OpenRoom is retried; without one the call fails with ErrUnavailable (the
+// room may be open), never opening it twice. A stream holds at most
+// pb.MaxEngineSessionRooms rooms until their end: beyond, the open is
+// refused with the daemon's ErrResourceExhausted. A room already waited on
+// by another OpenAndWait of this Client is opened and watched on the unary
+// path.
+//
+// Under TransportUnary it calls OpenRoom, then WaitRoom.
 func (c *Client) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
+	if c.transport == TransportStreams {
+		return c.openAndWaitStream(ctx, req)
+	}
+	return c.openAndWaitUnary(ctx, req)
+}
+
+// openAndWaitUnary is OpenAndWait over OpenRoom and WaitRoom.
+func (c *Client) openAndWaitUnary(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
 	resp, err := c.OpenRoom(ctx, req)
 	if err != nil {
 		return nil, err

@@ -215,8 +215,9 @@
 //     room. WithAutoIdempotencyKey fills in a key for every call.
 //   - Never retried: Drain, ReportRunning, RetractRoom, ContinueGeneration.
 //     Decide yourself (ReportRunning reports absolute lengths: send the next
-//     report instead). The EngineSession stream is not re-opened either:
-//     open a new one and Resume.
+//     report instead). A stream opened with Client.EngineSession is not
+//     re-opened either: open a new one and Resume. OpenAndWait's own shared
+//     session is (below: The engine session).
 //   - A PrefillSession.Session opened with Prefill.Session is never
 //     re-opened; the Prefill's shared session (TransportStreams) is, and
 //     its hand-offs go on (above).
@@ -241,12 +242,40 @@
 // unary RPC answers: a SessionResult per room, whose Err is an *Error with
 // the same code and message (the field names are prefixed with the op's
 // path, "open.rooms[3].prompt_len"). The rooms' spans join the trace of the
-// context given to Open. Next must be read: a session whose events are left
+// context given to Open (OpenEach: each room the trace of its own context). Next must be read: a session whose events are left
 // unread holds its replies back and is cut by the daemon past 4,096 queued
 // events (ErrResourceExhausted, "slow consumer"). Its rooms go on: open a
 // new session and Resume(old.Cursors()) to receive exactly the events
-// missed, then the live ones. The session is not re-opened by itself, and
-// it is opt-in: OpenAndWait and WaitRoom stay unary.
+// missed, then the live ones. A session opened this way is not re-opened
+// by itself.
+//
+// OpenAndWait uses one such session by default (TransportStreams), shared
+// by every OpenAndWait of the Client and opened at the first: the opens of
+// concurrent calls go in batches (one opener sends every open queued while
+// the previous batch was in flight; each room carries its caller's trace
+// context, so its span joins that caller's trace), and a demultiplexer
+// hands each room's events to its call. It returns what the unary path
+// returns: the room at ROOM_PHASE_SUCCEEDED, a *RoomFailedError, or a
+// refused open as OpenRoom's *Error (same code, message and RetryAfter;
+// the field names without the batch's prefix). When the session ends (a
+// slow consumer cut, a daemon restart, the network), the waiting calls back
+// off under the RetryPolicy and the next attempt opens a new session and
+// resumes their rooms from the last event each saw (nothing twice, nothing
+// missed). A call fails when its room cannot be resumed (after a restart:
+// the *IncarnationChangedError of WaitRoom), when the session's end is
+// permanent (ErrUnauthenticated, ErrPermissionDenied, ErrUnimplemented,
+// ...), or after MaxAttempts consecutive failed attempts (a daemon that is
+// gone: ErrUnavailable, within the caller's context). An open whose answer
+// the session's end lost is resent only with an idempotency key (or
+// WithAutoIdempotencyKey), as OpenRoom is retried; without one the call
+// fails with ErrUnavailable and the room may be open: it is never opened
+// twice. A call whose context ended leaves its room as it is; the session
+// drops its later events. The daemon holds at most 16,384 rooms
+// (pb.MaxEngineSessionRooms) per session until their end: beyond, an open
+// is refused with the daemon's ErrResourceExhausted (the mux opens no
+// second session). Close ends the session. WithTransport(TransportUnary)
+// keeps OpenAndWait on OpenRoom and WaitRoom (a WatchRoom stream per
+// room).
 //
 // # Tracing
 //

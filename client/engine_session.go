@@ -18,8 +18,9 @@ import (
 // EngineSession is the decode engine's multiplexed stream
 // (EngineSession.Session, engine_session.proto): batches of opens,
 // releases, aborts and resumes on one stream, and the events of every room
-// it subscribed. Opt-in: OpenAndWait and the other methods of Client stay
-// unary.
+// it subscribed. OpenAndWait uses one, shared by the Client
+// (TransportStreams, engine_mux.go); this is the stream itself, for an
+// engine that batches its own ops.
 //
 // Open, Release, Abort and Resume may be called from any goroutine; Next
 // from one. The stream's events must be read (Next) for replies to come:
@@ -195,6 +196,24 @@ func (s *EngineSession) Open(ctx context.Context, reqs ...*pb.OpenRoomRequest) (
 	return s.do(ctx, "EngineSession.Open", &pb.EngineRequest{Op: &pb.EngineRequest_Open{Open: &pb.EngineOpen{Rooms: reqs, Events: s.events}}})
 }
 
+// OpenEach is Open with a context per room (ctxs[i] for reqs[i], or none):
+// each room's span joins its own context's trace (EngineOpen.traceparents),
+// so that a batch of several callers' rooms keeps one trace per request.
+func (s *EngineSession) OpenEach(ctx context.Context, reqs []*pb.OpenRoomRequest, ctxs []context.Context) ([]SessionResult, error) {
+	o := &pb.EngineOpen{Rooms: reqs, Events: s.events}
+	for i, rc := range ctxs {
+		carrier := propagation.MapCarrier{}
+		propagation.TraceContext{}.Inject(rc, carrier)
+		if tp := carrier.Get("traceparent"); tp != "" && len(ctxs) == len(reqs) {
+			if o.Traceparents == nil {
+				o.Traceparents = make([]string, len(reqs))
+			}
+			o.Traceparents[i] = tp
+		}
+	}
+	return s.do(ctx, "EngineSession.Open", &pb.EngineRequest{Op: &pb.EngineRequest_Open{Open: o}})
+}
+
 // Release is ReleaseRoom on the session.
 func (s *EngineSession) Release(ctx context.Context, req *pb.ReleaseRoomRequest) (*pb.ReleaseRoomResponse, error) {
 	res, err := s.one(ctx, "EngineSession.Release", &pb.EngineRequest{Op: &pb.EngineRequest_Release{Release: req}})
@@ -292,24 +311,29 @@ func (s *EngineSession) do(ctx context.Context, op string, req *pb.EngineRequest
 		}
 		return nil, s.ended(op, ended)
 	}
+	var reply *pb.EngineReply
 	select {
-	case reply := <-ch:
-		if c := codes.Code(reply.GetCode()); c != codes.OK {
-			return nil, newError(op, status.New(c, reply.GetMessage()))
-		}
-		out := make([]SessionResult, len(reply.GetResults()))
-		for i, r := range reply.GetResults() {
-			out[i] = SessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r)}
-		}
-		return out, nil
+	case reply = <-ch:
 	case <-s.done:
-		s.mu.Lock()
-		err := s.err
-		s.mu.Unlock()
-		return nil, s.ended(op, err)
+		select {
+		case reply = <-ch: // answered before the stream ended (receive queued it first): the answer stands
+		default:
+			s.mu.Lock()
+			err := s.err
+			s.mu.Unlock()
+			return nil, s.ended(op, err)
+		}
 	case <-ctx.Done():
 		return nil, toError(op, ctx.Err())
 	}
+	if c := codes.Code(reply.GetCode()); c != codes.OK {
+		return nil, newError(op, status.New(c, reply.GetMessage()))
+	}
+	out := make([]SessionResult, len(reply.GetResults()))
+	for i, r := range reply.GetResults() {
+		out[i] = SessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r)}
+	}
+	return out, nil
 }
 
 // ended is the error of an op on a stream that ended with err.

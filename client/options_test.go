@@ -64,13 +64,14 @@ func TestTracePropagation(t *testing.T) {
 }
 
 // TestSpans: the client's span is a child of the caller's, and the daemon's
-// server span and room span join the caller's trace.
+// server span and room span join the caller's trace (OpenAndWait over
+// OpenRoom; over the shared engine session: TestOpenAndWaitBatchTracing).
 func TestSpans(t *testing.T) {
 	spans := tracetest.NewInMemoryExporter()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 	d := newDaemon(t, daemonConfig{tracer: tp})
-	c := d.client(t, client.WithTracerProvider(tp))
+	c := d.client(t, client.WithTracerProvider(tp), client.WithTransport(client.TransportUnary))
 	p := registered(t, c)
 
 	ctx, step := tp.Tracer("decode-engine").Start(ctxT(t), "schedule request")

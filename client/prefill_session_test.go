@@ -11,7 +11,7 @@ import (
 )
 
 // TestSendRoomSession: rooms handed off over one prefill session, at once,
-// with the decode side on the unary API (OpenAndWait): each succeeds, in
+// with the decode side on OpenAndWait (its shared engine session): each succeeds, in
 // chunks, with no unary claim, Transfer or heartbeat call.
 func TestSendRoomSession(t *testing.T) {
 	in := newInjector()

@@ -148,7 +148,8 @@ var retryTable = map[string]retryClass{
 	// unreachable, so the router re-opens it (capacity.go).
 	pb.Capacity_WatchCapacity_FullMethodName: retryNever,
 	// EngineSession: a stream of ops, not re-opened (engine_session.go):
-	// the caller opens a new session and resumes its rooms' events.
+	// the caller opens a new session and resumes its rooms' events
+	// (OpenAndWait's shared session does so itself: engine_mux.go).
 	pb.EngineSession_Session_FullMethodName: retryNever,
 	// PrefillSession: a Session does not re-open itself; the caller opens a
 	// new one and claims again (the daemon re-delivers).

@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 
@@ -29,6 +30,9 @@ func (s sentStream) SendMsg(m any) error {
 		return status.Error(codes.Unavailable, "simulated crash")
 	}
 	err := s.ServerStream.SendMsg(m)
+	if ev, ok := m.(*pb.EngineEvent); ok && !slices.ContainsFunc(packed(ev), func(e *pb.EngineEvent) bool { return e.GetRoom() != nil }) {
+		return err // an engine session's reply alone: no room event yet
+	}
 	select {
 	case s.sent <- struct{}{}:
 	default:
@@ -40,21 +44,24 @@ func (s sentStream) SendMsg(m any) error {
 // mid-hand-off, whose daemon crashes (its streams cut with no terminal
 // event) and restarts on the same address, ends with an
 // *IncarnationChangedError naming the room and both incarnations: when the
-// new daemon does not know the room (its NOT_FOUND; OpenAndWait and a bare
-// WatchRoom), and when it has a room of that number (an event of the new
-// incarnation).
+// new daemon does not know the room (its NOT_FOUND; OpenAndWait on either
+// transport, its shared engine session resuming the room on the new daemon,
+// and a bare WatchRoom), and when it has a room of that number (an event of
+// the new incarnation).
 func TestRoomWatchEndsOnDaemonRestart(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// reopen: a room of the same number is opened on the new daemon
 		// before the watch re-opens.
 		reopen bool
-		// wait: OpenAndWait, else WatchRoom and Next.
-		wait bool
+		// wait: OpenAndWait (over transport), else WatchRoom and Next.
+		wait      bool
+		transport client.Transport
 	}{
-		{"OpenAndWait, room unknown after the restart", false, true},
-		{"WatchRoom, room unknown after the restart", false, false},
-		{"WatchRoom, room reopened after the restart", true, false},
+		{"OpenAndWait stream, room unknown after the restart", false, true, client.TransportStreams},
+		{"OpenAndWait unary, room unknown after the restart", false, true, client.TransportUnary},
+		{"WatchRoom, room unknown after the restart", false, false, client.TransportUnary},
+		{"WatchRoom, room reopened after the restart", true, false, client.TransportUnary},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := ctxT(t)
@@ -62,7 +69,7 @@ func TestRoomWatchEndsOnDaemonRestart(t *testing.T) {
 			var crashed atomic.Bool
 			first, err := daemontest.New(daemontest.Options{TCP: true, Daemon: daemonpkg.Options{
 				StreamInterceptors: []grpc.StreamServerInterceptor{func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-					if info.FullMethod == pb.Rooms_WatchRoom_FullMethodName {
+					if info.FullMethod == pb.Rooms_WatchRoom_FullMethodName || info.FullMethod == pb.EngineSession_Session_FullMethodName {
 						if crashed.Load() {
 							return status.Error(codes.Unavailable, "simulated crash")
 						}
@@ -83,7 +90,7 @@ func TestRoomWatchEndsOnDaemonRestart(t *testing.T) {
 				}
 			})
 			oldInc := first.Incarnation()
-			c := fastClient(t, r.addr)
+			c := fastClient(t, r.addr, client.WithTransport(tc.transport))
 			const room = 21
 			// No prefill registered: the room waits for its prefill (mid-hand-off).
 			var w *client.RoomWatch
@@ -110,7 +117,7 @@ func TestRoomWatchEndsOnDaemonRestart(t *testing.T) {
 			select { // the watch has its first event: it knows the incarnation
 			case <-sent:
 			case <-ctx.Done():
-				t.Fatal("no WatchRoom event sent")
+				t.Fatal("no room event sent")
 			}
 			crashed.Store(true) // a crash: the watch gets no terminal event from this daemon
 			r.restart(newRecorder())

@@ -255,7 +255,10 @@ func TestE2EJaegerOneTracePerRoom(t *testing.T) {
 		e2eEnviron("OTEL_EXPORTER_OTLP_ENDPOINT=http://"+j.otlp, "OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_SERVICE_NAME=decodeplane"))
 
 	routerTP := j.tracerProvider(t, "router")
-	decode, err := client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "decode-engine")))
+	// OpenAndWait on the unary path: the test follows the OpenRoom span
+	// chain (on the shared engine session the room span's parent is the
+	// caller's span itself: client.TestOpenAndWaitBatchTracing).
+	decode, err := client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "decode-engine")), client.WithTransport(client.TransportUnary))
 	if err != nil {
 		t.Fatal(err)
 	}

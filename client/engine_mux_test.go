@@ -1,0 +1,707 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/prealloc"
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+	"github.com/decodeplane/decodeplane/server"
+)
+
+// forTransports runs f once per transport: OpenAndWait over the shared
+// engine session (the default) and over OpenRoom + WatchRoom.
+func forTransports(t *testing.T, f func(t *testing.T, tr client.Option)) {
+	eachTransport(t, func(t *testing.T, tr client.Transport) { f(t, client.WithTransport(tr)) })
+}
+
+// engineTap watches the daemon's side of every call: how many of each
+// method, and for each EngineSession stream (numbered in the order they
+// opened) the rooms of each open op and the seq of each room event the
+// daemon sent. It can fail a stream's next send (a cut), or hold the first
+// stream's first reply until its gate is closed.
+type engineTap struct {
+	mu      sync.Mutex
+	calls   map[string]int
+	opens   [][]int                // per stream: rooms per open op
+	sent    []map[uint64][]uint32  // per stream: seqs sent per room
+	cut     map[int]*status.Status // stream → its next send fails with it
+	cutWhen map[int]func(any) bool // stream → which send fails (nil: the next)
+	gate    chan struct{}          // holds stream 0's first reply while open
+	changed chan struct{}          // cap 1: something was recorded
+	gated   bool
+}
+
+func newEngineTap() *engineTap {
+	return &engineTap{calls: map[string]int{}, cut: map[int]*status.Status{}, cutWhen: map[int]func(any) bool{}, changed: make(chan struct{}, 1)}
+}
+
+func (tp *engineTap) signal() {
+	select {
+	case tp.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (tp *engineTap) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	tp.mu.Lock()
+	tp.calls[info.FullMethod]++
+	tp.mu.Unlock()
+	tp.signal()
+	return h(ctx, req)
+}
+
+func (tp *engineTap) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	tp.mu.Lock()
+	tp.calls[info.FullMethod]++
+	n := -1
+	if info.FullMethod == pb.EngineSession_Session_FullMethodName {
+		n = len(tp.opens)
+		tp.opens = append(tp.opens, nil)
+		tp.sent = append(tp.sent, map[uint64][]uint32{})
+	}
+	tp.mu.Unlock()
+	tp.signal()
+	if n < 0 {
+		return h(srv, ss)
+	}
+	return h(srv, &tapStream{ServerStream: ss, tp: tp, n: n})
+}
+
+type tapStream struct {
+	grpc.ServerStream
+	tp *engineTap
+	n  int
+}
+
+// packed returns m and the messages of its kind packed in it: a session
+// message may carry more of its kind in a repeated field "more" (read by
+// reflection: the field is the wire's, not this test's, business).
+func packed[M proto.Message](m M) []M {
+	out := []M{m}
+	r := m.ProtoReflect()
+	if fd := r.Descriptor().Fields().ByName("more"); fd != nil && fd.IsList() {
+		l := r.Get(fd).List()
+		for i := range l.Len() {
+			if mm, ok := l.Get(i).Message().Interface().(M); ok {
+				out = append(out, mm)
+			}
+		}
+	}
+	return out
+}
+
+func (s *tapStream) RecvMsg(m any) error {
+	err := s.ServerStream.RecvMsg(m)
+	req, ok := m.(*pb.EngineRequest)
+	if !ok || err != nil {
+		return err
+	}
+	for _, r := range packed(req) {
+		if r.GetOpen() != nil {
+			s.tp.mu.Lock()
+			s.tp.opens[s.n] = append(s.tp.opens[s.n], len(r.GetOpen().GetRooms()))
+			s.tp.mu.Unlock()
+			s.tp.signal()
+		}
+	}
+	return err
+}
+
+// hasReply reports whether a session message carries a reply.
+func hasReply(m any) bool {
+	ev, ok := m.(*pb.EngineEvent)
+	if !ok {
+		return false
+	}
+	for _, e := range packed(ev) {
+		if e.GetReply() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *tapStream) SendMsg(m any) error {
+	ev, _ := m.(*pb.EngineEvent)
+	tp := s.tp
+	tp.mu.Lock()
+	if st := tp.cut[s.n]; st != nil && (tp.cutWhen[s.n] == nil || tp.cutWhen[s.n](m)) {
+		tp.mu.Unlock()
+		return st.Err()
+	}
+	gate := tp.gate
+	hold := gate != nil && s.n == 0 && hasReply(m) && !tp.gated
+	if hold {
+		tp.gated = true
+	}
+	tp.mu.Unlock()
+	if hold {
+		<-gate
+	}
+	err := s.ServerStream.SendMsg(m)
+	if err == nil && ev != nil {
+		tp.mu.Lock()
+		for _, e := range packed(ev) {
+			if re := e.GetRoom(); re != nil {
+				tp.sent[s.n][re.GetRoom()] = append(tp.sent[s.n][re.GetRoom()], re.GetSeq())
+			}
+		}
+		tp.mu.Unlock()
+		tp.signal()
+	}
+	return err
+}
+
+// await waits until cond (read under the tap's lock) holds.
+func (tp *engineTap) await(t *testing.T, ctx context.Context, what string, cond func() bool) {
+	t.Helper()
+	for {
+		tp.mu.Lock()
+		ok := cond()
+		tp.mu.Unlock()
+		if ok {
+			return
+		}
+		select {
+		case <-tp.changed:
+		case <-ctx.Done():
+			t.Fatalf("waiting for %s: %v", what, ctx.Err())
+		}
+	}
+}
+
+func (tp *engineTap) count(method string) int {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return tp.calls[method]
+}
+
+func (tp *engineTap) sessions() int {
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	return len(tp.opens)
+}
+
+func tapDaemon(t *testing.T, tp *engineTap, dc daemonConfig) *daemon {
+	dc.unary = append(dc.unary, tp.unary)
+	dc.stream = append(dc.stream, tp.stream)
+	return newDaemon(t, dc)
+}
+
+// TestOpenAndWaitSharesOneSession: concurrent OpenAndWaits of one Client
+// run on one EngineSession stream (no OpenRoom call, no WatchRoom stream),
+// every room succeeds, and nothing is left waiting.
+func TestOpenAndWaitSharesOneSession(t *testing.T) {
+	tp := newEngineTap()
+	d := tapDaemon(t, tp, daemonConfig{})
+	c := d.client(t)
+	ctx := ctxT(t)
+	p := registered(t, c)
+	const rooms = 24
+	var wg sync.WaitGroup
+	for i := range uint64(rooms) {
+		room := 3000 + i
+		wg.Go(func() {
+			if _, err := p.SendRoom(ctx, room, client.SendOptions{ChunkPages: 2}); err != nil {
+				t.Errorf("SendRoom(%d): %v", room, err)
+			}
+		})
+		wg.Go(func() {
+			r, err := c.OpenAndWait(ctx, openReq(room, uint32(100+10*i)))
+			if err != nil || r.GetRoom() != room || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+				t.Errorf("OpenAndWait(%d) = %v, %v; want it SUCCEEDED", room, r, err)
+				return
+			}
+			if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+				t.Errorf("ReleaseRoom(%d): %v", room, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := tp.sessions(); n != 1 {
+		t.Errorf("%d EngineSession streams for %d concurrent OpenAndWaits, want 1", n, rooms)
+	}
+	if n, m := tp.count(pb.Rooms_OpenRoom_FullMethodName), tp.count(pb.Rooms_WatchRoom_FullMethodName); n != 0 || m != 0 {
+		t.Errorf("%d OpenRoom calls and %d WatchRoom streams, want none (the session carries them)", n, m)
+	}
+	tp.mu.Lock()
+	opened := 0
+	for _, n := range tp.opens[0] {
+		opened += n
+	}
+	ops := len(tp.opens[0])
+	tp.mu.Unlock()
+	if opened != rooms || ops > rooms {
+		t.Errorf("the session carried %d rooms in %d open ops, want %d rooms in at most %d ops", opened, ops, rooms, rooms)
+	}
+	if n := client.WaitingRooms(c); n != 0 {
+		t.Errorf("%d rooms still waited on after every call returned", n)
+	}
+	assertPoolFull(t, c)
+}
+
+// TestOpenAndWaitBatchTracing: opens queued while a batch is in flight go
+// in the next batch, as one op, and each room's span still joins its own
+// caller's trace, as the child of the caller's span (one trace per
+// request).
+func TestOpenAndWaitBatchTracing(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tracer := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { tracer.Shutdown(context.Background()) })
+	tp := newEngineTap()
+	gate := make(chan struct{})
+	tp.gate = gate
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	d := tapDaemon(t, tp, daemonConfig{tracer: tracer})
+	c := d.client(t, client.WithTracerProvider(tracer))
+	queued := make(chan int, 16)
+	client.OnOpenQueued(c, func(n int) { queued <- n })
+	ctx := ctxT(t)
+	p := registered(t, c)
+
+	rooms := []uint64{4001, 4002, 4003, 4004}
+	callers := map[uint64]trace.SpanContext{}
+	done := make(chan error, len(rooms))
+	start := func(room uint64) {
+		rctx, span := tracer.Tracer("decode-engine").Start(ctx, fmt.Sprintf("request %d", room))
+		callers[room] = span.SpanContext()
+		go func() {
+			defer span.End()
+			_, err := c.OpenAndWait(rctx, openReq(room, 100))
+			done <- err
+		}()
+	}
+	// The first room's batch is in flight (its reply held); the others
+	// queue meanwhile.
+	start(rooms[0])
+	tp.await(t, ctx, "the first open", func() bool { return len(tp.opens) == 1 && len(tp.opens[0]) == 1 })
+	for _, room := range rooms[1:] {
+		start(room)
+	}
+	for n := 0; n < len(rooms)-1; {
+		select {
+		case n = <-queued:
+		case <-ctx.Done():
+			t.Fatal("the opens were not queued")
+		}
+	}
+	open()
+	for _, room := range rooms {
+		go func() { _, err := p.SendRoom(ctx, room, client.SendOptions{}); done <- err }()
+	}
+	for range 2 * len(rooms) {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	tp.mu.Lock()
+	got := slices.Clone(tp.opens[0])
+	tp.mu.Unlock()
+	if want := []int{1, len(rooms) - 1}; !slices.Equal(got, want) {
+		t.Errorf("open ops carried %v rooms, want %v (the queued opens in one batch)", got, want)
+	}
+	for _, room := range rooms {
+		if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, room := range rooms {
+		var sp *tracetest.SpanStub
+		for _, s := range spans.GetSpans() {
+			for _, a := range s.Attributes {
+				if s.Name == "room" && a.Key == "decodeplane.room" && a.Value.AsInt64() == int64(room) {
+					sp = &s
+				}
+			}
+		}
+		want := callers[room]
+		if sp == nil {
+			t.Errorf("no room span for %d", room)
+		} else if sp.SpanContext.TraceID() != want.TraceID() || sp.Parent.SpanID() != want.SpanID() {
+			t.Errorf("room %d's span: trace %s parent %s; want its caller's trace %s, parent %s",
+				room, sp.SpanContext.TraceID(), sp.Parent.SpanID(), want.TraceID(), want.SpanID())
+		}
+	}
+}
+
+// TestOpenAndWaitResumesAfterCut: the shared session is cut (a fault
+// injected on the daemon's side, as a slow consumer is cut) while rooms
+// wait; the waiting calls open a new session, resume their rooms, and
+// succeed; across the two streams each room's events are sent once, the
+// second stream starting right after the last one the first delivered.
+func TestOpenAndWaitResumesAfterCut(t *testing.T) {
+	tp := newEngineTap()
+	d := tapDaemon(t, tp, daemonConfig{})
+	c := d.client(t, fastRetry)
+	ctx := ctxT(t)
+	p := registered(t, c)
+	rooms := []uint64{4101, 4102, 4103, 4104}
+	done := make(chan error, 2*len(rooms))
+	for _, room := range rooms {
+		go func() {
+			r, err := c.OpenAndWait(ctx, openReq(room, 300))
+			if err == nil && r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+				err = fmt.Errorf("room %d: phase %s", room, r.GetPhase())
+			}
+			done <- err
+		}()
+	}
+	// Every room's opening was delivered; the next send cuts the stream.
+	tp.await(t, ctx, "each room's first event", func() bool {
+		if len(tp.sent) == 0 {
+			return false
+		}
+		for _, room := range rooms {
+			if len(tp.sent[0][room]) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	tp.mu.Lock()
+	tp.cut[0] = status.New(codes.ResourceExhausted, "slow consumer: injected")
+	tp.mu.Unlock()
+	for _, room := range rooms {
+		go func() { _, err := p.SendRoom(ctx, room, client.SendOptions{ChunkPages: 1}); done <- err }()
+	}
+	for range 2 * len(rooms) {
+		if err := <-done; err != nil {
+			t.Fatalf("across the cut: %v", err)
+		}
+	}
+	if n := tp.sessions(); n != 2 {
+		t.Errorf("%d EngineSession streams, want 2 (the cut one, the resumed one)", n)
+	}
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	for _, room := range rooms {
+		first, second := tp.sent[0][room], tp.sent[1][room]
+		if len(second) == 0 || second[0] != first[len(first)-1]+1 {
+			t.Errorf("room %d: seqs %v on the cut stream, %v on the new one: want the new one to start right after", room, first, second)
+		}
+		all := append(slices.Clone(first), second...)
+		for i, q := range all {
+			if q != uint32(i+1) {
+				t.Errorf("room %d: seqs sent %v, want 1, 2, 3... each once", room, all)
+				break
+			}
+		}
+	}
+}
+
+// TestOpenAndWaitLostOpenAnswer: the session is cut as the open's reply is
+// sent. Without an idempotency key OpenAndWait fails with ErrUnavailable
+// (the room was opened: it is not opened twice); with one (here
+// WithAutoIdempotencyKey) the open is sent again on a new session, the
+// daemon answers the existing room, and the call succeeds.
+func TestOpenAndWaitLostOpenAnswer(t *testing.T) {
+	for _, keyed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("keyed=%v", keyed), func(t *testing.T) {
+			tp := newEngineTap()
+			tp.cut[0] = status.New(codes.Unavailable, "connection reset (injected)")
+			tp.cutWhen[0] = hasReply
+			d := tapDaemon(t, tp, daemonConfig{})
+			opts := []client.Option{fastRetry}
+			if keyed {
+				opts = append(opts, client.WithAutoIdempotencyKey())
+			}
+			c := d.client(t, opts...)
+			ctx := ctxT(t)
+			p := registered(t, c)
+			sent := make(chan error, 1)
+			go func() { _, err := p.SendRoom(ctx, 4201, client.SendOptions{}); sent <- err }()
+			r, err := c.OpenAndWait(ctx, openReq(4201, 100))
+			if !keyed {
+				if !errors.Is(err, client.ErrUnavailable) || r != nil {
+					t.Fatalf("OpenAndWait with its answer lost, no key = %v, %v; want ErrUnavailable", r, err)
+				}
+				if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4201}); err != nil {
+					t.Fatalf("the room the lost open made: %v", err)
+				}
+			} else if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+				t.Fatalf("OpenAndWait with its answer lost, keyed = %v, %v; want it resent and SUCCEEDED", r, err)
+			}
+			<-sent
+			live, err := c.ListRooms(ctx, &pb.ListRoomsRequest{})
+			if err != nil || len(live.GetRooms()) != 1 {
+				t.Errorf("ListRooms = %v, %v; want the one room, opened once", live, err)
+			}
+			if n := tp.sessions(); keyed && n != 2 {
+				t.Errorf("%d EngineSession streams, want 2", n)
+			}
+		})
+	}
+}
+
+// TestOpenAndWaitRefusals: a refused open is the same *Error on both
+// transports (op OpenRoom, code, message naming the fields, retry delay,
+// no room): bad input, a request that cannot be marshalled, a room already
+// open, a full admission queue, a missing token.
+func TestOpenAndWaitRefusals(t *testing.T) {
+	d := newDaemon(t, daemonConfig{
+		server: func(c *server.Config) { c.AuthToken = "tok" },
+		decode: func(c *prealloc.Config) { c.Admission.MaxQueued = 1 }, // room 4301 (no prefill) fills it
+	})
+	ctx := ctxT(t)
+	bad := &pb.OpenRoomRequest{Rid: "r", BootstrapAddr: "not an address", PromptLen: 0}
+	if _, err := d.client(t, client.WithToken("tok")).OpenRoom(ctx, openReq(4301, 10)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		req   *pb.OpenRoomRequest
+		token bool
+		want  error
+	}{
+		{"bad input", bad, true, client.ErrInvalidArgument},
+		{"nil request", nil, true, client.ErrInvalidArgument},
+		{"not UTF-8", &pb.OpenRoomRequest{Rid: "\xff", BootstrapAddr: addr, Room: 4304, PromptLen: 10, MaxNewTokens: 1}, true, client.ErrInternal},
+		{"already open", openReq(4301, 10), true, client.ErrAlreadyExists},
+		{"queue full", openReq(4303, 10), true, client.ErrResourceExhausted},
+		{"no token", openReq(4302, 10), false, client.ErrUnauthenticated},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got [2]*client.Error
+			for i, tr := range []client.Transport{client.TransportStreams, client.TransportUnary} {
+				opts := []client.Option{client.WithTransport(tr)}
+				if tc.token {
+					opts = append(opts, client.WithToken("tok"))
+				}
+				c := d.client(t, opts...)
+				r, err := c.OpenAndWait(ctx, tc.req)
+				if r != nil || !errors.As(err, &got[i]) || !errors.Is(err, tc.want) {
+					t.Fatalf("%s: OpenAndWait = %v, %v; want a nil room and %v", tr, r, err, tc.want)
+				}
+			}
+			s, u := got[0], got[1]
+			if tc.want == client.ErrResourceExhausted && u.RetryAfter() == 0 {
+				t.Errorf("the unary refusal %v has no retry delay", u)
+			}
+			if s.Op() != u.Op() || s.Code() != u.Code() || s.Message() != u.Message() || s.RetryAfter() != u.RetryAfter() {
+				t.Errorf("stream %q (%s, %s), unary %q (%s, %s): want the same", s.Message(), s.Op(), s.Code(), u.Message(), u.Op(), u.Code())
+			}
+		})
+	}
+}
+
+// TestOpenAndWaitContextEnd: a call whose context ends while its room
+// waits returns as the unary path does (ErrDeadlineExceeded), leaves the
+// room as it is, and the shared session forgets it (its later events are
+// dropped) and goes on serving the next call.
+func TestOpenAndWaitContextEnd(t *testing.T) {
+	forTransports(t, func(t *testing.T, tr client.Option) {
+		d := newDaemon(t, daemonConfig{})
+		c := d.client(t, tr)
+		ctx := ctxT(t)
+		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond) // no prefill: the room waits
+		defer cancel()
+		r, err := c.OpenAndWait(short, openReq(4401, 100))
+		if r != nil || !errors.Is(err, client.ErrDeadlineExceeded) || status.Code(err) != codes.DeadlineExceeded {
+			t.Fatalf("OpenAndWait past its deadline = %v, %v; want ErrDeadlineExceeded", r, err)
+		}
+		if n := client.WaitingRooms(c); n != 0 {
+			t.Errorf("%d rooms waited on after the call returned", n)
+		}
+		got, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 4401})
+		if err != nil || got.GetPhase() == pb.RoomPhase_ROOM_PHASE_FAILED {
+			t.Fatalf("the room after its caller left: %v, %v; want it left as it is", got, err)
+		}
+		// Its later events (the abort) reach nobody; the next call works.
+		if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4401}); err != nil {
+			t.Fatal(err)
+		}
+		p := registered(t, c)
+		go p.SendRoom(ctx, 4402, client.SendOptions{})
+		if r, err := c.OpenAndWait(ctx, openReq(4402, 100)); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+			t.Fatalf("the next OpenAndWait = %v, %v", r, err)
+		}
+	})
+}
+
+// TestOpenAndWaitClose: Close ends the shared session; the call waiting on
+// it returns ErrCanceled (goleak, in TestMain, checks nothing is left).
+func TestOpenAndWaitClose(t *testing.T) {
+	tp := newEngineTap()
+	d := tapDaemon(t, tp, daemonConfig{})
+	c := d.client(t)
+	ctx := ctxT(t)
+	done := make(chan error, 1)
+	go func() { _, err := c.OpenAndWait(ctx, openReq(4501, 100)); done <- err }()
+	// The room is open and waited on (no prefill) before Close.
+	tp.await(t, ctx, "the room's first event", func() bool { return len(tp.sent) == 1 && len(tp.sent[0][4501]) > 0 })
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; !errors.Is(err, client.ErrCanceled) {
+		t.Errorf("OpenAndWait across Close = %v, want ErrCanceled", err)
+	}
+}
+
+// TestOpenAndWaitDaemonGone: with no daemon behind the address,
+// OpenAndWait does not spin or hang: it tries MaxAttempts times, backing
+// off as the RetryPolicy says, and fails with ErrUnavailable.
+func TestOpenAndWaitDaemonGone(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lis := bufconn.Listen(1 << 16)
+		lis.Close() // nothing serves: every dial fails at once
+		dialer := grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) })
+		policy := client.RetryPolicy{MaxAttempts: 3, InitialBackoff: time.Second, MaxBackoff: time.Second}
+		c, err := client.New("passthrough:///gone", client.WithRetry(policy), client.WithDialOptions(dialer,
+			grpc.WithTransportCredentials(insecure.NewCredentials())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		start := time.Now()
+		r, err := c.OpenAndWait(ctx, openReq(4601, 100))
+		took := time.Since(start)
+		if r != nil || !errors.Is(err, client.ErrUnavailable) {
+			t.Fatalf("OpenAndWait with no daemon = %v, %v; want ErrUnavailable", r, err)
+		}
+		// Two backoffs of [0.5s, 1s] between three attempts.
+		if took < time.Second || took > 2*time.Second {
+			t.Errorf("OpenAndWait gave up after %s, want two backoffs (1s..2s)", took)
+		}
+	})
+}
+
+// TestOpenAndWaitPermanentEnd: a session that ends with a code a new
+// session would end with too (here PERMISSION_DENIED, as a proxy may say)
+// fails the waiting call with it, without opening another session.
+func TestOpenAndWaitPermanentEnd(t *testing.T) {
+	tp := newEngineTap()
+	d := tapDaemon(t, tp, daemonConfig{})
+	c := d.client(t, fastRetry)
+	ctx := ctxT(t)
+	done := make(chan error, 1)
+	go func() { _, err := c.OpenAndWait(ctx, openReq(4701, 100)); done <- err }()
+	tp.await(t, ctx, "the room's first event", func() bool { return len(tp.sent) == 1 && len(tp.sent[0][4701]) > 0 })
+	tp.mu.Lock()
+	tp.cut[0] = status.New(codes.PermissionDenied, "denied by a proxy (injected)")
+	tp.mu.Unlock()
+	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4701}); err != nil { // an event to send: the cut
+		t.Fatal(err)
+	}
+	err := <-done
+	if !errors.Is(err, client.ErrPermissionDenied) || status.Convert(err).Message() != "denied by a proxy (injected)" {
+		t.Fatalf("OpenAndWait across a PERMISSION_DENIED end = %v, want it", err)
+	}
+	if n := tp.sessions(); n != 1 {
+		t.Errorf("%d EngineSession streams, want 1 (a permanent end is not retried)", n)
+	}
+}
+
+// TestOpenAndWaitBatchBound: more opens queued than one batch may carry
+// (pb.MaxEngineOpenRooms) go in consecutive batches of at most that many,
+// none lost.
+func TestOpenAndWaitBatchBound(t *testing.T) {
+	tp := newEngineTap()
+	gate := make(chan struct{})
+	tp.gate = gate
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	t.Cleanup(open)
+	d := tapDaemon(t, tp, daemonConfig{})
+	c := d.client(t)
+	queued := make(chan int, 1024)
+	client.OnOpenQueued(c, func(n int) { queued <- n })
+	ctx := ctxT(t)
+	wctx, stop := context.WithCancel(ctx) // the rooms wait for no prefill: the test ends the waits
+	const more = pb.MaxEngineOpenRooms + 44
+	var wg sync.WaitGroup
+	call := func(room uint64) {
+		wg.Go(func() {
+			if _, err := c.OpenAndWait(wctx, openReq(room, 10)); !errors.Is(err, client.ErrCanceled) {
+				t.Errorf("OpenAndWait(%d) = %v, want the test's cancel", room, err)
+			}
+		})
+	}
+	call(5000)
+	tp.await(t, ctx, "the first open", func() bool { return len(tp.opens) == 1 && len(tp.opens[0]) == 1 })
+	for i := range uint64(more) {
+		call(5001 + i)
+	}
+	for n := 0; n < more; {
+		select {
+		case n = <-queued:
+		case <-ctx.Done():
+			t.Fatal("the opens were not queued")
+		}
+	}
+	open()
+	tp.await(t, ctx, "every open", func() bool {
+		total := 0
+		for _, n := range tp.opens[0] {
+			total += n
+		}
+		return total == 1+more
+	})
+	tp.mu.Lock()
+	got := slices.Clone(tp.opens[0])
+	tp.mu.Unlock()
+	if want := []int{1, pb.MaxEngineOpenRooms, more - pb.MaxEngineOpenRooms}; !slices.Equal(got, want) {
+		t.Errorf("open ops carried %v rooms, want %v", got, want)
+	}
+	stop()
+	wg.Wait()
+	if n := client.WaitingRooms(c); n != 0 {
+		t.Errorf("%d rooms still waited on after every call returned", n)
+	}
+}
+
+// TestOpenAndWaitSameRoomTwice: a second OpenAndWait of a room the
+// Client's session already waits on (a caller's retry with the same
+// idempotency key) runs on the unary path; both calls get the room.
+func TestOpenAndWaitSameRoomTwice(t *testing.T) {
+	tp := newEngineTap()
+	d := tapDaemon(t, tp, daemonConfig{})
+	c := d.client(t)
+	ctx := ctxT(t)
+	p := registered(t, c)
+	req := openReq(4801, 100)
+	req.IdempotencyKey = "retry-of-4801"
+	done := make(chan error, 3)
+	wait := func() {
+		r, err := c.OpenAndWait(ctx, req)
+		if err == nil && r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+			err = fmt.Errorf("phase %s", r.GetPhase())
+		}
+		done <- err
+	}
+	go wait()
+	tp.await(t, ctx, "the room's first event", func() bool { return len(tp.sent) == 1 && len(tp.sent[0][4801]) > 0 })
+	go wait()
+	tp.await(t, ctx, "the second call's watch", func() bool { return tp.calls[pb.Rooms_WatchRoom_FullMethodName] == 1 })
+	go func() { _, err := p.SendRoom(ctx, 4801, client.SendOptions{}); done <- err }()
+	for range 3 {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, s := tp.count(pb.Rooms_OpenRoom_FullMethodName), tp.sessions(); n != 1 || s != 1 {
+		t.Errorf("%d OpenRoom calls and %d sessions, want 1 and 1", n, s)
+	}
+}
