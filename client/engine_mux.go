@@ -115,6 +115,8 @@ type muxWaiter struct {
 	// opened: the daemon answered the open OK; only an opened room is
 	// resumed on a new session.
 	opened bool
+	// inc is the daemon incarnation that answered the open.
+	inc uint64
 	// seq is the last event seq handed over (the resume cursor).
 	seq uint32
 	evs []*pb.EngineRoomEvent
@@ -178,7 +180,8 @@ func (m *engineMux) acquire(ctx context.Context) (*muxSession, error) {
 func (m *engineMux) dial(d *muxDial) {
 	defer close(d.done)
 	sctx, cancel := context.WithCancel(m.ctx)
-	s, err := m.c.EngineSession(sctx)
+	// One event per room, its outcome: what OpenAndWait waits for.
+	s, err := m.c.EngineSession(sctx, SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME))
 	if err != nil {
 		cancel()
 		m.mu.Lock()
@@ -576,7 +579,7 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 		r := ms.open(ctx, req)
 		if r.err == nil && r.res.Err == nil {
 			w.mu.Lock()
-			w.opened = true
+			w.opened, w.inc = true, r.res.Incarnation
 			w.mu.Unlock()
 			room = r.res.Open.GetRoom()
 			break
@@ -634,8 +637,10 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 func (c *Client) waitStream(ctx context.Context, w *muxWaiter) (*pb.Room, error) {
 	const op = "WatchRoom"
 	room := w.room
-	var inc uint64 // the daemon incarnation of the room's first event
-	failures := 0  // consecutive failed attempts to get a session since the last event
+	w.mu.Lock()
+	inc := w.inc // the daemon incarnation that opened the room (0: unknown)
+	w.mu.Unlock()
+	failures := 0 // consecutive failed attempts to get a session since the last event
 	for {
 		w.mu.Lock()
 		evs, sess, lost, failed := w.evs, w.sess, w.lost, w.failed

@@ -76,6 +76,8 @@ type SessionResult struct {
 	Release *pb.ReleaseRoomResponse
 	Abort   *pb.AbortRoomResponse
 	Err     error
+	// Incarnation is the daemon's incarnation as the op's reply gave it.
+	Incarnation uint64
 }
 
 // sessionEvents is how many room events the session holds that Next has
@@ -331,7 +333,7 @@ func (s *EngineSession) do(ctx context.Context, op string, req *pb.EngineRequest
 	}
 	out := make([]SessionResult, len(reply.GetResults()))
 	for i, r := range reply.GetResults() {
-		out[i] = SessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r)}
+		out[i] = SessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r), Incarnation: reply.GetIncarnation()}
 	}
 	return out, nil
 }

@@ -30,8 +30,13 @@ func (s sentStream) SendMsg(m any) error {
 		return status.Error(codes.Unavailable, "simulated crash")
 	}
 	err := s.ServerStream.SendMsg(m)
-	if ev, ok := m.(*pb.EngineEvent); ok && !slices.ContainsFunc(packed(ev), func(e *pb.EngineEvent) bool { return e.GetRoom() != nil }) {
-		return err // an engine session's reply alone: no room event yet
+	// An engine session's message counts once it carries a room event or
+	// an open's answer (OpenAndWait subscribes the room's outcome alone:
+	// the answer is the sign that its room is open and waited on).
+	if ev, ok := m.(*pb.EngineEvent); ok && !slices.ContainsFunc(packed(ev), func(e *pb.EngineEvent) bool {
+		return e.GetRoom() != nil || slices.ContainsFunc(e.GetReply().GetResults(), func(r *pb.EngineResult) bool { return r.GetOpen() != nil })
+	}) {
+		return err // a reply of another op: no room open yet
 	}
 	select {
 	case s.sent <- struct{}{}:
@@ -114,7 +119,7 @@ func TestRoomWatchEndsOnDaemonRestart(t *testing.T) {
 					t.Fatalf("first event = %v, %v; want one of incarnation %x", ev, err, oldInc)
 				}
 			}
-			select { // the watch has its first event: it knows the incarnation
+			select { // the watch has its first event (or the open its answer): it knows the incarnation
 			case <-sent:
 			case <-ctx.Done():
 				t.Fatal("no room event sent")

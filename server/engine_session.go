@@ -349,7 +349,7 @@ func (es *engineSession) forward(sb pendingSub) {
 // run answers one op; subs are the rooms it subscribes, to start once its
 // reply is queued.
 func (es *engineSession) run(req *pb.EngineRequest) (*pb.EngineReply, []pendingSub) {
-	reply := &pb.EngineReply{Seq: req.GetSeq()}
+	reply := &pb.EngineReply{Seq: req.GetSeq(), Incarnation: es.h.s.deps.Incarnation}
 	op := opName(req)
 	es.opStart = time.Now()
 	if err := req.CheckOp(); err != nil {

@@ -530,7 +530,11 @@ type EngineReply struct {
 	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
 	// results: Open, one per room in the batch's order; Release and Abort,
 	// one; Watch, one per room in the op's order.
-	Results       []*EngineResult `protobuf:"bytes,4,rep,name=results,proto3" json:"results,omitempty"`
+	Results []*EngineResult `protobuf:"bytes,4,rep,name=results,proto3" json:"results,omitempty"`
+	// incarnation is the daemon's incarnation (as RoomEvent.incarnation and
+	// GetStatus's): a client that sees another one on a new stream knows
+	// the daemon restarted and its rooms are gone, before any event of them.
+	Incarnation   uint64 `protobuf:"fixed64,5,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -591,6 +595,13 @@ func (x *EngineReply) GetResults() []*EngineResult {
 		return x.Results
 	}
 	return nil
+}
+
+func (x *EngineReply) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
 }
 
 // EngineResult is one room's answer, as its unary RPC would give it: a
@@ -822,12 +833,13 @@ const file_decodeplane_v1_engine_session_proto_rawDesc = "" +
 	"\x05reply\x18\x01 \x01(\v2\x1b.decodeplane.v1.EngineReplyH\x00R\x05reply\x125\n" +
 	"\x04room\x18\x02 \x01(\v2\x1f.decodeplane.v1.EngineRoomEventH\x00R\x04room\x12/\n" +
 	"\x04more\x18\x03 \x03(\v2\x1b.decodeplane.v1.EngineEventR\x04moreB\a\n" +
-	"\x05event\"\x85\x01\n" +
+	"\x05event\"\xa7\x01\n" +
 	"\vEngineReply\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x126\n" +
-	"\aresults\x18\x04 \x03(\v2\x1c.decodeplane.v1.EngineResultR\aresults\"\xca\x02\n" +
+	"\aresults\x18\x04 \x03(\v2\x1c.decodeplane.v1.EngineResultR\aresults\x12 \n" +
+	"\vincarnation\x18\x05 \x01(\x06R\vincarnation\"\xca\x02\n" +
 	"\fEngineResult\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
