@@ -169,14 +169,26 @@ func (c *Client) ListRooms(ctx context.Context, req *pb.ListRoomsRequest) (*pb.L
 // req.Reason) and returns its resources; aborting a finished room is OK
 // (AlreadyTerminal). ErrNotFound for an unknown room. Retried on
 // Unavailable.
+//
+// Under TransportStreams it rides OpenAndWait's shared engine session when
+// one is up (engine_ops.go), with the same answers.
 func (c *Client) AbortRoom(ctx context.Context, req *pb.AbortRoomRequest) (*pb.AbortRoomResponse, error) {
+	if resp, ok, err := c.abortOnSession(ctx, req); ok {
+		return resp, err
+	}
 	return invoke(ctx, c, pb.Rooms_AbortRoom_FullMethodName, req, c.rooms.AbortRoom)
 }
 
 // ReleaseRoom hands a successful room's pages and slots back; idempotent
 // (AlreadyReleased). ErrFailedPrecondition: the room has not succeeded (abort
 // it instead). Retried on Unavailable.
+//
+// Under TransportStreams it rides OpenAndWait's shared engine session when
+// one is up (engine_ops.go), with the same answers.
 func (c *Client) ReleaseRoom(ctx context.Context, req *pb.ReleaseRoomRequest) (*pb.ReleaseRoomResponse, error) {
+	if resp, ok, err := c.releaseOnSession(ctx, req); ok {
+		return resp, err
+	}
 	return invoke(ctx, c, pb.Rooms_ReleaseRoom_FullMethodName, req, c.rooms.ReleaseRoom)
 }
 
