@@ -2,10 +2,11 @@
 // over real gRPC (a simulated decode engine and a simulated prefill fleet,
 // each rank on its own connection) against a daemon started in this process
 // (internal/daemon, as serve builds it) or an external one (--target). With
-// --api stream (the default) the rooms ride on long-lived sessions (one
-// EngineSession for the decode engine, one PrefillSession per prefill rank;
-// bench_stream.go); with --api unary each step of a room is its own call or
-// stream. The bench then measures the bare-gRPC limit of the run's message
+// --api stream (the default) the rooms ride on the Go client's default
+// transport, long-lived sessions (the decode engine's OpenAndWait,
+// ReleaseRoom and AbortRoom on one shared EngineSession, each prefill
+// rank's SendRoom on one shared PrefillSession); with --api unary
+// (client.TransportUnary) each step of a room is its own call or stream. The bench then measures the bare-gRPC limit of the run's message
 // mix on the same kind of connection (bench_bare.go; the stream mix:
 // bench_bare_stream.go), with the otelgrpc handlers as the run has them and
 // without, and prints the ratio of the two. See BENCHMARKS.md.
@@ -26,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/internal/config"
 )
 
@@ -85,6 +87,14 @@ type benchOptions struct {
 
 // stream reports --api stream.
 func (o *benchOptions) stream() bool { return o.api == "stream" }
+
+// transport is the Go client's transport for the api.
+func (o *benchOptions) transport() client.Transport {
+	if o.stream() {
+		return client.TransportStreams
+	}
+	return client.TransportUnary
+}
 
 // rateMode reports an open-loop run (--rate): rooms start at a fixed rate
 // instead of as soon as one finishes.

@@ -121,11 +121,7 @@ func (b *benchRun) describe(s *benchSummary) {
 	}
 	api := "unary: OpenRoom, WatchRoom and ReleaseRoom per room on the decode engine; AwaitDestination and Transfer per room on each prefill rank"
 	if o.stream() {
-		opens := "opens batched as a group commit"
-		if !b.engine.batch {
-			opens = "one-room opens, tracing on"
-		}
-		api = "stream: the decode engine's rooms on one EngineSession (" + opens + "), each prefill rank's on one PrefillSession (SendRoomSession); a session that ends fails its rooms and the next room opens a new one"
+		api = "stream: the Go client's default transport: OpenAndWait, ReleaseRoom and AbortRoom on the decode engine's shared EngineSession (opens batched as a group commit, one event per room), SendRoom on each prefill rank's shared PrefillSession; a session that ends is re-opened and its rooms resumed by the client"
 	}
 	s.setup = append(s.setup, "api         "+api)
 	s.setup = append(s.setup, fmt.Sprintf("load        %s; prompt %s, max new tokens %d, %s, seed %d", load, o.prompt.String(), o.maxNewTokens, chunks, o.seed))

@@ -266,10 +266,6 @@ type benchRun struct {
 	base   uint64
 	status *pb.GetStatusResponse
 	decTP  uint32
-	// --api stream: the decode engine's session and each sending prefill
-	// rank's (nil with --api unary).
-	engine   *benchEngine
-	sessions map[*client.Prefill]*benchPrefillSession
 
 	failuresExpected bool
 	// abandon ends when the bench gives up on the daemon (the watchdog
@@ -298,9 +294,10 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 		opts := []client.Option{
 			client.WithTracerProvider(tr.provider), client.WithPropagator(tr.propagator),
 			client.WithDialOptions(b.counters.dialOptions(onDest)...),
-			// The bench chooses its api itself (--api stream opens its own
-			// sessions): the client's calls stay unary.
-			client.WithTransport(client.TransportUnary),
+			// --api stream is the client's default transport (OpenAndWait,
+			// SendRoom, ReleaseRoom and AbortRoom on the shared sessions),
+			// --api unary the unary one.
+			client.WithTransport(o.transport()),
 		}
 		if token != "" {
 			opts = append(opts, client.WithToken(token))
@@ -397,15 +394,6 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 			return nil, fmt.Errorf("no prefill rank of DP group %d is addressed by the decode ranks (prefill TP %d, decode TP %d)", dp, o.prefillRanks, b.decTP)
 		}
 	}
-	if o.stream() {
-		b.engine = newBenchEngine(b.decode, b.now, b.tr.tracer == nil)
-		b.sessions = map[*client.Prefill]*benchPrefillSession{}
-		for _, g := range b.groups {
-			for _, p := range g {
-				b.sessions[p] = newBenchPrefillSession(p)
-			}
-		}
-	}
 	hbCtx, hbCancel := context.WithCancel(context.Background())
 	b.hbCancel = hbCancel
 	for _, p := range prefills {
@@ -416,14 +404,6 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 }
 
 func (b *benchRun) close() {
-	if b.engine != nil {
-		b.engine.close()
-		b.engine = nil
-	}
-	for _, ps := range b.sessions {
-		ps.close()
-	}
-	b.sessions = nil
 	if b.hbCancel != nil {
 		b.hbCancel()
 		b.hbWG.Wait()
@@ -485,9 +465,6 @@ func (r *benchRecorder) fail(err error) {
 func benchReason(err error) string {
 	if errors.Is(err, errBenchUnreachable) {
 		return "daemon unreachable"
-	}
-	if errors.Is(err, errBenchSessionEnded) {
-		return benchSessionReason(err)
 	}
 	var rf *client.RoomFailedError
 	if errors.As(err, &rf) {
@@ -657,17 +634,16 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 	var wg sync.WaitGroup
 	so := client.SendOptions{ChunkPages: b.o.chunkPages, Source: b.chunkStamp(st)}
 	for i, p := range senders {
-		if ps := b.sessions[p]; ps != nil {
-			wg.Go(func() { perr[i] = ps.send(pctx, room, so) })
-			continue
-		}
 		wg.Go(func() { _, perr[i] = p.SendRoom(pctx, room, so) })
 	}
 
-	// The decode engine: OpenRoom, then watch until Success (what
-	// client.OpenAndWait does, spelled out to know whether the room was
-	// opened), then ReleaseRoom.
-	// With --api stream, the same three steps on the engine session.
+	// The decode engine. --api unary: OpenRoom, then watch until Success
+	// (what client.OpenAndWait does on that transport, spelled out to know
+	// whether the room was opened), then ReleaseRoom. --api stream:
+	// OpenAndWait and ReleaseRoom on the client's shared engine session
+	// (an OpenAndWait that fails other than by the room's failure may have
+	// opened the room: it is aborted, an unknown room's abort being a
+	// harmless NotFound).
 	t0 := b.now()
 	opened := false
 	var tSucc int64
@@ -675,8 +651,9 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 		Rid: rid, BootstrapAddr: b.addr, Room: room, PromptLen: uint32(prompt), MaxNewTokens: uint32(b.o.maxNewTokens),
 	}
 	var err error
-	if b.engine != nil {
-		opened, tSucc, err = b.engine.run(ctx, req)
+	if b.o.stream() {
+		_, err = b.decode.OpenAndWait(ctx, req)
+		opened = true
 	} else {
 		var resp *pb.OpenRoomResponse
 		resp, err = b.decode.OpenRoom(ctx, req)
@@ -686,10 +663,10 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 				_, err = b.decode.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 			}
 		}
-		tSucc = b.now()
-		if err == nil {
-			_, err = b.decode.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
-		}
+	}
+	tSucc = b.now()
+	if err == nil {
+		_, err = b.decode.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
 	}
 	tEnd := b.now()
 	if err != nil && !errors.Is(err, client.ErrRoomFailed) {
@@ -736,12 +713,7 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 func (b *benchRun) abort(room uint64, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req := &pb.AbortRoomRequest{Room: room, Reason: "decodeplane bench: " + reason}
-	if b.engine != nil {
-		_ = b.engine.abort(ctx, req)
-		return
-	}
-	_, _ = b.decode.AbortRoom(ctx, req)
+	_, _ = b.decode.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room, Reason: "decodeplane bench: " + reason})
 }
 
 // benchUsage is the process's resource use: CPU (getrusage) and heap
