@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -294,13 +295,18 @@ func (ss *session) opContext(m *pb.PrefillRequest) context.Context {
 	return ss.h.s.deps.Propagator.Extract(ss.ctx, c)
 }
 
+// prefillOpSpanPrefix names a session op's span as otelgrpc names a unary
+// call's ("decodeplane.v1.Rooms/Transfer"): the method without its leading
+// slash, then the op: "decodeplane.v1.PrefillSession/Session/chunk".
+var prefillOpSpanPrefix = strings.TrimPrefix(pb.PrefillSession_Session_FullMethodName, "/") + "/"
+
 // span starts the op's span (with tracing on) in the message's trace.
 func (ss *session) span(ctx context.Context, op string) (context.Context, func()) {
 	if !ss.h.s.tracing {
 		return ctx, func() {}
 	}
 	ctx, sp := ss.h.s.deps.TracerProvider.Tracer("github.com/decodeplane/decodeplane/server").Start(ctx,
-		pb.PrefillSession_Session_FullMethodName+"/"+op, trace.WithSpanKind(trace.SpanKindServer))
+		prefillOpSpanPrefix+op, trace.WithSpanKind(trace.SpanKindServer))
 	return ctx, func() { sp.End() }
 }
 

@@ -660,7 +660,7 @@ func TestPrefillSessionTracing(t *testing.T) {
 	want := span.SpanContext().TraceID()
 	var found bool
 	for _, sp := range spans.GetSpans() {
-		if sp.Name == pb.PrefillSession_Session_FullMethodName+"/chunk" && sp.SpanKind == trace.SpanKindServer && sp.SpanContext.TraceID() == want &&
+		if sp.Name == "decodeplane.v1.PrefillSession/Session/chunk" && sp.SpanKind == trace.SpanKindServer && sp.SpanContext.TraceID() == want &&
 			sp.Parent.SpanID() == span.SpanContext().SpanID() {
 			found = true
 		}

@@ -263,7 +263,7 @@ func TestE2EJaegerOneTracePerRoom(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer decode.Close()
-	prefillConn, err := client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "prefill")))
+	prefillConn, err := client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "prefill")), client.WithTransport(client.TransportUnary))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,10 +95,24 @@ func TestE2EJaegerOneTracePerRoomOverSessions(t *testing.T) {
 	const chunkOp = "decodeplane.v1.PrefillSession/Session/chunk"
 	for _, r := range reqs {
 		var spans []span
-		poll(t, 30*time.Second, "room "+r.rid+"'s trace in Jaeger", func() bool {
-			spans = j.trace(t, r.id)
+		complete := func() bool {
 			return len(find(spans, "decodeplane", "room")) == 1 && len(find(spans, "decodeplane", "chunk")) == 3 && len(find(spans, "decodeplane", chunkOp)) == 3
-		})
+		}
+		deadline := time.NewTimer(30 * time.Second)
+		tick := time.NewTicker(50 * time.Millisecond) // Jaeger's ingestion: polled, as poll does
+		for spans = j.trace(t, r.id); !complete(); spans = j.trace(t, r.id) {
+			select {
+			case <-tick.C:
+				continue
+			case <-deadline.C:
+			}
+			break
+		}
+		tick.Stop()
+		deadline.Stop()
+		if !complete() {
+			t.Fatalf("room %s's trace in Jaeger, after 30s: want one room span, 3 chunk spans and 3 %s spans; have:\n%s", r.rid, chunkOp, describe(spans))
+		}
 		roots := find(spans, "router", "router.request")
 		if len(roots) != 1 {
 			t.Fatalf("%s: %d router spans in its trace, want 1:\n%s", r.rid, len(roots), describe(spans))
