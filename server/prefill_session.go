@@ -260,22 +260,26 @@ func (ss *session) handle(m *pb.PrefillRequest) error {
 	case *pb.PrefillRequest_Report:
 		req := op.Report
 		ctx, end := ss.span(ctx, "report")
-		defer end()
+		defer end() // on a panic too (a second End is a no-op); ended before the result otherwise
 		if err := ss.check("report", pb.Rooms_ReportTransfer_FullMethodName, &req.Rank, req); err != nil {
+			end()
 			ss.result(seq, "report", err, nil)
 			return nil
 		}
 		resp, err := ss.h.rooms.ReportTransfer(ctx, req)
+		end()
 		ss.result(seq, "report", err, func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Report{Report: resp} })
 	case *pb.PrefillRequest_Ack:
 		req := op.Ack
 		ctx, end := ss.span(ctx, "ack")
-		defer end()
+		defer end() // on a panic too (a second End is a no-op); ended before the result otherwise
 		if err := ss.check("ack", pb.Rooms_AckRoomEnd_FullMethodName, &req.Rank, req); err != nil {
+			end()
 			ss.result(seq, "ack", err, nil)
 			return nil
 		}
 		resp, err := ss.h.rooms.AckRoomEnd(ctx, req)
+		end()
 		ss.result(seq, "ack", err, func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Ack{Ack: resp} })
 	default:
 		ss.result(seq, "unknown", status.Error(codes.InvalidArgument, "op: is required (claim, chunk, report, ack or ping)"), nil)
@@ -328,8 +332,9 @@ func (ss *session) check(op, method string, rank **pb.PrefillRank, req any) erro
 // claim is AwaitDestination on the session.
 func (ss *session) claim(ctx context.Context, seq uint64, req *pb.AwaitDestinationRequest) {
 	ctx, end := ss.span(ctx, "claim")
-	defer end()
+	defer end() // on a panic too (a second End is a no-op); ended before the result otherwise
 	if err := ss.check("claim", pb.Rooms_AwaitDestination_FullMethodName, &req.Rank, req); err != nil {
+		end()
 		ss.result(seq, "claim", err, nil)
 		return
 	}
@@ -338,17 +343,20 @@ func (ss *session) claim(ctx context.Context, seq uint64, req *pb.AwaitDestinati
 	_, dup := ss.claims[room]
 	ss.mu.Unlock()
 	if dup {
+		end()
 		ss.result(seq, "claim", status.Errorf(codes.AlreadyExists, "claim.room: room %d is already claimed on this session", room), nil)
 		return
 	}
 	c, err := ss.h.rooms.m.AwaitDestination(room, rankFromProto(req.GetRank()))
 	if err != nil {
+		end()
 		ss.result(seq, "claim", ss.h.rooms.err(ctx, err), nil)
 		return
 	}
 	ss.mu.Lock()
 	ss.claims[room] = c
 	ss.mu.Unlock()
+	end()
 	ss.result(seq, "claim", nil, func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Claim{Claim: &pb.PrefillClaimed{Room: room}} })
 	ss.pumps.Add(1)
 	go ss.pump(seq, room, c)
@@ -431,8 +439,9 @@ func (ss *session) chunk(ctx context.Context, seq uint64, req *pb.TransferReques
 			}
 		}()
 		ctx, end := ss.span(ctx, "chunk")
-		defer end()
+		defer end() // on a panic too (a second End is a no-op); ended before the result otherwise
 		resp, err := ss.h.rooms.Transfer(ctx, req)
+		end()
 		ss.result(seq, "chunk", err, func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Chunk{Chunk: resp} })
 	}()
 }
