@@ -15,12 +15,15 @@ import (
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// Session is a prefill rank's PrefillSession stream (opt-in; see
-// Prefill.Session): one long-lived stream carrying the rank's claims,
-// chunks, reports and acknowledgements, which is also the rank's heartbeat
-// (it pings every half heartbeat interval). It is safe for concurrent use.
-// A session does not re-open itself: once it ended (Err), open another
-// one and claim again (the daemon re-delivers).
+// Session is a prefill rank's PrefillSession stream, opened by hand with
+// Prefill.Session (SendRoom and ReportRoom use the Prefill's own shared
+// one under TransportStreams, the default): one long-lived stream carrying
+// the rank's claims, chunks, reports and acknowledgements, which is also
+// the rank's heartbeat (it pings every half heartbeat interval). It is safe
+// for concurrent use. A session does not re-open itself: once it ended
+// (Err), open another one and claim again (the daemon re-delivers).
+// Messages sent while another is being written go out packed in its next
+// one (PrefillRequest.more).
 type Session struct {
 	p       *Prefill
 	cancel  context.CancelFunc

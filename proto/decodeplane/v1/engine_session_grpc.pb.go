@@ -93,7 +93,10 @@ type EngineSessionClient interface {
 	// Codes (the stream's): OK; INVALID_ARGUMENT (protocol violation, named);
 	// RESOURCE_EXHAUSTED (slow consumer); UNAUTHENTICATED (when a token is
 	// configured: the stream needs it like a mutating call, whatever its ops).
-	// Not retried by the Go client: open a new stream and Resume.
+	// A stream the Go client's EngineSession opened is not re-opened by the
+	// client: open a new stream and Resume. The Go client's OpenAndWait
+	// (its default transport) re-opens its shared stream after a RESOURCE_EXHAUSTED,
+	// UNAVAILABLE or ABORTED end and resumes the rooms it waits on.
 	Session(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[EngineRequest, EngineEvent], error)
 }
 
@@ -189,7 +192,10 @@ type EngineSessionServer interface {
 	// Codes (the stream's): OK; INVALID_ARGUMENT (protocol violation, named);
 	// RESOURCE_EXHAUSTED (slow consumer); UNAUTHENTICATED (when a token is
 	// configured: the stream needs it like a mutating call, whatever its ops).
-	// Not retried by the Go client: open a new stream and Resume.
+	// A stream the Go client's EngineSession opened is not re-opened by the
+	// client: open a new stream and Resume. The Go client's OpenAndWait
+	// (its default transport) re-opens its shared stream after a RESOURCE_EXHAUSTED,
+	// UNAVAILABLE or ABORTED end and resumes the rooms it waits on.
 	Session(grpc.BidiStreamingServer[EngineRequest, EngineEvent]) error
 	mustEmbedUnimplementedEngineSessionServer()
 }
