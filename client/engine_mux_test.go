@@ -159,8 +159,9 @@ func (s *tapStream) SendMsg(m any) error {
 	if hold {
 		<-gate
 	}
-	err := s.ServerStream.SendMsg(m)
-	if err == nil && ev != nil {
+	// Recorded before it is written: once written, the client may act on
+	// it (and the test read the record) before SendMsg returns.
+	if ev != nil {
 		tp.mu.Lock()
 		for _, e := range packed(ev) {
 			if re := e.GetRoom(); re != nil {
@@ -173,6 +174,9 @@ func (s *tapStream) SendMsg(m any) error {
 			}
 		}
 		tp.mu.Unlock()
+	}
+	err := s.ServerStream.SendMsg(m)
+	if ev != nil {
 		tp.signal()
 	}
 	return err

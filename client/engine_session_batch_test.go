@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
@@ -165,10 +166,83 @@ func TestEngineSessionPackedRequests(t *testing.T) {
 			if err := st.Send(tc.msg()); err != nil {
 				t.Fatal(err)
 			}
+			if tc.name == "seq inside" { // the request before the bad one ran: its reply comes first
+				if r := recvReply(t, st, 100); len(r.GetResults()) != 1 || codes.Code(r.GetResults()[0].GetCode()) != codes.NotFound {
+					t.Errorf("reply 100 = %v, want NOT_FOUND for room 1", r)
+				}
+			}
 			err := recvEnd(st)
 			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.field) {
 				t.Errorf("stream ended with %v, want INVALID_ARGUMENT %q", err, tc.field)
 			}
 		})
 	}
+}
+
+// TestEngineSessionViolationAfterOps: the replies of the ops that ran
+// before a protocol violation are sent before the stream ends with it,
+// whether the violation came in the next message (sent at once, without
+// reading) or later in the same one; the rooms those ops opened are open.
+func TestEngineSessionViolationAfterOps(t *testing.T) {
+	d := newDaemon(t, daemonConfig{})
+	c := d.client(t)
+	open := func(seq, room uint64) *pb.EngineRequest {
+		return &pb.EngineRequest{Seq: seq, Op: &pb.EngineRequest_Open{Open: &pb.EngineOpen{Rooms: []*pb.OpenRoomRequest{openReq(room, 10)}}}}
+	}
+	for i, msgs := range [][]*pb.EngineRequest{
+		{open(5, 1801), {Seq: 3, Op: &pb.EngineRequest_Abort{Abort: &pb.AbortRoomRequest{Room: 7}}}},
+		{{Seq: 5, Op: open(5, 1802).Op, More: []*pb.EngineRequest{open(6, 1803), open(6, 1804)}}},
+	} {
+		st := rawSession(t, d)
+		for _, m := range msgs {
+			if err := st.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		want := map[int][]uint64{0: {5}, 1: {5, 6}}[i]
+		for _, seq := range want {
+			if r := recvReply(t, st, seq); len(r.GetResults()) != 1 || r.GetResults()[0].GetCode() != 0 {
+				t.Errorf("case %d: reply %d = %v, want the open's OK", i, seq, r)
+			}
+		}
+		if err := recvEnd(st); status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "seq:") {
+			t.Errorf("case %d: stream ended with %v, want INVALID_ARGUMENT seq", i, err)
+		}
+	}
+	for _, room := range []uint64{1801, 1802, 1803} {
+		if _, err := c.GetRoom(ctxT(t), &pb.GetRoomRequest{Room: room}); err != nil {
+			t.Errorf("room %d: %v, want it open (its op ran and was answered)", room, err)
+		}
+		if _, err := c.AbortRoom(ctxT(t), &pb.AbortRoomRequest{Room: room}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.GetRoom(ctxT(t), &pb.GetRoomRequest{Room: 1804}); !errors.Is(err, client.ErrNotFound) {
+		t.Errorf("room 1804 (the violating entry's) = %v, want NOT_FOUND (never run)", err)
+	}
+	assertPoolFull(t, c)
+}
+
+// TestEngineSessionWatchAfterBeyondTheEnd: a Watch whose after is beyond
+// the room's last event sends what comes next, its terminal event
+// included.
+func TestEngineSessionWatchAfterBeyondTheEnd(t *testing.T) {
+	d := newDaemon(t, daemonConfig{})
+	c := d.client(t)
+	ctx := ctxT(t)
+	if _, err := c.OpenRoom(ctx, openReq(1901, 10)); err != nil {
+		t.Fatal(err)
+	}
+	s := session(t, c)
+	if res, err := s.Resume(ctx, map[uint64]uint32{1901: 53}); err != nil || res[0].Err != nil {
+		t.Fatalf("Resume = %+v, %v", res, err)
+	}
+	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 1901}); err != nil {
+		t.Fatal(err)
+	}
+	ev, err := s.Next()
+	if err != nil || ev.GetRoom() != 1901 || !ev.GetEvent().GetTerminal() {
+		t.Fatalf("Next = %v, %v; want room 1901's terminal event", ev, err)
+	}
+	assertPoolFull(t, c)
 }

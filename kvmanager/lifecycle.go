@@ -974,7 +974,7 @@ func (m *Manager) Watch(room uint64, history bool) (*Watcher, error) {
 	if history {
 		first = 0
 	}
-	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(steps)-first), sh: sh, room: room}
+	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(steps)-first), sh: sh, room: room, last: uint32(len(steps))}
 	snap := r.snapshot(false, false)
 	texts := r.texts()
 	for i := first; i < len(steps); i++ {
@@ -998,8 +998,8 @@ func (m *Manager) WatchOutcome(room uint64) (*Watcher, error) {
 		return nil, fmt.Errorf("watch room %d: %w", room, ErrRoomNotFound)
 	}
 	defer m.unlockShard(sh)
-	w := &Watcher{ch: make(chan RoomEvent, 1), sh: sh, room: room, outcome: true}
 	steps := r.steps()
+	w := &Watcher{ch: make(chan RoomEvent, 1), sh: sh, room: room, outcome: true, last: uint32(len(steps))}
 	at := -1
 	for i, t := range steps {
 		if Phase(t.phase) == PhaseSucceeded {

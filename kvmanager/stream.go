@@ -19,7 +19,13 @@ type Watcher struct {
 	room uint64
 	// outcome: WatchOutcome's watcher, sent only the room's outcome.
 	outcome bool
+	// last is the room's last event's seq when the watch began.
+	last uint32
 }
+
+// Last is the seq (RoomEvent.Seq) of the room's last event when the watch
+// began: the events after it are the live ones.
+func (w *Watcher) Last() uint32 { return w.last }
 
 // Events delivers the room's events; it is closed after the terminal event,
 // when the watcher falls behind (Err returns ErrSlowConsumer) or on Close.

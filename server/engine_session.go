@@ -53,6 +53,7 @@ func (h *engineSessionService) Session(stream pb.EngineSession_SessionServer) er
 		h: h, stream: stream, ctx: stream.Context(),
 		wakeSend: make(chan struct{}, 1), wake: make(chan struct{}, 1), subs: map[uint64]*kvmanager.Watcher{},
 	}
+	es.drained.L = &es.mu
 	go es.receive()
 	go es.send()
 	err := es.wait()
@@ -73,9 +74,24 @@ type engineSession struct {
 	// pb.MaxEngineSessionQueue; inflight: the sender is writing one more.
 	queue    []*pb.EngineEvent
 	inflight bool
-	// end is why the stream ends early (a protocol violation, a slow
-	// consumer, a broken stream); the handler returns it at once.
+	// replay[i]: queue[i] re-delivers an event from before its room's
+	// subscription by a Watch (a resume); replayQueued counts them. They do not count toward the slow-consumer bound: a resume of
+	// many rooms re-delivers more than the bound at once. Instead the
+	// receiver runs no op after a Watch until its replays are written
+	// (replaying: subscriptions still queueing theirs).
+	replay       []bool
+	replayQueued int
+	replaying    int
+	// drained is broadcast when replaying or replayQueued reaches 0 and
+	// when the stream ends (under mu).
+	drained sync.Cond
+	// end is why the stream ends early (a slow consumer, a broken
+	// stream); the handler returns it at once.
 	end error
+	// violation is a protocol violation: nothing more is queued or run,
+	// what is queued (the replies of the ops that ran) is sent, then the
+	// handler returns it.
+	violation error
 	// halfClosed: the client sent its last op (CloseSend).
 	halfClosed bool
 	// closed: the handler is returning; nothing is queued or subscribed.
@@ -98,6 +114,11 @@ func (es *engineSession) wait() error {
 		es.mu.Lock()
 		if es.end != nil {
 			err := es.end
+			es.mu.Unlock()
+			return err
+		}
+		if es.violation != nil && ((len(es.queue) == 0 && !es.inflight) || stopping) {
+			err := es.violation
 			es.mu.Unlock()
 			return err
 		}
@@ -139,8 +160,17 @@ func (es *engineSession) send() {
 		if n > 1 {
 			ev.More = append(make([]*pb.EngineEvent, 0, n-1), es.queue[1:n]...)
 		}
+		for _, r := range es.replay[:n] {
+			if r {
+				es.replayQueued--
+			}
+		}
+		if es.replayQueued == 0 {
+			es.drained.Broadcast()
+		}
 		clear(es.queue[:n])
 		es.queue = es.queue[n:]
+		es.replay = es.replay[n:]
 		es.inflight = true
 		es.mu.Unlock()
 		err := es.stream.Send(ev)
@@ -163,30 +193,49 @@ func (es *engineSession) signal() {
 	}
 }
 
+// violate ends the stream with a protocol violation, after what is queued.
+func (es *engineSession) violate(err error) {
+	es.count("protocol", codes.InvalidArgument)
+	es.mu.Lock()
+	if es.violation == nil {
+		es.violation = status.Error(codes.InvalidArgument, err.Error())
+	}
+	es.mu.Unlock()
+	es.signal()
+}
+
 // fail ends the stream with err (the first reason wins).
 func (es *engineSession) fail(err error) {
 	es.mu.Lock()
 	if es.end == nil && !es.closed {
 		es.end = err
 	}
+	es.drained.Broadcast()
 	es.mu.Unlock()
 	es.signal()
 }
 
 // push queues ev; false when the stream ended (or ends now: a full queue
 // is a slow consumer, cut with RESOURCE_EXHAUSTED while its rooms go on).
-func (es *engineSession) push(ev *pb.EngineEvent) bool {
+// A replayed event (see engineSession.replay) is queued whatever the
+// queue holds.
+func (es *engineSession) push(ev *pb.EngineEvent, replay bool) bool {
 	es.mu.Lock()
 	defer es.mu.Unlock()
-	if es.end != nil || es.closed {
+	if es.end != nil || es.closed || es.violation != nil {
 		return false
 	}
-	if len(es.queue) >= pb.MaxEngineSessionQueue {
-		es.end = status.Errorf(codes.ResourceExhausted, "slow consumer: %d events queued", len(es.queue))
+	if live := len(es.queue) - es.replayQueued; !replay && live >= pb.MaxEngineSessionQueue {
+		es.end = status.Errorf(codes.ResourceExhausted, "slow consumer: %d events queued", live)
+		es.drained.Broadcast()
 		es.signal()
 		return false
 	}
 	es.queue = append(es.queue, ev)
+	es.replay = append(es.replay, replay)
+	if replay {
+		es.replayQueued++
+	}
 	select {
 	case es.wakeSend <- struct{}{}:
 	default:
@@ -200,7 +249,8 @@ func (es *engineSession) close() {
 	es.closed = true
 	subs := es.subs
 	es.subs = map[uint64]*kvmanager.Watcher{}
-	es.queue = nil
+	es.queue, es.replay, es.replayQueued = nil, nil, 0
+	es.drained.Broadcast()
 	es.mu.Unlock()
 	for _, w := range subs {
 		w.Close()
@@ -226,8 +276,7 @@ func (es *engineSession) receive() {
 			return
 		}
 		if err := req.CheckBatch(); err != nil {
-			es.count("protocol", codes.InvalidArgument)
-			es.fail(status.Error(codes.InvalidArgument, err.Error()))
+			es.violate(err)
 			return
 		}
 		more := req.More
@@ -247,13 +296,12 @@ func (es *engineSession) receive() {
 // the stream ends (a protocol violation, or it ended meanwhile).
 func (es *engineSession) handle(req *pb.EngineRequest, prev *uint64) bool {
 	if err := req.CheckProtocol(*prev); err != nil {
-		es.count("protocol", codes.InvalidArgument)
-		es.fail(status.Error(codes.InvalidArgument, err.Error()))
+		es.violate(err) // after the replies of the requests before it
 		return false
 	}
 	*prev = req.GetSeq()
 	reply, subs := es.run(req)
-	if !es.push(&pb.EngineEvent{Event: &pb.EngineEvent_Reply{Reply: reply}}) {
+	if !es.push(&pb.EngineEvent{Event: &pb.EngineEvent_Reply{Reply: reply}}, false) {
 		for _, sb := range subs {
 			sb.w.Close()
 		}
@@ -262,8 +310,27 @@ func (es *engineSession) handle(req *pb.EngineRequest, prev *uint64) bool {
 	for _, sb := range subs {
 		es.start(sb)
 	}
+	if req.GetWatch() != nil {
+		// A resume: its replays are written before the next op runs.
+		es.mu.Lock()
+		for es.replaying > 0 && es.end == nil && !es.closed {
+			es.drained.Wait()
+		}
+		if h := replayQueuedHook; h != nil {
+			h(len(es.queue))
+		}
+		for es.replayQueued > 0 && es.end == nil && !es.closed {
+			es.drained.Wait()
+		}
+		es.mu.Unlock()
+	}
 	return true
 }
+
+// replayQueuedHook, set by tests only, is called (under the stream's lock)
+// when a Watch's subscriptions have queued their replays, with the queue's
+// length.
+var replayQueuedHook func(queued int)
 
 // pendingSub is a room an op subscribed: its watcher (opened before the
 // reply is queued, so nothing is missed) and the last seq the client saw.
@@ -271,6 +338,9 @@ type pendingSub struct {
 	room  uint64
 	w     *kvmanager.Watcher
 	after uint32
+	// resume: a Watch's subscription, whose replay is exempt from the
+	// slow-consumer bound (engineSession.replay).
+	resume bool
 }
 
 // watcher watches room's whole timeline (ENGINE_EVENTS_ALL, as WatchRoom
@@ -295,7 +365,7 @@ func (es *engineSession) subscribed(room uint64) (bool, int) {
 // the stream ended meanwhile).
 func (es *engineSession) start(sb pendingSub) {
 	es.mu.Lock()
-	if es.closed || es.end != nil {
+	if es.closed || es.end != nil || es.violation != nil {
 		es.mu.Unlock()
 		sb.w.Close()
 		return
@@ -307,6 +377,9 @@ func (es *engineSession) start(sb pendingSub) {
 	}
 	es.subs[sb.room] = sb.w
 	es.fwd.Add(1)
+	if sb.resume {
+		es.replaying++
+	}
 	es.mu.Unlock()
 	go es.forward(sb)
 }
@@ -321,14 +394,38 @@ func (es *engineSession) forward(sb pendingSub) {
 	defer es.fwd.Done()
 	inc := es.h.s.deps.Incarnation
 	terminal := false
+	last := sb.w.Last() // the events up to it are replayed
+	// pending: the events the watcher holds already (its replay, and
+	// perhaps a live one); once they are queued the subscription is done
+	// replaying (an outcome watcher whose outcome is still to come holds
+	// none).
+	pending := len(sb.w.Events())
+	replaying := sb.resume // (an Open's subscription is not counted)
+	done := func() {
+		if replaying {
+			replaying = false
+			es.mu.Lock()
+			es.replaying--
+			if es.replaying == 0 {
+				es.drained.Broadcast()
+			}
+			es.mu.Unlock()
+		}
+	}
+	defer done()
+	if pending == 0 {
+		done()
+	}
 	for ev := range sb.w.Events() {
 		terminal = ev.Terminal
-		if ev.Seq <= sb.after {
-			continue
+		if ev.Seq > sb.after {
+			out := &pb.EngineEvent{Event: &pb.EngineEvent_Room{Room: &pb.EngineRoomEvent{Room: sb.room, Seq: ev.Seq, Event: roomEventToProto(ev, inc)}}}
+			if !es.push(out, sb.resume && ev.Seq <= last) {
+				break
+			}
 		}
-		out := &pb.EngineEvent{Event: &pb.EngineEvent_Room{Room: &pb.EngineRoomEvent{Room: sb.room, Seq: ev.Seq, Event: roomEventToProto(ev, inc)}}}
-		if !es.push(out) {
-			break
+		if pending--; pending == 0 {
+			done()
 		}
 	}
 	if !terminal && errors.Is(sb.w.Err(), kvmanager.ErrSlowConsumer) {
@@ -453,7 +550,8 @@ func (es *engineSession) watch(base context.Context, reply *pb.EngineReply, o *p
 			continue
 		}
 		es.answer(base, res, "watch", nil)
-		subs = append(subs, pendingSub{room: wr.GetRoom(), w: w, after: wr.GetAfter()})
+		// An after beyond the room's last event sends what comes next.
+		subs = append(subs, pendingSub{room: wr.GetRoom(), w: w, after: min(wr.GetAfter(), w.Last()), resume: true})
 	}
 	return reply, subs
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -246,7 +247,9 @@ func (ss *session) handle(m *pb.PrefillRequest) error {
 	if seq == 0 || seq <= ss.seq {
 		return status.Errorf(codes.InvalidArgument, "seq: %d must be > 0 and above the previous op's %d", seq, ss.seq)
 	}
-	ss.seq = seq
+	if seq <= math.MaxInt64 { // a seq out of its bound (CheckEnvelope refuses it) does not move the sequence
+		ss.seq = seq
+	}
 	if err := m.CheckEnvelope(); err != nil {
 		ss.result(seq, prefillOpName(m), status.Error(codes.InvalidArgument, err.Error()), nil)
 		return nil

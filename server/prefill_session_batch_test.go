@@ -2,6 +2,7 @@ package server_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,5 +74,30 @@ func TestPrefillSessionPackedOps(t *testing.T) {
 		if p := w.phase(room); p != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 			t.Errorf("room %d is %v, want SUCCEEDED", room, p)
 		}
+	}
+}
+
+// TestPrefillSessionSeqOutOfBound: an op whose seq is beyond its bound
+// (2^63-1) is refused INVALID_ARGUMENT naming seq, the stream stays open,
+// and the refused seq does not move the session's sequence: the next op
+// with a seq above the last good one runs.
+func TestPrefillSessionSeqOutOfBound(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	w := newDrainWire(t, ctx)
+	s := openSession(t, ctx, w.s.conn)
+	s.hello(prank(w.addr, 0), 0)
+	openSmall(w, 7)
+	big := claimOp(7)
+	big.Seq = 1 << 63
+	s.send(big)
+	if r := s.result(1 << 63); r.GetError() == nil || !strings.Contains(r.GetError().GetMessage(), "seq") {
+		t.Fatalf("seq 2^63 = %v, want INVALID_ARGUMENT naming seq", r)
+	}
+	ok := claimOp(7)
+	ok.Seq = 1
+	s.send(ok)
+	if r := s.result(1); r.GetError() != nil || r.GetClaim() == nil {
+		t.Fatalf("then seq 1 = %v, want the claim", r)
 	}
 }

@@ -71,7 +71,11 @@ type EngineSessionClient interface {
 	// with RESOURCE_EXHAUSTED "slow consumer: 4096 events queued". Its rooms
 	// go on as if nothing happened (they are not aborted); a new stream's
 	// Watch, naming for each room the last seq the client saw, re-delivers
-	// exactly what it missed. A stream holds at most 16,384 subscribed rooms
+	// exactly what it missed (an `after` beyond a room's last event sends
+	// what comes next). What a Watch re-delivers does not count toward the
+	// bound (a resume of many rooms may re-deliver more at once): instead the
+	// stream runs no further op until the Watch's re-delivered events are
+	// written. A stream holds at most 16,384 subscribed rooms
 	// (MaxEngineSessionRooms); beyond that a room of an Open or Watch gets
 	// RESOURCE_EXHAUSTED and is neither opened nor subscribed.
 	//
@@ -170,7 +174,11 @@ type EngineSessionServer interface {
 	// with RESOURCE_EXHAUSTED "slow consumer: 4096 events queued". Its rooms
 	// go on as if nothing happened (they are not aborted); a new stream's
 	// Watch, naming for each room the last seq the client saw, re-delivers
-	// exactly what it missed. A stream holds at most 16,384 subscribed rooms
+	// exactly what it missed (an `after` beyond a room's last event sends
+	// what comes next). What a Watch re-delivers does not count toward the
+	// bound (a resume of many rooms may re-deliver more at once): instead the
+	// stream runs no further op until the Watch's re-delivered events are
+	// written. A stream holds at most 16,384 subscribed rooms
 	// (MaxEngineSessionRooms); beyond that a room of an Open or Watch gets
 	// RESOURCE_EXHAUSTED and is neither opened nor subscribed.
 	//
