@@ -342,14 +342,9 @@ func (ss *session) claim(ctx context.Context, seq uint64, req *pb.AwaitDestinati
 		return
 	}
 	room := req.GetRoom()
-	ss.mu.Lock()
-	_, dup := ss.claims[room]
-	ss.mu.Unlock()
-	if dup {
-		end()
-		ss.result(seq, "claim", status.Errorf(codes.AlreadyExists, "claim.room: room %d is already claimed on this session", room), nil)
-		return
-	}
+	// A second claim of a room supersedes the first, as a second
+	// AwaitDestination does: the manager ends the first one (its pump
+	// sends that end, under the first claim's seq) and delivers to this one.
 	c, err := ss.h.rooms.m.AwaitDestination(room, rankFromProto(req.GetRank()))
 	if err != nil {
 		end()

@@ -335,8 +335,9 @@ func TestPrefillSessionFailureAndAbort(t *testing.T) {
 }
 
 // TestPrefillSessionBadOps: an op that is not valid, of another rank, a
-// duplicate claim, a stale incarnation or no op at all is a result naming
-// the field (or STALE_INCARNATION), and the session goes on.
+// stale incarnation or no op at all is a result naming the field (or
+// STALE_INCARNATION), and the session goes on; a second claim of a room
+// supersedes the first.
 func TestPrefillSessionBadOps(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -353,7 +354,30 @@ func TestPrefillSessionBadOps(t *testing.T) {
 	other := lastChunk(7, d)
 	other.Rank = prank(w.addr, 1)
 	wantOpError(t, "chunk of another rank", s.result(s.op(chunkOp(other))), codes.InvalidArgument, "chunk.rank: must be the session's rank")
-	wantOpError(t, "second claim of room 7", s.result(s.op(claimOp(7))), codes.AlreadyExists, "claim.room")
+	// A second claim of room 7 supersedes the first: its result, the first
+	// claim's end and the destination again, for the second.
+	first := s.seq - 3 // the claim of room 7 (then the three bad ops above)
+	again := s.op(claimOp(7))
+	var gotResult, gotEnd, gotDest bool
+	for !gotResult || !gotEnd || !gotDest {
+		ev := s.recv()
+		switch re := ev.GetRoom(); {
+		case ev.GetResult() != nil:
+			if r := ev.GetResult(); r.GetSeq() != again || r.GetError() != nil || r.GetClaim().GetRoom() != 7 {
+				t.Fatalf("second claim's result = %v", r)
+			}
+			gotResult = true
+		case re.GetClaimSeq() == first && strings.Contains(re.GetEvent().GetFailure().GetMessage(), "superseded"):
+			gotEnd = true
+		case re.GetClaimSeq() == again && re.GetEvent().GetDestination() != nil:
+			if re.GetEvent().GetDestination().GetAttempt() != d.GetAttempt() {
+				t.Errorf("re-delivered destination %v, want attempt %d", re.GetEvent().GetDestination(), d.GetAttempt())
+			}
+			gotDest = true
+		default:
+			t.Fatalf("after the second claim: unexpected %v", ev)
+		}
+	}
 	wantOpError(t, "ack with attempt 0", s.result(s.op(ackOp(&pb.AckRoomEndRequest{Room: 7}))), codes.InvalidArgument, "ack.attempt")
 	wantOpError(t, "no op", s.result(s.op(&pb.PrefillRequest{})), codes.InvalidArgument, "op: is required")
 	long := claimOp(8)
@@ -386,8 +410,8 @@ func TestPrefillSessionBadOps(t *testing.T) {
 		return counter(t, w.d, "decodeplane_prefill_session_ops_total", map[string]string{"op": op, "code": code})
 	}
 	if ops("chunk", "InvalidArgument") != 2 || ops("chunk", "FailedPrecondition") != 1 || ops("chunk", "OK") != 1 ||
-		ops("claim", "OK") != 1 || ops("claim", "AlreadyExists") != 1 || ops("hello", "OK") != 1 {
-		t.Errorf("session ops: chunk InvalidArgument %v FailedPrecondition %v OK %v, claim OK %v AlreadyExists %v, hello %v; want 2 1 1 1 1 1",
+		ops("claim", "OK") != 2 || ops("claim", "AlreadyExists") != 0 || ops("hello", "OK") != 1 {
+		t.Errorf("session ops: chunk InvalidArgument %v FailedPrecondition %v OK %v, claim OK %v AlreadyExists %v, hello %v; want 2 1 1 2 0 1",
 			ops("chunk", "InvalidArgument"), ops("chunk", "FailedPrecondition"), ops("chunk", "OK"), ops("claim", "OK"), ops("claim", "AlreadyExists"), ops("hello", "OK"))
 	}
 	if n := counter(t, w.d, "decodeplane_stale_incarnation_total", map[string]string{"method": "Transfer"}); n != 1 {

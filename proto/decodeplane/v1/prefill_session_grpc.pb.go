@@ -82,8 +82,12 @@ type PrefillSessionClient interface {
 	// codes of AwaitDestination), then the room's events (PrefillRoomEvent:
 	// the destination, then the room's end, with ack_required as
 	// DestinationEvent says) come on the session, after the claim's result.
-	// A second claim of a room whose claim is live on this session is
-	// ALREADY_EXISTS; after the room's end event it may be claimed again.
+	// A second claim of a room supersedes the first, as a second
+	// AwaitDestination does: the first claim ends (a failure event "superseded
+	// by a newer AwaitDestination from the same rank", under the first
+	// claim's seq) and the room's events come to the second (a destination
+	// already delivered is delivered again) — how a hand-off that gave up is
+	// retried on the same session.
 	// chunk (TransferRequest), report (ReportTransferRequest) and ack
 	// (AckRoomEndRequest) are Transfer, ReportTransfer and AckRoomEnd, with
 	// their codes, idempotency and retry rules.
@@ -200,8 +204,12 @@ type PrefillSessionServer interface {
 	// codes of AwaitDestination), then the room's events (PrefillRoomEvent:
 	// the destination, then the room's end, with ack_required as
 	// DestinationEvent says) come on the session, after the claim's result.
-	// A second claim of a room whose claim is live on this session is
-	// ALREADY_EXISTS; after the room's end event it may be claimed again.
+	// A second claim of a room supersedes the first, as a second
+	// AwaitDestination does: the first claim ends (a failure event "superseded
+	// by a newer AwaitDestination from the same rank", under the first
+	// claim's seq) and the room's events come to the second (a destination
+	// already delivered is delivered again) — how a hand-off that gave up is
+	// retried on the same session.
 	// chunk (TransferRequest), report (ReportTransferRequest) and ack
 	// (AckRoomEndRequest) are Transfer, ReportTransfer and AckRoomEnd, with
 	// their codes, idempotency and retry rules.
