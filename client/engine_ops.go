@@ -3,6 +3,8 @@ package client
 import (
 	"context"
 
+	"google.golang.org/protobuf/proto"
+
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -21,6 +23,9 @@ import (
 // session was up or it ended under the op (the caller goes unary).
 func (c *Client) releaseOnSession(ctx context.Context, req *pb.ReleaseRoomRequest) (resp *pb.ReleaseRoomResponse, ok bool, err error) {
 	const op = "ReleaseRoom"
+	// A copy: an op whose ctx ended returns while its request may still
+	// wait in the session's queue (the unary call is done with it on return).
+	req = proto.CloneOf(req)
 	if req == nil {
 		req = &pb.ReleaseRoomRequest{} // as the unary call marshals nil
 	}
@@ -38,6 +43,7 @@ func (c *Client) releaseOnSession(ctx context.Context, req *pb.ReleaseRoomReques
 // releaseOnSession).
 func (c *Client) abortOnSession(ctx context.Context, req *pb.AbortRoomRequest) (resp *pb.AbortRoomResponse, ok bool, err error) {
 	const op = "AbortRoom"
+	req = proto.CloneOf(req) // as releaseOnSession
 	if req == nil {
 		req = &pb.AbortRoomRequest{}
 	}

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -29,6 +30,10 @@ import (
 // (4,096), cut with ErrResourceExhausted ("slow consumer"). Its rooms go on;
 // open a new session and Resume(Cursors()) to get what was missed.
 // The session is not re-opened automatically.
+//
+// A request handed to an op must not be modified until the op returns,
+// nor after a return on ctx's end (the op may still be in the session's
+// queue): pass a copy if it is reused.
 //
 // Ops sent while another is being written go out together in its next
 // message (EngineRequest.more), and the daemon packs its queued events the
@@ -108,7 +113,7 @@ func (c *Client) EngineSession(ctx context.Context, opts ...EngineSessionOption)
 			o(s)
 		}
 	}
-	s.out = newSendQueue(1+pb.MaxEngineRequestsPerMessage, func(first *pb.EngineRequest, more []*pb.EngineRequest) {
+	s.out = newSendQueue(1+pb.MaxEngineRequestsPerMessage, pb.MaxSessionMessageBytes, engineRequestSize, func(first *pb.EngineRequest, more []*pb.EngineRequest) {
 		first.More = more
 		_ = stream.Send(first) // a failed send: receive gets the stream's status
 	})
@@ -145,6 +150,17 @@ func (s *EngineSession) dispatch(ev *pb.EngineEvent) {
 		s.mu.Lock()
 		ch := s.pending[e.Reply.GetSeq()]
 		delete(s.pending, e.Reply.GetSeq())
+		// A room an Open subscribed has a cursor from now on (0: no event
+		// seen), so that Resume(Cursors()) on another session watches it
+		// even before (or, with ENGINE_EVENTS_OUTCOME, without) an event:
+		// set here, before the room's events are dispatched.
+		for _, r := range e.Reply.GetResults() {
+			if r.GetOpen() != nil && r.GetCode() == 0 {
+				if _, ok := s.cursors[r.GetRoom()]; !ok {
+					s.cursors[r.GetRoom()] = 0
+				}
+			}
+		}
 		s.mu.Unlock()
 		if ch != nil {
 			ch <- e.Reply
@@ -152,6 +168,16 @@ func (s *EngineSession) dispatch(ev *pb.EngineEvent) {
 	case *pb.EngineEvent_Room:
 		s.roomEvents <- e.Room
 	}
+}
+
+// engineRequestSize is a request's size for the packing budget: an Open's
+// or a Watch's (which grow with their rooms) measured, a release's or an
+// abort's bounded from above.
+func engineRequestSize(r *pb.EngineRequest) int {
+	if r.GetOpen() != nil || r.GetWatch() != nil {
+		return proto.Size(r)
+	}
+	return 4 << 10 // a ReleaseRoomRequest or AbortRoomRequest (its reason is at most 1 KiB)
 }
 
 // Next returns the next event of a subscribed room, in order per room.

@@ -30,6 +30,11 @@ func TestEngineSessionOutcomeEvents(t *testing.T) {
 	if res, err := s.Open(ctx, openReq(1701, 100), openReq(1702, 100)); err != nil || res[0].Err != nil || res[1].Err != nil {
 		t.Fatalf("Open = %+v, %v", res, err)
 	}
+	// Opened, no event read yet: both have a cursor (Resume on another
+	// session would watch them), at 0.
+	if cur := s.Cursors(); len(cur) != 2 || cur[1701] != 0 || cur[1702] != 0 {
+		t.Errorf("Cursors after the open = %v, want 1701 and 1702 at 0", cur)
+	}
 	if _, err := p.SendRoom(ctx, 1701, client.SendOptions{}); err != nil {
 		t.Fatalf("SendRoom(1701): %v", err)
 	}

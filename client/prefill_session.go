@@ -11,6 +11,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -77,13 +78,23 @@ func (p *Prefill) Session(ctx context.Context) (*Session, error) {
 	}
 	s := &Session{p: p, cancel: cancel, welcome: w,
 		waiting: map[uint64]chan *pb.PrefillResult{}, claims: map[uint64]*SessionClaim{}, done: make(chan struct{})}
-	s.out = newSendQueue(1+pb.MaxPrefillRequestsPerMessage, func(first *pb.PrefillRequest, more []*pb.PrefillRequest) {
+	s.out = newSendQueue(1+pb.MaxPrefillRequestsPerMessage, pb.MaxSessionMessageBytes, prefillRequestSize, func(first *pb.PrefillRequest, more []*pb.PrefillRequest) {
 		first.More = more
 		_ = st.Send(first) // a failed send: read gets the stream's status
 	})
 	go s.read(st.Recv)
 	go s.ping(sctx)
 	return s, nil
+}
+
+// prefillRequestSize is a message's size for the packing budget: a chunk's
+// or a report's (their source and metadata grow) measured, anything else
+// bounded from above.
+func prefillRequestSize(r *pb.PrefillRequest) int {
+	if r.GetChunk() != nil || r.GetReport() != nil {
+		return proto.Size(r)
+	}
+	return 1 << 10
 }
 
 // Welcome is the daemon's answer to the session's hello.

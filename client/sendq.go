@@ -8,8 +8,13 @@ import "sync"
 // message, while a lone op is written at once by its own caller (a group
 // commit: no goroutine, no timer).
 type sendQueue[M any] struct {
-	max     int                     // messages per write, the first included
-	send    func(first M, more []M) // writes one message; errors show on the stream's read side
+	max  int                     // messages per write, the first included
+	send func(first M, more []M) // writes one message; errors show on the stream's read side
+	// size, when set, is a message's size for the budget: a write packs
+	// messages while their sizes add up to at most budget (the first goes
+	// whatever its size).
+	size    func(M) int
+	budget  int
 	mu      sync.Mutex
 	idle    sync.Cond // signalled when a writer stops
 	queue   []M
@@ -17,8 +22,8 @@ type sendQueue[M any] struct {
 	closed  bool
 }
 
-func newSendQueue[M any](max int, send func(first M, more []M)) *sendQueue[M] {
-	q := &sendQueue[M]{max: max, send: send}
+func newSendQueue[M any](max, budget int, size func(M) int, send func(first M, more []M)) *sendQueue[M] {
+	q := &sendQueue[M]{max: max, send: send, size: size, budget: budget}
 	q.idle.L = &q.mu
 	return q
 }
@@ -41,6 +46,15 @@ func (q *sendQueue[M]) push(m M, add func() bool) bool {
 	q.writing = true
 	for len(q.queue) > 0 && !q.closed {
 		n := min(len(q.queue), q.max)
+		if q.size != nil {
+			bytes := q.size(q.queue[0])
+			for i := 1; i < n; i++ {
+				if bytes += q.size(q.queue[i]); bytes > q.budget {
+					n = i
+					break
+				}
+			}
+		}
 		first := q.queue[0]
 		var more []M
 		if n > 1 {

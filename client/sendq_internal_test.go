@@ -16,7 +16,7 @@ func TestSendQueuePacks(t *testing.T) {
 	)
 	inWrite, release := make(chan struct{}), make(chan struct{})
 	first := true
-	q := newSendQueue(3, func(m int, more []int) {
+	q := newSendQueue(3, 0, nil, func(m int, more []int) {
 		mu.Lock()
 		writes = append(writes, append([]int{m}, more...))
 		block := first
@@ -64,7 +64,7 @@ func TestSendQueuePacks(t *testing.T) {
 // on: seq assigned in add must strictly increase on the wire).
 func TestSendQueueOrder(t *testing.T) {
 	var got []int // written by one writer at a time
-	q := newSendQueue(8, func(m *int, more []*int) {
+	q := newSendQueue(8, 0, nil, func(m *int, more []*int) {
 		got = append(got, *m)
 		for _, x := range more {
 			got = append(got, *x)
@@ -87,6 +87,39 @@ func TestSendQueueOrder(t *testing.T) {
 	for i, v := range got {
 		if v != i+1 {
 			t.Fatalf("message %d written as the %dth, want in order", v, i+1)
+		}
+	}
+}
+
+// TestSendQueueBudget: a write packs messages while their sizes add up to
+// at most the budget; a message larger than the budget goes alone.
+func TestSendQueueBudget(t *testing.T) {
+	var writes [][]int
+	inWrite, release := make(chan struct{}), make(chan struct{})
+	first := true
+	q := newSendQueue(64, 1000, func(m int) int { return m }, func(m int, more []int) {
+		writes = append(writes, append([]int{m}, more...))
+		if first {
+			first = false
+			close(inWrite)
+			<-release
+		}
+	})
+	done := make(chan struct{})
+	go func() { defer close(done); q.push(1, nil) }()
+	<-inWrite
+	for _, m := range []int{400, 400, 400, 1500, 10, 10} {
+		q.push(m, nil)
+	}
+	close(release)
+	<-done
+	want := [][]int{{1}, {400, 400}, {400}, {1500}, {10, 10}}
+	if len(writes) != len(want) {
+		t.Fatalf("writes = %v, want %v", writes, want)
+	}
+	for i := range want {
+		if len(writes[i]) != len(want[i]) || writes[i][0] != want[i][0] {
+			t.Fatalf("writes = %v, want %v", writes, want)
 		}
 	}
 }

@@ -23,6 +23,9 @@ type Watcher struct {
 	last uint32
 }
 
+// OutcomeOnly reports a WatchOutcome watcher: its one event is its last.
+func (w *Watcher) OutcomeOnly() bool { return w.outcome }
+
 // Last is the seq (RoomEvent.Seq) of the room's last event when the watch
 // began: the events after it are the live ones.
 func (w *Watcher) Last() uint32 { return w.last }

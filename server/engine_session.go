@@ -13,6 +13,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -154,8 +155,9 @@ func (es *engineSession) send() {
 			es.mu.Unlock()
 			return
 		}
-		// Pack what is queued into one message (EngineEvent.more).
-		n := min(len(es.queue), pb.MaxEngineEventsPerMessage)
+		// Pack what is queued into one message (EngineEvent.more), at most
+		// MaxEngineEventsPerMessage and about MaxSessionMessageBytes.
+		n := packCount(es.queue)
 		ev := es.queue[0]
 		if n > 1 {
 			ev.More = append(make([]*pb.EngineEvent, 0, n-1), es.queue[1:n]...)
@@ -184,6 +186,35 @@ func (es *engineSession) send() {
 		es.signal()
 	}
 }
+
+// packCount is how many of queue's first events go into the next message
+// (at least one): at most MaxEngineEventsPerMessage, while their sizes add
+// up to at most MaxSessionMessageBytes.
+func packCount(queue []*pb.EngineEvent) int {
+	n, bytes := 1, engineEventSize(queue[0])
+	for n < min(len(queue), pb.MaxEngineEventsPerMessage) {
+		b := engineEventSize(queue[n])
+		if bytes+b > pb.MaxSessionMessageBytes {
+			break
+		}
+		n, bytes = n+1, bytes+b
+	}
+	return n
+}
+
+// engineEventSize is an event's size for the packing budget: a reply's
+// (which grows with its op's rooms) measured, a room event's bounded from
+// above (a room's state without its pages and timeline).
+func engineEventSize(ev *pb.EngineEvent) int {
+	if r := ev.GetReply(); r != nil {
+		return proto.Size(r)
+	}
+	return roomEventSizeBound
+}
+
+// roomEventSizeBound bounds an EngineRoomEvent's size on the wire from
+// above for the packing budget.
+const roomEventSizeBound = 4 << 10
 
 // signal wakes the handler.
 func (es *engineSession) signal() {
@@ -220,8 +251,16 @@ func (es *engineSession) fail(err error) {
 // A replayed event (see engineSession.replay) is queued whatever the
 // queue holds.
 func (es *engineSession) push(ev *pb.EngineEvent, replay bool) bool {
+	return es.pushEvent(ev, replay, false, pendingSub{})
+}
+
+// pushEvent is push; with final, sb's subscription ends in the same step.
+func (es *engineSession) pushEvent(ev *pb.EngineEvent, replay, final bool, sb pendingSub) bool {
 	es.mu.Lock()
 	defer es.mu.Unlock()
+	if final && es.subs[sb.room] == sb.w {
+		delete(es.subs, sb.room)
+	}
 	if es.end != nil || es.closed || es.violation != nil {
 		return false
 	}
@@ -420,7 +459,12 @@ func (es *engineSession) forward(sb pendingSub) {
 		terminal = ev.Terminal
 		if ev.Seq > sb.after {
 			out := &pb.EngineEvent{Event: &pb.EngineEvent_Room{Room: &pb.EngineRoomEvent{Room: sb.room, Seq: ev.Seq, Event: roomEventToProto(ev, inc)}}}
-			if !es.push(out, sb.resume && ev.Seq <= last) {
+			// The room's last event leaves the subscription in the same
+			// step as it is queued: an Open of the room right after it
+			// subscribes it again (and gets its outcome) instead of
+			// finding it still subscribed.
+			final := ev.Terminal || sb.w.OutcomeOnly()
+			if !es.pushEvent(out, sb.resume && ev.Seq <= last, final, sb) {
 				break
 			}
 		}

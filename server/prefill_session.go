@@ -456,6 +456,23 @@ func (ss *session) result(seq uint64, op string, err error, set func(*pb.Prefill
 	ss.push(sessionItem{ev: &pb.PrefillEvent{Event: &pb.PrefillEvent_Result{Result: r}}})
 }
 
+// prefillEventSize is a message's size for the packing budget: a
+// destination (which grows with the room's pages) or a failure measured,
+// anything else bounded from above.
+func prefillEventSize(ev *pb.PrefillEvent) int {
+	if re := ev.GetRoom().GetEvent(); re.GetDestination() != nil || re.GetFailure() != nil {
+		return proto.Size(ev)
+	}
+	if r := ev.GetResult(); r != nil && r.GetError() != nil {
+		return proto.Size(ev) // an error's message and metadata
+	}
+	return prefillEventSizeBound
+}
+
+// prefillEventSizeBound bounds from above the size of a session message
+// that carries no destination and no error.
+const prefillEventSizeBound = 1 << 10
+
 // errSlowConsumer ends a session whose queue filled.
 var errSlowConsumer = status.Errorf(codes.ResourceExhausted,
 	"slow consumer: the session's queue of %d messages is full; its claims stand as after a dropped AwaitDestination stream, reconnect and claim again", SessionQueue)
@@ -476,39 +493,52 @@ func (ss *session) push(it sessionItem) {
 // session ends, or, after flush, until the queue is empty.
 func (ss *session) send(flush <-chan struct{}, sent chan<- struct{}) {
 	defer close(sent)
-	// out sends it and whatever else is queued (at most
-	// MaxPrefillEventsPerMessage in all) as one message
-	// (PrefillEvent.more), then runs their afters in order.
+	// out sends it and whatever else is queued as one message
+	// (PrefillEvent.more: at most MaxPrefillEventsPerMessage and about
+	// MaxSessionMessageBytes), then runs their afters in order; an item
+	// taken beyond the budget starts the next message.
 	batch := make([]sessionItem, 0, pb.MaxPrefillEventsPerMessage)
 	out := func(it sessionItem) bool {
-		batch = append(batch[:0], it)
-	fill:
-		for len(batch) < pb.MaxPrefillEventsPerMessage {
-			select {
-			case next := <-ss.queue:
-				batch = append(batch, next)
-			default:
-				break fill
+		for {
+			batch = append(batch[:0], it)
+			bytes := prefillEventSize(it.ev)
+			var carry *sessionItem
+		fill:
+			for len(batch) < pb.MaxPrefillEventsPerMessage {
+				select {
+				case next := <-ss.queue:
+					b := prefillEventSize(next.ev)
+					if bytes+b > pb.MaxSessionMessageBytes {
+						carry = &next
+						break fill
+					}
+					batch, bytes = append(batch, next), bytes+b
+				default:
+					break fill
+				}
 			}
-		}
-		ev := it.ev
-		if len(batch) > 1 {
-			ev.More = make([]*pb.PrefillEvent, len(batch)-1)
-			for i, b := range batch[1:] {
-				ev.More[i] = b.ev
+			ev := it.ev
+			if len(batch) > 1 {
+				ev.More = make([]*pb.PrefillEvent, len(batch)-1)
+				for i, b := range batch[1:] {
+					ev.More[i] = b.ev
+				}
 			}
-		}
-		if err := ss.stream.Send(ev); err != nil {
-			ss.cancel(err)
-			return false
-		}
-		for _, b := range batch {
-			if b.after != nil {
-				b.after()
+			if err := ss.stream.Send(ev); err != nil {
+				ss.cancel(err)
+				return false
 			}
+			for _, b := range batch {
+				if b.after != nil {
+					b.after()
+				}
+			}
+			clear(batch)
+			if carry == nil {
+				return true
+			}
+			it = *carry
 		}
-		clear(batch)
-		return true
 	}
 	for {
 		select {

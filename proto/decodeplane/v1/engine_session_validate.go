@@ -31,6 +31,11 @@ const (
 	// MaxEngineEventsPerMessage bounds EngineEvent.more (what the daemon
 	// packs into one message).
 	MaxEngineEventsPerMessage = 64
+	// MaxSessionMessageBytes is the packing budget of both sessions, both
+	// ways: entries are packed into a message while it stays about this
+	// size (a single entry larger than it goes alone), well below gRPC's
+	// default 4 MiB message limit.
+	MaxSessionMessageBytes = 1 << 20
 )
 
 // CheckBatch checks a message's more (before its requests, each then
