@@ -166,7 +166,8 @@
 // serve PrefillSession (ErrUnimplemented) gets the unary API instead.
 //
 // The shared session is also the rank's heartbeat (it pings every half
-// heartbeat interval, and the daemon counts an open session as a beat):
+// heartbeat interval, and the daemon counts the session's messages as the
+// rank's beats, at most one per quarter interval):
 // under TransportStreams RunHeartbeat keeps it open instead of sending
 // unary Heartbeat calls, registers again when the daemon ends it NOT_FOUND
 // or refuses its re-open as of an earlier incarnation (a restart), and

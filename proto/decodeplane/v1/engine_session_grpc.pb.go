@@ -61,8 +61,11 @@ type EngineSessionClient interface {
 	// events of a room are its WatchRoom events, in order, each with the room
 	// id and the room's event sequence (EngineRoomEvent.seq: 1 is the room's
 	// opening, each transition adds one), from its opening on: nothing of a
-	// room is skipped, nothing is sent twice on one stream. The terminal
-	// event (RoomEvent.terminal) is a room's last.
+	// room is skipped, nothing is sent twice while the room is subscribed (a
+	// room opened or watched again after its last event is subscribed anew,
+	// from the event after the Watch's after: an Open from its opening). The
+	// terminal event (RoomEvent.terminal) is a room's last; with
+	// ENGINE_EVENTS_OUTCOME its outcome is (EngineEvents).
 	//
 	// Flow control. The events and replies of a stream go through one queue
 	// of at most 4,096 messages (MaxEngineSessionQueue), written to the wire
@@ -87,9 +90,10 @@ type EngineSessionClient interface {
 	// span does not adopt the rooms).
 	//
 	// End. The client ends the stream by half-closing it (CloseSend): the
-	// daemon ends it OK once every subscribed room sent its terminal event
-	// (the client may cancel instead: its rooms go on). On shutdown every
-	// subscribed room's terminal event comes first (FAILED with
+	// daemon ends it OK once every subscribed room sent its last event (its
+	// terminal event, or its outcome with ENGINE_EVENTS_OUTCOME; the client
+	// may cancel instead: its rooms go on). On shutdown every
+	// subscribed room's last event comes first (FAILED with
 	// FAILURE_CODE_SHUTDOWN, or RELEASED for a succeeded room, as WatchRoom),
 	// then the stream ends OK; only a stream still open when
 	// server.shutdown_timeout runs out is cut with UNAVAILABLE.
@@ -164,8 +168,11 @@ type EngineSessionServer interface {
 	// events of a room are its WatchRoom events, in order, each with the room
 	// id and the room's event sequence (EngineRoomEvent.seq: 1 is the room's
 	// opening, each transition adds one), from its opening on: nothing of a
-	// room is skipped, nothing is sent twice on one stream. The terminal
-	// event (RoomEvent.terminal) is a room's last.
+	// room is skipped, nothing is sent twice while the room is subscribed (a
+	// room opened or watched again after its last event is subscribed anew,
+	// from the event after the Watch's after: an Open from its opening). The
+	// terminal event (RoomEvent.terminal) is a room's last; with
+	// ENGINE_EVENTS_OUTCOME its outcome is (EngineEvents).
 	//
 	// Flow control. The events and replies of a stream go through one queue
 	// of at most 4,096 messages (MaxEngineSessionQueue), written to the wire
@@ -190,9 +197,10 @@ type EngineSessionServer interface {
 	// span does not adopt the rooms).
 	//
 	// End. The client ends the stream by half-closing it (CloseSend): the
-	// daemon ends it OK once every subscribed room sent its terminal event
-	// (the client may cancel instead: its rooms go on). On shutdown every
-	// subscribed room's terminal event comes first (FAILED with
+	// daemon ends it OK once every subscribed room sent its last event (its
+	// terminal event, or its outcome with ENGINE_EVENTS_OUTCOME; the client
+	// may cancel instead: its rooms go on). On shutdown every
+	// subscribed room's last event comes first (FAILED with
 	// FAILURE_CODE_SHUTDOWN, or RELEASED for a succeeded room, as WatchRoom),
 	// then the stream ends OK; only a stream still open when
 	// server.shutdown_timeout runs out is cut with UNAVAILABLE.
