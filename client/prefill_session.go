@@ -226,12 +226,34 @@ func (s *Session) do(ctx context.Context, op string, m *pb.PrefillRequest, onSen
 			return nil, sessionEnded(op, s.Err())
 		}
 		if e := r.GetError(); e != nil {
-			return nil, opError(op, e)
+			// As the unary call's: the session's op prefix ("chunk.")
+			// off the field names.
+			err := opError(op, e)
+			if p := prefillOpPrefix(m); p != "" {
+				err = unprefix(err, p)
+			}
+			return nil, err
 		}
 		return r, nil
 	case <-ctx.Done():
 		return nil, toError(op, ctx.Err())
 	}
+}
+
+// prefillOpPrefix is the prefix the daemon puts on the field names of an
+// op's errors ("chunk.page_offset").
+func prefillOpPrefix(m *pb.PrefillRequest) string {
+	switch m.GetOp().(type) {
+	case *pb.PrefillRequest_Claim:
+		return "claim."
+	case *pb.PrefillRequest_Chunk:
+		return "chunk."
+	case *pb.PrefillRequest_Report:
+		return "report."
+	case *pb.PrefillRequest_Ack:
+		return "ack."
+	}
+	return "" // none
 }
 
 // sessionEnded is an op's error once the session ended.
@@ -260,7 +282,7 @@ func opError(op string, e *pb.PrefillError) error {
 
 // Chunk is Transfer over the session (req.Rank unset: the session's).
 func (s *Session) Chunk(ctx context.Context, req *pb.TransferRequest) (*pb.TransferResponse, error) {
-	r, err := s.do(ctx, "Session.Chunk", &pb.PrefillRequest{Op: &pb.PrefillRequest_Chunk{Chunk: req}}, nil)
+	r, err := s.do(ctx, "Transfer", &pb.PrefillRequest{Op: &pb.PrefillRequest_Chunk{Chunk: req}}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +291,7 @@ func (s *Session) Chunk(ctx context.Context, req *pb.TransferRequest) (*pb.Trans
 
 // Report is ReportTransfer over the session.
 func (s *Session) Report(ctx context.Context, req *pb.ReportTransferRequest) (*pb.ReportTransferResponse, error) {
-	r, err := s.do(ctx, "Session.Report", &pb.PrefillRequest{Op: &pb.PrefillRequest_Report{Report: req}}, nil)
+	r, err := s.do(ctx, "ReportTransfer", &pb.PrefillRequest{Op: &pb.PrefillRequest_Report{Report: req}}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -278,7 +300,7 @@ func (s *Session) Report(ctx context.Context, req *pb.ReportTransferRequest) (*p
 
 // Ack is AckRoomEnd over the session.
 func (s *Session) Ack(ctx context.Context, req *pb.AckRoomEndRequest) (*pb.AckRoomEndResponse, error) {
-	r, err := s.do(ctx, "Session.Ack", &pb.PrefillRequest{Op: &pb.PrefillRequest_Ack{Ack: req}}, nil)
+	r, err := s.do(ctx, "AckRoomEnd", &pb.PrefillRequest{Op: &pb.PrefillRequest_Ack{Ack: req}}, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +311,7 @@ func (s *Session) Ack(ctx context.Context, req *pb.AckRoomEndRequest) (*pb.AckRo
 // room's events come on the returned SessionClaim (its Events, or Next).
 func (s *Session) Claim(ctx context.Context, req *pb.AwaitDestinationRequest) (*SessionClaim, error) {
 	c := &SessionClaim{s: s, room: req.GetRoom(), inc: req.GetIncarnation(), events: make(chan *pb.DestinationEvent, 4), closed: make(chan struct{})}
-	_, err := s.do(ctx, "Session.Claim", &pb.PrefillRequest{Op: &pb.PrefillRequest_Claim{Claim: req}}, func(seq uint64) {
+	_, err := s.do(ctx, "AwaitDestination", &pb.PrefillRequest{Op: &pb.PrefillRequest_Claim{Claim: req}}, func(seq uint64) {
 		c.seq = seq
 		s.claims[c.room] = c // before the result: the events follow it
 	})
@@ -303,7 +325,7 @@ func (s *Session) Claim(ctx context.Context, req *pb.AwaitDestinationRequest) (*
 	}
 	// The claim's events end with ctx, as a DestinationStream's; Close
 	// stops the watch.
-	stop := context.AfterFunc(ctx, func() { c.fail(toError("Session.Claim", ctx.Err())) })
+	stop := context.AfterFunc(ctx, func() { c.fail(toError("AwaitDestination", ctx.Err())) })
 	c.endMu.Lock()
 	c.stop = stop
 	c.endMu.Unlock()
