@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -74,6 +75,9 @@ type session struct {
 	rank     *pb.PrefillRank
 	instance string
 	queue    chan sessionItem
+	// violated: a protocol violation ends the session; nothing more is
+	// queued, what is queued is sent first.
+	violated atomic.Bool
 	chunks   chan struct{} // semaphore of chunks in flight
 
 	seq      uint64
@@ -130,6 +134,11 @@ func (h *prefillSessionService) Session(stream grpc.BidiStreamingServer[pb.Prefi
 		select {
 		case m := <-recv:
 			if err := ss.handleAll(m); err != nil {
+				// A protocol violation: the results of the ops before it
+				// (queued) are sent first, then the stream ends with it.
+				ss.violated.Store(true)
+				close(flush)
+				<-sent
 				cancel(err)
 				ss.pumps.Wait()
 				return err
@@ -479,7 +488,7 @@ var errSlowConsumer = status.Errorf(codes.ResourceExhausted,
 
 // push queues a message without blocking; a full queue cuts the session.
 func (ss *session) push(it sessionItem) {
-	if ss.ctx.Err() != nil {
+	if ss.ctx.Err() != nil || ss.violated.Load() {
 		return
 	}
 	select {

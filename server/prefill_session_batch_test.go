@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -99,5 +101,27 @@ func TestPrefillSessionSeqOutOfBound(t *testing.T) {
 	s.send(ok)
 	if r := s.result(1); r.GetError() != nil || r.GetClaim() == nil {
 		t.Fatalf("then seq 1 = %v, want the claim", r)
+	}
+}
+
+// TestPrefillSessionViolationAfterAnOp: a protocol violation sent right
+// after an op (without reading) ends the stream after the op's result.
+func TestPrefillSessionViolationAfterAnOp(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	w := newDrainWire(t, ctx)
+	for i := range 10 {
+		s := openSession(t, ctx, w.s.conn)
+		s.hello(prank(w.addr, 0), 0)
+		ok := claimOp(uint64(100 + i))
+		ok.Seq = 5
+		bad := claimOp(uint64(200 + i))
+		bad.Seq = 3
+		s.send(ok)
+		s.send(bad)
+		if r := s.result(5); r.GetError() != nil || r.GetClaim() == nil {
+			t.Fatalf("try %d: result 5 = %v, want the claim", i, r)
+		}
+		wantEnd(t, "seq 3 after 5", s.streamEnd(), codes.InvalidArgument, "seq: 3 must be > 0 and above the previous op's 5")
 	}
 }
