@@ -87,14 +87,17 @@ func (p *Prefill) Session(ctx context.Context) (*Session, error) {
 	return s, nil
 }
 
-// prefillRequestSize is a message's size for the packing budget: a chunk's
-// or a report's (their source and metadata grow) measured, anything else
-// bounded from above.
+// prefillRequestSize is a message's size for the packing budget: a chunk
+// with a source or many output ids, or a report (they grow), measured;
+// anything else bounded from above.
 func prefillRequestSize(r *pb.PrefillRequest) int {
-	if r.GetChunk() != nil || r.GetReport() != nil {
+	if c := r.GetChunk(); c != nil && (c.GetSource() != nil || len(c.GetAux().GetOutputIds()) > 64) {
 		return proto.Size(r)
 	}
-	return 1 << 10
+	if r.GetReport() != nil {
+		return proto.Size(r)
+	}
+	return 1 << 10 // a claim, an ack, a ping, a chunk without a source (its rank's address is at most 256 bytes)
 }
 
 // Welcome is the daemon's answer to the session's hello.
