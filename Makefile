@@ -135,7 +135,7 @@ proto-check: $(GW_PLUGINS) ## Fail if the generated code or the OpenAPI document
 		--plugin=protoc-gen-go=$(BIN)/protoc-gen-go --go_out=$$tmp --go_opt=paths=source_relative \
 		--plugin=protoc-gen-go-grpc=$(BIN)/protoc-gen-go-grpc --go-grpc_out=$$tmp --go-grpc_opt=paths=source_relative \
 		$(patsubst $(PROTO_DIR)/%,%,$(PROTOS)) && \
-	$(call gw_gen,$$tmp) && \
+	$(call gw_gen,$$tmp) || { echo "proto-check: generating failed (is protoc installed? see .ci/run)"; rm -rf $$tmp; exit 1; }; \
 	( cd $$tmp && find . -name '*.go' -o -name '*.swagger.json' | sort ) > $$tmp/.gen && \
 	( cd $(PROTO_DIR) && find . -name '*.pb.go' -o -name '*.pb.gw.go' -o -name '*.swagger.json' | sort ) > $$tmp/.have && \
 	if ! diff -q $$tmp/.gen $$tmp/.have >/dev/null || ! for f in $$(cat $$tmp/.gen); do cmp -s $$tmp/$$f $(PROTO_DIR)/$$f || { echo "stale: $$f"; exit 1; }; done; then \

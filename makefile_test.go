@@ -69,3 +69,22 @@ func TestMakeHelpColour(t *testing.T) {
 		t.Errorf("make help on a terminal with NO_COLOR=1 printed escape codes:\n%q", out)
 	}
 }
+
+// TestProtoCheckFailsWithoutProtoc: a proto-check that could not generate
+// fails (it once printed "current" when protoc was missing).
+func TestProtoCheckFailsWithoutProtoc(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the protoc plugins")
+	}
+	if _, err := exec.LookPath("make"); err != nil {
+		t.Skip("make is not installed")
+	}
+	cmd := exec.Command("make", "-s", "--no-print-directory", "proto-check", "PROTOC="+t.TempDir()+"/no-protoc")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("make proto-check without protoc succeeded:\n%s", out)
+	}
+	if !strings.Contains(string(out), "proto-check: generating failed") || strings.Contains(string(out), "is current") {
+		t.Errorf("make proto-check without protoc printed:\n%s", out)
+	}
+}
