@@ -36,8 +36,9 @@ import (
 // queue): pass a copy if it is reused.
 //
 // Ops sent while another is being written go out together in its next
-// message (EngineRequest.more), and the daemon packs its queued events the
-// same way; SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME) asks for
+// message (EngineRequest.more) once the daemon said it reads them (its
+// header, pb.PackKey), and the daemon packs its queued events the same way
+// (the session asks it to); SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME) asks for
 // one event per room (its outcome) instead of one per transition.
 type EngineSession struct {
 	stream pb.EngineSession_SessionClient
@@ -56,6 +57,9 @@ type EngineSession struct {
 	done    chan struct{} // closed when the stream ended
 
 	roomEvents chan *pb.EngineRoomEvent
+	// negotiated is closed once the daemon's header was read (and with
+	// it whether out packs).
+	negotiated chan struct{}
 }
 
 // EngineSessionOption configures an EngineSession.
@@ -98,7 +102,7 @@ func (c *Client) EngineSession(ctx context.Context, opts ...EngineSessionOption)
 		return nil, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	stream, err := pb.NewEngineSessionClient(c.conn).Session(sctx, c.callOpts...)
+	stream, err := pb.NewEngineSessionClient(c.conn).Session(withPack(sctx), c.callOpts...)
 	if err != nil {
 		cancel()
 		return nil, toError(op, err)
@@ -107,13 +111,16 @@ func (c *Client) EngineSession(ctx context.Context, opts ...EngineSessionOption)
 		stream: stream, cancel: cancel,
 		pending: map[uint64]chan *pb.EngineReply{}, cursors: map[uint64]uint32{},
 		done: make(chan struct{}), roomEvents: make(chan *pb.EngineRoomEvent, sessionEvents),
+		negotiated: make(chan struct{}),
 	}
 	for _, o := range opts {
 		if o != nil {
 			o(s)
 		}
 	}
-	s.out = newSendQueue(1+pb.MaxEngineRequestsPerMessage, pb.MaxSessionMessageBytes, engineRequestSize, func(first *pb.EngineRequest, more []*pb.EngineRequest) {
+	// One request per message until the daemon's header says it reads
+	// packed ones (receive).
+	s.out = newSendQueue(1, pb.MaxSessionMessageBytes, engineRequestSize, func(first *pb.EngineRequest, more []*pb.EngineRequest) {
 		first.More = more
 		_ = stream.Send(first) // a failed send: receive gets the stream's status
 	})
@@ -124,6 +131,12 @@ func (c *Client) EngineSession(ctx context.Context, opts ...EngineSessionOption)
 // receive reads the stream: replies go to their op, room events to Next.
 func (s *EngineSession) receive() {
 	defer close(s.roomEvents)
+	// The header comes first (the daemon sends it when the stream starts;
+	// one without packing, with its first message or its end).
+	if md, err := s.stream.Header(); err == nil && packs(md) {
+		s.out.setMax(1 + pb.MaxEngineRequestsPerMessage)
+	}
+	close(s.negotiated)
 	for {
 		ev, err := s.stream.Recv()
 		if err != nil {

@@ -11,3 +11,19 @@ func WaitingRooms(c *Client) int {
 	defer c.engine.mu.Unlock()
 	return len(c.engine.rooms)
 }
+
+// EngineSessionPacks reports, once s read the daemon's response header,
+// whether s packs its requests (the daemon said it reads them).
+func EngineSessionPacks(s *EngineSession) bool {
+	<-s.negotiated
+	s.out.mu.Lock()
+	defer s.out.mu.Unlock()
+	return s.out.max > 1
+}
+
+// SessionPacks reports whether s packs its requests.
+func SessionPacks(s *Session) bool {
+	s.out.mu.Lock()
+	defer s.out.mu.Unlock()
+	return s.out.max > 1
+}

@@ -52,7 +52,7 @@ func (p *Prefill) Session(ctx context.Context) (*Session, error) {
 		return nil, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	st, err := p.c.session.Session(sctx, p.c.callOpts...)
+	st, err := p.c.session.Session(withPack(sctx), p.c.callOpts...)
 	if err != nil {
 		cancel()
 		return nil, toError(op, err)
@@ -78,7 +78,13 @@ func (p *Prefill) Session(ctx context.Context) (*Session, error) {
 	}
 	s := &Session{p: p, cancel: cancel, welcome: w,
 		waiting: map[uint64]chan *pb.PrefillResult{}, claims: map[uint64]*SessionClaim{}, done: make(chan struct{})}
-	s.out = newSendQueue(1+pb.MaxPrefillRequestsPerMessage, pb.MaxSessionMessageBytes, prefillRequestSize, func(first *pb.PrefillRequest, more []*pb.PrefillRequest) {
+	// Packed requests only to a daemon that reads them: its header (which
+	// came before the welcome) says so.
+	perMessage := 1
+	if md, err := st.Header(); err == nil && packs(md) {
+		perMessage = 1 + pb.MaxPrefillRequestsPerMessage
+	}
+	s.out = newSendQueue(perMessage, pb.MaxSessionMessageBytes, prefillRequestSize, func(first *pb.PrefillRequest, more []*pb.PrefillRequest) {
 		first.More = more
 		_ = st.Send(first) // a failed send: read gets the stream's status
 	})

@@ -1,6 +1,14 @@
 package client
 
-import "sync"
+import (
+	"context"
+	"slices"
+	"sync"
+
+	"google.golang.org/grpc/metadata"
+
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
 
 // sendQueue writes a stream's messages in order, one writer at a time,
 // packing the messages queued while a write was in flight into the next
@@ -75,6 +83,14 @@ func (q *sendQueue[M]) push(m M, add func() bool) bool {
 	return true
 }
 
+// setMax sets how many messages a write takes, the first included (the
+// packing a stream negotiated: 1 until the daemon said it reads them).
+func (q *sendQueue[M]) setMax(max int) {
+	q.mu.Lock()
+	q.max = max
+	q.mu.Unlock()
+}
+
 // close waits for the writer to finish what is queued, then refuses new
 // messages and runs last (e.g. CloseSend) before any other write.
 func (q *sendQueue[M]) close(last func()) {
@@ -90,4 +106,16 @@ func (q *sendQueue[M]) close(last func()) {
 	if last != nil {
 		last()
 	}
+}
+
+// withPack asks the daemon for packed session events (pb.PackKey): the
+// Go client reads EngineEvent.more and PrefillEvent.more.
+func withPack(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, pb.PackKey, pb.PackMore)
+}
+
+// packs reports whether a session's response header says the daemon reads
+// packed requests.
+func packs(md metadata.MD) bool {
+	return slices.Contains(md.Get(pb.PackKey), pb.PackMore)
 }

@@ -55,6 +55,7 @@ func (h *engineSessionService) Session(stream pb.EngineSession_SessionServer) er
 		wakeSend: make(chan struct{}, 1), wake: make(chan struct{}, 1), subs: map[uint64]*kvmanager.Watcher{},
 	}
 	es.drained.L = &es.mu
+	es.pack = negotiatePack(stream)
 	go es.receive()
 	go es.send()
 	err := es.wait()
@@ -69,6 +70,8 @@ type engineSession struct {
 	ctx      context.Context
 	wakeSend chan struct{} // the sender's signal: something queued (capacity 1)
 	wake     chan struct{} // the handler's signal: the state changed (capacity 1)
+	// pack: the client reads packed events (negotiatePack).
+	pack bool
 
 	mu sync.Mutex
 	// queue holds the events and replies not yet sent, at most
@@ -156,8 +159,12 @@ func (es *engineSession) send() {
 			return
 		}
 		// Pack what is queued into one message (EngineEvent.more), at most
-		// MaxEngineEventsPerMessage and about MaxSessionMessageBytes.
-		n := packCount(es.queue)
+		// MaxEngineEventsPerMessage and about MaxSessionMessageBytes, for
+		// a client that reads them.
+		n := 1
+		if es.pack {
+			n = packCount(es.queue)
+		}
 		ev := es.queue[0]
 		if n > 1 {
 			ev.More = append(make([]*pb.EngineEvent, 0, n-1), es.queue[1:n]...)

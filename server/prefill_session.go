@@ -75,6 +75,8 @@ type session struct {
 	rank     *pb.PrefillRank
 	instance string
 	queue    chan sessionItem
+	// pack: the client reads packed events (negotiatePack).
+	pack bool
 	// violated: a protocol violation ends the session; nothing more is
 	// queued, what is queued is sent first.
 	violated atomic.Bool
@@ -95,6 +97,7 @@ func (h *prefillSessionService) Session(stream grpc.BidiStreamingServer[pb.Prefi
 	defer cancel(nil)
 	ss := &session{h: h, stream: stream, ctx: ctx, cancel: cancel, queue: make(chan sessionItem, SessionQueue),
 		chunks: make(chan struct{}, sessionChunks), claims: map[uint64]*kvmanager.Claim{}}
+	ss.pack = negotiatePack(stream)
 	first, err := stream.Recv()
 	if err != nil {
 		return err
@@ -506,14 +509,18 @@ func (ss *session) send(flush <-chan struct{}, sent chan<- struct{}) {
 	// (PrefillEvent.more: at most MaxPrefillEventsPerMessage and about
 	// MaxSessionMessageBytes), then runs their afters in order; an item
 	// taken beyond the budget starts the next message.
-	batch := make([]sessionItem, 0, pb.MaxPrefillEventsPerMessage)
+	limit := 1 // for a client that does not read packed events
+	if ss.pack {
+		limit = pb.MaxPrefillEventsPerMessage
+	}
+	batch := make([]sessionItem, 0, limit)
 	out := func(it sessionItem) bool {
 		for {
 			batch = append(batch[:0], it)
 			bytes := prefillEventSize(it.ev)
 			var carry *sessionItem
 		fill:
-			for len(batch) < pb.MaxPrefillEventsPerMessage {
+			for len(batch) < limit {
 				select {
 				case next := <-ss.queue:
 					b := prefillEventSize(next.ev)

@@ -2,11 +2,13 @@ package server_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -124,4 +126,55 @@ func TestPrefillSessionViolationAfterAnOp(t *testing.T) {
 		}
 		wantEnd(t, "seq 3 after 5", s.streamEnd(), codes.InvalidArgument, "seq: 3 must be > 0 and above the previous op's 5")
 	}
+}
+
+// TestPrefillSessionPacksOnlyWhenAsked: the daemon's header says it reads
+// packed requests; it packs its events (PrefillEvent.more) only for a
+// client whose metadata asks for it (pb.PackKey): 1,300 pongs queued by a
+// tight loop come one per message to a client that did not ask, and some
+// share a message for one that did.
+func TestPrefillSessionPacksOnlyWhenAsked(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	w := newDrainWire(t, ctx)
+	const messages = 20
+	pongs := messages * (1 + pb.MaxPrefillRequestsPerMessage)
+	burst := func(t *testing.T, ctx context.Context) int {
+		s := openSession(t, ctx, w.s.conn)
+		md, err := s.st.Header()
+		if err != nil || !slices.Contains(md.Get(pb.PackKey), pb.PackMore) {
+			t.Errorf("response header %v (%v), want %s: %s", md, err, pb.PackKey, pb.PackMore)
+		}
+		s.hello(prank(w.addr, 0), 0)
+		for range messages {
+			m := pingOp()
+			m.More = slices.Repeat([]*pb.PrefillRequest{pingOp()}, pb.MaxPrefillRequestsPerMessage)
+			s.send(m)
+		}
+		got, n := 0, 0
+		for got < pongs {
+			ev, err := s.st.Recv()
+			if err != nil {
+				t.Fatalf("Recv after %d pongs: %v", got, err)
+			}
+			n++
+			for _, e := range append([]*pb.PrefillEvent{ev}, ev.GetMore()...) {
+				if e.GetPong() == nil {
+					t.Fatalf("event %v, want a pong", e)
+				}
+				got++
+			}
+		}
+		return n
+	}
+	t.Run("not asked", func(t *testing.T) {
+		if n := burst(t, ctx); n != pongs {
+			t.Errorf("%d pongs came in %d messages, want one each (the client did not ask for packing)", pongs, n)
+		}
+	})
+	t.Run("asked", func(t *testing.T) {
+		if n := burst(t, metadata.AppendToOutgoingContext(ctx, pb.PackKey, pb.PackMore)); n >= pongs {
+			t.Errorf("%d pongs came in %d messages, want fewer (packed)", pongs, n)
+		}
+	})
 }

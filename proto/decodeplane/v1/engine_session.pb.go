@@ -102,7 +102,8 @@ type EngineRequest struct {
 	// client packs what was queued while its previous message was being
 	// written). Each entry is handled exactly as if it were a message of its
 	// own: its own seq (strictly above the previous request's, this one's
-	// for the first entry), its own op and Reply. bounds (protocol: a
+	// for the first entry), its own op and Reply. Only toward a daemon whose
+	// response header said it reads them (Session: Packing). bounds (protocol: a
 	// violation ends the stream with INVALID_ARGUMENT more): at most 64
 	// entries (MaxEngineRequestsPerMessage), and an entry's own more is
 	// empty.
@@ -432,7 +433,8 @@ type EngineEvent struct {
 	Event isEngineEvent_Event `protobuf_oneof:"event"`
 	// more: the replies and events queued behind this one, sent in the same
 	// message, in order: read the message's own event, then each entry's.
-	// The daemon packs what its queue holds when the sender takes it, at
+	// Only for a client that asked for it (Session: Packing); empty
+	// otherwise. The daemon packs what its queue holds when the sender takes it, at
 	// most 64 per message (MaxEngineEventsPerMessage); an entry's own more is
 	// always empty. Order and flow control are as if each were a message.
 	More          []*EngineEvent `protobuf:"bytes,3,rep,name=more,proto3" json:"more,omitempty"`

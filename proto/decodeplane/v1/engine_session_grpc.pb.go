@@ -82,6 +82,15 @@ type EngineSessionClient interface {
 	// (MaxEngineSessionRooms); beyond that a room of an Open or Watch gets
 	// RESOURCE_EXHAUSTED and is neither opened nor subscribed.
 	//
+	// Packing (both ways, negotiated in gRPC metadata): a client whose
+	// request metadata carries "decodeplane-pack: more" (the Go client's)
+	// reads packed events, and only such a client gets them
+	// (EngineEvent.more); any other gets one event or reply per message. The
+	// daemon reads packed requests (EngineRequest.more) always, and says so
+	// in its response header ("decodeplane-pack: more"), sent when the
+	// stream starts: a client packs only once it saw it (a daemon without it
+	// would drop the entries unread).
+	//
 	// Tracing. EngineRequest.traceparent (or, for a batch, Open.traceparents)
 	// is the W3C trace context of the op: the rooms it opens start their
 	// lifecycle span ("room") in that trace, as OpenRoom's span joins the
@@ -188,6 +197,15 @@ type EngineSessionServer interface {
 	// written. A stream holds at most 16,384 subscribed rooms
 	// (MaxEngineSessionRooms); beyond that a room of an Open or Watch gets
 	// RESOURCE_EXHAUSTED and is neither opened nor subscribed.
+	//
+	// Packing (both ways, negotiated in gRPC metadata): a client whose
+	// request metadata carries "decodeplane-pack: more" (the Go client's)
+	// reads packed events, and only such a client gets them
+	// (EngineEvent.more); any other gets one event or reply per message. The
+	// daemon reads packed requests (EngineRequest.more) always, and says so
+	// in its response header ("decodeplane-pack: more"), sent when the
+	// stream starts: a client packs only once it saw it (a daemon without it
+	// would drop the entries unread).
 	//
 	// Tracing. EngineRequest.traceparent (or, for a batch, Open.traceparents)
 	// is the W3C trace context of the op: the rooms it opens start their

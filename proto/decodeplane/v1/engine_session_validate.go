@@ -38,6 +38,19 @@ const (
 	MaxSessionMessageBytes = 1 << 20
 )
 
+// Packing is negotiated per stream, in gRPC metadata, both sessions alike
+// (engine_session.proto and prefill_session.proto, "Packing"): a client
+// whose request metadata carries PackKey: PackMore reads the daemon's
+// packed messages (EngineEvent.more, PrefillEvent.more), and the daemon
+// packs only for such a client; the daemon reads packed requests always
+// and says so in its response header (PackKey: PackMore, sent when the
+// stream starts), and a client packs its requests only once it saw that
+// header (a daemon without it would drop the entries of more unread).
+const (
+	PackKey  = "decodeplane-pack"
+	PackMore = "more"
+)
+
 // CheckBatch checks a message's more (before its requests, each then
 // checked with CheckProtocol in order): at most
 // MaxEngineRequestsPerMessage entries, none with a more of its own. An

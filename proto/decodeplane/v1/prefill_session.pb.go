@@ -48,10 +48,11 @@ type PrefillRequest struct {
 	// save the per-message cost when a client has several ready (the Go
 	// client packs what was queued while its previous message was being
 	// written). Each entry is handled exactly as if it were a message of its
-	// own (its own seq, op, envelope checks and result). bounds (protocol: a
-	// violation ends the stream with INVALID_ARGUMENT more): at most 64
-	// entries (MaxPrefillRequestsPerMessage); an entry's own more is empty;
-	// not on hello.
+	// own (its own seq, op, envelope checks and result). Only toward a
+	// daemon whose response header said it reads them (Session: Packing).
+	// bounds (protocol: a violation ends the stream with INVALID_ARGUMENT
+	// more): at most 64 entries (MaxPrefillRequestsPerMessage); an entry's
+	// own more is empty; not on hello.
 	More          []*PrefillRequest `protobuf:"bytes,16,rep,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -339,7 +340,8 @@ type PrefillEvent struct {
 	//	*PrefillEvent_Room
 	Event isPrefillEvent_Event `protobuf_oneof:"event"`
 	// more: the messages queued behind this one, sent in the same message, in
-	// order: read the message's own event, then each entry's. The daemon
+	// order: read the message's own event, then each entry's. Only for a
+	// client that asked for it (Session: Packing); empty otherwise. The daemon
 	// packs what its queue holds when the sender takes it, at most 64 per
 	// message (MaxPrefillEventsPerMessage); an entry's own more is always
 	// empty; the welcome is always alone. Order and flow control are as if

@@ -103,6 +103,15 @@ type PrefillSessionClient interface {
 	// current state (the destination of its current attempt, once per
 	// session, or its end).
 	//
+	// Packing (both ways, negotiated in gRPC metadata, as on EngineSession):
+	// a client whose request metadata carries "decodeplane-pack: more" (the
+	// Go client's) reads packed events, and only such a client gets them
+	// (PrefillEvent.more); any other gets one event per message. The daemon
+	// reads packed requests (PrefillRequest.more) always, and says so in its
+	// response header ("decodeplane-pack: more"), sent when the stream
+	// starts, before the welcome: a client packs only once it saw it (a
+	// daemon without it would drop the entries unread).
+	//
 	// Tracing. Each message may carry a W3C traceparent (and tracestate):
 	// the op's work joins that trace, as a unary call's with the same
 	// metadata.
@@ -224,6 +233,15 @@ type PrefillSessionServer interface {
 	// withdrawn. On reconnect, a claim of the same room re-delivers its
 	// current state (the destination of its current attempt, once per
 	// session, or its end).
+	//
+	// Packing (both ways, negotiated in gRPC metadata, as on EngineSession):
+	// a client whose request metadata carries "decodeplane-pack: more" (the
+	// Go client's) reads packed events, and only such a client gets them
+	// (PrefillEvent.more); any other gets one event per message. The daemon
+	// reads packed requests (PrefillRequest.more) always, and says so in its
+	// response header ("decodeplane-pack: more"), sent when the stream
+	// starts, before the welcome: a client packs only once it saw it (a
+	// daemon without it would drop the entries unread).
 	//
 	// Tracing. Each message may carry a W3C traceparent (and tracestate):
 	// the op's work joins that trace, as a unary call's with the same

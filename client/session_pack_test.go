@@ -1,0 +1,204 @@
+package client_test
+
+import (
+	"context"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/decodeplane/decodeplane/client"
+	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+)
+
+// TestEngineSessionPackingIsNegotiated: the daemon's header says it reads
+// packed requests; it packs its replies only for a client whose metadata
+// asks for it (pb.PackKey), so a client that ignores EngineEvent.more —
+// one written before packing, or from the proto without reading it —
+// loses nothing.
+func TestEngineSessionPackingIsNegotiated(t *testing.T) {
+	d := newDaemon(t, daemonConfig{})
+	conn, err := grpc.NewClient("passthrough:///bufnet", grpc.WithTransportCredentials(insecure.NewCredentials()), d.dialer())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const messages = 20
+	// burst sends messages × 65 aborts, packed (the daemon reads more
+	// whatever the client asked), and reads their replies: in order, each
+	// NOT_FOUND; it returns how many messages carried them.
+	burst := func(t *testing.T, ctx context.Context) int {
+		st, err := pb.NewEngineSessionClient(conn).Session(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		md, err := st.Header()
+		if err != nil || !slices.Contains(md.Get(pb.PackKey), pb.PackMore) {
+			t.Errorf("response header %v (%v), want %s: %s", md, err, pb.PackKey, pb.PackMore)
+		}
+		seq := uint64(0)
+		abort := func() *pb.EngineRequest {
+			seq++
+			return &pb.EngineRequest{Seq: seq, Op: &pb.EngineRequest_Abort{Abort: &pb.AbortRoomRequest{Room: seq}}}
+		}
+		for range messages {
+			m := abort()
+			for range pb.MaxEngineRequestsPerMessage {
+				m.More = append(m.More, abort())
+			}
+			if err := st.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, n := uint64(0), 0
+		for got < seq {
+			ev, err := st.Recv()
+			if err != nil {
+				t.Fatalf("Recv after %d replies: %v", got, err)
+			}
+			n++
+			for _, e := range append([]*pb.EngineEvent{ev}, ev.GetMore()...) {
+				got++
+				if r := e.GetReply(); r.GetSeq() != got || len(r.GetResults()) != 1 || r.GetResults()[0].GetCode() != 5 {
+					t.Fatalf("event %d = %v, want the reply NOT_FOUND of seq %d", got, e, got)
+				}
+			}
+		}
+		return n
+	}
+	replies := messages * (1 + pb.MaxEngineRequestsPerMessage)
+	t.Run("not asked", func(t *testing.T) {
+		if n := burst(t, ctxT(t)); n != replies {
+			t.Errorf("%d replies came in %d messages, want one each (the client did not ask for packing)", replies, n)
+		}
+	})
+	t.Run("asked", func(t *testing.T) {
+		// 1,300 replies queued by a tight loop while the sender writes:
+		// some share a message.
+		if n := burst(t, metadata.AppendToOutgoingContext(ctxT(t), pb.PackKey, pb.PackMore)); n >= replies {
+			t.Errorf("%d replies came in %d messages, want fewer (packed)", replies, n)
+		}
+	})
+	t.Run("Go client", func(t *testing.T) {
+		c := d.client(t)
+		if s := session(t, c); !client.EngineSessionPacks(s) {
+			t.Error("the Go client's engine session does not pack toward a daemon that reads packed requests")
+		}
+		ps, err := registered(t, c).Session(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ps.Close()
+		if !client.SessionPacks(ps) {
+			t.Error("the Go client's prefill session does not pack toward a daemon that reads packed requests")
+		}
+	})
+}
+
+// oldDaemon serves both sessions as a daemon from before packing did: no
+// header until its first message, and every request's more dropped unread
+// (counted: the client must never send one).
+type oldDaemon struct {
+	pb.UnimplementedEngineSessionServer
+	pb.UnimplementedPrefillSessionServer
+	packed atomic.Int64
+}
+
+func (o *oldDaemon) Session(st grpc.BidiStreamingServer[pb.EngineRequest, pb.EngineEvent]) error {
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		if len(m.GetMore()) > 0 {
+			o.packed.Add(1)
+		}
+		r := &pb.EngineResult{Room: m.GetAbort().GetRoom(), Answer: &pb.EngineResult_Abort{Abort: &pb.AbortRoomResponse{}}}
+		if err := st.Send(&pb.EngineEvent{Event: &pb.EngineEvent_Reply{Reply: &pb.EngineReply{Seq: m.GetSeq(), Results: []*pb.EngineResult{r}}}}); err != nil {
+			return err
+		}
+	}
+}
+
+type oldPrefillDaemon struct{ *oldDaemon }
+
+func (o oldPrefillDaemon) Session(st grpc.BidiStreamingServer[pb.PrefillRequest, pb.PrefillEvent]) error {
+	for {
+		m, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		if len(m.GetMore()) > 0 {
+			o.packed.Add(1)
+		}
+		ev := &pb.PrefillEvent{Event: &pb.PrefillEvent_Result{Result: &pb.PrefillResult{Seq: m.GetSeq(), Result: &pb.PrefillResult_Ack{Ack: &pb.AckRoomEndResponse{}}}}}
+		if m.GetHello() != nil {
+			ev = &pb.PrefillEvent{Event: &pb.PrefillEvent_Welcome{Welcome: &pb.PrefillWelcome{Incarnation: 7}}}
+		}
+		if err := st.Send(ev); err != nil {
+			return err
+		}
+	}
+}
+
+// TestSessionsDoNotPackTowardAnOldDaemon: toward a daemon whose header does
+// not say it reads packed requests, the Go client's sessions send one op
+// per message, however many ops wait: none is dropped.
+func TestSessionsDoNotPackTowardAnOldDaemon(t *testing.T) {
+	old := &oldDaemon{}
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	pb.RegisterEngineSessionServer(srv, old)
+	pb.RegisterPrefillSessionServer(srv, oldPrefillDaemon{old})
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient("passthrough:///old", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c, err := client.NewFromConn(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := ctxT(t)
+	es, err := c.EngineSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Close()
+	ps, err := c.Prefill(prefillRank(addr, 1, 0)).Session(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ps.Close()
+	var wg sync.WaitGroup
+	for i := range 64 {
+		wg.Go(func() {
+			for j := range 20 {
+				room := uint64(1 + i*20 + j)
+				if _, err := es.Abort(ctx, &pb.AbortRoomRequest{Room: room}); err != nil {
+					t.Errorf("Abort(%d): %v", room, err)
+				}
+				if _, err := ps.Ack(ctx, &pb.AckRoomEndRequest{Room: room}); err != nil {
+					t.Errorf("Ack(%d): %v", room, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := old.packed.Load(); n != 0 {
+		t.Errorf("%d packed messages sent to a daemon that did not say it reads them", n)
+	}
+	if client.EngineSessionPacks(es) || client.SessionPacks(ps) {
+		t.Error("a session packs toward a daemon that did not say it reads packed requests")
+	}
+}
