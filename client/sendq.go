@@ -13,8 +13,10 @@ import (
 // sendQueue writes a stream's messages in order, one writer at a time,
 // packing the messages queued while a write was in flight into the next
 // one (the sessions' "more" field): under load many ops share one
-// message, while a lone op is written at once by its own caller (a group
-// commit: no goroutine, no timer).
+// message (a group commit, no timer). The writer is a goroutine started
+// by the push that found none writing and gone once the queue is empty:
+// a pusher never waits for the wire, so an op whose context ends while
+// the stream is stalled (a daemon that stopped reading) returns on time.
 type sendQueue[M any] struct {
 	max  int                     // messages per write, the first included
 	send func(first M, more []M) // writes one message; errors show on the stream's read side
@@ -24,7 +26,7 @@ type sendQueue[M any] struct {
 	size    func(M) int
 	budget  int
 	mu      sync.Mutex
-	idle    sync.Cond // signalled when a writer stops
+	idle    sync.Cond // signalled when the writer stops
 	queue   []M
 	writing bool
 	closed  bool
@@ -37,21 +39,27 @@ func newSendQueue[M any](max, budget int, size func(M) int, send func(first M, m
 }
 
 // push queues m, after add (under the queue's lock, so in the order of
-// the writes: it numbers the message) returned true, and writes it and
-// whatever else is queued unless another caller is writing (which then
-// writes m). false: the queue was closed or add refused, nothing queued.
+// the writes: it numbers the message) returned true, and starts the writer
+// unless it runs. false: the queue was closed or add refused, nothing
+// queued.
 func (q *sendQueue[M]) push(m M, add func() bool) bool {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	if q.closed || (add != nil && !add()) {
-		q.mu.Unlock()
 		return false
 	}
 	q.queue = append(q.queue, m)
-	if q.writing {
-		q.mu.Unlock()
-		return true
+	if !q.writing {
+		q.writing = true
+		go q.write()
 	}
-	q.writing = true
+	return true
+}
+
+// write is the writer: it writes what is queued until the queue is empty
+// (or closed), packing.
+func (q *sendQueue[M]) write() {
+	q.mu.Lock()
 	for len(q.queue) > 0 && !q.closed {
 		n := min(len(q.queue), q.max)
 		if q.size != nil {
@@ -80,7 +88,6 @@ func (q *sendQueue[M]) push(m M, add func() bool) bool {
 	q.writing = false
 	q.idle.Broadcast()
 	q.mu.Unlock()
-	return true
 }
 
 // setMax sets how many messages a write takes, the first included (the

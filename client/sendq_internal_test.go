@@ -7,8 +7,9 @@ import (
 
 // TestSendQueuePacks: a message pushed while a write is in flight goes
 // into the next write with the others queued meanwhile, in push order, at
-// most max per write; the pusher that found the writer busy does not
-// write; close waits for the writer and refuses later pushes.
+// most max per write; no pusher waits for a write (the first returns
+// while its message is being written); close waits for the writer and
+// refuses later pushes.
 func TestSendQueuePacks(t *testing.T) {
 	var (
 		mu     sync.Mutex
@@ -29,8 +30,10 @@ func TestSendQueuePacks(t *testing.T) {
 	})
 	seq := 0
 	number := func(m *int) func() bool { return func() bool { seq++; *m = seq; return true } }
-	done := make(chan bool)
-	go func() { var m int; done <- q.push(0, number(&m)) }()
+	var m int
+	if !q.push(0, number(&m)) { // returns while the writer is in its write
+		t.Fatal("first push refused")
+	}
 	<-inWrite
 	// Four pushed while the first write is in flight: queued, not written
 	// by their pushers, who return at once.
@@ -40,9 +43,6 @@ func TestSendQueuePacks(t *testing.T) {
 		}
 	}
 	close(release)
-	if !<-done {
-		t.Fatal("first push refused")
-	}
 	q.close(nil)
 	if q.push(9, nil) {
 		t.Error("push after close accepted")
@@ -81,6 +81,7 @@ func TestSendQueueOrder(t *testing.T) {
 		})
 	}
 	wg.Wait()
+	q.close(nil) // waits for the writer
 	if len(got) != 16*200 {
 		t.Fatalf("%d messages written, want %d", len(got), 16*200)
 	}
@@ -113,6 +114,7 @@ func TestSendQueueBudget(t *testing.T) {
 	}
 	close(release)
 	<-done
+	q.close(nil) // waits for the writer
 	want := [][]int{{1}, {400, 400}, {400}, {1500}, {10, 10}}
 	if len(writes) != len(want) {
 		t.Fatalf("writes = %v, want %v", writes, want)
@@ -122,4 +124,24 @@ func TestSendQueueBudget(t *testing.T) {
 			t.Fatalf("writes = %v, want %v", writes, want)
 		}
 	}
+}
+
+// TestSendQueueStalledWrite: while the stream is stalled (a write that
+// does not return: a daemon that stopped reading), pushes still return at
+// once, so the ops behind them wait on their own contexts.
+func TestSendQueueStalledWrite(t *testing.T) {
+	stall, stalled := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	q := newSendQueue(64, 0, nil, func(int, []int) {
+		once.Do(func() { close(stalled) })
+		<-stall
+	})
+	for i := range 100 {
+		if !q.push(i, nil) {
+			t.Fatalf("push %d refused", i)
+		}
+	}
+	<-stalled
+	close(stall) // the stream's end unblocks the write
+	q.close(nil)
 }
