@@ -2,11 +2,13 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -200,5 +202,74 @@ func TestSessionsDoNotPackTowardAnOldDaemon(t *testing.T) {
 	}
 	if client.EngineSessionPacks(es) || client.SessionPacks(ps) {
 		t.Error("a session packs toward a daemon that did not say it reads packed requests")
+	}
+}
+
+// stalledDaemon accepts an engine session and never reads from it: the
+// client's writes stall once the stream's flow-control window is full.
+type stalledDaemon struct {
+	pb.UnimplementedEngineSessionServer
+}
+
+func (stalledDaemon) Session(st grpc.BidiStreamingServer[pb.EngineRequest, pb.EngineEvent]) error {
+	<-st.Context().Done()
+	return nil
+}
+
+// TestEngineSessionOpsReturnWhileTheStreamStalls: toward a daemon that
+// stopped reading, every op returns when its context ends, the one whose
+// push started the write included (none waits in a write it does for the
+// others).
+func TestEngineSessionOpsReturnWhileTheStreamStalls(t *testing.T) {
+	lis := bufconn.Listen(1 << 20)
+	// A fixed 64 KiB window (no BDP growth): the stall comes after ~64 KiB.
+	srv := grpc.NewServer(grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
+	pb.RegisterEngineSessionServer(srv, stalledDaemon{})
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient("passthrough:///stalled", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c, err := client.NewFromConn(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	watchdog := ctxT(t)
+	// The stream's own context: the watchdog's end must not unstall it.
+	sctx, scancel := context.WithCancel(context.Background())
+	defer scancel()
+	es, err := c.EngineSession(sctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer es.Close()
+	reason := string(make([]byte, 1000)) // ~1 KiB per op: 1,000 ops are ~16 windows
+	var wg sync.WaitGroup
+	var expired atomic.Int64
+	for range 50 {
+		wg.Go(func() {
+			for range 20 {
+				ctx, cancel := context.WithTimeout(watchdog, 50*time.Millisecond)
+				_, err := es.Abort(ctx, &pb.AbortRoomRequest{Room: 1, Reason: reason})
+				cancel()
+				if errors.Is(err, client.ErrDeadlineExceeded) {
+					expired.Add(1)
+				} else {
+					t.Errorf("Abort toward a stalled daemon: %v, want deadline exceeded", err)
+				}
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-watchdog.Done():
+		scancel()
+		t.Fatalf("ops still blocked after the test's timeout (%d of 1000 had returned): one waits in a stalled write", expired.Load())
 	}
 }
