@@ -31,7 +31,7 @@ import (
 // (nothing twice, nothing missed). A call fails when its room cannot be
 // resumed (after a daemon restart: the *IncarnationChangedError WaitRoom
 // gives), when the stream's end is permanent (ErrUnauthenticated,
-// ErrPermissionDenied, ErrUnimplemented, ...), or after MaxAttempts
+// ErrPermissionDenied, ...), or after MaxAttempts
 // consecutive failed attempts (a daemon that is gone: ErrUnavailable). An
 // open whose answer the stream's end lost is sent again only when the
 // request has an idempotency key (or with WithAutoIdempotencyKey), as
@@ -40,7 +40,9 @@ import (
 // pb.MaxEngineSessionRooms rooms until their end: beyond, the open is
 // refused with the daemon's ErrResourceExhausted. A room already waited on
 // by another OpenAndWait of this Client is opened and watched on the unary
-// path.
+// path. Toward a daemon that does not serve EngineSession (older than the
+// sessions: ErrUnimplemented), this call and every later one of the Client
+// take the unary path.
 //
 // Under TransportUnary it calls OpenRoom, then WaitRoom.
 func (c *Client) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -60,6 +61,10 @@ type engineMux struct {
 	// queued, when set (tests, before the first use), is told how many
 	// opens wait for their batch after each open is queued.
 	queued func(n int)
+	// unary: the daemon does not serve EngineSession (an older one
+	// answered UNIMPLEMENTED): OpenAndWait takes the unary path from then
+	// on.
+	unary atomic.Bool
 }
 
 func newEngineMux(c *Client) *engineMux {
@@ -548,6 +553,9 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 		return nil, newError(op, status.New(codes.Internal, "grpc: error while marshaling: "+err.Error()))
 	}
 	m := c.engine
+	if m.unary.Load() {
+		return c.openAndWaitUnary(ctx, req)
+	}
 	w, ok := m.join(req.GetRoom())
 	if !ok {
 		// Another call of this Client waits on this room (a caller's retry
@@ -565,6 +573,9 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 				return nil, ctxEnd(op, ctx.Err())
 			}
 			e := reop(op, err).(*Error)
+			if errors.Is(e, ErrUnimplemented) {
+				return c.openAndWaitOlder(ctx, req, w)
+			}
 			if !transientEnd(e) || attempt >= c.retry.MaxAttempts || c.closed.Load() {
 				return nil, e
 			}
@@ -612,6 +623,12 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 		if c.closed.Load() {
 			return nil, localError(op, codes.Canceled, "the client is closed")
 		}
+		if errors.Is(e, ErrUnimplemented) {
+			// An older daemon: the stream was refused before any op ran
+			// (whether or not the open was written), so the room was not
+			// opened by it.
+			return c.openAndWaitOlder(ctx, req, w)
+		}
 		if !transientEnd(e) {
 			return nil, e
 		}
@@ -629,6 +646,16 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 		return room, nil
 	}
 	return c.waitStream(ctx, w)
+}
+
+// openAndWaitOlder is OpenAndWait toward a daemon that does not serve
+// EngineSession (older than the sessions): w leaves the mux (its room was
+// not opened on a stream), and this call and every later one of the Client
+// take the unary path.
+func (c *Client) openAndWaitOlder(ctx context.Context, req *pb.OpenRoomRequest, w *muxWaiter) (*pb.Room, error) {
+	c.engine.unary.Store(true)
+	c.engine.leave(w)
+	return c.openAndWaitUnary(ctx, req)
 }
 
 // waitStream waits for the room's SUCCEEDED transition on the shared

@@ -713,3 +713,68 @@ func TestOpenAndWaitSameRoomTwice(t *testing.T) {
 		t.Errorf("%d OpenRoom calls and %d sessions, want 1 and 1", n, s)
 	}
 }
+
+// TestOpenAndWaitFallsBackToUnary: toward a daemon that does not serve
+// EngineSession (an older one: ErrUnimplemented), OpenAndWait opens and
+// waits on the unary API, concurrent calls included, and later calls do
+// not try the session again; ReleaseRoom goes unary too.
+func TestOpenAndWaitFallsBackToUnary(t *testing.T) {
+	in := newInjector()
+	in.fail(pb.EngineSession_Session_FullMethodName, fault{n: 1000, code: codes.Unimplemented})
+	d := newDaemon(t, in.config())
+	c := d.client(t)
+	ctx := ctxT(t)
+	p := registered(t, c)
+	var wg sync.WaitGroup
+	for room := uint64(41); room <= 48; room++ {
+		wg.Go(func() {
+			r, err := c.OpenAndWait(ctx, openReq(room, 300))
+			if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+				t.Errorf("OpenAndWait(%d) = %v, %v; want SUCCEEDED over the unary API", room, r, err)
+			}
+		})
+		wg.Go(func() {
+			if _, err := p.SendRoom(ctx, room, client.SendOptions{}); err != nil {
+				t.Errorf("SendRoom(%d): %v", room, err)
+			}
+		})
+	}
+	wg.Wait()
+	tried := in.count(pb.EngineSession_Session_FullMethodName)
+	if tried == 0 || tried > 8 {
+		t.Errorf("%d engine sessions tried, want at least one and at most one per early call", tried)
+	}
+	if n := in.count(pb.Rooms_OpenRoom_FullMethodName); n != 8 {
+		t.Errorf("%d OpenRoom calls, want 8 (one per room, the unary path)", n)
+	}
+	// A later call goes straight to the unary path.
+	if _, err := c.OpenRoom(ctx, openReq(49, 300)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := c.OpenAndWait(ctx, openReq(50, 300)); done <- err }()
+	if _, err := p.SendRoom(ctx, 50, client.SendOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("OpenAndWait(50): %v", err)
+	}
+	if n := in.count(pb.EngineSession_Session_FullMethodName); n != tried {
+		t.Errorf("%d engine sessions tried after the fallback, want none more than %d", n, tried)
+	}
+	for room := uint64(41); room <= 48; room++ {
+		if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+			t.Errorf("ReleaseRoom(%d): %v", room, err)
+		}
+	}
+	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 50}); err != nil {
+		t.Error(err)
+	}
+	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 49}); err != nil {
+		t.Error(err)
+	}
+	if n := in.count(pb.Rooms_ReleaseRoom_FullMethodName); n != 9 {
+		t.Errorf("%d ReleaseRoom calls, want 9 (unary)", n)
+	}
+	assertPoolFull(t, c)
+}
