@@ -103,6 +103,30 @@ func TestEngineSessionPackingIsNegotiated(t *testing.T) {
 	})
 }
 
+// fakeDaemon serves what register registers on a bufconn gRPC server (a
+// peer that misbehaves in a way the daemon cannot be made to) and returns
+// a Client of it; both are closed at cleanup.
+func fakeDaemon(t *testing.T, register func(*grpc.Server), opts ...grpc.ServerOption) *client.Client {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(opts...)
+	register(srv)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient("passthrough:///fake", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	c, err := client.NewFromConn(conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // oldDaemon serves both sessions as a daemon from before packing did: no
 // header until its first message, and every request's more dropped unread
 // (counted: the client must never send one).
@@ -154,23 +178,10 @@ func (o oldPrefillDaemon) Session(st grpc.BidiStreamingServer[pb.PrefillRequest,
 // per message, however many ops wait: none is dropped.
 func TestSessionsDoNotPackTowardAnOldDaemon(t *testing.T) {
 	old := &oldDaemon{}
-	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer()
-	pb.RegisterEngineSessionServer(srv, old)
-	pb.RegisterPrefillSessionServer(srv, oldPrefillDaemon{old})
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	conn, err := grpc.NewClient("passthrough:///old", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c, err := client.NewFromConn(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := fakeDaemon(t, func(srv *grpc.Server) {
+		pb.RegisterEngineSessionServer(srv, old)
+		pb.RegisterPrefillSessionServer(srv, oldPrefillDaemon{old})
+	})
 	ctx := ctxT(t)
 	es, err := c.EngineSession(ctx)
 	if err != nil {
@@ -221,23 +232,9 @@ func (stalledDaemon) Session(st grpc.BidiStreamingServer[pb.EngineRequest, pb.En
 // push started the write included (none waits in a write it does for the
 // others).
 func TestEngineSessionOpsReturnWhileTheStreamStalls(t *testing.T) {
-	lis := bufconn.Listen(1 << 20)
 	// A fixed 64 KiB window (no BDP growth): the stall comes after ~64 KiB.
-	srv := grpc.NewServer(grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
-	pb.RegisterEngineSessionServer(srv, stalledDaemon{})
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	conn, err := grpc.NewClient("passthrough:///stalled", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c, err := client.NewFromConn(conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := fakeDaemon(t, func(srv *grpc.Server) { pb.RegisterEngineSessionServer(srv, stalledDaemon{}) },
+		grpc.InitialWindowSize(64<<10), grpc.InitialConnWindowSize(64<<10))
 	watchdog := ctxT(t)
 	// The stream's own context: the watchdog's end must not unstall it.
 	sctx, scancel := context.WithCancel(context.Background())
