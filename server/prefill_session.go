@@ -66,6 +66,14 @@ type sessionItem struct {
 	after func()
 }
 
+// sessionClaim is a claim of the session and its pump.
+type sessionClaim struct {
+	c *kvmanager.Claim
+	// pumped is closed when the pump returned: the claim's end is queued
+	// (or the session ended).
+	pumped chan struct{}
+}
+
 // session is one stream's state.
 type session struct {
 	h        *prefillSessionService
@@ -89,14 +97,14 @@ type session struct {
 	pumps sync.WaitGroup // claim pumps and chunk goroutines
 
 	mu     sync.Mutex
-	claims map[uint64]*kvmanager.Claim
+	claims map[uint64]*sessionClaim
 }
 
 func (h *prefillSessionService) Session(stream grpc.BidiStreamingServer[pb.PrefillRequest, pb.PrefillEvent]) error {
 	ctx, cancel := context.WithCancelCause(stream.Context())
 	defer cancel(nil)
 	ss := &session{h: h, stream: stream, ctx: ctx, cancel: cancel, queue: make(chan sessionItem, SessionQueue),
-		chunks: make(chan struct{}, sessionChunks), claims: map[uint64]*kvmanager.Claim{}}
+		chunks: make(chan struct{}, sessionChunks), claims: map[uint64]*sessionClaim{}}
 	ss.pack = negotiatePack(stream)
 	first, err := stream.Recv()
 	if err != nil {
@@ -363,20 +371,38 @@ func (ss *session) claim(ctx context.Context, seq uint64, req *pb.AwaitDestinati
 		ss.result(seq, "claim", ss.h.rooms.err(ctx, err), nil)
 		return
 	}
+	sc := &sessionClaim{c: c, pumped: make(chan struct{})}
 	ss.mu.Lock()
-	ss.claims[room] = c
+	prev := ss.claims[room] // superseded by c: its end comes first
+	ss.claims[room] = sc
 	ss.mu.Unlock()
 	end()
 	ss.result(seq, "claim", nil, func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Claim{Claim: &pb.PrefillClaimed{Room: room}} })
 	ss.pumps.Add(1)
-	go ss.pump(seq, room, c)
+	go ss.pump(seq, room, sc, prev)
 }
 
 // pump forwards one claim's events to the session's queue, in order. The
 // destination counts as delivered once sent (as AwaitDestination's);
 // the claim is closed once its end was sent, or when the session ends.
-func (ss *session) pump(seq, room uint64, c *kvmanager.Claim) {
+//
+// A claim that superseded an earlier claim of the session on the same room
+// (prev) forwards nothing before prev's end was queued: the room's events
+// on the session keep their order (the first claim's "superseded" end,
+// then the second's destination). prev's end is already decided (the
+// manager ended it when this claim attached, or ends it when the room
+// opens and attaches both in order), so the wait is short.
+func (ss *session) pump(seq, room uint64, sc, prev *sessionClaim) {
 	defer ss.pumps.Done()
+	defer close(sc.pumped)
+	c := sc.c
+	if prev != nil {
+		select {
+		case <-prev.pumped:
+		case <-ss.ctx.Done():
+			return
+		}
+	}
 	inc := ss.h.s.deps.Incarnation
 	for {
 		select {
@@ -392,7 +418,7 @@ func (ss *session) pump(seq, room uint64, c *kvmanager.Claim) {
 				d := ev.Destination
 				it.after = func() { c.Delivered(d) }
 			case terminal:
-				it.after = func() { ss.endClaim(room, c) }
+				it.after = func() { ss.endClaim(room, sc) }
 			}
 			ss.push(it)
 			if terminal {
@@ -405,13 +431,13 @@ func (ss *session) pump(seq, room uint64, c *kvmanager.Claim) {
 }
 
 // endClaim closes a claim whose end was sent and forgets it.
-func (ss *session) endClaim(room uint64, c *kvmanager.Claim) {
+func (ss *session) endClaim(room uint64, sc *sessionClaim) {
 	ss.mu.Lock()
-	if ss.claims[room] == c {
+	if ss.claims[room] == sc {
 		delete(ss.claims, room)
 	}
 	ss.mu.Unlock()
-	c.Close()
+	sc.c.Close()
 }
 
 // closeClaims closes every claim still open when the session ends: as for
@@ -419,10 +445,10 @@ func (ss *session) endClaim(room uint64, c *kvmanager.Claim) {
 func (ss *session) closeClaims() {
 	ss.mu.Lock()
 	cs := ss.claims
-	ss.claims = map[uint64]*kvmanager.Claim{}
+	ss.claims = map[uint64]*sessionClaim{}
 	ss.mu.Unlock()
-	for _, c := range cs {
-		c.Close()
+	for _, sc := range cs {
+		sc.c.Close()
 	}
 }
 

@@ -355,7 +355,7 @@ func TestPrefillSessionBadOps(t *testing.T) {
 	other.Rank = prank(w.addr, 1)
 	wantOpError(t, "chunk of another rank", s.result(s.op(chunkOp(other))), codes.InvalidArgument, "chunk.rank: must be the session's rank")
 	// A second claim of room 7 supersedes the first: its result, the first
-	// claim's end and the destination again, for the second.
+	// claim's end and then the destination again, for the second.
 	first := s.seq - 3 // the claim of room 7 (then the three bad ops above)
 	again := s.op(claimOp(7))
 	var gotResult, gotEnd, gotDest bool
@@ -370,6 +370,9 @@ func TestPrefillSessionBadOps(t *testing.T) {
 		case re.GetClaimSeq() == first && strings.Contains(re.GetEvent().GetFailure().GetMessage(), "superseded"):
 			gotEnd = true
 		case re.GetClaimSeq() == again && re.GetEvent().GetDestination() != nil:
+			if !gotEnd { // the room's events keep their order on the session
+				t.Error("the second claim's destination came before the first claim's superseded end")
+			}
 			if re.GetEvent().GetDestination().GetAttempt() != d.GetAttempt() {
 				t.Errorf("re-delivered destination %v, want attempt %d", re.GetEvent().GetDestination(), d.GetAttempt())
 			}

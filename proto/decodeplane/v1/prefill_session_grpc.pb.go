@@ -85,8 +85,8 @@ type PrefillSessionClient interface {
 	// A second claim of a room supersedes the first, as a second
 	// AwaitDestination does: the first claim ends (a failure event "superseded
 	// by a newer AwaitDestination from the same rank", under the first
-	// claim's seq) and the room's events come to the second (a destination
-	// already delivered is delivered again) — how a hand-off that gave up is
+	// claim's seq) and the room's events come to the second, after that end
+	// (a destination already delivered is delivered again) — how a hand-off that gave up is
 	// retried on the same session.
 	// chunk (TransferRequest), report (ReportTransferRequest) and ack
 	// (AckRoomEndRequest) are Transfer, ReportTransfer and AckRoomEnd, with
@@ -216,8 +216,8 @@ type PrefillSessionServer interface {
 	// A second claim of a room supersedes the first, as a second
 	// AwaitDestination does: the first claim ends (a failure event "superseded
 	// by a newer AwaitDestination from the same rank", under the first
-	// claim's seq) and the room's events come to the second (a destination
-	// already delivered is delivered again) — how a hand-off that gave up is
+	// claim's seq) and the room's events come to the second, after that end
+	// (a destination already delivered is delivered again) — how a hand-off that gave up is
 	// retried on the same session.
 	// chunk (TransferRequest), report (ReportTransferRequest) and ack
 	// (AckRoomEndRequest) are Transfer, ReportTransfer and AckRoomEnd, with
