@@ -290,6 +290,23 @@ func TestEngineSessionBadInput(t *testing.T) {
 	if res[1].Err != nil {
 		t.Errorf("good room of the batch = %v, want opened", res[1].Err)
 	}
+	// A refusal decided by OpenRoom itself (not a wire bound: the daemon
+	// has one decode shard) is prefixed the same; one that names no field
+	// (SGLang's message) is not.
+	noShard, tooBig := openReq(704, 100), openReq(705, 100)
+	one := uint32(1)
+	noShard.DecodeDpRank = &one
+	tooBig.PromptLen = 16 << 20 // the wire bound, beyond the pool
+	res, err = s.Open(ctx, noShard, tooBig)
+	if err != nil {
+		t.Fatalf("Open = %v, want per-room results", err)
+	}
+	if m := status.Convert(res[0].Err).Message(); !errors.Is(res[0].Err, client.ErrInvalidArgument) || !strings.HasPrefix(m, "open.rooms[0].decode_dp_rank: ") {
+		t.Errorf("a room on a decode shard the daemon lacks = %v, want INVALID_ARGUMENT open.rooms[0].decode_dp_rank", res[0].Err)
+	}
+	if m := status.Convert(res[1].Err).Message(); !errors.Is(res[1].Err, client.ErrInvalidArgument) || !strings.HasPrefix(m, "Request rid-705 exceeds the maximum number of tokens") {
+		t.Errorf("a room that can never fit = %v, want SGLang's message unprefixed", res[1].Err)
+	}
 	if _, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 701}); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("GetRoom(bad room) = %v, want not found: nothing opened", err)
 	}

@@ -515,7 +515,7 @@ func (es *engineSession) run(req *pb.EngineRequest) (*pb.EngineReply, []pendingS
 			es.refuse(res, op, pb.PrefixFields("release.", err))
 		} else {
 			resp, err := es.h.rs.ReleaseRoom(base, o.Release)
-			es.answer(base, res, op, err)
+			es.answer(base, res, op, prefixInvalid("release.", err))
 			if err == nil {
 				res.Answer = &pb.EngineResult_Release{Release: resp}
 			}
@@ -527,7 +527,7 @@ func (es *engineSession) run(req *pb.EngineRequest) (*pb.EngineReply, []pendingS
 			es.refuse(res, op, pb.PrefixFields("abort.", err))
 		} else {
 			resp, err := es.h.rs.AbortRoom(base, o.Abort)
-			es.answer(base, res, op, err)
+			es.answer(base, res, op, prefixInvalid("abort.", err))
 			if err == nil {
 				res.Answer = &pb.EngineResult_Abort{Abort: resp}
 			}
@@ -561,7 +561,7 @@ func (es *engineSession) open(base context.Context, reply *pb.EngineReply, o *pb
 			ctx = es.opContext(tps[i])
 		}
 		resp, err := es.h.rs.OpenRoom(ctx, req)
-		es.answer(ctx, res, "open", err)
+		es.answer(ctx, res, "open", prefixInvalid(fmt.Sprintf("open.rooms[%d].", i), err))
 		if err != nil {
 			continue
 		}

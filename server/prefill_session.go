@@ -291,7 +291,7 @@ func (ss *session) handle(m *pb.PrefillRequest) error {
 		}
 		resp, err := ss.h.rooms.ReportTransfer(ctx, req)
 		end()
-		ss.result(seq, "report", err, func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Report{Report: resp} })
+		ss.result(seq, "report", prefixInvalid("report.", err), func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Report{Report: resp} })
 	case *pb.PrefillRequest_Ack:
 		req := op.Ack
 		ctx, end := ss.span(ctx, "ack")
@@ -303,7 +303,7 @@ func (ss *session) handle(m *pb.PrefillRequest) error {
 		}
 		resp, err := ss.h.rooms.AckRoomEnd(ctx, req)
 		end()
-		ss.result(seq, "ack", err, func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Ack{Ack: resp} })
+		ss.result(seq, "ack", prefixInvalid("ack.", err), func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Ack{Ack: resp} })
 	default:
 		ss.result(seq, "unknown", status.Error(codes.InvalidArgument, "op: is required (claim, chunk, report, ack or ping)"), nil)
 	}
@@ -368,7 +368,7 @@ func (ss *session) claim(ctx context.Context, seq uint64, req *pb.AwaitDestinati
 	c, err := ss.h.rooms.m.AwaitDestination(room, rankFromProto(req.GetRank()))
 	if err != nil {
 		end()
-		ss.result(seq, "claim", ss.h.rooms.err(ctx, err), nil)
+		ss.result(seq, "claim", prefixInvalid("claim.", ss.h.rooms.err(ctx, err)), nil)
 		return
 	}
 	sc := &sessionClaim{c: c, pumped: make(chan struct{})}
@@ -478,7 +478,7 @@ func (ss *session) chunk(ctx context.Context, seq uint64, req *pb.TransferReques
 		defer end() // on a panic too (a second End is a no-op); ended before the result otherwise
 		resp, err := ss.h.rooms.Transfer(ctx, req)
 		end()
-		ss.result(seq, "chunk", err, func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Chunk{Chunk: resp} })
+		ss.result(seq, "chunk", prefixInvalid("chunk.", err), func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Chunk{Chunk: resp} })
 	}()
 }
 

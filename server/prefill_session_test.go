@@ -351,12 +351,17 @@ func TestPrefillSessionBadOps(t *testing.T) {
 	bad.PageOffset = 1 << 25
 	wantOpError(t, "chunk with page_offset 2^25", s.result(s.op(chunkOp(bad))), codes.InvalidArgument, "chunk.page_offset")
 	wantOpError(t, "claim of room 0", s.result(s.op(claimOp(0))), codes.InvalidArgument, "claim.room: 0 is reserved")
+	// Refusals the Transfer handler decides (not wire bounds) name the
+	// field with the op's prefix too.
+	outside := lastChunk(7, d)
+	outside.PageOffset = uint32(len(d.GetPageIndices()))
+	wantOpError(t, "chunk outside the destination", s.result(s.op(chunkOp(outside))), codes.InvalidArgument, "chunk.page_offset: ")
 	other := lastChunk(7, d)
 	other.Rank = prank(w.addr, 1)
 	wantOpError(t, "chunk of another rank", s.result(s.op(chunkOp(other))), codes.InvalidArgument, "chunk.rank: must be the session's rank")
 	// A second claim of room 7 supersedes the first: its result, the first
 	// claim's end and then the destination again, for the second.
-	first := s.seq - 3 // the claim of room 7 (then the three bad ops above)
+	first := s.seq - 4 // the claim of room 7 (then the four bad ops above)
 	again := s.op(claimOp(7))
 	var gotResult, gotEnd, gotDest bool
 	for !gotResult || !gotEnd || !gotDest {
@@ -412,9 +417,9 @@ func TestPrefillSessionBadOps(t *testing.T) {
 	ops := func(op, code string) float64 {
 		return counter(t, w.d, "decodeplane_prefill_session_ops_total", map[string]string{"op": op, "code": code})
 	}
-	if ops("chunk", "InvalidArgument") != 2 || ops("chunk", "FailedPrecondition") != 1 || ops("chunk", "OK") != 1 ||
+	if ops("chunk", "InvalidArgument") != 3 || ops("chunk", "FailedPrecondition") != 1 || ops("chunk", "OK") != 1 ||
 		ops("claim", "OK") != 2 || ops("claim", "AlreadyExists") != 0 || ops("hello", "OK") != 1 {
-		t.Errorf("session ops: chunk InvalidArgument %v FailedPrecondition %v OK %v, claim OK %v AlreadyExists %v, hello %v; want 2 1 1 2 0 1",
+		t.Errorf("session ops: chunk InvalidArgument %v FailedPrecondition %v OK %v, claim OK %v AlreadyExists %v, hello %v; want 3 1 1 2 0 1",
 			ops("chunk", "InvalidArgument"), ops("chunk", "FailedPrecondition"), ops("chunk", "OK"), ops("claim", "OK"), ops("claim", "AlreadyExists"), ops("hello", "OK"))
 	}
 	if n := counter(t, w.d, "decodeplane_stale_incarnation_total", map[string]string{"method": "Transfer"}); n != 1 {

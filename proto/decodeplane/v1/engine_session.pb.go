@@ -238,8 +238,11 @@ func (*EngineRequest_Watch) isEngineRequest_Op() {}
 type EngineOpen struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// rooms: each with OpenRoomRequest's bounds (a bad room gets its own
-	// INVALID_ARGUMENT result, "open.rooms[i].<field>", the others are
-	// opened). bounds: 1..256 rooms, no room id twice.
+	// INVALID_ARGUMENT result, "open.rooms[i].<field>", whether a wire bound
+	// or OpenRoom's own check refused it; a refusal that names no field,
+	// SGLang's "Request ... exceeds the maximum number of tokens", reads as
+	// OpenRoom's; the others are opened). bounds: 1..256 rooms, no room id
+	// twice.
 	Rooms []*OpenRoomRequest `protobuf:"bytes,1,rep,name=rooms,proto3" json:"rooms,omitempty"`
 	// traceparents: the trace context of each room, as
 	// EngineRequest.traceparent (which applies to the rooms whose entry is

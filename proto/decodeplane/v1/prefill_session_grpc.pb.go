@@ -64,9 +64,11 @@ type PrefillSessionClient interface {
 	// carries seq > 0, strictly increasing on the stream; its result
 	// (PrefillResult) echoes it. A seq of 0 or one not above the previous
 	// ends the stream INVALID_ARGUMENT ("seq: ..."). An op that is not valid
-	// (a bound of its request, the fields named as in the unary request and
-	// prefixed with the op: "chunk.page_offset: ..."; a traceparent that is
-	// not W3C's "00-<32 hex>-<16 hex>-<2 hex>" or too long; no op) is a result with INVALID_ARGUMENT, and the stream stays
+	// (a bound of its request, or a refusal of the unary handler's own
+	// checks, the fields named as in the unary request and prefixed with the
+	// op: "chunk.page_offset: ..."; a traceparent that is not W3C's
+	// "00-<32 hex>-<16 hex>-<2 hex>" or too long; no op) is a result with
+	// INVALID_ARGUMENT, and the stream stays
 	// open; so is every other refusal (STALE_INCARNATION is a result with
 	// FAILED_PRECONDITION and reason STALE_INCARNATION, counted in
 	// decodeplane_stale_incarnation_total under the unary method's name).
@@ -195,9 +197,11 @@ type PrefillSessionServer interface {
 	// carries seq > 0, strictly increasing on the stream; its result
 	// (PrefillResult) echoes it. A seq of 0 or one not above the previous
 	// ends the stream INVALID_ARGUMENT ("seq: ..."). An op that is not valid
-	// (a bound of its request, the fields named as in the unary request and
-	// prefixed with the op: "chunk.page_offset: ..."; a traceparent that is
-	// not W3C's "00-<32 hex>-<16 hex>-<2 hex>" or too long; no op) is a result with INVALID_ARGUMENT, and the stream stays
+	// (a bound of its request, or a refusal of the unary handler's own
+	// checks, the fields named as in the unary request and prefixed with the
+	// op: "chunk.page_offset: ..."; a traceparent that is not W3C's
+	// "00-<32 hex>-<16 hex>-<2 hex>" or too long; no op) is a result with
+	// INVALID_ARGUMENT, and the stream stays
 	// open; so is every other refusal (STALE_INCARNATION is a result with
 	// FAILED_PRECONDITION and reason STALE_INCARNATION, counted in
 	// decodeplane_stale_incarnation_total under the unary method's name).
