@@ -2730,8 +2730,8 @@ type ResyncRoom struct {
 	// slot first: exactly slots_per_req. bounds: at most 16 entries.
 	MambaSlots []int32 `protobuf:"varint,10,rep,packed,name=mamba_slots,json=mambaSlots,proto3" json:"mamba_slots,omitempty"`
 	// bootstrap_addr is the room's prefill bootstrap address, "" if unknown
-	// (a REBOOTSTRAP retraction of the room needs it). bounds: host:port, at
-	// most 255 bytes.
+	// (a REBOOTSTRAP retraction of the room needs it). bounds: empty or as
+	// PrefillRank.bootstrap_addr (at most 261 bytes, "host:port").
 	BootstrapAddr string `protobuf:"bytes,11,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
 	// prefill_dp_rank is the prefill DP rank the room came from (a
 	// rebootstrap stays on it). bounds: 0..1023.
