@@ -280,8 +280,14 @@ func (m *Manager) destinationLocked(r *room, k rankKey) *Destination {
 }
 
 // AwaitDestination registers a prefill rank's claim on a room. A claim for a
-// room not opened yet waits (bounded by timeouts.bootstrap) for OpenRoom.
+// room not opened yet waits (bounded by timeouts.bootstrap) for OpenRoom;
+// a rank that a registered instance lacks is refused at once, opened room
+// or not (an instance unknown or still registering is not refused: its
+// ranks may claim before the last one registered).
 func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
+	if !m.reg.RankRegistered(rank) {
+		return nil, errRankNotRegistered(room, rank)
+	}
 	c := &Claim{m: m, room: room, rank: rank, ch: make(chan DestinationEvent, claimBuffer)}
 	for {
 		if sh, r := m.lockRoom(room); r != nil {
@@ -298,6 +304,12 @@ func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
 		}
 		// The room was opened meanwhile: attach to it.
 	}
+}
+
+// errRankNotRegistered refuses a claim of a rank that its registered
+// instance lacks.
+func errRankNotRegistered(room uint64, rank RankID) error {
+	return fmt.Errorf("await destination of room %d: %w: rank %s is not registered with this daemon (RegisterPrefill first)", room, ErrPrefillNotFound, rank)
 }
 
 // queuePending queues a claim for a room not opened yet; false (and no
@@ -351,17 +363,17 @@ func (m *Manager) expirePendingClaim(c *Claim) {
 func (m *Manager) attachClaimLocked(r *room, c *Claim) error {
 	if c.rank.Addr != r.addr {
 		err := invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", c.rank.Addr, r.id, r.addr)
-		c.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: err.Error()}})
+		c.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: err.Error()}, Refused: err})
 		return err
 	}
 	if r.prefillDP >= 0 && c.rank.DP != r.prefillDP {
 		err := invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", c.rank.DP, r.id, r.prefillDP, r.dpRule)
-		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: err.Error()}})
+		c.finish(DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict, Message: err.Error()}, Refused: err})
 		return err
 	}
 	if !m.reg.RankRegistered(c.rank) {
-		err := fmt.Errorf("await destination of room %d: %w: rank %s is not registered with this daemon (RegisterPrefill first)", r.id, ErrPrefillNotFound, c.rank)
-		c.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: err.Error()}})
+		err := errRankNotRegistered(r.id, c.rank)
+		c.finish(DestinationEvent{Failure: &Failure{Code: FailureUnspecified, Message: err.Error()}, Refused: err})
 		return err
 	}
 	k := c.rank.Key()

@@ -401,6 +401,9 @@ type Status struct {
 	RoomsByPhase map[Phase]int
 	Shards       []prealloc.Stats
 	Prefills     []PrefillStatus
+	// PendingClaims counts the claims waiting for rooms not opened yet (at
+	// most maxPendingClaims).
+	PendingClaims int
 }
 
 // PrefillStatus is one known prefill instance: the registry's view of it and
@@ -433,6 +436,9 @@ func (m *Manager) Status() Status {
 	}
 	sort.Slice(st.Prefills, func(i, j int) bool { return st.Prefills[i].Addr < st.Prefills[j].Addr })
 	st.Shards = m.ShardStats()
+	m.pend.mu.Lock()
+	st.PendingClaims = m.pend.count
+	m.pend.mu.Unlock()
 	return st
 }
 

@@ -231,4 +231,9 @@ type DestinationEvent struct {
 	// AckRequired (with Failure): this rank must call AckRoomEnd once it
 	// stopped writing (deferred release, drain.go).
 	AckRequired bool
+	// Refused (with Failure, which says the same): the claim itself was
+	// refused when its room opened (the rank is not a source of the room,
+	// or no longer registered), the room is not failed by it. The unary
+	// AwaitDestination ends with it as its status.
+	Refused error
 }

@@ -38,6 +38,7 @@ func (a *adminService) GetStatus(ctx context.Context, _ *pb.GetStatusRequest) (*
 	if m := s.deps.Manager; m != nil {
 		st := m.Status()
 		resp.RoomsByPhase = map[string]uint32{}
+		resp.PendingClaims = uint32(st.PendingClaims)
 		for p, n := range st.RoomsByPhase {
 			resp.RoomsByPhase[p.String()] = uint32(n)
 		}

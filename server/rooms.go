@@ -46,6 +46,11 @@ func (h *roomsService) AwaitDestination(req *pb.AwaitDestinationRequest, stream 
 			if !ok {
 				return nil
 			}
+			if ev.Refused != nil {
+				// Refused when the room opened (the claim came first): the
+				// status AwaitDestination gives an open room's refusal.
+				return h.err(ctx, ev.Refused)
+			}
 			if err := stream.Send(destinationEventToProto(ev, h.s.deps.Incarnation)); err != nil {
 				return err
 			}

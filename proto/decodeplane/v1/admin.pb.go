@@ -552,7 +552,12 @@ type GetStatusResponse struct {
 	// RegisterPrefillResponse.incarnation), also logged at startup
 	// ("decodeplane serving ... incarnation=<hex>"); it differs after every
 	// restart.
-	Incarnation   uint64 `protobuf:"fixed64,13,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation uint64 `protobuf:"fixed64,13,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// pending_claims counts the prefill claims (AwaitDestination, session
+	// claims) waiting for rooms the decode side has not opened yet, each
+	// until timeouts.bootstrap; at 8,192 a new one is refused
+	// RESOURCE_EXHAUSTED.
+	PendingClaims uint32 `protobuf:"varint,14,opt,name=pending_claims,json=pendingClaims,proto3" json:"pending_claims,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -674,6 +679,13 @@ func (x *GetStatusResponse) GetPrefills() []*PrefillStatus {
 func (x *GetStatusResponse) GetIncarnation() uint64 {
 	if x != nil {
 		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *GetStatusResponse) GetPendingClaims() uint32 {
+	if x != nil {
+		return x.PendingClaims
 	}
 	return 0
 }
@@ -815,7 +827,7 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x128\n" +
 	"\n" +
 	"silent_for\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\tsilentFor\x12+\n" +
-	"\x11missed_heartbeats\x18\x03 \x01(\rR\x10missedHeartbeats\"\xa5\x05\n" +
+	"\x11missed_heartbeats\x18\x03 \x01(\rR\x10missedHeartbeats\"\xcc\x05\n" +
 	"\x11GetStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x14\n" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x1c\n" +
@@ -831,7 +843,8 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	" \x03(\v23.decodeplane.v1.GetStatusResponse.RoomsByPhaseEntryR\froomsByPhase\x123\n" +
 	"\x06shards\x18\v \x03(\v2\x1b.decodeplane.v1.ShardStatusR\x06shards\x129\n" +
 	"\bprefills\x18\f \x03(\v2\x1d.decodeplane.v1.PrefillStatusR\bprefills\x12 \n" +
-	"\vincarnation\x18\r \x01(\x06R\vincarnation\x1a?\n" +
+	"\vincarnation\x18\r \x01(\x06R\vincarnation\x12%\n" +
+	"\x0epending_claims\x18\x0e \x01(\rR\rpendingClaims\x1a?\n" +
 	"\x11RoomsByPhaseEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x0e\n" +

@@ -89,7 +89,11 @@ type PrefillSessionClient interface {
 	// by a newer AwaitDestination from the same rank", under the first
 	// claim's seq) and the room's events come to the second, after that end
 	// (a destination already delivered is delivered again) — how a hand-off that gave up is
-	// retried on the same session.
+	// retried on the same session. A claim that waited for its room and is
+	// refused when the room opens (AwaitDestination would end with
+	// INVALID_ARGUMENT or NOT_FOUND) gets a failure event naming the
+	// refusal ("rank.bootstrap_addr: ..."), under its seq; the room is not
+	// failed by it.
 	// chunk (TransferRequest), report (ReportTransferRequest) and ack
 	// (AckRoomEndRequest) are Transfer, ReportTransfer and AckRoomEnd, with
 	// their codes, idempotency and retry rules.
@@ -222,7 +226,11 @@ type PrefillSessionServer interface {
 	// by a newer AwaitDestination from the same rank", under the first
 	// claim's seq) and the room's events come to the second, after that end
 	// (a destination already delivered is delivered again) — how a hand-off that gave up is
-	// retried on the same session.
+	// retried on the same session. A claim that waited for its room and is
+	// refused when the room opens (AwaitDestination would end with
+	// INVALID_ARGUMENT or NOT_FOUND) gets a failure event naming the
+	// refusal ("rank.bootstrap_addr: ..."), under its seq; the room is not
+	// failed by it.
 	// chunk (TransferRequest), report (ReportTransferRequest) and ack
 	// (AckRoomEndRequest) are Transfer, ReportTransfer and AckRoomEnd, with
 	// their codes, idempotency and retry rules.

@@ -96,13 +96,18 @@ type RoomsClient interface {
 	// event (see FAILURE_CODE_SHUTDOWN) before the server stops, then ends OK;
 	// only a stream still open when server.shutdown_timeout runs out (a client
 	// that stopped reading) is cut with UNAVAILABLE.
-	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
+	// Codes: OK; NOT_FOUND (rank not registered with a registered instance:
+	// at once, whether the room is open or not; a rank of an instance not
+	// yet complete, or unknown, may claim before it registers);
 	// FAILED_PRECONDITION (STALE_INCARNATION: the claim names an earlier
 	// daemon incarnation; nothing is claimed);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
 	// address or DP rank); RESOURCE_EXHAUSTED (8,192 claims already wait for rooms
-	// not yet open); UNAVAILABLE (draining, for rooms not yet open);
-	// UNAUTHENTICATED. Safe to retry (re-delivers).
+	// not yet open: GetStatus.pending_claims); UNAVAILABLE (draining, for rooms
+	// not yet open); UNAUTHENTICATED. A claim that waited for its room and is
+	// refused when the room opens (not a source of it; its rank no longer
+	// registered) ends with that status (INVALID_ARGUMENT, NOT_FOUND) and no
+	// event; the room is not failed by it. Safe to retry (re-delivers).
 	AwaitDestination(ctx context.Context, in *AwaitDestinationRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DestinationEvent], error)
 	// Transfer asks the daemon's transfer engine (simulated or delegated) to
 	// move one KV chunk into the room's pages, and returns when it landed.
@@ -491,13 +496,18 @@ type RoomsServer interface {
 	// event (see FAILURE_CODE_SHUTDOWN) before the server stops, then ends OK;
 	// only a stream still open when server.shutdown_timeout runs out (a client
 	// that stopped reading) is cut with UNAVAILABLE.
-	// Codes: OK; NOT_FOUND (rank not registered with a registered instance);
+	// Codes: OK; NOT_FOUND (rank not registered with a registered instance:
+	// at once, whether the room is open or not; a rank of an instance not
+	// yet complete, or unknown, may claim before it registers);
 	// FAILED_PRECONDITION (STALE_INCARNATION: the claim names an earlier
 	// daemon incarnation; nothing is claimed);
 	// INVALID_ARGUMENT (the rank is not a source of the room: another prefill
 	// address or DP rank); RESOURCE_EXHAUSTED (8,192 claims already wait for rooms
-	// not yet open); UNAVAILABLE (draining, for rooms not yet open);
-	// UNAUTHENTICATED. Safe to retry (re-delivers).
+	// not yet open: GetStatus.pending_claims); UNAVAILABLE (draining, for rooms
+	// not yet open); UNAUTHENTICATED. A claim that waited for its room and is
+	// refused when the room opens (not a source of it; its rank no longer
+	// registered) ends with that status (INVALID_ARGUMENT, NOT_FOUND) and no
+	// event; the room is not failed by it. Safe to retry (re-delivers).
 	AwaitDestination(*AwaitDestinationRequest, grpc.ServerStreamingServer[DestinationEvent]) error
 	// Transfer asks the daemon's transfer engine (simulated or delegated) to
 	// move one KV chunk into the room's pages, and returns when it landed.
