@@ -161,7 +161,9 @@ func (m *Manager) Run(ctx context.Context) error {
 	interval, _ := m.cfg.Timeouts.EffectiveHeartbeat()
 	// Check four times per interval, so that a dead instance is found at
 	// most a quarter interval after interval × max_failures of silence.
-	hb := clock.NewTicker(m.clock, interval/4)
+	// (A check much later than that is the daemon's own stall:
+	// registry.CheckLiveness.)
+	hb := clock.NewTicker(m.clock, interval/registry.ChecksPerInterval)
 	defer hb.Stop()
 	sweep := clock.NewTicker(m.clock, min(m.cfg.DPRank.BindingTTL, time.Minute))
 	defer sweep.Stop()

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -130,22 +131,36 @@ func TestCheckLivenessEvents(t *testing.T) {
 			t.Fatalf("check at 0s: %+v, want nothing", evs)
 		}
 		r0 := RankID{Addr: addrA, DP: 0, TP: 0}
-		advance(6 * time.Second)
-		for _, rk := range append(ranksOf(prefill{addr: addrA, tp: 2, dp: 2})[1:], RankID{Addr: addrB}) {
-			if _, _, err := h.g.Heartbeat(rk, ""); err != nil {
-				t.Fatalf("Heartbeat(%s) = %v", rk, err)
+		// tick is one check period (a quarter of the 5 s interval, as the
+		// Manager checks): every rank but r0 beats, then the check.
+		tick := func() []Event {
+			advance(1250 * time.Millisecond)
+			for _, rk := range append(ranksOf(prefill{addr: addrA, tp: 2, dp: 2})[1:], RankID{Addr: addrB}) {
+				if _, _, err := h.g.Heartbeat(rk, ""); err != nil {
+					t.Fatalf("Heartbeat(%s) = %v", rk, err)
+				}
+			}
+			return h.g.CheckLiveness()
+		}
+		for i := range 3 {
+			if evs := tick(); len(evs) != 0 {
+				t.Fatalf("check %d: %+v, want nothing", i+1, evs)
 			}
 		}
-		evs := h.g.CheckLiveness()
+		evs := tick() // 5 s: r0 missed an interval
 		want := []Event{{Kind: HeartbeatMissed, Addr: addrA, Count: 1}}
 		if diff := cmp.Diff(want, evs); diff != "" {
-			t.Fatalf("check at 6s (-want +got):\n%s", diff)
+			t.Fatalf("check at 5s (-want +got):\n%s", diff)
 		}
 		if evs := h.g.CheckLiveness(); len(evs) != 0 {
-			t.Errorf("second check at 6s: %+v, want nothing (an interval counts once)", evs)
+			t.Errorf("second check at 5s: %+v, want nothing (an interval counts once)", evs)
 		}
-		advance(4 * time.Second) // r0 silent 10 s = 2 × 5 s; the others 4 s
-		evs = h.g.CheckLiveness()
+		for i := range 3 {
+			if evs := tick(); len(evs) != 0 {
+				t.Fatalf("check at %v: %+v, want nothing", time.Duration(5000+1250*(i+1))*time.Millisecond, evs)
+			}
+		}
+		evs = tick() // r0 silent 10 s = 2 × 5 s
 		if got, want := kinds(evs), []EventKind{HeartbeatMissed, InstanceLost}; !slices.Equal(got, want) {
 			t.Fatalf("check at 10s: events %v, want %v", got, want)
 		}
@@ -225,6 +240,53 @@ func TestExpireBindings(t *testing.T) {
 		}
 		if _, _, ok := h.g.ResolveDP(addrA, 7, -1, topo); ok {
 			t.Error("ResolveDP at 120s resolved the expired binding")
+		}
+	})
+}
+
+// TestCheckLivenessDiscountsTheDaemonsStall: a check that comes long after
+// the previous one (the daemon was paused: its ranks' beats wait in its
+// sockets) does not count the pause as the ranks' silence; a rank already
+// silent before it keeps that silence, and a rank that stays silent is
+// lost after max_failures intervals of the daemon's running time.
+func TestCheckLivenessDiscountsTheDaemonsStall(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(prefill{addr: addrA})
+		h.register(prefill{addr: addrB})
+		a := RankID{Addr: addrA}
+		beat := func(rk RankID) {
+			if _, _, err := h.g.Heartbeat(rk, ""); err != nil {
+				t.Fatalf("Heartbeat(%s) = %v", rk, err)
+			}
+		}
+		h.g.CheckLiveness()
+		// 5 s of checks every 1.25 s: A beats, B is silent (1 interval).
+		for range 4 {
+			advance(1250 * time.Millisecond)
+			beat(a)
+			h.g.CheckLiveness()
+		}
+		// The daemon is paused 12 s (more than the 10 s limit): no check.
+		advance(12 * time.Second)
+		if evs := h.g.CheckLiveness(); slices.Contains(kinds(evs), InstanceLost) || slices.Contains(kinds(evs), HeartbeatMissed) {
+			t.Fatalf("check after the daemon's 12 s pause: %+v, want nothing (the pause is not the ranks' silence)", evs)
+		}
+		// From here no rank beats. B was silent 5 s before the pause (6.25 s
+		// now): lost after 3.75 s more; A after 10 s (less the check period
+		// the pause is not discounted by).
+		var lostAt []string
+		for i := 1; len(lostAt) < 2 && i <= 12; i++ {
+			advance(1250 * time.Millisecond)
+			for _, e := range h.g.CheckLiveness() {
+				if e.Kind == InstanceLost {
+					lostAt = append(lostAt, fmt.Sprintf("%s@%v", e.Addr, time.Duration(i)*1250*time.Millisecond))
+				}
+			}
+		}
+		want := []string{addrB + "@3.75s", addrA + "@8.75s"}
+		if !slices.Equal(lostAt, want) {
+			t.Errorf("lost after the pause: %v, want %v", lostAt, want)
 		}
 	})
 }

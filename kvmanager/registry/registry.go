@@ -48,7 +48,13 @@ type Registry struct {
 	mu        sync.Mutex
 	instances map[string]*instance
 	bindings  map[string]map[uint64]binding
+	// lastCheck is when CheckLiveness last ran (zero before the first).
+	lastCheck time.Time
 }
+
+// ChecksPerInterval is how often CheckLiveness is meant to run: every
+// heartbeat interval / ChecksPerInterval (the Manager's ticker).
+const ChecksPerInterval = 4
 
 // New returns an empty registry.
 func New(cfg Config) *Registry {
@@ -521,6 +527,16 @@ func describeSilent(ranks []SilentRank, total int) string {
 // (HeartbeatMissed, each interval once although checks run more often) and
 // forgets every instance with a rank silent for MaxFailures intervals
 // (InstanceLost, SGLang T15, in address order), with its bindings.
+//
+// A daemon that did not run (paused: SIGSTOP, a frozen VM or container, a
+// clock jump) cannot tell whether its prefills were silent meanwhile: their
+// heartbeats may wait in its sockets. A check that comes more than a
+// heartbeat interval after the previous one (they run every quarter
+// interval) counts that gap, less one check period, as the daemon's own
+// stall, not the ranks' silence: every rank's last heartbeat moves forward
+// by it, as etcd's lessor extends every lease when a new leader takes over
+// after a gap. A rank that is really gone is found once it is silent for
+// MaxFailures intervals of the daemon's running time.
 func (g *Registry) CheckLiveness() []Event {
 	if g.cfg.LeaseLiveness {
 		return nil
@@ -530,6 +546,18 @@ func (g *Registry) CheckLiveness() []Event {
 	iv, mf := g.cfg.HeartbeatInterval, g.cfg.MaxFailures
 	limit := iv * time.Duration(mf)
 	now := g.cfg.Now()
+	if gap := now.Sub(g.lastCheck); !g.lastCheck.IsZero() && gap > iv {
+		stall := gap - iv/ChecksPerInterval
+		for _, inst := range g.instances {
+			for _, rk := range inst.ranks {
+				if rk.lastSeen = rk.lastSeen.Add(stall); rk.lastSeen.After(now) {
+					rk.lastSeen = now
+				}
+				rk.missed = min(rk.missed, int(now.Sub(rk.lastSeen)/iv))
+			}
+		}
+	}
+	g.lastCheck = now
 	var evs []Event
 	var dead []string
 	for addr, inst := range g.instances {
