@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -157,12 +159,25 @@ func buildOptions(opts []Option) (*options, error) {
 	return o, nil
 }
 
+// Keepalive of the connections New makes (see New).
+const (
+	KeepaliveTime    = 30 * time.Second
+	KeepaliveTimeout = 10 * time.Second
+)
+
 // New builds a client for target, a gRPC target such as "127.0.0.1:7600",
 // "dns:///decodeplane.local:7600" or "unix:///run/decodeplane.sock". Like
 // grpc.NewClient it does not connect: the first RPC does, and a daemon that
 // cannot be reached shows up as ErrUnavailable there. The connection is
 // insecure unless WithTLS is given; every RPC carries the caller's W3C trace
-// context (otelgrpc client handler).
+// context (otelgrpc client handler). While calls or streams are open the
+// connection pings a daemon silent for KeepaliveTime and drops the
+// connection KeepaliveTimeout after an unanswered ping: a daemon gone
+// without closing it (a network partition, a frozen host) fails the calls
+// on it with ErrUnavailable and the next call reconnects, instead of every
+// call timing out on the dead connection until TCP gives up (~15 min).
+// WithDialOptions(grpc.WithKeepaliveParams(...)) overrides it (the daemon
+// accepts pings every 10 s or more; grpc-go raises anything below 10 s).
 func New(target string, opts ...Option) (*Client, error) {
 	o, err := buildOptions(opts)
 	if err != nil {
@@ -187,6 +202,7 @@ func New(target string, opts ...Option) (*Client, error) {
 	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
 		grpc.WithStatsHandler(otelgrpc.NewClientHandler(otelgrpc.WithTracerProvider(tp), otelgrpc.WithPropagators(prop))),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: KeepaliveTime, Timeout: KeepaliveTimeout}),
 	}
 	dial = append(dial, o.dialOpts...)
 	conn, err := grpc.NewClient(target, dial...)

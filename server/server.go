@@ -182,6 +182,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))))
 	}
 	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
+	opts = append(opts, keepaliveOptions()...)
 	opts = append(opts, deps.ExtraServerOptions...)
 	s.grpc = grpc.NewServer(opts...)
 
