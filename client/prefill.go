@@ -53,6 +53,12 @@ type Prefill struct {
 	// reregister: a new incarnation was learned other than by Register;
 	// the next beat registers again.
 	reregister bool
+	// registered is closed (and replaced) at every successful Register: a
+	// hand-off the daemon refused as unregistered waits on it while a
+	// RunHeartbeat registers the rank again (prefillMux.getHandOff).
+	registered chan struct{}
+	// beating counts the RunHeartbeat loops on the shared session.
+	beating int
 }
 
 // generation is one daemon incarnation as a Prefill holds it: void is
@@ -250,10 +256,26 @@ func (p *Prefill) Register(ctx context.Context) (*pb.RegisterPrefillResponse, er
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.resp = resp
+	if p.registered != nil {
+		close(p.registered)
+		p.registered = nil
+	}
 	if iv := resp.GetHeartbeatInterval().AsDuration(); iv > 0 {
 		p.interval = iv
 	}
 	return resp, nil
+}
+
+// registeredSignal returns a channel closed at the next successful
+// Register, and whether a RunHeartbeat on the shared session runs (which
+// registers the rank again when the daemon forgot it).
+func (p *Prefill) registeredSignal() (<-chan struct{}, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.registered == nil {
+		p.registered = make(chan struct{})
+	}
+	return p.registered, p.beating > 0
 }
 
 // Registration returns the last successful registration's answer, or nil.
@@ -482,9 +504,13 @@ type SendOptions struct {
 // session's end (ErrUnavailable for a cut stream). A daemon without
 // PrefillSession (ErrUnimplemented) is handed off to unary. One difference:
 // the session needs the rank registered (its hello is a beat), so a rank
-// the daemon does not know fails at once with ErrNotFound, where the unary
-// claim waits for the registration (bounded by ctx and the daemon's
-// timeouts.bootstrap).
+// the daemon does not know fails with ErrNotFound — at once, unless a
+// RunHeartbeat of this Prefill runs: it registers the rank again (after a
+// daemon restart, or once the daemon declared the rank dead), and the
+// hand-off waits for that registration (at most two heartbeat intervals,
+// bounded by ctx) and goes on. The unary claim of a rank whose instance
+// the daemon does not know waits for the registration (bounded by ctx and
+// the daemon's timeouts.bootstrap).
 // WithTransport(TransportUnary) keeps the unary calls: AwaitDestination,
 // Transfer per chunk, AckRoomEnd.
 func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {

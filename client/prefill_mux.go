@@ -153,6 +153,31 @@ func (m *prefillMux) get(ctx context.Context) (*Session, error) {
 	}
 }
 
+// getHandOff is get for a hand-off. A session the daemon refuses because
+// it does not know the rank (NOT_FOUND: it restarted, or declared the rank
+// dead) while a RunHeartbeat of this Prefill runs is opened again once that
+// RunHeartbeat registered the rank anew (at most two heartbeat intervals
+// later): a hand-off made in the window between a daemon's restart and the
+// rank's new registration goes through instead of failing. Without a
+// RunHeartbeat, or when ctx ends first, the refusal stands.
+func (m *prefillMux) getHandOff(ctx context.Context) (*Session, error) {
+	reg, beating := m.p.registeredSignal()
+	s, err := m.get(ctx)
+	if err == nil || !errors.Is(err, ErrNotFound) || !beating {
+		return s, err
+	}
+	t := time.NewTimer(2 * m.p.heartbeatInterval())
+	defer t.Stop()
+	select {
+	case <-reg:
+		return m.get(ctx)
+	case <-ctx.Done():
+		return nil, toError(muxOp, ctx.Err())
+	case <-t.C:
+		return nil, err
+	}
+}
+
 // usable refuses opens once the Prefill or the Client was closed, and
 // enters the mux in the Client's set before its first session.
 func (m *prefillMux) usable() error {
@@ -320,7 +345,7 @@ type muxClaim struct {
 // attach claims on the live session (a new one if needed).
 func (c *muxClaim) attach() error {
 	for {
-		s, err := c.m.get(c.ctx)
+		s, err := c.m.getHandOff(c.ctx)
 		if err != nil {
 			return err
 		}
@@ -452,7 +477,7 @@ func (p *Prefill) streams(ctx context.Context) (bool, func(), error) {
 		return false, func() {}, nil
 	}
 	release := p.mux.acquire()
-	_, err := p.mux.get(ctx)
+	_, err := p.mux.getHandOff(ctx)
 	if errors.Is(err, ErrUnimplemented) {
 		release()
 		return false, func() {}, nil
@@ -481,6 +506,14 @@ func (p *Prefill) handOffFailed(op string, room uint64, o SendOptions, err error
 func (p *Prefill) runHeartbeatStreams(ctx context.Context) error {
 	m := p.mux
 	defer m.acquire()()
+	p.mu.Lock()
+	p.beating++
+	p.mu.Unlock()
+	defer func() {
+		p.mu.Lock()
+		p.beating--
+		p.mu.Unlock()
+	}()
 	quick := 0      // consecutive sessions that ended within a cadence
 	refused := 0    // consecutive opens refused NOT_FOUND or as of another incarnation
 	unimpl := false // ErrUnimplemented reported (once: an older daemon stays one)
