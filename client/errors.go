@@ -267,11 +267,16 @@ type IncarnationChangedError struct {
 }
 
 // Error renders "room 7: destination of decodeplane incarnation 1f (now
-// 2e) is void: ... register again and claim again", or with Watch "room 7:
-// opened at decodeplane incarnation 1f (now 2e): ... open it again".
+// 2e) is void: ... register again and claim again" ("decodeplane
+// incarnation 1f (now 2e) is gone: ..." when it is about no room), or with
+// Watch "room 7: opened at decodeplane incarnation 1f (now 2e): ... open it
+// again".
 func (e *IncarnationChangedError) Error() string {
 	if e.Watch {
 		return fmt.Sprintf("room %d: opened at decodeplane incarnation %x (now %x): the daemon restarted and the room is gone; open it again", e.Room, e.Old, e.New)
+	}
+	if e.Room == 0 { // not about one room: a session, a heartbeat
+		return fmt.Sprintf("decodeplane incarnation %x (now %x) is gone: the daemon restarted; register again and claim again", e.Old, e.New)
 	}
 	return fmt.Sprintf("room %d: destination of decodeplane incarnation %x (now %x) is void: the daemon restarted; register again and claim again", e.Room, e.Old, e.New)
 }

@@ -206,3 +206,16 @@ func TestContextErrors(t *testing.T) {
 		}
 	})
 }
+
+// TestIncarnationChangedErrorWithoutRoom: an incarnation change that is
+// about no room (a session's or a heartbeat's) does not read "room 0".
+func TestIncarnationChangedErrorWithoutRoom(t *testing.T) {
+	e := &client.IncarnationChangedError{Old: 0x1f, New: 0x2e}
+	if got, want := e.Error(), "decodeplane incarnation 1f (now 2e) is gone: the daemon restarted; register again and claim again"; got != want {
+		t.Errorf("Error() = %q, want %q", got, want)
+	}
+	e.Room = 7
+	if got := e.Error(); !strings.HasPrefix(got, "room 7: destination of decodeplane incarnation 1f (now 2e) is void") {
+		t.Errorf("Error() with a room = %q", got)
+	}
+}
