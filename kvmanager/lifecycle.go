@@ -285,18 +285,20 @@ func (m *Manager) destinationLocked(r *room, k rankKey) *Destination {
 // or not (an instance unknown or still registering is not refused: its
 // ranks may claim before the last one registered).
 func (m *Manager) AwaitDestination(room uint64, rank RankID) (*Claim, error) {
-	if !m.reg.RankRegistered(rank) {
-		return nil, errRankNotRegistered(room, rank)
-	}
 	c := &Claim{m: m, room: room, rank: rank, ch: make(chan DestinationEvent, claimBuffer)}
 	for {
 		if sh, r := m.lockRoom(room); r != nil {
+			// An open room checks the source first (another address or
+			// DP rank: INVALID_ARGUMENT), then the registration.
 			err := m.attachClaimLocked(r, c)
 			m.unlockShard(sh)
 			if err != nil {
 				return nil, err
 			}
 			return c, nil
+		}
+		if !m.reg.RankRegistered(rank) {
+			return nil, errRankNotRegistered(room, rank)
 		}
 		queued, err := m.queuePending(c)
 		if queued || err != nil {
