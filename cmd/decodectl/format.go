@@ -186,6 +186,9 @@ func writeStatus(w io.Writer, st *pb.GetStatusResponse, health string, showConfi
 		fmt.Fprintf(tw, "Transfer path:\t%s\n", st.GetTransferPath())
 		fmt.Fprintf(tw, "KV layout:\t%s\n", formatLayout(st.GetLayout()))
 		fmt.Fprintf(tw, "Rooms:\t%s\n", formatRoomsByPhase(st.GetRoomsByPhase()))
+		if n := st.GetPendingClaims(); n > 0 {
+			fmt.Fprintf(tw, "Pending claims:\t%d (prefill claims waiting for rooms not opened yet)\n", n)
+		}
 	})
 	if err != nil {
 		return err

@@ -302,3 +302,18 @@ func TestIsLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusPendingClaims: claims waiting for rooms not opened yet show in
+// status when there are any.
+func TestStatusPendingClaims(t *testing.T) {
+	for _, n := range []uint32{0, 3} {
+		var b bytes.Buffer
+		if err := writeStatus(&b, &pb.GetStatusResponse{Version: "v", PendingClaims: n}, "SERVING", false, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		has := strings.Contains(b.String(), "Pending claims:")
+		if want := n > 0; has != want || (want && !strings.Contains(b.String(), "Pending claims:  3 (prefill claims waiting for rooms not opened yet)\n")) {
+			t.Errorf("status with %d pending claims:\n%s", n, b.String())
+		}
+	}
+}
