@@ -448,10 +448,11 @@ var (
 	descPrefill = prometheus.NewDesc("decodeplane_prefill_instances", "Known prefill instances, by registration completeness.", []string{"state"}, nil)
 	descRing    = prometheus.NewDesc("decodeplane_staging_ring_bytes", "Staging ring bytes per decode rank, by state (used: allocated and not yet scattered; free).", []string{"dp_rank", "tp_rank", "state"}, nil)
 	descRegions = prometheus.NewDesc("decodeplane_staging_ring_regions", "Live staging regions per decode rank (allocated, not yet freed).", []string{"dp_rank", "tp_rank"}, nil)
+	descPending = prometheus.NewDesc("decodeplane_pending_claims", "Prefill claims (AwaitDestination, session claims) waiting for rooms not opened yet; at 8192 new ones are refused.", nil, nil)
 )
 
 func (c ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPages, descReq, descMeta, descState, descQueue, descBlock, descLedger, descPrefill, descRing, descRegions} {
+	for _, d := range []*prometheus.Desc{descPages, descReq, descMeta, descState, descQueue, descBlock, descLedger, descPrefill, descRing, descRegions, descPending} {
 		ch <- d
 	}
 }
@@ -488,7 +489,9 @@ func (c ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		g(descLedger, int64(st.Held), s, "held")
 	}
 	complete, partial := 0, 0
-	for _, p := range mgr.Status().Prefills {
+	status := mgr.Status()
+	g(descPending, int64(status.PendingClaims))
+	for _, p := range status.Prefills {
 		if p.Registered >= p.Expected {
 			complete++
 		} else {

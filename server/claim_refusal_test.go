@@ -56,6 +56,9 @@ func TestClaimRefusals(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- claimEnd(23, prank(other.addr, 0)) }()
 	waitPendingClaims(t, w, 1)
+	if n := pendingClaimsGauge(t, w); n != 1 {
+		t.Errorf("decodeplane_pending_claims = %v with one claim waiting, want 1", n)
+	}
 	w.open(23)
 	if err := <-done; status.Code(err) != codes.InvalidArgument || !strings.HasPrefix(status.Convert(err).Message(), "rank.bootstrap_addr: ") {
 		t.Errorf("early claim of another instance's room = %v, want INVALID_ARGUMENT rank.bootstrap_addr when the room opens", err)
@@ -92,4 +95,20 @@ func waitPendingClaims(t *testing.T, w *drainWire, n uint32) {
 			return
 		}
 	}
+}
+
+// pendingClaimsGauge reads decodeplane_pending_claims.
+func pendingClaimsGauge(t *testing.T, w *drainWire) float64 {
+	t.Helper()
+	mfs, err := w.d.Metrics().Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "decodeplane_pending_claims" && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetGauge().GetValue()
+		}
+	}
+	t.Fatal("no decodeplane_pending_claims")
+	return 0
 }
