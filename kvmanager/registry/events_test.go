@@ -290,3 +290,44 @@ func TestCheckLivenessDiscountsTheDaemonsStall(t *testing.T) {
 		}
 	})
 }
+
+// TestCheckLivenessLateCheckIsNoStall: a check loop that is late while the
+// daemon served heartbeats (it was running) credits nothing: the silent
+// rank is lost at that check; and a credited stall does not change the
+// last heartbeat Status shows.
+func TestCheckLivenessLateCheckIsNoStall(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(prefill{addr: addrA})
+		h.register(prefill{addr: addrB})
+		a := RankID{Addr: addrA}
+		h.g.CheckLiveness()
+		// 12 s without a check, A beating every second meanwhile; B silent.
+		for range 12 {
+			advance(time.Second)
+			if _, _, err := h.g.Heartbeat(a, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var lost []string
+		for _, e := range h.g.CheckLiveness() {
+			if e.Kind == InstanceLost {
+				lost = append(lost, e.Addr)
+			}
+		}
+		if !slices.Equal(lost, []string{addrB}) {
+			t.Fatalf("a late check while heartbeats were served lost %v, want [%s] (no credit)", lost, addrB)
+		}
+
+		// A real pause (nothing served): credited, and Status still shows
+		// A's last heartbeat where it was.
+		last := time.Now()
+		advance(12 * time.Second)
+		h.g.CheckLiveness()
+		for _, st := range h.g.Status() {
+			if st.Addr == addrA && !st.LastHeartbeat.Equal(last) {
+				t.Errorf("A's last heartbeat after a credited pause = %v, want %v (the real one)", st.LastHeartbeat, last)
+			}
+		}
+	})
+}

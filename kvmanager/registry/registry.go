@@ -48,8 +48,24 @@ type Registry struct {
 	mu        sync.Mutex
 	instances map[string]*instance
 	bindings  map[string]map[uint64]binding
-	// lastCheck is when CheckLiveness last ran (zero before the first).
-	lastCheck time.Time
+	// lastCheck is when CheckLiveness last ran (zero before the first);
+	// firstRecord when the first heartbeat or registration since then was
+	// recorded (zero: none yet).
+	lastCheck, firstRecord time.Time
+}
+
+// silence is how long the rank has been silent as liveness counts it: the
+// time since its last heartbeat less the daemon's own stalls meanwhile.
+func (rk *rank) silence(now time.Time) time.Duration {
+	return now.Sub(rk.lastSeen) - rk.credit
+}
+
+// recordedLocked notes that a heartbeat or registration was served (a
+// daemon that serves them is running: CheckLiveness).
+func (g *Registry) recordedLocked(now time.Time) {
+	if g.firstRecord.IsZero() {
+		g.firstRecord = now
+	}
 }
 
 // ChecksPerInterval is how often CheckLiveness is meant to run: every
@@ -83,7 +99,10 @@ type rank struct {
 	endpoint   string
 	instanceID string
 	lastSeen   time.Time
-	missed     int // heartbeat intervals missed since lastSeen, as counted so far
+	// credit is the part of the time since lastSeen that the daemon itself
+	// did not run (CheckLiveness): not the rank's silence.
+	credit time.Duration
+	missed int // heartbeat intervals missed since lastSeen, as counted so far
 }
 
 func (inst *instance) view() Instance {
@@ -297,6 +316,7 @@ func (g *Registry) Record(c Checked) (RegistrationResult, []Event, error) {
 			reg.Addr, id, old.endpoint, reg.Endpoint)})
 	}
 	inst.ranks[id] = &rank{id: id, endpoint: reg.Endpoint, instanceID: reg.InstanceID, lastSeen: now}
+	g.recordedLocked(now)
 	evs = append(evs, Event{Kind: RankRegistered, Addr: reg.Addr, Rank: id, Replaced: res.Replaced})
 	if !inst.complete && len(inst.ranks) >= inst.expected {
 		inst.complete = true
@@ -344,8 +364,8 @@ func (g *Registry) Heartbeat(id RankID, instanceID string) (time.Duration, int, 
 	if instanceID != "" && rk.instanceID != "" && instanceID != rk.instanceID {
 		return 0, 0, fmt.Errorf("heartbeat from %s: %w: instance_id %q is not the registered instance %q (a new process replaced it, or this one was replaced: register again)", id, ErrPrefillNotFound, instanceID, rk.instanceID)
 	}
-	rk.lastSeen = g.cfg.Now()
-	rk.missed = 0
+	rk.lastSeen, rk.credit, rk.missed = g.cfg.Now(), 0, 0
+	g.recordedLocked(rk.lastSeen)
 	return g.cfg.HeartbeatInterval, g.cfg.MaxFailures, nil
 }
 
@@ -361,9 +381,9 @@ func (g *Registry) Touch(addr, instanceID string) bool {
 	}
 	now := g.cfg.Now()
 	for _, rk := range inst.ranks {
-		rk.lastSeen = now
-		rk.missed = 0
+		rk.lastSeen, rk.credit, rk.missed = now, 0, 0
 	}
+	g.recordedLocked(now)
 	return true
 }
 
@@ -485,10 +505,12 @@ func (inst *instance) silentRanks(now time.Time, least, iv time.Duration, limit 
 	var top []SilentRank
 	total := 0
 	for _, rk := range inst.ranks {
-		d := now.Sub(rk.lastSeen)
-		if d < least {
+		// Selected as liveness counts silence (less the daemon's own
+		// stalls), shown as the time since the rank's last heartbeat.
+		if rk.silence(now) < least {
 			continue
 		}
+		d := now.Sub(rk.lastSeen)
 		total++
 		s := SilentRank{Rank: rk.id, Silent: d, Missed: int(d / iv)}
 		i, _ := slices.BinarySearchFunc(top, s, order)
@@ -532,11 +554,15 @@ func describeSilent(ranks []SilentRank, total int) string {
 // clock jump) cannot tell whether its prefills were silent meanwhile: their
 // heartbeats may wait in its sockets. A check that comes more than a
 // heartbeat interval after the previous one (they run every quarter
-// interval) counts that gap, less one check period, as the daemon's own
-// stall, not the ranks' silence: every rank's last heartbeat moves forward
-// by it, as etcd's lessor extends every lease when a new leader takes over
-// after a gap. A rank that is really gone is found once it is silent for
-// MaxFailures intervals of the daemon's running time.
+// interval), with no heartbeat or registration served during that gap but
+// in its last check period (the ones queued while paused, served as it
+// resumed), counts the gap, less one check period, as the daemon's own
+// stall, not the ranks' silence: each rank is credited with it (as etcd's
+// lessor extends every lease when a new leader takes over after a gap).
+// The credit counts for liveness only: Status shows the real last
+// heartbeat. A check loop that was merely late while heartbeats were served
+// credits nothing, and a rank that is really gone is found once it is
+// silent for MaxFailures intervals of the daemon's running time.
 func (g *Registry) CheckLiveness() []Event {
 	if g.cfg.LeaseLiveness {
 		return nil
@@ -546,25 +572,29 @@ func (g *Registry) CheckLiveness() []Event {
 	iv, mf := g.cfg.HeartbeatInterval, g.cfg.MaxFailures
 	limit := iv * time.Duration(mf)
 	now := g.cfg.Now()
-	if gap := now.Sub(g.lastCheck); !g.lastCheck.IsZero() && gap > iv {
-		stall := gap - iv/ChecksPerInterval
+	period := iv / ChecksPerInterval
+	// A stall: the check is more than an interval late, and nothing was
+	// recorded during the gap but at its very end (a paused process serves
+	// no heartbeat; the ones waiting in its sockets come as it resumes). A
+	// check loop merely late while heartbeats were being served is not.
+	if gap := now.Sub(g.lastCheck); !g.lastCheck.IsZero() && gap > iv &&
+		(g.firstRecord.IsZero() || g.firstRecord.After(now.Add(-period))) {
+		stall := gap - period
 		for _, inst := range g.instances {
 			for _, rk := range inst.ranks {
-				if rk.lastSeen = rk.lastSeen.Add(stall); rk.lastSeen.After(now) {
-					rk.lastSeen = now
-				}
-				rk.missed = min(rk.missed, int(now.Sub(rk.lastSeen)/iv))
+				rk.credit = min(rk.credit+stall, now.Sub(rk.lastSeen))
+				rk.missed = min(rk.missed, int(rk.silence(now)/iv))
 			}
 		}
 	}
-	g.lastCheck = now
+	g.lastCheck, g.firstRecord = now, time.Time{}
 	var evs []Event
 	var dead []string
 	for addr, inst := range g.instances {
 		lost := false
 		missedNow := 0
 		for _, rk := range inst.ranks {
-			silent := now.Sub(rk.lastSeen)
+			silent := rk.silence(now)
 			if missed := int(silent / iv); missed > rk.missed {
 				// Count each missed interval once, although checks run more often.
 				rk.missed = missed
