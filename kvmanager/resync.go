@@ -182,6 +182,13 @@ func (m *Manager) adoptLocked(i int, d *ResyncRoom) error {
 	}
 	m.transitionLocked(r, PhaseSucceeded, "", textNote(fmt.Sprintf(
 		"adopted at the engine's resync: %d pages, req slot %d (prompt %d + output %d tokens)", len(d.Pages), d.ReqSlot, d.PromptLen, d.OutputLen)))
+	// Claims that came before the room was adopted (a prefill that claimed
+	// again after the restart) get its state now, as OpenRoom's do, instead
+	// of waiting for timeouts.bootstrap.
+	for _, c := range m.takePending(r.id) {
+		c.stopExpiry()
+		m.attachClaimLocked(r, c)
+	}
 	return nil
 }
 

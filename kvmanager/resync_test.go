@@ -197,3 +197,35 @@ func TestResyncWithoutWaitRefused(t *testing.T) {
 		h.assertClean()
 	})
 }
+
+// TestResyncAnswersPendingClaims: a prefill's claim of a room that the
+// engine then declares at its resync (the prefill claimed again after the
+// restart) gets the adopted room's state at once (succeeded: nothing to
+// write), instead of waiting for timeouts.bootstrap.
+func TestResyncAnswersPendingClaims(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(smallPool(128)))
+		h.m.HoldForResync(30 * time.Second)
+		h.register(instance{addr: addrA})
+		c, err := h.m.AwaitDestination(7, RankID{Addr: addrA})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		d := declared(7, 1, pageRange(0, 16))
+		d.Addr = addrA
+		if n, _, err := h.m.Resync([]ResyncRoom{d}, true); err != nil || n != 1 {
+			t.Fatalf("Resync = %d, %v; want room 7 adopted", n, err)
+		}
+		select {
+		case ev := <-c.Events():
+			if ev.Done == nil || *ev.Done != PhaseSucceeded {
+				t.Errorf("the pending claim's event = %+v, want Done (succeeded)", ev)
+			}
+		default:
+			t.Fatal("the pending claim got nothing when its room was adopted")
+		}
+		h.release(7)
+		h.assertClean()
+	})
+}
