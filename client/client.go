@@ -177,7 +177,7 @@ const (
 // on it with ErrUnavailable and the next call reconnects, instead of every
 // call timing out on the dead connection until TCP gives up (~15 min).
 // WithDialOptions(grpc.WithKeepaliveParams(...)) overrides it (the daemon
-// accepts pings every 10 s or more; grpc-go raises anything below 10 s).
+// accepts pings every 5 s or more; grpc-go raises anything below 10 s).
 func New(target string, opts ...Option) (*Client, error) {
 	o, err := buildOptions(opts)
 	if err != nil {

@@ -41,8 +41,8 @@ import (
 // refused with the daemon's ErrResourceExhausted. A room already waited on
 // by another OpenAndWait of this Client is opened and watched on the unary
 // path. Toward a daemon that does not serve EngineSession (older than the
-// sessions: ErrUnimplemented), this call and every later one of the Client
-// take the unary path.
+// sessions: ErrUnimplemented), this call and those of the next minute take
+// the unary path; then the session is tried again.
 //
 // Under TransportUnary it calls OpenRoom, then WaitRoom.
 func (c *Client) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -61,11 +62,16 @@ type engineMux struct {
 	// queued, when set (tests, before the first use), is told how many
 	// opens wait for their batch after each open is queued.
 	queued func(n int)
-	// unary: the daemon does not serve EngineSession (an older one
-	// answered UNIMPLEMENTED): OpenAndWait takes the unary path from then
-	// on.
-	unary atomic.Bool
+	// unaryUntil (unix nanoseconds): the daemon does not serve
+	// EngineSession (an older one answered UNIMPLEMENTED): OpenAndWait
+	// takes the unary path until then, and tries the session again after
+	// (a rolling upgrade, or one old replica behind a load balancer).
+	unaryUntil atomic.Int64
 }
+
+// unaryFallback is how long OpenAndWait stays on the unary path after an
+// UNIMPLEMENTED EngineSession.
+const unaryFallback = time.Minute
 
 func newEngineMux(c *Client) *engineMux {
 	ctx, cancel := context.WithCancel(context.Background())
@@ -553,7 +559,7 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 		return nil, newError(op, status.New(codes.Internal, "grpc: error while marshaling: "+err.Error()))
 	}
 	m := c.engine
-	if m.unary.Load() {
+	if time.Now().UnixNano() < m.unaryUntil.Load() {
 		return c.openAndWaitUnary(ctx, req)
 	}
 	w, ok := m.join(req.GetRoom())
@@ -650,10 +656,10 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 
 // openAndWaitOlder is OpenAndWait toward a daemon that does not serve
 // EngineSession (older than the sessions): w leaves the mux (its room was
-// not opened on a stream), and this call and every later one of the Client
-// take the unary path.
+// not opened on a stream), and this call and those of the Client's next
+// unaryFallback take the unary path.
 func (c *Client) openAndWaitOlder(ctx context.Context, req *pb.OpenRoomRequest, w *muxWaiter) (*pb.Room, error) {
-	c.engine.unary.Store(true)
+	c.engine.unaryUntil.Store(time.Now().Add(unaryFallback).UnixNano())
 	c.engine.leave(w)
 	return c.openAndWaitUnary(ctx, req)
 }

@@ -15,11 +15,12 @@ import (
 // KeepaliveTimeout after an unanswered ping. It lets clients ping as often
 // as every KeepaliveMinClientTime, streams or not (grpc-go's default, 5
 // minutes, would answer the Go client's 30 s pings with GOAWAY
-// "too_many_pings").
+// "too_many_pings"); 5 s, below grpc-go's 10 s floor for a client's
+// keepalive, so that a client at that floor is never refused for jitter.
 const (
 	KeepaliveTime          = 30 * time.Second
 	KeepaliveTimeout       = 10 * time.Second
-	KeepaliveMinClientTime = 10 * time.Second
+	KeepaliveMinClientTime = 5 * time.Second
 )
 
 func keepaliveOptions() []grpc.ServerOption {
