@@ -87,27 +87,35 @@ func (c *Client) WaitRoom(ctx context.Context, room uint64, phases ...pb.RoomPha
 		if err != nil {
 			return nil, err
 		}
-		r := ev.GetRoom()
-		// The transition's phase, not the room's: replayed events carry the
-		// room's current state with each past transition.
-		ph := ev.GetTransition().GetPhase()
-		if ev.GetTransition() == nil {
-			ph = r.GetPhase()
+		if r, done, err := waitStep(room, ev, phases); done {
+			return r, err
 		}
-		if slices.Contains(phases, ph) {
-			return r, nil
-		}
-		if !ev.GetTerminal() {
-			continue
-		}
-		if ph == pb.RoomPhase_ROOM_PHASE_FAILED {
-			return r, roomFailed(room, r.GetFailure())
-		}
-		if len(phases) == 0 {
-			return r, nil
-		}
-		return r, localError("WaitRoom", codes.FailedPrecondition, "room %d ended in %s before reaching %s", room, ph, phaseList(phases))
 	}
+}
+
+// waitStep is what one of a room's events means to a wait for phases
+// (WaitRoom's rules): done with the room when it reached one of them (or,
+// with no phases, its end), done with an error when it ended without
+// reaching one (a *RoomFailedError for a failure), not done otherwise.
+func waitStep(room uint64, ev *pb.RoomEvent, phases []pb.RoomPhase) (r *pb.Room, done bool, err error) {
+	r = ev.GetRoom()
+	// The transition's phase, not the room's: replayed events carry the
+	// room's current state with each past transition.
+	ph := ev.GetTransition().GetPhase()
+	if ev.GetTransition() == nil {
+		ph = r.GetPhase()
+	}
+	switch {
+	case slices.Contains(phases, ph):
+		return r, true, nil
+	case !ev.GetTerminal():
+		return nil, false, nil
+	case ph == pb.RoomPhase_ROOM_PHASE_FAILED:
+		return r, true, roomFailed(room, r.GetFailure())
+	case len(phases) == 0:
+		return r, true, nil
+	}
+	return r, true, localError("WaitRoom", codes.FailedPrecondition, "room %d ended in %s before reaching %s", room, ph, phaseList(phases))
 }
 
 func phaseList(ps []pb.RoomPhase) string {

@@ -654,6 +654,9 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 	return c.waitStream(ctx, w)
 }
 
+// succeeded is what OpenAndWait waits for.
+var succeeded = []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_SUCCEEDED}
+
 // openAndWaitOlder is OpenAndWait toward a daemon that does not serve
 // EngineSession (older than the sessions): w leaves the mux (its room was
 // not opened on a stream), and this call and those of the Client's next
@@ -689,21 +692,9 @@ func (c *Client) waitStream(ctx context.Context, w *muxWaiter) (*pb.Room, error)
 				}
 			}
 			failures = 0
-			r := e.GetRoom()
-			ph := e.GetTransition().GetPhase()
-			if e.GetTransition() == nil {
-				ph = r.GetPhase()
+			if r, done, err := waitStep(room, e, succeeded); done {
+				return r, err
 			}
-			if ph == pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
-				return r, nil
-			}
-			if !e.GetTerminal() {
-				continue
-			}
-			if ph == pb.RoomPhase_ROOM_PHASE_FAILED {
-				return r, roomFailed(room, r.GetFailure())
-			}
-			return r, localError("WaitRoom", codes.FailedPrecondition, "room %d ended in %s before reaching %s", room, ph, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 		}
 		if failed != nil {
 			// As RoomWatch: a room the daemon does not know after a
