@@ -248,39 +248,57 @@ func describe(spans []span) string {
 	return strings.Join(lines, "\n")
 }
 
-func TestE2EJaegerOneTracePerRoom(t *testing.T) {
-	j := startJaeger(t)
+// tracedFleet is a daemon exporting its spans to a Jaeger, the router's
+// tracer provider, the decode engine's client and a registered TP-1
+// prefill rank (each client with its own service name), on one transport.
+type tracedFleet struct {
+	p        *daemonProc
+	routerTP *sdktrace.TracerProvider
+	decode   *client.Client
+	prefill  *client.Prefill
+}
+
+// startTracedFleet starts it, the prefill instance at bootstrap (its rank
+// endpoint on port 9000 of the same host); the clients close at cleanup.
+func startTracedFleet(t *testing.T, ctx context.Context, j *jaeger, tr client.Transport, bootstrap string) tracedFleet {
+	t.Helper()
 	addr := freeAddr(t)
 	p := startDaemon(t, []string{"serve", "--listen", addr, "--set", "server.metrics_listen="},
 		e2eEnviron("OTEL_EXPORTER_OTLP_ENDPOINT=http://"+j.otlp, "OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_SERVICE_NAME=decodeplane"))
+	f := tracedFleet{p: p, routerTP: j.tracerProvider(t, "router")}
+	var err error
+	if f.decode, err = client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "decode-engine")), client.WithTransport(tr)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.decode.Close() })
+	prefillConn, err := client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "prefill")), client.WithTransport(tr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prefillConn.Close() })
+	poll(t, 30*time.Second, "the daemon to serve:\n"+p.Out.String(), func() bool {
+		st, err := f.decode.Status(ctx)
+		return err == nil && st.GetReady()
+	})
+	host, _, _ := strings.Cut(bootstrap, ":")
+	f.prefill = prefillConn.Prefill(&pb.RegisterPrefillRequest{BootstrapAddr: bootstrap, RankEndpoint: host + ":9000",
+		Parallel: &pb.ParallelInfo{AttnTpSize: 1, PpSize: 1}, PageSize: 64, KvCacheDtype: "bf16"})
+	if _, err := f.prefill.Register(ctx); err != nil {
+		t.Fatalf("register (is the daemon up? output:\n%s): %v", p.Out.String(), err)
+	}
+	return f
+}
 
-	routerTP := j.tracerProvider(t, "router")
+func TestE2EJaegerOneTracePerRoom(t *testing.T) {
+	j := startJaeger(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
 	// OpenAndWait on the unary path: the test follows the OpenRoom span
 	// chain (on the shared engine session the room span's parent is the
 	// caller's span itself: client.TestOpenAndWaitBatchTracing).
-	decode, err := client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "decode-engine")), client.WithTransport(client.TransportUnary))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer decode.Close()
-	prefillConn, err := client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "prefill")), client.WithTransport(client.TransportUnary))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prefillConn.Close()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	poll(t, 30*time.Second, "the daemon to serve:\n"+p.Out.String(), func() bool {
-		st, err := decode.Status(ctx)
-		return err == nil && st.GetReady()
-	})
 	const bootstrap = "10.9.0.1:8998"
-	prefill := prefillConn.Prefill(&pb.RegisterPrefillRequest{BootstrapAddr: bootstrap, RankEndpoint: "10.9.0.1:9000",
-		Parallel: &pb.ParallelInfo{AttnTpSize: 1, PpSize: 1}, PageSize: 64, KvCacheDtype: "bf16"})
-	if _, err := prefill.Register(ctx); err != nil {
-		t.Fatalf("register (is the daemon up? output:\n%s): %v", p.Out.String(), err)
-	}
+	f := startTracedFleet(t, ctx, j, client.TransportUnary, bootstrap)
+	p, routerTP, decode, prefill := f.p, f.routerTP, f.decode, f.prefill
 
 	// A successful room: the router's span is the root of the request; the
 	// decode engine and the prefill rank both work under it.

@@ -23,34 +23,11 @@ import (
 // spans under them) are children of the router's request span itself.
 func TestE2EJaegerOneTracePerRoomOverSessions(t *testing.T) {
 	j := startJaeger(t)
-	addr := freeAddr(t)
-	p := startDaemon(t, []string{"serve", "--listen", addr, "--set", "server.metrics_listen="},
-		e2eEnviron("OTEL_EXPORTER_OTLP_ENDPOINT=http://"+j.otlp, "OTEL_BSP_SCHEDULE_DELAY=50", "OTEL_SERVICE_NAME=decodeplane"))
-
-	routerTP := j.tracerProvider(t, "router")
-	decode, err := client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "decode-engine")), client.WithTransport(client.TransportStreams))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer decode.Close()
-	prefillConn, err := client.New(addr, client.WithTracerProvider(j.tracerProvider(t, "prefill")), client.WithTransport(client.TransportStreams))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer prefillConn.Close()
-
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	poll(t, 30*time.Second, "the daemon to serve:\n"+p.Out.String(), func() bool {
-		st, err := decode.Status(ctx)
-		return err == nil && st.GetReady()
-	})
 	const bootstrap = "10.9.0.2:8998"
-	prefill := prefillConn.Prefill(&pb.RegisterPrefillRequest{BootstrapAddr: bootstrap, RankEndpoint: "10.9.0.2:9000",
-		Parallel: &pb.ParallelInfo{AttnTpSize: 1, PpSize: 1}, PageSize: 64, KvCacheDtype: "bf16"})
-	if _, err := prefill.Register(ctx); err != nil {
-		t.Fatalf("register (is the daemon up? output:\n%s): %v", p.Out.String(), err)
-	}
+	f := startTracedFleet(t, ctx, j, client.TransportStreams, bootstrap)
+	p, routerTP, decode, prefill := f.p, f.routerTP, f.decode, f.prefill
 
 	// Two requests, each under its own router span, in flight together
 	// on the same two sessions: each must stay one trace of its own.
