@@ -9,16 +9,7 @@ type claimSet struct {
 	more map[rankKey]*Claim
 }
 
-// A nil set has no claims (a room has one once a rank claims: addClaim).
-
-// addClaim records c as rank k's claim on the room, making the set on the
-// first claim.
-func (r *room) addClaim(k rankKey, c *Claim) {
-	if r.claims == nil {
-		r.claims = &claimSet{}
-	}
-	r.claims.set(k, c)
-}
+// A nil set has no claims.
 
 func (s *claimSet) get(k rankKey) *Claim {
 	if s == nil {

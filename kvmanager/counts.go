@@ -10,17 +10,18 @@ package kvmanager
 type addrRooms struct{ all, live int }
 
 // count keeps byPhase and byAddr: r moves from one phase to another (from
-// is PhaseUnspecified for a new room). Called by movedLocked only.
-func (sh *shard) count(r *room, from, to Phase) {
-	a := sh.byAddr[r.addr]
+// is PhaseUnspecified for a new room). Called by moved only.
+func (sh *shard) count(e *entry, from, to Phase) {
+	a := sh.byAddr[e.Addr()]
 	if a == nil {
 		if sh.byAddr == nil {
 			sh.byAddr = map[string]*addrRooms{}
 		}
 		a = &addrRooms{}
-		sh.byAddr[r.addr] = a
+		sh.byAddr[e.Addr()] = a
 	}
 	if from == PhaseUnspecified {
+		e.counted = true
 		a.all++
 	} else {
 		sh.byPhase[from]--
@@ -36,18 +37,19 @@ func (sh *shard) count(r *room, from, to Phase) {
 
 // uncount removes a forgotten room from the counts (nothing for a room
 // refused before its first transition: it was never counted).
-func (sh *shard) uncount(r *room) {
-	if r.phase == PhaseUnspecified {
+func (sh *shard) uncount(e *entry) {
+	p := e.Phase()
+	if p == PhaseUnspecified || !e.counted {
 		return
 	}
-	sh.byPhase[r.phase]--
-	if a := sh.byAddr[r.addr]; a != nil {
+	sh.byPhase[p]--
+	if a := sh.byAddr[e.Addr()]; a != nil {
 		a.all--
-		if !r.phase.Terminal() {
+		if !p.Terminal() {
 			a.live--
 		}
 		if a.all <= 0 {
-			delete(sh.byAddr, r.addr)
+			delete(sh.byAddr, e.Addr())
 		}
 	}
 }

@@ -11,11 +11,11 @@ func (m *Manager) walkCounts() (byPhase map[Phase]int, live map[string]int, all 
 	m.lockAll()
 	defer m.unlockAll()
 	byPhase, live, all = map[Phase]int{}, map[string]int{}, map[string]int{}
-	for _, r := range m.allRooms() {
-		byPhase[r.phase]++
-		all[r.addr]++
-		if !r.phase.Terminal() {
-			live[r.addr]++
+	for _, e := range m.allRooms() {
+		byPhase[e.Phase()]++
+		all[e.Addr()]++
+		if !e.Phase().Terminal() {
+			live[e.Addr()]++
 			inFlight++
 		}
 	}
@@ -81,12 +81,12 @@ func TestCountsMatchAWalk(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("rooms 2 and 10 aborted")
-	h.m.failRooms(func(r *room) bool { return r.addr == a.addr && r.handingOff() }, Failure{Code: FailurePrefillLost, Message: "lost"})
+	h.m.failRooms(func(e *entry) bool { return e.Addr() == a.addr && e.HandingOff() }, Failure{Code: FailurePrefillLost, Message: "lost"})
 	check("the instance's rooms failed")
 	if _, _, err := h.m.AbortRoom(11, ""); err != nil {
 		t.Fatal(err)
 	}
-	h.m.eachShard(func(sh *shard) { h.m.trimRetainedLocked(sh, h.m.clock.Now()) }) // keeps the newest 2 finished rooms
+	h.m.shards.each(func(sh *shard) { sh.trim(h.m.clock.Now()) }) // keeps the newest 2 finished rooms
 	check("retention trimmed")
 	if h.m.RoomsFor("10.0.0.2:8998") != 0 {
 		t.Errorf("RoomsFor(10.0.0.2:8998) = %d after its only room was forgotten", h.m.RoomsFor("10.0.0.2:8998"))

@@ -2,9 +2,11 @@ package kvmanager
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvmanager/room"
 )
 
 // The manager's deadlines live in one min-heap keyed by time, driven by one
@@ -23,14 +25,10 @@ import (
 type deadlineKind uint8
 
 const (
-	// dlRoom: a room's phase deadline (bootstrap, DP-rank resolution,
-	// waiting); ref is the *room, gen its attempt.
+	// dlRoom: a room's one deadline (room.Room.NextDeadline: its phase's
+	// bound, its claim timeout, its staging completion, its drain or its
+	// quarantine); ref is the *entry, gen its attempt.
 	dlRoom deadlineKind = iota + 1
-	// dlQuarantine: the end of a quarantine (writes that may continue after
-	// an engine failure); ref is the *room.
-	dlQuarantine
-	// dlShard: the ledger's next claim deadline; id is the shard.
-	dlShard
 	// dlAdmit: an admission pass due on a shard right after a call (a
 	// retraction with nothing else running there); id is the shard.
 	dlAdmit
@@ -39,14 +37,8 @@ const (
 	// dlPrefillAttempt: the next check of a prefill's registration; ref is
 	// the *addrWait.
 	dlPrefillAttempt
-	// dlStaging: a staged room's completion timeout; id is the room, gen
-	// its attempt.
-	dlStaging
 	// dlResync: the end of the engine resync wait (resync.go).
 	dlResync
-	// dlDrain: release.deferred_timeout of a draining room; ref is the
-	// *room, gen its attempt (drain.go).
-	dlDrain
 )
 
 // deadline is one entry of the heap. Its zero value is not armed.
@@ -69,9 +61,11 @@ type deadlines struct {
 	mu      sync.Mutex
 	h       []*deadline
 	timer   clock.Stopper
-	armed   bool   // the timer is pending
+	pending bool   // the timer is pending
 	armedAt int64  // when it fires (Unix nanoseconds)
 	fire    func() // m.fireDeadlines, built once
+	clock   clock.Clock
+	closed  *atomic.Bool // the manager's: once closed nothing is armed
 }
 
 // resetter is a clock.Stopper that can be re-armed in place (*time.Timer).
@@ -123,8 +117,8 @@ func (q *deadlines) fix(i int) {
 	}
 }
 
-// set arms (or moves) d at at.
-func (q *deadlines) set(d *deadline, at time.Time) {
+// put arms (or moves) d at at.
+func (q *deadlines) put(d *deadline, at time.Time) {
 	d.at = at.UnixNano()
 	if d.armed() {
 		q.fix(int(d.idx - 1))
@@ -165,60 +159,74 @@ func (q *deadlines) popDue(now time.Time) *deadline {
 	return d
 }
 
-// setDeadlineLocked arms d at at, for kind on (id, gen, ref), and keeps the
-// timer at the heap's minimum. The caller holds the lock of what d bounds;
-// the heap's own lock is taken here.
-func (m *Manager) setDeadlineLocked(d *deadline, kind deadlineKind, at time.Time, id uint64, gen uint32, ref any) {
-	m.dl.mu.Lock()
-	defer m.dl.mu.Unlock()
-	if m.closed.Load() {
-		m.dl.remove(d)
-		m.rearmLocked()
+// set arms d at at, for kind on (id, gen, ref), and keeps the timer at the
+// heap's minimum. The caller holds the lock of what d bounds; the heap's
+// own lock is taken here.
+func (q *deadlines) set(d *deadline, kind deadlineKind, at time.Time, id uint64, gen uint32, ref any) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed.Load() {
+		q.remove(d)
+		q.rearm()
 		return
 	}
+	if d.armed() && d.at == at.UnixNano() && d.kind == kind && d.gen == gen && d.ref == ref {
+		return // already there
+	}
 	d.kind, d.id, d.gen, d.ref = kind, id, gen, ref
-	m.dl.set(d, at)
-	m.rearmLocked()
+	q.put(d, at)
+	q.rearm()
 }
 
-// clearDeadlineLocked disarms d.
-func (m *Manager) clearDeadlineLocked(d *deadline) {
-	m.dl.mu.Lock()
-	defer m.dl.mu.Unlock()
+// clear disarms d.
+func (q *deadlines) clear(d *deadline) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	if !d.armed() {
 		return
 	}
-	m.dl.remove(d)
+	q.remove(d)
 	d.ref = nil
-	m.rearmLocked()
+	q.rearm()
 }
 
-// dlArmed reports whether d is on the heap.
-func (m *Manager) dlArmed(d *deadline) bool {
-	m.dl.mu.Lock()
-	defer m.dl.mu.Unlock()
+// armed reports whether d is on the heap.
+func (q *deadlines) armed(d *deadline) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
 	return d.armed()
 }
 
-// rearmLocked keeps the one timer at the heap's minimum: stopped when the
-// heap is empty, moved earlier when an earlier deadline arrives. A timer
-// that fires before the minimum (an earlier entry was removed) finds nothing
-// due and re-arms itself. m.dl.mu is held.
-func (m *Manager) rearmLocked() {
-	q := &m.dl
-	if len(q.h) == 0 || m.closed.Load() {
-		if q.armed {
+// reset disarms every deadline (Shutdown: nothing is waited for any more).
+func (q *deadlines) reset() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i, d := range q.h {
+		d.idx, d.ref = 0, nil
+		q.h[i] = nil
+	}
+	q.h = nil
+	q.rearm()
+}
+
+// rearm keeps the one timer at the heap's minimum: stopped when the heap is
+// empty, moved earlier when an earlier deadline arrives. A timer that fires
+// before the minimum (an earlier entry was removed) finds nothing due and
+// re-arms itself. q.mu is held.
+func (q *deadlines) rearm() {
+	if len(q.h) == 0 || q.closed.Load() {
+		if q.pending {
 			q.timer.Stop()
-			q.armed = false
+			q.pending = false
 		}
 		return
 	}
 	next := q.h[0].at
-	if q.armed && next >= q.armedAt {
+	if q.pending && next >= q.armedAt {
 		return
 	}
-	d := max(time.Unix(0, next).Sub(m.clock.Now()), 0)
-	q.armedAt, q.armed = next, true
+	d := max(time.Unix(0, next).Sub(q.clock.Now()), 0)
+	q.armedAt, q.pending = next, true
 	if q.timer != nil {
 		if rs, ok := q.timer.(resetter); ok {
 			rs.Reset(d)
@@ -226,7 +234,7 @@ func (m *Manager) rearmLocked() {
 		}
 		q.timer.Stop()
 	}
-	q.timer = m.clock.AfterFunc(d, q.fire)
+	q.timer = q.clock.AfterFunc(d, q.fire)
 }
 
 // firedDeadline is a due entry taken off the heap, copied under its lock.
@@ -244,83 +252,58 @@ type firedDeadline struct {
 // generation); unlocking a shard runs the admission passes the entries made
 // due. Then it re-arms the timer.
 func (m *Manager) fireDeadlines() {
-	m.dl.mu.Lock()
-	m.dl.armed = false
+	q := &m.dl
+	q.mu.Lock()
+	q.pending = false
 	if m.closed.Load() {
-		m.dl.mu.Unlock()
+		q.mu.Unlock()
 		return
 	}
 	now := m.clock.Now()
 	var due []firedDeadline
-	for d := m.dl.popDue(now); d != nil; d = m.dl.popDue(now) {
+	for d := q.popDue(now); d != nil; d = q.popDue(now) {
 		due = append(due, firedDeadline{ref: d.ref, id: d.id, gen: d.gen, kind: d.kind})
 		d.ref = nil
 	}
-	m.dl.mu.Unlock()
+	q.mu.Unlock()
 	for _, d := range due {
 		switch d.kind {
 		case dlRoom:
-			r := d.ref.(*room)
-			sh := m.shardOf(r)
+			e := d.ref.(*entry)
+			sh := m.shards[e.DecodeDP()]
 			sh.mu.Lock()
-			m.roomDeadlineLocked(r, d.gen)
-			m.unlockShard(sh)
-		case dlQuarantine:
-			r := d.ref.(*room)
-			sh := m.shardOf(r)
-			sh.mu.Lock()
-			m.releaseIfIdleLocked(r)
-			m.unlockShard(sh)
-		case dlDrain:
-			r := d.ref.(*room)
-			sh := m.shardOf(r)
-			sh.mu.Lock()
-			m.drainDeadlineLocked(r, d.gen)
-			m.unlockShard(sh)
-		case dlShard:
-			sh := m.shards[d.id]
-			sh.mu.Lock()
-			m.expireShardLocked(sh.idx)
-			m.unlockShard(sh)
+			if sh.rooms[e.ID()] == e {
+				sh.deadline(e)
+			}
+			sh.unlock()
 		case dlAdmit:
 			sh := m.shards[d.id]
 			sh.mu.Lock()
-			m.admitLocked(sh.idx)
-			m.unlockShard(sh)
+			sh.admit()
+			sh.unlock()
 		case dlPendingClaim:
-			m.expirePendingClaim(d.ref.(*Claim))
+			m.pend.expire(d.ref.(*Claim))
 		case dlPrefillAttempt:
-			m.prefillAttempt(d.ref.(*addrWait))
-		case dlStaging:
-			if sh, r := m.lockRoom(d.id); r != nil {
-				m.stagingDeadlineLocked(r, d.gen)
-				m.unlockShard(sh)
-			}
+			m.wait.attempt(d.ref.(*addrWait))
 		case dlResync:
 			m.resyncExpired()
 		}
 	}
-	m.dl.mu.Lock()
-	m.rearmLocked()
-	m.dl.mu.Unlock()
+	q.mu.Lock()
+	q.rearm()
+	q.mu.Unlock()
 }
 
-// admitDueLocked records that a shard's resources changed: its admission
-// pass runs once, when the call that changed them unlocks the shard
-// (unlockShard) — never inside the call of the room that freed them. The
-// shard's lock is held.
-func (m *Manager) admitDueLocked(shard int) {
-	if m.closed.Load() {
-		return
+// deadline applies the room's deadline (mu held): what passed is the
+// room's to decide, with what it may need to say why.
+func (sh *shard) deadline(e *entry) {
+	m := sh.m
+	ev := room.Deadline{Now: m.clock.Now(), SelfWriter: m.selfWriters.known(e.Addr())}
+	if e.Attempt() > 1 {
+		_, _, ev.GenerateURL = m.prefillHTTP(e.Addr())
 	}
-	m.shards[shard].due = true
-}
-
-// clear disarms every deadline (Shutdown: nothing is waited for any more).
-func (q *deadlines) clear() {
-	for i, d := range q.h {
-		d.idx, d.ref = 0, nil
-		q.h[i] = nil
+	if e.HasGate(room.StagingGate) {
+		ev.ScattersPending, ev.ScatterMissing = sh.scattersPending(e), sh.scatterMissing(e)
 	}
-	q.h = nil
+	sh.exec(e, ev)
 }

@@ -1,9 +1,8 @@
 package kvmanager
 
 import (
-	"fmt"
-
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/room"
 )
 
 // BindRoom records which prefill DP rank scheduled a room (SGLang's
@@ -12,35 +11,28 @@ import (
 // room % dp_size is a conflict unless force_query is set; the room, if open,
 // fails with SGLang's message. A room resolving its DP rank is resolved; a
 // room already resolved to another rank fails.
-func (m *Manager) BindRoom(addr string, room uint64, dp int) (replaced bool, err error) {
-	replaced, ev, err := m.reg.BindRoom(addr, room, dp)
+func (m *Manager) BindRoom(addr string, id uint64, dp int) (replaced bool, err error) {
+	replaced, ev, err := m.reg.BindRoom(addr, id, dp)
 	switch ev.Kind {
 	case registry.BindConflict:
-		if sh, r := m.lockRoom(room); r != nil {
-			if r.addr == addr && r.handingOff() {
-				m.failLocked(r, Failure{Code: FailureDPRankConflict, Message: ev.Message})
+		if sh, e := m.shards.lock(id); e != nil {
+			if e.Addr() == addr && e.HandingOff() {
+				sh.fail(e, Failure{Code: FailureDPRankConflict, Message: ev.Message})
 			}
-			m.unlockShard(sh)
+			sh.unlock()
 		}
 		return false, err
 	case registry.RoomBound:
 	default:
 		return false, err
 	}
-	sh, r := m.lockRoom(room)
-	if r == nil {
+	sh, e := m.shards.lock(id)
+	if e == nil {
 		return replaced, nil
 	}
-	defer m.unlockShard(sh)
-	if r.addr == addr {
-		switch {
-		case r.phase == PhaseResolvingDP:
-			m.dpResolvedLocked(r, dp, DPRuleBinding)
-		case r.prefillDP >= 0 && r.prefillDP != dp && r.handingOff():
-			msg := fmt.Sprintf("prefill DP rank %d reported holding room %d, but the room was resolved to dp_rank %d (%s); the destination would go to the wrong ranks", dp, room, r.prefillDP, r.dpRule)
-			m.failLocked(r, Failure{Code: FailureDPRankConflict, Message: msg})
-			return replaced, fmt.Errorf("%w: %s", ErrDPRankConflict, msg)
-		}
+	defer sh.unlock()
+	if ef := sh.exec(e, room.Bound{Now: m.clock.Now(), Addr: addr, DP: dp, SelfWriter: m.selfWriters.known(addr)}); ef.Err != nil {
+		return replaced, ef.Err
 	}
 	return replaced, nil
 }

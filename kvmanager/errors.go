@@ -6,6 +6,7 @@ import (
 
 	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/room"
 )
 
 // Errors returned by the Manager. The server maps them to gRPC codes with
@@ -28,7 +29,7 @@ var (
 	ErrPrefillMismatch = registry.ErrPrefillMismatch
 	// ErrWrongState: the operation does not apply to the room now.
 	// FailedPrecondition.
-	ErrWrongState = errors.New("operation not valid in the room's state")
+	ErrWrongState = room.ErrWrongState
 	// ErrDPRankConflict: a binding contradicts follow_bootstrap_room or an
 	// earlier resolution. FailedPrecondition. The registry's value.
 	ErrDPRankConflict = registry.ErrDPRankConflict

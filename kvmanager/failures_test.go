@@ -327,7 +327,7 @@ func TestT16AbortWithChunkInFlight(t *testing.T) {
 		}
 		// The room is retained until released; it cannot be forgotten yet.
 		h.m.lockAll()
-		pending := h.m.allRooms()[1].releasePending
+		pending := h.m.allRooms()[1].ReleasePending()
 		h.m.unlockAll()
 		if !pending {
 			t.Errorf("room released its resources with a chunk in flight")

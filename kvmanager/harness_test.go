@@ -274,12 +274,12 @@ func (h *harness) requiredRanks(room uint64) []RankID {
 	h.m.lockAll()
 	defer h.m.unlockAll()
 	r := h.m.allRooms()[room]
-	if r == nil || r.plan == nil || r.prefillDP < 0 {
+	if r == nil || r.Plan() == nil || r.PrefillDP() < 0 {
 		h.t.Fatalf("room %d has no plan yet", room)
 	}
 	var out []RankID
-	for _, k := range r.plan.Required() {
-		out = append(out, RankID{Addr: r.addr, DP: r.prefillDP, CP: k.CP, TP: k.TP, PP: k.PP})
+	for _, k := range r.Plan().Required() {
+		out = append(out, RankID{Addr: r.Addr(), DP: r.PrefillDP(), CP: k.CP, TP: k.TP, PP: k.PP})
 	}
 	return out
 }
@@ -464,13 +464,10 @@ func (h *harness) assertNoLiveRooms() {
 	}
 	h.m.lockAll()
 	defer h.m.unlockAll()
-	for id, r := range h.m.allRooms() {
-		inflight := 0
-		if r.handoff != nil {
-			inflight = r.inflight
-		}
-		if r.releasePending || inflight != 0 || r.inLedger {
-			h.t.Errorf("room %d (%s): releasePending %v, inflight %d, inLedger %v; want all released", id, r.phase, r.releasePending, inflight, r.inLedger)
+	for id, e := range h.m.allRooms() {
+		inflight := e.Inflight()
+		if e.ReleasePending() || inflight != 0 || e.InLedger() {
+			h.t.Errorf("room %d (%s): releasePending %v, inflight %d, inLedger %v; want all released", id, e.Phase(), e.ReleasePending(), inflight, e.InLedger())
 		}
 	}
 }
@@ -563,8 +560,7 @@ func (h *harness) chunkWeight(room uint64, req ChunkRequest) int64 {
 	h.t.Helper()
 	h.m.lockAll()
 	defer h.m.unlockAll()
-	r := h.m.allRooms()[room]
-	d := h.m.destinationLocked(r, req.Rank.Key())
+	d := h.m.allRooms()[room].Destination(req.Rank.Key())
 	ps := d.PageSize
 	tokens := min((req.PageOffset+req.NumPages)*ps, d.FillLen) - req.PageOffset*ps
 	w := int64(max(tokens, 0)) * d.TokenBytes
@@ -589,11 +585,11 @@ func (m *Manager) unlockAll() {
 }
 
 // allRooms is every shard's rooms (lockAll held).
-func (m *Manager) allRooms() map[uint64]*room {
-	out := map[uint64]*room{}
+func (m *Manager) allRooms() map[uint64]*entry {
+	out := map[uint64]*entry{}
 	for _, sh := range m.shards {
-		for id, r := range sh.rooms {
-			out[id] = r
+		for id, e := range sh.rooms {
+			out[id] = e
 		}
 	}
 	return out
@@ -607,8 +603,4 @@ func (m *Manager) dlLen() int {
 }
 
 // pendingCount is the number of claims waiting for rooms not opened yet.
-func (m *Manager) pendingCount() int {
-	m.pend.mu.Lock()
-	defer m.pend.mu.Unlock()
-	return m.pend.count
-}
+func (m *Manager) pendingCount() int { return m.pend.len() }

@@ -10,5 +10,6 @@ import (
 // manager's timers, Run loop, transfers and claim/watch streams must all be
 // gone once every test returned.
 func TestMain(m *testing.M) {
+	strictInvariants = true // a room and its ledger record out of step is a bug: fail loudly
 	goleak.VerifyTestMain(m)
 }

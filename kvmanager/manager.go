@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 	"sort"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
@@ -58,7 +57,9 @@ type Manager struct {
 	tracing bool
 	obs     Observer
 	engine  transfer.Engine
-	shards  []*shard // the decode DP shards, index = decode DP rank (shard.go)
+	shards  shardSet // the decode DP shards, index = decode DP rank (shard.go)
+	// params are what every room reads of the configuration (room.Params).
+	params *room.Params
 
 	reg *registry.Registry // prefill instances, liveness, DP-rank bindings (own lock)
 	dl  deadlines          // every deadline, one heap and one timer (deadline.go; own lock)
@@ -69,15 +70,8 @@ type Manager struct {
 	// (under the new room's shard lock) for the lookup and the insert only.
 	openMu sync.Mutex
 
-	pend struct { // claims for rooms not opened yet (a leaf lock)
-		mu    sync.Mutex
-		rooms map[uint64][]*Claim
-		count int
-	}
-	wait struct { // rooms waiting for an instance's registration (a leaf lock)
-		mu    sync.Mutex
-		addrs map[string]*addrWait
-	}
+	pend pendingClaims // claims for rooms not opened yet (claims.go; a leaf lock)
+	wait waitList      // rooms waiting for an instance's registration (prefill.go; a leaf lock)
 
 	draining atomic.Bool
 	closed   atomic.Bool
@@ -94,10 +88,6 @@ type Manager struct {
 	shutMu sync.Mutex
 	shut   ShutdownSummary // what Shutdown ended
 }
-
-// maxPendingClaims bounds claims waiting for rooms that are not open yet
-// (each holds a gRPC stream of ~14 KiB: 8,192 of them stay near 110 MiB).
-const maxPendingClaims = 8192
 
 // New builds a manager. dec must be validated.
 func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
@@ -140,14 +130,21 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		obs:     deps.Observer,
 		engine:  deps.Engine,
 		reg:     newRegistry(cfg, dec.Layout(), deps.Clock, deps.LeaseLiveness),
-		stg:     stagingState{s: staging.New(dec.Layout(), StagingRingBytes(dec))},
+		stg:     stagingState{s: staging.New(dec.Layout(), StagingRingBytes(dec)), layout: dec.Layout(), engine: deps.Engine},
+	}
+	m.params = &room.Params{
+		Layout: m.layout, Bootstrap: cfg.Timeouts.Bootstrap, Waiting: cfg.Timeouts.Waiting,
+		DPRankResolution: cfg.Timeouts.DPRankResolution, Retracted: cfg.Timeouts.Retracted, Held: cfg.Timeouts.Held,
+		ClaimTimeout: dec.Admission.ClaimTimeout, DeferredTimeout: cfg.Release.DeferredTimeout,
 	}
 	for i, led := range deps.Ledgers {
-		m.shards = append(m.shards, newShard(i, led))
+		m.shards = append(m.shards, newShard(m, i, led))
 	}
+	m.pend.m = m
 	m.pend.rooms = map[uint64][]*Claim{}
+	m.wait.m = m
 	m.wait.addrs = map[string]*addrWait{}
-	m.dl.fire = m.fireDeadlines
+	m.dl.clock, m.dl.closed, m.dl.fire = deps.Clock, &m.closed, m.fireDeadlines
 	return m, nil
 }
 
@@ -172,7 +169,7 @@ func (m *Manager) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-hb.C:
-			m.checkLiveness()
+			m.apply(m.reg.CheckLiveness())
 		case <-sweep.C:
 			m.sweep()
 		}
@@ -182,7 +179,7 @@ func (m *Manager) Run(ctx context.Context) error {
 // sweep expires DP-rank bindings and forgets finished rooms past retention.
 func (m *Manager) sweep() {
 	m.reg.ExpireBindings()
-	m.eachShard(func(sh *shard) { m.trimRetainedLocked(sh, m.clock.Now()) })
+	m.shards.each(func(sh *shard) { sh.trim(m.clock.Now()) })
 }
 
 // Drain stops opening rooms (OpenRoom and claims for unopened rooms return
@@ -199,7 +196,7 @@ func (m *Manager) Drain() {
 // InFlight counts rooms that have not reached a terminal phase.
 func (m *Manager) InFlight() int {
 	n := 0
-	m.eachShard(func(sh *shard) {
+	m.shards.each(func(sh *shard) {
 		for p, c := range sh.byPhase { // counted on transition: no walk of the rooms
 			if !Phase(p).Terminal() {
 				n += c
@@ -235,21 +232,17 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	// and stop admitting, then give the rooms whose KV may be moving time to
 	// finish. Each shard in turn, one shard lock at a time.
 	failed := 0
-	m.eachShard(func(sh *shard) {
+	m.shards.each(func(sh *shard) {
 		sh.led.Drain()
-		var early []*room
-		for _, r := range sh.rooms {
-			if r.phase == PhaseWaitingPrefill || r.phase == PhaseResolvingDP || r.phase == PhaseQueued {
-				early = append(early, r)
-			}
-		}
-		slices.SortFunc(early, func(a, b *room) int { return compareU64(a.id, b.id) })
-		for _, r := range early {
-			m.failLocked(r, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d was admitted (phase %s)", r.id, r.phase), r.requestName())})
+		for _, e := range sh.sorted(func(e *entry) bool {
+			p := e.Phase()
+			return p == PhaseWaitingPrefill || p == PhaseResolvingDP || p == PhaseQueued
+		}) {
+			sh.fail(e, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d was admitted (phase %s)", e.ID(), e.Phase()), e.RequestName())})
 			failed++
 		}
 	})
-	pending := m.failPendingClaims()
+	pending := m.pend.failAll()
 	m.addShutdown(ShutdownSummary{Failed: failed, PendingClaims: pending})
 	for {
 		// The signal is set before the rooms are counted: a room that stops
@@ -262,9 +255,9 @@ func (m *Manager) Shutdown(ctx context.Context) {
 		progress := m.prog.ch
 		m.prog.mu.Unlock()
 		busy := 0
-		m.eachShard(func(sh *shard) {
-			for _, r := range sh.rooms {
-				if r.handingOff() {
+		m.shards.each(func(sh *shard) {
+			for _, e := range sh.rooms {
+				if e.HandingOff() {
 					busy++
 				}
 			}
@@ -280,40 +273,28 @@ func (m *Manager) Shutdown(ctx context.Context) {
 			break
 		}
 	}
-	// Closed first: no admission, no new timers, and no quarantine: the
-	// process is going away, every room's accounting goes back now.
+	// Closed first: no admission, no new timers, and no quarantine or drain:
+	// the process is going away, every room's accounting goes back now.
 	m.closed.Store(true)
 	var sum ShutdownSummary
-	m.eachShard(func(sh *shard) {
-		ids := make([]uint64, 0, len(sh.rooms))
-		for id, r := range sh.rooms {
-			if !r.phase.Terminal() {
-				ids = append(ids, id)
-			}
+	m.shards.each(func(sh *shard) {
+		now := m.clock.Now()
+		for _, e := range sh.sorted(nil) {
+			sh.exec(e, room.Close{Now: now}) // rooms quarantined or draining go back now
 		}
-		slices.Sort(ids)
-		for _, id := range ids {
-			r := sh.rooms[id]
-			if r.phase.Poll() == PollSuccess {
-				m.releaseRoomLocked(r, "released at shutdown")
+		for _, e := range sh.sorted(func(e *entry) bool { return !e.Phase().Terminal() }) {
+			if e.Phase().Poll() == PollSuccess {
+				sh.exec(e, room.Release{Now: now, Why: "released at shutdown"})
 				sum.Released++
 				continue
 			}
-			m.failLocked(r, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d finished (phase %s)", r.id, r.phase), r.requestName())})
+			sh.fail(e, Failure{Code: FailureShutdown, Message: shutdownMessage(fmt.Sprintf("decodeplane shut down before room %d finished (phase %s)", e.ID(), e.Phase()), e.RequestName())})
 			sum.Failed++
 		}
 	})
-	sum.PendingClaims = m.failPendingClaims() // none can be left: AwaitDestination refuses them while draining
+	sum.PendingClaims = m.pend.failAll() // none can be left: AwaitDestination refuses them while draining
 	m.addShutdown(sum)
-	m.dl.mu.Lock()
-	m.dl.clear() // closed: no deadline applies any more
-	m.rearmLocked()
-	m.dl.mu.Unlock()
-	m.eachShard(func(sh *shard) {
-		for _, r := range sh.rooms {
-			m.releaseIfIdleLocked(r) // rooms quarantined before the shutdown
-		}
-	})
+	m.dl.reset() // closed: no deadline applies any more
 }
 
 // addShutdown adds to what Shutdown ended.
@@ -329,39 +310,6 @@ func (m *Manager) addShutdown(s ShutdownSummary) {
 // then SGLang-style abort wording naming the request.
 func shutdownMessage(what, request string) string {
 	return what + ": Request " + request + " aborted: decode server shutting down"
-}
-
-// requestName is how failure messages name the request: its rid, else the
-// bootstrap room.
-func (r *room) requestName() string {
-	if r.rid() != "" {
-		return r.rid()
-	}
-	return strconv.FormatUint(r.id, 10)
-}
-
-// failPendingClaims ends every claim waiting for a room never opened with
-// FailureShutdown and returns how many it ended.
-func (m *Manager) failPendingClaims() int {
-	m.pend.mu.Lock()
-	defer m.pend.mu.Unlock()
-	rooms := make([]uint64, 0, len(m.pend.rooms))
-	for room := range m.pend.rooms {
-		rooms = append(rooms, room)
-	}
-	slices.Sort(rooms)
-	n := 0
-	for _, room := range rooms {
-		for _, c := range m.pend.rooms[room] {
-			c.stopExpiry()
-			c.finish(DestinationEvent{Failure: &Failure{Code: FailureShutdown, Message: shutdownMessage(
-				fmt.Sprintf("decodeplane shut down before room %d was opened", room), strconv.FormatUint(room, 10))}})
-			n++
-		}
-		delete(m.pend.rooms, room)
-	}
-	m.pend.count = 0
-	return n
 }
 
 // ShutdownSummary is what Shutdown had to end.
@@ -419,7 +367,7 @@ type PrefillStatus struct {
 func (m *Manager) Status() Status {
 	st := Status{Draining: m.draining.Load(), RoomsByPhase: map[Phase]int{}}
 	active := map[string]int{}
-	m.eachShard(func(sh *shard) {
+	m.shards.each(func(sh *shard) {
 		for p, n := range sh.byPhase { // counted on transition: no walk of the rooms
 			if n > 0 {
 				st.RoomsByPhase[Phase(p)] += n
@@ -438,9 +386,7 @@ func (m *Manager) Status() Status {
 	}
 	sort.Slice(st.Prefills, func(i, j int) bool { return st.Prefills[i].Addr < st.Prefills[j].Addr })
 	st.Shards = m.ShardStats()
-	m.pend.mu.Lock()
-	st.PendingClaims = m.pend.count
-	m.pend.mu.Unlock()
+	st.PendingClaims = m.pend.len()
 	return st
 }
 
@@ -448,7 +394,7 @@ func (m *Manager) Status() Status {
 // included) whose bootstrap address is addr.
 func (m *Manager) RoomsFor(addr string) int {
 	n := 0
-	m.eachShard(func(sh *shard) {
+	m.shards.each(func(sh *shard) {
 		if a := sh.byAddr[addr]; a != nil {
 			n += a.all
 		}
@@ -456,45 +402,17 @@ func (m *Manager) RoomsFor(addr string) int {
 	return n
 }
 
-// armShardTimerLocked keeps the shard's entry on the deadline heap at the
-// ledger's next claim deadline; expireShardLocked runs when it is due.
-func (m *Manager) armShardTimerLocked(shard int) {
-	sh := m.shards[shard]
-	next, ok := sh.led.NextDeadline()
-	if !ok || m.closed.Load() {
-		m.clearDeadlineLocked(&sh.claimDl)
-		return
+// invariant reports a broken invariant between the room and the allocator
+// (or another internal inconsistency): under the package's tests it
+// panics, in production it is logged as an internal error and the daemon
+// goes on.
+func (m *Manager) invariant(what string, room uint64, err error) {
+	if strictInvariants {
+		panic(fmt.Sprintf("kvmanager: %s: room %d: %v", what, room, err))
 	}
-	m.setDeadlineLocked(&sh.claimDl, dlShard, next, uint64(shard), 0, nil)
+	m.log.Error("internal: "+what, "room", room, "err", err)
 }
 
-func (m *Manager) expireShardLocked(shard int) {
-	if m.closed.Load() {
-		return
-	}
-	sh := m.shards[shard]
-	// A room a prefill rank may still write into is kept draining by the
-	// ledger (deferred release) instead of released with its claim timeout.
-	keep := func(id uint64) bool {
-		r := sh.rooms[id]
-		return r != nil && len(m.owingRanks(r, r.claims, r.phase)) > 0
-	}
-	for _, e := range sh.led.ExpireKeeping(keep) {
-		r := sh.rooms[e.Room]
-		if r == nil {
-			if e.Drained {
-				_ = sh.led.Release(e.Room) // no room to wait for acks
-			}
-			continue
-		}
-		if !e.Drained {
-			r.inLedger = false // the ledger already released it
-		}
-		waited := m.clock.Now().Sub(r.admittedAt)
-		m.failLocked(r, Failure{Code: FailureClaimTimeout, Message: fmt.Sprintf(
-			"Request %d timed out after %.1fs in KVPoll.WaitingForInput: the pre-allocated destination was not claimed by every required prefill rank (%s) within admission.claim_timeout%s",
-			r.id, waited.Seconds(), r.unclaimedRanks(), m.recomputeNoteLocked(r))})
-	}
-	m.armShardTimerLocked(shard)
-	m.admitLocked(shard)
-}
+// strictInvariants makes a broken invariant panic (set by the package's
+// tests).
+var strictInvariants = false

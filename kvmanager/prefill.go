@@ -3,10 +3,12 @@ package kvmanager
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 )
@@ -58,9 +60,18 @@ func newRegistry(cfg Config, layout prealloc.Layout, clk clock.Clock, leaseLiven
 // 1, 1, 2, 4, 4, ... s; after PrefillInfoAttempts checks they fail (T3).
 type addrWait struct {
 	addr     string
-	rooms    map[uint64]*room // of every shard; Manager.wait.mu guards the map (and attempts)
+	rooms    map[uint64]*entry // of every shard; waitList.mu guards the map (and attempts)
 	attempts int
 	next     deadline // the next check, on the manager's deadline heap
+}
+
+// waitList is the rooms waiting for their prefill instance's registration,
+// by address, with SGLang's retry schedule per address. A leaf lock (taken
+// under a shard's).
+type waitList struct {
+	m     *Manager
+	mu    sync.Mutex
+	addrs map[string]*addrWait
 }
 
 // backoff returns the delay before check number n (0-based): base, base,
@@ -100,46 +111,49 @@ func (m *Manager) RegisterPrefill(reg Registration) (RegistrationResult, error) 
 // shard, one shard lock at a time.
 func (m *Manager) apply(evs []registry.Event) int {
 	failed := 0
-	for _, e := range evs {
-		addr := e.Addr
-		switch e.Kind {
+	for _, ev := range evs {
+		addr := ev.Addr
+		switch ev.Kind {
 		case registry.RankRegistered:
-			m.obs.PrefillRegistered(addr, e.Replaced)
+			m.obs.PrefillRegistered(addr, ev.Replaced)
 		case registry.InstanceReplaced:
 			m.obs.PrefillInstanceReplaced(addr)
-			failed += m.failRooms(func(r *room) bool { return r.addr == addr && r.handingOff() },
-				Failure{Code: FailurePrefillLost, Message: e.Message})
+			failed += m.failRooms(func(e *entry) bool { return e.Addr() == addr && e.HandingOff() },
+				Failure{Code: FailurePrefillLost, Message: ev.Message})
 		case registry.RankReplaced:
-			dp := e.Rank.DP
-			failed += m.failRooms(func(r *room) bool { return r.addr == addr && r.prefillDP == dp && r.handingOff() },
-				Failure{Code: FailurePrefillLost, Message: e.Message})
+			dp := ev.Rank.DP
+			failed += m.failRooms(func(e *entry) bool { return e.Addr() == addr && e.PrefillDP() == dp && e.HandingOff() },
+				Failure{Code: FailurePrefillLost, Message: ev.Message})
 		case registry.InstanceComplete:
-			topo := e.Instance.Topology
-			m.log.Info("prefill instance registered", "bootstrap_addr", addr, "ranks", e.Instance.Registered,
+			topo := ev.Instance.Topology
+			m.log.Info("prefill instance registered", "bootstrap_addr", addr, "ranks", ev.Instance.Registered,
 				"attn_tp", topo.AttnTP, "dp", topo.DP, "pp", topo.PP, "attn_cp", topo.AttnCP, "follow_bootstrap_room", topo.FollowBootstrapRoom)
-			if w := m.takeWait(addr, nil); w != nil {
-				m.clearDeadlineLocked(&w.next)
-				m.eachWaiting(w, func(r *room) {
-					if r.phase == PhaseWaitingPrefill {
-						m.afterPrefillKnownLocked(r, e.Instance, "T4")
-					}
-				})
+			if w := m.wait.take(addr, nil); w != nil {
+				m.dl.clear(&w.next)
+				m.wait.each(w, func(sh *shard, e *entry) { sh.prefillKnown(e, ev.Instance) })
 			}
 		case registry.HeartbeatMissed:
-			for range e.Count {
+			for range ev.Count {
 				m.obs.HeartbeatMissed(addr)
 			}
 		case registry.InstanceLost:
-			who := e.SilentList()
-			n := m.countRooms(func(r *room) bool { return r.addr == addr && r.handingOff() })
-			if e.Message != "" {
-				m.log.Warn("prefill instance lost", "bootstrap_addr", addr, "rooms_affected", n, "reason", e.Message)
+			who := ev.SilentList()
+			n := 0
+			m.shards.each(func(sh *shard) {
+				for _, e := range sh.rooms {
+					if e.Addr() == addr && e.HandingOff() {
+						n++
+					}
+				}
+			})
+			if ev.Message != "" {
+				m.log.Warn("prefill instance lost", "bootstrap_addr", addr, "rooms_affected", n, "reason", ev.Message)
 			} else {
 				m.log.Warn("prefill instance lost: heartbeats stopped", "bootstrap_addr", addr, "rooms_affected", n,
-					"silent_ranks", who, "silent_rank_count", e.SilentTotal, "heartbeat_interval", e.Interval, "heartbeat_max_failures", e.MaxFailures)
+					"silent_ranks", who, "silent_rank_count", ev.SilentTotal, "heartbeat_interval", ev.Interval, "heartbeat_max_failures", ev.MaxFailures)
 			}
-			failed += m.failRooms(func(r *room) bool { return r.addr == addr && r.handingOff() },
-				Failure{Code: FailurePrefillLost, Message: e.LostMessage(n)})
+			failed += m.failRooms(func(e *entry) bool { return e.Addr() == addr && e.HandingOff() },
+				Failure{Code: FailurePrefillLost, Message: ev.LostMessage(n)})
 			m.obs.PrefillLost(addr, n)
 		}
 	}
@@ -154,187 +168,172 @@ func (m *Manager) Heartbeat(rank RankID, instanceID string) (time.Duration, int,
 	return m.reg.Heartbeat(rank, instanceID)
 }
 
-// checkLiveness declares dead every instance with a rank silent for
-// max_failures heartbeat intervals (SGLang T15). The rooms' failure, the log
-// line and the metrics say which ranks went silent and for how long.
-func (m *Manager) checkLiveness() {
-	m.apply(m.reg.CheckLiveness())
-}
-
-// countRooms counts the rooms match selects, shard by shard.
-func (m *Manager) countRooms(match func(*room) bool) int {
-	n := 0
-	m.eachShard(func(sh *shard) {
-		for _, r := range sh.rooms {
-			if match(r) {
-				n++
-			}
-		}
-	})
-	return n
-}
-
 // failRooms fails the rooms match selects, shard by shard (each shard's in
 // room order), and returns how many it failed.
-func (m *Manager) failRooms(match func(*room) bool, f Failure) int {
+func (m *Manager) failRooms(match func(*entry) bool, f Failure) int {
 	n := 0
-	m.eachShard(func(sh *shard) {
-		var victims []*room
-		for _, r := range sh.rooms {
-			if match(r) {
-				victims = append(victims, r)
-			}
+	m.shards.each(func(sh *shard) {
+		for _, e := range sh.sorted(match) {
+			sh.fail(e, f)
+			n++
 		}
-		slices.SortFunc(victims, func(a, b *room) int { return compareU64(a.id, b.id) })
-		for _, r := range victims {
-			m.failLocked(r, f)
-		}
-		n += len(victims)
 	})
 	return n
 }
 
-func compareU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
-func sortedRooms(set map[uint64]*room) []*room {
-	out := make([]*room, 0, len(set))
-	for _, r := range set {
-		out = append(out, r)
-	}
-	slices.SortFunc(out, func(a, b *room) int { return compareU64(a.id, b.id) })
-	return out
-}
-
-// waitForPrefillLocked parks a room until its instance completes its
-// registration, under SGLang's retry budget (the room's shard lock is held;
-// the waiting addresses' leaf lock is taken here).
-func (m *Manager) waitForPrefillLocked(r *room) {
-	m.wait.mu.Lock()
-	defer m.wait.mu.Unlock()
-	w := m.wait.addrs[r.addr]
-	if w == nil {
-		w = &addrWait{addr: r.addr, rooms: map[uint64]*room{}}
-		m.wait.addrs[r.addr] = w
-	}
-	w.rooms[r.id] = r
-	r.parked = true
-	if !m.dlArmed(&w.next) {
-		m.scheduleAttempt(w)
-	}
-}
-
-// unwait takes a room off its address's waiting rooms (its shard lock is
-// held).
-func (m *Manager) unwait(r *room) {
-	if !r.parked {
+// toPrefill continues a room once its prefill instance is fully
+// registered, or parks it until it is. A registration completed while the
+// room was being parked is seen by the second look (the registry records
+// the completion before its event takes the waiting rooms).
+func (sh *shard) toPrefill(e *entry) {
+	m := sh.m
+	if inst, ok := m.reg.Instance(e.Addr()); ok && inst.Complete {
+		sh.prefillKnown(e, inst)
 		return
 	}
-	r.parked = false
-	m.wait.mu.Lock()
-	if w := m.wait.addrs[r.addr]; w != nil {
-		delete(w.rooms, r.id)
+	if e.Phase().Terminal() {
+		return
 	}
-	m.wait.mu.Unlock()
+	m.wait.park(e)
+	if inst, ok := m.reg.Instance(e.Addr()); ok && inst.Complete && e.Phase() == PhaseWaitingPrefill {
+		sh.prefillKnown(e, inst)
+	}
 }
 
-// takeWait removes and returns the address's waiting rooms (only if they
-// are w, when w is set).
-func (m *Manager) takeWait(addr string, w *addrWait) *addrWait {
-	m.wait.mu.Lock()
-	defer m.wait.mu.Unlock()
-	cur := m.wait.addrs[addr]
+// prefillKnown continues a room whose prefill instance is fully
+// registered: its rank plan, then its DP rank (the registry's rules, read
+// here when the room needs them).
+func (sh *shard) prefillKnown(e *entry, inst registry.Instance) {
+	if e.Phase() != PhaseWaitingPrefill {
+		return
+	}
+	topo := inst.Topology
+	ev := room.PrefillKnown{Now: sh.m.clock.Now(), Plan: inst.Plan, Topology: topo}
+	if e.NeedsDPRule(topo.DP) {
+		ev.DP, ev.Rule, ev.Resolved = sh.m.reg.ResolveDP(e.Addr(), e.ID(), e.HintDP(), topo)
+	}
+	sh.exec(e, ev)
+}
+
+// park adds a room to its address's waiting rooms, under SGLang's retry
+// budget (the room's shard lock is held).
+func (wl *waitList) park(e *entry) {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	w := wl.addrs[e.Addr()]
+	if w == nil {
+		w = &addrWait{addr: e.Addr(), rooms: map[uint64]*entry{}}
+		wl.addrs[e.Addr()] = w
+	}
+	w.rooms[e.ID()] = e
+	e.parked = true
+	if !wl.m.dl.armed(&w.next) {
+		wl.schedule(w)
+	}
+}
+
+// leave takes a room off its address's waiting rooms (its shard lock is
+// held).
+func (wl *waitList) leave(e *entry) {
+	if !e.parked {
+		return
+	}
+	e.parked = false
+	wl.mu.Lock()
+	if w := wl.addrs[e.Addr()]; w != nil {
+		delete(w.rooms, e.ID())
+	}
+	wl.mu.Unlock()
+}
+
+// take removes and returns the address's waiting rooms (only if they are
+// w, when w is set).
+func (wl *waitList) take(addr string, w *addrWait) *addrWait {
+	wl.mu.Lock()
+	defer wl.mu.Unlock()
+	cur := wl.addrs[addr]
 	if cur == nil || (w != nil && cur != w) {
 		return nil
 	}
-	delete(m.wait.addrs, addr)
+	delete(wl.addrs, addr)
 	return cur
 }
 
-// eachWaiting runs f on w's rooms (w is no longer in the waiting
-// addresses), shard by shard and in room order, each under its shard lock
-// and only while the shard still holds it.
-func (m *Manager) eachWaiting(w *addrWait, f func(*room)) {
-	m.wait.mu.Lock()
-	rooms := sortedRooms(w.rooms)
-	m.wait.mu.Unlock()
-	for _, sh := range m.shards {
+// each runs f on w's rooms still waiting for their prefill (w is no
+// longer in the waiting addresses), shard by shard and in room order, each
+// under its shard lock and only while the shard still holds it.
+func (wl *waitList) each(w *addrWait, f func(*shard, *entry)) {
+	wl.mu.Lock()
+	rooms := make([]*entry, 0, len(w.rooms))
+	for _, e := range w.rooms {
+		rooms = append(rooms, e)
+	}
+	wl.mu.Unlock()
+	slices.SortFunc(rooms, func(a, b *entry) int { return compareU64(a.ID(), b.ID()) })
+	for _, sh := range wl.m.shards {
 		locked := false
-		for _, r := range rooms {
-			if r.decodeDP != sh.idx {
+		for _, e := range rooms {
+			if e.DecodeDP() != sh.idx {
 				continue
 			}
 			if !locked {
 				sh.mu.Lock()
 				locked = true
 			}
-			if sh.rooms[r.id] == r {
-				f(r)
+			if sh.rooms[e.ID()] == e && e.Phase() == PhaseWaitingPrefill {
+				f(sh, e)
 			}
 		}
 		if locked {
-			m.unlockShard(sh)
+			sh.unlock()
 		}
 	}
 }
 
-func (m *Manager) scheduleAttempt(w *addrWait) {
+func (wl *waitList) schedule(w *addrWait) {
+	m := wl.m
 	if m.closed.Load() {
 		return
 	}
-	m.setDeadlineLocked(&w.next, dlPrefillAttempt, m.clock.Now().Add(m.cfg.Timeouts.backoff(w.attempts)), 0, 0, w)
+	m.dl.set(&w.next, dlPrefillAttempt, m.clock.Now().Add(m.cfg.Timeouts.backoff(w.attempts)), 0, 0, w)
 }
 
-// prefillAttempt is one check of an address's registration (one of SGLang's
+// attempt is one check of an address's registration (one of SGLang's
 // _ensure_prefill_info attempts). What it decides is decided under the
 // waiting addresses' lock; the rooms it continues or fails are then handled
 // shard by shard.
-func (m *Manager) prefillAttempt(w *addrWait) {
-	m.wait.mu.Lock()
+func (wl *waitList) attempt(w *addrWait) {
+	m := wl.m
+	wl.mu.Lock()
 	addr := w.addr
-	if m.wait.addrs[addr] != w {
-		m.wait.mu.Unlock()
+	if wl.addrs[addr] != w {
+		wl.mu.Unlock()
 		return
 	}
 	if len(w.rooms) == 0 {
-		delete(m.wait.addrs, addr)
-		m.wait.mu.Unlock()
+		delete(wl.addrs, addr)
+		wl.mu.Unlock()
 		return
 	}
 	w.attempts++
 	inst, known := m.reg.Instance(addr)
 	if known && inst.Complete {
-		delete(m.wait.addrs, addr)
-		m.wait.mu.Unlock()
-		m.eachWaiting(w, func(r *room) {
-			if r.phase == PhaseWaitingPrefill {
-				m.afterPrefillKnownLocked(r, inst, "T4")
-			}
-		})
+		delete(wl.addrs, addr)
+		wl.mu.Unlock()
+		wl.each(w, func(sh *shard, e *entry) { sh.prefillKnown(e, inst) })
 		return
 	}
 	if w.attempts >= m.cfg.Timeouts.PrefillInfoAttempts {
-		delete(m.wait.addrs, addr)
-		m.wait.mu.Unlock()
+		delete(wl.addrs, addr)
+		wl.mu.Unlock()
 		registered := inst.Registered // zero when no rank of addr is registered
 		msg := fmt.Sprintf("Could not fetch prefill parallel info from %s after %d attempts", addr, w.attempts)
 		if registered > 0 {
 			msg += fmt.Sprintf(" (Prefill server not fully registered yet (%d workers registered).)", registered)
 		}
-		m.eachWaiting(w, func(r *room) {
-			if r.phase == PhaseWaitingPrefill {
-				m.failLocked(r, Failure{Code: FailurePrefillUnavailable, Message: msg})
-			}
-		})
+		wl.each(w, func(sh *shard, e *entry) { sh.fail(e, Failure{Code: FailurePrefillUnavailable, Message: msg}) })
 		return
 	}
-	m.scheduleAttempt(w)
-	m.wait.mu.Unlock()
+	wl.schedule(w)
+	wl.mu.Unlock()
 }

@@ -60,7 +60,7 @@ func TestLargeAllowedInstanceCompletes(t *testing.T) {
 			t.Fatalf("room 1 needs %d ranks, want 1024", len(ranks))
 		}
 		h.m.lockAll()
-		seen := h.m.allRooms()[1].ranks.len()
+		seen := h.m.allRooms()[1].RanksSeen()
 		h.m.unlockAll()
 		if seen != 0 {
 			t.Errorf("room 1 holds progress for %d ranks before any claimed", seen)

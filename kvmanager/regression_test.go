@@ -77,7 +77,7 @@ func TestStagedRoomWithoutMarkerFailsAtTheWaitingDeadline(t *testing.T) {
 		}
 		h.m.lockAll()
 		r := h.m.allRooms()[room]
-		armed := h.m.dlArmed(&r.dl) || !r.waitingAt.IsZero()
+		armed := h.m.dl.armed(&r.dl) || !r.NextDeadline().IsZero()
 		h.m.unlockAll()
 		if !armed {
 			t.Errorf("room %d is Transferring with no deadline armed (none on the heap, waitingAt zero)", room)
@@ -133,7 +133,7 @@ func TestAgentLostBatchKeepsPagesUntilItsDeadline(t *testing.T) {
 		h.claimAll(1)
 		pages1 := h.snapshot(1).NumPages
 		h.m.lockAll()
-		room1Pages := slices.Clone(h.m.allRooms()[1].pages)
+		room1Pages := slices.Clone(h.m.allRooms()[1].Pages())
 		h.m.unlockAll()
 		h.open(addrA, 2) // does not fit next to room 1: queued
 		h.wantPhase(2, PhaseQueued)
@@ -152,7 +152,7 @@ func TestAgentLostBatchKeepsPagesUntilItsDeadline(t *testing.T) {
 		h.wantFailure(1, FailureTransferFailed, "KVTransferError(bootstrap_room=1)")
 		if now.Before(deadline) && h.snapshot(2).Phase != PhaseQueued {
 			h.m.lockAll()
-			room2Pages := slices.Clone(h.m.allRooms()[2].pages)
+			room2Pages := slices.Clone(h.m.allRooms()[2].Pages())
 			h.m.unlockAll()
 			reused := 0
 			for _, p := range room2Pages {

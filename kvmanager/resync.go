@@ -3,12 +3,12 @@ package kvmanager
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
@@ -16,7 +16,7 @@ import (
 // empty while the decode engine still decodes its running requests in pages
 // a new admission would hand out again. With a resync wait (HoldForResync,
 // engine.resync_timeout > 0) the manager starts without admitting: rooms
-// open and queue, no admission pass runs (admitLocked returns at once), so
+// open and queue, no admission pass runs (the admission pass returns at once), so
 // nothing is pre-allocated. The engine re-declares its running rooms
 // (Resync); each becomes a running room (PhaseSucceeded, not released)
 // that owns exactly what the engine names (prealloc.Ledger.AdoptEntry).
@@ -28,7 +28,7 @@ import (
 //
 // Locks: resync.mu is taken before a shard's lock (Resync adopts under it,
 // so that the wait cannot end half-way through a call) and alone (status,
-// the expiry); gated is read by admitLocked without it.
+// the expiry); gated is read by the admission pass without it.
 
 // ErrResyncClosed: a Resync once admission has started (no resync wait was
 // configured, the engine already sent done, or the wait expired): the pool
@@ -92,7 +92,7 @@ func (m *Manager) HoldForResync(timeout time.Duration) {
 	now := m.clock.Now()
 	g.open, g.started, g.until = true, now, now.Add(timeout)
 	g.gated.Store(true)
-	m.setDeadlineLocked(&g.dl, dlResync, g.until, 0, 0, nil)
+	m.dl.set(&g.dl, dlResync, g.until, 0, 0, nil)
 }
 
 // ResyncStatus is the resync's progress (for readiness and GetStatus).
@@ -120,7 +120,7 @@ func (m *Manager) Resync(rooms []ResyncRoom, done bool) (int, ResyncState, error
 	var err error
 	n := 0
 	for i := range rooms {
-		if err = m.adoptLocked(i, &rooms[i]); err != nil {
+		if err = m.adopt(i, &rooms[i]); err != nil {
 			break
 		}
 		n++
@@ -132,7 +132,7 @@ func (m *Manager) Resync(rooms []ResyncRoom, done bool) (int, ResyncState, error
 	}
 	ended := done && err == nil
 	if ended {
-		m.endResyncLocked(false)
+		m.endResync(false)
 	}
 	st := ResyncState{Waiting: g.open, Until: g.until, Declared: g.declared, Pages: g.pages, Expired: g.expired}
 	g.mu.Unlock()
@@ -142,52 +142,48 @@ func (m *Manager) Resync(rooms []ResyncRoom, done bool) (int, ResyncState, error
 	return n, st, err
 }
 
-// adoptLocked makes one declared room a running room (g.mu held).
-func (m *Manager) adoptLocked(i int, d *ResyncRoom) error {
+// adopt makes one declared room a running room (g.mu held).
+func (m *Manager) adopt(i int, d *ResyncRoom) error {
 	at := func(f string) string { return fmt.Sprintf("rooms[%d].%s", i, f) }
 	if d.DecodeDP < 0 || d.DecodeDP >= len(m.shards) {
 		return invalid(at("decode_dp_rank"), "%d is out of range: this daemon hosts %d decode DP shards (allowed 0..%d)", d.DecodeDP, len(m.shards), len(m.shards)-1)
 	}
 	sh := m.shards[d.DecodeDP]
-	r := newRoom(d.Room, d.Addr, d.DecodeDP, -1, m.clock.Now(), 0)
-	r.bootstrapAt = 0
-	if d.PrefillDP >= 0 {
-		r.prefillDP = d.PrefillDP
-	}
 	sh.mu.Lock()
-	defer m.unlockShard(sh)
+	defer sh.unlock()
+	// The room id is unique across the shards: look, adopt and insert under
+	// openMu (a resync is rare; the ledger's lock is a leaf).
 	m.openMu.Lock()
-	if _, other := m.find(d.Room); other != nil {
-		m.openMu.Unlock()
-		return fmt.Errorf("%s: room %d: %w (phase %s)", at("room"), d.Room, ErrRoomExists, other.phase)
+	defer m.openMu.Unlock()
+	if _, other := m.shards.find(d.Room); other != nil {
+		return fmt.Errorf("%s: room %d: %w (phase %s)", at("room"), d.Room, ErrRoomExists, other.Phase())
 	}
-	sh.insert(r)
-	m.openMu.Unlock()
+	e := &entry{}
 	a := prealloc.Adoption{
 		Request: prealloc.Request{Room: d.Room, RID: d.RID, PromptLen: d.PromptLen, OutputLen: d.OutputLen, MaxNewTokens: d.MaxNewTokens},
 		ReqSlot: d.ReqSlot, Pages: d.Pages, SWAPages: d.SWAPages, MambaSlots: d.MambaSlots,
 	}
-	if err := sh.led.AdoptEntry(&r.entry, a); err != nil {
-		sh.forget(r)
+	if err := sh.led.AdoptEntry(&e.led, a); err != nil {
 		if errors.Is(err, prealloc.ErrInvalidRequest) {
 			return invalid(at(adoptField(err)), "%v", err)
 		}
 		return fmt.Errorf("%s: %w", at(adoptField(err)), err)
 	}
-	r.admittedOnce()
-	r.pages = slices.Clone(d.Pages)
-	r.fillLen = d.PromptLen + d.OutputLen
+	var state []prealloc.StateIndices
 	if al, ok := sh.led.Allocation(d.Room); ok {
-		r.state = cloneState(al.State)
+		state = al.State
 	}
-	m.transitionLocked(r, PhaseSucceeded, "", textNote(fmt.Sprintf(
-		"adopted at the engine's resync: %d pages, req slot %d (prompt %d + output %d tokens)", len(d.Pages), d.ReqSlot, d.PromptLen, d.OutputLen)))
+	ef := e.Apply(room.Adopt{Now: m.clock.Now(), ID: d.Room, Addr: d.Addr, DecodeDP: d.DecodeDP, PrefillDP: d.PrefillDP, Params: m.params,
+		Request: room.Request{RID: d.RID, PromptLen: d.PromptLen, OutputLen: d.OutputLen, MaxNewTokens: d.MaxNewTokens},
+		ReqSlot: d.ReqSlot, Pages: d.Pages, FillLen: d.PromptLen + d.OutputLen, State: state})
+	sh.insert(e)
+	sh.apply(e, &ef)
 	// Claims that came before the room was adopted (a prefill that claimed
 	// again after the restart) get its state now, as OpenRoom's do, instead
 	// of waiting for timeouts.bootstrap.
-	for _, c := range m.takePending(r.id) {
-		c.stopExpiry()
-		m.attachClaimLocked(r, c)
+	for _, c := range m.pend.take(e.ID()) {
+		m.dl.clear(&c.expiry)
+		sh.attach(e, c)
 	}
 	return nil
 }
@@ -210,13 +206,13 @@ func adoptField(err error) string {
 	return "prompt_len"
 }
 
-// endResyncLocked ends the wait (g.mu held); the caller runs admitAll after
+// endResync ends the wait (g.mu held); the caller runs admitAll after
 // releasing g.mu.
-func (m *Manager) endResyncLocked(expired bool) {
+func (m *Manager) endResync(expired bool) {
 	g := &m.rs
 	g.open, g.expired = false, expired
 	g.gated.Store(false)
-	m.clearDeadlineLocked(&g.dl)
+	m.dl.clear(&g.dl)
 	d := m.clock.Now().Sub(g.started)
 	m.obs.ResyncEnded(d, g.declared, expired)
 	if expired {
@@ -235,12 +231,12 @@ func (m *Manager) resyncExpired() {
 		g.mu.Unlock()
 		return
 	}
-	m.endResyncLocked(true)
+	m.endResync(true)
 	g.mu.Unlock()
 	m.admitAll()
 }
 
 // admitAll runs an admission pass on every shard (the wait ended).
 func (m *Manager) admitAll() {
-	m.eachShard(func(sh *shard) { m.admitLocked(sh.idx) })
+	m.shards.each(func(sh *shard) { sh.admit() })
 }

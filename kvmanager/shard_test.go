@@ -305,8 +305,8 @@ func TestClaimRacesOpenRoom(t *testing.T) {
 			t.Error(err)
 		}
 		h.m.lockAll()
-		for id, r := range h.m.allRooms() {
-			if id > rooms && r.claims.get(rk.Key()) != nil {
+		for id, e := range h.m.allRooms() {
+			if id > rooms && e.subs != nil && e.subs.claims.get(rk.Key()) != nil {
 				t.Errorf("room %d holds a claim that was closed", id)
 			}
 		}

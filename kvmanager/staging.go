@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strings"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
@@ -70,24 +69,20 @@ type StagingChunkResult struct {
 	Scattered  bool
 }
 
-// stagingGate is the success gate of a staged room.
-const stagingGate = "staging"
-
 // stagingState is the manager's side of staging: the handler (its own leaf
 // lock, taken under a shard's). Per staged room, the handler's state and the
 // room's completion timeout are its shard's (shard.staged), guarded by the
 // shard's lock.
 type stagingState struct {
-	s *staging.Stager
+	s      *staging.Stager
+	layout prealloc.Layout
+	engine transfer.Engine
 }
 
+// stagedRoom is the staging handler's state of one room (its completion
+// timeout is the room's own deadline).
 type stagedRoom struct {
-	st    *staging.Room
-	timer deadline // the completion timeout, on the manager's deadline heap
-	// deadline is when timer fires: once every region is scattered it
-	// becomes the room's waiting deadline again, so that a room still not
-	// successful (no metadata marker, another gate) stays bounded.
-	deadline time.Time
+	st *staging.Room
 }
 
 // StagingRingBytes is the staging ring of each decode rank for a decode
@@ -101,35 +96,35 @@ func StagingRingBytes(dec prealloc.Config) int64 {
 	return int64(dec.Staging.PoolSizeMB) << 20
 }
 
-func (m *Manager) ringBytes() int64 { return m.stg.s.RingBytes() }
+func (g *stagingState) ringBytes() int64 { return g.s.RingBytes() }
 
 // totalKVHeads is SGLang's resolve_total_kv_heads: the model's total, else
 // per-rank heads × decode TP.
-func (m *Manager) totalKVHeads() (int, error) {
-	if m.layout.TotalKVHeads > 0 {
-		return m.layout.TotalKVHeads, nil
+func (g *stagingState) totalKVHeads() (int, error) {
+	if g.layout.TotalKVHeads > 0 {
+		return g.layout.TotalKVHeads, nil
 	}
-	if m.layout.HeadsPerRank > 0 {
-		return m.layout.HeadsPerRank * m.layout.AttnTP, nil
+	if g.layout.HeadsPerRank > 0 {
+		return g.layout.HeadsPerRank * g.layout.AttnTP, nil
 	}
 	return 0, &StagingError{Msg: "Cannot resolve total_kv_heads: the decode KV layout has neither a total KV head count nor per-rank KV heads (SGLang's kv_args has neither total_kv_head_num nor kv_head_num). Set kv_pool.kv_heads to the model's number of KV heads."}
 }
 
-// stagingUsable applies SGLang's setup checks in its order (spec §5.2): MLA,
+// usable applies SGLang's setup checks in its order (spec §5.2): MLA,
 // allocator present, total KV heads, and the engine's scatter capability.
-func (m *Manager) stagingUsable() (int, error) {
-	if m.layout.IsMLA {
+func (g *stagingState) usable() (int, error) {
+	if g.layout.IsMLA {
 		return 0, &StagingError{Msg: prealloc.MsgStagingMLA}
 	}
-	if !m.layout.Staging || m.ringBytes() <= 0 {
+	if !g.layout.Staging || g.ringBytes() <= 0 {
 		return 0, &StagingError{Msg: "Staging is enabled on the prefill side but this decode instance has no staging allocator (SGLang: \"Staging is enabled but kv_manager._staging_ctx.allocator is None\"): start decodeplane with staging.enabled: true (SGLANG_DISAGG_STAGING_BUFFER=1) and staging.pool_size_mb > 0 on transfer.backend mooncake or nixl, or send the KV with Rooms.Transfer / ReportTransfer."}
 	}
-	heads, err := m.totalKVHeads()
+	heads, err := g.totalKVHeads()
 	if err != nil {
 		return 0, err
 	}
-	if _, ok := m.engine.(transfer.Scatterer); !ok {
-		return 0, &StagingError{Msg: fmt.Sprintf("Staging is enabled but the transfer engine (%T) cannot scatter staged chunks into the KV pool. Use transfer.path sim or delegate.", m.engine)}
+	if _, ok := g.engine.(transfer.Scatterer); !ok {
+		return 0, &StagingError{Msg: fmt.Sprintf("Staging is enabled but the transfer engine (%T) cannot scatter staged chunks into the KV pool. Use transfer.path sim or delegate.", g.engine)}
 	}
 	return heads, nil
 }
@@ -138,7 +133,7 @@ func (m *Manager) stagingUsable() (int, error) {
 // the plan of one prefill rank (spec §5.2–§5.4). Errors: *StagingError
 // (ErrStagingUnavailable) with SGLang's messages; ErrPrefillNotFound.
 func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
-	heads, err := m.stagingUsable()
+	heads, err := m.stg.usable()
 	if err != nil {
 		return StagingPlan{}, err
 	}
@@ -197,197 +192,127 @@ func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 	return plan, nil
 }
 
-// stagingAdmittedLocked registers a staged room when it is admitted, before
-// its destination is offered (SGLang's register_decode_req before
-// send_metadata): it holds the staging success gate and arranges that every
-// region is freed when the room ends.
-func (m *Manager) stagingAdmittedLocked(r *room) {
-	if !r.staging || m.ringBytes() <= 0 {
-		return
-	}
-	sh := m.shardOf(r)
+// stagingOpen registers a staged room when it is admitted, before its
+// destination is offered (SGLang's register_decode_req before
+// send_metadata); its regions are freed when the room's resources go back
+// (released).
+func (sh *shard) stagingOpen(e *entry) {
+	m := sh.m
 	if sh.staged == nil {
 		sh.staged = map[uint64]*stagedRoom{}
 	}
-	if old := sh.staged[r.id]; old != nil {
-		m.stagingReleaseLocked(sh, r.id)
+	if old := sh.staged[e.ID()]; old != nil {
+		sh.stagingRelease(e.ID())
 	}
-	topo := m.topoLocked(r.addr)
-	sh.staged[r.id] = &stagedRoom{st: m.stg.s.Open(r.id, r.attempt, topo.AttnTP, topo.PP)}
-	r.hold(stagingGate)
-	id := r.id
-	x := r.x()
-	x.onEnd = append(x.onEnd, func() { m.stagingReleaseLocked(sh, id) })
+	topo := m.reg.Topology(e.Addr())
+	sh.staged[e.ID()] = &stagedRoom{st: m.stg.s.Open(e.ID(), e.Attempt(), topo.AttnTP, topo.PP)}
 }
 
-// stagingReleaseLocked frees every region of a room (SGLang's
+// stagingRelease frees every region of a room (SGLang's
 // unregister_decode_req) and forgets its staging state. It runs when no
 // scatter of the room is in flight.
-func (m *Manager) stagingReleaseLocked(sh *shard, id uint64) {
+func (sh *shard) stagingRelease(id uint64) {
 	sr := sh.staged[id]
 	if sr == nil {
 		return
 	}
 	delete(sh.staged, id)
-	m.clearDeadlineLocked(&sr.timer)
-	for _, f := range m.stg.s.Release(sr.st) {
-		m.log.Debug("releasing unscattered staging allocation", "room", id, "chunk", f.Chunk, "decode_tp", f.DecodeTP,
+	for _, f := range sh.m.stg.s.Release(sr.st) {
+		sh.m.log.Debug("releasing unscattered staging allocation", "room", id, "chunk", f.Chunk, "decode_tp", f.DecodeTP,
 			"offset", f.Region.Offset, "size", f.Region.Size, "round", f.Region.Round)
 	}
 }
 
-// stagingSettleLocked is consulted by checkSuccessLocked once every required
-// rank's chunks landed: it lifts the staging gate when every region is
-// scattered, else starts the completion timeout (SGLang: completion_timeout
-// after all-success; the waiting timeout no longer applies).
-func (m *Manager) stagingSettleLocked(r *room) {
-	if !r.gate(stagingGate) {
-		return
+// scattersPending reports whether staged regions of the room's current
+// attempt are still to be scattered (its success waits for them).
+func (sh *shard) scattersPending(e *entry) bool {
+	if !e.HasGate(room.StagingGate) {
+		return false
 	}
-	sr := m.shardOf(r).staged[r.id]
-	if sr == nil || sr.st.Attempt() != r.attempt || m.stg.s.Pending(sr.st) == 0 || !m.stg.s.ScattersDue(sr.st) {
-		// Every rank is done, so a region whose writers have not all
-		// reported never will be (its pages are covered, and nothing may
-		// follow a last chunk): it does not hold the room back; it is freed
-		// with the room.
-		r.unhold(stagingGate)
-		if sr != nil && m.dlArmed(&sr.timer) {
-			m.clearDeadlineLocked(&sr.timer)
-			// The waiting deadline was lifted for the completion timer:
-			// restore it, so that a room that does not succeed now (the
-			// metadata marker never came) is still failed in time.
-			if r.waitingAt.IsZero() {
-				r.waitingAt = sr.deadline
-				m.armTimerLocked(r)
-			}
-		}
-		return
-	}
-	if m.dlArmed(&sr.timer) {
-		return
-	}
-	r.waitingAt = time.Time{}
-	m.armTimerLocked(r)
-	sr.deadline = m.clock.Now().Add(m.cfg.Timeouts.Waiting)
-	m.setDeadlineLocked(&sr.timer, dlStaging, sr.deadline, r.id, r.attempt, nil)
+	sr := sh.staged[e.ID()]
+	return sr != nil && sr.st.Attempt() == e.Attempt() && sh.m.stg.s.Pending(sr.st) > 0 && sh.m.stg.s.ScattersDue(sr.st)
 }
 
-// stagingDeadlineLocked fails a staged room whose scatters did not finish within
-// the completion timeout.
-func (m *Manager) stagingDeadlineLocked(r *room, attempt uint32) {
-	id := r.id
-	sr := m.shardOf(r).staged[id]
-	if r.attempt != attempt || r.phase.Terminal() || sr == nil || sr.st.Attempt() != attempt || m.stg.s.Pending(sr.st) == 0 {
-		return
+// scatterMissing names the regions a staged room still waits for.
+func (sh *shard) scatterMissing(e *entry) []string {
+	if sr := sh.staged[e.ID()]; sr != nil {
+		return sh.m.stg.s.Missing(sr.st)
 	}
-	m.failLocked(r, Failure{Code: FailureStagingFailed, Message: fmt.Sprintf(
-		"Request %d: staged KV was not scattered within %.1fs after every prefill rank reported (a scatter never arrived): %s",
-		id, m.cfg.Timeouts.Waiting.Seconds(), strings.Join(m.stg.s.Missing(sr.st), "; "))})
+	return nil
 }
 
-// stagingRankLocked checks that rank may write room r now: the room's
-// prefill, DP rank, a required rank that claimed the destination, a room
-// being handed off, and the room is staged.
-func (m *Manager) stagingRankLocked(r *room, rank RankID, what string) (*rankProgress, *stagedRoom, error) {
-	if rank.Addr != r.addr {
-		return nil, nil, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", rank.Addr, r.id, r.addr)
+// stagingWrite checks that rank may write the room through staging now
+// (the room's prefill, DP rank, a required rank that claimed the
+// destination, a room being handed off, a staged room) and records its
+// claim; it returns the room's staging state (mu held).
+func (sh *shard) stagingWrite(e *entry, rank RankID, what string) (*stagedRoom, error) {
+	sr := sh.staged[e.ID()]
+	ef := sh.exec(e, room.StagingWrite{Now: sh.m.clock.Now(), Rank: rank, What: what, Staged: sr != nil && sr.st.Attempt() == e.Attempt()})
+	if ef.Err != nil {
+		return nil, ef.Err
 	}
-	if r.phase == PhaseFailed {
-		return nil, nil, fmt.Errorf("%s of room %d: %w: the room failed: %s", what, r.id, ErrWrongState, r.failure.Message)
+	if f := e.Failure(); f != nil { // the claim's success check failed the room
+		return nil, fmt.Errorf("%s of room %d: %w: the room failed: %s", what, e.ID(), ErrWrongState, f.Message)
 	}
-	if r.plan == nil || r.prefillDP < 0 || r.handoff == nil {
-		return nil, nil, fmt.Errorf("%s of room %d: %w: the room has no destination yet (phase %s)", what, r.id, ErrWrongState, r.phase)
-	}
-	if rank.DP != r.prefillDP {
-		return nil, nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", rank.DP, r.id, r.prefillDP, r.dpRule)
-	}
-	rp := r.progress(rank.Key())
-	if rp == nil {
-		return nil, nil, invalid("rank", "%s sends no KV for room %d: it is a dummy target or not addressed by any decode rank", rank, r.id)
-	}
-	switch r.phase {
-	case PhaseAdmitted, PhaseClaimed, PhaseTransferring:
-	default:
-		return nil, nil, fmt.Errorf("%s of room %d: %w: phase %s", what, r.id, ErrWrongState, r.phase)
-	}
-	if !rp.claimed {
-		// As for chunks (chunkBeginLocked): a rank whose claim stream was
-		// given the destination holds it, even if the claim is not recorded
-		// yet (the stream's Send races with this call).
-		if c := r.claims.get(rank.Key()); c == nil || r.phase != PhaseAdmitted {
-			return nil, nil, fmt.Errorf("%s of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", what, r.id, rank, ErrWrongState)
-		}
-		m.claimRankLocked(r, rp)
-		if r.phase == PhaseFailed {
-			return nil, nil, fmt.Errorf("%s of room %d: %w: the room failed: %s", what, r.id, ErrWrongState, r.failure.Message)
-		}
-	}
-	sr := m.shardOf(r).staged[r.id]
-	if !r.staging || sr == nil || sr.st.Attempt() != r.attempt {
-		return nil, nil, fmt.Errorf("%s of room %d: %w: the room is not staged (its destination has staging = false): send its KV with Rooms.Transfer or ReportTransfer", what, r.id, ErrWrongState)
-	}
-	return rp, sr, nil
+	return sr, nil
 }
 
 // AllocateStaging allocates the regions of one chunk of a staged room, one
 // per decode rank the prefill rank writes to, each shared by all its writers
 // (SGLang's handle_staging_req). A chunk larger than the ring fails the room
 // and returns ErrStagingTooLarge with SGLang's hint.
-func (m *Manager) AllocateStaging(room uint64, rank RankID, chunk, numPages int) ([]StagingRegion, error) {
-	heads, err := m.stagingUsable()
+func (m *Manager) AllocateStaging(id uint64, rank RankID, chunk, numPages int) ([]StagingRegion, error) {
+	heads, err := m.stg.usable()
 	if err != nil {
 		return nil, err
 	}
-	sh, r := m.lockRoom(room)
-	if r == nil {
-		return nil, fmt.Errorf("allocate staging for chunk %d of room %d: %w", chunk, room, ErrRoomNotFound)
+	sh, e := m.shards.lock(id)
+	if e == nil {
+		return nil, fmt.Errorf("allocate staging for chunk %d of room %d: %w", chunk, id, ErrRoomNotFound)
 	}
-	defer m.unlockShard(sh)
-	_, sr, err := m.stagingRankLocked(r, rank, fmt.Sprintf("allocate staging for chunk %d", chunk))
+	defer sh.unlock()
+	sr, err := sh.stagingWrite(e, rank, fmt.Sprintf("allocate staging for chunk %d", chunk))
 	if err != nil {
 		return nil, err
 	}
 	if numPages <= 0 {
 		return nil, invalid("num_pages", "must be > 0")
 	}
-	if numPages > len(r.pages) {
-		return nil, invalid("num_pages", "%d is more than the destination's %d pages", numPages, len(r.pages))
+	if numPages > len(e.Pages()) {
+		return nil, invalid("num_pages", "%d is more than the destination's %d pages", numPages, len(e.Pages()))
 	}
 	q := sr.st.Stage(m.stg.s, rank.PP)
 	var out []StagingRegion
-	for _, tg := range r.plan.Rank(rank.Key()).Targets() {
+	for _, tg := range e.TargetsOf(rank.Key()) {
 		if tg.Dummy {
 			continue
 		}
-		reg, err := m.stg.s.Allocate(sr.st, staging.Alloc{DecodeDP: r.decodeDP, DecodeTP: tg.DecodeTP, Stage: q, Chunk: chunk, NumPages: numPages,
+		reg, err := m.stg.s.Allocate(sr.st, staging.Alloc{DecodeDP: e.DecodeDP(), DecodeTP: tg.DecodeTP, Stage: q, Chunk: chunk, NumPages: numPages,
 			Heads: heads, WriterTP: rank.TP, WriterPP: rank.PP})
 		if err != nil {
 			var tl *staging.TooLargeError
 			if errors.As(err, &tl) {
-				m.failLocked(r, Failure{Code: FailureStagingFailed, Message: tl.Msg})
+				sh.fail(e, Failure{Code: FailureStagingFailed, Message: tl.Msg})
 			}
 			return nil, err
 		}
 		out = append(out, reg)
 	}
-	if rp := r.progress(rank.Key()); rp != nil && len(out) > 0 {
-		rp.stagingOpen++ // the rank writes into these regions (deferred release: drain.go)
+	if len(out) > 0 {
+		e.Apply(room.StagingAllocated{Rank: rank.Key()}) // the rank writes into these regions (deferred release)
 	}
 	return out, nil
 }
 
-// stagingTargets lists the decode TP ranks rank writes to in room r (dummy
-// targets included: they have no region).
-func stagingTargets(r *room, rank RankID) []int {
-	if r.plan == nil {
+// stagingTargets lists the decode TP ranks rank writes to in the room
+// (dummy targets included: they have no region).
+func stagingTargets(e *entry, rank RankID) []int {
+	tgs := e.TargetsOf(rank.Key())
+	if tgs == nil {
 		return nil
 	}
-	rpl := r.plan.Rank(rank.Key())
-	if rpl == nil {
-		return nil
-	}
-	tps := make([]int, 0, len(rpl.Targets()))
-	for _, tg := range rpl.Targets() {
+	tps := make([]int, 0, len(tgs))
+	for _, tg := range tgs {
 		tps = append(tps, tg.DecodeTP)
 	}
 	return tps
@@ -401,88 +326,49 @@ func stagingTargets(r *room, rank RankID) []int {
 // a reported chunk is a duplicate; it resubmits a scatter that failed with
 // transfer.ErrEngineUnavailable.
 func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (StagingChunkResult, error) {
-	if _, err := m.stagingUsable(); err != nil {
+	if _, err := m.stg.usable(); err != nil {
 		return StagingChunkResult{}, err
 	}
-	sh, r := m.lockRoom(req.Room)
-	if r == nil {
+	sh, e := m.shards.lock(req.Room)
+	if e == nil {
 		return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d: %w", req.Index, req.Room, ErrRoomNotFound)
 	}
-	if rp := r.ranksOf(req.Rank.Key()); rp != nil && req.Rank.Addr == r.addr && req.Rank.DP == r.prefillDP && rp.chunks[req.Index] != nil {
-		if err := rp.chunks[req.Index].sameChunk(req); err != nil {
-			m.unlockShard(sh)
+	if e.ChunkSent(req.Rank, req.Index) {
+		if err := e.SameChunk(req); err != nil {
+			sh.unlock()
 			return StagingChunkResult{}, err
 		}
 		// A retry: resubmit the regions whose scatter did not happen.
-		sr := sh.staged[r.id]
-		todo := m.readyRegionsLocked(r, sr, req.Rank, req.Index)
-		m.unlockShard(sh)
-		res, err := m.runScatters(ctx, r, sr, todo)
+		sr := sh.staged[e.ID()]
+		todo := sh.readyRegions(e, sr, req.Rank, req.Index)
+		sh.unlock()
+		res, err := sh.runScatters(ctx, e, sr, todo)
 		res.Duplicate = true
 		return res, err
 	}
-	rp, sr, err := m.stagingRankLocked(r, req.Rank, fmt.Sprintf("chunk %d", req.Index))
+	scs, writerIdx, err := sh.stagedChunk(e, req)
 	if err != nil {
-		m.unlockShard(sh)
+		sh.unlock()
 		return StagingChunkResult{}, err
-	}
-	if req.Marker != 0 || len(req.OutputIDs) > 0 {
-		if !req.Last {
-			m.unlockShard(sh)
-			return StagingChunkResult{}, invalid("aux", "only the last chunk carries the metadata (aux)")
-		}
-		if len(req.OutputIDs) > kvcopy.MaxOutputIDs {
-			m.unlockShard(sh)
-			return StagingChunkResult{}, invalid("aux.output_ids", "has %d ids; a metadata slot holds at most %d", len(req.OutputIDs), kvcopy.MaxOutputIDs)
-		}
-	}
-	q := sr.st.Stage(m.stg.s, req.Rank.PP)
-	var scs []*staging.Staged
-	var writerIdx []int
-	rep := staging.Report{DecodeDP: r.decodeDP, NumPages: req.NumPages, PageOffset: req.PageOffset, WriterTP: req.Rank.TP, WriterPP: req.Rank.PP}
-	for _, tg := range r.plan.Rank(req.Rank.Key()).Targets() {
-		if tg.Dummy {
-			continue
-		}
-		sc := m.stg.s.Lookup(sr.st, req.Index, tg.DecodeTP, q)
-		if sc == nil {
-			m.unlockShard(sh)
-			return StagingChunkResult{}, fmt.Errorf("chunk %d of room %d for decode rank %d: %w: no staging region is allocated (call AllocateStaging first)", req.Index, r.id, tg.DecodeTP, ErrWrongState)
-		}
-		wi, err := m.stg.s.Check(sr.st, sc, rep)
-		if err != nil {
-			m.unlockShard(sh)
-			return StagingChunkResult{}, err
-		}
-		if wi < 0 {
-			m.unlockShard(sh)
-			return StagingChunkResult{}, invalid("rank", "%s is not a writer of chunk %d's region on decode rank %d", req.Rank, req.Index, tg.DecodeTP)
-		}
-		scs = append(scs, sc)
-		writerIdx = append(writerIdx, wi)
 	}
 	creq := ChunkRequest{Room: req.Room, Rank: req.Rank, Index: req.Index, PageOffset: req.PageOffset, NumPages: req.NumPages, Last: req.Last, Marker: req.Marker}
-	_, cs, fresh, err := m.chunkBeginLocked(r, creq, false)
-	if err != nil || !fresh {
-		m.unlockShard(sh)
-		if err == nil {
-			err = fmt.Errorf("chunk %d of room %d: %w: already reported", req.Index, r.id, ErrWrongState)
+	ef := sh.exec(e, room.ChunkBegin{Now: m.clock.Now(), Req: creq, Via: room.ViaStaging})
+	if ef.Err != nil || !ef.Begin.Fresh {
+		sh.unlock()
+		if ef.Err == nil {
+			ef.Err = fmt.Errorf("chunk %d of room %d: %w: already reported", req.Index, e.ID(), ErrWrongState)
 		}
-		return StagingChunkResult{}, err
-	}
-	if rp := r.ranksOf(req.Rank.Key()); rp != nil && rp.stagingOpen > 0 {
-		rp.stagingOpen-- // this chunk's writes are done (deferred release: drain.go)
+		return StagingChunkResult{}, ef.Err
 	}
 	res := transfer.ChunkResult{Duration: -1} // the prefill moved it into the ring
 	for i, sc := range scs {
 		res.Bytes += m.stg.s.Arrive(sc, writerIdx[i], req.PageOffset, req.Marker, req.OutputIDs)
 	}
-	cs.settle()
-	cs.done, cs.result = true, res
-	m.chunkLandedLocked(r, rp, creq, res)
-	todo := m.readyRegionsLocked(r, sr, req.Rank, req.Index)
-	m.unlockShard(sh)
-	out, err := m.runScatters(ctx, r, sr, todo)
+	sh.exec(e, room.ChunkEnd{Now: m.clock.Now(), Req: creq, Via: room.ViaStaging, Result: res})
+	sr := sh.staged[e.ID()]
+	todo := sh.readyRegions(e, sr, req.Rank, req.Index)
+	sh.unlock()
+	out, err := sh.runScatters(ctx, e, sr, todo)
 	for i, sc := range scs {
 		if n, w := m.stg.s.Arrived(sc); i == 0 || n < out.Arrived {
 			out.Arrived, out.NumWriters = n, w
@@ -491,30 +377,72 @@ func (m *Manager) StagingChunkReady(ctx context.Context, req ChunkRequest) (Stag
 	return out, err
 }
 
-// readyRegionsLocked lists the regions of rank's chunk whose writers have
-// all reported and whose scatter has not landed.
-func (m *Manager) readyRegionsLocked(r *room, sr *stagedRoom, rank RankID, chunk int) []*staging.Staged {
-	if sr == nil || sr.st.Attempt() != r.attempt {
+// stagedChunk checks a staged chunk's report against the rank's right to
+// write and its regions: the region of every decode rank the prefill rank
+// writes to, and its writer index there (mu held; nothing is recorded).
+func (sh *shard) stagedChunk(e *entry, req ChunkRequest) ([]*staging.Staged, []int, error) {
+	m := sh.m
+	sr, err := sh.stagingWrite(e, req.Rank, fmt.Sprintf("chunk %d", req.Index))
+	if err != nil {
+		return nil, nil, err
+	}
+	if req.Marker != 0 || len(req.OutputIDs) > 0 {
+		if !req.Last {
+			return nil, nil, invalid("aux", "only the last chunk carries the metadata (aux)")
+		}
+		if len(req.OutputIDs) > kvcopy.MaxOutputIDs {
+			return nil, nil, invalid("aux.output_ids", "has %d ids; a metadata slot holds at most %d", len(req.OutputIDs), kvcopy.MaxOutputIDs)
+		}
+	}
+	q := sr.st.Stage(m.stg.s, req.Rank.PP)
+	var scs []*staging.Staged
+	var writerIdx []int
+	rep := staging.Report{DecodeDP: e.DecodeDP(), NumPages: req.NumPages, PageOffset: req.PageOffset, WriterTP: req.Rank.TP, WriterPP: req.Rank.PP}
+	for _, tg := range e.TargetsOf(req.Rank.Key()) {
+		if tg.Dummy {
+			continue
+		}
+		sc := m.stg.s.Lookup(sr.st, req.Index, tg.DecodeTP, q)
+		if sc == nil {
+			return nil, nil, fmt.Errorf("chunk %d of room %d for decode rank %d: %w: no staging region is allocated (call AllocateStaging first)", req.Index, e.ID(), tg.DecodeTP, ErrWrongState)
+		}
+		wi, err := m.stg.s.Check(sr.st, sc, rep)
+		if err != nil {
+			return nil, nil, err
+		}
+		if wi < 0 {
+			return nil, nil, invalid("rank", "%s is not a writer of chunk %d's region on decode rank %d", req.Rank, req.Index, tg.DecodeTP)
+		}
+		scs = append(scs, sc)
+		writerIdx = append(writerIdx, wi)
+	}
+	return scs, writerIdx, nil
+}
+
+// readyRegions lists the regions of rank's chunk whose writers have all
+// reported and whose scatter has not landed.
+func (sh *shard) readyRegions(e *entry, sr *stagedRoom, rank RankID, chunk int) []*staging.Staged {
+	if sr == nil || sr.st.Attempt() != e.Attempt() {
 		return nil
 	}
-	tps := stagingTargets(r, rank)
+	tps := stagingTargets(e, rank)
 	if tps == nil {
 		return nil
 	}
-	return m.stg.s.Ready(sr.st, chunk, sr.st.Stage(m.stg.s, rank.PP), tps)
+	return sh.m.stg.s.Ready(sr.st, chunk, sr.st.Stage(sh.m.stg.s, rank.PP), tps)
 }
 
 // runScatters scatters the regions (one after the other) and returns once
 // they landed or failed. It is called without the lock.
-func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs []*staging.Staged) (StagingChunkResult, error) {
+func (sh *shard) runScatters(ctx context.Context, e *entry, sr *stagedRoom, scs []*staging.Staged) (StagingChunkResult, error) {
+	m := sh.m
 	out := StagingChunkResult{Scattered: len(scs) > 0}
 	eng, _ := m.engine.(transfer.Scatterer)
-	sh := m.shardOf(r)
 	for _, sc := range scs {
 		sh.mu.Lock()
 		wait, done := m.stg.s.Scattering(sc)
 		for wait != nil {
-			m.unlockShard(sh)
+			sh.unlock()
 			select {
 			case <-wait:
 			case <-ctx.Done():
@@ -524,29 +452,23 @@ func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs 
 			wait, done = m.stg.s.Scattering(sc)
 		}
 		if done {
-			m.unlockShard(sh)
+			sh.unlock()
 			continue
 		}
-		if r.phase.Terminal() || sh.staged[r.id] != sr {
-			msg := "the room ended"
-			if r.failure != nil {
-				msg = "the room failed: " + r.failure.Message
-			}
-			m.unlockShard(sh)
-			return out, fmt.Errorf("scatter chunk %d of room %d: %w: %s", sc.Chunk(), r.id, ErrWrongState, msg)
+		err := e.ScatterWritable(sc.Chunk())
+		if err == nil && sh.staged[e.ID()] != sr {
+			err = fmt.Errorf("scatter chunk %d of room %d: %w: the room ended", sc.Chunk(), e.ID(), ErrWrongState)
 		}
-		if r.phase == PhaseAdmitted {
-			// A scatter writes the pages before every rank claimed: the
-			// ledger must not expire them under it at admission.claim_timeout
-			// (as Transfer does); timeouts.bootstrap still bounds the room.
-			if err := sh.led.Claim(r.id); err == nil {
-				m.armShardTimerLocked(r.decodeDP)
-			}
+		if err != nil {
+			sh.unlock()
+			return out, err
 		}
-		op := m.scatterOpLocked(r, m.stg.s.StartScatter(sc))
-		r.inflight++
-		xctx, roomSpan := m.xferCtxLocked(r), r.logCtx()
-		m.unlockShard(sh)
+		// A scatter writes the pages before every rank claimed: the claim
+		// timeout must not end the room under it (as Transfer does).
+		sh.exec(e, room.ScatterBegin{})
+		op := sh.scatterOp(e, m.stg.s.StartScatter(sc))
+		xctx, roomSpan := e.xferCtx(), e.logCtx()
+		sh.unlock()
 
 		// The scatter outlives the caller's RPC (every writer already
 		// reported) but not the room.
@@ -561,30 +483,31 @@ func (m *Manager) runScatters(ctx context.Context, r *room, sr *stagedRoom, scs 
 			func(ctx context.Context) (transfer.ChunkResult, error) { return eng.Scatter(ctx, op) })
 
 		sh.mu.Lock()
-		r.inflight--
-		m.noteWritesMayContinueLocked(r, err)
-		err = m.scatterDoneLocked(r, sr, sc, op, res, err)
-		m.releaseIfIdleLocked(r)
-		out.Poll = r.phase.Poll()
-		m.unlockShard(sh)
-		if err != nil {
+		unavailable := err != nil && !e.Phase().Terminal() && errors.Is(err, transfer.ErrEngineUnavailable)
+		m.stg.s.EndScatter(sr.st, sc, !unavailable) // the region is freed unless nothing landed (a retried ChunkReady resubmits it)
+		ef := sh.exec(e, room.ScatterEnd{Now: m.clock.Now(), Chunk: op.ChunkIndex, DecodeTP: op.DecodeTP, Err: err, Unavailable: unavailable,
+			Marker: res.MarkerWritten, WritesUntil: writesUntil(err), SelfWriter: m.selfWriters.known(e.Addr())})
+		out.Poll = e.Phase().Poll()
+		sh.unlock()
+		if ef.Err != nil {
 			out.Scattered = false
-			return out, err
+			return out, ef.Err
 		}
 	}
 	sh.mu.Lock()
-	out.Poll = r.phase.Poll()
-	m.unlockShard(sh)
+	out.Poll = e.Phase().Poll()
+	sh.unlock()
 	return out, nil
 }
 
-// scatterOpLocked is the engine's operation for one region of room r.
-func (m *Manager) scatterOpLocked(r *room, sc staging.Scatter) transfer.ScatterOp {
+// scatterOp is the engine's operation for one region of the room.
+func (sh *shard) scatterOp(e *entry, sc staging.Scatter) transfer.ScatterOp {
+	pages := e.Pages()
 	op := transfer.ScatterOp{
-		Room: r.id, RID: r.rid(), Attempt: r.attempt, ChunkIndex: sc.Chunk, DecodeDP: r.decodeDP, DecodeTP: sc.DecodeTP,
-		Layout: m.layout, RingOffset: sc.Region.Offset, Tokens: sc.Tokens,
-		DestPages: slices.Clone(r.pages[sc.PageOffset : sc.PageOffset+sc.NumPages]),
-		Writers:   make([]transfer.ScatterWriter, len(sc.Writers)), MetadataSlot: r.metaSlot, Marker: sc.Marker, OutputIDs: sc.OutputIDs,
+		Room: e.ID(), RID: e.Request().RID, Attempt: e.Attempt(), ChunkIndex: sc.Chunk, DecodeDP: e.DecodeDP(), DecodeTP: sc.DecodeTP,
+		Layout: sh.m.layout, RingOffset: sc.Region.Offset, Tokens: sc.Tokens,
+		DestPages: slices.Clone(pages[sc.PageOffset : sc.PageOffset+sc.NumPages]),
+		Writers:   make([]transfer.ScatterWriter, len(sc.Writers)), MetadataSlot: e.MetadataSlot(), Marker: sc.Marker, OutputIDs: sc.OutputIDs,
 	}
 	for i, w := range sc.Writers {
 		op.Writers[i] = transfer.ScatterWriter{NumHeads: w.Slice.NumHeads, DstHeadStart: w.Slice.DstHeadStart, LayerBegin: w.LayerBegin, LayerEnd: w.LayerEnd,
@@ -593,38 +516,10 @@ func (m *Manager) scatterOpLocked(r *room, sc staging.Scatter) transfer.ScatterO
 	return op
 }
 
-// scatterDoneLocked records a scatter's outcome: the region is freed (the
-// scatter returned, nothing reads it any more) unless it may be retried, the
-// watermark advances, and the room moves on or fails.
-func (m *Manager) scatterDoneLocked(r *room, sr *stagedRoom, sc *staging.Staged, op transfer.ScatterOp, res transfer.ChunkResult, err error) error {
-	switch {
-	case err == nil && !r.phase.Terminal():
-		m.stg.s.EndScatter(sr.st, sc, true)
-		m.markerLandedLocked(r, res.MarkerWritten)
-		m.checkSuccessLocked(r)
-		return nil
-	case r.phase.Terminal():
-		m.stg.s.EndScatter(sr.st, sc, true)
-		msg := "the room ended"
-		if r.failure != nil {
-			msg = "the room failed: " + r.failure.Message
-		}
-		return fmt.Errorf("scatter chunk %d of room %d: %w: %s", op.ChunkIndex, r.id, ErrWrongState, msg)
-	case errors.Is(err, transfer.ErrEngineUnavailable):
-		m.stg.s.EndScatter(sr.st, sc, false) // nothing landed: a retried ChunkReady resubmits it
-		return fmt.Errorf("scatter chunk %d of room %d into decode rank %d: %w", op.ChunkIndex, r.id, op.DecodeTP, err)
-	default:
-		m.stg.s.EndScatter(sr.st, sc, true)
-		f := Failure{Code: FailureStagingFailed, Message: fmt.Sprintf("KVTransferError(bootstrap_room=%d): scatter of staged chunk %d into decode rank dp %d tp %d failed: %v", r.id, op.ChunkIndex, r.decodeDP, op.DecodeTP, err)}
-		m.failLocked(r, f)
-		return fmt.Errorf("%w: %s", transfer.ErrTransferFailed, f.Message)
-	}
-}
-
 // WatchWatermark watches the rings of decode DP shard dp (tps empty: every
 // TP rank). The first Next returns every ring's current state.
 func (m *Manager) WatchWatermark(dp int, tps []int) (*WatermarkWatch, error) {
-	if _, err := m.stagingUsable(); err != nil {
+	if _, err := m.stg.usable(); err != nil {
 		return nil, err
 	}
 	if dp < 0 || dp >= m.layout.DP {

@@ -1,7 +1,13 @@
 package kvmanager
 
 import (
+	"fmt"
+	"slices"
+	"strconv"
 	"sync"
+	"time"
+
+	"github.com/decodeplane/decodeplane/kvmanager/room"
 )
 
 // watchBuffer is how many events a watch stream may fall behind before it is
@@ -65,8 +71,8 @@ func (w *Watcher) close(err error) {
 func (w *Watcher) Close() {
 	w.sh.mu.Lock()
 	defer w.sh.mu.Unlock()
-	if r := w.sh.rooms[w.room]; r != nil {
-		delete(r.watching(), w)
+	if e := w.sh.rooms[w.room]; e != nil && e.subs != nil {
+		delete(e.subs.watchers, w)
 	}
 	w.close(nil)
 }
@@ -76,18 +82,13 @@ const claimBuffer = 4
 
 // Claim is one prefill rank's AwaitDestination stream: the claim on a room.
 type Claim struct {
-	m       *Manager
-	room    uint64
-	rank    RankID
-	ch      chan DestinationEvent
-	once    sync.Once
-	attempt uint32   // attempt of the destination last queued
-	acked   uint32   // attempt whose destination was delivered
-	expiry  deadline // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
+	m      *Manager
+	room   uint64
+	rank   RankID
+	ch     chan DestinationEvent
+	once   sync.Once
+	expiry deadline // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
 }
-
-// stopExpiry takes the pending claim's deadline off the heap.
-func (c *Claim) stopExpiry() { c.m.clearDeadlineLocked(&c.expiry) }
 
 // Events delivers the destination, then the room's end. The channel is
 // closed after a Failure or Done event, or on Close.
@@ -118,7 +119,16 @@ func (c *Claim) finish(ev DestinationEvent) {
 // Delivered tells the manager the destination was written to the stream: the
 // rank has claimed the room. Call it after each Destination event is sent.
 func (c *Claim) Delivered(d *Destination) {
-	c.m.delivered(c, d)
+	if d == nil {
+		return
+	}
+	m := c.m
+	sh, e := m.shards.lock(c.room)
+	if e == nil {
+		return
+	}
+	defer sh.unlock()
+	sh.exec(e, room.Delivered{Now: m.clock.Now(), Rank: c.rank.Key(), Attempt: d.Attempt})
 }
 
 // Close ends the claim (the stream ended). Claims already made stand.
@@ -129,28 +139,125 @@ func (c *Claim) Delivered(d *Destination) {
 // nothing holds the claim when its channel closes.
 func (c *Claim) Close() {
 	m := c.m
-	c.stopExpiry()
-	m.pend.mu.Lock()
-	if cs := m.pend.rooms[c.room]; cs != nil {
-		for i, x := range cs {
-			if x == c {
-				m.pend.rooms[c.room] = append(cs[:i], cs[i+1:]...)
-				m.pend.count--
-				break
-			}
-		}
-		if len(m.pend.rooms[c.room]) == 0 {
-			delete(m.pend.rooms, c.room)
-		}
-	}
-	m.pend.mu.Unlock()
-	if sh, r := m.lockRoom(c.room); r != nil {
-		if r.claims.get(c.rank.Key()) == c {
-			r.claims.remove(c.rank.Key())
+	m.dl.clear(&c.expiry)
+	m.pend.remove(c)
+	if sh, e := m.shards.lock(c.room); e != nil {
+		k := c.rank.Key()
+		if s := e.subs; s != nil && s.claims.get(k) == c {
+			s.claims.remove(k)
+			e.Apply(room.Detach{Rank: k})
 		}
 		c.once.Do(func() { close(c.ch) })
 		sh.mu.Unlock()
 		return
 	}
 	c.once.Do(func() { close(c.ch) })
+}
+
+// pendingClaims are the claims for rooms not opened yet: OpenRoom takes
+// them, timeouts.bootstrap fails them. A leaf lock.
+type pendingClaims struct {
+	m     *Manager
+	mu    sync.Mutex
+	rooms map[uint64][]*Claim
+	count int
+}
+
+// maxPendingClaims bounds claims waiting for rooms that are not open yet
+// (each holds a gRPC stream of ~14 KiB: 8,192 of them stay near 110 MiB).
+const maxPendingClaims = 8192
+
+// queue queues a claim for a room not opened yet; false (and no error) when
+// the room is open by now. Under the pending claims' lock the room is
+// looked up again: OpenRoom inserts the room before it takes the claims
+// waiting for it, so that a claim is either seen here or taken there.
+func (p *pendingClaims) queue(c *Claim) (bool, error) {
+	m := p.m
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, e := m.shards.find(c.room); e != nil {
+		return false, nil
+	}
+	id := c.room
+	if m.draining.Load() || m.closed.Load() {
+		return false, fmt.Errorf("await destination of room %d: %w", id, ErrDraining)
+	}
+	if p.count >= maxPendingClaims {
+		return false, &RetryError{Err: fmt.Errorf("await destination of room %d: %w (%d)", id, ErrTooManyWaiters, p.count), RetryAfter: time.Second}
+	}
+	p.rooms[id] = append(p.rooms[id], c)
+	p.count++
+	m.dl.set(&c.expiry, dlPendingClaim, m.clock.Now().Add(m.cfg.Timeouts.Bootstrap), id, 0, c)
+	return true, nil
+}
+
+// take removes and returns the claims waiting for id.
+func (p *pendingClaims) take(id uint64) []*Claim {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cs := p.rooms[id]
+	if cs != nil {
+		delete(p.rooms, id)
+		p.count -= len(cs)
+	}
+	return cs
+}
+
+// remove takes c off the pending claims; false when it is not there.
+func (p *pendingClaims) remove(c *Claim) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cs := p.rooms[c.room]
+	i := slices.Index(cs, c)
+	if i < 0 {
+		return false
+	}
+	p.rooms[c.room] = slices.Delete(cs, i, i+1)
+	p.count--
+	if len(p.rooms[c.room]) == 0 {
+		delete(p.rooms, c.room)
+	}
+	return true
+}
+
+// expire fails a claim whose room was never opened within
+// timeouts.bootstrap (the heap's dlPendingClaim entry).
+func (p *pendingClaims) expire(c *Claim) {
+	m := p.m
+	if m.closed.Load() || !p.remove(c) {
+		return
+	}
+	c.finish(DestinationEvent{Failure: &Failure{Code: FailureBootstrapTimeout, Message: fmt.Sprintf(
+		"Request %d timed out after %.1fs in KVPoll.Bootstrapping: the decode side never opened the room", c.room, m.cfg.Timeouts.Bootstrap.Seconds())}})
+}
+
+// failAll ends every claim waiting for a room never opened with
+// FailureShutdown and returns how many it ended.
+func (p *pendingClaims) failAll() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ids := make([]uint64, 0, len(p.rooms))
+	for id := range p.rooms {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	n := 0
+	for _, id := range ids {
+		for _, c := range p.rooms[id] {
+			p.m.dl.clear(&c.expiry)
+			c.finish(DestinationEvent{Failure: &Failure{Code: FailureShutdown, Message: shutdownMessage(
+				fmt.Sprintf("decodeplane shut down before room %d was opened", id), strconv.FormatUint(id, 10))}})
+			n++
+		}
+		delete(p.rooms, id)
+	}
+	p.count = 0
+	return n
+}
+
+// len is how many claims wait for rooms not opened yet.
+func (p *pendingClaims) len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.count
 }

@@ -1,4 +1,6 @@
-package kvmanager
+package room
+
+import "github.com/decodeplane/decodeplane/kvmanager/registry"
 
 // rankSet is a room's progress per required prefill rank on one attempt.
 // The first rank to claim or send is kept inline (one allocation for the
@@ -7,14 +9,14 @@ package kvmanager
 // gets a new set, so that a transfer of the previous attempt still running
 // holds a progress that is no longer the room's.
 type rankSet struct {
-	k1   rankKey
+	k1   registry.RankKey
 	rp1  rankProgress
 	has1 bool
-	more map[rankKey]*rankProgress
+	more map[registry.RankKey]*rankProgress
 }
 
 // get is k's progress, nil if none yet.
-func (s *rankSet) get(k rankKey) *rankProgress {
+func (s *rankSet) get(k registry.RankKey) *rankProgress {
 	if s == nil {
 		return nil
 	}
@@ -25,13 +27,13 @@ func (s *rankSet) get(k rankKey) *rankProgress {
 }
 
 // add makes k's progress (k has none yet).
-func (s *rankSet) add(k rankKey) *rankProgress {
+func (s *rankSet) add(k registry.RankKey) *rankProgress {
 	if !s.has1 {
 		s.k1, s.rp1, s.has1 = k, rankProgress{chunks: map[int]*chunkState{}, last: -1}, true
 		return &s.rp1
 	}
 	if s.more == nil {
-		s.more = make(map[rankKey]*rankProgress, 1)
+		s.more = make(map[registry.RankKey]*rankProgress, 1)
 	}
 	rp := &rankProgress{chunks: map[int]*chunkState{}, last: -1}
 	s.more[k] = rp
@@ -61,4 +63,17 @@ func (s *rankSet) len() int {
 		n++
 	}
 	return n
+}
+
+// eachKey calls f for every rank's progress with its key.
+func (s *rankSet) eachKey(f func(registry.RankKey, *rankProgress)) {
+	if s == nil {
+		return
+	}
+	if s.has1 {
+		f(s.k1, &s.rp1)
+	}
+	for k, rp := range s.more {
+		f(k, rp)
+	}
 }

@@ -1,8 +1,10 @@
-package kvmanager
+package room
 
 import (
 	"fmt"
 	"time"
+
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
 )
 
 // A room keeps its timeline compact: each transition is a note code and its
@@ -58,7 +60,7 @@ func numNote(code noteCode, a, b int64) note { return note{code: code, a: a, b: 
 
 // chunkLandedNote is "chunk i from rank landed" (formatted at once for a
 // rank beyond what packRank holds).
-func chunkLandedNote(index int, rk RankID) note {
+func chunkLandedNote(index int, rk registry.RankID) note {
 	if p, ok := packRank(rk); ok {
 		return note{code: noteChunkLanded, a: int64(index), b: p}
 	}
@@ -66,7 +68,7 @@ func chunkLandedNote(index int, rk RankID) note {
 }
 
 // packRank packs a rank's DP, CP, TP and PP ranks, 16 bits each.
-func packRank(rk RankID) (int64, bool) {
+func packRank(rk registry.RankID) (int64, bool) {
 	for _, v := range [...]int{rk.DP, rk.CP, rk.TP, rk.PP} {
 		if v < 0 || v >= 1<<15 {
 			return 0, false
@@ -75,8 +77,8 @@ func packRank(rk RankID) (int64, bool) {
 	return int64(rk.DP)<<48 | int64(rk.CP)<<32 | int64(rk.TP)<<16 | int64(rk.PP), true
 }
 
-func unpackRank(addr string, p int64) RankID {
-	return RankID{Addr: addr, DP: int(p >> 48 & 0xffff), CP: int(p >> 32 & 0xffff), TP: int(p >> 16 & 0xffff), PP: int(p & 0xffff)}
+func unpackRank(addr string, p int64) registry.RankID {
+	return registry.RankID{Addr: addr, DP: int(p >> 48 & 0xffff), CP: int(p >> 32 & 0xffff), TP: int(p >> 16 & 0xffff), PP: int(p & 0xffff)}
 }
 
 // render is the note's text; addr is the room's prefill address.
@@ -87,7 +89,7 @@ func (n note) render(addr string) string {
 	case noteResolvingDP:
 		return fmt.Sprintf("%s: dp_size %d, follow_bootstrap_room %v: waiting for BindRoom", addr, n.a, n.b != 0)
 	case noteDPResolved:
-		return fmt.Sprintf("prefill dp rank %d (%s)", n.a, DPRule(n.b))
+		return fmt.Sprintf("prefill dp rank %d (%s)", n.a, registry.DPRule(n.b))
 	case noteResumed:
 		return fmt.Sprintf("resumed after retraction with %d pages", n.a)
 	case noteAdmitted:
@@ -177,7 +179,7 @@ func (t transition) public(addr string, texts []string) Transition {
 }
 
 // texts are the room's notes of text of their own (nil when none).
-func (r *room) texts() []string {
+func (r *Room) texts() []string {
 	if r.extra == nil {
 		return nil
 	}
@@ -187,7 +189,7 @@ func (r *room) texts() []string {
 // opened is the room's first transition (OpenRoom's, T1), which the room
 // does not keep: everything in it is the room's (its opening time and
 // decode shard; attempt 1).
-func (r *room) opened() transition {
+func (r *Room) opened() transition {
 	return transition{at: int64(r.openedAt), a: int64(r.decodeDP), attempt: 1, code: noteOpened, sglang: sglangT1, phase: uint8(PhaseWaitingPrefill)}
 }
 
@@ -195,13 +197,13 @@ func (r *room) opened() transition {
 const sglangT1 = 1
 
 // steps is the room's whole timeline, OpenRoom's transition first.
-func (r *room) steps() []transition {
+func (r *Room) steps() []transition {
 	out := make([]transition, 0, 1+len(r.transitions))
 	return append(append(out, r.opened()), r.transitions...)
 }
 
 // lastStep is the room's latest transition.
-func (r *room) lastStep() transition {
+func (r *Room) lastStep() transition {
 	if n := len(r.transitions); n > 0 {
 		return r.transitions[n-1]
 	}
@@ -209,7 +211,7 @@ func (r *room) lastStep() transition {
 }
 
 // timeline renders the room's transitions.
-func (r *room) timeline() []Transition {
+func (r *Room) timeline() []Transition {
 	steps := r.steps()
 	out := make([]Transition, len(steps))
 	texts := r.texts()
@@ -225,3 +227,30 @@ func b2i(b bool) int64 {
 	}
 	return 0
 }
+
+// Step is one transition of a room's timeline as the room keeps it.
+type Step struct{ t transition }
+
+// Public renders the step; addr is the room's prefill address, texts the
+// room's texts (Texts).
+func (s Step) Public(addr string, texts []string) Transition { return s.t.public(addr, texts) }
+
+// Phase is the phase the step moved to.
+func (s Step) Phase() Phase { return Phase(s.t.phase) }
+
+// Texts are the room's notes of text of their own (nil when none).
+func (r *Room) Texts() []string { return r.texts() }
+
+// Steps is the room's whole timeline, OpenRoom's transition first.
+func (r *Room) Steps() []Step {
+	out := make([]Step, 0, 1+len(r.transitions))
+	out = append(out, Step{r.opened()})
+	for _, t := range r.transitions {
+		out = append(out, Step{t})
+	}
+	return out
+}
+
+// Seq is the position of the room's last transition in its timeline (1:
+// its opening).
+func (r *Room) Seq() uint32 { return uint32(1 + len(r.transitions)) }

@@ -1,4 +1,4 @@
-package kvmanager
+package room
 
 import (
 	"fmt"

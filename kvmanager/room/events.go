@@ -1,0 +1,535 @@
+package room
+
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// The events of a room's way to its destination: opened, its prefill
+// known, its DP rank bound, admitted (or adopted, or resumed), claimed.
+
+// Open opens a room (OpenRoom, SGLang T1): it is WaitingPrefill, attempt 1,
+// bounded by Params.Bootstrap from Now. It is applied to a zero Room, once.
+type Open struct {
+	Now      time.Time
+	ID       uint64
+	Addr     string
+	DecodeDP int
+	// HintDP is the router's prefill DP rank hint, -1 if none.
+	HintDP         int
+	Request        Request
+	IdempotencyKey string
+	Params         *Params
+}
+
+// PrefillKnown: the room's prefill instance completed its registration
+// (SGLang T4's handshake): its rank plan and topology, and, when the room
+// has neither a pinned DP rank nor an out-of-range hint, what the
+// registry's rules resolved its DP rank to (registry.ResolveDP).
+type PrefillKnown struct {
+	Now      time.Time
+	Plan     *registry.Plan
+	Topology registry.PrefillTopology
+	Resolved bool
+	DP       int
+	Rule     registry.DPRule
+}
+
+// Bound: a prefill rank of Addr reported holding the room on DP rank DP
+// (BindRoom, SGLang's register_dp_rank).
+type Bound struct {
+	Now        time.Time
+	Addr       string
+	DP         int
+	SelfWriter bool
+}
+
+// Admitted: the room's destination is allocated (SGLang T11), or a
+// retracted room got its pages back (Resumed, T20). Owner says who chose
+// the pages. Staged: the staging handler takes the room (its success waits
+// for the scatters). The slices are copied.
+type Admitted struct {
+	Now          time.Time
+	Pages        []int32
+	FillLen      int
+	MetadataSlot int32
+	State        []prealloc.StateIndices
+	Resumed      bool
+	Owner        Owner
+	Staged       bool
+}
+
+// Attach: a prefill rank's claim stream attached to the room
+// (AwaitDestination). Registered: the rank is registered with this daemon.
+// The stream is refused (Err, Reply), ended at once with the room's end
+// (Reply), or attached and offered the destination (Offer).
+type Attach struct {
+	Rank       registry.RankID
+	Registered bool
+}
+
+// Detach: rank's claim stream ended (claims already made stand).
+type Detach struct{ Rank registry.RankKey }
+
+// Delivered: rank's claim stream wrote the destination of Attempt: the rank
+// claimed it.
+type Delivered struct {
+	Now     time.Time
+	Rank    registry.RankKey
+	Attempt uint32
+}
+
+// Transferring: every rank claimed after chunks had landed.
+type Transferring struct{ Now time.Time }
+
+// Retract: a running room gave its pages back (RetractRoom): RETRACT
+// (T20, Held false) or REBOOTSTRAP (T21, Held true). The allocator took
+// them back first.
+type Retract struct {
+	Now  time.Time
+	Held bool
+}
+
+// Grow: a running room's allocation grew by Pages (ReportRunning).
+type Grow struct{ Pages []int32 }
+
+// Rebootstrap starts a held room's next attempt (ContinueGeneration,
+// SGLang T22): it forgets its destination, claims and per-attempt progress
+// and bootstraps again, bounded by Params.Bootstrap from Now.
+type Rebootstrap struct{ Now time.Time }
+
+// Adopt makes a zero Room a running room the decode engine still decodes
+// after a daemon restart (Resync): it holds exactly Pages (FillLen tokens)
+// and State and never was admitted here.
+type Adopt struct {
+	Now       time.Time
+	ID        uint64
+	Addr      string
+	DecodeDP  int
+	PrefillDP int
+	Request   Request
+	ReqSlot   int32
+	Pages     []int32
+	FillLen   int
+	State     []prealloc.StateIndices
+	Params    *Params
+}
+
+// Gate holds (Hold) or lifts a named condition the room's success waits
+// for; lifting it with Failure fails the room.
+type Gate struct {
+	Now        time.Time
+	Name       string
+	Hold       bool
+	Failure    *Failure
+	SelfWriter bool
+}
+
+func (Open) event()             {}
+func (PrefillKnown) event()     {}
+func (Bound) event()            {}
+func (Admitted) event()         {}
+func (Attach) event()           {}
+func (Detach) event()           {}
+func (Delivered) event()        {}
+func (Transferring) event()     {}
+func (Retract) event()          {}
+func (Grow) event()             {}
+func (Rebootstrap) event()      {}
+func (Adopt) event()            {}
+func (Gate) event()             {}
+func (ChunkBegin) event()       {}
+func (ChunkEnd) event()         {}
+func (ChunkDropped) event()     {}
+func (StagingWrite) event()     {}
+func (StagingAllocated) event() {}
+func (ScatterBegin) event()     {}
+func (ScatterEnd) event()       {}
+func (CheckSuccess) event()     {}
+func (Fail) event()             {}
+func (Release) event()          {}
+func (Ack) event()              {}
+func (Deadline) event()         {}
+func (Close) event()            {}
+
+func (r *Room) open(o Open, e *Effects) {
+	*r = Room{
+		id: o.ID, addr: o.Addr, req: o.Request, decodeDP: o.DecodeDP, hintDP: o.HintDP, prefillDP: -1,
+		attempt: 1, openedAt: stampOf(o.Now), updatedAt: stampOf(o.Now), metaSlot: -1,
+		bootstrapAt: stampOf(o.Now.Add(o.Params.Bootstrap)), cfg: o.Params, inLedger: true,
+	}
+	if o.IdempotencyKey != "" {
+		r.x().idemKey = o.IdempotencyKey
+	}
+	r.move(o.Now, PhaseWaitingPrefill, "T1", numNote(noteOpened, int64(o.DecodeDP), 0), e)
+}
+
+func (r *Room) adopt(a Adopt, e *Effects) {
+	*r = Room{
+		id: a.ID, addr: a.Addr, req: a.Request, decodeDP: a.DecodeDP, hintDP: -1, prefillDP: -1,
+		attempt: 1, openedAt: stampOf(a.Now), updatedAt: stampOf(a.Now), metaSlot: -1, cfg: a.Params, inLedger: true,
+	}
+	if a.PrefillDP >= 0 {
+		r.prefillDP = a.PrefillDP
+	}
+	r.admittedOnce()
+	r.pages = slices.Clone(a.Pages)
+	r.fillLen = a.FillLen
+	r.state = cloneState(a.State)
+	r.move(a.Now, PhaseSucceeded, "", textNote(fmt.Sprintf(
+		"adopted at the engine's resync: %d pages, req slot %d (prompt %d + output %d tokens)", len(a.Pages), a.ReqSlot, a.Request.PromptLen, a.Request.OutputLen)), e)
+}
+
+func (r *Room) prefillKnown(p PrefillKnown, e *Effects) {
+	if r.phase != PhaseWaitingPrefill {
+		return
+	}
+	e.Unwait = true
+	topo := p.Topology
+	r.plan = p.Plan
+	r.staging = p.Plan.Staging()
+	r.topo = topology{dp: int32(topo.DP), attnTP: int32(topo.AttnTP), pp: int32(topo.PP), follow: topo.FollowBootstrapRoom}
+	if r.handoff != nil { // a rebootstrap's new attempt starts its rank progress empty
+		r.ranks, r.claimedN, r.doneN = nil, 0, 0
+	}
+	switch {
+	case r.hintDP >= topo.DP:
+		r.fail(Fail{Now: p.Now, Failure: Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, topo.DP)}}, e)
+	case r.prefillDP >= 0: // rebootstrap: stay on the bound DP rank (SGLang #40730)
+		if r.prefillDP >= topo.DP {
+			r.fail(Fail{Now: p.Now, Failure: Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
+				"rebootstrap of room %d: its prefill DP rank %d no longer exists at %s (dp_size is now %d)", r.id, r.prefillDP, r.addr, topo.DP)}}, e)
+			return
+		}
+		r.dpResolved(p.Now, r.prefillDP, r.dpRule, e)
+	case p.Resolved:
+		r.dpResolved(p.Now, p.DP, p.Rule, e)
+	default:
+		r.dpAt = stampOf(p.Now.Add(r.cfg.DPRankResolution))
+		r.move(p.Now, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(topo.DP), b2i(topo.FollowBootstrapRoom)), e)
+	}
+}
+
+// NeedsDPRule reports whether the registry's rules are to be asked for the
+// room's DP rank when its prefill is known (topology dp): it has no pinned
+// rank (a rebootstrap keeps its own) and its hint is in range.
+func (r *Room) NeedsDPRule(dp int) bool { return r.prefillDP < 0 && r.hintDP < dp }
+
+// dpResolved records the room's prefill DP rank and queues it for
+// admission (T2/T4/T8: the handshake is done); claims of ranks of another
+// DP rank are refused.
+func (r *Room) dpResolved(now time.Time, dp int, rule registry.DPRule, e *Effects) {
+	for _, rk := range r.attached.removeIf(func(rk registry.RankID) bool { return rk.DP != dp }) {
+		e.Refuse = append(e.Refuse, Refused{Rank: rk.Key(), Event: DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict,
+			Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", rk, r.id, dp, rule)}}})
+	}
+	r.prefillDP, r.dpRule, r.dpAt = dp, rule, 0
+	r.move(now, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)), e)
+	e.Resolved, e.Rule, e.DP = true, rule, dp
+	e.Ledger |= LedgerReady
+	e.AdmitNow = true
+}
+
+func (r *Room) bound(b Bound, e *Effects) {
+	if r.addr != b.Addr {
+		return
+	}
+	switch {
+	case r.phase == PhaseResolvingDP:
+		r.dpResolved(b.Now, b.DP, registry.DPRuleBinding, e)
+	case r.prefillDP >= 0 && r.prefillDP != b.DP && r.HandingOff():
+		msg := fmt.Sprintf("prefill DP rank %d reported holding room %d, but the room was resolved to dp_rank %d (%s); the destination would go to the wrong ranks", b.DP, r.id, r.prefillDP, r.dpRule)
+		r.fail(Fail{Now: b.Now, Failure: Failure{Code: FailureDPRankConflict, Message: msg}, SelfWriter: b.SelfWriter}, e)
+		e.Err = fmt.Errorf("%w: %s", registry.ErrDPRankConflict, msg)
+	}
+}
+
+func (r *Room) admitted(a Admitted, e *Effects) {
+	r.admittedOnce()
+	r.pages = slices.Clone(a.Pages)
+	r.fillLen = a.FillLen
+	r.metaSlot = a.MetadataSlot
+	r.state = cloneState(a.State)
+	r.owner = a.Owner
+	if a.Resumed {
+		// The engine reloads the room's KV from its CPU copy: the room runs
+		// again, so that it can grow, be retracted again and be released.
+		e.Ledger |= LedgerRunning
+		r.parkedAt = 0
+		r.move(a.Now, PhaseSucceeded, "T20", numNote(noteResumed, int64(len(r.pages)), 0), e)
+		return
+	}
+	r.admittedAt = stampOf(a.Now)
+	r.claimBy = 0
+	if r.cfg.ClaimTimeout > 0 {
+		r.claimBy = stampOf(a.Now.Add(r.cfg.ClaimTimeout))
+	}
+	r.move(a.Now, PhaseAdmitted, "T11", numNote(noteAdmitted, int64(len(r.pages)), int64(r.metaSlot)), e)
+	e.Admission, e.AdmittedAfter = true, a.Now.Sub(r.openedAt.time())
+	if a.Staged {
+		// Registered before the destination goes out (SGLang's
+		// register_decode_req before send_metadata).
+		r.hold(StagingGate)
+		e.StagingOpen = true
+	}
+	e.Offer = OfferAll
+}
+
+func cloneState(in []prealloc.StateIndices) []prealloc.StateIndices {
+	out := make([]prealloc.StateIndices, len(in))
+	for i, s := range in {
+		out[i] = prealloc.StateIndices{Type: s.Type, Indices: slices.Clone(s.Indices)}
+	}
+	return out
+}
+
+// attach decides what a claim stream of an open room gets: refused (not
+// the room's prefill instance, not its DP rank, not registered), the room's
+// end at once, or its destination (now or at admission).
+func (r *Room) attach(a Attach, e *Effects) {
+	refuse := func(code FailureCode, err error) {
+		e.Err = err
+		e.Reply = &DestinationEvent{Failure: &Failure{Code: code, Message: err.Error()}, Refused: err}
+	}
+	rank := a.Rank
+	switch {
+	case rank.Addr != r.addr:
+		refuse(FailureUnspecified, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", rank.Addr, r.id, r.addr))
+		return
+	case r.prefillDP >= 0 && rank.DP != r.prefillDP:
+		refuse(FailureDPRankConflict, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", rank.DP, r.id, r.prefillDP, r.dpRule))
+		return
+	case !a.Registered:
+		refuse(FailureUnspecified, ErrRankNotRegistered(r.id, rank))
+		return
+	}
+	switch {
+	case r.phase == PhaseFailed:
+		e.Reply = &DestinationEvent{Failure: r.failure}
+		return
+	case r.phase.Poll() == PollSuccess || r.phase == PhaseReleased:
+		e.Reply = &DestinationEvent{Done: donePhase(r.phase)}
+		return
+	}
+	if r.attached == nil {
+		r.attached = &attachSet{}
+	}
+	r.attached.add(rank)
+	if r.hasDestination() {
+		e.Offer, e.OfferTo = OfferOne, rank.Key()
+	}
+}
+
+// ErrRankNotRegistered refuses a claim of a rank that its registered
+// instance lacks.
+func ErrRankNotRegistered(room uint64, rank registry.RankID) error {
+	return fmt.Errorf("await destination of room %d: %w: rank %s is not registered with this daemon (RegisterPrefill first)", room, registry.ErrPrefillNotFound, rank)
+}
+
+// donePhase is a shared, read-only pointer to phase p (DestinationEvent.Done).
+func donePhase(p Phase) *Phase {
+	if int(p) < len(phases) {
+		return &phases[p]
+	}
+	return &p
+}
+
+var phases = [...]Phase{PhaseUnspecified, PhaseWaitingPrefill, PhaseResolvingDP, PhaseQueued, PhaseAdmitted, PhaseClaimed,
+	PhaseTransferring, PhaseSucceeded, PhaseReleased, PhaseFailed, PhaseRetracted, PhaseHeld}
+
+func (r *Room) delivered(d Delivered, e *Effects) {
+	if d.Attempt != r.attempt || r.phase != PhaseAdmitted {
+		return
+	}
+	if rp := r.progress(d.Rank); rp != nil {
+		r.claimRank(d.Now, rp, e)
+	}
+}
+
+// claimRank records one required rank's claim on this attempt; the room is
+// claimed when every required rank has one: the claim timeout stops and
+// SGLang's waiting timeout starts (T11).
+func (r *Room) claimRank(now time.Time, rp *rankProgress, e *Effects) {
+	if rp.claimed {
+		return
+	}
+	rp.claimed = true
+	r.claimedN++
+	if r.claimedN < len(r.plan.Required()) || r.phase != PhaseAdmitted {
+		return
+	}
+	e.Ledger |= LedgerClaim
+	r.claimedAt = stampOf(now)
+	r.waitingAt = stampOf(now.Add(r.cfg.Waiting))
+	r.claimBy = 0
+	r.move(now, PhaseClaimed, "T11", numNote(noteClaimed, int64(len(r.plan.Required())), int64(r.cfg.Waiting)), e)
+	if r.chunksDone > 0 {
+		e.Then = ThenTransferring
+	}
+}
+
+// CanRetract refuses a retraction of a room that is not running.
+func (r *Room) CanRetract() error {
+	if r.phase != PhaseSucceeded {
+		return fmt.Errorf("retract room %d: %w: only a running (succeeded) room can be retracted (phase %s)", r.id, ErrWrongState, r.phase)
+	}
+	return nil
+}
+
+func (r *Room) retract(rt Retract, e *Effects) {
+	if r.phase != PhaseSucceeded {
+		e.Err = r.CanRetract()
+		return
+	}
+	bound := r.cfg.Retracted
+	if rt.Held {
+		bound = r.cfg.Held
+	}
+	if bound <= 0 {
+		bound = DefaultParkedTimeout
+	}
+	r.parkedAt = stampOf(rt.Now.Add(bound))
+	if r.handoff != nil {
+		r.pages = nil
+	}
+	if rt.Held {
+		r.move(rt.Now, PhaseHeld, "T21", textNote("held for rebootstrap until ContinueGeneration"), e)
+		e.AdmitNow = true
+		return
+	}
+	r.move(rt.Now, PhaseRetracted, "T20", textNote("retracted: pages returned; resumes after the next ReportRunning, before new admissions"), e)
+}
+
+func (r *Room) rebootstrap(rb Rebootstrap, e *Effects) {
+	if r.phase != PhaseHeld {
+		return
+	}
+	r.attempt++
+	if r.handoff != nil {
+		r.pages, r.state, r.fillLen, r.marker = nil, nil, 0, 0
+		r.chunksDone, r.bytes = 0, 0
+		r.ranks = nil
+		r.waitingAt, r.claimedAt, r.admittedAt, r.claimBy, r.stagingBy = 0, 0, 0, 0, 0
+	}
+	r.metaSlot = -1
+	r.attached = nil
+	r.plan = nil // set again once the prefill is known
+	r.parkedAt = 0
+	if r.extra != nil {
+		r.extra.gates = nil
+	}
+	r.bootstrapAt = stampOf(rb.Now.Add(r.cfg.Bootstrap))
+	r.move(rb.Now, PhaseWaitingPrefill, "T22", numNote(noteRebootstrap, int64(r.attempt), 0), e)
+}
+
+func (r *Room) gateEvent(g Gate, e *Effects) {
+	if g.Hold {
+		if r.phase.Terminal() || r.phase.Poll() == PollSuccess {
+			e.Err = fmt.Errorf("hold success of room %d: %w (phase %s)", r.id, ErrWrongState, r.phase)
+			return
+		}
+		r.hold(g.Name)
+		return
+	}
+	if r.phase.Terminal() {
+		return
+	}
+	r.unhold(g.Name)
+	if g.Failure != nil {
+		r.fail(Fail{Now: g.Now, Failure: *g.Failure, SelfWriter: g.SelfWriter}, e)
+		return
+	}
+	e.Then = ThenCheckSuccess
+}
+
+// attachSet is the room's attached claim streams by rank (the streams are
+// its caller's). Most rooms have one required rank, so the first is kept
+// inline and a map is made only for a second rank.
+type attachSet struct {
+	r1   registry.RankID
+	has1 bool
+	more map[registry.RankKey]registry.RankID
+}
+
+func (s *attachSet) has(k registry.RankKey) bool {
+	if s == nil {
+		return false
+	}
+	if s.has1 && s.r1.Key() == k {
+		return true
+	}
+	_, ok := s.more[k]
+	return ok
+}
+
+func (s *attachSet) add(rk registry.RankID) {
+	k := rk.Key()
+	switch {
+	case s.has1 && s.r1.Key() == k, !s.has1 && !s.hasMore(k):
+		s.r1, s.has1 = rk, true
+	default:
+		if s.more == nil {
+			s.more = make(map[registry.RankKey]registry.RankID)
+		}
+		s.more[k] = rk
+	}
+}
+
+func (s *attachSet) hasMore(k registry.RankKey) bool {
+	_, ok := s.more[k]
+	return ok
+}
+
+func (s *attachSet) remove(k registry.RankKey) {
+	if s == nil {
+		return
+	}
+	if s.has1 && s.r1.Key() == k {
+		s.r1, s.has1 = registry.RankID{}, false
+		return
+	}
+	delete(s.more, k)
+}
+
+// removeIf removes (and returns, in no order) the ranks drop selects.
+func (s *attachSet) removeIf(drop func(registry.RankID) bool) []registry.RankID {
+	if s == nil {
+		return nil
+	}
+	var out []registry.RankID
+	if s.has1 && drop(s.r1) {
+		out = append(out, s.r1)
+		s.r1, s.has1 = registry.RankID{}, false
+	}
+	for k, rk := range s.more {
+		if drop(rk) {
+			out = append(out, rk)
+			delete(s.more, k)
+		}
+	}
+	return out
+}
+
+// each calls f for every attached rank.
+func (s *attachSet) each(f func(registry.RankID)) {
+	if s == nil {
+		return
+	}
+	if s.has1 {
+		f(s.r1)
+	}
+	for _, rk := range s.more {
+		f(rk)
+	}
+}
+
+// Ranks lists the room's attached claim streams' ranks (in no order).
+func (r *Room) Ranks() []registry.RankID {
+	var out []registry.RankID
+	r.attached.each(func(rk registry.RankID) { out = append(out, rk) })
+	return out
+}
