@@ -40,9 +40,9 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 			sh.unlock()
 			return b.Result, b.Done, b.Err
 		}
-		c := e.s().call(k, req.Index) // under the lock: the chunk's end closes its waiters
+		w := e.s().waiter(k, req.Index) // under the lock: the chunk's end closes it
 		sh.unlock()
-		return awaitChunk(ctx, c)
+		return awaitChunk(ctx, w)
 	}
 	if e.Phase() == PhaseFailed {
 		// Claiming the rank ended the room (its success check found another
@@ -56,7 +56,7 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 	// failure cancels every call in flight).
 	opCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	e.s().calls = append(e.s().calls, &call{rank: k, index: req.Index, cancel: cancel})
+	e.s().start(call{rank: k, index: req.Index, cancel: cancel})
 	roomSpan := e.logCtx()
 	sh.unlock()
 
@@ -81,6 +81,9 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 // writesUntil is how long an engine failure may still write into the
 // room's pages (transfer.WritesMayContinueError; zero: nothing may).
 func writesUntil(err error) (until time.Time) {
+	if err == nil {
+		return until
+	}
 	var wmc *transfer.WritesMayContinueError
 	if errors.As(err, &wmc) {
 		until = wmc.Until
@@ -88,15 +91,23 @@ func writesUntil(err error) (until time.Time) {
 	return until
 }
 
-// call is rank k's chunk index in flight (nil when none), with its
-// waiters' channel made for a retry that waits for it.
-func (s *subscribers) call(k rankKey, index int) *call {
-	for _, c := range s.calls {
-		if c.rank == k && c.index == index {
-			if c.waiters == nil {
-				c.waiters = make(chan struct{})
+// start records an engine call in flight.
+func (s *subscribers) start(c call) {
+	if s.calls == nil {
+		s.calls = s.inline[:0]
+	}
+	s.calls = append(s.calls, c)
+}
+
+// waiter is what a retry of rank k's chunk index waits on while the chunk
+// is in flight (nil when it is not).
+func (s *subscribers) waiter(k rankKey, index int) *callWait {
+	for i := range s.calls {
+		if c := &s.calls[i]; c.rank == k && c.index == index {
+			if c.wait == nil {
+				c.wait = &callWait{done: make(chan struct{})}
 			}
-			return c
+			return c.wait
 		}
 	}
 	return nil
@@ -105,11 +116,11 @@ func (s *subscribers) call(k rankKey, index int) *call {
 // ended records the outcome of rank k's chunk index for the retries that
 // wait for it, wakes them and forgets the call.
 func (s *subscribers) ended(k rankKey, index int, res transfer.ChunkResult, err error) {
-	for i, c := range s.calls {
-		if c.rank == k && c.index == index {
-			c.res, c.err = res, err
-			if c.waiters != nil {
-				close(c.waiters)
+	for i := range s.calls {
+		if c := s.calls[i]; c.rank == k && c.index == index {
+			if w := c.wait; w != nil {
+				w.res, w.err = res, err
+				close(w.done)
 			}
 			s.calls = slices.Delete(s.calls, i, i+1)
 			return
@@ -119,19 +130,19 @@ func (s *subscribers) ended(k rankKey, index int, res transfer.ChunkResult, err 
 
 // awaitChunk answers a retry of a chunk in flight once its first attempt
 // ended, with that attempt's outcome (a landed chunk is a duplicate).
-func awaitChunk(ctx context.Context, c *call) (transfer.ChunkResult, bool, error) {
-	if c == nil {
+func awaitChunk(ctx context.Context, w *callWait) (transfer.ChunkResult, bool, error) {
+	if w == nil {
 		return transfer.ChunkResult{}, false, nil
 	}
 	select {
-	case <-c.waiters:
+	case <-w.done:
 	case <-ctx.Done():
 		return transfer.ChunkResult{}, false, ctx.Err()
 	}
-	if c.err != nil {
-		return transfer.ChunkResult{}, false, c.err
+	if w.err != nil {
+		return transfer.ChunkResult{}, false, w.err
 	}
-	return c.res, true, nil
+	return w.res, true, nil
 }
 
 // runRoomOp runs an engine operation of a room under a span named name

@@ -54,9 +54,6 @@ func (sh *shard) attach(e *entry, c *Claim) error {
 		c.finish(*ef.Reply)
 		return nil
 	}
-	if s.claims == nil {
-		s.claims = &claimSet{}
-	}
 	s.claims.set(k, c)
 	if ef.Offer != room.OfferNone {
 		sh.offer(e, &ef)

@@ -30,7 +30,7 @@ const (
 	// quarantine); ref is the *entry, gen its attempt.
 	dlRoom deadlineKind = iota + 1
 	// dlAdmit: an admission pass due on a shard right after a call (a
-	// retraction with nothing else running there); id is the shard.
+	// retraction with nothing else running there); ref is the *shard.
 	dlAdmit
 	// dlPendingClaim: a claim waiting for OpenRoom; ref is the *Claim.
 	dlPendingClaim
@@ -45,7 +45,6 @@ const (
 type deadline struct {
 	at   int64 // Unix nanoseconds
 	ref  any
-	id   uint64
 	gen  uint32
 	kind deadlineKind
 	idx  int32 // position in the heap + 1; 0 when not armed
@@ -159,10 +158,10 @@ func (q *deadlines) popDue(now time.Time) *deadline {
 	return d
 }
 
-// set arms d at at, for kind on (id, gen, ref), and keeps the timer at the
+// set arms d at at, for kind on (gen, ref), and keeps the timer at the
 // heap's minimum. The caller holds the lock of what d bounds; the heap's
 // own lock is taken here.
-func (q *deadlines) set(d *deadline, kind deadlineKind, at time.Time, id uint64, gen uint32, ref any) {
+func (q *deadlines) set(d *deadline, kind deadlineKind, at time.Time, gen uint32, ref any) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.closed.Load() {
@@ -173,7 +172,7 @@ func (q *deadlines) set(d *deadline, kind deadlineKind, at time.Time, id uint64,
 	if d.armed() && d.at == at.UnixNano() && d.kind == kind && d.gen == gen && d.ref == ref {
 		return // already there
 	}
-	d.kind, d.id, d.gen, d.ref = kind, id, gen, ref
+	d.kind, d.gen, d.ref = kind, gen, ref
 	q.put(d, at)
 	q.rearm()
 }
@@ -240,7 +239,6 @@ func (q *deadlines) rearm() {
 // firedDeadline is a due entry taken off the heap, copied under its lock.
 type firedDeadline struct {
 	ref  any
-	id   uint64
 	gen  uint32
 	kind deadlineKind
 }
@@ -262,7 +260,7 @@ func (m *Manager) fireDeadlines() {
 	now := m.clock.Now()
 	var due []firedDeadline
 	for d := q.popDue(now); d != nil; d = q.popDue(now) {
-		due = append(due, firedDeadline{ref: d.ref, id: d.id, gen: d.gen, kind: d.kind})
+		due = append(due, firedDeadline{ref: d.ref, gen: d.gen, kind: d.kind})
 		d.ref = nil
 	}
 	q.mu.Unlock()
@@ -277,7 +275,7 @@ func (m *Manager) fireDeadlines() {
 			}
 			sh.unlock()
 		case dlAdmit:
-			sh := m.shards[d.id]
+			sh := d.ref.(*shard)
 			sh.mu.Lock()
 			sh.admit()
 			sh.unlock()

@@ -295,7 +295,7 @@ func (wl *waitList) schedule(w *addrWait) {
 	if m.closed.Load() {
 		return
 	}
-	m.dl.set(&w.next, dlPrefillAttempt, m.clock.Now().Add(m.cfg.Timeouts.backoff(w.attempts)), 0, 0, w)
+	m.dl.set(&w.next, dlPrefillAttempt, m.clock.Now().Add(m.cfg.Timeouts.backoff(w.attempts)), 0, w)
 }
 
 // attempt is one check of an address's registration (one of SGLang's

@@ -15,10 +15,10 @@ import (
 
 // claimEffects ends, refuses or replies to the room's claim streams.
 func (sh *shard) claimEffects(e *entry, ef *room.Effects) {
-	if e.subs == nil || e.subs.claims == nil {
+	if e.subs == nil {
 		return
 	}
-	cs := e.subs.claims
+	cs := &e.subs.claims
 	for _, rf := range ef.Refuse {
 		if c := cs.get(rf.Rank); c != nil {
 			cs.remove(rf.Rank)
@@ -36,7 +36,7 @@ func (sh *shard) claimEffects(e *entry, ef *room.Effects) {
 			}
 			c.finish(ev)
 		})
-		e.subs.claims = nil
+		e.subs.claims = claimSet{}
 	}
 }
 
@@ -65,8 +65,8 @@ func (e *entry) cancelCalls() {
 	if s.xferCancel != nil {
 		s.xferCancel()
 	}
-	for _, c := range s.calls {
-		if c.cancel != nil {
+	for i := range s.calls {
+		if c := &s.calls[i]; c.cancel != nil {
 			c.cancel()
 		}
 	}
@@ -137,8 +137,8 @@ const levelDebug = -4
 // snapshot is the room's snapshot with its trace id.
 func (e *entry) snapshot(withTransitions, withPages bool) RoomSnapshot {
 	s := e.Snapshot(withTransitions, withPages)
-	if e.tr != nil && e.tr.span != nil {
-		if sc := e.tr.span.SpanContext(); sc.IsValid() {
+	if tr := e.trace(); tr != nil && tr.span != nil {
+		if sc := tr.span.SpanContext(); sc.IsValid() {
 			s.TraceID = sc.TraceID().String()
 		}
 	}
@@ -164,13 +164,21 @@ type roomTrace struct {
 	phaseSpan trace.Span
 }
 
+// trace is the room's spans (nil unless built).
+func (e *entry) trace() *roomTrace {
+	if e.subs == nil {
+		return nil
+	}
+	return e.subs.tr
+}
+
 // logCtx is the context a room's log lines and engine calls carry: its
 // span's when it has one.
 func (e *entry) logCtx() context.Context {
-	if e.tr == nil {
-		return context.Background()
+	if tr := e.trace(); tr != nil {
+		return tr.spanCtx
 	}
-	return e.tr.spanCtx
+	return context.Background()
 }
 
 // startSpan starts the room's span (OpenRoom, a rebootstrap's new attempt)
@@ -178,7 +186,9 @@ func (e *entry) logCtx() context.Context {
 func (sh *shard) startSpan(ctx context.Context, e *entry) {
 	m := sh.m
 	if !m.tracing {
-		e.tr = nil
+		if e.subs != nil {
+			e.subs.tr = nil
+		}
 		return
 	}
 	attrs := []attribute.KeyValue{
@@ -190,7 +200,7 @@ func (sh *shard) startSpan(ctx context.Context, e *entry) {
 		attribute.Int("decodeplane.attempt", int(e.Attempt())),
 	}
 	_, span := m.tracer.Start(ctx, "room", trace.WithAttributes(attrs...))
-	e.tr = &roomTrace{span: span, spanCtx: trace.ContextWithSpan(context.Background(), span)}
+	e.s().tr = &roomTrace{span: span, spanCtx: trace.ContextWithSpan(context.Background(), span)}
 }
 
 // phaseSpanName names the child span of each phase.
@@ -206,10 +216,10 @@ var phaseSpanName = map[Phase]string{
 // phaseSpan keeps one child span per phase under the room span, which
 // covers the hand-off from OpenRoom to success or failure.
 func (sh *shard) phaseSpan(e *entry, mv room.Move) {
-	if e.tr == nil || e.tr.span == nil {
+	t := e.trace()
+	if t == nil || t.span == nil {
 		return
 	}
-	t := e.tr
 	from, to := mv.From, mv.To
 	if !t.span.IsRecording() { // sampled out: nothing to build
 		if to == PhaseFailed || to == PhaseReleased {

@@ -92,7 +92,7 @@ func (m *Manager) HoldForResync(timeout time.Duration) {
 	now := m.clock.Now()
 	g.open, g.started, g.until = true, now, now.Add(timeout)
 	g.gated.Store(true)
-	m.dl.set(&g.dl, dlResync, g.until, 0, 0, nil)
+	m.dl.set(&g.dl, dlResync, g.until, 0, nil)
 }
 
 // ResyncStatus is the resync's progress (for readiness and GetStatus).

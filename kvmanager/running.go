@@ -146,7 +146,7 @@ func (m *Manager) RetractRoom(id uint64, mode RetractMode) (RoomSnapshot, error)
 			// not) at the next pass, at the latest RetractResumeAfter from
 			// now, so that the pages are visibly free meanwhile (for a room
 			// being admitted, or an engine reading the pool).
-			m.dl.set(&sh.admitDl, dlAdmit, now.Add(RetractResumeAfter), uint64(sh.idx), 0, nil)
+			m.dl.set(&sh.admitDl, dlAdmit, now.Add(RetractResumeAfter), 0, sh)
 		}
 	case RetractRebootstrap:
 		if err := sh.led.Hold(id); err != nil {

@@ -50,7 +50,7 @@ type shard struct {
 
 // entry is the shard's record of one room: the room itself (pure state),
 // and what only the executor touches: the allocator's record, the deadline
-// heap's entry, the trace, and the room's subscribers and engine calls.
+// heap's entry, and the room's subscribers, engine calls and trace.
 type entry struct {
 	room.Room
 	led     prealloc.Entry // the ledger's record of the room (its request, queue position, allocation)
@@ -62,27 +62,35 @@ type entry struct {
 }
 
 // subscribers are a room's claim streams by rank, its watchers, its end
-// hooks and the engine calls running into it.
+// hooks, the engine calls running into it and its spans.
 type subscribers struct {
-	claims   *claimSet
+	claims   claimSet
 	watchers map[*Watcher]struct{}
 	onEnd    []func()
-	// calls are the engine calls (chunks) in flight, with the waiters of
-	// their retries; xfer ends the room's staged scatters when it fails.
-	calls      []*call
+	// calls are the engine calls (chunks) in flight (the first two kept in
+	// inline); xfer ends the room's staged scatters when it fails.
+	calls      []call
+	inline     [2]call
 	xferCtx    context.Context
 	xferCancel context.CancelFunc
+	tr         *roomTrace // nil unless the room's span is built
 }
 
-// call is one engine Transfer running into a room: its cancel, and its
-// outcome for the retries that wait for it (waiters closes when it ends).
+// call is one engine Transfer running into a room: its cancel, and what a
+// retry of the same chunk waits on (made by the first such retry).
 type call struct {
-	rank    rankKey
-	index   int
-	cancel  context.CancelFunc
-	waiters chan struct{}
-	res     transfer.ChunkResult
-	err     error
+	rank   rankKey
+	index  int
+	cancel context.CancelFunc
+	wait   *callWait
+}
+
+// callWait is a chunk in flight's outcome for the retries waiting for it:
+// done closes when it ends, after res and err are set.
+type callWait struct {
+	done chan struct{}
+	res  transfer.ChunkResult
+	err  error
 }
 
 // s is the room's subscribers, made on first use.
@@ -214,8 +222,8 @@ func (sh *shard) apply(e *entry, ef *room.Effects) {
 	}
 	if ef.Resolved {
 		m.obs.DPRankResolved(ef.Rule)
-		if e.tr != nil && e.tr.span != nil {
-			e.tr.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", ef.DP), attribute.String("decodeplane.dp_rank_rule", ef.Rule.String()))
+		if tr := e.trace(); tr != nil && tr.span != nil {
+			tr.span.SetAttributes(attribute.Int("decodeplane.prefill_dp_rank", ef.DP), attribute.String("decodeplane.dp_rank_rule", ef.Rule.String()))
 		}
 	}
 	if ef.Finished {
@@ -317,7 +325,7 @@ func (sh *shard) arm(e *entry) {
 		sh.m.dl.clear(&e.dl)
 		return
 	}
-	sh.m.dl.set(&e.dl, dlRoom, next, e.ID(), e.Attempt(), e)
+	sh.m.dl.set(&e.dl, dlRoom, next, e.Attempt(), e)
 }
 
 // admit runs one admission pass and hands out what it admitted:

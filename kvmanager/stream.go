@@ -187,7 +187,7 @@ func (p *pendingClaims) queue(c *Claim) (bool, error) {
 	}
 	p.rooms[id] = append(p.rooms[id], c)
 	p.count++
-	m.dl.set(&c.expiry, dlPendingClaim, m.clock.Now().Add(m.cfg.Timeouts.Bootstrap), id, 0, c)
+	m.dl.set(&c.expiry, dlPendingClaim, m.clock.Now().Add(m.cfg.Timeouts.Bootstrap), 0, c)
 	return true, nil
 }
 

@@ -152,7 +152,7 @@ func (r *Room) sourceRank(req ChunkRequest) (*rankProgress, error) {
 	if r.plan == nil || r.prefillDP < 0 || r.handoff == nil {
 		return nil, fmt.Errorf("chunk %d of room %d: %w: the room has no destination yet (phase %s)", req.Index, r.id, ErrWrongState, r.phase)
 	}
-	if req.Rank.DP != r.prefillDP {
+	if req.Rank.DP != int(r.prefillDP) {
 		return nil, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", req.Rank.DP, r.id, r.prefillDP, r.dpRule)
 	}
 	rp := r.progress(req.Rank.Key())
@@ -173,7 +173,7 @@ func (r *Room) CheckSource(req ChunkRequest) error {
 // staged chunk is answered from the staging regions).
 func (r *Room) ChunkSent(rank registry.RankID, index int) bool {
 	rp := r.ranksOf(rank.Key())
-	return rp != nil && rank.Addr == r.addr && rank.DP == r.prefillDP && rp.chunks[index] != nil
+	return rp != nil && rank.Addr == r.addr && rank.DP == int(r.prefillDP) && rp.chunks[index] != nil
 }
 
 // SameChunk checks that req is a retry of the chunk its rank sent with its
@@ -416,7 +416,7 @@ func (r *Room) stagingWrite(w StagingWrite, e *Effects) {
 	case r.plan == nil || r.prefillDP < 0 || r.handoff == nil:
 		e.Err = fmt.Errorf("%s of room %d: %w: the room has no destination yet (phase %s)", w.What, r.id, ErrWrongState, r.phase)
 		return
-	case rank.DP != r.prefillDP:
+	case rank.DP != int(r.prefillDP):
 		e.Err = invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", rank.DP, r.id, r.prefillDP, r.dpRule)
 		return
 	}

@@ -139,7 +139,7 @@ func (r *Room) owingRanks(from Phase, selfWriter bool) []registry.RankID {
 			return
 		}
 		seen[k] = true
-		owing = append(owing, registry.RankID{Addr: r.addr, DP: r.prefillDP, CP: k.CP, TP: k.TP, PP: k.PP})
+		owing = append(owing, registry.RankID{Addr: r.addr, DP: int(r.prefillDP), CP: k.CP, TP: k.TP, PP: k.PP})
 	}
 	r.ranks.eachKey(func(k registry.RankKey, rp *rankProgress) {
 		if rp.claimed {

@@ -158,10 +158,11 @@ func (Close) event()            {}
 
 func (r *Room) open(o Open, e *Effects) {
 	*r = Room{
-		id: o.ID, addr: o.Addr, req: o.Request, decodeDP: o.DecodeDP, hintDP: o.HintDP, prefillDP: -1,
+		id: o.ID, addr: o.Addr, decodeDP: int32(o.DecodeDP), hintDP: int32(o.HintDP), prefillDP: -1,
 		attempt: 1, openedAt: stampOf(o.Now), updatedAt: stampOf(o.Now), metaSlot: -1,
 		bootstrapAt: stampOf(o.Now.Add(o.Params.Bootstrap)), cfg: o.Params, inLedger: true,
 	}
+	r.setRequest(o.Request)
 	if o.IdempotencyKey != "" {
 		r.x().idemKey = o.IdempotencyKey
 	}
@@ -170,11 +171,12 @@ func (r *Room) open(o Open, e *Effects) {
 
 func (r *Room) adopt(a Adopt, e *Effects) {
 	*r = Room{
-		id: a.ID, addr: a.Addr, req: a.Request, decodeDP: a.DecodeDP, hintDP: -1, prefillDP: -1,
+		id: a.ID, addr: a.Addr, decodeDP: int32(a.DecodeDP), hintDP: -1, prefillDP: -1,
 		attempt: 1, openedAt: stampOf(a.Now), updatedAt: stampOf(a.Now), metaSlot: -1, cfg: a.Params, inLedger: true,
 	}
+	r.setRequest(a.Request)
 	if a.PrefillDP >= 0 {
-		r.prefillDP = a.PrefillDP
+		r.prefillDP = int32(a.PrefillDP)
 	}
 	r.admittedOnce()
 	r.pages = slices.Clone(a.Pages)
@@ -197,15 +199,15 @@ func (r *Room) prefillKnown(p PrefillKnown, e *Effects) {
 		r.ranks, r.claimedN, r.doneN = nil, 0, 0
 	}
 	switch {
-	case r.hintDP >= topo.DP:
+	case int(r.hintDP) >= topo.DP:
 		r.fail(Fail{Now: p.Now, Failure: Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf("disagg_prefill_dp_rank %d is out of range for %s (dp_size %d)", r.hintDP, r.addr, topo.DP)}}, e)
 	case r.prefillDP >= 0: // rebootstrap: stay on the bound DP rank (SGLang #40730)
-		if r.prefillDP >= topo.DP {
+		if int(r.prefillDP) >= topo.DP {
 			r.fail(Fail{Now: p.Now, Failure: Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
 				"rebootstrap of room %d: its prefill DP rank %d no longer exists at %s (dp_size is now %d)", r.id, r.prefillDP, r.addr, topo.DP)}}, e)
 			return
 		}
-		r.dpResolved(p.Now, r.prefillDP, r.dpRule, e)
+		r.dpResolved(p.Now, int(r.prefillDP), r.dpRule, e)
 	case p.Resolved:
 		r.dpResolved(p.Now, p.DP, p.Rule, e)
 	default:
@@ -217,7 +219,7 @@ func (r *Room) prefillKnown(p PrefillKnown, e *Effects) {
 // NeedsDPRule reports whether the registry's rules are to be asked for the
 // room's DP rank when its prefill is known (topology dp): it has no pinned
 // rank (a rebootstrap keeps its own) and its hint is in range.
-func (r *Room) NeedsDPRule(dp int) bool { return r.prefillDP < 0 && r.hintDP < dp }
+func (r *Room) NeedsDPRule(dp int) bool { return r.prefillDP < 0 && int(r.hintDP) < dp }
 
 // dpResolved records the room's prefill DP rank and queues it for
 // admission (T2/T4/T8: the handshake is done); claims of ranks of another
@@ -227,7 +229,7 @@ func (r *Room) dpResolved(now time.Time, dp int, rule registry.DPRule, e *Effect
 		e.Refuse = append(e.Refuse, Refused{Rank: rk.Key(), Event: DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict,
 			Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", rk, r.id, dp, rule)}}})
 	}
-	r.prefillDP, r.dpRule, r.dpAt = dp, rule, 0
+	r.prefillDP, r.dpRule, r.dpAt = int32(dp), rule, 0
 	r.move(now, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)), e)
 	e.Resolved, e.Rule, e.DP = true, rule, dp
 	e.Ledger |= LedgerReady
@@ -241,7 +243,7 @@ func (r *Room) bound(b Bound, e *Effects) {
 	switch {
 	case r.phase == PhaseResolvingDP:
 		r.dpResolved(b.Now, b.DP, registry.DPRuleBinding, e)
-	case r.prefillDP >= 0 && r.prefillDP != b.DP && r.HandingOff():
+	case r.prefillDP >= 0 && int(r.prefillDP) != b.DP && r.HandingOff():
 		msg := fmt.Sprintf("prefill DP rank %d reported holding room %d, but the room was resolved to dp_rank %d (%s); the destination would go to the wrong ranks", b.DP, r.id, r.prefillDP, r.dpRule)
 		r.fail(Fail{Now: b.Now, Failure: Failure{Code: FailureDPRankConflict, Message: msg}, SelfWriter: b.SelfWriter}, e)
 		e.Err = fmt.Errorf("%w: %s", registry.ErrDPRankConflict, msg)
@@ -300,7 +302,7 @@ func (r *Room) attach(a Attach, e *Effects) {
 	case rank.Addr != r.addr:
 		refuse(FailureUnspecified, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", rank.Addr, r.id, r.addr))
 		return
-	case r.prefillDP >= 0 && rank.DP != r.prefillDP:
+	case r.prefillDP >= 0 && rank.DP != int(r.prefillDP):
 		refuse(FailureDPRankConflict, invalid("rank.dp_rank", "%d is not room %d's prefill DP rank %d (%s)", rank.DP, r.id, r.prefillDP, r.dpRule))
 		return
 	case !a.Registered:
@@ -392,10 +394,9 @@ func (r *Room) retract(rt Retract, e *Effects) {
 	if bound <= 0 {
 		bound = DefaultParkedTimeout
 	}
+	r.admittedOnce() // a running room has one (admitted, or adopted)
 	r.parkedAt = stampOf(rt.Now.Add(bound))
-	if r.handoff != nil {
-		r.pages = nil
-	}
+	r.pages = nil
 	if rt.Held {
 		r.move(rt.Now, PhaseHeld, "T21", textNote("held for rebootstrap until ContinueGeneration"), e)
 		e.AdmitNow = true
@@ -413,12 +414,11 @@ func (r *Room) rebootstrap(rb Rebootstrap, e *Effects) {
 		r.pages, r.state, r.fillLen, r.marker = nil, nil, 0, 0
 		r.chunksDone, r.bytes = 0, 0
 		r.ranks = nil
-		r.waitingAt, r.claimedAt, r.admittedAt, r.claimBy, r.stagingBy = 0, 0, 0, 0, 0
+		r.waitingAt, r.claimedAt, r.admittedAt, r.claimBy, r.stagingBy, r.parkedAt = 0, 0, 0, 0, 0, 0
 	}
 	r.metaSlot = -1
 	r.attached = nil
 	r.plan = nil // set again once the prefill is known
-	r.parkedAt = 0
 	if r.extra != nil {
 		r.extra.gates = nil
 	}

@@ -20,13 +20,13 @@ import (
 // timeline); what admission and the transfer add lives in its handoff,
 // made at the first admission, so that a queued room stays small.
 type Room struct {
-	id       uint64
-	addr     string
-	req      Request
-	decodeDP int
-
-	hintDP    int // -1: no hint
-	prefillDP int // -1: unresolved
+	id   uint64
+	addr string
+	rid  string
+	// The request's lengths and priority, and the room's DP ranks (hintDP
+	// -1: no hint; prefillDP -1: unresolved), in 4 bytes each.
+	promptLen, outputLen, maxNewTokens, priority int32
+	decodeDP, hintDP, prefillDP                  int32
 
 	failure   *Failure
 	openedAt  stamp
@@ -38,7 +38,6 @@ type Room struct {
 	// Phase deadlines, zero when not armed (the others are the handoff's).
 	bootstrapAt stamp
 	dpAt        stamp
-	parkedAt    stamp // a retracted or held room's bound
 
 	cfg  *Params
 	plan *registry.Plan
@@ -59,6 +58,7 @@ type Room struct {
 	releasePending bool
 	staging        bool
 	closed         bool // Close: nothing is waited for any more
+	rebootstrapReq bool // the request is a rebootstrap's
 }
 
 // Owner is who chose a room's destination pages.
@@ -112,6 +112,11 @@ type topology struct {
 	follow         bool
 }
 
+func (r *Room) setRequest(q Request) {
+	r.rid, r.rebootstrapReq = q.RID, q.Rebootstrap
+	r.promptLen, r.outputLen, r.maxNewTokens, r.priority = int32(q.PromptLen), int32(q.OutputLen), int32(q.MaxNewTokens), int32(q.Priority)
+}
+
 // handoff is what a room holds from its first admission on: its
 // destination, its transfer's progress and what its release waits for.
 type handoff struct {
@@ -129,6 +134,8 @@ type handoff struct {
 	// quarantine: writes into the pages may continue until then (an engine
 	// failure could not rule them out); the release waits for it.
 	quarantine stamp
+	// parkedAt bounds a retracted or held room.
+	parkedAt stamp
 
 	// The destination (copies: the room hands them out).
 	pages   []int32
@@ -213,13 +220,13 @@ func (r *Room) ID() uint64 { return r.id }
 func (r *Room) Addr() string { return r.addr }
 
 // DecodeDP is the room's decode DP shard.
-func (r *Room) DecodeDP() int { return r.decodeDP }
+func (r *Room) DecodeDP() int { return int(r.decodeDP) }
 
 // PrefillDP is the room's prefill DP rank, -1 until resolved.
-func (r *Room) PrefillDP() int { return r.prefillDP }
+func (r *Room) PrefillDP() int { return int(r.prefillDP) }
 
 // HintDP is the router's prefill DP rank hint, -1 if none.
-func (r *Room) HintDP() int { return r.hintDP }
+func (r *Room) HintDP() int { return int(r.hintDP) }
 
 // Phase is where the room is.
 func (r *Room) Phase() Phase { return r.phase }
@@ -228,7 +235,10 @@ func (r *Room) Phase() Phase { return r.phase }
 func (r *Room) Attempt() uint32 { return r.attempt }
 
 // Request is the room's request.
-func (r *Room) Request() Request { return r.req }
+func (r *Room) Request() Request {
+	return Request{RID: r.rid, PromptLen: int(r.promptLen), OutputLen: int(r.outputLen), MaxNewTokens: int(r.maxNewTokens),
+		Priority: int(r.priority), Rebootstrap: r.rebootstrapReq}
+}
 
 // Failure is why the room failed (nil unless it did).
 func (r *Room) Failure() *Failure { return r.failure }
@@ -312,8 +322,8 @@ func (r *Room) Claimed(k registry.RankKey) bool {
 // RequestName is how failure messages name the request: its rid, else the
 // bootstrap room.
 func (r *Room) RequestName() string {
-	if r.req.RID != "" {
-		return r.req.RID
+	if r.rid != "" {
+		return r.rid
 	}
 	return strconv.FormatUint(r.id, 10)
 }
@@ -396,9 +406,9 @@ func (r *Room) admittedOnce() {
 // destination pages).
 func (r *Room) Snapshot(withTransitions, withPages bool) Snapshot {
 	s := Snapshot{
-		Room: r.id, RID: r.req.RID, Addr: r.addr, DecodeDP: r.decodeDP,
-		PrefillDP: r.prefillDP, DPRule: r.dpRule, Poll: r.phase.Poll(), Phase: r.phase,
-		PromptLen: r.req.PromptLen, MaxNewTokens: r.req.MaxNewTokens, Priority: r.req.Priority,
+		Room: r.id, RID: r.rid, Addr: r.addr, DecodeDP: int(r.decodeDP),
+		PrefillDP: int(r.prefillDP), DPRule: r.dpRule, Poll: r.phase.Poll(), Phase: r.phase,
+		PromptLen: int(r.promptLen), MaxNewTokens: int(r.maxNewTokens), Priority: int(r.priority),
 		MetadataSlot: r.metaSlot, OpenedAt: r.openedAt.time(), UpdatedAt: r.updatedAt.time(),
 		Attempt: r.attempt, Staging: r.staging,
 	}
@@ -437,7 +447,7 @@ func (r *Room) Coverage() []RankCoverage {
 // Destination is what prefill rank k needs to write the room's KV.
 func (r *Room) Destination(k registry.RankKey) *Destination {
 	d := &Destination{
-		Room: r.id, DecodeDP: r.decodeDP, PageSize: r.cfg.Layout.PageSize, MetadataSlot: r.metaSlot,
+		Room: r.id, DecodeDP: int(r.decodeDP), PageSize: r.cfg.Layout.PageSize, MetadataSlot: r.metaSlot,
 		Staging: r.staging, Attempt: r.attempt, Dummy: true,
 	}
 	if h := r.handoff; h != nil {
@@ -469,9 +479,9 @@ func (r *Room) ChunkOp(req ChunkRequest) transfer.ChunkOp {
 	ps := r.cfg.Layout.PageSize
 	tokens := min((req.PageOffset+req.NumPages)*ps, r.fillLen) - req.PageOffset*ps
 	op := transfer.ChunkOp{
-		Room: r.id, RID: r.req.RID, Attempt: r.attempt, Rank: transfer.Rank(req.Rank), ChunkIndex: req.Index,
+		Room: r.id, RID: r.rid, Attempt: r.attempt, Rank: transfer.Rank(req.Rank), ChunkIndex: req.Index,
 		DestPages: r.pages[req.PageOffset : req.PageOffset+req.NumPages], Tokens: max(tokens, 0),
-		SrcBuffer: req.SrcBuffer, SrcPages: req.SrcPages, Layout: r.cfg.Layout, DecodeDP: r.decodeDP,
+		SrcBuffer: req.SrcBuffer, SrcPages: req.SrcPages, Layout: r.cfg.Layout, DecodeDP: int(r.decodeDP),
 		Last: req.Last, MetadataSlot: r.metaSlot, Marker: req.Marker, OutputIDs: req.OutputIDs,
 		PrefillTP: int(r.topo.attnTP), PrefillPP: int(r.topo.pp),
 	}
