@@ -104,8 +104,6 @@ func TestPackageDirection(t *testing.T) {
 		// The agent link's TLS section is described without the client it
 		// secures, so that the config loader can name it.
 		{"./transfer/agentclient/agenttls", []string{"/transfer/agentclient", "/server", "/kvmanager", "/internal/daemon", "/internal/config"}},
-		// The shared clock is a leaf.
-		{"./internal/clock", []string{"/kvmanager", "/transfer", "/prealloc"}},
 	} {
 		deps := depsOf(t, tt.pkg)
 		for _, f := range tt.forbidden {
@@ -128,6 +126,31 @@ func TestRegistryDependsOnNoManager(t *testing.T) {
 		case d == "google.golang.org/grpc" || strings.HasPrefix(d, "google.golang.org/grpc/"),
 			d == module+"/proto" || strings.HasPrefix(d, module+"/proto/"):
 			t.Errorf("kvmanager/registry depends on %s (forbidden: no gRPC, no generated API)", d)
+		}
+	}
+}
+
+// TestKVLayoutIsALeaf keeps what every layer shares (the decode geometry,
+// the configuration problems, the field error, the clock) at the bottom of
+// the tree: kvlayout links no package of this module but itself and nothing
+// outside the standard library.
+func TestKVLayoutIsALeaf(t *testing.T) {
+	for _, d := range depsOf(t, "./kvlayout") {
+		if d != module+"/kvlayout" && (d == module || strings.HasPrefix(d, module+"/")) {
+			t.Errorf("kvlayout links %s (forbidden: it is a leaf of the module)", d)
+		}
+	}
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./kvlayout").Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("go list -deps ./kvlayout: %v\n%s", err, stderr)
+	}
+	for _, d := range strings.Fields(string(out)) {
+		if d != module+"/kvlayout" {
+			t.Errorf("kvlayout depends on %s (forbidden: standard library only)", d)
 		}
 	}
 }

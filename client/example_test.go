@@ -15,8 +15,8 @@ import (
 	"github.com/decodeplane/decodeplane/internal/config"
 	daemonpkg "github.com/decodeplane/decodeplane/internal/daemon"
 	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 	"github.com/decodeplane/decodeplane/transfer/sim"
@@ -24,7 +24,7 @@ import (
 
 // daemonConfig adjusts the in-process daemon of the examples and tests.
 type daemonConfig struct {
-	decode  func(*prealloc.Config)
+	decode  func(*kvlayout.Config)
 	manager func(*kvmanager.Config)
 	server  func(*server.Config)
 	unary   []grpc.UnaryServerInterceptor

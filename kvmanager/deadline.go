@@ -4,7 +4,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // The manager's deadlines live in one min-heap keyed by time, driven by one
@@ -68,13 +68,13 @@ func (d *deadline) armed() bool { return d.idx > 0 }
 type deadlines struct {
 	mu      sync.Mutex
 	h       []*deadline
-	timer   clock.Stopper
+	timer   kvlayout.Stopper
 	armed   bool   // the timer is pending
 	armedAt int64  // when it fires (Unix nanoseconds)
 	fire    func() // m.fireDeadlines, built once
 }
 
-// resetter is a clock.Stopper that can be re-armed in place (*time.Timer).
+// resetter is a kvlayout.Stopper that can be re-armed in place (*time.Timer).
 type resetter interface {
 	Reset(d time.Duration) bool
 }

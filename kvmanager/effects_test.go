@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 )
@@ -21,8 +21,8 @@ var t0 = time.Unix(1_700_000_000, 0)
 // package: no timer, no goroutine).
 func roomPlan(t *testing.T) (*room, RankID) {
 	t.Helper()
-	dec := prealloc.DefaultConfig()
-	reg := newRegistry(DefaultConfig(), dec.Layout(), clock.RealClock{}, false)
+	dec := kvlayout.DefaultConfig()
+	reg := newRegistry(DefaultConfig(), dec.Layout(), kvlayout.RealClock{}, false)
 	checked, err := reg.Check(Registration{Addr: addrA, Endpoint: "tcp://r", PageSize: dec.Pool.PageSize, KVDType: dec.Pool.DType, HTTPPort: 1,
 		Parallel: ParallelInfo{AttnTP: 1, AttnDP: 1, AttnCP: 1, PP: 1, SystemDP: 1}})
 	if err != nil {

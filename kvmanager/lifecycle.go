@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
@@ -251,10 +252,10 @@ func (m *Manager) admitLocked(shard int) {
 	m.armShardTimerLocked(shard)
 }
 
-func cloneState(in []prealloc.StateIndices) []prealloc.StateIndices {
-	out := make([]prealloc.StateIndices, len(in))
+func cloneState(in []kvlayout.StateIndices) []kvlayout.StateIndices {
+	out := make([]kvlayout.StateIndices, len(in))
 	for i, s := range in {
-		out[i] = prealloc.StateIndices{Type: s.Type, Indices: slices.Clone(s.Indices)}
+		out[i] = kvlayout.StateIndices{Type: s.Type, Indices: slices.Clone(s.Indices)}
 	}
 	return out
 }

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
@@ -77,7 +78,7 @@ type handoff struct {
 	// Admission results (copies, safe to hand out).
 	pages   []int32
 	fillLen int
-	state   []prealloc.StateIndices
+	state   []kvlayout.StateIndices
 
 	ranks *rankSet // required ranks seen this attempt (room.progress), made on first use
 	// claimedN, doneN count required ranks claimed / done this attempt.

@@ -11,8 +11,8 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
-	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
@@ -94,7 +94,7 @@ type stagedRoom struct {
 // configuration: staging.pool_size_mb MiB when staging is enabled on a
 // non-MLA pool, else 0. The delegated path registers it as
 // "decode/dp{d}/tp{e}/staging".
-func StagingRingBytes(dec prealloc.Config) int64 {
+func StagingRingBytes(dec kvlayout.Config) int64 {
 	if !dec.Staging.Enabled || dec.Pool.Kind.IsMLA() {
 		return 0
 	}
@@ -119,7 +119,7 @@ func (m *Manager) totalKVHeads() (int, error) {
 // allocator present, total KV heads, and the engine's scatter capability.
 func (m *Manager) stagingUsable() (int, error) {
 	if m.layout.IsMLA {
-		return 0, &StagingError{Msg: prealloc.MsgStagingMLA}
+		return 0, &StagingError{Msg: kvlayout.MsgStagingMLA}
 	}
 	if !m.layout.Staging || m.ringBytes() <= 0 {
 		return 0, &StagingError{Msg: "Staging is enabled on the prefill side but this decode instance has no staging allocator (SGLang: \"Staging is enabled but kv_manager._staging_ctx.allocator is None\"): start decodeplane with staging.enabled: true (SGLANG_DISAGG_STAGING_BUFFER=1) and staging.pool_size_mb > 0 on transfer.backend mooncake or nixl, or send the KV with Rooms.Transfer / ReportTransfer."}

@@ -37,8 +37,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/internal/grpcdecode"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -61,7 +61,7 @@ type Deps struct {
 	// Config is the effective configuration, secrets already redacted.
 	Config []ConfigEntry
 	// Layout is the decode KV layout.
-	Layout prealloc.Layout
+	Layout kvlayout.Layout
 	// TransferPath is "sim" or "delegate".
 	TransferPath string
 	// Manager is the room manager behind Bootstrap and Rooms; nil serves

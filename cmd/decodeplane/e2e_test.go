@@ -19,7 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/decodeplane/decodeplane/internal/e2e"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // The end-to-end tests run the real binary, built once per test run
@@ -153,7 +153,7 @@ func TestE2EServeRefusesStagingOnMLA(t *testing.T) {
 		t.Errorf("exit code %d, want %d", code, exitUsage)
 	}
 	out := p.Out.String()
-	if !strings.Contains(out, prealloc.MsgStagingMLA) {
+	if !strings.Contains(out, kvlayout.MsgStagingMLA) {
 		t.Errorf("output does not contain SGLang's message:\n%s", out)
 	}
 	if strings.Contains(out, "server.listen") || strings.Contains(out, "decodeplane serving") {

@@ -60,9 +60,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/fleet"
-	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/telemetry"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/metrics"
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -228,7 +228,7 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	}
 	switch cfg.Transfer.Path {
 	case config.PathSim:
-		d.engine = sim.NewSimEngine(cfg.Transfer.Sim, clock.RealClock{})
+		d.engine = sim.NewSimEngine(cfg.Transfer.Sim, kvlayout.RealClock{})
 	case config.PathDelegate:
 		ac, err := agentclient.Dial(cfg.Transfer.Delegate.Target, agentclient.Options{Logger: log, TracerProvider: d.tp, Propagator: d.prop, Credentials: agentTLS.credentials()})
 		if err != nil {
