@@ -75,6 +75,9 @@ func TestPackageDirection(t *testing.T) {
 		{"./transfer/agentservice", []string{"/server", "/transfer/agentclient", "/kvmanager", "/metrics"}},
 		// The reference agent does not link the daemon.
 		{"./cmd/decodeplane-agent", []string{"/server", "/internal/daemon", "/internal/config", "/metrics", "/kvmanager", "/transfer/agentclient"}},
+		// The request codec is shared by the daemon's server and the
+		// reference agent's: it knows neither.
+		{"./server/grpcdecode", []string{"/server", "/kvmanager", "/prealloc", "/internal/daemon", "/transfer/agentservice"}},
 		// The fleet registry is an outbound adapter: it calls the room
 		// manager and etcd; the wiring and the inbound API call it.
 		{"./fleet", []string{"/server", "/internal/daemon", "/internal/config", "/metrics", "/client"}},

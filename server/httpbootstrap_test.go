@@ -19,12 +19,12 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/decodeplane/decodeplane/internal/pipenet"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/server/internal/pipenet"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
