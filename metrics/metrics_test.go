@@ -16,13 +16,13 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/metrics"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// metricsDaemon is the whole daemon (internal/daemontest: the real server,
+// metricsDaemon is the whole daemon (internal/testing/daemontest: the real server,
 // manager and ledger with Prometheus instrumentation), served over bufconn.
 type metricsDaemon struct {
 	metrics *metrics.Metrics

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/decodeplane/decodeplane/internal/daemon"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"

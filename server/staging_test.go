@@ -16,13 +16,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
 
-// stgServer is the whole daemon (internal/daemontest) over bufconn (simulated,
+// stgServer is the whole daemon (internal/testing/daemontest) over bufconn (simulated,
 // instant transfers): a GQA pool (4 layers, 8 KV heads of 16 × bf16, pages of
 // 16 tokens), decode TP decodeTP, a 1 MiB staging ring.
 type stgServer struct {

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/decodeplane/decodeplane/internal/tlstest"
+	"github.com/decodeplane/decodeplane/internal/testing/tlstest"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )

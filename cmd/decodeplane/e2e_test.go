@@ -18,12 +18,12 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/decodeplane/decodeplane/internal/e2e"
+	"github.com/decodeplane/decodeplane/internal/testing/e2e"
 	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // The end-to-end tests run the real binary, built once per test run
-// (internal/e2e holds the helpers shared with the other commands' tests).
+// (internal/testing/e2e holds the helpers shared with the other commands' tests).
 
 func TestMain(m *testing.M) {
 	code := m.Run()

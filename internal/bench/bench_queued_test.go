@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/internal/e2e"
+	"github.com/decodeplane/decodeplane/internal/testing/e2e"
 )
 
 // TestBenchQueuedEndToEnd runs the real binary's `bench --queued`, which

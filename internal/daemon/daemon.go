@@ -1,7 +1,7 @@
 // Package daemon is decodeplane's one composition root: Build wires a daemon
 // from a config.Config, Run serves it, Shutdown stops it. `decodeplane serve`,
 // the bench's in-process daemon (internal/bench) and every test that needs a
-// whole daemon (internal/daemontest) go through it, so the wiring and the
+// whole daemon (internal/testing/daemontest) go through it, so the wiring and the
 // shutdown order exist once.
 //
 // Build constructs, in this order, and starts nothing but the listeners (so

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/internal/tlstest"
+	"github.com/decodeplane/decodeplane/internal/testing/tlstest"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer/agentclient/agenttls"
 )
