@@ -89,6 +89,9 @@ func TestPackageDirection(t *testing.T) {
 		// of transfer it uses the contract's layer arithmetic and kvcopy's
 		// buffer names, never an engine.
 		{"./kvmanager/staging", []string{"/kvmanager", "/kvmanager/registry", "/server", "/transfer/sim", "/transfer/delegate", "/transfer/agentclient", "/transfer/agentservice"}},
+		// The daemon binary links neither the client library nor the bench:
+		// `decodeplane bench` runs the decodeplane-bench binary.
+		{"./cmd/decodeplane", []string{"/client", "/internal/bench", "/proto/decodeplane/bench/v1"}},
 		// decodectl is a client of the API.
 		{"./cmd/decodectl", []string{"/server", "/internal/daemon", "/kvmanager"}},
 		// The engine contract is a leaf under the domain: it names no engine

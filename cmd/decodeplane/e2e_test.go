@@ -26,7 +26,10 @@ import (
 // (internal/testing/e2e holds the helpers shared with the other commands' tests).
 
 func TestMain(m *testing.M) {
+	benchChild()
+	cleanupBench := useTestBinaryAsBench()
 	code := m.Run()
+	cleanupBench()
 	e2e.Cleanup()
 	// The in-process daemons (bench, config tests) must leave no goroutine.
 	if code == 0 {
