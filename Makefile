@@ -74,7 +74,7 @@ FUZZTIME      ?= 60s
 # the engine minimizes or shuts a worker down, go test -fuzz can report
 # "context deadline exceeded" as a failure on a loaded machine (seen in CI).
 FUZZSMOKETIME ?= 5000x
-FUZZ_PKGS     := ./proto/decodeplane/v1 ./proto/decodeplane/transfer/v1 ./internal/grpcdecode ./cmd/decodeplane
+FUZZ_PKGS     := ./proto/decodeplane/v1 ./proto/decodeplane/transfer/v1 ./server/grpcdecode ./cmd/decodeplane
 
 fuzz: ## Run every fuzz target for FUZZTIME each (default 60s; FUZZTIME=1000000x for a count).
 	@set -e; for pkg in $(FUZZ_PKGS); do \

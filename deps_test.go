@@ -75,6 +75,9 @@ func TestPackageDirection(t *testing.T) {
 		{"./transfer/agentservice", []string{"/server", "/transfer/agentclient", "/kvmanager", "/metrics"}},
 		// The reference agent does not link the daemon.
 		{"./cmd/decodeplane-agent", []string{"/server", "/internal/daemon", "/internal/config", "/metrics", "/kvmanager", "/transfer/agentclient"}},
+		// The request codec is shared by the daemon's server and the
+		// reference agent's: it knows neither.
+		{"./server/grpcdecode", []string{"/server", "/kvmanager", "/prealloc", "/internal/daemon", "/transfer/agentservice"}},
 		// The fleet registry is an outbound adapter: it calls the room
 		// manager and etcd; the wiring and the inbound API call it.
 		{"./fleet", []string{"/server", "/internal/daemon", "/internal/config", "/metrics", "/client"}},
@@ -86,6 +89,9 @@ func TestPackageDirection(t *testing.T) {
 		// of transfer it uses the contract's layer arithmetic and kvcopy's
 		// buffer names, never an engine.
 		{"./kvmanager/staging", []string{"/kvmanager", "/kvmanager/registry", "/server", "/transfer/sim", "/transfer/delegate", "/transfer/agentclient", "/transfer/agentservice"}},
+		// The daemon binary links neither the client library nor the bench:
+		// `decodeplane bench` runs the decodeplane-bench binary.
+		{"./cmd/decodeplane", []string{"/client", "/internal/bench", "/proto/decodeplane/bench/v1"}},
 		// decodectl is a client of the API.
 		{"./cmd/decodectl", []string{"/server", "/internal/daemon", "/kvmanager"}},
 		// The engine contract is a leaf under the domain: it names no engine
@@ -104,8 +110,6 @@ func TestPackageDirection(t *testing.T) {
 		// The agent link's TLS section is described without the client it
 		// secures, so that the config loader can name it.
 		{"./transfer/agentclient/agenttls", []string{"/transfer/agentclient", "/server", "/kvmanager", "/internal/daemon", "/internal/config"}},
-		// The shared clock is a leaf.
-		{"./internal/clock", []string{"/kvmanager", "/transfer", "/prealloc"}},
 	} {
 		deps := depsOf(t, tt.pkg)
 		for _, f := range tt.forbidden {
@@ -128,6 +132,31 @@ func TestRegistryDependsOnNoManager(t *testing.T) {
 		case d == "google.golang.org/grpc" || strings.HasPrefix(d, "google.golang.org/grpc/"),
 			d == module+"/proto" || strings.HasPrefix(d, module+"/proto/"):
 			t.Errorf("kvmanager/registry depends on %s (forbidden: no gRPC, no generated API)", d)
+		}
+	}
+}
+
+// TestKVLayoutIsALeaf keeps what every layer shares (the decode geometry,
+// the configuration problems, the field error, the clock) at the bottom of
+// the tree: kvlayout links no package of this module but itself and nothing
+// outside the standard library.
+func TestKVLayoutIsALeaf(t *testing.T) {
+	for _, d := range depsOf(t, "./kvlayout") {
+		if d != module+"/kvlayout" && (d == module || strings.HasPrefix(d, module+"/")) {
+			t.Errorf("kvlayout links %s (forbidden: it is a leaf of the module)", d)
+		}
+	}
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", "./kvlayout").Output()
+	if err != nil {
+		var stderr string
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = string(ee.Stderr)
+		}
+		t.Fatalf("go list -deps ./kvlayout: %v\n%s", err, stderr)
+	}
+	for _, d := range strings.Fields(string(out)) {
+		if d != module+"/kvlayout" {
+			t.Errorf("kvlayout depends on %s (forbidden: standard library only)", d)
 		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/internal/ptytest"
+	"github.com/decodeplane/decodeplane/internal/testing/ptytest"
 )
 
 // makeHelp runs `make help` with stdout on a pipe, or on a terminal when

@@ -20,7 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/decodeplane/decodeplane/client"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/transfer"
 )
@@ -569,8 +569,8 @@ func testDummyDestination(t *testing.T, tr client.Transport) {
 		}
 	}
 	dc := in.config()
-	dc.decode = func(c *prealloc.Config) {
-		c.Pool.Kind = prealloc.KindMLA
+	dc.decode = func(c *kvlayout.Config) {
+		c.Pool.Kind = kvlayout.KindMLA
 		c.Pool.KVHeads, c.Pool.HeadDim = 0, 0
 		c.Pool.KVLoraRank, c.Pool.QKRopeHeadDim = 512, 64
 	}

@@ -22,7 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/decodeplane/decodeplane/client"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
@@ -469,7 +469,7 @@ func TestOpenAndWaitLostOpenAnswer(t *testing.T) {
 func TestOpenAndWaitRefusals(t *testing.T) {
 	d := newDaemon(t, daemonConfig{
 		server: func(c *server.Config) { c.AuthToken = "tok" },
-		decode: func(c *prealloc.Config) { c.Admission.MaxQueued = 1 }, // room 4301 (no prefill) fills it
+		decode: func(c *kvlayout.Config) { c.Admission.MaxQueued = 1 }, // room 4301 (no prefill) fills it
 	})
 	ctx := ctxT(t)
 	bad := &pb.OpenRoomRequest{Rid: "r", BootstrapAddr: "not an address", PromptLen: 0}

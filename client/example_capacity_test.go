@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/client"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -122,7 +122,7 @@ func (v *capacityView) valid(ch choice) bool {
 // 8000-token request; decode-b has one shard of 65536 tokens, then drains.
 func ExampleClient_WatchCapacity() {
 	pool := func(dp int, tokens int64) daemonConfig {
-		return daemonConfig{decode: func(c *prealloc.Config) { c.Parallel.DP, c.Pool.TotalTokens = dp, tokens }}
+		return daemonConfig{decode: func(c *kvlayout.Config) { c.Parallel.DP, c.Pool.TotalTokens = dp, tokens }}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -14,9 +14,9 @@ import (
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/internal/config"
 	daemonpkg "github.com/decodeplane/decodeplane/internal/daemon"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 	"github.com/decodeplane/decodeplane/transfer/sim"
@@ -24,7 +24,7 @@ import (
 
 // daemonConfig adjusts the in-process daemon of the examples and tests.
 type daemonConfig struct {
-	decode  func(*prealloc.Config)
+	decode  func(*kvlayout.Config)
 	manager func(*kvmanager.Config)
 	server  func(*server.Config)
 	unary   []grpc.UnaryServerInterceptor
@@ -34,7 +34,7 @@ type daemonConfig struct {
 }
 
 // daemon is a decodeplane daemon built by the composition root
-// (internal/daemon, through internal/daemontest) with the simulated
+// (internal/daemon, through internal/testing/daemontest) with the simulated
 // transfer engine, served on an in-memory listener.
 type daemon struct {
 	*daemontest.Daemon

@@ -15,7 +15,7 @@ import (
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/internal/config"
 	daemonpkg "github.com/decodeplane/decodeplane/internal/daemon"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 

@@ -7,7 +7,7 @@ import (
 
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 

@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/client"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -163,7 +163,7 @@ func TestOpenRoomRetryWithIdempotencyKey(t *testing.T) {
 func TestResourceExhaustedRetryAfter(t *testing.T) {
 	in := newInjector()
 	dc := in.config()
-	dc.decode = func(c *prealloc.Config) { c.Admission.MaxQueued = 1 }
+	dc.decode = func(c *kvlayout.Config) { c.Admission.MaxQueued = 1 }
 	d := newDaemon(t, dc)
 	c := d.client(t)
 	ctx := ctxT(t)

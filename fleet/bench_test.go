@@ -1,8 +1,8 @@
 package fleet_test
 
 // The issue 12 §4 benchmark of registry operations through the fleet: whole
-// in-process daemons (internal/daemontest: the real composition root, gRPC
-// over bufconn) sharing one real etcd member (internal/etcdtest, embedded,
+// in-process daemons (internal/testing/daemontest: the real composition root, gRPC
+// over bufconn) sharing one real etcd member (internal/testing/etcdtest, embedded,
 // data in b.TempDir(), **fsync on**, clients over loopback TCP).
 // BENCHMARKS.md ("Registry operations through the fleet") gives the
 // command and the figures.
@@ -24,8 +24,8 @@ import (
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/fleet"
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
-	"github.com/decodeplane/decodeplane/internal/etcdtest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/etcdtest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // Backends of registry.backend.
@@ -117,7 +117,7 @@ func (c EtcdConfig) EndpointList() []string {
 func (c Config) Validate(heartbeat time.Duration) error {
 	var errs []error
 	add := func(key string, v any, problem, fix string) {
-		errs = append(errs, &prealloc.ConfigError{Key: key, Value: v, Problem: problem, Fix: fix})
+		errs = append(errs, &kvlayout.ConfigError{Key: key, Value: v, Problem: problem, Fix: fix})
 	}
 	switch c.Backend {
 	case BackendMemory:

@@ -14,14 +14,14 @@ import (
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/fleet"
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
-	"github.com/decodeplane/decodeplane/internal/etcdtest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/etcdtest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// These tests run whole in-process daemons (internal/daemontest: the real
+// These tests run whole in-process daemons (internal/testing/daemontest: the real
 // composition root, gRPC over bufconn) sharing one real etcd
-// (internal/etcdtest, embedded, over TCP). What they wait for arrives
+// (internal/testing/etcdtest, embedded, over TCP). What they wait for arrives
 // through etcd's watch, so they poll the daemons' state with a deadline
 // (waitFor) where no stream reports it.
 

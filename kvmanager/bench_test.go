@@ -6,7 +6,7 @@ import (
 	"log/slog"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
@@ -34,7 +34,7 @@ func BenchmarkHarnessRoomLifecycle(b *testing.B) {
 }
 
 func benchRoomLifecycle(b *testing.B, watched bool) {
-	dec := prealloc.DefaultConfig()
+	dec := kvlayout.DefaultConfig()
 	if err := dec.Validate(); err != nil {
 		b.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func benchRoomLifecycle(b *testing.B, watched bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: sim.NewSimEngine(simCfg, clock.RealClock{}), Logger: slog.New(slog.DiscardHandler)})
+	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: sim.NewSimEngine(simCfg, kvlayout.RealClock{}), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}

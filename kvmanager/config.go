@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // Config is the room manager's configuration: timeouts, DP-rank resolution,
@@ -114,11 +114,11 @@ func (t TimeoutConfig) EffectiveHeartbeat() (time.Duration, int) {
 	return max(t.HeartbeatInterval, minHeartbeatInterval), max(t.HeartbeatMaxFailures, minHeartbeatMaxFailures)
 }
 
-// Validate returns every problem at once (errors.Join of *prealloc.ConfigError).
+// Validate returns every problem at once (errors.Join of *kvlayout.ConfigError).
 func (c Config) Validate() error {
 	var errs []error
 	add := func(key string, val any, problem, fix string) {
-		errs = append(errs, &prealloc.ConfigError{Key: key, Value: val, Problem: problem, Fix: fix})
+		errs = append(errs, &kvlayout.ConfigError{Key: key, Value: val, Problem: problem, Fix: fix})
 	}
 	positive := []struct {
 		key string
@@ -170,14 +170,14 @@ func (c Config) Validate() error {
 }
 
 // Warnings returns settings that are valid but adjusted or suspicious.
-func (c Config) Warnings() []prealloc.Warning {
-	var w []prealloc.Warning
+func (c Config) Warnings() []kvlayout.Warning {
+	var w []kvlayout.Warning
 	iv, mf := c.Timeouts.EffectiveHeartbeat()
 	if iv != c.Timeouts.HeartbeatInterval && c.Timeouts.HeartbeatInterval > 0 {
-		w = append(w, prealloc.Warning{Key: "timeouts.heartbeat_interval", Message: fmt.Sprintf("%s is below SGLang's floor; the effective interval is %s.", c.Timeouts.HeartbeatInterval, iv)})
+		w = append(w, kvlayout.Warning{Key: "timeouts.heartbeat_interval", Message: fmt.Sprintf("%s is below SGLang's floor; the effective interval is %s.", c.Timeouts.HeartbeatInterval, iv)})
 	}
 	if mf != c.Timeouts.HeartbeatMaxFailures && c.Timeouts.HeartbeatMaxFailures >= 0 {
-		w = append(w, prealloc.Warning{Key: "timeouts.heartbeat_max_failures", Message: fmt.Sprintf("%d is below SGLang's floor; the effective value is %d.", c.Timeouts.HeartbeatMaxFailures, mf)})
+		w = append(w, kvlayout.Warning{Key: "timeouts.heartbeat_max_failures", Message: fmt.Sprintf("%d is below SGLang's floor; the effective value is %d.", c.Timeouts.HeartbeatMaxFailures, mf)})
 	}
 	return w
 }

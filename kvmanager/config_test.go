@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -42,9 +42,9 @@ func TestConfigValidate(t *testing.T) {
 			err := c.Validate()
 			var keys []string
 			for _, e := range unjoin(err) {
-				var ce *prealloc.ConfigError
+				var ce *kvlayout.ConfigError
 				if !errors.As(e, &ce) {
-					t.Fatalf("Validate() returned %T %v, want *prealloc.ConfigError", e, e)
+					t.Fatalf("Validate() returned %T %v, want *kvlayout.ConfigError", e, e)
 				}
 				keys = append(keys, ce.Key)
 			}

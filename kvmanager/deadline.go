@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
 )
 
@@ -59,15 +59,15 @@ func (d *deadline) armed() bool { return d.idx > 0 }
 type deadlines struct {
 	mu      sync.Mutex
 	h       []*deadline
-	timer   clock.Stopper
+	timer   kvlayout.Stopper
 	pending bool   // the timer is pending
 	armedAt int64  // when it fires (Unix nanoseconds)
 	fire    func() // m.fireDeadlines, built once
-	clock   clock.Clock
+	clock   kvlayout.Clock
 	closed  *atomic.Bool // the manager's: once closed nothing is armed
 }
 
-// resetter is a clock.Stopper that can be re-armed in place (*time.Timer).
+// resetter is a kvlayout.Stopper that can be re-armed in place (*time.Timer).
 type resetter interface {
 	Reset(d time.Duration) bool
 }

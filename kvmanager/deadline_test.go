@@ -8,13 +8,14 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // countingHarness is a harness whose manager runs on rvCountingClock (it
 // counts the timers armed on the clock and not yet fired or stopped).
-func countingHarness(t *testing.T, dec prealloc.Config, cfg Config, obs Observer) (*harness, *rvCountingClock) {
+func countingHarness(t *testing.T, dec kvlayout.Config, cfg Config, obs Observer) (*harness, *rvCountingClock) {
 	t.Helper()
 	clk := &rvCountingClock{}
 	if err := dec.Validate(); err != nil {
@@ -36,7 +37,7 @@ func countingHarness(t *testing.T, dec prealloc.Config, cfg Config, obs Observer
 // wait, at most one timer is armed, and none once nothing waits.
 func TestOneTimerForEveryDeadline(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		dec := prealloc.DefaultConfig()
+		dec := kvlayout.DefaultConfig()
 		dec.Pool.RequestSlots, dec.Pool.PreAllocSlots = 4, 0
 		dec.Admission.ClaimTimeout = 30 * time.Second
 		cfg := DefaultConfig()
@@ -119,7 +120,7 @@ func (p *passCounter) take() int {
 // it, and the queued room behind them is admitted by that pass.
 func TestEndingRoomsAdmitsOncePerCall(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		dec := prealloc.DefaultConfig()
+		dec := kvlayout.DefaultConfig()
 		dec.Pool.RequestSlots, dec.Pool.PreAllocSlots = 4, 0
 		obs := &passCounter{}
 		h, _ := countingHarness(t, dec, DefaultConfig(), obs)

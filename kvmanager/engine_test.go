@@ -5,15 +5,15 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // layoutOf derives a validated decode layout.
-func layoutOf(t *testing.T, f func(*prealloc.Config)) prealloc.Layout {
+func layoutOf(t *testing.T, f func(*kvlayout.Config)) kvlayout.Layout {
 	t.Helper()
-	c := prealloc.DefaultConfig()
+	c := kvlayout.DefaultConfig()
 	if f != nil {
 		f(&c)
 	}

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/fieldcheck"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
 )
@@ -50,11 +50,11 @@ var (
 
 // InvalidError is a request field with a bad value. InvalidArgument. The
 // registry's, the staging handler's and the engines' field errors are this
-// same type (fieldcheck.Invalid), so they reach the server as they are.
-type InvalidError = fieldcheck.Invalid
+// same type (kvlayout.Invalid), so they reach the server as they are.
+type InvalidError = kvlayout.Invalid
 
 func invalid(field, format string, args ...any) error {
-	return fieldcheck.Invalidf(field, format, args...)
+	return kvlayout.Invalidf(field, format, args...)
 }
 
 // RetryError carries a retry hint for ResourceExhausted answers.

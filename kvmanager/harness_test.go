@@ -10,7 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/sim"
@@ -18,7 +18,7 @@ import (
 
 // The harness builds a Manager over real prealloc ledgers and the simulated
 // engine. Every test that builds one runs inside a synctest bubble (see
-// bubble), so the manager's clock.RealClock is the bubble's virtual clock: the
+// bubble), so the manager's kvlayout.RealClock is the bubble's virtual clock: the
 // manager's deadlines fire only when the test advances time with advance.
 
 const (
@@ -32,12 +32,12 @@ type harness struct {
 	m    *Manager
 	sim  *sim.SimEngine
 	leds []*prealloc.Ledger
-	dec  prealloc.Config
+	dec  kvlayout.Config
 	cfg  Config
 }
 
 type harnessOptions struct {
-	dec    func(*prealloc.Config)
+	dec    func(*kvlayout.Config)
 	cfg    func(*Config)
 	sim    sim.SimConfig
 	shards int
@@ -50,7 +50,7 @@ type harnessOptions struct {
 type option func(*harnessOptions)
 
 // withDecode adjusts the decode (ledger) configuration.
-func withDecode(f func(*prealloc.Config)) option {
+func withDecode(f func(*kvlayout.Config)) option {
 	return func(o *harnessOptions) { o.dec = f }
 }
 
@@ -91,8 +91,8 @@ func withObserver(obs Observer) option {
 }
 
 // mlaDecode turns the decode pool into a DeepSeek-style MLA pool.
-func mlaDecode(kind prealloc.Kind) func(*prealloc.Config) {
-	return func(c *prealloc.Config) {
+func mlaDecode(kind kvlayout.Kind) func(*kvlayout.Config) {
+	return func(c *kvlayout.Config) {
 		c.Pool.Kind = kind
 		c.Pool.KVHeads, c.Pool.HeadDim = 0, 0
 		c.Pool.KVLoraRank, c.Pool.QKRopeHeadDim = 512, 64
@@ -106,7 +106,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	for _, f := range opts {
 		f(&o)
 	}
-	dec := prealloc.DefaultConfig()
+	dec := kvlayout.DefaultConfig()
 	dec.Parallel.DP = o.shards
 	if o.dec != nil {
 		o.dec(&dec)
@@ -128,7 +128,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 		h.leds = append(h.leds, l)
 		ledgers = append(ledgers, l)
 	}
-	h.sim = sim.NewSimEngine(o.sim, clock.RealClock{})
+	h.sim = sim.NewSimEngine(o.sim, kvlayout.RealClock{})
 	var eng transfer.Engine = h.sim
 	if o.engine != nil {
 		eng = o.engine(h.sim)
@@ -522,8 +522,8 @@ func (g *gate) hook(op transfer.ChunkOp) error {
 }
 
 // smallPool sizes the decode pool in pages (64 tokens each).
-func smallPool(pages int64) func(*prealloc.Config) {
-	return func(c *prealloc.Config) {
+func smallPool(pages int64) func(*kvlayout.Config) {
+	return func(c *kvlayout.Config) {
 		c.Pool.TotalTokens = 0
 		c.Pool.TotalPages = pages
 	}
@@ -531,14 +531,14 @@ func smallPool(pages int64) func(*prealloc.Config) {
 
 // oneSlot leaves a single req_to_token row, so a second room stays queued
 // (BlockReqSlots) while the first holds it.
-func oneSlot(c *prealloc.Config) {
+func oneSlot(c *kvlayout.Config) {
 	c.Pool.RequestSlots = 1
 	c.Pool.PreAllocSlots = 0
 }
 
 // decodes combines decode-config adjustments.
-func decodes(fs ...func(*prealloc.Config)) func(*prealloc.Config) {
-	return func(c *prealloc.Config) {
+func decodes(fs ...func(*kvlayout.Config)) func(*kvlayout.Config) {
+	return func(c *kvlayout.Config) {
 		for _, f := range fs {
 			f(c)
 		}

@@ -3,9 +3,9 @@ package kvmanager_test
 import (
 	"testing"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
-	"github.com/decodeplane/decodeplane/prealloc"
 )
 
 // TestStagingHeadSlicesMatchMapping: the staging plan's writers carry the
@@ -18,7 +18,7 @@ func TestStagingHeadSlicesMatchMapping(t *testing.T) {
 	for _, P := range tps {
 		for _, D := range tps {
 			for _, heads := range []int{1, 2, 3, 4, 8, 16, 32} {
-				s := staging.New(prealloc.Layout{AttnTP: D, PP: 1, DP: 1, NumLayers: 4, HeadDim: 128, DTypeBytes: 2, PageSize: 16}, 1<<20)
+				s := staging.New(kvlayout.Layout{AttnTP: D, PP: 1, DP: 1, NumLayers: 4, HeadDim: 128, DTypeBytes: 2, PageSize: 16}, 1<<20)
 				for e := range D {
 					ws := s.Writers(P, 1, heads, e, 0)
 					if len(ws) == 0 {

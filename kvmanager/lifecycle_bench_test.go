@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
@@ -21,7 +21,7 @@ import (
 
 // benchManager builds a manager over one real ledger; it is shut down when
 // the benchmark ends.
-func benchManager(b *testing.B, dec prealloc.Config, cfg Config) *Manager {
+func benchManager(b *testing.B, dec kvlayout.Config, cfg Config) *Manager {
 	b.Helper()
 	if err := dec.Validate(); err != nil {
 		b.Fatalf("decode config: %v", err)
@@ -30,7 +30,7 @@ func benchManager(b *testing.B, dec prealloc.Config, cfg Config) *Manager {
 	if err != nil {
 		b.Fatal(err)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: sim.NewSimEngine(sim.SimConfig{}, clock.RealClock{}), Logger: slog.New(slog.DiscardHandler)})
+	m, err := New(cfg, dec, Deps{Ledgers: []*prealloc.Ledger{led}, Engine: sim.NewSimEngine(sim.SimConfig{}, kvlayout.RealClock{}), Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -47,7 +47,7 @@ func endedContext() context.Context {
 }
 
 // benchRegister registers a one-rank prefill instance (tp = dp = pp = 1).
-func benchRegister(b *testing.B, m *Manager, dec prealloc.Config) RankID {
+func benchRegister(b *testing.B, m *Manager, dec kvlayout.Config) RankID {
 	b.Helper()
 	reg := Registration{
 		Addr: addrA, Endpoint: "tcp://rank-0-0-0-0",
@@ -65,7 +65,7 @@ func benchRegister(b *testing.B, m *Manager, dec prealloc.Config) RankID {
 // (AwaitDestination + Delivered), one last chunk moved by the engine,
 // success, ReleaseRoom and the claim stream's end.
 func BenchmarkRoomLifecycle(b *testing.B) {
-	dec := prealloc.DefaultConfig()
+	dec := kvlayout.DefaultConfig()
 	m := benchManager(b, dec, DefaultConfig())
 	rk := benchRegister(b, m, dec)
 	ctx := context.Background()
@@ -112,7 +112,7 @@ const queuedRooms = 100_000
 // (kvmanager + prealloc) each queued room holds: the HeapInuse delta after
 // runtime.GC, divided by the rooms.
 func BenchmarkQueuedRoomMemory(b *testing.B) {
-	dec := prealloc.DefaultConfig()
+	dec := kvlayout.DefaultConfig()
 	oneSlot(&dec)
 	dec.Admission.MaxQueued = 2 * queuedRooms
 	dec.Admission.ClaimTimeout = time.Hour

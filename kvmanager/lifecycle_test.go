@@ -70,7 +70,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -134,7 +134,7 @@ func TestT1T2T4T8T11T12T17HappyPath(t *testing.T) {
 func TestT12HeterogeneousTP(t *testing.T) {
 	tests := []struct {
 		name      string
-		dec       func(*prealloc.Config)
+		dec       func(*kvlayout.Config)
 		inst      instance
 		wantRanks []RankID
 		// wantTargets are the targets of every rank's destination (dummies
@@ -164,7 +164,7 @@ func TestT12HeterogeneousTP(t *testing.T) {
 			// Prefill TP 1 → decode TP 4: one prefill rank serves all four
 			// decode ranks (required_dst_info_num = 4), 2 heads each.
 			name:      "prefill TP 1 to decode TP 4",
-			dec:       func(c *prealloc.Config) { c.Parallel.AttnTP = 4 },
+			dec:       func(c *kvlayout.Config) { c.Parallel.AttnTP = 4 },
 			inst:      instance{addr: addrA, tp: 1},
 			wantRanks: []RankID{{Addr: addrA, TP: 0}},
 			wantTargets: map[int][]transfer.Target{0: {
@@ -182,7 +182,7 @@ func TestT12HeterogeneousTP(t *testing.T) {
 			// MLA prefill TP 4 → decode TP 1: rank 0 is the real source,
 			// ranks 1–3 are dummies (empty destination) that count as done.
 			name:      "MLA prefill TP 4 to decode TP 1",
-			dec:       mlaDecode(prealloc.KindMLA),
+			dec:       mlaDecode(kvlayout.KindMLA),
 			inst:      instance{addr: addrA, tp: 4},
 			wantRanks: []RankID{{Addr: addrA, TP: 0}},
 			wantTargets: map[int][]transfer.Target{

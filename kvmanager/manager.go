@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
@@ -27,8 +27,8 @@ type Deps struct {
 	Ledgers []*prealloc.Ledger
 	// Engine moves chunks; required.
 	Engine transfer.Engine
-	// Clock defaults to clock.RealClock.
-	Clock clock.Clock
+	// Clock defaults to kvlayout.RealClock.
+	Clock kvlayout.Clock
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 	// TracerProvider defaults to a no-op provider.
@@ -45,9 +45,9 @@ type Deps struct {
 // transfer state machine. It is safe for concurrent use.
 type Manager struct {
 	cfg    Config
-	dec    prealloc.Config
-	layout prealloc.Layout
-	clock  clock.Clock
+	dec    kvlayout.Config
+	layout kvlayout.Layout
+	clock  kvlayout.Clock
 	log    *slog.Logger
 	tracer trace.Tracer
 	// selfWriters: prefill addresses known to write by themselves (drain.go).
@@ -90,7 +90,7 @@ type Manager struct {
 }
 
 // New builds a manager. dec must be validated.
-func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
+func New(cfg Config, dec kvlayout.Config, deps Deps) (*Manager, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -104,7 +104,7 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 		return nil, errors.New("kvmanager: a transfer engine is required")
 	}
 	if deps.Clock == nil {
-		deps.Clock = clock.RealClock{}
+		deps.Clock = kvlayout.RealClock{}
 	}
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
@@ -149,7 +149,7 @@ func New(cfg Config, dec prealloc.Config, deps Deps) (*Manager, error) {
 }
 
 // Layout returns the decode KV layout.
-func (m *Manager) Layout() prealloc.Layout { return m.layout }
+func (m *Manager) Layout() kvlayout.Layout { return m.layout }
 
 // Run runs the background checks until ctx is done: prefill heartbeat
 // liveness (four times per effective heartbeat interval), DP-rank binding expiry and
@@ -160,9 +160,9 @@ func (m *Manager) Run(ctx context.Context) error {
 	// most a quarter interval after interval × max_failures of silence.
 	// (A check much later than that is the daemon's own stall:
 	// registry.CheckLiveness.)
-	hb := clock.NewTicker(m.clock, interval/registry.ChecksPerInterval)
+	hb := kvlayout.NewTicker(m.clock, interval/registry.ChecksPerInterval)
 	defer hb.Stop()
-	sweep := clock.NewTicker(m.clock, min(m.cfg.DPRank.BindingTTL, time.Minute))
+	sweep := kvlayout.NewTicker(m.clock, min(m.cfg.DPRank.BindingTTL, time.Minute))
 	defer sweep.Stop()
 	for {
 		select {

@@ -11,12 +11,13 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 func TestNewValidates(t *testing.T) {
-	dec := prealloc.DefaultConfig()
+	dec := kvlayout.DefaultConfig()
 	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
 	if err != nil {
 		t.Fatal(err)

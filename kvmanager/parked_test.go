@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // A held room with no ContinueGeneration fails when timeouts.held passes
@@ -166,7 +166,7 @@ func TestParkedTimeoutsValidate(t *testing.T) {
 // with a message saying what it waited for.
 func TestRebootstrapWithoutRecomputeSaysWhy(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		h := newHarness(t, withDecode(func(d *prealloc.Config) { d.Admission.ClaimTimeout = 30 * time.Second }))
+		h := newHarness(t, withDecode(func(d *kvlayout.Config) { d.Admission.ClaimTimeout = 30 * time.Second }))
 		h.register(instance{addr: addrA})
 		h.open(addrA, 1)
 		h.complete(1)

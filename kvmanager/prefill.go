@@ -6,10 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
-	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -49,7 +48,7 @@ func ComputeHeadSliceParams(srcTP, dstTP, srcRank, dstRank, totalHeads int) Head
 }
 
 // newRegistry builds the manager's registry from its configuration.
-func newRegistry(cfg Config, layout prealloc.Layout, clk clock.Clock, leaseLiveness bool) *registry.Registry {
+func newRegistry(cfg Config, layout kvlayout.Layout, clk kvlayout.Clock, leaseLiveness bool) *registry.Registry {
 	iv, mf := cfg.Timeouts.EffectiveHeartbeat()
 	return registry.New(registry.Config{Layout: layout, HeartbeatInterval: iv, MaxFailures: mf,
 		ForceQuery: cfg.DPRank.ForceQuery, BindingTTL: cfg.DPRank.BindingTTL, Now: clk.Now, LeaseLiveness: leaseLiveness})

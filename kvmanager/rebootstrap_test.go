@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // A rank that never registered with a fully registered instance cannot claim
@@ -55,7 +55,7 @@ func TestT22DroppedHeldRoomFails(t *testing.T) {
 		// 16,384 tokens: room 1 (prompt 1000, max_new 4096) fits when opened
 		// (1000 + 4096), but after growing to 11,300 output tokens its
 		// rebootstrap needs 1000 + 11,299 + 4096 = 16,395.
-		h := newHarness(t, withDecode(func(d *prealloc.Config) { d.Pool.TotalTokens = 16384 }))
+		h := newHarness(t, withDecode(func(d *kvlayout.Config) { d.Pool.TotalTokens = 16384 }))
 		h.register(instance{addr: addrA})
 		for _, room := range []uint64{1, 2} {
 			h.open(addrA, room, func(r *OpenRequest) { r.MaxNewTokens = 4096 })

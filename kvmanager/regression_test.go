@@ -14,7 +14,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/delegate"
@@ -24,11 +24,11 @@ import (
 
 // rvStaging turns the harness's decode side into a small GQA pool with a
 // 1 MiB staging ring (decode TP 1): a prefill with TP 2 is staged.
-func rvStaging(c *prealloc.Config) {
-	c.Pool.Kind = prealloc.KindGQA
+func rvStaging(c *kvlayout.Config) {
+	c.Pool.Kind = kvlayout.KindGQA
 	c.Pool.NumLayers, c.Pool.KVHeads, c.Pool.HeadDim, c.Pool.DType = 4, 8, 16, "bf16"
 	c.Pool.PageSize, c.Pool.TotalTokens, c.Pool.TotalPages, c.Pool.RequestSlots = 16, 0, 512, 8
-	c.Staging = prealloc.StagingConfig{Enabled: true, PoolSizeMB: 1}
+	c.Staging = kvlayout.StagingConfig{Enabled: true, PoolSizeMB: 1}
 }
 
 // rvOpenStaged registers a TP-2 prefill, opens a 7-page room and claims it.
@@ -166,7 +166,7 @@ func TestAgentLostBatchKeepsPagesUntilItsDeadline(t *testing.T) {
 	})
 }
 
-// rvCountingClock is clock.RealClock (the bubble's clock) that counts the timers
+// rvCountingClock is kvlayout.RealClock (the bubble's clock) that counts the timers
 // armed and not yet fired or stopped.
 type rvCountingClock struct {
 	mu   sync.Mutex
@@ -180,7 +180,7 @@ type rvTimer struct {
 }
 
 func (c *rvCountingClock) Now() time.Time { return time.Now() }
-func (c *rvCountingClock) AfterFunc(d time.Duration, f func()) clock.Stopper {
+func (c *rvCountingClock) AfterFunc(d time.Duration, f func()) kvlayout.Stopper {
 	tm := &rvTimer{c: c}
 	c.mu.Lock()
 	c.live++
@@ -213,14 +213,14 @@ func (c *rvCountingClock) Live() int {
 }
 
 // Regression (finding 4, timer/claim retained): a claim that arrives before OpenRoom
-// arms an expiry timer (AwaitDestination, lifecycle.go) whose clock.Stopper is
+// arms an expiry timer (AwaitDestination, lifecycle.go) whose kvlayout.Stopper is
 // dropped: when the room opens and the claim attaches, the timer is never
 // stopped, so it (and the Claim, its channel and buffered Destination) stays
 // alive for timeouts.bootstrap after the room is long released.
 func TestPendingClaimTimerStopsWhenTheRoomOpens(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		clk := &rvCountingClock{}
-		dec := prealloc.DefaultConfig()
+		dec := kvlayout.DefaultConfig()
 		led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
 		if err != nil {
 			t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
@@ -169,7 +170,7 @@ func (m *Manager) adopt(i int, d *ResyncRoom) error {
 		}
 		return fmt.Errorf("%s: %w", at(adoptField(err)), err)
 	}
-	var state []prealloc.StateIndices
+	var state []kvlayout.StateIndices
 	if al, ok := sh.led.Allocation(d.Room); ok {
 		state = al.State
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
@@ -249,7 +250,7 @@ func TestClaimRacesOpenRoom(t *testing.T) {
 		// Every room is admitted at once (4,096 request slots per shard for
 		// its 2,000 rooms): a room's claim must see its destination without
 		// waiting for others to end.
-		h := newHarness(t, withShards(2), withDecode(func(d *prealloc.Config) { d.Pool.RequestSlots = 4096 }))
+		h := newHarness(t, withShards(2), withDecode(func(d *kvlayout.Config) { d.Pool.RequestSlots = 4096 }))
 		in := instance{addr: addrA}
 		h.register(in)
 		rk := ranksOf(in)[0]

@@ -10,7 +10,7 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
@@ -60,7 +60,7 @@ func wantShutdownEnd(t *testing.T, what string, c *Claim, prefix string) {
 func TestShutdownTellsEveryStream(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		// Four request slots: rooms 1–4 are admitted, room 5 queues.
-		h := newHarness(t, withDecode(func(c *prealloc.Config) { c.Pool.RequestSlots, c.Pool.PreAllocSlots = 4, 0 }))
+		h := newHarness(t, withDecode(func(c *kvlayout.Config) { c.Pool.RequestSlots, c.Pool.PreAllocSlots = 4, 0 }))
 		g := newGate(t)
 		tp2 := instance{addr: addrA, tp: 2}
 		h.register(tp2)

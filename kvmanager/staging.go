@@ -9,9 +9,9 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
-	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
@@ -75,7 +75,7 @@ type StagingChunkResult struct {
 // shard's lock.
 type stagingState struct {
 	s      *staging.Stager
-	layout prealloc.Layout
+	layout kvlayout.Layout
 	engine transfer.Engine
 }
 
@@ -89,7 +89,7 @@ type stagedRoom struct {
 // configuration: staging.pool_size_mb MiB when staging is enabled on a
 // non-MLA pool, else 0. The delegated path registers it as
 // "decode/dp{d}/tp{e}/staging".
-func StagingRingBytes(dec prealloc.Config) int64 {
+func StagingRingBytes(dec kvlayout.Config) int64 {
 	if !dec.Staging.Enabled || dec.Pool.Kind.IsMLA() {
 		return 0
 	}
@@ -114,7 +114,7 @@ func (g *stagingState) totalKVHeads() (int, error) {
 // allocator present, total KV heads, and the engine's scatter capability.
 func (g *stagingState) usable() (int, error) {
 	if g.layout.IsMLA {
-		return 0, &StagingError{Msg: prealloc.MsgStagingMLA}
+		return 0, &StagingError{Msg: kvlayout.MsgStagingMLA}
 	}
 	if !g.layout.Staging || g.ringBytes() <= 0 {
 		return 0, &StagingError{Msg: "Staging is enabled on the prefill side but this decode instance has no staging allocator (SGLang: \"Staging is enabled but kv_manager._staging_ctx.allocator is None\"): start decodeplane with staging.enabled: true (SGLANG_DISAGG_STAGING_BUFFER=1) and staging.pool_size_mb > 0 on transfer.backend mooncake or nixl, or send the KV with Rooms.Transfer / ReportTransfer."}

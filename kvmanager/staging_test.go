@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -46,17 +47,17 @@ func (e *stgEnv) weight(room uint64, r, off, n int, last bool) int64 {
 	return w
 }
 
-func stgDecode(decodeTP int) prealloc.Config {
-	dec := prealloc.DefaultConfig()
-	dec.Pool.Kind = prealloc.KindGQA
+func stgDecode(decodeTP int) kvlayout.Config {
+	dec := kvlayout.DefaultConfig()
+	dec.Pool.Kind = kvlayout.KindGQA
 	dec.Pool.NumLayers, dec.Pool.KVHeads, dec.Pool.HeadDim, dec.Pool.DType = 4, 8, 16, "bf16"
 	dec.Pool.PageSize, dec.Pool.TotalTokens, dec.Pool.TotalPages, dec.Pool.RequestSlots = 16, 0, 512, 8
 	dec.Parallel.AttnTP = decodeTP
-	dec.Staging = prealloc.StagingConfig{Enabled: true, PoolSizeMB: 1}
+	dec.Staging = kvlayout.StagingConfig{Enabled: true, PoolSizeMB: 1}
 	return dec
 }
 
-func newStgEnv(t *testing.T, dec prealloc.Config, simCfg sim.SimConfig, engine func(*sim.SimEngine) transfer.Engine) *stgEnv {
+func newStgEnv(t *testing.T, dec kvlayout.Config, simCfg sim.SimConfig, engine func(*sim.SimEngine) transfer.Engine) *stgEnv {
 	t.Helper()
 	if err := dec.Validate(); err != nil {
 		t.Fatalf("decode config: %v", err)
@@ -233,19 +234,19 @@ func TestSetupStagingPlan(t *testing.T) {
 
 func TestSetupStagingRefusals(t *testing.T) {
 	mla := stgDecode(1)
-	mla.Pool.Kind, mla.Pool.KVLoraRank, mla.Pool.QKRopeHeadDim, mla.Staging.Enabled = prealloc.KindMLA, 32, 16, false
+	mla.Pool.Kind, mla.Pool.KVLoraRank, mla.Pool.QKRopeHeadDim, mla.Staging.Enabled = kvlayout.KindMLA, 32, 16, false
 	hybridMLA := mla
-	hybridMLA.Pool.Kind = prealloc.KindHybridMLA
+	hybridMLA.Pool.Kind = kvlayout.KindHybridMLA
 	off := stgDecode(2)
 	off.Staging.Enabled = false
 	tests := []struct {
 		name     string
-		dec      prealloc.Config
+		dec      kvlayout.Config
 		wantMsg  string // exact, or a prefix when wantPart
 		wantPart bool
 	}{
-		{name: "MLA pool", dec: mla, wantMsg: prealloc.MsgStagingMLA},
-		{name: "hybrid-MLA pool", dec: hybridMLA, wantMsg: prealloc.MsgStagingMLA},
+		{name: "MLA pool", dec: mla, wantMsg: kvlayout.MsgStagingMLA},
+		{name: "hybrid-MLA pool", dec: hybridMLA, wantMsg: kvlayout.MsgStagingMLA},
 		{name: "staging not configured", dec: off, wantMsg: "Staging is enabled on the prefill side but this decode instance has no staging allocator", wantPart: true},
 	}
 	for _, tc := range tests {

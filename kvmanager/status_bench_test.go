@@ -6,14 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // BenchmarkStatusQueued: Status (what GetStatus and every /metrics scrape
 // read, under the manager's lock) with queuedRooms rooms queued behind a
 // one-slot pool, as BenchmarkQueuedRoomMemory queues them.
 func BenchmarkStatusQueued(b *testing.B) {
-	dec := prealloc.DefaultConfig()
+	dec := kvlayout.DefaultConfig()
 	oneSlot(&dec)
 	dec.Admission.MaxQueued = 2 * queuedRooms
 	dec.Admission.ClaimTimeout = time.Hour

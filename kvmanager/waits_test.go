@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 func TestT2DPRankRules(t *testing.T) {
@@ -257,7 +257,7 @@ func TestBootstrapTimeoutBeforeClaim(t *testing.T) {
 // claims; timeouts.bootstrap ends the room (decodeplane; no SGLang transition).
 func TestDestinationNeverClaimed(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		h := newHarness(t, withDecode(func(c *prealloc.Config) { c.Admission.ClaimTimeout = 0 }))
+		h := newHarness(t, withDecode(func(c *kvlayout.Config) { c.Admission.ClaimTimeout = 0 }))
 		in := instance{addr: addrA, tp: 2}
 		h.register(in)
 		h.open(addrA, 1)

@@ -16,13 +16,13 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/metrics"
-	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// metricsDaemon is the whole daemon (internal/daemontest: the real server,
+// metricsDaemon is the whole daemon (internal/testing/daemontest: the real server,
 // manager and ledger with Prometheus instrumentation), served over bufconn.
 type metricsDaemon struct {
 	metrics *metrics.Metrics
@@ -31,7 +31,7 @@ type metricsDaemon struct {
 	boot    pb.BootstrapClient
 }
 
-func startMetricsDaemon(t *testing.T, mods ...func(*prealloc.Config)) *metricsDaemon {
+func startMetricsDaemon(t *testing.T, mods ...func(*kvlayout.Config)) *metricsDaemon {
 	t.Helper()
 	d := daemontest.Start(t, daemontest.Options{Config: func(c *config.Config) {
 		dec := c.Decode()
@@ -194,7 +194,7 @@ func TestMetricsMoveAsRoomsFlow(t *testing.T) {
 // TestDashboardQueriesExistingMetrics keeps deploy/grafana honest: every
 // metric a panel queries must be served by the daemon.
 func TestDashboardQueriesExistingMetrics(t *testing.T) {
-	d := startMetricsDaemon(t, func(c *prealloc.Config) { c.Staging.Enabled = true }) // staging rings exist
+	d := startMetricsDaemon(t, func(c *kvlayout.Config) { c.Staging.Enabled = true }) // staging rings exist
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	d.register(t, ctx)

@@ -7,6 +7,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // queued is one room of an admission table case.
@@ -25,7 +27,7 @@ type queued struct {
 func TestAdmitDecisions(t *testing.T) {
 	tests := []struct {
 		name    string
-		mutate  func(*Config)
+		mutate  func(*kvlayout.Config)
 		running []Request // taken to running with output 1 before the pass
 		queue   []queued
 		want    []uint64
@@ -43,7 +45,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:   "head-of-line, R=0: 16000 needs max(16000, 16000+100) ≤ 16384 ⇒ admit, budget=384; 1000 needs 1008 > 384 ⇒ tokens and the 16-token room behind it waits",
-			mutate: func(c *Config) { c.Admission.ReservedDecodeTokens = 0 },
+			mutate: func(c *kvlayout.Config) { c.Admission.ReservedDecodeTokens = 0 },
 			queue: []queued{
 				{room: 1, prompt: 16000, maxNew: 100},
 				{room: 2, prompt: 1000, maxNew: 100},
@@ -86,13 +88,13 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:   "prompt 12300, max_new 8000 with CLIP=2048: max(12816, 12300+2048=14348) ≤ 16384 ⇒ admit; budget=(255 pages)4080-512=3568",
-			mutate: func(c *Config) { c.Admission.ClipMaxNewTokens = 2048 },
+			mutate: func(c *kvlayout.Config) { c.Admission.ClipMaxNewTokens = 2048 },
 			queue:  []queued{{room: 1, prompt: 12300, maxNew: 8000}},
 			want:   []uint64{1}, reason: BlockNone, budget: 3568,
 		},
 		{
 			name:   "req-slot shortage: 2 slots, three 16-token rooms ⇒ 2 admitted, req_slots; budget=(1022 pages)16352-1024=15328",
-			mutate: func(c *Config) { c.Pool.RequestSlots = 2 },
+			mutate: func(c *kvlayout.Config) { c.Pool.RequestSlots = 2 },
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1}, {room: 2, prompt: 16, maxNew: 1}, {room: 3, prompt: 16, maxNew: 1},
 			},
@@ -100,7 +102,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:   "priority low-first: priorities 5,1,3,1 ⇒ order 1(room 2),1(room 4),3(room 3),5(room 1); 3 req slots ⇒ req_slots after three",
-			mutate: func(c *Config) { c.Pool.RequestSlots = 3; c.Admission.Priority = PriorityLowFirst },
+			mutate: func(c *kvlayout.Config) { c.Pool.RequestSlots = 3; c.Admission.Priority = kvlayout.PriorityLowFirst },
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1, priority: 5}, {room: 2, prompt: 16, maxNew: 1, priority: 1},
 				{room: 3, prompt: 16, maxNew: 1, priority: 3}, {room: 4, prompt: 16, maxNew: 1, priority: 1},
@@ -109,7 +111,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:   "priority high-first: priorities 5,1,3,1 ⇒ order 5(room 1),3(room 3),1(room 2); 3 req slots ⇒ req_slots",
-			mutate: func(c *Config) { c.Pool.RequestSlots = 3; c.Admission.Priority = PriorityHighFirst },
+			mutate: func(c *kvlayout.Config) { c.Pool.RequestSlots = 3; c.Admission.Priority = kvlayout.PriorityHighFirst },
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1, priority: 5}, {room: 2, prompt: 16, maxNew: 1, priority: 1},
 				{room: 3, prompt: 16, maxNew: 1, priority: 3}, {room: 4, prompt: 16, maxNew: 1, priority: 1},
@@ -118,7 +120,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:   "FIFO ignores priority: arrival order 1,2,3 admitted; req_slots",
-			mutate: func(c *Config) { c.Pool.RequestSlots = 3 },
+			mutate: func(c *kvlayout.Config) { c.Pool.RequestSlots = 3 },
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1, priority: 5}, {room: 2, prompt: 16, maxNew: 1, priority: 1},
 				{room: 3, prompt: 16, maxNew: 1, priority: 3}, {room: 4, prompt: 16, maxNew: 1, priority: 1},
@@ -127,7 +129,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:    "priority head blocks: low-first, 1 running (63 pages): budget=14864; priority-0 room of 15000 tokens needs 15008+512=15520 > 14864 ⇒ tokens; the smaller priority-9 room behind it waits (max_bypass 0)",
-			mutate:  func(c *Config) { c.Admission.Priority = PriorityLowFirst },
+			mutate:  func(c *kvlayout.Config) { c.Admission.Priority = kvlayout.PriorityLowFirst },
 			running: []Request{req(101, 1000, 1)},
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1, priority: 9},
@@ -137,7 +139,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:   "priority not-ready head skipped: low-first, priority-0 room waiting, priority-9 room admitted",
-			mutate: func(c *Config) { c.Admission.Priority = PriorityLowFirst },
+			mutate: func(c *kvlayout.Config) { c.Admission.Priority = kvlayout.PriorityLowFirst },
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1, priority: 9},
 				{room: 2, prompt: 15000, maxNew: 1, priority: 0, notReady: true},
@@ -146,7 +148,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:    "bypass, max_bypass 2: 1 running (63 pages), budget=14864; room 1 (15000) needs 15520 ⇒ set aside; room 2 (16) needs 528 ⇒ admit, budget=(960 pages)15360-1024=14336; room 3 ⇒ admit, budget=15344-1536=13808, room 1 bypassed twice ⇒ strict: room 4 waits, tokens",
-			mutate:  func(c *Config) { c.Admission.MaxBypass = 2 },
+			mutate:  func(c *kvlayout.Config) { c.Admission.MaxBypass = 2 },
 			running: []Request{req(101, 1000, 1)},
 			queue: []queued{
 				{room: 1, prompt: 15000, maxNew: 1},
@@ -158,7 +160,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:    "bypass steps over at most 8 rooms per pass: 8 rooms of 15000 tokens set aside, the 16-token room 9 admitted, budget=14336; the queue then ends ⇒ tokens (the rooms set aside)",
-			mutate:  func(c *Config) { c.Admission.MaxBypass = 32 },
+			mutate:  func(c *kvlayout.Config) { c.Admission.MaxBypass = 32 },
 			running: []Request{req(101, 1000, 1)},
 			queue: []queued{
 				{room: 1, prompt: 15000, maxNew: 1}, {room: 2, prompt: 15000, maxNew: 1},
@@ -171,7 +173,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:    "bypass lookahead exhausted: 9 rooms of 15000 tokens ahead of the 16-token room 10 ⇒ the ninth stops the pass, nothing admitted, tokens",
-			mutate:  func(c *Config) { c.Admission.MaxBypass = 32 },
+			mutate:  func(c *kvlayout.Config) { c.Admission.MaxBypass = 32 },
 			running: []Request{req(101, 1000, 1)},
 			queue: []queued{
 				{room: 1, prompt: 15000, maxNew: 1}, {room: 2, prompt: 15000, maxNew: 1},
@@ -184,7 +186,7 @@ func TestAdmitDecisions(t *testing.T) {
 		},
 		{
 			name:   "bypass does not apply to a shared shortage: 2 req slots, max_bypass 32 ⇒ rooms 1, 2 admitted, req_slots, room 3 waits",
-			mutate: func(c *Config) { c.Pool.RequestSlots = 2; c.Admission.MaxBypass = 32 },
+			mutate: func(c *kvlayout.Config) { c.Pool.RequestSlots = 2; c.Admission.MaxBypass = 32 },
 			queue: []queued{
 				{room: 1, prompt: 16, maxNew: 1}, {room: 2, prompt: 16, maxNew: 1}, {room: 3, prompt: 16, maxNew: 1},
 			},
@@ -193,7 +195,7 @@ func TestAdmitDecisions(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(KindGQA, 16, 1024, 8)
+			cfg := testConfig(kvlayout.KindGQA, 16, 1024, 8)
 			if tc.mutate != nil {
 				tc.mutate(&cfg)
 			}
@@ -239,7 +241,7 @@ func TestAdmitDecisions(t *testing.T) {
 // stops the pass; StartRunning frees the slot (pop_transferred) and the next
 // pass admits.
 func TestAdmitMetadataSlotShortage(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 1024, 4)
+	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 4)
 	cfg.Pool.MetadataSlots = 1
 	l, _ := newLedger(t, cfg, true)
 	for _, id := range []uint64{1, 2} {
@@ -277,7 +279,7 @@ func TestAdmitMetadataSlotShortage(t *testing.T) {
 // admits room 3: budget = 34 × 16 = 544 − max(64 × 1, 0) = 480 ≥ 16 + 64;
 // afterwards 33 × 16 = 528 − 128 = 400.
 func TestAdmitRetractedBlocksNew(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 64, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 64
 	l, _ := newLedger(t, cfg, false)
 	mustNil(t, "enqueue 1", l.Enqueue(req(1, 480, 16)))
@@ -339,7 +341,7 @@ func TestAdmitRetractedBlocksNew(t *testing.T) {
 // Releasing room 3 gives 1024 − 0 = 1024: room 1 resumes (33 pages, budget
 // 1024−583 = 441), then room 2 (80 ≤ 441).
 func TestResumeInRetractionOrder(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 64, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 64
 	l, _ := newLedger(t, cfg, false)
 	runRoom(t, l, req(2, 16, 16), 1)
@@ -387,7 +389,7 @@ func TestResumeInRetractionOrder(t *testing.T) {
 // ends the pool drains: room 1 is admitted first (16384 ≥ 15520; then 86
 // pages = 1376 − 512 = 864 left) and room 4 behind it (528 ≤ 864).
 func TestBypassThenDrain(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 1024, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 8)
 	cfg.Admission.MaxBypass = 2
 	l, _ := newLedger(t, cfg, false)
 	runRoom(t, l, req(101, 1000, 1), 1)
@@ -429,7 +431,7 @@ func TestBypassThenDrain(t *testing.T) {
 // released it resumes with 30 pages (CheckInvariants, run after every pass,
 // proves no page has two owners).
 func TestRetractWaitsForDecodeStep(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 64, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 0
 	l, _ := newLedger(t, cfg, false)
 	runRoom(t, l, req(2, 480, 16), 0)
@@ -464,7 +466,7 @@ func TestRetractWaitsForDecodeStep(t *testing.T) {
 // TestRetractLastRunningResumes: with no running room left nothing can grow
 // into the freed pages, so the next pass resumes the retracted room.
 func TestRetractLastRunningResumes(t *testing.T) {
-	l, _ := newLedger(t, testConfig(KindGQA, 16, 64, 8), false)
+	l, _ := newLedger(t, testConfig(kvlayout.KindGQA, 16, 64, 8), false)
 	runRoom(t, l, req(1, 100, 10), 3)
 	mustNil(t, "retract", l.Retract(1))
 	got, reason, adm := admitRooms(t, l)
@@ -482,7 +484,7 @@ func TestRetractLastRunningResumes(t *testing.T) {
 // (it would stay retracted forever and block every admission) and changes
 // nothing; the room keeps running. At 900 tokens (899 + 64 ≤ 1024) it may.
 func TestRetractNeverResumableRefused(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 64, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 64
 	l, _ := newLedger(t, cfg, false)
 	runRoom(t, l, req(1, 100, 100), 1)

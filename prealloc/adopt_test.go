@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // freeLists snapshots the free lists in order (white-box): a refused Adopt
@@ -35,7 +37,7 @@ func adoptReq(room uint64, prompt, output int) Request {
 // named pages and req slots; admission then fills the rest of the pool and
 // never hands out an adopted page or row.
 func TestAdoptThenAdmit(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 64, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 16
 	cfg.Admission.ClipMaxNewTokens = 16
 	l, _ := newLedger(t, cfg, false)
@@ -114,7 +116,7 @@ func seq(from, n int32) []int32 {
 func TestAdoptConflicts(t *testing.T) {
 	type tc struct {
 		name string
-		kind Kind
+		kind kvlayout.Kind
 		a    Adoption
 		want error
 		msg  string
@@ -123,37 +125,37 @@ func TestAdoptConflicts(t *testing.T) {
 	rb.Rebootstrap = true
 	bad := adoptReq(50, -1, 0)
 	cases := []tc{
-		{"page out of range high", KindGQA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{10, 64}}, ErrInvalidRequest, "page 64 out of range (0..63)"},
-		{"page out of range low", KindGQA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{-1, 10}}, ErrInvalidRequest, "page -1 out of range"},
-		{"page named twice", KindGQA, Adoption{Request: adoptReq(50, 40, 0), ReqSlot: 5, Pages: []int32{20, 21, 20}}, ErrInvalidRequest, "page 20 named twice"},
-		{"page held by an admitted room", KindGQA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 0}}, ErrOwned, "page 0 is held by room 1"},
-		{"page held by an adopted room", KindGQA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{61, 40}}, ErrOwned, "page 61 is held by room 2"},
-		{"too few pages", KindGQA, Adoption{Request: adoptReq(50, 32, 1), ReqSlot: 5, Pages: []int32{40, 41}}, ErrInvalidRequest, "2 pages for 33 tokens (prompt 32 + output 1) at page size 16, want 3"},
-		{"too many pages", KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40, 41}}, ErrInvalidRequest, "want 1"},
-		{"req slot 0 (padding)", KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 0, Pages: []int32{40}}, ErrInvalidRequest, "req slot 0 out of range (1..8)"},
-		{"req slot too high", KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 9, Pages: []int32{40}}, ErrInvalidRequest, "req slot 9 out of range"},
-		{"req slot held", KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 7, Pages: []int32{40}}, ErrOwned, "req slot 7 is held by room 2"},
-		{"room exists", KindGQA, Adoption{Request: adoptReq(2, 16, 0), ReqSlot: 5, Pages: []int32{40}}, ErrRoomExists, "adopt room 2"},
-		{"rebootstrap", KindGQA, Adoption{Request: rb, ReqSlot: 5, Pages: []int32{40}}, ErrInvalidRequest, "not a rebootstrap"},
-		{"negative prompt", KindGQA, Adoption{Request: bad, ReqSlot: 5}, ErrInvalidRequest, "prompt length -1"},
-		{"SWA pages for a pool without", KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, SWAPages: []int32{1}}, ErrInvalidRequest, "kind gqa has no SWA pool"},
-		{"mamba slots for a pool without", KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, MambaSlots: []int32{1}}, ErrInvalidRequest, "needs 0"},
+		{"page out of range high", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{10, 64}}, ErrInvalidRequest, "page 64 out of range (0..63)"},
+		{"page out of range low", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{-1, 10}}, ErrInvalidRequest, "page -1 out of range"},
+		{"page named twice", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 40, 0), ReqSlot: 5, Pages: []int32{20, 21, 20}}, ErrInvalidRequest, "page 20 named twice"},
+		{"page held by an admitted room", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 0}}, ErrOwned, "page 0 is held by room 1"},
+		{"page held by an adopted room", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{61, 40}}, ErrOwned, "page 61 is held by room 2"},
+		{"too few pages", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 32, 1), ReqSlot: 5, Pages: []int32{40, 41}}, ErrInvalidRequest, "2 pages for 33 tokens (prompt 32 + output 1) at page size 16, want 3"},
+		{"too many pages", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40, 41}}, ErrInvalidRequest, "want 1"},
+		{"req slot 0 (padding)", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 0, Pages: []int32{40}}, ErrInvalidRequest, "req slot 0 out of range (1..8)"},
+		{"req slot too high", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 9, Pages: []int32{40}}, ErrInvalidRequest, "req slot 9 out of range"},
+		{"req slot held", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 7, Pages: []int32{40}}, ErrOwned, "req slot 7 is held by room 2"},
+		{"room exists", kvlayout.KindGQA, Adoption{Request: adoptReq(2, 16, 0), ReqSlot: 5, Pages: []int32{40}}, ErrRoomExists, "adopt room 2"},
+		{"rebootstrap", kvlayout.KindGQA, Adoption{Request: rb, ReqSlot: 5, Pages: []int32{40}}, ErrInvalidRequest, "not a rebootstrap"},
+		{"negative prompt", kvlayout.KindGQA, Adoption{Request: bad, ReqSlot: 5}, ErrInvalidRequest, "prompt length -1"},
+		{"SWA pages for a pool without", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, SWAPages: []int32{1}}, ErrInvalidRequest, "kind gqa has no SWA pool"},
+		{"mamba slots for a pool without", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, MambaSlots: []int32{1}}, ErrInvalidRequest, "needs 0"},
 		// hybrid-swa: window 256, 64 SWA pages of 16.
-		{"SWA pages missing", KindHybridSWA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 41}}, ErrInvalidRequest, "0 SWA pages for 2 pages, want 2..2"},
-		{"SWA pages short of the window", KindHybridSWA, Adoption{Request: adoptReq(50, 400, 0), ReqSlot: 5, Pages: seq(30, 25), SWAPages: seq(30, 10)}, ErrInvalidRequest, "10 SWA pages for 25 pages, want 16..25"},
-		{"SWA page named twice", KindHybridSWA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 41}, SWAPages: []int32{9, 9}}, ErrInvalidRequest, "swa page 9 named twice"},
-		{"SWA page held", KindHybridSWA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 41}, SWAPages: []int32{9, 0}}, ErrOwned, "swa page 0 is held by room 1"},
-		{"SWA page out of range", KindHybridSWA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 41}, SWAPages: []int32{9, 64}}, ErrInvalidRequest, "swa page 64 out of range (0..63)"},
+		{"SWA pages missing", kvlayout.KindHybridSWA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 41}}, ErrInvalidRequest, "0 SWA pages for 2 pages, want 2..2"},
+		{"SWA pages short of the window", kvlayout.KindHybridSWA, Adoption{Request: adoptReq(50, 400, 0), ReqSlot: 5, Pages: seq(30, 25), SWAPages: seq(30, 10)}, ErrInvalidRequest, "10 SWA pages for 25 pages, want 16..25"},
+		{"SWA page named twice", kvlayout.KindHybridSWA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 41}, SWAPages: []int32{9, 9}}, ErrInvalidRequest, "swa page 9 named twice"},
+		{"SWA page held", kvlayout.KindHybridSWA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 41}, SWAPages: []int32{9, 0}}, ErrOwned, "swa page 0 is held by room 1"},
+		{"SWA page out of range", kvlayout.KindHybridSWA, Adoption{Request: adoptReq(50, 32, 0), ReqSlot: 5, Pages: []int32{40, 41}, SWAPages: []int32{9, 64}}, ErrInvalidRequest, "swa page 64 out of range (0..63)"},
 		// hybrid-linear: 3 slots per request, 24 slots.
-		{"mamba slots missing", KindHybridLinear, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}}, ErrInvalidRequest, "0 mamba slots given, kind hybrid-linear needs 3"},
-		{"mamba slot named twice", KindHybridLinear, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, MambaSlots: []int32{20, 21, 20}}, ErrInvalidRequest, "mamba slot 20 named twice"},
-		{"mamba slot held", KindHybridLinear, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, MambaSlots: []int32{20, 0, 21}}, ErrOwned, "mamba slot 0 is held by room 1"},
-		{"mamba slot out of range", KindHybridLinear, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, MambaSlots: []int32{20, 24, 21}}, ErrInvalidRequest, "mamba slot 24 out of range (0..23)"},
+		{"mamba slots missing", kvlayout.KindHybridLinear, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}}, ErrInvalidRequest, "0 mamba slots given, kind hybrid-linear needs 3"},
+		{"mamba slot named twice", kvlayout.KindHybridLinear, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, MambaSlots: []int32{20, 21, 20}}, ErrInvalidRequest, "mamba slot 20 named twice"},
+		{"mamba slot held", kvlayout.KindHybridLinear, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, MambaSlots: []int32{20, 0, 21}}, ErrOwned, "mamba slot 0 is held by room 1"},
+		{"mamba slot out of range", kvlayout.KindHybridLinear, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, MambaSlots: []int32{20, 24, 21}}, ErrInvalidRequest, "mamba slot 24 out of range (0..23)"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := testConfig(c.kind, 16, 64, 8)
-			if c.kind == KindHybridSWA {
+			if c.kind == kvlayout.KindHybridSWA {
 				cfg.Pool.SWA.TotalTokens = 64 * 16
 			}
 			l, _ := newLedger(t, cfg, false)
@@ -165,10 +167,10 @@ func TestAdoptConflicts(t *testing.T) {
 				t.Fatalf("admitted %v", got)
 			}
 			a2 := Adoption{Request: adoptReq(2, 16, 0), ReqSlot: 7, Pages: []int32{61}}
-			if c.kind == KindHybridSWA {
+			if c.kind == kvlayout.KindHybridSWA {
 				a2.SWAPages = []int32{61}
 			}
-			if c.kind == KindHybridLinear {
+			if c.kind == kvlayout.KindHybridLinear {
 				a2.MambaSlots = []int32{23, 22, 12}
 			}
 			mustNil(t, "adopt 2", l.Adopt(a2))
@@ -197,22 +199,22 @@ func TestAdoptConflicts(t *testing.T) {
 // (onto free pages), its release returns exactly its pages and row, it
 // retracts and resumes, holds, drains; the same pages can be adopted again.
 func TestAdoptedRoomLifecycle(t *testing.T) {
-	for _, kind := range []Kind{KindGQA, KindHybridSWA, KindHybridLinear, KindHybridMLA} {
+	for _, kind := range []kvlayout.Kind{kvlayout.KindGQA, kvlayout.KindHybridSWA, kvlayout.KindHybridLinear, kvlayout.KindHybridMLA} {
 		t.Run(kind.String(), func(t *testing.T) {
 			cfg := testConfig(kind, 16, 64, 8)
 			cfg.Admission.ReservedDecodeTokens = 16
 			cfg.Admission.ClipMaxNewTokens = 64
-			if kind == KindHybridSWA {
-				cfg.Pool.SWA = SWAConfig{Window: 32, TotalTokens: 64 * 16}
+			if kind == kvlayout.KindHybridSWA {
+				cfg.Pool.SWA = kvlayout.SWAConfig{Window: 32, TotalTokens: 64 * 16}
 			}
 			l, _ := newLedger(t, cfg, false)
 			a := Adoption{Request: adoptReq(1, 90, 10), ReqSlot: 4, Pages: []int32{9, 3, 50, 20, 11, 12, 33}} // 100 tokens
 			switch kind {
-			case KindHybridSWA:
+			case kvlayout.KindHybridSWA:
 				// Window start floor((100−32)/16) = 4: pages 4..6 at least;
 				// the engine still holds page 3's SWA page too.
 				a.SWAPages = []int32{8, 2, 7, 40}
-			case KindHybridLinear:
+			case kvlayout.KindHybridLinear:
 				a.MambaSlots = []int32{5, 0, 17}
 			}
 			cycle := func() {
@@ -240,17 +242,17 @@ func TestAdoptedRoomLifecycle(t *testing.T) {
 
 			mustNil(t, "adopt", l.Adopt(a))
 			al, _ := l.Allocation(1)
-			if kind == KindHybridLinear && (!cmp.Equal(al.State[0].Indices, []int32{5}) || !cmp.Equal(al.MambaPingPong, []int32{0, 17})) {
+			if kind == kvlayout.KindHybridLinear && (!cmp.Equal(al.State[0].Indices, []int32{5}) || !cmp.Equal(al.MambaPingPong, []int32{0, 17})) {
 				t.Errorf("mamba view %+v", al)
 			}
-			if kind == KindHybridSWA && !cmp.Equal(al.State[0].Indices, a.SWAPages) {
+			if kind == kvlayout.KindHybridSWA && !cmp.Equal(al.State[0].Indices, a.SWAPages) {
 				t.Errorf("swa view %+v", al.State)
 			}
 			np, err := l.UpdateRunning(1, 30) // 120 tokens: 8 pages
 			if err != nil || len(np) != 1 || slices.Contains(a.Pages, np[0]) {
 				t.Fatalf("growth %v %v", np, err)
 			}
-			if kind == KindHybridSWA {
+			if kind == kvlayout.KindHybridSWA {
 				// evict before floor((120−1−32−16)/16) = 4: SWA page of seq page 3 goes.
 				al, _ := l.Allocation(1)
 				if want := []int32{2, 7, 40}; !cmp.Equal(al.State[0].Indices[:3], want) || len(al.State[0].Indices) != 4 {
@@ -301,17 +303,17 @@ func TestTakeSlotKeepsFIFO(t *testing.T) {
 // TestAdoptAllocs: adopting a running room into a caller-owned Entry and
 // releasing it allocates nothing in steady state (page lists recycled).
 func TestAdoptAllocs(t *testing.T) {
-	for _, kind := range []Kind{KindGQA, KindHybridSWA, KindHybridLinear} {
+	for _, kind := range []kvlayout.Kind{kvlayout.KindGQA, kvlayout.KindHybridSWA, kvlayout.KindHybridLinear} {
 		t.Run(kind.String(), func(t *testing.T) {
 			cfg := typicalConfig()
 			cfg.Pool.Kind = kind
 			a := Adoption{Request: adoptReq(1, 4000, 96), ReqSlot: 700, Pages: seq(1000, 64)}
-			if kind == KindHybridSWA {
-				cfg.Pool.SWA = SWAConfig{Window: 1024, TotalTokens: 1 << 20}
+			if kind == kvlayout.KindHybridSWA {
+				cfg.Pool.SWA = kvlayout.SWAConfig{Window: 1024, TotalTokens: 1 << 20}
 				a.SWAPages = seq(5000, 17)
 			}
-			if kind == KindHybridLinear {
-				cfg.Pool.Mamba = MambaConfig{StateSlots: 3 * 1024, ExtraBuffer: true, PingPong: 2}
+			if kind == kvlayout.KindHybridLinear {
+				cfg.Pool.Mamba = kvlayout.MambaConfig{StateSlots: 3 * 1024, ExtraBuffer: true, PingPong: 2}
 				a.MambaSlots = []int32{9, 99, 999}
 			}
 			l, _ := newLedger(t, cfg, false)

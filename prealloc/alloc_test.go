@@ -2,12 +2,14 @@ package prealloc
 
 import (
 	"testing"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // typicalConfig is a GQA pool with page size 64 and room for a few thousand
 // 4k-token requests.
-func typicalConfig() Config {
-	c := testConfig(KindGQA, 64, 1<<16, 1024)
+func typicalConfig() kvlayout.Config {
+	c := testConfig(kvlayout.KindGQA, 64, 1<<16, 1024)
 	c.Admission.MaxQueued = 1 << 18
 	return c
 }
@@ -17,17 +19,17 @@ func typicalConfig() Config {
 // size 64 ⇒ 64 pages) does no heap allocation once the per-room page lists
 // are recycled. It drives the same internal path Admit and Release use.
 func TestPageAllocZeroAllocs(t *testing.T) {
-	for _, kind := range []Kind{KindGQA, KindHybridSWA, KindHybridLinear, KindHybridMLA} {
+	for _, kind := range []kvlayout.Kind{kvlayout.KindGQA, kvlayout.KindHybridSWA, kvlayout.KindHybridLinear, kvlayout.KindHybridMLA} {
 		t.Run(kind.String(), func(t *testing.T) {
 			cfg := typicalConfig()
 			cfg.Pool.Kind = kind
-			if kind == KindHybridSWA {
-				cfg.Pool.SWA = SWAConfig{Window: 1024, TotalTokens: 1 << 20}
+			if kind == kvlayout.KindHybridSWA {
+				cfg.Pool.SWA = kvlayout.SWAConfig{Window: 1024, TotalTokens: 1 << 20}
 			}
-			if kind == KindHybridLinear {
-				cfg.Pool.Mamba = MambaConfig{StateSlots: 3 * 1024, ExtraBuffer: true, PingPong: 2}
+			if kind == kvlayout.KindHybridLinear {
+				cfg.Pool.Mamba = kvlayout.MambaConfig{StateSlots: 3 * 1024, ExtraBuffer: true, PingPong: 2}
 			}
-			if kind == KindHybridMLA {
+			if kind == kvlayout.KindHybridMLA {
 				cfg.Pool.KVHeads, cfg.Pool.HeadDim, cfg.Pool.KVLoraRank, cfg.Pool.QKRopeHeadDim = 0, 0, 512, 64
 			}
 			l, _ := newLedger(t, cfg, false)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // putRoomIn takes room id (prompt 700, max_new 10) to state st. Room 100
@@ -59,7 +61,7 @@ func putRoomIn(t *testing.T, l *Ledger, id uint64, st RoomState) {
 // (state counts, retractable, the claim deadline), refuses every other
 // operation, is idempotent, and Release then frees everything once.
 func TestDrainFromEveryHoldingState(t *testing.T) {
-	for _, kind := range []Kind{KindHybridSWA, KindHybridLinear, KindGQA} {
+	for _, kind := range []kvlayout.Kind{kvlayout.KindHybridSWA, kvlayout.KindHybridLinear, kvlayout.KindGQA} {
 		for _, st := range []RoomState{RoomAdmitted, RoomClaimed, RoomResumed, RoomRunning} {
 			t.Run(kind.String()+"/"+st.String(), func(t *testing.T) {
 				cfg := testConfig(kind, 16, 1024, 8)
@@ -110,10 +112,10 @@ func TestDrainFromEveryHoldingState(t *testing.T) {
 					t.Errorf("draining shares: pages %d (holds %d), req %d, meta %d (want %d), swa %d, mamba %d; stats %+v",
 						s.Pages.Draining, len(pages), s.ReqSlots.Draining, s.MetaSlots.Draining, wantMeta, s.SWAPages.Draining, s.MambaSlots.Draining, s)
 				}
-				if kind == KindHybridLinear && s.MambaSlots.Draining != 3 {
+				if kind == kvlayout.KindHybridLinear && s.MambaSlots.Draining != 3 {
 					t.Errorf("mamba slots draining %d, want 3", s.MambaSlots.Draining)
 				}
-				if kind == KindHybridSWA && s.SWAPages.Draining == 0 {
+				if kind == kvlayout.KindHybridSWA && s.SWAPages.Draining == 0 {
 					t.Errorf("no SWA pages draining")
 				}
 				a, ok := l.Allocation(1)
@@ -176,7 +178,7 @@ func TestDrainFromEveryHoldingState(t *testing.T) {
 func TestDrainRefusedWithoutAllocation(t *testing.T) {
 	for _, st := range []RoomState{RoomWaiting, RoomReady, RoomRetracted, RoomHeld} {
 		t.Run(st.String(), func(t *testing.T) {
-			l, _ := newLedger(t, testConfig(KindGQA, 16, 1024, 8), false)
+			l, _ := newLedger(t, testConfig(kvlayout.KindGQA, 16, 1024, 8), false)
 			runRoom(t, l, req(100, 300, 10), 5)
 			putRoomIn(t, l, 1, st)
 			before := l.Stats()
@@ -192,7 +194,7 @@ func TestDrainRefusedWithoutAllocation(t *testing.T) {
 			assertFull(t, l)
 		})
 	}
-	l, _ := newLedger(t, testConfig(KindGQA, 16, 64, 4), false)
+	l, _ := newLedger(t, testConfig(kvlayout.KindGQA, 16, 64, 4), false)
 	mustIs(t, "drain unknown", l.DrainRoom(9), ErrUnknownRoom)
 }
 
@@ -201,7 +203,7 @@ func TestDrainRefusedWithoutAllocation(t *testing.T) {
 // is admitted at once, onto those pages. The draining room counts in no
 // budget term but the used pages: no R reserved for it.
 func TestDrainingPagesNeverAdmitted(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 64, 4) // 1024 tokens
+	cfg := testConfig(kvlayout.KindGQA, 16, 64, 4) // 1024 tokens
 	cfg.Admission.ReservedDecodeTokens = 64
 	cfg.Admission.ClipMaxNewTokens = 64
 	l, _ := newLedger(t, cfg, false)
@@ -272,7 +274,7 @@ func TestDrainingPagesNeverAdmitted(t *testing.T) {
 // but drains (pages held, out of the budget, no claim deadline) until
 // Release; one it does not keep is released as by Expire.
 func TestExpireKeepingDrains(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 1024, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 8)
 	cfg.Admission.ClaimTimeout = 10 * time.Second
 	l, clk := newLedger(t, cfg, false)
 	t0 := clk.Now()

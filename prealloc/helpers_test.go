@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // fakeClock is a manually advanced Clock.
@@ -35,8 +37,8 @@ func (c *fakeClock) Advance(d time.Duration) {
 // totalPages, reqSlots request slots with no pre-alloc rows, R = 512,
 // CLIP = 4096, FIFO with SGLang's strict head-of-line admission
 // (admission.max_bypass 0), no claim timeout.
-func testConfig(kind Kind, pageSize int, totalPages int64, reqSlots int) Config {
-	c := DefaultConfig()
+func testConfig(kind kvlayout.Kind, pageSize int, totalPages int64, reqSlots int) kvlayout.Config {
+	c := kvlayout.DefaultConfig()
 	c.Pool.Kind = kind
 	c.Pool.PageSize = pageSize
 	c.Pool.TotalTokens = 0
@@ -46,20 +48,20 @@ func testConfig(kind Kind, pageSize int, totalPages int64, reqSlots int) Config 
 	c.Admission.ClaimTimeout = 0
 	c.Admission.MaxBypass = 0
 	switch kind {
-	case KindMLA, KindHybridMLA:
+	case kvlayout.KindMLA, kvlayout.KindHybridMLA:
 		c.Pool.KVHeads, c.Pool.HeadDim = 0, 0
 		c.Pool.KVLoraRank, c.Pool.QKRopeHeadDim = 512, 64
-	case KindHybridSWA:
-		c.Pool.SWA = SWAConfig{Window: 256, TotalTokens: 1024}
-	case KindHybridLinear:
-		c.Pool.Mamba = MambaConfig{StateSlots: 3 * reqSlots, ExtraBuffer: true, PingPong: 2, StateBytes: 1 << 20}
+	case kvlayout.KindHybridSWA:
+		c.Pool.SWA = kvlayout.SWAConfig{Window: 256, TotalTokens: 1024}
+	case kvlayout.KindHybridLinear:
+		c.Pool.Mamba = kvlayout.MambaConfig{StateSlots: 3 * reqSlots, ExtraBuffer: true, PingPong: 2, StateBytes: 1 << 20}
 	}
 	return c
 }
 
 // newLedger builds a ledger from cfg, which must pass Validate unless
 // unvalidated is set (tests that exercise pools Validate would refuse).
-func newLedger(t testing.TB, cfg Config, unvalidated bool) (*Ledger, *fakeClock) {
+func newLedger(t testing.TB, cfg kvlayout.Config, unvalidated bool) (*Ledger, *fakeClock) {
 	t.Helper()
 	if !unvalidated {
 		if err := cfg.Validate(); err != nil {

@@ -6,6 +6,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // TestSWATailAdmission: hybrid-swa, page 16, 1024 full pages, window 256,
@@ -18,7 +20,7 @@ import (
 // Room 2: prompt 1000, max_new 600: max(264, 264+600=864) > 760 ⇒ swa, while
 // the full pool has plenty.
 func TestSWATailAdmission(t *testing.T) {
-	cfg := testConfig(KindHybridSWA, 16, 1024, 8)
+	cfg := testConfig(kvlayout.KindHybridSWA, 16, 1024, 8)
 	l, _ := newLedger(t, cfg, false)
 	mustNil(t, "enqueue 1", l.Enqueue(req(1, 1000, 100)))
 	mustNil(t, "enqueue 2", l.Enqueue(req(2, 1000, 600)))
@@ -33,7 +35,7 @@ func TestSWATailAdmission(t *testing.T) {
 		t.Errorf("stats: full budget %d (14864), swa budget %d (760), swa used %d (17), pages used %d (63)", s.FullBudget, s.SWABudget, s.SWAPages.Used, s.Pages.Used)
 	}
 	a := adm[0].Alloc
-	if len(a.State) != 1 || a.State[0].Type != StateSWA || len(a.State[0].Indices) != 17 {
+	if len(a.State) != 1 || a.State[0].Type != kvlayout.StateSWA || len(a.State[0].Indices) != 17 {
 		t.Fatalf("state %+v, want one SWA entry of 17 pages", a.State)
 	}
 	// The SWA pool pops ascending: the window's pages are SWA pages 0..16.
@@ -82,7 +84,7 @@ func TestSWATailAdmission(t *testing.T) {
 // 2000 ⇒ window start floor16(1744) = 1744, tail 256, max_new 400):
 // max(256, 256+400−265 = 391) > 389 ⇒ swa.
 func TestSWATailBudgetWithRunning(t *testing.T) {
-	cfg := testConfig(KindHybridSWA, 16, 1024, 8)
+	cfg := testConfig(kvlayout.KindHybridSWA, 16, 1024, 8)
 	l, _ := newLedger(t, cfg, false)
 	runRoom(t, l, req(1, 1000, 100), 1)
 	mustNil(t, "enqueue 2", l.Enqueue(req(2, 1000, 600)))
@@ -106,8 +108,8 @@ func TestSWATailBudgetWithRunning(t *testing.T) {
 // sent to prefill is the last 128 tokens. Growth to seq 501 frees SWA tokens
 // before 500−128−1 = 371 and adds one: 130 live.
 func TestSWAMirrorPageSizeOne(t *testing.T) {
-	cfg := testConfig(KindHybridSWA, 1, 4096, 8)
-	cfg.Pool.SWA = SWAConfig{Window: 128, TotalTokens: 1024}
+	cfg := testConfig(kvlayout.KindHybridSWA, 1, 4096, 8)
+	cfg.Pool.SWA = kvlayout.SWAConfig{Window: 128, TotalTokens: 1024}
 	cfg.Admission.ReservedDecodeTokens = 0
 	l, _ := newLedger(t, cfg, false)
 	err := l.Enqueue(req(9, 1025, 1))
@@ -143,7 +145,7 @@ func TestSWAMirrorPageSizeOne(t *testing.T) {
 // built on purpose) two rooms fit; the third is blocked by the Mamba check
 // (3 > 7 − 6). Slots are reused FIFO.
 func TestMambaSlots(t *testing.T) {
-	cfg := testConfig(KindHybridLinear, 16, 1024, 4)
+	cfg := testConfig(kvlayout.KindHybridLinear, 16, 1024, 4)
 	cfg.Pool.Mamba.StateSlots = 7
 	cfg.Admission.ReservedDecodeTokens = 0
 	l, _ := newLedger(t, cfg, true)
@@ -157,7 +159,7 @@ func TestMambaSlots(t *testing.T) {
 	}
 	type slots struct{ Main, PingPong []int32 }
 	view := func(a Allocation) slots {
-		if len(a.State) != 1 || a.State[0].Type != StateMamba {
+		if len(a.State) != 1 || a.State[0].Type != kvlayout.StateMamba {
 			t.Fatalf("state %+v", a.State)
 		}
 		return slots{a.State[0].Indices, a.MambaPingPong}
@@ -185,8 +187,8 @@ func TestMambaSlots(t *testing.T) {
 
 // TestMambaNoExtraBuffer: one slot per request, no ping-pong slots.
 func TestMambaNoExtraBuffer(t *testing.T) {
-	cfg := testConfig(KindHybridLinear, 16, 1024, 4)
-	cfg.Pool.Mamba = MambaConfig{StateSlots: 4}
+	cfg := testConfig(kvlayout.KindHybridLinear, 16, 1024, 4)
+	cfg.Pool.Mamba = kvlayout.MambaConfig{StateSlots: 4}
 	l, _ := newLedger(t, cfg, false)
 	mustNil(t, "enqueue", l.Enqueue(req(1, 100, 10)))
 	mustNil(t, "ready", l.SetReady(1))
@@ -201,7 +203,7 @@ func TestMambaNoExtraBuffer(t *testing.T) {
 // TestStateIndicesByKind: DSA sends the full-sequence page ids (the same
 // pages as the KV destination); MLA/GQA send no state.
 func TestStateIndicesByKind(t *testing.T) {
-	for _, kind := range []Kind{KindHybridMLA, KindMLA, KindGQA, KindMHA} {
+	for _, kind := range []kvlayout.Kind{kvlayout.KindHybridMLA, kvlayout.KindMLA, kvlayout.KindGQA, kvlayout.KindMHA} {
 		t.Run(kind.String(), func(t *testing.T) {
 			l, _ := newLedger(t, testConfig(kind, 64, 1024, 4), false)
 			mustNil(t, "enqueue", l.Enqueue(req(1, 4000, 10)))
@@ -211,8 +213,8 @@ func TestStateIndicesByKind(t *testing.T) {
 			if len(a.Pages) != 63 || a.AllocTokens != 63*64 || a.FillLen != 4000 || a.ReqSlot != 1 {
 				t.Fatalf("allocation: %d pages, alloc %d, fill %d, req slot %d", len(a.Pages), a.AllocTokens, a.FillLen, a.ReqSlot)
 			}
-			if kind == KindHybridMLA {
-				if len(a.State) != 1 || a.State[0].Type != StateDSA {
+			if kind == kvlayout.KindHybridMLA {
+				if len(a.State) != 1 || a.State[0].Type != kvlayout.StateDSA {
 					t.Fatalf("state %+v", a.State)
 				}
 				if diff := cmp.Diff(a.Pages, a.State[0].Indices); diff != "" {

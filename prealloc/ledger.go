@@ -6,6 +6,8 @@ import (
 	"math"
 	"sync"
 	"time"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // maxRequestTokens bounds PromptLen and OutputLen so that every budget term
@@ -82,7 +84,7 @@ type held struct {
 	retired   [][]int32 // page arrays outgrown by this room, recycled at release
 	mamba     [maxMambaSlotsPerReq]int32
 	nMamba    int
-	stateBuf  [1]StateIndices // admission-time State entry
+	stateBuf  [1]kvlayout.StateIndices // admission-time State entry
 	runKey    int64
 	runSWAKey int64
 	runTokens int64  // prompt + output while running
@@ -126,11 +128,11 @@ type Ledger struct {
 	shard int
 	clock Clock
 
-	kind         Kind
-	stateType    StateType // 0 when the kind sends no state component
-	page         int64     // page size in tokens
-	reserve      int64     // R: num_reserved_decode_tokens
-	clip         int64     // CLIP: SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+	kind         kvlayout.Kind
+	stateType    kvlayout.StateType // 0 when the kind sends no state component
+	page         int64              // page size in tokens
+	reserve      int64              // R: num_reserved_decode_tokens
+	clip         int64              // CLIP: SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 	order        queueOrder
 	claimTimeout time.Duration
 	maxQueued    int
@@ -180,12 +182,12 @@ type Ledger struct {
 // (empty pools, more than 2^31-1 pages or slots, a missing clock) with an
 // error. It does not apply Validate's cross-checks (e.g. metadata slots >=
 // request slots), so a deliberately odd but representable pool is accepted.
-func NewLedger(cfg Config, shard int, clock Clock) (*Ledger, error) {
+func NewLedger(cfg kvlayout.Config, shard int, clock Clock) (*Ledger, error) {
 	if clock == nil {
 		return nil, errors.New("new ledger: nil clock")
 	}
 	p, a := cfg.Pool, cfg.Admission
-	if p.Kind <= KindUnspecified || int(p.Kind) >= len(kindNames) {
+	if !p.Kind.Known() {
 		return nil, fmt.Errorf("new ledger: unknown kv pool kind %d", int(p.Kind))
 	}
 	if p.PageSize <= 0 || p.PageSize > 1<<20 {
@@ -215,8 +217,8 @@ func NewLedger(cfg Config, shard int, clock Clock) (*Ledger, error) {
 	if a.MaxQueued < 0 {
 		return nil, fmt.Errorf("new ledger: negative max queued %d", a.MaxQueued)
 	}
-	if a.MaxBypass < 0 || a.MaxBypass > MaxBypassLimit {
-		return nil, fmt.Errorf("new ledger: max bypass %d out of range (0..%d)", a.MaxBypass, MaxBypassLimit)
+	if a.MaxBypass < 0 || a.MaxBypass > kvlayout.MaxBypassLimit {
+		return nil, fmt.Errorf("new ledger: max bypass %d out of range (0..%d)", a.MaxBypass, kvlayout.MaxBypassLimit)
 	}
 	l := &Ledger{
 		shard:        shard,
@@ -231,11 +233,11 @@ func NewLedger(cfg Config, shard int, clock Clock) (*Ledger, error) {
 		rooms:        make(map[uint64]*room),
 	}
 	switch a.Priority {
-	case PriorityFIFO, "":
+	case kvlayout.PriorityFIFO, "":
 		l.order = orderFIFO
-	case PriorityLowFirst:
+	case kvlayout.PriorityLowFirst:
 		l.order = orderLowFirst
-	case PriorityHighFirst:
+	case kvlayout.PriorityHighFirst:
 		l.order = orderHighFirst
 	default:
 		return nil, fmt.Errorf("new ledger: unknown priority order %q", a.Priority)
@@ -249,7 +251,7 @@ func NewLedger(cfg Config, shard int, clock Clock) (*Ledger, error) {
 	l.maxTotal = nPages * l.page
 	var nSWA int64
 	switch p.Kind {
-	case KindHybridSWA:
+	case kvlayout.KindHybridSWA:
 		if p.SWA.Window <= 0 {
 			return nil, fmt.Errorf("new ledger: hybrid-swa sliding window %d must be > 0", p.SWA.Window)
 		}
@@ -268,7 +270,7 @@ func NewLedger(cfg Config, shard int, clock Clock) (*Ledger, error) {
 			l.swaMode = swaMirror
 			l.maxTotal = min(l.maxTotal, l.swaCap)
 		}
-	case KindHybridLinear:
+	case kvlayout.KindHybridLinear:
 		l.mambaPerReq = p.Mamba.MambaSlotsPerReq()
 		if l.mambaPerReq > maxMambaSlotsPerReq {
 			return nil, fmt.Errorf("new ledger: %d mamba slots per request (ping_pong %d) not supported", l.mambaPerReq, p.Mamba.PingPong)
@@ -550,7 +552,7 @@ func (l *Ledger) freeResources(r *room) {
 	}
 	r.nMamba = 0
 	r.fill, r.xferPages, r.xferSWA = 0, 0, [2]int{}
-	r.stateBuf[0] = StateIndices{}
+	r.stateBuf[0] = kvlayout.StateIndices{}
 }
 
 // freeMeta resets the slot's room marker to 0 and frees it (SGLang
@@ -737,19 +739,19 @@ func (l *Ledger) Allocation(id uint64) (Allocation, bool) {
 
 // stateOf is the room's state component as SGLang's pop_preallocated builds
 // it (one entry per kv_args.state_types; decodeplane kinds have at most one).
-func (l *Ledger) stateOf(r *room, xfer bool, pages []int32) StateIndices {
-	si := StateIndices{Type: l.stateType}
+func (l *Ledger) stateOf(r *room, xfer bool, pages []int32) kvlayout.StateIndices {
+	si := kvlayout.StateIndices{Type: l.stateType}
 	switch l.stateType {
-	case StateMamba:
+	case kvlayout.StateMamba:
 		// _mamba_payload: the request's main Mamba slot only.
 		si.Indices = r.mamba[0:1:1]
-	case StateSWA:
+	case kvlayout.StateSWA:
 		if xfer {
 			si.Indices = r.swa[r.swaOff+r.xferSWA[0] : r.swaOff+r.xferSWA[1]]
 		} else {
 			si.Indices = r.swa[r.swaOff:]
 		}
-	case StateDSA:
+	case kvlayout.StateDSA:
 		// _dsa_payload: full-sequence page ids at the device page size.
 		si.Indices = pages
 	}
@@ -779,7 +781,7 @@ func (l *Ledger) allocationOf(r *room) Allocation {
 		return a
 	}
 	if r.state == RoomRunning || r.state == RoomDraining {
-		a.State = []StateIndices{l.stateOf(r, false, a.Pages)}
+		a.State = []kvlayout.StateIndices{l.stateOf(r, false, a.Pages)}
 	} else {
 		a.State = r.stateBuf[:1:1]
 	}

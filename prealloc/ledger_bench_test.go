@@ -3,6 +3,8 @@ package prealloc
 import (
 	"fmt"
 	"testing"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // BenchmarkPageAllocFree allocates and frees the pages, req slot and
@@ -62,8 +64,8 @@ func BenchmarkAdmitBlocked(b *testing.B) {
 		running, queued int
 	}{
 		{"strict", 0, 1 << 21, 3 << 20},
-		{"bypass", DefaultMaxBypass, 1 << 21, 3 << 20},
-		{"bypass-full", DefaultMaxBypass, 1<<22 - 512, 100},
+		{"bypass", kvlayout.DefaultMaxBypass, 1 << 21, 3 << 20},
+		{"bypass-full", kvlayout.DefaultMaxBypass, 1<<22 - 512, 100},
 	} {
 		for _, n := range []int{1_000, 100_000} {
 			b.Run(fmt.Sprintf("%s/queued=%d", mode.name, n), func(b *testing.B) {

@@ -11,6 +11,8 @@ import (
 	"unicode"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // TestCapacityRejection: SGLang's entry check (_check_if_req_exceed_kv_capacity)
@@ -18,41 +20,41 @@ import (
 // never be admitted), with SGLang's exact messages; nothing is allocated and
 // the room is not kept.
 func TestCapacityRejection(t *testing.T) {
-	swaCfg := testConfig(KindHybridSWA, 16, 1024, 8)
-	swaCfg.Pool.SWA = SWAConfig{Window: 256, TotalTokens: 256}
-	r0 := testConfig(KindGQA, 16, 1024, 8)
+	swaCfg := testConfig(kvlayout.KindHybridSWA, 16, 1024, 8)
+	swaCfg.Pool.SWA = kvlayout.SWAConfig{Window: 256, TotalTokens: 256}
+	r0 := testConfig(kvlayout.KindGQA, 16, 1024, 8)
 	r0.Admission.ReservedDecodeTokens = 0
 	tests := []struct {
 		name string
-		cfg  Config
+		cfg  kvlayout.Config
 		req  Request
 		msg  string // "" = accepted
 	}{
-		{"prompt 16385 > 16384 tokens (1024 pages × 16)", testConfig(KindGQA, 16, 1024, 8),
+		{"prompt 16385 > 16384 tokens (1024 pages × 16)", testConfig(kvlayout.KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-a", PromptLen: 16385, MaxNewTokens: 1},
 			"Request req-a exceeds the maximum number of tokens: 16385 > 16384"},
 		{"prompt 16384 = capacity is accepted with R = 0 and max_new 0", r0,
 			Request{Room: 1, RID: "req-b", PromptLen: 16384}, ""},
-		{"prompt 16384 with R = 512 never fits even an empty pool: 16384 + 512 > 16384", testConfig(KindGQA, 16, 1024, 8),
+		{"prompt 16384 with R = 512 never fits even an empty pool: 16384 + 512 > 16384", testConfig(kvlayout.KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-b2", PromptLen: 16384},
 			"Request req-b2 exceeds the maximum number of tokens: 16896 > 16384"},
-		{"prompt 15872 + R 512 = 16384 fits the empty pool", testConfig(KindGQA, 16, 1024, 8),
+		{"prompt 15872 + R 512 = 16384 fits the empty pool", testConfig(kvlayout.KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-b3", PromptLen: 15872}, ""},
-		{"rebootstrap counts the output: 16000 + 385 > 16384", testConfig(KindGQA, 16, 1024, 8),
+		{"rebootstrap counts the output: 16000 + 385 > 16384", testConfig(kvlayout.KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-c", PromptLen: 16000, OutputLen: 385, Rebootstrap: true},
 			"Request req-c exceeds the maximum number of tokens: 16385 > 16384"},
 		{"a fresh request's output is in its fill_len: 16000 + 384 = 16384 (+ R 0) fits", r0,
 			Request{Room: 1, RID: "req-d", PromptLen: 16000, OutputLen: 385}, ""},
-		{"a fresh request's output beyond the pool: prompt 300, output 2000000 ⇒ fill 2000299 → 2000304 + 512", testConfig(KindGQA, 16, 1024, 8),
+		{"a fresh request's output beyond the pool: prompt 300, output 2000000 ⇒ fill 2000299 → 2000304 + 512", testConfig(kvlayout.KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-d2", PromptLen: 300, OutputLen: 2000000, MaxNewTokens: 16},
 			"Request req-d2 exceeds the maximum number of tokens: 2000816 > 16384"},
-		{"output_len 2^32-1 (uint32 max) ⇒ fill 4294967594 → 4294967600 + 512", testConfig(KindGQA, 16, 1024, 8),
+		{"output_len 2^32-1 (uint32 max) ⇒ fill 4294967594 → 4294967600 + 512", testConfig(kvlayout.KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-d3", PromptLen: 300, OutputLen: 1<<32 - 1},
 			"Request req-d3 exceeds the maximum number of tokens: 4294968112 > 16384"},
-		{"the max_new estimate on an empty pool: 12300 + min(8000, 4096) = 16396 > 16384", testConfig(KindGQA, 16, 1024, 8),
+		{"the max_new estimate on an empty pool: 12300 + min(8000, 4096) = 16396 > 16384", testConfig(kvlayout.KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-d4", PromptLen: 12300, MaxNewTokens: 8000},
 			"Request req-d4 exceeds the maximum number of tokens: 16396 > 16384"},
-		{"12288 + 4096 = 16384 fits", testConfig(KindGQA, 16, 1024, 8),
+		{"12288 + 4096 = 16384 fits", testConfig(kvlayout.KindGQA, 16, 1024, 8),
 			Request{Room: 1, RID: "req-d5", PromptLen: 12288, MaxNewTokens: 8000}, ""},
 		{"SWA tail 1000 − floor16(744) = 264 > 256", swaCfg,
 			Request{Room: 1, RID: "req-e", PromptLen: 1000},
@@ -67,7 +69,7 @@ func TestCapacityRejection(t *testing.T) {
 		{"SWA tail of prompt 1010: 1010 − floor16(754) = 258 > 256", swaCfg,
 			Request{Room: 1, RID: "req-f4", PromptLen: 1010},
 			"Request req-f4 requires too many SWA KV tokens for decode preallocation: 258 > 256"},
-		{"MLA capacity, page 64: 64 pages = 4096 tokens", testConfig(KindMLA, 64, 64, 8),
+		{"MLA capacity, page 64: 64 pages = 4096 tokens", testConfig(kvlayout.KindMLA, 64, 64, 8),
 			Request{Room: 1, RID: "req-g", PromptLen: 4097},
 			"Request req-g exceeds the maximum number of tokens: 4097 > 4096"},
 	}
@@ -99,7 +101,7 @@ func TestCapacityRejection(t *testing.T) {
 // TestErrors: every operation's error for unknown rooms and wrong states,
 // wrapped with context, lowercase.
 func TestErrors(t *testing.T) {
-	l, _ := newLedger(t, testConfig(KindGQA, 16, 1024, 8), false)
+	l, _ := newLedger(t, testConfig(kvlayout.KindGQA, 16, 1024, 8), false)
 	mustNil(t, "enqueue waiting", l.Enqueue(req(1, 100, 10))) // waiting
 	mustNil(t, "enqueue ready", l.Enqueue(req(2, 100, 10)))
 	mustNil(t, "ready", l.SetReady(2))
@@ -190,7 +192,7 @@ func TestErrors(t *testing.T) {
 func TestReleaseFromEveryState(t *testing.T) {
 	for _, st := range []RoomState{RoomWaiting, RoomReady, RoomAdmitted, RoomClaimed, RoomResumed, RoomRunning, RoomRetracted, RoomHeld} {
 		t.Run(st.String(), func(t *testing.T) {
-			cfg := testConfig(KindHybridSWA, 16, 1024, 8)
+			cfg := testConfig(kvlayout.KindHybridSWA, 16, 1024, 8)
 			cfg.Admission.ClaimTimeout = time.Minute
 			l, _ := newLedger(t, cfg, false)
 			// A bystander running room that must stay untouched.
@@ -251,7 +253,7 @@ func TestReleaseFromEveryState(t *testing.T) {
 // page boundary; returned slices stay valid across reallocation; a shortage
 // is ErrNoCapacity with nothing changed.
 func TestUpdateRunningGrowth(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 64, 4)
+	cfg := testConfig(kvlayout.KindGQA, 16, 64, 4)
 	cfg.Admission.ReservedDecodeTokens = 0
 	l, _ := newLedger(t, cfg, false)
 	runRoom(t, l, req(1, 100, 800), 0) // 100 tokens ⇒ 7 pages (112); 100+800 ≤ 1024
@@ -305,7 +307,7 @@ func TestUpdateRunningGrowth(t *testing.T) {
 // rebootstrap has no −1; prefill writes origin_len tokens (prompt, plus the
 // output for a rebootstrap). Page size 1 makes the counts visible.
 func TestRebootstrapFillLength(t *testing.T) {
-	cfg := testConfig(KindGQA, 1, 4096, 8)
+	cfg := testConfig(kvlayout.KindGQA, 1, 4096, 8)
 	cfg.Admission.ReservedDecodeTokens = 0
 	tests := []struct {
 		name      string
@@ -340,7 +342,7 @@ func TestRebootstrapFillLength(t *testing.T) {
 // (prompt 1000, output 37) comes back with output 36 and fill 1036 (no −1),
 // 65 pages. A held room whose SWA tail no longer fits is dropped.
 func TestHoldResumeHeld(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 1024, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 8)
 	l, _ := newLedger(t, cfg, false)
 	runRoom(t, l, req(1, 1000, 100), 37)
 	runRoom(t, l, req(2, 200, 100), 3)
@@ -395,7 +397,7 @@ func TestHoldResumeHeld(t *testing.T) {
 // its rebootstrap requirement), so this white-box test shrinks the capacity
 // the check reads after the hold.
 func TestResumeHeldDropsOversized(t *testing.T) {
-	l, _ := newLedger(t, testConfig(KindGQA, 16, 1024, 8), false)
+	l, _ := newLedger(t, testConfig(kvlayout.KindGQA, 16, 1024, 8), false)
 	runRoom(t, l, req(1, 1000, 10), 5)
 	runRoom(t, l, req(2, 100, 10), 5)
 	mustNil(t, "hold 1", l.Hold(1))
@@ -416,7 +418,7 @@ func TestResumeHeldDropsOversized(t *testing.T) {
 // TestMetadataMarker: markers are recorded per slot and reset to 0 whenever
 // the slot is freed, so the next owner reads "not yet written" (PR #27374).
 func TestMetadataMarker(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 1024, 1)
+	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 1)
 	cfg.Pool.MetadataSlots = 1
 	l, _ := newLedger(t, cfg, false)
 	for _, id := range []uint64{11, 12, 13} {
@@ -459,7 +461,7 @@ func TestMetadataMarker(t *testing.T) {
 // TestDrain: no new rooms, no new admissions; existing rooms can be claimed,
 // run, resumed from retraction and released.
 func TestDrain(t *testing.T) {
-	l, _ := newLedger(t, testConfig(KindGQA, 16, 1024, 8), false)
+	l, _ := newLedger(t, testConfig(kvlayout.KindGQA, 16, 1024, 8), false)
 	runRoom(t, l, req(1, 100, 10), 3)
 	mustNil(t, "enqueue 2", l.Enqueue(req(2, 100, 10)))
 	mustNil(t, "ready 2", l.SetReady(2))
@@ -489,7 +491,7 @@ func TestDrain(t *testing.T) {
 
 // TestQueueFull: admission.max_queued bounds waiting + ready rooms.
 func TestQueueFull(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 1024, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 8)
 	cfg.Admission.MaxQueued = 2
 	l, _ := newLedger(t, cfg, false)
 	mustNil(t, "enqueue 1", l.Enqueue(req(1, 16, 1)))
@@ -504,7 +506,7 @@ func TestQueueFull(t *testing.T) {
 
 // TestClaimDeadlines drives claim deadlines with a fake clock.
 func TestClaimDeadlines(t *testing.T) {
-	cfg := testConfig(KindGQA, 16, 1024, 8)
+	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 8)
 	cfg.Admission.ClaimTimeout = 10 * time.Second
 	l, clk := newLedger(t, cfg, false)
 	t0 := clk.Now()
@@ -569,27 +571,33 @@ func TestClaimDeadlines(t *testing.T) {
 
 // TestNewLedgerErrors: sizes the ledger cannot represent are refused.
 func TestNewLedgerErrors(t *testing.T) {
-	ok := testConfig(KindGQA, 16, 1024, 8)
+	ok := testConfig(kvlayout.KindGQA, 16, 1024, 8)
 	tests := []struct {
 		name   string
-		mutate func(*Config)
+		mutate func(*kvlayout.Config)
 		clock  Clock
 	}{
-		{"nil clock", func(*Config) {}, nil},
-		{"unspecified kind", func(c *Config) { c.Pool.Kind = KindUnspecified }, RealClock{}},
-		{"page size 0", func(c *Config) { c.Pool.PageSize = 0 }, RealClock{}},
-		{"pool smaller than a page", func(c *Config) { c.Pool.TotalPages = 0; c.Pool.TotalTokens = 8 }, RealClock{}},
-		{"too many pages for int32", func(c *Config) { c.Pool.TotalPages = 1 << 32 }, RealClock{}},
-		{"no request slots", func(c *Config) { c.Pool.RequestSlots = 0 }, RealClock{}},
-		{"negative reserve", func(c *Config) { c.Admission.ReservedDecodeTokens = -1 }, RealClock{}},
-		{"zero clip", func(c *Config) { c.Admission.ClipMaxNewTokens = 0 }, RealClock{}},
-		{"unknown priority", func(c *Config) { c.Admission.Priority = "random" }, RealClock{}},
-		{"negative claim timeout", func(c *Config) { c.Admission.ClaimTimeout = -time.Second }, RealClock{}},
-		{"swa without window", func(c *Config) { c.Pool.Kind = KindHybridSWA; c.Pool.SWA = SWAConfig{TotalTokens: 1024} }, RealClock{}},
-		{"swa pool under a page", func(c *Config) { c.Pool.Kind = KindHybridSWA; c.Pool.SWA = SWAConfig{Window: 64, TotalTokens: 8} }, RealClock{}},
-		{"mamba slots under one request", func(c *Config) {
-			c.Pool.Kind = KindHybridLinear
-			c.Pool.Mamba = MambaConfig{StateSlots: 2, ExtraBuffer: true, PingPong: 2}
+		{"nil clock", func(*kvlayout.Config) {}, nil},
+		{"unspecified kind", func(c *kvlayout.Config) { c.Pool.Kind = kvlayout.KindUnspecified }, RealClock{}},
+		{"page size 0", func(c *kvlayout.Config) { c.Pool.PageSize = 0 }, RealClock{}},
+		{"pool smaller than a page", func(c *kvlayout.Config) { c.Pool.TotalPages = 0; c.Pool.TotalTokens = 8 }, RealClock{}},
+		{"too many pages for int32", func(c *kvlayout.Config) { c.Pool.TotalPages = 1 << 32 }, RealClock{}},
+		{"no request slots", func(c *kvlayout.Config) { c.Pool.RequestSlots = 0 }, RealClock{}},
+		{"negative reserve", func(c *kvlayout.Config) { c.Admission.ReservedDecodeTokens = -1 }, RealClock{}},
+		{"zero clip", func(c *kvlayout.Config) { c.Admission.ClipMaxNewTokens = 0 }, RealClock{}},
+		{"unknown priority", func(c *kvlayout.Config) { c.Admission.Priority = "random" }, RealClock{}},
+		{"negative claim timeout", func(c *kvlayout.Config) { c.Admission.ClaimTimeout = -time.Second }, RealClock{}},
+		{"swa without window", func(c *kvlayout.Config) {
+			c.Pool.Kind = kvlayout.KindHybridSWA
+			c.Pool.SWA = kvlayout.SWAConfig{TotalTokens: 1024}
+		}, RealClock{}},
+		{"swa pool under a page", func(c *kvlayout.Config) {
+			c.Pool.Kind = kvlayout.KindHybridSWA
+			c.Pool.SWA = kvlayout.SWAConfig{Window: 64, TotalTokens: 8}
+		}, RealClock{}},
+		{"mamba slots under one request", func(c *kvlayout.Config) {
+			c.Pool.Kind = kvlayout.KindHybridLinear
+			c.Pool.Mamba = kvlayout.MambaConfig{StateSlots: 2, ExtraBuffer: true, PingPong: 2}
 		}, RealClock{}},
 	}
 	for _, tc := range tests {
@@ -613,8 +621,8 @@ func TestNewLedgerErrors(t *testing.T) {
 // TestConcurrentUse hammers one ledger from many goroutines (run with
 // -race); each goroutine owns its rooms, one goroutine admits.
 func TestConcurrentUse(t *testing.T) {
-	cfg := testConfig(KindHybridSWA, 16, 4096, 64)
-	cfg.Pool.SWA = SWAConfig{Window: 128, TotalTokens: 64 * 1024}
+	cfg := testConfig(kvlayout.KindHybridSWA, 16, 4096, 64)
+	cfg.Pool.SWA = kvlayout.SWAConfig{Window: 128, TotalTokens: 64 * 1024}
 	cfg.Admission.ReservedDecodeTokens = 16
 	cfg.Admission.ClaimTimeout = time.Second
 	l, clk := newLedger(t, cfg, false)

@@ -9,6 +9,8 @@ import (
 	"sort"
 	"testing"
 	"time"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // The property test drives random operation sequences against a ledger and
@@ -62,53 +64,53 @@ func (s *byteSource) done() bool { return s.i >= len(s.b) }
 // propertyConfigs are the pools the property test runs on: small, so that
 // shortages of every kind are frequent.
 func propertyConfigs() []propertyConfig {
-	gqa := testConfig(KindGQA, 16, 256, 4)
+	gqa := testConfig(kvlayout.KindGQA, 16, 256, 4)
 	gqa.Pool.PreAllocSlots = -1            // 4 ≤ 32 ⇒ 8 extra rows
 	gqa.Admission.ReservedDecodeTokens = 0 // R = 0 is covered here
 	gqa.Admission.ClipMaxNewTokens = 512
 	gqa.Admission.ClaimTimeout = 5 * time.Second
 	gqa.Admission.MaxBypass = 2
 
-	low := testConfig(KindMLA, 32, 128, 6)
+	low := testConfig(kvlayout.KindMLA, 32, 128, 6)
 	low.Admission.ReservedDecodeTokens = 32
 	low.Admission.ClipMaxNewTokens = 256
-	low.Admission.Priority = PriorityLowFirst
+	low.Admission.Priority = kvlayout.PriorityLowFirst
 	low.Admission.MaxQueued = 12
 
-	high := testConfig(KindHybridMLA, 8, 512, 10)
+	high := testConfig(kvlayout.KindHybridMLA, 8, 512, 10)
 	high.Admission.ReservedDecodeTokens = 16
 	high.Admission.ClipMaxNewTokens = 300
-	high.Admission.Priority = PriorityHighFirst
+	high.Admission.Priority = kvlayout.PriorityHighFirst
 	high.Admission.ClaimTimeout = time.Second
 	high.Admission.MaxBypass = 5
 
-	swaTail := testConfig(KindHybridSWA, 16, 256, 8)
-	swaTail.Pool.SWA = SWAConfig{Window: 64, TotalTokens: 640}
+	swaTail := testConfig(kvlayout.KindHybridSWA, 16, 256, 8)
+	swaTail.Pool.SWA = kvlayout.SWAConfig{Window: 64, TotalTokens: 640}
 	swaTail.Admission.ReservedDecodeTokens = 32
 	swaTail.Admission.ClipMaxNewTokens = 200
 	swaTail.Admission.ClaimTimeout = 3 * time.Second
 	swaTail.Admission.MaxBypass = 3
 
-	swaMirror := testConfig(KindHybridSWA, 1, 1200, 6)
-	swaMirror.Pool.SWA = SWAConfig{Window: 96, TotalTokens: 1024}
+	swaMirror := testConfig(kvlayout.KindHybridSWA, 1, 1200, 6)
+	swaMirror.Pool.SWA = kvlayout.SWAConfig{Window: 96, TotalTokens: 1024}
 	swaMirror.Admission.ReservedDecodeTokens = 24
 	swaMirror.Admission.ClipMaxNewTokens = 128
 
-	mamba := testConfig(KindHybridLinear, 8, 384, 6)
-	mamba.Pool.Mamba = MambaConfig{StateSlots: 14, ExtraBuffer: true, PingPong: 2}
+	mamba := testConfig(kvlayout.KindHybridLinear, 8, 384, 6)
+	mamba.Pool.Mamba = kvlayout.MambaConfig{StateSlots: 14, ExtraBuffer: true, PingPong: 2}
 	mamba.Admission.ReservedDecodeTokens = 48
 	mamba.Admission.ClipMaxNewTokens = 256
 
-	metaShort := testConfig(KindGQA, 4, 512, 8)
+	metaShort := testConfig(kvlayout.KindGQA, 4, 512, 8)
 	metaShort.Pool.MetadataSlots = 3
 	metaShort.Admission.ReservedDecodeTokens = 24
 	metaShort.Admission.ClipMaxNewTokens = 64
 	metaShort.Admission.ClaimTimeout = 2 * time.Second
 
-	page1 := testConfig(KindGQA, 1, 1500, 5)
+	page1 := testConfig(kvlayout.KindGQA, 1, 1500, 5)
 	page1.Admission.ReservedDecodeTokens = 40
 	page1.Admission.ClipMaxNewTokens = 100
-	page1.Admission.Priority = PriorityLowFirst
+	page1.Admission.Priority = kvlayout.PriorityLowFirst
 	page1.Admission.MaxBypass = 1
 
 	return []propertyConfig{
@@ -131,7 +133,7 @@ func propertyConfigs() []propertyConfig {
 // deterministic run must produce besides the common ones.
 type propertyConfig struct {
 	name        string
-	cfg         Config
+	cfg         kvlayout.Config
 	unvalidated bool
 	expect      []string
 }
@@ -240,7 +242,7 @@ type shadowRoom struct {
 type sim struct {
 	t   testing.TB
 	src source
-	cfg Config
+	cfg kvlayout.Config
 	uv  bool
 	l   *Ledger
 	clk *fakeClock
@@ -266,7 +268,7 @@ type sim struct {
 	seen map[string]int // outcome coverage, checked by the seeded run
 }
 
-func newSim(t testing.TB, cfg Config, unvalidated bool, src source) *sim {
+func newSim(t testing.TB, cfg kvlayout.Config, unvalidated bool, src source) *sim {
 	s := &sim{t: t, src: src, cfg: cfg, uv: unvalidated, seen: map[string]int{}}
 	p, a := cfg.Pool, cfg.Admission
 	s.page = int64(p.PageSize)
@@ -274,7 +276,7 @@ func newSim(t testing.TB, cfg Config, unvalidated bool, src source) *sim {
 	s.clip = int64(a.ClipMaxNewTokens)
 	s.totalPages = int(p.Pages())
 	s.maxTotal = p.Pages() * s.page
-	if p.Kind == KindHybridSWA {
+	if p.Kind == kvlayout.KindHybridSWA {
 		s.window = int64(p.SWA.Window)
 		s.totalSWA = int(p.SWA.TotalTokens / s.page)
 		s.swaCap = int64(s.totalSWA) * s.page
@@ -285,13 +287,13 @@ func newSim(t testing.TB, cfg Config, unvalidated bool, src source) *sim {
 			s.maxTotal = min(s.maxTotal, s.swaCap)
 		}
 	}
-	if p.Kind == KindHybridLinear {
+	if p.Kind == kvlayout.KindHybridLinear {
 		s.spr = p.Mamba.MambaSlotsPerReq()
 	}
 	switch a.Priority {
-	case PriorityLowFirst:
+	case kvlayout.PriorityLowFirst:
 		s.order = orderLowFirst
-	case PriorityHighFirst:
+	case kvlayout.PriorityHighFirst:
 		s.order = orderHighFirst
 	}
 	s.maxQueued = a.MaxQueued
@@ -416,7 +418,7 @@ func (s *sim) pick(filter func(*shadowRoom) bool) (uint64, *shadowRoom) {
 
 // ---- operations ----
 
-func runSim(t testing.TB, cfg Config, unvalidated bool, src source, ops int) (int, map[string]int) {
+func runSim(t testing.TB, cfg kvlayout.Config, unvalidated bool, src source, ops int) (int, map[string]int) {
 	s := newSim(t, cfg, unvalidated, src)
 	n := 0
 	for ; n < ops && !src.done(); n++ {
@@ -1033,15 +1035,15 @@ func (s *sim) checkAllocation(r *shadowRoom, a Admission) {
 		s.fatalf("room %d fresh marker %d %v", r.id, m, ok)
 	}
 	switch s.cfg.Pool.Kind {
-	case KindHybridLinear:
+	case kvlayout.KindHybridLinear:
 		if len(al.State) != 1 || len(al.State[0].Indices) != 1 || len(al.MambaPingPong) != s.spr-1 {
 			s.fatalf("room %d mamba state %+v", r.id, al)
 		}
-	case KindHybridMLA:
+	case kvlayout.KindHybridMLA:
 		if len(al.State) != 1 || !slices.Equal(al.State[0].Indices, al.Pages) {
 			s.fatalf("room %d DSA state differs from pages", r.id)
 		}
-	case KindHybridSWA:
+	case kvlayout.KindHybridSWA:
 		live := r.pages - r.swaFirst
 		wantN := live
 		if !a.Resumed {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // Clock is the ledger's only source of time (reservation deadlines). Tests use
@@ -38,13 +40,6 @@ type Request struct {
 	Rebootstrap bool
 }
 
-// StateIndices are one state component's destination indices
-// (SGLang's state_indices entry for one StateType).
-type StateIndices struct {
-	Type    StateType
-	Indices []int32
-}
-
 // Allocation is what an admitted room holds. Slices are owned by the ledger
 // and valid until the room is released; copy them to keep them longer.
 type Allocation struct {
@@ -61,7 +56,7 @@ type Allocation struct {
 	// AllocTokens is the page-rounded number of tokens allocated.
 	AllocTokens int
 	// State holds one entry per StateType of the pool's kind, in order.
-	State []StateIndices
+	State []kvlayout.StateIndices
 	// MambaPingPong are the extra-buffer ping-pong track slots a
 	// hybrid-linear room holds besides its main state slot (SGLang's
 	// req_index_to_mamba_ping_pong_track_buffer_mapping). Empty without the

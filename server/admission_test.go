@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -24,16 +24,16 @@ const admAddr = "10.2.0.1:8998"
 
 // admDecodeConfig is a GQA pool of pages pages of 16 tokens, 8 request
 // slots, R reserved decode tokens and admission.max_bypass bypass.
-func admDecodeConfig(pages int64, r, bypass int) prealloc.Config {
+func admDecodeConfig(pages int64, r, bypass int) kvlayout.Config {
 	dec := stgDecodeConfig(1)
-	dec.Staging = prealloc.StagingConfig{}
+	dec.Staging = kvlayout.StagingConfig{}
 	dec.Pool.TotalPages = pages
 	dec.Admission.ReservedDecodeTokens = r
 	dec.Admission.MaxBypass = bypass
 	return dec
 }
 
-func admServer(t *testing.T, dec prealloc.Config) (*stgServer, context.Context) {
+func admServer(t *testing.T, dec kvlayout.Config) (*stgServer, context.Context) {
 	t.Helper()
 	s := newStgServer(t, dec, "")
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
@@ -105,7 +105,7 @@ func (s *stgServer) release(t *testing.T, ctx context.Context, room uint64) {
 // and the next room is admitted at once. Pool: 1024 pages × 16 = 16384
 // tokens, R = 512, CLIP = 4096.
 func TestOpenRoomNeverAdmittable(t *testing.T) {
-	s, ctx := admServer(t, admDecodeConfig(1024, 512, prealloc.DefaultMaxBypass))
+	s, ctx := admServer(t, admDecodeConfig(1024, 512, kvlayout.DefaultMaxBypass))
 	tests := []struct {
 		name string
 		req  *pb.OpenRoomRequest
@@ -211,7 +211,7 @@ func TestBigRoomDoesNotStallShard(t *testing.T) {
 // until room 2 is released, then resumes with 30 pages none of which is
 // room 3's.
 func TestRetractFreesPagesForGrowth(t *testing.T) {
-	s, ctx := admServer(t, admDecodeConfig(64, 0, prealloc.DefaultMaxBypass))
+	s, ctx := admServer(t, admDecodeConfig(64, 0, kvlayout.DefaultMaxBypass))
 	s.openRoom(t, ctx, 3, 16, 1)
 	s.succeed(t, ctx, 3)
 	s.openRoom(t, ctx, 1, 480, 16)

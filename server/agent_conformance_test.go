@@ -19,8 +19,8 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/decodeplane/decodeplane/internal/grpcdecode"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
+	"github.com/decodeplane/decodeplane/server/grpcdecode"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"
 	"github.com/decodeplane/decodeplane/transfer/hostmem"
 )

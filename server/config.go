@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // Config is the gRPC layer's configuration (server).
@@ -72,24 +72,24 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	var errs []error
 	if _, _, err := ListenAddr(c.Listen, true); err != nil {
-		errs = append(errs, &prealloc.ConfigError{Key: "server.listen", Value: c.Listen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:7600 (:7600 for every interface), or unix:///run/decodeplane.sock."})
+		errs = append(errs, &kvlayout.ConfigError{Key: "server.listen", Value: c.Listen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:7600 (:7600 for every interface), or unix:///run/decodeplane.sock."})
 	}
 	if c.MetricsListen != "" {
 		if _, _, err := ListenAddr(c.MetricsListen, false); err != nil {
-			errs = append(errs, &prealloc.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:7601, or to \"\" to disable /metrics."})
+			errs = append(errs, &kvlayout.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:7601, or to \"\" to disable /metrics."})
 		} else if _, port, _ := net.SplitHostPort(c.MetricsListen); c.MetricsListen == c.Listen && port != "0" {
-			errs = append(errs, &prealloc.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: "is the same address as server.listen.", Fix: "give /metrics its own port (default 127.0.0.1:7601)."})
+			errs = append(errs, &kvlayout.ConfigError{Key: "server.metrics_listen", Value: c.MetricsListen, Problem: "is the same address as server.listen.", Fix: "give /metrics its own port (default 127.0.0.1:7601)."})
 		}
 	}
 	if c.HTTPListen != "" {
 		if _, _, err := ListenAddr(c.HTTPListen, false); err != nil {
-			errs = append(errs, &prealloc.ConfigError{Key: "server.http_listen", Value: c.HTTPListen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:8998 (SGLang's bootstrap port), or to \"\" to disable the HTTP surface."})
+			errs = append(errs, &kvlayout.ConfigError{Key: "server.http_listen", Value: c.HTTPListen, Problem: err.Error() + ".", Fix: "set it like 127.0.0.1:8998 (SGLang's bootstrap port), or to \"\" to disable the HTTP surface."})
 		} else if _, port, _ := net.SplitHostPort(c.HTTPListen); port != "0" && (c.HTTPListen == c.Listen || c.HTTPListen == c.MetricsListen) {
-			errs = append(errs, &prealloc.ConfigError{Key: "server.http_listen", Value: c.HTTPListen, Problem: "is the same address as server.listen or server.metrics_listen.", Fix: "give the HTTP surface its own port, e.g. 127.0.0.1:8998."})
+			errs = append(errs, &kvlayout.ConfigError{Key: "server.http_listen", Value: c.HTTPListen, Problem: "is the same address as server.listen or server.metrics_listen.", Fix: "give the HTTP surface its own port, e.g. 127.0.0.1:8998."})
 		}
 	}
 	if c.ShutdownTimeout <= 0 {
-		errs = append(errs, &prealloc.ConfigError{Key: "server.shutdown_timeout", Value: c.ShutdownTimeout, Problem: "must be > 0.", Fix: "set a duration such as 15s."})
+		errs = append(errs, &kvlayout.ConfigError{Key: "server.shutdown_timeout", Value: c.ShutdownTimeout, Problem: "must be > 0.", Fix: "set a duration such as 15s."})
 	}
 	errs = append(errs, c.TLS.validate()...)
 	return errors.Join(errs...)

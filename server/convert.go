@@ -7,12 +7,12 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-func layoutToProto(l prealloc.Layout) *pb.KVLayout {
+func layoutToProto(l kvlayout.Layout) *pb.KVLayout {
 	out := &pb.KVLayout{
 		Kind:           l.Kind.String(),
 		IsMla:          l.IsMLA,
@@ -84,7 +84,7 @@ func u32s(in []int) []uint32 {
 	return out
 }
 
-func registrationToProto(res kvmanager.RegistrationResult, l prealloc.Layout) *pb.RegisterPrefillResponse {
+func registrationToProto(res kvmanager.RegistrationResult, l kvlayout.Layout) *pb.RegisterPrefillResponse {
 	out := &pb.RegisterPrefillResponse{
 		DecodeLayout: layoutToProto(l),
 		Mapping: &pb.PrefillRankMapping{
@@ -229,7 +229,7 @@ func roomEventToProto(ev kvmanager.RoomEvent, incarnation uint64) *pb.RoomEvent 
 	return &b.ev
 }
 
-func stateToProto(in []prealloc.StateIndices) []*pb.StateIndices {
+func stateToProto(in []kvlayout.StateIndices) []*pb.StateIndices {
 	out := make([]*pb.StateIndices, len(in))
 	for i, s := range in {
 		out[i] = &pb.StateIndices{Type: stateTypeToProto(s.Type), Indices: s.Indices}

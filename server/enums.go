@@ -1,8 +1,8 @@
 package server
 
 import (
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -61,12 +61,12 @@ var dpRuleWire = [...]pb.DPRankRule{
 	kvmanager.DPRuleBinding:    pb.DPRankRule_DP_RANK_RULE_BINDING,
 }
 
-// stateTypeWire has no entry 0: prealloc's state types start at 1.
+// stateTypeWire has no entry 0: kvlayout's state types start at 1.
 var stateTypeWire = [...]pb.StateType{
 	0:                   pb.StateType_STATE_TYPE_UNSPECIFIED,
-	prealloc.StateMamba: pb.StateType_STATE_TYPE_MAMBA,
-	prealloc.StateSWA:   pb.StateType_STATE_TYPE_SWA,
-	prealloc.StateDSA:   pb.StateType_STATE_TYPE_DSA,
+	kvlayout.StateMamba: pb.StateType_STATE_TYPE_MAMBA,
+	kvlayout.StateSWA:   pb.StateType_STATE_TYPE_SWA,
+	kvlayout.StateDSA:   pb.StateType_STATE_TYPE_DSA,
 }
 
 // wireOf looks v up in table; a value outside it maps to the table's entry 0
@@ -102,4 +102,4 @@ func phaseFromProto(p pb.RoomPhase) kvmanager.Phase {
 func pollToProto(p kvmanager.KVPoll) pb.KVPoll                  { return wireOf(pollWire[:], p) }
 func failureCodeToProto(c kvmanager.FailureCode) pb.FailureCode { return wireOf(failureWire[:], c) }
 func dpRuleToProto(r kvmanager.DPRule) pb.DPRankRule            { return wireOf(dpRuleWire[:], r) }
-func stateTypeToProto(t prealloc.StateType) pb.StateType        { return wireOf(stateTypeWire[:], t) }
+func stateTypeToProto(t kvlayout.StateType) pb.StateType        { return wireOf(stateTypeWire[:], t) }

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -87,10 +87,10 @@ func enumCases() []enumCase {
 				if v == 0 { // prealloc has no zero state type; the wire's is UNSPECIFIED
 					return "unspecified"
 				}
-				return domainName(prealloc.StateType(v))
+				return domainName(kvlayout.StateType(v))
 			},
-			toWire:   func(v int) int32 { return int32(stateTypeToProto(prealloc.StateType(v))) },
-			fromWire: tableInverse[prealloc.StateType](stateTypeWire[:]),
+			toWire:   func(v int) int32 { return int32(stateTypeToProto(kvlayout.StateType(v))) },
+			fromWire: tableInverse[kvlayout.StateType](stateTypeWire[:]),
 			wire:     pb.StateType_name, prefix: "STATE_TYPE_",
 		},
 	}

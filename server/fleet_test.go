@@ -20,8 +20,8 @@ import (
 	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/decodeplane/decodeplane/internal/daemon"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
@@ -126,7 +126,7 @@ func fleetServer(t *testing.T, token string, deps server.Deps) (*server.Server, 
 	cfg := server.DefaultConfig()
 	cfg.AuthToken = token
 	deps.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	deps.Layout = prealloc.DefaultConfig().Layout()
+	deps.Layout = kvlayout.DefaultConfig().Layout()
 	srv, err := server.New(cfg, deps)
 	if err != nil {
 		t.Fatal(err)

@@ -19,11 +19,12 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/test/bufconn"
 
-	"github.com/decodeplane/decodeplane/internal/pipenet"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
+	"github.com/decodeplane/decodeplane/server/internal/pipenet"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
@@ -43,10 +44,10 @@ type httpBoot struct {
 	client *http.Client
 }
 
-func newManager(tb testing.TB, decodeTP int, mod func(*kvmanager.Config)) (*kvmanager.Manager, prealloc.Config) {
+func newManager(tb testing.TB, decodeTP int, mod func(*kvmanager.Config)) (*kvmanager.Manager, kvlayout.Config) {
 	tb.Helper()
 	dec := stgDecodeConfig(decodeTP)
-	dec.Staging = prealloc.StagingConfig{}
+	dec.Staging = kvlayout.StagingConfig{}
 	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
 	if err != nil {
 		tb.Fatal(err)

@@ -13,8 +13,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/decodeplane/decodeplane/internal/pipenet"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+	"github.com/decodeplane/decodeplane/server/internal/pipenet"
 )
 
 // MaxGatewayBodyBytes bounds a JSON-over-HTTP request body. The gRPC

@@ -12,14 +12,14 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
 
 // incServer is a whole daemon (stgDecodeConfig's pool) and its clients.
-func incServer(t *testing.T, dec prealloc.Config) (*daemontest.Daemon, *stgServer) {
+func incServer(t *testing.T, dec kvlayout.Config) (*daemontest.Daemon, *stgServer) {
 	t.Helper()
 	d := daemontest.Start(t, daemontest.Options{Config: func(c *config.Config) {
 		c.Transfer.Backend, c.KVPool, c.Parallel, c.Staging, c.Admission = dec.Backend, dec.Pool, dec.Parallel, dec.Staging, dec.Admission

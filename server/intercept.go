@@ -15,7 +15,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/decodeplane/decodeplane/internal/grpcdecode"
+	"github.com/decodeplane/decodeplane/server/grpcdecode"
 )
 
 // CallMetrics counts the calls the server handles: the Prometheus gRPC
@@ -42,7 +42,7 @@ type MethodMetrics interface {
 // seven (a chain allocates a closure per link per call, a stream wrapper
 // per link per stream). In order, as the chain was:
 //
-//  1. the decode check (internal/grpcdecode), when no other interceptor is
+//  1. the decode check (server/grpcdecode), when no other interceptor is
 //     installed (else grpcdecode's own interceptors run it, outermost,
 //     and Deps.UnaryInterceptors/StreamInterceptors come next);
 //  2. the call metrics (Deps.Calls);

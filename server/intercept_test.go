@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/emptypb"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // traceRecorder is a slog handler that keeps the trace id of each record's
@@ -56,7 +56,7 @@ func TestCallerTraceInLogsWithTracingOff(t *testing.T) {
 	rec := &traceRecorder{}
 	// Info: the failed-call logger, not the debug middleware.
 	log := slog.New(levelHandler{rec, slog.LevelInfo})
-	s, err := New(DefaultConfig(), Deps{Logger: log, Layout: prealloc.DefaultConfig().Layout(), TransferPath: "sim"})
+	s, err := New(DefaultConfig(), Deps{Logger: log, Layout: kvlayout.DefaultConfig().Layout(), TransferPath: "sim"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 

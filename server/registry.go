@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -71,4 +71,4 @@ func registrySuffix(reason string) string {
 
 // LayoutProto is the wire form of a decode KV layout (as GetStatus reports
 // it), for the daemon's record in the fleet registry.
-func LayoutProto(l prealloc.Layout) *pb.KVLayout { return layoutToProto(l) }
+func LayoutProto(l kvlayout.Layout) *pb.KVLayout { return layoutToProto(l) }

@@ -36,10 +36,10 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
-	"github.com/decodeplane/decodeplane/internal/grpcdecode"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+	"github.com/decodeplane/decodeplane/server/grpcdecode"
 )
 
 // ConfigEntry is one effective configuration value for Admin.GetStatus.
@@ -61,7 +61,7 @@ type Deps struct {
 	// Config is the effective configuration, secrets already redacted.
 	Config []ConfigEntry
 	// Layout is the decode KV layout.
-	Layout prealloc.Layout
+	Layout kvlayout.Layout
 	// TransferPath is "sim" or "delegate".
 	TransferPath string
 	// Manager is the room manager behind Bootstrap and Rooms; nil serves
@@ -165,7 +165,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	// same levels.
 	s.fullLogUnary = logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...)
 	s.fullLogStream = logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...)
-	// Undecodable requests are InvalidArgument (internal/grpcdecode): the
+	// Undecodable requests are InvalidArgument (server/grpcdecode): the
 	// check comes before anything else sees a request, in the server's own
 	// interceptor when it is the only one, else in grpcdecode's, outermost.
 	var opts []grpc.ServerOption

@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/emptypb"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -126,7 +126,7 @@ func startAt(t *testing.T, mod func(*Config), level slog.Level) *testServer {
 		mod(&cfg)
 	}
 	logs := &syncBuffer{}
-	pc := prealloc.DefaultConfig()
+	pc := kvlayout.DefaultConfig()
 	s, err := New(cfg, Deps{
 		Logger:       slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: level})),
 		Version:      "v1.2.3-test",
@@ -540,7 +540,7 @@ func TestNewRejectsInvalidConfig(t *testing.T) {
 	}
 	var keys []string
 	for _, e := range joined.Unwrap() {
-		var ce *prealloc.ConfigError
+		var ce *kvlayout.ConfigError
 		if errors.As(e, &ce) {
 			keys = append(keys, ce.Key)
 		}

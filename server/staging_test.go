@@ -16,13 +16,13 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
 
-// stgServer is the whole daemon (internal/daemontest) over bufconn (simulated,
+// stgServer is the whole daemon (internal/testing/daemontest) over bufconn (simulated,
 // instant transfers): a GQA pool (4 layers, 8 KV heads of 16 × bf16, pages of
 // 16 tokens), decode TP decodeTP, a 1 MiB staging ring.
 type stgServer struct {
@@ -33,17 +33,17 @@ type stgServer struct {
 	stg  pb.StagingClient
 }
 
-func stgDecodeConfig(decodeTP int) prealloc.Config {
-	dec := prealloc.DefaultConfig()
-	dec.Pool.Kind = prealloc.KindGQA
+func stgDecodeConfig(decodeTP int) kvlayout.Config {
+	dec := kvlayout.DefaultConfig()
+	dec.Pool.Kind = kvlayout.KindGQA
 	dec.Pool.NumLayers, dec.Pool.KVHeads, dec.Pool.HeadDim, dec.Pool.DType = 4, 8, 16, "bf16"
 	dec.Pool.PageSize, dec.Pool.TotalTokens, dec.Pool.TotalPages, dec.Pool.RequestSlots = 16, 0, 512, 8
 	dec.Parallel.AttnTP = decodeTP
-	dec.Staging = prealloc.StagingConfig{Enabled: true, PoolSizeMB: 1}
+	dec.Staging = kvlayout.StagingConfig{Enabled: true, PoolSizeMB: 1}
 	return dec
 }
 
-func newStgServer(tb testing.TB, dec prealloc.Config, token string) *stgServer {
+func newStgServer(tb testing.TB, dec kvlayout.Config, token string) *stgServer {
 	tb.Helper()
 	if err := dec.Validate(); err != nil {
 		tb.Fatal(err)
@@ -171,12 +171,12 @@ func TestStagingMLARefusalOverGRPC(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	dec := stgDecodeConfig(1)
-	dec.Pool.Kind, dec.Pool.KVLoraRank, dec.Pool.QKRopeHeadDim, dec.Staging.Enabled = prealloc.KindMLA, 32, 16, false
+	dec.Pool.Kind, dec.Pool.KVLoraRank, dec.Pool.QKRopeHeadDim, dec.Staging.Enabled = kvlayout.KindMLA, 32, 16, false
 	s := newStgServer(t, dec, "")
 	s.register(t, ctx, "p4:1", 4)
 	_, err := s.stg.SetupStaging(ctx, &pb.SetupStagingRequest{Rank: prank("p4:1", 0)})
-	if status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != prealloc.MsgStagingMLA {
-		t.Errorf("SetupStaging on an MLA pool = %v; want FailedPrecondition with exactly %q", err, prealloc.MsgStagingMLA)
+	if status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != kvlayout.MsgStagingMLA {
+		t.Errorf("SetupStaging on an MLA pool = %v; want FailedPrecondition with exactly %q", err, kvlayout.MsgStagingMLA)
 	}
 	stream, err := s.stg.WatchWatermark(ctx, &pb.WatchWatermarkRequest{})
 	if err == nil {

@@ -7,7 +7,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // TLSConfig is the gRPC listener's TLS (server.tls). The listener uses TLS
@@ -44,7 +44,7 @@ func DefaultTLSConfig() TLSConfig {
 func (c TLSConfig) validate() []error {
 	var errs []error
 	add := func(key string, v any, problem, fix string) {
-		errs = append(errs, &prealloc.ConfigError{Key: key, Value: v, Problem: problem, Fix: fix})
+		errs = append(errs, &kvlayout.ConfigError{Key: key, Value: v, Problem: problem, Fix: fix})
 	}
 	if c.ReloadInterval <= 0 {
 		add("server.tls.reload_interval", c.ReloadInterval, "must be > 0.", "set a duration such as 10s.")

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/decodeplane/decodeplane/internal/tlstest"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/internal/testing/tlstest"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -30,7 +30,7 @@ func startTLS(t *testing.T, cfg Config) (string, *ServerTLS) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(cfg, Deps{Logger: slog.New(slog.DiscardHandler), Version: "v-tls", Layout: prealloc.DefaultConfig().Layout(),
+	s, err := New(cfg, Deps{Logger: slog.New(slog.DiscardHandler), Version: "v-tls", Layout: kvlayout.DefaultConfig().Layout(),
 		TransferPath: "sim", ExtraServerOptions: []grpc.ServerOption{st.Option}})
 	if err != nil {
 		t.Fatal(err)
@@ -162,7 +162,7 @@ func TestTLSConfigValidate(t *testing.T) {
 	keys := func(err error) []string {
 		var out []string
 		for _, e := range flattenErr(err) {
-			var ce *prealloc.ConfigError
+			var ce *kvlayout.ConfigError
 			if !errors.As(e, &ce) {
 				t.Fatalf("%v is not a ConfigError", e)
 			}

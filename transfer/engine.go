@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
-
-	"github.com/decodeplane/decodeplane/internal/fieldcheck"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // Engine errors. The room manager classifies an engine's error with
@@ -64,9 +62,9 @@ type ChunkSource struct {
 }
 
 // FieldError is a chunk request field an engine refuses (ChunkChecker): the
-// domain's one field error (fieldcheck.Invalid), answered as an invalid
+// domain's one field error (kvlayout.Invalid), answered as an invalid
 // argument naming Field.
-type FieldError = fieldcheck.Invalid
+type FieldError = kvlayout.Invalid
 
 // Rank is the prefill scheduler rank a chunk comes from.
 type Rank struct {
@@ -106,7 +104,7 @@ type ChunkOp struct {
 	// Targets are the decode TP ranks this prefill rank writes to.
 	Targets []Target
 	// Layout is the decode KV layout.
-	Layout   prealloc.Layout
+	Layout   kvlayout.Layout
 	DecodeDP int
 	// PrefillTP and PrefillPP are the prefill instance's attention TP and PP
 	// sizes: with Rank they locate the bytes in the prefill rank's buffer
@@ -117,7 +115,7 @@ type ChunkOp struct {
 	// (aux) write travel with it.
 	Last         bool
 	MetadataSlot int32
-	State        []prealloc.StateIndices
+	State        []kvlayout.StateIndices
 	// Marker is the room marker to write into the metadata slot (0 = none).
 	Marker    uint64
 	OutputIDs []int32
@@ -131,7 +129,7 @@ type ScatterOp struct {
 	ChunkIndex int
 	DecodeDP   int
 	DecodeTP   int
-	Layout     prealloc.Layout
+	Layout     kvlayout.Layout
 	// RingOffset is where the region starts in the staging ring of
 	// (DecodeDP, DecodeTP).
 	RingOffset int64

@@ -1,6 +1,6 @@
 package transfer
 
-import "github.com/decodeplane/decodeplane/prealloc"
+import "github.com/decodeplane/decodeplane/kvlayout"
 
 // StageLayers is the layer range [begin, end) of PP stage of n over layers
 // layers: [stage·layers/n, (stage+1)·layers/n).
@@ -26,7 +26,7 @@ func ChunkBytes(op ChunkOp) int64 {
 // (MHA/GQA: 2 x heads x head_dim x dtype x layers; MLA: (latent + rope) x
 // dtype x layers, plus the DSA indexer row) over the layers of the rank's PP
 // stage (all of them when prefill PP is 1), and the Mamba state per target.
-func RankWeights(l prealloc.Layout, targets []Target, prefillPP, ppRank int) (perToken, state int64) {
+func RankWeights(l kvlayout.Layout, targets []Target, prefillPP, ppRank int) (perToken, state int64) {
 	layers := int64(l.NumLayers)
 	if prefillPP > 1 {
 		b, e := StageLayers(l.NumLayers, prefillPP, ppRank)
@@ -45,7 +45,7 @@ func RankWeights(l prealloc.Layout, targets []Target, prefillPP, ppRank int) (pe
 			}
 			perToken += 2 * int64(heads) * l.HeadBytes() * layers
 		}
-		if l.Kind == prealloc.KindHybridLinear {
+		if l.Kind == kvlayout.KindHybridLinear {
 			state += l.MambaBytes
 		}
 	}

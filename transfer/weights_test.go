@@ -3,14 +3,14 @@ package transfer_test
 import (
 	"testing"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // layoutOf derives a validated decode layout.
-func layoutOf(t *testing.T, f func(*prealloc.Config)) prealloc.Layout {
+func layoutOf(t *testing.T, f func(*kvlayout.Config)) kvlayout.Layout {
 	t.Helper()
-	c := prealloc.DefaultConfig()
+	c := kvlayout.DefaultConfig()
 	if f != nil {
 		f(&c)
 	}
@@ -21,8 +21,8 @@ func layoutOf(t *testing.T, f func(*prealloc.Config)) prealloc.Layout {
 }
 
 // mlaDecode turns the decode pool into a DeepSeek-style MLA pool.
-func mlaDecode(kind prealloc.Kind) func(*prealloc.Config) {
-	return func(c *prealloc.Config) {
+func mlaDecode(kind kvlayout.Kind) func(*kvlayout.Config) {
+	return func(c *kvlayout.Config) {
 		c.Pool.Kind = kind
 		c.Pool.KVHeads, c.Pool.HeadDim = 0, 0
 		c.Pool.KVLoraRank, c.Pool.QKRopeHeadDim = 512, 64
@@ -31,12 +31,12 @@ func mlaDecode(kind prealloc.Kind) func(*prealloc.Config) {
 
 func TestChunkBytes(t *testing.T) {
 	gqa := layoutOf(t, nil) // 32 layers, 8 KV heads × 128, bf16, TP 1
-	gqaTP4 := layoutOf(t, func(c *prealloc.Config) { c.Parallel.AttnTP = 4 })
-	mla := layoutOf(t, mlaDecode(prealloc.KindMLA))
-	hybridMLA := layoutOf(t, mlaDecode(prealloc.KindHybridMLA))
-	hybridLinear := layoutOf(t, func(c *prealloc.Config) {
-		c.Pool.Kind = prealloc.KindHybridLinear
-		c.Pool.Mamba = prealloc.MambaConfig{StateSlots: 1024, StateBytes: 3 << 20}
+	gqaTP4 := layoutOf(t, func(c *kvlayout.Config) { c.Parallel.AttnTP = 4 })
+	mla := layoutOf(t, mlaDecode(kvlayout.KindMLA))
+	hybridMLA := layoutOf(t, mlaDecode(kvlayout.KindHybridMLA))
+	hybridLinear := layoutOf(t, func(c *kvlayout.Config) {
+		c.Pool.Kind = kvlayout.KindHybridLinear
+		c.Pool.Mamba = kvlayout.MambaConfig{StateSlots: 1024, StateBytes: 3 << 20}
 	})
 	tests := []struct {
 		name string

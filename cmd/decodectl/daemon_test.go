@@ -13,7 +13,7 @@ import (
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/daemon"
-	"github.com/decodeplane/decodeplane/internal/daemontest"
+	"github.com/decodeplane/decodeplane/internal/testing/daemontest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
@@ -29,7 +29,7 @@ type daemonConfig struct {
 }
 
 // testDaemon is a decodeplane daemon built by the composition root
-// (internal/daemon, through internal/daemontest) with the simulated
+// (internal/daemon, through internal/testing/daemontest) with the simulated
 // transfer engine, served on a real loopback TCP listener.
 type testDaemon struct {
 	addr string

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/decodeplane/decodeplane/internal/ptytest"
+	"github.com/decodeplane/decodeplane/internal/testing/ptytest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 

@@ -17,7 +17,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/decodeplane/decodeplane/internal/e2e"
+	"github.com/decodeplane/decodeplane/internal/testing/e2e"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -39,7 +39,7 @@ func TestMain(m *testing.M) {
 }
 
 // binaries builds the daemon and the agent once per test run
-// (internal/e2e).
+// (internal/testing/e2e).
 func binaries(t *testing.T) (daemon, agent string) {
 	t.Helper()
 	return e2e.Binary(t, "github.com/decodeplane/decodeplane/cmd/decodeplane"), e2e.Binary(t, "github.com/decodeplane/decodeplane/cmd/decodeplane-agent")

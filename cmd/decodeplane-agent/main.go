@@ -44,8 +44,8 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
-	"github.com/decodeplane/decodeplane/internal/grpcdecode"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
+	"github.com/decodeplane/decodeplane/server/grpcdecode"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"
 	"github.com/decodeplane/decodeplane/transfer/hostmem"
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"

@@ -18,8 +18,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 
-	"github.com/decodeplane/decodeplane/internal/e2e"
-	"github.com/decodeplane/decodeplane/internal/tlstest"
+	"github.com/decodeplane/decodeplane/internal/testing/e2e"
+	"github.com/decodeplane/decodeplane/internal/testing/tlstest"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )

@@ -9,7 +9,7 @@
 //	decodeplane-dev-etcd [--listen 127.0.0.1:2379] [--data-dir DIR] [--log-level error]
 //
 // It is the real etcd server (go.etcd.io/etcd/server/v3/embed, through
-// internal/etcdtest) with fsync on. When it serves it prints one line to
+// internal/testing/etcdtest) with fsync on. When it serves it prints one line to
 // stdout, "etcd: <endpoint> data-dir: <dir>", and serves until SIGINT or
 // SIGTERM, then stops (exit 0). With --data-dir the data is kept (created
 // if missing) for the next run; without it a temporary directory is used
@@ -29,7 +29,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/decodeplane/decodeplane/internal/etcdtest"
+	"github.com/decodeplane/decodeplane/internal/testing/etcdtest"
 )
 
 const (

@@ -13,7 +13,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/decodeplane/decodeplane/internal/e2e"
+	"github.com/decodeplane/decodeplane/internal/testing/e2e"
 )
 
 // build builds the binary into t.TempDir().

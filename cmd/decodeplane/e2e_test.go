@@ -18,15 +18,18 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/decodeplane/decodeplane/internal/e2e"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/internal/testing/e2e"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // The end-to-end tests run the real binary, built once per test run
-// (internal/e2e holds the helpers shared with the other commands' tests).
+// (internal/testing/e2e holds the helpers shared with the other commands' tests).
 
 func TestMain(m *testing.M) {
+	benchChild()
+	cleanupBench := useTestBinaryAsBench()
 	code := m.Run()
+	cleanupBench()
 	e2e.Cleanup()
 	// The in-process daemons (bench, config tests) must leave no goroutine.
 	if code == 0 {
@@ -153,7 +156,7 @@ func TestE2EServeRefusesStagingOnMLA(t *testing.T) {
 		t.Errorf("exit code %d, want %d", code, exitUsage)
 	}
 	out := p.Out.String()
-	if !strings.Contains(out, prealloc.MsgStagingMLA) {
+	if !strings.Contains(out, kvlayout.MsgStagingMLA) {
 		t.Errorf("output does not contain SGLang's message:\n%s", out)
 	}
 	if strings.Contains(out, "server.listen") || strings.Contains(out, "decodeplane serving") {

@@ -20,13 +20,13 @@ import (
 	"google.golang.org/grpc/backoff"
 
 	"github.com/decodeplane/decodeplane/client"
-	"github.com/decodeplane/decodeplane/internal/e2e"
-	"github.com/decodeplane/decodeplane/internal/etcdtest"
+	"github.com/decodeplane/decodeplane/internal/testing/e2e"
+	"github.com/decodeplane/decodeplane/internal/testing/etcdtest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
 // The fleet e2e tests run three `decodeplane serve` binaries sharing one
-// real etcd embedded in the test process (internal/etcdtest, over TCP).
+// real etcd embedded in the test process (internal/testing/etcdtest, over TCP).
 // What a daemon learns arrives through etcd's watch, so the tests wait on
 // room streams (WaitRoom) where a room reports it and poll the daemons'
 // state (GetStatus, /metrics) or etcd's keys with a deadline where nothing

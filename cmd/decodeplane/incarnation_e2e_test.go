@@ -11,7 +11,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/decodeplane/decodeplane/client"
-	"github.com/decodeplane/decodeplane/internal/e2e"
+	"github.com/decodeplane/decodeplane/internal/testing/e2e"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 

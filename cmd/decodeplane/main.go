@@ -3,7 +3,7 @@
 //
 //	decodeplane serve    [--config FILE] [--listen ADDR] [flags]   run the daemon
 //	decodeplane validate [--config FILE] [--explain] [flags]       check a configuration
-//	decodeplane bench    [flags]                                    benchmark the control path
+//	decodeplane bench    [flags]                                    benchmark the control path (runs decodeplane-bench)
 //	decodeplane version
 //
 // Exit codes: 0 success, 1 runtime failure, 2 invalid configuration or usage,
@@ -24,7 +24,6 @@ import (
 	"os"
 	"strings"
 
-	"github.com/decodeplane/decodeplane/internal/bench"
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/telemetry"
 )
@@ -56,7 +55,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 	case "validate":
 		return cmdValidate(args[1:], environ, stdout, stderr)
 	case "bench":
-		return bench.Main(version, args[1:], environ, stdout, stderr)
+		return cmdBench(args[1:], environ, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintf(stdout, "decodeplane %s\n", version)
 		return exitOK

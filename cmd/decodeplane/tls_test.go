@@ -19,7 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/peer"
 
-	"github.com/decodeplane/decodeplane/internal/tlstest"
+	"github.com/decodeplane/decodeplane/internal/testing/tlstest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 

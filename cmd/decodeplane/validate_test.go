@@ -11,7 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/decodeplane/decodeplane/internal/config"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 func runCmd(args, environ []string) (code int, stdout, stderr string) {
@@ -56,7 +56,7 @@ func TestValidateCommandReportsEveryProblem(t *testing.T) {
 			"the configuration has 3 problems:",
 			"1. ", "2. ", "3. ",
 			`staging.enabled = true   (from env SGLANG_DISAGG_STAGING_BUFFER="1")`,
-			prealloc.MsgStagingMLA,
+			kvlayout.MsgStagingMLA,
 			`transfer.backend = "x"   (from flag --set transfer.backend)`,
 			"Unsupported transfer backend: x",
 			fmt.Sprintf(`admission.priority = "lifo"   (from file %s:6)`, path),
@@ -108,8 +108,8 @@ func TestAcceptanceStagingOnMLA(t *testing.T) {
 	mla := filepath.Join(repoRoot, "deploy", "examples", "deepseek-v3-mla.yaml")
 	gqa := filepath.Join(repoRoot, "deploy", "examples", "llama3-70b-gqa.yaml")
 	const msg = "SGLANG_DISAGG_STAGING_BUFFER is designed for non-MLA models (e.g. GQA, MHA). MLA models should not set this flag."
-	if msg != prealloc.MsgStagingMLA {
-		t.Fatalf("prealloc.MsgStagingMLA = %q, want SGLang's %q", prealloc.MsgStagingMLA, msg)
+	if msg != kvlayout.MsgStagingMLA {
+		t.Fatalf("kvlayout.MsgStagingMLA = %q, want SGLang's %q", kvlayout.MsgStagingMLA, msg)
 	}
 	tests := []struct {
 		name     string

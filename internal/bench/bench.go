@@ -1,6 +1,9 @@
-// Package bench is `decodeplane bench`: it drives the whole room lifecycle
-// over real gRPC (a simulated decode engine and a simulated prefill fleet,
-// each rank on its own connection) against a daemon started in this process
+// Package bench is `decodeplane bench`, built as its own binary,
+// decodeplane-bench (cmd/decodeplane-bench), which the daemon binary runs
+// for that command, so that the daemon links neither the client nor the
+// bench. It drives the whole room lifecycle over real gRPC (a simulated
+// decode engine and a simulated prefill fleet, each rank on its own
+// connection) against a daemon started in this process
 // (internal/daemon, as serve builds it) or an external one (--target). With
 // --api stream (the default) the rooms ride on the Go client's default
 // transport, long-lived sessions (the decode engine's OpenAndWait,

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -210,6 +211,31 @@ func runBenchQueued(ctx context.Context, o *benchOptions, environ []string, stdo
 	return exitOK, nil
 }
 
+// benchDaemon is the daemon binary --queued starts: decodeplane, next to
+// decodeplane-bench (make build puts both into bin/).
+const benchDaemon = "decodeplane"
+
+// benchDaemonExecutable returns the path of the decodeplane binary in the
+// directory of this executable (symbolic links resolved).
+func benchDaemonExecutable() (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("the daemon executable: the path of this executable: %w", err)
+	}
+	if real, err := filepath.EvalSymlinks(exe); err == nil {
+		exe = real
+	}
+	name := benchDaemon
+	if runtime.GOOS == "windows" {
+		name += ".exe"
+	}
+	path := filepath.Join(filepath.Dir(exe), name)
+	if fi, err := os.Stat(path); err != nil || fi.IsDir() {
+		return "", fmt.Errorf("--queued starts the daemon binary, %s, which is not next to the bench (%s is missing): build both with `make build` (or go build -o DIR/ ./cmd/...)", name, path)
+	}
+	return path, nil
+}
+
 // benchFreePort reserves and releases a loopback port for the child.
 func benchFreePort() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -220,12 +246,12 @@ func benchFreePort() (string, error) {
 	return addr, l.Close()
 }
 
-// benchStartChild starts `decodeplane serve` (this executable) with the
-// queued-room settings, --config and --set.
+// benchStartChild starts `decodeplane serve` (the daemon binary next to
+// this executable) with the queued-room settings, --config and --set.
 func benchStartChild(o *benchOptions, environ []string) (*benchQueuedDaemon, error) {
-	exe, err := os.Executable()
+	exe, err := benchDaemonExecutable()
 	if err != nil {
-		return nil, fmt.Errorf("the daemon executable: %w", err)
+		return nil, err
 	}
 	addr, err := benchFreePort()
 	if err != nil {
@@ -444,7 +470,7 @@ func (q *benchQueued) run(ctx context.Context) (*benchQueuedJSON, error) {
 		Machine: benchMachine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), CPUModel: benchCPUModel(), GoVersion: runtime.Version()},
 	}
 	l := st.GetLayout()
-	where := "child daemon (this executable's 'serve', pid " + strconv.Itoa(q.d.pid) + ")"
+	where := "child daemon ('decodeplane serve', pid " + strconv.Itoa(q.d.pid) + ")"
 	if !q.d.child {
 		where = "daemon at " + q.d.addr + " (pid " + strconv.Itoa(q.d.pid) + ")"
 	}

@@ -7,14 +7,18 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/internal/e2e"
+	"github.com/decodeplane/decodeplane/internal/testing/e2e"
 )
 
-// TestBenchQueuedEndToEnd runs the real binary's `bench --queued`, which
-// starts the real binary's `serve` as its child, keeps 2,000 rooms queued
-// and measures the child. The figures are asserted to be measured and
-// plausible, never to be fast or small: the machines are shared.
+// TestBenchQueuedEndToEnd runs the real binary's `bench --queued` (which
+// runs decodeplane-bench), which starts the real binary's `serve` as its
+// child, keeps 2,000 rooms queued and measures the child. The figures are
+// asserted to be measured and plausible, never to be fast or small: the
+// machines are shared.
 func TestBenchQueuedEndToEnd(t *testing.T) {
+	// decodeplane bench runs decodeplane-bench from its own directory, which
+	// starts decodeplane serve from there: e2e.Binary builds both into one.
+	e2e.Binary(t, "github.com/decodeplane/decodeplane/cmd/decodeplane-bench")
 	bin := e2e.Binary(t, "github.com/decodeplane/decodeplane/cmd/decodeplane")
 	const rooms = 10000 // ~4 MiB of queued rooms: well above the GC noise of a heap reading
 	cmd := exec.Command(bin, "bench", "--queued", strconv.Itoa(rooms), "--concurrency", "32", "--settle-timeout", "2m", "--json")

@@ -25,8 +25,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/decodeplane/decodeplane/fleet"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/server"
 	"github.com/decodeplane/decodeplane/transfer/agentclient/agenttls"
 )
@@ -45,10 +45,10 @@ type Config struct {
 	Log       LogConfig                `yaml:"log"`
 	Transfer  TransferConfig           `yaml:"transfer"`
 	AgentTLS  agenttls.AgentTLSConfig  `yaml:"transfer.delegate.tls"`
-	KVPool    prealloc.PoolConfig      `yaml:"kv_pool"`
-	Parallel  prealloc.ParallelConfig  `yaml:"parallel"`
-	Staging   prealloc.StagingConfig   `yaml:"staging"`
-	Admission prealloc.AdmissionConfig `yaml:"admission"`
+	KVPool    kvlayout.PoolConfig      `yaml:"kv_pool"`
+	Parallel  kvlayout.ParallelConfig  `yaml:"parallel"`
+	Staging   kvlayout.StagingConfig   `yaml:"staging"`
+	Admission kvlayout.AdmissionConfig `yaml:"admission"`
 	Timeouts  kvmanager.TimeoutConfig  `yaml:"timeouts"`
 	DPRank    kvmanager.DPRankConfig   `yaml:"dp_rank"`
 	Rooms     kvmanager.RoomsConfig    `yaml:"rooms"`
@@ -71,7 +71,7 @@ type LogConfig struct {
 
 // DefaultConfig returns the embedded defaults.
 func DefaultConfig() Config {
-	p := prealloc.DefaultConfig()
+	p := kvlayout.DefaultConfig()
 	k := kvmanager.DefaultConfig()
 	return Config{
 		Server:    server.DefaultConfig(),
@@ -91,8 +91,8 @@ func DefaultConfig() Config {
 }
 
 // Decode returns the prealloc view of the configuration.
-func (c Config) Decode() prealloc.Config {
-	return prealloc.Config{Backend: c.Transfer.Backend, Pool: c.KVPool, Parallel: c.Parallel, Staging: c.Staging, Admission: c.Admission}
+func (c Config) Decode() kvlayout.Config {
+	return kvlayout.Config{Backend: c.Transfer.Backend, Pool: c.KVPool, Parallel: c.Parallel, Staging: c.Staging, Admission: c.Admission}
 }
 
 // Manager returns the kvmanager view of the configuration.
@@ -105,10 +105,10 @@ func (c Config) Validate() error {
 	var errs []error
 	errs = append(errs, c.Server.Validate(), c.AgentTLS.Validate(), c.Decode().Validate(), c.Manager().Validate(), c.Transfer.Validate(), c.Transfer.ValidateFor(c.Decode()), c.Engine.Validate(), c.Registry.Validate(c.heartbeatInterval()))
 	if !slices.Contains([]string{"debug", "info", "warn", "error"}, c.Log.Level) {
-		errs = append(errs, &prealloc.ConfigError{Key: "log.level", Value: c.Log.Level, Problem: "unknown log level.", Fix: "set it to debug, info, warn or error."})
+		errs = append(errs, &kvlayout.ConfigError{Key: "log.level", Value: c.Log.Level, Problem: "unknown log level.", Fix: "set it to debug, info, warn or error."})
 	}
 	if !slices.Contains([]string{"text", "json"}, c.Log.Format) {
-		errs = append(errs, &prealloc.ConfigError{Key: "log.format", Value: c.Log.Format, Problem: "unknown log format.", Fix: "set it to text or json."})
+		errs = append(errs, &kvlayout.ConfigError{Key: "log.format", Value: c.Log.Format, Problem: "unknown log format.", Fix: "set it to text or json."})
 	}
 	return errors.Join(errs...)
 }
@@ -120,14 +120,14 @@ func (c Config) heartbeatInterval() time.Duration {
 }
 
 // Warnings collects every section's warnings.
-func (c Config) Warnings() []prealloc.Warning {
+func (c Config) Warnings() []kvlayout.Warning {
 	w := c.Decode().Warnings()
 	w = append(w, c.Manager().Warnings()...)
 	w = append(w, c.Transfer.Warnings()...)
 	if c.Server.AuthToken == "" {
-		w = append(w, prealloc.Warning{Key: "server.auth_token", Message: "no bootstrap token: any client can register prefill ranks and mutate rooms (set SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)."})
+		w = append(w, kvlayout.Warning{Key: "server.auth_token", Message: "no bootstrap token: any client can register prefill ranks and mutate rooms (set SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN)."})
 	} else if !c.Server.TLS.Enabled() {
-		w = append(w, prealloc.Warning{Key: "server.tls", Message: fmt.Sprintf("the bootstrap token is sent in clear text: server.tls is off, so whoever can see the traffic to %s can read the token and use it (set server.tls.cert_file and server.tls.key_file).", c.Server.Listen)})
+		w = append(w, kvlayout.Warning{Key: "server.tls", Message: fmt.Sprintf("the bootstrap token is sent in clear text: server.tls is off, so whoever can see the traffic to %s can read the token and use it (set server.tls.cert_file and server.tls.key_file).", c.Server.Listen)})
 	}
 	return w
 }
@@ -671,8 +671,8 @@ var shapeWarnings = map[string][]string{
 
 // Warnings returns the configuration's warnings, without those about
 // settings the operator never set.
-func (l *Loaded) Warnings() []prealloc.Warning {
-	var out []prealloc.Warning
+func (l *Loaded) Warnings() []kvlayout.Warning {
+	var out []kvlayout.Warning
 	for _, w := range l.Config.Warnings() {
 		if keys, ok := shapeWarnings[w.Key]; ok {
 			set := false

@@ -13,7 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // repoRoot is the module root as seen from this package's directory (where
@@ -51,25 +51,25 @@ func mustLoadArgs(t *testing.T, args, environ []string) *Loaded {
 	return l
 }
 
-// configErrors returns the *prealloc.ConfigError problems of err, failing the
+// configErrors returns the *kvlayout.ConfigError problems of err, failing the
 // test on any other kind of error.
-func configErrors(t *testing.T, err error) []*prealloc.ConfigError {
+func configErrors(t *testing.T, err error) []*kvlayout.ConfigError {
 	t.Helper()
 	if err == nil {
 		return nil
 	}
-	var out []*prealloc.ConfigError
+	var out []*kvlayout.ConfigError
 	for _, e := range Flatten(err) {
-		var ce *prealloc.ConfigError
+		var ce *kvlayout.ConfigError
 		if !errors.As(e, &ce) {
-			t.Fatalf("problem %v (%T) is not a *prealloc.ConfigError", e, e)
+			t.Fatalf("problem %v (%T) is not a *kvlayout.ConfigError", e, e)
 		}
 		out = append(out, ce)
 	}
 	return out
 }
 
-func errorKeys(errs []*prealloc.ConfigError) []string {
+func errorKeys(errs []*kvlayout.ConfigError) []string {
 	var keys []string
 	for _, e := range errs {
 		keys = append(keys, e.Key)
@@ -345,7 +345,7 @@ func TestYAMLReportsEveryProblem(t *testing.T) {
 		}
 	}
 	// What could be parsed was applied.
-	if l.Config.KVPool.Kind != prealloc.KindMLA || l.Sources["kv_pool.kind"] != "file "+path+":4" {
+	if l.Config.KVPool.Kind != kvlayout.KindMLA || l.Sources["kv_pool.kind"] != "file "+path+":4" {
 		t.Errorf("kv_pool.kind = %s from %q, want mla from line 4", l.Config.KVPool.Kind, l.Sources["kv_pool.kind"])
 	}
 }
@@ -362,7 +362,7 @@ func TestOneYAMLDocument(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if l.Config.KVPool.Kind != prealloc.KindMLA {
+	if l.Config.KVPool.Kind != kvlayout.KindMLA {
 		t.Errorf("kind = %s, want mla", l.Config.KVPool.Kind)
 	}
 }

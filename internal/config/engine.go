@@ -3,7 +3,7 @@ package config
 import (
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // EngineConfig is the decode engine's side of the daemon (engine).
@@ -24,7 +24,7 @@ const MaxResyncTimeout = time.Hour
 // Validate checks the engine section.
 func (e EngineConfig) Validate() error {
 	if e.ResyncTimeout < 0 || e.ResyncTimeout > MaxResyncTimeout {
-		return &prealloc.ConfigError{Key: "engine.resync_timeout", Value: e.ResyncTimeout.String(), Problem: "out of range.",
+		return &kvlayout.ConfigError{Key: "engine.resync_timeout", Value: e.ResyncTimeout.String(), Problem: "out of range.",
 			Fix: "set it to 0 (admit at once) or to how long the decode engine may take to re-declare its running rooms after a restart, at most 1h (e.g. 30s)."}
 	}
 	return nil

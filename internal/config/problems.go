@@ -6,7 +6,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // Flatten lists the problems of a joined error (errors.Join, nested).
@@ -31,13 +31,13 @@ func PrintProblems(w io.Writer, l *Loaded, problems []error) {
 	}
 	fmt.Fprintf(w, "decodeplane: the configuration has %d problem%s:\n", n, plural)
 	for i, p := range problems {
-		var ce *prealloc.ConfigError
+		var ce *kvlayout.ConfigError
 		if errors.As(p, &ce) {
 			src := l.Sources[ce.Key]
 			if src == "" {
 				src = "derived"
 			}
-			fmt.Fprintf(w, "\n  %d. %s = %s   (from %s)\n", i+1, ce.Key, prealloc.FormatValue(ce.Value), describeSource(l, ce.Key, src))
+			fmt.Fprintf(w, "\n  %d. %s = %s   (from %s)\n", i+1, ce.Key, kvlayout.FormatValue(ce.Value), describeSource(l, ce.Key, src))
 			fmt.Fprintf(w, "     %s\n", ce.Problem)
 			if ce.Fix != "" {
 				fmt.Fprintf(w, "     fix: %s\n", ce.Fix)
@@ -59,7 +59,7 @@ func describeSource(l *Loaded, key, src string) string {
 }
 
 // PrintWarnings prints one line per warning.
-func PrintWarnings(w io.Writer, warnings []prealloc.Warning) {
+func PrintWarnings(w io.Writer, warnings []kvlayout.Warning) {
 	for _, wn := range warnings {
 		fmt.Fprintf(w, "warning: %s\n", wn)
 	}

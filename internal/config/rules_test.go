@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // --- validation rules ------------------------------------------------------
@@ -19,14 +19,14 @@ func gqaBase() Config { return DefaultConfig() }
 
 func mhaBase() Config {
 	c := DefaultConfig()
-	c.KVPool.Kind = prealloc.KindMHA
+	c.KVPool.Kind = kvlayout.KindMHA
 	c.KVPool.KVHeads = 32
 	return c
 }
 
 func mlaBase() Config {
 	c := DefaultConfig()
-	c.KVPool.Kind = prealloc.KindMLA
+	c.KVPool.Kind = kvlayout.KindMLA
 	c.KVPool.KVHeads, c.KVPool.HeadDim = 0, 0
 	c.KVPool.KVLoraRank, c.KVPool.QKRopeHeadDim = 512, 64
 	return c
@@ -34,20 +34,20 @@ func mlaBase() Config {
 
 func hybridMLABase() Config {
 	c := mlaBase()
-	c.KVPool.Kind = prealloc.KindHybridMLA
+	c.KVPool.Kind = kvlayout.KindHybridMLA
 	return c
 }
 
 func swaBase() Config {
 	c := DefaultConfig()
-	c.KVPool.Kind = prealloc.KindHybridSWA
-	c.KVPool.SWA = prealloc.SWAConfig{Window: 128, TotalTokens: 200000}
+	c.KVPool.Kind = kvlayout.KindHybridSWA
+	c.KVPool.SWA = kvlayout.SWAConfig{Window: 128, TotalTokens: 200000}
 	return c
 }
 
 func linearBase() Config {
 	c := DefaultConfig()
-	c.KVPool.Kind = prealloc.KindHybridLinear
+	c.KVPool.Kind = kvlayout.KindHybridLinear
 	c.KVPool.RequestSlots = 128
 	c.KVPool.Mamba.StateSlots = 128
 	return c
@@ -115,16 +115,16 @@ func TestRuleBasesAreValid(t *testing.T) {
 
 func TestRuleKindRequired(t *testing.T) {
 	checkRules(t, []ruleCase{
-		{name: "unspecified", mod: func(c *Config) { c.KVPool.Kind = prealloc.KindUnspecified }, want: []string{"kv_pool.kind"}},
-		{name: "out of range", mod: func(c *Config) { c.KVPool.Kind = prealloc.Kind(99) }, want: []string{"kv_pool.kind"}},
+		{name: "unspecified", mod: func(c *Config) { c.KVPool.Kind = kvlayout.KindUnspecified }, want: []string{"kv_pool.kind"}},
+		{name: "out of range", mod: func(c *Config) { c.KVPool.Kind = kvlayout.Kind(99) }, want: []string{"kv_pool.kind"}},
 	})
 }
 
 func TestRuleStagingNeedsNonMLA(t *testing.T) {
 	on := func(c *Config) { c.Staging.Enabled = true }
 	checkRules(t, []ruleCase{
-		{name: "mla", base: mlaBase, mod: on, want: []string{"staging.enabled"}, problem: prealloc.MsgStagingMLA},
-		{name: "hybrid-mla", base: hybridMLABase, mod: on, want: []string{"staging.enabled"}, problem: prealloc.MsgStagingMLA},
+		{name: "mla", base: mlaBase, mod: on, want: []string{"staging.enabled"}, problem: kvlayout.MsgStagingMLA},
+		{name: "hybrid-mla", base: hybridMLABase, mod: on, want: []string{"staging.enabled"}, problem: kvlayout.MsgStagingMLA},
 		{name: "mla with staging off", base: mlaBase},
 		{name: "gqa", base: gqaBase, mod: on},
 		{name: "mha", base: mhaBase, mod: on},
@@ -168,12 +168,12 @@ func TestRuleStagingPoolSize(t *testing.T) {
 func TestRuleDCPNeedsMLA(t *testing.T) {
 	dcp2 := func(c *Config) { c.Parallel.DCP = 2 }
 	checkRules(t, []ruleCase{
-		{name: "gqa", base: gqaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNeedsMLA},
-		{name: "mha", base: mhaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNeedsMLA},
-		{name: "hybrid-swa", base: swaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNeedsMLA},
-		{name: "hybrid-linear", base: linearBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNeedsMLA},
-		{name: "mla", base: mlaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNotModelled},
-		{name: "hybrid-mla", base: hybridMLABase, mod: func(c *Config) { c.Parallel.DCP = 8 }, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNotModelled},
+		{name: "gqa", base: gqaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: kvlayout.MsgDCPNeedsMLA},
+		{name: "mha", base: mhaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: kvlayout.MsgDCPNeedsMLA},
+		{name: "hybrid-swa", base: swaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: kvlayout.MsgDCPNeedsMLA},
+		{name: "hybrid-linear", base: linearBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: kvlayout.MsgDCPNeedsMLA},
+		{name: "mla", base: mlaBase, mod: dcp2, want: []string{"parallel.dcp"}, problem: kvlayout.MsgDCPNotModelled},
+		{name: "hybrid-mla", base: hybridMLABase, mod: func(c *Config) { c.Parallel.DCP = 8 }, want: []string{"parallel.dcp"}, problem: kvlayout.MsgDCPNotModelled},
 		{name: "gqa at dcp 1", base: gqaBase},
 	})
 }
@@ -190,12 +190,12 @@ func TestRuleDCPNeedsDCPBackend(t *testing.T) {
 	}
 	for _, b := range []string{"mooncake", "nixl"} {
 		tests = append(tests, ruleCase{name: b, base: mlaBase, mod: func(c *Config) { c.Parallel.DCP, c.Transfer.Backend = 4, b },
-			want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNotModelled})
+			want: []string{"parallel.dcp"}, problem: kvlayout.MsgDCPNotModelled})
 	}
 	// Both DCP rules at once on a GQA pool with a non-DCP backend.
 	tests = append(tests, ruleCase{
 		name: "gqa on ascend", mod: func(c *Config) { c.Parallel.DCP, c.Transfer.Backend = 2, "ascend" },
-		want: []string{"parallel.dcp", "parallel.dcp"}, problem: prealloc.MsgDCPNeedsMLA,
+		want: []string{"parallel.dcp", "parallel.dcp"}, problem: kvlayout.MsgDCPNeedsMLA,
 	})
 	checkRules(t, tests)
 }
@@ -221,7 +221,7 @@ func TestRuleDCPNoDecodeRadixCache(t *testing.T) {
 	checkRules(t, []ruleCase{
 		{name: "dcp with radix cache", base: mlaBase, mod: func(c *Config) { c.Parallel.DCP, c.Admission.DecodeRadixCache = 2, true },
 			want: []string{"admission.decode_radix_cache", "parallel.dcp"}, contains: "a decode radix cache is not supported with DCP"},
-		{name: "dcp without radix cache", base: mlaBase, mod: func(c *Config) { c.Parallel.DCP = 2 }, want: []string{"parallel.dcp"}, problem: prealloc.MsgDCPNotModelled},
+		{name: "dcp without radix cache", base: mlaBase, mod: func(c *Config) { c.Parallel.DCP = 2 }, want: []string{"parallel.dcp"}, problem: kvlayout.MsgDCPNotModelled},
 		{name: "radix cache without dcp", base: mlaBase, mod: func(c *Config) { c.Admission.DecodeRadixCache = true },
 			want: []string{"admission.decode_radix_cache"}, contains: "does not model a decode radix cache"},
 	})
@@ -262,7 +262,7 @@ func TestRuleSizesPositive(t *testing.T) {
 		{"admission.clip_max_new_tokens", gqaBase, func(c *Config, v int) { c.Admission.ClipMaxNewTokens = v }, []int{0, -1}, []int{1}},
 		{"admission.reserved_decode_tokens", gqaBase, func(c *Config, v int) { c.Admission.ReservedDecodeTokens = v }, []int{-1}, []int{0}},
 		{"admission.max_queued", gqaBase, func(c *Config, v int) { c.Admission.MaxQueued = v }, []int{-1}, []int{0, 1}},
-		{"admission.max_bypass", gqaBase, func(c *Config, v int) { c.Admission.MaxBypass = v }, []int{-1, prealloc.MaxBypassLimit + 1}, []int{0, 1, prealloc.DefaultMaxBypass, prealloc.MaxBypassLimit}},
+		{"admission.max_bypass", gqaBase, func(c *Config, v int) { c.Admission.MaxBypass = v }, []int{-1, kvlayout.MaxBypassLimit + 1}, []int{0, 1, kvlayout.DefaultMaxBypass, kvlayout.MaxBypassLimit}},
 		{"admission.claim_timeout", gqaBase, func(c *Config, v int) { c.Admission.ClaimTimeout = time.Duration(v) * time.Second }, []int{-1}, []int{0, 1}},
 		{"kv_pool.mamba.state_bytes", linearBase, func(c *Config, v int) { c.KVPool.Mamba.StateBytes = int64(v) }, []int{-1}, []int{0, 1}},
 		{"rooms.max_retained", gqaBase, func(c *Config, v int) { c.Rooms.MaxRetained = v }, []int{-1}, []int{0}},
@@ -364,7 +364,7 @@ func TestRuleSWANeedsWindowAndPool(t *testing.T) {
 		{name: "complete", base: swaBase},
 		{name: "no window", base: swaBase, mod: func(c *Config) { c.KVPool.SWA.Window = 0 }, want: []string{"kv_pool.swa.window"}},
 		{name: "no pool", base: swaBase, mod: func(c *Config) { c.KVPool.SWA.TotalTokens = 0 }, want: []string{"kv_pool.swa.total_tokens"}},
-		{name: "neither", base: swaBase, mod: func(c *Config) { c.KVPool.SWA = prealloc.SWAConfig{Window: -1} }, want: []string{"kv_pool.swa.total_tokens", "kv_pool.swa.window"}},
+		{name: "neither", base: swaBase, mod: func(c *Config) { c.KVPool.SWA = kvlayout.SWAConfig{Window: -1} }, want: []string{"kv_pool.swa.total_tokens", "kv_pool.swa.window"}},
 		{name: "not needed for gqa", base: gqaBase},
 	})
 }
@@ -395,7 +395,7 @@ func TestRuleHybridLinearStateSlots(t *testing.T) {
 
 func TestRuleTransferBackend(t *testing.T) {
 	var tests []ruleCase
-	for _, b := range prealloc.TransferBackends {
+	for _, b := range kvlayout.TransferBackends {
 		tests = append(tests, ruleCase{name: b, mod: func(c *Config) { c.Transfer.Backend = b }})
 	}
 	for _, b := range []string{"x", "", "Mooncake", "tcp"} {
@@ -410,7 +410,7 @@ func TestRuleTransferBackend(t *testing.T) {
 
 func TestRuleDType(t *testing.T) {
 	var tests []ruleCase
-	for d := range prealloc.DTypes {
+	for d := range kvlayout.DTypes {
 		tests = append(tests, ruleCase{name: d, mod: func(c *Config) { c.KVPool.DType = d }})
 	}
 	tests = append(tests,

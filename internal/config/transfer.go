@@ -6,7 +6,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer/delegate"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
@@ -25,7 +25,7 @@ type TransferConfig struct {
 	// external transfer agent over gRPC).
 	Path string `yaml:"path"`
 	// Backend is the engine transfer backend decodeplane stands in for
-	// (mooncake, nixl, ascend, mori, fake); see prealloc.TransferBackends.
+	// (mooncake, nixl, ascend, mori, fake); see kvlayout.TransferBackends.
 	Backend string `yaml:"backend"`
 	// Sim configures the simulated engine.
 	Sim sim.SimConfig `yaml:"sim"`
@@ -41,11 +41,11 @@ func DefaultTransferConfig() TransferConfig {
 }
 
 // Validate returns every problem of the transfer section at once
-// (errors.Join of *prealloc.ConfigError).
+// (errors.Join of *kvlayout.ConfigError).
 func (t TransferConfig) Validate() error {
 	var errs []error
 	add := func(key string, val any, problem, fix string) {
-		errs = append(errs, &prealloc.ConfigError{Key: key, Value: val, Problem: problem, Fix: fix})
+		errs = append(errs, &kvlayout.ConfigError{Key: key, Value: val, Problem: problem, Fix: fix})
 	}
 	switch t.Path {
 	case PathSim:
@@ -75,10 +75,10 @@ func (t TransferConfig) Validate() error {
 }
 
 // Warnings returns transfer settings that are valid but suspicious.
-func (t TransferConfig) Warnings() []prealloc.Warning {
-	var w []prealloc.Warning
+func (t TransferConfig) Warnings() []kvlayout.Warning {
+	var w []kvlayout.Warning
 	if t.Sim.FailureProbability > 0 && t.Path == PathSim {
-		w = append(w, prealloc.Warning{Key: "transfer.sim.failure_probability", Message: fmt.Sprintf("%.3g of simulated chunks will fail on purpose.", t.Sim.FailureProbability)})
+		w = append(w, kvlayout.Warning{Key: "transfer.sim.failure_probability", Message: fmt.Sprintf("%.3g of simulated chunks will fail on purpose.", t.Sim.FailureProbability)})
 	}
 	return w
 }
@@ -86,15 +86,15 @@ func (t TransferConfig) Warnings() []prealloc.Warning {
 // ValidateFor checks the combinations of the transfer path with the decode
 // pool that the daemon cannot serve correctly: no configuration may start
 // whose rooms could succeed on state that never moved.
-func (t TransferConfig) ValidateFor(dec prealloc.Config) error {
+func (t TransferConfig) ValidateFor(dec kvlayout.Config) error {
 	if t.Path != PathDelegate {
 		return nil
 	}
 	var errs []error
 	for _, st := range dec.Pool.Kind.StateTypes() {
 		switch st {
-		case prealloc.StateSWA, prealloc.StateMamba:
-			errs = append(errs, &prealloc.ConfigError{Key: "transfer.path", Value: t.Path,
+		case kvlayout.StateSWA, kvlayout.StateMamba:
+			errs = append(errs, &kvlayout.ConfigError{Key: "transfer.path", Value: t.Path,
 				Problem: fmt.Sprintf("the delegated transfer path moves KV pages and the metadata slot, but not the %s state a %s pool needs per request: its rooms would decode on state that never landed.", st, dec.Pool.Kind),
 				Fix:     "use transfer.path: sim for this pool, or a KV pool kind without per-request state (mha, gqa, mla, hybrid-mla)."})
 		}

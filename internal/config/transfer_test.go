@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer/delegate"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
@@ -39,9 +39,9 @@ func TestTransferConfigValidate(t *testing.T) {
 			var keys []string
 			if err != nil {
 				for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
-					var ce *prealloc.ConfigError
+					var ce *kvlayout.ConfigError
 					if !errors.As(e, &ce) {
-						t.Fatalf("Validate() returned %T %v, want *prealloc.ConfigError", e, e)
+						t.Fatalf("Validate() returned %T %v, want *kvlayout.ConfigError", e, e)
 					}
 					keys = append(keys, ce.Key)
 				}
@@ -79,22 +79,22 @@ func TestTransferConfigWarnings(t *testing.T) {
 func TestTransferConfigValidateFor(t *testing.T) {
 	for _, tc := range []struct {
 		path    string
-		kind    prealloc.Kind
+		kind    kvlayout.Kind
 		refused bool
 	}{
-		{PathDelegate, prealloc.KindGQA, false},
-		{PathDelegate, prealloc.KindHybridMLA, false},
-		{PathDelegate, prealloc.KindHybridSWA, true},
-		{PathDelegate, prealloc.KindHybridLinear, true},
-		{PathSim, prealloc.KindHybridSWA, false},
-		{PathSim, prealloc.KindHybridLinear, false},
+		{PathDelegate, kvlayout.KindGQA, false},
+		{PathDelegate, kvlayout.KindHybridMLA, false},
+		{PathDelegate, kvlayout.KindHybridSWA, true},
+		{PathDelegate, kvlayout.KindHybridLinear, true},
+		{PathSim, kvlayout.KindHybridSWA, false},
+		{PathSim, kvlayout.KindHybridLinear, false},
 	} {
 		c := DefaultTransferConfig()
 		c.Path = tc.path
-		var dec prealloc.Config
+		var dec kvlayout.Config
 		dec.Pool.Kind = tc.kind
 		err := c.ValidateFor(dec)
-		var ce *prealloc.ConfigError
+		var ce *kvlayout.ConfigError
 		switch {
 		case !tc.refused && err != nil:
 			t.Errorf("%s on %s: ValidateFor = %v, want nil", tc.path, tc.kind, err)

@@ -1,7 +1,7 @@
 // Package daemon is decodeplane's one composition root: Build wires a daemon
 // from a config.Config, Run serves it, Shutdown stops it. `decodeplane serve`,
 // the bench's in-process daemon (internal/bench) and every test that needs a
-// whole daemon (internal/daemontest) go through it, so the wiring and the
+// whole daemon (internal/testing/daemontest) go through it, so the wiring and the
 // shutdown order exist once.
 //
 // Build constructs, in this order, and starts nothing but the listeners (so
@@ -60,9 +60,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/decodeplane/decodeplane/fleet"
-	"github.com/decodeplane/decodeplane/internal/clock"
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/telemetry"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	"github.com/decodeplane/decodeplane/metrics"
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -228,7 +228,7 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	}
 	switch cfg.Transfer.Path {
 	case config.PathSim:
-		d.engine = sim.NewSimEngine(cfg.Transfer.Sim, clock.RealClock{})
+		d.engine = sim.NewSimEngine(cfg.Transfer.Sim, kvlayout.RealClock{})
 	case config.PathDelegate:
 		ac, err := agentclient.Dial(cfg.Transfer.Delegate.Target, agentclient.Options{Logger: log, TracerProvider: d.tp, Propagator: d.prop, Credentials: agentTLS.credentials()})
 		if err != nil {

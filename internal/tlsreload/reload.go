@@ -36,7 +36,7 @@ import (
 
 	"google.golang.org/grpc/credentials"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // DefaultInterval is how often the files are read when Options.Interval is 0.
@@ -145,7 +145,7 @@ func Check(f Files, now time.Time) []Problem {
 func ConfigErrors(f Files, now time.Time, keys, what map[string]string) []error {
 	var errs []error
 	for _, p := range Check(f, now) {
-		errs = append(errs, &prealloc.ConfigError{Key: keys[p.File], Value: p.Path, Problem: p.Message, Fix: p.fix(what[p.File])})
+		errs = append(errs, &kvlayout.ConfigError{Key: keys[p.File], Value: p.Path, Problem: p.Message, Fix: p.fix(what[p.File])})
 	}
 	return errs
 }

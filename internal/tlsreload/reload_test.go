@@ -22,8 +22,8 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/testing/tlstest"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
-	"github.com/decodeplane/decodeplane/internal/tlstest"
 )
 
 // tlsServer is a real gRPC server (the health service) on a TCP loopback

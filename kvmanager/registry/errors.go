@@ -3,7 +3,7 @@ package registry
 import (
 	"errors"
 
-	"github.com/decodeplane/decodeplane/internal/fieldcheck"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // Errors returned by the Registry (kvmanager re-exports the same values, so
@@ -21,9 +21,9 @@ var (
 )
 
 // InvalidError is a request field with a bad value (InvalidArgument): the
-// domain's one field error (fieldcheck.Invalid, kvmanager.InvalidError).
-type InvalidError = fieldcheck.Invalid
+// domain's one field error (kvlayout.Invalid, kvmanager.InvalidError).
+type InvalidError = kvlayout.Invalid
 
 func invalid(field, format string, args ...any) error {
-	return fieldcheck.Invalidf(field, format, args...)
+	return kvlayout.Invalidf(field, format, args...)
 }

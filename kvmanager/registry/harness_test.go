@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // TestMain: the registry starts no goroutine; goleak keeps it so.
@@ -30,14 +30,14 @@ const (
 type harness struct {
 	t   *testing.T
 	g   *Registry
-	dec prealloc.Config
+	dec kvlayout.Config
 }
 
-type option func(*prealloc.Config, *Config)
+type option func(*kvlayout.Config, *Config)
 
 // withDecode adjusts the decode configuration (nil: the default).
-func withDecode(f func(*prealloc.Config)) option {
-	return func(c *prealloc.Config, _ *Config) {
+func withDecode(f func(*kvlayout.Config)) option {
+	return func(c *kvlayout.Config, _ *Config) {
 		if f != nil {
 			f(c)
 		}
@@ -46,12 +46,12 @@ func withDecode(f func(*prealloc.Config)) option {
 
 // withForceQuery sets force_query.
 func withForceQuery(on bool) option {
-	return func(_ *prealloc.Config, c *Config) { c.ForceQuery = on }
+	return func(_ *kvlayout.Config, c *Config) { c.ForceQuery = on }
 }
 
 // mlaDecode switches the decode pool to an MLA kind.
-func mlaDecode(kind prealloc.Kind) func(*prealloc.Config) {
-	return func(c *prealloc.Config) {
+func mlaDecode(kind kvlayout.Kind) func(*kvlayout.Config) {
+	return func(c *kvlayout.Config) {
 		c.Pool.Kind = kind
 		c.Pool.KVHeads, c.Pool.HeadDim = 0, 0
 		c.Pool.KVLoraRank, c.Pool.QKRopeHeadDim = 512, 64
@@ -60,7 +60,7 @@ func mlaDecode(kind prealloc.Kind) func(*prealloc.Config) {
 
 func newHarness(t *testing.T, opts ...option) *harness {
 	t.Helper()
-	dec := prealloc.DefaultConfig()
+	dec := kvlayout.DefaultConfig()
 	cfg := Config{HeartbeatInterval: 5 * time.Second, MaxFailures: 2, BindingTTL: 120 * time.Second}
 	for _, f := range opts {
 		f(&dec, &cfg)

@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 func withLeaseLiveness() option {
-	return func(_ *prealloc.Config, c *Config) { c.LeaseLiveness = true }
+	return func(_ *kvlayout.Config, c *Config) { c.LeaseLiveness = true }
 }
 
 // TestLeaseLivenessNeverLoses: with the fleet's lease deciding liveness, a

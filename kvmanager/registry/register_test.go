@@ -12,7 +12,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // maxRegisterAlloc bounds one RegisterPrefill call: the rank mapping's four
@@ -37,7 +37,7 @@ func mismatchText(t *testing.T, err error) string {
 func TestRegisterPrefillCompatibility(t *testing.T) {
 	tests := []struct {
 		name string
-		dec  func(*prealloc.Config)
+		dec  func(*kvlayout.Config)
 		mod  func(*Registration)
 		want string // SGLang's text after the umbrella; "" = accepted
 	}{
@@ -53,7 +53,7 @@ func TestRegisterPrefillCompatibility(t *testing.T) {
 			want: "KV cache dtype mismatch: prefill server has kv_cache_dtype=fp8_e4m3, but decode server has kv_cache_dtype=bf16. Both servers must use the same --kv-cache-dtype value.",
 		},
 		{
-			name: "auto dtype against fp8", dec: func(c *prealloc.Config) { c.Pool.DType = "fp8_e4m3" }, mod: func(r *Registration) { r.KVDType = "auto" },
+			name: "auto dtype against fp8", dec: func(c *kvlayout.Config) { c.Pool.DType = "fp8_e4m3" }, mod: func(r *Registration) { r.KVDType = "auto" },
 			want: "KV cache dtype mismatch: prefill server has kv_cache_dtype=auto, but decode server has kv_cache_dtype=fp8_e4m3. Both servers must use the same --kv-cache-dtype value.",
 		},
 		{
@@ -66,15 +66,15 @@ func TestRegisterPrefillCompatibility(t *testing.T) {
 		},
 		{name: "matching model facts", mod: func(r *Registration) { r.Model = ModelFacts{Kind: "GQA", NumLayers: 32, TotalKVHeads: 8, HeadDim: 128} }},
 		{
-			name: "MLA model facts", dec: mlaDecode(prealloc.KindMLA), mod: func(r *Registration) { r.Model = ModelFacts{Kind: "mla", KVLoraRank: 512, QKRopeHeadDim: 32} },
+			name: "MLA model facts", dec: mlaDecode(kvlayout.KindMLA), mod: func(r *Registration) { r.Model = ModelFacts{Kind: "mla", KVLoraRank: 512, QKRopeHeadDim: 32} },
 			want: "the prefill's model does not match the decode KV pool: kv_lora_rank + qk_rope_head_dim 544 (decode: 576)",
 		},
 		{
-			name: "TP sizes that do not divide", dec: func(c *prealloc.Config) { c.Parallel.AttnTP = 2 }, mod: func(r *Registration) { r.Parallel.AttnTP = 3 },
+			name: "TP sizes that do not divide", dec: func(c *kvlayout.Config) { c.Parallel.AttnTP = 2 }, mod: func(r *Registration) { r.Parallel.AttnTP = 3 },
 			want: "prefill attn_tp_size=3 and decode attn_tp_size=2: one must divide the other for the rank mapping",
 		},
 		{
-			name: "decode PP neither equal nor 1", dec: func(c *prealloc.Config) { c.Parallel.PP = 2 }, mod: func(r *Registration) { r.Parallel.PP = 4 },
+			name: "decode PP neither equal nor 1", dec: func(c *kvlayout.Config) { c.Parallel.PP = 2 }, mod: func(r *Registration) { r.Parallel.PP = 4 },
 			want: "decode pp_size=2 must equal the prefill's pp_size=4 or be 1",
 		},
 	}
@@ -124,25 +124,25 @@ func TestRegisterPrefillLayoutConflict(t *testing.T) {
 func TestRegistrationResultRankView(t *testing.T) {
 	tests := []struct {
 		name string
-		dec  func(*prealloc.Config)
+		dec  func(*kvlayout.Config)
 		inst prefill
 		rank RankID
 		want RegistrationResult
 	}{
 		{
-			name: "MLA real source", dec: mlaDecode(prealloc.KindMLA), inst: prefill{addr: addrA, tp: 4}, rank: RankID{TP: 0},
+			name: "MLA real source", dec: mlaDecode(kvlayout.KindMLA), inst: prefill{addr: addrA, tp: 4}, rank: RankID{TP: 0},
 			want: RegistrationResult{ServesDecodeTP: []int{0}, RequiredDstInfoNum: 1},
 		},
 		{
-			name: "MLA dummy", dec: mlaDecode(prealloc.KindMLA), inst: prefill{addr: addrA, tp: 4}, rank: RankID{TP: 3},
+			name: "MLA dummy", dec: mlaDecode(kvlayout.KindMLA), inst: prefill{addr: addrA, tp: 4}, rank: RankID{TP: 3},
 			want: RegistrationResult{ServesDecodeTP: []int{0}, Dummy: true, RequiredDstInfoNum: 1},
 		},
 		{
-			name: "prefill TP 1 serves decode TP 4", dec: func(c *prealloc.Config) { c.Parallel.AttnTP = 4 }, inst: prefill{addr: addrA}, rank: RankID{},
+			name: "prefill TP 1 serves decode TP 4", dec: func(c *kvlayout.Config) { c.Parallel.AttnTP = 4 }, inst: prefill{addr: addrA}, rank: RankID{},
 			want: RegistrationResult{ServesDecodeTP: []int{0, 1, 2, 3}, RequiredDstInfoNum: 4},
 		},
 		{
-			name: "staging for heterogeneous GQA", dec: func(c *prealloc.Config) { c.Staging.Enabled = true }, inst: prefill{addr: addrA, tp: 2}, rank: RankID{TP: 1},
+			name: "staging for heterogeneous GQA", dec: func(c *kvlayout.Config) { c.Staging.Enabled = true }, inst: prefill{addr: addrA, tp: 2}, rank: RankID{TP: 1},
 			want: RegistrationResult{ServesDecodeTP: []int{0}, RequiredDstInfoNum: 1, Staging: true},
 		},
 		{
@@ -274,7 +274,7 @@ func TestRegisterPrefillHugeSizesAllocateNothing(t *testing.T) {
 	const big, max32 = 1 << 31, math.MaxUint32
 	tests := []struct {
 		name     string
-		dec      func(*prealloc.Config)
+		dec      func(*kvlayout.Config)
 		par      ParallelInfo
 		expected int // 0: refused
 	}{
@@ -282,13 +282,13 @@ func TestRegisterPrefillHugeSizesAllocateNothing(t *testing.T) {
 		{name: "attn_tp_size 2^32-1", par: ParallelInfo{AttnTP: max32}},
 		{name: "pp_size 2^31", par: ParallelInfo{PP: big}},
 		{name: "pp_size 2^32-1", par: ParallelInfo{PP: max32}},
-		{name: "attn_cp_size 2^31 on an all-CP pool", dec: mlaDecode(prealloc.KindHybridMLA), par: ParallelInfo{AttnCP: big}},
+		{name: "attn_cp_size 2^31 on an all-CP pool", dec: mlaDecode(kvlayout.KindHybridMLA), par: ParallelInfo{AttnCP: big}},
 		{name: "attn_dp_size 2^31", par: ParallelInfo{AttnDP: big}, expected: big},
 		{name: "attn_cp_size 2^31", par: ParallelInfo{AttnCP: big}, expected: big},
 		{name: "system_dp_size 2^31", par: ParallelInfo{SystemDP: big}, expected: big},
 		{name: "pp_size 1024 (more stages than the model's 32 layers)", par: ParallelInfo{PP: 1024}},
 		{name: "every size 1024, pp 16", par: ParallelInfo{AttnTP: 1024, AttnCP: 1024, AttnDP: 1024, PP: 16}, expected: 1 << 34},
-		{name: "every size 1024, pp 16, on an all-CP MLA pool", dec: mlaDecode(prealloc.KindHybridMLA), par: ParallelInfo{AttnTP: 1024, AttnCP: 1024, AttnDP: 1024, PP: 16}, expected: 1 << 34},
+		{name: "every size 1024, pp 16, on an all-CP MLA pool", dec: mlaDecode(kvlayout.KindHybridMLA), par: ParallelInfo{AttnTP: 1024, AttnCP: 1024, AttnDP: 1024, PP: 16}, expected: 1 << 34},
 		{name: "dp, cp 2^32-1 (product saturates)", par: ParallelInfo{AttnCP: max32, AttnDP: max32, SystemDP: max32}, expected: math.MaxInt},
 	}
 	for _, tc := range tests {
@@ -396,7 +396,7 @@ func TestRegisterPrefillRankOutsideLayout(t *testing.T) {
 func TestModelFactsContradictingThePool(t *testing.T) {
 	tests := []struct {
 		name    string
-		dec     func(*prealloc.Config)
+		dec     func(*kvlayout.Config)
 		model   ModelFacts
 		want    string // after the umbrella; "" = accepted
 		invalid string // InvalidError text instead
@@ -413,13 +413,13 @@ func TestModelFactsContradictingThePool(t *testing.T) {
 			want: "the prefill's model does not match the decode KV pool: num_layers 80 (decode: 32)"},
 		{name: "not a kind", model: ModelFacts{Kind: "mamba", KVLoraRank: 512},
 			invalid: "model.kv_pool_kind: \"mamba\" is not a KV pool kind (allowed: mha, gqa, mla, hybrid-mla, hybrid-swa, hybrid-linear)"},
-		{name: "KV heads on an MLA pool", dec: mlaDecode(prealloc.KindMLA), model: ModelFacts{Kind: "mla", TotalKVHeads: 8},
+		{name: "KV heads on an MLA pool", dec: mlaDecode(kvlayout.KindMLA), model: ModelFacts{Kind: "mla", TotalKVHeads: 8},
 			want: "the prefill's model does not match the decode KV pool: total_kv_heads 8 (decode: mla pool, one latent KV vector per token)"},
-		{name: "head dim on an MLA pool", dec: mlaDecode(prealloc.KindMLA), model: ModelFacts{HeadDim: 128},
+		{name: "head dim on an MLA pool", dec: mlaDecode(kvlayout.KindMLA), model: ModelFacts{HeadDim: 128},
 			want: "the prefill's model does not match the decode KV pool: head_dim 128 (decode: 576)"},
-		{name: "GQA kind on a hybrid-mla pool", dec: mlaDecode(prealloc.KindHybridMLA), model: ModelFacts{Kind: "gqa", NumLayers: 61},
+		{name: "GQA kind on a hybrid-mla pool", dec: mlaDecode(kvlayout.KindHybridMLA), model: ModelFacts{Kind: "gqa", NumLayers: 61},
 			want: `the prefill's model does not match the decode KV pool: kv_pool_kind "gqa" (decode: hybrid-mla), num_layers 61 (decode: 32)`},
-		{name: "MLA facts that match", dec: mlaDecode(prealloc.KindMLA), model: ModelFacts{Kind: "MLA", NumLayers: 32, TotalKVHeads: 1, HeadDim: 576, KVLoraRank: 512, QKRopeHeadDim: 64}},
+		{name: "MLA facts that match", dec: mlaDecode(kvlayout.KindMLA), model: ModelFacts{Kind: "MLA", NumLayers: 32, TotalKVHeads: 1, HeadDim: 576, KVLoraRank: 512, QKRopeHeadDim: 64}},
 		{name: "GQA facts that match", model: ModelFacts{Kind: "gqa", NumLayers: 32, TotalKVHeads: 8, HeadDim: 128}},
 	}
 	for _, tc := range tests {
@@ -457,7 +457,7 @@ func TestModelFactsContradictingThePool(t *testing.T) {
 // after a GC.
 func TestIncompleteInstancesRetainLittle(t *testing.T) {
 	bubble(t, func(t *testing.T) {
-		h := newHarness(t, withDecode(mlaDecode(prealloc.KindHybridMLA)))
+		h := newHarness(t, withDecode(mlaDecode(kvlayout.KindHybridMLA)))
 		heap := func() uint64 {
 			runtime.GC()
 			var ms runtime.MemStats

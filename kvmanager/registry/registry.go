@@ -10,14 +10,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // Config is what the registry checks and keeps instances against.
 type Config struct {
 	// Layout is the decode KV layout registrations are checked against and
 	// mapped onto.
-	Layout prealloc.Layout
+	Layout kvlayout.Layout
 	// HeartbeatInterval and MaxFailures are the effective heartbeat policy
 	// (after SGLang's floors): a rank silent for MaxFailures intervals
 	// kills its instance.
@@ -121,18 +121,18 @@ func followsRoom(lbMethod string) bool {
 func (g *Registry) checkCompat(reg Registration) error {
 	d := g.cfg.Layout
 	f := reg.Model
-	var kind prealloc.Kind
+	var kind kvlayout.Kind
 	if f.Kind != "" {
-		k, err := prealloc.ParseKind(f.Kind)
+		k, err := kvlayout.ParseKind(f.Kind)
 		if err != nil {
-			return invalid("model.kv_pool_kind", "%q is not a KV pool kind (allowed: %s)", f.Kind, strings.Join(prealloc.KindNames(), ", "))
+			return invalid("model.kv_pool_kind", "%q is not a KV pool kind (allowed: %s)", f.Kind, strings.Join(kvlayout.KindNames(), ", "))
 		}
 		kind = k
 	}
 	if reg.PageSize != d.PageSize {
 		return fmt.Errorf("%w: Page size mismatch: prefill server has page_size=%d, but decode server has page_size=%d. Both servers must use the same --page-size value.", ErrPrefillMismatch, reg.PageSize, d.PageSize)
 	}
-	pd, ok := prealloc.CanonicalDType(reg.KVDType)
+	pd, ok := kvlayout.CanonicalDType(reg.KVDType)
 	if strings.EqualFold(strings.TrimSpace(reg.KVDType), "auto") && (d.DType == "bf16" || d.DType == "fp16") {
 		pd, ok = d.DType, true
 	}
@@ -182,7 +182,7 @@ func (g *Registry) checkCompat(reg Registration) error {
 // prefill's sizes, and an instance must cost the same whatever they are.
 func (g *Registry) Mapping(topo PrefillTopology) ([]DecodeRankMapping, error) {
 	l := g.cfg.Layout
-	return rankMapping(l.AttnTP, l.PP, l.IsMLA, l.Kind == prealloc.KindHybridMLA, topo)
+	return rankMapping(l.AttnTP, l.PP, l.IsMLA, l.Kind == kvlayout.KindHybridMLA, topo)
 }
 
 // rankCount is the number of ranks an instance registers: dp × cp × tp × pp,
@@ -302,7 +302,7 @@ func (g *Registry) Record(c Checked) (RegistrationResult, []Event, error) {
 			addr: reg.Addr, instanceID: reg.InstanceID, topo: topo, pageSize: reg.PageSize, dtype: reg.KVDType,
 			lbMethod: reg.LoadBalanceMethod, httpPort: reg.HTTPPort, ranks: map[RankID]*rank{},
 			expected: topo.rankCount(),
-			plan:     newPlan(topo, l.AttnTP, l.TotalKVHeads, l.IsMLA, l.Kind == prealloc.KindHybridMLA, l.Staging),
+			plan:     newPlan(topo, l.AttnTP, l.TotalKVHeads, l.IsMLA, l.Kind == kvlayout.KindHybridMLA, l.Staging),
 		}
 		g.instances[reg.Addr] = inst
 	}

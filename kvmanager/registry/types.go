@@ -2,8 +2,9 @@ package registry
 
 import (
 	"fmt"
-	"github.com/decodeplane/decodeplane/transfer"
 	"time"
+
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // RankID identifies one prefill scheduler rank.

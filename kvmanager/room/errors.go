@@ -3,7 +3,7 @@ package room
 import (
 	"errors"
 
-	"github.com/decodeplane/decodeplane/internal/fieldcheck"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // Errors a room answers with; callers branch with errors.Is.
@@ -17,5 +17,5 @@ var (
 )
 
 func invalid(field, format string, args ...any) error {
-	return fieldcheck.Invalidf(field, format, args...)
+	return kvlayout.Invalidf(field, format, args...)
 }

@@ -5,8 +5,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
-	"github.com/decodeplane/decodeplane/prealloc"
 )
 
 // The events of a room's way to its destination: opened, its prefill
@@ -57,7 +57,7 @@ type Admitted struct {
 	Pages        []int32
 	FillLen      int
 	MetadataSlot int32
-	State        []prealloc.StateIndices
+	State        []kvlayout.StateIndices
 	Resumed      bool
 	Owner        Owner
 	Staged       bool
@@ -115,7 +115,7 @@ type Adopt struct {
 	ReqSlot   int32
 	Pages     []int32
 	FillLen   int
-	State     []prealloc.StateIndices
+	State     []kvlayout.StateIndices
 	Params    *Params
 }
 
@@ -281,10 +281,10 @@ func (r *Room) admitted(a Admitted, e *Effects) {
 	e.Offer = OfferAll
 }
 
-func cloneState(in []prealloc.StateIndices) []prealloc.StateIndices {
-	out := make([]prealloc.StateIndices, len(in))
+func cloneState(in []kvlayout.StateIndices) []kvlayout.StateIndices {
+	out := make([]kvlayout.StateIndices, len(in))
 	for i, s := range in {
-		out[i] = prealloc.StateIndices{Type: s.Type, Indices: slices.Clone(s.Indices)}
+		out[i] = kvlayout.StateIndices{Type: s.Type, Indices: slices.Clone(s.Indices)}
 	}
 	return out
 }

@@ -5,8 +5,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
-	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -76,7 +76,7 @@ const (
 // Params are the settings every room of a manager reads; they never change
 // once the manager runs, so rooms share one value.
 type Params struct {
-	Layout prealloc.Layout
+	Layout kvlayout.Layout
 	// Bootstrap is timeouts.bootstrap, Waiting timeouts.waiting,
 	// DPRankResolution timeouts.dp_rank_resolution, Retracted and Held
 	// timeouts.retracted and timeouts.held, ClaimTimeout
@@ -140,7 +140,7 @@ type handoff struct {
 	// The destination (copies: the room hands them out).
 	pages   []int32
 	fillLen int
-	state   []prealloc.StateIndices
+	state   []kvlayout.StateIndices
 
 	ranks *rankSet // required ranks seen this attempt, made on first use
 	// claimedN, doneN count required ranks claimed / done this attempt.

@@ -4,8 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
-	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -167,7 +167,7 @@ type Destination struct {
 	PageSize           int
 	FillLen            int
 	MetadataSlot       int32
-	State              []prealloc.StateIndices
+	State              []kvlayout.StateIndices
 	RequiredDstInfoNum int
 	DecodePrefixLen    int
 	Targets            []transfer.Target

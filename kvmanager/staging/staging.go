@@ -9,11 +9,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"
-
-	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 )
 
 // Writer is one prefill rank's part of a region.
@@ -90,12 +88,12 @@ type Region struct {
 }
 
 // FieldError is a request field that contradicts a region already
-// allocated or reported: the domain's one field error (fieldcheck.Invalid),
+// allocated or reported: the domain's one field error (kvlayout.Invalid),
 // answered as an invalid argument naming Field.
-type FieldError = fieldcheck.Invalid
+type FieldError = kvlayout.Invalid
 
 func fieldErr(field, format string, args ...any) error {
-	return fieldcheck.Invalidf(field, format, args...)
+	return kvlayout.Invalidf(field, format, args...)
 }
 
 // TooLargeError is a chunk that needs more bytes than the whole ring: the
@@ -136,7 +134,7 @@ func (sr *ring) notify() {
 // caller's locks and nothing is called with it held. It never calls its
 // caller back.
 type Stager struct {
-	layout    prealloc.Layout
+	layout    kvlayout.Layout
 	ringBytes int64
 
 	mu    sync.Mutex
@@ -145,7 +143,7 @@ type Stager struct {
 
 // New returns the staging handler of a decode instance with layout l and
 // ringBytes per decode rank (0: staging off).
-func New(l prealloc.Layout, ringBytes int64) *Stager {
+func New(l kvlayout.Layout, ringBytes int64) *Stager {
 	return &Stager{layout: l, ringBytes: ringBytes, rings: map[ringKey]*ring{}}
 }
 

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/staging"
-	"github.com/decodeplane/decodeplane/prealloc"
 )
 
 // A decode side of attention TP 2 (8 KV heads, 4 layers, 256-byte heads,
@@ -20,7 +20,7 @@ const (
 )
 
 func newStager(ringBytes int64) *staging.Stager {
-	return staging.New(prealloc.Layout{AttnTP: 2, DP: 1, PP: 1, NumLayers: 4, HeadDim: 128, DTypeBytes: 2, PageSize: 16}, ringBytes)
+	return staging.New(kvlayout.Layout{AttnTP: 2, DP: 1, PP: 1, NumLayers: 4, HeadDim: 128, DTypeBytes: 2, PageSize: 16}, ringBytes)
 }
 
 func alloc(chunk, pages, writer int) staging.Alloc {

@@ -15,8 +15,8 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/testing/tlstest"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
-	"github.com/decodeplane/decodeplane/internal/tlstest"
 	"github.com/decodeplane/decodeplane/transfer/agentclient"
 	"github.com/decodeplane/decodeplane/transfer/agentclient/agenttls"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"

@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
@@ -56,8 +56,8 @@ type DelegateDeps struct {
 	// OnReadiness is told every change of the agent's reachability (the
 	// daemon flips its health); nil ignores it. It must not block.
 	OnReadiness func(ready bool, reason string)
-	// Clock defaults to clock.RealClock.
-	Clock clock.Clock
+	// Clock defaults to kvlayout.RealClock.
+	Clock kvlayout.Clock
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -78,7 +78,7 @@ type DelegateEngine struct {
 	agent   Agent
 	buffers []kvcopy.BufferSpec
 	onReady func(bool, string)
-	clock   clock.Clock
+	clock   kvlayout.Clock
 	log     *slog.Logger
 	seq     atomic.Uint64
 	wake    chan struct{}
@@ -99,7 +99,7 @@ var (
 // health check registered the buffers.
 func NewDelegateEngine(cfg DelegateConfig, agent Agent, deps DelegateDeps) *DelegateEngine {
 	if deps.Clock == nil {
-		deps.Clock = clock.RealClock{}
+		deps.Clock = kvlayout.RealClock{}
 	}
 	if deps.Logger == nil {
 		deps.Logger = slog.Default()
@@ -124,7 +124,7 @@ func (e *DelegateEngine) Ready() (bool, string) {
 // agent restarted) and makes the engine ready.
 func (e *DelegateEngine) Run(ctx context.Context) error {
 	e.probe(ctx)
-	t := clock.NewTicker(e.clock, e.cfg.HealthInterval)
+	t := kvlayout.NewTicker(e.clock, e.cfg.HealthInterval)
 	defer t.Stop()
 	for {
 		select {

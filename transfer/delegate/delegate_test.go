@@ -12,8 +12,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
-	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/delegate"
 	"github.com/decodeplane/decodeplane/transfer/hostmem"
@@ -26,13 +26,13 @@ var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
 // stgDecode is a small GQA decode pool (4 layers, 8 KV heads × 16) at
 // decode TP decodeTP, with staging on.
-func stgDecode(decodeTP int) prealloc.Config {
-	dec := prealloc.DefaultConfig()
-	dec.Pool.Kind = prealloc.KindGQA
+func stgDecode(decodeTP int) kvlayout.Config {
+	dec := kvlayout.DefaultConfig()
+	dec.Pool.Kind = kvlayout.KindGQA
 	dec.Pool.NumLayers, dec.Pool.KVHeads, dec.Pool.HeadDim, dec.Pool.DType = 4, 8, 16, "bf16"
 	dec.Pool.PageSize, dec.Pool.TotalTokens, dec.Pool.TotalPages, dec.Pool.RequestSlots = 16, 0, 512, 8
 	dec.Parallel.AttnTP = decodeTP
-	dec.Staging = prealloc.StagingConfig{Enabled: true, PoolSizeMB: 1}
+	dec.Staging = kvlayout.StagingConfig{Enabled: true, PoolSizeMB: 1}
 	return dec
 }
 
@@ -45,20 +45,20 @@ func pat(layer, kv, token, head, b int) byte {
 	return byte(x>>32) | 1 // never 0: untouched bytes stay 0
 }
 
-func gqaLayout(tp int) prealloc.Layout {
+func gqaLayout(tp int) kvlayout.Layout {
 	dec := stgDecode(tp)
 	return dec.Layout()
 }
 
-func mlaLayout() prealloc.Layout {
+func mlaLayout() kvlayout.Layout {
 	dec := stgDecode(1)
-	dec.Pool.Kind, dec.Pool.KVLoraRank, dec.Pool.QKRopeHeadDim, dec.Staging.Enabled = prealloc.KindMLA, 32, 16, false
+	dec.Pool.Kind, dec.Pool.KVLoraRank, dec.Pool.QKRopeHeadDim, dec.Staging.Enabled = kvlayout.KindMLA, 32, 16, false
 	return dec.Layout()
 }
 
 // fillPrefill writes logical pages [0, n) of a prefill rank at src page
 // srcPage(i) in buffer name (heads [rank·hp, +hp), layers of its stage).
-func fillPrefill(t *testing.T, st *hostmem.Store, name string, l prealloc.Layout, ptp, pp, ppRank, tpRank, n int, srcPage func(int) int) {
+func fillPrefill(t *testing.T, st *hostmem.Store, name string, l kvlayout.Layout, ptp, pp, ppRank, tpRank, n int, srcPage func(int) int) {
 	t.Helper()
 	g := kvcopy.PrefillKV(l, ptp, pp, ppRank)
 	lb, _ := transfer.StageLayers(l.NumLayers, pp, ppRank)
@@ -93,7 +93,7 @@ func fillPrefill(t *testing.T, st *hostmem.Store, name string, l prealloc.Layout
 // checkDecode verifies every byte of decode rank e's pages: the heads in
 // [dstStart, dstStart+n) of layers [lb, le) hold the pattern of global heads
 // [globalStart, +n); every other byte is still 0.
-func checkDecode(t *testing.T, st *hostmem.Store, l prealloc.Layout, e int, pages []int32, dstStart, globalStart, n, lb, le int) {
+func checkDecode(t *testing.T, st *hostmem.Store, l kvlayout.Layout, e int, pages []int32, dstStart, globalStart, n, lb, le int) {
 	t.Helper()
 	g := kvcopy.DecodeKV(l)
 	name := kvcopy.DecodeKVName(0, e)
@@ -137,7 +137,7 @@ func checkDecode(t *testing.T, st *hostmem.Store, l prealloc.Layout, e int, page
 func TestTransferBatchBytes(t *testing.T) {
 	tests := []struct {
 		name                 string
-		l                    prealloc.Layout
+		l                    kvlayout.Layout
 		ptp, pp, ppRank, tpr int
 	}{
 		{name: "equal TP 2: whole pages", l: gqaLayout(2), ptp: 2, pp: 1, tpr: 1},
@@ -295,7 +295,7 @@ func (r *readiness) on(ready bool, _ string) {
 	r.ch <- ready
 }
 
-func chunkOp(l prealloc.Layout) transfer.ChunkOp {
+func chunkOp(l kvlayout.Layout) transfer.ChunkOp {
 	return transfer.ChunkOp{Room: 3, DestPages: []int32{1}, SrcBuffer: "prefill", SrcPages: []int32{0}, Layout: l, PrefillTP: l.AttnTP, PrefillPP: 1,
 		Targets: []transfer.Target{{DecodeTP: 0, NumHeads: l.HeadsPerRank}}}
 }

@@ -35,7 +35,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -195,10 +195,10 @@ func (g KV) LayerOffset(page, layer int) int64 {
 func (g KV) Size(pages int64) int64 { return pages * g.PageBytes() }
 
 // mlaRowBytes is one MLA row: latent × dtype, plus the DSA indexer-K bytes.
-func mlaRowBytes(l prealloc.Layout) int64 { return l.HeadBytes() + int64(l.DSAIndexBytes) }
+func mlaRowBytes(l kvlayout.Layout) int64 { return l.HeadBytes() + int64(l.DSAIndexBytes) }
 
 // DecodeKV is the geometry of a decode rank's KV pool.
-func DecodeKV(l prealloc.Layout) KV {
+func DecodeKV(l kvlayout.Layout) KV {
 	if l.IsMLA {
 		return KV{Layers: l.NumLayers, RowBytes: mlaRowBytes(l), PageSize: l.PageSize, MLA: true}
 	}
@@ -208,7 +208,7 @@ func DecodeKV(l prealloc.Layout) KV {
 // PrefillKV is the geometry of a prefill rank's KV buffer against the decode
 // layout: the same model, max(1, total_kv_heads / prefillTP) heads, and the
 // layers of its PP stage.
-func PrefillKV(l prealloc.Layout, prefillTP, prefillPP, ppRank int) KV {
+func PrefillKV(l kvlayout.Layout, prefillTP, prefillPP, ppRank int) KV {
 	b, e := transfer.StageLayers(l.NumLayers, prefillPP, ppRank)
 	g := DecodeKV(l)
 	g.Layers = e - b
@@ -255,7 +255,7 @@ func DecodeMetadata(b []byte) (marker uint64, outputIDs []int32, err error) {
 // DecodeBuffers lists the buffers a decode instance registers with its
 // agent: per (DP shard, TP rank) the KV pool and, when ringBytes > 0, the
 // staging ring; per DP shard the metadata slots.
-func DecodeBuffers(l prealloc.Layout, ringBytes int64, metadataSlots int) []BufferSpec {
+func DecodeBuffers(l kvlayout.Layout, ringBytes int64, metadataSlots int) []BufferSpec {
 	g := DecodeKV(l)
 	var out []BufferSpec
 	for dp := range max(1, l.DP) {

@@ -1,7 +1,7 @@
 // Package sim is the simulated transfer engine, the embedded default
 // (transfer.path: sim): SimEngine implements transfer.Engine and
 // transfer.Scatterer without moving bytes. A chunk or a staged region takes
-// latency + bytes / bandwidth on the injected clock (internal/clock), its
+// latency + bytes / bandwidth on the injected clock (kvlayout.Clock), its
 // bytes computed from the decode layout (transfer.ChunkBytes, ScatterOp.Bytes);
 // a last chunk carrying the room marker, and a scatter carrying it, report
 // it as written. Faults are injected by

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -18,7 +18,7 @@ import (
 // SGLANG_TEST_DISAGG_FAILURE_PROB does, and deterministic faults for tests).
 type SimEngine struct {
 	cfg   SimConfig
-	clock clock.Clock
+	clock kvlayout.Clock
 
 	mu           sync.Mutex
 	rng          *rand.Rand
@@ -26,10 +26,10 @@ type SimEngine struct {
 	scatterFault func(transfer.ScatterOp) error
 }
 
-// NewSimEngine builds a simulated engine on c (nil: clock.RealClock).
-func NewSimEngine(cfg SimConfig, c clock.Clock) *SimEngine {
+// NewSimEngine builds a simulated engine on c (nil: kvlayout.RealClock).
+func NewSimEngine(cfg SimConfig, c kvlayout.Clock) *SimEngine {
 	if c == nil {
-		c = clock.RealClock{}
+		c = kvlayout.RealClock{}
 	}
 	seed := uint64(cfg.Seed)
 	if seed == 0 {
@@ -82,7 +82,7 @@ func (e *SimEngine) move(ctx context.Context, bytes int64, fault func() error) (
 	if e.cfg.BandwidthGBytesPerS > 0 {
 		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBytesPerS * 1e9) * float64(time.Second))
 	}
-	return d, clock.Sleep(ctx, e.clock, d)
+	return d, kvlayout.Sleep(ctx, e.clock, d)
 }
 
 // SetScatterFault installs a deterministic fault for staged scatters: fn is

@@ -8,16 +8,15 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
 // layoutOf derives a validated decode layout.
-func layoutOf(t *testing.T, f func(*prealloc.Config)) prealloc.Layout {
+func layoutOf(t *testing.T, f func(*kvlayout.Config)) kvlayout.Layout {
 	t.Helper()
-	c := prealloc.DefaultConfig()
+	c := kvlayout.DefaultConfig()
 	if f != nil {
 		f(&c)
 	}
@@ -31,7 +30,7 @@ func TestSimEngineTiming(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gqa := layoutOf(t, nil)
 		// 1000 tokens × 131072 B = 131072000 B at 64 GB/s = 2.048 ms, + 20 µs.
-		e := sim.NewSimEngine(sim.SimConfig{BandwidthGBytesPerS: 64, Latency: 20 * time.Microsecond, Seed: 1}, clock.RealClock{})
+		e := sim.NewSimEngine(sim.SimConfig{BandwidthGBytesPerS: 64, Latency: 20 * time.Microsecond, Seed: 1}, kvlayout.RealClock{})
 		op := transfer.ChunkOp{Layout: gqa, Tokens: 1000, Targets: []transfer.Target{{NumHeads: 8}}, Last: true, Marker: 77}
 		start := time.Now()
 		res, err := e.Transfer(context.Background(), op)

@@ -49,7 +49,7 @@ func fuzzValidate[T validated](f *testing.F, newMsg func() T, check func(*bounds
 	f.Fuzz(func(t *testing.T, data []byte) {
 		m := newMsg()
 		if err := proto.Unmarshal(data, m); err != nil {
-			return // the server's codec refuses it (internal/grpcdecode)
+			return // the server's codec refuses it (server/grpcdecode)
 		}
 		err := m.Validate()
 		if err != nil {

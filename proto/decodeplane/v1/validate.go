@@ -3,10 +3,11 @@ package decodeplanev1
 import (
 	"errors"
 	"fmt"
-	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 	"net"
 	"strings"
 	"unicode"
+
+	"github.com/decodeplane/decodeplane/proto/decodeplane/internal/fieldcheck"
 )
 
 // Wire-shape checks, enforced by the validator interceptor (InvalidArgument)

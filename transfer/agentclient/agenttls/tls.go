@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 // AgentTLSConfig is the client side of the transfer-agent link
@@ -47,7 +47,7 @@ func DefaultAgentTLSConfig() AgentTLSConfig {
 func (c AgentTLSConfig) Validate() error {
 	var errs []error
 	add := func(key string, v any, problem, fix string) {
-		errs = append(errs, &prealloc.ConfigError{Key: key, Value: v, Problem: problem, Fix: fix})
+		errs = append(errs, &kvlayout.ConfigError{Key: key, Value: v, Problem: problem, Fix: fix})
 	}
 	if c.ReloadInterval <= 0 {
 		add("transfer.delegate.tls.reload_interval", c.ReloadInterval, "must be > 0.", "set a duration such as 10s.")

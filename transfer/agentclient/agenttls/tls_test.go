@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/decodeplane/decodeplane/internal/tlstest"
-	"github.com/decodeplane/decodeplane/prealloc"
+	"github.com/decodeplane/decodeplane/internal/testing/tlstest"
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer/agentclient/agenttls"
 )
 
@@ -20,7 +20,7 @@ func TestAgentTLSConfigValidate(t *testing.T) {
 	keys := func(err error) []string {
 		var out []string
 		for _, e := range flattenErr(err) {
-			var ce *prealloc.ConfigError
+			var ce *kvlayout.ConfigError
 			if !errors.As(e, &ce) {
 				t.Fatalf("%v is not a ConfigError", e)
 			}

@@ -3,8 +3,9 @@ package transferv1
 import (
 	"errors"
 	"fmt"
-	"github.com/decodeplane/decodeplane/internal/fieldcheck"
 	"math/bits"
+
+	"github.com/decodeplane/decodeplane/proto/decodeplane/internal/fieldcheck"
 )
 
 // Wire-shape checks of the TransferAgent service, enforced by the validator

@@ -1,4 +1,4 @@
-package fieldcheck
+package kvlayout
 
 import "fmt"
 

@@ -7,7 +7,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/decodeplane/decodeplane/internal/etcdtest"
+	"github.com/decodeplane/decodeplane/internal/testing/etcdtest"
 )
 
 // TestStopStartKeepsData: a value written before Stop is read after Start,

@@ -1,4 +1,4 @@
-package prealloc
+package kvlayout
 
 import (
 	"fmt"
@@ -135,8 +135,8 @@ type AdmissionConfig struct {
 	// released. SGLang has no such deadline. Zero disables it.
 	ClaimTimeout time.Duration `yaml:"claim_timeout"`
 	// MaxQueued bounds the rooms waiting for admission per shard; beyond it
-	// new rooms are refused with ErrQueueFull (ResourceExhausted with a retry
-	// hint) instead of growing without bound. 0 means 65536.
+	// new rooms are refused with prealloc.ErrQueueFull (ResourceExhausted
+	// with a retry hint) instead of growing without bound. 0 means 65536.
 	MaxQueued int `yaml:"max_queued"`
 	// MaxBypass is the head-of-line policy: how many later rooms may be
 	// admitted ahead of a ready room that does not fit the current token

@@ -1,4 +1,4 @@
-package prealloc
+package kvlayout
 
 import (
 	"errors"
@@ -94,7 +94,7 @@ func (c Config) validateBackend(v *validator) {
 
 func (c Config) validatePool(v *validator) {
 	p := c.Pool
-	if p.Kind <= KindUnspecified || int(p.Kind) >= len(kindNames) {
+	if !p.Kind.Known() {
 		v.add("kv_pool.kind", p.Kind, "the KV pool kind is required.", "set kv_pool.kind to one of "+strings.Join(KindNames(), ", ")+".")
 		return
 	}

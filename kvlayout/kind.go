@@ -1,4 +1,4 @@
-package prealloc
+package kvlayout
 
 import (
 	"fmt"
@@ -70,6 +70,10 @@ func (k Kind) String() string {
 	}
 	return kindNames[k]
 }
+
+// Known reports whether k is one of the declared kinds (not
+// KindUnspecified, not out of range).
+func (k Kind) Known() bool { return k > KindUnspecified && int(k) < len(kindNames) }
 
 // pool names a pool of the kind for messages: "an MLA pool", "a GQA pool".
 func (k Kind) pool() string {
@@ -150,4 +154,11 @@ func (k Kind) StateTypes() []StateType {
 		return []StateType{StateMamba}
 	}
 	return nil
+}
+
+// StateIndices are one state component's destination indices
+// (SGLang's state_indices entry for one StateType).
+type StateIndices struct {
+	Type    StateType
+	Indices []int32
 }

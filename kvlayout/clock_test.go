@@ -1,4 +1,4 @@
-package clock_test
+package kvlayout_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/decodeplane/decodeplane/internal/clock"
+	"github.com/decodeplane/decodeplane/kvlayout"
 )
 
 func TestMain(m *testing.M) {
@@ -18,9 +18,9 @@ func TestMain(m *testing.M) {
 
 func TestSleep(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var c clock.Clock = clock.RealClock{}
+		var c kvlayout.Clock = kvlayout.RealClock{}
 		start := time.Now()
-		if err := clock.Sleep(context.Background(), c, 3*time.Second); err != nil {
+		if err := kvlayout.Sleep(context.Background(), c, 3*time.Second); err != nil {
 			t.Fatalf("Sleep = %v", err)
 		}
 		if el := time.Since(start); el != 3*time.Second {
@@ -30,17 +30,17 @@ func TestSleep(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		start = time.Now()
-		if err := clock.Sleep(ctx, c, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
+		if err := kvlayout.Sleep(ctx, c, time.Hour); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("Sleep(1h) under a 1s deadline = %v, want DeadlineExceeded", err)
 		}
 		if el := time.Since(start); el != time.Second {
 			t.Errorf("cancelled Sleep took %s, want 1s", el)
 		}
 		// d <= 0 does not wait, and reports the context.
-		if err := clock.Sleep(ctx, c, 0); !errors.Is(err, context.DeadlineExceeded) {
+		if err := kvlayout.Sleep(ctx, c, 0); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("Sleep(0) on a done context = %v", err)
 		}
-		if err := clock.Sleep(context.Background(), c, -time.Second); err != nil {
+		if err := kvlayout.Sleep(context.Background(), c, -time.Second); err != nil {
 			t.Errorf("Sleep(-1s) = %v", err)
 		}
 	})
@@ -49,7 +49,7 @@ func TestSleep(t *testing.T) {
 func TestTicker(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
-		tk := clock.NewTicker(clock.RealClock{}, time.Second)
+		tk := kvlayout.NewTicker(kvlayout.RealClock{}, time.Second)
 		for i := 1; i <= 3; i++ {
 			<-tk.C
 			if el := time.Since(start); el != time.Duration(i)*time.Second {

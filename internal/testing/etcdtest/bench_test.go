@@ -25,7 +25,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/decodeplane/decodeplane/internal/etcdtest"
+	"github.com/decodeplane/decodeplane/internal/testing/etcdtest"
 )
 
 // valueSize is a rank record's size (~600 B of JSON in the design).
