@@ -20,61 +20,151 @@ import (
 // chunk returns its result with duplicate = true; a retry of a chunk in
 // flight waits for it.
 func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.ChunkResult, bool, error) {
+	run, w, ans := startChunk(m, ctx, req, nil)
+	switch {
+	case run != nil:
+		return run.finish(run.op(run.ctx))
+	case w != nil:
+		return awaitChunk(ctx, w)
+	}
+	return ans.res, ans.dup, ans.err
+}
+
+// TransferAsync is Transfer without waiting: done is called exactly once
+// with what Transfer would return — before TransferAsync returns when the
+// answer is known at once (a refusal, a landed duplicate), else from the
+// engine's completion (or, for an engine that only runs chunks
+// synchronously, from a goroutine of the call). A retry of a chunk in
+// flight is answered when that chunk ends. done must not block.
+func (m *Manager) TransferAsync(ctx context.Context, req ChunkRequest, done func(transfer.ChunkResult, bool, error)) {
+	run, _, ans := startChunk(m, ctx, req, done)
+	if run == nil {
+		if ans.known {
+			done(ans.res, ans.dup, ans.err)
+		}
+		return
+	}
+	if ae, ok := m.engine.(transfer.AsyncEngine); ok {
+		ctx, end := run.span()
+		ae.TransferAsync(ctx, run.chunk, func(res transfer.ChunkResult, err error) {
+			end(res, err)
+			done(run.finish(res, err))
+		})
+		return
+	}
+	go func() { done(run.finish(run.op(run.ctx))) }()
+}
+
+// chunkRun is one engine call of a chunk its room registered.
+type chunkRun struct {
+	m        *Manager
+	sh       *shard
+	e        *entry
+	req      ChunkRequest
+	chunk    transfer.ChunkOp
+	ctx      context.Context // the caller's, cancelled when the room fails (cancel)
+	caller   context.Context
+	cancel   context.CancelFunc
+	roomSpan context.Context
+}
+
+// answer is a chunk's answer known without running it.
+type answer struct {
+	known bool
+	res   transfer.ChunkResult
+	dup   bool
+	err   error
+}
+
+// startChunk begins a chunk: the engine's check of its source, then the
+// room's (ChunkBegin). It returns the engine call to run, or, for a retry
+// of a chunk in flight, what to wait on (with onEnd given, onEnd is called
+// when that chunk ends instead), or the answer.
+func startChunk(m *Manager, ctx context.Context, req ChunkRequest, onEnd func(transfer.ChunkResult, bool, error)) (*chunkRun, *callWait, answer) {
 	if cc, ok := m.engine.(transfer.ChunkChecker); ok {
 		if err := cc.CheckChunk(transfer.ChunkSource{NumPages: req.NumPages, Buffer: req.SrcBuffer, Pages: req.SrcPages}); err != nil {
-			return transfer.ChunkResult{}, false, err // a field error is an InvalidError already
+			return nil, nil, answer{known: true, err: err} // a field error is an InvalidError already
 		}
 	}
 	sh, e := m.shards.lock(req.Room)
 	if e == nil {
-		return transfer.ChunkResult{}, false, errNoChunkRoom(req)
+		return nil, nil, answer{known: true, err: errNoChunkRoom(req)}
 	}
+	defer sh.unlock()
 	ef := sh.exec(e, room.ChunkBegin{Now: m.clock.Now(), Req: req, Via: room.ViaEngine})
 	if ef.Err != nil {
-		sh.unlock()
-		return transfer.ChunkResult{}, false, ef.Err
+		return nil, nil, answer{known: true, err: ef.Err}
 	}
 	k := req.Rank.Key()
 	if b := ef.Begin; !b.Fresh {
 		if !b.Busy {
-			sh.unlock()
-			return b.Result, b.Done, b.Err
+			return nil, nil, answer{known: true, res: b.Result, dup: b.Done, err: b.Err}
 		}
 		w := e.s().waiter(k, req.Index) // under the lock: the chunk's end closes it
-		sh.unlock()
-		return awaitChunk(ctx, w)
+		if onEnd != nil {
+			w.then = append(w.then, onEnd)
+			return nil, nil, answer{}
+		}
+		return nil, w, answer{}
 	}
 	if e.Phase() == PhaseFailed {
 		// Claiming the rank ended the room (its success check found another
 		// room's marker): the chunk never runs.
 		end := sh.exec(e, room.ChunkEnd{Now: m.clock.Now(), Req: req, Via: room.ViaEngine})
-		sh.unlock()
-		return transfer.ChunkResult{}, false, end.Err
+		return nil, nil, answer{known: true, err: end.Err}
 	}
-	op := e.ChunkOp(req)
 	// The engine call ends with the caller or when the room fails (its
 	// failure cancels every call in flight).
 	opCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	e.s().start(call{rank: k, index: req.Index, cancel: cancel})
-	roomSpan := e.logCtx()
-	sh.unlock()
+	return &chunkRun{m: m, sh: sh, e: e, req: req, chunk: e.ChunkOp(req), ctx: opCtx, caller: ctx, cancel: cancel, roomSpan: e.logCtx()}, nil, answer{}
+}
 
-	var attrs []attribute.KeyValue
-	if m.tracing {
-		attrs = []attribute.KeyValue{
-			attribute.Int64("decodeplane.room", int64(req.Room)), attribute.Int("decodeplane.chunk", req.Index),
-			attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
-			attribute.Bool("decodeplane.last", req.Last)}
+// span starts the chunk's span (linked to its room's) when tracing; end
+// records the outcome and ends it.
+func (r *chunkRun) span() (context.Context, func(transfer.ChunkResult, error)) {
+	m, req := r.m, r.req
+	if !m.tracing {
+		return r.ctx, func(transfer.ChunkResult, error) {}
 	}
-	res, terr := m.runRoomOp(opCtx, nil, roomSpan, "chunk", attrs, func(ctx context.Context) (transfer.ChunkResult, error) { return m.engine.Transfer(ctx, op) })
+	attrs := []attribute.KeyValue{
+		attribute.Int64("decodeplane.room", int64(req.Room)), attribute.Int("decodeplane.chunk", req.Index),
+		attribute.String("decodeplane.prefill.rank", req.Rank.String()), attribute.Int("decodeplane.pages", req.NumPages),
+		attribute.Bool("decodeplane.last", req.Last)}
+	ctx, sp := m.tracer.Start(r.ctx, "chunk", trace.WithLinks(trace.LinkFromContext(r.roomSpan)), trace.WithAttributes(attrs...))
+	return ctx, func(res transfer.ChunkResult, err error) {
+		sp.SetAttributes(attribute.Int64("decodeplane.bytes", res.Bytes))
+		if err != nil {
+			sp.RecordError(err)
+			sp.SetStatus(codes.Error, err.Error())
+		}
+		sp.End()
+	}
+}
 
+// op runs the engine call (synchronously).
+func (r *chunkRun) op(ctx context.Context) (transfer.ChunkResult, error) {
+	ctx, end := r.span()
+	res, err := r.m.engine.Transfer(ctx, r.chunk)
+	end(res, err)
+	return res, err
+}
+
+// finish records the engine call's outcome in the room (ChunkEnd) and
+// answers the call and the retries waiting for it.
+func (r *chunkRun) finish(res transfer.ChunkResult, terr error) (transfer.ChunkResult, bool, error) {
+	m, sh, e, req := r.m, r.sh, r.e, r.req
+	r.cancel()
 	sh.mu.Lock() // the room stays on its shard while a transfer is in flight (its release waits for it)
-	defer sh.unlock()
 	end := sh.exec(e, room.ChunkEnd{Now: m.clock.Now(), Req: req, Via: room.ViaEngine, Result: res, Err: terr,
-		Retryable:   terr != nil && (errors.Is(terr, transfer.ErrEngineUnavailable) || ctx.Err() != nil),
+		Retryable:   terr != nil && (errors.Is(terr, transfer.ErrEngineUnavailable) || r.caller.Err() != nil),
 		WritesUntil: writesUntil(terr), SelfWriter: m.selfWriters.known(e.Addr())})
-	e.s().ended(k, req.Index, res, end.Err)
+	then := e.s().ended(req.Rank.Key(), req.Index, res, end.Err)
+	sh.unlock()
+	for _, f := range then {
+		dup := end.Err == nil
+		f(res, dup, end.Err)
+	}
 	return res, false, end.Err
 }
 
@@ -114,18 +204,21 @@ func (s *subscribers) waiter(k rankKey, index int) *callWait {
 }
 
 // ended records the outcome of rank k's chunk index for the retries that
-// wait for it, wakes them and forgets the call.
-func (s *subscribers) ended(k rankKey, index int, res transfer.ChunkResult, err error) {
+// wait for it, wakes them, forgets the call and returns the retries' answers
+// to call once the lock is released.
+func (s *subscribers) ended(k rankKey, index int, res transfer.ChunkResult, err error) []func(transfer.ChunkResult, bool, error) {
 	for i := range s.calls {
 		if c := s.calls[i]; c.rank == k && c.index == index {
+			s.calls = slices.Delete(s.calls, i, i+1)
 			if w := c.wait; w != nil {
 				w.res, w.err = res, err
 				close(w.done)
+				return w.then
 			}
-			s.calls = slices.Delete(s.calls, i, i+1)
-			return
+			return nil
 		}
 	}
+	return nil
 }
 
 // awaitChunk answers a retry of a chunk in flight once its first attempt
@@ -143,34 +236,6 @@ func awaitChunk(ctx context.Context, w *callWait) (transfer.ChunkResult, bool, e
 		return transfer.ChunkResult{}, false, w.err
 	}
 	return w.res, true, nil
-}
-
-// runRoomOp runs an engine operation of a room under a span named name
-// (linked to the room's span), with a context that ends when parent or the
-// room's transfer context (the room failed) ends; with no xctx, parent is
-// already cancelled with the room. Without tracing no span is started
-// (attrs is then nil).
-func (m *Manager) runRoomOp(parent, xctx, roomSpan context.Context, name string, attrs []attribute.KeyValue, op func(context.Context) (transfer.ChunkResult, error)) (transfer.ChunkResult, error) {
-	ctx := parent
-	if xctx != nil {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithCancel(parent)
-		defer cancel()
-		stop := context.AfterFunc(xctx, cancel)
-		defer stop()
-	}
-	if !m.tracing {
-		return op(ctx)
-	}
-	ctx, span := m.tracer.Start(ctx, name, trace.WithLinks(trace.LinkFromContext(roomSpan)), trace.WithAttributes(attrs...))
-	defer span.End()
-	res, err := op(ctx)
-	span.SetAttributes(attribute.Int64("decodeplane.bytes", res.Bytes))
-	if err != nil {
-		span.RecordError(err)
-		span.SetStatus(codes.Error, err.Error())
-	}
-	return res, err
 }
 
 // errNoChunkRoom is a chunk's (or a failure report's) unknown room.

@@ -12,7 +12,19 @@ import (
 // or not (an instance unknown or still registering is not refused: its
 // ranks may claim before the last one registered).
 func (m *Manager) AwaitDestination(id uint64, rank RankID) (*Claim, error) {
-	c := &Claim{m: m, room: id, rank: rank, ch: make(chan DestinationEvent, claimBuffer)}
+	return await(&Claim{m: m, room: id, rank: rank, ch: make(chan DestinationEvent, claimBuffer)})
+}
+
+// AwaitDestinationFunc is AwaitDestination for a multiplexed session: the
+// claim's events go to sink (see ClaimSink) instead of Events. A claim
+// refused at once is ended with its event (Refused set) and the error.
+func (m *Manager) AwaitDestinationFunc(id uint64, rank RankID, sink ClaimSink) (*Claim, error) {
+	return await(&Claim{m: m, room: id, rank: rank, sink: sink})
+}
+
+// await attaches c to its room, or queues it for the room's opening.
+func await(c *Claim) (*Claim, error) {
+	m, id, rank := c.m, c.room, c.rank
 	for {
 		if sh, e := m.shards.lock(id); e != nil {
 			// An open room checks the source first (another address or
@@ -64,29 +76,7 @@ func (sh *shard) attach(e *entry, c *Claim) error {
 // Watch streams a room's transitions: its current state (every earlier
 // transition when history is set), then each transition until terminal.
 func (m *Manager) Watch(id uint64, history bool) (*Watcher, error) {
-	sh, e := m.shards.lock(id)
-	if e == nil {
-		return nil, fmt.Errorf("watch room %d: %w", id, ErrRoomNotFound)
-	}
-	defer sh.unlock()
-	steps := e.Steps()
-	first := len(steps) - 1
-	if history {
-		first = 0
-	}
-	w := &Watcher{ch: make(chan RoomEvent, watchBuffer+len(steps)-first), sh: sh, room: id, last: uint32(len(steps))}
-	snap := e.snapshot(false, false)
-	texts := e.Texts()
-	terminal := e.Phase().Terminal()
-	for i := first; i < len(steps); i++ {
-		w.ch <- RoomEvent{Room: snap, Transition: steps[i].Public(e.Addr(), texts), Terminal: terminal && i == len(steps)-1, Seq: uint32(i + 1)}
-	}
-	if terminal {
-		w.close(nil)
-		return w, nil
-	}
-	e.s().watch(w)
-	return w, nil
+	return m.shards.watch(id, history, false, nil)
 }
 
 // WatchOutcome streams one event of a room, its outcome: the transition
@@ -94,27 +84,61 @@ func (m *Manager) Watch(id uint64, history bool) (*Watcher, error) {
 // succeeding (an outcome already reached is sent at once); Events is then
 // closed. The events before it are neither sent nor built.
 func (m *Manager) WatchOutcome(id uint64) (*Watcher, error) {
-	sh, e := m.shards.lock(id)
+	return m.shards.watch(id, false, true, nil)
+}
+
+// WatchFunc is Watch (outcome false) or WatchOutcome (outcome true) for a
+// multiplexed session: the events go to sink (see WatchSink), the ones
+// already reached before WatchFunc returns.
+func (m *Manager) WatchFunc(id uint64, history, outcome bool, sink WatchSink) (*Watcher, error) {
+	return m.shards.watch(id, history, outcome, sink)
+}
+
+func (ss shardSet) watch(id uint64, history, outcome bool, sink WatchSink) (*Watcher, error) {
+	sh, e := ss.lock(id)
 	if e == nil {
 		return nil, fmt.Errorf("watch room %d: %w", id, ErrRoomNotFound)
 	}
 	defer sh.unlock()
 	steps := e.Steps()
-	w := &Watcher{ch: make(chan RoomEvent, 1), sh: sh, room: id, outcome: true, last: uint32(len(steps))}
-	at := -1
-	for i, t := range steps {
-		if t.Phase() == PhaseSucceeded {
-			at = i
-			break
+	terminal := e.Phase().Terminal()
+	// The events already reached: every step (history), the current one, or
+	// the outcome (none yet: at is -1).
+	first, last := len(steps)-1, len(steps)-1
+	if history {
+		first = 0
+	}
+	if outcome {
+		first = -1
+		for i, t := range steps {
+			if t.Phase() == PhaseSucceeded {
+				first = i
+				break
+			}
+		}
+		if first < 0 && terminal {
+			first = last
+		}
+		last = first
+	}
+	w := &Watcher{sink: sink, sh: sh, room: id, outcome: outcome, last: uint32(len(steps))}
+	if sink == nil {
+		n := watchBuffer + len(steps) - first
+		if outcome {
+			n = 1
+		}
+		w.ch = make(chan RoomEvent, n)
+	}
+	if first >= 0 {
+		snap := e.snapshot(false, false)
+		texts := e.Texts()
+		for i := first; i <= last; i++ {
+			if !w.send(RoomEvent{Room: snap, Transition: steps[i].Public(e.Addr(), texts), Terminal: terminal && i == len(steps)-1, Seq: uint32(i + 1)}) {
+				return w, nil // the sink refused it: the watch ended (ErrSlowConsumer)
+			}
 		}
 	}
-	terminal := e.Phase().Terminal()
-	if at < 0 && terminal {
-		at = len(steps) - 1
-	}
-	if at >= 0 {
-		w.ch <- RoomEvent{Room: e.snapshot(false, false), Transition: steps[at].Public(e.Addr(), e.Texts()),
-			Terminal: terminal && at == len(steps)-1, Seq: uint32(at + 1)}
+	if terminal || (outcome && first >= 0) {
 		w.close(nil)
 		return w, nil
 	}

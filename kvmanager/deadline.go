@@ -298,7 +298,7 @@ func (sh *shard) deadline(e *entry) {
 	m := sh.m
 	ev := room.Deadline{Now: m.clock.Now(), SelfWriter: m.selfWriters.known(e.Addr())}
 	if e.Attempt() > 1 {
-		_, _, ev.GenerateURL = m.prefillHTTP(e.Addr())
+		_, _, ev.GenerateURL = prefillHTTP(m.reg, e.Addr())
 	}
 	if e.HasGate(room.StagingGate) {
 		ev.ScattersPending, ev.ScatterMissing = sh.scattersPending(e), sh.scatterMissing(e)

@@ -138,7 +138,7 @@ func (m *Manager) Resync(rooms []ResyncRoom, done bool) (int, ResyncState, error
 	st := ResyncState{Waiting: g.open, Until: g.until, Declared: g.declared, Pages: g.pages, Expired: g.expired}
 	g.mu.Unlock()
 	if ended {
-		m.admitAll()
+		m.shards.each(func(sh *shard) { sh.admit() }) // the wait ended: admit
 	}
 	return n, st, err
 }
@@ -234,10 +234,5 @@ func (m *Manager) resyncExpired() {
 	}
 	m.endResync(true)
 	g.mu.Unlock()
-	m.admitAll()
-}
-
-// admitAll runs an admission pass on every shard (the wait ended).
-func (m *Manager) admitAll() {
-	m.shards.each(func(sh *shard) { sh.admit() })
+	m.shards.each(func(sh *shard) { sh.admit() }) // the wait ended: admit
 }

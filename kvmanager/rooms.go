@@ -216,7 +216,7 @@ func (sh *shard) waitView(e *entry) room.WaitView {
 		v.Blocked = sh.led.Stats().LastBlocked.String()
 	}
 	if e.Attempt() > 1 {
-		_, _, v.GenerateURL = m.prefillHTTP(e.Addr())
+		_, _, v.GenerateURL = prefillHTTP(m.reg, e.Addr())
 	}
 	return v
 }

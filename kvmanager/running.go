@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
@@ -227,7 +228,7 @@ func (m *Manager) ContinueGenerationResumed(ctx context.Context) []Resumed {
 				out = append(out, Resumed{Room: id, Phase: PhaseFailed, PrefillDP: -1})
 				continue
 			}
-			host, port, url := m.prefillHTTP(e.Addr())
+			host, port, url := prefillHTTP(m.reg, e.Addr())
 			out = append(out, Resumed{Room: e.ID(), RID: e.Request().RID, Attempt: e.Attempt(), Phase: e.Phase(), PrefillAddr: e.Addr(),
 				PrefillHTTPHost: host, PrefillHTTPPort: port, GenerateURL: url, PrefillDP: e.PrefillDP()})
 		}
@@ -238,12 +239,12 @@ func (m *Manager) ContinueGenerationResumed(ctx context.Context) []Resumed {
 // prefillHTTP is the HTTP endpoint of the prefill instance at addr: the
 // bootstrap address's host and the registration's prefill_http_port (0 and
 // "" when the instance is not registered or gave no port).
-func (m *Manager) prefillHTTP(addr string) (host string, port int, generateURL string) {
+func prefillHTTP(reg *registry.Registry, addr string) (host string, port int, generateURL string) {
 	host = addr
 	if h, _, err := net.SplitHostPort(addr); err == nil {
 		host = h
 	}
-	if info, ok := m.reg.Info(addr); ok && info.HTTPPort > 0 {
+	if info, ok := reg.Info(addr); ok && info.HTTPPort > 0 {
 		port = info.HTTPPort
 		generateURL = "http://" + net.JoinHostPort(host, strconv.Itoa(port)) + "/generate"
 	}

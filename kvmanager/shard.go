@@ -91,6 +91,7 @@ type callWait struct {
 	done chan struct{}
 	res  transfer.ChunkResult
 	err  error
+	then []func(transfer.ChunkResult, bool, error) // TransferAsync's retries
 }
 
 // s is the room's subscribers, made on first use.

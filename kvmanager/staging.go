@@ -8,6 +8,8 @@ import (
 	"sort"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
@@ -479,7 +481,7 @@ func (sh *shard) runScatters(ctx context.Context, e *entry, sr *stagedRoom, scs 
 				attribute.Int("decodeplane.decode_tp_rank", op.DecodeTP), attribute.Int("decodeplane.pages", len(op.DestPages)),
 				attribute.Int("decodeplane.staging.writers", len(op.Writers))}
 		}
-		res, err := m.runRoomOp(context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", attrs,
+		res, err := runRoomOp(m, context.WithoutCancel(ctx), xctx, roomSpan, "staging.scatter", attrs,
 			func(ctx context.Context) (transfer.ChunkResult, error) { return eng.Scatter(ctx, op) })
 
 		sh.mu.Lock()
@@ -542,3 +544,26 @@ func (m *Manager) WatchWatermark(dp int, tps []int) (*WatermarkWatch, error) {
 // status and metrics), ordered by (DP, TP): rings not used yet are reported
 // empty. None when staging is off.
 func (m *Manager) StagingWatermarks() []Watermark { return m.stg.s.Watermarks() }
+
+// runRoomOp runs an engine operation of a room under a span named name
+// (linked to the room's span), with a context that ends when parent or the
+// room's transfer context (the room failed) ends. Without tracing no span
+// is started (attrs is then nil).
+func runRoomOp(m *Manager, parent, xctx, roomSpan context.Context, name string, attrs []attribute.KeyValue, op func(context.Context) (transfer.ChunkResult, error)) (transfer.ChunkResult, error) {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	stop := context.AfterFunc(xctx, cancel)
+	defer stop()
+	if !m.tracing {
+		return op(ctx)
+	}
+	ctx, span := m.tracer.Start(ctx, name, trace.WithLinks(trace.LinkFromContext(roomSpan)), trace.WithAttributes(attrs...))
+	defer span.End()
+	res, err := op(ctx)
+	span.SetAttributes(attribute.Int64("decodeplane.bytes", res.Bytes))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return res, err
+}

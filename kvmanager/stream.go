@@ -16,9 +16,11 @@ import (
 // reading is dropped.
 const watchBuffer = 16
 
-// Watcher is one WatchRoom stream.
+// Watcher is one watch of a room: a WatchRoom stream (Events) or a
+// subscription of a multiplexed session (WatchSink).
 type Watcher struct {
 	ch   chan RoomEvent
+	sink WatchSink // instead of ch
 	once sync.Once
 	err  error  // guarded by sh.mu
 	sh   *shard // the room's shard
@@ -50,6 +52,13 @@ func (w *Watcher) Err() error {
 // send queues an event without blocking; false means the watcher was dropped.
 // Called with the room's shard lock held.
 func (w *Watcher) send(ev RoomEvent) bool {
+	if w.sink != nil {
+		if w.sink.Event(ev) {
+			return true
+		}
+		w.close(ErrSlowConsumer)
+		return false
+	}
 	select {
 	case w.ch <- ev:
 		return true
@@ -63,9 +72,32 @@ func (w *Watcher) send(ev RoomEvent) bool {
 func (w *Watcher) close(err error) {
 	w.once.Do(func() {
 		w.err = err
+		if w.sink != nil {
+			w.sink.End(err)
+			return
+		}
 		close(w.ch)
 	})
 }
+
+// WatchSink receives a watched room's events on a multiplexed session
+// instead of a channel. Both methods are called with the room's shard lock
+// held, in the room's order: they must not block or call the Manager.
+type WatchSink interface {
+	// Event takes one event; false when it cannot (its queue is full): the
+	// watch then ends with ErrSlowConsumer.
+	Event(RoomEvent) bool
+	// End is the watch's end, once: nil after the room's terminal event
+	// (or the outcome) or Close, ErrSlowConsumer when Event refused one.
+	End(err error)
+}
+
+// ClaimSink receives a claim's events on a multiplexed session instead of
+// a channel: the destination (again for a new attempt), then the room's
+// end (a Failure or Done event, the last). It is called with the room's
+// shard lock (or the pending claims' lock) held: it must not block or call
+// the Manager. Close calls nothing.
+type ClaimSink func(DestinationEvent)
 
 // Close stops watching.
 func (w *Watcher) Close() {
@@ -86,6 +118,8 @@ type Claim struct {
 	room   uint64
 	rank   RankID
 	ch     chan DestinationEvent
+	sink   ClaimSink // instead of ch
+	ended  bool      // its end was given to sink (or it was closed)
 	once   sync.Once
 	expiry deadline // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
 }
@@ -101,6 +135,12 @@ func (c *Claim) Rank() RankID { return c.rank }
 // the claim held (the room's shard, or the pending claims').
 // The buffer is sized so that a room never queues more than it holds.
 func (c *Claim) queue(ev DestinationEvent) {
+	if c.sink != nil {
+		if !c.ended {
+			c.sink(ev)
+		}
+		return
+	}
 	select {
 	case c.ch <- ev:
 	default:
@@ -112,8 +152,17 @@ func (c *Claim) queue(ev DestinationEvent) {
 func (c *Claim) finish(ev DestinationEvent) {
 	c.once.Do(func() {
 		c.queue(ev)
-		close(c.ch)
+		c.end()
 	})
+}
+
+// end closes the claim's channel, or stops its sink; under once.
+func (c *Claim) end() {
+	if c.sink != nil {
+		c.ended = true
+		return
+	}
+	close(c.ch)
 }
 
 // Delivered tells the manager the destination was written to the stream: the
@@ -147,11 +196,11 @@ func (c *Claim) Close() {
 			s.claims.remove(k)
 			e.Apply(room.Detach{Rank: k})
 		}
-		c.once.Do(func() { close(c.ch) })
+		c.once.Do(c.end)
 		sh.mu.Unlock()
 		return
 	}
-	c.once.Do(func() { close(c.ch) })
+	c.once.Do(c.end)
 }
 
 // pendingClaims are the claims for rooms not opened yet: OpenRoom takes

@@ -32,6 +32,16 @@ type Engine interface {
 	Transfer(ctx context.Context, op ChunkOp) (ChunkResult, error)
 }
 
+// AsyncEngine is an Engine that runs a chunk without a goroutine per call:
+// TransferAsync starts the chunk and calls done exactly once, from any
+// goroutine (possibly before it returns), with what Transfer would return.
+// done must not block. The room manager uses it, when the engine has it,
+// for the chunks of multiplexed sessions.
+type AsyncEngine interface {
+	Engine
+	TransferAsync(ctx context.Context, op ChunkOp, done func(ChunkResult, error))
+}
+
 // Scatterer is the engine capability staging needs: scatter one staged
 // region into a room's pages. The simulated and the delegated engines
 // implement it; an engine without it cannot serve staged rooms.

@@ -72,16 +72,67 @@ func (e *SimEngine) Transfer(ctx context.Context, op transfer.ChunkOp) (transfer
 	return res, nil
 }
 
+// TransferAsync implements transfer.AsyncEngine: without a fault to run (a
+// hook or the failure probability) the chunk takes its time on a timer of
+// the clock, not a goroutine; with one it runs as Transfer does, on its own
+// goroutine (a fault hook may block).
+func (e *SimEngine) TransferAsync(ctx context.Context, op transfer.ChunkOp, done func(transfer.ChunkResult, error)) {
+	e.mu.Lock()
+	synchronous := e.fault != nil || e.cfg.FailureProbability > 0
+	e.mu.Unlock()
+	if synchronous {
+		go func() { done(e.Transfer(ctx, op)) }()
+		return
+	}
+	bytes := transfer.ChunkBytes(op)
+	d := e.duration(bytes)
+	res := transfer.ChunkResult{Bytes: bytes, Duration: d}
+	if op.Last && op.Marker != 0 {
+		res.MarkerWritten = op.Marker
+	}
+	if d <= 0 {
+		if err := ctx.Err(); err != nil {
+			done(transfer.ChunkResult{}, err)
+			return
+		}
+		done(res, nil)
+		return
+	}
+	var once sync.Once
+	var mu sync.Mutex
+	var t kvlayout.Stopper
+	stop := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		if t != nil {
+			t.Stop()
+		}
+		mu.Unlock()
+		once.Do(func() { done(transfer.ChunkResult{}, ctx.Err()) })
+	})
+	mu.Lock()
+	t = e.clock.AfterFunc(d, func() {
+		stop()
+		once.Do(func() { done(res, nil) })
+	})
+	mu.Unlock()
+}
+
+// duration is the time a move of bytes takes: latency + bytes / bandwidth.
+func (e *SimEngine) duration(bytes int64) time.Duration {
+	d := e.cfg.Latency
+	if e.cfg.BandwidthGBytesPerS > 0 {
+		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBytesPerS * 1e9) * float64(time.Second))
+	}
+	return d
+}
+
 // move runs a deterministic fault, then takes latency + bytes / bandwidth on
 // the clock (or until ctx is done).
 func (e *SimEngine) move(ctx context.Context, bytes int64, fault func() error) (time.Duration, error) {
 	if err := fault(); err != nil {
 		return 0, fmt.Errorf("%w: %v", transfer.ErrTransferFailed, err)
 	}
-	d := e.cfg.Latency
-	if e.cfg.BandwidthGBytesPerS > 0 {
-		d += time.Duration(float64(bytes) / (e.cfg.BandwidthGBytesPerS * 1e9) * float64(time.Second))
-	}
+	d := e.duration(bytes)
 	return d, kvlayout.Sleep(ctx, e.clock, d)
 }
 
@@ -114,6 +165,7 @@ func (e *SimEngine) Scatter(ctx context.Context, op transfer.ScatterOp) (transfe
 }
 
 var (
-	_ transfer.Engine    = (*SimEngine)(nil)
-	_ transfer.Scatterer = (*SimEngine)(nil)
+	_ transfer.Engine      = (*SimEngine)(nil)
+	_ transfer.AsyncEngine = (*SimEngine)(nil)
+	_ transfer.Scatterer   = (*SimEngine)(nil)
 )
