@@ -163,9 +163,9 @@ class Proxy:
         self.cut()
 
 
-#: Channel options that let a client find a restarted daemon at once.
-FAST_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 50), ("grpc.min_reconnect_backoff_ms", 50),
-                  ("grpc.max_reconnect_backoff_ms", 200)]
+#: A retry policy that outlasts gRPC's reconnection to a restarted daemon
+#: (grpc-core's channel backoff: a few seconds).
+PATIENT = decodeplane.RetryPolicy(max_attempts=40, initial_backoff=0.05, max_backoff=0.5)
 
 
 class DaemonCase(unittest.TestCase):

@@ -128,6 +128,10 @@ class ErrorsTest(unittest.TestCase):
         self.assertIsInstance(u, decodeplane.InvalidArgumentError)
         self.assertEqual(u.field, "prompt_len")
         self.assertEqual(u.message, "prompt_len: must be > 0\nrid: is required")
+        resync = errors.make_error("Resync", grpc.StatusCode.INVALID_ARGUMENT,
+                                   "resync (0 rooms of this call adopted before it): rooms[0].page_indices: adopt room 5: "
+                                   "1 pages for 110 tokens, want 2: invalid request")
+        self.assertEqual(resync.field, "rooms[0].page_indices")
         sglang = errors.make_error("OpenRoom", grpc.StatusCode.INVALID_ARGUMENT,
                                    "Request r1 exceeds the maximum number of tokens: 9 > 8")
         self.assertEqual(sglang.field, "")

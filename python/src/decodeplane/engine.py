@@ -347,7 +347,7 @@ class EngineSession:
                 return True
 
         if not self._outbox.push(req, add):
-            if not ended:
+            if not ended and self._end is None:
                 raise local_error(op, grpc.StatusCode.FAILED_PRECONDITION,
                                   "the session's sending side is closed (close_send)")
             raise self._ended_error(op)

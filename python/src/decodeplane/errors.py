@@ -68,9 +68,19 @@ _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 _ERROR_INFO_TYPE = "google.rpc.ErrorInfo"
 _RETRY_INFO_TYPE = "google.rpc.RetryInfo"
 
-# A field path at the start of a line: "rank.bootstrap_addr: ...",
-# "open.rooms[3].prompt_len: ..." (the daemon's convention for INVALID_ARGUMENT).
-_FIELD_RE = re.compile(r"^([a-z][a-z0-9_.\[\]]*): ")
+# A field path: "prompt_len", "rank.bootstrap_addr", "open.rooms[3].prompt_len".
+_FIELD_RE = re.compile(r"[a-z][a-z0-9_]*(?:\[\d+\])?(?:\.[a-z][a-z0-9_]*(?:\[\d+\])?)*")
+
+
+def _line_field(line: str) -> str:
+    """The field a line of an INVALID_ARGUMENT message names: the daemon's
+    "field: reason" at the start of the line, or a dotted or indexed path
+    after a context ("resync (...): rooms[0].page_indices: ...")."""
+    parts = line.split(": ")
+    for i, part in enumerate(parts[:-1]):
+        if _FIELD_RE.fullmatch(part) and (i == 0 or "." in part or "[" in part):
+            return part
+    return ""
 
 
 class DecodeplaneError(grpc.RpcError):
@@ -157,10 +167,10 @@ class InvalidArgumentError(DecodeplaneError):
     """INVALID_ARGUMENT (and OUT_OF_RANGE): a request field is wrong.
 
     ``field`` is the field the message names first (``"prompt_len"``,
-    ``"rank.bootstrap_addr"``, ``"open.rooms[0].prompt_len"``), ``fields``
-    every field named, one per line of the message; ``""`` / empty when the
-    message names none (SGLang's "Request ... exceeds the maximum number of
-    tokens").
+    ``"rank.bootstrap_addr"``, ``"open.rooms[0].prompt_len"``,
+    ``"rooms[0].page_indices"``), ``fields`` every field named, one per line
+    of the message; ``""`` / empty when the message names none (SGLang's
+    "Request ... exceeds the maximum number of tokens").
     """
 
     default_code = grpc.StatusCode.INVALID_ARGUMENT
@@ -168,12 +178,7 @@ class InvalidArgumentError(DecodeplaneError):
     @property
     def fields(self) -> list[str]:
         """Every field path the message names, in order."""
-        out = []
-        for line in self.message.splitlines():
-            m = _FIELD_RE.match(line)
-            if m:
-                out.append(m.group(1))
-        return out
+        return [f for f in (_line_field(line) for line in self.message.splitlines()) if f]
 
     @property
     def field(self) -> str:
