@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import decodeplane
 from decodeplane.v1 import common_pb2, rooms_pb2
-from tests.base import WAIT, Background, DaemonCase, open_fields, prefill_addr, registration, room_id
+from tests.base import WAIT, Background, DaemonCase, open_fields, poll, prefill_addr, registration, room_id
 
 
 class AdminFleetCapacityTest(DaemonCase):
@@ -338,3 +338,75 @@ class StagingTest(DaemonCase):
         self.assertEqual(self.client.engine.get_room(room).phase, common_pb2.ROOM_PHASE_SUCCEEDED)
 
 
+
+
+class AdmissionTest(DaemonCase):
+    """A full admission queue is RESOURCE_EXHAUSTED with the daemon's
+    RetryInfo; a keyed OpenRoom is retried after that delay."""
+
+    SETS = ("admission.max_queued=1",)
+
+    def test_queue_full_then_retried(self) -> None:
+        from tests.test_restart import RetryLog
+
+        addr = prefill_addr()  # never registered: a room waits in the queue
+        waiting = room_id()
+        self.client.engine.open_room(**open_fields(waiting, addr))
+        no_retry = self.new_client(retry=decodeplane.RetryPolicy(max_attempts=1))
+        with self.assertRaises(decodeplane.ResourceExhaustedError) as cm:
+            no_retry.engine.open_room(**open_fields(room_id(), addr))
+        self.assertEqual(cm.exception.retry_after, 1.0)
+        self.assertIn("admission queue is full", cm.exception.message)
+        with no_retry.engine.session(timeout=WAIT) as s:
+            res = s.open([rooms_pb2.OpenRoomRequest(**open_fields(room_id(), addr))], timeout=WAIT)
+            self.assertIsInstance(res[0].error, decodeplane.ResourceExhaustedError)
+            self.assertEqual(res[0].error.retry_after, 1.0)  # type: ignore[union-attr]
+        # Keyed: retried after the daemon's delay, by then the queue has room.
+        for transport in decodeplane.Transport:
+            c = self.new_client(transport=transport)
+            log = RetryLog()
+            freed = Background(lambda: log.first.wait(WAIT) and self.client.engine.abort_room(waiting))
+            room = room_id()
+            with log:
+                if transport is decodeplane.Transport.UNARY:
+                    got = c.engine.open_room(**open_fields(room, addr, idempotency_key=f"k{room}")).room
+                else:
+                    opened = Background(lambda: c.engine.open_and_wait(**open_fields(room, addr, idempotency_key=f"k{room}"),
+                                                                       timeout=WAIT))
+                    got = poll("the retried open", lambda: _exists(self.client, room) and self.client.engine.get_room(room))
+            freed.outcome()
+            self.assertEqual(got.room, room)
+            self.assertTrue(any("retrying in 1.000s" in m for m in log.retries), log.retries)
+            waiting = room  # the next round waits behind this one
+            if transport is decodeplane.Transport.STREAMS:
+                self.client.engine.abort_room(room)
+                self.assertIsInstance(opened.failure(), decodeplane.RoomFailedError)
+                waiting = room_id()
+                self.client.engine.open_room(**open_fields(waiting, addr))
+
+
+def _exists(c: decodeplane.Client, room: int) -> bool:
+    try:
+        c.engine.get_room(room)
+        return True
+    except decodeplane.NotFoundError:
+        return False
+
+
+class SessionLivenessTest(DaemonCase):
+    """An idle prefill session pings, and the daemon counts the pings as
+    the rank's heartbeats (2 s interval, one missed interval kills)."""
+
+    SETS = ("timeouts.heartbeat_interval=2s", "timeouts.heartbeat_max_failures=1")
+
+    def test_pings_are_heartbeats(self) -> None:
+        p = self.registered()[0]
+        registered = self.client.admin.status().prefills[0].last_heartbeat.ToNanoseconds()
+        with p.session(timeout=WAIT) as s:
+            self.assertEqual(s.welcome.heartbeat_interval.seconds, 2)
+            poll("a heartbeat from the idle session's pings", lambda: self.client.admin.status().prefills[0]
+                 .last_heartbeat.ToNanoseconds() > registered + 1_500_000_000, timeout=10)
+            self.assertFalse(s.done)
+            # Still alive past heartbeat_max_failures x interval (2 s) without an op.
+            self.assertFalse(s.wait(3))
+            self.assertEqual(p.heartbeat().incarnation, self.daemon.incarnation)
