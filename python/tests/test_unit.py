@@ -179,3 +179,49 @@ class OutboxTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+#: Where each RPC is reached from a Client (``c``) and a Prefill (``p``):
+#: a new RPC fails the test until the client wraps it.
+RPC_METHODS = {
+    "/decodeplane.v1.Admin/GetStatus": "c.admin.status",
+    "/decodeplane.v1.Admin/Drain": "c.admin.drain",
+    "/decodeplane.v1.Bootstrap/RegisterPrefill": "p.register",
+    "/decodeplane.v1.Bootstrap/Heartbeat": "p.heartbeat",
+    "/decodeplane.v1.Bootstrap/BindRoom": "p.bind_room",
+    "/decodeplane.v1.Bootstrap/LookupDPRanks": "c.engine.lookup_dp_ranks",
+    "/decodeplane.v1.Rooms/OpenRoom": "c.engine.open_room",
+    "/decodeplane.v1.Rooms/AwaitDestination": "p.await_destination",
+    "/decodeplane.v1.Rooms/Transfer": "p.transfer",
+    "/decodeplane.v1.Rooms/ReportTransfer": "p.report_transfer",
+    "/decodeplane.v1.Rooms/WatchRoom": "c.engine.watch_room",
+    "/decodeplane.v1.Rooms/GetRoom": "c.engine.get_room",
+    "/decodeplane.v1.Rooms/AbortRoom": "c.engine.abort_room",
+    "/decodeplane.v1.Rooms/ReleaseRoom": "c.engine.release_room",
+    "/decodeplane.v1.Rooms/ListRooms": "c.admin.list_rooms",
+    "/decodeplane.v1.Rooms/ReportRunning": "c.engine.report_running",
+    "/decodeplane.v1.Rooms/RetractRoom": "c.engine.retract_room",
+    "/decodeplane.v1.Rooms/ContinueGeneration": "c.engine.continue_generation",
+    "/decodeplane.v1.Rooms/Resync": "c.engine.resync",
+    "/decodeplane.v1.Rooms/AckRoomEnd": "p.ack_room_end",
+    "/decodeplane.v1.Staging/SetupStaging": "p.setup_staging",
+    "/decodeplane.v1.Staging/AllocateStaging": "p.allocate_staging",
+    "/decodeplane.v1.Staging/ChunkReady": "p.chunk_ready",
+    "/decodeplane.v1.Staging/WatchWatermark": "p.watch_watermark",
+    "/decodeplane.v1.Fleet/GetFleet": "c.admin.get_fleet",
+    "/decodeplane.v1.Capacity/WatchCapacity": "c.admin.watch_capacity",
+    "/decodeplane.v1.EngineSession/Session": "c.engine.session",
+    "/decodeplane.v1.PrefillSession/Session": "p.session",
+}
+
+
+class ReachTest(unittest.TestCase):
+    def test_every_rpc_has_a_method(self) -> None:
+        self.assertEqual(sorted(RPC_METHODS), all_methods())
+        with decodeplane.Client("127.0.0.1:1") as c:
+            p = c.prefill(bootstrap_addr="10.0.0.1:8998")
+            for rpc, path in RPC_METHODS.items():
+                obj: object = {"c": c, "p": p}[path[0]]
+                for part in path.split(".")[1:]:
+                    obj = getattr(obj, part)
+                self.assertTrue(callable(obj), rpc)
