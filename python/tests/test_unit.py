@@ -138,6 +138,26 @@ class ErrorsTest(unittest.TestCase):
         self.assertIn("invalid argument: Request r1", str(sglang))
 
 
+class PickleTest(unittest.TestCase):
+    def test_errors_pickle_with_their_attributes(self) -> None:
+        import pickle
+
+        from decodeplane.v1 import common_pb2
+
+        stale = errors.make_error("Transfer", grpc.StatusCode.FAILED_PRECONDITION, "stale", reason="STALE_INCARNATION",
+                                  error_metadata={"incarnation": "a", "daemon_incarnation": "b"})
+        failed = decodeplane.RoomFailedError(7, common_pb2.Failure(code=common_pb2.FAILURE_CODE_ABORTED, message="gone"),
+                                             ack_required=True)
+        for e in (stale, failed, errors.make_error("OpenRoom", grpc.StatusCode.RESOURCE_EXHAUSTED, "full", retry_after=1.0)):
+            back = pickle.loads(pickle.dumps(e))
+            self.assertIs(type(back), type(e))
+            self.assertEqual((back.code(), back.message, back.op, str(back)), (e.code(), e.message, e.op, str(e)))
+        back = pickle.loads(pickle.dumps(stale))
+        self.assertEqual((back.old, back.new, back.reason), (0xA, 0xB, "STALE_INCARNATION"))
+        back = pickle.loads(pickle.dumps(failed))
+        self.assertEqual((back.room, back.failure_code, back.ack_required), (7, common_pb2.FAILURE_CODE_ABORTED, True))
+
+
 class ChunkTest(unittest.TestCase):
     def test_chunks_and_bytes(self) -> None:
         d = rooms_pb2.Destination(page_indices=[5, 6, 7], page_size=64, fill_len=150, token_bytes=10, state_bytes=3)

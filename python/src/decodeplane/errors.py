@@ -149,6 +149,20 @@ class DecodeplaneError(grpc.RpcError):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(code={self._code.name}, op={self.op!r}, message={self.message!r})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickles with every attribute (an engine may hand errors between
+        # processes): the default would rebuild from the message alone.
+        state = dict(self.__dict__)
+        state.pop("__cause__", None)
+        return (_restore, (type(self), state))
+
+
+def _restore(cls: type[DecodeplaneError], state: dict[str, Any]) -> DecodeplaneError:
+    e = cls.__new__(cls)
+    e.__dict__.update(state)
+    Exception.__init__(e, str(e))
+    return e
+
 
 class NotFoundError(DecodeplaneError):
     """NOT_FOUND: the room or prefill rank is unknown (never opened, forgotten
