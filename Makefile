@@ -17,7 +17,7 @@ ETCD_DATA_DIR ?=
 
 export GOTOOLCHAIN := local
 
-.PHONY: help build run run-traced demo demo-traced dev-etcd test test-short fuzz fuzz-smoke check fmt fmt-check vet proto proto-check tidy-check bench jaeger jaeger-build deploy-check clean
+.PHONY: help build run run-traced demo demo-traced dev-etcd test test-short python-test fuzz fuzz-smoke check fmt fmt-check vet proto proto-check proto-python proto-check-python tidy-check bench jaeger jaeger-build deploy-check clean
 
 # help colours the target names only on a terminal, and never with NO_COLOR
 # set (https://no-color.org), so that `make help | less` or a log stays clean.
@@ -60,8 +60,17 @@ $(BIN)/jaeger: tools/jaeger/go.mod tools/jaeger/go.sum
 jaeger: $(BIN)/jaeger ## Run Jaeger all-in-one (memory storage): OTLP gRPC :4317, query API/UI :16686.
 	$(BIN)/jaeger
 
-test: ## Run every test with the race detector (what CI runs).
+test: ## Run every test with the race detector, then the Python client's (what CI runs).
 	$(GO) test -race -count=1 ./...
+	@$(MAKE) --no-print-directory python-test
+
+# The Python package (python/, docs/python.md), tested against the daemon
+# binary with Debian's interpreter and packages (python3-grpcio,
+# python3-protobuf: .ci/run). PYTHON=... picks another interpreter.
+PYTHON ?= /usr/bin/python3
+
+python-test: build ## Run the Python client's tests (python/tests) against bin/decodeplane.
+	cd python && DECODEPLANE_BIN=$(BIN)/decodeplane PYTHONPATH=src $(PYTHON) -m unittest discover -s tests -t . -v
 
 test-short: ## Run the fast tests without the race detector.
 	$(GO) test -short -count=1 ./...
@@ -122,14 +131,51 @@ gw_gen = $(PROTOC) -I $(PROTO_DIR) \
 		--openapiv2_opt=grpc_api_configuration=$(GW_RULES),allow_merge=true,merge_file_name=decodeplane \
 		$(GW_PROTOS)
 
-proto: $(GW_PLUGINS) ## Regenerate the protobuf, gRPC and gateway code and the OpenAPI document.
+# The Python package's stubs: protobuf modules, their typing stubs (.pyi)
+# and gRPC stubs of every proto, generated with protoc's Python output and
+# grpc_python_plugin (Debian's protobuf-compiler-grpc), into python/src.
+# -I $(PROTO_DIR) lays them out as the package's own subpackages
+# (decodeplane/v1/rooms_pb2.py is decodeplane.v1.rooms_pb2), so protoc's
+# absolute imports ("from decodeplane.v1 import common_pb2") work as
+# generated. The status details the client decodes (google.rpc.Status,
+# ErrorInfo, RetryInfo) come from wire-compatible copies in
+# python/proto_vendor, under a private package.
+PY_SRC       := python/src
+PY_VENDOR    := python/proto_vendor
+PY_VENDORED  := $(shell find $(PY_VENDOR) -name '*.proto' 2>/dev/null | sort)
+GRPC_PYTHON_PLUGIN ?= $(or $(shell command -v grpc_python_plugin 2>/dev/null),/usr/bin/grpc_python_plugin)
+PY_GENERATED := -name '*_pb2.py' -o -name '*_pb2.pyi' -o -name '*_pb2_grpc.py'
+# py_gen OUT: generate the Python stubs into OUT.
+py_gen = $(PROTOC) -I $(PROTO_DIR) --python_out=$(1) --pyi_out=$(1) \
+		--plugin=protoc-gen-grpc=$(GRPC_PYTHON_PLUGIN) --grpc_out=$(1) \
+		$(patsubst $(PROTO_DIR)/%,%,$(PROTOS)) && \
+	$(PROTOC) -I $(PY_VENDOR) --python_out=$(1) --pyi_out=$(1) $(patsubst $(PY_VENDOR)/%,%,$(PY_VENDORED))
+
+# proto-python (part of proto) regenerates the Python stubs, removing those
+# of protos that are gone; proto-check-python (part of proto-check) fails
+# when they are stale.
+proto-python:
+	mkdir -p $(PY_SRC)
+	find $(PY_SRC) \( $(PY_GENERATED) \) -delete
+	$(call py_gen,$(PY_SRC))
+
+proto-check-python:
+	@tmp=$$(mktemp -d); \
+	$(call py_gen,$$tmp) || { echo "proto-check: generating failed (are protoc and grpc_python_plugin installed? see .ci/run)"; rm -rf $$tmp; exit 1; }; \
+	( cd $$tmp && find . $(PY_GENERATED) | sort ) > $$tmp/.gen && \
+	( cd $(PY_SRC) && find . $(PY_GENERATED) | sort ) > $$tmp/.have && \
+	if ! diff -q $$tmp/.gen $$tmp/.have >/dev/null || ! for f in $$(cat $$tmp/.gen); do cmp -s $$tmp/$$f $(PY_SRC)/$$f || { echo "stale: $(PY_SRC)/$$f"; exit 1; }; done; then \
+		echo "generated Python stubs are stale: run 'make proto' and commit the result"; rm -rf $$tmp; exit 1; fi; \
+	rm -rf $$tmp; echo "proto-check: generated Python code is current"
+
+proto: $(GW_PLUGINS) proto-python ## Regenerate the protobuf, gRPC and gateway code, the OpenAPI document and the Python stubs.
 	$(PROTOC) -I $(PROTO_DIR) \
 		--plugin=protoc-gen-go=$(BIN)/protoc-gen-go --go_out=$(PROTO_DIR) --go_opt=paths=source_relative \
 		--plugin=protoc-gen-go-grpc=$(BIN)/protoc-gen-go-grpc --go-grpc_out=$(PROTO_DIR) --go-grpc_opt=paths=source_relative \
 		$(patsubst $(PROTO_DIR)/%,%,$(PROTOS))
 	$(call gw_gen,$(PROTO_DIR))
 
-proto-check: $(GW_PLUGINS) ## Fail if the generated code or the OpenAPI document is stale.
+proto-check: $(GW_PLUGINS) proto-check-python ## Fail if the generated code (Go and Python) or the OpenAPI document is stale.
 	@tmp=$$(mktemp -d); \
 	$(PROTOC) -I $(PROTO_DIR) \
 		--plugin=protoc-gen-go=$(BIN)/protoc-gen-go --go_out=$$tmp --go_opt=paths=source_relative \

@@ -1,0 +1,1 @@
+"""Generated stubs of the bench's bare-gRPC reference service (``decodeplane.bench``)."""

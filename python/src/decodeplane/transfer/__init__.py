@@ -1,0 +1,1 @@
+"""Generated stubs of decodeplane's transfer agent protocol (``decodeplane.transfer``)."""

@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC stubs of ``decodeplane.transfer.v1`` (the transfer agent's API)."""
