@@ -40,7 +40,7 @@ func benchRoomLifecycle(b *testing.B, watched bool) {
 	}
 	cfg := DefaultConfig()
 	simCfg := sim.SimConfig{Seed: 1} // instant: no bandwidth, no latency, no faults
-	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+	led, err := prealloc.NewLedger(dec, 0)
 	if err != nil {
 		b.Fatal(err)
 	}

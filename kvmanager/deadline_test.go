@@ -21,7 +21,7 @@ func countingHarness(t *testing.T, dec kvlayout.Config, cfg Config, obs Observer
 	if err := dec.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+	led, err := prealloc.NewLedger(dec, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

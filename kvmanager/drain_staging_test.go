@@ -20,7 +20,7 @@ import (
 func TestDeferredReleaseStagingRegions(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		dec := stgDecode(2)
-		led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+		led, err := prealloc.NewLedger(dec, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

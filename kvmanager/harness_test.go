@@ -121,7 +121,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	h := &harness{t: t, dec: dec, cfg: cfg}
 	var ledgers []*prealloc.Ledger
 	for i := range o.shards {
-		l, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
+		l, err := prealloc.NewLedger(dec, i)
 		if err != nil {
 			t.Fatalf("NewLedger(shard %d): %v", i, err)
 		}

@@ -26,7 +26,7 @@ func benchManager(b *testing.B, dec kvlayout.Config, cfg Config) *Manager {
 	if err := dec.Validate(); err != nil {
 		b.Fatalf("decode config: %v", err)
 	}
-	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+	led, err := prealloc.NewLedger(dec, 0)
 	if err != nil {
 		b.Fatal(err)
 	}

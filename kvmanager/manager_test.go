@@ -18,7 +18,7 @@ import (
 
 func TestNewValidates(t *testing.T) {
 	dec := kvlayout.DefaultConfig()
-	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+	led, err := prealloc.NewLedger(dec, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -221,7 +221,7 @@ func TestPendingClaimTimerStopsWhenTheRoomOpens(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		clk := &rvCountingClock{}
 		dec := kvlayout.DefaultConfig()
-		led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+		led, err := prealloc.NewLedger(dec, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -201,13 +201,11 @@ func adoptField(err error) string {
 		return "req_slot"
 	case strings.Contains(s, "page"):
 		return "page_indices"
-	case errors.Is(err, prealloc.ErrRoomExists):
-		return "room"
 	}
 	return "prompt_len"
 }
 
-// endResync ends the wait (g.mu held); the caller runs admitAll after
+// endResync ends the wait (g.mu held); the caller admits on every shard after
 // releasing g.mu.
 func (m *Manager) endResync(expired bool) {
 	g := &m.rs

@@ -62,7 +62,7 @@ func newStgEnv(t *testing.T, dec kvlayout.Config, simCfg sim.SimConfig, engine f
 	if err := dec.Validate(); err != nil {
 		t.Fatalf("decode config: %v", err)
 	}
-	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+	led, err := prealloc.NewLedger(dec, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,5 @@
 package prealloc
 
-import "time"
-
 // fullBudget is DecodePreallocQueue._allocatable_token_budgets without a
 // decode radix cache, HiSparse, HiCache or a prebuilt last batch:
 //
@@ -83,9 +81,8 @@ func (l *Ledger) swaBudget(withSingle, withRetracted bool) int64 {
 //     because they are not in the ready order at all. BlockNone means no
 //     ready room is left.
 //
-// Each admitted room gets a req slot, a FIFO metadata slot (marker 0),
-// page-rounded pages for fill_len, its state slots and, with
-// admission.claim_timeout > 0, a claim deadline. A blocked pass costs
+// Each admitted room gets a req slot, a FIFO metadata slot, page-rounded
+// pages for fill_len and its state slots. A blocked pass costs
 // O(bypassLookahead × log n) at most, O(1) with max_bypass 0 or when the
 // budget is below R (no room can fit); admitting k rooms costs
 // O(k log n + pages).
@@ -193,7 +190,6 @@ func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 	if l.swaMode == swaTail {
 		swaB = l.swaBudget(true, true)
 	}
-	var deadline time.Time // read from the clock at the first admission
 	var aside [bypassLookahead]*room
 	nAside := 0
 	asideReason := BlockNone // why the first room set aside did not fit
@@ -242,13 +238,6 @@ func (l *Ledger) admitReady(out []Admission) ([]Admission, BlockReason) {
 		l.preAlloc(r, fill, origin)
 		r.metaSlot = l.meta.pop()
 		l.setState(r, RoomAdmitted)
-		if l.claimTimeout > 0 {
-			if deadline.IsZero() {
-				deadline = l.clock.Now().Add(l.claimTimeout)
-			}
-			r.deadline = deadline
-			l.deadlines.push(r)
-		}
 		out = append(out, Admission{Room: r.id, Alloc: l.admissionView(r)})
 		// Recompute from the actual pool state (page rounding included),
 		// with this room now counted as active.

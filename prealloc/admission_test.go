@@ -199,7 +199,7 @@ func TestAdmitDecisions(t *testing.T) {
 			if tc.mutate != nil {
 				tc.mutate(&cfg)
 			}
-			l, _ := newLedger(t, cfg, false)
+			l := newLedger(t, cfg, false)
 			for _, r := range tc.running {
 				runRoom(t, l, r, 1)
 			}
@@ -243,7 +243,7 @@ func TestAdmitDecisions(t *testing.T) {
 func TestAdmitMetadataSlotShortage(t *testing.T) {
 	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 4)
 	cfg.Pool.MetadataSlots = 1
-	l, _ := newLedger(t, cfg, true)
+	l := newLedger(t, cfg, true)
 	for _, id := range []uint64{1, 2} {
 		mustNil(t, "enqueue", l.Enqueue(req(id, 16, 1)))
 		mustNil(t, "ready", l.SetReady(id))
@@ -281,7 +281,7 @@ func TestAdmitMetadataSlotShortage(t *testing.T) {
 func TestAdmitRetractedBlocksNew(t *testing.T) {
 	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 64
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	mustNil(t, "enqueue 1", l.Enqueue(req(1, 480, 16)))
 	mustNil(t, "ready 1", l.SetReady(1))
 	if got, _, _ := admitRooms(t, l); !cmp.Equal(got, []uint64{1}) {
@@ -323,7 +323,7 @@ func TestAdmitRetractedBlocksNew(t *testing.T) {
 	if s := l.Stats(); s.FullBudget != 400 || s.Resumed != 1 || s.Admitted != 1 {
 		t.Errorf("after pass: budget %d (want 400), resumed %d, admitted %d", s.FullBudget, s.Resumed, s.Admitted)
 	}
-	mustIs(t, "claim resumed room", l.Claim(2), ErrWrongState)
+	mustIs(t, "claim resumed room", l.Claim(2), errWrongState)
 	mustNil(t, "start resumed", l.StartRunning(2))
 	if r, _ := l.RoomRequest(2); r.OutputLen != 80 {
 		t.Errorf("resumed room output %d, want 80", r.OutputLen)
@@ -343,7 +343,7 @@ func TestAdmitRetractedBlocksNew(t *testing.T) {
 func TestResumeInRetractionOrder(t *testing.T) {
 	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 64
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	runRoom(t, l, req(2, 16, 16), 1)
 	runRoom(t, l, req(3, 400, 16), 1)
 	runRoom(t, l, req(1, 320, 200), 1)
@@ -391,7 +391,7 @@ func TestResumeInRetractionOrder(t *testing.T) {
 func TestBypassThenDrain(t *testing.T) {
 	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 8)
 	cfg.Admission.MaxBypass = 2
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	runRoom(t, l, req(101, 1000, 1), 1)
 	for _, r := range []Request{req(1, 15000, 1), req(2, 16, 1), req(3, 16, 1), req(4, 16, 1)} {
 		mustNil(t, "enqueue", l.Enqueue(r))
@@ -433,7 +433,7 @@ func TestBypassThenDrain(t *testing.T) {
 func TestRetractWaitsForDecodeStep(t *testing.T) {
 	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 0
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	runRoom(t, l, req(2, 480, 16), 0)
 	runRoom(t, l, req(1, 480, 200), 0)
 	if _, err := l.UpdateRunning(1, 200); !errors.Is(err, ErrNoCapacity) {
@@ -466,7 +466,7 @@ func TestRetractWaitsForDecodeStep(t *testing.T) {
 // TestRetractLastRunningResumes: with no running room left nothing can grow
 // into the freed pages, so the next pass resumes the retracted room.
 func TestRetractLastRunningResumes(t *testing.T) {
-	l, _ := newLedger(t, testConfig(kvlayout.KindGQA, 16, 64, 8), false)
+	l := newLedger(t, testConfig(kvlayout.KindGQA, 16, 64, 8), false)
 	runRoom(t, l, req(1, 100, 10), 3)
 	mustNil(t, "retract", l.Retract(1))
 	got, reason, adm := admitRooms(t, l)
@@ -486,14 +486,14 @@ func TestRetractLastRunningResumes(t *testing.T) {
 func TestRetractNeverResumableRefused(t *testing.T) {
 	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 64
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	runRoom(t, l, req(1, 100, 100), 1)
 	if _, err := l.UpdateRunning(1, 900); err != nil {
 		t.Fatal(err)
 	}
 	before := l.Stats()
 	err := l.Retract(1)
-	mustIs(t, "retract", err, ErrWrongState)
+	mustIs(t, "retract", err, errWrongState)
 	if !strings.Contains(err.Error(), "could never resume: fill_len 999 + 64 reserved tokens > 1024 pool tokens") {
 		t.Errorf("error %q does not say why", err)
 	}

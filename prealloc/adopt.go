@@ -111,7 +111,7 @@ func (l *Ledger) Adopt(a Adoption) error { return l.AdoptEntry(new(Entry), a) }
 //
 // Nothing changes and the error names the problem when: the request is
 // malformed or marked Rebootstrap (ErrInvalidRequest); the room exists
-// (ErrRoomExists); the page count is not ceil((PromptLen + OutputLen) /
+// (errRoomExists); the page count is not ceil((PromptLen + OutputLen) /
 // page_size); the req slot, a page, an SWA page or a Mamba slot is out of
 // range or named twice; the kind needs SWA pages or Mamba slots that are not
 // given (or too few), or given ones it has no pool for (ErrInvalidRequest);
@@ -130,7 +130,7 @@ func (l *Ledger) AdoptEntry(e *Entry, a Adoption) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, ok := l.rooms[req.Room]; ok {
-		return fmt.Errorf("adopt room %d: %w", req.Room, ErrRoomExists)
+		return fmt.Errorf("adopt room %d: %w", req.Room, errRoomExists)
 	}
 	seq := int64(req.PromptLen) + int64(req.OutputLen)
 	nPages := ceilDiv(seq, l.page)

@@ -40,7 +40,7 @@ func TestAdoptThenAdmit(t *testing.T) {
 	cfg := testConfig(kvlayout.KindGQA, 16, 64, 8)
 	cfg.Admission.ReservedDecodeTokens = 16
 	cfg.Admission.ClipMaxNewTokens = 16
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	adopted := map[int32]uint64{}
 	rows := map[int32]bool{}
 	for _, a := range []Adoption{
@@ -135,7 +135,7 @@ func TestAdoptConflicts(t *testing.T) {
 		{"req slot 0 (padding)", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 0, Pages: []int32{40}}, ErrInvalidRequest, "req slot 0 out of range (1..8)"},
 		{"req slot too high", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 9, Pages: []int32{40}}, ErrInvalidRequest, "req slot 9 out of range"},
 		{"req slot held", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 7, Pages: []int32{40}}, ErrOwned, "req slot 7 is held by room 2"},
-		{"room exists", kvlayout.KindGQA, Adoption{Request: adoptReq(2, 16, 0), ReqSlot: 5, Pages: []int32{40}}, ErrRoomExists, "adopt room 2"},
+		{"room exists", kvlayout.KindGQA, Adoption{Request: adoptReq(2, 16, 0), ReqSlot: 5, Pages: []int32{40}}, errRoomExists, "adopt room 2"},
 		{"rebootstrap", kvlayout.KindGQA, Adoption{Request: rb, ReqSlot: 5, Pages: []int32{40}}, ErrInvalidRequest, "not a rebootstrap"},
 		{"negative prompt", kvlayout.KindGQA, Adoption{Request: bad, ReqSlot: 5}, ErrInvalidRequest, "prompt length -1"},
 		{"SWA pages for a pool without", kvlayout.KindGQA, Adoption{Request: adoptReq(50, 16, 0), ReqSlot: 5, Pages: []int32{40}, SWAPages: []int32{1}}, ErrInvalidRequest, "kind gqa has no SWA pool"},
@@ -158,7 +158,7 @@ func TestAdoptConflicts(t *testing.T) {
 			if c.kind == kvlayout.KindHybridSWA {
 				cfg.Pool.SWA.TotalTokens = 64 * 16
 			}
-			l, _ := newLedger(t, cfg, false)
+			l := newLedger(t, cfg, false)
 			// Room 1 admitted (pages from 0, row 1, first state slots), room
 			// 2 adopted on page 61 and row 7.
 			mustNil(t, "enqueue", l.Enqueue(req(1, 32, 8)))
@@ -207,7 +207,7 @@ func TestAdoptedRoomLifecycle(t *testing.T) {
 			if kind == kvlayout.KindHybridSWA {
 				cfg.Pool.SWA = kvlayout.SWAConfig{Window: 32, TotalTokens: 64 * 16}
 			}
-			l, _ := newLedger(t, cfg, false)
+			l := newLedger(t, cfg, false)
 			a := Adoption{Request: adoptReq(1, 90, 10), ReqSlot: 4, Pages: []int32{9, 3, 50, 20, 11, 12, 33}} // 100 tokens
 			switch kind {
 			case kvlayout.KindHybridSWA:
@@ -316,7 +316,7 @@ func TestAdoptAllocs(t *testing.T) {
 				cfg.Pool.Mamba = kvlayout.MambaConfig{StateSlots: 3 * 1024, ExtraBuffer: true, PingPong: 2}
 				a.MambaSlots = []int32{9, 99, 999}
 			}
-			l, _ := newLedger(t, cfg, false)
+			l := newLedger(t, cfg, false)
 			var e Entry
 			cycle := func() {
 				if err := l.AdoptEntry(&e, a); err != nil {

@@ -32,7 +32,7 @@ func TestPageAllocZeroAllocs(t *testing.T) {
 			if kind == kvlayout.KindHybridMLA {
 				cfg.Pool.KVHeads, cfg.Pool.HeadDim, cfg.Pool.KVLoraRank, cfg.Pool.QKRopeHeadDim = 0, 0, 512, 64
 			}
-			l, _ := newLedger(t, cfg, false)
+			l := newLedger(t, cfg, false)
 			r := &room{readyIdx: -1}
 			cycle := func() {
 				l.preAlloc(r, 4096, 4096)
@@ -59,7 +59,7 @@ func TestPageAllocZeroAllocs(t *testing.T) {
 // record is the caller's (EnqueueEntry, as kvmanager keeps it inside its own
 // room); Enqueue would allocate it.
 func TestRoomLifecycleAllocs(t *testing.T) {
-	l, _ := newLedger(t, typicalConfig(), false)
+	l := newLedger(t, typicalConfig(), false)
 	var id uint64
 	var e Entry
 	cycle := func() {

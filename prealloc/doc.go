@@ -2,8 +2,15 @@
 // domain package that reimplements the memory side of SGLang's decode
 // pre-allocation (DecodePreallocQueue, DecodeReqToTokenPool,
 // ReqToMetadataIdxAllocator and the paged / SWA / Mamba allocators) for one
-// decode data-parallel shard. It has no network code and reads time only
-// through the injected Clock.
+// decode data-parallel shard. It keeps allocation state only — pages, slots,
+// the budget and the queue order — over opaque room ids: no clock, no
+// deadline, no room marker and no room-state answer of its own. The room
+// manager (kvmanager and its room package) owns each room's state and calls
+// the ledger only in a way that state allows; a call the ledger refuses for
+// a room's existence or state is a broken invariant between the two, not an
+// answer (its errors for it are unexported). Its real answers are
+// ErrExceedsCapacity, ErrQueueFull, ErrNoCapacity, ErrDraining,
+// ErrInvalidRequest, ErrOwned and ErrCannotResume.
 //
 // # What the ledger owns
 //
@@ -18,10 +25,9 @@
 //     as in DecodeReqToTokenPool (size + pre_alloc_size + 1 rows). Rows are
 //     reused FIFO.
 //   - metadata (aux) slots 0..M-1, reused FIFO like ReqToMetadataIdxAllocator's
-//     deque. Each slot carries a room marker (what prefill wrote into its
-//     bootstrap_room row, recorded with SetMetadataMarker) that is reset to
-//     0 whenever the slot is freed (SGLang PR #27374), so a new owner never
-//     reads a stale room.
+//     deque. The room marker a slot receives (the bootstrap_room prefill
+//     writes) is its room's, kept by the room manager, so a new owner never
+//     reads a stale room (SGLang PR #27374).
 //   - hybrid-swa: the SWA pool's pages. With a page size > 1 only the
 //     page-aligned sliding-window tail is pre-allocated
 //     (alloc_extend_swa_tail); with page size 1 every full token also takes
@@ -36,10 +42,10 @@
 // # Lifecycle of a room
 //
 //	Enqueue ──► waiting ──SetReady──► ready ──Admit──► admitted ──Claim──► claimed
-//	                ▲                                      │                  │
-//	                │                              Expire (deadline)   StartRunning
-//	            ResumeHeld                                 ▼                  ▼
-//	                │                                  (released)          running ◄──┐ ◄── Adopt
+//	                ▲                                                         │
+//	                │                                                  StartRunning
+//	            ResumeHeld                                                    ▼
+//	                │                                                      running ◄──┐ ◄── Adopt
 //	              held ◄───────────────Hold────────────────────────────────  │ │      │
 //	                                                               Retract ──┘ │  UpdateRunning
 //	                                           retracted ──Admit──► resumed ───┘ StartRunning
@@ -47,10 +53,11 @@
 //	admitted, claimed, resumed, running ──DrainRoom──► draining ──Release──► (released)
 //
 // Release ends a room from any state and frees exactly what it holds; a
-// second release is ErrUnknownRoom, never a double free. Waiting, ready,
+// second release is errUnknownRoom, never a double free. Waiting, ready,
 // retracted and held rooms hold nothing. An admitted room holds a req slot,
-// a metadata slot, pages for fill_len and its state slots, and (with
-// admission.claim_timeout) a claim deadline after which Expire releases it.
+// a metadata slot, pages for fill_len and its state slots (the room manager
+// bounds the wait for its claims, admission.claim_timeout, and releases or
+// drains it then).
 // StartRunning frees the metadata slot (pop_transferred) and keeps the rest.
 // Retract and Hold free everything at once (the engine keeps a CPU copy, or
 // prefill recomputes). Admission passes resume retracted rooms first — but,
@@ -63,17 +70,16 @@
 // # Draining rooms (deferred release)
 //
 // A room that ends while a prefill rank may still be writing into its pages
-// by itself (abort, failure, timeout: issue 11) must not give them back
+// by itself (abort, failure, timeout) must not give them back
 // yet. DrainRoom moves an admitted, claimed, resumed or running room to
 // RoomDraining: it keeps exactly its pages, SWA pages, req slot, Mamba
 // slots and, if it has one (drained while admitted or claimed), its
-// metadata slot and marker — prefill may still write the aux row too. It
-// leaves the claim deadline heap and the running set and is no request any
-// more: every other operation on it is ErrWrongState (DrainRoom again is a
-// no-op), reads (State, Allocation: every page it holds, MetadataMarker)
-// still answer. Release frees everything once; the caller decides when
+// metadata slot — prefill may still write the aux row too. It leaves the
+// running set and is no request any more: every other operation on it is
+// refused (DrainRoom again is a no-op), reads (State, Allocation: every
+// page it holds) still answer. Release frees everything once; the caller decides when
 // (every rank acknowledged, or its bound expired). A room that holds
-// nothing cannot drain (ErrWrongState): it is simply released. Stats counts
+// nothing cannot drain: it is simply released. Stats counts
 // draining rooms (Stats.Draining) and what they hold in each pool
 // (ResourceStats.Draining, part of Used). Drain (no argument) is unrelated:
 // it stops the whole ledger taking new rooms.

@@ -20,19 +20,18 @@ func (d *drainedRes) account(r *room, sign int64) {
 }
 
 // DrainRoom ends a room whose pages a prefill rank may still be writing by
-// itself (deferred release, issue 11): from admitted, claimed, resumed or
+// itself (the deferred release): from admitted, claimed, resumed or
 // running it becomes RoomDraining. It keeps exactly what it holds — pages,
 // SWA pages, req slot, Mamba slots, and its metadata slot if it has one
 // (admitted or claimed: prefill may still write the aux row, so the slot
-// and its marker stay held too) — but it is no longer a request: it leaves
-// the claim deadline heap and the running set, and counts in no budget term
-// of a live request (not active, so no reserved decode tokens; not
-// retractable). Its pages simply are not free, so admission never hands
+// stays held too) — but it is no longer a request: it leaves the running
+// set, and counts in no budget term of a live request (not active, so no
+// reserved decode tokens; not retractable). Its pages simply are not free, so admission never hands
 // them out. Release frees everything once every writer is known to have
 // stopped (or the caller's bound expired); nothing else applies to a
-// draining room (ErrWrongState). Idempotent for a draining room.
-// ErrWrongState for a room that holds nothing (waiting, ready, retracted,
-// held): the caller just releases it. ErrUnknownRoom for an unknown room.
+// draining room. Idempotent for a draining room. A room that holds nothing
+// (waiting, ready, retracted, held) cannot drain: the caller just releases
+// it.
 //
 // It is not Drain, which stops the whole ledger taking new rooms.
 func (l *Ledger) DrainRoom(id uint64) error {
@@ -46,9 +45,6 @@ func (l *Ledger) DrainRoom(id uint64) error {
 	case RoomDraining:
 		return nil
 	case RoomAdmitted:
-		if r.dlIdx >= 0 {
-			l.deadlines.remove(r)
-		}
 	case RoomRunning:
 		l.removeRunning(r)
 	case RoomClaimed, RoomResumed:

@@ -66,13 +66,10 @@ func TestDrainFromEveryHoldingState(t *testing.T) {
 			t.Run(kind.String()+"/"+st.String(), func(t *testing.T) {
 				cfg := testConfig(kind, 16, 1024, 8)
 				cfg.Admission.ClaimTimeout = time.Minute
-				l, clk := newLedger(t, cfg, false)
+				l := newLedger(t, cfg, false)
 				runRoom(t, l, req(100, 300, 10), 5)
 				before := l.Stats()
 				putRoomIn(t, l, 1, st)
-				if st == RoomAdmitted || st == RoomClaimed {
-					mustNil(t, "marker", l.SetMetadataMarker(1, 1))
-				}
 				held := l.Stats()
 				alloc, _ := l.Allocation(1)
 				pages := slices.Clone(alloc.Pages)
@@ -122,26 +119,14 @@ func TestDrainFromEveryHoldingState(t *testing.T) {
 				if !ok || !slices.Equal(a.Pages, pages) || (a.MetadataSlot >= 0) != (wantMeta == 1) {
 					t.Errorf("allocation while draining: %v %+v, want every page %v", ok, a, pages)
 				}
-				if m, ok := l.MetadataMarker(1); (wantMeta == 1) != ok || (ok && m != 1) {
-					t.Errorf("marker while draining: %d %v", m, ok)
-				}
 				// A draining room is no longer a request.
-				mustIs(t, "set ready", l.SetReady(1), ErrWrongState)
-				mustIs(t, "claim", l.Claim(1), ErrWrongState)
-				mustIs(t, "start", l.StartRunning(1), ErrWrongState)
+				mustIs(t, "set ready", l.SetReady(1), errWrongState)
+				mustIs(t, "claim", l.Claim(1), errWrongState)
+				mustIs(t, "start", l.StartRunning(1), errWrongState)
 				_, err := l.UpdateRunning(1, 50)
-				mustIs(t, "update", err, ErrWrongState)
-				mustIs(t, "retract", l.Retract(1), ErrWrongState)
-				mustIs(t, "hold", l.Hold(1), ErrWrongState)
-				mustIs(t, "marker", l.SetMetadataMarker(1, 7), ErrWrongState)
-				// It has no claim deadline any more: Expire never ends it.
-				if _, ok := l.NextDeadline(); ok {
-					t.Errorf("a claim deadline is still pending")
-				}
-				clk.Advance(time.Hour)
-				if ex := l.Expire(); len(ex) != 0 {
-					t.Errorf("expired %v", ex)
-				}
+				mustIs(t, "update", err, errWrongState)
+				mustIs(t, "retract", l.Retract(1), errWrongState)
+				mustIs(t, "hold", l.Hold(1), errWrongState)
 				if got := l.ResumeHeld(); len(got) != 0 {
 					t.Errorf("resumed held %v", got)
 				}
@@ -151,8 +136,8 @@ func TestDrainFromEveryHoldingState(t *testing.T) {
 				checkInv(t, l)
 
 				mustNil(t, "release", l.Release(1))
-				mustIs(t, "second release", l.Release(1), ErrUnknownRoom)
-				mustIs(t, "drain released", l.DrainRoom(1), ErrUnknownRoom)
+				mustIs(t, "second release", l.Release(1), errUnknownRoom)
+				mustIs(t, "drain released", l.DrainRoom(1), errUnknownRoom)
 				checkInv(t, l)
 				after := l.Stats()
 				after.LastBlocked, after.FullBudget, after.SWABudget = before.LastBlocked, before.FullBudget, before.SWABudget
@@ -178,11 +163,11 @@ func TestDrainFromEveryHoldingState(t *testing.T) {
 func TestDrainRefusedWithoutAllocation(t *testing.T) {
 	for _, st := range []RoomState{RoomWaiting, RoomReady, RoomRetracted, RoomHeld} {
 		t.Run(st.String(), func(t *testing.T) {
-			l, _ := newLedger(t, testConfig(kvlayout.KindGQA, 16, 1024, 8), false)
+			l := newLedger(t, testConfig(kvlayout.KindGQA, 16, 1024, 8), false)
 			runRoom(t, l, req(100, 300, 10), 5)
 			putRoomIn(t, l, 1, st)
 			before := l.Stats()
-			mustIs(t, "drain", l.DrainRoom(1), ErrWrongState)
+			mustIs(t, "drain", l.DrainRoom(1), errWrongState)
 			if got, _ := l.State(1); got != st {
 				t.Errorf("state %s, want %s", got, st)
 			}
@@ -194,8 +179,8 @@ func TestDrainRefusedWithoutAllocation(t *testing.T) {
 			assertFull(t, l)
 		})
 	}
-	l, _ := newLedger(t, testConfig(kvlayout.KindGQA, 16, 64, 4), false)
-	mustIs(t, "drain unknown", l.DrainRoom(9), ErrUnknownRoom)
+	l := newLedger(t, testConfig(kvlayout.KindGQA, 16, 64, 4), false)
+	mustIs(t, "drain unknown", l.DrainRoom(9), errUnknownRoom)
 }
 
 // TestDrainingPagesNeverAdmitted: the pages of a draining room are not
@@ -206,7 +191,7 @@ func TestDrainingPagesNeverAdmitted(t *testing.T) {
 	cfg := testConfig(kvlayout.KindGQA, 16, 64, 4) // 1024 tokens
 	cfg.Admission.ReservedDecodeTokens = 64
 	cfg.Admission.ClipMaxNewTokens = 64
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	mustNil(t, "enqueue", l.Enqueue(req(1, 640, 32))) // 40 pages
 	mustNil(t, "ready", l.SetReady(1))
 	_, _, adm := admitRooms(t, l)
@@ -270,26 +255,21 @@ func TestDrainingPagesNeverAdmitted(t *testing.T) {
 	assertFull(t, l)
 }
 
-// TestExpireKeepingDrains: an expired room the caller keeps is not released
-// but drains (pages held, out of the budget, no claim deadline) until
-// Release; one it does not keep is released as by Expire.
-func TestExpireKeepingDrains(t *testing.T) {
+// TestDrainOneReleaseAnother: of two admitted rooms whose claims ended
+// (the room manager's claim timeout), the one a prefill rank may still
+// write into drains (pages held, out of the budget) until Release, the
+// other is released at once.
+func TestDrainOneReleaseAnother(t *testing.T) {
 	cfg := testConfig(kvlayout.KindGQA, 16, 1024, 8)
-	cfg.Admission.ClaimTimeout = 10 * time.Second
-	l, clk := newLedger(t, cfg, false)
-	t0 := clk.Now()
+	l := newLedger(t, cfg, false)
 	for _, id := range []uint64{1, 2} {
 		mustNil(t, "enqueue", l.Enqueue(req(id, 100, 1)))
 		mustNil(t, "ready", l.SetReady(id))
 	}
 	admitRooms(t, l)
 	used := l.Stats().Pages.Used
-	clk.Advance(10 * time.Second)
-	got := l.ExpireKeeping(func(id uint64) bool { return id == 1 })
-	want := []Expired{{Room: 1, Deadline: t0.Add(10 * time.Second), Drained: true}, {Room: 2, Deadline: t0.Add(10 * time.Second)}}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Fatalf("expired (-want +got):\n%s", diff)
-	}
+	mustNil(t, "drain", l.DrainRoom(1))
+	mustNil(t, "release", l.Release(2))
 	if st, ok := l.State(1); !ok || st != RoomDraining {
 		t.Fatalf("kept room: state %s %v, want draining", st, ok)
 	}
@@ -299,9 +279,6 @@ func TestExpireKeepingDrains(t *testing.T) {
 	s := l.Stats()
 	if s.Draining != 1 || s.Pages.Draining == 0 || s.Pages.Used != used/2 || s.Pages.Draining != s.Pages.Used {
 		t.Fatalf("stats %+v: want room 1's pages (half of %d) held and draining", s, used)
-	}
-	if _, ok := l.NextDeadline(); ok {
-		t.Errorf("a draining room keeps a claim deadline")
 	}
 	mustNil(t, "invariants", l.CheckInvariants())
 	mustNil(t, "release", l.Release(1))

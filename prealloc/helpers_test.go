@@ -2,36 +2,12 @@ package prealloc
 
 import (
 	"errors"
-	"sync"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
 )
-
-// fakeClock is a manually advanced Clock.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{t: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
-}
 
 // testConfig is a validated configuration of the given kind: pageSize,
 // totalPages, reqSlots request slots with no pre-alloc rows, R = 512,
@@ -61,19 +37,18 @@ func testConfig(kind kvlayout.Kind, pageSize int, totalPages int64, reqSlots int
 
 // newLedger builds a ledger from cfg, which must pass Validate unless
 // unvalidated is set (tests that exercise pools Validate would refuse).
-func newLedger(t testing.TB, cfg kvlayout.Config, unvalidated bool) (*Ledger, *fakeClock) {
+func newLedger(t testing.TB, cfg kvlayout.Config, unvalidated bool) *Ledger {
 	t.Helper()
 	if !unvalidated {
 		if err := cfg.Validate(); err != nil {
 			t.Fatalf("test config does not validate: %v", err)
 		}
 	}
-	clk := newFakeClock()
-	l, err := NewLedger(cfg, 0, clk)
+	l, err := NewLedger(cfg, 0)
 	if err != nil {
 		t.Fatalf("NewLedger: %v", err)
 	}
-	return l, clk
+	return l
 }
 
 func checkInv(t testing.TB, l *Ledger) {

@@ -75,7 +75,7 @@ func (o *owners) complete() {
 // violation found (nil if none): for every pool free + used == total, no
 // index is free twice, held twice, or both free and held, and every held
 // index belongs to exactly one live room; each room holds exactly what its
-// state implies; the ready, deadline and running heaps, the retracted and
+// state implies; the ready and running heaps, the retracted and
 // held lists and the per-state counters match the rooms; the incrementally
 // maintained budget terms and the draining rooms' totals equal their
 // definitions recomputed from scratch; every free list's position index
@@ -104,9 +104,6 @@ func (l *Ledger) CheckInvariants() error {
 	for i := 0; i < l.meta.avail(); i++ {
 		s := l.meta.at(i)
 		meta.free(s)
-		if s >= 0 && int(s) < len(l.markers) && l.markers[s] != 0 {
-			fail("metadata slot %d is free but its marker is %d", s, l.markers[s])
-		}
 	}
 	mamba := newOwners("mamba slots", 0, len(l.mambaS.buf), &errs)
 	for i := 0; i < l.mambaS.avail(); i++ {
@@ -220,11 +217,6 @@ func (l *Ledger) CheckInvariants() error {
 		}
 	}
 	checkHeap("ready", &l.ready, counts[RoomReady], func(r *room) bool { return r.state == RoomReady })
-	wantDL := 0
-	if l.claimTimeout > 0 {
-		wantDL = counts[RoomAdmitted]
-	}
-	checkHeap("deadline", &l.deadlines, wantDL, func(r *room) bool { return r.state == RoomAdmitted })
 	checkHeap("running", &l.runMax, counts[RoomRunning], func(r *room) bool { return r.state == RoomRunning })
 	wantSWA := 0
 	if l.swaMode == swaTail {
@@ -279,7 +271,7 @@ func (r *room) view() *room {
 		return r
 	}
 	v := *r
-	v.held = &held{dlIdx: -1, runIdx: -1, runSWAIdx: -1, metaSlot: -1}
+	v.held = &held{runIdx: -1, runSWAIdx: -1, metaSlot: -1}
 	return &v
 }
 
@@ -334,9 +326,6 @@ func (l *Ledger) checkRoom(r *room, errs *[]error) {
 	}
 	if (r.readyIdx >= 0) != (r.state == RoomReady) {
 		fail("ready heap position %d", r.readyIdx)
-	}
-	if (r.dlIdx >= 0) != (r.state == RoomAdmitted && l.claimTimeout > 0) {
-		fail("deadline heap position %d", r.dlIdx)
 	}
 	if (r.runIdx >= 0) != (r.state == RoomRunning) {
 		fail("running heap position %d", r.runIdx)

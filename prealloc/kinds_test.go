@@ -21,7 +21,7 @@ import (
 // the full pool has plenty.
 func TestSWATailAdmission(t *testing.T) {
 	cfg := testConfig(kvlayout.KindHybridSWA, 16, 1024, 8)
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	mustNil(t, "enqueue 1", l.Enqueue(req(1, 1000, 100)))
 	mustNil(t, "enqueue 2", l.Enqueue(req(2, 1000, 600)))
 	mustNil(t, "ready 1", l.SetReady(1))
@@ -85,7 +85,7 @@ func TestSWATailAdmission(t *testing.T) {
 // max(256, 256+400−265 = 391) > 389 ⇒ swa.
 func TestSWATailBudgetWithRunning(t *testing.T) {
 	cfg := testConfig(kvlayout.KindHybridSWA, 16, 1024, 8)
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	runRoom(t, l, req(1, 1000, 100), 1)
 	mustNil(t, "enqueue 2", l.Enqueue(req(2, 1000, 600)))
 	mustNil(t, "enqueue 3", l.Enqueue(req(3, 2000, 400)))
@@ -111,7 +111,7 @@ func TestSWAMirrorPageSizeOne(t *testing.T) {
 	cfg := testConfig(kvlayout.KindHybridSWA, 1, 4096, 8)
 	cfg.Pool.SWA = kvlayout.SWAConfig{Window: 128, TotalTokens: 1024}
 	cfg.Admission.ReservedDecodeTokens = 0
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	err := l.Enqueue(req(9, 1025, 1))
 	var ce *CapacityError
 	if !errors.As(err, &ce) || err.Error() != "Request rid-9 exceeds the maximum number of tokens: 1025 > 1024" {
@@ -148,7 +148,7 @@ func TestMambaSlots(t *testing.T) {
 	cfg := testConfig(kvlayout.KindHybridLinear, 16, 1024, 4)
 	cfg.Pool.Mamba.StateSlots = 7
 	cfg.Admission.ReservedDecodeTokens = 0
-	l, _ := newLedger(t, cfg, true)
+	l := newLedger(t, cfg, true)
 	for id := uint64(1); id <= 3; id++ {
 		mustNil(t, "enqueue", l.Enqueue(req(id, 100, 10)))
 		mustNil(t, "ready", l.SetReady(id))
@@ -189,7 +189,7 @@ func TestMambaSlots(t *testing.T) {
 func TestMambaNoExtraBuffer(t *testing.T) {
 	cfg := testConfig(kvlayout.KindHybridLinear, 16, 1024, 4)
 	cfg.Pool.Mamba = kvlayout.MambaConfig{StateSlots: 4}
-	l, _ := newLedger(t, cfg, false)
+	l := newLedger(t, cfg, false)
 	mustNil(t, "enqueue", l.Enqueue(req(1, 100, 10)))
 	mustNil(t, "ready", l.SetReady(1))
 	_, _, adm := admitRooms(t, l)
@@ -205,7 +205,7 @@ func TestMambaNoExtraBuffer(t *testing.T) {
 func TestStateIndicesByKind(t *testing.T) {
 	for _, kind := range []kvlayout.Kind{kvlayout.KindHybridMLA, kvlayout.KindMLA, kvlayout.KindGQA, kvlayout.KindMHA} {
 		t.Run(kind.String(), func(t *testing.T) {
-			l, _ := newLedger(t, testConfig(kind, 64, 1024, 4), false)
+			l := newLedger(t, testConfig(kind, 64, 1024, 4), false)
 			mustNil(t, "enqueue", l.Enqueue(req(1, 4000, 10)))
 			mustNil(t, "ready", l.SetReady(1))
 			_, _, adm := admitRooms(t, l)

@@ -1,11 +1,9 @@
 package prealloc
 
 import (
-	"errors"
 	"fmt"
 	"math"
 	"sync"
-	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
 )
@@ -64,10 +62,8 @@ type room struct {
 
 // held is what a room holds from its first admission until it is dropped.
 type held struct {
-	dlIdx     int32 // position in Ledger.deadlines, or -1
 	runIdx    int32 // position in Ledger.runMax, or -1
 	runSWAIdx int32 // position in Ledger.runSWAMax, or -1
-	deadline  time.Time
 
 	prev, next *room // Ledger.retracted or Ledger.held
 
@@ -126,28 +122,25 @@ func (r *room) metaSlotOf() int32 {
 type Ledger struct {
 	mu    sync.Mutex
 	shard int
-	clock Clock
 
-	kind         kvlayout.Kind
-	stateType    kvlayout.StateType // 0 when the kind sends no state component
-	page         int64              // page size in tokens
-	reserve      int64              // R: num_reserved_decode_tokens
-	clip         int64              // CLIP: SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-	order        queueOrder
-	claimTimeout time.Duration
-	maxQueued    int
-	swaMode      swaMode
-	window       int64 // sliding window (tokens)
-	mambaPerReq  int   // slots_per_req (0 unless hybrid-linear)
-	maxTotal     int64 // max_total_num_tokens for the entry check
-	swaCap       int64 // SWA pool size in tokens (size_swa)
+	kind        kvlayout.Kind
+	stateType   kvlayout.StateType // 0 when the kind sends no state component
+	page        int64              // page size in tokens
+	reserve     int64              // R: num_reserved_decode_tokens
+	clip        int64              // CLIP: SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
+	order       queueOrder
+	maxQueued   int
+	swaMode     swaMode
+	window      int64 // sliding window (tokens)
+	mambaPerReq int   // slots_per_req (0 unless hybrid-linear)
+	maxTotal    int64 // max_total_num_tokens for the entry check
+	swaCap      int64 // SWA pool size in tokens (size_swa)
 
 	pages    pageStack
 	swaPages pageStack
 	reqSlots slotRing
 	meta     slotRing
 	mambaS   slotRing
-	markers  []uint64
 	pool     slicePool
 
 	rooms    map[uint64]*room
@@ -155,7 +148,6 @@ type Ledger struct {
 	nextSeq  uint64
 
 	ready     roomHeap // ready rooms by (priority class, seq)
-	deadlines roomHeap // admitted rooms with a claim deadline
 	runMax    roomHeap // running rooms by min(max_new, CLIP) + prompt, max first
 	runSWAMax roomHeap // running rooms by swa_tail_len(prompt) + min(max_new, CLIP), max first
 	retracted roomList
@@ -179,13 +171,9 @@ type Ledger struct {
 
 // NewLedger builds the ledger of DP shard shard. cfg should already have
 // passed Config.Validate; NewLedger still refuses sizes it cannot represent
-// (empty pools, more than 2^31-1 pages or slots, a missing clock) with an
-// error. It does not apply Validate's cross-checks (e.g. metadata slots >=
+// (empty pools, more than 2^31-1 pages or slots) with an error. It does not apply Validate's cross-checks (e.g. metadata slots >=
 // request slots), so a deliberately odd but representable pool is accepted.
-func NewLedger(cfg kvlayout.Config, shard int, clock Clock) (*Ledger, error) {
-	if clock == nil {
-		return nil, errors.New("new ledger: nil clock")
-	}
+func NewLedger(cfg kvlayout.Config, shard int) (*Ledger, error) {
 	p, a := cfg.Pool, cfg.Admission
 	if !p.Kind.Known() {
 		return nil, fmt.Errorf("new ledger: unknown kv pool kind %d", int(p.Kind))
@@ -211,9 +199,6 @@ func NewLedger(cfg kvlayout.Config, shard int, clock Clock) (*Ledger, error) {
 	if a.ClipMaxNewTokens <= 0 {
 		return nil, fmt.Errorf("new ledger: clip max new tokens %d must be > 0", a.ClipMaxNewTokens)
 	}
-	if a.ClaimTimeout < 0 {
-		return nil, fmt.Errorf("new ledger: negative claim timeout %s", a.ClaimTimeout)
-	}
 	if a.MaxQueued < 0 {
 		return nil, fmt.Errorf("new ledger: negative max queued %d", a.MaxQueued)
 	}
@@ -221,16 +206,14 @@ func NewLedger(cfg kvlayout.Config, shard int, clock Clock) (*Ledger, error) {
 		return nil, fmt.Errorf("new ledger: max bypass %d out of range (0..%d)", a.MaxBypass, kvlayout.MaxBypassLimit)
 	}
 	l := &Ledger{
-		shard:        shard,
-		clock:        clock,
-		kind:         p.Kind,
-		page:         int64(p.PageSize),
-		reserve:      int64(a.ReservedDecodeTokens),
-		clip:         int64(a.ClipMaxNewTokens),
-		claimTimeout: a.ClaimTimeout,
-		maxQueued:    a.MaxQueued,
-		maxBypass:    a.MaxBypass,
-		rooms:        make(map[uint64]*room),
+		shard:     shard,
+		kind:      p.Kind,
+		page:      int64(p.PageSize),
+		reserve:   int64(a.ReservedDecodeTokens),
+		clip:      int64(a.ClipMaxNewTokens),
+		maxQueued: a.MaxQueued,
+		maxBypass: a.MaxBypass,
+		rooms:     make(map[uint64]*room),
 	}
 	switch a.Priority {
 	case kvlayout.PriorityFIFO, "":
@@ -284,19 +267,9 @@ func NewLedger(cfg kvlayout.Config, shard int, clock Clock) (*Ledger, error) {
 	l.swaPages = newPageStack(int(nSWA))
 	l.reqSlots = newSlotRing(1, nReq) // row 0 is padding (DecodeReqToTokenPool)
 	l.meta = newSlotRing(0, nMeta)
-	l.markers = make([]uint64, nMeta)
 	l.pool.limit = 2*int(nPages+nSWA) + 4096
 
 	l.ready = roomHeap{less: l.readyLess, pos: func(r *room) *int32 { return &r.readyIdx }}
-	l.deadlines = roomHeap{
-		less: func(a, b *room) bool {
-			if !a.deadline.Equal(b.deadline) {
-				return a.deadline.Before(b.deadline)
-			}
-			return a.seq < b.seq
-		},
-		pos: func(r *room) *int32 { return &r.dlIdx },
-	}
 	l.runMax = roomHeap{less: func(a, b *room) bool { return a.runKey > b.runKey }, pos: func(r *room) *int32 { return &r.runIdx }}
 	l.runSWAMax = roomHeap{less: func(a, b *room) bool { return a.runSWAKey > b.runSWAKey }, pos: func(r *room) *int32 { return &r.runSWAIdx }}
 	return l, nil
@@ -452,7 +425,7 @@ func (l *Ledger) hold(r *room) {
 	} else {
 		r.held = &held{}
 	}
-	r.dlIdx, r.runIdx, r.runSWAIdx, r.metaSlot = -1, -1, -1, -1
+	r.runIdx, r.runSWAIdx, r.metaSlot = -1, -1, -1
 }
 
 func (l *Ledger) setState(r *room, s RoomState) {
@@ -555,11 +528,11 @@ func (l *Ledger) freeResources(r *room) {
 	r.stateBuf[0] = kvlayout.StateIndices{}
 }
 
-// freeMeta resets the slot's room marker to 0 and frees it (SGLang
-// PR #27374: the next owner reads "not yet written", not a stale room).
+// freeMeta frees the room's metadata slot (the room marker a slot holds is
+// its room's, kept by the room manager: a new owner starts from "not yet
+// written", SGLang PR #27374).
 func (l *Ledger) freeMeta(r *room) {
 	if r.metaSlot >= 0 {
-		l.markers[r.metaSlot] = 0
 		l.meta.push(r.metaSlot)
 		r.metaSlot = -1
 	}
@@ -593,10 +566,6 @@ func (l *Ledger) detach(r *room) {
 	switch r.state {
 	case RoomReady:
 		l.ready.remove(r)
-	case RoomAdmitted:
-		if r.dlIdx >= 0 {
-			l.deadlines.remove(r)
-		}
 	case RoomRunning:
 		l.removeRunning(r)
 	case RoomRetracted:
@@ -627,13 +596,13 @@ func (l *Ledger) drop(r *room) {
 func (l *Ledger) lookup(op string, id uint64) (*room, error) {
 	r, ok := l.rooms[id]
 	if !ok {
-		return nil, fmt.Errorf("%s room %d: %w", op, id, ErrUnknownRoom)
+		return nil, fmt.Errorf("%s room %d: %w", op, id, errUnknownRoom)
 	}
 	return r, nil
 }
 
 func wrongState(op string, r *room) error {
-	return fmt.Errorf("%s room %d (%s): %w", op, r.id, r.state, ErrWrongState)
+	return fmt.Errorf("%s room %d (%s): %w", op, r.id, r.state, errWrongState)
 }
 
 // ---- public API ----
@@ -643,13 +612,13 @@ func wrongState(op string, r *room) error {
 // can never fit returns a *CapacityError whose Error() is SGLang's exact
 // message (unwrapped, so it can be returned to the client verbatim) and
 // nothing is allocated. Other errors: ErrInvalidRequest, ErrDraining,
-// ErrRoomExists, ErrQueueFull. The room's queue position is fixed here:
+// errRoomExists, ErrQueueFull. The room's queue position is fixed here:
 // arrival order, or priority then arrival order.
 func (l *Ledger) Enqueue(req Request) error { return l.EnqueueEntry(new(Entry), req) }
 
 // EnqueueEntry is Enqueue with the room's record kept in e, which the
 // caller owns (see Entry): e must not be in a ledger already, and the
-// ledger uses it until the room is gone (Release, Expire, a dropped held
+// ledger uses it until the room is gone (Release, a dropped held
 // room).
 func (l *Ledger) EnqueueEntry(e *Entry, req Request) error {
 	if err := checkRequest("enqueue", req); err != nil {
@@ -661,7 +630,7 @@ func (l *Ledger) EnqueueEntry(e *Entry, req Request) error {
 		return fmt.Errorf("enqueue room %d: %w", req.Room, ErrDraining)
 	}
 	if _, ok := l.rooms[req.Room]; ok {
-		return fmt.Errorf("enqueue room %d: %w", req.Room, ErrRoomExists)
+		return fmt.Errorf("enqueue room %d: %w", req.Room, errRoomExists)
 	}
 	if err := l.capacityCheck(req); err != nil {
 		return err
@@ -677,7 +646,7 @@ func (l *Ledger) EnqueueEntry(e *Entry, req Request) error {
 
 // SetReady marks a waiting room's handshake as done (prefill known, DP rank
 // resolved) so that admission passes consider it, at its original queue
-// position. Idempotent for a ready room; ErrWrongState otherwise.
+// position. Idempotent for a ready room; errWrongState otherwise.
 func (l *Ledger) SetReady(id uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -697,8 +666,8 @@ func (l *Ledger) SetReady(id uint64) error {
 }
 
 // Claim records that every required prefill rank claimed the room's
-// destination: the claim deadline is cancelled. Idempotent for a claimed
-// room; ErrWrongState unless the room is admitted.
+// destination. Idempotent for a claimed
+// room; errWrongState unless the room is admitted.
 func (l *Ledger) Claim(id uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -710,9 +679,6 @@ func (l *Ledger) Claim(id uint64) error {
 	case RoomClaimed:
 		return nil
 	case RoomAdmitted:
-		if r.dlIdx >= 0 {
-			l.deadlines.remove(r)
-		}
 		l.setState(r, RoomClaimed)
 		return nil
 	}
@@ -806,7 +772,7 @@ func (l *Ledger) admissionView(r *room) Allocation {
 // claimed room) or that its CPU copy was restored (resumed room): it joins
 // the running set with PromptLen + OutputLen tokens and keeps its pages; its
 // metadata slot is reset and freed (pop_transferred). A rebootstrap room
-// stops being one (the recompute is done). ErrWrongState otherwise.
+// stops being one (the recompute is done). errWrongState otherwise.
 func (l *Ledger) StartRunning(id uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -818,9 +784,6 @@ func (l *Ledger) StartRunning(id uint64) error {
 	case RoomAdmitted, RoomClaimed, RoomResumed:
 	default:
 		return wrongState("start running", r)
-	}
-	if r.dlIdx >= 0 {
-		l.deadlines.remove(r)
 	}
 	l.freeMeta(r)
 	r.req.Rebootstrap = false
@@ -930,7 +893,7 @@ func (l *Ledger) UpdateRunning(id uint64, outputLen int) ([]int32, error) {
 // ledger keeps that order across separate calls: while rooms are running, a
 // retracted room is not resumed before the next UpdateRunning (the engine's
 // next decode-step report); with no running room it may resume at the next
-// pass. ErrWrongState unless running, or if the room could not resume even
+// pass. Refused unless running; ErrCannotResume if the room could not resume even
 // on an empty shard (fill_len + R beyond the pool, or its SWA tail beyond
 // the SWA pool): nothing changes then (Hold or Release it instead).
 func (l *Ledger) Retract(id uint64) error {
@@ -956,7 +919,7 @@ func (l *Ledger) Retract(id uint64) error {
 	_, swaPages := l.need(fill)
 	if full > l.maxTotal || swaNeed > l.swaCap || swaPages > l.swaPages.total {
 		return fmt.Errorf("retract room %d: it could never resume: fill_len %d + %d reserved tokens > %d pool tokens (or its SWA tail > %d): %w",
-			id, fill, l.reserve, l.maxTotal, l.swaCap, ErrWrongState)
+			id, fill, l.reserve, l.maxTotal, l.swaCap, ErrCannotResume)
 	}
 	l.removeRunning(r)
 	l.freeResources(r)
@@ -973,7 +936,7 @@ func (l *Ledger) Retract(id uint64) error {
 // (pause_generation(mode="retract")): its resources are freed and it is not
 // admitted again until ResumeHeld. Like SGLang, the boundary token is popped
 // from the output (OutputLen decreases by one if positive); it is replayed
-// at commit. ErrWrongState unless running.
+// at commit. errWrongState unless running.
 func (l *Ledger) Hold(id uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -1026,10 +989,10 @@ func (l *Ledger) ResumeHeld() []uint64 {
 }
 
 // Release ends the room from any state and returns exactly what it holds to
-// the pools. An unknown or already released room is ErrUnknownRoom (never a
+// the pools. An unknown or already released room is errUnknownRoom (never a
 // double free). Unlike SGLang, held rebootstrap rooms can be released too.
 // For a draining room this is the deferred release: its pages, slots and
-// metadata slot (marker reset to 0) become free at once.
+// metadata slot become free at once.
 func (l *Ledger) Release(id uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -1041,53 +1004,6 @@ func (l *Ledger) Release(id uint64) error {
 	return nil
 }
 
-// Expire releases every admitted room that no prefill claimed before its
-// claim deadline (clock time >= deadline) and returns them, earliest
-// deadline first. The rooms are gone from the ledger. Expire is passive: the
-// caller drives it, e.g. at NextDeadline().
-func (l *Ledger) Expire() []Expired { return l.ExpireKeeping(nil) }
-
-// ExpireKeeping is Expire, except that an expired room for which keep
-// returns true is not released but drains (as DrainRoom: its pages, slots
-// and metadata slot stay held, out of every budget term, until Release),
-// for a caller that knows a prefill rank may still write into its pages
-// (kvmanager's deferred release). keep runs with the ledger's lock held and
-// must not call the ledger.
-func (l *Ledger) ExpireKeeping(keep func(room uint64) bool) []Expired {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.deadlines.len() == 0 {
-		return nil
-	}
-	now := l.clock.Now()
-	var out []Expired
-	for {
-		r := l.deadlines.peek()
-		if r == nil || now.Before(r.deadline) {
-			return out
-		}
-		if keep != nil && keep(r.id) {
-			out = append(out, Expired{Room: r.id, Deadline: r.deadline, Drained: true})
-			l.deadlines.remove(r)
-			l.setState(r, RoomDraining)
-			l.drained.account(r, 1)
-			continue
-		}
-		out = append(out, Expired{Room: r.id, Deadline: r.deadline})
-		l.drop(r)
-	}
-}
-
-// NextDeadline returns the earliest pending claim deadline, if any.
-func (l *Ledger) NextDeadline() (time.Time, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if r := l.deadlines.peek(); r != nil {
-		return r.deadline, true
-	}
-	return time.Time{}, false
-}
-
 // Drain stops taking new rooms (Enqueue returns ErrDraining) and stops
 // admitting queued rooms (Admit reports BlockDraining). Existing rooms can
 // still be claimed, run, retracted, resumed from retraction (so that running
@@ -1096,38 +1012,6 @@ func (l *Ledger) Drain() {
 	l.mu.Lock()
 	l.draining = true
 	l.mu.Unlock()
-}
-
-// SetMetadataMarker records what the transfer path found in the room's
-// metadata slot (the bootstrap_room prefill wrote). The marker is reset to 0
-// when the slot is freed. ErrWrongState if the room holds no metadata slot
-// or is draining (it is no longer a request; MetadataMarker still reads the
-// marker it had).
-func (l *Ledger) SetMetadataMarker(id uint64, marker uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, err := l.lookup("set metadata marker", id)
-	if err != nil {
-		return err
-	}
-	if r.metaSlotOf() < 0 || r.state == RoomDraining {
-		return wrongState("set metadata marker", r)
-	}
-	l.markers[r.metaSlot] = marker
-	return nil
-}
-
-// MetadataMarker returns the marker of the room's metadata slot (0 until
-// SetMetadataMarker); ok is false if the room holds no metadata slot.
-// Success should be gated on marker == room (SGLang's _commit_transfer_to_req).
-func (l *Ledger) MetadataMarker(id uint64) (uint64, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, ok := l.rooms[id]
-	if !ok || r.metaSlotOf() < 0 {
-		return 0, false
-	}
-	return l.markers[r.metaSlot], true
 }
 
 // State returns the room's lifecycle state; ok is false for an unknown room.

@@ -11,7 +11,7 @@ import (
 // metadata slot of a typical request: 4096-token prompt, page size 64
 // (64 pages). Expect 0 allocs/op.
 func BenchmarkPageAllocFree(b *testing.B) {
-	l, _ := newLedger(b, typicalConfig(), false)
+	l := newLedger(b, typicalConfig(), false)
 	r := &room{readyIdx: -1}
 	l.preAlloc(r, 4096, 4096)
 	l.freeResources(r)
@@ -27,7 +27,7 @@ func BenchmarkPageAllocFree(b *testing.B) {
 // admit, claim, start, grow by two pages, release, the room's record
 // kept by the caller (EnqueueEntry) (1 alloc/op: the Admit result slice).
 func BenchmarkRoomLifecycle(b *testing.B) {
-	l, _ := newLedger(b, typicalConfig(), false)
+	l := newLedger(b, typicalConfig(), false)
 	var id uint64
 	var e Entry
 	b.ReportAllocs()
@@ -72,7 +72,7 @@ func BenchmarkAdmitBlocked(b *testing.B) {
 				cfg := typicalConfig()
 				cfg.Admission.MaxQueued = 200_000
 				cfg.Admission.MaxBypass = mode.bypass
-				l, _ := newLedger(b, cfg, false)
+				l := newLedger(b, cfg, false)
 				const running = uint64(1 << 40)
 				if err := l.Enqueue(Request{Room: running, PromptLen: mode.running, MaxNewTokens: 1}); err != nil {
 					b.Fatal(err)
@@ -109,7 +109,7 @@ func BenchmarkAdmit1k(b *testing.B) {
 	cfg := typicalConfig()
 	cfg.Pool.RequestSlots = 1000
 	cfg.Pool.TotalPages = 1 << 17 // 8M tokens: 1000 × (4096 + R) fit
-	l, _ := newLedger(b, cfg, false)
+	l := newLedger(b, cfg, false)
 	var next uint64
 	b.ReportAllocs()
 	for i := 0; i < b.N; i++ {

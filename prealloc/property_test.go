@@ -116,15 +116,15 @@ func propertyConfigs() []propertyConfig {
 	return []propertyConfig{
 		// R = 0: a retracted room fits again unless others grew meanwhile, so
 		// BlockRetracted is not required here.
-		{"gqa-fifo-deadlines-bypass", gqa, false, []string{"block: req_slots", "expire: room", "admit: bypassed", "block: bypass exhausted"}},
+		{"gqa-fifo-deadlines-bypass", gqa, false, []string{"block: req_slots", "claim timeout: room", "admit: bypassed", "block: bypass exhausted"}},
 		{"mla-low-first-max-queued", low, false, []string{"block: req_slots", "block: retracted", "enqueue: admission queue is full"}},
-		{"dsa-high-first-bypass", high, false, []string{"block: req_slots", "block: retracted", "expire: room", "admit: bypassed", "block: bypass exhausted"}},
-		{"swa-tail-bypass", swaTail, false, []string{"block: swa", "block: retracted", "update: swa evicted", "expire: room", "admit: bypassed", "block: bypass exhausted"}},
+		{"dsa-high-first-bypass", high, false, []string{"block: req_slots", "block: retracted", "claim timeout: room", "admit: bypassed", "block: bypass exhausted"}},
+		{"swa-tail-bypass", swaTail, false, []string{"block: swa", "block: retracted", "update: swa evicted", "claim timeout: room", "admit: bypassed", "block: bypass exhausted"}},
 		{"swa-mirror-page1", swaMirror, false, []string{"block: retracted", "update: swa evicted"}},
 		// 14 Mamba slots < 6 rows × 3: Mamba shortages come before req slots.
 		{"mamba-pingpong-short", mamba, true, []string{"block: mamba", "block: retracted"}},
 		// 3 metadata slots < 8 rows: metadata shortages.
-		{"metadata-short", metaShort, true, []string{"block: metadata_slots", "block: retracted", "expire: room"}},
+		{"metadata-short", metaShort, true, []string{"block: metadata_slots", "block: retracted", "claim timeout: room"}},
 		{"page1-low-first-bypass", page1, false, []string{"block: req_slots", "block: retracted", "admit: bypassed", "block: bypass exhausted"}},
 	}
 }
@@ -165,7 +165,7 @@ func TestPropertySeeded(t *testing.T) {
 				"resume: waits for a decode step",
 				"drain: room", "drain: again", "drain: operation not valid in the room's ledger state",
 				"release: draining", "adopt: room", "adopt: already held by another room", "adopt: invalid request",
-				"adopt: room already in the ledger", "set marker: draining",
+				"adopt: room already in the ledger",
 			}
 			for _, k := range append(must, c.expect...) {
 				if seen[k] == 0 {
@@ -232,9 +232,7 @@ type shadowRoom struct {
 	fill     int64 // fill of the current allocation
 	pages    int   // full pages held
 	swaFirst int   // first live SWA page (sequence page index)
-	deadline time.Time
 	meta     bool
-	marker   uint64
 	retStep  uint64 // sim.steps when retracted
 	bypassed int    // rooms admitted ahead of it while it did not fit
 }
@@ -245,7 +243,6 @@ type sim struct {
 	cfg kvlayout.Config
 	uv  bool
 	l   *Ledger
-	clk *fakeClock
 
 	page, reserve, clip, window int64
 	swa                         swaMode
@@ -300,14 +297,14 @@ func newSim(t testing.TB, cfg kvlayout.Config, unvalidated bool, src source) *si
 	if s.maxQueued == 0 {
 		s.maxQueued = defaultMaxQueued
 	}
-	s.timeout = a.ClaimTimeout
+	s.timeout = a.ClaimTimeout // the room manager's claim timeout: opClaimTimeout runs only with one
 	s.maxBypass = a.MaxBypass
 	s.reset()
 	return s
 }
 
 func (s *sim) reset() {
-	s.l, s.clk = newLedger(s.t, s.cfg, s.uv)
+	s.l = newLedger(s.t, s.cfg, s.uv)
 	s.rooms = map[uint64]*shadowRoom{}
 	s.retracted, s.held = nil, nil
 	s.draining = false
@@ -455,10 +452,8 @@ func (s *sim) step(n int) {
 		s.opResumeHeld()
 	case op < 91:
 		s.opRelease()
-	case op < 95:
-		s.opExpire()
 	case op < 98:
-		s.opMarker()
+		s.opClaimTimeout()
 	case op < 99:
 		if s.src.intn(10) == 0 {
 			s.l.Drain()
@@ -504,7 +499,7 @@ func (s *sim) opEnqueue() {
 	case s.draining:
 		s.expectErr("enqueue", err, ErrDraining)
 	case exists:
-		s.expectErr("enqueue", err, ErrRoomExists)
+		s.expectErr("enqueue", err, errRoomExists)
 	case !s.fits(r):
 		var ce *CapacityError
 		if !errors.As(err, &ce) || ce.RID != r.RID {
@@ -536,14 +531,14 @@ func (s *sim) opSetReady() {
 	err := s.l.SetReady(id)
 	switch {
 	case r == nil:
-		s.expectErr("set ready", err, ErrUnknownRoom)
+		s.expectErr("set ready", err, errUnknownRoom)
 	case r.state == RoomWaiting || r.state == RoomReady:
 		if err != nil {
 			s.fatalf("set ready %d: %v", id, err)
 		}
 		r.state = RoomReady
 	default:
-		s.expectErr("set ready", err, ErrWrongState)
+		s.expectErr("set ready", err, errWrongState)
 	}
 }
 
@@ -552,14 +547,14 @@ func (s *sim) opClaim() {
 	err := s.l.Claim(id)
 	switch {
 	case r == nil:
-		s.expectErr("claim", err, ErrUnknownRoom)
+		s.expectErr("claim", err, errUnknownRoom)
 	case r.state == RoomAdmitted || r.state == RoomClaimed:
 		if err != nil {
 			s.fatalf("claim %d: %v", id, err)
 		}
 		r.state = RoomClaimed
 	default:
-		s.expectErr("claim", err, ErrWrongState)
+		s.expectErr("claim", err, errWrongState)
 	}
 }
 
@@ -570,16 +565,16 @@ func (s *sim) opStart() {
 	err := s.l.StartRunning(id)
 	switch {
 	case r == nil:
-		s.expectErr("start", err, ErrUnknownRoom)
+		s.expectErr("start", err, errUnknownRoom)
 	case r.state == RoomAdmitted || r.state == RoomClaimed || r.state == RoomResumed:
 		if err != nil {
 			s.fatalf("start %d: %v", id, err)
 		}
 		r.state = RoomRunning
-		r.meta, r.marker = false, 0
+		r.meta = false
 		r.req.Rebootstrap = false
 	default:
-		s.expectErr("start", err, ErrWrongState)
+		s.expectErr("start", err, errWrongState)
 	}
 }
 
@@ -599,10 +594,10 @@ func (s *sim) opUpdate() {
 	np, err := s.l.UpdateRunning(id, out)
 	switch {
 	case r == nil:
-		s.expectErr("update", err, ErrUnknownRoom)
+		s.expectErr("update", err, errUnknownRoom)
 		return
 	case r.state != RoomRunning:
-		s.expectErr("update", err, ErrWrongState)
+		s.expectErr("update", err, errWrongState)
 		return
 	case out < r.req.OutputLen:
 		s.expectErr("update", err, ErrInvalidRequest)
@@ -653,10 +648,10 @@ func (s *sim) opRetract() {
 	err := s.l.Retract(id)
 	switch {
 	case r == nil:
-		s.expectErr("retract", err, ErrUnknownRoom)
+		s.expectErr("retract", err, errUnknownRoom)
 	case r.state == RoomRunning && !s.resumable(r.req):
 		// It could never resume: refused, nothing changed.
-		s.expectErr("retract", err, ErrWrongState)
+		s.expectErr("retract", err, errWrongState)
 		s.seen["retract: could never resume"]++
 	case r.state == RoomRunning:
 		if err != nil {
@@ -667,7 +662,7 @@ func (s *sim) opRetract() {
 		r.retStep = s.steps
 		s.retracted = append(s.retracted, id)
 	default:
-		s.expectErr("retract", err, ErrWrongState)
+		s.expectErr("retract", err, errWrongState)
 	}
 }
 
@@ -676,7 +671,7 @@ func (s *sim) opHold() {
 	err := s.l.Hold(id)
 	switch {
 	case r == nil:
-		s.expectErr("hold", err, ErrUnknownRoom)
+		s.expectErr("hold", err, errUnknownRoom)
 	case r.state == RoomRunning:
 		if err != nil {
 			s.fatalf("hold %d: %v", id, err)
@@ -687,7 +682,7 @@ func (s *sim) opHold() {
 		r.req.Rebootstrap = true
 		s.held = append(s.held, id)
 	default:
-		s.expectErr("hold", err, ErrWrongState)
+		s.expectErr("hold", err, errWrongState)
 	}
 }
 
@@ -717,7 +712,7 @@ func (s *sim) opRelease() {
 	id, r := s.pick(nil)
 	err := s.l.Release(id)
 	if r == nil {
-		s.expectErr("release", err, ErrUnknownRoom)
+		s.expectErr("release", err, errUnknownRoom)
 		return
 	}
 	if err != nil {
@@ -727,7 +722,7 @@ func (s *sim) opRelease() {
 		s.seen["release: draining"]++
 	}
 	s.forget(id)
-	s.expectErr("second release", s.l.Release(id), ErrUnknownRoom)
+	s.expectErr("second release", s.l.Release(id), errUnknownRoom)
 }
 
 func (s *sim) forget(id uint64) {
@@ -736,65 +731,22 @@ func (s *sim) forget(id uint64) {
 	s.held = slices.DeleteFunc(s.held, func(x uint64) bool { return x == id })
 }
 
-func (s *sim) opExpire() {
-	if s.timeout > 0 {
-		s.clk.Advance(time.Duration(s.src.intn(int(2*s.timeout/time.Millisecond)+1)) * time.Millisecond)
+// opClaimTimeout is what the room manager does when an admitted room's
+// claim timeout passes: it releases the room (or drains it, opDrain, when a
+// prefill rank may still write into it).
+func (s *sim) opClaimTimeout() {
+	if s.timeout <= 0 {
+		return
 	}
-	now := s.clk.Now()
-	var want []Expired
-	var order []*shadowRoom
-	for _, r := range s.rooms {
-		if r.state == RoomAdmitted && s.timeout > 0 && !now.Before(r.deadline) {
-			order = append(order, r)
-		}
+	id, r := s.pick(func(r *shadowRoom) bool { return r.state == RoomAdmitted })
+	if r == nil || r.state != RoomAdmitted {
+		return
 	}
-	sort.Slice(order, func(i, j int) bool {
-		if !order[i].deadline.Equal(order[j].deadline) {
-			return order[i].deadline.Before(order[j].deadline)
-		}
-		return order[i].seq < order[j].seq
-	})
-	for _, r := range order {
-		want = append(want, Expired{Room: r.id, Deadline: r.deadline})
+	if err := s.l.Release(id); err != nil {
+		s.fatalf("release %d at its claim timeout: %v", id, err)
 	}
-	got := s.l.Expire()
-	if !slices.Equal(got, want) {
-		s.fatalf("expire at %v: got %v, want %v", now, got, want)
-	}
-	for _, e := range got {
-		s.forget(e.Room)
-		s.seen["expire: room"]++
-	}
-	d, ok := s.l.NextDeadline()
-	var wantD time.Time
-	for _, r := range s.rooms {
-		if r.state == RoomAdmitted && s.timeout > 0 && (wantD.IsZero() || r.deadline.Before(wantD)) {
-			wantD = r.deadline
-		}
-	}
-	if ok != !wantD.IsZero() || !d.Equal(wantD) {
-		s.fatalf("next deadline %v %v, want %v", d, ok, wantD)
-	}
-}
-
-func (s *sim) opMarker() {
-	id, r := s.pick(func(r *shadowRoom) bool { return r.meta || s.src.intn(12) == 0 })
-	m := uint64(s.src.intn(3)) * id
-	err := s.l.SetMetadataMarker(id, m)
-	switch {
-	case r == nil:
-		s.expectErr("set marker", err, ErrUnknownRoom)
-	case r.state == RoomDraining:
-		s.expectErr("set marker", err, ErrWrongState)
-		s.seen["set marker: draining"]++
-	case r.meta:
-		if err != nil {
-			s.fatalf("set marker %d: %v", id, err)
-		}
-		r.marker = m
-	default:
-		s.expectErr("set marker", err, ErrWrongState)
-	}
+	s.forget(id)
+	s.seen["claim timeout: room"]++
 }
 
 // opAdmit predicts the pass with a scan of the shadow state, then compares.
@@ -995,7 +947,6 @@ func (s *sim) opAdmit() {
 			s.seen["admit: new"]++
 		}
 	}
-	now := s.clk.Now()
 	for _, a := range adm {
 		r := s.rooms[a.Room]
 		if a.Resumed {
@@ -1006,10 +957,7 @@ func (s *sim) opAdmit() {
 		} else {
 			r.state = RoomAdmitted
 			r.fill = s.fill(r.req)
-			r.meta, r.marker = true, 0
-			if s.timeout > 0 {
-				r.deadline = now.Add(s.timeout)
-			}
+			r.meta = true
 		}
 		r.pages = s.pagesFor(r.fill)
 		r.swaFirst = s.firstSWAPage(r.fill)
@@ -1030,9 +978,6 @@ func (s *sim) checkAllocation(r *shadowRoom, a Admission) {
 	}
 	if (al.MetadataSlot >= 0) != !a.Resumed {
 		s.fatalf("room %d metadata slot %d (resumed %v)", r.id, al.MetadataSlot, a.Resumed)
-	}
-	if m, ok := s.l.MetadataMarker(r.id); ok != !a.Resumed || m != 0 {
-		s.fatalf("room %d fresh marker %d %v", r.id, m, ok)
 	}
 	switch s.cfg.Pool.Kind {
 	case kvlayout.KindHybridLinear:
@@ -1063,7 +1008,7 @@ func (s *sim) checkAllocation(r *shadowRoom, a Admission) {
 }
 
 // check compares the ledger with the shadow after every operation: the
-// invariants, every room's state, request and marker (read under one lock,
+// invariants, every room's state, request and metadata slot (read under one lock,
 // white-box, plus one room through the public accessors), and the stats.
 func (s *sim) check(n int) {
 	s.t.Helper()
@@ -1093,8 +1038,8 @@ func (s *sim) check(n int) {
 			mismatch = fmt.Sprintf("room %d state %s, shadow %s", id, lr.state, r.state)
 		case lr.req.OutputLen != r.req.OutputLen || lr.req.Rebootstrap != r.req.Rebootstrap:
 			mismatch = fmt.Sprintf("room %d request %+v, shadow %+v", id, lr.req, r.req)
-		case r.meta != (lr.metaSlot >= 0) || (r.meta && s.l.markers[lr.metaSlot] != r.marker):
-			mismatch = fmt.Sprintf("room %d metadata slot %d, shadow has one: %v, marker %d", id, lr.metaSlot, r.meta, r.marker)
+		case r.meta != (lr.metaSlot >= 0):
+			mismatch = fmt.Sprintf("room %d metadata slot %d, shadow has one: %v", id, lr.metaSlot, r.meta)
 		}
 		if s.holds(r) {
 			pages += r.pages
@@ -1127,9 +1072,9 @@ func (s *sim) check(n int) {
 	if id, r := s.pick(nil); r != nil {
 		got, _ := s.l.State(id)
 		gr, _ := s.l.RoomRequest(id)
-		m, ok := s.l.MetadataMarker(id)
-		if got != r.state || gr != r.req || ok != r.meta || m != r.marker {
-			s.fatalf("op %d: accessors of room %d: %s %+v %d %v; shadow %s %+v %d %v", n, id, got, gr, m, ok, r.state, r.req, r.marker, r.meta)
+		al, ok := s.l.Allocation(id)
+		if got != r.state || gr != r.req || (ok && (al.MetadataSlot >= 0) != r.meta) {
+			s.fatalf("op %d: accessors of room %d: %s %+v metadata slot %d %v; shadow %s %+v %v", n, id, got, gr, al.MetadataSlot, ok, r.state, r.req, r.meta)
 		}
 	}
 	want := [...]int{counts[RoomWaiting], counts[RoomReady], counts[RoomAdmitted], counts[RoomClaimed], counts[RoomResumed], counts[RoomRunning], counts[RoomRetracted], counts[RoomHeld], counts[RoomDraining]}
@@ -1180,7 +1125,7 @@ func (s *sim) opDrain() {
 	err := s.l.DrainRoom(id)
 	switch {
 	case r == nil:
-		s.expectErr("drain", err, ErrUnknownRoom)
+		s.expectErr("drain", err, errUnknownRoom)
 	case r.state == RoomDraining:
 		if err != nil {
 			s.fatalf("drain again %d: %v", id, err)
@@ -1198,7 +1143,7 @@ func (s *sim) opDrain() {
 		r.state = RoomDraining
 		s.seen["drain: room"]++
 	default:
-		s.expectErr("drain", err, ErrWrongState)
+		s.expectErr("drain", err, errWrongState)
 	}
 }
 
@@ -1322,7 +1267,7 @@ func (s *sim) opAdopt() {
 	case 7:
 		if id, old := s.pick(nil); old != nil {
 			a.Request.Room = id
-			want = ErrRoomExists
+			want = errRoomExists
 		}
 	}
 	before, lists := s.l.Stats(), freeLists(s.l)

@@ -14,7 +14,7 @@ const (
 	// RoomReady: handshake done; eligible for admission in queue order.
 	RoomReady
 	// RoomAdmitted: pre-allocated (req slot, metadata slot, pages, state);
-	// waiting for every prefill rank to claim it before its claim deadline.
+	// waiting for every prefill rank to claim it.
 	RoomAdmitted
 	// RoomClaimed: claimed by prefill, KV transferring.
 	RoomClaimed

@@ -3,22 +3,9 @@ package prealloc
 import (
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
 )
-
-// Clock is the ledger's only source of time (reservation deadlines). Tests use
-// a fake clock or testing/synctest with RealClock.
-type Clock interface {
-	Now() time.Time
-}
-
-// RealClock reads the wall clock.
-type RealClock struct{}
-
-// Now returns time.Now().
-func (RealClock) Now() time.Time { return time.Now() }
 
 // Request is what the ledger needs to know about a room to admit it
 // (the fields of SGLang's Req that the admission budget reads).
@@ -100,16 +87,6 @@ func (b BlockReason) String() string {
 	return blockNames[b]
 }
 
-// Expired is a reservation released because no prefill claimed it in time.
-type Expired struct {
-	Room     uint64
-	Deadline time.Time
-	// Drained: the room was kept as a draining room (ExpireKeeping's keep
-	// said so) instead of being released: it still holds its pages until
-	// Release.
-	Drained bool
-}
-
 // Errors returned by the ledger. Callers branch with errors.Is.
 var (
 	// ErrExceedsCapacity: the request can never fit in this pool; nothing was
@@ -122,15 +99,10 @@ var (
 	// ErrNoCapacity: pages for a running room's growth are not available now.
 	// The engine should retract a request. Map to ResourceExhausted.
 	ErrNoCapacity = errors.New("no free KV pages")
-	// ErrRoomExists: the room is already in the ledger. Map to AlreadyExists.
-	ErrRoomExists = errors.New("room already in the ledger")
-	// ErrUnknownRoom: the room is not in the ledger (never added, or already
-	// released: a second release is this error, never a double free).
-	// Map to NotFound.
-	ErrUnknownRoom = errors.New("room not in the ledger")
-	// ErrWrongState: the operation does not apply to the room's current
-	// state (e.g. Claim before admission). Map to FailedPrecondition.
-	ErrWrongState = errors.New("operation not valid in the room's ledger state")
+	// ErrCannotResume: Retract refused a room that could not resume even
+	// on an empty shard (it would stay retracted and block every admission
+	// behind it); nothing changed. Map to FailedPrecondition.
+	ErrCannotResume = fmt.Errorf("the room could never resume: %w", errWrongState)
 	// ErrDraining: the ledger no longer takes new rooms. Map to Unavailable.
 	ErrDraining = errors.New("ledger is draining")
 	// ErrInvalidRequest: the request's lengths are malformed (negative,
@@ -238,3 +210,13 @@ type Stats struct {
 	// send (Capacity.WatchCapacity's tokens_free).
 	Budget int64
 }
+
+// The room manager keeps each room's state and calls the ledger only in a
+// way that state allows: a call the ledger refuses for a room's existence
+// or state is an invariant broken between the two, not an answer, so these
+// are not exported. A second release is errUnknownRoom, never a double free.
+var (
+	errRoomExists  = errors.New("room already in the ledger")
+	errUnknownRoom = errors.New("room not in the ledger")
+	errWrongState  = errors.New("operation not valid in the room's ledger state")
+)

@@ -32,15 +32,13 @@ var errorCodes = []struct {
 	{transfer.ErrEngineUnavailable, codes.Unavailable},
 	{kvmanager.ErrRoomNotFound, codes.NotFound},
 	{kvmanager.ErrPrefillNotFound, codes.NotFound},
-	{prealloc.ErrUnknownRoom, codes.NotFound},
 	{kvmanager.ErrRoomExists, codes.AlreadyExists},
-	{prealloc.ErrRoomExists, codes.AlreadyExists},
 	{kvmanager.ErrPrefillMismatch, codes.FailedPrecondition},
 	{kvmanager.ErrWrongState, codes.FailedPrecondition},
 	{kvmanager.ErrDPRankConflict, codes.FailedPrecondition},
 	{kvmanager.ErrStagingUnavailable, codes.FailedPrecondition},
 	{kvmanager.ErrStagingNotWritable, codes.FailedPrecondition},
-	{prealloc.ErrWrongState, codes.FailedPrecondition},
+	{prealloc.ErrCannotResume, codes.FailedPrecondition},
 	{prealloc.ErrOwned, codes.FailedPrecondition},         // resync.go
 	{kvmanager.ErrResyncClosed, codes.FailedPrecondition}, // resync.go
 	{transfer.ErrTransferFailed, codes.Aborted},

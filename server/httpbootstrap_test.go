@@ -48,7 +48,7 @@ func newManager(tb testing.TB, decodeTP int, mod func(*kvmanager.Config)) (*kvma
 	tb.Helper()
 	dec := stgDecodeConfig(decodeTP)
 	dec.Staging = kvlayout.StagingConfig{}
-	led, err := prealloc.NewLedger(dec, 0, prealloc.RealClock{})
+	led, err := prealloc.NewLedger(dec, 0)
 	if err != nil {
 		tb.Fatal(err)
 	}

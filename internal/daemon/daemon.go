@@ -220,7 +220,7 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	dec := cfg.Decode()
 	ledgers := make([]*prealloc.Ledger, max(1, cfg.Parallel.DP))
 	for i := range ledgers {
-		led, err := prealloc.NewLedger(dec, i, prealloc.RealClock{})
+		led, err := prealloc.NewLedger(dec, i)
 		if err != nil {
 			return nil, fmt.Errorf("decode shard %d: %w", i, err)
 		}
