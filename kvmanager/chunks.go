@@ -22,7 +22,7 @@ import (
 func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.ChunkResult, bool, error) {
 	run, w, ans := startChunk(m, ctx, req, nil)
 	switch {
-	case run != nil:
+	case run.m != nil:
 		return run.finish(run.op(run.ctx))
 	case w != nil:
 		return awaitChunk(ctx, w)
@@ -37,13 +37,14 @@ func (m *Manager) Transfer(ctx context.Context, req ChunkRequest) (transfer.Chun
 // synchronously, from a goroutine of the call). A retry of a chunk in
 // flight is answered when that chunk ends. done must not block.
 func (m *Manager) TransferAsync(ctx context.Context, req ChunkRequest, done func(transfer.ChunkResult, bool, error)) {
-	run, _, ans := startChunk(m, ctx, req, done)
-	if run == nil {
+	r, _, ans := startChunk(m, ctx, req, done)
+	if r.m == nil {
 		if ans.known {
 			done(ans.res, ans.dup, ans.err)
 		}
 		return
 	}
+	run := &r
 	if ae, ok := m.engine.(transfer.AsyncEngine); ok {
 		ctx, end := run.span()
 		ae.TransferAsync(ctx, run.chunk, func(res transfer.ChunkResult, err error) {
@@ -77,47 +78,47 @@ type answer struct {
 }
 
 // startChunk begins a chunk: the engine's check of its source, then the
-// room's (ChunkBegin). It returns the engine call to run, or, for a retry
+// room's (ChunkBegin). It returns the engine call to run (its m set), or, for a retry
 // of a chunk in flight, what to wait on (with onEnd given, onEnd is called
 // when that chunk ends instead), or the answer.
-func startChunk(m *Manager, ctx context.Context, req ChunkRequest, onEnd func(transfer.ChunkResult, bool, error)) (*chunkRun, *callWait, answer) {
+func startChunk(m *Manager, ctx context.Context, req ChunkRequest, onEnd func(transfer.ChunkResult, bool, error)) (chunkRun, *callWait, answer) {
 	if cc, ok := m.engine.(transfer.ChunkChecker); ok {
 		if err := cc.CheckChunk(transfer.ChunkSource{NumPages: req.NumPages, Buffer: req.SrcBuffer, Pages: req.SrcPages}); err != nil {
-			return nil, nil, answer{known: true, err: err} // a field error is an InvalidError already
+			return chunkRun{}, nil, answer{known: true, err: err} // a field error is an InvalidError already
 		}
 	}
 	sh, e := m.shards.lock(req.Room)
 	if e == nil {
-		return nil, nil, answer{known: true, err: errNoChunkRoom(req)}
+		return chunkRun{}, nil, answer{known: true, err: errNoChunkRoom(req)}
 	}
 	defer sh.unlock()
 	ef := sh.exec(e, room.ChunkBegin{Now: m.clock.Now(), Req: req, Via: room.ViaEngine})
 	if ef.Err != nil {
-		return nil, nil, answer{known: true, err: ef.Err}
+		return chunkRun{}, nil, answer{known: true, err: ef.Err}
 	}
 	k := req.Rank.Key()
 	if b := ef.Begin; !b.Fresh {
 		if !b.Busy {
-			return nil, nil, answer{known: true, res: b.Result, dup: b.Done, err: b.Err}
+			return chunkRun{}, nil, answer{known: true, res: b.Result, dup: b.Done, err: b.Err}
 		}
 		w := e.s().waiter(k, req.Index) // under the lock: the chunk's end closes it
 		if onEnd != nil {
 			w.then = append(w.then, onEnd)
-			return nil, nil, answer{}
+			return chunkRun{}, nil, answer{}
 		}
-		return nil, w, answer{}
+		return chunkRun{}, w, answer{}
 	}
 	if e.Phase() == PhaseFailed {
 		// Claiming the rank ended the room (its success check found another
 		// room's marker): the chunk never runs.
 		end := sh.exec(e, room.ChunkEnd{Now: m.clock.Now(), Req: req, Via: room.ViaEngine})
-		return nil, nil, answer{known: true, err: end.Err}
+		return chunkRun{}, nil, answer{known: true, err: end.Err}
 	}
 	// The engine call ends with the caller or when the room fails (its
 	// failure cancels every call in flight).
 	opCtx, cancel := context.WithCancel(ctx)
 	e.s().start(call{rank: k, index: req.Index, cancel: cancel})
-	return &chunkRun{m: m, sh: sh, e: e, req: req, chunk: e.ChunkOp(req), ctx: opCtx, caller: ctx, cancel: cancel, roomSpan: e.logCtx()}, nil, answer{}
+	return chunkRun{m: m, sh: sh, e: e, req: req, chunk: e.ChunkOp(req), ctx: opCtx, caller: ctx, cancel: cancel, roomSpan: e.logCtx()}, nil, answer{}
 }
 
 // span starts the chunk's span (linked to its room's) when tracing; end

@@ -51,7 +51,7 @@ func await(c *Claim) (*Claim, error) {
 // missed (destination, end); a newer claim of the same rank supersedes the
 // older one (mu held).
 func (sh *shard) attach(e *entry, c *Claim) error {
-	ef := e.Apply(room.Attach{Rank: c.rank, Registered: sh.m.reg.RankRegistered(c.rank)})
+	ef := e.Apply(room.Attach{Rank: c.rank, Registered: sh.m.reg.RankRegistered(c.rank), Set: &e.s().attached})
 	if ef.Err != nil {
 		c.finish(*ef.Reply)
 		return ef.Err

@@ -55,7 +55,6 @@ type entry struct {
 	room.Room
 	led     prealloc.Entry // the ledger's record of the room (its request, queue position, allocation)
 	dl      deadline       // the room's one entry on the deadline heap (room.NextDeadline)
-	tr      *roomTrace     // nil unless the room's span is built
 	subs    *subscribers   // claims, watchers, end hooks, engine calls; made on first use
 	parked  bool           // among its address's rooms waiting for a registration (Manager.wait)
 	counted bool           // in the shard's counts (its opening was carried out)
@@ -65,6 +64,7 @@ type entry struct {
 // hooks, the engine calls running into it and its spans.
 type subscribers struct {
 	claims   claimSet
+	attached room.Attachments // the room's record of its attached claims (room.Attach.Set)
 	watchers map[*Watcher]struct{}
 	onEnd    []func()
 	// calls are the engine calls (chunks) in flight (the first two kept in

@@ -144,7 +144,7 @@ func (r *Room) sourceRank(req ChunkRequest) (*rankProgress, error) {
 		return nil, invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", req.Rank.Addr, r.id, r.addr)
 	}
 	if r.phase == PhaseFailed {
-		return nil, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message)
+		return nil, fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.Failure().Message)
 	}
 	if req.Attempt != 0 && req.Attempt != r.attempt {
 		return nil, fmt.Errorf("chunk %d of room %d: %w: it belongs to attempt %d, but the room was rebootstrapped (attempt %d)", req.Index, r.id, ErrWrongState, req.Attempt, r.attempt)
@@ -344,7 +344,7 @@ func (r *Room) chunkEnd(c ChunkEnd, e *Effects) {
 	}
 	switch {
 	case r.phase == PhaseFailed:
-		settle(fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.failure.Message))
+		settle(fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.Failure().Message))
 	case cs == nil:
 		settle(fmt.Errorf("chunk %d of room %d: %w: the chunk is not the room's (a previous attempt's)", req.Index, r.id, ErrWrongState))
 	case c.Err != nil && c.Retryable:
@@ -411,7 +411,7 @@ func (r *Room) stagingWrite(w StagingWrite, e *Effects) {
 		e.Err = invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", rank.Addr, r.id, r.addr)
 		return
 	case r.phase == PhaseFailed:
-		e.Err = fmt.Errorf("%s of room %d: %w: the room failed: %s", w.What, r.id, ErrWrongState, r.failure.Message)
+		e.Err = fmt.Errorf("%s of room %d: %w: the room failed: %s", w.What, r.id, ErrWrongState, r.Failure().Message)
 		return
 	case r.plan == nil || r.prefillDP < 0 || r.handoff == nil:
 		e.Err = fmt.Errorf("%s of room %d: %w: the room has no destination yet (phase %s)", w.What, r.id, ErrWrongState, r.phase)
@@ -452,8 +452,8 @@ func (r *Room) ScatterWritable(chunk int) error {
 		return nil
 	}
 	msg := "the room ended"
-	if r.failure != nil {
-		msg = "the room failed: " + r.failure.Message
+	if r.Failure() != nil {
+		msg = "the room failed: " + r.Failure().Message
 	}
 	return fmt.Errorf("scatter chunk %d of room %d: %w: %s", chunk, r.id, ErrWrongState, msg)
 }
@@ -522,7 +522,7 @@ func (r *Room) checkSuccess(c CheckSuccess, e *Effects) {
 	e.Ledger |= LedgerRunning
 	r.move(c.Now, PhaseSucceeded, "T12/T17", numNote(noteSucceeded, int64(r.chunksDone), int64(r.bytes)), e)
 	e.EndClaims, e.ClaimEnd = true, DestinationEvent{Done: donePhase(PhaseSucceeded)}
-	r.attached = nil
+	r.attached.clear()
 	e.Finished, e.Outcome, e.Code = true, PhaseSucceeded, FailureUnspecified
 	e.SinceOpen, e.Transferred = c.Now.Sub(r.openedAt.time()), c.Now.Sub(r.admittedAt.time())
 }

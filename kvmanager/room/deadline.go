@@ -62,7 +62,7 @@ func (r *Room) nextDeadline() stamp {
 		consider(r.bootstrapAt)
 	case PhaseResolvingDP:
 		consider(r.bootstrapAt)
-		consider(r.dpAt)
+		consider(r.dpBound())
 	case PhaseAdmitted:
 		consider(r.bootstrapAt)
 		consider(r.claimBy)
@@ -94,7 +94,7 @@ func (r *Room) deadline(d Deadline, e *Effects) {
 	// The earliest bound that passed decides (each only in the phases it
 	// bounds; the DP-rank bound before timeouts.bootstrap).
 	switch {
-	case r.phase == PhaseResolvingDP && due(r.dpAt):
+	case r.phase == PhaseResolvingDP && due(r.dpBound()):
 		f.Failure = Failure{Code: FailureDPRankUnresolved, Message: fmt.Sprintf(
 			"Request %d timed out after %.1fs in KVPoll.Bootstrapping: no rule resolved its prefill DP rank at %s within timeouts.dp_rank_resolution (no router hint, prefill dp_size %d, follow_bootstrap_room %v, no BindRoom received)",
 			r.id, elapsed(r.openedAt), r.addr, r.topo.dp, r.topo.follow)}

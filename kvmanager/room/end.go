@@ -103,13 +103,13 @@ func (r *Room) fail(f Fail, e *Effects) {
 		r.inLedger = false
 	}
 	fc := f.Failure
-	r.failure = &fc
+	r.x().failure = &fc
 	from := r.phase
 	owing := r.owingRanks(from, f.SelfWriter)
 	r.move(f.Now, PhaseFailed, sglangFor[fc.Code], textNote(fc.Message), e)
 	e.Unwait, e.Cancel, e.Failure = true, true, &fc
 	e.EndClaims, e.ClaimEnd, e.Owing = true, DestinationEvent{Failure: &fc}, owing
-	r.attached = nil
+	r.attached.clear()
 	if len(owing) > 0 && r.inLedger {
 		r.drain = &drainState{attempt: r.attempt, owing: owing}
 	}
@@ -161,7 +161,7 @@ func (r *Room) CanRelease() (already bool, err error) {
 	case r.phase == PhaseReleased:
 		return true, nil
 	case r.phase == PhaseFailed:
-		return false, fmt.Errorf("release room %d: %w: the room failed (its pages are already back): %s", r.id, ErrWrongState, r.failure.Message)
+		return false, fmt.Errorf("release room %d: %w: the room failed (its pages are already back): %s", r.id, ErrWrongState, r.Failure().Message)
 	case r.phase.Poll() != PollSuccess:
 		return false, fmt.Errorf("release room %d: %w: the room has not succeeded (phase %s); abort it instead", r.id, ErrWrongState, r.phase)
 	}

@@ -70,6 +70,10 @@ type Admitted struct {
 type Attach struct {
 	Rank       registry.RankID
 	Registered bool
+	// Set is where the room keeps its attached ranks, given by the caller
+	// with the first Attach (the storage of the caller's own claim table);
+	// nil: the room makes its own.
+	Set *Attachments
 }
 
 // Detach: rank's claim stream ended (claims already made stand).
@@ -211,7 +215,7 @@ func (r *Room) prefillKnown(p PrefillKnown, e *Effects) {
 	case p.Resolved:
 		r.dpResolved(p.Now, p.DP, p.Rule, e)
 	default:
-		r.dpAt = stampOf(p.Now.Add(r.cfg.DPRankResolution))
+		r.x().dpAt = stampOf(p.Now.Add(r.cfg.DPRankResolution))
 		r.move(p.Now, PhaseResolvingDP, "", numNote(noteResolvingDP, int64(topo.DP), b2i(topo.FollowBootstrapRoom)), e)
 	}
 }
@@ -229,7 +233,10 @@ func (r *Room) dpResolved(now time.Time, dp int, rule registry.DPRule, e *Effect
 		e.Refuse = append(e.Refuse, Refused{Rank: rk.Key(), Event: DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict,
 			Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", rk, r.id, dp, rule)}}})
 	}
-	r.prefillDP, r.dpRule, r.dpAt = int32(dp), rule, 0
+	r.prefillDP, r.dpRule = int32(dp), rule
+	if r.extra != nil {
+		r.extra.dpAt = 0
+	}
 	r.move(now, PhaseQueued, "T2/T4/T8", numNote(noteDPResolved, int64(dp), int64(rule)), e)
 	e.Resolved, e.Rule, e.DP = true, rule, dp
 	e.Ledger |= LedgerReady
@@ -311,14 +318,17 @@ func (r *Room) attach(a Attach, e *Effects) {
 	}
 	switch {
 	case r.phase == PhaseFailed:
-		e.Reply = &DestinationEvent{Failure: r.failure}
+		e.Reply = &DestinationEvent{Failure: r.Failure()}
 		return
 	case r.phase.Poll() == PollSuccess || r.phase == PhaseReleased:
 		e.Reply = &DestinationEvent{Done: donePhase(r.phase)}
 		return
 	}
 	if r.attached == nil {
-		r.attached = &attachSet{}
+		r.attached = a.Set
+		if r.attached == nil {
+			r.attached = &Attachments{}
+		}
 	}
 	r.attached.add(rank)
 	if r.hasDestination() {
@@ -417,7 +427,7 @@ func (r *Room) rebootstrap(rb Rebootstrap, e *Effects) {
 		r.waitingAt, r.claimedAt, r.admittedAt, r.claimBy, r.stagingBy, r.parkedAt = 0, 0, 0, 0, 0, 0
 	}
 	r.metaSlot = -1
-	r.attached = nil
+	r.attached.clear()
 	r.plan = nil // set again once the prefill is known
 	if r.extra != nil {
 		r.extra.gates = nil
@@ -446,16 +456,23 @@ func (r *Room) gateEvent(g Gate, e *Effects) {
 	e.Then = ThenCheckSuccess
 }
 
-// attachSet is the room's attached claim streams by rank (the streams are
+// clear forgets every attached rank (the claims ended).
+func (s *Attachments) clear() {
+	if s != nil {
+		*s = Attachments{}
+	}
+}
+
+// Attachments is the room's attached claim streams by rank (the streams are
 // its caller's). Most rooms have one required rank, so the first is kept
 // inline and a map is made only for a second rank.
-type attachSet struct {
+type Attachments struct {
 	r1   registry.RankID
 	has1 bool
 	more map[registry.RankKey]registry.RankID
 }
 
-func (s *attachSet) has(k registry.RankKey) bool {
+func (s *Attachments) has(k registry.RankKey) bool {
 	if s == nil {
 		return false
 	}
@@ -466,7 +483,7 @@ func (s *attachSet) has(k registry.RankKey) bool {
 	return ok
 }
 
-func (s *attachSet) add(rk registry.RankID) {
+func (s *Attachments) add(rk registry.RankID) {
 	k := rk.Key()
 	switch {
 	case s.has1 && s.r1.Key() == k, !s.has1 && !s.hasMore(k):
@@ -479,12 +496,12 @@ func (s *attachSet) add(rk registry.RankID) {
 	}
 }
 
-func (s *attachSet) hasMore(k registry.RankKey) bool {
+func (s *Attachments) hasMore(k registry.RankKey) bool {
 	_, ok := s.more[k]
 	return ok
 }
 
-func (s *attachSet) remove(k registry.RankKey) {
+func (s *Attachments) remove(k registry.RankKey) {
 	if s == nil {
 		return
 	}
@@ -496,7 +513,7 @@ func (s *attachSet) remove(k registry.RankKey) {
 }
 
 // removeIf removes (and returns, in no order) the ranks drop selects.
-func (s *attachSet) removeIf(drop func(registry.RankID) bool) []registry.RankID {
+func (s *Attachments) removeIf(drop func(registry.RankID) bool) []registry.RankID {
 	if s == nil {
 		return nil
 	}
@@ -515,7 +532,7 @@ func (s *attachSet) removeIf(drop func(registry.RankID) bool) []registry.RankID 
 }
 
 // each calls f for every attached rank.
-func (s *attachSet) each(f func(registry.RankID)) {
+func (s *Attachments) each(f func(registry.RankID)) {
 	if s == nil {
 		return
 	}

@@ -28,22 +28,21 @@ type Room struct {
 	promptLen, outputLen, maxNewTokens, priority int32
 	decodeDP, hintDP, prefillDP                  int32
 
-	failure   *Failure
 	openedAt  stamp
 	updatedAt stamp
 	// transitions is the timeline after OpenRoom's step (which is derived
 	// from the room: opened).
 	transitions []transition
 
-	// Phase deadlines, zero when not armed (the others are the handoff's).
+	// timeouts.bootstrap's deadline, zero when not armed (the others are
+	// the handoff's, and the DP-rank bound the extra's).
 	bootstrapAt stamp
-	dpAt        stamp
 
 	cfg  *Params
 	plan *registry.Plan
 	topo topology // of the prefill instance, once known
 
-	attached *attachSet // the ranks whose claim stream is attached
+	attached *Attachments // the ranks whose claim stream is attached
 	extra    *extra     // what few rooms have
 
 	*handoff
@@ -159,6 +158,8 @@ type handoff struct {
 
 // extra is what most rooms never have, made on first use.
 type extra struct {
+	failure *Failure // why the room failed
+	dpAt    stamp    // the DP-rank resolution bound while resolving
 	idemKey string
 	gates   map[string]bool // conditions success waits for (the staging gate)
 	texts   []string        // the timeline's notes of text of their own
@@ -241,7 +242,20 @@ func (r *Room) Request() Request {
 }
 
 // Failure is why the room failed (nil unless it did).
-func (r *Room) Failure() *Failure { return r.failure }
+func (r *Room) Failure() *Failure {
+	if r.extra == nil {
+		return nil
+	}
+	return r.extra.failure
+}
+
+// dpBound is the DP-rank resolution bound (zero: none).
+func (r *Room) dpBound() stamp {
+	if r.extra == nil {
+		return 0
+	}
+	return r.extra.dpAt
+}
 
 // Owner is who chose the room's pages.
 func (r *Room) Owner() Owner { return r.owner }
@@ -415,8 +429,8 @@ func (r *Room) Snapshot(withTransitions, withPages bool) Snapshot {
 	if h := r.handoff; h != nil {
 		s.NumPages, s.BytesTransferred, s.ChunksDone = len(h.pages), h.bytes, h.chunksDone
 	}
-	if r.failure != nil {
-		f := *r.failure
+	if r.Failure() != nil {
+		f := *r.Failure()
 		s.Failure = &f
 	}
 	if withTransitions {

@@ -35,7 +35,7 @@ func (r *Room) WaitingFor(v WaitView) string {
 	case PhaseWaitingPrefill:
 		return fmt.Sprintf("the registration of prefill instance %s (%d of %d ranks registered); bounded by SGLang's registration retries and timeouts.bootstrap%s", r.addr, v.Registered, v.Expected, at(r.bootstrapAt))
 	case PhaseResolvingDP:
-		return fmt.Sprintf("the prefill DP rank of the room: a BindRoom from %s (or a router hint); bounded by timeouts.dp_rank_resolution%s", r.addr, at(r.dpAt))
+		return fmt.Sprintf("the prefill DP rank of the room: a BindRoom from %s (or a router hint); bounded by timeouts.dp_rank_resolution%s", r.addr, at(r.dpBound()))
 	case PhaseQueued:
 		if !v.ResyncUntil.IsZero() {
 			return fmt.Sprintf("the decode engine's resync (admission is held until the engine re-declared the rooms it still runs); bounded by engine.resync_timeout%s, then KV admission on decode DP shard %d; the room itself by timeouts.bootstrap%s",
