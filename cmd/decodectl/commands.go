@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/internal/buildinfo"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -412,6 +413,6 @@ func cmdVersion(_ context.Context, x *cli, args []string) error {
 		_, err = x.stdout.Write(append(b, '\n'))
 		return err
 	}
-	_, err := fmt.Fprintf(x.stdout, "decodectl %s\n", version)
+	_, err := fmt.Fprintln(x.stdout, buildinfo.Line("decodectl", version, commit))
 	return err
 }
