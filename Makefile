@@ -57,10 +57,12 @@ demo demo-traced: SHELL := bash
 demo demo-traced: .SHELLFLAGS := -o pipefail -c
 
 demo: build ## Push 3 rooms/s (simulated prefills + decode engine) at make run-demo or make run.
-	$(DEMO) | $(DEMO_REPORT)
+	@echo "demo: a simulated prefill (2 ranks) and decode engine open 3 rooms/s at 127.0.0.1:7600 until Ctrl-C"
+	@$(DEMO) | $(DEMO_REPORT)
 
 demo-traced: build ## Like demo, with the fleet's spans in Jaeger too: one trace per request (make run-traced).
-	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 $(DEMO) | $(DEMO_REPORT)
+	@echo "demo: a simulated prefill (2 ranks) and decode engine open 3 rooms/s at 127.0.0.1:7600 until Ctrl-C, traced to 127.0.0.1:4317"
+	@OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 $(DEMO) | $(DEMO_REPORT)
 
 dev-etcd: build ## Run a single-member etcd on 127.0.0.1:2379 for a fleet on one machine (development only; ETCD_DATA_DIR=dir keeps the data).
 	$(BIN)/decodeplane-dev-etcd $(if $(ETCD_DATA_DIR),--data-dir $(ETCD_DATA_DIR))

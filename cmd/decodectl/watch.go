@@ -158,7 +158,7 @@ func (x *cli) screen(w io.Writer, resp *pb.ListRoomsResponse, interval time.Dura
 			return err
 		}
 		if fit < len(rooms) {
-			fmt.Fprintf(&b, "… %d more rooms (showing %d of %d; a taller terminal, --live or --phase show others)\n", total-uint64(fit), fit, total)
+			fmt.Fprintf(&b, "… %d more rooms (showing %d of %d)\n", total-uint64(fit), fit, total)
 		} else {
 			fmt.Fprintf(&b, "showing %d of %d rooms\n", fit, total)
 		}
