@@ -18,7 +18,7 @@
 //
 // Room → DP-rank bindings (BindRoom) are NOT in etcd: they are one write
 // per request, and the measured and published etcd write rates (BENCHMARKS.md,
-// "Issue 12") are below what a fleet's requests would need. They stay in
+// "etcd") are below what a fleet's requests would need. They stay in
 // the daemon that owns the room, which is the daemon the prefill hands the
 // room's KV to, and which the caller of BindRoom therefore already knows.
 //

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// Deferred release (issue 11 §1). A prefill rank that received a room's
+// Deferred release. A prefill rank that received a room's
 // destination and writes into its pages by itself (ReportTransfer, or its
 // own writes into a staging region) may still be writing when the room
 // ends: the daemon cannot see those writes. When a room fails (abort,

@@ -816,7 +816,7 @@ func (m *Manager) ReportTransfer(req ChunkRequest) (KVPoll, bool, error) {
 
 // checkSuccessLocked declares Success once every required rank's chunks
 // landed, no success gate is pending and the metadata slot holds the room's
-// marker (SGLang's metadata gate, §2.2).
+// marker (SGLang's metadata gate).
 func (m *Manager) checkSuccessLocked(r *room) {
 	switch r.successCheck() {
 	case checkWait:

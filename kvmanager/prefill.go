@@ -53,7 +53,7 @@ func newRegistry(cfg Config, layout prealloc.Layout, clk clock.Clock, leaseLiven
 		ForceQuery: cfg.DPRank.ForceQuery, BindingTTL: cfg.DPRank.BindingTTL, Now: clk.Now, LeaseLiveness: leaseLiveness})
 }
 
-// addrWait is SGLang's per-address topology retry budget (spec §4.3): rooms
+// addrWait is SGLang's per-address topology retry budget (_ensure_prefill_info): rooms
 // waiting for an instance's registration are re-checked with back-off
 // 1, 1, 2, 4, 4, ... s; after PrefillInfoAttempts checks they fail (T3).
 type addrWait struct {

@@ -63,7 +63,7 @@
 // # Draining rooms (deferred release)
 //
 // A room that ends while a prefill rank may still be writing into its pages
-// by itself (abort, failure, timeout: issue 11) must not give them back
+// by itself (abort, failure, timeout: the deferred release) must not give them back
 // yet. DrainRoom moves an admitted, claimed, resumed or running room to
 // RoomDraining: it keeps exactly its pages, SWA pages, req slot, Mamba
 // slots and, if it has one (drained while admitted or claimed), its

@@ -20,7 +20,7 @@ func (d *drainedRes) account(r *room, sign int64) {
 }
 
 // DrainRoom ends a room whose pages a prefill rank may still be writing by
-// itself (deferred release, issue 11): from admitted, claimed, resumed or
+// itself (the deferred release): from admitted, claimed, resumed or
 // running it becomes RoomDraining. It keeps exactly what it holds — pages,
 // SWA pages, req slot, Mamba slots, and its metadata slot if it has one
 // (admitted or claimed: prefill may still write the aux row, so the slot
