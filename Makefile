@@ -38,20 +38,21 @@ run: build ## Run the daemon with the embedded defaults (simulated transfers, in
 	@echo "  traces:        'make jaeger' in another terminal, then 'make run-traced' and 'make demo-traced'; API on http://127.0.0.1:16686"
 	$(BIN)/decodeplane serve $(if $(CONFIG),--config $(CONFIG))
 
-run-demo: build ## Run the daemon for the tour: 2 s transfers, a small KV pool (deploy/local/demo.yaml).
+run-demo: build ## Run the daemon for the tour: slow transfers, a small KV pool (deploy/local/demo.yaml).
 	@echo "decodeplane (tour settings, deploy/local/demo.yaml): gRPC on 127.0.0.1:7600, metrics on http://127.0.0.1:7601/metrics"
-	@echo "  next: 'make demo' in a second terminal, '$(BIN)/decodectl rooms -w' in a third"
+	@echo "  next: 'make demo' in a second terminal, 'bin/decodectl rooms -w' in a third"
 	$(BIN)/decodeplane serve --config deploy/local/demo.yaml
 
 run-traced: build ## Like run, exporting traces to a local Jaeger (make jaeger) on 127.0.0.1:4317.
 	OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 $(BIN)/decodeplane serve $(if $(CONFIG),--config $(CONFIG))
 
-# The demo is the benchmark's simulated fleet at a steady 3 rooms/s. Its
+# The demo is the benchmark's simulated fleet at a steady 3 rooms/s, each
+# prefill rank sending 16-page chunks (several per room). Its
 # report is cut to the rooms (what was opened, succeeded, failed, why): the
 # latency, CPU and allocation figures are the benchmark's (BENCHMARKS.md).
 # The filter ignores Ctrl-C, so that it still prints the summary the fleet
 # writes after the rooms in flight finished.
-DEMO := $(BIN)/decodeplane bench --target 127.0.0.1:7600 --rate 3 --duration 0 --prefill-ranks 2 --concurrency 16
+DEMO := $(BIN)/decodeplane bench --target 127.0.0.1:7600 --rate 3 --duration 0 --prefill-ranks 2 --concurrency 16 --chunk-pages 16
 DEMO_REPORT := (trap '' INT; exec awk '/^latency/ { stop = 1 } !stop && !/^  (layout|api|machine) / { print; fflush() }')
 demo demo-traced: SHELL := bash
 demo demo-traced: .SHELLFLAGS := -o pipefail -c
