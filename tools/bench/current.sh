@@ -2,7 +2,7 @@
 # tools/bench/current.sh — measure the "Current results" table of BENCHMARKS.md
 # in one command, from the repository root:
 #
-#   tools/bench/current.sh                 # ~10-15 minutes on 2 cores
+#   tools/bench/current.sh                 # about 5 minutes on 2 cores (BENCHMARKS.md)
 #   OUT=/tmp/bench tools/bench/current.sh  # keep the raw results there
 #   ROOMS=20000 QUEUED=50000 tools/bench/current.sh   # a shorter run
 #
