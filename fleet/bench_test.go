@@ -1,10 +1,11 @@
 package fleet_test
 
-// The issue 12 §4 benchmark of registry operations through the fleet: whole
-// in-process daemons (internal/testing/daemontest: the real composition root, gRPC
-// over bufconn) sharing one real etcd member (internal/testing/etcdtest, embedded,
-// data in b.TempDir(), **fsync on**, clients over loopback TCP).
-// BENCHMARKS.md ("Registry operations through the fleet") gives the
+// The benchmark of registry operations through the fleet: whole in-process
+// daemons (internal/testing/daemontest: the real composition root, gRPC
+// over bufconn) sharing one real etcd member (internal/testing/etcdtest,
+// embedded, data in b.TempDir(), **fsync on**, clients over loopback TCP).
+// BENCHMARKS.md (its "fleet on etcd" rows, measured by
+// tools/bench/current.sh) gives the
 // command and the figures.
 //
 // Each benchmark starts its etcd and daemons once and reuses them across

@@ -17,8 +17,8 @@
 //	P prefills/<addr>/ranks/<dp>.<cp>.<tp>.<pp>  one rank's registration, as RegisterPrefill got it  (the instance's lease)
 //
 // Room → DP-rank bindings (BindRoom) are NOT in etcd: they are one write
-// per request, and the measured and published etcd write rates (BENCHMARKS.md,
-// "Issue 12") are below what a fleet's requests would need. They stay in
+// per request, and the measured and published etcd write rates
+// (docs/sizing.md) are below what a fleet's requests would need. They stay in
 // the daemon that owns the room, which is the daemon the prefill hands the
 // room's KV to, and which the caller of BindRoom therefore already knows.
 //
@@ -65,7 +65,7 @@
 // (re-attach) and keeps their rooms.
 //
 // A registration reaches the other daemons through their watch, usually
-// within a millisecond of the registering daemon's answer (BENCHMARKS.md),
+// within milliseconds of the registering daemon's answer (BENCHMARKS.md),
 // but a daemon whose watch lags may answer NotFound to a heartbeat or keep a
 // room WAITING_PREFILL a little longer: the prefill registers again there
 // (the Go client does), and the room goes on once the registration arrives.

@@ -279,7 +279,7 @@ type Layout struct {
 }
 
 // dsaIndexKBytesPerToken is one DSA indexer-K entry: a 128-byte key plus a
-// 4-byte scale (spec §6.2).
+// 4-byte scale (SGLang's DSA indexer buffer).
 const dsaIndexKBytesPerToken = 132
 
 // Layout derives the per-rank byte geometry. Call it on a validated Config.

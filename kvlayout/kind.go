@@ -12,7 +12,7 @@ import (
 type Kind int
 
 // The KV pool kinds decodeplane understands. Names follow SGLang's pool
-// classes (spec §6.1–§6.2).
+// classes.
 const (
 	// KindUnspecified is the zero value; a configuration must name a kind.
 	KindUnspecified Kind = iota
@@ -120,7 +120,7 @@ func (k Kind) HasHeads() bool {
 }
 
 // StateType is one per-request state component that travels with the KV pages
-// (SGLang's StateType, spec §6.1). Order matters: both sides agree on it.
+// (SGLang's StateType). Order matters: both sides agree on it.
 type StateType int
 
 // State components.

@@ -66,7 +66,7 @@ type Warning struct {
 func (w Warning) String() string { return w.Key + ": " + w.Message }
 
 // Validate checks the decode-side configuration against the rules SGLang
-// enforces at decode startup (spec §9.3) and decodeplane's own, and returns
+// enforces at decode startup and decodeplane's own, and returns
 // every problem at once (errors.Join of *ConfigError), or nil.
 func (c Config) Validate() error {
 	v := &validator{}

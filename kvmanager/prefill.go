@@ -54,7 +54,7 @@ func newRegistry(cfg Config, layout kvlayout.Layout, clk kvlayout.Clock, leaseLi
 		ForceQuery: cfg.DPRank.ForceQuery, BindingTTL: cfg.DPRank.BindingTTL, Now: clk.Now, LeaseLiveness: leaseLiveness})
 }
 
-// addrWait is SGLang's per-address topology retry budget (spec §4.3): rooms
+// addrWait is SGLang's per-address topology retry budget (_ensure_prefill_info): rooms
 // waiting for an instance's registration are re-checked with back-off
 // 1, 1, 2, 4, 4, ... s; after PrefillInfoAttempts checks they fail (T3).
 type addrWait struct {

@@ -13,7 +13,7 @@ import (
 	"github.com/decodeplane/decodeplane/prealloc"
 )
 
-// Engine resync (issue 11 §2). After a restart the daemon's ledgers are
+// Engine resync. After a restart the daemon's ledgers are
 // empty while the decode engine still decodes its running requests in pages
 // a new admission would hand out again. With a resync wait (HoldForResync,
 // engine.resync_timeout > 0) the manager starts without admitting: rooms

@@ -112,7 +112,7 @@ func (g *stagingState) totalKVHeads() (int, error) {
 	return 0, &StagingError{Msg: "Cannot resolve total_kv_heads: the decode KV layout has neither a total KV head count nor per-rank KV heads (SGLang's kv_args has neither total_kv_head_num nor kv_head_num). Set kv_pool.kv_heads to the model's number of KV heads."}
 }
 
-// usable applies SGLang's setup checks in its order (spec §5.2): MLA,
+// usable applies SGLang's staging setup checks in its order: MLA,
 // allocator present, total KV heads, and the engine's scatter capability.
 func (g *stagingState) usable() (int, error) {
 	if g.layout.IsMLA {
@@ -132,7 +132,7 @@ func (g *stagingState) usable() (int, error) {
 }
 
 // SetupStaging validates staging against this decode instance and returns
-// the plan of one prefill rank (spec §5.2–§5.4). Errors: *StagingError
+// the plan of one prefill rank (setup, sizing, layout and head slices). Errors: *StagingError
 // (ErrStagingUnavailable) with SGLang's messages; ErrPrefillNotFound.
 func (m *Manager) SetupStaging(rank RankID) (StagingPlan, error) {
 	heads, err := m.stg.usable()

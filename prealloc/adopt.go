@@ -98,7 +98,7 @@ func (l *Ledger) indexError(room uint64, pool string, res int, v int32, limit st
 func (l *Ledger) Adopt(a Adoption) error { return l.AdoptEntry(new(Entry), a) }
 
 // AdoptEntry makes a RUNNING room that owns exactly what the decode engine
-// re-declares for it after a daemon restart (engine resync, issue 11): the
+// re-declares for it after a daemon restart (the engine resync): the
 // req_to_token row it names (the engine's own row, which its
 // req_pool_indices keep using), the pages, and per kind the live SWA pages
 // or the Mamba slots (see Adoption). PromptLen and OutputLen come from the

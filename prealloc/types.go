@@ -23,7 +23,7 @@ type Request struct {
 	// Priority orders the queue when AdmissionConfig.Priority is not fifo.
 	Priority int
 	// Rebootstrap marks a request re-bootstrapped after a retract for
-	// recompute: its fill length has no -1 (spec §2.8).
+	// recompute: its fill length has no -1 (SGLang's rebootstrap).
 	Rebootstrap bool
 }
 
@@ -68,7 +68,7 @@ type BlockReason int
 const (
 	BlockNone BlockReason = iota
 	// BlockRetracted: retracted requests are waiting to resume; new
-	// admissions are blocked until they do (spec §2.4).
+	// admissions are blocked until they do (SGLang's process_decode_queue).
 	BlockRetracted
 	BlockReqSlots
 	BlockMetadataSlots
@@ -145,7 +145,7 @@ type Adoption struct {
 }
 
 // CapacityError is a request that can never fit, with SGLang's message
-// (spec §2.3): "Request {rid} exceeds the maximum number of tokens: {n} > {max}"
+// (SGLang's entry check): "Request {rid} exceeds the maximum number of tokens: {n} > {max}"
 // or, for the SWA tail, "Request {rid} requires too many SWA KV tokens for
 // decode preallocation: {n} > {max}".
 type CapacityError struct {

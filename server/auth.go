@@ -30,7 +30,7 @@ func needsToken(fullMethod string) bool {
 	return strings.HasPrefix(fullMethod, "/decodeplane.v1.") && !readOnlyMethods[fullMethod]
 }
 
-// checkToken implements SGLang's bootstrap auth semantics (spec §4.1): when a
+// checkToken implements SGLang's bootstrap auth semantics (PUT /route): when a
 // token is configured a mutating call needs "authorization: Bearer <token>"
 // (scheme case-insensitive, constant-time compare); otherwise Unauthenticated
 // and nothing is stored (the handler never runs).

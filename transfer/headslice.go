@@ -1,7 +1,7 @@
 package transfer
 
 // HeadSlice is compute_head_slice_params's answer for one (prefill rank,
-// decode rank) pair (spec §5.4): the head slice of a Target, and of a staged
+// decode rank) pair: the head slice of a Target, and of a staged
 // region's writer. The registry plans destinations with it and the staging
 // handler plans regions with it, so both use this one formula.
 type HeadSlice struct {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/internal/buildinfo"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -61,9 +62,10 @@ func init() {
   --limit N       show at most N rooms, newest first (default 100; 0: the daemon's maximum)
   --oldest        oldest first instead (the limit then keeps the oldest rooms)
   -w, --watch     refresh every --interval until interrupted; on a terminal each refresh redraws
-                  the table, otherwise (a pipe, | tee) the table is printed once and then one
-                  line per room that appears, changes or leaves the list (nothing when idle)
-  --interval D    refresh period for --watch (default 1s)
+                  the table to fit the screen (newest rooms first, "… N more rooms" below),
+                  otherwise (a pipe, | tee) the table is printed once and then one line per
+                  room that appears, changes or leaves the list (nothing when idle)
+  --interval D    refresh period for --watch (default 1s; a terminal: at most 4 redraws a second)
   -o json         the Rooms.ListRooms answer (with --watch: one document per line per refresh)`,
 			flags: func(fs *flag.FlagSet, o *options) {
 				fs.StringVar(&o.phases, "phase", "", "")
@@ -84,7 +86,11 @@ func init() {
   --latest        instead of an ID: the room opened last (of those the daemon still holds)
   --latest-failed instead of an ID: the failed room opened last
   --pages         also print the room's KV page indices (runs of consecutive pages as a-b)
-  -o json         the Rooms.GetRoom answer (a Room; page_indices with --pages)`,
+  -o json         the Rooms.GetRoom answer (a Room; page_indices with --pages)
+
+The timeline's SGLANG column names the transitions of SGLang's decode side
+(T1..T23) that each step corresponds to; docs/sglang-transitions.md in the
+decodeplane repository says what each one is.`,
 			flags: func(fs *flag.FlagSet, o *options) {
 				fs.BoolVar(&o.pages, "pages", false, "")
 				fs.BoolVar(&o.latest, "latest", false, "")
@@ -412,6 +418,6 @@ func cmdVersion(_ context.Context, x *cli, args []string) error {
 		_, err = x.stdout.Write(append(b, '\n'))
 		return err
 	}
-	_, err := fmt.Fprintf(x.stdout, "decodectl %s\n", version)
+	_, err := fmt.Fprintln(x.stdout, buildinfo.Line("decodectl", version, commit))
 	return err
 }

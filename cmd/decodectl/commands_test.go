@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -629,7 +630,7 @@ func TestHelpAndVersion(t *testing.T) {
 			t.Errorf("decodectl %v: %v", args, r)
 		}
 	}
-	if r := decodectl(nil, "version"); r.code != exitOK || r.stdout != "decodectl dev\n" {
+	if r := decodectl(nil, "version"); r.code != exitOK || r.stdout != "decodectl v0.0.0-dev (commit unknown, "+runtime.Version()+")\n" {
 		t.Errorf("version: %v", r)
 	}
 	if r := decodectl(nil, "version", "-o", "json"); r.code != exitOK || !cmp.Equal(jsonKeys(t, r.stdout), []string{"version"}) {

@@ -28,10 +28,16 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/decodeplane/decodeplane/internal/buildinfo"
 )
 
-// version is set at build time with -ldflags "-X main.version=..." (make build).
-var version = "dev"
+// version and commit are set at build time with -ldflags "-X
+// main.version=... -X main.commit=..." (make build: the git tag and commit);
+// init completes them from Go's VCS stamp (internal/buildinfo).
+var version, commit = "dev", ""
+
+func init() { version, commit = buildinfo.Resolve(version, commit) }
 
 // Exit codes.
 const (

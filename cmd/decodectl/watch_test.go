@@ -203,7 +203,7 @@ func TestWatchTerminal(t *testing.T) {
 		t.Fatalf("want screens that each start by clearing the terminal, got:\n%q", out)
 	}
 	for _, s := range screens[1:4] {
-		if !strings.HasPrefix(s, "Every 10ms: decodectl rooms at "+d.addr) || !cmp.Equal(roomRows(s), []string{"5", "4", "3", "2", "1"}) ||
+		if !strings.HasPrefix(s, "Every 250ms: decodectl rooms at "+d.addr) || !cmp.Equal(roomRows(s), []string{"5", "4", "3", "2", "1"}) ||
 			!strings.HasSuffix(s, "showing 5 of 5 rooms\n") {
 			t.Errorf("screen:\n%s", s)
 		}

@@ -44,6 +44,7 @@ import (
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/buildinfo"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
 	"github.com/decodeplane/decodeplane/server/grpcdecode"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"
@@ -51,8 +52,12 @@ import (
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are set at build time with -ldflags "-X
+// main.version=... -X main.commit=..." (make build: the git tag and commit);
+// init completes them from Go's VCS stamp (internal/buildinfo).
+var version, commit = "dev", ""
+
+func init() { version, commit = buildinfo.Resolve(version, commit) }
 
 const (
 	exitOK      = 0
@@ -155,7 +160,7 @@ func (t tlsOptions) check() error {
 
 func run(args []string, stderr io.Writer) int {
 	if len(args) > 0 && (args[0] == "version" || args[0] == "--version") {
-		fmt.Fprintf(stderr, "decodeplane-agent %s\n", version)
+		fmt.Fprintln(stderr, buildinfo.Line("decodeplane-agent", version, commit))
 		return exitOK
 	}
 	o, err := parse(args, stderr)

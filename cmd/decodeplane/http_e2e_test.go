@@ -6,7 +6,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,7 +13,7 @@ import (
 	"time"
 )
 
-// readmeCurl is one curl line of the README's HTTP examples.
+// readmeCurl is one curl line of the HTTP examples of docs/http.md.
 type readmeCurl struct {
 	line, method, url, body string
 	header                  http.Header
@@ -22,16 +21,17 @@ type readmeCurl struct {
 }
 
 // readmeCurls parses the curl lines of the block after the http-examples
-// marker in README.md (single-quoted arguments, -X, -H, -d, a trailing &).
+// marker in docs/http.md (single-quoted arguments, -X, -H, -d, -w, a
+// trailing &).
 func readmeCurls(t *testing.T) []readmeCurl {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(repoRoot, "README.md"))
+	raw, err := os.ReadFile(filepath.Join(repoRoot, "docs", "http.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, after, ok := strings.Cut(string(raw), "<!-- http-examples:")
 	if !ok {
-		t.Fatal("README.md has no http-examples block")
+		t.Fatal("docs/http.md has no http-examples block")
 	}
 	_, block, _ := strings.Cut(after, "```sh\n")
 	block, _, _ = strings.Cut(block, "```")
@@ -45,6 +45,8 @@ func readmeCurls(t *testing.T) []readmeCurl {
 		for i := 0; i < len(args); i++ {
 			switch a := args[i]; {
 			case a == "-s" || a == "-N":
+			case a == "-w":
+				i++ // the answer's format: a newline after it
 			case a == "-X":
 				i++
 				c.method = args[i]
@@ -60,7 +62,7 @@ func readmeCurls(t *testing.T) []readmeCurl {
 			case strings.HasPrefix(a, "http://"):
 				c.url = a
 			default:
-				t.Fatalf("README curl line %q: argument %q is not understood by this test", line, a)
+				t.Fatalf("docs/http.md curl line %q: argument %q is not understood by this test", line, a)
 			}
 		}
 		if c.method == "" {
@@ -103,10 +105,12 @@ func shellWords(t *testing.T, s string) []string {
 	return words
 }
 
-// TestE2EHTTPReadmeExamples runs the README's curl examples, with net/http,
-// against the real daemon serving server.http_listen, and checks what each
-// answers. A fake prefill /health on loopback keeps the HTTP-registered
-// instance alive.
+// TestE2EHTTPReadmeExamples runs the curl examples of docs/http.md, with
+// net/http, against the real daemon serving server.http_listen, and checks
+// what each answers. As in the page, the registered prefill's HTTP port is
+// the daemon's own, whose /health keeps the HTTP-registered instance alive.
+// (TestDocsCommands, in the repository root, runs the same block with curl
+// as typed.)
 func TestE2EHTTPReadmeExamples(t *testing.T) {
 	curls := readmeCurls(t)
 	type want struct {
@@ -129,16 +133,14 @@ func TestE2EHTTPReadmeExamples(t *testing.T) {
 		{200, "", nil},
 	}
 	if len(curls) != len(wants) {
-		t.Fatalf("README has %d curl examples, this test expects %d: update both together", len(curls), len(wants))
+		t.Fatalf("docs/http.md has %d curl examples, this test expects %d: update both together", len(curls), len(wants))
 	}
-	prefill := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "OK") }))
-	defer prefill.Close()
-	_, prefillPort, _ := net.SplitHostPort(strings.TrimPrefix(prefill.URL, "http://"))
 	httpAddr := freeAddr(t)
+	_, prefillPort, _ := net.SplitHostPort(httpAddr)
 	roomsStartDaemon(t, "server:\n  auth_token: s3cret\n", "s3cret", "DECODEPLANE_SERVER_HTTP_LISTEN="+httpAddr)
 	fix := func(s string) string {
 		s = strings.ReplaceAll(s, "127.0.0.1:8998", httpAddr)
-		return strings.ReplaceAll(s, `"prefill_http_port": 30000`, `"prefill_http_port": `+prefillPort)
+		return strings.ReplaceAll(s, `"prefill_http_port": 8998`, `"prefill_http_port": `+prefillPort)
 	}
 	send := func(c readmeCurl) *http.Response {
 		var body io.Reader
@@ -177,11 +179,11 @@ func TestE2EHTTPReadmeExamples(t *testing.T) {
 			ok = ok && strings.Contains(string(got), p)
 		}
 		if !ok {
-			t.Errorf("README example %d:\n  %s\nanswered %d %s\nwant %d %q %q", i, c.line, resp.StatusCode, got, w.code, w.exact, w.parts)
+			t.Errorf("docs/http.md example %d:\n  %s\nanswered %d %s\nwant %d %q %q", i, c.line, resp.StatusCode, got, w.code, w.exact, w.parts)
 		}
 	}
 	if stream == nil {
-		t.Fatal("the README has no background (streaming) example")
+		t.Fatal("docs/http.md has no background (streaming) example")
 	}
 	defer stream.Body.Close()
 	// The watch stream: newline-delimited JSON, one {"result": RoomEvent}

@@ -24,12 +24,17 @@ import (
 	"os"
 	"strings"
 
+	"github.com/decodeplane/decodeplane/internal/buildinfo"
 	"github.com/decodeplane/decodeplane/internal/config"
 	"github.com/decodeplane/decodeplane/internal/telemetry"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version and commit are set at build time with -ldflags "-X
+// main.version=... -X main.commit=..." (make build: the git tag and commit);
+// init completes them from Go's VCS stamp (internal/buildinfo).
+var version, commit = "dev", ""
+
+func init() { version, commit = buildinfo.Resolve(version, commit) }
 
 const (
 	exitOK      = 0
@@ -57,7 +62,7 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 	case "bench":
 		return cmdBench(args[1:], environ, stdout, stderr)
 	case "version", "--version", "-v":
-		fmt.Fprintf(stdout, "decodeplane %s\n", version)
+		fmt.Fprintln(stdout, buildinfo.Line("decodeplane", version, commit))
 		return exitOK
 	case "help", "-h", "--help":
 		usage(stdout)
@@ -75,7 +80,7 @@ Usage:
   decodeplane serve    [--config FILE] [--listen ADDR] [flags]   run the daemon
   decodeplane validate [--config FILE] [--explain] [flags]       check a configuration, print every problem
   decodeplane bench    [flags]                                    benchmark the control path against bare gRPC
-  decodeplane version
+  decodeplane version                                             the release tag, commit and Go version
 
 Configuration precedence: defaults < --config file < environment (SGLANG_* then
 DECODEPLANE_*) < flags. Run 'decodeplane validate --explain' to see every key,

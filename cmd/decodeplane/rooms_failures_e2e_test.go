@@ -23,7 +23,7 @@ package main
 //   - Unauthenticated ........................ TestRoomsE2EAuthToken
 //   - "Done when": reflection ................ TestRoomsE2EReflection
 //
-// Each test names the SGLang transitions (T1–T23 of the decode spec §2.5) it
+// Each test names the SGLang transitions (T1–T23, docs/sglang-transitions.md) it
 // covers and asserts them on the room's timeline (Transition.sglang).
 //
 // Timing: nothing sleeps. Tests wait on events (WatchRoom through WaitRoom,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -249,8 +250,8 @@ func TestCommands(t *testing.T) {
 		wantStdout string
 		wantStderr string
 	}{
-		{[]string{"version"}, exitOK, "decodeplane " + version + "\n", ""},
-		{[]string{"--version"}, exitOK, "decodeplane " + version + "\n", ""},
+		{[]string{"version"}, exitOK, "decodeplane " + version + " (commit " + commit + ", " + runtime.Version() + ")\n", ""},
+		{[]string{"--version"}, exitOK, "decodeplane " + version + " (commit " + commit + ", " + runtime.Version() + ")\n", ""},
 		{[]string{"-h"}, exitOK, "Usage:", ""},
 		{[]string{"help"}, exitOK, "Usage:", ""},
 		{nil, exitUsage, "", "Usage:"},

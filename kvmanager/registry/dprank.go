@@ -11,7 +11,7 @@ type binding struct {
 	at time.Time
 }
 
-// ResolveDP applies SGLang's order (spec §4.5) for a room of the instance at
+// ResolveDP applies SGLang's order (_resolve_prefill_dp_rank) for a room of the instance at
 // addr: router hint (hint >= 0), dp_size == 1, room % dp_size under
 // follow_bootstrap_room (unless force_query), the binding table. ok is false
 // when the room is not resolvable yet.

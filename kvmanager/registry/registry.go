@@ -113,7 +113,7 @@ func followsRoom(lbMethod string) bool {
 	return lbMethod == "" || lbMethod == "follow_bootstrap_room"
 }
 
-// checkCompat applies SGLang's fatal checks (spec §4.3, §9.3) and the model
+// checkCompat applies SGLang's fatal checks (topology fetch, decode startup) and the model
 // facts; messages are SGLang's where it has them. A kv_pool_kind that is no
 // kind at all is a bad value (InvalidError, InvalidArgument); facts that
 // contradict this decode pool are ErrPrefillMismatch (FailedPrecondition),

@@ -122,7 +122,7 @@ type RegistrationResult struct {
 }
 
 // DecodeRankMapping is SGLang's _resolve_rank_mapping for one decode
-// attention-TP rank (spec §4.4).
+// attention-TP rank.
 type DecodeRankMapping struct {
 	DecodeTP                   int
 	TargetTPRanks              []int

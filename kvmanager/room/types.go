@@ -154,7 +154,7 @@ type Transition struct {
 	Phase   Phase
 	Poll    KVPoll
 	At      time.Time
-	SGLang  string // T1–T23 of the decode spec, "" where decodeplane adds a step
+	SGLang  string // SGLang's decode transitions T1–T23 (docs/sglang-transitions.md), "" where decodeplane adds a step
 	Note    string
 	Attempt uint32
 }

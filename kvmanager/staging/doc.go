@@ -1,5 +1,5 @@
 // Package staging is decodeplane's staging handler (SGLang's
-// DecodeStagingHandler, spec §5): the rings through which a prefill of
+// DecodeStagingHandler): the rings through which a prefill of
 // another attention TP size hands its KV to the decode side, and the regions
 // staged rooms hold in them.
 //

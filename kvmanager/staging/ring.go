@@ -49,7 +49,7 @@ type RingRegion struct {
 // End is one past the region's last byte.
 func (r RingRegion) End() int64 { return r.Offset + r.Size }
 
-// Ring is SGLang's StagingAllocator (ring + overcommit, spec §5.5): an
+// Ring is SGLang's StagingAllocator (ring + overcommit): an
 // allocation that fits after the head goes there; otherwise the ring starts a
 // new round at offset 0. Assign never checks overlap: a region is safe to
 // write only once the watermark — the (round, offset) of the oldest live

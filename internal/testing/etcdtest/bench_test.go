@@ -1,10 +1,10 @@
 package etcdtest_test
 
-// The issue 12 §4 benchmark: what one real etcd member (embedded, data in
-// b.TempDir(), clients over loopback TCP) sustains on this machine for the
-// operations the fleet registry would issue, and for the per-request room →
-// DP-rank binding the issue asks about. BENCHMARKS.md ("Issue 12: etcd on
-// this machine") gives the command, the figures and the arithmetic.
+// What one real etcd member (embedded, data in b.TempDir(), clients over
+// loopback TCP) sustains for the operations the fleet registry issues, and
+// for a per-request room → DP-rank binding (which the fleet keeps out of
+// etcd). BENCHMARKS.md gives the command; docs/sizing.md the figures and
+// the arithmetic.
 //
 // Every benchmark runs twice: fsync=on (etcd's default, the durable figure)
 // and fsync=off (Options.NoFsync, the tests' setting; not a deployment).

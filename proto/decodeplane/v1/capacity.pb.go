@@ -213,7 +213,7 @@ type ShardCapacity struct {
 	// admission.reserved_decode_tokens; never below 0), pages_free is
 	// tokens_free in whole pages. A fresh request of P prompt tokens needs at
 	// least page_round(P) + reserved_decode_tokens of it (the full admission
-	// test is in the README's Admission paragraph). GetStatus's pages_free
+	// test is in docs/lifecycle.md, "Admission"). GetStatus's pages_free
 	// counts the free pages without the reservation.
 	TokensTotal uint64 `protobuf:"varint,3,opt,name=tokens_total,json=tokensTotal,proto3" json:"tokens_total,omitempty"`
 	TokensFree  uint64 `protobuf:"varint,4,opt,name=tokens_free,json=tokensFree,proto3" json:"tokens_free,omitempty"`

@@ -804,8 +804,9 @@ type Transition struct {
 	Phase RoomPhase              `protobuf:"varint,1,opt,name=phase,proto3,enum=decodeplane.v1.RoomPhase" json:"phase,omitempty"`
 	Poll  KVPoll                 `protobuf:"varint,2,opt,name=poll,proto3,enum=decodeplane.v1.KVPoll" json:"poll,omitempty"`
 	At    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=at,proto3" json:"at,omitempty"`
-	// sglang is the SGLang transition this step corresponds to (T1–T23 of the
-	// decode spec), empty where decodeplane adds a step SGLang lacks.
+	// sglang is the SGLang decode transition this step corresponds to (T1–T23,
+	// docs/sglang-transitions.md), empty where decodeplane adds a step SGLang
+	// lacks.
 	Sglang string `protobuf:"bytes,4,opt,name=sglang,proto3" json:"sglang,omitempty"`
 	// note is a human-readable detail (e.g. the DP rank rule, the chunk).
 	Note string `protobuf:"bytes,5,opt,name=note,proto3" json:"note,omitempty"`

@@ -26,7 +26,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// EngineSession is the decode engine's multiplexed stream (issue 13): one
+// EngineSession is the decode engine's multiplexed stream: one
 // long-lived bidirectional stream per decode engine instead of an OpenRoom
 // call and a WatchRoom stream per room. The engine sends batches of opens
 // (SGLang's scheduler admits a batch per step), releases, aborts and
@@ -142,7 +142,7 @@ type EngineSession_SessionClient = grpc.BidiStreamingClient[EngineRequest, Engin
 // All implementations must embed UnimplementedEngineSessionServer
 // for forward compatibility.
 //
-// EngineSession is the decode engine's multiplexed stream (issue 13): one
+// EngineSession is the decode engine's multiplexed stream: one
 // long-lived bidirectional stream per decode engine instead of an OpenRoom
 // call and a WatchRoom stream per room. The engine sends batches of opens
 // (SGLang's scheduler admits a batch per step), releases, aborts and

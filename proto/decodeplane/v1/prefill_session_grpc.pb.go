@@ -26,7 +26,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// PrefillSession is a prefill rank's one long-lived stream (issue 13): the
+// PrefillSession is a prefill rank's one long-lived stream: the
 // rank's claims, destinations, chunks, reports, acknowledgements and room
 // ends, multiplexed, instead of one call or stream per message. It is the
 // same state machine as the unary API (Rooms.AwaitDestination, Transfer,
@@ -163,7 +163,7 @@ type PrefillSession_SessionClient = grpc.BidiStreamingClient[PrefillRequest, Pre
 // All implementations must embed UnimplementedPrefillSessionServer
 // for forward compatibility.
 //
-// PrefillSession is a prefill rank's one long-lived stream (issue 13): the
+// PrefillSession is a prefill rank's one long-lived stream: the
 // rank's claims, destinations, chunks, reports, acknowledgements and room
 // ends, multiplexed, instead of one call or stream per message. It is the
 // same state machine as the unary API (Rooms.AwaitDestination, Transfer,

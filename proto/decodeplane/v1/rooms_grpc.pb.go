@@ -213,8 +213,8 @@ type RoomsClient interface {
 	// Codes: OK; UNAUTHENTICATED.
 	ContinueGeneration(ctx context.Context, in *ContinueGenerationRequest, opts ...grpc.CallOption) (*ContinueGenerationResponse, error)
 	// Resync is the decode engine's re-declaration, after a daemon restart,
-	// of the rooms it still runs and exactly what each holds (engine resync,
-	// issue 11). With engine.resync_timeout > 0 the daemon starts without
+	// of the rooms it still runs and exactly what each holds (the engine
+	// resync). With engine.resync_timeout > 0 the daemon starts without
 	// admitting: rooms may be opened and queue, nothing is pre-allocated,
 	// until a Resync with done = true or the timeout; meanwhile gRPC health
 	// stays SERVING (the engine and the prefills reach the daemon through the
@@ -613,8 +613,8 @@ type RoomsServer interface {
 	// Codes: OK; UNAUTHENTICATED.
 	ContinueGeneration(context.Context, *ContinueGenerationRequest) (*ContinueGenerationResponse, error)
 	// Resync is the decode engine's re-declaration, after a daemon restart,
-	// of the rooms it still runs and exactly what each holds (engine resync,
-	// issue 11). With engine.resync_timeout > 0 the daemon starts without
+	// of the rooms it still runs and exactly what each holds (the engine
+	// resync). With engine.resync_timeout > 0 the daemon starts without
 	// admitting: rooms may be opened and queue, nothing is pre-allocated,
 	// until a Resync with done = true or the timeout; meanwhile gRPC health
 	// stays SERVING (the engine and the prefills reach the daemon through the
