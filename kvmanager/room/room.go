@@ -43,7 +43,7 @@ type Room struct {
 	topo topology // of the prefill instance, once known
 
 	attached *Attachments // the ranks whose claim stream is attached
-	extra    *extra     // what few rooms have
+	extra    *extra       // what few rooms have
 
 	*handoff
 

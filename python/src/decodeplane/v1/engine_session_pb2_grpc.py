@@ -6,7 +6,7 @@ from decodeplane.v1 import engine_session_pb2 as decodeplane_dot_v1_dot_engine__
 
 
 class EngineSessionStub(object):
-    """EngineSession is the decode engine's multiplexed stream (issue 13): one
+    """EngineSession is the decode engine's multiplexed stream: one
     long-lived bidirectional stream per decode engine instead of an OpenRoom
     call and a WatchRoom stream per room. The engine sends batches of opens
     (SGLang's scheduler admits a batch per step), releases, aborts and
@@ -36,7 +36,7 @@ class EngineSessionStub(object):
 
 
 class EngineSessionServicer(object):
-    """EngineSession is the decode engine's multiplexed stream (issue 13): one
+    """EngineSession is the decode engine's multiplexed stream: one
     long-lived bidirectional stream per decode engine instead of an OpenRoom
     call and a WatchRoom stream per room. The engine sends batches of opens
     (SGLang's scheduler admits a batch per step), releases, aborts and
@@ -147,7 +147,7 @@ def add_EngineSessionServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class EngineSession(object):
-    """EngineSession is the decode engine's multiplexed stream (issue 13): one
+    """EngineSession is the decode engine's multiplexed stream: one
     long-lived bidirectional stream per decode engine instead of an OpenRoom
     call and a WatchRoom stream per room. The engine sends batches of opens
     (SGLang's scheduler admits a batch per step), releases, aborts and

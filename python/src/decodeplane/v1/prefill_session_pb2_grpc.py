@@ -6,7 +6,7 @@ from decodeplane.v1 import prefill_session_pb2 as decodeplane_dot_v1_dot_prefill
 
 
 class PrefillSessionStub(object):
-    """PrefillSession is a prefill rank's one long-lived stream (issue 13): the
+    """PrefillSession is a prefill rank's one long-lived stream: the
     rank's claims, destinations, chunks, reports, acknowledgements and room
     ends, multiplexed, instead of one call or stream per message. It is the
     same state machine as the unary API (Rooms.AwaitDestination, Transfer,
@@ -29,7 +29,7 @@ class PrefillSessionStub(object):
 
 
 class PrefillSessionServicer(object):
-    """PrefillSession is a prefill rank's one long-lived stream (issue 13): the
+    """PrefillSession is a prefill rank's one long-lived stream: the
     rank's claims, destinations, chunks, reports, acknowledgements and room
     ends, multiplexed, instead of one call or stream per message. It is the
     same state machine as the unary API (Rooms.AwaitDestination, Transfer,
@@ -161,7 +161,7 @@ def add_PrefillSessionServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class PrefillSession(object):
-    """PrefillSession is a prefill rank's one long-lived stream (issue 13): the
+    """PrefillSession is a prefill rank's one long-lived stream: the
     rank's claims, destinations, chunks, reports, acknowledgements and room
     ends, multiplexed, instead of one call or stream per message. It is the
     same state machine as the unary API (Rooms.AwaitDestination, Transfer,

@@ -346,8 +346,8 @@ class RoomsServicer(object):
 
     def Resync(self, request, context):
         """Resync is the decode engine's re-declaration, after a daemon restart,
-        of the rooms it still runs and exactly what each holds (engine resync,
-        issue 11). With engine.resync_timeout > 0 the daemon starts without
+        of the rooms it still runs and exactly what each holds (the engine
+        resync). With engine.resync_timeout > 0 the daemon starts without
         admitting: rooms may be opened and queue, nothing is pre-allocated,
         until a Resync with done = true or the timeout; meanwhile gRPC health
         stays SERVING (the engine and the prefills reach the daemon through the
