@@ -1,6 +1,10 @@
 package decodeplane_test
 
 import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
 	"os/exec"
 	"slices"
 	"strings"
@@ -158,5 +162,81 @@ func TestKVLayoutIsALeaf(t *testing.T) {
 		if d != module+"/kvlayout" {
 			t.Errorf("kvlayout depends on %s (forbidden: standard library only)", d)
 		}
+	}
+}
+
+// TestRoomIsPure keeps the room state machine (kvmanager/room) and the rank
+// plan it reads (kvmanager/ranks) free of what their executor owns: they
+// import nothing with a lock, a clock, a context, the allocator, the
+// registry, an engine or gRPC, and their code starts no goroutine, holds no
+// channel and reads no time but the one each event carries. The allocator
+// (prealloc) likewise reads no time at all (its one lock is a leaf, for the
+// capacity readers).
+func TestRoomIsPure(t *testing.T) {
+	allowed := map[string]bool{
+		"errors": true, "fmt": true, "math/bits": true, "slices": true, "sort": true, "strconv": true, "strings": true, "time": true,
+		module + "/kvlayout": true, module + "/kvmanager/ranks": true, module + "/transfer": true,
+	}
+	for _, pkg := range []string{"./kvmanager/room", "./kvmanager/ranks"} {
+		out, err := exec.Command("go", "list", "-f", "{{join .Imports \"\\n\"}}", pkg).Output()
+		if err != nil {
+			t.Fatalf("go list %s: %v", pkg, err)
+		}
+		imports := strings.Fields(string(out))
+		if len(imports) == 0 {
+			t.Fatalf("go list %s listed no imports: it proves nothing", pkg)
+		}
+		for _, imp := range imports {
+			if !allowed[imp] {
+				t.Errorf("%s imports %s (allowed: the standard library's pure packages, kvlayout, kvmanager/ranks, the transfer contract)", pkg, imp)
+			}
+		}
+		checkPureSource(t, pkg, false, false)
+	}
+	checkPureSource(t, "./prealloc", true, true)
+}
+
+// checkPureSource parses the package's non-test files and fails on a
+// goroutine, a channel, a select, the sync packages (unless allowSync), or
+// a read of the clock (time.Now and its kin; with noTime, any time.Time).
+func checkPureSource(t *testing.T, dir string, noTime, allowSync bool) {
+	t.Helper()
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatalf("parse %s: %v", dir, err)
+	}
+	clock := map[string]bool{"Now": true, "Since": true, "Until": true, "After": true, "AfterFunc": true, "NewTimer": true, "NewTicker": true, "Sleep": true, "Tick": true}
+	files := 0
+	for _, p := range pkgs {
+		for _, f := range p.Files {
+			files++
+			for _, imp := range f.Imports {
+				if path := strings.Trim(imp.Path.Value, `"`); (!allowSync && (path == "sync" || path == "sync/atomic")) || path == "context" {
+					t.Errorf("%s imports %s", fset.Position(imp.Pos()), path)
+				}
+			}
+			ast.Inspect(f, func(n ast.Node) bool {
+				switch n := n.(type) {
+				case *ast.GoStmt:
+					t.Errorf("%s: a goroutine", fset.Position(n.Pos()))
+				case *ast.ChanType:
+					t.Errorf("%s: a channel", fset.Position(n.Pos()))
+				case *ast.SelectStmt:
+					t.Errorf("%s: a select", fset.Position(n.Pos()))
+				case *ast.SelectorExpr:
+					if x, ok := n.X.(*ast.Ident); ok && x.Name == "time" && clock[n.Sel.Name] {
+						t.Errorf("%s: time.%s reads the clock", fset.Position(n.Pos()), n.Sel.Name)
+					}
+					if x, ok := n.X.(*ast.Ident); ok && noTime && x.Name == "time" && n.Sel.Name == "Time" {
+						t.Errorf("%s: a time.Time (the allocator keeps no time)", fset.Position(n.Pos()))
+					}
+				}
+				return true
+			})
+		}
+	}
+	if files == 0 {
+		t.Fatalf("%s: no source file parsed: the check proves nothing", dir)
 	}
 }

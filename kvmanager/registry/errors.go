@@ -4,6 +4,7 @@ import (
 	"errors"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 )
 
 // Errors returned by the Registry (kvmanager re-exports the same values, so
@@ -11,13 +12,13 @@ import (
 var (
 	// ErrPrefillNotFound: the prefill instance or rank is not registered (or
 	// was declared dead). NotFound.
-	ErrPrefillNotFound = errors.New("prefill not registered")
+	ErrPrefillNotFound = ranks.ErrPrefillNotFound
 	// ErrPrefillMismatch: the prefill's layout cannot serve this decode side
 	// (page size, KV dtype, parallel sizes, model facts). FailedPrecondition.
 	ErrPrefillMismatch = errors.New("prefill incompatible with the decode side")
 	// ErrDPRankConflict: a binding contradicts follow_bootstrap_room or an
 	// earlier resolution. FailedPrecondition.
-	ErrDPRankConflict = errors.New("prefill DP rank conflict")
+	ErrDPRankConflict = ranks.ErrDPRankConflict
 )
 
 // InvalidError is a request field with a bad value (InvalidArgument): the

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 )
 
 // Config is what the registry checks and keeps instances against.
@@ -182,7 +183,7 @@ func (g *Registry) checkCompat(reg Registration) error {
 // prefill's sizes, and an instance must cost the same whatever they are.
 func (g *Registry) Mapping(topo PrefillTopology) ([]DecodeRankMapping, error) {
 	l := g.cfg.Layout
-	return rankMapping(l.AttnTP, l.PP, l.IsMLA, l.Kind == kvlayout.KindHybridMLA, topo)
+	return ranks.Mapping(l.AttnTP, l.PP, l.IsMLA, l.Kind == kvlayout.KindHybridMLA, topo)
 }
 
 // rankCount is the number of ranks an instance registers: dp × cp × tp × pp,
@@ -190,7 +191,7 @@ func (g *Registry) Mapping(topo PrefillTopology) ([]DecodeRankMapping, error) {
 // completes when exactly that many distinct in-layout ranks registered; an
 // instance whose count no deployment reaches simply never completes, and
 // costs one table entry per RegisterPrefill call received.
-func (p PrefillTopology) rankCount() int {
+func rankCount(p PrefillTopology) int {
 	n := 1
 	for _, f := range []int{p.DP, p.AttnCP, p.AttnTP, p.PP} {
 		f = max(1, f)
@@ -301,8 +302,8 @@ func (g *Registry) Record(c Checked) (RegistrationResult, []Event, error) {
 		inst = &instance{
 			addr: reg.Addr, instanceID: reg.InstanceID, topo: topo, pageSize: reg.PageSize, dtype: reg.KVDType,
 			lbMethod: reg.LoadBalanceMethod, httpPort: reg.HTTPPort, ranks: map[RankID]*rank{},
-			expected: topo.rankCount(),
-			plan:     newPlan(topo, l.AttnTP, l.TotalKVHeads, l.IsMLA, l.Kind == kvlayout.KindHybridMLA, l.Staging),
+			expected: rankCount(topo),
+			plan:     ranks.NewPlan(topo, l.AttnTP, l.TotalKVHeads, l.IsMLA, l.Kind == kvlayout.KindHybridMLA, l.Staging),
 		}
 		g.instances[reg.Addr] = inst
 	}
@@ -320,24 +321,24 @@ func (g *Registry) Record(c Checked) (RegistrationResult, []Event, error) {
 	evs = append(evs, Event{Kind: RankRegistered, Addr: reg.Addr, Rank: id, Replaced: res.Replaced})
 	if !inst.complete && len(inst.ranks) >= inst.expected {
 		inst.complete = true
-		inst.plan.enumerate() // bounded by the ranks registered (every required rank is one)
+		inst.plan.Enumerate() // bounded by the ranks registered (every required rank is one)
 		evs = append(evs, Event{Kind: InstanceComplete, Addr: reg.Addr, Instance: inst.view()})
 	}
 	res.Mapping = mapping
 	res.HeartbeatInterval, res.MaxFailures = g.cfg.HeartbeatInterval, g.cfg.MaxFailures
 	res.Registered, res.Expected = len(inst.ranks), inst.expected
 	if rp := inst.plan.Rank(id.Key()); rp != nil {
-		for _, t := range rp.targets {
+		for _, t := range rp.Targets() {
 			if !slices.Contains(res.ServesDecodeTP, t.DecodeTP) {
 				res.ServesDecodeTP = append(res.ServesDecodeTP, t.DecodeTP)
 			}
 		}
-		res.Dummy = rp.dummy
-		res.RequiredDstInfoNum = rp.requiredDstInfoNum
+		res.Dummy = rp.Dummy()
+		res.RequiredDstInfoNum = rp.RequiredDstInfoNum()
 	} else {
 		res.Dummy = true // addressed by no decode rank (CP ranks beyond 0, for instance)
 	}
-	res.Staging = inst.plan.staging
+	res.Staging = inst.plan.Staging()
 	return res, evs, nil
 }
 
@@ -484,9 +485,6 @@ func (g *Registry) Status() []InstanceStatus {
 	}
 	return out
 }
-
-// MaxListedRanks bounds every list of ranks in a message or a status.
-const MaxListedRanks = 8
 
 // silentRanks returns the ranks of an instance silent for at least least,
 // longest silent first (then in rank order), at most limit of them, and how

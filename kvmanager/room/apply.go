@@ -3,7 +3,7 @@ package room
 import (
 	"time"
 
-	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -125,11 +125,11 @@ type Effects struct {
 	// Owing get it with AckRequired.
 	EndClaims bool
 	ClaimEnd  DestinationEvent
-	Owing     []registry.RankID
+	Owing     []ranks.RankID
 	// Offer queues the destination on claim streams: every attached rank
 	// (OfferAll) or OfferTo (OfferOne).
 	Offer   Offer
-	OfferTo registry.RankKey
+	OfferTo ranks.RankKey
 
 	// Failure: the room failed with it (logged as a warning naming the
 	// phase it failed in, Move.From).
@@ -150,7 +150,7 @@ type Effects struct {
 	AdmittedAfter time.Duration
 	// Resolved: the prefill DP rank was resolved to DP by Rule.
 	Resolved bool
-	Rule     registry.DPRule
+	Rule     ranks.DPRule
 	DP       int
 
 	// Ledger are the allocator's operations on the room's record.
@@ -218,7 +218,7 @@ const (
 
 // Refused is one claim stream to end, with its event.
 type Refused struct {
-	Rank  registry.RankKey
+	Rank  ranks.RankKey
 	Event DestinationEvent
 }
 
@@ -244,7 +244,7 @@ const (
 // DrainNote names a drain's ranks and bound, for logs.
 type DrainNote struct {
 	Attempt uint32
-	Ranks   []registry.RankID
+	Ranks   []ranks.RankID
 	Until   time.Time
 	Acks    int
 }

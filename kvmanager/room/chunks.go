@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -17,7 +17,7 @@ import (
 // (ChunkReady).
 type ChunkRequest struct {
 	Room       uint64
-	Rank       registry.RankID
+	Rank       ranks.RankID
 	Index      int
 	PageOffset int
 	NumPages   int
@@ -89,7 +89,7 @@ type ChunkEnd struct {
 // ChunkDropped forgets a registered chunk that was never started (the
 // room's claim failed it before its engine call).
 type ChunkDropped struct {
-	Rank  registry.RankKey
+	Rank  ranks.RankKey
 	Index int
 }
 
@@ -99,14 +99,14 @@ type ChunkDropped struct {
 // the room's current attempt.
 type StagingWrite struct {
 	Now    time.Time
-	Rank   registry.RankID
+	Rank   ranks.RankID
 	What   string
 	Staged bool
 }
 
 // StagingAllocated: rank allocated staging regions of the room it has not
 // reported ready yet (it may be writing into them).
-type StagingAllocated struct{ Rank registry.RankKey }
+type StagingAllocated struct{ Rank ranks.RankKey }
 
 // ScatterBegin: a staged region's scatter into the room's pages starts.
 type ScatterBegin struct{}
@@ -171,7 +171,7 @@ func (r *Room) CheckSource(req ChunkRequest) error {
 
 // ChunkSent reports whether rank already sent chunk index (a retry of a
 // staged chunk is answered from the staging regions).
-func (r *Room) ChunkSent(rank registry.RankID, index int) bool {
+func (r *Room) ChunkSent(rank ranks.RankID, index int) bool {
 	rp := r.ranksOf(rank.Key())
 	return rp != nil && rank.Addr == r.addr && rank.DP == int(r.prefillDP) && rp.chunks[index] != nil
 }

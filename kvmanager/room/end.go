@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 )
 
 // The ends of a room: failed, released, drained, and its resources back
@@ -54,7 +54,7 @@ type Release struct {
 // (AckRoomEnd).
 type Ack struct {
 	Now     time.Time
-	Rank    registry.RankID
+	Rank    ranks.RankID
 	Attempt uint32
 }
 
@@ -78,7 +78,7 @@ type Close struct{ Now time.Time }
 // attempt.
 type drainState struct {
 	attempt uint32
-	owing   []registry.RankID
+	owing   []ranks.RankID
 	acked   int
 	until   stamp // zero until the room's record drains
 	started bool  // the record is draining
@@ -120,7 +120,7 @@ func (r *Room) fail(f Fail, e *Effects) {
 // owingRanks are the ranks of the room (failing from phase from) that owe
 // an acknowledgement, sorted; none when deferral is off, at Close, or for a
 // room with no destination.
-func (r *Room) owingRanks(from Phase, selfWriter bool) []registry.RankID {
+func (r *Room) owingRanks(from Phase, selfWriter bool) []ranks.RankID {
 	if r.cfg.DeferredTimeout <= 0 || r.closed || r.handoff == nil || r.pages == nil {
 		return nil
 	}
@@ -132,25 +132,25 @@ func (r *Room) owingRanks(from Phase, selfWriter bool) []registry.RankID {
 	owes := func(rp *rankProgress) bool {
 		return rp != nil && ((r.staging && rp.stagingOpen > 0) || (!rp.lastLanded && !rp.engine && selfWriter))
 	}
-	var owing []registry.RankID
-	seen := map[registry.RankKey]bool{}
-	add := func(k registry.RankKey, rp *rankProgress) {
+	var owing []ranks.RankID
+	seen := map[ranks.RankKey]bool{}
+	add := func(k ranks.RankKey, rp *rankProgress) {
 		if seen[k] || !owes(rp) {
 			return
 		}
 		seen[k] = true
-		owing = append(owing, registry.RankID{Addr: r.addr, DP: int(r.prefillDP), CP: k.CP, TP: k.TP, PP: k.PP})
+		owing = append(owing, ranks.RankID{Addr: r.addr, DP: int(r.prefillDP), CP: k.CP, TP: k.TP, PP: k.PP})
 	}
-	r.ranks.eachKey(func(k registry.RankKey, rp *rankProgress) {
+	r.ranks.eachKey(func(k ranks.RankKey, rp *rankProgress) {
 		if rp.claimed {
 			add(k, rp)
 		}
 	})
-	r.attached.each(func(rk registry.RankID) { // the destination was offered: it may have been sent
+	r.attached.each(func(rk ranks.RankID) { // the destination was offered: it may have been sent
 		k := rk.Key()
 		add(k, r.progress(k))
 	})
-	slices.SortFunc(owing, func(a, b registry.RankID) int { return strings.Compare(a.String(), b.String()) })
+	slices.SortFunc(owing, func(a, b ranks.RankID) int { return strings.Compare(a.String(), b.String()) })
 	return owing
 }
 
@@ -241,7 +241,7 @@ func (r *Room) ack(a Ack, e *Effects) {
 	if d == nil || d.attempt != a.Attempt {
 		return
 	}
-	i := slices.IndexFunc(d.owing, func(o registry.RankID) bool { return o.DP == rank.DP && o.Key() == rank.Key() })
+	i := slices.IndexFunc(d.owing, func(o ranks.RankID) bool { return o.DP == rank.DP && o.Key() == rank.Key() })
 	if i < 0 {
 		e.AckResult = AckResult{Remaining: len(d.owing)}
 		return
@@ -282,7 +282,7 @@ func (r *Room) DrainWaiting() string {
 }
 
 // RankList renders at most MaxListedRanks ranks and how many more.
-func RankList(rs []registry.RankID) string {
+func RankList(rs []ranks.RankID) string {
 	parts := make([]string, 0, min(len(rs), MaxListedRanks+1))
 	for i, k := range rs {
 		if i == MaxListedRanks {
@@ -295,4 +295,4 @@ func RankList(rs []registry.RankID) string {
 }
 
 // MaxListedRanks bounds every list of ranks in a message or a status.
-const MaxListedRanks = registry.MaxListedRanks
+const MaxListedRanks = ranks.MaxListedRanks

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
-	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 )
 
 // The events of a room's way to its destination: opened, its prefill
@@ -29,14 +29,14 @@ type Open struct {
 // PrefillKnown: the room's prefill instance completed its registration
 // (SGLang T4's handshake): its rank plan and topology, and, when the room
 // has neither a pinned DP rank nor an out-of-range hint, what the
-// registry's rules resolved its DP rank to (registry.ResolveDP).
+// registry's rules resolved its DP rank to (ranks.ResolveDP).
 type PrefillKnown struct {
 	Now      time.Time
-	Plan     *registry.Plan
-	Topology registry.PrefillTopology
+	Plan     *ranks.Plan
+	Topology ranks.PrefillTopology
 	Resolved bool
 	DP       int
-	Rule     registry.DPRule
+	Rule     ranks.DPRule
 }
 
 // Bound: a prefill rank of Addr reported holding the room on DP rank DP
@@ -68,7 +68,7 @@ type Admitted struct {
 // The stream is refused (Err, Reply), ended at once with the room's end
 // (Reply), or attached and offered the destination (Offer).
 type Attach struct {
-	Rank       registry.RankID
+	Rank       ranks.RankID
 	Registered bool
 	// Set is where the room keeps its attached ranks, given by the caller
 	// with the first Attach (the storage of the caller's own claim table);
@@ -77,13 +77,13 @@ type Attach struct {
 }
 
 // Detach: rank's claim stream ended (claims already made stand).
-type Detach struct{ Rank registry.RankKey }
+type Detach struct{ Rank ranks.RankKey }
 
 // Delivered: rank's claim stream wrote the destination of Attempt: the rank
 // claimed it.
 type Delivered struct {
 	Now     time.Time
-	Rank    registry.RankKey
+	Rank    ranks.RankKey
 	Attempt uint32
 }
 
@@ -228,8 +228,8 @@ func (r *Room) NeedsDPRule(dp int) bool { return r.prefillDP < 0 && int(r.hintDP
 // dpResolved records the room's prefill DP rank and queues it for
 // admission (T2/T4/T8: the handshake is done); claims of ranks of another
 // DP rank are refused.
-func (r *Room) dpResolved(now time.Time, dp int, rule registry.DPRule, e *Effects) {
-	for _, rk := range r.attached.removeIf(func(rk registry.RankID) bool { return rk.DP != dp }) {
+func (r *Room) dpResolved(now time.Time, dp int, rule ranks.DPRule, e *Effects) {
+	for _, rk := range r.attached.removeIf(func(rk ranks.RankID) bool { return rk.DP != dp }) {
 		e.Refuse = append(e.Refuse, Refused{Rank: rk.Key(), Event: DestinationEvent{Failure: &Failure{Code: FailureDPRankConflict,
 			Message: fmt.Sprintf("rank %s is not a source of room %d: the room's prefill DP rank is %d (%s)", rk, r.id, dp, rule)}}})
 	}
@@ -249,11 +249,11 @@ func (r *Room) bound(b Bound, e *Effects) {
 	}
 	switch {
 	case r.phase == PhaseResolvingDP:
-		r.dpResolved(b.Now, b.DP, registry.DPRuleBinding, e)
+		r.dpResolved(b.Now, b.DP, ranks.DPRuleBinding, e)
 	case r.prefillDP >= 0 && int(r.prefillDP) != b.DP && r.HandingOff():
 		msg := fmt.Sprintf("prefill DP rank %d reported holding room %d, but the room was resolved to dp_rank %d (%s); the destination would go to the wrong ranks", b.DP, r.id, r.prefillDP, r.dpRule)
 		r.fail(Fail{Now: b.Now, Failure: Failure{Code: FailureDPRankConflict, Message: msg}, SelfWriter: b.SelfWriter}, e)
-		e.Err = fmt.Errorf("%w: %s", registry.ErrDPRankConflict, msg)
+		e.Err = fmt.Errorf("%w: %s", ranks.ErrDPRankConflict, msg)
 	}
 }
 
@@ -338,8 +338,8 @@ func (r *Room) attach(a Attach, e *Effects) {
 
 // ErrRankNotRegistered refuses a claim of a rank that its registered
 // instance lacks.
-func ErrRankNotRegistered(room uint64, rank registry.RankID) error {
-	return fmt.Errorf("await destination of room %d: %w: rank %s is not registered with this daemon (RegisterPrefill first)", room, registry.ErrPrefillNotFound, rank)
+func ErrRankNotRegistered(room uint64, rank ranks.RankID) error {
+	return fmt.Errorf("await destination of room %d: %w: rank %s is not registered with this daemon (RegisterPrefill first)", room, ranks.ErrPrefillNotFound, rank)
 }
 
 // donePhase is a shared, read-only pointer to phase p (DestinationEvent.Done).
@@ -467,12 +467,12 @@ func (s *Attachments) clear() {
 // its caller's). Most rooms have one required rank, so the first is kept
 // inline and a map is made only for a second rank.
 type Attachments struct {
-	r1   registry.RankID
+	r1   ranks.RankID
 	has1 bool
-	more map[registry.RankKey]registry.RankID
+	more map[ranks.RankKey]ranks.RankID
 }
 
-func (s *Attachments) has(k registry.RankKey) bool {
+func (s *Attachments) has(k ranks.RankKey) bool {
 	if s == nil {
 		return false
 	}
@@ -483,44 +483,44 @@ func (s *Attachments) has(k registry.RankKey) bool {
 	return ok
 }
 
-func (s *Attachments) add(rk registry.RankID) {
+func (s *Attachments) add(rk ranks.RankID) {
 	k := rk.Key()
 	switch {
 	case s.has1 && s.r1.Key() == k, !s.has1 && !s.hasMore(k):
 		s.r1, s.has1 = rk, true
 	default:
 		if s.more == nil {
-			s.more = make(map[registry.RankKey]registry.RankID)
+			s.more = make(map[ranks.RankKey]ranks.RankID)
 		}
 		s.more[k] = rk
 	}
 }
 
-func (s *Attachments) hasMore(k registry.RankKey) bool {
+func (s *Attachments) hasMore(k ranks.RankKey) bool {
 	_, ok := s.more[k]
 	return ok
 }
 
-func (s *Attachments) remove(k registry.RankKey) {
+func (s *Attachments) remove(k ranks.RankKey) {
 	if s == nil {
 		return
 	}
 	if s.has1 && s.r1.Key() == k {
-		s.r1, s.has1 = registry.RankID{}, false
+		s.r1, s.has1 = ranks.RankID{}, false
 		return
 	}
 	delete(s.more, k)
 }
 
 // removeIf removes (and returns, in no order) the ranks drop selects.
-func (s *Attachments) removeIf(drop func(registry.RankID) bool) []registry.RankID {
+func (s *Attachments) removeIf(drop func(ranks.RankID) bool) []ranks.RankID {
 	if s == nil {
 		return nil
 	}
-	var out []registry.RankID
+	var out []ranks.RankID
 	if s.has1 && drop(s.r1) {
 		out = append(out, s.r1)
-		s.r1, s.has1 = registry.RankID{}, false
+		s.r1, s.has1 = ranks.RankID{}, false
 	}
 	for k, rk := range s.more {
 		if drop(rk) {
@@ -532,7 +532,7 @@ func (s *Attachments) removeIf(drop func(registry.RankID) bool) []registry.RankI
 }
 
 // each calls f for every attached rank.
-func (s *Attachments) each(f func(registry.RankID)) {
+func (s *Attachments) each(f func(ranks.RankID)) {
 	if s == nil {
 		return
 	}
@@ -545,8 +545,8 @@ func (s *Attachments) each(f func(registry.RankID)) {
 }
 
 // Ranks lists the room's attached claim streams' ranks (in no order).
-func (r *Room) Ranks() []registry.RankID {
-	var out []registry.RankID
-	r.attached.each(func(rk registry.RankID) { out = append(out, rk) })
+func (r *Room) Ranks() []ranks.RankID {
+	var out []ranks.RankID
+	r.attached.each(func(rk ranks.RankID) { out = append(out, rk) })
 	return out
 }

@@ -1,7 +1,7 @@
 package room
 
-import "github.com/decodeplane/decodeplane/kvmanager/registry"
+import "github.com/decodeplane/decodeplane/kvmanager/ranks"
 
-type RankID = registry.RankID
+type RankID = ranks.RankID
 
 const addrA = "10.0.0.1:8998"

@@ -1,6 +1,6 @@
 package room
 
-import "github.com/decodeplane/decodeplane/kvmanager/registry"
+import "github.com/decodeplane/decodeplane/kvmanager/ranks"
 
 // rankSet is a room's progress per required prefill rank on one attempt.
 // The first rank to claim or send is kept inline (one allocation for the
@@ -9,14 +9,14 @@ import "github.com/decodeplane/decodeplane/kvmanager/registry"
 // gets a new set, so that a transfer of the previous attempt still running
 // holds a progress that is no longer the room's.
 type rankSet struct {
-	k1   registry.RankKey
+	k1   ranks.RankKey
 	rp1  rankProgress
 	has1 bool
-	more map[registry.RankKey]*rankProgress
+	more map[ranks.RankKey]*rankProgress
 }
 
 // get is k's progress, nil if none yet.
-func (s *rankSet) get(k registry.RankKey) *rankProgress {
+func (s *rankSet) get(k ranks.RankKey) *rankProgress {
 	if s == nil {
 		return nil
 	}
@@ -27,13 +27,13 @@ func (s *rankSet) get(k registry.RankKey) *rankProgress {
 }
 
 // add makes k's progress (k has none yet).
-func (s *rankSet) add(k registry.RankKey) *rankProgress {
+func (s *rankSet) add(k ranks.RankKey) *rankProgress {
 	if !s.has1 {
 		s.k1, s.rp1, s.has1 = k, rankProgress{chunks: map[int]*chunkState{}, last: -1}, true
 		return &s.rp1
 	}
 	if s.more == nil {
-		s.more = make(map[registry.RankKey]*rankProgress, 1)
+		s.more = make(map[ranks.RankKey]*rankProgress, 1)
 	}
 	rp := &rankProgress{chunks: map[int]*chunkState{}, last: -1}
 	s.more[k] = rp
@@ -66,7 +66,7 @@ func (s *rankSet) len() int {
 }
 
 // eachKey calls f for every rank's progress with its key.
-func (s *rankSet) eachKey(f func(registry.RankKey, *rankProgress)) {
+func (s *rankSet) eachKey(f func(ranks.RankKey, *rankProgress)) {
 	if s == nil {
 		return
 	}

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
-	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -39,7 +39,7 @@ type Room struct {
 	bootstrapAt stamp
 
 	cfg  *Params
-	plan *registry.Plan
+	plan *ranks.Plan
 	topo topology // of the prefill instance, once known
 
 	attached *Attachments // the ranks whose claim stream is attached
@@ -51,7 +51,7 @@ type Room struct {
 	attempt        uint32
 	metaSlot       int32
 	phase          Phase
-	dpRule         registry.DPRule
+	dpRule         ranks.DPRule
 	owner          Owner
 	inLedger       bool // the allocator holds the room's record
 	releasePending bool
@@ -264,7 +264,7 @@ func (r *Room) Owner() Owner { return r.owner }
 func (r *Room) Staging() bool { return r.staging }
 
 // Plan is the room's rank plan (nil until its prefill is known).
-func (r *Room) Plan() *registry.Plan { return r.plan }
+func (r *Room) Plan() *ranks.Plan { return r.plan }
 
 // Pages is the room's destination (nil before admission); do not modify.
 func (r *Room) Pages() []int32 {
@@ -325,10 +325,10 @@ func (r *Room) OpenedAt() time.Time { return r.openedAt.time() }
 func (r *Room) Opened() int64 { return int64(r.openedAt) }
 
 // Attached reports whether rank k's claim stream is attached to the room.
-func (r *Room) Attached(k registry.RankKey) bool { return r.attached.has(k) }
+func (r *Room) Attached(k ranks.RankKey) bool { return r.attached.has(k) }
 
 // Claimed reports whether rank k claimed the current attempt's destination.
-func (r *Room) Claimed(k registry.RankKey) bool {
+func (r *Room) Claimed(k ranks.RankKey) bool {
 	rp := r.ranksOf(k)
 	return rp != nil && rp.claimed
 }
@@ -344,7 +344,7 @@ func (r *Room) RequestName() string {
 
 // ranksOf is rank k's progress on this attempt, nil if none (or never
 // admitted).
-func (r *Room) ranksOf(k registry.RankKey) *rankProgress {
+func (r *Room) ranksOf(k ranks.RankKey) *rankProgress {
 	if r.handoff == nil {
 		return nil
 	}
@@ -355,7 +355,7 @@ func (r *Room) ranksOf(k registry.RankKey) *rankProgress {
 // first use (a claim or a chunk from that rank); nil for a rank the room
 // does not need. The table grows only with the calls received, never with
 // the prefill's parallel sizes.
-func (r *Room) progress(k registry.RankKey) *rankProgress {
+func (r *Room) progress(k ranks.RankKey) *rankProgress {
 	if r.handoff == nil { // never admitted: no rank has anything to report yet
 		return nil
 	}
@@ -459,7 +459,7 @@ func (r *Room) Coverage() []RankCoverage {
 }
 
 // Destination is what prefill rank k needs to write the room's KV.
-func (r *Room) Destination(k registry.RankKey) *Destination {
+func (r *Room) Destination(k ranks.RankKey) *Destination {
 	d := &Destination{
 		Room: r.id, DecodeDP: int(r.decodeDP), PageSize: r.cfg.Layout.PageSize, MetadataSlot: r.metaSlot,
 		Staging: r.staging, Attempt: r.attempt, Dummy: true,
@@ -510,7 +510,7 @@ func (r *Room) ChunkOp(req ChunkRequest) transfer.ChunkOp {
 
 // TargetsOf are the decode targets rank k writes in this room (nil when
 // the plan is not known or k sends nothing).
-func (r *Room) TargetsOf(k registry.RankKey) []transfer.Target {
+func (r *Room) TargetsOf(k ranks.RankKey) []transfer.Target {
 	if r.plan == nil {
 		return nil
 	}

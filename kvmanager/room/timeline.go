@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 )
 
 // A room keeps its timeline compact: each transition is a note code and its
@@ -60,7 +60,7 @@ func numNote(code noteCode, a, b int64) note { return note{code: code, a: a, b: 
 
 // chunkLandedNote is "chunk i from rank landed" (formatted at once for a
 // rank beyond what packRank holds).
-func chunkLandedNote(index int, rk registry.RankID) note {
+func chunkLandedNote(index int, rk ranks.RankID) note {
 	if p, ok := packRank(rk); ok {
 		return note{code: noteChunkLanded, a: int64(index), b: p}
 	}
@@ -68,7 +68,7 @@ func chunkLandedNote(index int, rk registry.RankID) note {
 }
 
 // packRank packs a rank's DP, CP, TP and PP ranks, 16 bits each.
-func packRank(rk registry.RankID) (int64, bool) {
+func packRank(rk ranks.RankID) (int64, bool) {
 	for _, v := range [...]int{rk.DP, rk.CP, rk.TP, rk.PP} {
 		if v < 0 || v >= 1<<15 {
 			return 0, false
@@ -77,8 +77,8 @@ func packRank(rk registry.RankID) (int64, bool) {
 	return int64(rk.DP)<<48 | int64(rk.CP)<<32 | int64(rk.TP)<<16 | int64(rk.PP), true
 }
 
-func unpackRank(addr string, p int64) registry.RankID {
-	return registry.RankID{Addr: addr, DP: int(p >> 48 & 0xffff), CP: int(p >> 32 & 0xffff), TP: int(p >> 16 & 0xffff), PP: int(p & 0xffff)}
+func unpackRank(addr string, p int64) ranks.RankID {
+	return ranks.RankID{Addr: addr, DP: int(p >> 48 & 0xffff), CP: int(p >> 32 & 0xffff), TP: int(p >> 16 & 0xffff), PP: int(p & 0xffff)}
 }
 
 // render is the note's text; addr is the room's prefill address.
@@ -89,7 +89,7 @@ func (n note) render(addr string) string {
 	case noteResolvingDP:
 		return fmt.Sprintf("%s: dp_size %d, follow_bootstrap_room %v: waiting for BindRoom", addr, n.a, n.b != 0)
 	case noteDPResolved:
-		return fmt.Sprintf("prefill dp rank %d (%s)", n.a, registry.DPRule(n.b))
+		return fmt.Sprintf("prefill dp rank %d (%s)", n.a, ranks.DPRule(n.b))
 	case noteResumed:
 		return fmt.Sprintf("resumed after retraction with %d pages", n.a)
 	case noteAdmitted:

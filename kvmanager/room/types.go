@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
-	"github.com/decodeplane/decodeplane/kvmanager/registry"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
@@ -187,7 +187,7 @@ type Snapshot struct {
 	Addr             string
 	DecodeDP         int
 	PrefillDP        int // -1 until resolved
-	DPRule           registry.DPRule
+	DPRule           ranks.DPRule
 	Poll             KVPoll
 	Phase            Phase
 	Failure          *Failure

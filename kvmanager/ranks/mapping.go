@@ -1,4 +1,4 @@
-package registry
+package ranks
 
 import (
 	"fmt"
@@ -7,10 +7,10 @@ import (
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
-// rankMapping computes the mapping of every decode TP rank (0..decodeTP-1)
+// Mapping computes the mapping of every decode TP rank (0..decodeTP-1)
 // against a prefill. isMLA follows the decode pool; hybridMLA pulls from every
 // prefill CP rank.
-func rankMapping(decodeTP, decodePP int, isMLA, allCP bool, p PrefillTopology) ([]DecodeRankMapping, error) {
+func Mapping(decodeTP, decodePP int, isMLA, allCP bool, p PrefillTopology) ([]DecodeRankMapping, error) {
 	D, P := decodeTP, p.AttnTP
 	if D <= 0 || P <= 0 {
 		return nil, fmt.Errorf("attention TP sizes must be positive (decode %d, prefill %d)", D, P)
@@ -81,14 +81,14 @@ func upTo(from, to int) []int {
 	return out
 }
 
-// maxMappingEntries bounds what rankMapping materialises (the target lists of
+// maxMappingEntries bounds what Mapping materialises (the target lists of
 // every decode rank together). The lists grow with the sum of the prefill's
 // sizes, never with their product; this budget caps even that before
 // anything is allocated, whatever the wire layer let through. Sizes within
 // the documented wire bounds (each <= 1024) list at most 4,096 entries.
 const maxMappingEntries = 1 << 16
 
-// mappingEntries counts, without allocating, the list entries rankMapping
+// mappingEntries counts, without allocating, the list entries Mapping
 // would build: TP targets (max(P, D) over all decode ranks), MLA dummies (up
 // to P), the shared CP and PP lists.
 func mappingEntries(decodeTP int, isMLA, allCP bool, p PrefillTopology) int64 {
@@ -135,7 +135,7 @@ type RankPlan struct {
 }
 
 // planShape is what the rank plan is derived from: SGLang's mapping rules
-// in closed form (the target lists of rankMapping are contiguous ranges), so
+// in closed form (the target lists of Mapping are contiguous ranges), so
 // that a rank's targets are computed without enumerating the prefill's ranks.
 type planShape struct {
 	decodeTP, prefillTP int
@@ -204,16 +204,16 @@ func (p *Plan) Rank(k RankKey) *RankPlan {
 	return p.shape.rank(k)
 }
 
-// newPlan returns the plan of an instance that is still registering: only
+// NewPlan returns the plan of an instance that is still registering: only
 // the shape, nothing enumerated.
-func newPlan(p PrefillTopology, decodeTP, totalHeads int, isMLA, allCP, staging bool) *Plan {
+func NewPlan(p PrefillTopology, decodeTP, totalHeads int, isMLA, allCP, staging bool) *Plan {
 	return &Plan{shape: newPlanShape(p, decodeTP, totalHeads, isMLA, allCP), staging: staging && !isMLA && p.AttnTP != decodeTP}
 }
 
 // enumerate fills required and perRank. Call it once the instance is fully
 // registered: the addressed ranks are a subset of the registered ones, so
 // the cost is bounded by the RegisterPrefill calls already received.
-func (p *Plan) enumerate() {
+func (p *Plan) Enumerate() {
 	s := p.shape
 	cps := 1
 	if s.cpAll {
@@ -257,11 +257,11 @@ func (rp *RankPlan) Dummy() bool { return rp.dummy }
 // RequiredDstInfoNum is how many destinations the rank receives.
 func (rp *RankPlan) RequiredDstInfoNum() int { return rp.requiredDstInfoNum }
 
-// buildPlan derives the complete room plan of a topology whose mapping is
+// BuildPlan derives the complete room plan of a topology whose mapping is
 // known (the mapping says whether every CP rank is a source).
-func buildPlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, totalHeads int, isMLA, staging bool) *Plan {
+func BuildPlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, totalHeads int, isMLA, staging bool) *Plan {
 	allCP := len(mapping) > 0 && len(mapping[0].TargetCPRanks) > 1
-	plan := newPlan(p, decodeTP, totalHeads, isMLA, allCP, staging)
-	plan.enumerate()
+	plan := NewPlan(p, decodeTP, totalHeads, isMLA, allCP, staging)
+	plan.Enumerate()
 	return plan
 }

@@ -1,4 +1,4 @@
-package registry
+package ranks
 
 import (
 	"strings"
@@ -7,7 +7,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// TestRankMapping checks rankMapping against SGLang's _resolve_rank_mapping
+// TestRankMapping checks Mapping against SGLang's _resolve_rank_mapping
 // (spec §4.4) with decode D = attn_tp_size, prefill P, e = decode rank.
 func TestRankMapping(t *testing.T) {
 	type dm = DecodeRankMapping
@@ -130,18 +130,18 @@ func TestRankMapping(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := rankMapping(tc.decodeTP, tc.decodePP, tc.isMLA, tc.allCP, tc.prefill)
+			got, err := Mapping(tc.decodeTP, tc.decodePP, tc.isMLA, tc.allCP, tc.prefill)
 			if tc.wantError != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantError) {
-					t.Fatalf("rankMapping() = %v, want an error mentioning %q", err, tc.wantError)
+					t.Fatalf("Mapping() = %v, want an error mentioning %q", err, tc.wantError)
 				}
 				return
 			}
 			if err != nil {
-				t.Fatalf("rankMapping() = %v", err)
+				t.Fatalf("Mapping() = %v", err)
 			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("rankMapping() (-want +got):\n%s", diff)
+				t.Errorf("Mapping() (-want +got):\n%s", diff)
 			}
 		})
 	}
@@ -184,11 +184,11 @@ func TestBuildPlan(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			mapping, err := rankMapping(tc.decodeTP, 1, tc.isMLA, false, tc.prefill)
+			mapping, err := Mapping(tc.decodeTP, 1, tc.isMLA, false, tc.prefill)
 			if err != nil {
 				t.Fatal(err)
 			}
-			plan := buildPlan(mapping, tc.prefill, tc.decodeTP, tc.heads, tc.isMLA, tc.staging)
+			plan := BuildPlan(mapping, tc.prefill, tc.decodeTP, tc.heads, tc.isMLA, tc.staging)
 			if diff := cmp.Diff(tc.wantRequired, plan.required, cmp.AllowUnexported(RankKey{})); diff != "" {
 				t.Errorf("required (-want +got):\n%s", diff)
 			}

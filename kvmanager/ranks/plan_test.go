@@ -1,4 +1,4 @@
-package registry
+package ranks
 
 import (
 	"fmt"
@@ -9,7 +9,7 @@ import (
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
-// referencePlan is the plan derived by enumerating rankMapping's lists (the
+// referencePlan is the plan derived by enumerating Mapping's lists (the
 // derivation decodeplane used before the closed form): the closed form must
 // agree with it on every topology.
 func referencePlan(mapping []DecodeRankMapping, p PrefillTopology, decodeTP, totalHeads int, isMLA bool) (map[RankKey]*RankPlan, []RankKey) {
@@ -70,12 +70,12 @@ func TestPlanClosedFormMatchesMapping(t *testing.T) {
 						for _, allCP := range []bool{false, true} {
 							for _, dsa := range []bool{false, true} {
 								topo := PrefillTopology{AttnTP: P, AttnCP: cp, DP: 2, PP: pp, DSACacheLayerSplit: dsa}
-								mapping, err := rankMapping(D, 1, isMLA, allCP, topo)
+								mapping, err := Mapping(D, 1, isMLA, allCP, topo)
 								if err != nil {
 									t.Fatal(err)
 								}
 								wantRanks, wantRequired := referencePlan(mapping, topo, D, 8, isMLA)
-								plan := newPlan(topo, D, 8, isMLA, allCP, false)
+								plan := NewPlan(topo, D, 8, isMLA, allCP, false)
 								name := fmt.Sprintf("D %d P %d cp %d pp %d mla %v allCP %v dsa %v", D, P, cp, pp, isMLA, allCP, dsa)
 								for c := range cp + 1 {
 									for tp := range P + 1 {
@@ -87,7 +87,7 @@ func TestPlanClosedFormMatchesMapping(t *testing.T) {
 										}
 									}
 								}
-								plan.enumerate()
+								plan.Enumerate()
 								if diff := cmp.Diff(wantRanks, plan.perRank, cmp.AllowUnexported(RankPlan{}, RankKey{})); diff != "" {
 									t.Fatalf("%s: perRank (-want +got):\n%s", name, diff)
 								}
