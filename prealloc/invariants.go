@@ -85,101 +85,144 @@ func (o *owners) complete() {
 func (l *Ledger) CheckInvariants() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var errs []error
-	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	c := &invariantCheck{l: l}
+	c.owners()
+	c.rooms()
+	c.totals()
+	c.freePositions()
+	c.heaps()
+	c.lists()
+	c.recycled()
+	return errors.Join(c.errs...)
+}
 
-	pages := newOwners("pages", 0, l.pages.total, &errs)
+// invariantCheck is one run of CheckInvariants: what it recomputed and the
+// problems found.
+type invariantCheck struct {
+	l    *Ledger
+	errs []error
+
+	pages, swa, req, meta, mamba *owners
+
+	counts                                                    [numRoomStates]int
+	retractable, retractableSWA, retractedFull, retractedSWA int64
+	drained                                                   drainedRes
+}
+
+func (c *invariantCheck) fail(format string, args ...any) {
+	c.errs = append(c.errs, fmt.Errorf(format, args...))
+}
+
+// owners marks every free item of every pool.
+func (c *invariantCheck) owners() {
+	l := c.l
+	c.pages = newOwners("pages", 0, l.pages.total, &c.errs)
 	for _, p := range l.pages.free {
-		pages.free(p)
+		c.pages.free(p)
 	}
-	swa := newOwners("swa pages", 0, l.swaPages.total, &errs)
+	c.swa = newOwners("swa pages", 0, l.swaPages.total, &c.errs)
 	for _, p := range l.swaPages.free {
-		swa.free(p)
+		c.swa.free(p)
 	}
-	req := newOwners("req slots", 1, len(l.reqSlots.buf), &errs)
+	c.req = newOwners("req slots", 1, len(l.reqSlots.buf), &c.errs)
 	for i := 0; i < l.reqSlots.avail(); i++ {
-		req.free(l.reqSlots.at(i))
+		c.req.free(l.reqSlots.at(i))
 	}
-	meta := newOwners("metadata slots", 0, len(l.meta.buf), &errs)
+	c.meta = newOwners("metadata slots", 0, len(l.meta.buf), &c.errs)
 	for i := 0; i < l.meta.avail(); i++ {
-		s := l.meta.at(i)
-		meta.free(s)
+		c.meta.free(l.meta.at(i))
 	}
-	mamba := newOwners("mamba slots", 0, len(l.mambaS.buf), &errs)
+	c.mamba = newOwners("mamba slots", 0, len(l.mambaS.buf), &c.errs)
 	for i := 0; i < l.mambaS.avail(); i++ {
-		mamba.free(l.mambaS.at(i))
+		c.mamba.free(l.mambaS.at(i))
 	}
+}
 
-	var counts [numRoomStates]int
-	var retractable, retractableSWA, retractedFull, retractedSWA int64
-	var drained drainedRes
+// rooms marks what every room holds and recomputes the counts and budget
+// terms; then every item of every pool must be free or held exactly once.
+func (c *invariantCheck) rooms() {
+	l := c.l
 	for id, r := range l.rooms {
 		if r.id != id {
-			fail("room keyed %d records id %d", id, r.id)
+			c.fail("room keyed %d records id %d", id, r.id)
 		}
 		if r.state < RoomWaiting || r.state > RoomDraining {
-			fail("room %d has invalid state %d", id, int(r.state))
+			c.fail("room %d has invalid state %d", id, int(r.state))
 			continue
 		}
-		counts[r.state]++
-		l.checkRoom(r, &errs)
+		c.counts[r.state]++
+		l.checkRoom(r, &c.errs)
 		r := r.view()
 		for _, p := range r.pages {
-			pages.own(p, id)
+			c.pages.own(p, id)
 		}
 		if r.swa != nil {
 			for _, p := range r.swa[r.swaOff:] {
-				swa.own(p, id)
+				c.swa.own(p, id)
 			}
 		}
 		if r.reqSlot != 0 {
-			req.own(r.reqSlot, id)
+			c.req.own(r.reqSlot, id)
 		}
 		if r.metaSlot >= 0 {
-			meta.own(r.metaSlot, id)
+			c.meta.own(r.metaSlot, id)
 		}
 		for i := 0; i < r.nMamba; i++ {
-			mamba.own(r.mamba[i], id)
+			c.mamba.own(r.mamba[i], id)
 		}
 		switch r.state {
 		case RoomRunning:
-			retractable += int64(r.req.PromptLen) + int64(r.req.OutputLen)
+			c.retractable += int64(r.req.PromptLen) + int64(r.req.OutputLen)
 			if l.swaMode == swaTail {
-				retractableSWA += l.swaTailLen(int64(r.req.PromptLen)) + int64(r.req.OutputLen)
+				c.retractableSWA += l.swaTailLen(int64(r.req.PromptLen)) + int64(r.req.OutputLen)
 			}
 		case RoomRetracted:
-			retractedFull += r.retFull
-			retractedSWA += r.retSWA
+			c.retractedFull += r.retFull
+			c.retractedSWA += r.retSWA
 		case RoomDraining:
-			drained.account(r, 1)
+			c.drained.account(r, 1)
 		}
 	}
-	pages.complete()
-	swa.complete()
-	req.complete()
-	meta.complete()
-	mamba.complete()
+	c.pages.complete()
+	c.swa.complete()
+	c.req.complete()
+	c.meta.complete()
+	c.mamba.complete()
+}
 
-	if counts != l.counts {
-		fail("state counters %v, rooms say %v", l.counts, counts)
+// totals compares the maintained counts and budget terms with the
+// recomputed ones.
+func (c *invariantCheck) totals() {
+	l := c.l
+	if c.counts != l.counts {
+		c.fail("state counters %v, rooms say %v", l.counts, c.counts)
 	}
-	if retractable != l.retractable {
-		fail("retractable tokens %d, recomputed %d", l.retractable, retractable)
+	if c.retractable != l.retractable {
+		c.fail("retractable tokens %d, recomputed %d", l.retractable, c.retractable)
 	}
-	if retractableSWA != l.retractableSWA {
-		fail("retractable SWA tokens %d, recomputed %d", l.retractableSWA, retractableSWA)
+	if c.retractableSWA != l.retractableSWA {
+		c.fail("retractable SWA tokens %d, recomputed %d", l.retractableSWA, c.retractableSWA)
 	}
-	if drained != l.drained {
-		fail("draining rooms hold %+v, recomputed %+v", l.drained, drained)
+	if c.drained != l.drained {
+		c.fail("draining rooms hold %+v, recomputed %+v", l.drained, c.drained)
 	}
+	if c.retractedFull != l.retractedFull || c.retractedSWA != l.retractedSWA {
+		c.fail("retracted requirements (%d, %d), recomputed (%d, %d)", l.retractedFull, l.retractedSWA, c.retractedFull, c.retractedSWA)
+	}
+}
+
+// freePositions checks that every free list's position index locates each
+// free item.
+func (c *invariantCheck) freePositions() {
+	l := c.l
 	for i, v := range l.pages.free {
 		if int(v) >= 0 && int(v) < len(l.pages.pos) && l.pages.pos[v] != int32(i) {
-			fail("pages: page %d at %d, position says %d", v, i, l.pages.pos[v])
+			c.fail("pages: page %d at %d, position says %d", v, i, l.pages.pos[v])
 		}
 	}
 	for i, v := range l.swaPages.free {
 		if int(v) >= 0 && int(v) < len(l.swaPages.pos) && l.swaPages.pos[v] != int32(i) {
-			fail("swa pages: page %d at %d, position says %d", v, i, l.swaPages.pos[v])
+			c.fail("swa pages: page %d at %d, position says %d", v, i, l.swaPages.pos[v])
 		}
 	}
 	for _, ring := range []struct {
@@ -193,76 +236,84 @@ func (l *Ledger) CheckInvariants() error {
 				j -= len(r.buf)
 			}
 			if v := r.buf[j]; r.inRange(v) && r.pos[v-r.first] != int32(j) {
-				fail("%s: slot %d at %d, position says %d", ring.name, v, j, r.pos[v-r.first])
+				c.fail("%s: slot %d at %d, position says %d", ring.name, v, j, r.pos[v-r.first])
 			}
 		}
 	}
-	if retractedFull != l.retractedFull || retractedSWA != l.retractedSWA {
-		fail("retracted requirements (%d, %d), recomputed (%d, %d)", l.retractedFull, l.retractedSWA, retractedFull, retractedSWA)
-	}
+}
 
-	checkHeap := func(name string, h *roomHeap, want int, member func(*room) bool) {
-		if !h.valid() {
-			fail("%s heap order or positions broken", name)
-		}
-		if h.len() != want {
-			fail("%s heap has %d rooms, want %d", name, h.len(), want)
-		}
-		for _, r := range h.items {
-			if got, ok := l.rooms[r.id]; !ok || got != r {
-				fail("%s heap holds room %d that is not live", name, r.id)
-			} else if !member(r) {
-				fail("%s heap holds room %d in state %s", name, r.id, r.state)
-			}
-		}
-	}
-	checkHeap("ready", &l.ready, counts[RoomReady], func(r *room) bool { return r.state == RoomReady })
-	checkHeap("running", &l.runMax, counts[RoomRunning], func(r *room) bool { return r.state == RoomRunning })
+// heaps checks the ready and running heaps: order, positions, members.
+func (c *invariantCheck) heaps() {
+	l := c.l
+	c.heap("ready", &l.ready, c.counts[RoomReady], func(r *room) bool { return r.state == RoomReady })
+	c.heap("running", &l.runMax, c.counts[RoomRunning], func(r *room) bool { return r.state == RoomRunning })
 	wantSWA := 0
 	if l.swaMode == swaTail {
-		wantSWA = counts[RoomRunning]
+		wantSWA = c.counts[RoomRunning]
 	}
-	checkHeap("running swa", &l.runSWAMax, wantSWA, func(r *room) bool { return r.state == RoomRunning })
+	c.heap("running swa", &l.runSWAMax, wantSWA, func(r *room) bool { return r.state == RoomRunning })
+}
 
-	checkList := func(name string, lst *roomList, state RoomState) {
-		n := 0
-		var prev *room
-		for r := lst.head; r != nil; r = r.next {
-			if r.prev != prev {
-				fail("%s list back link broken at room %d", name, r.id)
-				break
-			}
-			if r.state != state {
-				fail("%s list holds room %d in state %s", name, r.id, r.state)
-			}
-			if got, ok := l.rooms[r.id]; !ok || got != r {
-				fail("%s list holds room %d that is not live", name, r.id)
-			}
-			prev = r
-			n++
-			if n > len(l.rooms) {
-				fail("%s list has a cycle", name)
-				break
-			}
-		}
-		if lst.tail != prev {
-			fail("%s list tail is wrong", name)
-		}
-		if n != lst.n || n != counts[state] {
-			fail("%s list has %d rooms, records %d, state count %d", name, n, lst.n, counts[state])
+func (c *invariantCheck) heap(name string, h *roomHeap, want int, member func(*room) bool) {
+	if !h.valid() {
+		c.fail("%s heap order or positions broken", name)
+	}
+	if h.len() != want {
+		c.fail("%s heap has %d rooms, want %d", name, h.len(), want)
+	}
+	for _, r := range h.items {
+		if got, ok := c.l.rooms[r.id]; !ok || got != r {
+			c.fail("%s heap holds room %d that is not live", name, r.id)
+		} else if !member(r) {
+			c.fail("%s heap holds room %d in state %s", name, r.id, r.state)
 		}
 	}
-	checkList("retracted", &l.retracted, RoomRetracted)
-	checkList("held", &l.held, RoomHeld)
+}
 
-	for _, h := range l.freeHeld {
-		for id, r := range l.rooms {
+// lists checks the retracted and held lists: links, members, counts.
+func (c *invariantCheck) lists() {
+	c.list("retracted", &c.l.retracted, RoomRetracted)
+	c.list("held", &c.l.held, RoomHeld)
+}
+
+func (c *invariantCheck) list(name string, lst *roomList, state RoomState) {
+	n := 0
+	var prev *room
+	for r := lst.head; r != nil; r = r.next {
+		if r.prev != prev {
+			c.fail("%s list back link broken at room %d", name, r.id)
+			break
+		}
+		if r.state != state {
+			c.fail("%s list holds room %d in state %s", name, r.id, r.state)
+		}
+		if got, ok := c.l.rooms[r.id]; !ok || got != r {
+			c.fail("%s list holds room %d that is not live", name, r.id)
+		}
+		prev = r
+		n++
+		if n > len(c.l.rooms) {
+			c.fail("%s list has a cycle", name)
+			break
+		}
+	}
+	if lst.tail != prev {
+		c.fail("%s list tail is wrong", name)
+	}
+	if n != lst.n || n != c.counts[state] {
+		c.fail("%s list has %d rooms, records %d, state count %d", name, n, lst.n, c.counts[state])
+	}
+}
+
+// recycled checks that no recycled admission state is still a room's.
+func (c *invariantCheck) recycled() {
+	for _, h := range c.l.freeHeld {
+		for id, r := range c.l.rooms {
 			if r.held == h {
-				fail("recycled admission state of room %d is still live", id)
+				c.fail("recycled admission state of room %d is still live", id)
 			}
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // view is r with an empty admission state when it has none, for reading.

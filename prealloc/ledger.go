@@ -174,37 +174,11 @@ type Ledger struct {
 // (empty pools, more than 2^31-1 pages or slots) with an error. It does not apply Validate's cross-checks (e.g. metadata slots >=
 // request slots), so a deliberately odd but representable pool is accepted.
 func NewLedger(cfg kvlayout.Config, shard int) (*Ledger, error) {
+	nPages, nReq, nMeta, err := checkSizes(cfg)
+	if err != nil {
+		return nil, err
+	}
 	p, a := cfg.Pool, cfg.Admission
-	if !p.Kind.Known() {
-		return nil, fmt.Errorf("new ledger: unknown kv pool kind %d", int(p.Kind))
-	}
-	if p.PageSize <= 0 || p.PageSize > 1<<20 {
-		return nil, fmt.Errorf("new ledger: page size %d out of range (1..%d)", p.PageSize, 1<<20)
-	}
-	nPages := p.Pages()
-	if nPages <= 0 || nPages > math.MaxInt32 {
-		return nil, fmt.Errorf("new ledger: pool of %d pages cannot be represented (need 1..%d)", nPages, math.MaxInt32)
-	}
-	nReq := p.ReqSlots()
-	if p.RequestSlots <= 0 || nReq <= 0 || nReq >= math.MaxInt32 {
-		return nil, fmt.Errorf("new ledger: %d request slots cannot be represented (need 1..%d)", nReq, math.MaxInt32-1)
-	}
-	nMeta := p.Metadata()
-	if nMeta <= 0 || nMeta > math.MaxInt32 {
-		return nil, fmt.Errorf("new ledger: %d metadata slots cannot be represented (need 1..%d)", nMeta, math.MaxInt32)
-	}
-	if a.ReservedDecodeTokens < 0 || a.ReservedDecodeTokens > maxRequestTokens {
-		return nil, fmt.Errorf("new ledger: reserved decode tokens %d out of range", a.ReservedDecodeTokens)
-	}
-	if a.ClipMaxNewTokens <= 0 {
-		return nil, fmt.Errorf("new ledger: clip max new tokens %d must be > 0", a.ClipMaxNewTokens)
-	}
-	if a.MaxQueued < 0 {
-		return nil, fmt.Errorf("new ledger: negative max queued %d", a.MaxQueued)
-	}
-	if a.MaxBypass < 0 || a.MaxBypass > kvlayout.MaxBypassLimit {
-		return nil, fmt.Errorf("new ledger: max bypass %d out of range (0..%d)", a.MaxBypass, kvlayout.MaxBypassLimit)
-	}
 	l := &Ledger{
 		shard:     shard,
 		kind:      p.Kind,
@@ -232,15 +206,72 @@ func NewLedger(cfg kvlayout.Config, shard int) (*Ledger, error) {
 		l.stateType = st[0]
 	}
 	l.maxTotal = nPages * l.page
+	nSWA, err := l.kindPools(p)
+	if err != nil {
+		return nil, err
+	}
+	l.pages = newPageStack(int(nPages))
+	l.swaPages = newPageStack(int(nSWA))
+	l.reqSlots = newSlotRing(1, int(nReq)) // row 0 is padding (DecodeReqToTokenPool)
+	l.meta = newSlotRing(0, int(nMeta))
+	l.pool.limit = 2*int(nPages+nSWA) + 4096
+
+	l.ready = roomHeap{less: l.readyLess, pos: func(r *room) *int32 { return &r.readyIdx }}
+	l.runMax = roomHeap{less: func(a, b *room) bool { return a.runKey > b.runKey }, pos: func(r *room) *int32 { return &r.runIdx }}
+	l.runSWAMax = roomHeap{less: func(a, b *room) bool { return a.runSWAKey > b.runSWAKey }, pos: func(r *room) *int32 { return &r.runSWAIdx }}
+	return l, nil
+}
+
+// checkSizes refuses the sizes a ledger cannot represent and returns the
+// pool's pages, req_to_token rows and metadata slots.
+func checkSizes(cfg kvlayout.Config) (nPages, nReq, nMeta int64, err error) {
+	p, a := cfg.Pool, cfg.Admission
+	if !p.Kind.Known() {
+		return 0, 0, 0, fmt.Errorf("new ledger: unknown kv pool kind %d", int(p.Kind))
+	}
+	if p.PageSize <= 0 || p.PageSize > 1<<20 {
+		return 0, 0, 0, fmt.Errorf("new ledger: page size %d out of range (1..%d)", p.PageSize, 1<<20)
+	}
+	nPages = p.Pages()
+	if nPages <= 0 || nPages > math.MaxInt32 {
+		return 0, 0, 0, fmt.Errorf("new ledger: pool of %d pages cannot be represented (need 1..%d)", nPages, math.MaxInt32)
+	}
+	nReq = int64(p.ReqSlots())
+	if p.RequestSlots <= 0 || nReq <= 0 || nReq >= math.MaxInt32 {
+		return 0, 0, 0, fmt.Errorf("new ledger: %d request slots cannot be represented (need 1..%d)", nReq, math.MaxInt32-1)
+	}
+	nMeta = int64(p.Metadata())
+	if nMeta <= 0 || nMeta > math.MaxInt32 {
+		return 0, 0, 0, fmt.Errorf("new ledger: %d metadata slots cannot be represented (need 1..%d)", nMeta, math.MaxInt32)
+	}
+	if a.ReservedDecodeTokens < 0 || a.ReservedDecodeTokens > maxRequestTokens {
+		return 0, 0, 0, fmt.Errorf("new ledger: reserved decode tokens %d out of range", a.ReservedDecodeTokens)
+	}
+	if a.ClipMaxNewTokens <= 0 {
+		return 0, 0, 0, fmt.Errorf("new ledger: clip max new tokens %d must be > 0", a.ClipMaxNewTokens)
+	}
+	if a.MaxQueued < 0 {
+		return 0, 0, 0, fmt.Errorf("new ledger: negative max queued %d", a.MaxQueued)
+	}
+	if a.MaxBypass < 0 || a.MaxBypass > kvlayout.MaxBypassLimit {
+		return 0, 0, 0, fmt.Errorf("new ledger: max bypass %d out of range (0..%d)", a.MaxBypass, kvlayout.MaxBypassLimit)
+	}
+	return nPages, nReq, nMeta, nil
+}
+
+// kindPools sets up the pools of the kind beyond the full-attention one
+// (hybrid-swa's SWA pages, hybrid-linear's Mamba slots) and returns the SWA
+// pool's page count (0 without one).
+func (l *Ledger) kindPools(p kvlayout.PoolConfig) (int64, error) {
 	var nSWA int64
 	switch p.Kind {
 	case kvlayout.KindHybridSWA:
 		if p.SWA.Window <= 0 {
-			return nil, fmt.Errorf("new ledger: hybrid-swa sliding window %d must be > 0", p.SWA.Window)
+			return 0, fmt.Errorf("new ledger: hybrid-swa sliding window %d must be > 0", p.SWA.Window)
 		}
 		nSWA = p.SWA.TotalTokens / l.page
 		if nSWA <= 0 || nSWA > math.MaxInt32 {
-			return nil, fmt.Errorf("new ledger: SWA pool of %d pages cannot be represented (need 1..%d)", nSWA, math.MaxInt32)
+			return 0, fmt.Errorf("new ledger: SWA pool of %d pages cannot be represented (need 1..%d)", nSWA, math.MaxInt32)
 		}
 		l.window = int64(p.SWA.Window)
 		l.swaCap = nSWA * l.page
@@ -256,23 +287,14 @@ func NewLedger(cfg kvlayout.Config, shard int) (*Ledger, error) {
 	case kvlayout.KindHybridLinear:
 		l.mambaPerReq = p.Mamba.MambaSlotsPerReq()
 		if l.mambaPerReq > maxMambaSlotsPerReq {
-			return nil, fmt.Errorf("new ledger: %d mamba slots per request (ping_pong %d) not supported", l.mambaPerReq, p.Mamba.PingPong)
+			return 0, fmt.Errorf("new ledger: %d mamba slots per request (ping_pong %d) not supported", l.mambaPerReq, p.Mamba.PingPong)
 		}
 		if p.Mamba.StateSlots < l.mambaPerReq || p.Mamba.StateSlots > math.MaxInt32 {
-			return nil, fmt.Errorf("new ledger: %d mamba state slots cannot hold one request (%d slots each)", p.Mamba.StateSlots, l.mambaPerReq)
+			return 0, fmt.Errorf("new ledger: %d mamba state slots cannot hold one request (%d slots each)", p.Mamba.StateSlots, l.mambaPerReq)
 		}
 		l.mambaS = newSlotRing(0, p.Mamba.StateSlots)
 	}
-	l.pages = newPageStack(int(nPages))
-	l.swaPages = newPageStack(int(nSWA))
-	l.reqSlots = newSlotRing(1, nReq) // row 0 is padding (DecodeReqToTokenPool)
-	l.meta = newSlotRing(0, nMeta)
-	l.pool.limit = 2*int(nPages+nSWA) + 4096
-
-	l.ready = roomHeap{less: l.readyLess, pos: func(r *room) *int32 { return &r.readyIdx }}
-	l.runMax = roomHeap{less: func(a, b *room) bool { return a.runKey > b.runKey }, pos: func(r *room) *int32 { return &r.runIdx }}
-	l.runSWAMax = roomHeap{less: func(a, b *room) bool { return a.runSWAKey > b.runSWAKey }, pos: func(r *room) *int32 { return &r.runSWAIdx }}
-	return l, nil
+	return nSWA, nil
 }
 
 // readyLess orders the ready heap. SGLang sorts the queue by
@@ -538,29 +560,6 @@ func (l *Ledger) freeMeta(r *room) {
 	}
 }
 
-func (l *Ledger) addRunning(r *room) {
-	r.runTokens = int64(r.req.PromptLen) + int64(r.req.OutputLen)
-	r.runKey = l.clipped(r.req.MaxNewTokens) + int64(r.req.PromptLen)
-	l.retractable += r.runTokens
-	l.runMax.push(r)
-	if l.swaMode == swaTail {
-		r.runSWATok = l.swaTailLen(int64(r.req.PromptLen)) + int64(r.req.OutputLen)
-		r.runSWAKey = l.swaTailLen(int64(r.req.PromptLen)) + l.clipped(r.req.MaxNewTokens)
-		l.retractableSWA += r.runSWATok
-		l.runSWAMax.push(r)
-	}
-}
-
-func (l *Ledger) removeRunning(r *room) {
-	l.retractable -= r.runTokens
-	l.runMax.remove(r)
-	if l.swaMode == swaTail {
-		l.retractableSWA -= r.runSWATok
-		l.runSWAMax.remove(r)
-	}
-	r.runTokens, r.runSWATok = 0, 0
-}
-
 // detach removes r from whatever queue structure its state puts it in.
 func (l *Ledger) detach(r *room) {
 	switch r.state {
@@ -606,471 +605,3 @@ func wrongState(op string, r *room) error {
 }
 
 // ---- public API ----
-
-// Enqueue adds a room to the admission queue, not yet ready (waiting for its
-// handshake). It runs SGLang's entry capacity check first: a request that
-// can never fit returns a *CapacityError whose Error() is SGLang's exact
-// message (unwrapped, so it can be returned to the client verbatim) and
-// nothing is allocated. Other errors: ErrInvalidRequest, ErrDraining,
-// errRoomExists, ErrQueueFull. The room's queue position is fixed here:
-// arrival order, or priority then arrival order.
-func (l *Ledger) Enqueue(req Request) error { return l.EnqueueEntry(new(Entry), req) }
-
-// EnqueueEntry is Enqueue with the room's record kept in e, which the
-// caller owns (see Entry): e must not be in a ledger already, and the
-// ledger uses it until the room is gone (Release, a dropped held
-// room).
-func (l *Ledger) EnqueueEntry(e *Entry, req Request) error {
-	if err := checkRequest("enqueue", req); err != nil {
-		return err
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.draining {
-		return fmt.Errorf("enqueue room %d: %w", req.Room, ErrDraining)
-	}
-	if _, ok := l.rooms[req.Room]; ok {
-		return fmt.Errorf("enqueue room %d: %w", req.Room, errRoomExists)
-	}
-	if err := l.capacityCheck(req); err != nil {
-		return err
-	}
-	if l.queued() >= l.maxQueued {
-		return fmt.Errorf("enqueue room %d: %d rooms queued: %w", req.Room, l.queued(), ErrQueueFull)
-	}
-	r := &e.r
-	l.newRoom(r, req)
-	l.setState(r, RoomWaiting)
-	return nil
-}
-
-// SetReady marks a waiting room's handshake as done (prefill known, DP rank
-// resolved) so that admission passes consider it, at its original queue
-// position. Idempotent for a ready room; errWrongState otherwise.
-func (l *Ledger) SetReady(id uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, err := l.lookup("set ready", id)
-	if err != nil {
-		return err
-	}
-	switch r.state {
-	case RoomReady:
-		return nil
-	case RoomWaiting:
-		l.setState(r, RoomReady)
-		l.ready.push(r)
-		return nil
-	}
-	return wrongState("set ready", r)
-}
-
-// Claim records that every required prefill rank claimed the room's
-// destination. Idempotent for a claimed
-// room; errWrongState unless the room is admitted.
-func (l *Ledger) Claim(id uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, err := l.lookup("claim", id)
-	if err != nil {
-		return err
-	}
-	switch r.state {
-	case RoomClaimed:
-		return nil
-	case RoomAdmitted:
-		l.setState(r, RoomClaimed)
-		return nil
-	}
-	return wrongState("claim", r)
-}
-
-// Allocation returns what the room holds. ok is false if the room is unknown
-// or holds nothing (waiting, ready, retracted, held). For an admitted or
-// claimed room Pages are the transfer destination (kv_to_page_indices of the
-// tokens prefill writes); for a resumed, running or draining room they are
-// every page it holds (and State its live state). MetadataSlot is -1 when
-// the room holds none (resumed, running, and draining rooms drained from
-// those).
-// The slices are owned by the ledger; see the package documentation.
-func (l *Ledger) Allocation(id uint64) (Allocation, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, ok := l.rooms[id]
-	if !ok || !r.state.holdsAllocation() {
-		return Allocation{}, false
-	}
-	return l.allocationOf(r), true
-}
-
-// stateOf is the room's state component as SGLang's pop_preallocated builds
-// it (one entry per kv_args.state_types; decodeplane kinds have at most one).
-func (l *Ledger) stateOf(r *room, xfer bool, pages []int32) kvlayout.StateIndices {
-	si := kvlayout.StateIndices{Type: l.stateType}
-	switch l.stateType {
-	case kvlayout.StateMamba:
-		// _mamba_payload: the request's main Mamba slot only.
-		si.Indices = r.mamba[0:1:1]
-	case kvlayout.StateSWA:
-		if xfer {
-			si.Indices = r.swa[r.swaOff+r.xferSWA[0] : r.swaOff+r.xferSWA[1]]
-		} else {
-			si.Indices = r.swa[r.swaOff:]
-		}
-	case kvlayout.StateDSA:
-		// _dsa_payload: full-sequence page ids at the device page size.
-		si.Indices = pages
-	}
-	return si
-}
-
-// allocationOf renders r's allocation. A room in its admission view
-// (admitted, claimed, resumed) shares the State entry written once by
-// admissionView; a running room gets a fresh State slice, so a caller's
-// earlier view never changes under it.
-func (l *Ledger) allocationOf(r *room) Allocation {
-	a := Allocation{
-		ReqSlot:      r.reqSlot,
-		MetadataSlot: r.metaSlot,
-		FillLen:      int(r.fill),
-		AllocTokens:  int(int64(len(r.pages)) * l.page),
-		Pages:        r.pages,
-	}
-	xfer := r.state == RoomAdmitted || r.state == RoomClaimed
-	if xfer {
-		a.Pages = r.pages[:r.xferPages:r.xferPages]
-	}
-	if r.nMamba > 1 {
-		a.MambaPingPong = r.mamba[1:r.nMamba:r.nMamba]
-	}
-	if l.stateType == 0 {
-		return a
-	}
-	if r.state == RoomRunning || r.state == RoomDraining {
-		a.State = []kvlayout.StateIndices{l.stateOf(r, false, a.Pages)}
-	} else {
-		a.State = r.stateBuf[:1:1]
-	}
-	return a
-}
-
-// admissionView writes the room's admission-time State entry (once per
-// admission or resumption) and returns its allocation.
-func (l *Ledger) admissionView(r *room) Allocation {
-	if l.stateType != 0 {
-		xfer := r.state == RoomAdmitted
-		pages := r.pages
-		if xfer {
-			pages = r.pages[:r.xferPages:r.xferPages]
-		}
-		r.stateBuf[0] = l.stateOf(r, xfer, pages)
-	}
-	return l.allocationOf(r)
-}
-
-// StartRunning records that the room's transfer succeeded (admitted or
-// claimed room) or that its CPU copy was restored (resumed room): it joins
-// the running set with PromptLen + OutputLen tokens and keeps its pages; its
-// metadata slot is reset and freed (pop_transferred). A rebootstrap room
-// stops being one (the recompute is done). errWrongState otherwise.
-func (l *Ledger) StartRunning(id uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, err := l.lookup("start running", id)
-	if err != nil {
-		return err
-	}
-	switch r.state {
-	case RoomAdmitted, RoomClaimed, RoomResumed:
-	default:
-		return wrongState("start running", r)
-	}
-	l.freeMeta(r)
-	r.req.Rebootstrap = false
-	l.setState(r, RoomRunning)
-	l.addRunning(r)
-	return nil
-}
-
-// UpdateRunning records that a running room's output now has outputLen
-// tokens (len(output_ids)). It allocates KV pages when the sequence
-// (prompt + outputLen tokens, the KV the next decode step writes) crosses a
-// page boundary and returns the new page indices in token order (nil if
-// none). On a hybrid-swa pool it also grows the room's SWA pages and frees
-// the SWA pages that slid out of the window (see the package documentation).
-// If the pools are short it returns ErrNoCapacity and allocates nothing.
-// outputLen may not shrink (ErrInvalidRequest, nothing changed). Every call
-// that is not refused — grown, unchanged or ErrNoCapacity — is also the
-// engine's decode-step report that lets rooms retracted before it resume
-// (see Retract).
-func (l *Ledger) UpdateRunning(id uint64, outputLen int) ([]int32, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, err := l.lookup("update running", id)
-	if err != nil {
-		return nil, err
-	}
-	if r.state != RoomRunning {
-		return nil, wrongState("update running", r)
-	}
-	if outputLen < r.req.OutputLen || outputLen > maxRequestTokens {
-		return nil, fmt.Errorf("update running room %d: output length %d (was %d): %w", id, outputLen, r.req.OutputLen, ErrInvalidRequest)
-	}
-	// A valid report, grown or not: rooms retracted before it may resume.
-	l.steps++
-	seq := int64(r.req.PromptLen) + int64(outputLen)
-	have := len(r.pages)
-	want := max(have, int(ceilDiv(seq, l.page)))
-	newFull := want - have
-
-	// SWA: ScheduleBatch._evict_swa frees the SWA KV of tokens before
-	// page_floor(max(evicted, pre_len - window - page)) with pre_len = seq - 1.
-	var swaEvict, swaAlloc, newFirst int
-	if l.swaMode != swaNone {
-		liveEnd := r.swaFirst + len(r.swa) - r.swaOff
-		evTok := max(int64(r.swaFirst)*l.page, seq-1-l.window-l.page)
-		newFirst = max(r.swaFirst, int(evTok/l.page))
-		swaEvict = min(newFirst, liveEnd) - r.swaFirst
-		swaAlloc = max(0, want-max(liveEnd, newFirst))
-		if l.swaPages.avail()+swaEvict < swaAlloc {
-			return nil, fmt.Errorf("update running room %d: %d SWA pages needed, %d free: %w", id, swaAlloc, l.swaPages.avail()+swaEvict, ErrNoCapacity)
-		}
-	}
-	if l.pages.avail() < newFull {
-		return nil, fmt.Errorf("update running room %d: %d pages needed, %d free: %w", id, newFull, l.pages.avail(), ErrNoCapacity)
-	}
-	// Commit.
-	delta := int64(outputLen - r.req.OutputLen)
-	r.req.OutputLen = outputLen
-	r.runTokens += delta
-	l.retractable += delta
-	if l.swaMode == swaTail {
-		r.runSWATok += delta
-		l.retractableSWA += delta
-	}
-	if l.swaMode != swaNone {
-		if swaEvict > 0 {
-			l.swaPages.give(r.swa[r.swaOff : r.swaOff+swaEvict])
-			r.swaOff += swaEvict
-		}
-		if newFirst > r.swaFirst+swaEvict {
-			// Every live SWA page was evicted and the window starts past them.
-			r.swaOff = len(r.swa)
-		}
-		r.swaFirst = newFirst
-		if swaAlloc > 0 {
-			if cap(r.swa)-len(r.swa) < swaAlloc {
-				live := r.swa[r.swaOff:]
-				ns := append(l.pool.get(len(live)+swaAlloc), live...)
-				if r.swa != nil {
-					r.retired = append(r.retired, r.swa)
-				}
-				r.swa, r.swaOff = ns, 0
-			}
-			r.swa = l.swaPages.take(r.swa, swaAlloc)
-		}
-	}
-	if newFull == 0 {
-		return nil, nil
-	}
-	if cap(r.pages)-have < newFull {
-		np := append(l.pool.get(want), r.pages...)
-		if r.pages != nil {
-			r.retired = append(r.retired, r.pages)
-		}
-		r.pages = np
-	}
-	r.pages = l.pages.take(r.pages, newFull)
-	return r.pages[have:want:want], nil
-}
-
-// Retract moves a running room to the retracted queue (KV pressure; the
-// engine keeps a CPU copy): its req slot, pages and state slots are freed at
-// once. Admission passes resume retracted rooms first, in retraction order,
-// and admit nothing new while any remain. SGLang retracts inside
-// update_running_batch: the running batch then grows into the freed pages,
-// and only the next process_decode_queue resumes retracted requests. The
-// ledger keeps that order across separate calls: while rooms are running, a
-// retracted room is not resumed before the next UpdateRunning (the engine's
-// next decode-step report); with no running room it may resume at the next
-// pass. Refused unless running; ErrCannotResume if the room could not resume even
-// on an empty shard (fill_len + R beyond the pool, or its SWA tail beyond
-// the SWA pool): nothing changes then (Hold or Release it instead).
-func (l *Ledger) Retract(id uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, err := l.lookup("retract", id)
-	if err != nil {
-		return err
-	}
-	if r.state != RoomRunning {
-		return wrongState("retract", r)
-	}
-	// _prealloc_required_tokens of the retracted request: fill_len + R for
-	// the full pool and swa_tail_len(fill_len) (+0, no radix cache) for SWA.
-	fill := fillLen(r.req)
-	full := fill + l.reserve
-	var swaNeed int64
-	if l.swaMode == swaTail {
-		swaNeed = l.swaTailLen(fill)
-	}
-	// A room that could not resume even on an empty shard would stay
-	// retracted forever and block every admission behind it: refuse.
-	_, swaPages := l.need(fill)
-	if full > l.maxTotal || swaNeed > l.swaCap || swaPages > l.swaPages.total {
-		return fmt.Errorf("retract room %d: it could never resume: fill_len %d + %d reserved tokens > %d pool tokens (or its SWA tail > %d): %w",
-			id, fill, l.reserve, l.maxTotal, l.swaCap, ErrCannotResume)
-	}
-	l.removeRunning(r)
-	l.freeResources(r)
-	r.retFill, r.retFull, r.retSWA = fill, full, swaNeed
-	r.retStep = l.steps
-	l.retractedFull += r.retFull
-	l.retractedSWA += r.retSWA
-	l.setState(r, RoomRetracted)
-	l.retracted.pushBack(r)
-	return nil
-}
-
-// Hold moves a running room to the held rebootstrap list
-// (pause_generation(mode="retract")): its resources are freed and it is not
-// admitted again until ResumeHeld. Like SGLang, the boundary token is popped
-// from the output (OutputLen decreases by one if positive); it is replayed
-// at commit. errWrongState unless running.
-func (l *Ledger) Hold(id uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, err := l.lookup("hold", id)
-	if err != nil {
-		return err
-	}
-	if r.state != RoomRunning {
-		return wrongState("hold", r)
-	}
-	l.removeRunning(r)
-	l.freeResources(r)
-	r.req.OutputLen = max(r.req.OutputLen-1, 0)
-	r.req.Rebootstrap = true
-	l.setState(r, RoomHeld)
-	l.held.pushBack(r)
-	return nil
-}
-
-// ResumeHeld is continue_generation: every held room re-enters the queue, in
-// hold order, behind the rooms already queued, as a rebootstrap request
-// (fill_len with no -1) that is NOT ready (it needs a new handshake). It
-// returns the rooms that re-entered. A held room that fails the entry
-// capacity check (SGLang's add() aborts it) is released and omitted. Held
-// rooms re-enter even beyond admission.max_queued or while draining: they
-// are existing requests, not new ones.
-func (l *Ledger) ResumeHeld() []uint64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.held.n == 0 {
-		return nil
-	}
-	out := make([]uint64, 0, l.held.n)
-	for r := l.held.head; r != nil; {
-		next := r.next
-		if l.capacityCheck(r.req) != nil {
-			l.drop(r)
-			r = next
-			continue
-		}
-		l.held.remove(r)
-		r.seq = l.nextSeq
-		r.bypassed = 0
-		l.nextSeq++
-		l.setState(r, RoomWaiting)
-		out = append(out, r.id)
-		r = next
-	}
-	return out
-}
-
-// Release ends the room from any state and returns exactly what it holds to
-// the pools. An unknown or already released room is errUnknownRoom (never a
-// double free). Unlike SGLang, held rebootstrap rooms can be released too.
-// For a draining room this is the deferred release: its pages, slots and
-// metadata slot become free at once.
-func (l *Ledger) Release(id uint64) error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, err := l.lookup("release", id)
-	if err != nil {
-		return err
-	}
-	l.drop(r)
-	return nil
-}
-
-// Drain stops taking new rooms (Enqueue returns ErrDraining) and stops
-// admitting queued rooms (Admit reports BlockDraining). Existing rooms can
-// still be claimed, run, retracted, resumed from retraction (so that running
-// requests can finish) and released. Drain cannot be undone.
-func (l *Ledger) Drain() {
-	l.mu.Lock()
-	l.draining = true
-	l.mu.Unlock()
-}
-
-// State returns the room's lifecycle state; ok is false for an unknown room.
-func (l *Ledger) State(id uint64) (RoomState, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, ok := l.rooms[id]
-	if !ok {
-		return 0, false
-	}
-	return r.state, true
-}
-
-// RoomRequest returns the ledger's view of the room's request: OutputLen as
-// last reported (UpdateRunning), popped by Hold, and Rebootstrap as set by
-// Hold or cleared by StartRunning.
-func (l *Ledger) RoomRequest(id uint64) (Request, bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	r, ok := l.rooms[id]
-	if !ok {
-		return Request{}, false
-	}
-	return r.req, true
-}
-
-// Stats returns a snapshot of the shard's accounting.
-func (l *Ledger) Stats() Stats {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	rs := func(total, free int, draining int64) ResourceStats {
-		return ResourceStats{Total: int64(total), Free: int64(free), Used: int64(total - free), Draining: draining}
-	}
-	d := &l.drained
-	s := Stats{
-		Shard:       l.shard,
-		Pages:       rs(l.pages.total, l.pages.avail(), d.pages),
-		ReqSlots:    rs(len(l.reqSlots.buf), l.reqSlots.avail(), d.req),
-		MetaSlots:   rs(len(l.meta.buf), l.meta.avail(), d.meta),
-		Waiting:     l.counts[RoomWaiting],
-		Ready:       l.counts[RoomReady],
-		Admitted:    l.counts[RoomAdmitted],
-		Claimed:     l.counts[RoomClaimed],
-		Resumed:     l.counts[RoomResumed],
-		Running:     l.counts[RoomRunning],
-		Retracted:   l.counts[RoomRetracted],
-		Held:        l.counts[RoomHeld],
-		Draining:    l.counts[RoomDraining],
-		LastBlocked: l.lastBlocked,
-		FullBudget:  l.lastFull,
-		Budget:      l.fullBudget(true, true),
-		SWABudget:   l.lastSWABudget,
-		Retractable: l.retractable,
-	}
-	if l.mambaPerReq > 0 {
-		s.MambaSlots = rs(len(l.mambaS.buf), l.mambaS.avail(), d.mamba)
-	}
-	if l.swaMode != swaNone {
-		s.SWAPages = rs(l.swaPages.total, l.swaPages.avail(), d.swa)
-	}
-	return s
-}
