@@ -181,6 +181,50 @@ func run(args []string, stderr io.Writer) int {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	agent := newAgent(o, log)
+	svc := agentservice.New(agent, log)
+	serverOpts, stopTLS, err := serverOptions(o, log)
+	if err != nil {
+		log.Error("TLS files", "err", err)
+		return exitUsage
+	}
+	defer stopTLS()
+	gs := grpc.NewServer(serverOpts...)
+	svc.Register(gs)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	if o.reflection {
+		reflection.Register(gs)
+	}
+	lis, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		log.Error("listen failed", "listen", o.listen, "err", err)
+		return exitFailure
+	}
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus("decodeplane.transfer.v1.TransferAgent", healthpb.HealthCheckResponse_SERVING)
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- gs.Serve(lis) }()
+	log.Info("decodeplane-agent serving", "listen", lis.Addr().String(), "version", version, "instance", svc.Instance(), "max_memory_mb", o.maxMemoryMB, "tls", o.tls.mode())
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "reason", context.Cause(ctx))
+	case err := <-serveErr:
+		log.Error("serve failed", "err", err)
+		svc.Close()
+		return exitFailure
+	}
+	hs.Shutdown()
+	svc.Close() // cancel batches in flight; ends the completion streams
+	stopServer(gs, o.shutdownTimeout, log)
+	log.Info("decodeplane-agent stopped")
+	return exitOK
+}
+
+// newAgent is the reference agent over host memory, with the faults the
+// flags inject.
+func newAgent(o options, log *slog.Logger) *hostmem.Agent {
 	agent := hostmem.NewAgent(hostmem.New(o.maxMemoryMB << 20))
 	if len(o.holdRooms) > 0 {
 		log.Warn("fault injection: holding the batches of rooms", "rooms", o.holdRooms)
@@ -201,20 +245,25 @@ func run(args []string, stderr io.Writer) int {
 			return nil
 		})
 	}
-	svc := agentservice.New(agent, log)
+	return agent
+}
+
+// serverOptions are the gRPC server's options: the decoding codec, the
+// message bounds, TLS (its reloader runs until stop), recovery and
+// validation.
+func serverOptions(o options, log *slog.Logger) (opts []grpc.ServerOption, stop func(), err error) {
+	stop = func() {}
 	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
 		return status.Error(codes.Internal, "internal error (logged by the agent)")
 	})
 	serverOpts := append(grpcdecode.DecodeOptions(), // first: undecodable requests are InvalidArgument
 		grpc.MaxRecvMsgSize(64<<20), grpc.MaxSendMsgSize(64<<20))
-	var reloader *tlsreload.Reloader
 	if o.tls.cert != "" {
-		reloader, err = tlsreload.New(tlsreload.Options{Name: "agent", Interval: o.tls.reloadInterval, Logger: log,
+		reloader, err := tlsreload.New(tlsreload.Options{Name: "agent", Interval: o.tls.reloadInterval, Logger: log,
 			Files: tlsreload.Files{Cert: o.tls.cert, Key: o.tls.key, CA: o.tls.clientCA}})
 		if err != nil {
-			log.Error("TLS files", "err", err)
-			return exitUsage
+			return nil, stop, err
 		}
 		serverOpts = append(serverOpts, grpc.Creds(reloader.ServerCredentials(o.tls.requireClientCert)))
 		rctx, cancel := context.WithCancel(context.Background())
@@ -223,49 +272,30 @@ func run(args []string, stderr io.Writer) int {
 			defer close(reloadDone)
 			_ = reloader.Run(rctx)
 		}()
-		defer func() {
+		stop = func() {
 			cancel()
 			<-reloadDone
-		}()
+		}
 	}
-	gs := grpc.NewServer(append(serverOpts,
+	return append(serverOpts,
 		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recoveryOpt), validator.UnaryServerInterceptor()),
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recoveryOpt), validator.StreamServerInterceptor()),
-	)...)
-	svc.Register(gs)
-	hs := health.NewServer()
-	healthpb.RegisterHealthServer(gs, hs)
-	if o.reflection {
-		reflection.Register(gs)
-	}
-	lis, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		log.Error("listen failed", "listen", o.listen, "err", err)
-		return exitFailure
-	}
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus("decodeplane.transfer.v1.TransferAgent", healthpb.HealthCheckResponse_SERVING)
-	serveErr := make(chan error, 1)
-	go func() { serveErr <- gs.Serve(lis) }()
-	tlsMode := "off (plaintext)"
-	switch {
-	case o.tls.cert != "" && o.tls.clientCA != "":
-		tlsMode = fmt.Sprintf("mutual TLS (client certificate required: %v)", o.tls.requireClientCert)
-	case o.tls.cert != "":
-		tlsMode = "TLS"
-	}
-	log.Info("decodeplane-agent serving", "listen", lis.Addr().String(), "version", version, "instance", svc.Instance(), "max_memory_mb", o.maxMemoryMB, "tls", tlsMode)
+	), stop, nil
+}
 
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down", "reason", context.Cause(ctx))
-	case err := <-serveErr:
-		log.Error("serve failed", "err", err)
-		svc.Close()
-		return exitFailure
+// mode says how the agent's server is secured, for its start line.
+func (t tlsOptions) mode() string {
+	switch {
+	case t.cert != "" && t.clientCA != "":
+		return fmt.Sprintf("mutual TLS (client certificate required: %v)", t.requireClientCert)
+	case t.cert != "":
+		return "TLS"
 	}
-	hs.Shutdown()
-	svc.Close() // cancel batches in flight; ends the completion streams
+	return "off (plaintext)"
+}
+
+// stopServer stops gs gracefully, forcibly after timeout.
+func stopServer(gs *grpc.Server, timeout time.Duration, log *slog.Logger) {
 	done := make(chan struct{})
 	go func() {
 		gs.GracefulStop()
@@ -273,11 +303,9 @@ func run(args []string, stderr io.Writer) int {
 	}()
 	select {
 	case <-done:
-	case <-time.After(o.shutdownTimeout):
+	case <-time.After(timeout):
 		log.Warn("graceful stop did not finish in time; stopping")
 		gs.Stop()
 		<-done
 	}
-	log.Info("decodeplane-agent stopped")
-	return exitOK
 }

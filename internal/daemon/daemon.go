@@ -198,18 +198,9 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		d.lis = opts.Listener
 	}
 
-	if opts.TracerProvider != nil {
-		d.tp = opts.TracerProvider
-		d.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
-	} else {
-		tr, err := telemetry.NewTracing(ctx, opts.Environ, telemetry.As{Service: "decodeplane", Component: "daemon", Version: opts.Version})
-		if err != nil {
-			return nil, err
-		}
-		d.tp, d.prop, d.tracing = tr.Provider, tr.Propagator, tr.Exporting
-		d.closers = append(d.closers, tr.Shutdown) // closers run in reverse: spans flush last
+	if err := d.buildTracing(ctx, opts); err != nil {
+		return nil, err
 	}
-
 	d.metrics = metrics.New()
 	serverTLS, agentTLS, err := buildTLS(cfg, log, d.metrics.Registry())
 	if err != nil {
@@ -218,21 +209,49 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	d.loops = append(d.loops, serverTLS.loops()...)
 	d.loops = append(d.loops, agentTLS.loops()...)
 	dec := cfg.Decode()
-	ledgers := make([]*prealloc.Ledger, max(1, cfg.Parallel.DP))
-	for i := range ledgers {
-		led, err := prealloc.NewLedger(dec, i)
-		if err != nil {
-			return nil, fmt.Errorf("decode shard %d: %w", i, err)
-		}
-		ledgers[i] = led
+	if err := d.buildEngine(cfg, dec, agentTLS); err != nil {
+		return nil, err
 	}
+	if err := d.buildManager(cfg, dec); err != nil {
+		return nil, err
+	}
+	if err := d.buildServer(cfg, dec, opts, serverTLS); err != nil {
+		return nil, err
+	}
+	if err := d.listen(cfg); err != nil {
+		return nil, err
+	}
+	ok = true
+	return d, nil
+}
+
+// buildTracing sets up the tracer provider and propagator: the caller's,
+// or OpenTelemetry's from the environment (OTEL_*).
+func (d *Daemon) buildTracing(ctx context.Context, opts Options) error {
+	if opts.TracerProvider != nil {
+		d.tp = opts.TracerProvider
+		d.prop = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+		return nil
+	}
+	tr, err := telemetry.NewTracing(ctx, opts.Environ, telemetry.As{Service: "decodeplane", Component: "daemon", Version: opts.Version})
+	if err != nil {
+		return err
+	}
+	d.tp, d.prop, d.tracing = tr.Provider, tr.Propagator, tr.Exporting
+	d.closers = append(d.closers, tr.Shutdown) // closers run in reverse: spans flush last
+	return nil
+}
+
+// buildEngine builds the transfer engine transfer.path names.
+func (d *Daemon) buildEngine(cfg config.Config, dec kvlayout.Config, agentTLS daemonAgentTLS) error {
+	log := d.log
 	switch cfg.Transfer.Path {
 	case config.PathSim:
 		d.engine = sim.NewSimEngine(cfg.Transfer.Sim, kvlayout.RealClock{})
 	case config.PathDelegate:
 		ac, err := agentclient.Dial(cfg.Transfer.Delegate.Target, agentclient.Options{Logger: log, TracerProvider: d.tp, Propagator: d.prop, Credentials: agentTLS.credentials()})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		d.closers = append(d.closers, func(context.Context) error { return ac.Close() })
 		de := delegate.NewDelegateEngine(cfg.Transfer.Delegate, ac, delegate.DelegateDeps{
@@ -245,13 +264,28 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		d.engineReady = true
 		d.engine = de
 	default:
-		return nil, &config.UsageError{Err: fmt.Errorf("transfer.path %q is not available in this build", cfg.Transfer.Path)}
+		return &config.UsageError{Err: fmt.Errorf("transfer.path %q is not available in this build", cfg.Transfer.Path)}
 	}
+	return nil
+}
+
+// buildManager builds the decode DP shards' ledgers and the room manager
+// over them.
+func (d *Daemon) buildManager(cfg config.Config, dec kvlayout.Config) error {
 	// kvmanager.New checks its own section; the transfer section is the
 	// composition root's, checked here with it (same problems, same order).
 	if err := errors.Join(cfg.Manager().Validate(), cfg.Transfer.Validate(), cfg.Transfer.ValidateFor(dec)); err != nil {
-		return nil, err
+		return err
 	}
+	ledgers := make([]*prealloc.Ledger, max(1, cfg.Parallel.DP))
+	for i := range ledgers {
+		led, err := prealloc.NewLedger(dec, i)
+		if err != nil {
+			return fmt.Errorf("decode shard %d: %w", i, err)
+		}
+		ledgers[i] = led
+	}
+	log := d.log
 	mgr, err := kvmanager.New(cfg.Manager(), dec, kvmanager.Deps{
 		Ledgers:        ledgers,
 		Engine:         d.engine,
@@ -261,14 +295,22 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		LeaseLiveness:  cfg.Registry.Backend == fleet.BackendEtcd,
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	d.mgr = mgr
 	d.metrics.Attach(mgr)
 	mgr.HoldForResync(cfg.Engine.ResyncTimeout) // engine.resync_timeout: no admission until the engine's resync (kvmanager/resync.go)
+	d.loops = append(d.loops, mgr.Run)
+	return nil
+}
+
+// buildServer builds the inbound API (and the fleet registry it serves,
+// registry.backend etcd) over the manager.
+func (d *Daemon) buildServer(cfg config.Config, dec kvlayout.Config, opts Options, serverTLS daemonServerTLS) error {
+	log, mgr := d.log, d.mgr
 	inc, err := newIncarnation()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	d.incarnation = inc
 	var registrar server.Registrar
@@ -279,7 +321,7 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 	if cfg.Registry.Backend == fleet.BackendEtcd {
 		fl, err := d.buildFleet(cfg, opts)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		registrar, fleetView = fl, fl
 	}
@@ -305,7 +347,7 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		ExtraServerOptions: append(serverTLS.options(), opts.ServerOptions...),
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
 	d.metrics.InitializeGRPC(srv.GRPC())
 	d.srv = srv
@@ -313,34 +355,34 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		degraded, reason, _ := d.fleet.State()
 		srv.SetRegistryState(degraded, reason)
 	}
-	d.loops = append(d.loops, mgr.Run)
+	return nil
+}
 
+// listen opens the gRPC listener (unless the caller gave one), the metrics
+// listener and the HTTP surfaces.
+func (d *Daemon) listen(cfg config.Config) error {
 	if d.lis == nil {
 		network, address, err := server.ListenAddr(cfg.Server.Listen, true)
 		if err != nil {
-			return nil, &config.UsageError{Err: fmt.Errorf("server.listen: %w", err)}
+			return &config.UsageError{Err: fmt.Errorf("server.listen: %w", err)}
 		}
 		lis, err := net.Listen(network, address)
 		if err != nil {
-			return nil, fmt.Errorf("listen on %s (server.listen): %w", cfg.Server.Listen, err)
+			return fmt.Errorf("listen on %s (server.listen): %w", cfg.Server.Listen, err)
 		}
 		d.lis = lis
 	}
 	if cfg.Server.MetricsListen != "" {
 		mlis, err := net.Listen("tcp", cfg.Server.MetricsListen)
 		if err != nil {
-			return nil, fmt.Errorf("listen on %s (server.metrics_listen): %w", cfg.Server.MetricsListen, err)
+			return fmt.Errorf("listen on %s (server.metrics_listen): %w", cfg.Server.MetricsListen, err)
 		}
 		d.mlis = mlis
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", d.metrics.Handler())
 		d.serveHTTP("metrics server", &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}, mlis)
 	}
-	if err := d.addHTTP(d.srv); err != nil {
-		return nil, err
-	}
-	ok = true
-	return d, nil
+	return d.addHTTP(d.srv)
 }
 
 // buildFleet builds the registry shared through etcd (registry.backend
