@@ -104,9 +104,9 @@ type invariantCheck struct {
 
 	pages, swa, req, meta, mamba *owners
 
-	counts                                                    [numRoomStates]int
+	counts                                                   [numRoomStates]int
 	retractable, retractableSWA, retractedFull, retractedSWA int64
-	drained                                                   drainedRes
+	drained                                                  drainedRes
 }
 
 func (c *invariantCheck) fail(format string, args ...any) {
