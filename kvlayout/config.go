@@ -64,6 +64,9 @@ type PoolConfig struct {
 	SWA SWAConfig `yaml:"swa"`
 	// Mamba is the linear-attention state of a hybrid-linear kind.
 	Mamba MambaConfig `yaml:"mamba"`
+	// Owner is who allocates the pool's pages: the daemon (the default) or
+	// the decode engine, which declares each room's destination.
+	Owner Owner `yaml:"owner"`
 }
 
 // SWAConfig is the sliding-window part of a hybrid-swa pool (kv_pool.swa).

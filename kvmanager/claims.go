@@ -102,6 +102,9 @@ func (ss shardSet) watch(id uint64, history, outcome bool, sink WatchSink) (*Wat
 	defer sh.unlock()
 	steps := e.Steps()
 	terminal := e.Phase().Terminal()
+	// A room that ended keeps its watchers until its pages are reusable
+	// (its last step says so).
+	reusable := terminal && !e.ReleasePending()
 	// The events already reached: every step (history), the current one, or
 	// the outcome (none yet: at is -1).
 	first, last := len(steps)-1, len(steps)-1
@@ -133,12 +136,14 @@ func (ss shardSet) watch(id uint64, history, outcome bool, sink WatchSink) (*Wat
 		snap := e.snapshot(false, false)
 		texts := e.Texts()
 		for i := first; i <= last; i++ {
-			if !w.send(RoomEvent{Room: snap, Transition: steps[i].Public(e.Addr(), texts), Terminal: terminal && i == len(steps)-1, Seq: uint32(i + 1)}) {
+			last := i == len(steps)-1
+			if !w.send(RoomEvent{Room: snap, Transition: steps[i].Public(e.Addr(), texts), Terminal: terminal && steps[i].Phase().Terminal(),
+				PagesReusable: reusable && last, Seq: uint32(i + 1)}) {
 				return w, nil // the sink refused it: the watch ended (ErrSlowConsumer)
 			}
 		}
 	}
-	if terminal || (outcome && first >= 0) {
+	if reusable || (outcome && first >= 0 && !terminal) {
 		w.close(nil)
 		return w, nil
 	}

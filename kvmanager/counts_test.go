@@ -81,7 +81,7 @@ func TestCountsMatchAWalk(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("rooms 2 and 10 aborted")
-	h.m.failRooms(func(e *entry) bool { return e.Addr() == a.addr && e.HandingOff() }, Failure{Code: FailurePrefillLost, Message: "lost"})
+	h.m.shards.fail(func(e *entry) bool { return e.Addr() == a.addr && e.HandingOff() }, Failure{Code: FailurePrefillLost, Message: "lost"})
 	check("the instance's rooms failed")
 	if _, _, err := h.m.AbortRoom(11, ""); err != nil {
 		t.Fatal(err)

@@ -76,17 +76,9 @@ type Manager struct {
 	draining atomic.Bool
 	closed   atomic.Bool
 
-	// prog is a waiting Shutdown's progress signal: made by Shutdown, closed
-	// (and forgotten) when a room stops handing off. waiting says whether a
-	// channel is set, so that a transition does not take the lock otherwise.
-	prog struct {
-		mu      sync.Mutex
-		ch      chan struct{}
-		waiting atomic.Bool
-	}
+	prog progress // a waiting Shutdown's progress signal (publish.go)
 
-	shutMu sync.Mutex
-	shut   ShutdownSummary // what Shutdown ended
+	shut shutdown // what Shutdown ended
 }
 
 // New builds a manager. dec must be validated.
@@ -135,10 +127,19 @@ func New(cfg Config, dec kvlayout.Config, deps Deps) (*Manager, error) {
 	m.params = &room.Params{
 		Layout: m.layout, Bootstrap: cfg.Timeouts.Bootstrap, Waiting: cfg.Timeouts.Waiting,
 		DPRankResolution: cfg.Timeouts.DPRankResolution, Retracted: cfg.Timeouts.Retracted, Held: cfg.Timeouts.Held,
-		ClaimTimeout: dec.Admission.ClaimTimeout, DeferredTimeout: cfg.Release.DeferredTimeout,
+		ClaimTimeout: dec.Admission.ClaimTimeout, DeferredTimeout: cfg.Release.DeferredTimeout, Owner: dec.Pool.Owner,
 	}
 	for i, led := range deps.Ledgers {
-		m.shards = append(m.shards, newShard(m, i, led))
+		sh := newShard(m, i, led)
+		if dec.Pool.Owner == kvlayout.OwnerEngine {
+			// The engine allocates: the shard holds what it declares.
+			h, err := prealloc.NewHolds(dec, i)
+			if err != nil {
+				return nil, fmt.Errorf("kvmanager: decode shard %d: %w", i, err)
+			}
+			sh.holds = h
+		}
+		m.shards = append(m.shards, sh)
 	}
 	m.pend.m = m
 	m.pend.rooms = map[uint64][]*Claim{}
@@ -171,15 +172,11 @@ func (m *Manager) Run(ctx context.Context) error {
 		case <-hb.C:
 			m.apply(m.reg.CheckLiveness())
 		case <-sweep.C:
-			m.sweep()
+			// DP-rank bindings expire; finished rooms past retention go.
+			m.reg.ExpireBindings()
+			m.shards.each(func(sh *shard) { sh.trim(m.clock.Now()) })
 		}
 	}
-}
-
-// sweep expires DP-rank bindings and forgets finished rooms past retention.
-func (m *Manager) sweep() {
-	m.reg.ExpireBindings()
-	m.shards.each(func(sh *shard) { sh.trim(m.clock.Now()) })
 }
 
 // Drain stops opening rooms (OpenRoom and claims for unopened rooms return
@@ -243,7 +240,7 @@ func (m *Manager) Shutdown(ctx context.Context) {
 		}
 	})
 	pending := m.pend.failAll()
-	m.addShutdown(ShutdownSummary{Failed: failed, PendingClaims: pending})
+	m.shut.add(ShutdownSummary{Failed: failed, PendingClaims: pending})
 	for {
 		// The signal is set before the rooms are counted: a room that stops
 		// handing off after its shard was counted closes it.
@@ -293,17 +290,23 @@ func (m *Manager) Shutdown(ctx context.Context) {
 		}
 	})
 	sum.PendingClaims = m.pend.failAll() // none can be left: AwaitDestination refuses them while draining
-	m.addShutdown(sum)
+	m.shut.add(sum)
 	m.dl.reset() // closed: no deadline applies any more
 }
 
-// addShutdown adds to what Shutdown ended.
-func (m *Manager) addShutdown(s ShutdownSummary) {
-	m.shutMu.Lock()
-	m.shut.Failed += s.Failed
-	m.shut.PendingClaims += s.PendingClaims
-	m.shut.Released += s.Released
-	m.shutMu.Unlock()
+// shutdown is what Shutdown ended, behind its own lock.
+type shutdown struct {
+	mu  sync.Mutex
+	sum ShutdownSummary
+}
+
+// add adds to what Shutdown ended.
+func (sd *shutdown) add(s ShutdownSummary) {
+	sd.mu.Lock()
+	sd.sum.Failed += s.Failed
+	sd.sum.PendingClaims += s.PendingClaims
+	sd.sum.Released += s.Released
+	sd.mu.Unlock()
 }
 
 // shutdownMessage is a room's FailureShutdown message: what decodeplane saw,
@@ -331,9 +334,9 @@ func (s ShutdownSummary) CutShort() bool { return s.Failed > 0 || s.PendingClaim
 
 // ShutdownSummary reports what Shutdown ended (zero before Shutdown).
 func (m *Manager) ShutdownSummary() ShutdownSummary {
-	m.shutMu.Lock()
-	defer m.shutMu.Unlock()
-	return m.shut
+	m.shut.mu.Lock()
+	defer m.shut.mu.Unlock()
+	return m.shut.sum
 }
 
 // ShardStats returns every shard's ledger stats.

@@ -54,6 +54,10 @@ type Observer interface {
 	// ResyncEnded is the end of the engine resync wait: d after it started,
 	// rooms adopted, expired when the timeout ended it.
 	ResyncEnded(d time.Duration, rooms int, expired bool)
+	// DeclarationRefused is a destination the decode engine declared that
+	// named something another room's hand-off still held (kv_pool.owner:
+	// engine), on a decode DP shard.
+	DeclarationRefused(shard int)
 }
 
 // NopObserver ignores every event.
@@ -75,3 +79,4 @@ func (NopObserver) PrefillInstanceReplaced(string)                 {}
 func (NopObserver) RoomEndAcks(string, int)                        {}
 func (NopObserver) RoomsAdopted(int)                               {}
 func (NopObserver) ResyncEnded(time.Duration, int, bool)           {}
+func (NopObserver) DeclarationRefused(int)                         {}

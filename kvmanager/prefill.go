@@ -117,11 +117,11 @@ func (m *Manager) apply(evs []registry.Event) int {
 			m.obs.PrefillRegistered(addr, ev.Replaced)
 		case registry.InstanceReplaced:
 			m.obs.PrefillInstanceReplaced(addr)
-			failed += m.failRooms(func(e *entry) bool { return e.Addr() == addr && e.HandingOff() },
+			failed += m.shards.fail(func(e *entry) bool { return e.Addr() == addr && e.HandingOff() },
 				Failure{Code: FailurePrefillLost, Message: ev.Message})
 		case registry.RankReplaced:
 			dp := ev.Rank.DP
-			failed += m.failRooms(func(e *entry) bool { return e.Addr() == addr && e.PrefillDP() == dp && e.HandingOff() },
+			failed += m.shards.fail(func(e *entry) bool { return e.Addr() == addr && e.PrefillDP() == dp && e.HandingOff() },
 				Failure{Code: FailurePrefillLost, Message: ev.Message})
 		case registry.InstanceComplete:
 			topo := ev.Instance.Topology
@@ -151,7 +151,7 @@ func (m *Manager) apply(evs []registry.Event) int {
 				m.log.Warn("prefill instance lost: heartbeats stopped", "bootstrap_addr", addr, "rooms_affected", n,
 					"silent_ranks", who, "silent_rank_count", ev.SilentTotal, "heartbeat_interval", ev.Interval, "heartbeat_max_failures", ev.MaxFailures)
 			}
-			failed += m.failRooms(func(e *entry) bool { return e.Addr() == addr && e.HandingOff() },
+			failed += m.shards.fail(func(e *entry) bool { return e.Addr() == addr && e.HandingOff() },
 				Failure{Code: FailurePrefillLost, Message: ev.LostMessage(n)})
 			m.obs.PrefillLost(addr, n)
 		}
@@ -169,9 +169,9 @@ func (m *Manager) Heartbeat(rank RankID, instanceID string) (time.Duration, int,
 
 // failRooms fails the rooms match selects, shard by shard (each shard's in
 // room order), and returns how many it failed.
-func (m *Manager) failRooms(match func(*entry) bool, f Failure) int {
+func (ss shardSet) fail(match func(*entry) bool, f Failure) int {
 	n := 0
-	m.shards.each(func(sh *shard) {
+	ss.each(func(sh *shard) {
 		for _, e := range sh.sorted(match) {
 			sh.fail(e, f)
 			n++

@@ -2,6 +2,8 @@ package kvmanager
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -95,12 +97,17 @@ func (sh *shard) moved(e *entry, mv room.Move) {
 	m.obs.RoomPhase(from, to)
 	sh.phaseSpan(e, mv)
 	if m.prog.waiting.Load() && from.Poll() != PollSuccess && !from.Terminal() && (to.Poll() == PollSuccess || to.Terminal()) {
-		m.signalProgress()
+		m.prog.signal()
 	}
 	if s := e.subs; s != nil && len(s.watchers) > 0 { // the snapshot is only for watchers: not on the hot path without them
 		// The event is built once, when a watcher wants it (an outcome
-		// watcher wants only the outcome, and ends with it).
+		// watcher wants only the outcome, and ends with it — or, for a room
+		// that ended before its pages were reusable, with the step that
+		// says they are).
 		outcome := to == PhaseSucceeded || to.Terminal()
+		// At shutdown nothing is waited for: the ledgers go away with the
+		// process, so a room's end is its watchers' last event.
+		reusable := to.Terminal() && (!e.ReleasePending() || m.closed.Load())
 		var ev RoomEvent
 		built := false
 		for w := range s.watchers {
@@ -108,19 +115,20 @@ func (sh *shard) moved(e *entry, mv room.Move) {
 				continue
 			}
 			if !built {
-				ev = RoomEvent{Room: e.snapshot(false, false), Transition: mv.Step.Public(e.Addr(), e.Texts()), Terminal: to.Terminal(), Seq: e.Seq()}
+				ev = RoomEvent{Room: e.snapshot(false, false), Transition: mv.Step.Public(e.Addr(), e.Texts()), Terminal: to.Terminal(),
+					PagesReusable: reusable, Seq: e.Seq()}
 				built = true
 			}
 			if !w.send(ev) {
 				delete(s.watchers, w)
 				continue
 			}
-			if w.outcome {
+			if w.outcome && (!to.Terminal() || reusable) {
 				w.close(nil)
 				delete(s.watchers, w)
 			}
 		}
-		if to.Terminal() {
+		if reusable {
 			for w := range s.watchers {
 				w.close(nil)
 			}
@@ -145,15 +153,24 @@ func (e *entry) snapshot(withTransitions, withPages bool) RoomSnapshot {
 	return s
 }
 
-// signalProgress wakes a waiting Shutdown: a room stopped handing off.
-func (m *Manager) signalProgress() {
-	m.prog.mu.Lock()
-	if m.prog.ch != nil {
-		close(m.prog.ch)
-		m.prog.ch = nil
-		m.prog.waiting.Store(false)
+// progress is a waiting Shutdown's signal: made by Shutdown, closed (and
+// forgotten) when a room stops handing off. waiting says whether a channel
+// is set, so that a transition does not take the lock otherwise.
+type progress struct {
+	mu      sync.Mutex
+	ch      chan struct{}
+	waiting atomic.Bool
+}
+
+// signal wakes a waiting Shutdown: a room stopped handing off.
+func (p *progress) signal() {
+	p.mu.Lock()
+	if p.ch != nil {
+		close(p.ch)
+		p.ch = nil
+		p.waiting.Store(false)
 	}
-	m.prog.mu.Unlock()
+	p.mu.Unlock()
 }
 
 // roomTrace is a traced room's spans: the room span from OpenRoom to

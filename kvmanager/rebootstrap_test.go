@@ -61,7 +61,7 @@ func TestT22DroppedHeldRoomFails(t *testing.T) {
 			h.open(addrA, room, func(r *OpenRequest) { r.MaxNewTokens = 4096 })
 			h.complete(room)
 		}
-		if _, noCap, notRunning := h.m.ReportRunning([]Usage{{Room: 1, OutputLen: 11300}}); len(noCap) != 0 || len(notRunning) != 0 {
+		if _, noCap, notRunning, _ := h.m.ReportRunning([]Usage{{Room: 1, OutputLen: 11300}}); len(noCap) != 0 || len(notRunning) != 0 {
 			t.Fatalf("ReportRunning: no capacity %v, not running %v", noCap, notRunning)
 		}
 		for _, room := range []uint64{1, 2} {

@@ -126,7 +126,7 @@ func TestResyncHoldsAdmission(t *testing.T) {
 		obs.mu.Unlock()
 
 		// Adopted rooms are running rooms: they grow, retract, resume and release.
-		if grown, noCap, notRunning := h.m.ReportRunning([]Usage{{Room: 1, OutputLen: 100}}); len(grown) != 1 || len(grown[0].NewPages) != 2 || noCap != nil || notRunning != nil {
+		if grown, noCap, notRunning, _ := h.m.ReportRunning([]Usage{{Room: 1, OutputLen: 100}}); len(grown) != 1 || len(grown[0].NewPages) != 2 || noCap != nil || notRunning != nil {
 			t.Fatalf("ReportRunning(adopted room 1) = %v, %v, %v; want 2 new pages", grown, noCap, notRunning)
 		}
 		if _, err := h.m.RetractRoom(2, RetractCPU); err != nil {

@@ -23,7 +23,7 @@ func retractedRoom(h *harness) uint64 {
 		h.complete(room)
 	}
 	// 1000 + 1900 tokens = 46 pages: 30 more.
-	grown, noCap, notRunning := h.m.ReportRunning([]Usage{{Room: 2, OutputLen: 1900}})
+	grown, noCap, notRunning, _ := h.m.ReportRunning([]Usage{{Room: 2, OutputLen: 1900}})
 	if len(grown) != 1 || len(grown[0].NewPages) != 30 || noCap != nil || notRunning != nil {
 		h.t.Fatalf("ReportRunning = %v, %v, %v; want 30 new pages", grown, noCap, notRunning)
 	}
@@ -58,7 +58,7 @@ func TestT20RetractWaitsForReportRunning(t *testing.T) {
 		h.open(addrA, 3)
 		h.wantPhase(3, PhaseQueued)
 		h.wantPhase(1, PhaseRetracted)
-		if grown, noCap, notRunning := h.m.ReportRunning([]Usage{{Room: 2, OutputLen: 1}}); grown != nil || noCap != nil || notRunning != nil {
+		if grown, noCap, notRunning, _ := h.m.ReportRunning([]Usage{{Room: 2, OutputLen: 1}}); grown != nil || noCap != nil || notRunning != nil {
 			t.Fatalf("ReportRunning = %v, %v, %v", grown, noCap, notRunning)
 		}
 		if s := h.wantPhase(1, PhaseSucceeded); s.NumPages != 16 {
@@ -87,7 +87,7 @@ func TestT20RetractAndResume(t *testing.T) {
 		// While a retracted room waits, nothing new is admitted.
 		h.open(addrA, 3, func(r *OpenRequest) { r.PromptLen = 64 })
 		h.wantPhase(3, PhaseQueued)
-		if grown, _, notRunning := h.m.ReportRunning([]Usage{{Room: room, OutputLen: 10}}); grown != nil || !slices.Equal(notRunning, []uint64{room}) {
+		if grown, _, notRunning, _ := h.m.ReportRunning([]Usage{{Room: room, OutputLen: 10}}); grown != nil || !slices.Equal(notRunning, []uint64{room}) {
 			t.Errorf("ReportRunning(retracted) = %v, notRunning %v; want not running", grown, notRunning)
 		}
 		// Room 2 finishing frees enough for room 1 to resume, then room 3.
@@ -101,7 +101,7 @@ func TestT20RetractAndResume(t *testing.T) {
 		}
 		h.wantPhase(3, PhaseAdmitted)
 		// The resumed room runs again: it grows, and can be retracted again.
-		if grown, noCap, notRunning := h.m.ReportRunning([]Usage{{Room: room, OutputLen: 100}}); len(grown) != 1 || noCap != nil || notRunning != nil {
+		if grown, noCap, notRunning, _ := h.m.ReportRunning([]Usage{{Room: room, OutputLen: 100}}); len(grown) != 1 || noCap != nil || notRunning != nil {
 			t.Errorf("ReportRunning(resumed) = %v, %v, %v; want it to grow by a page", grown, noCap, notRunning)
 		}
 		if s, err := h.m.RetractRoom(room, RetractCPU); err != nil || s.Phase != PhaseRetracted || s.NumPages != 0 {

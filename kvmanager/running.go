@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/prealloc"
@@ -51,8 +52,13 @@ type Grown struct {
 // decode step: once every listed room has grown, each shard with a listed
 // running room runs an admission pass (SGLang's process_decode_queue after
 // the batch), which resumes the rooms retracted before this report when
-// their pages and reserve fit, then admits queued rooms.
-func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRunning []uint64) {
+// their pages and reserve fit, then admits queued rooms. When the decode
+// engine owns the pages (kv_pool.owner: engine) its own allocator grows
+// them: ErrEngineOwnsPages.
+func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRunning []uint64, err error) {
+	if m.dec.Pool.Owner == kvlayout.OwnerEngine {
+		return nil, nil, nil, fmt.Errorf("report running: %w", ErrEngineOwnsPages)
+	}
 	var stepped []bool // shards with a running room in this report
 	for _, u := range usage {
 		sh, e := m.shards.lock(u.Room)
@@ -89,7 +95,7 @@ func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRu
 			sh.unlock()
 		}
 	}
-	return grown, noCapacity, notRunning
+	return grown, noCapacity, notRunning, nil
 }
 
 // RetractMode says what RetractRoom does with a running room.
@@ -132,6 +138,9 @@ func (m *Manager) RetractRoom(id uint64, mode RetractMode) (RoomSnapshot, error)
 		return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", id, ErrRoomNotFound)
 	}
 	defer sh.unlock()
+	if m.dec.Pool.Owner == kvlayout.OwnerEngine {
+		return RoomSnapshot{}, fmt.Errorf("retract room %d: %w", id, ErrEngineOwnsPages)
+	}
 	if err := e.CanRetract(); err != nil {
 		return RoomSnapshot{}, err
 	}

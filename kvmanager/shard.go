@@ -32,6 +32,12 @@ type shard struct {
 	m   *Manager
 	idx int
 	led *prealloc.Ledger
+	// holds is the hand-off ledger when the decode engine owns the pages
+	// (kv_pool.owner: engine; nil otherwise): the rooms' ledger operations
+	// go to it, and led stays empty. engineCap is the shard's capacity as
+	// the engine last reported it (ReportCapacity).
+	holds     *prealloc.Holds
+	engineCap *EngineCapacity
 
 	mu sync.Mutex
 	// dirMu guards rooms for readers that do not hold mu.
@@ -58,6 +64,9 @@ type entry struct {
 	subs    *subscribers   // claims, watchers, end hooks, engine calls; made on first use
 	parked  bool           // among its address's rooms waiting for a registration (Manager.wait)
 	counted bool           // in the shard's counts (its opening was carried out)
+	// handoffEnded: the hand-off ledger let go of what the room held
+	// (kv_pool.owner: engine).
+	handoffEnded bool
 }
 
 // subscribers are a room's claim streams by rank, its watchers, its end
@@ -275,6 +284,19 @@ func (sh *shard) ledger(e *entry, ops room.LedgerOp) {
 			sh.m.invariant("ledger refused "+op, id, err)
 		}
 	}
+	if sh.holds != nil {
+		// The engine's pages: held from the declaration until the hand-off
+		// ends (at success the engine decodes in them; at a failure's end,
+		// after the drain).
+		if ops&room.LedgerDrain != 0 {
+			check("drain", sh.holds.Drain(id))
+		}
+		if ops&(room.LedgerRunning|room.LedgerRelease) != 0 && !e.handoffEnded {
+			e.handoffEnded = true
+			check("release", sh.holds.Release(id, e.Pages() != nil || ops&room.LedgerRunning != 0))
+		}
+		return
+	}
 	if ops&room.LedgerReady != 0 {
 		check("set ready", sh.led.SetReady(id))
 	}
@@ -334,7 +356,7 @@ func (sh *shard) arm(e *entry) {
 func (sh *shard) admit() {
 	m := sh.m
 	sh.due = false
-	if m.closed.Load() || m.rs.gated.Load() { // resync.go: nothing is admitted during the resync wait
+	if m.closed.Load() || m.rs.gated.Load() || sh.holds != nil { // resync.go: nothing is admitted during the resync wait; the engine admits its own
 		return
 	}
 	adms, blocked := sh.led.Admit()

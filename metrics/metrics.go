@@ -35,6 +35,7 @@ type Metrics struct {
 	reg    *prometheus.Registry
 	grpc   *grpcMetrics
 	resync resyncMetrics // resync.go
+	engine engineMetrics // engine.go
 	// session: the decode engine's EngineSession ops (session.go).
 	session sessionMetrics
 	// registry: the fleet registry (registry.go).
@@ -101,6 +102,7 @@ func New() *Metrics {
 		reg:      reg,
 		grpc:     newGRPCMetrics(),
 		resync:   newResyncMetrics(),
+		engine:   newEngineMetrics(),
 		registry: newRegistryMetrics(),
 		rooms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "decodeplane_rooms", Help: "Rooms held by the daemon, by phase (finished rooms stay until their retention ends).",
@@ -157,6 +159,7 @@ func New() *Metrics {
 	)
 	reg.MustRegister(m.grpc.collectors()...)
 	reg.MustRegister(m.resync.collectors()...)
+	reg.MustRegister(m.engine.collectors()...)
 	m.session = newSessionMetrics()
 	reg.MustRegister(m.session.ops)
 	reg.MustRegister(m.registry.collectors()...)

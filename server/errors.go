@@ -39,6 +39,8 @@ var errorCodes = []struct {
 	{kvmanager.ErrStagingUnavailable, codes.FailedPrecondition},
 	{kvmanager.ErrStagingNotWritable, codes.FailedPrecondition},
 	{prealloc.ErrCannotResume, codes.FailedPrecondition},
+	{kvmanager.ErrEngineOwnsPages, codes.FailedPrecondition},
+	{kvmanager.ErrHeld, codes.FailedPrecondition},
 	{prealloc.ErrOwned, codes.FailedPrecondition},         // resync.go
 	{kvmanager.ErrResyncClosed, codes.FailedPrecondition}, // resync.go
 	{transfer.ErrTransferFailed, codes.Aborted},

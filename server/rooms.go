@@ -194,7 +194,10 @@ func (h *roomsService) ReportRunning(ctx context.Context, req *pb.ReportRunningR
 	for i, u := range req.GetRooms() {
 		usage[i] = kvmanager.Usage{Room: u.GetRoom(), OutputLen: int(u.GetOutputLen())}
 	}
-	grown, noCap, notRunning := h.m.ReportRunning(usage)
+	grown, noCap, notRunning, err := h.m.ReportRunning(usage)
+	if err != nil {
+		return nil, h.err(ctx, err)
+	}
 	if len(notRunning) > 0 && len(notRunning) == len(usage) {
 		return nil, h.err(ctx, &kvmanager.InvalidError{Field: "rooms", Msg: "no listed room is running (succeeded and not released)"})
 	}

@@ -211,6 +211,11 @@ func (r *Room) maybeRelease(now time.Time, e *Effects) {
 	}
 	r.releasePending = false
 	e.Release = true
+	if !e.Move.Moved && !r.closed {
+		// The room ended in an earlier event: its last step says its pages
+		// are reusable now (at Close nothing is reused: the process goes).
+		r.move(now, r.phase, "", textNote(PagesReusableNote), e)
+	}
 	if r.inLedger {
 		r.inLedger = false
 		e.Ledger |= LedgerRelease

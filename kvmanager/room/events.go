@@ -48,19 +48,21 @@ type Bound struct {
 	SelfWriter bool
 }
 
-// Admitted: the room's destination is allocated (SGLang T11), or a
-// retracted room got its pages back (Resumed, T20). Owner says who chose
-// the pages. Staged: the staging handler takes the room (its success waits
-// for the scatters). The slices are copied.
+// Admitted: the room's destination is allocated by the daemon's ledger or
+// declared by the decode engine (SGLang T11), or a retracted room got its
+// pages back (Resumed, T20). DecodePrefixLen is the tokens of the engine's
+// decode prefix before the destination's pages. Staged: the staging
+// handler takes the room (its success waits for the scatters). The slices
+// are copied.
 type Admitted struct {
-	Now          time.Time
-	Pages        []int32
-	FillLen      int
-	MetadataSlot int32
-	State        []kvlayout.StateIndices
-	Resumed      bool
-	Owner        Owner
-	Staged       bool
+	Now             time.Time
+	Pages           []int32
+	FillLen         int
+	MetadataSlot    int32
+	State           []kvlayout.StateIndices
+	DecodePrefixLen int
+	Resumed         bool
+	Staged          bool
 }
 
 // Attach: a prefill rank's claim stream attached to the room
@@ -164,7 +166,7 @@ func (r *Room) open(o Open, e *Effects) {
 	*r = Room{
 		id: o.ID, addr: o.Addr, decodeDP: int32(o.DecodeDP), hintDP: int32(o.HintDP), prefillDP: -1,
 		attempt: 1, openedAt: stampOf(o.Now), updatedAt: stampOf(o.Now), metaSlot: -1,
-		bootstrapAt: stampOf(o.Now.Add(o.Params.Bootstrap)), cfg: o.Params, inLedger: true,
+		bootstrapAt: stampOf(o.Now.Add(o.Params.Bootstrap)), cfg: o.Params, inLedger: true, owner: o.Params.Owner,
 	}
 	r.setRequest(o.Request)
 	if o.IdempotencyKey != "" {
@@ -263,7 +265,7 @@ func (r *Room) admitted(a Admitted, e *Effects) {
 	r.fillLen = a.FillLen
 	r.metaSlot = a.MetadataSlot
 	r.state = cloneState(a.State)
-	r.owner = a.Owner
+	r.decodePrefix = a.DecodePrefixLen
 	if a.Resumed {
 		// The engine reloads the room's KV from its CPU copy: the room runs
 		// again, so that it can grow, be retracted again and be released.
@@ -549,4 +551,41 @@ func (r *Room) Ranks() []ranks.RankID {
 	var out []ranks.RankID
 	r.attached.each(func(rk ranks.RankID) { out = append(out, rk) })
 	return out
+}
+
+// CheckDeclaration is the room's side of a destination the decode engine
+// declares (kv_pool.owner: engine): the room must wait for it (its prefill
+// known and its DP rank resolved: KVPoll WaitingForInput, phase queued);
+// the decode prefix is page-aligned and shorter than the tokens prefill
+// holds; the pages are exactly those of the tokens beyond the prefix. It
+// returns the tokens prefill writes into the pages (the destination's fill
+// length), or already for a room that holds this very destination (a
+// retried declaration). It changes nothing.
+func (r *Room) CheckDeclaration(pages []int32, metaSlot int32, prefix int) (fill int, already bool, err error) {
+	switch {
+	case r.owner != OwnerEngine:
+		return 0, false, fmt.Errorf("declare destination of room %d: %w: kv_pool.owner is daemon: the daemon admits rooms and chooses their pages (set kv_pool.owner: engine for an engine that allocates them)", r.id, ErrWrongState)
+	case r.phase.Terminal():
+		return 0, false, fmt.Errorf("declare destination of room %d: %w: the room ended (phase %s)", r.id, ErrWrongState, r.phase)
+	case r.phase == PhaseWaitingPrefill || r.phase == PhaseResolvingDP:
+		return 0, false, fmt.Errorf("declare destination of room %d: %w: the room is still bootstrapping (phase %s, KVPoll.Bootstrapping): declare its destination once it waits for input (phase queued, KVPoll.WaitingForInput)", r.id, ErrWrongState, r.phase)
+	case r.phase != PhaseQueued:
+		if r.handoff != nil && r.metaSlot == metaSlot && slices.Equal(r.pages, pages) {
+			return r.fillLen, true, nil
+		}
+		return 0, false, fmt.Errorf("declare destination of room %d: %w: the room already has its destination (phase %s); a declaration is made once", r.id, ErrWrongState, r.phase)
+	}
+	ps := r.cfg.Layout.PageSize
+	origin := int(r.promptLen)
+	if r.rebootstrapReq {
+		origin += int(r.outputLen)
+	}
+	if prefix < 0 || prefix%ps != 0 || prefix >= origin {
+		return 0, false, invalid("decode_prefix_len", "%d must be a multiple of the page size %d, at least 0 and below the %d tokens prefill holds", prefix, ps, origin)
+	}
+	fill = origin - prefix
+	if want := (fill + ps - 1) / ps; len(pages) != want {
+		return 0, false, invalid("page_indices", "has %d pages; the %d tokens beyond the decode prefix (%d of %d) at page size %d take %d", len(pages), fill, prefix, origin, ps, want)
+	}
+	return fill, false, nil
 }

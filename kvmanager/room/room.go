@@ -60,22 +60,22 @@ type Room struct {
 	rebootstrapReq bool // the request is a rebootstrap's
 }
 
-// Owner is who chose a room's destination pages.
-type Owner uint8
+// Owner is who chooses a room's destination pages (kv_pool.owner): the
+// daemon's allocator, or the decode engine that declares them.
+type Owner = kvlayout.Owner
 
 // Page owners.
 const (
-	// OwnerDaemon: the daemon's allocator admitted the room and chose its
-	// pages, slots and state indices.
-	OwnerDaemon Owner = iota
-	// OwnerEngine: the decode engine allocated them and declared them.
-	OwnerEngine
+	OwnerDaemon = kvlayout.OwnerDaemon
+	OwnerEngine = kvlayout.OwnerEngine
 )
 
 // Params are the settings every room of a manager reads; they never change
 // once the manager runs, so rooms share one value.
 type Params struct {
 	Layout kvlayout.Layout
+	// Owner is kv_pool.owner: who chooses every room's pages.
+	Owner Owner
 	// Bootstrap is timeouts.bootstrap, Waiting timeouts.waiting,
 	// DPRankResolution timeouts.dp_rank_resolution, Retracted and Held
 	// timeouts.retracted and timeouts.held, ClaimTimeout
@@ -136,10 +136,13 @@ type handoff struct {
 	// parkedAt bounds a retracted or held room.
 	parkedAt stamp
 
-	// The destination (copies: the room hands them out).
-	pages   []int32
-	fillLen int
-	state   []kvlayout.StateIndices
+	// The destination (copies: the room hands them out): its pages, the
+	// tokens prefill writes into them, its state slots, and the tokens of
+	// the decode prefix already in the engine's cache before them.
+	pages        []int32
+	fillLen      int
+	state        []kvlayout.StateIndices
+	decodePrefix int
 
 	ranks *rankSet // required ranks seen this attempt, made on first use
 	// claimedN, doneN count required ranks claimed / done this attempt.
@@ -465,7 +468,7 @@ func (r *Room) Destination(k ranks.RankKey) *Destination {
 		Staging: r.staging, Attempt: r.attempt, Dummy: true,
 	}
 	if h := r.handoff; h != nil {
-		d.Pages, d.FillLen, d.State = h.pages, h.fillLen, h.state
+		d.Pages, d.FillLen, d.State, d.DecodePrefixLen = h.pages, h.fillLen, h.state, h.decodePrefix
 	}
 	if rp := r.plan.Rank(k); rp != nil {
 		d.Targets = rp.Targets()

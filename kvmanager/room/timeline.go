@@ -43,7 +43,13 @@ var constNotes = [...]string{
 	"released at shutdown",
 	"retracted: pages returned; resumes after the next ReportRunning, before new admissions",
 	"held for rebootstrap until ContinueGeneration",
+	PagesReusableNote,
 }
+
+// PagesReusableNote is the note of a room's last step when its pages
+// became reusable after its end (its drain, its transfers in flight or a
+// quarantine had held them).
+const PagesReusableNote = "pages reusable: nothing may write into them any more"
 
 // textNote is a note of text: one of constNotes, or a text of its own
 // (which a kept transition stores in the room's texts).

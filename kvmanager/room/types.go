@@ -219,6 +219,11 @@ type Change struct {
 	Room       Snapshot
 	Transition Transition
 	Terminal   bool
+	// PagesReusable: the room ended and gave its pages, rows and slots
+	// back: nothing may write into them any more, so the engine may reuse
+	// them. A room whose end had to wait (its drain, a transfer in flight,
+	// a quarantine) gets one more step with it, after its terminal one.
+	PagesReusable bool
 	// Seq is the transition's position in the room's timeline (1: its
 	// opening).
 	Seq uint32
