@@ -343,8 +343,12 @@ func (r *Room) chunkEnd(c ChunkEnd, e *Effects) {
 		r.maybeRelease(c.Now, e)
 	}
 	switch {
-	case r.phase == PhaseFailed:
-		settle(fmt.Errorf("chunk %d of room %d: %w: the room failed: %s", req.Index, r.id, ErrWrongState, r.Failure().Message))
+	case r.phase.Terminal(): // failed, or released with the chunk in flight: nothing of it counts, the release may be due
+		why := "the room ended"
+		if f := r.Failure(); f != nil {
+			why = "the room failed: " + f.Message
+		}
+		settle(fmt.Errorf("chunk %d of room %d: %w: %s", req.Index, r.id, ErrWrongState, why))
 	case cs == nil:
 		settle(fmt.Errorf("chunk %d of room %d: %w: the chunk is not the room's (a previous attempt's)", req.Index, r.id, ErrWrongState))
 	case c.Err != nil && c.Retryable:

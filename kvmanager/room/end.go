@@ -256,9 +256,11 @@ func (r *Room) ack(a Ack, e *Effects) {
 	e.Acked = true
 	e.AckResult = AckResult{Owed: true, Remaining: len(d.owing)}
 	if len(d.owing) == 0 {
-		e.AckResult.Released = d.started
 		e.Drain = DrainNote{Attempt: d.attempt, Acks: d.acked}
 		r.maybeRelease(a.Now, e)
+		// Released only when this ack gave the resources back: the drain had
+		// started (nothing in flight) and no quarantine still holds them.
+		e.AckResult.Released = e.Release
 	}
 }
 

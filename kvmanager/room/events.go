@@ -349,7 +349,8 @@ func donePhase(p Phase) *Phase {
 	if int(p) < len(phases) {
 		return &phases[p]
 	}
-	return &p
+	q := p // not &p: that moves p to the heap on every call, the shared path included
+	return &q
 }
 
 var phases = [...]Phase{PhaseUnspecified, PhaseWaitingPrefill, PhaseResolvingDP, PhaseQueued, PhaseAdmitted, PhaseClaimed,

@@ -78,7 +78,11 @@ func (r *Room) WaitingFor(v WaitView) string {
 		default:
 			what = "the success check"
 		}
-		return what + "; bounded by timeouts.waiting" + at(r.waitingAt)
+		until := r.waitingAt
+		if r.stagingBy != 0 { // the scatters' completion timeout replaced it
+			until = r.stagingBy
+		}
+		return what + "; bounded by timeouts.waiting" + at(until)
 	case PhaseSucceeded:
 		return "ReleaseRoom from the decode engine (it owns the pages until then)"
 	case PhaseRetracted:
