@@ -1,0 +1,332 @@
+package kvmanager
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/decodeplane/decodeplane/kvlayout"
+	"github.com/decodeplane/decodeplane/prealloc"
+)
+
+// engineOwner makes the decode engine the page owner (kv_pool.owner:
+// engine) of drainPool's 24 pages.
+func engineOwner(c *kvlayout.Config) { engineOwnerPages(24)(c) }
+
+// engineOwnerPages is an engine-owned pool of pages pages.
+func engineOwnerPages(pages int64) func(*kvlayout.Config) {
+	return func(c *kvlayout.Config) {
+		smallPool(pages)(c)
+		c.Pool.Owner = kvlayout.OwnerEngine
+	}
+}
+
+// declare declares pages [first, first+n) and metadata row slot for room.
+func (h *harness) declare(room uint64, first, n int32, slot int32) (RoomSnapshot, bool, error) {
+	d := Declaration{Room: room, MetadataSlot: slot}
+	for p := first; p < first+n; p++ {
+		d.Pages = append(d.Pages, p)
+	}
+	return h.m.DeclareDestination(d)
+}
+
+// holdStats is shard i's hand-off ledger.
+func (h *harness) holdStats(i int) prealloc.HoldStats {
+	h.t.Helper()
+	hs := h.m.Status().Holds
+	if i >= len(hs) {
+		h.t.Fatalf("Status().Holds has %d shards; want the engine's hand-off ledger of shard %d", len(hs), i)
+	}
+	return hs[i]
+}
+
+// TestEngineOwnerDeclaredRoomSucceeds: a room of an engine-owned pool
+// stops before admission and waits for the engine's declaration; the
+// declared pages become its destination as the daemon's own would, the
+// prefill ranks claim and fill them, and at success the hold ends (the
+// engine decodes in its pages) while the daemon's allocator stays empty.
+func TestEngineOwnerDeclaredRoomSucceeds(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(engineOwner))
+		h.register(instance{addr: addrA})
+		h.open(addrA, 1)
+		s := h.wantPhase(1, PhaseQueued)
+		if !strings.Contains(s.WaitingFor, "declaration of the destination it allocated (DeclareDestination)") {
+			t.Fatalf("waiting_for = %q, want the engine's declaration", s.WaitingFor)
+		}
+		if hs := h.holdStats(0); hs.Queued != 1 || hs.Held != 0 {
+			t.Fatalf("holds = %+v, want 1 queued", hs)
+		}
+		snap, already, err := h.declare(1, 4, 16, 7)
+		if err != nil || already {
+			t.Fatalf("DeclareDestination = %v, already %v", err, already)
+		}
+		if snap.Phase != PhaseAdmitted {
+			t.Fatalf("phase after the declaration = %s, want admitted", snap.Phase)
+		}
+		if _, already, err := h.declare(1, 4, 16, 7); err != nil || !already {
+			t.Fatalf("the same declaration again = %v, already %v; want already", err, already)
+		}
+		for _, d := range h.claimAll(1) {
+			if len(d.Pages) != 16 || d.Pages[0] != 4 || d.Pages[15] != 19 || d.MetadataSlot != 7 {
+				t.Fatalf("destination = pages %v slot %d, want the declared pages 4..19 and row 7", d.Pages, d.MetadataSlot)
+			}
+		}
+		if hs := h.holdStats(0); hs.Held != 1 || hs.HeldPages != 16 {
+			t.Fatalf("holds while transferring = %+v, want 1 room holding 16 pages", hs)
+		}
+		h.sendAll(1)
+		h.wantPhase(1, PhaseSucceeded)
+		if hs := h.holdStats(0); hs.Held != 0 || hs.HeldPages != 0 {
+			t.Fatalf("holds after success = %+v, want none: the engine decodes in its pages", hs)
+		}
+		h.release(1)
+		h.assertClean()
+	})
+}
+
+// TestEngineOwnerHeldPageRefused: a declaration naming a page, a metadata
+// row another room's hand-off still holds is refused naming the index and
+// the holder, changes nothing (the room stays queued, the refusal is
+// counted), and the same pages are accepted once the holder's hand-off
+// ended.
+func TestEngineOwnerHeldPageRefused(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(engineOwnerPages(40)))
+		h.register(instance{addr: addrA})
+		h.open(addrA, 1)
+		h.open(addrA, 2)
+		if _, _, err := h.declare(1, 0, 16, 0); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := h.declare(2, 8, 16, 1)
+		var he *prealloc.HeldError
+		if !errors.Is(err, ErrHeld) || !errors.As(err, &he) || he.Holder != 1 || he.Index != 8 {
+			t.Fatalf("declaring page 8 of room 1's = %v, want ErrHeld naming page 8 and room 1", err)
+		}
+		if !strings.Contains(err.Error(), "page 8") || !strings.Contains(err.Error(), "room 1") {
+			t.Fatalf("message %q does not name the page and the holder", err)
+		}
+		h.wantPhase(2, PhaseQueued)
+		if _, _, err := h.declare(2, 16, 16, 0); !errors.Is(err, ErrHeld) {
+			t.Fatalf("declaring room 1's metadata row = %v, want ErrHeld", err)
+		}
+		if hs := h.holdStats(0); hs.Refused != 2 || hs.Held != 1 || hs.HeldPages != 16 || hs.Queued != 1 {
+			t.Fatalf("holds = %+v, want 2 refused and only room 1 held", hs)
+		}
+		h.complete(1)
+		if _, _, err := h.declare(2, 8, 16, 0); err != nil {
+			t.Fatalf("declaring room 1's pages after its hand-off ended = %v", err)
+		}
+		h.complete(2)
+		h.release(1)
+		h.release(2)
+		h.assertClean()
+	})
+}
+
+// TestEngineOwnerDeclarationChecks: what a declaration may name is checked
+// against the room before the hand-off ledger: the pages of exactly the
+// tokens beyond the decode prefix, a room that waits for its destination,
+// a daemon-owned pool refuses the call.
+func TestEngineOwnerDeclarationChecks(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(engineOwner))
+		h.register(instance{addr: addrA})
+		if _, _, err := h.declare(9, 0, 16, 0); !errors.Is(err, ErrRoomNotFound) {
+			t.Fatalf("declaring an unknown room = %v, want ErrRoomNotFound", err)
+		}
+		h.open(addrA, 1)
+		for _, n := range []int32{15, 17} {
+			if _, _, err := h.declare(1, 0, n, 0); err == nil {
+				t.Fatalf("declaring %d pages of a 16-page room was accepted", n)
+			}
+		}
+		if _, _, err := h.m.DeclareDestination(Declaration{Room: 1, Pages: []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 99}}); err == nil {
+			t.Fatal("a page beyond the pool was accepted")
+		}
+		if _, _, err := h.m.DeclareDestination(Declaration{Room: 1, Pages: []int32{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 14}}); err == nil {
+			t.Fatal("a page named twice was accepted")
+		}
+		h.wantPhase(1, PhaseQueued)
+		if hs := h.holdStats(0); hs.Held != 0 || hs.Refused != 0 {
+			t.Fatalf("holds after refused declarations = %+v, want nothing held and no held-page refusal", hs)
+		}
+		if _, _, err := h.declare(1, 0, 16, 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := h.declare(1, 1, 16, 0); err == nil {
+			t.Fatal("a second, different destination of an admitted room was accepted")
+		}
+		if err := h.m.ReportCapacity(1, EngineCapacity{}); err == nil {
+			t.Fatal("ReportCapacity of a shard this daemon does not host was accepted")
+		}
+		if err := h.m.ReportCapacity(0, EngineCapacity{PagesFree: -1}); err == nil || !strings.Contains(err.Error(), "pages_free") {
+			t.Fatalf("ReportCapacity with pages_free -1 = %v, want the field named", err)
+		}
+		h.m.AbortRoom(1, "")
+		h.assertClean()
+	})
+
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(instance{addr: addrA})
+		h.open(addrA, 1)
+		if _, _, err := h.declare(1, 0, 16, 0); !errors.Is(err, ErrWrongState) {
+			t.Fatalf("DeclareDestination with the daemon as owner = %v, want ErrWrongState", err)
+		}
+		if err := h.m.ReportCapacity(0, EngineCapacity{}); !errors.Is(err, ErrWrongState) {
+			t.Fatalf("ReportCapacity with the daemon as owner = %v, want ErrWrongState", err)
+		}
+		h.m.AbortRoom(1, "")
+		h.assertClean()
+	})
+}
+
+// TestEngineOwnerFailedRoomDrains: a failed room whose prefill rank
+// received the destination holds its pages until the rank acknowledges the
+// end (or release.deferred_timeout passes): a declaration naming them is
+// refused until then, and the room's watchers see "pages reusable" as the
+// last event — only then.
+func TestEngineOwnerFailedRoomDrains(t *testing.T) {
+	for _, ack := range []bool{true, false} {
+		name := map[bool]string{true: "acked", false: "deferred timeout"}[ack]
+		t.Run(name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				h := newHarness(t, withDecode(engineOwner), withConfig(func(c *Config) { c.Release.DeferredTimeout = 30 * time.Second }))
+				h.register(instance{addr: addrA})
+				h.open(addrA, 1)
+				h.open(addrA, 2)
+				if _, _, err := h.declare(1, 0, 16, 0); err != nil {
+					t.Fatal(err)
+				}
+				w, err := h.m.Watch(1, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rank := h.requiredRanks(1)[0]
+				h.claim(1, rank)
+				if err := h.reportChunk(1, rank, 0, 0, 4, false); err != nil {
+					t.Fatal(err)
+				}
+				if _, _, err := h.m.AbortRoom(1, "client went away"); err != nil {
+					t.Fatal(err)
+				}
+				h.wantPhase(1, PhaseFailed)
+				if hs := h.holdStats(0); hs.Draining != 1 || hs.DrainingPages != 16 {
+					t.Fatalf("holds after the abort = %+v, want room 1's 16 pages draining", hs)
+				}
+				if _, _, err := h.declare(2, 0, 16, 1); !errors.Is(err, ErrHeld) || !strings.Contains(err.Error(), "draining") {
+					t.Fatalf("declaring a draining room's pages = %v, want ErrHeld saying it drains", err)
+				}
+				if c := h.m.Capacity()[0]; c.DrainingPages != 16 {
+					t.Fatalf("capacity draining_pages = %d, want 16", c.DrainingPages)
+				}
+				reusable := func() bool {
+					for {
+						select {
+						case ev, ok := <-w.Events():
+							if !ok {
+								return false
+							}
+							if ev.PagesReusable {
+								return true
+							}
+						default:
+							return false
+						}
+					}
+				}
+				if reusable() {
+					t.Fatal("pages reusable before the drain ended")
+				}
+				if ack {
+					if res, err := h.m.AckRoomEnd(1, rank, 1); err != nil || !res.Released {
+						t.Fatalf("AckRoomEnd = %+v, %v; want released", res, err)
+					}
+				} else {
+					advance(30*time.Second - time.Millisecond)
+					if reusable() {
+						t.Fatal("pages reusable before release.deferred_timeout")
+					}
+					advance(time.Millisecond)
+				}
+				if !reusable() {
+					t.Fatal("no pages-reusable event after the drain ended")
+				}
+				if _, _, err := h.declare(2, 0, 16, 1); err != nil {
+					t.Fatalf("declaring the pages once reusable = %v", err)
+				}
+				h.complete(2)
+				h.release(2)
+				h.assertClean()
+				if hs := h.holdStats(0); hs.Held != 0 || hs.Draining != 0 || hs.Queued != 0 {
+					t.Fatalf("holds at the end = %+v, want none", hs)
+				}
+			})
+		})
+	}
+}
+
+// TestEngineOwnerRefusesPageMoves: with the engine as owner the daemon
+// neither grows running rooms nor retracts them; the error says why.
+func TestEngineOwnerRefusesPageMoves(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(engineOwner))
+		h.register(instance{addr: addrA})
+		h.open(addrA, 1)
+		if _, _, err := h.declare(1, 0, 16, 0); err != nil {
+			t.Fatal(err)
+		}
+		h.complete(1)
+		if _, _, _, err := h.m.ReportRunning([]Usage{{Room: 1, OutputLen: 500}}); !errors.Is(err, ErrEngineOwnsPages) {
+			t.Fatalf("ReportRunning = %v, want ErrEngineOwnsPages", err)
+		}
+		if _, err := h.m.RetractRoom(1, RetractCPU); !errors.Is(err, ErrEngineOwnsPages) {
+			t.Fatalf("RetractRoom = %v, want ErrEngineOwnsPages", err)
+		}
+		h.release(1)
+		h.assertClean()
+	})
+}
+
+// TestEngineOwnerCapacity: the capacity routers read is the engine's last
+// report (0 free and blocked_by engine_unreported before the first one);
+// the pool's size and the draining pages are the daemon's own.
+func TestEngineOwnerCapacity(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(engineOwner))
+		c := h.m.Capacity()[0]
+		if c.BlockedBy != BlockedUnreported || c.TokensFree != 0 || c.PagesFree != 0 || c.PagesTotal != 24 {
+			t.Fatalf("capacity before a report = %+v, want 0 free of 24 pages, blocked by %s", c, BlockedUnreported)
+		}
+		rep := EngineCapacity{TokensFree: 640, PagesFree: 10, ReqSlotsFree: 3, MetaSlotsFree: 5, QueueDepth: 2, Running: 4}
+		if err := h.m.ReportCapacity(0, rep); err != nil {
+			t.Fatal(err)
+		}
+		c = h.m.Capacity()[0]
+		want := ShardCapacity{Shard: 0, PageSize: 64, TokensTotal: 24 * 64, PagesTotal: 24, TokensFree: 640, PagesFree: 10,
+			ReqSlotsTotal: c.ReqSlotsTotal, ReqSlotsFree: 3, QueueDepth: 2, BlockedBy: "none", Running: 4,
+			ReservedDecodeTokens: h.dec.Admission.ReservedDecodeTokens}
+		if c != want {
+			t.Fatalf("capacity after a report = %+v\nwant %+v", c, want)
+		}
+		if st := h.m.ShardStats()[0]; st.MetaSlots.Free != 5 || st.Pages.Free != 10 || st.Pages.Used != 14 {
+			t.Fatalf("shard stats = %+v, want the engine's free figures", st)
+		}
+		// The rooms waiting for a declaration count when the engine
+		// reports fewer.
+		h.register(instance{addr: addrA})
+		for r := uint64(1); r <= 3; r++ {
+			h.open(addrA, r)
+		}
+		if c := h.m.Capacity()[0]; c.QueueDepth != 3 {
+			t.Fatalf("queue depth = %d, want the 3 rooms waiting for a declaration", c.QueueDepth)
+		}
+		for r := uint64(1); r <= 3; r++ {
+			h.m.AbortRoom(r, "")
+		}
+		h.assertClean()
+	})
+}
