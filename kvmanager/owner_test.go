@@ -2,6 +2,8 @@ package kvmanager
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -223,6 +225,7 @@ func TestEngineOwnerFailedRoomDrains(t *testing.T) {
 				if c := h.m.Capacity()[0]; c.DrainingPages != 16 {
 					t.Fatalf("capacity draining_pages = %d, want 16", c.DrainingPages)
 				}
+				terminals := 0
 				reusable := func() bool {
 					for {
 						select {
@@ -230,7 +233,13 @@ func TestEngineOwnerFailedRoomDrains(t *testing.T) {
 							if !ok {
 								return false
 							}
+							if ev.Terminal {
+								terminals++
+							}
 							if ev.PagesReusable {
+								if ev.Terminal || ev.Transition.Phase != PhaseFailed {
+									t.Errorf("the pages-reusable event = %+v, want a step of the failed room that is not its terminal transition", ev.Transition)
+								}
 								return true
 							}
 						default:
@@ -254,6 +263,22 @@ func TestEngineOwnerFailedRoomDrains(t *testing.T) {
 				}
 				if !reusable() {
 					t.Fatal("no pages-reusable event after the drain ended")
+				}
+				if terminals != 1 {
+					t.Fatalf("%d events with terminal set, want 1 (the failure)", terminals)
+				}
+				// A late outcome watcher gets the outcome and the step
+				// that says the pages are reusable.
+				ow, err := h.m.WatchOutcome(1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []string
+				for ev := range ow.Events() {
+					got = append(got, fmt.Sprintf("%s terminal=%v reusable=%v", ev.Transition.Phase, ev.Terminal, ev.PagesReusable))
+				}
+				if want := []string{"failed terminal=true reusable=false", "failed terminal=false reusable=true"}; !slices.Equal(got, want) {
+					t.Fatalf("late outcome watch = %q, want %q", got, want)
 				}
 				if _, _, err := h.declare(2, 0, 16, 1); err != nil {
 					t.Fatalf("declaring the pages once reusable = %v", err)

@@ -34,7 +34,8 @@ const (
 // every room the stream is subscribed to, multiplexed.
 //
 // One state machine, two transports: every op runs the same code as its
-// unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom) after the same
+// unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom,
+// DeclareDestination, ReportCapacity) after the same
 // validation, with the same codes and messages; each unary RPC's comment in
 // rooms.proto is the contract of the op (idempotency keys, ALREADY_EXISTS,
 // RESOURCE_EXHAUSTED with a retry delay, UNAVAILABLE while draining,
@@ -150,7 +151,8 @@ type EngineSession_SessionClient = grpc.BidiStreamingClient[EngineRequest, Engin
 // every room the stream is subscribed to, multiplexed.
 //
 // One state machine, two transports: every op runs the same code as its
-// unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom) after the same
+// unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom,
+// DeclareDestination, ReportCapacity) after the same
 // validation, with the same codes and messages; each unary RPC's comment in
 // rooms.proto is the contract of the op (idempotency keys, ALREADY_EXISTS,
 // RESOURCE_EXHAUSTED with a retry delay, UNAVAILABLE while draining,

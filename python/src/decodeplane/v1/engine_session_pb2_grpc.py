@@ -14,7 +14,8 @@ class EngineSessionStub(object):
     every room the stream is subscribed to, multiplexed.
 
     One state machine, two transports: every op runs the same code as its
-    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom) after the same
+    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom,
+    DeclareDestination, ReportCapacity) after the same
     validation, with the same codes and messages; each unary RPC's comment in
     rooms.proto is the contract of the op (idempotency keys, ALREADY_EXISTS,
     RESOURCE_EXHAUSTED with a retry delay, UNAVAILABLE while draining,
@@ -44,7 +45,8 @@ class EngineSessionServicer(object):
     every room the stream is subscribed to, multiplexed.
 
     One state machine, two transports: every op runs the same code as its
-    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom) after the same
+    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom,
+    DeclareDestination, ReportCapacity) after the same
     validation, with the same codes and messages; each unary RPC's comment in
     rooms.proto is the contract of the op (idempotency keys, ALREADY_EXISTS,
     RESOURCE_EXHAUSTED with a retry delay, UNAVAILABLE while draining,
@@ -155,7 +157,8 @@ class EngineSession(object):
     every room the stream is subscribed to, multiplexed.
 
     One state machine, two transports: every op runs the same code as its
-    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom) after the same
+    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom,
+    DeclareDestination, ReportCapacity) after the same
     validation, with the same codes and messages; each unary RPC's comment in
     rooms.proto is the contract of the op (idempotency keys, ALREADY_EXISTS,
     RESOURCE_EXHAUSTED with a retry delay, UNAVAILABLE while draining,

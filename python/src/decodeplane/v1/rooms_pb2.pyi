@@ -80,6 +80,28 @@ class ContinueGenerationResponse(_message.Message):
     rooms: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, rooms: _Optional[_Iterable[int]] = ..., resumed: _Optional[_Iterable[_Union[ResumedRoom, _Mapping]]] = ...) -> None: ...
 
+class DeclareDestinationRequest(_message.Message):
+    __slots__ = ["decode_prefix_len", "metadata_slot", "page_indices", "room", "state"]
+    DECODE_PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
+    METADATA_SLOT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    ROOM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    decode_prefix_len: int
+    metadata_slot: int
+    page_indices: _containers.RepeatedScalarFieldContainer[int]
+    room: int
+    state: _containers.RepeatedCompositeFieldContainer[_common_pb2.StateIndices]
+    def __init__(self, room: _Optional[int] = ..., page_indices: _Optional[_Iterable[int]] = ..., metadata_slot: _Optional[int] = ..., state: _Optional[_Iterable[_Union[_common_pb2.StateIndices, _Mapping]]] = ..., decode_prefix_len: _Optional[int] = ...) -> None: ...
+
+class DeclareDestinationResponse(_message.Message):
+    __slots__ = ["already", "room"]
+    ALREADY_FIELD_NUMBER: _ClassVar[int]
+    ROOM_FIELD_NUMBER: _ClassVar[int]
+    already: bool
+    room: Room
+    def __init__(self, room: _Optional[_Union[Room, _Mapping]] = ..., already: bool = ...) -> None: ...
+
 class DecodeTarget(_message.Message):
     __slots__ = ["decode_tp_rank", "dst_head_start", "dummy", "num_heads", "src_head_start"]
     DECODE_TP_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -447,16 +469,18 @@ class RoomDone(_message.Message):
     def __init__(self, poll: _Optional[_Union[_common_pb2.KVPoll, str]] = ..., phase: _Optional[_Union[_common_pb2.RoomPhase, str]] = ...) -> None: ...
 
 class RoomEvent(_message.Message):
-    __slots__ = ["incarnation", "room", "terminal", "transition"]
+    __slots__ = ["incarnation", "pages_reusable", "room", "terminal", "transition"]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    PAGES_REUSABLE_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_FIELD_NUMBER: _ClassVar[int]
     TRANSITION_FIELD_NUMBER: _ClassVar[int]
     incarnation: int
+    pages_reusable: bool
     room: Room
     terminal: bool
     transition: _common_pb2.Transition
-    def __init__(self, room: _Optional[_Union[Room, _Mapping]] = ..., transition: _Optional[_Union[_common_pb2.Transition, _Mapping]] = ..., terminal: bool = ..., incarnation: _Optional[int] = ...) -> None: ...
+    def __init__(self, room: _Optional[_Union[Room, _Mapping]] = ..., transition: _Optional[_Union[_common_pb2.Transition, _Mapping]] = ..., terminal: bool = ..., incarnation: _Optional[int] = ..., pages_reusable: bool = ...) -> None: ...
 
 class RunningUsage(_message.Message):
     __slots__ = ["output_len", "room"]
