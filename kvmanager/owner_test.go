@@ -1,6 +1,7 @@
 package kvmanager
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -353,5 +354,118 @@ func TestEngineOwnerCapacity(t *testing.T) {
 			h.m.AbortRoom(r, "")
 		}
 		h.assertClean()
+	})
+}
+
+// inFlight is a hand-off the engine still had in flight, of 1000 prompt
+// tokens (16 pages of 64) from first on.
+func inFlight(room uint64, first int32, slot int32) ResyncRoom {
+	d := ResyncRoom{Room: room, RID: fmt.Sprintf("rid-%d", room), PromptLen: 1000, MaxNewTokens: 128, Addr: addrA, PrefillDP: 0,
+		InFlight: true, MetadataSlot: slot}
+	for p := first; p < first+16; p++ {
+		d.Pages = append(d.Pages, p)
+	}
+	return d
+}
+
+// TestEngineOwnerResyncHoldsInFlightHandoffs: after a restart the engine
+// re-declares the hand-offs it still had in flight; the new daemon holds
+// their pages draining — a declaration naming one is refused — until the
+// prefill ranks acknowledge (when its instance is known) or
+// release.deferred_timeout passes, and then says the pages are reusable.
+func TestEngineOwnerResyncHoldsInFlightHandoffs(t *testing.T) {
+	for _, known := range []bool{false, true} {
+		name := map[bool]string{false: "prefill unknown: the bound", true: "prefill known: its ranks' acks"}[known]
+		t.Run(name, func(t *testing.T) {
+			bubble(t, func(t *testing.T) {
+				h := newHarness(t, withDecode(engineOwnerPages(40)), withConfig(func(c *Config) { c.Release.DeferredTimeout = 30 * time.Second }))
+				h.m.HoldForResync(time.Minute)
+				if known {
+					h.register(instance{addr: addrA})
+				}
+				if n, _, err := h.m.Resync([]ResyncRoom{inFlight(5, 0, 3)}, true); n != 1 || err != nil {
+					t.Fatalf("Resync = %d, %v", n, err)
+				}
+				s := h.wantPhase(5, PhaseFailed)
+				if s.Failure == nil || s.Failure.Code != FailureShutdown || !strings.Contains(s.Failure.Message, "inherited at the decode engine's resync") {
+					t.Fatalf("failure = %+v, want the inherited hand-off's", s.Failure)
+				}
+				if hs := h.holdStats(0); hs.Draining != 1 || hs.DrainingPages != 16 {
+					t.Fatalf("holds = %+v, want room 5's 16 pages draining", hs)
+				}
+				w, err := h.m.Watch(5, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !known {
+					h.register(instance{addr: addrA})
+				}
+				h.open(addrA, 6)
+				if _, _, err := h.declare(6, 8, 16, 4); !errors.Is(err, ErrHeld) || !strings.Contains(err.Error(), "held by room 5") {
+					t.Fatalf("declaring an inherited hand-off's page = %v, want ErrHeld naming room 5", err)
+				}
+				if _, _, err := h.declare(6, 20, 16, 3); !errors.Is(err, ErrHeld) {
+					t.Fatalf("declaring its metadata row = %v, want ErrHeld", err)
+				}
+				if known {
+					rank := RankID{Addr: addrA}
+					if res, err := h.m.AckRoomEnd(5, rank, 7); err != nil || !res.Owed || !res.Released {
+						t.Fatalf("AckRoomEnd of the inherited hand-off (any attempt) = %+v, %v; want owed and released", res, err)
+					}
+				} else {
+					advance(30*time.Second - time.Millisecond)
+					if hs := h.holdStats(0); hs.Draining != 1 {
+						t.Fatalf("holds before release.deferred_timeout = %+v, want room 5 draining", hs)
+					}
+					advance(time.Millisecond)
+				}
+				var last RoomEvent
+				for ev := range w.Events() {
+					last = ev
+				}
+				if !last.PagesReusable {
+					t.Fatalf("the watch ended with %+v, want the pages-reusable event", last)
+				}
+				if _, _, err := h.declare(6, 8, 16, 3); err != nil {
+					t.Fatalf("declaring the pages once reusable = %v", err)
+				}
+				h.complete(6)
+				h.release(6)
+				h.assertClean()
+			})
+		})
+	}
+}
+
+// TestEngineOwnerResyncRefusals: an engine-owned pool's resync takes only
+// hand-offs in flight, a daemon-owned one only running rooms; two in-flight
+// hand-offs naming the same page are refused at the second, naming it.
+func TestEngineOwnerResyncRefusals(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(engineOwnerPages(40)), withConfig(func(c *Config) { c.Release.DeferredTimeout = 30 * time.Second }))
+		h.m.HoldForResync(time.Minute)
+		running := inFlight(5, 0, 3)
+		running.InFlight = false
+		if _, _, err := h.m.Resync([]ResyncRoom{running}, false); err == nil || !strings.Contains(err.Error(), "rooms[0].in_flight") {
+			t.Fatalf("a running room in an engine-owned pool's resync = %v, want rooms[0].in_flight named", err)
+		}
+		n, _, err := h.m.Resync([]ResyncRoom{inFlight(5, 0, 3), inFlight(6, 15, 4)}, false)
+		var he *prealloc.HeldError
+		if n != 1 || !errors.As(err, &he) || he.Index != 15 || he.Holder != 5 || !strings.Contains(err.Error(), "rooms[1].page_indices") {
+			t.Fatalf("Resync of two hand-offs sharing page 15 = %d, %v; want the second refused naming page 15, room 5 and rooms[1]", n, err)
+		}
+		short := inFlight(7, 20, 5)
+		short.Pages = short.Pages[:15]
+		if _, _, err := h.m.Resync([]ResyncRoom{short}, true); err == nil || !strings.Contains(err.Error(), "rooms[0].page_indices") {
+			t.Fatalf("a hand-off one page short = %v, want rooms[0].page_indices named", err)
+		}
+		h.m.Shutdown(context.Background())
+	})
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.m.HoldForResync(time.Minute)
+		if _, _, err := h.m.Resync([]ResyncRoom{inFlight(5, 0, 3)}, true); err == nil || !strings.Contains(err.Error(), "rooms[0].in_flight") {
+			t.Fatalf("an in-flight hand-off in a daemon-owned pool's resync = %v, want rooms[0].in_flight named", err)
+		}
 	})
 }

@@ -36,3 +36,29 @@ func FuzzReportCapacity(f *testing.F) {
 		b.need(m.GetReqSlotsFree() < 1<<31 && m.GetMetadataSlotsFree() < 1<<31 && m.GetQueueDepth() < 1<<31 && m.GetRunning() < 1<<31, "counts < 2^31")
 	}, &ReportCapacityRequest{DecodeDpRank: 1, TokensFree: 4096, PagesFree: 64, ReqSlotsFree: 8, QueueDepth: 2, Running: 3})
 }
+
+func FuzzResync(f *testing.F) {
+	fuzzValidate(f, func() *ResyncRequest { return new(ResyncRequest) }, func(b *bounds, m *ResyncRequest) {
+		b.need(len(m.GetRooms()) <= 4096, "rooms <= 4,096")
+		for _, r := range m.GetRooms() {
+			b.need(roomOK(r.GetRoom()), "rooms[i].room")
+			b.need(len(r.GetRid()) >= 1 && len(r.GetRid()) <= 512, "rooms[i].rid 1..512 bytes")
+			b.need(r.GetPromptLen() >= 1 && r.GetPromptLen() <= 1<<24, "rooms[i].prompt_len 1..2^24")
+			b.need(r.GetMaxNewTokens() >= 1 && r.GetMaxNewTokens() <= 1<<24, "rooms[i].max_new_tokens 1..2^24")
+			b.need(r.GetDecodeDpRank() < 1024, "rooms[i].decode_dp_rank < 1024")
+			b.need(len(r.GetPageIndices()) >= 1 && len(r.GetPageIndices()) <= 1<<24, "rooms[i].page_indices 1..2^24 entries")
+			for _, p := range r.GetPageIndices() {
+				b.need(p >= 0, "rooms[i].page_indices[j] >= 0")
+			}
+			if r.GetInFlight() {
+				b.need(r.GetMetadataSlot() >= 0, "rooms[i].metadata_slot >= 0")
+				b.need(len(r.GetState()) <= 4, "rooms[i].state <= 4 entries")
+				b.need(r.GetDecodePrefixLen() <= 1<<24, "rooms[i].decode_prefix_len <= 2^24")
+			} else {
+				b.need(r.GetReqSlot() >= 1, "rooms[i].req_slot >= 1")
+				b.need(r.GetOutputLen() <= 1<<24, "rooms[i].output_len <= 2^24")
+			}
+		}
+	}, &ResyncRequest{Rooms: []*ResyncRoom{{Room: 5, Rid: "r", PromptLen: 100, MaxNewTokens: 8, ReqSlot: 1, PageIndices: []int32{1, 2}}}, Done: true},
+		&ResyncRequest{Rooms: []*ResyncRoom{{Room: 6, Rid: "r", PromptLen: 100, MaxNewTokens: 8, InFlight: true, PageIndices: []int32{1, 2}, MetadataSlot: 3}}})
+}

@@ -22,42 +22,48 @@ const (
 // ranges, the page count and ownership are the daemon's to check.
 func (x *DeclareDestinationRequest) Validate() error {
 	errs := []error{checkRoom("room", x.GetRoom())}
-	switch n := len(x.GetPageIndices()); {
-	case n > MaxPages:
-		errs = append(errs, fieldErr("page_indices", "has %d entries (at most %d)", n, MaxPages))
-	default:
-		errs = append(errs, checkIndices("page_indices", x.GetPageIndices()))
+	return errors.Join(append(errs, checkDeclared("", x.GetPageIndices(), x.GetMetadataSlot(), x.GetState(), x.GetDecodePrefixLen())...)...)
+}
+
+// checkDeclared checks a declared destination's fields, named under at
+// ("" or "rooms[3]."): DeclareDestinationRequest's, and a ResyncRoom's in
+// flight.
+func checkDeclared(at string, pages []int32, slot int32, state []*StateIndices, prefix uint32) []error {
+	var errs []error
+	if n := len(pages); n > MaxPages {
+		errs = append(errs, fieldErr(at+"page_indices", "has %d entries (at most %d)", n, MaxPages))
+	} else {
+		errs = append(errs, checkIndices(at+"page_indices", pages))
 	}
-	if x.GetMetadataSlot() < 0 {
-		errs = append(errs, fieldErr("metadata_slot", "%d is not a metadata row (rows are 0..metadata slots-1)", x.GetMetadataSlot()))
+	if slot < 0 {
+		errs = append(errs, fieldErr(at+"metadata_slot", "%d is not a metadata row (rows are 0..metadata slots-1)", slot))
 	}
-	errs = append(errs, checkMax("decode_prefix_len", uint64(x.GetDecodePrefixLen()), MaxTokens))
-	st := x.GetState()
-	if len(st) > MaxDeclaredStates {
-		return errors.Join(append(errs, fieldErr("state", "has %d entries (at most %d: one per state type)", len(st), MaxDeclaredStates))...)
+	errs = append(errs, checkMax(at+"decode_prefix_len", uint64(prefix), MaxTokens))
+	if len(state) > MaxDeclaredStates {
+		return append(errs, fieldErr(at+"state", "has %d entries (at most %d: one per state type)", len(state), MaxDeclaredStates))
 	}
 	seen := map[StateType]int{}
-	for i, s := range st {
-		at := fmt.Sprintf("state[%d]", i)
+	for i, s := range state {
+		f := fmt.Sprintf("%sstate[%d]", at, i)
 		if s == nil {
-			errs = append(errs, fieldErr(at, "is empty"))
+			errs = append(errs, fieldErr(f, "is empty"))
 			continue
 		}
 		t := s.GetType()
 		if _, ok := StateType_name[int32(t)]; !ok || t == StateType_STATE_TYPE_UNSPECIFIED {
-			errs = append(errs, fieldErr(at+".type", "%d is not a state type (allowed STATE_TYPE_MAMBA, STATE_TYPE_SWA, STATE_TYPE_DSA)", int32(t)))
+			errs = append(errs, fieldErr(f+".type", "%d is not a state type (allowed STATE_TYPE_MAMBA, STATE_TYPE_SWA, STATE_TYPE_DSA)", int32(t)))
 		} else if j, dup := seen[t]; dup {
-			errs = append(errs, fieldErr(at+".type", "%s is named twice (also state[%d])", t, j))
+			errs = append(errs, fieldErr(f+".type", "%s is named twice (also state[%d])", t, j))
 		} else {
 			seen[t] = i
 		}
 		if n := len(s.GetIndices()); n > MaxPages {
-			errs = append(errs, fieldErr(at+".indices", "has %d entries (at most %d)", n, MaxPages))
+			errs = append(errs, fieldErr(f+".indices", "has %d entries (at most %d)", n, MaxPages))
 		} else {
-			errs = append(errs, checkIndices(at+".indices", s.GetIndices()))
+			errs = append(errs, checkIndices(f+".indices", s.GetIndices()))
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // Validate implements the validator interceptor's contract.

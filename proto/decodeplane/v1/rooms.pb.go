@@ -2907,8 +2907,35 @@ type ResyncRoom struct {
 	// prefill_dp_rank is the prefill DP rank the room came from (a
 	// rebootstrap stays on it). bounds: 0..1023.
 	PrefillDpRank *uint32 `protobuf:"varint,12,opt,name=prefill_dp_rank,json=prefillDpRank,proto3,oneof" json:"prefill_dp_rank,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// in_flight: a hand-off the decode engine still had in flight when the
+	// daemon stopped, re-declared by an engine that owns its pages
+	// (kv_pool.owner: engine; required there, refused otherwise: an
+	// engine-owned pool's running requests are the engine's own and there
+	// is nothing to adopt). The room is held as it was declared
+	// (DeclareDestination): page_indices are the pages beyond
+	// decode_prefix_len, exactly ceil((prompt_len − decode_prefix_len) /
+	// page_size); metadata_slot and state the declared row and state
+	// indices; req_slot, output_len, swa_page_indices and mamba_slots are
+	// not used (req_slot may be 0). The room starts FAILED (its claims died
+	// with the previous daemon: FAILURE_CODE_SHUTDOWN) with its pages, row
+	// and slots draining — a declaration naming one is refused, PAGE_HELD —
+	// until its prefill ranks acknowledge (AckRoomEnd with any attempt and
+	// incarnation 0; only when bootstrap_addr's instance is registered
+	// complete and prefill_dp_rank is given, else the bound alone) or
+	// release.deferred_timeout passes; its WatchRoom then ends with
+	// pages_reusable.
+	InFlight bool `protobuf:"varint,13,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// metadata_slot (in_flight only) is the declared metadata row.
+	// bounds: 0..metadata slots−1.
+	MetadataSlot int32 `protobuf:"varint,14,opt,name=metadata_slot,json=metadataSlot,proto3" json:"metadata_slot,omitempty"`
+	// state (in_flight only): the declared state indices, as
+	// DeclareDestinationRequest.state.
+	State []*StateIndices `protobuf:"bytes,15,rep,name=state,proto3" json:"state,omitempty"`
+	// decode_prefix_len (in_flight only): as
+	// DeclareDestinationRequest.decode_prefix_len.
+	DecodePrefixLen uint32 `protobuf:"varint,16,opt,name=decode_prefix_len,json=decodePrefixLen,proto3" json:"decode_prefix_len,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ResyncRoom) Reset() {
@@ -3021,6 +3048,34 @@ func (x *ResyncRoom) GetBootstrapAddr() string {
 func (x *ResyncRoom) GetPrefillDpRank() uint32 {
 	if x != nil && x.PrefillDpRank != nil {
 		return *x.PrefillDpRank
+	}
+	return 0
+}
+
+func (x *ResyncRoom) GetInFlight() bool {
+	if x != nil {
+		return x.InFlight
+	}
+	return false
+}
+
+func (x *ResyncRoom) GetMetadataSlot() int32 {
+	if x != nil {
+		return x.MetadataSlot
+	}
+	return 0
+}
+
+func (x *ResyncRoom) GetState() []*StateIndices {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *ResyncRoom) GetDecodePrefixLen() uint32 {
+	if x != nil {
+		return x.DecodePrefixLen
 	}
 	return 0
 }
@@ -3521,7 +3576,7 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x11prefill_http_host\x18\x06 \x01(\tR\x0fprefillHttpHost\x12*\n" +
 	"\x11prefill_http_port\x18\a \x01(\rR\x0fprefillHttpPort\x12!\n" +
 	"\fgenerate_url\x18\b \x01(\tR\vgenerateUrl\x12&\n" +
-	"\x0fprefill_dp_rank\x18\t \x01(\x05R\rprefillDpRank\"\xad\x03\n" +
+	"\x0fprefill_dp_rank\x18\t \x01(\x05R\rprefillDpRank\"\xcf\x04\n" +
 	"\n" +
 	"ResyncRoom\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x10\n" +
@@ -3539,7 +3594,11 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	" \x03(\x05R\n" +
 	"mambaSlots\x12%\n" +
 	"\x0ebootstrap_addr\x18\v \x01(\tR\rbootstrapAddr\x12+\n" +
-	"\x0fprefill_dp_rank\x18\f \x01(\rH\x00R\rprefillDpRank\x88\x01\x01B\x12\n" +
+	"\x0fprefill_dp_rank\x18\f \x01(\rH\x00R\rprefillDpRank\x88\x01\x01\x12\x1b\n" +
+	"\tin_flight\x18\r \x01(\bR\binFlight\x12#\n" +
+	"\rmetadata_slot\x18\x0e \x01(\x05R\fmetadataSlot\x122\n" +
+	"\x05state\x18\x0f \x03(\v2\x1c.decodeplane.v1.StateIndicesR\x05state\x12*\n" +
+	"\x11decode_prefix_len\x18\x10 \x01(\rR\x0fdecodePrefixLenB\x12\n" +
 	"\x10_prefill_dp_rank\"U\n" +
 	"\rResyncRequest\x120\n" +
 	"\x05rooms\x18\x01 \x03(\v2\x1a.decodeplane.v1.ResyncRoomR\x05rooms\x12\x12\n" +
@@ -3686,43 +3745,44 @@ var file_decodeplane_v1_rooms_proto_depIdxs = []int32{
 	19, // 35: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
 	35, // 36: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
 	44, // 37: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
-	36, // 38: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
-	42, // 39: decodeplane.v1.AckRoomEndRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	3,  // 40: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
-	5,  // 41: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
-	12, // 42: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
-	14, // 43: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
-	16, // 44: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
-	18, // 45: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
-	21, // 46: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
-	23, // 47: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
-	25, // 48: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
-	28, // 49: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
-	31, // 50: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
-	33, // 51: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
-	37, // 52: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
-	39, // 53: decodeplane.v1.Rooms.AckRoomEnd:input_type -> decodeplane.v1.AckRoomEndRequest
-	1,  // 54: decodeplane.v1.Rooms.DeclareDestination:input_type -> decodeplane.v1.DeclareDestinationRequest
-	4,  // 55: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
-	9,  // 56: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
-	13, // 57: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
-	15, // 58: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
-	17, // 59: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
-	19, // 60: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
-	22, // 61: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
-	24, // 62: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
-	26, // 63: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
-	30, // 64: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
-	32, // 65: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
-	34, // 66: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
-	38, // 67: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
-	40, // 68: decodeplane.v1.Rooms.AckRoomEnd:output_type -> decodeplane.v1.AckRoomEndResponse
-	2,  // 69: decodeplane.v1.Rooms.DeclareDestination:output_type -> decodeplane.v1.DeclareDestinationResponse
-	55, // [55:70] is the sub-list for method output_type
-	40, // [40:55] is the sub-list for method input_type
-	40, // [40:40] is the sub-list for extension type_name
-	40, // [40:40] is the sub-list for extension extendee
-	0,  // [0:40] is the sub-list for field type_name
+	41, // 38: decodeplane.v1.ResyncRoom.state:type_name -> decodeplane.v1.StateIndices
+	36, // 39: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
+	42, // 40: decodeplane.v1.AckRoomEndRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	3,  // 41: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
+	5,  // 42: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
+	12, // 43: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
+	14, // 44: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
+	16, // 45: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
+	18, // 46: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
+	21, // 47: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
+	23, // 48: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
+	25, // 49: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
+	28, // 50: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
+	31, // 51: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
+	33, // 52: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
+	37, // 53: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
+	39, // 54: decodeplane.v1.Rooms.AckRoomEnd:input_type -> decodeplane.v1.AckRoomEndRequest
+	1,  // 55: decodeplane.v1.Rooms.DeclareDestination:input_type -> decodeplane.v1.DeclareDestinationRequest
+	4,  // 56: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
+	9,  // 57: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
+	13, // 58: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
+	15, // 59: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
+	17, // 60: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
+	19, // 61: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
+	22, // 62: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
+	24, // 63: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
+	26, // 64: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
+	30, // 65: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
+	32, // 66: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
+	34, // 67: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
+	38, // 68: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
+	40, // 69: decodeplane.v1.Rooms.AckRoomEnd:output_type -> decodeplane.v1.AckRoomEndResponse
+	2,  // 70: decodeplane.v1.Rooms.DeclareDestination:output_type -> decodeplane.v1.DeclareDestinationResponse
+	56, // [56:71] is the sub-list for method output_type
+	41, // [41:56] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_rooms_proto_init() }

@@ -242,6 +242,8 @@ type RoomsClient interface {
 	// (the room is known); FAILED_PRECONDITION (admission already started —
 	// no resync wait configured, done already sent, or the wait expired: the
 	// pool is in use; or a page, slot or row held by another declared room).
+	// With kv_pool.owner: engine the engine re-declares only the hand-offs
+	// it still had in flight (ResyncRoom.in_flight): see there.
 	Resync(ctx context.Context, in *ResyncRequest, opts ...grpc.CallOption) (*ResyncResponse, error)
 	// AckRoomEnd is a prefill rank's acknowledgement that it will write
 	// nothing more into the destination of one generation (attempt,
@@ -690,6 +692,8 @@ type RoomsServer interface {
 	// (the room is known); FAILED_PRECONDITION (admission already started —
 	// no resync wait configured, done already sent, or the wait expired: the
 	// pool is in use; or a page, slot or row held by another declared room).
+	// With kv_pool.owner: engine the engine re-declares only the hand-offs
+	// it still had in flight (ResyncRoom.in_flight): see there.
 	Resync(context.Context, *ResyncRequest) (*ResyncResponse, error)
 	// AckRoomEnd is a prefill rank's acknowledgement that it will write
 	// nothing more into the destination of one generation (attempt,

@@ -379,6 +379,8 @@ class RoomsServicer(object):
         (the room is known); FAILED_PRECONDITION (admission already started —
         no resync wait configured, done already sent, or the wait expired: the
         pool is in use; or a page, slot or row held by another declared room).
+        With kv_pool.owner: engine the engine re-declares only the hand-offs
+        it still had in flight (ResyncRoom.in_flight): see there.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
