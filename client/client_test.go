@@ -86,7 +86,7 @@ func registered(t *testing.T, c *client.Client) *client.Prefill {
 // back to full.
 func assertPoolFull(t *testing.T, c *client.Client) {
 	t.Helper()
-	st, err := c.Status(ctxT(t))
+	st, err := c.Admin().Status(ctxT(t))
 	if err != nil {
 		t.Fatalf("Status: %v", err)
 	}
@@ -378,7 +378,7 @@ func testHappyPath(t *testing.T, tr client.Transport) {
 		dest, err = p.SendRoom(ctx, 100, client.SendOptions{})
 		sent <- err
 	}()
-	room, err := c.OpenAndWait(ctx, openReq(100, 1000))
+	room, err := c.Engine().OpenAndWait(ctx, openReq(100, 1000))
 	if err != nil {
 		t.Fatalf("OpenAndWait: %v", err)
 	}
@@ -395,7 +395,7 @@ func testHappyPath(t *testing.T, tr client.Transport) {
 		t.Errorf("room: %d chunks, %d bytes; want 1 chunk and some bytes", room.GetChunksDone(), room.GetBytesTransferred())
 	}
 
-	rel, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 100})
+	rel, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 100})
 	if err != nil {
 		t.Fatalf("ReleaseRoom: %v", err)
 	}
@@ -403,10 +403,10 @@ func testHappyPath(t *testing.T, tr client.Transport) {
 		t.Errorf("ReleaseRoom = %v, want 16 pages, not already released", rel)
 	}
 	// Idempotent.
-	if rel, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 100}); err != nil || !rel.GetAlreadyReleased() {
+	if rel, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 100}); err != nil || !rel.GetAlreadyReleased() {
 		t.Errorf("second ReleaseRoom = %v, %v; want already released", rel, err)
 	}
-	got, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 100})
+	got, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 100})
 	if err != nil {
 		t.Fatalf("GetRoom: %v", err)
 	}
@@ -422,7 +422,7 @@ func testHappyPath(t *testing.T, tr client.Transport) {
 	if diff := cmp.Diff(wantPhases, phases); diff != "" {
 		t.Errorf("room timeline (-want +got):\n%s", diff)
 	}
-	list, err := c.ListRooms(ctx, &pb.ListRoomsRequest{BootstrapAddr: addr})
+	list, err := c.Admin().ListRooms(ctx, &pb.ListRoomsRequest{BootstrapAddr: addr})
 	if err != nil || list.GetTotal() != 1 || list.GetRooms()[0].GetRoom() != 100 {
 		t.Errorf("ListRooms = %v, %v; want room 100 alone", list, err)
 	}
@@ -437,7 +437,7 @@ func testSendRoomChunks(t *testing.T, tr client.Transport) {
 	c := d.client(t, client.WithTransport(tr))
 	ctx := ctxT(t)
 	p := registered(t, c)
-	if _, err := c.OpenRoom(ctx, openReq(5, 1000)); err != nil { // 16 pages
+	if _, err := c.Engine().OpenRoom(ctx, openReq(5, 1000)); err != nil { // 16 pages
 		t.Fatalf("OpenRoom: %v", err)
 	}
 
@@ -484,7 +484,7 @@ func testSendRoomChunks(t *testing.T, tr client.Transport) {
 			t.Errorf("chunk %d Pages() = %v, want %v", i, got, want)
 		}
 	}
-	room, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 5})
+	room, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 5})
 	if err != nil {
 		t.Fatalf("GetRoom: %v", err)
 	}
@@ -531,7 +531,7 @@ func TestSendRoomBeforeTheClaimIsRecorded(t *testing.T) {
 	c := d.client(t, fastRetry, client.WithTransport(client.TransportUnary))
 	ctx := ctxT(t)
 	p := registered(t, c)
-	if _, err := c.OpenRoom(ctx, openReq(160, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(160, 300)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	if _, err := p.SendRoom(ctx, 160, client.SendOptions{}); err != nil {
@@ -540,7 +540,7 @@ func TestSendRoomBeforeTheClaimIsRecorded(t *testing.T) {
 	if n := transfers.Load(); n != 1 {
 		t.Errorf("%d Transfer calls, want 1 (the daemon takes the first chunk as the rank's claim)", n)
 	}
-	if r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 160}); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+	if r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 160}); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 		t.Errorf("GetRoom = %v, %v; want SUCCEEDED", r, err)
 	}
 }
@@ -596,7 +596,7 @@ func testDummyDestination(t *testing.T, tr client.Transport) {
 			t.Errorf("rank %d: mapping dummy = %v, want %v", i, got, want)
 		}
 	}
-	if _, err := c.OpenRoom(ctx, openReq(9, 700)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(9, 700)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	dests := make([]*pb.Destination, 2)
@@ -625,7 +625,7 @@ func testDummyDestination(t *testing.T, tr client.Transport) {
 	if len(chunks) != 1 {
 		t.Errorf("%d chunks sent over %s, want rank 0's one", len(chunks), tr)
 	}
-	room, err := c.WaitRoom(ctx, 9, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+	room, err := c.Engine().WaitRoom(ctx, 9, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 	if err != nil || room.GetChunksDone() != 1 {
 		t.Errorf("WaitRoom = %v, %v; want SUCCEEDED after 1 chunk", room, err)
 	}
@@ -640,7 +640,7 @@ func testReportRoom(t *testing.T, tr client.Transport) {
 	p := registered(t, c)
 
 	t.Run("moved", func(t *testing.T) {
-		if _, err := c.OpenRoom(ctx, openReq(11, 640)); err != nil { // 10 pages
+		if _, err := c.Engine().OpenRoom(ctx, openReq(11, 640)); err != nil { // 10 pages
 			t.Fatalf("OpenRoom: %v", err)
 		}
 		var moved []int
@@ -656,7 +656,7 @@ func testReportRoom(t *testing.T, tr client.Transport) {
 		if diff := cmp.Diff([]int{4, 4, 2}, moved); diff != "" {
 			t.Errorf("moved chunks (-want +got):\n%s", diff)
 		}
-		room, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 11})
+		room, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 11})
 		// 640 tokens x 2 (K, V) x 8 heads x 128 x 2 bytes x 32 layers (the
 		// test pool's layout): what the layout says, not what a prefill claims.
 		const want = 640 * 2 * 8 * 128 * 2 * 32
@@ -665,7 +665,7 @@ func testReportRoom(t *testing.T, tr client.Transport) {
 		}
 	})
 	t.Run("move failed", func(t *testing.T) {
-		if _, err := c.OpenRoom(ctx, openReq(12, 640)); err != nil {
+		if _, err := c.Engine().OpenRoom(ctx, openReq(12, 640)); err != nil {
 			t.Fatalf("OpenRoom: %v", err)
 		}
 		rdmaDown := errors.New("rdma write failed: qp error")
@@ -678,7 +678,7 @@ func testReportRoom(t *testing.T, tr client.Transport) {
 			t.Errorf("RoomFailedError = %+v, want room 12, TRANSFER_FAILED, the prefill's reason", rf)
 		}
 	})
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 11}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 11}); err != nil {
 		t.Fatalf("ReleaseRoom: %v", err)
 	}
 	assertPoolFull(t, c)
@@ -702,7 +702,7 @@ func testTransferFailureFailsTheRoom(t *testing.T, tr client.Transport) {
 	var waitedRoom *pb.Room
 	go func() {
 		var err error
-		waitedRoom, err = c.OpenAndWait(ctx, openReq(21, 1000))
+		waitedRoom, err = c.Engine().OpenAndWait(ctx, openReq(21, 1000))
 		waited <- err
 	}()
 	_, err := p.SendRoom(ctx, 21, client.SendOptions{ChunkPages: 4})
@@ -725,7 +725,7 @@ func testTransferFailureFailsTheRoom(t *testing.T, tr client.Transport) {
 		t.Errorf("OpenAndWait room phase = %s, want FAILED", waitedRoom.GetPhase())
 	}
 	// A failed room cannot be released; its pages are already back.
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 21}); !errors.Is(err, client.ErrFailedPrecondition) {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 21}); !errors.Is(err, client.ErrFailedPrecondition) {
 		t.Errorf("ReleaseRoom(failed room) = %v, want ErrFailedPrecondition", err)
 	}
 	assertPoolFull(t, c)
@@ -736,15 +736,15 @@ func TestAbortEndsTheWait(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	// No prefill registers: the room waits for it.
-	if _, err := c.OpenRoom(ctx, openReq(31, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(31, 100)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	waited := make(chan error, 1)
 	go func() {
-		_, err := c.WaitRoom(ctx, 31, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+		_, err := c.Engine().WaitRoom(ctx, 31, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 		waited <- err
 	}()
-	ab, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 31})
+	ab, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 31})
 	if err != nil || ab.GetAlreadyTerminal() {
 		t.Fatalf("AbortRoom = %v, %v", ab, err)
 	}
@@ -754,16 +754,16 @@ func TestAbortEndsTheWait(t *testing.T) {
 	}
 	// Waiting for a phase the room is in, or went through, returns at once.
 	for _, ph := range []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_FAILED, pb.RoomPhase_ROOM_PHASE_WAITING_PREFILL} {
-		if r, err := c.WaitRoom(ctx, 31, ph); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_FAILED {
+		if r, err := c.Engine().WaitRoom(ctx, 31, ph); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_FAILED {
 			t.Errorf("WaitRoom(%s) = %v, %v; want the failed room, no error", ph, r, err)
 		}
 	}
 	// A phase it never reached: the failure.
-	if _, err := c.WaitRoom(ctx, 31, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); !errors.Is(err, client.ErrRoomFailed) {
+	if _, err := c.Engine().WaitRoom(ctx, 31, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); !errors.Is(err, client.ErrRoomFailed) {
 		t.Errorf("WaitRoom(SUCCEEDED) of a failed room = %v, want ErrRoomFailed", err)
 	}
 	// Aborting again is OK.
-	if ab, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 31}); err != nil || !ab.GetAlreadyTerminal() {
+	if ab, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 31}); err != nil || !ab.GetAlreadyTerminal() {
 		t.Errorf("second AbortRoom = %v, %v; want already terminal", ab, err)
 	}
 }
@@ -785,11 +785,11 @@ func testConcurrentRooms(t *testing.T, tr client.Transport) {
 			}
 		})
 		wg.Go(func() {
-			if _, err := c.OpenAndWait(ctx, openReq(room, uint32(100+50*i))); err != nil {
+			if _, err := c.Engine().OpenAndWait(ctx, openReq(room, uint32(100+50*i))); err != nil {
 				t.Errorf("OpenAndWait(%d): %v", room, err)
 				return
 			}
-			if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+			if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 				t.Errorf("ReleaseRoom(%d): %v", room, err)
 			}
 		})
@@ -819,7 +819,7 @@ func TestLookupAndBindDPRanks(t *testing.T) {
 	}
 	lookup := func() *pb.LookupDPRanksResponse {
 		t.Helper()
-		resp, err := c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: addr, Rooms: []uint64{5, 6}, Hints: []*pb.RoomHint{{Room: 6, DpRank: 0}}})
+		resp, err := c.Engine().LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: addr, Rooms: []uint64{5, 6}, Hints: []*pb.RoomHint{{Room: 6, DpRank: 0}}})
 		if err != nil {
 			t.Fatalf("LookupDPRanks: %v", err)
 		}

@@ -237,12 +237,12 @@ func TestOpenAndWaitSharesOneSession(t *testing.T) {
 			}
 		})
 		wg.Go(func() {
-			r, err := c.OpenAndWait(ctx, openReq(room, uint32(100+10*i)))
+			r, err := c.Engine().OpenAndWait(ctx, openReq(room, uint32(100+10*i)))
 			if err != nil || r.GetRoom() != room || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 				t.Errorf("OpenAndWait(%d) = %v, %v; want it SUCCEEDED", room, r, err)
 				return
 			}
-			if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+			if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 				t.Errorf("ReleaseRoom(%d): %v", room, err)
 			}
 		})
@@ -299,7 +299,7 @@ func TestOpenAndWaitBatchTracing(t *testing.T) {
 		callers[room] = span.SpanContext()
 		go func() {
 			defer span.End()
-			_, err := c.OpenAndWait(rctx, openReq(room, 100))
+			_, err := c.Engine().OpenAndWait(rctx, openReq(room, 100))
 			done <- err
 		}()
 	}
@@ -333,7 +333,7 @@ func TestOpenAndWaitBatchTracing(t *testing.T) {
 		t.Errorf("open ops carried %v rooms, want %v (the queued opens in one batch)", got, want)
 	}
 	for _, room := range rooms {
-		if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+		if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -370,7 +370,7 @@ func TestOpenAndWaitResumesAfterCut(t *testing.T) {
 	done := make(chan error, 2*len(rooms))
 	for _, room := range rooms {
 		go func() {
-			r, err := c.OpenAndWait(ctx, openReq(room, 300))
+			r, err := c.Engine().OpenAndWait(ctx, openReq(room, 300))
 			if err == nil && r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 				err = fmt.Errorf("room %d: phase %s", room, r.GetPhase())
 			}
@@ -439,19 +439,19 @@ func TestOpenAndWaitLostOpenAnswer(t *testing.T) {
 			p := registered(t, c)
 			sent := make(chan error, 1)
 			go func() { _, err := p.SendRoom(ctx, 4201, client.SendOptions{}); sent <- err }()
-			r, err := c.OpenAndWait(ctx, openReq(4201, 100))
+			r, err := c.Engine().OpenAndWait(ctx, openReq(4201, 100))
 			if !keyed {
 				if !errors.Is(err, client.ErrUnavailable) || r != nil {
 					t.Fatalf("OpenAndWait with its answer lost, no key = %v, %v; want ErrUnavailable", r, err)
 				}
-				if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4201}); err != nil {
+				if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4201}); err != nil {
 					t.Fatalf("the room the lost open made: %v", err)
 				}
 			} else if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 				t.Fatalf("OpenAndWait with its answer lost, keyed = %v, %v; want it resent and SUCCEEDED", r, err)
 			}
 			<-sent
-			live, err := c.ListRooms(ctx, &pb.ListRoomsRequest{})
+			live, err := c.Admin().ListRooms(ctx, &pb.ListRoomsRequest{})
 			if err != nil || len(live.GetRooms()) != 1 {
 				t.Errorf("ListRooms = %v, %v; want the one room, opened once", live, err)
 			}
@@ -473,7 +473,7 @@ func TestOpenAndWaitRefusals(t *testing.T) {
 	})
 	ctx := ctxT(t)
 	bad := &pb.OpenRoomRequest{Rid: "r", BootstrapAddr: "not an address", PromptLen: 0}
-	if _, err := d.client(t, client.WithToken("tok")).OpenRoom(ctx, openReq(4301, 10)); err != nil {
+	if _, err := d.client(t, client.WithToken("tok")).Engine().OpenRoom(ctx, openReq(4301, 10)); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -497,7 +497,7 @@ func TestOpenAndWaitRefusals(t *testing.T) {
 					opts = append(opts, client.WithToken("tok"))
 				}
 				c := d.client(t, opts...)
-				r, err := c.OpenAndWait(ctx, tc.req)
+				r, err := c.Engine().OpenAndWait(ctx, tc.req)
 				if r != nil || !errors.As(err, &got[i]) || !errors.Is(err, tc.want) {
 					t.Fatalf("%s: OpenAndWait = %v, %v; want a nil room and %v", tr, r, err, tc.want)
 				}
@@ -524,24 +524,24 @@ func TestOpenAndWaitContextEnd(t *testing.T) {
 		ctx := ctxT(t)
 		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond) // no prefill: the room waits
 		defer cancel()
-		r, err := c.OpenAndWait(short, openReq(4401, 100))
+		r, err := c.Engine().OpenAndWait(short, openReq(4401, 100))
 		if r != nil || !errors.Is(err, client.ErrDeadlineExceeded) || status.Code(err) != codes.DeadlineExceeded {
 			t.Fatalf("OpenAndWait past its deadline = %v, %v; want ErrDeadlineExceeded", r, err)
 		}
 		if n := client.WaitingRooms(c); n != 0 {
 			t.Errorf("%d rooms waited on after the call returned", n)
 		}
-		got, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 4401})
+		got, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 4401})
 		if err != nil || got.GetPhase() == pb.RoomPhase_ROOM_PHASE_FAILED {
 			t.Fatalf("the room after its caller left: %v, %v; want it left as it is", got, err)
 		}
 		// Its later events (the abort) reach nobody; the next call works.
-		if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4401}); err != nil {
+		if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4401}); err != nil {
 			t.Fatal(err)
 		}
 		p := registered(t, c)
 		go p.SendRoom(ctx, 4402, client.SendOptions{})
-		if r, err := c.OpenAndWait(ctx, openReq(4402, 100)); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+		if r, err := c.Engine().OpenAndWait(ctx, openReq(4402, 100)); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 			t.Fatalf("the next OpenAndWait = %v, %v", r, err)
 		}
 	})
@@ -555,7 +555,7 @@ func TestOpenAndWaitClose(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	done := make(chan error, 1)
-	go func() { _, err := c.OpenAndWait(ctx, openReq(4501, 100)); done <- err }()
+	go func() { _, err := c.Engine().OpenAndWait(ctx, openReq(4501, 100)); done <- err }()
 	// The room is open and waited on (no prefill) before Close.
 	tp.await(t, ctx, "the room's open answered", func() bool { return len(tp.opened) == 1 && tp.opened[0][4501] })
 	if err := c.Close(); err != nil {
@@ -584,7 +584,7 @@ func TestOpenAndWaitDaemonGone(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		start := time.Now()
-		r, err := c.OpenAndWait(ctx, openReq(4601, 100))
+		r, err := c.Engine().OpenAndWait(ctx, openReq(4601, 100))
 		took := time.Since(start)
 		if r != nil || !errors.Is(err, client.ErrUnavailable) {
 			t.Fatalf("OpenAndWait with no daemon = %v, %v; want ErrUnavailable", r, err)
@@ -605,12 +605,12 @@ func TestOpenAndWaitPermanentEnd(t *testing.T) {
 	c := d.client(t, fastRetry)
 	ctx := ctxT(t)
 	done := make(chan error, 1)
-	go func() { _, err := c.OpenAndWait(ctx, openReq(4701, 100)); done <- err }()
+	go func() { _, err := c.Engine().OpenAndWait(ctx, openReq(4701, 100)); done <- err }()
 	tp.await(t, ctx, "the room's open answered", func() bool { return len(tp.opened) == 1 && tp.opened[0][4701] })
 	tp.mu.Lock()
 	tp.cut[0] = status.New(codes.PermissionDenied, "denied by a proxy (injected)")
 	tp.mu.Unlock()
-	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4701}); err != nil { // an event to send: the cut
+	if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4701}); err != nil { // an event to send: the cut
 		t.Fatal(err)
 	}
 	err := <-done
@@ -642,7 +642,7 @@ func TestOpenAndWaitBatchBound(t *testing.T) {
 	var wg sync.WaitGroup
 	call := func(room uint64) {
 		wg.Go(func() {
-			if _, err := c.OpenAndWait(wctx, openReq(room, 10)); !errors.Is(err, client.ErrCanceled) {
+			if _, err := c.Engine().OpenAndWait(wctx, openReq(room, 10)); !errors.Is(err, client.ErrCanceled) {
 				t.Errorf("OpenAndWait(%d) = %v, want the test's cancel", room, err)
 			}
 		})
@@ -693,7 +693,7 @@ func TestOpenAndWaitSameRoomTwice(t *testing.T) {
 	req.IdempotencyKey = "retry-of-4801"
 	done := make(chan error, 3)
 	wait := func() {
-		r, err := c.OpenAndWait(ctx, req)
+		r, err := c.Engine().OpenAndWait(ctx, req)
 		if err == nil && r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 			err = fmt.Errorf("phase %s", r.GetPhase())
 		}
@@ -728,7 +728,7 @@ func TestOpenAndWaitFallsBackToUnary(t *testing.T) {
 	var wg sync.WaitGroup
 	for room := uint64(41); room <= 48; room++ {
 		wg.Go(func() {
-			r, err := c.OpenAndWait(ctx, openReq(room, 300))
+			r, err := c.Engine().OpenAndWait(ctx, openReq(room, 300))
 			if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 				t.Errorf("OpenAndWait(%d) = %v, %v; want SUCCEEDED over the unary API", room, r, err)
 			}
@@ -748,11 +748,11 @@ func TestOpenAndWaitFallsBackToUnary(t *testing.T) {
 		t.Errorf("%d OpenRoom calls, want 8 (one per room, the unary path)", n)
 	}
 	// A later call goes straight to the unary path.
-	if _, err := c.OpenRoom(ctx, openReq(49, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(49, 300)); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { _, err := c.OpenAndWait(ctx, openReq(50, 300)); done <- err }()
+	go func() { _, err := c.Engine().OpenAndWait(ctx, openReq(50, 300)); done <- err }()
 	if _, err := p.SendRoom(ctx, 50, client.SendOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -763,14 +763,14 @@ func TestOpenAndWaitFallsBackToUnary(t *testing.T) {
 		t.Errorf("%d engine sessions tried after the fallback, want none more than %d", n, tried)
 	}
 	for room := uint64(41); room <= 48; room++ {
-		if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+		if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 			t.Errorf("ReleaseRoom(%d): %v", room, err)
 		}
 	}
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 50}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 50}); err != nil {
 		t.Error(err)
 	}
-	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 49}); err != nil {
+	if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 49}); err != nil {
 		t.Error(err)
 	}
 	if n := in.count(pb.Rooms_ReleaseRoom_FullMethodName); n != 9 {

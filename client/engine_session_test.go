@@ -26,7 +26,7 @@ import (
 // session opens an EngineSession closed at cleanup.
 func session(t *testing.T, c *client.Client) *client.EngineSession {
 	t.Helper()
-	s, err := c.EngineSession(ctxT(t))
+	s, err := client.OpenEngineSession(ctxT(t), c)
 	if err != nil {
 		t.Fatalf("EngineSession: %v", err)
 	}
@@ -118,16 +118,16 @@ func TestEngineSessionLifecycle(t *testing.T) {
 	// The unary path, for comparison.
 	sent := make(chan error, 4)
 	go func() { _, err := p.SendRoom(ctx, 500, client.SendOptions{}); sent <- err }()
-	if _, err := c.OpenAndWait(ctx, openReq(500, 100)); err != nil {
+	if _, err := c.Engine().OpenAndWait(ctx, openReq(500, 100)); err != nil {
 		t.Fatalf("OpenAndWait: %v", err)
 	}
 	if err := <-sent; err != nil {
 		t.Fatalf("SendRoom(500): %v", err)
 	}
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 500}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 500}); err != nil {
 		t.Fatal(err)
 	}
-	unary, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 500})
+	unary, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 500})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,12 +232,12 @@ func TestEngineSessionFailures(t *testing.T) {
 		t.Errorf("second Abort = %v, %v; want already terminal", ab, err)
 	}
 	_, sessErr := s.Release(ctx, &pb.ReleaseRoomRequest{Room: 601})
-	_, unaryErr := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 601})
+	_, unaryErr := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 601})
 	if !errors.Is(sessErr, client.ErrFailedPrecondition) || status.Convert(sessErr).Message() != status.Convert(unaryErr).Message() {
 		t.Errorf("Release(failed room) on the session = %v; unary = %v: want the same FAILED_PRECONDITION", sessErr, unaryErr)
 	}
 	_, sessErr = s.Abort(ctx, &pb.AbortRoomRequest{Room: 99999})
-	_, unaryErr = c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 99999})
+	_, unaryErr = c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 99999})
 	if !errors.Is(sessErr, client.ErrNotFound) || status.Convert(sessErr).Message() != status.Convert(unaryErr).Message() {
 		t.Errorf("Abort(unknown room) on the session = %v; unary = %v: want the same NOT_FOUND", sessErr, unaryErr)
 	}
@@ -248,15 +248,15 @@ func TestEngineSessionFailures(t *testing.T) {
 	if res, err := s.Open(ctx, openReq(603, 100)); err != nil || res[0].Err != nil {
 		t.Fatalf("Open(603) = %+v, %v", res, err)
 	}
-	if _, err := c.OpenRoom(ctx, openReq(604, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(604, 100)); err != nil {
 		t.Fatal(err)
 	}
 	unaryEnd := make(chan error, 1)
-	go func() { _, err := c.WaitRoom(ctx, 604, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); unaryEnd <- err }()
+	go func() { _, err := c.Engine().WaitRoom(ctx, 604, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); unaryEnd <- err }()
 	re.until(s, func() bool { return len(re.evs[603]) > 0 })
 	again := prefillRank(addr, 1, 0)
 	again.InstanceId = "prefill-restarted"
-	if _, err := c.RegisterPrefill(ctx, again); err != nil {
+	if _, err := c.Prefill(again).Register(ctx); err != nil {
 		t.Fatalf("RegisterPrefill(new instance): %v", err)
 	}
 	re.until(s, func() bool { return re.ended[603] })
@@ -282,7 +282,7 @@ func TestEngineSessionBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open = %v, want per-room results", err)
 	}
-	_, unaryErr := c.OpenRoom(ctx, bad)
+	_, unaryErr := c.Engine().OpenRoom(ctx, bad)
 	if !errors.Is(res[0].Err, client.ErrInvalidArgument) || !strings.HasPrefix(status.Convert(res[0].Err).Message(), "open.rooms[0].prompt_len: ") ||
 		status.Convert(res[0].Err).Message() != "open.rooms[0]."+status.Convert(unaryErr).Message() {
 		t.Errorf("bad room's result = %v; unary OpenRoom = %v: want INVALID_ARGUMENT open.rooms[0].prompt_len, the unary message prefixed", res[0].Err, unaryErr)
@@ -307,7 +307,7 @@ func TestEngineSessionBadInput(t *testing.T) {
 	if m := status.Convert(res[1].Err).Message(); !errors.Is(res[1].Err, client.ErrInvalidArgument) || !strings.HasPrefix(m, "Request rid-705 exceeds the maximum number of tokens") {
 		t.Errorf("a room that can never fit = %v, want SGLang's message unprefixed", res[1].Err)
 	}
-	if _, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 701}); !errors.Is(err, client.ErrNotFound) {
+	if _, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 701}); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("GetRoom(bad room) = %v, want not found: nothing opened", err)
 	}
 	cases := []struct {
@@ -363,7 +363,7 @@ func TestEngineSessionBadInput(t *testing.T) {
 	if r := recvReply(t, st, 10); codes.Code(r.GetCode()) != codes.InvalidArgument || !strings.HasPrefix(r.GetMessage(), "open.traceparents: ") {
 		t.Errorf("one traceparent for two rooms: reply %v, want INVALID_ARGUMENT open.traceparents", r)
 	}
-	if _, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 706}); !errors.Is(err, client.ErrNotFound) {
+	if _, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 706}); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("GetRoom(706) = %v, want not found: a refused op opens nothing", err)
 	}
 }
@@ -475,7 +475,7 @@ func TestEngineSessionNeedsToken(t *testing.T) {
 	if _, err := s.Open(ctx, openReq(811, 10)); !errors.Is(err, client.ErrUnauthenticated) {
 		t.Errorf("Open without the token = %v, want ErrUnauthenticated", err)
 	}
-	if _, err := d.client(t).OpenRoom(ctx, openReq(811, 10)); !errors.Is(err, client.ErrUnauthenticated) {
+	if _, err := d.client(t).Engine().OpenRoom(ctx, openReq(811, 10)); !errors.Is(err, client.ErrUnauthenticated) {
 		t.Errorf("OpenRoom without the token = %v, want ErrUnauthenticated", err)
 	}
 	s = session(t, d.client(t, client.WithToken("tok")))
@@ -521,7 +521,7 @@ func TestEngineSessionSlowConsumerThenResume(t *testing.T) {
 	select {
 	case cut = <-handled:
 	case <-ctxT(t).Done():
-		live, err := d.client(t).ListRooms(context.Background(), &pb.ListRoomsRequest{LiveOnly: true, Limit: 100000})
+		live, err := d.client(t).Admin().ListRooms(context.Background(), &pb.ListRoomsRequest{LiveOnly: true, Limit: 100000})
 		t.Fatalf("the daemon never cut the stream that reads nothing (%d rooms, %v)", live.GetTotal(), err)
 	}
 	want := fmt.Sprintf("slow consumer: %d events queued", pb.MaxEngineSessionQueue)
@@ -534,7 +534,7 @@ func TestEngineSessionSlowConsumerThenResume(t *testing.T) {
 	<-sending
 	c := d.client(t)
 	ctx := ctxT(t)
-	live, err := c.ListRooms(ctx, &pb.ListRoomsRequest{LiveOnly: true, Limit: 100000})
+	live, err := c.Admin().ListRooms(ctx, &pb.ListRoomsRequest{LiveOnly: true, Limit: 100000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -573,7 +573,7 @@ func TestEngineSessionSlowConsumerThenResume(t *testing.T) {
 		t.Errorf("10001 resumed from 0: first event seq %d, want 1", re.evs[10001][0].GetSeq())
 	}
 	// The session's events are the room's whole timeline after seq 1.
-	r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 10000})
+	r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 10000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -595,7 +595,7 @@ func TestEngineSessionReconnectResume(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	p := registered(t, c)
-	first, err := c.EngineSession(ctx)
+	first, err := client.OpenEngineSession(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +622,7 @@ func TestEngineSessionReconnectResume(t *testing.T) {
 	}
 	re.until(second, func() bool { return len(re.ended) == 2 })
 	for _, room := range []uint64{901, 902} {
-		r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: room})
+		r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: room})
 		if err != nil {
 			t.Fatal(err)
 		}

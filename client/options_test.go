@@ -50,7 +50,7 @@ func TestTracePropagation(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := d.client(t, tt.opts...)
-			if _, err := c.Status(ctx); err != nil {
+			if _, err := c.Admin().Status(ctx); err != nil {
 				t.Fatalf("Status: %v", err)
 			}
 			mu.Lock()
@@ -80,10 +80,10 @@ func TestSpans(t *testing.T) {
 		_, err := p.SendRoom(ctxT(t), 150, client.SendOptions{})
 		sent <- err
 	}()
-	if _, err := c.OpenAndWait(ctx, openReq(150, 100)); err != nil {
+	if _, err := c.Engine().OpenAndWait(ctx, openReq(150, 100)); err != nil {
 		t.Fatalf("OpenAndWait: %v", err)
 	}
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 150}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 150}); err != nil {
 		t.Fatalf("ReleaseRoom: %v", err)
 	}
 	step.End()
@@ -129,16 +129,16 @@ func TestNewFromConn(t *testing.T) {
 	if c.Conn() != conn {
 		t.Error("Conn() is not the given connection")
 	}
-	if _, err := c.Drain(ctx); err != nil { // needs the token
+	if _, err := c.Admin().Drain(ctx); err != nil { // needs the token
 		t.Fatalf("Drain with WithToken over NewFromConn: %v", err)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if _, err := c.Status(ctx); !errors.Is(err, client.ErrCanceled) {
+	if _, err := c.Admin().Status(ctx); !errors.Is(err, client.ErrCanceled) {
 		t.Errorf("Status after Close = %v, want ErrCanceled", err)
 	}
-	if _, err := c.WatchRoom(ctx, &pb.WatchRoomRequest{Room: 1}); !errors.Is(err, client.ErrCanceled) {
+	if _, err := c.Engine().WatchRoom(ctx, &pb.WatchRoomRequest{Room: 1}); !errors.Is(err, client.ErrCanceled) {
 		t.Errorf("WatchRoom after Close = %v, want ErrCanceled", err)
 	}
 	// The connection is the caller's: still open.
@@ -193,7 +193,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 func TestCloseIsIdempotent(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
 	c := d.client(t)
-	if _, err := c.Status(ctxT(t)); err != nil {
+	if _, err := c.Admin().Status(ctxT(t)); err != nil {
 		t.Fatalf("Status: %v", err)
 	}
 	if err := c.Close(); err != nil {
@@ -202,7 +202,7 @@ func TestCloseIsIdempotent(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if _, err := c.Status(ctxT(t)); !errors.Is(err, client.ErrCanceled) {
+	if _, err := c.Admin().Status(ctxT(t)); !errors.Is(err, client.ErrCanceled) {
 		t.Errorf("Status after Close = %v, want ErrCanceled", err)
 	}
 }
@@ -220,7 +220,7 @@ func TestUnreachableDaemonIsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_, err = c.Status(ctxT(t))
+	_, err = c.Admin().Status(ctxT(t))
 	if !errors.Is(err, client.ErrUnavailable) {
 		t.Errorf("Status = %v, want ErrUnavailable", err)
 	}

@@ -62,6 +62,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/internal/testing/sessiontest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -196,9 +197,9 @@ func (d *roomsDaemon) newClient(t *testing.T, token string) *roomsClient {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	rc := &roomsClient{Client: c, d: d}
+	rc := &roomsClient{Client: c, d: d, token: token}
 	if d.tr == overStream {
-		rc.eng = startEngineWatch(t, c)
+		rc.eng = startEngineWatch(t, rc)
 	}
 	return rc
 }
@@ -242,17 +243,18 @@ func roomsInstance(addr string, tp, dp uint32, lbMethod string, model *pb.ModelF
 // transport (transport_e2e_test.go).
 type roomsRank struct {
 	*client.Prefill
-	c   *roomsClient
-	d   *roomsDaemon
-	tr  roomsTransport
-	reg *pb.RegisterPrefillResponse
+	c        *roomsClient
+	d        *roomsDaemon
+	tr       roomsTransport
+	reg      *pb.RegisterPrefillResponse
+	instance string // the registration's instance_id
 	// stop ends the heartbeat loop and the rank's session, and waits for
 	// them (idempotent): the rank is dead on either transport.
 	stop func()
 
 	sessCtx context.Context
 	sessMu  sync.Mutex
-	sess    *client.Session
+	sess    *sessiontest.Prefill
 	sessErr error
 }
 
@@ -272,7 +274,7 @@ func (d *roomsDaemon) startRanks(t *testing.T, regs ...*pb.RegisterPrefillReques
 		hbCtx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- p.RunHeartbeat(hbCtx) }()
-		rank := &roomsRank{Prefill: p, c: c, d: d, tr: d.tr, reg: resp, sessCtx: hbCtx}
+		rank := &roomsRank{Prefill: p, c: c, d: d, tr: d.tr, reg: resp, instance: reg.GetInstanceId(), sessCtx: hbCtx}
 		var once sync.Once
 		rank.stop = func() {
 			once.Do(func() {
@@ -461,7 +463,10 @@ func roomsWantCode(t *testing.T, what string, err error, code codes.Code, family
 		t.Errorf("%s: no error, want %s", what, code)
 		return
 	}
-	if status.Code(err) != code || !errors.Is(err, family) {
+	// The family is the Go client's classification of its *client.Error;
+	// an op sent on a session by sessiontest answers the daemon's status.
+	var ce *client.Error
+	if status.Code(err) != code || (errors.As(err, &ce) && !errors.Is(err, family)) {
 		t.Errorf("%s: got %v (code %s), want %s", what, err, status.Code(err), code)
 		return
 	}

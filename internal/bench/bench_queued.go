@@ -360,7 +360,7 @@ func benchWaitReady(ctx context.Context, c *client.Client, d *benchQueuedDaemon)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		sctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err := c.Status(sctx)
+		_, err := c.Admin().Status(sctx)
 		cancel()
 		if err == nil {
 			return nil
@@ -397,7 +397,7 @@ type benchQueued struct {
 // the rooms, verifies and measures again.
 func (q *benchQueued) run(ctx context.Context) (*benchQueuedJSON, error) {
 	o := q.o
-	st, err := q.c.Status(ctx)
+	st, err := q.c.Admin().Status(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("daemon at %s: %w", q.d.addr, err)
 	}
@@ -452,7 +452,7 @@ func (q *benchQueued) run(ctx context.Context) (*benchQueuedJSON, error) {
 		}
 		room := q.base + uint64(len(q.fillers))
 		dp := s.GetDpRank()
-		resp, err := q.c.OpenRoom(ctx, &pb.OpenRoomRequest{
+		resp, err := q.c.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{
 			Rid: "queued-filler-" + strconv.FormatUint(room, 10), BootstrapAddr: q.addr, Room: room,
 			DecodeDpRank: &dp, PromptLen: uint32(prompt), MaxNewTokens: 1,
 		})
@@ -579,7 +579,7 @@ func (q *benchQueued) openAll(ctx context.Context) error {
 					return
 				}
 				room := first + uint64(i)
-				resp, err := q.c.OpenRoom(octx, &pb.OpenRoomRequest{
+				resp, err := q.c.Engine().OpenRoom(octx, &pb.OpenRoomRequest{
 					Rid: "queued-" + strconv.FormatUint(room, 10), BootstrapAddr: q.addr, Room: room,
 					PromptLen: uint32(o.prompt.draw(o.seed, uint64(i))), MaxNewTokens: uint32(o.maxNewTokens),
 				})
@@ -641,7 +641,7 @@ func (q *benchQueued) verify(ctx context.Context) (benchQueuedVerified, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var v benchQueuedVerified
-		st, err := q.c.Status(ctx)
+		st, err := q.c.Admin().Status(ctx)
 		if err != nil {
 			return v, err
 		}
@@ -649,7 +649,7 @@ func (q *benchQueued) verify(ctx context.Context) (benchQueuedVerified, error) {
 			v.ShardQueued += int64(s.GetQueued())
 			v.BlockedBy = append(v.BlockedBy, s.GetBlockedBy())
 		}
-		lr, err := q.c.ListRooms(ctx, &pb.ListRoomsRequest{Phases: []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_QUEUED}, LiveOnly: true, BootstrapAddr: q.addr, Limit: 1})
+		lr, err := q.c.Admin().ListRooms(ctx, &pb.ListRoomsRequest{Phases: []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_QUEUED}, LiveOnly: true, BootstrapAddr: q.addr, Limit: 1})
 		if err != nil {
 			return v, err
 		}
@@ -691,7 +691,7 @@ func (q *benchQueued) read(ctx context.Context) (benchQueuedReading, error) {
 			// the pause spaces the calls.
 			t0 := time.Now()
 			sctx, cancel := context.WithTimeout(ctx, benchQueuedCallTimeout)
-			_, _ = q.c.Status(sctx)
+			_, _ = q.c.Admin().Status(sctx)
 			cancel()
 			select {
 			case <-ctx.Done():
@@ -767,7 +767,7 @@ func (q *benchQueued) cleanup() {
 						return
 					}
 					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					_, _ = q.c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: rooms[i], Reason: "decodeplane bench --queued: measurement done"})
+					_, _ = q.c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: rooms[i], Reason: "decodeplane bench --queued: measurement done"})
 					cancel()
 				}
 			})

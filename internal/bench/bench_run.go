@@ -331,7 +331,7 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 	}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	st, err := b.decode.Status(sctx)
+	st, err := b.decode.Admin().Status(sctx)
 	if err != nil {
 		return nil, fmt.Errorf("daemon at %s: %w", tgt.addr, err)
 	}
@@ -668,21 +668,21 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 	}
 	var err error
 	if b.o.stream() {
-		_, err = b.decode.OpenAndWait(ctx, req)
+		_, err = b.decode.Engine().OpenAndWait(ctx, req)
 		opened = true
 	} else {
 		var resp *pb.OpenRoomResponse
-		resp, err = b.decode.OpenRoom(ctx, req)
+		resp, err = b.decode.Engine().OpenRoom(ctx, req)
 		if err == nil {
 			opened = true
 			if resp.GetRoom().GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
-				_, err = b.decode.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+				_, err = b.decode.Engine().WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 			}
 		}
 	}
 	tSucc = b.now()
 	if err == nil {
-		_, err = b.decode.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
+		_, err = b.decode.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
 	}
 	tEnd := b.now()
 	if err != nil && !errors.Is(err, client.ErrRoomFailed) {
@@ -729,7 +729,7 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 func (b *benchRun) abort(room uint64, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = b.decode.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room, Reason: "decodeplane bench: " + reason})
+	_, _ = b.decode.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: room, Reason: "decodeplane bench: " + reason})
 }
 
 // benchUsage is the process's resource use: CPU (getrusage) and heap
