@@ -330,6 +330,12 @@ func TestOpenAndWaitContextEnd(t *testing.T) {
 		d := newDaemon(t, daemonConfig{})
 		c := d.client(t, tr)
 		ctx := ctxT(t)
+		// Connected first: the short deadline is the open's and the wait's
+		// alone, not the dial's too (on a loaded machine it was enough for
+		// OpenRoom to miss it, leaving no room to find below).
+		if _, err := c.Admin().Status(ctx); err != nil {
+			t.Fatal(err)
+		}
 		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond) // no prefill: the room waits
 		defer cancel()
 		r, err := c.Engine().OpenAndWait(short, openReq(4401, 100))
