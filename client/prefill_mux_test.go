@@ -27,11 +27,9 @@ func TestSendRoomsShareOneSession(t *testing.T) {
 	ctx := ctxT(t)
 	p := registered(t, c)
 	const rooms = 16
-	for room := uint64(1); room <= rooms; room++ {
-		if _, err := c.Engine().OpenRoom(ctx, openReq(room, 500)); err != nil { // 8 pages: 3 chunks of 3
-			t.Fatal(err)
-		}
-	}
+	// Every hand-off claims before its room opens, so that all are in
+	// flight at once (a session closes when no hand-off uses it: one that
+	// ended before the next began would leave the next a new session).
 	var wg sync.WaitGroup
 	for room := uint64(1); room <= rooms; room++ {
 		wg.Go(func() {
@@ -47,6 +45,12 @@ func TestSendRoomsShareOneSession(t *testing.T) {
 				t.Errorf("hand-off of room %d = %v, %v", room, dest, err)
 			}
 		})
+	}
+	in.waitCalls(t, sessionOp("claim"), rooms)
+	for room := uint64(1); room <= rooms; room++ {
+		if _, err := c.Engine().OpenRoom(ctx, openReq(room, 500)); err != nil { // 8 pages: 3 chunks of 3
+			t.Fatal(err)
+		}
 	}
 	wg.Wait()
 	if n := in.count(pb.PrefillSession_Session_FullMethodName); n != 1 {
