@@ -68,7 +68,8 @@ func TestTracePropagation(t *testing.T) {
 // OpenRoom; over the shared engine session: TestOpenAndWaitBatchTracing).
 func TestSpans(t *testing.T) {
 	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	ended := spanEnds{make(chan struct{}, 1)}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans), sdktrace.WithSpanProcessor(ended))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 	d := newDaemon(t, daemonConfig{tracer: tp})
 	c := d.client(t, client.WithTracerProvider(tp), client.WithTransport(client.TransportUnary))
@@ -92,15 +93,24 @@ func TestSpans(t *testing.T) {
 	}
 
 	want := step.SpanContext().TraceID()
+	// A server span ends once its answer was sent, maybe after the call
+	// returned: find waits for it (each span's end is signalled).
+	wait := ctxT(t)
 	find := func(name string, kind trace.SpanKind) tracetest.SpanStub {
 		t.Helper()
-		for _, s := range spans.GetSpans() {
-			if s.Name == name && s.SpanKind == kind && s.SpanContext.TraceID() == want {
-				return s
+		for {
+			for _, s := range spans.GetSpans() {
+				if s.Name == name && s.SpanKind == kind && s.SpanContext.TraceID() == want {
+					return s
+				}
+			}
+			select {
+			case <-ended.ch:
+			case <-wait.Done():
+				t.Fatalf("no %s span %q in the caller's trace %s", kind, name, want)
+				return tracetest.SpanStub{}
 			}
 		}
-		t.Fatalf("no %s span %q in the caller's trace %s", kind, name, want)
-		return tracetest.SpanStub{}
 	}
 	cli := find("decodeplane.v1.Rooms/OpenRoom", trace.SpanKindClient)
 	if cli.Parent.SpanID() != step.SpanContext().SpanID() {
@@ -112,6 +122,20 @@ func TestSpans(t *testing.T) {
 	}
 	find("room", trace.SpanKindInternal)
 }
+
+// spanEnds signals each span's end (after the exporters registered before
+// it saw the span).
+type spanEnds struct{ ch chan struct{} } // cap 1
+
+func (e spanEnds) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (e spanEnds) OnEnd(sdktrace.ReadOnlySpan) {
+	select {
+	case e.ch <- struct{}{}:
+	default:
+	}
+}
+func (e spanEnds) Shutdown(context.Context) error   { return nil }
+func (e spanEnds) ForceFlush(context.Context) error { return nil }
 
 func TestNewFromConn(t *testing.T) {
 	d := newDaemon(t, daemonConfig{server: func(c *server.Config) { c.AuthToken = "tok" }})
