@@ -45,16 +45,16 @@ import (
 // the unary path; then the session is tried again.
 //
 // Under TransportUnary it calls OpenRoom, then WaitRoom.
-func (c *Client) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
-	if c.transport == TransportStreams {
-		return c.openAndWaitStream(ctx, req)
+func (e *Engine) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
+	if e.c.transport == TransportStreams {
+		return e.c.openAndWaitStream(ctx, req)
 	}
-	return c.openAndWaitUnary(ctx, req)
+	return e.c.openAndWaitUnary(ctx, req)
 }
 
 // openAndWaitUnary is OpenAndWait over OpenRoom and WaitRoom.
 func (c *Client) openAndWaitUnary(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
-	resp, err := c.OpenRoom(ctx, req)
+	resp, err := c.openRoom(ctx, req)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func (c *Client) openAndWaitUnary(ctx context.Context, req *pb.OpenRoomRequest) 
 	if r.GetPhase() == pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 		return r, nil
 	}
-	return c.WaitRoom(ctx, r.GetRoom(), pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+	return c.waitRoom(ctx, r.GetRoom(), pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 }
 
 // WaitRoom watches a room until it has reached one of phases (a phase it
@@ -72,8 +72,13 @@ func (c *Client) openAndWaitUnary(ctx context.Context, req *pb.OpenRoomRequest) 
 // or failed). A room that fails without reaching one of phases is returned
 // with a *RoomFailedError (unless ROOM_PHASE_FAILED is among phases); a room
 // released first is returned with an ErrFailedPrecondition error.
-func (c *Client) WaitRoom(ctx context.Context, room uint64, phases ...pb.RoomPhase) (*pb.Room, error) {
-	w, err := c.WatchRoom(ctx, &pb.WatchRoomRequest{Room: room, History: true})
+func (e *Engine) WaitRoom(ctx context.Context, room uint64, phases ...pb.RoomPhase) (*pb.Room, error) {
+	return e.c.waitRoom(ctx, room, phases...)
+}
+
+// waitRoom is WaitRoom, for OpenAndWait's unary path.
+func (c *Client) waitRoom(ctx context.Context, room uint64, phases ...pb.RoomPhase) (*pb.Room, error) {
+	w, err := c.watchRoom(ctx, &pb.WatchRoomRequest{Room: room, History: true})
 	if err != nil {
 		return nil, err
 	}
