@@ -452,8 +452,11 @@ func (ss *session) closeClaims() {
 	}
 }
 
-// chunk is Transfer on the session; it waits for the chunk to land in a
-// goroutine of its own, so that one session moves many chunks at once.
+// chunk is Transfer on the session. The chunk is registered with its room
+// here, on the receiving goroutine, in the order the ops arrive (a last
+// chunk is checked against the chunks before it, landed or in flight);
+// its transfer runs without a goroutine of the session's, and its result
+// is queued when it lands, so that one session moves many chunks at once.
 func (ss *session) chunk(ctx context.Context, seq uint64, req *pb.TransferRequest) {
 	if err := ss.check("chunk", pb.Rooms_Transfer_FullMethodName, &req.Rank, req); err != nil {
 		ss.result(seq, "chunk", err, nil)
@@ -466,20 +469,20 @@ func (ss *session) chunk(ctx context.Context, seq uint64, req *pb.TransferReques
 		return
 	}
 	ss.pumps.Add(1)
-	go func() {
+	ctx, end := ss.span(ctx, "chunk")
+	landed := func(resp *pb.TransferResponse, err error) {
 		defer ss.pumps.Done()
 		defer func() { <-ss.chunks }()
 		defer func() {
 			if p := recover(); p != nil {
+				end()
 				ss.result(seq, "chunk", ss.h.s.recoverPanic(ctx, p), nil)
 			}
 		}()
-		ctx, end := ss.span(ctx, "chunk")
-		defer end() // on a panic too (a second End is a no-op); ended before the result otherwise
-		resp, err := ss.h.rooms.Transfer(ctx, req)
 		end()
 		ss.result(seq, "chunk", prefixInvalid("chunk.", err), func(r *pb.PrefillResult) { r.Result = &pb.PrefillResult_Chunk{Chunk: resp} })
-	}()
+	}
+	ss.h.rooms.transferAsync(ctx, req, landed)
 }
 
 // result queues an op's result: err's status, or set's answer.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/decodeplane/decodeplane/kvmanager"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+	"github.com/decodeplane/decodeplane/transfer"
 )
 
 type roomsService struct {
@@ -71,10 +72,29 @@ func (h *roomsService) Transfer(ctx context.Context, req *pb.TransferRequest) (*
 	if err != nil {
 		return nil, h.err(ctx, err)
 	}
+	return h.transferResponse(req.GetRoom(), res, dup), nil
+}
+
+// transferAsync is Transfer without waiting for the chunk to land: the
+// chunk is checked and registered with its room before transferAsync
+// returns (so the chunks of one caller are registered in its order), and
+// done gets Transfer's answer once (kvmanager.Manager.TransferAsync).
+func (h *roomsService) transferAsync(ctx context.Context, req *pb.TransferRequest, done func(*pb.TransferResponse, error)) {
+	h.m.TransferAsync(ctx, chunkFromTransfer(req), func(res transfer.ChunkResult, dup bool, err error) {
+		if err != nil {
+			done(nil, h.err(ctx, err))
+			return
+		}
+		done(h.transferResponse(req.GetRoom(), res, dup), nil)
+	})
+}
+
+// transferResponse is a landed chunk's answer, with its room's poll now.
+func (h *roomsService) transferResponse(room uint64, res transfer.ChunkResult, dup bool) *pb.TransferResponse {
 	b := &transferBlock{}
 	b.d.Seconds, b.d.Nanos = durationParts(res.Duration)
-	b.resp = pb.TransferResponse{Bytes: uint64(res.Bytes), Duration: &b.d, Poll: pollToProto(h.m.Poll(req.GetRoom())), Duplicate: dup}
-	return &b.resp, nil
+	b.resp = pb.TransferResponse{Bytes: uint64(res.Bytes), Duration: &b.d, Poll: pollToProto(h.m.Poll(room)), Duplicate: dup}
+	return &b.resp
 }
 
 // contextStatus is status.FromContextError(err).Err(), made once for the
