@@ -42,8 +42,16 @@ func (a *adminService) GetStatus(ctx context.Context, _ *pb.GetStatusRequest) (*
 		for p, n := range st.RoomsByPhase {
 			resp.RoomsByPhase[p.String()] = uint32(n)
 		}
+		// blocked_by reads as the capacity feed reads it (Manager.Capacity:
+		// the ledger's reason, or "resync" while admission waits for the
+		// engine's resync), so that the two never disagree.
+		caps := m.Capacity()
 		for _, sh := range st.Shards {
-			resp.Shards = append(resp.Shards, shardToProto(sh))
+			ps := shardToProto(sh)
+			if sh.Shard >= 0 && sh.Shard < len(caps) {
+				ps.BlockedBy = caps[sh.Shard].BlockedBy
+			}
+			resp.Shards = append(resp.Shards, ps)
 		}
 		for _, p := range st.Prefills {
 			ps := &pb.PrefillStatus{
