@@ -47,10 +47,7 @@ type Gateway struct {
 
 // New builds the gateway over the daemon's calls.
 func New(c Calls) (*Gateway, error) {
-	conn, err := newLocalConn(c)
-	if err != nil {
-		return nil, err
-	}
+	conn := newLocalConn(c)
 	g := &Gateway{mux: runtime.NewServeMux(
 		runtime.WithMarshalerOption(runtime.MIMEWildcard, &runtime.JSONPb{
 			MarshalOptions:   protojson.MarshalOptions{UseProtoNames: true},

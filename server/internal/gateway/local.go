@@ -42,7 +42,7 @@ type localConn struct {
 
 var _ grpc.ClientConnInterface = (*localConn)(nil)
 
-func newLocalConn(c Calls) (*localConn, error) {
+func newLocalConn(c Calls) *localConn {
 	lc := &localConn{c: c, unary: map[string]func(any, context.Context, func(any) error, grpc.UnaryServerInterceptor) (any, error){},
 		streams: map[string]grpc.StreamHandler{}}
 	for _, sd := range c.Services {
@@ -53,7 +53,7 @@ func newLocalConn(c Calls) (*localConn, error) {
 			lc.streams["/"+sd.ServiceName+"/"+s.StreamName] = s.Handler
 		}
 	}
-	return lc, nil
+	return lc
 }
 
 // Invoke runs a unary call on the caller's goroutine.

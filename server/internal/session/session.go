@@ -10,13 +10,15 @@
 //
 // # Goroutines
 //
-// A session runs on two goroutines however many rooms it claims, watches
-// or moves chunks for: the receiving one reads the ops and runs them in
-// order, and the handler's own goroutine sends one bounded outbox in
-// order and decides when the stream ends. The rooms' events come from the
-// room manager through sinks (kvmanager.ClaimSink, kvmanager.WatchSink)
-// that append to the outbox without blocking, and a chunk's transfer ends
-// with a callback (ops.Table.TransferAsync) that queues its result.
+// A session runs on one goroutine per direction however many rooms it
+// claims, watches or moves chunks for: the receiving one reads the ops
+// and runs them in order, the sending one sends one bounded outbox in
+// order; the handler's own goroutine only decides when the stream ends
+// (so that it can end the stream while a send is blocked on a client that
+// does not read). The rooms' events come from the room manager through
+// sinks (kvmanager.ClaimSink, kvmanager.WatchSink) that append to the
+// outbox without blocking, and a chunk's transfer ends with a callback
+// (ops.Table.TransferAsync) that queues its result.
 package session
 
 import (
