@@ -167,7 +167,7 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	}
 	// The middleware logger logs every call (successes at debug), which costs
 	// a fifth of a room's allocations; it runs only when debug logging is on
-	// (intercept.go). Otherwise logFailed logs just the failed calls, at the
+	// (intercept.go). Otherwise ops.Table.LogFailed logs just the failed calls, at the
 	// same levels.
 	s.fullLogUnary = logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...)
 	s.fullLogStream = logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...)

@@ -477,12 +477,22 @@ func (ss *prefillSession) chunk(ctx context.Context, seq uint64, req *pb.Transfe
 	ctx, *end = ss.span(ctx, "chunk")
 	landed := *end
 	ss.chunks.Add(1)
-	ss.t.TransferAsync(ctx, req, func(resp *pb.TransferResponse, err error) {
-		defer func() {
+	var once sync.Once
+	release := func() {
+		once.Do(func() {
 			if ss.chunks.Add(-1) == 0 {
 				signal(ss.idle)
 			}
-		}()
+		})
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			release() // the chunk is not in flight: its result is the panic's (run)
+			panic(p)
+		}
+	}()
+	ss.t.TransferAsync(ctx, req, func(resp *pb.TransferResponse, err error) {
+		defer release()
 		defer func() {
 			if p := recover(); p != nil {
 				ss.result(seq, "chunk", ss.t.Recovered(ctx, p), nil)
