@@ -106,9 +106,10 @@ func (so *serviceOps) desc() (*grpc.ServiceDesc, error) {
 }
 
 // handler is the op's unary handler: it decodes the request, then runs the
-// interceptor (when there is one) with the method's info and Serve.
+// interceptor (when there is one) with the method's info (whose Server is
+// the op) and Serve.
 func (u *Unary[Req, Resp]) handler() handler {
-	info := &grpc.UnaryServerInfo{FullMethod: u.method}
+	info := &grpc.UnaryServerInfo{Server: u, FullMethod: u.method}
 	serve := func(ctx context.Context, req any) (any, error) { return u.Serve(ctx, req.(*Req)) }
 	return handler{name: u.method, unary: func(_ any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 		in := new(Req)

@@ -66,6 +66,9 @@ func TestUnaryHandler(t *testing.T) {
 	var seen string
 	icpt := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		seen = info.FullMethod
+		if info.Server != &op {
+			t.Errorf("info.Server = %v, want the op", info.Server)
+		}
 		return h(ctx, req)
 	}
 	for _, ic := range []grpc.UnaryServerInterceptor{nil, icpt} {
