@@ -106,8 +106,9 @@ type TransferAgentClient interface {
 	RegisterBuffers(ctx context.Context, in *RegisterBuffersRequest, opts ...grpc.CallOption) (*RegisterBuffersResponse, error)
 	// DeregisterBuffers forgets buffers (unknown names are ignored) and
 	// releases their memory (a shared-memory region is unmapped; the file
-	// stays the engine's). Buffers with copies in flight are
-	// FAILED_PRECONDITION and nothing is forgotten. Safe to retry.
+	// stays the engine's). Buffers with copies in flight (of a batch accepted
+	// and not completed yet, held ones included) are FAILED_PRECONDITION and
+	// nothing is forgotten. Safe to retry.
 	DeregisterBuffers(ctx context.Context, in *DeregisterBuffersRequest, opts ...grpc.CallOption) (*DeregisterBuffersResponse, error)
 	// SubmitBatch accepts a batch of copies and returns once it is accepted;
 	// the outcome comes on WatchCompletions. batch_id is the idempotency key:
@@ -252,8 +253,9 @@ type TransferAgentServer interface {
 	RegisterBuffers(context.Context, *RegisterBuffersRequest) (*RegisterBuffersResponse, error)
 	// DeregisterBuffers forgets buffers (unknown names are ignored) and
 	// releases their memory (a shared-memory region is unmapped; the file
-	// stays the engine's). Buffers with copies in flight are
-	// FAILED_PRECONDITION and nothing is forgotten. Safe to retry.
+	// stays the engine's). Buffers with copies in flight (of a batch accepted
+	// and not completed yet, held ones included) are FAILED_PRECONDITION and
+	// nothing is forgotten. Safe to retry.
 	DeregisterBuffers(context.Context, *DeregisterBuffersRequest) (*DeregisterBuffersResponse, error)
 	// SubmitBatch accepts a batch of copies and returns once it is accepted;
 	// the outcome comes on WatchCompletions. batch_id is the idempotency key:

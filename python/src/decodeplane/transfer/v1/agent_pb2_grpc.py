@@ -78,8 +78,9 @@ class TransferAgentServicer(object):
     def DeregisterBuffers(self, request, context):
         """DeregisterBuffers forgets buffers (unknown names are ignored) and
         releases their memory (a shared-memory region is unmapped; the file
-        stays the engine's). Buffers with copies in flight are
-        FAILED_PRECONDITION and nothing is forgotten. Safe to retry.
+        stays the engine's). Buffers with copies in flight (of a batch accepted
+        and not completed yet, held ones included) are FAILED_PRECONDITION and
+        nothing is forgotten. Safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
