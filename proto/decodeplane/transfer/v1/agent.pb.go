@@ -55,10 +55,10 @@
 //    14 little-endian int32 output ids, zero padded.
 //
 // Decode buffer names: "decode/dp{d}/tp{e}/kv", "decode/dp{d}/tp{e}/staging",
-// "decode/dp{d}/meta" (decodeplane registers them in agent memory unless a
-// decode engine registered them first in its own memory). Prefill ranks name
-// their own buffers (kind PREFILL_KV) and pass the name in Rooms.Transfer's
-// source.
+// "decode/dp{d}/meta"; decodeplane registers them with memory unset (agent
+// memory), so a name already registered in other memory is refused like any
+// re-registration in other memory. Prefill ranks name their own buffers
+// (kind PREFILL_KV) and pass the name in Rooms.Transfer's source.
 
 package transferv1
 
@@ -145,9 +145,9 @@ type Buffer struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// bounds: a defined kind other than BUFFER_KIND_UNSPECIFIED.
 	Kind BufferKind `protobuf:"varint,2,opt,name=kind,proto3,enum=decodeplane.transfer.v1.BufferKind" json:"kind,omitempty"`
-	// address: in a request, informational (where the memory is says
-	// memory; the reference agent ignores it); in the response, the address
-	// the agent uses (the reference agent: a stable, non-zero handle).
+	// address: in a request, informational (memory says where the bytes
+	// live; the reference agent ignores address); in the response, the
+	// address the agent uses (the reference agent: a stable, non-zero handle).
 	// bounds: any.
 	Address uint64 `protobuf:"varint,3,opt,name=address,proto3" json:"address,omitempty"`
 	// length is the buffer's size in bytes; with shared memory, the size of

@@ -55,10 +55,10 @@
 //    14 little-endian int32 output ids, zero padded.
 //
 // Decode buffer names: "decode/dp{d}/tp{e}/kv", "decode/dp{d}/tp{e}/staging",
-// "decode/dp{d}/meta" (decodeplane registers them in agent memory unless a
-// decode engine registered them first in its own memory). Prefill ranks name
-// their own buffers (kind PREFILL_KV) and pass the name in Rooms.Transfer's
-// source.
+// "decode/dp{d}/meta"; decodeplane registers them with memory unset (agent
+// memory), so a name already registered in other memory is refused like any
+// re-registration in other memory. Prefill ranks name their own buffers
+// (kind PREFILL_KV) and pass the name in Rooms.Transfer's source.
 
 package transferv1
 
