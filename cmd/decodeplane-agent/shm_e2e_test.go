@@ -159,45 +159,7 @@ func TestE2EAgentSharedMemory(t *testing.T) {
 
 	refusals(t, c, dir, path)
 
-	// A held batch keeps engine/kv registered until it is cancelled.
-	if _, err := c.SubmitBatch(ctx, &transferv1.SubmitBatchRequest{BatchId: "held", Room: 77, Copies: []*transferv1.Copy{{SrcBuffer: "prefill/kv", DstBuffer: "engine/kv", Length: 8}}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.DeregisterBuffers(ctx, &transferv1.DeregisterBuffersRequest{Names: []string{"engine/kv"}}); status.Code(err) != codes.FailedPrecondition {
-		t.Errorf("DeregisterBuffers with a held batch in flight = %v, want FailedPrecondition", err)
-	}
-	if _, err := c.CancelRoom(ctx, &transferv1.CancelRoomRequest{Room: 77}); err != nil {
-		t.Fatal(err)
-	}
-	if got := awaitCompletion(t, st, "held"); got.GetOk() {
-		t.Error("the cancelled batch completed ok")
-	}
-	if _, err := c.DeregisterBuffers(ctx, &transferv1.DeregisterBuffersRequest{Names: []string{"engine/kv"}}); err != nil {
-		t.Errorf("DeregisterBuffers once nothing is in flight: %v", err)
-	}
-
-	// A file the engine truncates below its region fails the batch.
-	_, small, _ := engineShm(t, "small", 8192, 0)
-	if _, err := c.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: []*transferv1.Buffer{kvBuf("small", 4096, shm(small, 4096))}}); status.Code(err) != codes.FailedPrecondition ||
-		!strings.Contains(err.Error(), "outside the directories this agent admits") {
-		t.Errorf("a file outside --shared-memory-dirs = %v, want FailedPrecondition", err)
-	}
-	shrink := filepath.Join(dir, "shrink")
-	if err := os.WriteFile(shrink, make([]byte, 8192), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: []*transferv1.Buffer{kvBuf("shrink", 4096, shm(shrink, 4096))}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(shrink, 4096); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.SubmitBatch(ctx, &transferv1.SubmitBatchRequest{BatchId: "shrunk", Room: 6, Copies: []*transferv1.Copy{{SrcBuffer: "prefill/kv", DstBuffer: "shrink", Length: 4096}}}); err != nil {
-		t.Fatal(err)
-	}
-	if got := awaitCompletion(t, st, "shrunk"); got.GetOk() || !strings.Contains(got.GetError(), "the file was truncated to 4096 bytes") {
-		t.Errorf("a batch into a truncated file = ok %v, %q; want ok = false saying truncated", got.GetOk(), got.GetError())
-	}
+	heldAndShrunk(t, c, st, dir)
 	waitHealth(t, conn, agent, healthpb.HealthCheckResponse_SERVING)
 
 	if err := agent.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -240,5 +202,52 @@ func refusals(t *testing.T, c transferv1.TransferAgentClient, dir, path string) 
 		if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
 			t.Errorf("%s: RegisterBuffers = %v, want %v saying %q", tc.name, err, tc.code, tc.msg)
 		}
+	}
+}
+
+// heldAndShrunk: a held batch keeps engine/kv registered until it is
+// cancelled; a file outside --shared-memory-dirs is refused; a file the
+// engine truncates below its region fails the batch.
+func heldAndShrunk(t *testing.T, c transferv1.TransferAgentClient, st grpc.ServerStreamingClient[transferv1.Completion], dir string) {
+	t.Helper()
+	ctx := ctxT(t)
+	if _, err := c.SubmitBatch(ctx, &transferv1.SubmitBatchRequest{BatchId: "held", Room: 77, Copies: []*transferv1.Copy{{SrcBuffer: "prefill/kv", DstBuffer: "engine/kv", Length: 8}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.DeregisterBuffers(ctx, &transferv1.DeregisterBuffersRequest{Names: []string{"engine/kv"}}); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("DeregisterBuffers with a held batch in flight = %v, want FailedPrecondition", err)
+	}
+	if _, err := c.CancelRoom(ctx, &transferv1.CancelRoomRequest{Room: 77}); err != nil {
+		t.Fatal(err)
+	}
+	if got := awaitCompletion(t, st, "held"); got.GetOk() {
+		t.Error("the cancelled batch completed ok")
+	}
+	if _, err := c.DeregisterBuffers(ctx, &transferv1.DeregisterBuffersRequest{Names: []string{"engine/kv"}}); err != nil {
+		t.Errorf("DeregisterBuffers once nothing is in flight: %v", err)
+	}
+
+	// A file outside --shared-memory-dirs is refused.
+	_, small, _ := engineShm(t, "small", 8192, 0)
+	if _, err := c.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: []*transferv1.Buffer{kvBuf("small", 4096, shm(small, 4096))}}); status.Code(err) != codes.FailedPrecondition ||
+		!strings.Contains(err.Error(), "outside the directories this agent admits") {
+		t.Errorf("a file outside --shared-memory-dirs = %v, want FailedPrecondition", err)
+	}
+	// A file the engine truncates below its region fails the batch.
+	shrink := filepath.Join(dir, "shrink")
+	if err := os.WriteFile(shrink, make([]byte, 8192), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: []*transferv1.Buffer{kvBuf("shrink", 4096, shm(shrink, 4096))}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(shrink, 4096); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SubmitBatch(ctx, &transferv1.SubmitBatchRequest{BatchId: "shrunk", Room: 6, Copies: []*transferv1.Copy{{SrcBuffer: "prefill/kv", DstBuffer: "shrink", Length: 4096}}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := awaitCompletion(t, st, "shrunk"); got.GetOk() || !strings.Contains(got.GetError(), "the file was truncated to 4096 bytes") {
+		t.Errorf("a batch into a truncated file = ok %v, %q; want ok = false saying truncated", got.GetOk(), got.GetError())
 	}
 }
