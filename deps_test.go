@@ -240,3 +240,90 @@ func checkPureSource(t *testing.T, dir string, noTime, allowSync bool) {
 		t.Fatalf("%s: no source file parsed: the check proves nothing", dir)
 	}
 }
+
+// TestGatewayDoesNotDialTheDaemon keeps the JSON gateway in process: it
+// calls the operation table through a client connection of its own
+// (server/internal/gateway/local.go), so it imports no network, no
+// transport credentials and no in-memory listener, and its code creates
+// no gRPC client or server and serves nothing.
+func TestGatewayDoesNotDialTheDaemon(t *testing.T) {
+	const dir = "./server/internal/gateway"
+	out, err := exec.Command("go", "list", "-f", "{{join .Imports \"\\n\"}}", dir).Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v", dir, err)
+	}
+	imports := strings.Fields(string(out))
+	if !slices.Contains(imports, "google.golang.org/grpc") {
+		t.Fatalf("go list %s does not list google.golang.org/grpc among its imports: it proves nothing\n%s", dir, out)
+	}
+	for _, imp := range imports {
+		switch {
+		case imp == "net", imp == "google.golang.org/grpc/test/bufconn", imp == module+"/server/internal/pipenet",
+			strings.HasPrefix(imp, "google.golang.org/grpc/credentials"), imp == "google.golang.org/grpc/resolver":
+			t.Errorf("%s imports %s (forbidden: the gateway dials nothing)", dir, imp)
+		}
+	}
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, dir, func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, 0)
+	if err != nil {
+		t.Fatalf("parse %s: %v", dir, err)
+	}
+	forbidden := map[string]bool{"NewClient": true, "Dial": true, "DialContext": true, "NewServer": true, "Serve": true}
+	files := 0
+	for _, p := range pkgs {
+		for _, f := range p.Files {
+			files++
+			ast.Inspect(f, func(n ast.Node) bool {
+				if sel, ok := n.(*ast.SelectorExpr); ok && forbidden[sel.Sel.Name] {
+					t.Errorf("%s: %s (the gateway runs the calls in process)", fset.Position(n.Pos()), sel.Sel.Name)
+				}
+				return true
+			})
+		}
+	}
+	if files == 0 {
+		t.Fatalf("%s: no source file parsed: the check proves nothing", dir)
+	}
+}
+
+// TestServerSurfacesImportOneWay keeps server's inbound surfaces apart: the
+// operation table (server/internal/ops) imports none of them; each surface
+// (the sessions, the JSON gateway, SGLang's HTTP routes) imports no other
+// surface and not the server package that composes them; the sessions and
+// the HTTP routes run the table's ops, the gateway the services built from
+// them (ops.Table.Services), handed to it.
+func TestServerSurfacesImportOneWay(t *testing.T) {
+	const (
+		root     = "/server"
+		table    = "/server/internal/ops"
+		session  = "/server/internal/session"
+		gateway  = "/server/internal/gateway"
+		httpboot = "/server/internal/httpboot"
+	)
+	surfaces := []string{session, gateway, httpboot}
+	for _, tt := range []struct {
+		pkg       string
+		forbidden []string
+	}{
+		{table, append([]string{root}, surfaces...)},
+		{session, []string{root, gateway, httpboot}},
+		{gateway, []string{root, session, httpboot}},
+		{httpboot, []string{root, session, gateway}},
+	} {
+		deps := depsOf(t, "."+tt.pkg)
+		for _, f := range tt.forbidden {
+			if slices.Contains(deps, module+f) {
+				t.Errorf(".%s links %s%s (forbidden: the surfaces import the table, never each other nor the server)", tt.pkg, module, f)
+			}
+		}
+		if (tt.pkg == session || tt.pkg == httpboot) && !slices.Contains(deps, module+table) {
+			t.Errorf(".%s does not link the operation table %s%s", tt.pkg, module, table)
+		}
+	}
+	deps := depsOf(t, "."+root)
+	for _, p := range append([]string{table}, surfaces...) {
+		if !slices.Contains(deps, module+p) {
+			t.Errorf("the server does not link %s%s, which it composes", module, p)
+		}
+	}
+}

@@ -24,7 +24,7 @@ type CapacityOptions struct {
 	Keepalive time.Duration
 }
 
-// CapacityStream is a WatchCapacity stream (see Client.WatchCapacity). Next
+// CapacityStream is a WatchCapacity stream (see Admin.WatchCapacity). Next
 // must be called from one goroutine at a time; Close may be called from
 // any.
 type CapacityStream struct {
@@ -46,7 +46,8 @@ type CapacityStream struct {
 // reached. Call WatchCapacity again (with a back-off) to resume; each new
 // stream starts with the current figures. Needs the token when the daemon
 // has one.
-func (c *Client) WatchCapacity(ctx context.Context, opts CapacityOptions) (*CapacityStream, error) {
+func (a *Admin) WatchCapacity(ctx context.Context, opts CapacityOptions) (*CapacityStream, error) {
+	c := a.c
 	op := opName(pb.Capacity_WatchCapacity_FullMethodName)
 	if err := c.errIfClosed(op); err != nil {
 		return nil, err

@@ -34,7 +34,7 @@ func TestWatchCapacityEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer anon.Close()
-	s, err := anon.WatchCapacity(ctx, client.CapacityOptions{})
+	s, err := anon.Admin().WatchCapacity(ctx, client.CapacityOptions{})
 	if err == nil {
 		_, err = s.Next()
 	}
@@ -47,7 +47,7 @@ func TestWatchCapacityEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	s, err = c.WatchCapacity(ctx, client.CapacityOptions{MinInterval: 2 * time.Second, Keepalive: time.Second})
+	s, err = c.Admin().WatchCapacity(ctx, client.CapacityOptions{MinInterval: 2 * time.Second, Keepalive: time.Second})
 	if err == nil {
 		_, err = s.Next()
 	}
@@ -55,7 +55,7 @@ func TestWatchCapacityEnds(t *testing.T) {
 		t.Fatalf("keepalive below min_interval: %v, want ErrInvalidArgument naming keepalive_interval", err)
 	}
 
-	s, err = c.WatchCapacity(ctx, client.CapacityOptions{})
+	s, err = c.Admin().WatchCapacity(ctx, client.CapacityOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestWatchCapacityEnds(t *testing.T) {
 		t.Fatalf("Next after Close: %v, want ErrCanceled", err)
 	}
 
-	s, err = c.WatchCapacity(ctx, client.CapacityOptions{})
+	s, err = c.Admin().WatchCapacity(ctx, client.CapacityOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

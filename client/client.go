@@ -8,12 +8,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/propagation"
-	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -23,9 +21,15 @@ import (
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// Client talks to one decodeplane daemon. It is safe for concurrent use by
-// any number of goroutines; build one per daemon and share it. Call Close
-// when done.
+// Client talks to one decodeplane daemon. It owns the connection and every
+// stream the package keeps open on it: the decode engine's shared
+// EngineSession stream (OpenAndWait) and each prefill rank's shared
+// PrefillSession stream (SendRoom, ReportRoom, RunHeartbeat). Its role
+// views, Engine, Prefill and Admin, hold none of their own: they call
+// through the Client, and Close ends everything.
+//
+// A Client is safe for concurrent use by any number of goroutines; build
+// one per daemon and share it. Call Close when done.
 type Client struct {
 	conn     *grpc.ClientConn
 	ownsConn bool
@@ -34,136 +38,29 @@ type Client struct {
 	autoKey  bool
 	// transport carries OpenAndWait, SendRoom and ReportRoom (transport.go).
 	transport Transport
-	// engine is OpenAndWait's shared EngineSession under TransportStreams
-	// (engine_mux.go), opened at its first use.
-	engine *engineMux
+	// engineMux is OpenAndWait's shared engine session under
+	// TransportStreams (engine_mux.go), opened at its first use.
+	engineMux *engineMux
+	// rankSessions are the prefill ranks' shared sessions in use, closed by
+	// Close (prefill_mux.go).
+	rankSessions rankSessions
 
-	admin pb.AdminClient
-	boot  pb.BootstrapClient
-	rooms pb.RoomsClient
-	fleet pb.FleetClient
-	// capacity is the router-facing capacity stream (capacity.go).
+	// The role views: they hold only the Client.
+	engine Engine
+	admin  Admin
+
+	adminSvc pb.AdminClient
+	boot     pb.BootstrapClient
+	rooms    pb.RoomsClient
+	fleet    pb.FleetClient
 	capacity pb.CapacityClient
 	// session is the prefill rank's multiplexed stream (prefill_session.go).
 	session pb.PrefillSessionClient
-	// pmux are the Prefills' shared sessions, closed by Close (prefill_mux.go).
-	pmux prefillMuxes
 
 	closed    atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
 }
-
-// Option configures a Client.
-type Option func(*options)
-
-type options struct {
-	tls         *tls.Config
-	useTLS      bool
-	token       string
-	tokenSet    bool
-	tp          trace.TracerProvider
-	propagator  propagation.TextMapPropagator
-	dialOpts    []grpc.DialOption
-	retry       RetryPolicy
-	autoKey     bool
-	transport   Transport
-	dialOnlySet []string // dial-time options given, refused by NewFromConn
-}
-
-// WithTLS dials with TLS. A nil config uses the system roots and the
-// target's host name. Without WithTLS the connection is insecure (plaintext),
-// which suits a daemon on loopback or behind a local proxy.
-func WithTLS(cfg *tls.Config) Option {
-	return func(o *options) {
-		o.useTLS = true
-		if cfg != nil {
-			o.tls = cfg.Clone()
-		}
-		o.dialOnlySet = append(o.dialOnlySet, "WithTLS")
-	}
-}
-
-// WithToken sends "authorization: Bearer <token>" with every call: the
-// daemon's bootstrap token (SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN),
-// required by mutating RPCs when the daemon has one.
-//
-// The token is sent on an insecure connection too, in clear text, so that a
-// daemon on loopback (127.0.0.1, a Unix socket, an in-process bufconn) can
-// require it without TLS. Across a network, combine it with WithTLS.
-func WithToken(token string) Option {
-	return func(o *options) { o.token, o.tokenSet = token, true }
-}
-
-// WithTracerProvider sets the provider of the client spans (one per RPC,
-// otelgrpc). The default is the global provider (otel.GetTracerProvider),
-// which is a no-op until the program sets one.
-func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(o *options) {
-		o.tp = tp
-		o.dialOnlySet = append(o.dialOnlySet, "WithTracerProvider")
-	}
-}
-
-// WithPropagator sets how the trace context travels in the request metadata.
-// The default is W3C trace context plus baggage, whatever the global
-// propagator is, so that the daemon's spans join the caller's trace.
-func WithPropagator(p propagation.TextMapPropagator) Option {
-	return func(o *options) {
-		o.propagator = p
-		o.dialOnlySet = append(o.dialOnlySet, "WithPropagator")
-	}
-}
-
-// WithDialOptions appends raw gRPC dial options (a context dialer, keepalive,
-// interceptors, ...). They are applied after the client's own, so they win.
-func WithDialOptions(opts ...grpc.DialOption) Option {
-	return func(o *options) {
-		o.dialOpts = append(o.dialOpts, opts...)
-		o.dialOnlySet = append(o.dialOnlySet, "WithDialOptions")
-	}
-}
-
-// WithRetry replaces the retry policy (DefaultRetryPolicy). Which RPCs are
-// retried, and on which codes, is fixed by the package (see the package
-// documentation); the policy bounds how often and how long.
-func WithRetry(p RetryPolicy) Option {
-	return func(o *options) { o.retry = p }
-}
-
-// WithAutoIdempotencyKey makes OpenRoom fill in a random idempotency key when
-// the request has none, one per OpenRoom call (kept across that call's
-// retries), so that OpenRoom is retried on Unavailable like the other RPCs.
-// The caller's request is not modified.
-func WithAutoIdempotencyKey() Option {
-	return func(o *options) { o.autoKey = true }
-}
-
-func buildOptions(opts []Option) (*options, error) {
-	o := &options{}
-	for _, opt := range opts {
-		if opt != nil {
-			opt(o)
-		}
-	}
-	if o.tokenSet && (o.token == "" || strings.ContainsAny(o.token, " \t\r\n")) {
-		return nil, errors.New("client: WithToken needs a non-empty token without whitespace")
-	}
-	if err := o.retry.validate(); err != nil {
-		return nil, fmt.Errorf("client: %w", err)
-	}
-	o.retry = o.retry.withDefaults()
-	if o.transport > TransportUnary {
-		return nil, fmt.Errorf("client: WithTransport(%d): not a Transport (TransportStreams or TransportUnary)", o.transport)
-	}
-	return o, nil
-}
-
-// Keepalive of the connections New makes (see New).
-const (
-	KeepaliveTime    = 30 * time.Second
-	KeepaliveTimeout = 10 * time.Second
-)
 
 // New builds a client for target, a gRPC target such as "127.0.0.1:7600",
 // "dns:///decodeplane.local:7600" or "unix:///run/decodeplane.sock". Like
@@ -239,7 +136,7 @@ func newClient(conn *grpc.ClientConn, owns bool, o *options) *Client {
 		retry:     o.retry,
 		autoKey:   o.autoKey,
 		transport: o.transport,
-		admin:     pb.NewAdminClient(conn),
+		adminSvc:  pb.NewAdminClient(conn),
 		boot:      pb.NewBootstrapClient(conn),
 		rooms:     pb.NewRoomsClient(conn),
 		fleet:     pb.NewFleetClient(conn),
@@ -249,25 +146,39 @@ func newClient(conn *grpc.ClientConn, owns bool, o *options) *Client {
 	if o.tokenSet {
 		c.callOpts = append(c.callOpts, grpc.PerRPCCredentials(bearer(o.token)))
 	}
-	c.engine = newEngineMux(c)
+	c.engineMux = newEngineMux(c)
+	c.engine.c = c
+	c.admin.c = c
 	return c
 }
+
+// Engine returns the decode engine's view of the daemon: opening rooms and
+// waiting for their KV, releasing, aborting, watching them, reporting
+// running rooms, retracting, resuming and resyncing after a restart (see
+// Engine). A router that only picks a decode instance needs Admin's
+// WatchCapacity.
+func (c *Client) Engine() *Engine { return &c.engine }
+
+// Admin returns the operator's view of the daemon: its status, draining it,
+// reading its rooms, its fleet and its capacity (see Admin).
+func (c *Client) Admin() *Admin { return &c.admin }
 
 // Conn returns the underlying connection, for services this package does not
 // wrap (the standard health service, or a newer decodeplane service).
 func (c *Client) Conn() *grpc.ClientConn { return c.conn }
 
 // Close releases the connection made by New (NewFromConn's connection is
-// left to its owner) and ends OpenAndWait's shared engine session (its
-// waiting calls end with ErrCanceled) and every Prefill's shared session
-// (TransportStreams; see Prefill.Close), with NewFromConn too. Later calls
-// fail with ErrCanceled; with New, calls and streams in flight end with
-// ErrCanceled too. Close is idempotent.
+// left to its owner) and ends every stream the Client keeps open, with
+// NewFromConn too: OpenAndWait's shared engine session (its waiting calls
+// end with ErrCanceled) and every prefill rank's shared session (its
+// RunHeartbeat and hand-offs end with ErrCanceled). Later calls, through any
+// view, fail with ErrCanceled; with New, calls and streams in flight end
+// with ErrCanceled too. Close is idempotent.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
-		c.engine.close() // OpenAndWait's shared session
-		c.pmux.closeAll()
+		c.engineMux.close() // OpenAndWait's shared session
+		c.rankSessions.closeAll()
 		if c.ownsConn {
 			c.closeErr = c.conn.Close()
 		}

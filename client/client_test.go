@@ -8,360 +8,19 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/transfer"
 )
-
-// testTimeout bounds every wait; nothing should come close.
-const testTimeout = 10 * time.Second
-
-// fastRetry keeps retry tests quick: the code paths are the same.
-var fastRetry = client.WithRetry(client.RetryPolicy{MaxAttempts: 4, InitialBackoff: time.Millisecond, MaxBackoff: 4 * time.Millisecond})
-
-const addr = "10.0.0.1:8998"
-
-func ctxT(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(t.Context(), testTimeout)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-// newDaemon starts a daemon for one test and stops it at cleanup, checking
-// that it shut down cleanly.
-func newDaemon(t *testing.T, dc daemonConfig) *daemon {
-	t.Helper()
-	d, err := startDaemon(dc)
-	if err != nil {
-		t.Fatalf("startDaemon: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := d.stop(); err != nil {
-			t.Errorf("daemon stop: %v", err)
-		}
-	})
-	return d
-}
-
-// client builds a client with New over the daemon's listener; it is closed
-// at cleanup (before the daemon stops).
-func (d *daemon) client(t *testing.T, opts ...client.Option) *client.Client {
-	t.Helper()
-	c, err := client.New("passthrough:///bufnet", append([]client.Option{client.WithDialOptions(d.dialer())}, opts...)...)
-	if err != nil {
-		t.Fatalf("client.New: %v", err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func openReq(room uint64, promptLen uint32) *pb.OpenRoomRequest {
-	return &pb.OpenRoomRequest{Rid: fmt.Sprintf("rid-%d", room), BootstrapAddr: addr, Room: room, PromptLen: promptLen, MaxNewTokens: 64}
-}
-
-// registered returns a registered TP-1 prefill rank at addr.
-func registered(t *testing.T, c *client.Client) *client.Prefill {
-	t.Helper()
-	p := c.Prefill(prefillRank(addr, 1, 0))
-	if _, err := p.Register(ctxT(t)); err != nil {
-		t.Fatalf("Register: %v", err)
-	}
-	return p
-}
-
-// assertPoolFull checks through Admin.GetStatus that every shard's ledger is
-// back to full.
-func assertPoolFull(t *testing.T, c *client.Client) {
-	t.Helper()
-	st, err := c.Status(ctxT(t))
-	if err != nil {
-		t.Fatalf("Status: %v", err)
-	}
-	if len(st.GetShards()) == 0 {
-		t.Fatal("Status lists no shard")
-	}
-	for _, sh := range st.GetShards() {
-		if sh.GetPagesFree() != sh.GetPagesTotal() || sh.GetReqSlotsFree() != sh.GetReqSlotsTotal() || sh.GetMetadataSlotsFree() != sh.GetMetadataSlotsTotal() {
-			t.Errorf("shard %d: pages %d/%d, request slots %d/%d, metadata slots %d/%d free; want all free", sh.GetDpRank(),
-				sh.GetPagesFree(), sh.GetPagesTotal(), sh.GetReqSlotsFree(), sh.GetReqSlotsTotal(), sh.GetMetadataSlotsFree(), sh.GetMetadataSlotsTotal())
-		}
-	}
-}
-
-// ---- fault injection and call recording (server side) ----
-
-// fault makes the next n calls of a method fail with code. With after set,
-// the handler runs first and its answer is lost (the call took effect).
-type fault struct {
-	n          int
-	code       codes.Code
-	retryAfter time.Duration // adds a RetryInfo when > 0
-	after      bool
-}
-
-func (f fault) err() error {
-	st := status.New(f.code, "injected "+f.code.String())
-	if f.retryAfter > 0 {
-		st, _ = st.WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(f.retryAfter)})
-	}
-	return st.Err()
-}
-
-// injector counts and records calls per method and injects faults. Its
-// interceptors run outermost on the server, before auth and validation.
-type injector struct {
-	mu      sync.Mutex
-	calls   map[string]int
-	reqs    map[string][]proto.Message
-	faults  map[string]*fault
-	changed chan struct{} // closed and replaced at every call
-	// sent, when set, sees every message a server stream sends.
-	sent func(method string, m any)
-}
-
-func newInjector() *injector {
-	return &injector{calls: map[string]int{}, reqs: map[string][]proto.Message{}, faults: map[string]*fault{}, changed: make(chan struct{})}
-}
-
-func (in *injector) config() daemonConfig {
-	return daemonConfig{unary: []grpc.UnaryServerInterceptor{in.unary}, stream: []grpc.StreamServerInterceptor{in.stream}}
-}
-
-func (in *injector) fail(method string, f fault) {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.faults[method] = &f
-}
-
-// record counts a call and returns the fault to inject, if any.
-func (in *injector) record(method string, req any) *fault {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	in.calls[method]++
-	if m, ok := req.(proto.Message); ok {
-		in.reqs[method] = append(in.reqs[method], proto.Clone(m))
-	}
-	close(in.changed)
-	in.changed = make(chan struct{})
-	if f := in.faults[method]; f != nil && f.n > 0 {
-		f.n--
-		inj := *f
-		return &inj
-	}
-	return nil
-}
-
-func (in *injector) count(method string) int {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return in.calls[method]
-}
-
-func (in *injector) requests(method string) []proto.Message {
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	return append([]proto.Message(nil), in.reqs[method]...)
-}
-
-// waitCalls waits until method was called at least n times.
-func (in *injector) waitCalls(t *testing.T, method string, n int) {
-	t.Helper()
-	ctx := ctxT(t)
-	for {
-		in.mu.Lock()
-		got, ch := in.calls[method], in.changed
-		in.mu.Unlock()
-		if got >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			t.Fatalf("%s called %d times, want >= %d", method, got, n)
-		}
-	}
-}
-
-func (in *injector) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	f := in.record(info.FullMethod, req)
-	if f == nil {
-		return h(ctx, req)
-	}
-	if f.after {
-		if _, err := h(ctx, req); err != nil {
-			return nil, err
-		}
-	}
-	return nil, f.err()
-}
-
-func (in *injector) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	f := in.record(info.FullMethod, nil)
-	if info.FullMethod == pb.PrefillSession_Session_FullMethodName {
-		ss = &sessionRecorder{ServerStream: ss, record: func(m string, body proto.Message) *fault { return in.record(m, body) }}
-	}
-	if in.sent != nil {
-		ss = &observed{ServerStream: ss, method: info.FullMethod, sent: in.sent}
-	}
-	switch {
-	case f == nil:
-		return h(srv, ss)
-	case f.after:
-		// Break the stream after its first message.
-		return h(srv, &breakAfterOne{ServerStream: ss, err: f.err()})
-	}
-	return f.err()
-}
-
-// sessionOp is the name under which the injector records (and faults) a
-// prefill session's ops: sessionOp("chunk") is a Transfer on the session.
-func sessionOp(op string) string { return pb.PrefillSession_Session_FullMethodName + "/" + op }
-
-// opMethod is where the injector records what the unary method carries
-// under tr: the method itself, or its op on the prefill session.
-func opMethod(tr client.Transport, method string) string {
-	if tr == client.TransportUnary {
-		return method
-	}
-	switch method {
-	case pb.Rooms_AwaitDestination_FullMethodName:
-		return sessionOp("claim")
-	case pb.Rooms_Transfer_FullMethodName:
-		return sessionOp("chunk")
-	case pb.Rooms_ReportTransfer_FullMethodName:
-		return sessionOp("report")
-	case pb.Rooms_AckRoomEnd_FullMethodName:
-		return sessionOp("ack")
-	}
-	return method
-}
-
-// sessionRecorder records every op a prefill session receives (its
-// request, as sessionOp(op), packed ones included) and injects the op's
-// fault: the session is cut with the fault's code before the message
-// carrying the op reaches the daemon, or, with after set, at the next
-// receive (the op was handled, its answer may be lost).
-type sessionRecorder struct {
-	grpc.ServerStream
-	record func(method string, body proto.Message) *fault
-	cut    error
-}
-
-func (r *sessionRecorder) RecvMsg(m any) error {
-	if r.cut != nil {
-		return r.cut
-	}
-	if err := r.ServerStream.RecvMsg(m); err != nil {
-		return err
-	}
-	var cut *fault
-	for _, e := range unpacked(m.(proto.Message)) {
-		req, _ := e.(*pb.PrefillRequest)
-		var op string
-		var body proto.Message
-		switch o := req.GetOp().(type) {
-		case *pb.PrefillRequest_Hello:
-			op, body = "hello", o.Hello
-		case *pb.PrefillRequest_Ping:
-			op, body = "ping", o.Ping
-		case *pb.PrefillRequest_Claim:
-			op, body = "claim", o.Claim
-		case *pb.PrefillRequest_Chunk:
-			op, body = "chunk", o.Chunk
-		case *pb.PrefillRequest_Report:
-			op, body = "report", o.Report
-		case *pb.PrefillRequest_Ack:
-			op, body = "ack", o.Ack
-		default:
-			continue
-		}
-		if f := r.record(sessionOp(op), body); f != nil && cut == nil {
-			cut = f
-		}
-	}
-	switch {
-	case cut == nil:
-		return nil
-	case cut.after:
-		r.cut = cut.err()
-		return nil
-	}
-	return cut.err()
-}
-
-// unpacked is a session message and the messages packed behind it (its
-// repeated field "more", where the wire has one).
-func unpacked(m proto.Message) []proto.Message {
-	out := []proto.Message{m}
-	r := m.ProtoReflect()
-	if fd := r.Descriptor().Fields().ByName("more"); fd != nil && fd.IsList() && fd.Message() != nil {
-		l := r.Get(fd).List()
-		for i := range l.Len() {
-			out = append(out, l.Get(i).Message().Interface())
-		}
-	}
-	return out
-}
-
-// transports are the two ways a Client carries hand-offs.
-var transports = []client.Transport{client.TransportStreams, client.TransportUnary}
-
-// eachTransport runs f once per transport, as a subtest named after it.
-func eachTransport(t *testing.T, f func(t *testing.T, tr client.Transport)) {
-	for _, tr := range transports {
-		t.Run(tr.String(), func(t *testing.T) { f(t, tr) })
-	}
-}
-
-// observed reports every message a server stream sends.
-type observed struct {
-	grpc.ServerStream
-	method string
-	sent   func(method string, m any)
-}
-
-func (o *observed) SendMsg(m any) error {
-	err := o.ServerStream.SendMsg(m)
-	if err == nil {
-		o.sent(o.method, m)
-	}
-	return err
-}
-
-// breakAfterOne delivers the stream's first message and then fails it, as a
-// connection cut mid-stream would: the handler's send reports the error and
-// the call ends with it.
-type breakAfterOne struct {
-	grpc.ServerStream
-	sent bool
-	err  error
-}
-
-func (b *breakAfterOne) SendMsg(m any) error {
-	if b.sent {
-		return b.err
-	}
-	b.sent = true
-	if err := b.ServerStream.SendMsg(m); err != nil {
-		return err
-	}
-	return b.err
-}
-
-// ---- the room lifecycle ----
 
 func TestHappyPath(t *testing.T) { eachTransport(t, testHappyPath) }
 
@@ -378,7 +37,7 @@ func testHappyPath(t *testing.T, tr client.Transport) {
 		dest, err = p.SendRoom(ctx, 100, client.SendOptions{})
 		sent <- err
 	}()
-	room, err := c.OpenAndWait(ctx, openReq(100, 1000))
+	room, err := c.Engine().OpenAndWait(ctx, openReq(100, 1000))
 	if err != nil {
 		t.Fatalf("OpenAndWait: %v", err)
 	}
@@ -395,7 +54,7 @@ func testHappyPath(t *testing.T, tr client.Transport) {
 		t.Errorf("room: %d chunks, %d bytes; want 1 chunk and some bytes", room.GetChunksDone(), room.GetBytesTransferred())
 	}
 
-	rel, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 100})
+	rel, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 100})
 	if err != nil {
 		t.Fatalf("ReleaseRoom: %v", err)
 	}
@@ -403,10 +62,10 @@ func testHappyPath(t *testing.T, tr client.Transport) {
 		t.Errorf("ReleaseRoom = %v, want 16 pages, not already released", rel)
 	}
 	// Idempotent.
-	if rel, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 100}); err != nil || !rel.GetAlreadyReleased() {
+	if rel, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 100}); err != nil || !rel.GetAlreadyReleased() {
 		t.Errorf("second ReleaseRoom = %v, %v; want already released", rel, err)
 	}
-	got, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 100})
+	got, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 100})
 	if err != nil {
 		t.Fatalf("GetRoom: %v", err)
 	}
@@ -422,7 +81,7 @@ func testHappyPath(t *testing.T, tr client.Transport) {
 	if diff := cmp.Diff(wantPhases, phases); diff != "" {
 		t.Errorf("room timeline (-want +got):\n%s", diff)
 	}
-	list, err := c.ListRooms(ctx, &pb.ListRoomsRequest{BootstrapAddr: addr})
+	list, err := c.Admin().ListRooms(ctx, &pb.ListRoomsRequest{BootstrapAddr: addr})
 	if err != nil || list.GetTotal() != 1 || list.GetRooms()[0].GetRoom() != 100 {
 		t.Errorf("ListRooms = %v, %v; want room 100 alone", list, err)
 	}
@@ -437,7 +96,7 @@ func testSendRoomChunks(t *testing.T, tr client.Transport) {
 	c := d.client(t, client.WithTransport(tr))
 	ctx := ctxT(t)
 	p := registered(t, c)
-	if _, err := c.OpenRoom(ctx, openReq(5, 1000)); err != nil { // 16 pages
+	if _, err := c.Engine().OpenRoom(ctx, openReq(5, 1000)); err != nil { // 16 pages
 		t.Fatalf("OpenRoom: %v", err)
 	}
 
@@ -484,7 +143,7 @@ func testSendRoomChunks(t *testing.T, tr client.Transport) {
 			t.Errorf("chunk %d Pages() = %v, want %v", i, got, want)
 		}
 	}
-	room, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 5})
+	room, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 5})
 	if err != nil {
 		t.Fatalf("GetRoom: %v", err)
 	}
@@ -531,7 +190,7 @@ func TestSendRoomBeforeTheClaimIsRecorded(t *testing.T) {
 	c := d.client(t, fastRetry, client.WithTransport(client.TransportUnary))
 	ctx := ctxT(t)
 	p := registered(t, c)
-	if _, err := c.OpenRoom(ctx, openReq(160, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(160, 300)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	if _, err := p.SendRoom(ctx, 160, client.SendOptions{}); err != nil {
@@ -540,7 +199,7 @@ func TestSendRoomBeforeTheClaimIsRecorded(t *testing.T) {
 	if n := transfers.Load(); n != 1 {
 		t.Errorf("%d Transfer calls, want 1 (the daemon takes the first chunk as the rank's claim)", n)
 	}
-	if r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 160}); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+	if r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 160}); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 		t.Errorf("GetRoom = %v, %v; want SUCCEEDED", r, err)
 	}
 }
@@ -596,7 +255,7 @@ func testDummyDestination(t *testing.T, tr client.Transport) {
 			t.Errorf("rank %d: mapping dummy = %v, want %v", i, got, want)
 		}
 	}
-	if _, err := c.OpenRoom(ctx, openReq(9, 700)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(9, 700)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	dests := make([]*pb.Destination, 2)
@@ -625,7 +284,7 @@ func testDummyDestination(t *testing.T, tr client.Transport) {
 	if len(chunks) != 1 {
 		t.Errorf("%d chunks sent over %s, want rank 0's one", len(chunks), tr)
 	}
-	room, err := c.WaitRoom(ctx, 9, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+	room, err := c.Engine().WaitRoom(ctx, 9, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 	if err != nil || room.GetChunksDone() != 1 {
 		t.Errorf("WaitRoom = %v, %v; want SUCCEEDED after 1 chunk", room, err)
 	}
@@ -640,7 +299,7 @@ func testReportRoom(t *testing.T, tr client.Transport) {
 	p := registered(t, c)
 
 	t.Run("moved", func(t *testing.T) {
-		if _, err := c.OpenRoom(ctx, openReq(11, 640)); err != nil { // 10 pages
+		if _, err := c.Engine().OpenRoom(ctx, openReq(11, 640)); err != nil { // 10 pages
 			t.Fatalf("OpenRoom: %v", err)
 		}
 		var moved []int
@@ -656,7 +315,7 @@ func testReportRoom(t *testing.T, tr client.Transport) {
 		if diff := cmp.Diff([]int{4, 4, 2}, moved); diff != "" {
 			t.Errorf("moved chunks (-want +got):\n%s", diff)
 		}
-		room, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 11})
+		room, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 11})
 		// 640 tokens x 2 (K, V) x 8 heads x 128 x 2 bytes x 32 layers (the
 		// test pool's layout): what the layout says, not what a prefill claims.
 		const want = 640 * 2 * 8 * 128 * 2 * 32
@@ -665,7 +324,7 @@ func testReportRoom(t *testing.T, tr client.Transport) {
 		}
 	})
 	t.Run("move failed", func(t *testing.T) {
-		if _, err := c.OpenRoom(ctx, openReq(12, 640)); err != nil {
+		if _, err := c.Engine().OpenRoom(ctx, openReq(12, 640)); err != nil {
 			t.Fatalf("OpenRoom: %v", err)
 		}
 		rdmaDown := errors.New("rdma write failed: qp error")
@@ -678,7 +337,7 @@ func testReportRoom(t *testing.T, tr client.Transport) {
 			t.Errorf("RoomFailedError = %+v, want room 12, TRANSFER_FAILED, the prefill's reason", rf)
 		}
 	})
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 11}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 11}); err != nil {
 		t.Fatalf("ReleaseRoom: %v", err)
 	}
 	assertPoolFull(t, c)
@@ -702,7 +361,7 @@ func testTransferFailureFailsTheRoom(t *testing.T, tr client.Transport) {
 	var waitedRoom *pb.Room
 	go func() {
 		var err error
-		waitedRoom, err = c.OpenAndWait(ctx, openReq(21, 1000))
+		waitedRoom, err = c.Engine().OpenAndWait(ctx, openReq(21, 1000))
 		waited <- err
 	}()
 	_, err := p.SendRoom(ctx, 21, client.SendOptions{ChunkPages: 4})
@@ -725,7 +384,7 @@ func testTransferFailureFailsTheRoom(t *testing.T, tr client.Transport) {
 		t.Errorf("OpenAndWait room phase = %s, want FAILED", waitedRoom.GetPhase())
 	}
 	// A failed room cannot be released; its pages are already back.
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 21}); !errors.Is(err, client.ErrFailedPrecondition) {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 21}); !errors.Is(err, client.ErrFailedPrecondition) {
 		t.Errorf("ReleaseRoom(failed room) = %v, want ErrFailedPrecondition", err)
 	}
 	assertPoolFull(t, c)
@@ -736,15 +395,15 @@ func TestAbortEndsTheWait(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	// No prefill registers: the room waits for it.
-	if _, err := c.OpenRoom(ctx, openReq(31, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(31, 100)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	waited := make(chan error, 1)
 	go func() {
-		_, err := c.WaitRoom(ctx, 31, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+		_, err := c.Engine().WaitRoom(ctx, 31, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 		waited <- err
 	}()
-	ab, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 31})
+	ab, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 31})
 	if err != nil || ab.GetAlreadyTerminal() {
 		t.Fatalf("AbortRoom = %v, %v", ab, err)
 	}
@@ -754,16 +413,16 @@ func TestAbortEndsTheWait(t *testing.T) {
 	}
 	// Waiting for a phase the room is in, or went through, returns at once.
 	for _, ph := range []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_FAILED, pb.RoomPhase_ROOM_PHASE_WAITING_PREFILL} {
-		if r, err := c.WaitRoom(ctx, 31, ph); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_FAILED {
+		if r, err := c.Engine().WaitRoom(ctx, 31, ph); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_FAILED {
 			t.Errorf("WaitRoom(%s) = %v, %v; want the failed room, no error", ph, r, err)
 		}
 	}
 	// A phase it never reached: the failure.
-	if _, err := c.WaitRoom(ctx, 31, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); !errors.Is(err, client.ErrRoomFailed) {
+	if _, err := c.Engine().WaitRoom(ctx, 31, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); !errors.Is(err, client.ErrRoomFailed) {
 		t.Errorf("WaitRoom(SUCCEEDED) of a failed room = %v, want ErrRoomFailed", err)
 	}
 	// Aborting again is OK.
-	if ab, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 31}); err != nil || !ab.GetAlreadyTerminal() {
+	if ab, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 31}); err != nil || !ab.GetAlreadyTerminal() {
 		t.Errorf("second AbortRoom = %v, %v; want already terminal", ab, err)
 	}
 }
@@ -785,11 +444,11 @@ func testConcurrentRooms(t *testing.T, tr client.Transport) {
 			}
 		})
 		wg.Go(func() {
-			if _, err := c.OpenAndWait(ctx, openReq(room, uint32(100+50*i))); err != nil {
+			if _, err := c.Engine().OpenAndWait(ctx, openReq(room, uint32(100+50*i))); err != nil {
 				t.Errorf("OpenAndWait(%d): %v", room, err)
 				return
 			}
-			if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+			if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 				t.Errorf("ReleaseRoom(%d): %v", room, err)
 			}
 		})
@@ -819,7 +478,7 @@ func TestLookupAndBindDPRanks(t *testing.T) {
 	}
 	lookup := func() *pb.LookupDPRanksResponse {
 		t.Helper()
-		resp, err := c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: addr, Rooms: []uint64{5, 6}, Hints: []*pb.RoomHint{{Room: 6, DpRank: 0}}})
+		resp, err := c.Engine().LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: addr, Rooms: []uint64{5, 6}, Hints: []*pb.RoomHint{{Room: 6, DpRank: 0}}})
 		if err != nil {
 			t.Fatalf("LookupDPRanks: %v", err)
 		}

@@ -1,11 +1,55 @@
 // Package client is the Go client of decodeplane, the decode-side control
 // plane for prefill/decode disaggregated LLM serving. It wraps the
-// decodeplane.v1 services (Admin, Bootstrap, Rooms, Fleet, and Capacity's WatchCapacity for
-// routers) with one method per RPC,
-// typed errors, per-RPC retries and trace propagation, and adds the two
-// helpers most callers need: Prefill (a prefill rank: register, heartbeat,
-// deliver a room's KV) and OpenAndWait (the decode engine: open a room and
-// wait for its KV).
+// decodeplane.v1 services (Admin, Bootstrap, Rooms, Fleet, Capacity) with
+// one method per RPC, typed errors, per-RPC retries and trace propagation,
+// grouped by who calls them, and adds the helpers those callers need:
+// OpenAndWait (the decode engine: open a room and wait for its KV) and
+// SendRoom and ReportRoom (a prefill rank: deliver a room's KV).
+//
+// # One Client, three roles
+//
+// A Client is one daemon's connection, and it owns every stream the package
+// keeps open on it. What is called through it depends on the caller's
+// role, and each role has a view that holds no connection of its own:
+//
+//   - Client.Engine, the decode engine (and a router that opens rooms):
+//     OpenRoom, OpenAndWait, WaitRoom, WatchRoom, ReleaseRoom, AbortRoom,
+//     ReportRunning, RetractRoom, ContinueGeneration, Resync and
+//     LookupDPRanks.
+//   - Client.Prefill(reg), one prefill scheduler rank: Register,
+//     Heartbeat, RunHeartbeat, BindRoom, SendRoom, ReportRoom, the steps of
+//     a hand-off (AwaitDestination, Transfer, ReportTransfer, AckRoomEnd)
+//     for a prefill that drives them itself, and the rank's state
+//     (Registration, Incarnation, Rank). RunHeartbeatFailover beats one
+//     rank's Prefills on several daemons of a fleet.
+//   - Client.Admin, an operator (decodectl) or an observer: Status, Drain,
+//     GetRoom, ListRooms, GetFleet and WatchCapacity (what a router follows
+//     to pick a decode instance).
+//
+// Each operation has one method, on one view. The views are cheap (Engine
+// and Admin are the Client's own; a Prefill holds the rank's registration
+// and the daemon incarnation it knows), and calls through any of them share
+// the Client's retry policy, token, transport and Close:
+//
+//	c, err := client.New(addr)
+//	if err != nil { ... }
+//	defer c.Close()
+//	engine := c.Engine()
+//	room, err := engine.OpenAndWait(ctx, req) // the decode engine
+//	...
+//	p := c.Prefill(reg) // a prefill rank, in another process in real life
+//	go p.RunHeartbeat(ctx)
+//	dest, err := p.SendRoom(ctx, room, client.SendOptions{ChunkPages: 4})
+//	...
+//	st, err := c.Admin().Status(ctx) // an operator
+//
+// The streams a Client keeps open are what its roles ride under
+// TransportStreams (the default; see Transports): the decode engine's
+// shared EngineSession stream (OpenAndWait, and ReleaseRoom and AbortRoom
+// while it is up) and each prefill rank's shared PrefillSession stream
+// (SendRoom, ReportRoom, RunHeartbeat), opened when first needed, re-opened
+// after they ended, and ended by Close. They are an internal detail of the
+// roles: no method hands one out.
 //
 // # Construction and Close
 //
@@ -27,10 +71,10 @@
 // connection to its owner. Close must be called; it is idempotent, and calls
 // after it fail with ErrCanceled.
 //
-// A Client is safe for concurrent use by any number of goroutines, and so is
-// a Prefill: build one client per daemon and share it. A stream
-// (DestinationStream, RoomWatch, CapacityStream) belongs to the goroutine that calls its
-// Next; Close may be called from any goroutine.
+// A Client is safe for concurrent use by any number of goroutines, and so
+// are its views: build one client per daemon and share it. A stream
+// (DestinationStream, RoomWatch, CapacityStream) belongs to the goroutine
+// that calls its Next; Close may be called from any goroutine.
 //
 // # Timeouts
 //
@@ -43,7 +87,7 @@
 //
 //	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 //	defer cancel()
-//	room, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 42})
+//	room, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 42})
 //
 // # Errors
 //
@@ -60,11 +104,11 @@
 // matches ErrAborted. Tell them apart with errors.Is and errors.As, never
 // with the message text:
 //
-//	room, err := c.OpenAndWait(ctx, req)
+//	room, err := engine.OpenAndWait(ctx, req)
 //	var failed *client.RoomFailedError
 //	switch {
 //	case err == nil:
-//		// KV landed: decode, then c.ReleaseRoom.
+//		// KV landed: decode, then engine.ReleaseRoom.
 //	case errors.As(err, &failed):
 //		log.Printf("room %d failed: %s: %s", failed.Room, failed.Code, failed.Message)
 //	case errors.Is(err, client.ErrResourceExhausted):
@@ -122,7 +166,7 @@
 // daemon's incarnation changed: it restarted), registering there first if
 // that Prefill has not registered, and again when the daemon answers
 // ErrNotFound; when every daemon failed in a row it waits one cadence.
-// Client.GetFleet lists the fleet's daemons to build the clients from.
+// Admin.GetFleet lists the fleet's daemons to build the clients from.
 //
 // Each Prefill learns only its own daemon's incarnation, and a room is
 // handed off through the Prefill of the daemon that holds it (the one the
@@ -175,24 +219,8 @@
 // every beat). The session is open while RunHeartbeat runs or a hand-off
 // is in flight, and closed when neither is (an idle rank does not beat:
 // stopping RunHeartbeat stops the beats once the hand-offs in flight are
-// done; a hand-off's own session beats while it runs). Prefill.Close and
-// Client.Close end it for good. RunHeartbeatFailover beats unary whatever
-// the transport.
-//
-// # The prefill session by hand
-//
-// Prefill.Session opens a PrefillSession stream of your own: one stream
-// carrying every claim, chunk, report and acknowledgement of the rank,
-// multiplexed, which is also its heartbeat. Session.Claim, Chunk, Report
-// and Ack are AwaitDestination, Transfer, ReportTransfer and AckRoomEnd
-// over it, with the same errors (a refused op is the *Error the unary call
-// returns; StaleIncarnation reads it). Prefill.SendRoomSession and
-// ReportRoomSession are SendRoom and ReportRoom over that session: the same
-// state machine, ack on ack_required included. Such a Session does not
-// re-open itself: when it ends (Done, Err: e.g. RESOURCE_EXHAUSTED "slow
-// consumer", or NOT_FOUND once the daemon declared the rank dead), register
-// again if needed, open another and hand the rooms off again (the daemon
-// re-delivers their destinations).
+// done; a hand-off's own session beats while it runs). Client.Close ends
+// it for good. RunHeartbeatFailover beats unary whatever the transport.
 //
 // # Retries
 //
@@ -214,18 +242,16 @@
 //   - OpenRoom: retried only when the request carries an idempotency_key; the
 //     answer's existing field then tells whether an earlier attempt opened the
 //     room. WithAutoIdempotencyKey fills in a key for every call.
-//   - Never retried: Drain, ReportRunning, RetractRoom, ContinueGeneration.
-//     Decide yourself (ReportRunning reports absolute lengths: send the next
-//     report instead). A stream opened with Client.EngineSession is not
-//     re-opened either: open a new one and Resume. OpenAndWait's own shared
-//     session is (below: The engine session).
-//   - A PrefillSession.Session opened with Prefill.Session is never
-//     re-opened; the Prefill's shared session (TransportStreams) is, and
-//     its hand-offs go on (above).
+//   - Never retried: Drain, ReportRunning, RetractRoom, ContinueGeneration,
+//     Resync. Decide yourself (ReportRunning reports absolute lengths: send
+//     the next report instead).
+//   - The shared sessions are re-opened when they end, and what rode them
+//     goes on: OpenAndWait's (below: The engine session) and each rank's
+//     (above: Transports).
 //   - WatchCapacity is safe to repeat but not re-opened by the client: the
 //     end of a CapacityStream is how a router learns that the daemon
 //     stopped or is unreachable; open it again (each stream starts with the
-//     current figures). ExampleClient_WatchCapacity shows a router picking
+//     current figures). ExampleAdmin_WatchCapacity shows a router picking
 //     a decode instance from the streams.
 //
 // gRPC's own transparent retry still resends any call that never reached the
@@ -234,49 +260,46 @@
 //
 // # The engine session
 //
-// Client.EngineSession opens the decode engine's multiplexed stream
-// (EngineSession.Session): Open sends a batch of OpenRoom requests (1..256)
-// as one op and subscribes the rooms, Release and Abort are ReleaseRoom and
-// AbortRoom, and Next returns every subscribed room's events (the WatchRoom
-// events, each with the room id and the room's event sequence), in order
-// per room, until each room's terminal event. Each op's answer is what its
-// unary RPC answers: a SessionResult per room, whose Err is an *Error with
-// the same code and message (the field names are prefixed with the op's
-// path, "open.rooms[3].prompt_len"). The rooms' spans join the trace of the
-// context given to Open (OpenEach: each room the trace of its own context). Next must be read: a session whose events are left
-// unread holds its replies back and is cut by the daemon past 4,096 queued
-// events (ErrResourceExhausted, "slow consumer"). Its rooms go on: open a
-// new session and Resume(old.Cursors()) to receive exactly the events
-// missed, then the live ones. A session opened this way is not re-opened
-// by itself.
+// Under TransportStreams OpenAndWait rides one EngineSession stream
+// (engine_session.proto), shared by every OpenAndWait of the Client and
+// opened at the first: the opens of concurrent calls go in batches (one
+// opener sends every open queued while the previous batch was in flight,
+// at most 256 a batch; each room carries its caller's trace context, so its
+// span joins that caller's trace), the session subscribes each room's
+// outcome, and a demultiplexer hands each room's event to its call. It
+// returns what the unary path returns: the room at ROOM_PHASE_SUCCEEDED, a
+// *RoomFailedError, or a refused open as OpenRoom's *Error (same code,
+// message and RetryAfter; the field names without the batch's prefix).
+// ReleaseRoom and AbortRoom ride the session while it is up, with the
+// unary RPC's answers; no session is opened for them alone.
 //
-// OpenAndWait uses one such session by default (TransportStreams), shared
-// by every OpenAndWait of the Client and opened at the first: the opens of
-// concurrent calls go in batches (one opener sends every open queued while
-// the previous batch was in flight; each room carries its caller's trace
-// context, so its span joins that caller's trace), and a demultiplexer
-// hands each room's events to its call. It returns what the unary path
-// returns: the room at ROOM_PHASE_SUCCEEDED, a *RoomFailedError, or a
-// refused open as OpenRoom's *Error (same code, message and RetryAfter;
-// the field names without the batch's prefix). When the session ends (a
-// slow consumer cut, a daemon restart, the network), the waiting calls back
-// off under the RetryPolicy and the next attempt opens a new session and
-// resumes their rooms from the last event each saw (nothing twice, nothing
-// missed). A call fails when its room cannot be resumed (after a restart:
-// the *IncarnationChangedError of WaitRoom), when the session's end is
-// permanent (ErrUnauthenticated, ErrPermissionDenied, ErrUnimplemented,
-// ...), or after MaxAttempts consecutive failed attempts (a daemon that is
-// gone: ErrUnavailable, within the caller's context). An open whose answer
-// the session's end lost is resent only with an idempotency key (or
-// WithAutoIdempotencyKey), as OpenRoom is retried; without one the call
-// fails with ErrUnavailable and the room may be open: it is never opened
-// twice. A call whose context ended leaves its room as it is; the session
-// drops its later events. The daemon holds at most 16,384 rooms
-// (pb.MaxEngineSessionRooms) per session until their end: beyond, an open
-// is refused with the daemon's ErrResourceExhausted (the mux opens no
-// second session). Close ends the session. WithTransport(TransportUnary)
-// keeps OpenAndWait on OpenRoom and WaitRoom (a WatchRoom stream per
-// room).
+// The session's events are read as they come; a daemon that cuts the
+// session anyway (past 4,096 queued events: ErrResourceExhausted, "slow
+// consumer"), a daemon restart or the network end it. The waiting calls
+// then back off under the RetryPolicy and the next attempt opens a new
+// session and resumes their rooms from the last event each saw (nothing
+// twice, nothing missed). A call fails when its room cannot be resumed
+// (after a restart: the *IncarnationChangedError of WaitRoom), when the
+// session's end is permanent (ErrUnauthenticated, ErrPermissionDenied,
+// ErrUnimplemented, ...), or after MaxAttempts consecutive failed attempts
+// (a daemon that is gone: ErrUnavailable, within the caller's context). An
+// open whose answer the session's end lost is resent only with an
+// idempotency key (or WithAutoIdempotencyKey), as OpenRoom is retried;
+// without one the call fails with ErrUnavailable and the room may be open:
+// it is never opened twice. A call whose context ended leaves its room as
+// it is; the session drops its later events. The daemon holds at most
+// 16,384 rooms (pb.MaxEngineSessionRooms) per session until their end:
+// beyond, an open is refused with the daemon's ErrResourceExhausted (no
+// second session is opened). Toward a daemon that does not serve
+// EngineSession (ErrUnimplemented), OpenAndWait takes the unary path for a
+// minute, then tries the session again. Close ends the session.
+// WithTransport(TransportUnary) keeps OpenAndWait on OpenRoom and WaitRoom
+// (a WatchRoom stream per room).
+//
+// Both sessions pack the ops queued while a message is being written into
+// it (EngineRequest.more, PrefillRequest.more) once the daemon's response
+// header said it reads them ("decodeplane-pack: more"), and ask the daemon
+// to pack its events the same way.
 //
 // # Tracing
 //
@@ -290,5 +313,6 @@
 //
 // Conn exposes the connection for services this package does not wrap yet
 // (a Staging service will be added); their methods belong in this package,
-// with a row per RPC in the retry table.
+// on the view of the role that calls them, with a row per RPC in the retry
+// table.
 package client

@@ -18,16 +18,6 @@ const AckTimeout = 5 * time.Second
 // up on acknowledging.
 const ackWait = 2 * time.Second
 
-// AckRoomEnd tells the daemon that this rank will write nothing more into
-// dest (the room's destination of one generation): the daemon's deferred
-// release returns the room's pages once every rank that owed it acked. An
-// ack from a rank that owes none is accepted as a no-op (Owed false).
-func (p *Prefill) AckRoomEnd(ctx context.Context, room uint64, dest *pb.Destination) (*pb.AckRoomEndResponse, error) {
-	return invoke(ctx, p.c, pb.Rooms_AckRoomEnd_FullMethodName, &pb.AckRoomEndRequest{
-		Room: room, Rank: p.rank, Attempt: dest.GetAttempt(), Incarnation: dest.GetIncarnation(),
-	}, p.c.rooms.AckRoomEnd)
-}
-
 // streamEnd is how a hand-off's claim stream ended.
 type streamEnd struct {
 	done bool

@@ -25,7 +25,7 @@ func testReportRoomStopsAndAcksWhenTheRoomEnds(t *testing.T, tr client.Transport
 	c := d.client(t, client.WithTransport(tr))
 	ctx := ctxT(t)
 	p := registered(t, c)
-	if _, err := c.OpenRoom(ctx, openReq(21, 640)); err != nil { // 10 pages
+	if _, err := c.Engine().OpenRoom(ctx, openReq(21, 640)); err != nil { // 10 pages
 		t.Fatal(err)
 	}
 	writing := make(chan struct{})
@@ -42,7 +42,7 @@ func testReportRoomStopsAndAcksWhenTheRoomEnds(t *testing.T, tr client.Transport
 			case <-quit: // the hand-off ended before its second write
 				return
 			}
-			if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 21}); err != nil {
+			if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 21}); err != nil {
 				t.Errorf("AbortRoom: %v", err)
 			}
 		}()

@@ -19,204 +19,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/decodeplane/decodeplane/client"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server"
 )
-
-// forTransports runs f once per transport: OpenAndWait over the shared
-// engine session (the default) and over OpenRoom + WatchRoom.
-func forTransports(t *testing.T, f func(t *testing.T, tr client.Option)) {
-	eachTransport(t, func(t *testing.T, tr client.Transport) { f(t, client.WithTransport(tr)) })
-}
-
-// engineTap watches the daemon's side of every call: how many of each
-// method, and for each EngineSession stream (numbered in the order they
-// opened) the rooms of each open op and the seq of each room event the
-// daemon sent. It can fail a stream's next send (a cut), or hold the first
-// stream's first reply until its gate is closed.
-type engineTap struct {
-	mu      sync.Mutex
-	calls   map[string]int
-	opens   [][]int                // per stream: rooms per open op
-	sent    []map[uint64][]uint32  // per stream: seqs sent per room
-	opened  []map[uint64]bool      // per stream: rooms whose open was answered OK
-	cut     map[int]*status.Status // stream → its next send fails with it
-	cutWhen map[int]func(any) bool // stream → which send fails (nil: the next)
-	gate    chan struct{}          // holds stream 0's first reply while open
-	changed chan struct{}          // cap 1: something was recorded
-	gated   bool
-}
-
-func newEngineTap() *engineTap {
-	return &engineTap{calls: map[string]int{}, cut: map[int]*status.Status{}, cutWhen: map[int]func(any) bool{}, changed: make(chan struct{}, 1)}
-}
-
-func (tp *engineTap) signal() {
-	select {
-	case tp.changed <- struct{}{}:
-	default:
-	}
-}
-
-func (tp *engineTap) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	tp.mu.Lock()
-	tp.calls[info.FullMethod]++
-	tp.mu.Unlock()
-	tp.signal()
-	return h(ctx, req)
-}
-
-func (tp *engineTap) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	tp.mu.Lock()
-	tp.calls[info.FullMethod]++
-	n := -1
-	if info.FullMethod == pb.EngineSession_Session_FullMethodName {
-		n = len(tp.opens)
-		tp.opens = append(tp.opens, nil)
-		tp.sent = append(tp.sent, map[uint64][]uint32{})
-		tp.opened = append(tp.opened, map[uint64]bool{})
-	}
-	tp.mu.Unlock()
-	tp.signal()
-	if n < 0 {
-		return h(srv, ss)
-	}
-	return h(srv, &tapStream{ServerStream: ss, tp: tp, n: n})
-}
-
-type tapStream struct {
-	grpc.ServerStream
-	tp *engineTap
-	n  int
-}
-
-// packed returns m and the messages of its kind packed in it: a session
-// message may carry more of its kind in a repeated field "more" (read by
-// reflection: the field is the wire's, not this test's, business).
-func packed[M proto.Message](m M) []M {
-	out := []M{m}
-	r := m.ProtoReflect()
-	if fd := r.Descriptor().Fields().ByName("more"); fd != nil && fd.IsList() {
-		l := r.Get(fd).List()
-		for i := range l.Len() {
-			if mm, ok := l.Get(i).Message().Interface().(M); ok {
-				out = append(out, mm)
-			}
-		}
-	}
-	return out
-}
-
-func (s *tapStream) RecvMsg(m any) error {
-	err := s.ServerStream.RecvMsg(m)
-	req, ok := m.(*pb.EngineRequest)
-	if !ok || err != nil {
-		return err
-	}
-	for _, r := range packed(req) {
-		if r.GetOpen() != nil {
-			s.tp.mu.Lock()
-			s.tp.opens[s.n] = append(s.tp.opens[s.n], len(r.GetOpen().GetRooms()))
-			s.tp.mu.Unlock()
-			s.tp.signal()
-		}
-	}
-	return err
-}
-
-// hasReply reports whether a session message carries a reply.
-func hasReply(m any) bool {
-	ev, ok := m.(*pb.EngineEvent)
-	if !ok {
-		return false
-	}
-	for _, e := range packed(ev) {
-		if e.GetReply() != nil {
-			return true
-		}
-	}
-	return false
-}
-
-func (s *tapStream) SendMsg(m any) error {
-	ev, _ := m.(*pb.EngineEvent)
-	tp := s.tp
-	tp.mu.Lock()
-	if st := tp.cut[s.n]; st != nil && (tp.cutWhen[s.n] == nil || tp.cutWhen[s.n](m)) {
-		tp.mu.Unlock()
-		return st.Err()
-	}
-	gate := tp.gate
-	hold := gate != nil && s.n == 0 && hasReply(m) && !tp.gated
-	if hold {
-		tp.gated = true
-	}
-	tp.mu.Unlock()
-	if hold {
-		<-gate
-	}
-	// Recorded before it is written: once written, the client may act on
-	// it (and the test read the record) before SendMsg returns.
-	if ev != nil {
-		tp.mu.Lock()
-		for _, e := range packed(ev) {
-			if re := e.GetRoom(); re != nil {
-				tp.sent[s.n][re.GetRoom()] = append(tp.sent[s.n][re.GetRoom()], re.GetSeq())
-			}
-			for _, r := range e.GetReply().GetResults() {
-				if r.GetOpen() != nil && r.GetCode() == 0 {
-					tp.opened[s.n][r.GetRoom()] = true
-				}
-			}
-		}
-		tp.mu.Unlock()
-	}
-	err := s.ServerStream.SendMsg(m)
-	if ev != nil {
-		tp.signal()
-	}
-	return err
-}
-
-// await waits until cond (read under the tap's lock) holds.
-func (tp *engineTap) await(t *testing.T, ctx context.Context, what string, cond func() bool) {
-	t.Helper()
-	for {
-		tp.mu.Lock()
-		ok := cond()
-		tp.mu.Unlock()
-		if ok {
-			return
-		}
-		select {
-		case <-tp.changed:
-		case <-ctx.Done():
-			t.Fatalf("waiting for %s: %v", what, ctx.Err())
-		}
-	}
-}
-
-func (tp *engineTap) count(method string) int {
-	tp.mu.Lock()
-	defer tp.mu.Unlock()
-	return tp.calls[method]
-}
-
-func (tp *engineTap) sessions() int {
-	tp.mu.Lock()
-	defer tp.mu.Unlock()
-	return len(tp.opens)
-}
-
-func tapDaemon(t *testing.T, tp *engineTap, dc daemonConfig) *daemon {
-	dc.unary = append(dc.unary, tp.unary)
-	dc.stream = append(dc.stream, tp.stream)
-	return newDaemon(t, dc)
-}
 
 // TestOpenAndWaitSharesOneSession: concurrent OpenAndWaits of one Client
 // run on one EngineSession stream (no OpenRoom call, no WatchRoom stream),
@@ -237,12 +45,12 @@ func TestOpenAndWaitSharesOneSession(t *testing.T) {
 			}
 		})
 		wg.Go(func() {
-			r, err := c.OpenAndWait(ctx, openReq(room, uint32(100+10*i)))
+			r, err := c.Engine().OpenAndWait(ctx, openReq(room, uint32(100+10*i)))
 			if err != nil || r.GetRoom() != room || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 				t.Errorf("OpenAndWait(%d) = %v, %v; want it SUCCEEDED", room, r, err)
 				return
 			}
-			if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+			if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 				t.Errorf("ReleaseRoom(%d): %v", room, err)
 			}
 		})
@@ -299,7 +107,7 @@ func TestOpenAndWaitBatchTracing(t *testing.T) {
 		callers[room] = span.SpanContext()
 		go func() {
 			defer span.End()
-			_, err := c.OpenAndWait(rctx, openReq(room, 100))
+			_, err := c.Engine().OpenAndWait(rctx, openReq(room, 100))
 			done <- err
 		}()
 	}
@@ -333,7 +141,7 @@ func TestOpenAndWaitBatchTracing(t *testing.T) {
 		t.Errorf("open ops carried %v rooms, want %v (the queued opens in one batch)", got, want)
 	}
 	for _, room := range rooms {
-		if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+		if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -370,7 +178,7 @@ func TestOpenAndWaitResumesAfterCut(t *testing.T) {
 	done := make(chan error, 2*len(rooms))
 	for _, room := range rooms {
 		go func() {
-			r, err := c.OpenAndWait(ctx, openReq(room, 300))
+			r, err := c.Engine().OpenAndWait(ctx, openReq(room, 300))
 			if err == nil && r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 				err = fmt.Errorf("room %d: phase %s", room, r.GetPhase())
 			}
@@ -439,19 +247,19 @@ func TestOpenAndWaitLostOpenAnswer(t *testing.T) {
 			p := registered(t, c)
 			sent := make(chan error, 1)
 			go func() { _, err := p.SendRoom(ctx, 4201, client.SendOptions{}); sent <- err }()
-			r, err := c.OpenAndWait(ctx, openReq(4201, 100))
+			r, err := c.Engine().OpenAndWait(ctx, openReq(4201, 100))
 			if !keyed {
 				if !errors.Is(err, client.ErrUnavailable) || r != nil {
 					t.Fatalf("OpenAndWait with its answer lost, no key = %v, %v; want ErrUnavailable", r, err)
 				}
-				if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4201}); err != nil {
+				if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4201}); err != nil {
 					t.Fatalf("the room the lost open made: %v", err)
 				}
 			} else if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 				t.Fatalf("OpenAndWait with its answer lost, keyed = %v, %v; want it resent and SUCCEEDED", r, err)
 			}
 			<-sent
-			live, err := c.ListRooms(ctx, &pb.ListRoomsRequest{})
+			live, err := c.Admin().ListRooms(ctx, &pb.ListRoomsRequest{})
 			if err != nil || len(live.GetRooms()) != 1 {
 				t.Errorf("ListRooms = %v, %v; want the one room, opened once", live, err)
 			}
@@ -473,7 +281,7 @@ func TestOpenAndWaitRefusals(t *testing.T) {
 	})
 	ctx := ctxT(t)
 	bad := &pb.OpenRoomRequest{Rid: "r", BootstrapAddr: "not an address", PromptLen: 0}
-	if _, err := d.client(t, client.WithToken("tok")).OpenRoom(ctx, openReq(4301, 10)); err != nil {
+	if _, err := d.client(t, client.WithToken("tok")).Engine().OpenRoom(ctx, openReq(4301, 10)); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -497,7 +305,7 @@ func TestOpenAndWaitRefusals(t *testing.T) {
 					opts = append(opts, client.WithToken("tok"))
 				}
 				c := d.client(t, opts...)
-				r, err := c.OpenAndWait(ctx, tc.req)
+				r, err := c.Engine().OpenAndWait(ctx, tc.req)
 				if r != nil || !errors.As(err, &got[i]) || !errors.Is(err, tc.want) {
 					t.Fatalf("%s: OpenAndWait = %v, %v; want a nil room and %v", tr, r, err, tc.want)
 				}
@@ -522,26 +330,32 @@ func TestOpenAndWaitContextEnd(t *testing.T) {
 		d := newDaemon(t, daemonConfig{})
 		c := d.client(t, tr)
 		ctx := ctxT(t)
+		// Connected first: the short deadline is the open's and the wait's
+		// alone, not the dial's too (on a loaded machine it was enough for
+		// OpenRoom to miss it, leaving no room to find below).
+		if _, err := c.Admin().Status(ctx); err != nil {
+			t.Fatal(err)
+		}
 		short, cancel := context.WithTimeout(ctx, 50*time.Millisecond) // no prefill: the room waits
 		defer cancel()
-		r, err := c.OpenAndWait(short, openReq(4401, 100))
+		r, err := c.Engine().OpenAndWait(short, openReq(4401, 100))
 		if r != nil || !errors.Is(err, client.ErrDeadlineExceeded) || status.Code(err) != codes.DeadlineExceeded {
 			t.Fatalf("OpenAndWait past its deadline = %v, %v; want ErrDeadlineExceeded", r, err)
 		}
 		if n := client.WaitingRooms(c); n != 0 {
 			t.Errorf("%d rooms waited on after the call returned", n)
 		}
-		got, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 4401})
+		got, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 4401})
 		if err != nil || got.GetPhase() == pb.RoomPhase_ROOM_PHASE_FAILED {
 			t.Fatalf("the room after its caller left: %v, %v; want it left as it is", got, err)
 		}
 		// Its later events (the abort) reach nobody; the next call works.
-		if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4401}); err != nil {
+		if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4401}); err != nil {
 			t.Fatal(err)
 		}
 		p := registered(t, c)
 		go p.SendRoom(ctx, 4402, client.SendOptions{})
-		if r, err := c.OpenAndWait(ctx, openReq(4402, 100)); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+		if r, err := c.Engine().OpenAndWait(ctx, openReq(4402, 100)); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 			t.Fatalf("the next OpenAndWait = %v, %v", r, err)
 		}
 	})
@@ -555,7 +369,7 @@ func TestOpenAndWaitClose(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	done := make(chan error, 1)
-	go func() { _, err := c.OpenAndWait(ctx, openReq(4501, 100)); done <- err }()
+	go func() { _, err := c.Engine().OpenAndWait(ctx, openReq(4501, 100)); done <- err }()
 	// The room is open and waited on (no prefill) before Close.
 	tp.await(t, ctx, "the room's open answered", func() bool { return len(tp.opened) == 1 && tp.opened[0][4501] })
 	if err := c.Close(); err != nil {
@@ -584,7 +398,7 @@ func TestOpenAndWaitDaemonGone(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		start := time.Now()
-		r, err := c.OpenAndWait(ctx, openReq(4601, 100))
+		r, err := c.Engine().OpenAndWait(ctx, openReq(4601, 100))
 		took := time.Since(start)
 		if r != nil || !errors.Is(err, client.ErrUnavailable) {
 			t.Fatalf("OpenAndWait with no daemon = %v, %v; want ErrUnavailable", r, err)
@@ -605,12 +419,12 @@ func TestOpenAndWaitPermanentEnd(t *testing.T) {
 	c := d.client(t, fastRetry)
 	ctx := ctxT(t)
 	done := make(chan error, 1)
-	go func() { _, err := c.OpenAndWait(ctx, openReq(4701, 100)); done <- err }()
+	go func() { _, err := c.Engine().OpenAndWait(ctx, openReq(4701, 100)); done <- err }()
 	tp.await(t, ctx, "the room's open answered", func() bool { return len(tp.opened) == 1 && tp.opened[0][4701] })
 	tp.mu.Lock()
 	tp.cut[0] = status.New(codes.PermissionDenied, "denied by a proxy (injected)")
 	tp.mu.Unlock()
-	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4701}); err != nil { // an event to send: the cut
+	if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4701}); err != nil { // an event to send: the cut
 		t.Fatal(err)
 	}
 	err := <-done
@@ -642,7 +456,7 @@ func TestOpenAndWaitBatchBound(t *testing.T) {
 	var wg sync.WaitGroup
 	call := func(room uint64) {
 		wg.Go(func() {
-			if _, err := c.OpenAndWait(wctx, openReq(room, 10)); !errors.Is(err, client.ErrCanceled) {
+			if _, err := c.Engine().OpenAndWait(wctx, openReq(room, 10)); !errors.Is(err, client.ErrCanceled) {
 				t.Errorf("OpenAndWait(%d) = %v, want the test's cancel", room, err)
 			}
 		})
@@ -693,7 +507,7 @@ func TestOpenAndWaitSameRoomTwice(t *testing.T) {
 	req.IdempotencyKey = "retry-of-4801"
 	done := make(chan error, 3)
 	wait := func() {
-		r, err := c.OpenAndWait(ctx, req)
+		r, err := c.Engine().OpenAndWait(ctx, req)
 		if err == nil && r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 			err = fmt.Errorf("phase %s", r.GetPhase())
 		}
@@ -728,7 +542,7 @@ func TestOpenAndWaitFallsBackToUnary(t *testing.T) {
 	var wg sync.WaitGroup
 	for room := uint64(41); room <= 48; room++ {
 		wg.Go(func() {
-			r, err := c.OpenAndWait(ctx, openReq(room, 300))
+			r, err := c.Engine().OpenAndWait(ctx, openReq(room, 300))
 			if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 				t.Errorf("OpenAndWait(%d) = %v, %v; want SUCCEEDED over the unary API", room, r, err)
 			}
@@ -748,11 +562,11 @@ func TestOpenAndWaitFallsBackToUnary(t *testing.T) {
 		t.Errorf("%d OpenRoom calls, want 8 (one per room, the unary path)", n)
 	}
 	// A later call goes straight to the unary path.
-	if _, err := c.OpenRoom(ctx, openReq(49, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(49, 300)); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
-	go func() { _, err := c.OpenAndWait(ctx, openReq(50, 300)); done <- err }()
+	go func() { _, err := c.Engine().OpenAndWait(ctx, openReq(50, 300)); done <- err }()
 	if _, err := p.SendRoom(ctx, 50, client.SendOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -763,14 +577,14 @@ func TestOpenAndWaitFallsBackToUnary(t *testing.T) {
 		t.Errorf("%d engine sessions tried after the fallback, want none more than %d", n, tried)
 	}
 	for room := uint64(41); room <= 48; room++ {
-		if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+		if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 			t.Errorf("ReleaseRoom(%d): %v", room, err)
 		}
 	}
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 50}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 50}); err != nil {
 		t.Error(err)
 	}
-	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 49}); err != nil {
+	if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 49}); err != nil {
 		t.Error(err)
 	}
 	if n := in.count(pb.Rooms_ReleaseRoom_FullMethodName); n != 9 {

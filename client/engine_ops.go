@@ -61,40 +61,30 @@ func (c *Client) abortOnSession(ctx context.Context, req *pb.AbortRoomRequest) (
 // result (err: the room's refusal, the op's refusal as a whole, or ctx's
 // end), or ok false when there is no session or it ended before the
 // answer.
-func (c *Client) engineOp(ctx context.Context, op string, req *pb.EngineRequest) (SessionResult, bool, error) {
+func (c *Client) engineOp(ctx context.Context, op string, req *pb.EngineRequest) (sessionResult, bool, error) {
 	if c.transport != TransportStreams || c.closed.Load() {
-		return SessionResult{}, false, nil
+		return sessionResult{}, false, nil
 	}
-	ms := c.engine.live()
+	ms := c.engineMux.live()
 	if ms == nil {
-		return SessionResult{}, false, nil
+		return sessionResult{}, false, nil
 	}
 	res, err := ms.s.one(ctx, op, req)
 	if err != nil && ctx.Err() == nil && ms.s.over() && res.Room == 0 {
-		return SessionResult{}, false, nil // the session's end, not an answer
+		return sessionResult{}, false, nil // the session's end, not an answer
 	}
 	if err != nil && ctx.Err() != nil && res.Room == 0 {
-		return SessionResult{}, true, ctxEnd(op, ctx.Err())
+		return sessionResult{}, true, ctxEnd(op, ctx.Err())
 	}
 	return res, true, err
 }
 
 // over reports whether the stream ended.
-func (s *EngineSession) over() bool {
+func (s *engineSession) over() bool {
 	select {
 	case <-s.done:
 		return true
 	default:
 		return false
 	}
-}
-
-// live returns the shared session when one is up, without opening one.
-func (m *engineMux) live() *muxSession {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if cur := m.cur; cur != nil && !cur.ended() {
-		return cur
-	}
-	return nil
 }

@@ -24,7 +24,7 @@ func TestReleaseAndAbortRideTheSession(t *testing.T) {
 	p := registered(t, c)
 
 	// Streams, no session yet: unary.
-	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 9901}); !errors.Is(err, client.ErrNotFound) {
+	if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 9901}); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("AbortRoom(unknown) = %v", err)
 	}
 	if n := tp.count(pb.Rooms_AbortRoom_FullMethodName); n != 1 || tp.sessions() != 0 {
@@ -33,17 +33,17 @@ func TestReleaseAndAbortRideTheSession(t *testing.T) {
 
 	sent := make(chan error, 1)
 	go func() { _, err := p.SendRoom(ctx, 9902, client.SendOptions{}); sent <- err }()
-	if _, err := c.OpenAndWait(ctx, openReq(9902, 100)); err != nil {
+	if _, err := c.Engine().OpenAndWait(ctx, openReq(9902, 100)); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-sent; err != nil {
 		t.Fatal(err)
 	}
-	rel, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 9902})
+	rel, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 9902})
 	if err != nil || rel.GetAlreadyReleased() || rel.GetPagesReleased() == 0 {
 		t.Fatalf("ReleaseRoom = %v, %v", rel, err)
 	}
-	again, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 9902})
+	again, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 9902})
 	if err != nil || !again.GetAlreadyReleased() {
 		t.Fatalf("second ReleaseRoom = %v, %v; want already released", again, err)
 	}
@@ -52,16 +52,16 @@ func TestReleaseAndAbortRideTheSession(t *testing.T) {
 		name           string
 		session, unary func() error
 	}{
-		{"release of an unknown room", func() error { _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 9903}); return err },
-			func() error { _, err := u.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 9903}); return err }},
-		{"release of room 0", func() error { _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{}); return err },
-			func() error { _, err := u.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{}); return err }},
-		{"nil release", func() error { _, err := c.ReleaseRoom(ctx, nil); return err },
-			func() error { _, err := u.ReleaseRoom(ctx, nil); return err }},
-		{"abort of room 0", func() error { _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{}); return err },
-			func() error { _, err := u.AbortRoom(ctx, &pb.AbortRoomRequest{}); return err }},
-		{"abort of an unknown room", func() error { _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 9904}); return err },
-			func() error { _, err := u.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 9904}); return err }},
+		{"release of an unknown room", func() error { _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 9903}); return err },
+			func() error { _, err := u.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 9903}); return err }},
+		{"release of room 0", func() error { _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{}); return err },
+			func() error { _, err := u.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{}); return err }},
+		{"nil release", func() error { _, err := c.Engine().ReleaseRoom(ctx, nil); return err },
+			func() error { _, err := u.Engine().ReleaseRoom(ctx, nil); return err }},
+		{"abort of room 0", func() error { _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{}); return err },
+			func() error { _, err := u.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{}); return err }},
+		{"abort of an unknown room", func() error { _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 9904}); return err },
+			func() error { _, err := u.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 9904}); return err }},
 	} {
 		se, ue := tc.session(), tc.unary()
 		var sErr, uErr *client.Error
@@ -69,10 +69,10 @@ func TestReleaseAndAbortRideTheSession(t *testing.T) {
 			t.Errorf("%s: session %v (%s), unary %v (%s): want the same op, code and message", tc.name, se, status.Code(se), ue, status.Code(ue))
 		}
 	}
-	if _, err := c.OpenRoom(ctx, openReq(9905, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(9905, 100)); err != nil {
 		t.Fatal(err)
 	}
-	ab, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 9905, Reason: "test"})
+	ab, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 9905, Reason: "test"})
 	if err != nil || ab.GetAlreadyTerminal() {
 		t.Fatalf("AbortRoom = %v, %v", ab, err)
 	}

@@ -16,20 +16,20 @@ import (
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// EngineSession is the decode engine's multiplexed stream
+// engineSession is the decode engine's multiplexed stream
 // (EngineSession.Session, engine_session.proto): batches of opens,
 // releases, aborts and resumes on one stream, and the events of every room
-// it subscribed. OpenAndWait uses one, shared by the Client
-// (TransportStreams, engine_mux.go); this is the stream itself, for an
-// engine that batches its own ops.
+// it subscribed. It is the Client's: OpenAndWait's shared session
+// (TransportStreams, engine_mux.go) is one, and ReleaseRoom and AbortRoom
+// ride it while it is up (engine_ops.go).
 //
 // Open, Release, Abort and Resume may be called from any goroutine; Next
 // from one. The stream's events must be read (Next) for replies to come:
-// the session reads the wire in order, and a client that leaves events
+// the session reads the wire in order, and a reader that leaves events
 // unread holds its replies back and is, past the daemon's queue bound
 // (4,096), cut with ErrResourceExhausted ("slow consumer"). Its rooms go on;
-// open a new session and Resume(Cursors()) to get what was missed.
-// The session is not re-opened automatically.
+// a new session's Resume(Cursors()) gets what was missed (the mux does so).
+// The session is not re-opened by itself.
 //
 // A request handed to an op must not be modified until the op returns,
 // nor after a return on ctx's end (the op may still be in the session's
@@ -38,12 +38,12 @@ import (
 // Ops sent while another is being written go out together in its next
 // message (EngineRequest.more) once the daemon said it reads them (its
 // header, pb.PackKey), and the daemon packs its queued events the same way
-// (the session asks it to); SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME) asks for
-// one event per room (its outcome) instead of one per transition.
-type EngineSession struct {
+// (the session asks it to); sessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME)
+// asks for one event per room (its outcome) instead of one per transition.
+type engineSession struct {
 	stream pb.EngineSession_SessionClient
 	cancel context.CancelFunc
-	events pb.EngineEvents // what Open and Resume subscribe (SessionEvents)
+	events pb.EngineEvents // what Open and Resume subscribe (sessionEvents)
 
 	// out writes the ops, packing those queued meanwhile (EngineRequest.more).
 	out *sendQueue[*pb.EngineRequest]
@@ -62,24 +62,24 @@ type EngineSession struct {
 	negotiated chan struct{}
 }
 
-// EngineSessionOption configures an EngineSession.
-type EngineSessionOption func(*EngineSession)
+// engineSessionOption configures an engineSession.
+type engineSessionOption func(*engineSession)
 
-// SessionEvents chooses which events of its rooms the session's Open and
+// sessionEvents chooses which events of its rooms the session's Open and
 // Resume subscribe (EngineEvents in engine_session.proto):
 // pb.EngineEvents_ENGINE_EVENTS_ALL (the default) every event;
 // pb.EngineEvents_ENGINE_EVENTS_OUTCOME only each room's outcome (its
 // SUCCEEDED event, or its terminal event if it fails first), after which
 // the room leaves the session.
-func SessionEvents(e pb.EngineEvents) EngineSessionOption {
-	return func(s *EngineSession) { s.events = e }
+func sessionEvents(e pb.EngineEvents) engineSessionOption {
+	return func(s *engineSession) { s.events = e }
 }
 
-// SessionResult is one room's answer to an op of an EngineSession: what
+// sessionResult is one room's answer to an op of an engineSession: what
 // its unary RPC would have answered (Open, Release or Abort, by the op), or
 // Err, an *Error with the unary RPC's code and message (RetryAfter works on
 // it).
-type SessionResult struct {
+type sessionResult struct {
 	Room    uint64
 	Open    *pb.OpenRoomResponse
 	Release *pb.ReleaseRoomResponse
@@ -89,14 +89,14 @@ type SessionResult struct {
 	Incarnation uint64
 }
 
-// sessionEvents is how many room events the session holds that Next has
-// not returned yet; beyond, it stops reading the stream (the daemon's
+// sessionEventBuffer is how many room events the session holds that Next
+// has not returned yet; beyond, it stops reading the stream (the daemon's
 // queue then fills).
-const sessionEvents = 256
+const sessionEventBuffer = 256
 
-// EngineSession opens the decode engine's stream. ctx bounds the whole
+// openEngineSession opens the decode engine's stream. ctx bounds the whole
 // stream; Close ends it. Needs the token when the daemon has one.
-func (c *Client) EngineSession(ctx context.Context, opts ...EngineSessionOption) (*EngineSession, error) {
+func (c *Client) openEngineSession(ctx context.Context, opts ...engineSessionOption) (*engineSession, error) {
 	const op = "EngineSession"
 	if err := c.errIfClosed(op); err != nil {
 		return nil, err
@@ -107,10 +107,10 @@ func (c *Client) EngineSession(ctx context.Context, opts ...EngineSessionOption)
 		cancel()
 		return nil, toError(op, err)
 	}
-	s := &EngineSession{
+	s := &engineSession{
 		stream: stream, cancel: cancel,
 		pending: map[uint64]chan *pb.EngineReply{}, cursors: map[uint64]uint32{},
-		done: make(chan struct{}), roomEvents: make(chan *pb.EngineRoomEvent, sessionEvents),
+		done: make(chan struct{}), roomEvents: make(chan *pb.EngineRoomEvent, sessionEventBuffer),
 		negotiated: make(chan struct{}),
 	}
 	for _, o := range opts {
@@ -129,7 +129,7 @@ func (c *Client) EngineSession(ctx context.Context, opts ...EngineSessionOption)
 }
 
 // receive reads the stream: replies go to their op, room events to Next.
-func (s *EngineSession) receive() {
+func (s *engineSession) receive() {
 	defer close(s.roomEvents)
 	// The header comes first (the daemon sends it when the stream starts;
 	// one without packing, with its first message or its end).
@@ -157,7 +157,7 @@ func (s *EngineSession) receive() {
 }
 
 // dispatch hands one event to its op (a reply) or to Next (a room event).
-func (s *EngineSession) dispatch(ev *pb.EngineEvent) {
+func (s *engineSession) dispatch(ev *pb.EngineEvent) {
 	switch e := ev.GetEvent().(type) {
 	case *pb.EngineEvent_Reply:
 		s.mu.Lock()
@@ -197,7 +197,7 @@ func engineRequestSize(r *pb.EngineRequest) int {
 // After the stream ended it returns the events still held, then io.EOF
 // (the stream ended OK: half-closed with every room ended, or the daemon
 // stopped) or the stream's *Error.
-func (s *EngineSession) Next() (*pb.EngineRoomEvent, error) {
+func (s *engineSession) Next() (*pb.EngineRoomEvent, error) {
 	ev, ok := <-s.roomEvents
 	if !ok {
 		<-s.done
@@ -218,7 +218,7 @@ func (s *EngineSession) Next() (*pb.EngineRoomEvent, error) {
 // Cursors returns, for every room whose events Next returned and that has
 // not ended, the last seq returned: what Resume on a new session needs to
 // send only what was missed.
-func (s *EngineSession) Cursors() map[uint64]uint32 {
+func (s *engineSession) Cursors() map[uint64]uint32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[uint64]uint32, len(s.cursors))
@@ -231,16 +231,16 @@ func (s *EngineSession) Cursors() map[uint64]uint32 {
 // Open opens a batch of rooms (1..256), each as OpenRoom, and subscribes
 // them: their events come from Next until each one's terminal event. The
 // rooms' spans join ctx's trace (its W3C traceparent travels with the op).
-// One SessionResult per request, in order; the error is the op's (a batch
+// One sessionResult per request, in order; the error is the op's (a batch
 // refused as a whole, ErrInvalidArgument) or the stream's.
-func (s *EngineSession) Open(ctx context.Context, reqs ...*pb.OpenRoomRequest) ([]SessionResult, error) {
+func (s *engineSession) Open(ctx context.Context, reqs ...*pb.OpenRoomRequest) ([]sessionResult, error) {
 	return s.do(ctx, "EngineSession.Open", &pb.EngineRequest{Op: &pb.EngineRequest_Open{Open: &pb.EngineOpen{Rooms: reqs, Events: s.events}}})
 }
 
 // OpenEach is Open with a context per room (ctxs[i] for reqs[i], or none):
 // each room's span joins its own context's trace (EngineOpen.traceparents),
 // so that a batch of several callers' rooms keeps one trace per request.
-func (s *EngineSession) OpenEach(ctx context.Context, reqs []*pb.OpenRoomRequest, ctxs []context.Context) ([]SessionResult, error) {
+func (s *engineSession) OpenEach(ctx context.Context, reqs []*pb.OpenRoomRequest, ctxs []context.Context) ([]sessionResult, error) {
 	o := &pb.EngineOpen{Rooms: reqs, Events: s.events}
 	for i, rc := range ctxs {
 		carrier := propagation.MapCarrier{}
@@ -256,7 +256,7 @@ func (s *EngineSession) OpenEach(ctx context.Context, reqs []*pb.OpenRoomRequest
 }
 
 // Release is ReleaseRoom on the session.
-func (s *EngineSession) Release(ctx context.Context, req *pb.ReleaseRoomRequest) (*pb.ReleaseRoomResponse, error) {
+func (s *engineSession) Release(ctx context.Context, req *pb.ReleaseRoomRequest) (*pb.ReleaseRoomResponse, error) {
 	res, err := s.one(ctx, "EngineSession.Release", &pb.EngineRequest{Op: &pb.EngineRequest_Release{Release: req}})
 	if err != nil {
 		return nil, err
@@ -265,7 +265,7 @@ func (s *EngineSession) Release(ctx context.Context, req *pb.ReleaseRoomRequest)
 }
 
 // Abort is AbortRoom on the session.
-func (s *EngineSession) Abort(ctx context.Context, req *pb.AbortRoomRequest) (*pb.AbortRoomResponse, error) {
+func (s *engineSession) Abort(ctx context.Context, req *pb.AbortRoomRequest) (*pb.AbortRoomResponse, error) {
 	res, err := s.one(ctx, "EngineSession.Abort", &pb.EngineRequest{Op: &pb.EngineRequest_Abort{Abort: req}})
 	if err != nil {
 		return nil, err
@@ -276,15 +276,15 @@ func (s *EngineSession) Abort(ctx context.Context, req *pb.AbortRoomRequest) (*p
 // Resume subscribes rooms on this session from the event after the given
 // seq (another session's Cursors, or 0 for a room's whole timeline): each
 // room's missed events, then its live ones, none twice. Rooms are sent in
-// order of their ids, at most 4,096 per op. One SessionResult per room
+// order of their ids, at most 4,096 per op. One sessionResult per room
 // (ErrNotFound: the room is gone, e.g. the daemon restarted).
-func (s *EngineSession) Resume(ctx context.Context, cursors map[uint64]uint32) ([]SessionResult, error) {
+func (s *engineSession) Resume(ctx context.Context, cursors map[uint64]uint32) ([]sessionResult, error) {
 	rooms := make([]uint64, 0, len(cursors))
 	for r := range cursors {
 		rooms = append(rooms, r)
 	}
 	slices.Sort(rooms)
-	var out []SessionResult
+	var out []sessionResult
 	for chunk := range slices.Chunk(rooms, pb.MaxEngineWatchRooms) {
 		w := &pb.EngineWatch{Events: s.events}
 		for _, r := range chunk {
@@ -301,14 +301,14 @@ func (s *EngineSession) Resume(ctx context.Context, cursors map[uint64]uint32) (
 
 // CloseSend says no more ops come: the daemon ends the stream OK once every
 // subscribed room ended (Next then returns io.EOF).
-func (s *EngineSession) CloseSend() error {
+func (s *engineSession) CloseSend() error {
 	var err error
 	s.out.close(func() { err = s.stream.CloseSend() })
 	return err
 }
 
 // Close ends the stream at once (the rooms go on) and waits for its reader.
-func (s *EngineSession) Close() {
+func (s *engineSession) Close() {
 	s.cancel()
 	for range s.roomEvents { //nolint:revive // drain so that receive returns
 	}
@@ -316,19 +316,19 @@ func (s *EngineSession) Close() {
 }
 
 // one runs an op of one room and returns its result, or its error.
-func (s *EngineSession) one(ctx context.Context, op string, req *pb.EngineRequest) (SessionResult, error) {
+func (s *engineSession) one(ctx context.Context, op string, req *pb.EngineRequest) (sessionResult, error) {
 	res, err := s.do(ctx, op, req)
 	if err != nil {
-		return SessionResult{}, err
+		return sessionResult{}, err
 	}
 	if len(res) != 1 {
-		return SessionResult{}, localError(op, codes.Internal, "the daemon answered %d results for one room", len(res))
+		return sessionResult{}, localError(op, codes.Internal, "the daemon answered %d results for one room", len(res))
 	}
 	return res[0], res[0].Err
 }
 
 // do sends an op and waits for its reply.
-func (s *EngineSession) do(ctx context.Context, op string, req *pb.EngineRequest) ([]SessionResult, error) {
+func (s *engineSession) do(ctx context.Context, op string, req *pb.EngineRequest) ([]sessionResult, error) {
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	req.Traceparent = carrier.Get("traceparent")
@@ -370,15 +370,15 @@ func (s *EngineSession) do(ctx context.Context, op string, req *pb.EngineRequest
 	if c := codes.Code(reply.GetCode()); c != codes.OK {
 		return nil, newError(op, status.New(c, reply.GetMessage()))
 	}
-	out := make([]SessionResult, len(reply.GetResults()))
+	out := make([]sessionResult, len(reply.GetResults()))
 	for i, r := range reply.GetResults() {
-		out[i] = SessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r), Incarnation: reply.GetIncarnation()}
+		out[i] = sessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r), Incarnation: reply.GetIncarnation()}
 	}
 	return out, nil
 }
 
 // ended is the error of an op on a stream that ended with err.
-func (s *EngineSession) ended(op string, err error) error {
+func (s *engineSession) ended(op string, err error) error {
 	if errors.Is(err, io.EOF) {
 		return localError(op, codes.FailedPrecondition, "the session ended")
 	}

@@ -22,7 +22,7 @@ func TestEngineSessionOutcomeEvents(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	p := registered(t, c)
-	s, err := c.EngineSession(ctx, client.SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME))
+	s, err := client.OpenEngineSession(ctx, c, client.SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +52,7 @@ func TestEngineSessionOutcomeEvents(t *testing.T) {
 		}
 		got[ev.GetRoom()] = ev
 	}
-	r1, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 1701})
+	r1, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 1701})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestEngineSessionOutcomeEvents(t *testing.T) {
 	}
 	// A resume past the outcome sends nothing; one before it sends the
 	// outcome again (a new stream knows nothing of the first).
-	s2, err := c.EngineSession(ctx, client.SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME))
+	s2, err := client.OpenEngineSession(ctx, c, client.SessionEvents(pb.EngineEvents_ENGINE_EVENTS_OUTCOME))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -215,14 +215,14 @@ func TestEngineSessionViolationAfterOps(t *testing.T) {
 		}
 	}
 	for _, room := range []uint64{1801, 1802, 1803} {
-		if _, err := c.GetRoom(ctxT(t), &pb.GetRoomRequest{Room: room}); err != nil {
+		if _, err := c.Admin().GetRoom(ctxT(t), &pb.GetRoomRequest{Room: room}); err != nil {
 			t.Errorf("room %d: %v, want it open (its op ran and was answered)", room, err)
 		}
-		if _, err := c.AbortRoom(ctxT(t), &pb.AbortRoomRequest{Room: room}); err != nil {
+		if _, err := c.Engine().AbortRoom(ctxT(t), &pb.AbortRoomRequest{Room: room}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := c.GetRoom(ctxT(t), &pb.GetRoomRequest{Room: 1804}); !errors.Is(err, client.ErrNotFound) {
+	if _, err := c.Admin().GetRoom(ctxT(t), &pb.GetRoomRequest{Room: 1804}); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("room 1804 (the violating entry's) = %v, want NOT_FOUND (never run)", err)
 	}
 	assertPoolFull(t, c)
@@ -235,14 +235,14 @@ func TestEngineSessionWatchAfterBeyondTheEnd(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
 	c := d.client(t)
 	ctx := ctxT(t)
-	if _, err := c.OpenRoom(ctx, openReq(1901, 10)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(1901, 10)); err != nil {
 		t.Fatal(err)
 	}
 	s := session(t, c)
 	if res, err := s.Resume(ctx, map[uint64]uint32{1901: 53}); err != nil || res[0].Err != nil {
 		t.Fatalf("Resume = %+v, %v", res, err)
 	}
-	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 1901}); err != nil {
+	if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 1901}); err != nil {
 		t.Fatal(err)
 	}
 	ev, err := s.Next()

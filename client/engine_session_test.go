@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -14,19 +13,17 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/client"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
-	"github.com/decodeplane/decodeplane/server"
 	"github.com/decodeplane/decodeplane/transfer"
 )
 
 // session opens an EngineSession closed at cleanup.
 func session(t *testing.T, c *client.Client) *client.EngineSession {
 	t.Helper()
-	s, err := c.EngineSession(ctxT(t))
+	s, err := client.OpenEngineSession(ctxT(t), c)
 	if err != nil {
 		t.Fatalf("EngineSession: %v", err)
 	}
@@ -118,16 +115,16 @@ func TestEngineSessionLifecycle(t *testing.T) {
 	// The unary path, for comparison.
 	sent := make(chan error, 4)
 	go func() { _, err := p.SendRoom(ctx, 500, client.SendOptions{}); sent <- err }()
-	if _, err := c.OpenAndWait(ctx, openReq(500, 100)); err != nil {
+	if _, err := c.Engine().OpenAndWait(ctx, openReq(500, 100)); err != nil {
 		t.Fatalf("OpenAndWait: %v", err)
 	}
 	if err := <-sent; err != nil {
 		t.Fatalf("SendRoom(500): %v", err)
 	}
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 500}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 500}); err != nil {
 		t.Fatal(err)
 	}
-	unary, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 500})
+	unary, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 500})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,12 +229,12 @@ func TestEngineSessionFailures(t *testing.T) {
 		t.Errorf("second Abort = %v, %v; want already terminal", ab, err)
 	}
 	_, sessErr := s.Release(ctx, &pb.ReleaseRoomRequest{Room: 601})
-	_, unaryErr := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 601})
+	_, unaryErr := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 601})
 	if !errors.Is(sessErr, client.ErrFailedPrecondition) || status.Convert(sessErr).Message() != status.Convert(unaryErr).Message() {
 		t.Errorf("Release(failed room) on the session = %v; unary = %v: want the same FAILED_PRECONDITION", sessErr, unaryErr)
 	}
 	_, sessErr = s.Abort(ctx, &pb.AbortRoomRequest{Room: 99999})
-	_, unaryErr = c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 99999})
+	_, unaryErr = c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 99999})
 	if !errors.Is(sessErr, client.ErrNotFound) || status.Convert(sessErr).Message() != status.Convert(unaryErr).Message() {
 		t.Errorf("Abort(unknown room) on the session = %v; unary = %v: want the same NOT_FOUND", sessErr, unaryErr)
 	}
@@ -248,15 +245,15 @@ func TestEngineSessionFailures(t *testing.T) {
 	if res, err := s.Open(ctx, openReq(603, 100)); err != nil || res[0].Err != nil {
 		t.Fatalf("Open(603) = %+v, %v", res, err)
 	}
-	if _, err := c.OpenRoom(ctx, openReq(604, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(604, 100)); err != nil {
 		t.Fatal(err)
 	}
 	unaryEnd := make(chan error, 1)
-	go func() { _, err := c.WaitRoom(ctx, 604, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); unaryEnd <- err }()
+	go func() { _, err := c.Engine().WaitRoom(ctx, 604, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); unaryEnd <- err }()
 	re.until(s, func() bool { return len(re.evs[603]) > 0 })
 	again := prefillRank(addr, 1, 0)
 	again.InstanceId = "prefill-restarted"
-	if _, err := c.RegisterPrefill(ctx, again); err != nil {
+	if _, err := c.Prefill(again).Register(ctx); err != nil {
 		t.Fatalf("RegisterPrefill(new instance): %v", err)
 	}
 	re.until(s, func() bool { return re.ended[603] })
@@ -282,7 +279,7 @@ func TestEngineSessionBadInput(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Open = %v, want per-room results", err)
 	}
-	_, unaryErr := c.OpenRoom(ctx, bad)
+	_, unaryErr := c.Engine().OpenRoom(ctx, bad)
 	if !errors.Is(res[0].Err, client.ErrInvalidArgument) || !strings.HasPrefix(status.Convert(res[0].Err).Message(), "open.rooms[0].prompt_len: ") ||
 		status.Convert(res[0].Err).Message() != "open.rooms[0]."+status.Convert(unaryErr).Message() {
 		t.Errorf("bad room's result = %v; unary OpenRoom = %v: want INVALID_ARGUMENT open.rooms[0].prompt_len, the unary message prefixed", res[0].Err, unaryErr)
@@ -307,7 +304,7 @@ func TestEngineSessionBadInput(t *testing.T) {
 	if m := status.Convert(res[1].Err).Message(); !errors.Is(res[1].Err, client.ErrInvalidArgument) || !strings.HasPrefix(m, "Request rid-705 exceeds the maximum number of tokens") {
 		t.Errorf("a room that can never fit = %v, want SGLang's message unprefixed", res[1].Err)
 	}
-	if _, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 701}); !errors.Is(err, client.ErrNotFound) {
+	if _, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 701}); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("GetRoom(bad room) = %v, want not found: nothing opened", err)
 	}
 	cases := []struct {
@@ -363,124 +360,8 @@ func TestEngineSessionBadInput(t *testing.T) {
 	if r := recvReply(t, st, 10); codes.Code(r.GetCode()) != codes.InvalidArgument || !strings.HasPrefix(r.GetMessage(), "open.traceparents: ") {
 		t.Errorf("one traceparent for two rooms: reply %v, want INVALID_ARGUMENT open.traceparents", r)
 	}
-	if _, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 706}); !errors.Is(err, client.ErrNotFound) {
+	if _, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 706}); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("GetRoom(706) = %v, want not found: a refused op opens nothing", err)
-	}
-}
-
-// rawSession opens the stream with the generated client.
-func rawSession(t *testing.T, d *daemon, opts ...grpc.DialOption) pb.EngineSession_SessionClient {
-	t.Helper()
-	conn, err := grpc.NewClient("passthrough:///bufnet", append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()), d.dialer()}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	ctx, cancel := context.WithCancel(ctxT(t))
-	t.Cleanup(cancel)
-	st, err := pb.NewEngineSessionClient(conn).Session(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
-// heldEvents keeps, per raw stream, the events of a message read but not
-// yet looked at (a message carries its own event, then those packed in its
-// more).
-var heldEvents sync.Map // pb.EngineSession_SessionClient -> []*pb.EngineEvent
-
-// recvEvent returns st's next event: the rest of the last message read, or
-// the first of the next one.
-func recvEvent(st pb.EngineSession_SessionClient) (*pb.EngineEvent, error) {
-	held, _ := heldEvents.Load(st)
-	evs, _ := held.([]*pb.EngineEvent)
-	if len(evs) == 0 {
-		ev, err := st.Recv()
-		if err != nil {
-			return nil, err
-		}
-		evs = append([]*pb.EngineEvent{ev}, ev.GetMore()...)
-	}
-	heldEvents.Store(st, evs[1:])
-	return evs[0], nil
-}
-
-// recvReply reads st until the reply of seq (room events skipped).
-func recvReply(t *testing.T, st pb.EngineSession_SessionClient, seq uint64) *pb.EngineReply {
-	t.Helper()
-	for {
-		ev, err := recvEvent(st)
-		if err != nil {
-			t.Fatalf("Recv: %v", err)
-		}
-		if r := ev.GetReply(); r != nil {
-			if r.GetSeq() != seq {
-				t.Fatalf("reply seq %d, want %d", r.GetSeq(), seq)
-			}
-			return r
-		}
-	}
-}
-
-// recvEnd reads st until it ends and returns its status.
-func recvEnd(st pb.EngineSession_SessionClient) error {
-	for {
-		if _, err := st.Recv(); err != nil {
-			return err
-		}
-	}
-}
-
-// TestEngineSessionProtocolViolation: a seq that does not increase, or a
-// request without an op, ends the stream with INVALID_ARGUMENT naming it.
-func TestEngineSessionProtocolViolation(t *testing.T) {
-	d := newDaemon(t, daemonConfig{})
-	open := &pb.EngineRequest_Open{Open: &pb.EngineOpen{Rooms: []*pb.OpenRoomRequest{openReq(801, 10)}}}
-	for _, tc := range []struct {
-		name   string
-		second *pb.EngineRequest
-		field  string
-	}{
-		{"seq not increasing", &pb.EngineRequest{Seq: 5, Op: open}, "seq: 5 is not above"},
-		{"seq 0", &pb.EngineRequest{Seq: 0, Op: open}, "seq: must be > 0"},
-		{"no op", &pb.EngineRequest{Seq: 9}, "op: is required"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			st := rawSession(t, d)
-			abort := &pb.EngineRequest_Abort{Abort: &pb.AbortRoomRequest{Room: 1}}
-			if err := st.Send(&pb.EngineRequest{Seq: 5, Op: abort}); err != nil {
-				t.Fatal(err)
-			}
-			if r := recvReply(t, st, 5); codes.Code(r.GetResults()[0].GetCode()) != codes.NotFound {
-				t.Fatalf("first reply = %v, want NOT_FOUND for the unknown room", r)
-			}
-			if err := st.Send(tc.second); err != nil {
-				t.Fatal(err)
-			}
-			err := recvEnd(st)
-			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), tc.field) {
-				t.Errorf("stream ended with %v, want INVALID_ARGUMENT %q", err, tc.field)
-			}
-		})
-	}
-}
-
-// TestEngineSessionNeedsToken: with a token configured the stream needs it,
-// as the mutating unary calls do.
-func TestEngineSessionNeedsToken(t *testing.T) {
-	d := newDaemon(t, daemonConfig{server: func(c *server.Config) { c.AuthToken = "tok" }})
-	ctx := ctxT(t)
-	s := session(t, d.client(t))
-	if _, err := s.Open(ctx, openReq(811, 10)); !errors.Is(err, client.ErrUnauthenticated) {
-		t.Errorf("Open without the token = %v, want ErrUnauthenticated", err)
-	}
-	if _, err := d.client(t).OpenRoom(ctx, openReq(811, 10)); !errors.Is(err, client.ErrUnauthenticated) {
-		t.Errorf("OpenRoom without the token = %v, want ErrUnauthenticated", err)
-	}
-	s = session(t, d.client(t, client.WithToken("tok")))
-	if res, err := s.Open(ctx, openReq(811, 10)); err != nil || res[0].Err != nil {
-		t.Errorf("Open with the token = %+v, %v", res, err)
 	}
 }
 
@@ -521,7 +402,7 @@ func TestEngineSessionSlowConsumerThenResume(t *testing.T) {
 	select {
 	case cut = <-handled:
 	case <-ctxT(t).Done():
-		live, err := d.client(t).ListRooms(context.Background(), &pb.ListRoomsRequest{LiveOnly: true, Limit: 100000})
+		live, err := d.client(t).Admin().ListRooms(context.Background(), &pb.ListRoomsRequest{LiveOnly: true, Limit: 100000})
 		t.Fatalf("the daemon never cut the stream that reads nothing (%d rooms, %v)", live.GetTotal(), err)
 	}
 	want := fmt.Sprintf("slow consumer: %d events queued", pb.MaxEngineSessionQueue)
@@ -534,7 +415,7 @@ func TestEngineSessionSlowConsumerThenResume(t *testing.T) {
 	<-sending
 	c := d.client(t)
 	ctx := ctxT(t)
-	live, err := c.ListRooms(ctx, &pb.ListRoomsRequest{LiveOnly: true, Limit: 100000})
+	live, err := c.Admin().ListRooms(ctx, &pb.ListRoomsRequest{LiveOnly: true, Limit: 100000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -573,7 +454,7 @@ func TestEngineSessionSlowConsumerThenResume(t *testing.T) {
 		t.Errorf("10001 resumed from 0: first event seq %d, want 1", re.evs[10001][0].GetSeq())
 	}
 	// The session's events are the room's whole timeline after seq 1.
-	r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 10000})
+	r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 10000})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -595,7 +476,7 @@ func TestEngineSessionReconnectResume(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	p := registered(t, c)
-	first, err := c.EngineSession(ctx)
+	first, err := client.OpenEngineSession(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +503,7 @@ func TestEngineSessionReconnectResume(t *testing.T) {
 	}
 	re.until(second, func() bool { return len(re.ended) == 2 })
 	for _, room := range []uint64{901, 902} {
-		r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: room})
+		r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: room})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -308,4 +309,35 @@ func StaleIncarnation(err error) (named, daemon uint64, ok bool) {
 		}
 	}
 	return 0, 0, false
+}
+
+// unprefix rebuilds an open's refusal as OpenRoom gives it: the batch's
+// field prefix (open.rooms[i].) removed from each line of the message.
+func unprefix(err error, prefix string) error {
+	var e *Error
+	if !errors.As(err, &e) || !strings.Contains(e.Message(), prefix) {
+		return err
+	}
+	lines := strings.Split(e.Message(), "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, prefix)
+	}
+	sp := e.Status().Proto() // a copy: the details (RetryInfo) stay
+	sp.Message = strings.Join(lines, "\n")
+	return newError(e.Op(), status.FromProto(sp))
+}
+
+// reop is err as the unary RPC op returns it: the same status (code,
+// message, details) under op's name.
+func reop(op string, err error) error {
+	var e *Error
+	if errors.As(err, &e) {
+		return newError(op, e.Status())
+	}
+	return toError(op, err)
+}
+
+// ctxEnd is the *Error of op for ctx's end.
+func ctxEnd(op string, err error) *Error {
+	return newError(op, status.FromContextError(err))
 }

@@ -23,7 +23,7 @@ func TestErrorFamilies(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
 	c := d.client(t)
 	ctx := ctxT(t)
-	if _, err := c.OpenRoom(ctx, openReq(1, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(1, 100)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	tests := []struct {
@@ -35,35 +35,35 @@ func TestErrorFamilies(t *testing.T) {
 		retrying bool // the family is retried by retryable RPCs
 	}{
 		{"unknown room", func() error {
-			_, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 404})
+			_, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 404})
 			return err
 		}, client.ErrNotFound, codes.NotFound, "404", false},
 		{"heartbeat of an unregistered rank", func() error {
-			_, err := c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: &pb.PrefillRank{BootstrapAddr: "10.9.9.9:1"}})
+			_, err := c.Prefill(&pb.RegisterPrefillRequest{BootstrapAddr: "10.9.9.9:1"}).Heartbeat(ctx)
 			return err
 		}, client.ErrNotFound, codes.NotFound, "register again", false},
 		{"duplicate room", func() error {
-			_, err := c.OpenRoom(ctx, openReq(1, 100))
+			_, err := c.Engine().OpenRoom(ctx, openReq(1, 100))
 			return err
 		}, client.ErrAlreadyExists, codes.AlreadyExists, "room already exists", false},
 		{"missing field", func() error {
 			req := openReq(2, 100)
 			req.PromptLen = 0
-			_, err := c.OpenRoom(ctx, req)
+			_, err := c.Engine().OpenRoom(ctx, req)
 			return err
 		}, client.ErrInvalidArgument, codes.InvalidArgument, "prompt_len: must be > 0", false},
 		{"request that can never fit", func() error {
-			_, err := c.OpenRoom(ctx, openReq(3, 1<<30))
+			_, err := c.Engine().OpenRoom(ctx, openReq(3, 1<<30))
 			return err
 		}, client.ErrInvalidArgument, codes.InvalidArgument, "exceeds the maximum number of tokens", false},
 		{"page size mismatch", func() error {
 			reg := prefillRank("10.0.0.2:8998", 1, 0)
 			reg.PageSize = 32
-			_, err := c.RegisterPrefill(ctx, reg)
+			_, err := c.Prefill(reg).Register(ctx)
 			return err
 		}, client.ErrFailedPrecondition, codes.FailedPrecondition, "Page size mismatch: prefill server has page_size=32, but decode server has page_size=64", false},
 		{"release before success", func() error {
-			_, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 1})
+			_, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 1})
 			return err
 		}, client.ErrFailedPrecondition, codes.FailedPrecondition, "has not succeeded", false},
 		{"bad send options", func() error {
@@ -128,7 +128,7 @@ func TestEveryCodeHasAFamily(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.code.String(), func(t *testing.T) {
 			in.fail(pb.Admin_GetStatus_FullMethodName, fault{n: 1, code: tt.code})
-			_, err := c.Status(ctxT(t))
+			_, err := c.Admin().Status(ctxT(t))
 			if !errors.Is(err, tt.family) || status.Code(err) != tt.code {
 				t.Errorf("Status() with %s = %v (code %s), want family %v", tt.code, err, status.Code(err), tt.family)
 			}
@@ -158,7 +158,7 @@ func TestAuth(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := d.client(t, tt.opts...)
-			_, err := c.OpenRoom(ctx, openReq(uint64(50+i), 100))
+			_, err := c.Engine().OpenRoom(ctx, openReq(uint64(50+i), 100))
 			if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
 				t.Fatalf("OpenRoom = %v, want %v", err, tt.want)
 			}
@@ -166,7 +166,7 @@ func TestAuth(t *testing.T) {
 				t.Errorf("status.Code = %s, want Unauthenticated", status.Code(err))
 			}
 			// A refused call stored nothing; reads need no token.
-			_, err = c.GetRoom(ctx, &pb.GetRoomRequest{Room: uint64(50 + i)})
+			_, err = c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: uint64(50 + i)})
 			if got, want := err == nil, tt.want == nil; got != want {
 				t.Errorf("GetRoom after OpenRoom: %v; room stored = %v, want %v", err, got, want)
 			}
@@ -186,13 +186,13 @@ func TestAuth(t *testing.T) {
 func TestContextErrors(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
 	c := d.client(t)
-	if _, err := c.OpenRoom(ctxT(t), openReq(61, 100)); err != nil { // waits for a prefill that never comes
+	if _, err := c.Engine().OpenRoom(ctxT(t), openReq(61, 100)); err != nil { // waits for a prefill that never comes
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	t.Run("deadline", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(ctxT(t), 50*time.Millisecond)
 		defer cancel()
-		room, err := c.WaitRoom(ctx, 61, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+		room, err := c.Engine().WaitRoom(ctx, 61, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 		if room != nil || !errors.Is(err, client.ErrDeadlineExceeded) || !errors.Is(err, context.DeadlineExceeded) || status.Code(err) != codes.DeadlineExceeded {
 			t.Errorf("WaitRoom = %v, %v; want ErrDeadlineExceeded", room, err)
 		}
@@ -200,7 +200,7 @@ func TestContextErrors(t *testing.T) {
 	t.Run("canceled", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(ctxT(t))
 		cancel()
-		_, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 61})
+		_, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 61})
 		if !errors.Is(err, client.ErrCanceled) || !errors.Is(err, context.Canceled) || status.Code(err) != codes.Canceled {
 			t.Errorf("GetRoom = %v, want ErrCanceled", err)
 		}

@@ -35,7 +35,7 @@ func newCapacityView(keepalive time.Duration) *capacityView {
 // follow keeps the latest update of one daemon until its stream ends (a
 // real router opens it again, with a back-off).
 func (v *capacityView) follow(ctx context.Context, name string, c *client.Client) error {
-	s, err := c.WatchCapacity(ctx, client.CapacityOptions{MinInterval: 10 * time.Millisecond, Keepalive: v.keepalive})
+	s, err := c.Admin().WatchCapacity(ctx, client.CapacityOptions{MinInterval: 10 * time.Millisecond, Keepalive: v.keepalive})
 	if err != nil {
 		return err
 	}
@@ -120,7 +120,7 @@ func (v *capacityView) valid(ch choice) bool {
 // A router picks a decode instance from the daemons' capacity streams:
 // decode-a has two DP shards of 32768 tokens, one of them busy with an
 // 8000-token request; decode-b has one shard of 65536 tokens, then drains.
-func ExampleClient_WatchCapacity() {
+func ExampleAdmin_WatchCapacity() {
 	pool := func(dp int, tokens int64) daemonConfig {
 		return daemonConfig{decode: func(c *kvlayout.Config) { c.Parallel.DP, c.Pool.TotalTokens = dp, tokens }}
 	}
@@ -146,7 +146,7 @@ func ExampleClient_WatchCapacity() {
 		log.Fatal(err)
 	}
 	shard0 := uint32(0)
-	if _, err := a.OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "busy", BootstrapAddr: "10.0.0.1:8998", Room: 1, PromptLen: 8000, MaxNewTokens: 128, DecodeDpRank: &shard0}); err != nil {
+	if _, err := a.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "busy", BootstrapAddr: "10.0.0.1:8998", Room: 1, PromptLen: 8000, MaxNewTokens: 128, DecodeDpRank: &shard0}); err != nil {
 		log.Fatal(err)
 	}
 
@@ -178,7 +178,7 @@ func ExampleClient_WatchCapacity() {
 	}
 	route(1000)
 
-	if _, err := clients["decode-b"].Drain(ctx); err != nil {
+	if _, err := clients["decode-b"].Admin().Drain(ctx); err != nil {
 		log.Fatal(err)
 	}
 	if err := view.await(ctx, func(m map[string]heard) bool { return m["decode-b"].latest.GetDraining() }); err != nil {

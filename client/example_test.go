@@ -106,7 +106,7 @@ func ExampleNew() {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	st, err := c.Status(ctx)
+	st, err := c.Admin().Status(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func ExamplePrefill_SendRoom() {
 	fmt.Println("registered:", reg.GetRegisteredRanks(), "of", reg.GetExpectedRanks(), "ranks")
 
 	// The decode engine opens room 42 for a 1000-token prompt.
-	if _, err := c.OpenRoom(ctx, &pb.OpenRoomRequest{
+	if _, err := c.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{
 		Rid: "req-42", BootstrapAddr: "10.0.0.1:8998", Room: 42, PromptLen: 1000, MaxNewTokens: 128,
 	}); err != nil {
 		log.Fatal(err)
@@ -153,7 +153,7 @@ func ExamplePrefill_SendRoom() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	room, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 42})
+	room, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 42})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func ExamplePrefill_SendRoom() {
 	// room: ROOM_PHASE_SUCCEEDED 4 chunks
 }
 
-func ExampleClient_OpenAndWait() {
+func ExampleEngine_OpenAndWait() {
 	d, err := startDaemon(daemonConfig{})
 	if err != nil {
 		log.Fatal(err)
@@ -191,7 +191,8 @@ func ExampleClient_OpenAndWait() {
 	}()
 
 	// The decode engine opens the room and waits for its KV.
-	room, err := c.OpenAndWait(ctx, &pb.OpenRoomRequest{
+	engine := c.Engine()
+	room, err := engine.OpenAndWait(ctx, &pb.OpenRoomRequest{
 		Rid: "req-7", BootstrapAddr: "10.0.0.1:8998", Room: 7, PromptLen: 300, MaxNewTokens: 64,
 	})
 	if err != nil {
@@ -203,11 +204,11 @@ func ExampleClient_OpenAndWait() {
 	}
 
 	// ... decode runs; then the engine hands the pages back.
-	rel, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 7})
+	rel, err := engine.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 7})
 	if err != nil {
 		log.Fatal(err)
 	}
-	st, err := c.Status(ctx)
+	st, err := c.Admin().Status(ctx)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -232,7 +233,7 @@ func ExampleError() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 
-	_, err = c.GetRoom(ctx, &pb.GetRoomRequest{Room: 999})
+	_, err = c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 999})
 	switch {
 	case errors.Is(err, client.ErrNotFound):
 		fmt.Println("no such room; gRPC code", status.Code(err))
@@ -242,7 +243,7 @@ func ExampleError() {
 		fmt.Println("other failure:", err)
 	}
 
-	_, err = c.OpenRoom(ctx, &pb.OpenRoomRequest{BootstrapAddr: "10.0.0.1:8998", Room: 1, PromptLen: 10, MaxNewTokens: 1})
+	_, err = c.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{BootstrapAddr: "10.0.0.1:8998", Room: 1, PromptLen: 10, MaxNewTokens: 1})
 	var e *client.Error
 	if errors.As(err, &e) && errors.Is(err, client.ErrInvalidArgument) {
 		fmt.Println(e.Op(), "rejected:", e.Message())

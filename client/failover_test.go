@@ -147,7 +147,7 @@ func TestHeartbeatFailover(t *testing.T) {
 			t.Errorf("B's Prefill learned incarnation %x -> %x: it may only hold B's (%x)", old, new, b.Incarnation())
 		}))
 		// B has a room for the rank before the rank ever registered there.
-		if _, err := cB.OpenRoom(ctx, openReq(1, 100)); err != nil {
+		if _, err := cB.Engine().OpenRoom(ctx, openReq(1, 100)); err != nil {
 			t.Fatal(err)
 		}
 
@@ -341,7 +341,7 @@ func TestGetFleet(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
 	c := d.client(t)
 	registered(t, c)
-	f, err := c.GetFleet(ctxT(t))
+	f, err := c.Admin().GetFleet(ctxT(t))
 	if err != nil {
 		t.Fatalf("GetFleet: %v", err)
 	}

@@ -7,20 +7,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
-
-	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
-
-// ---- Fleet ----
-
-// GetFleet lists every decode daemon and prefill instance of the daemon's
-// registry (with registry.backend etcd, the whole fleet, from the daemon's
-// cached view; with the memory registry, the daemon itself and the prefill
-// instances registered with it), with incarnation, liveness and capacity.
-// Needs the token when the daemon has one. Retried on Unavailable.
-func (c *Client) GetFleet(ctx context.Context) (*pb.GetFleetResponse, error) {
-	return invoke(ctx, c, pb.Fleet_GetFleet_FullMethodName, &pb.GetFleetRequest{}, c.fleet.GetFleet)
-}
 
 // RunHeartbeatFailover keeps one prefill rank alive in a fleet of decode
 // daemons that share their registry (registry.backend etcd) until ctx

@@ -42,7 +42,7 @@ func TestHeartbeatReregistersAfterNotFound(t *testing.T) {
 
 	other := prefillRank(addr, 1, 0)
 	other.InstanceId = "replacement"
-	if resp, err := c.RegisterPrefill(ctx, other); err != nil || !resp.GetReplaced() {
+	if resp, err := c.Prefill(other).Register(ctx); err != nil || !resp.GetReplaced() {
 		t.Fatalf("RegisterPrefill(replacement) = %v, %v; want a replacement", resp, err)
 	}
 	select {
@@ -61,7 +61,7 @@ func TestHeartbeatReregistersAfterNotFound(t *testing.T) {
 	// The loop goes on beating, successfully, as the original instance.
 	hb := in.count(pb.Bootstrap_Heartbeat_FullMethodName)
 	in.waitCalls(t, pb.Bootstrap_Heartbeat_FullMethodName, hb+2)
-	if _, err := c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: p.Rank(), InstanceId: "prefill-" + addr}); err != nil {
+	if _, err := p.Heartbeat(ctx); err != nil {
 		t.Errorf("Heartbeat as the re-registered instance: %v", err)
 	}
 	stop()

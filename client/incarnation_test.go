@@ -183,7 +183,7 @@ func testPrefillStopsOnDaemonRestart(t *testing.T, tr client.Transport) {
 			if p.Incarnation() != oldInc {
 				t.Fatalf("Prefill.Incarnation() = %x after Register, want the daemon's %x", p.Incarnation(), oldInc)
 			}
-			if _, err := c.OpenRoom(ctx, openReq(5, 1000)); err != nil { // 16 pages
+			if _, err := c.Engine().OpenRoom(ctx, openReq(5, 1000)); err != nil { // 16 pages
 				t.Fatal(err)
 			}
 
@@ -317,11 +317,11 @@ func TestDestinationStreamOfAnotherIncarnation(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	p := registered(t, c)
-	if _, err := c.OpenRoom(ctx, openReq(9, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(9, 100)); err != nil {
 		t.Fatal(err)
 	}
 	own := d.Incarnation()
-	s, err := c.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: 9, Rank: p.Rank(), Incarnation: own + 1})
+	s, err := p.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: 9, Incarnation: own + 1})
 	if err == nil {
 		_, err = s.Next()
 		s.Close()
@@ -330,7 +330,7 @@ func TestDestinationStreamOfAnotherIncarnation(t *testing.T) {
 	if !errors.As(err, &ic) || !errors.Is(err, client.ErrIncarnationChanged) || ic.Room != 9 || ic.Old != own+1 || ic.New != own {
 		t.Fatalf("claim naming incarnation %x = %v; want IncarnationChangedError{9, %x, %x}", own+1, err, own+1, own)
 	}
-	s, err = c.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: 9, Rank: p.Rank(), Incarnation: own})
+	s, err = p.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: 9, Incarnation: own})
 	if err != nil {
 		t.Fatal(err)
 	}

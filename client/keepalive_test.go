@@ -87,7 +87,7 @@ func TestKeepaliveDropsADeadConnection(t *testing.T) {
 	// The watchdog: the ping must end the wait well before it.
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
-	es, err := c.EngineSession(ctx)
+	es, err := client.OpenEngineSession(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +102,7 @@ func TestKeepaliveDropsADeadConnection(t *testing.T) {
 		t.Fatalf("an op on a silent connection = %v after %v, want ErrUnavailable (keepalive)", err, time.Since(start))
 	}
 	s.silent.Store(false)
-	if _, err := c.Status(ctx); err != nil {
+	if _, err := c.Admin().Status(ctx); err != nil {
 		t.Fatalf("the next call after the dead connection: %v, want a new connection", err)
 	}
 	s.mu.Lock()

@@ -50,7 +50,7 @@ func TestTracePropagation(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := d.client(t, tt.opts...)
-			if _, err := c.Status(ctx); err != nil {
+			if _, err := c.Admin().Status(ctx); err != nil {
 				t.Fatalf("Status: %v", err)
 			}
 			mu.Lock()
@@ -68,7 +68,8 @@ func TestTracePropagation(t *testing.T) {
 // OpenRoom; over the shared engine session: TestOpenAndWaitBatchTracing).
 func TestSpans(t *testing.T) {
 	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	ended := spanEnds{make(chan struct{}, 1)}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans), sdktrace.WithSpanProcessor(ended))
 	t.Cleanup(func() { tp.Shutdown(context.Background()) })
 	d := newDaemon(t, daemonConfig{tracer: tp})
 	c := d.client(t, client.WithTracerProvider(tp), client.WithTransport(client.TransportUnary))
@@ -80,10 +81,10 @@ func TestSpans(t *testing.T) {
 		_, err := p.SendRoom(ctxT(t), 150, client.SendOptions{})
 		sent <- err
 	}()
-	if _, err := c.OpenAndWait(ctx, openReq(150, 100)); err != nil {
+	if _, err := c.Engine().OpenAndWait(ctx, openReq(150, 100)); err != nil {
 		t.Fatalf("OpenAndWait: %v", err)
 	}
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 150}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 150}); err != nil {
 		t.Fatalf("ReleaseRoom: %v", err)
 	}
 	step.End()
@@ -92,15 +93,24 @@ func TestSpans(t *testing.T) {
 	}
 
 	want := step.SpanContext().TraceID()
+	// A server span ends once its answer was sent, maybe after the call
+	// returned: find waits for it (each span's end is signalled).
+	wait := ctxT(t)
 	find := func(name string, kind trace.SpanKind) tracetest.SpanStub {
 		t.Helper()
-		for _, s := range spans.GetSpans() {
-			if s.Name == name && s.SpanKind == kind && s.SpanContext.TraceID() == want {
-				return s
+		for {
+			for _, s := range spans.GetSpans() {
+				if s.Name == name && s.SpanKind == kind && s.SpanContext.TraceID() == want {
+					return s
+				}
+			}
+			select {
+			case <-ended.ch:
+			case <-wait.Done():
+				t.Fatalf("no %s span %q in the caller's trace %s", kind, name, want)
+				return tracetest.SpanStub{}
 			}
 		}
-		t.Fatalf("no %s span %q in the caller's trace %s", kind, name, want)
-		return tracetest.SpanStub{}
 	}
 	cli := find("decodeplane.v1.Rooms/OpenRoom", trace.SpanKindClient)
 	if cli.Parent.SpanID() != step.SpanContext().SpanID() {
@@ -112,6 +122,20 @@ func TestSpans(t *testing.T) {
 	}
 	find("room", trace.SpanKindInternal)
 }
+
+// spanEnds signals each span's end (after the exporters registered before
+// it saw the span).
+type spanEnds struct{ ch chan struct{} } // cap 1
+
+func (e spanEnds) OnStart(context.Context, sdktrace.ReadWriteSpan) {}
+func (e spanEnds) OnEnd(sdktrace.ReadOnlySpan) {
+	select {
+	case e.ch <- struct{}{}:
+	default:
+	}
+}
+func (e spanEnds) Shutdown(context.Context) error   { return nil }
+func (e spanEnds) ForceFlush(context.Context) error { return nil }
 
 func TestNewFromConn(t *testing.T) {
 	d := newDaemon(t, daemonConfig{server: func(c *server.Config) { c.AuthToken = "tok" }})
@@ -129,16 +153,16 @@ func TestNewFromConn(t *testing.T) {
 	if c.Conn() != conn {
 		t.Error("Conn() is not the given connection")
 	}
-	if _, err := c.Drain(ctx); err != nil { // needs the token
+	if _, err := c.Admin().Drain(ctx); err != nil { // needs the token
 		t.Fatalf("Drain with WithToken over NewFromConn: %v", err)
 	}
 	if err := c.Close(); err != nil {
 		t.Fatalf("Close: %v", err)
 	}
-	if _, err := c.Status(ctx); !errors.Is(err, client.ErrCanceled) {
+	if _, err := c.Admin().Status(ctx); !errors.Is(err, client.ErrCanceled) {
 		t.Errorf("Status after Close = %v, want ErrCanceled", err)
 	}
-	if _, err := c.WatchRoom(ctx, &pb.WatchRoomRequest{Room: 1}); !errors.Is(err, client.ErrCanceled) {
+	if _, err := c.Engine().WatchRoom(ctx, &pb.WatchRoomRequest{Room: 1}); !errors.Is(err, client.ErrCanceled) {
 		t.Errorf("WatchRoom after Close = %v, want ErrCanceled", err)
 	}
 	// The connection is the caller's: still open.
@@ -193,7 +217,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 func TestCloseIsIdempotent(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
 	c := d.client(t)
-	if _, err := c.Status(ctxT(t)); err != nil {
+	if _, err := c.Admin().Status(ctxT(t)); err != nil {
 		t.Fatalf("Status: %v", err)
 	}
 	if err := c.Close(); err != nil {
@@ -202,7 +226,7 @@ func TestCloseIsIdempotent(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
-	if _, err := c.Status(ctxT(t)); !errors.Is(err, client.ErrCanceled) {
+	if _, err := c.Admin().Status(ctxT(t)); !errors.Is(err, client.ErrCanceled) {
 		t.Errorf("Status after Close = %v, want ErrCanceled", err)
 	}
 }
@@ -220,7 +244,7 @@ func TestUnreachableDaemonIsUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_, err = c.Status(ctxT(t))
+	_, err = c.Admin().Status(ctxT(t))
 	if !errors.Is(err, client.ErrUnavailable) {
 		t.Errorf("Status = %v, want ErrUnavailable", err)
 	}

@@ -6,16 +6,21 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// Prefill is one prefill scheduler rank's side of the hand-off: its
-// registration, its heartbeat loop and the delivery of each room's KV. Build
-// it with Client.Prefill. It is safe for concurrent use: one goroutine runs
-// RunHeartbeat while others send rooms.
+// Prefill is one prefill scheduler rank's view of a daemon
+// (Client.Prefill): its registration (Register), its heartbeat (Heartbeat,
+// RunHeartbeat), its DP bindings (BindRoom) and the delivery of each room's
+// KV (SendRoom, ReportRoom; or its steps AwaitDestination, Transfer,
+// ReportTransfer and AckRoomEnd for a prefill that drives them itself). It
+// holds the rank's state (its registration, the daemon incarnation it
+// knows) but no connection of its own: the rank's shared PrefillSession
+// stream (TransportStreams) belongs to its Client, which opens it while
+// the rank uses it and ends it at Close. It is safe for concurrent use:
+// one goroutine runs RunHeartbeat while others send rooms.
 //
 // # Incarnations
 //
@@ -41,7 +46,7 @@ type Prefill struct {
 	onErr func(error)
 	onInc func(old, new uint64)
 	// mux is the rank's shared session (prefill_mux.go), under
-	// TransportStreams.
+	// TransportStreams: the Client holds it while the rank uses it.
 	mux *prefillMux
 
 	mu       sync.Mutex
@@ -59,129 +64,6 @@ type Prefill struct {
 	registered chan struct{}
 	// beating counts the RunHeartbeat loops on the shared session.
 	beating int
-}
-
-// generation is one daemon incarnation as a Prefill holds it: void is
-// cancelled (with an *IncarnationChangedError as its cause) once the
-// Prefill learned another incarnation.
-type generation struct {
-	inc  uint64 // guarded by Prefill.mu; 0 until known (bound by the first learn)
-	ctx  context.Context
-	void context.CancelCauseFunc
-}
-
-func newGeneration(inc uint64) *generation {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	return &generation{inc: inc, ctx: ctx, void: cancel}
-}
-
-// Incarnation returns the daemon incarnation the rank holds (from its last
-// registration or heartbeat), 0 until one is known.
-func (p *Prefill) Incarnation() uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.gen == nil {
-		return 0
-	}
-	return p.gen.inc
-}
-
-// generation returns the current generation, made (unbound) if none is.
-func (p *Prefill) generation() *generation {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.gen == nil {
-		p.gen = newGeneration(0)
-	}
-	return p.gen
-}
-
-// incOf reads g's incarnation.
-func (p *Prefill) incOf(g *generation) uint64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return g.inc
-}
-
-// learn records the daemon's incarnation inc (0: nothing known). Another
-// one than the Prefill holds voids every destination of the old one;
-// unless it came from Register, the next beat registers again.
-func (p *Prefill) learn(inc uint64, registered bool) {
-	if inc == 0 {
-		return
-	}
-	p.mu.Lock()
-	var old uint64
-	switch g := p.gen; {
-	case g == nil:
-		p.gen = newGeneration(inc)
-	case g.inc == 0:
-		g.inc = inc
-	case g.inc != inc:
-		old = g.inc
-		g.void(&IncarnationChangedError{Old: g.inc, New: inc})
-		p.gen = newGeneration(inc)
-		if !registered {
-			p.reregister = true
-		}
-	}
-	if registered {
-		p.reregister = false
-	}
-	p.mu.Unlock()
-	if old != 0 && p.onInc != nil {
-		p.onInc(old, inc)
-	}
-}
-
-// check is called right before every write and report of a hand-off bound
-// to g: it fails once g is void. Taken under p.mu, it fails for every check
-// made after learn returned; a write whose check passed just before is sent
-// with the hand-off's context, which learn cancelled, and the daemon refuses
-// it by its incarnation in any case.
-func (p *Prefill) check(g *generation, room uint64) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if g.ctx.Err() != nil {
-		return p.changed(g, room, nil)
-	}
-	return nil
-}
-
-// changed is g's void cause, for room, wrapping err.
-func (p *Prefill) changed(g *generation, room uint64, err error) error {
-	ic := &IncarnationChangedError{Room: room, Old: g.inc, Err: err}
-	var cause *IncarnationChangedError
-	if errors.As(context.Cause(g.ctx), &cause) {
-		ic.New = cause.New
-	}
-	return ic
-}
-
-// voided turns a hand-off's error into an *IncarnationChangedError when the
-// incarnation changed: the error says so (a STALE_INCARNATION refusal, a
-// destination of another incarnation), or g was voided meanwhile. It
-// learns the daemon's incarnation from the error.
-func (p *Prefill) voided(g *generation, room uint64, err error) error {
-	var ic *IncarnationChangedError
-	if errors.As(err, &ic) {
-		p.learn(ic.New, false)
-		out := *ic
-		out.Room = room
-		return &out
-	}
-	if _, daemon, ok := StaleIncarnation(err); ok {
-		p.learn(daemon, false)
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return &IncarnationChangedError{Room: room, Old: g.inc, New: daemon, Err: err}
-	}
-	if g.ctx.Err() != nil {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return p.changed(g, room, err)
-	}
-	return err
 }
 
 // PrefillOption configures a Prefill.
@@ -243,12 +125,16 @@ func (c *Client) Prefill(reg *pb.RegisterPrefillRequest, opts ...PrefillOption) 
 // system_dp_size > 1 (SGLang's bootstrap table).
 func (p *Prefill) Rank() *pb.PrefillRank { return proto.CloneOf(p.rank) }
 
-// Register registers the rank (RegisterPrefill) and keeps the answer
-// (Registration), its heartbeat interval and the daemon's incarnation: an
-// incarnation other than the one the Prefill held voids every destination
-// of the old one (see Prefill). Safe to repeat.
+// Register registers the rank (RegisterPrefill, SGLang's PUT /route) and
+// keeps the answer (Registration): the decode layout, the rank mapping, the
+// heartbeat interval and the daemon's incarnation; an incarnation other
+// than the one the Prefill held voids every destination of the old one
+// (see Prefill). Errors: ErrInvalidArgument (a field, named),
+// ErrFailedPrecondition (page size or KV dtype mismatch, with SGLang's
+// message; parallel sizes that contradict the instance's other ranks),
+// ErrUnauthenticated. Safe to repeat; retried on Unavailable.
 func (p *Prefill) Register(ctx context.Context) (*pb.RegisterPrefillResponse, error) {
-	resp, err := p.c.RegisterPrefill(ctx, p.reg)
+	resp, err := invoke(ctx, p.c, pb.Bootstrap_RegisterPrefill_FullMethodName, p.reg, p.c.boot.RegisterPrefill)
 	if err != nil {
 		return nil, err
 	}
@@ -330,7 +216,7 @@ func (p *Prefill) cadence() time.Duration {
 // called, the old destinations are void). While no session can be opened
 // (the daemon unreachable, or it does not serve PrefillSession) it beats
 // unary every cadence, as under TransportUnary, and tries the session again.
-// Its errors go to OnHeartbeatError; after Prefill.Close it returns
+// Its errors go to OnHeartbeatError; after Client.Close it returns
 // ErrCanceled. Once it returned, the session closes when no hand-off uses
 // it any more: the rank stops beating, as under TransportUnary.
 func (p *Prefill) RunHeartbeat(ctx context.Context) error {
@@ -364,6 +250,25 @@ func (p *Prefill) RunHeartbeat(ctx context.Context) error {
 	}
 }
 
+// Heartbeat sends one heartbeat of the rank (Heartbeat) and records the
+// daemon's incarnation and heartbeat interval from the answer, as
+// RunHeartbeat's beats do. ErrNotFound means the rank is not registered
+// (or was declared dead): register again. Retried on Unavailable.
+func (p *Prefill) Heartbeat(ctx context.Context) (*pb.HeartbeatResponse, error) {
+	req := &pb.HeartbeatRequest{Rank: p.rank, InstanceId: p.reg.GetInstanceId()}
+	resp, err := invoke(ctx, p.c, pb.Bootstrap_Heartbeat_FullMethodName, req, p.c.boot.Heartbeat)
+	if err != nil {
+		return nil, err
+	}
+	p.learn(resp.GetIncarnation(), false)
+	if iv := resp.GetInterval().AsDuration(); iv > 0 {
+		p.mu.Lock()
+		p.interval = iv
+		p.mu.Unlock()
+	}
+	return resp, nil
+}
+
 // beat sends one heartbeat (or registration), bounded by the heartbeat
 // interval.
 func (p *Prefill) beat(ctx context.Context) error {
@@ -373,24 +278,21 @@ func (p *Prefill) beat(ctx context.Context) error {
 		_, err := p.Register(ctx)
 		return err
 	}
-	resp, err := p.c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: p.rank, InstanceId: p.reg.GetInstanceId()})
+	_, err := p.Heartbeat(ctx)
 	if errors.Is(err, ErrNotFound) {
 		if p.onErr != nil {
 			p.onErr(err)
 		}
 		_, err = p.Register(ctx)
-		return err
 	}
-	if err != nil {
-		return err
-	}
-	p.learn(resp.GetIncarnation(), false)
-	if iv := resp.GetInterval().AsDuration(); iv > 0 {
-		p.mu.Lock()
-		p.interval = iv
-		p.mu.Unlock()
-	}
-	return nil
+	return err
+}
+
+// markReregister makes the next beat register again.
+func (p *Prefill) markReregister() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.reregister = true
 }
 
 // mustReregister reports that a new incarnation was learned since the last
@@ -409,338 +311,4 @@ func permanent(err error) bool {
 		}
 	}
 	return false
-}
-
-// BindRoom reports that this rank's DP group scheduled room (SGLang's
-// POST /register_dp_rank), for prefills that do not follow
-// follow_bootstrap_room. It returns whether an earlier binding was replaced.
-func (p *Prefill) BindRoom(ctx context.Context, room uint64) (bool, error) {
-	resp, err := p.c.BindRoom(ctx, &pb.BindRoomRequest{BootstrapAddr: p.rank.GetBootstrapAddr(), Room: room, DpRank: p.rank.GetDpRank()})
-	if err != nil {
-		return false, err
-	}
-	return resp.GetReplaced(), nil
-}
-
-// Chunk is one chunk of a room's KV from this rank: a range of the
-// destination's pages.
-type Chunk struct {
-	// Destination is the room's destination for this rank.
-	Destination *pb.Destination
-	// Index is the chunk_index (0, 1, ...).
-	Index int
-	// PageOffset and NumPages select Destination.PageIndices[PageOffset :
-	// PageOffset+NumPages].
-	PageOffset int
-	NumPages   int
-	// Last marks the rank's final chunk, which carries the room marker.
-	Last bool
-}
-
-// Pages returns the decode page indices the chunk writes.
-func (c Chunk) Pages() []int32 {
-	return c.Destination.GetPageIndices()[c.PageOffset : c.PageOffset+c.NumPages]
-}
-
-// Bytes is what the chunk weighs by the decode layout, for this rank:
-// tokens x Destination.token_bytes, plus state_bytes on the last chunk. The
-// daemon refuses a ReportTransfer whose bytes differ from it.
-func (c Chunk) Bytes() uint64 {
-	d := c.Destination
-	ps := int64(d.GetPageSize())
-	tokens := min(int64(c.PageOffset+c.NumPages)*ps, int64(d.GetFillLen())) - int64(c.PageOffset)*ps
-	n := uint64(max(tokens, 0)) * d.GetTokenBytes()
-	if c.Last {
-		n += d.GetStateBytes()
-	}
-	return n
-}
-
-// SendOptions shape SendRoom and ReportRoom.
-type SendOptions struct {
-	// ChunkPages is the number of destination pages per chunk; 0 sends all
-	// of them in one chunk.
-	ChunkPages int
-	// Source, for SendRoom on the delegated transfer path, locates each
-	// chunk's bytes on the prefill side (buffer name and prefill pages).
-	// nil sends no source (the simulated path ignores it).
-	Source func(Chunk) *pb.TransferSource
-	// Move, for ReportRoom, moves one chunk's bytes (the prefill's own
-	// transfer engine) and returns how many it moved, which must be
-	// Chunk.Bytes (the daemon checks it). An error is reported as the
-	// chunk's failure, which fails the room. nil reports every chunk moved
-	// with Chunk.Bytes.
-	Move func(context.Context, Chunk) (uint64, error)
-	// OutputIDs go into the metadata slot with the last chunk (aux.output_ids:
-	// the first output token).
-	OutputIDs []int32
-}
-
-// SendRoom delivers a room's KV through the daemon's transfer engine: it
-// claims the room (AwaitDestination), waits for the destination, sends its
-// pages with Transfer in chunks of o.ChunkPages (the last with
-// aux.room_marker = room, SGLang's metadata gate), then waits for the room's
-// end on the same stream. A dummy destination (MLA's extra prefill ranks)
-// sends nothing and only waits.
-//
-// It returns the destination and nil once the room succeeded, or nil, nil
-// when the room had already succeeded before the call (a repeated hand-off).
-// A room that fails is a *RoomFailedError (errors.Is(err, ErrRoomFailed));
-// when a chunk's failure revealed it, the error also matches ErrAborted.
-// Bound the whole hand-off with ctx.
-//
-// A daemon restart (a new incarnation, see Prefill) stops the hand-off
-// before its next Transfer with an *IncarnationChangedError.
-//
-// Under TransportStreams (the Client's default) the claim, the chunks and
-// the acknowledgement go on the rank's one shared PrefillSession stream
-// (shared by every concurrent SendRoom and ReportRoom of the Prefill and
-// its RunHeartbeat, open while one of them uses it, re-opened after it
-// ended; Prefill.Close ends it), with the same results and errors. A session that ends under the
-// hand-off is replaced and the hand-off goes on: it claims again on the
-// new session and sends again the chunk whose answer was lost (the daemon
-// counts a chunk once: (room, rank, chunk_index) is its key); after
-// MaxAttempts sessions in a row ended under it, it fails with the
-// session's end (ErrUnavailable for a cut stream). A daemon without
-// PrefillSession (ErrUnimplemented) is handed off to unary. One difference:
-// the session needs the rank registered (its hello is a beat), so a rank
-// the daemon does not know fails with ErrNotFound — at once, unless a
-// RunHeartbeat of this Prefill runs: it registers the rank again (after a
-// daemon restart, or once the daemon declared the rank dead), and the
-// hand-off waits for that registration (at most two heartbeat intervals,
-// bounded by ctx) and goes on. The unary claim of a rank whose instance
-// the daemon does not know waits for the registration (bounded by ctx and
-// the daemon's timeouts.bootstrap).
-// WithTransport(TransportUnary) keeps the unary calls: AwaitDestination,
-// Transfer per chunk, AckRoomEnd.
-func (p *Prefill) SendRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	if ok, release, err := p.streams(ctx); ok {
-		defer release()
-		if err != nil {
-			return p.handOffFailed("SendRoom", room, o, err)
-		}
-		return p.handOffOver(ctx, "SendRoom", room, o, p.mux.transport(), p.transferMove(room, o, p.mux.chunk))
-	}
-	return p.handOff(ctx, "SendRoom", room, o, p.transferMove(room, o, p.c.Transfer))
-}
-
-// transferMove is SendRoom's move: each chunk asked of the daemon's
-// transfer engine with transfer (the unary Transfer or a session's Chunk).
-func (p *Prefill) transferMove(room uint64, o SendOptions, transfer func(context.Context, *pb.TransferRequest) (*pb.TransferResponse, error)) func(ctx, writeCtx context.Context, ch Chunk, check func() error) error {
-	return func(ctx, _ context.Context, ch Chunk, check func() error) error {
-		req := &pb.TransferRequest{
-			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
-			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
-			Attempt: ch.Destination.GetAttempt(), Incarnation: ch.Destination.GetIncarnation(),
-		}
-		if o.Source != nil {
-			req.Source = o.Source(ch)
-		}
-		if ch.Last {
-			req.Aux = &pb.Aux{RoomMarker: room, OutputIds: o.OutputIDs}
-		}
-		if err := check(); err != nil {
-			return err
-		}
-		_, err := transfer(ctx, req)
-		return err
-	}
-}
-
-// ReportRoom is SendRoom for a prefill that moves the bytes itself (as
-// Mooncake prefills do): each chunk is moved by o.Move, then reported with
-// ReportTransfer (the last with metadata_room_marker = room). A Move error is
-// reported as the chunk's failure, and ReportRoom returns a
-// *RoomFailedError whose Err is the Move error.
-//
-// A daemon restart (a new incarnation, see Prefill) stops the hand-off
-// before its next Move and before its next report with an
-// *IncarnationChangedError; a Move in flight then sees its context
-// cancelled, and what it moved is not reported.
-//
-// The transport is SendRoom's: under TransportStreams (the default) the
-// claim, the reports and the acknowledgement go on the rank's shared
-// session; a report whose answer a session's end lost is sent again on the
-// next session (the daemon counts it once), and Move is not run again.
-func (p *Prefill) ReportRoom(ctx context.Context, room uint64, o SendOptions) (*pb.Destination, error) {
-	if ok, release, err := p.streams(ctx); ok {
-		defer release()
-		if err != nil {
-			return p.handOffFailed("ReportRoom", room, o, err)
-		}
-		return p.handOffOver(ctx, "ReportRoom", room, o, p.mux.transport(), p.reportMove(room, o, p.mux.report))
-	}
-	return p.handOff(ctx, "ReportRoom", room, o, p.reportMove(room, o, p.c.ReportTransfer))
-}
-
-// reportMove is ReportRoom's move: o.Move, then the chunk reported with
-// report (the unary ReportTransfer or a session's Report).
-func (p *Prefill) reportMove(room uint64, o SendOptions, report func(context.Context, *pb.ReportTransferRequest) (*pb.ReportTransferResponse, error)) func(ctx, writeCtx context.Context, ch Chunk, check func() error) error {
-	return func(ctx, writeCtx context.Context, ch Chunk, check func() error) error {
-		n := ch.Bytes()
-		var moveErr error
-		if o.Move != nil {
-			n, moveErr = o.Move(writeCtx, ch) // ends when the room ends (drain.go)
-		}
-		if err := check(); err != nil {
-			return err
-		}
-		req := &pb.ReportTransferRequest{
-			Room: room, Rank: p.rank, ChunkIndex: uint32(ch.Index),
-			PageOffset: uint32(ch.PageOffset), NumPages: uint32(ch.NumPages), Last: ch.Last,
-			Success: moveErr == nil, Bytes: n, Attempt: ch.Destination.GetAttempt(),
-			Incarnation: ch.Destination.GetIncarnation(),
-		}
-		switch {
-		case moveErr != nil:
-			req.FailureReason = moveErr.Error()
-		case ch.Last:
-			req.MetadataRoomMarker = room
-		}
-		if _, err := report(ctx, req); err != nil {
-			return err
-		}
-		if moveErr != nil {
-			return &moveFailure{moveErr}
-		}
-		return nil
-	}
-}
-
-// moveFailure is a Move error ReportRoom reported as the chunk's failure.
-type moveFailure struct{ err error }
-
-// Error returns the Move error's text.
-func (m *moveFailure) Error() string { return m.err.Error() }
-
-// Unwrap returns the Move error.
-func (m *moveFailure) Unwrap() error { return m.err }
-
-// handOff is SendRoom and ReportRoom: claim, move every chunk with move,
-// wait for the end. The hand-off is bound to the daemon incarnation the
-// Prefill holds when it starts (or, when none is known yet, to the
-// destination's): move calls check right before each write or report, and
-// its context ends once that incarnation is void.
-func (p *Prefill) handOff(ctx context.Context, op string, room uint64, o SendOptions, move func(ctx, writeCtx context.Context, ch Chunk, check func() error) error) (*pb.Destination, error) {
-	return p.handOffOver(ctx, op, room, o, unaryTransport(p), move)
-}
-
-// claimStream is a claim's events: a DestinationStream (unary API) or a
-// SessionClaim (prefill session).
-type claimStream interface {
-	Next() (*Event, error)
-	Close()
-}
-
-// handTransport is how a hand-off claims and acknowledges: the unary API
-// or a prefill session. The state machine (handOffOver, moveAndWait) is
-// the same over both.
-type handTransport struct {
-	claim func(ctx context.Context, req *pb.AwaitDestinationRequest) (claimStream, error)
-	ack   func(ctx context.Context, room uint64, dest *pb.Destination) error
-}
-
-func unaryTransport(p *Prefill) handTransport {
-	return handTransport{
-		claim: func(ctx context.Context, req *pb.AwaitDestinationRequest) (claimStream, error) {
-			s, err := p.c.AwaitDestination(ctx, req)
-			if err != nil {
-				return nil, err
-			}
-			return s, nil
-		},
-		ack: func(ctx context.Context, room uint64, dest *pb.Destination) error {
-			_, err := p.AckRoomEnd(ctx, room, dest)
-			return err
-		},
-	}
-}
-
-// handOffOver is handOff over tr.
-func (p *Prefill) handOffOver(ctx context.Context, op string, room uint64, o SendOptions, tr handTransport, move func(ctx, writeCtx context.Context, ch Chunk, check func() error) error) (*pb.Destination, error) {
-	if o.ChunkPages < 0 {
-		return nil, localError(op, codes.InvalidArgument, "SendOptions.ChunkPages: %d must be >= 0 (0 sends every page in one chunk)", o.ChunkPages)
-	}
-	g := p.generation()
-	if err := p.check(g, room); err != nil {
-		return nil, err
-	}
-	hctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(g.ctx, cancel)()
-	s, err := tr.claim(hctx, &pb.AwaitDestinationRequest{Room: room, Rank: p.rank, Incarnation: p.incOf(g)})
-	if err != nil {
-		return nil, p.voided(g, room, err)
-	}
-	defer s.Close()
-	var dest *pb.Destination
-	for dest == nil {
-		ev, err := s.Next()
-		if err != nil {
-			return nil, p.voided(g, room, err)
-		}
-		if ev.Done != nil {
-			return nil, nil
-		}
-		dest = ev.Destination
-	}
-	if err := p.bind(g, room, dest); err != nil {
-		return nil, err
-	}
-	return p.moveAndWait(ctx, hctx, g, room, s, dest, o, tr, move) // drain.go
-}
-
-// bind binds a hand-off of g to its destination's incarnation: a g not
-// bound yet takes it; a destination of another incarnation than g's means
-// the daemon changed (learned: g is void) and nothing is written.
-func (p *Prefill) bind(g *generation, room uint64, dest *pb.Destination) error {
-	inc := dest.GetIncarnation()
-	if inc == 0 {
-		return nil // a daemon older than incarnations
-	}
-	p.mu.Lock()
-	old := g.inc
-	if old == 0 && p.gen == g {
-		g.inc = inc
-	}
-	p.mu.Unlock()
-	if old == 0 || old == inc {
-		return p.check(g, room)
-	}
-	p.learn(inc, false)
-	return &IncarnationChangedError{Room: room, Old: old, New: inc}
-}
-
-// explain turns a chunk's error into the room's failure when the room failed
-// (a chunk answered Aborted or FailedPrecondition, or a Move failed).
-func (p *Prefill) explain(ctx context.Context, room uint64, err error) error {
-	if mf, ok := err.(*moveFailure); ok {
-		err = mf.err
-	} else if e, ok := err.(*Error); !ok || (e.family != ErrAborted && e.family != ErrFailedPrecondition) {
-		return err
-	}
-	r, gerr := p.c.GetRoom(ctx, &pb.GetRoomRequest{Room: room})
-	if gerr != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_FAILED {
-		return err
-	}
-	rf := roomFailed(room, r.GetFailure())
-	rf.Err = err
-	return rf
-}
-
-// chunks splits a destination's pages into chunks of n pages (0: one chunk).
-func chunks(d *pb.Destination, n int) []Chunk {
-	total := len(d.GetPageIndices())
-	if n <= 0 || n > total {
-		n = total
-	}
-	if total == 0 {
-		return []Chunk{{Destination: d, Last: true}}
-	}
-	out := make([]Chunk, 0, (total+n-1)/n)
-	for off := 0; off < total; off += n {
-		num := min(n, total-off)
-		out = append(out, Chunk{Destination: d, Index: len(out), PageOffset: off, NumPages: num, Last: off+num == total})
-	}
-	return out
 }

@@ -27,11 +27,9 @@ func TestSendRoomsShareOneSession(t *testing.T) {
 	ctx := ctxT(t)
 	p := registered(t, c)
 	const rooms = 16
-	for room := uint64(1); room <= rooms; room++ {
-		if _, err := c.OpenRoom(ctx, openReq(room, 500)); err != nil { // 8 pages: 3 chunks of 3
-			t.Fatal(err)
-		}
-	}
+	// Every hand-off claims before its room opens, so that all are in
+	// flight at once (a session closes when no hand-off uses it: one that
+	// ended before the next began would leave the next a new session).
 	var wg sync.WaitGroup
 	for room := uint64(1); room <= rooms; room++ {
 		wg.Go(func() {
@@ -47,6 +45,12 @@ func TestSendRoomsShareOneSession(t *testing.T) {
 				t.Errorf("hand-off of room %d = %v, %v", room, dest, err)
 			}
 		})
+	}
+	in.waitCalls(t, sessionOp("claim"), rooms)
+	for room := uint64(1); room <= rooms; room++ {
+		if _, err := c.Engine().OpenRoom(ctx, openReq(room, 500)); err != nil { // 8 pages: 3 chunks of 3
+			t.Fatal(err)
+		}
 	}
 	wg.Wait()
 	if n := in.count(pb.PrefillSession_Session_FullMethodName); n != 1 {
@@ -65,11 +69,11 @@ func TestSendRoomsShareOneSession(t *testing.T) {
 		}
 	}
 	for room := uint64(1); room <= rooms; room++ {
-		r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: room})
+		r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: room})
 		if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED || r.GetChunksDone() != 3 {
 			t.Errorf("room %d = %v, %v; want SUCCEEDED in 3 chunks", room, r, err)
 		}
-		if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+		if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -104,7 +108,7 @@ func TestSessionCutMidHandOff(t *testing.T) {
 			c := d.client(t, fastRetry)
 			ctx := ctxT(t)
 			p := registered(t, c)
-			if _, err := c.OpenRoom(ctx, openReq(7, 640)); err != nil {
+			if _, err := c.Engine().OpenRoom(ctx, openReq(7, 640)); err != nil {
 				t.Fatal(err)
 			}
 			var moved []int
@@ -119,7 +123,7 @@ func TestSessionCutMidHandOff(t *testing.T) {
 						return ch.Bytes(), nil
 					}
 					go func() {
-						_, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 7})
+						_, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 7})
 						aborted <- err
 					}()
 					<-mctx.Done()
@@ -164,7 +168,7 @@ func TestSessionCutMidHandOff(t *testing.T) {
 			if err != nil {
 				t.Fatalf("hand-off across the cut: %v", err)
 			}
-			r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 7})
+			r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 7})
 			if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED || r.GetChunksDone() != 3 || r.GetBytesTransferred() != bytes {
 				t.Errorf("room = %v, %v; want SUCCEEDED with 3 chunks and %d bytes, counted once", r, err, bytes)
 			}
@@ -183,7 +187,7 @@ func TestSessionCutMidHandOff(t *testing.T) {
 			if tc.report && (len(moved) != 3 || moved[0] != 0 || moved[1] != 1 || moved[2] != 2) {
 				t.Errorf("Move ran for chunks %v, want 0, 1, 2 once each (a report is re-sent, the move is not re-run)", moved)
 			}
-			if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 7}); err != nil {
+			if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 7}); err != nil {
 				t.Fatal(err)
 			}
 			assertPoolFull(t, c)
@@ -195,7 +199,7 @@ func TestSessionCutMidHandOff(t *testing.T) {
 		c := d.client(t, fastRetry) // 4 attempts
 		ctx := ctxT(t)
 		p := registered(t, c)
-		if _, err := c.OpenRoom(ctx, openReq(8, 640)); err != nil {
+		if _, err := c.Engine().OpenRoom(ctx, openReq(8, 640)); err != nil {
 			t.Fatal(err)
 		}
 		in.fail(sessionOp("chunk"), fault{n: 1000, code: codes.Unavailable})
@@ -226,7 +230,7 @@ func TestPrefillFallsBackToUnary(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- p.RunHeartbeat(hctx) }()
 	in.waitCalls(t, pb.Bootstrap_Heartbeat_FullMethodName, 3)
-	if _, err := c.OpenRoom(ctx, openReq(3, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(3, 300)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := p.SendRoom(ctx, 3, client.SendOptions{}); err != nil {
@@ -280,9 +284,10 @@ func (e *endSignal) RecvMsg(m any) error {
 // TestSessionLifetime: the rank's shared session is open while
 // RunHeartbeat runs or a hand-off is in flight, and ends when neither is
 // (after a hand-off without RunHeartbeat, when RunHeartbeat returns), and
-// with Prefill.Close and Client.Close (on a connection the client does not
-// own, which stays open); the Prefill's streams methods fail with
-// ErrCanceled after Close.
+// when the Client ends it for good, for one rank (CloseRankSession, what
+// Client.Close does to each) or at Client.Close (on a connection the client
+// does not own, which stays open); the Prefill's streams methods fail with
+// ErrCanceled after that.
 func TestSessionLifetime(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
 	ends := &sessionEnds{opened: make(chan struct{}, 16), ended: make(chan struct{}, 16)}
@@ -300,7 +305,7 @@ func TestSessionLifetime(t *testing.T) {
 	room := uint64(0)
 	handOff := func(p *client.Prefill) error {
 		room++
-		if _, err := c.OpenRoom(ctx, openReq(room, 100)); err != nil {
+		if _, err := c.Engine().OpenRoom(ctx, openReq(room, 100)); err != nil {
 			t.Fatal(err)
 		}
 		_, err := p.SendRoom(ctx, room, client.SendOptions{})
@@ -359,18 +364,18 @@ func TestSessionLifetime(t *testing.T) {
 	}
 	wait(ends.ended, "end after RunHeartbeat returned")
 
-	// Prefill.Close ends it for good.
+	// Closing the rank's session ends it for good.
 	_, returned := heartbeat(p)
 	wait(ends.opened, "opened by RunHeartbeat again")
-	p.Close()
-	wait(ends.ended, "end at Prefill.Close")
+	client.CloseRankSession(p)
+	wait(ends.ended, "end at CloseRankSession")
 	if err := returned(); !errors.Is(err, client.ErrCanceled) {
-		t.Errorf("RunHeartbeat across Prefill.Close = %v, want ErrCanceled", err)
+		t.Errorf("RunHeartbeat across CloseRankSession = %v, want ErrCanceled", err)
 	}
 	if err := handOff(p); !errors.Is(err, client.ErrCanceled) {
-		t.Errorf("SendRoom after Prefill.Close = %v, want ErrCanceled", err)
+		t.Errorf("SendRoom after CloseRankSession = %v, want ErrCanceled", err)
 	}
-	if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room}); err != nil {
+	if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: room}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -417,7 +422,7 @@ func TestRunHeartbeatStreams(t *testing.T) {
 			t.Errorf("heartbeat errors %v, want none", e)
 		}
 		// Alive: the daemon still knows the rank after 10 intervals.
-		if _, err := c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: p.Rank(), InstanceId: "prefill-" + addr}); err != nil {
+		if _, err := p.Heartbeat(ctx); err != nil {
 			t.Fatalf("the rank is not alive after 10 intervals on its session: %v", err)
 		}
 
@@ -445,7 +450,7 @@ func TestRunHeartbeatStreams(t *testing.T) {
 		if p.Incarnation() != a2.Incarnation() {
 			t.Errorf("Prefill holds %x, want the new daemon's %x", p.Incarnation(), a2.Incarnation())
 		}
-		if _, err := c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: p.Rank(), InstanceId: "prefill-" + addr}); err != nil {
+		if _, err := p.Heartbeat(ctx); err != nil {
 			t.Errorf("the rank is not alive at the new daemon: %v", err)
 		}
 		cancel()
@@ -475,7 +480,7 @@ func TestRunHeartbeatStreamsReregistersAfterNotFound(t *testing.T) {
 		synctest.Wait()
 		other := prefillRank(addr, 1, 0)
 		other.InstanceId = "replacement"
-		if resp, err := c.RegisterPrefill(ctx, other); err != nil || !resp.GetReplaced() {
+		if resp, err := c.Prefill(other).Register(ctx); err != nil || !resp.GetReplaced() {
 			t.Fatalf("RegisterPrefill(replacement) = %v, %v; want a replacement", resp, err)
 		}
 		time.Sleep(2 * cadence)
@@ -492,7 +497,7 @@ func TestRunHeartbeatStreamsReregistersAfterNotFound(t *testing.T) {
 		if n, m := len(a.received(pb.Bootstrap_RegisterPrefill_FullMethodName)), len(a.received(pb.Bootstrap_Heartbeat_FullMethodName)); n != 3 || m != 0 {
 			t.Errorf("%d registrations and %d unary heartbeats; want 3 and none", n, m)
 		}
-		if _, err := c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: p.Rank(), InstanceId: "prefill-" + addr}); err != nil {
+		if _, err := p.Heartbeat(ctx); err != nil {
 			t.Errorf("Heartbeat as the re-registered instance: %v", err)
 		}
 		cancel()
@@ -512,7 +517,7 @@ func TestHandOffRefusalsOnBothTransports(t *testing.T) {
 		d := newDaemon(t, daemonConfig{})
 		c := d.client(t, client.WithTransport(tr), fastRetry)
 		ctx := ctxT(t)
-		if _, err := c.OpenRoom(ctx, openReq(4, 100)); err != nil {
+		if _, err := c.Engine().OpenRoom(ctx, openReq(4, 100)); err != nil {
 			t.Fatal(err)
 		}
 		p := c.Prefill(prefillRank(addr, 1, 0)) // never registered
@@ -533,7 +538,7 @@ func TestHandOffRefusalsOnBothTransports(t *testing.T) {
 		if _, err := p.ReportRoom(hctx, 4, client.SendOptions{}); !errors.Is(err, want) {
 			t.Errorf("ReportRoom of an unregistered rank = %v, want %v", err, want)
 		}
-		if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4}); err != nil {
+		if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 4}); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -16,16 +16,15 @@ import (
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// Session is a prefill rank's PrefillSession stream, opened by hand with
-// Prefill.Session (SendRoom and ReportRoom use the Prefill's own shared
-// one under TransportStreams, the default): one long-lived stream carrying
-// the rank's claims, chunks, reports and acknowledgements, which is also
-// the rank's heartbeat (it pings every half heartbeat interval). It is safe
-// for concurrent use. A session does not re-open itself: once it ended
-// (Err), open another one and claim again (the daemon re-delivers).
-// Messages sent while another is being written go out packed in its next
-// one (PrefillRequest.more).
-type Session struct {
+// prefillSession is a prefill rank's PrefillSession stream: one
+// long-lived stream carrying the rank's claims, chunks, reports and
+// acknowledgements, which is also the rank's heartbeat (it pings every half
+// heartbeat interval). The rank's shared session (prefill_mux.go) is one,
+// re-opened by the mux when it ended; a session does not re-open itself:
+// once it ended (Err), another one claims again (the daemon re-delivers).
+// It is safe for concurrent use. Messages sent while another is being
+// written go out packed in its next one (PrefillRequest.more).
+type prefillSession struct {
 	p       *Prefill
 	cancel  context.CancelFunc
 	welcome *pb.PrefillWelcome
@@ -37,16 +36,15 @@ type Session struct {
 
 	mu      sync.Mutex
 	waiting map[uint64]chan *pb.PrefillResult
-	claims  map[uint64]*SessionClaim
+	claims  map[uint64]*sessionClaim
 	err     error // the stream's end, once ended
 	done    chan struct{}
 }
 
-// Session opens the rank's prefill session: the rank must be registered
-// (Register or RunHeartbeat). A RunHeartbeat alongside is not needed while
-// the session lives (the session is the heartbeat), nor harmful. The
-// session ends with ctx or Close.
-func (p *Prefill) Session(ctx context.Context) (*Session, error) {
+// openSession opens a prefill session of the rank: the rank must be
+// registered (Register or RunHeartbeat). The session is the rank's
+// heartbeat while it lives. It ends with ctx or Close.
+func (p *Prefill) openSession(ctx context.Context) (*prefillSession, error) {
 	const op = "PrefillSession"
 	if err := p.c.errIfClosed(op); err != nil {
 		return nil, err
@@ -76,8 +74,8 @@ func (p *Prefill) Session(ctx context.Context) (*Session, error) {
 		p.interval = iv
 		p.mu.Unlock()
 	}
-	s := &Session{p: p, cancel: cancel, welcome: w,
-		waiting: map[uint64]chan *pb.PrefillResult{}, claims: map[uint64]*SessionClaim{}, done: make(chan struct{})}
+	s := &prefillSession{p: p, cancel: cancel, welcome: w,
+		waiting: map[uint64]chan *pb.PrefillResult{}, claims: map[uint64]*sessionClaim{}, done: make(chan struct{})}
 	// Packed requests only to a daemon that reads them: its header (which
 	// came before the welcome) says so.
 	perMessage := 1
@@ -107,21 +105,21 @@ func prefillRequestSize(r *pb.PrefillRequest) int {
 }
 
 // Welcome is the daemon's answer to the session's hello.
-func (s *Session) Welcome() *pb.PrefillWelcome { return s.welcome }
+func (s *prefillSession) Welcome() *pb.PrefillWelcome { return s.welcome }
 
 // Close ends the session. Claims whose destination was delivered stand (as
 // after a dropped AwaitDestination stream).
-func (s *Session) Close() {
+func (s *prefillSession) Close() {
 	s.cancel()
 	<-s.done
 }
 
 // Done is closed when the session ended; Err then says why.
-func (s *Session) Done() <-chan struct{} { return s.done }
+func (s *prefillSession) Done() <-chan struct{} { return s.done }
 
 // Err is the session's end (nil while it lives): the stream's status, or
 // io.EOF after an OK end.
-func (s *Session) Err() error {
+func (s *prefillSession) Err() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.err
@@ -129,7 +127,7 @@ func (s *Session) Err() error {
 
 // ping keeps the session (and the rank) alive: a ping every half
 // heartbeat interval.
-func (s *Session) ping(ctx context.Context) {
+func (s *prefillSession) ping(ctx context.Context) {
 	every := s.p.cadence()
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -146,7 +144,7 @@ func (s *Session) ping(ctx context.Context) {
 }
 
 // read dispatches the daemon's messages until the stream ends.
-func (s *Session) read(recv func() (*pb.PrefillEvent, error)) {
+func (s *prefillSession) read(recv func() (*pb.PrefillEvent, error)) {
 	var end error
 	for {
 		ev, err := recv()
@@ -171,7 +169,7 @@ func (s *Session) read(recv func() (*pb.PrefillEvent, error)) {
 		delete(s.waiting, seq)
 	}
 	cs := s.claims
-	s.claims = map[uint64]*SessionClaim{}
+	s.claims = map[uint64]*sessionClaim{}
 	s.mu.Unlock()
 	for _, c := range cs {
 		c.fail(end)
@@ -182,7 +180,7 @@ func (s *Session) read(recv func() (*pb.PrefillEvent, error)) {
 
 // dispatch hands one message to its op (a result) or its claim (a room's
 // event).
-func (s *Session) dispatch(ev *pb.PrefillEvent) {
+func (s *prefillSession) dispatch(ev *pb.PrefillEvent) {
 	switch {
 	case ev.GetResult() != nil:
 		r := ev.GetResult()
@@ -205,7 +203,7 @@ func (s *Session) dispatch(ev *pb.PrefillEvent) {
 }
 
 // do sends an op and waits for its result.
-func (s *Session) do(ctx context.Context, op string, m *pb.PrefillRequest, onSent func(seq uint64)) (*pb.PrefillResult, error) {
+func (s *prefillSession) do(ctx context.Context, op string, m *pb.PrefillRequest, onSent func(seq uint64)) (*pb.PrefillResult, error) {
 	ch := make(chan *pb.PrefillResult, 1)
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
@@ -290,7 +288,7 @@ func opError(op string, e *pb.PrefillError) error {
 }
 
 // Chunk is Transfer over the session (req.Rank unset: the session's).
-func (s *Session) Chunk(ctx context.Context, req *pb.TransferRequest) (*pb.TransferResponse, error) {
+func (s *prefillSession) Chunk(ctx context.Context, req *pb.TransferRequest) (*pb.TransferResponse, error) {
 	r, err := s.do(ctx, "Transfer", &pb.PrefillRequest{Op: &pb.PrefillRequest_Chunk{Chunk: req}}, nil)
 	if err != nil {
 		return nil, err
@@ -299,7 +297,7 @@ func (s *Session) Chunk(ctx context.Context, req *pb.TransferRequest) (*pb.Trans
 }
 
 // Report is ReportTransfer over the session.
-func (s *Session) Report(ctx context.Context, req *pb.ReportTransferRequest) (*pb.ReportTransferResponse, error) {
+func (s *prefillSession) Report(ctx context.Context, req *pb.ReportTransferRequest) (*pb.ReportTransferResponse, error) {
 	r, err := s.do(ctx, "ReportTransfer", &pb.PrefillRequest{Op: &pb.PrefillRequest_Report{Report: req}}, nil)
 	if err != nil {
 		return nil, err
@@ -308,7 +306,7 @@ func (s *Session) Report(ctx context.Context, req *pb.ReportTransferRequest) (*p
 }
 
 // Ack is AckRoomEnd over the session.
-func (s *Session) Ack(ctx context.Context, req *pb.AckRoomEndRequest) (*pb.AckRoomEndResponse, error) {
+func (s *prefillSession) Ack(ctx context.Context, req *pb.AckRoomEndRequest) (*pb.AckRoomEndResponse, error) {
 	r, err := s.do(ctx, "AckRoomEnd", &pb.PrefillRequest{Op: &pb.PrefillRequest_Ack{Ack: req}}, nil)
 	if err != nil {
 		return nil, err
@@ -317,9 +315,9 @@ func (s *Session) Ack(ctx context.Context, req *pb.AckRoomEndRequest) (*pb.AckRo
 }
 
 // Claim is AwaitDestination over the session: once the claim is made, the
-// room's events come on the returned SessionClaim (its Events, or Next).
-func (s *Session) Claim(ctx context.Context, req *pb.AwaitDestinationRequest) (*SessionClaim, error) {
-	c := &SessionClaim{s: s, room: req.GetRoom(), inc: req.GetIncarnation(), events: make(chan *pb.DestinationEvent, 4), closed: make(chan struct{})}
+// room's events come on the returned sessionClaim (its Events, or Next).
+func (s *prefillSession) Claim(ctx context.Context, req *pb.AwaitDestinationRequest) (*sessionClaim, error) {
+	c := &sessionClaim{s: s, room: req.GetRoom(), inc: req.GetIncarnation(), events: make(chan *pb.DestinationEvent, 4), closed: make(chan struct{})}
 	_, err := s.do(ctx, "AwaitDestination", &pb.PrefillRequest{Op: &pb.PrefillRequest_Claim{Claim: req}}, func(seq uint64) {
 		c.seq = seq
 		s.claims[c.room] = c // before the result: the events follow it
@@ -346,10 +344,10 @@ func (s *Session) Claim(ctx context.Context, req *pb.AwaitDestinationRequest) (*
 	return c, nil
 }
 
-// SessionClaim is one room's claim on a Session: the destination, then the
+// sessionClaim is one room's claim on a prefillSession: the destination, then the
 // room's end, as a DestinationStream gives them.
-type SessionClaim struct {
-	s      *Session
+type sessionClaim struct {
+	s      *prefillSession
 	room   uint64
 	seq    uint64
 	inc    uint64
@@ -362,14 +360,14 @@ type SessionClaim struct {
 	end    error
 }
 
-func (c *SessionClaim) deliver(ev *pb.DestinationEvent) {
+func (c *sessionClaim) deliver(ev *pb.DestinationEvent) {
 	select {
 	case c.events <- ev:
 	default: // more than a room sends: a newer daemon's extra events
 	}
 }
 
-func (c *SessionClaim) fail(err error) {
+func (c *sessionClaim) fail(err error) {
 	c.endMu.Lock()
 	if c.end == nil {
 		c.end = err
@@ -381,7 +379,7 @@ func (c *SessionClaim) fail(err error) {
 // Next returns the next event: a destination, then Done; the room's
 // failure is a *RoomFailedError (AckRequired as the daemon said). The
 // session's end is its error; after Close, io.EOF.
-func (c *SessionClaim) Next() (*Event, error) {
+func (c *sessionClaim) Next() (*Event, error) {
 	select {
 	case ev := <-c.events:
 		return c.event(ev)
@@ -408,7 +406,7 @@ func (c *SessionClaim) Next() (*Event, error) {
 	}
 }
 
-func (c *SessionClaim) event(ev *pb.DestinationEvent) (*Event, error) {
+func (c *sessionClaim) event(ev *pb.DestinationEvent) (*Event, error) {
 	switch {
 	case ev.GetDestination() != nil:
 		d := ev.GetDestination()
@@ -431,7 +429,7 @@ func (c *SessionClaim) event(ev *pb.DestinationEvent) (*Event, error) {
 
 // forget takes the ended claim off the session (the room may be claimed
 // again).
-func (c *SessionClaim) forget() {
+func (c *sessionClaim) forget() {
 	c.s.mu.Lock()
 	if c.s.claims[c.room] == c {
 		delete(c.s.claims, c.room)
@@ -441,7 +439,7 @@ func (c *SessionClaim) forget() {
 
 // Close stops delivering this claim's events (Next returns io.EOF). The
 // daemon keeps the claim until the room ends or the session does.
-func (c *SessionClaim) Close() {
+func (c *sessionClaim) Close() {
 	c.once.Do(func() {
 		c.forget()
 		close(c.closed)
@@ -454,31 +452,8 @@ func (c *SessionClaim) Close() {
 	})
 }
 
-// SendRoomSession is SendRoom over a prefill session: claim, move the
-// pages in chunks of o.ChunkPages, wait for the room's end, and
-// acknowledge when the room ended with ack_required; the same rules and
-// results as SendRoom (it shares its state machine). sess must be this
-// Prefill's.
-func (p *Prefill) SendRoomSession(ctx context.Context, sess *Session, room uint64, o SendOptions) (*pb.Destination, error) {
-	const op = "SendRoomSession"
-	if sess == nil || sess.p != p {
-		return nil, localError(op, codes.InvalidArgument, "sess: a session of this Prefill is required")
-	}
-	return p.handOffOver(ctx, op, room, o, sess.transport(), p.transferMove(room, o, sess.Chunk))
-}
-
-// ReportRoomSession is ReportRoom over a prefill session (the prefill moves
-// the bytes itself with o.Move; each chunk is reported on the session).
-func (p *Prefill) ReportRoomSession(ctx context.Context, sess *Session, room uint64, o SendOptions) (*pb.Destination, error) {
-	const op = "ReportRoomSession"
-	if sess == nil || sess.p != p {
-		return nil, localError(op, codes.InvalidArgument, "sess: a session of this Prefill is required")
-	}
-	return p.handOffOver(ctx, op, room, o, sess.transport(), p.reportMove(room, o, sess.Report))
-}
-
 // transport is the hand-off's claim and acknowledgement over the session.
-func (sess *Session) transport() handTransport {
+func (sess *prefillSession) transport() handTransport {
 	p := sess.p
 	return handTransport{
 		claim: func(ctx context.Context, req *pb.AwaitDestinationRequest) (claimStream, error) {

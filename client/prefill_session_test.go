@@ -19,7 +19,7 @@ func TestSendRoomSession(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	p := registered(t, c)
-	sess, err := p.Session(ctx)
+	sess, err := client.OpenSession(ctx, p)
 	if err != nil {
 		t.Fatalf("Session: %v", err)
 	}
@@ -32,14 +32,14 @@ func TestSendRoomSession(t *testing.T) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			dest, err := p.SendRoomSession(ctx, sess, room, client.SendOptions{ChunkPages: 3})
+			dest, err := client.SendRoomSession(ctx, p, sess, room, client.SendOptions{ChunkPages: 3})
 			if err != nil || dest.GetRoom() != room {
 				t.Errorf("SendRoomSession(%d) = %v, %v", room, dest, err)
 			}
 		}()
 		go func() {
 			defer wg.Done()
-			r, err := c.OpenAndWait(ctx, openReq(room, 500)) // 8 pages: 3 chunks
+			r, err := c.Engine().OpenAndWait(ctx, openReq(room, 500)) // 8 pages: 3 chunks
 			if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED || r.GetChunksDone() != 3 {
 				t.Errorf("OpenAndWait(%d) = %v, %v; want SUCCEEDED in 3 chunks", room, r, err)
 			}
@@ -55,7 +55,7 @@ func TestSendRoomSession(t *testing.T) {
 		}
 	}
 	for room := uint64(31); room <= 34; room++ {
-		if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+		if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -72,12 +72,12 @@ func TestReportRoomSessionStopsAndAcks(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	p := registered(t, c)
-	sess, err := p.Session(ctx)
+	sess, err := client.OpenSession(ctx, p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	if _, err := c.OpenRoom(ctx, openReq(21, 640)); err != nil { // 10 pages
+	if _, err := c.Engine().OpenRoom(ctx, openReq(21, 640)); err != nil { // 10 pages
 		t.Fatal(err)
 	}
 	writing := make(chan struct{})
@@ -92,12 +92,12 @@ func TestReportRoomSessionStopsAndAcks(t *testing.T) {
 		case <-quit: // the hand-off ended before its second write
 			return
 		}
-		if _, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 21}); err != nil {
+		if _, err := c.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: 21}); err != nil {
 			t.Errorf("AbortRoom: %v", err)
 		}
 	}()
 	var moved []int
-	_, err = p.ReportRoomSession(ctx, sess, 21, client.SendOptions{ChunkPages: 4, Move: func(mctx context.Context, ch client.Chunk) (uint64, error) {
+	_, err = client.ReportRoomSession(ctx, p, sess, 21, client.SendOptions{ChunkPages: 4, Move: func(mctx context.Context, ch client.Chunk) (uint64, error) {
 		moved = append(moved, ch.Index)
 		if ch.Index == 0 {
 			return ch.Bytes(), nil
@@ -127,7 +127,7 @@ func TestSessionOpsAndEnd(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	p := registered(t, c)
-	sess, err := p.Session(ctx)
+	sess, err := client.OpenSession(ctx, p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,7 +148,7 @@ func TestSessionOpsAndEnd(t *testing.T) {
 	}
 	// A session of an unregistered rank is refused NOT_FOUND.
 	other := c.Prefill(prefillRank("10.9.9.9:1", 1, 0))
-	if _, err := other.Session(ctx); !errors.Is(err, client.ErrNotFound) {
+	if _, err := client.OpenSession(ctx, other); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("Session of an unregistered rank = %v, want ErrNotFound", err)
 	}
 }

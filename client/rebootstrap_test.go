@@ -11,7 +11,7 @@ import (
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// ContinueGenerationResumed returns, per re-enqueued room, the prefill's
+// ContinueGeneration returns, per re-enqueued room, the prefill's
 // /generate and the pinned DP rank (a real daemon; the test plays the
 // prefill over the same connection).
 func TestContinueGenerationResumed(t *testing.T) {
@@ -32,10 +32,10 @@ func TestContinueGenerationResumed(t *testing.T) {
 		KvCacheDtype: pool.DType, PrefillHttpPort: 30000}); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := c.ContinueGenerationResumed(ctx); err != nil || len(got) != 0 {
-		t.Fatalf("ContinueGenerationResumed with nothing held = %v, %v", got, err)
+	if resp, err := c.Engine().ContinueGeneration(ctx); err != nil || len(resp.GetResumed()) != 0 {
+		t.Fatalf("ContinueGeneration with nothing held = %v, %v", resp.GetResumed(), err)
 	}
-	if _, err := c.OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r-5", BootstrapAddr: addr, Room: 5, PromptLen: 64, MaxNewTokens: 4}); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r-5", BootstrapAddr: addr, Room: 5, PromptLen: 64, MaxNewTokens: 4}); err != nil {
 		t.Fatal(err)
 	}
 	rank := &pb.PrefillRank{BootstrapAddr: addr}
@@ -54,12 +54,13 @@ func TestContinueGenerationResumed(t *testing.T) {
 		Bytes: tokens*dst.GetTokenBytes() + dst.GetStateBytes(), Attempt: dst.GetAttempt()}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.RetractRoom(ctx, &pb.RetractRoomRequest{Room: 5, Mode: pb.RetractMode_RETRACT_MODE_REBOOTSTRAP}); err != nil {
+	if _, err := c.Engine().RetractRoom(ctx, &pb.RetractRoomRequest{Room: 5, Mode: pb.RetractMode_RETRACT_MODE_REBOOTSTRAP}); err != nil {
 		t.Fatal(err)
 	}
-	got, err := c.ContinueGenerationResumed(ctx)
+	resp, err := c.Engine().ContinueGeneration(ctx)
+	got := resp.GetResumed()
 	if err != nil || len(got) != 1 {
-		t.Fatalf("ContinueGenerationResumed = %v, %v; want room 5", got, err)
+		t.Fatalf("ContinueGeneration = %v, %v; want room 5 resumed", got, err)
 	}
 	if r := got[0]; r.GetRoom() != 5 || r.GetRid() != "r-5" || r.GetAttempt() != 2 || r.GetGenerateUrl() != "http://10.9.8.7:30000/generate" || r.GetPrefillDpRank() != 0 {
 		t.Errorf("resumed = %v; want room 5, r-5, attempt 2, http://10.9.8.7:30000/generate, DP rank 0", r)

@@ -70,7 +70,7 @@ func TestHandOffWaitsForReregistration(t *testing.T) {
 	for len(sessions) > 0 {
 		<-sessions // RunHeartbeat's own opens, before it registers
 	}
-	if _, err := c.OpenRoom(ctx, openReq(6, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(6, 100)); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -80,7 +80,7 @@ func TestHandOffWaitsForReregistration(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("SendRoom in the window before the re-registration = %v, want it to wait for the registration and succeed", err)
 	}
-	if r, err := c.WaitRoom(ctx, 6, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+	if r, err := c.Engine().WaitRoom(ctx, 6, pb.RoomPhase_ROOM_PHASE_SUCCEEDED); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 		t.Errorf("room 6 = %v, %v; want SUCCEEDED", r, err)
 	}
 }

@@ -147,12 +147,13 @@ var retryTable = map[string]retryClass{
 	// the stream is how a router learns that the daemon stopped or is
 	// unreachable, so the router re-opens it (capacity.go).
 	pb.Capacity_WatchCapacity_FullMethodName: retryNever,
-	// EngineSession: a stream of ops, not re-opened (engine_session.go):
-	// the caller opens a new session and resumes its rooms' events
-	// (OpenAndWait's shared session does so itself: engine_mux.go).
+	// EngineSession: a stream of ops, not re-opened as such
+	// (engine_session.go): OpenAndWait's shared session opens a new one and
+	// resumes its rooms' events (engine_mux.go).
 	pb.EngineSession_Session_FullMethodName: retryNever,
-	// PrefillSession: a Session does not re-open itself; the caller opens a
-	// new one and claims again (the daemon re-delivers).
+	// PrefillSession: a session does not re-open itself; the rank's shared
+	// session opens a new one and claims again (the daemon re-delivers;
+	// prefill_mux.go).
 	pb.PrefillSession_Session_FullMethodName: retryNever,
 }
 

@@ -28,7 +28,7 @@ func TestRetry(t *testing.T) {
 	d := newDaemon(t, in.config())
 	c := d.client(t, fastRetry)
 	ctx := ctxT(t)
-	if _, err := c.OpenRoom(ctx, openReq(70, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(70, 100)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	calls := func(method string, f func() error) (int, error) {
@@ -37,7 +37,7 @@ func TestRetry(t *testing.T) {
 		return in.count(method) - before, err
 	}
 	getRoom := func() error {
-		_, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 70})
+		_, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 70})
 		return err
 	}
 	tests := []struct {
@@ -58,39 +58,39 @@ func TestRetry(t *testing.T) {
 			fault{n: 1, code: codes.ResourceExhausted}, getRoom, 1, client.ErrResourceExhausted},
 		{"NotFound is not retried", pb.Rooms_GetRoom_FullMethodName,
 			fault{}, func() error {
-				_, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 404})
+				_, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 404})
 				return err
 			}, 1, client.ErrNotFound},
 		{"Internal is not retried", pb.Rooms_GetRoom_FullMethodName,
 			fault{n: 1, code: codes.Internal}, getRoom, 1, client.ErrInternal},
 		{"Transfer is retried", pb.Rooms_Transfer_FullMethodName,
 			fault{n: 1, code: codes.Unavailable}, func() error {
-				_, err := c.Transfer(ctx, &pb.TransferRequest{Room: 70, Rank: &pb.PrefillRank{BootstrapAddr: addr}, NumPages: 1})
+				_, err := c.Prefill(&pb.RegisterPrefillRequest{BootstrapAddr: addr}).Transfer(ctx, &pb.TransferRequest{Room: 70, NumPages: 1})
 				return err // the room has no destination yet
 			}, 2, client.ErrFailedPrecondition},
 		{"ReportRunning is never retried", pb.Rooms_ReportRunning_FullMethodName,
 			fault{n: 1, code: codes.Unavailable}, func() error {
-				_, err := c.ReportRunning(ctx, &pb.ReportRunningRequest{Rooms: []*pb.RunningUsage{{Room: 70, OutputLen: 3}}})
+				_, err := c.Engine().ReportRunning(ctx, &pb.ReportRunningRequest{Rooms: []*pb.RunningUsage{{Room: 70, OutputLen: 3}}})
 				return err
 			}, 1, client.ErrUnavailable},
 		{"RetractRoom is never retried", pb.Rooms_RetractRoom_FullMethodName,
 			fault{n: 1, code: codes.Unavailable}, func() error {
-				_, err := c.RetractRoom(ctx, &pb.RetractRoomRequest{Room: 70, Mode: pb.RetractMode_RETRACT_MODE_RETRACT})
+				_, err := c.Engine().RetractRoom(ctx, &pb.RetractRoomRequest{Room: 70, Mode: pb.RetractMode_RETRACT_MODE_RETRACT})
 				return err
 			}, 1, client.ErrUnavailable},
 		{"ContinueGeneration is never retried", pb.Rooms_ContinueGeneration_FullMethodName,
 			fault{n: 1, code: codes.Unavailable}, func() error {
-				_, err := c.ContinueGeneration(ctx)
+				_, err := c.Engine().ContinueGeneration(ctx)
 				return err
 			}, 1, client.ErrUnavailable},
 		{"Drain is never retried", pb.Admin_Drain_FullMethodName,
 			fault{n: 1, code: codes.Unavailable}, func() error {
-				_, err := c.Drain(ctx)
+				_, err := c.Admin().Drain(ctx)
 				return err
 			}, 1, client.ErrUnavailable},
 		{"OpenRoom without a key is not retried", pb.Rooms_OpenRoom_FullMethodName,
 			fault{n: 1, code: codes.Unavailable, after: true}, func() error {
-				_, err := c.OpenRoom(ctx, openReq(71, 100))
+				_, err := c.Engine().OpenRoom(ctx, openReq(71, 100))
 				return err
 			}, 1, client.ErrUnavailable},
 	}
@@ -107,7 +107,7 @@ func TestRetry(t *testing.T) {
 		})
 	}
 	// The OpenRoom whose answer was lost did open the room.
-	if _, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 71}); err != nil {
+	if _, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 71}); err != nil {
 		t.Errorf("GetRoom(71) = %v: the first OpenRoom should have opened it", err)
 	}
 }
@@ -124,7 +124,7 @@ func TestOpenRoomRetryWithIdempotencyKey(t *testing.T) {
 		before := in.count(method)
 		req := openReq(80, 100)
 		req.IdempotencyKey = "engine-80"
-		resp, err := c.OpenRoom(ctx, req)
+		resp, err := c.Engine().OpenRoom(ctx, req)
 		if err != nil || !resp.GetExisting() || resp.GetRoom().GetRoom() != 80 {
 			t.Fatalf("OpenRoom = %v, %v; want the existing room 80", resp, err)
 		}
@@ -137,7 +137,7 @@ func TestOpenRoomRetryWithIdempotencyKey(t *testing.T) {
 		in.fail(method, fault{n: 1, code: codes.Unavailable, after: true})
 		before := in.count(method)
 		req := openReq(81, 100)
-		resp, err := c.OpenRoom(ctx, req)
+		resp, err := c.Engine().OpenRoom(ctx, req)
 		if err != nil || !resp.GetExisting() {
 			t.Fatalf("OpenRoom = %v, %v; want the existing room", resp, err)
 		}
@@ -154,7 +154,7 @@ func TestOpenRoomRetryWithIdempotencyKey(t *testing.T) {
 		}
 		// Another call gets another key: a second open of the room is a
 		// duplicate, not a retry.
-		if _, err := c.OpenRoom(ctx, req); !errors.Is(err, client.ErrAlreadyExists) {
+		if _, err := c.Engine().OpenRoom(ctx, req); !errors.Is(err, client.ErrAlreadyExists) {
 			t.Errorf("second OpenRoom = %v, want ErrAlreadyExists", err)
 		}
 	})
@@ -168,11 +168,11 @@ func TestResourceExhaustedRetryAfter(t *testing.T) {
 	c := d.client(t)
 	ctx := ctxT(t)
 	// The first room waits for its prefill and fills the queue.
-	if _, err := c.OpenRoom(ctx, openReq(90, 100)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(90, 100)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	before := in.count(pb.Rooms_OpenRoom_FullMethodName)
-	_, err := c.OpenRoom(ctx, openReq(91, 100))
+	_, err := c.Engine().OpenRoom(ctx, openReq(91, 100))
 	var e *client.Error
 	if !errors.As(err, &e) || !errors.Is(err, client.ErrResourceExhausted) {
 		t.Fatalf("OpenRoom on a full queue = %v, want ErrResourceExhausted", err)
@@ -195,17 +195,17 @@ func TestDrainingIsUnavailable(t *testing.T) {
 	d := newDaemon(t, daemonConfig{})
 	c := d.client(t)
 	ctx := ctxT(t)
-	if _, err := c.Drain(ctx); err != nil {
+	if _, err := c.Admin().Drain(ctx); err != nil {
 		t.Fatalf("Drain: %v", err)
 	}
-	_, err := c.OpenRoom(ctx, openReq(95, 100))
+	_, err := c.Engine().OpenRoom(ctx, openReq(95, 100))
 	if !errors.Is(err, client.ErrUnavailable) {
 		t.Fatalf("OpenRoom while draining = %v, want ErrUnavailable", err)
 	}
 	if d, ok := client.RetryAfter(err); !ok || d <= 0 {
 		t.Errorf("RetryAfter = %s, %v; want the daemon's hint", d, ok)
 	}
-	st, err := c.Status(ctx)
+	st, err := c.Admin().Status(ctx)
 	if err != nil || !st.GetDraining() || st.GetReady() {
 		t.Errorf("Status = %v, %v; want draining and not ready", st, err)
 	}
@@ -218,11 +218,11 @@ func TestWatchRoomResumes(t *testing.T) {
 	d := newDaemon(t, in.config())
 	c := d.client(t, fastRetry)
 	ctx := ctxT(t)
-	if _, err := c.OpenRoom(ctx, openReq(110, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(110, 300)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	in.fail(pb.Rooms_WatchRoom_FullMethodName, fault{n: 1, code: codes.Unavailable, after: true})
-	w, err := c.WatchRoom(ctx, &pb.WatchRoomRequest{Room: 110})
+	w, err := c.Engine().WatchRoom(ctx, &pb.WatchRoomRequest{Room: 110})
 	if err != nil {
 		t.Fatalf("WatchRoom: %v", err)
 	}
@@ -237,7 +237,7 @@ func TestWatchRoomResumes(t *testing.T) {
 	if _, err := p.SendRoom(ctx, 110, client.SendOptions{}); err != nil {
 		t.Fatalf("SendRoom: %v", err)
 	}
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 110}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 110}); err != nil {
 		t.Fatalf("ReleaseRoom: %v", err)
 	}
 
@@ -256,7 +256,7 @@ func TestWatchRoomResumes(t *testing.T) {
 			t.Errorf("event %v: terminal = %v", ph, ev.GetTerminal())
 		}
 	}
-	room, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 110})
+	room, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 110})
 	if err != nil {
 		t.Fatalf("GetRoom: %v", err)
 	}
@@ -283,11 +283,11 @@ func TestWatchRoomGivesUpWithoutProgress(t *testing.T) {
 	d := newDaemon(t, in.config())
 	c := d.client(t, fastRetry)
 	ctx := ctxT(t)
-	if _, err := c.OpenRoom(ctx, openReq(115, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(115, 300)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	in.fail(pb.Rooms_WatchRoom_FullMethodName, fault{n: 100, code: codes.Unavailable, after: true})
-	w, err := c.WatchRoom(ctx, &pb.WatchRoomRequest{Room: 115})
+	w, err := c.Engine().WatchRoom(ctx, &pb.WatchRoomRequest{Room: 115})
 	if err != nil {
 		t.Fatalf("WatchRoom: %v", err)
 	}
@@ -326,10 +326,10 @@ func TestAwaitDestinationResumes(t *testing.T) {
 	c := d.client(t, fastRetry, client.WithDialOptions(grpc.WithChainStreamInterceptor(cutFirst(pb.Rooms_AwaitDestination_FullMethodName, nil))))
 	ctx := ctxT(t)
 	p := registered(t, c)
-	if _, err := c.OpenRoom(ctx, openReq(120, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(120, 300)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
-	s, err := c.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: 120, Rank: p.Rank()})
+	s, err := p.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: 120})
 	if err != nil {
 		t.Fatalf("AwaitDestination: %v", err)
 	}
@@ -356,7 +356,7 @@ func TestAwaitDestinationResumes(t *testing.T) {
 		t.Fatal("the re-opened stream was not sent the destination")
 	}
 	n := uint32(len(dest.GetPageIndices()))
-	if _, err := c.Transfer(ctx, &pb.TransferRequest{Room: 120, Rank: p.Rank(), NumPages: n, Last: true, Aux: &pb.Aux{RoomMarker: 120}}); err != nil {
+	if _, err := p.Transfer(ctx, &pb.TransferRequest{Room: 120, NumPages: n, Last: true, Aux: &pb.Aux{RoomMarker: 120}}); err != nil {
 		t.Fatalf("Transfer: %v", err)
 	}
 	if ev := <-next; ev == nil || ev.Done == nil || ev.Done.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
@@ -419,7 +419,7 @@ func TestWaitRoomAcrossACut(t *testing.T) {
 	d := newDaemon(t, in.config())
 	c := d.client(t, fastRetry, client.WithDialOptions(grpc.WithChainStreamInterceptor(cutFirst(pb.Rooms_WatchRoom_FullMethodName, gate))))
 	ctx := ctxT(t)
-	if _, err := c.OpenRoom(ctx, openReq(140, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(140, 300)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	type result struct {
@@ -428,7 +428,7 @@ func TestWaitRoomAcrossACut(t *testing.T) {
 	}
 	waited := make(chan result, 1)
 	go func() {
-		r, err := c.WaitRoom(ctx, 140, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+		r, err := c.Engine().WaitRoom(ctx, 140, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 		waited <- result{r, err}
 	}()
 	select {
@@ -440,7 +440,7 @@ func TestWaitRoomAcrossACut(t *testing.T) {
 	if _, err := p.SendRoom(ctx, 140, client.SendOptions{}); err != nil {
 		t.Fatalf("SendRoom: %v", err)
 	}
-	if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 140}); err != nil {
+	if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: 140}); err != nil {
 		t.Fatalf("ReleaseRoom: %v", err)
 	}
 	close(gate) // now the first watch breaks
@@ -458,7 +458,7 @@ func TestAwaitDestinationReopensAfterRefusal(t *testing.T) {
 	ctx := ctxT(t)
 	p := registered(t, c)
 	in.fail(pb.Rooms_AwaitDestination_FullMethodName, fault{n: 1, code: codes.Unavailable})
-	if _, err := c.OpenRoom(ctx, openReq(130, 300)); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, openReq(130, 300)); err != nil {
 		t.Fatalf("OpenRoom: %v", err)
 	}
 	if _, err := p.SendRoom(ctx, 130, client.SendOptions{}); err != nil {

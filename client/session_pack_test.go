@@ -92,7 +92,7 @@ func TestEngineSessionPackingIsNegotiated(t *testing.T) {
 		if s := session(t, c); !client.EngineSessionPacks(s) {
 			t.Error("the Go client's engine session does not pack toward a daemon that reads packed requests")
 		}
-		ps, err := registered(t, c).Session(ctxT(t))
+		ps, err := client.OpenSession(ctxT(t), registered(t, c))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -183,12 +183,12 @@ func TestSessionsDoNotPackTowardAnOldDaemon(t *testing.T) {
 		pb.RegisterPrefillSessionServer(srv, oldPrefillDaemon{old})
 	})
 	ctx := ctxT(t)
-	es, err := c.EngineSession(ctx)
+	es, err := client.OpenEngineSession(ctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer es.Close()
-	ps, err := c.Prefill(prefillRank(addr, 1, 0)).Session(ctx)
+	ps, err := client.OpenSession(ctx, c.Prefill(prefillRank(addr, 1, 0)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +239,7 @@ func TestEngineSessionOpsReturnWhileTheStreamStalls(t *testing.T) {
 	// The stream's own context: the watchdog's end must not unstall it.
 	sctx, scancel := context.WithCancel(context.Background())
 	defer scancel()
-	es, err := c.EngineSession(sctx)
+	es, err := client.OpenEngineSession(sctx, c)
 	if err != nil {
 		t.Fatal(err)
 	}

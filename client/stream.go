@@ -157,7 +157,7 @@ type Event struct {
 }
 
 // DestinationStream is an AwaitDestination stream (see
-// Client.AwaitDestination). Next must be called from one goroutine at a
+// Prefill.AwaitDestination). Next must be called from one goroutine at a
 // time; Close may be called from any.
 type DestinationStream struct {
 	s       *resumable[pb.DestinationEvent]
@@ -228,7 +228,7 @@ func (d *DestinationStream) Next() (*Event, error) {
 // (the destination was delivered); closing before that withdraws it.
 func (d *DestinationStream) Close() { d.s.cancel() }
 
-// RoomWatch is a WatchRoom stream (see Client.WatchRoom). Next must be
+// RoomWatch is a WatchRoom stream (see Engine.WatchRoom). Next must be
 // called from one goroutine at a time; Close may be called from any.
 type RoomWatch struct {
 	s *resumable[pb.RoomEvent]
@@ -267,7 +267,7 @@ func (w *RoomWatch) Next() (*pb.RoomEvent, error) {
 			if w.inc != 0 && errors.Is(err, ErrNotFound) {
 				// Only on this rare path: one GetStatus, bounded by the
 				// watch's context and the client's retry policy.
-				if st, serr := w.c.Status(w.ctx); serr == nil && st.GetIncarnation() != 0 && st.GetIncarnation() != w.inc {
+				if st, serr := w.c.status(w.ctx); serr == nil && st.GetIncarnation() != 0 && st.GetIncarnation() != w.inc {
 					err = w.s.replaceErr(&IncarnationChangedError{Room: w.room, Old: w.inc, New: st.GetIncarnation(), Watch: true, Err: err})
 				}
 			}

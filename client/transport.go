@@ -10,9 +10,10 @@ type Transport uint8
 
 const (
 	// TransportStreams (the default) carries rooms on long-lived
-	// multiplexed streams: OpenAndWait on the Client's shared
-	// EngineSession.Session stream, SendRoom and ReportRoom on the
-	// Prefill's PrefillSession.Session stream (whose liveness is also the
+	// multiplexed streams the Client keeps: OpenAndWait (and ReleaseRoom
+	// and AbortRoom while it is up) on the Client's shared
+	// EngineSession.Session stream, SendRoom and ReportRoom on the rank's
+	// shared PrefillSession.Session stream (whose liveness is also the
 	// rank's heartbeat while it is open).
 	TransportStreams Transport = iota
 	// TransportUnary carries them on one RPC per step: OpenRoom then

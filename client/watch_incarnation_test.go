@@ -102,14 +102,14 @@ func TestRoomWatchEndsOnDaemonRestart(t *testing.T) {
 			done := make(chan error, 1)
 			if tc.wait {
 				go func() {
-					_, err := c.OpenAndWait(ctx, openReq(room, 100))
+					_, err := c.Engine().OpenAndWait(ctx, openReq(room, 100))
 					done <- err
 				}()
 			} else {
-				if _, err := c.OpenRoom(ctx, openReq(room, 100)); err != nil {
+				if _, err := c.Engine().OpenRoom(ctx, openReq(room, 100)); err != nil {
 					t.Fatal(err)
 				}
-				w, err = c.WatchRoom(ctx, &pb.WatchRoomRequest{Room: room, History: true})
+				w, err = c.Engine().WatchRoom(ctx, &pb.WatchRoomRequest{Room: room, History: true})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -132,7 +132,7 @@ func TestRoomWatchEndsOnDaemonRestart(t *testing.T) {
 			}
 			if tc.reopen {
 				waitConnected(t, ctx, c)
-				if _, err := c.OpenRoom(ctx, openReq(room, 100)); err != nil {
+				if _, err := c.Engine().OpenRoom(ctx, openReq(room, 100)); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -158,13 +158,13 @@ func BenchmarkFleetRegister(b *testing.B) {
 	for _, clients := range []int{1, 16} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
 			ctx := context.Background()
-			regs := make([]*pb.RegisterPrefillRequest, b.N)
-			for i := range regs {
-				regs[i] = newInstance()
+			ranks := make([]*client.Prefill, b.N)
+			for i := range ranks {
+				ranks[i] = ca.Prefill(newInstance())
 			}
 			b.ResetTimer()
 			elapsed, lat := run(b, clients, b.N, func(i int) error {
-				_, err := ca.RegisterPrefill(ctx, regs[i])
+				_, err := ranks[i].Register(ctx)
 				return err
 			})
 			b.StopTimer()
@@ -207,13 +207,14 @@ func BenchmarkFleetHeartbeat(b *testing.B) {
 	ctx := context.Background()
 	reg := rank("p1")
 	for _, c := range []*client.Client{cf, cm} {
-		if _, err := c.RegisterPrefill(ctx, reg); err != nil {
+		if _, err := c.Prefill(reg).Register(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}
-	hb := &pb.HeartbeatRequest{Rank: &pb.PrefillRank{BootstrapAddr: reg.GetBootstrapAddr()}, InstanceId: "p1"}
-	beat := func(c *client.Client) func(int) error {
-		return func(int) error { _, err := c.Heartbeat(ctx, hb); return err }
+	// The rank's views on both daemons: rank 0 of instance "p1".
+	pf, pm := cf.Prefill(reg), cm.Prefill(reg)
+	beat := func(p *client.Prefill) func(int) error {
+		return func(int) error { _, err := p.Heartbeat(ctx); return err }
 	}
 	report := func(b *testing.B, fleetN, memN int, fleetT, memT time.Duration, fleetLat, memLat []time.Duration) {
 		fr, mr := float64(fleetN)/fleetT.Seconds(), float64(memN)/memT.Seconds()
@@ -229,12 +230,12 @@ func BenchmarkFleetHeartbeat(b *testing.B) {
 		b.ResetTimer()
 		for i := range b.N {
 			for k := range 2 {
-				c, lat, sum := cf, fleetLat, &fleetT
+				p, lat, sum := pf, fleetLat, &fleetT
 				if (i+k)%2 == 1 {
-					c, lat, sum = cm, memLat, &memT
+					p, lat, sum = pm, memLat, &memT
 				}
 				t0 := time.Now()
-				if _, err := c.Heartbeat(ctx, hb); err != nil {
+				if _, err := p.Heartbeat(ctx); err != nil {
 					b.Fatal(err)
 				}
 				lat[i] = time.Since(t0)
@@ -252,10 +253,10 @@ func BenchmarkFleetHeartbeat(b *testing.B) {
 		b.ResetTimer()
 		for p := range phases {
 			if p%4 == 0 || p%4 == 3 { // F M M F F M M F
-				t, lat := run(b, 16, per, beat(cf))
+				t, lat := run(b, 16, per, beat(pf))
 				fleetT, fleetLat = fleetT+t, append(fleetLat, lat...)
 			} else {
-				t, lat := run(b, 16, per, beat(cm))
+				t, lat := run(b, 16, per, beat(pm))
 				memT, memLat = memT+t, append(memLat, lat...)
 			}
 		}
@@ -284,12 +285,13 @@ func BenchmarkFleetPropagation(b *testing.B) {
 	for i := range b.N {
 		b.StopTimer()
 		reg := newInstance()
+		rank := ca.Prefill(reg)
 		room := rooms.Add(1)
-		if _, err := cb.OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r", BootstrapAddr: reg.GetBootstrapAddr(), Room: room, PromptLen: 256, MaxNewTokens: 16}); err != nil {
+		if _, err := cb.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r", BootstrapAddr: reg.GetBootstrapAddr(), Room: room, PromptLen: 256, MaxNewTokens: 16}); err != nil {
 			b.Fatal(err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		w, err := cb.WatchRoom(wctx, &pb.WatchRoomRequest{Room: room, History: true})
+		w, err := cb.Engine().WatchRoom(wctx, &pb.WatchRoomRequest{Room: room, History: true})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -301,7 +303,7 @@ func BenchmarkFleetPropagation(b *testing.B) {
 		}
 		b.StartTimer()
 		t0 := time.Now()
-		if _, err := ca.RegisterPrefill(ctx, reg); err != nil {
+		if _, err := rank.Register(ctx); err != nil {
 			b.Fatal(err)
 		}
 		regLat[i] = time.Since(t0)
@@ -321,7 +323,7 @@ func BenchmarkFleetPropagation(b *testing.B) {
 		b.StopTimer()
 		w.Close()
 		cancel()
-		if _, err := cb.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room, Reason: "bench"}); err != nil {
+		if _, err := cb.Engine().AbortRoom(ctx, &pb.AbortRoomRequest{Room: room, Reason: "bench"}); err != nil {
 			b.Fatal(err)
 		}
 		b.StartTimer()

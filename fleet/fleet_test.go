@@ -82,7 +82,7 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 
 func openRoom(t *testing.T, ctx context.Context, m *member, room uint64) {
 	t.Helper()
-	if _, err := m.c.OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r", BootstrapAddr: prefillAddr, Room: room, PromptLen: 256, MaxNewTokens: 16}); err != nil {
+	if _, err := m.c.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r", BootstrapAddr: prefillAddr, Room: room, PromptLen: 256, MaxNewTokens: 16}); err != nil {
 		t.Fatalf("OpenRoom(%d): %v", room, err)
 	}
 }
@@ -105,7 +105,7 @@ func TestRegisteredThroughOneResolvedByOthers(t *testing.T) {
 	if _, err := b.c.Prefill(rank("p1")).SendRoom(ctx, 1, client.SendOptions{}); err != nil {
 		t.Fatalf("SendRoom through B of a prefill registered through A: %v", err)
 	}
-	r, err := b.c.WaitRoom(ctx, 1, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+	r, err := b.c.Engine().WaitRoom(ctx, 1, pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 	if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 		t.Fatalf("room on B: %v %v", r.GetPhase(), err)
 	}
@@ -135,7 +135,7 @@ func TestRegisteredThroughOneResolvedByOthers(t *testing.T) {
 	// Every daemon publishes its capacity (registry.etcd.capacity_interval
 	// 1s) on its lease: A's, read from C's view, names A and its shard.
 	waitFor(t, "A's capacity in C's view", func() bool {
-		f, _ := c.c.GetFleet(ctx)
+		f, _ := c.c.Admin().GetFleet(ctx)
 		for _, d := range f.GetDaemons() {
 			if d.GetAddress() == "10.9.0.1:7600" && len(d.GetCapacity().GetShards()) == 1 {
 				return d.GetCapacity().GetAddress() == "10.9.0.1:7600" && d.GetCapacity().GetShards()[0].GetTokensTotal() > 0 &&
@@ -161,7 +161,7 @@ func TestLeaseExpiryFailsRooms(t *testing.T) {
 	waitFor(t, "B knows the prefill", func() bool { f, _ := b.Fleet().GetFleet(ctx); return len(f.GetPrefills()) == 1 })
 	openRoom(t, ctx, b, 7)
 	start := time.Now()
-	r, err := b.c.WaitRoom(ctx, 7, pb.RoomPhase_ROOM_PHASE_FAILED)
+	r, err := b.c.Engine().WaitRoom(ctx, 7, pb.RoomPhase_ROOM_PHASE_FAILED)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +201,7 @@ func TestFailoverKeepsTheLease(t *testing.T) {
 	for _, m := range []*member{b, c} {
 		waitFor(t, "B and C know the prefill", func() bool { _, _, err := m.Manager().Heartbeat(kvmanagerRank(), "p1"); return err == nil })
 	}
-	f, err := c.c.GetFleet(ctx)
+	f, err := c.c.Admin().GetFleet(ctx)
 	if err != nil || len(f.GetPrefills()) != 1 {
 		t.Fatalf("GetFleet: %v %v", f, err)
 	}
@@ -214,7 +214,7 @@ func TestFailoverKeepsTheLease(t *testing.T) {
 	defer func() { stop(); <-done }()
 
 	waitFor(t, "a beat through A", func() bool {
-		f, _ := a.c.GetFleet(ctx)
+		f, _ := a.c.Admin().GetFleet(ctx)
 		return len(f.GetPrefills()) == 1 && f.GetPrefills()[0].GetHeardHere().AsTime().After(started)
 	})
 	if err := a.Stop(); err != nil {
@@ -223,13 +223,13 @@ func TestFailoverKeepsTheLease(t *testing.T) {
 	// The property under test is the lease outliving A by several of its
 	// TTLs on a real etcd: real time has to pass (beats go through B).
 	time.Sleep(3 * ttl)
-	if r, err := c.c.GetRoom(ctx, &pb.GetRoomRequest{Room: 9}); err != nil || r.GetPhase() == pb.RoomPhase_ROOM_PHASE_FAILED {
+	if r, err := c.c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 9}); err != nil || r.GetPhase() == pb.RoomPhase_ROOM_PHASE_FAILED {
 		t.Fatalf("room on C after its prefill's daemon died: %v %v", r.GetPhase(), err)
 	}
 	if _, err := c.c.Prefill(rank("p1")).SendRoom(ctx, 9, client.SendOptions{}); err != nil {
 		t.Fatalf("SendRoom through C: %v", err)
 	}
-	f, _ = b.c.GetFleet(ctx)
+	f, _ = b.c.Admin().GetFleet(ctx)
 	if len(f.GetPrefills()) != 1 || f.GetPrefills()[0].GetLeaseId() != lease {
 		t.Fatalf("after the fail-over B's view holds %v, want the instance with its lease %x", f.GetPrefills(), lease)
 	}
@@ -269,7 +269,7 @@ func TestEtcdOutage(t *testing.T) {
 	if g := gauge(t, b, "decodeplane_registry_degraded"); g != 1 {
 		t.Fatalf("decodeplane_registry_degraded = %v during the outage", g)
 	}
-	st, err := b.c.Status(ctx)
+	st, err := b.c.Admin().Status(ctx)
 	if err != nil || !st.GetReady() || !strings.Contains(st.GetReadiness(), "registry degraded") {
 		t.Fatalf("status while etcd is down: ready=%v readiness=%q err=%v", st.GetReady(), st.GetReadiness(), err)
 	}
@@ -279,7 +279,7 @@ func TestEtcdOutage(t *testing.T) {
 	}
 	other := rank("p2")
 	other.BootstrapAddr = "10.0.0.2:8998"
-	_, err = b.c.RegisterPrefill(ctx, other)
+	_, err = b.c.Prefill(other).Register(ctx)
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "registry degraded") {
 		t.Fatalf("registration while etcd is down: %v, want UNAVAILABLE registry degraded", err)
 	}
@@ -291,11 +291,11 @@ func TestEtcdOutage(t *testing.T) {
 	if g, r := gauge(t, b, "decodeplane_registry_degraded"), gauge(t, b, "decodeplane_registry_view_rebuilds_total"); g != 0 || r < 1 {
 		t.Fatalf("after the outage: degraded %v (want 0), rebuilds %v (want >= 1)", g, r)
 	}
-	if _, err := b.c.RegisterPrefill(ctx, other); err != nil {
+	if _, err := b.c.Prefill(other).Register(ctx); err != nil {
 		t.Fatalf("registration after etcd is back: %v", err)
 	}
 	waitFor(t, "A sees the new prefill", func() bool { f, _ := a.Fleet().GetFleet(ctx); return len(f.GetPrefills()) == 2 })
-	st, _ = b.c.Status(ctx)
+	st, _ = b.c.Admin().Status(ctx)
 	if strings.Contains(st.GetReadiness(), "degraded") {
 		t.Fatalf("readiness after recovery: %q", st.GetReadiness())
 	}
@@ -317,7 +317,7 @@ func TestReplacedInstance(t *testing.T) {
 	if _, err := b.c.Prefill(rank("p2")).Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r, err := a.c.WaitRoom(ctx, 3, pb.RoomPhase_ROOM_PHASE_FAILED)
+	r, err := a.c.Engine().WaitRoom(ctx, 3, pb.RoomPhase_ROOM_PHASE_FAILED)
 	if err != nil || r.GetFailure().GetCode() != pb.FailureCode_FAILURE_CODE_PREFILL_LOST || !strings.Contains(r.GetFailure().GetMessage(), "replaced") {
 		t.Fatalf("room of the replaced instance on A: %v %v", r.GetFailure(), err)
 	}
@@ -343,12 +343,12 @@ func TestReattachWhileHeartbeating(t *testing.T) {
 	waitFor(t, "B knows the prefill", func() bool { _, _, err := b.Manager().Heartbeat(kvmanagerRank(), "p1"); return err == nil })
 	openRoom(t, ctx, a, 1)
 	openRoom(t, ctx, b, 2)
-	f, err := a.c.GetFleet(ctx)
+	f, err := a.c.Admin().GetFleet(ctx)
 	if err != nil || len(f.GetPrefills()) != 1 {
 		t.Fatalf("GetFleet: %v %v", f, err)
 	}
 	oldLease := f.GetPrefills()[0].GetLeaseId()
-	if _, err := a.c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: &pb.PrefillRank{BootstrapAddr: prefillAddr}, InstanceId: "p1"}); err != nil {
+	if _, err := a.c.Prefill(rank("p1")).Heartbeat(ctx); err != nil {
 		t.Fatal(err)
 	}
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.Endpoint()}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
@@ -360,12 +360,12 @@ func TestReattachWhileHeartbeating(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r, err := b.c.WaitRoom(ctx, 2, pb.RoomPhase_ROOM_PHASE_FAILED)
+	r, err := b.c.Engine().WaitRoom(ctx, 2, pb.RoomPhase_ROOM_PHASE_FAILED)
 	if err != nil || r.GetFailure().GetCode() != pb.FailureCode_FAILURE_CODE_PREFILL_LOST || !strings.Contains(r.GetFailure().GetMessage(), "lease expired") {
 		t.Fatalf("B's room: %v %v", r.GetFailure(), err)
 	}
 	waitFor(t, "the instance re-created under a new lease", func() bool {
-		f, _ := b.c.GetFleet(ctx)
+		f, _ := b.c.Admin().GetFleet(ctx)
 		return len(f.GetPrefills()) == 1 && f.GetPrefills()[0].GetLeaseId() != oldLease && f.GetPrefills()[0].GetLeaseId() != 0 &&
 			f.GetPrefills()[0].GetRegisteredVia() == "10.9.0.1:7600" && f.GetPrefills()[0].GetInstanceId() == "p1"
 	})

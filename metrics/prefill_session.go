@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Prefill sessions (server/prefill_session.go): each op a session carried,
+// Prefill sessions (server/internal/session/prefill.go): each op a session carried,
 // by op and result code. The stream itself is counted by the gRPC server
 // metrics (decodeplane.v1.PrefillSession/Session); an op refused inside a
 // session is not a failed call there, so it is counted here.

@@ -44,7 +44,6 @@ func newGatewayServer(t *testing.T, token string) string {
 		if err := srv.Shutdown(ctx, m.Shutdown); err != nil {
 			t.Errorf("Shutdown: %v", err)
 		}
-		gw.Close()
 	})
 	return hs.URL
 }

@@ -9,9 +9,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
@@ -39,7 +37,7 @@ type MethodMetrics interface {
 }
 
 // The server's own interceptor: one per call kind, instead of a chain of
-// seven (a chain allocates a closure per link per call, a stream wrapper
+// six (a chain allocates a closure per link per call, a stream wrapper
 // per link per stream). In order, as the chain was:
 //
 //  1. the decode check (server/grpcdecode), when no other interceptor is
@@ -48,15 +46,15 @@ type MethodMetrics interface {
 //  2. the call metrics (Deps.Calls);
 //  3. call logging: with debug logging on, go-grpc-middleware's logger
 //     (every call but health checks, successes at debug); otherwise only the
-//     failed calls, at callLevel's level (logFailed);
+//     failed calls, at ops.CallLevel's level (ops.Table.LogFailed);
 //  4. recovery: a panicking handler is Internal, logged with its stack;
-//  5. auth (checkToken);
-//  6. validation: the request's ValidateAll/Validate methods, as
-//     go-grpc-middleware's validator interceptor calls them
-//     (InvalidArgument with the error's text);
-//  7. the incarnation check (incarnation.go): a request that names another
-//     daemon incarnation is FAILED_PRECONDITION STALE_INCARNATION and
-//     never reaches the handler.
+//  5. auth: the operation table's (ops.Table.Authorize: every op declares
+//     its auth class).
+//
+// The handler then runs the op (ops: its request's checks — validation,
+// the incarnation — and its call), so a call refused by a check reaches no
+// domain code, whatever its transport: the JSON gateway runs this same
+// chain in process.
 //
 // With tracing off (a no-op tracer provider) the otelgrpc stats handler is
 // not installed (it built a span context, a metadata copy and its
@@ -113,25 +111,19 @@ func (s *Server) loggedUnary(ctx context.Context, req any, info *grpc.UnaryServe
 	}
 	resp, err := s.guardUnary(ctx, req, info, h)
 	if err != nil {
-		s.logFailed(ctx, info.FullMethod, "unary", start, err)
+		s.ops.LogFailed(ctx, info.FullMethod, "unary", start, err)
 	}
 	return resp, err
 }
 
-// guardUnary is recovery, auth and validation around the handler.
+// guardUnary is recovery and auth around the handler.
 func (s *Server) guardUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (_ any, err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = s.recoverPanic(ctx, p)
+			err = s.ops.Recovered(ctx, p)
 		}
 	}()
-	if err := s.checkToken(ctx, info.FullMethod); err != nil {
-		return nil, err
-	}
-	if err := validateMessage(req); err != nil {
-		return nil, err
-	}
-	if err := s.checkIncarnation(info.FullMethod, req); err != nil {
+	if err := s.ops.Authorize(ctx, info.FullMethod); err != nil {
 		return nil, err
 	}
 	return h(ctx, req)
@@ -140,7 +132,7 @@ func (s *Server) guardUnary(ctx context.Context, req any, info *grpc.UnaryServer
 func (s *Server) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	start := time.Now()
 	kind := streamKind(info)
-	cs := &checkedStream{ServerStream: ss, ctx: s.remoteTraceContext(ss.Context()), decode: s.checkDecode, srv: s, method: info.FullMethod}
+	cs := &checkedStream{ServerStream: ss, ctx: s.remoteTraceContext(ss.Context()), decode: s.checkDecode}
 	if s.deps.Calls != nil {
 		cs.mm = s.deps.Calls.Method(info.FullMethod, kind)
 		cs.mm.Started()
@@ -161,36 +153,34 @@ func (s *Server) loggedStream(srv any, cs *checkedStream, info *grpc.StreamServe
 	}
 	err := s.guardStream(srv, cs, info, h)
 	if err != nil {
-		s.logFailed(cs.ctx, info.FullMethod, kind, start, err)
+		s.ops.LogFailed(cs.ctx, info.FullMethod, kind, start, err)
 	}
 	return err
 }
 
-// guardStream is recovery and auth around the handler; checkedStream
-// validates what the handler receives.
+// guardStream is recovery and auth around the handler.
 func (s *Server) guardStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = s.recoverPanic(ss.Context(), p)
+			err = s.ops.Recovered(ss.Context(), p)
 		}
 	}()
-	if err := s.checkToken(ss.Context(), info.FullMethod); err != nil {
+	if err := s.ops.Authorize(ss.Context(), info.FullMethod); err != nil {
 		return err
 	}
 	return h(srv, ss)
 }
 
 // checkedStream is the one wrapper of a stream: each message received is
-// decode-checked (when the server makes the check), counted, validated and
-// its incarnation checked (incarnation.go), each sent counted; its context
-// carries the caller's trace context.
+// decode-checked (when the server makes the check) and counted, each sent
+// counted; its context carries the caller's trace context. (A server
+// stream's request is checked by its op; a session's messages by the
+// session, op by op.)
 type checkedStream struct {
 	grpc.ServerStream
 	ctx    context.Context
 	mm     MethodMetrics
 	decode bool
-	srv    *Server
-	method string
 }
 
 func (s *checkedStream) Context() context.Context { return s.ctx }
@@ -207,10 +197,7 @@ func (s *checkedStream) RecvMsg(m any) error {
 	if s.mm != nil {
 		s.mm.Received()
 	}
-	if err := validateMessage(m); err != nil {
-		return err
-	}
-	return s.srv.checkIncarnation(s.method, m)
+	return nil
 }
 
 func (s *checkedStream) SendMsg(m any) error {
@@ -219,25 +206,6 @@ func (s *checkedStream) SendMsg(m any) error {
 		s.mm.Sent()
 	}
 	return err
-}
-
-// validateMessage calls a message's validation as go-grpc-middleware's
-// validator interceptor does (not fail-fast): ValidateAll, Validate(true)
-// or Validate(); an error is InvalidArgument with its text.
-func validateMessage(m any) error {
-	var err error
-	switch v := m.(type) {
-	case interface{ ValidateAll() error }:
-		err = v.ValidateAll()
-	case interface{ Validate(all bool) error }:
-		err = v.Validate(true)
-	case interface{ Validate() error }:
-		err = v.Validate()
-	}
-	if err == nil {
-		return nil
-	}
-	return status.Error(codes.InvalidArgument, err.Error())
 }
 
 // remoteTraceContext, with tracing off, puts the caller's W3C trace context

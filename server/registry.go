@@ -2,47 +2,13 @@ package server
 
 import (
 	"context"
+	"net"
 	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
-	"github.com/decodeplane/decodeplane/kvmanager"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
+	"github.com/decodeplane/decodeplane/server/internal/ops"
 )
-
-// Registrar records prefill registrations and heartbeats (Deps.Registrar):
-// the Manager itself with the memory registry, the fleet's shared registry
-// with etcd. Its errors are the domain's (toStatus maps them;
-// kvmanager.ErrRegistryUnavailable is UNAVAILABLE with a retry hint).
-type Registrar interface {
-	RegisterPrefill(ctx context.Context, reg kvmanager.Registration) (kvmanager.RegistrationResult, error)
-	Heartbeat(ctx context.Context, rank kvmanager.RankID, instanceID string) (time.Duration, int, error)
-	// Touch counts as a heartbeat of every rank of the instance at addr
-	// (the HTTP bootstrap's health poll of an SGLang prefill); false when it
-	// is not registered or was replaced.
-	Touch(ctx context.Context, addr, instanceID string) bool
-}
-
-// managerRegistrar is the memory registry: the Manager's own calls.
-type managerRegistrar struct{ m *kvmanager.Manager }
-
-func (r managerRegistrar) RegisterPrefill(_ context.Context, reg kvmanager.Registration) (kvmanager.RegistrationResult, error) {
-	return r.m.RegisterPrefill(reg)
-}
-
-func (r managerRegistrar) Heartbeat(_ context.Context, rank kvmanager.RankID, instanceID string) (time.Duration, int, error) {
-	return r.m.Heartbeat(rank, instanceID)
-}
-
-func (r managerRegistrar) Touch(_ context.Context, addr, instanceID string) bool {
-	return r.m.TouchPrefill(addr, instanceID)
-}
-
-func (s *Server) registrar() Registrar {
-	if s.deps.Registrar != nil {
-		return s.deps.Registrar
-	}
-	return managerRegistrar{s.deps.Manager}
-}
 
 // SetRegistryState records the shared registry's state: while it is
 // degraded (etcd unreachable) the readiness text (GetStatus, WatchCapacity)
@@ -71,4 +37,50 @@ func registrySuffix(reason string) string {
 
 // LayoutProto is the wire form of a decode KV layout (as GetStatus reports
 // it), for the daemon's record in the fleet registry.
-func LayoutProto(l kvlayout.Layout) *pb.KVLayout { return layoutToProto(l) }
+func LayoutProto(l kvlayout.Layout) *pb.KVLayout { return ops.LayoutProto(l) }
+
+// Address is the address this daemon goes by in its fleet:
+// Deps.AdvertiseAddress when set, else the address of the listener Serve
+// serves (a TCP host:port, or unix://path), else server.listen.
+func (s *Server) Address() string {
+	if a := s.deps.AdvertiseAddress; a != "" {
+		return a
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.served != "" {
+		return s.served
+	}
+	return s.cfg.Listen
+}
+
+// servedAddress is lis's address as a gRPC target, or "" when it has none
+// (an in-memory listener).
+func servedAddress(lis net.Listener) string {
+	switch a := lis.Addr().(type) {
+	case *net.TCPAddr:
+		return a.String()
+	case *net.UnixAddr:
+		return "unix://" + a.Name
+	}
+	return ""
+}
+
+// Capacity returns the current figures (sequence 0): the daemon's
+// incarnation, address (Address: the advertised one, else the one it
+// serves on), readiness and every shard's capacity
+// (kvmanager.ShardCapacity).
+func (s *Server) Capacity() *pb.CapacityUpdate { return s.ops.Capacity() }
+
+// FeedCapacity sends the capacity feed to send until ctx ends (it returns
+// nil), send fails (it returns send's error) or the server shuts down (it
+// sends a last update with ready=false, readiness ReadinessShuttingDown, at
+// once, and returns that send's result): Capacity.WatchCapacity's feed,
+// which the daemon's etcd publisher uses too (ops.Table.FeedCapacity says
+// how often).
+func (s *Server) FeedCapacity(ctx context.Context, minInterval, keepalive time.Duration, send func(*pb.CapacityUpdate) error) error {
+	return s.ops.FeedCapacity(ctx, minInterval, keepalive, send)
+}
+
+// Incarnation is the daemon's incarnation (Deps.Incarnation).
+func (s *Server) Incarnation() uint64 { return s.deps.Incarnation }

@@ -148,3 +148,45 @@ func TestResyncAtTheWire(t *testing.T) {
 		}
 	}
 }
+
+// TestResyncBlockedByAgrees: during the resync wait and after it, each
+// shard's blocked_by reads the same in GetStatus as in WatchCapacity
+// (capacity.proto: "as GetStatus's shards say it"): "resync" while
+// admission waits for the engine, the ledger's reason after.
+func TestResyncBlockedByAgrees(t *testing.T) {
+	d := daemontest.Start(t, daemontest.Options{Config: func(c *config.Config) { c.Engine.ResyncTimeout = time.Hour }})
+	conn := d.Conn(t)
+	admin, rooms := pb.NewAdminClient(conn), pb.NewRoomsClient(conn)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	agree := func(when, want string) {
+		t.Helper()
+		st, err := admin.GetStatus(ctx, &pb.GetStatusRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, wcancel := context.WithCancel(ctx)
+		defer wcancel()
+		w, err := pb.NewCapacityClient(conn).WatchCapacity(wctx, &pb.WatchCapacityRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		u, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(st.GetShards()) != len(u.GetShards()) {
+			t.Fatalf("%s: GetStatus has %d shards, WatchCapacity %d", when, len(st.GetShards()), len(u.GetShards()))
+		}
+		for i, sh := range st.GetShards() {
+			if got, feed := sh.GetBlockedBy(), u.GetShards()[i].GetBlockedBy(); got != want || feed != want {
+				t.Errorf("%s: shard %d blocked_by: GetStatus %q, WatchCapacity %q; want %q in both", when, i, got, feed, want)
+			}
+		}
+	}
+	agree("during the resync wait", "resync")
+	if _, err := rooms.Resync(ctx, &pb.ResyncRequest{Done: true}); err != nil {
+		t.Fatal(err)
+	}
+	agree("after the resync", "none")
+}

@@ -1,16 +1,22 @@
 // Package server is decodeplane's inbound API, the adapter between
 // decodeplane.v1 and the domain packages (the outbound agent protocol is
-// transfer/, Prometheus is metrics/, the wiring internal/daemon). Each
-// handler validates the request (through the server's interceptor,
-// intercept.go, and the messages' Validate methods), converts it to domain
-// types, calls the domain, maps the error with toStatus and converts the
-// answer back. No business rule lives here. The prefill session
-// (prefill_session.go) is a second transport over the same handlers: it
-// validates and incarnation-checks each op itself, as the interceptor does
-// a unary request, so that one bad op does not end the stream. The HTTP surface lives here too: SGLang's
-// bootstrap routes (httpbootstrap.go, over the same Bootstrap handlers and
-// Validate methods) and the JSON gateway (httpgateway.go, grpc-gateway over
-// an in-memory connection to this gRPC server).
+// transfer/, Prometheus is metrics/, the wiring internal/daemon). It
+// builds the server and composes its surfaces, each in a package of its
+// own under server/internal, over one operation table:
+//
+//   - ops: the operation table (every op's request checks, auth class,
+//     span name and metrics label, domain call and the mapping of its
+//     answer and errors) and the gRPC services built from it;
+//   - session: EngineSession and PrefillSession, whose ops are the table's;
+//   - gateway: the JSON gateway, which calls the table in process;
+//   - httpboot: SGLang's bootstrap HTTP routes, over the table's Bootstrap
+//     ops.
+//
+// This package holds the server's lifecycle (readiness, drain, shutdown,
+// health), its configuration and TLS, and the gRPC transport's own
+// interceptor (intercept.go: the decode check, the call metrics, logging,
+// recovery and the table's authorization). The surfaces import the table,
+// never each other nor this package. No business rule lives here.
 package server
 
 import (
@@ -18,7 +24,6 @@ import (
 	"errors"
 	"log/slog"
 	"net"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -29,23 +34,18 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/stats"
-	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 	"github.com/decodeplane/decodeplane/server/grpcdecode"
+	"github.com/decodeplane/decodeplane/server/internal/ops"
+	"github.com/decodeplane/decodeplane/server/internal/session"
 )
-
-// ConfigEntry is one effective configuration value for Admin.GetStatus.
-type ConfigEntry struct {
-	Key, Value, Source string
-}
 
 // Deps are the server's collaborators, built by cmd.
 type Deps struct {
@@ -86,17 +86,16 @@ type Deps struct {
 	// Incarnation is the daemon process's incarnation (random, non-zero,
 	// new at every start: internal/daemon draws it). It is returned by
 	// registration, heartbeat, status and every destination, and requests
-	// that name another one are refused (incarnation.go). 0 (tests of the
+	// that name another one are refused (internal/ops/incarnation.go). 0 (tests of the
 	// gRPC layer alone) reports 0 and checks nothing.
 	Incarnation uint64
 	// Stale counts the calls refused for a stale incarnation; nil counts
 	// nothing.
 	Stale StaleMetrics
-	// Sessions counts the ops of EngineSession streams (engine_session.go);
-	// nil counts nothing.
+	// Sessions counts the ops of EngineSession streams; nil counts nothing.
 	Sessions SessionMetrics
-	// PrefillSessions counts the ops of prefill sessions
-	// (prefill_session.go); nil counts nothing.
+	// PrefillSessions counts the ops of prefill sessions; nil counts
+	// nothing.
 	PrefillSessions PrefillSessionMetrics
 	// Fleet is the shared registry's view that Fleet.GetFleet answers from
 	// (fleet.go); nil is the memory registry: GetFleet answers from this
@@ -116,6 +115,12 @@ type Server struct {
 	grpc    *grpc.Server
 	health  *health.Server
 	started time.Time
+	// ops is the operation table every surface runs.
+	ops *ops.Table
+	// unary and stream are the interceptor chains the gRPC server runs,
+	// which the JSON gateway runs too (surfaces.go).
+	unary  []grpc.UnaryServerInterceptor
+	stream []grpc.StreamServerInterceptor
 	// tracing: the tracer provider is not the no-op one; without it the
 	// otelgrpc stats handler is not installed (intercept.go).
 	tracing bool
@@ -128,7 +133,8 @@ type Server struct {
 	fullLogStream grpc.StreamServerInterceptor
 
 	// stopCtx is cancelled when Shutdown stops serving: long-lived streams
-	// with no natural end (WatchWatermark, WatchCapacity) return on it.
+	// with no natural end (WatchWatermark, WatchCapacity, the sessions)
+	// return on it.
 	stopCtx  context.Context
 	stopServ context.CancelFunc
 
@@ -156,12 +162,12 @@ func New(cfg Config, deps Deps) (*Server, error) {
 
 	logOpts := []logging.Option{
 		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(callLevel),
+		logging.WithLevels(ops.CallLevel),
 		logging.WithFieldsFromContext(traceFields),
 	}
 	// The middleware logger logs every call (successes at debug), which costs
 	// a fifth of a room's allocations; it runs only when debug logging is on
-	// (intercept.go). Otherwise logFailed logs just the failed calls, at the
+	// (intercept.go). Otherwise ops.Table.LogFailed logs just the failed calls, at the
 	// same levels.
 	s.fullLogUnary = logging.UnaryServerInterceptor(slogAdapter(s.log), logOpts...)
 	s.fullLogStream = logging.StreamServerInterceptor(slogAdapter(s.log), logOpts...)
@@ -175,30 +181,21 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	} else {
 		opts = grpcdecode.DecodeOptions()
 	}
-	unary := append(append([]grpc.UnaryServerInterceptor{}, deps.UnaryInterceptors...), s.unaryInterceptor)
-	stream := append(append([]grpc.StreamServerInterceptor{}, deps.StreamInterceptors...), s.streamInterceptor)
+	s.unary = append(append([]grpc.UnaryServerInterceptor{}, deps.UnaryInterceptors...), s.unaryInterceptor)
+	s.stream = append(append([]grpc.StreamServerInterceptor{}, deps.StreamInterceptors...), s.streamInterceptor)
 	if s.tracing {
 		opts = append(opts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(deps.TracerProvider),
 			otelgrpc.WithPropagators(deps.Propagator), otelgrpc.WithFilter(traced))))
 	}
-	opts = append(opts, grpc.ChainUnaryInterceptor(unary...), grpc.ChainStreamInterceptor(stream...))
+	opts = append(opts, grpc.ChainUnaryInterceptor(s.unary...), grpc.ChainStreamInterceptor(s.stream...))
 	opts = append(opts, keepaliveOptions()...)
 	opts = append(opts, deps.ExtraServerOptions...)
 	s.grpc = grpc.NewServer(opts...)
 
 	s.health = health.NewServer()
 	healthpb.RegisterHealthServer(s.grpc, &healthService{Server: s.health, stop: s.stopCtx})
-	pb.RegisterAdminServer(s.grpc, &adminService{s: s})
-	pb.RegisterFleetServer(s.grpc, &fleetService{s: s})
-	pb.RegisterCapacityServer(s.grpc, &capacityService{s: s})
-	if m := deps.Manager; m != nil {
-		pb.RegisterBootstrapServer(s.grpc, &bootstrapService{s: s, m: m, reg: s.registrar()})
-		rs := &roomsService{s: s, m: m}
-		s.grpc.RegisterService(roomsDesc(rs), rs)
-		pb.RegisterEngineSessionServer(s.grpc, &engineSessionService{s: s, rs: rs})
-		pb.RegisterStagingServer(s.grpc, &stagingService{s: s, m: m})
-		pb.RegisterPrefillSessionServer(s.grpc, &prefillSessionService{s: s, rooms: rs, reg: s.registrar()})
-		s.OnDrain(m.Drain)
+	if err := s.register(); err != nil {
+		return nil, err
 	}
 	if cfg.Reflection {
 		reflection.Register(s.grpc)
@@ -209,9 +206,45 @@ func New(cfg Config, deps Deps) (*Server, error) {
 	return s, nil
 }
 
+// register builds the operation table and registers its services and the
+// sessions (those of the room manager only with one).
+func (s *Server) register() error {
+	d := &s.deps
+	var m ops.Manager
+	if d.Manager != nil {
+		m = d.Manager
+	}
+	s.ops = ops.New(ops.Config{
+		Logger: s.log, Incarnation: d.Incarnation, Token: s.cfg.AuthToken, Stale: d.Stale,
+		Manager: m, Registrar: d.Registrar, Fleet: d.Fleet, Host: s,
+		Version: d.Version, Entries: d.Config, Layout: d.Layout, TransferPath: d.TransferPath, Started: s.started,
+	})
+	services, err := s.ops.Services()
+	if err != nil {
+		return err
+	}
+	for _, sd := range services {
+		s.grpc.RegisterService(sd, nil) // the table's handlers need no implementation
+	}
+	if d.Manager == nil {
+		return nil
+	}
+	sc := session.Config{Ops: s.ops, Stop: s.stopCtx, Propagator: d.Propagator, Engine: d.Sessions, Prefill: d.PrefillSessions}
+	if s.tracing {
+		sc.Tracer = d.TracerProvider.Tracer("github.com/decodeplane/decodeplane/server")
+	}
+	pb.RegisterEngineSessionServer(s.grpc, session.NewEngine(sc))
+	pb.RegisterPrefillSessionServer(s.grpc, session.NewPrefill(sc))
+	s.OnDrain(d.Manager.Drain)
+	return nil
+}
+
 // GRPC exposes the underlying server so that cmd and tests can register more
 // services before Serve.
 func (s *Server) GRPC() *grpc.Server { return s.grpc }
+
+// Stopping is done once Shutdown stops serving (ops.Host).
+func (s *Server) Stopping() context.Context { return s.stopCtx }
 
 // Serve serves on lis until Shutdown; it returns nil after a Shutdown.
 func (s *Server) Serve(lis net.Listener) error {
@@ -385,36 +418,6 @@ func telemetryDefaults(l *slog.Logger, tp trace.TracerProvider, p propagation.Te
 // traced keeps health checks and reflection out of traces.
 func traced(info *stats.RPCTagInfo) bool {
 	return !strings.HasPrefix(info.FullMethodName, "/grpc.health.") && !strings.HasPrefix(info.FullMethodName, "/grpc.reflection.")
-}
-
-func (s *Server) recoverPanic(ctx context.Context, p any) error {
-	s.log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
-	return status.Error(codes.Internal, "internal error (logged by the daemon)")
-}
-
-// callLevel logs successful calls at debug (the control path is hot) and
-// failures by severity.
-func callLevel(code codes.Code) logging.Level {
-	switch code {
-	case codes.OK, codes.NotFound, codes.Canceled, codes.AlreadyExists:
-		return logging.LevelDebug
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted, codes.Unauthenticated,
-		codes.PermissionDenied, codes.Unavailable, codes.Aborted, codes.DeadlineExceeded, codes.OutOfRange:
-		return logging.LevelWarn
-	}
-	return logging.LevelError
-}
-
-func (s *Server) logFailed(ctx context.Context, method, kind string, start time.Time, err error) {
-	st, _ := status.FromError(err)
-	lvl := slog.Level(callLevel(st.Code()))
-	if !s.log.Enabled(ctx, lvl) {
-		return
-	}
-	service, name, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
-	s.log.Log(ctx, lvl, "finished call", "protocol", "grpc", "grpc.component", "server",
-		"grpc.service", service, "grpc.method", name, "grpc.method_type", kind,
-		"grpc.code", st.Code().String(), "grpc.error", st.Message(), "grpc.time_ms", time.Since(start).Milliseconds())
 }
 
 func traceFields(ctx context.Context) logging.Fields {

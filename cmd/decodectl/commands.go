@@ -201,7 +201,7 @@ func cmdStatus(ctx context.Context, x *cli, args []string) error {
 	}
 	cctx, cancel := x.callCtx(ctx)
 	defer cancel()
-	st, err := x.c.Status(cctx)
+	st, err := x.c.Admin().Status(cctx)
 	if err != nil {
 		return &callError{what: "status", err: err}
 	}
@@ -247,7 +247,7 @@ func cmdRooms(ctx context.Context, x *cli, args []string) error {
 	list := func(ctx context.Context) (*pb.ListRoomsResponse, error) {
 		cctx, cancel := x.callCtx(ctx)
 		defer cancel()
-		resp, err := x.c.ListRooms(cctx, req)
+		resp, err := x.c.Admin().ListRooms(cctx, req)
 		if err != nil {
 			return nil, &callError{what: "rooms", err: err}
 		}
@@ -281,7 +281,7 @@ func cmdRoom(ctx context.Context, x *cli, args []string) error {
 	}
 	cctx, cancel := x.callCtx(ctx)
 	defer cancel()
-	r, err := x.c.GetRoom(cctx, &pb.GetRoomRequest{Room: id, IncludePages: x.opts.pages})
+	r, err := x.c.Admin().GetRoom(cctx, &pb.GetRoomRequest{Room: id, IncludePages: x.opts.pages})
 	if err != nil {
 		return &callError{what: fmt.Sprintf("room %d", id), err: err}
 	}
@@ -309,7 +309,7 @@ func (x *cli) latestRoom(ctx context.Context, args []string) (uint64, error) {
 	}
 	cctx, cancel := x.callCtx(ctx)
 	defer cancel()
-	resp, err := x.c.ListRooms(cctx, req)
+	resp, err := x.c.Admin().ListRooms(cctx, req)
 	if err != nil {
 		return 0, &callError{what: "rooms", err: err}
 	}
@@ -330,7 +330,7 @@ func cmdAbort(ctx context.Context, x *cli, args []string) error {
 	}
 	cctx, cancel := x.callCtx(ctx)
 	defer cancel()
-	resp, err := x.c.AbortRoom(cctx, &pb.AbortRoomRequest{Room: id, Reason: x.opts.reason})
+	resp, err := x.c.Engine().AbortRoom(cctx, &pb.AbortRoomRequest{Room: id, Reason: x.opts.reason})
 	if err != nil {
 		return &callError{what: fmt.Sprintf("abort room %d", id), err: err}
 	}
@@ -347,7 +347,7 @@ func cmdDrain(ctx context.Context, x *cli, args []string) error {
 	}
 	cctx, cancel := x.callCtx(ctx)
 	defer cancel()
-	resp, err := x.c.Drain(cctx)
+	resp, err := x.c.Admin().Drain(cctx)
 	if err != nil {
 		return &callError{what: "drain", err: err}
 	}
@@ -361,7 +361,7 @@ func cmdDrain(ctx context.Context, x *cli, args []string) error {
 	// warning, not the command's.
 	cctx2, cancel2 := x.callCtx(ctx)
 	defer cancel2()
-	list, err := x.c.ListRooms(cctx2, &pb.ListRoomsRequest{LiveOnly: true, Limit: defaultLimit})
+	list, err := x.c.Admin().ListRooms(cctx2, &pb.ListRoomsRequest{LiveOnly: true, Limit: defaultLimit})
 	if err != nil {
 		fmt.Fprintf(x.stderr, "decodectl: warning: listing the rooms in flight: %s\n", describeError(err))
 		return nil
@@ -395,7 +395,7 @@ func cmdLookup(ctx context.Context, x *cli, args []string) error {
 	}
 	cctx, cancel := x.callCtx(ctx)
 	defer cancel()
-	resp, err := x.c.LookupDPRanks(cctx, req)
+	resp, err := x.c.Engine().LookupDPRanks(cctx, req)
 	if err != nil {
 		return &callError{what: "lookup", err: err}
 	}

@@ -36,11 +36,11 @@ func scenario(t *testing.T, dc ...daemonConfig) *testDaemon {
 	p := d.register(t, prefillRank(prefillA, 1, 0))
 	d.succeed(t, p, prefillA, 1, 1000)
 	d.succeed(t, p, prefillA, 2, 300)
-	if _, err := d.c.ReleaseRoom(testCtx(t), &pb.ReleaseRoomRequest{Room: 2}); err != nil {
+	if _, err := d.c.Engine().ReleaseRoom(testCtx(t), &pb.ReleaseRoomRequest{Room: 2}); err != nil {
 		t.Fatal(err)
 	}
 	d.open(t, prefillA, 3, 500)
-	if _, err := d.c.AbortRoom(testCtx(t), &pb.AbortRoomRequest{Room: 3}); err != nil {
+	if _, err := d.c.Engine().AbortRoom(testCtx(t), &pb.AbortRoomRequest{Room: 3}); err != nil {
 		t.Fatal(err)
 	}
 	d.open(t, prefillA, 4, 200)
@@ -207,7 +207,7 @@ func TestRoomTimeline(t *testing.T) {
 
 	// One line per transition, in the daemon's order, with its SGLang
 	// transition and an offset from the opening.
-	room, err := d.c.GetRoom(testCtx(t), &pb.GetRoomRequest{Room: 1})
+	room, err := d.c.Admin().GetRoom(testCtx(t), &pb.GetRoomRequest{Room: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

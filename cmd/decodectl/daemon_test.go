@@ -103,7 +103,7 @@ func (d *testDaemon) register(t *testing.T, reg *pb.RegisterPrefillRequest) *cli
 // open opens a room of prompt tokens for the prefill at addr.
 func (d *testDaemon) open(t *testing.T, addr string, room uint64, prompt uint32) {
 	t.Helper()
-	if _, err := d.c.OpenRoom(testCtx(t), &pb.OpenRoomRequest{
+	if _, err := d.c.Engine().OpenRoom(testCtx(t), &pb.OpenRoomRequest{
 		Rid: fmt.Sprintf("req-%d", room), BootstrapAddr: addr, Room: room, PromptLen: prompt, MaxNewTokens: 128,
 	}); err != nil {
 		t.Fatalf("open room %d: %v", room, err)

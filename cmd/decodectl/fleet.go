@@ -36,7 +36,7 @@ func cmdFleet(ctx context.Context, x *cli, args []string) error {
 	}
 	cctx, cancel := x.callCtx(ctx)
 	defer cancel()
-	f, err := x.c.GetFleet(cctx)
+	f, err := x.c.Admin().GetFleet(cctx)
 	if err != nil {
 		return &callError{what: "fleet", err: err}
 	}

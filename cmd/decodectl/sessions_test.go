@@ -10,20 +10,22 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/internal/testing/sessiontest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// sessionScenario is scenario's five rooms driven on the streams (issue 13):
-// opened, released and aborted on the decode engine's EngineSession, handed
-// off on the prefill rank's PrefillSession (SendRoomSession). It returns
-// the daemon and the engine session's room events, read as they come (the
-// session's reader must never stall).
+// sessionScenario is scenario's five rooms driven on the streams: opened,
+// released and aborted on a decode engine's EngineSession (driven on the
+// wire, sessiontest), handed off on the prefill rank's PrefillSession (the
+// client's SendRoom, which rides the rank's shared session under
+// TransportStreams). It returns the daemon and the engine session's room
+// events, read as they come (the session's reader must never stall).
 func sessionScenario(t *testing.T) (*testDaemon, <-chan *pb.EngineRoomEvent) {
 	t.Helper()
 	d := startDaemon(t, daemonConfig{})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	es, err := d.c.EngineSession(ctx)
+	es, err := sessiontest.OpenEngine(ctx, d.c.Conn())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,20 +47,12 @@ func sessionScenario(t *testing.T) (*testDaemon, <-chan *pb.EngineRoomEvent) {
 		<-read
 	})
 	p := d.register(t, prefillRank(prefillA, 1, 0))
-	sess, err := p.Session(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(sess.Close)
 
 	open := func(addr string, room uint64, prompt uint32) {
 		t.Helper()
-		res, err := es.Open(testCtx(t), &pb.OpenRoomRequest{
+		_, err := es.Open(testCtx(t), &pb.OpenRoomRequest{
 			Rid: fmt.Sprintf("req-%d", room), BootstrapAddr: addr, Room: room, PromptLen: prompt, MaxNewTokens: 128,
 		})
-		if err == nil {
-			err = res[0].Err
-		}
 		if err != nil {
 			t.Fatalf("open room %d on the engine session: %v", room, err)
 		}
@@ -66,7 +60,7 @@ func sessionScenario(t *testing.T) (*testDaemon, <-chan *pb.EngineRoomEvent) {
 	succeed := func(room uint64, prompt uint32) {
 		t.Helper()
 		open(prefillA, room, prompt)
-		if _, err := p.SendRoomSession(testCtx(t), sess, room, client.SendOptions{ChunkPages: 4}); err != nil {
+		if _, err := p.SendRoom(testCtx(t), room, client.SendOptions{ChunkPages: 4}); err != nil {
 			t.Fatalf("send room %d on the prefill session: %v", room, err)
 		}
 	}
@@ -85,8 +79,9 @@ func sessionScenario(t *testing.T) (*testDaemon, <-chan *pb.EngineRoomEvent) {
 }
 
 // clockRE matches what depends on the clock in a room's output: the
-// opening's and update's times, ages and timeline offsets.
-var clockRE = regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC|\(\S+ ago\)|\+\d+\.\d{3}s`)
+// opening's and update's times, ages, timeline offsets, and the deadline a
+// waiting room is bounded by ("until 2026-01-02T15:04:05Z").
+var clockRE = regexp.MustCompile(`\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} UTC|\(\S+ ago\)|\+\d+\.\d{3}s|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z`)
 
 // TestRoomsOverSessions: decodectl shows rooms driven on the sessions as it
 // shows the same rooms driven by the unary API (scenario, on another

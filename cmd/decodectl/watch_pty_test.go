@@ -207,7 +207,7 @@ func TestWatchFitsTerminal(t *testing.T) {
 	const rooms = 40
 	for room := uint64(1); room <= rooms; room++ {
 		// A long rid makes every row wider than 80 columns.
-		if _, err := d.c.OpenRoom(testCtx(t), &pb.OpenRoomRequest{
+		if _, err := d.c.Engine().OpenRoom(testCtx(t), &pb.OpenRoomRequest{
 			Rid: fmt.Sprintf("chat-completion-request-%04d-of-a-long-running-session", room), BootstrapAddr: prefillA, Room: room,
 			PromptLen: 100, MaxNewTokens: 16,
 		}); err != nil {

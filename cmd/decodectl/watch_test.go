@@ -74,7 +74,7 @@ func TestWatch(t *testing.T) {
 		switch n {
 		case 1:
 			d.open(t, prefillA, 9, 200)
-			if _, err := d.c.AbortRoom(testCtx(t), &pb.AbortRoomRequest{Room: 4}); err != nil {
+			if _, err := d.c.Engine().AbortRoom(testCtx(t), &pb.AbortRoomRequest{Room: 4}); err != nil {
 				t.Error(err)
 			}
 		case 2:

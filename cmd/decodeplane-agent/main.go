@@ -4,7 +4,17 @@
 // tried, and verified byte for byte, without GPUs.
 //
 //	decodeplane-agent [--listen 127.0.0.1:7700] [--max-memory-mb 4096] [--log-level info]
+//	                  [--shared-memory-dirs /dev/shm]
 //	                  [--tls-cert FILE --tls-key FILE [--tls-client-ca FILE]]
+//
+// A buffer's memory is either allocated by the agent (within
+// --max-memory-mb) or, on Linux, a region of a shared-memory file an engine
+// created (BufferMemory.shared), mapped shared so that the engine sees every
+// byte the agent writes; such files must lie under --shared-memory-dirs
+// (any client that reaches the agent can have it read and write them) and
+// must not be truncated while registered. GPU memory (CUDA IPC, NIXL) needs
+// a GPU transfer agent: it is refused. On shutdown every mapping is
+// released; the files stay the engine's.
 //
 // With --tls-cert/--tls-key it serves TLS; with --tls-client-ca too, mutual
 // TLS (the daemon's transfer.delegate.tls.cert_file must be signed by that
@@ -28,6 +38,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -77,6 +88,7 @@ type options struct {
 	shutdownTimeout time.Duration
 	holdRooms       []uint64
 	failRooms       []uint64
+	sharedDirs      []string
 	tls             tlsOptions
 }
 
@@ -107,7 +119,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs := flag.NewFlagSet("decodeplane-agent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:7700", "gRPC listen address")
-	fs.Int64Var(&o.maxMemoryMB, "max-memory-mb", 4096, "most host memory the registered buffers may take, in MiB (0: no limit)")
+	fs.Int64Var(&o.maxMemoryMB, "max-memory-mb", 4096, "most host memory the agent allocates for registered buffers, in MiB (0: no limit); shared memory an engine registers is the engine's and is not counted")
+	sharedDirs := fs.String("shared-memory-dirs", "/dev/shm", "comma-separated absolute directories whose files engines may register as shared memory (symlinks resolved; empty: none)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn, error")
 	fs.BoolVar(&o.reflection, "reflection", true, "register gRPC server reflection")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on the graceful stop")
@@ -118,7 +131,8 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&o.tls.clientCA, "tls-client-ca", "", "mutual TLS: verify client certificates against this PEM CA bundle")
 	fs.BoolVar(&o.tls.requireClientCert, "tls-require-client-cert", true, "with --tls-client-ca: refuse clients without a certificate (false: verify only those given)")
 	fs.DurationVar(&o.tls.reloadInterval, "tls-reload-interval", tlsreload.DefaultInterval, "how often the TLS files are re-read for changes")
-	if err := fs.Parse(args); err != nil {
+	err := fs.Parse(args)
+	if err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
@@ -126,6 +140,9 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	}
 	if _, _, err := net.SplitHostPort(o.listen); err != nil {
 		return o, fmt.Errorf("--listen %q is not host:port", o.listen)
+	}
+	if o.sharedDirs, err = parseDirs(*sharedDirs); err != nil {
+		return o, err
 	}
 	if o.maxMemoryMB < 0 {
 		return o, fmt.Errorf("--max-memory-mb must not be negative (got %d)", o.maxMemoryMB)
@@ -137,6 +154,21 @@ func parse(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	return o, nil
+}
+
+// parseDirs splits --shared-memory-dirs; each directory is absolute.
+func parseDirs(v string) ([]string, error) {
+	var dirs []string
+	for _, d := range strings.Split(v, ",") {
+		if d = strings.TrimSpace(d); d == "" {
+			continue
+		}
+		if !filepath.IsAbs(d) {
+			return nil, fmt.Errorf("--shared-memory-dirs: %q is not an absolute directory", d)
+		}
+		dirs = append(dirs, filepath.Clean(d))
+	}
+	return dirs, nil
 }
 
 // check validates the TLS flags and files, every problem at once.
@@ -182,6 +214,11 @@ func run(args []string, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	agent := newAgent(o, log)
+	defer func() { // after the batches and the server stopped: unmap the shared memory
+		if err := agent.Store().Close(); err != nil {
+			log.Error("releasing the buffers", "err", err)
+		}
+	}()
 	svc := agentservice.New(agent, log)
 	serverOpts, stopTLS, err := serverOptions(o, log)
 	if err != nil {
@@ -205,7 +242,8 @@ func run(args []string, stderr io.Writer) int {
 	hs.SetServingStatus("decodeplane.transfer.v1.TransferAgent", healthpb.HealthCheckResponse_SERVING)
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- gs.Serve(lis) }()
-	log.Info("decodeplane-agent serving", "listen", lis.Addr().String(), "version", version, "instance", svc.Instance(), "max_memory_mb", o.maxMemoryMB, "tls", o.tls.mode())
+	log.Info("decodeplane-agent serving", "listen", lis.Addr().String(), "version", version, "instance", svc.Instance(), "max_memory_mb", o.maxMemoryMB,
+		"shared_memory_dirs", strings.Join(o.sharedDirs, ","), "tls", o.tls.mode())
 
 	select {
 	case <-ctx.Done():
@@ -225,7 +263,7 @@ func run(args []string, stderr io.Writer) int {
 // newAgent is the reference agent over host memory, with the faults the
 // flags inject.
 func newAgent(o options, log *slog.Logger) *hostmem.Agent {
-	agent := hostmem.NewAgent(hostmem.New(o.maxMemoryMB << 20))
+	agent := hostmem.NewAgent(hostmem.NewStore(hostmem.Options{Limit: o.maxMemoryMB << 20, SharedDirs: o.sharedDirs}))
 	if len(o.holdRooms) > 0 {
 		log.Warn("fault injection: holding the batches of rooms", "rooms", o.holdRooms)
 		agent.SetHold(func(b kvcopy.Batch) bool {

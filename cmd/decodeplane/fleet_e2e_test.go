@@ -77,7 +77,7 @@ func TestFleetE2ERegisteredThroughOne(t *testing.T) {
 		if !ok {
 			t.Fatalf("no record of %s (%s) in etcd: %v", d.name, d.addr, recs)
 		}
-		st, err := d.c.Status(ctx)
+		st, err := d.c.Admin().Status(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -117,7 +117,7 @@ func TestFleetE2EKill9HeartbeatDaemon(t *testing.T) {
 	if _, err := viaA.Register(ctx); err != nil {
 		t.Fatal(err)
 	}
-	beats := startBeater(t, viaA.Rank(), "p1", a, b)
+	beats := startBeater(t, reg, a, b)
 	beats.movedTo(t, ctx, a.name)
 	viaB, viaC := b.c.Prefill(reg), c.c.Prefill(reg)
 
@@ -169,7 +169,7 @@ func TestFleetE2EKill9HeartbeatDaemon(t *testing.T) {
 	if err := <-handOff; err != nil {
 		t.Fatalf("the hand-off on B across A's death: %v", err)
 	}
-	if r, err := b.c.GetRoom(ctx, &pb.GetRoomRequest{Room: 11}); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
+	if r, err := b.c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 11}); err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 		t.Fatalf("room 11 on B after the hand-off: %v %v (%v)", r.GetPhase(), err, r.GetFailure())
 	}
 
@@ -241,7 +241,7 @@ func TestFleetE2EEtcdOutage(t *testing.T) {
 		t.Fatal(err)
 	}
 	knownBy(t, ctx, b, bootstrap)
-	beats := startBeater(t, viaA.Rank(), "p1", b)
+	beats := startBeater(t, reg, b)
 	beats.movedTo(t, ctx, b.name)
 	if v, ok := b.metric("decodeplane_registry_degraded"); !ok || v != 0 {
 		t.Fatalf("B's decodeplane_registry_degraded before the outage = %v (found %v), want 0", v, ok)
@@ -267,10 +267,10 @@ func TestFleetE2EEtcdOutage(t *testing.T) {
 			err := func() error {
 				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 				defer cancel()
-				if _, err := b.c.OpenRoom(rctx, &pb.OpenRoomRequest{Rid: fmt.Sprintf("rid-%d", room), BootstrapAddr: bootstrap, Room: room, PromptLen: 256, MaxNewTokens: 16}); err != nil {
+				if _, err := b.c.Engine().OpenRoom(rctx, &pb.OpenRoomRequest{Rid: fmt.Sprintf("rid-%d", room), BootstrapAddr: bootstrap, Room: room, PromptLen: 256, MaxNewTokens: 16}); err != nil {
 					return fmt.Errorf("OpenRoom %d on B: %w", room, err)
 				}
-				if _, err := b.c.WaitRoom(rctx, room, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
+				if _, err := b.c.Engine().WaitRoom(rctx, room, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
 					return fmt.Errorf("room %d on B not admitted: %w", room, err)
 				}
 				return deliver(rctx, b, viaB, room)
@@ -316,12 +316,12 @@ func TestFleetE2EEtcdOutage(t *testing.T) {
 	})
 	degradedAt := time.Now()
 	t.Logf("etcd stopped to B degraded: %v", degradedAt.Sub(stopped).Round(time.Millisecond))
-	st, err := b.c.Status(ctx)
+	st, err := b.c.Admin().Status(ctx)
 	if err != nil || !st.GetReady() || !strings.Contains(st.GetReadiness(), "registry degraded") {
 		t.Fatalf("B's status while etcd is down: ready %v, readiness %q, %v; want ready and \"registry degraded\"", st.GetReady(), st.GetReadiness(), err)
 	}
 	const other = "10.0.3.2:8998"
-	_, err = b.c.RegisterPrefill(ctx, fleetRank(other, "p2"))
+	_, err = b.c.Prefill(fleetRank(other, "p2")).Register(ctx)
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "registry degraded") {
 		t.Fatalf("RegisterPrefill through B while etcd is down = %v; want UNAVAILABLE \"registry degraded\"", err)
 	}
@@ -350,7 +350,7 @@ func TestFleetE2EEtcdOutage(t *testing.T) {
 		})
 	}
 	t.Logf("etcd started to B and C recovered: %v", time.Since(restarted).Round(time.Millisecond))
-	if st, err := b.c.Status(ctx); err != nil || strings.Contains(st.GetReadiness(), "degraded") {
+	if st, err := b.c.Admin().Status(ctx); err != nil || strings.Contains(st.GetReadiness(), "degraded") {
 		t.Fatalf("B's readiness after recovery: %q %v", st.GetReadiness(), err)
 	}
 	stopTraffic()
@@ -402,7 +402,7 @@ func TestFleetE2ELeaseExpiry(t *testing.T) {
 		awaitAdmitted(t, ctx, d, 7)
 	}
 	for _, d := range []*fleetDaemon{c, b} {
-		r, err := d.c.WaitRoom(ctx, 7, pb.RoomPhase_ROOM_PHASE_FAILED)
+		r, err := d.c.Engine().WaitRoom(ctx, 7, pb.RoomPhase_ROOM_PHASE_FAILED)
 		if err != nil {
 			t.Fatalf("room 7 on %s: %v", d.name, err)
 		}
@@ -425,13 +425,13 @@ func TestFleetE2ELeaseExpiry(t *testing.T) {
 		t.Fatalf("the expired instance is still in etcd: %+v", inst)
 	}
 	pollUntil(t, 10*time.Second, "A to forget the expired instance", func() (bool, string) {
-		st, err := a.c.Status(ctx)
+		st, err := a.c.Admin().Status(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
 		return !slices.ContainsFunc(st.GetPrefills(), func(p *pb.PrefillStatus) bool { return p.GetBootstrapAddr() == bootstrap }), fmt.Sprint(st.GetPrefills())
 	})
-	if _, err := a.c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: a.c.Prefill(reg).Rank(), InstanceId: "p1"}); !errors.Is(err, client.ErrNotFound) {
+	if _, err := a.c.Prefill(reg).Heartbeat(ctx); !errors.Is(err, client.ErrNotFound) {
 		t.Fatalf("a heartbeat of the expired instance through A = %v, want NotFound (register again)", err)
 	}
 }

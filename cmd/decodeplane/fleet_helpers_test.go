@@ -84,7 +84,7 @@ func startFleet(t *testing.T, n int) *fleet {
 	ctx := fleetCtx(t, 30*time.Second)
 	for _, d := range f.daemons {
 		pollUntil(t, 20*time.Second, d.name+" past the registry's startup", func() (bool, string) {
-			st, err := d.c.Status(ctx)
+			st, err := d.c.Admin().Status(ctx)
 			if err != nil {
 				return false, err.Error()
 			}
@@ -257,7 +257,7 @@ func fleetRank(bootstrap, instance string) *pb.RegisterPrefillRequest {
 // OpenRoom) and returns its phase then.
 func fleetOpen(t *testing.T, ctx context.Context, d *fleetDaemon, bootstrap string, room uint64) pb.RoomPhase {
 	t.Helper()
-	resp, err := d.c.OpenRoom(ctx, &pb.OpenRoomRequest{Rid: fmt.Sprintf("rid-%d", room), BootstrapAddr: bootstrap, Room: room, PromptLen: 256, MaxNewTokens: 16})
+	resp, err := d.c.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{Rid: fmt.Sprintf("rid-%d", room), BootstrapAddr: bootstrap, Room: room, PromptLen: 256, MaxNewTokens: 16})
 	if err != nil {
 		t.Fatalf("OpenRoom %d on %s: %v", room, d.name, err)
 	}
@@ -269,7 +269,7 @@ func fleetOpen(t *testing.T, ctx context.Context, d *fleetDaemon, bootstrap stri
 // registered through another daemon) and a claim is accepted.
 func awaitAdmitted(t *testing.T, ctx context.Context, d *fleetDaemon, room uint64) {
 	t.Helper()
-	if r, err := d.c.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
+	if r, err := d.c.Engine().WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
 		t.Fatalf("room %d on %s never admitted: %v (%v)", room, d.name, err, r.GetFailure())
 	}
 }
@@ -280,14 +280,14 @@ func deliver(ctx context.Context, d *fleetDaemon, p *client.Prefill, room uint64
 	if _, err := p.SendRoom(ctx, room, client.SendOptions{ChunkPages: 2, OutputIDs: []int32{7}}); err != nil {
 		return fmt.Errorf("SendRoom %d through %s: %w", room, d.name, err)
 	}
-	r, err := d.c.GetRoom(ctx, &pb.GetRoomRequest{Room: room})
+	r, err := d.c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: room})
 	if err != nil {
 		return fmt.Errorf("GetRoom %d on %s: %w", room, d.name, err)
 	}
 	if r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 		return fmt.Errorf("room %d on %s after SendRoom: %s (%v), want SUCCEEDED", room, d.name, r.GetPhase(), r.GetFailure())
 	}
-	rel, err := d.c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
+	rel, err := d.c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
 	if err != nil {
 		return fmt.Errorf("ReleaseRoom %d on %s: %w", room, d.name, err)
 	}
@@ -312,7 +312,7 @@ func roomOnce(t *testing.T, ctx context.Context, d *fleetDaemon, p *client.Prefi
 func knownBy(t *testing.T, ctx context.Context, d *fleetDaemon, bootstrap string) {
 	t.Helper()
 	pollUntil(t, 20*time.Second, d.name+" to know "+bootstrap, func() (bool, string) {
-		st, err := d.c.Status(ctx)
+		st, err := d.c.Admin().Status(ctx)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -328,7 +328,7 @@ func knownBy(t *testing.T, ctx context.Context, d *fleetDaemon, bootstrap string
 // failedRooms lists d's failed rooms.
 func failedRooms(t *testing.T, ctx context.Context, d *fleetDaemon) []*pb.Room {
 	t.Helper()
-	resp, err := d.c.ListRooms(ctx, &pb.ListRoomsRequest{Phases: []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_FAILED}})
+	resp, err := d.c.Admin().ListRooms(ctx, &pb.ListRoomsRequest{Phases: []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_FAILED}})
 	if err != nil {
 		t.Fatalf("ListRooms on %s: %v", d.name, err)
 	}
@@ -352,7 +352,12 @@ type beater struct {
 	done   chan struct{}
 }
 
-func startBeater(t *testing.T, rank *pb.PrefillRank, instance string, ds ...*fleetDaemon) *beater {
+// startBeater heartbeats the rank of reg (registered already) through ds.
+func startBeater(t *testing.T, reg *pb.RegisterPrefillRequest, ds ...*fleetDaemon) *beater {
+	ranks := make([]*client.Prefill, len(ds)) // the rank's view on each daemon
+	for i, d := range ds {
+		ranks[i] = d.c.Prefill(reg)
+	}
 	ctx, cancel := context.WithCancel(t.Context())
 	b := &beater{ok: map[string]int{}, failed: map[string][]error{}, moved: make(chan string, len(ds)), stop: cancel, done: make(chan struct{})}
 	go func() {
@@ -361,9 +366,9 @@ func startBeater(t *testing.T, rank *pb.PrefillRank, instance string, ds ...*fle
 		defer tk.Stop()
 		i := 0
 		for {
-			d := ds[i]
+			d, p := ds[i], ranks[i]
 			bctx, bcancel := context.WithTimeout(ctx, fleetHeartbeat)
-			_, err := d.c.Heartbeat(bctx, &pb.HeartbeatRequest{Rank: rank, InstanceId: instance})
+			_, err := p.Heartbeat(bctx)
 			bcancel()
 			if ctx.Err() != nil {
 				return

@@ -28,7 +28,7 @@ func TestE2EKill9NewIncarnation(t *testing.T) {
 	defer cancel()
 
 	hc, first, c := startForRestart(t, addr, args)
-	st, err := c.Status(ctx)
+	st, err := c.Admin().Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestE2EKill9NewIncarnation(t *testing.T) {
 		<-beat
 	}()
 
-	if _, err := c.OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r-5", BootstrapAddr: bootstrap, Room: 5, PromptLen: 1000, MaxNewTokens: 64}); err != nil {
+	if _, err := c.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r-5", BootstrapAddr: bootstrap, Room: 5, PromptLen: 1000, MaxNewTokens: 64}); err != nil {
 		t.Fatal(err)
 	}
 	// The prefill moves the KV itself (ReportRoom); its Move of chunk 1 of
@@ -100,7 +100,7 @@ func TestE2EKill9NewIncarnation(t *testing.T) {
 	close(release)
 	err = <-done
 
-	st, err2 := c.Status(ctx)
+	st, err2 := c.Admin().Status(ctx)
 	if err2 != nil {
 		t.Fatal(err2)
 	}
@@ -133,7 +133,7 @@ func TestE2EKill9NewIncarnation(t *testing.T) {
 	if rooms != 0 {
 		t.Errorf("the new daemon holds rooms %v; want none (nothing of the old destination reached it)", st.GetRoomsByPhase())
 	}
-	if _, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 5}); !errors.Is(err, client.ErrNotFound) {
+	if _, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 5}); !errors.Is(err, client.ErrNotFound) {
 		t.Errorf("GetRoom(5) at the new daemon = %v; want ErrNotFound", err)
 	}
 	if !strings.Contains(second.Out.String(), fmt.Sprintf("%x", newInc)) {

@@ -277,7 +277,7 @@ func startTracedFleet(t *testing.T, ctx context.Context, j *jaeger, tr client.Tr
 	}
 	t.Cleanup(func() { prefillConn.Close() })
 	poll(t, 30*time.Second, "the daemon to serve:\n"+p.Out.String(), func() bool {
-		st, err := f.decode.Status(ctx)
+		st, err := f.decode.Admin().Status(ctx)
 		return err == nil && st.GetReady()
 	})
 	host, _, _ := strings.Cut(bootstrap, ":")
@@ -309,13 +309,13 @@ func TestE2EJaegerOneTracePerRoom(t *testing.T) {
 		_, err := prefill.SendRoom(rctx, 101, client.SendOptions{ChunkPages: 2})
 		sent <- err
 	}()
-	if _, err := decode.OpenAndWait(rctx, &pb.OpenRoomRequest{Rid: "traced-ok", BootstrapAddr: bootstrap, Room: 101, PromptLen: 300, MaxNewTokens: 16}); err != nil {
+	if _, err := decode.Engine().OpenAndWait(rctx, &pb.OpenRoomRequest{Rid: "traced-ok", BootstrapAddr: bootstrap, Room: 101, PromptLen: 300, MaxNewTokens: 16}); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-sent; err != nil {
 		t.Fatal(err)
 	}
-	if _, err := decode.ReleaseRoom(rctx, &pb.ReleaseRoomRequest{Room: 101}); err != nil {
+	if _, err := decode.Engine().ReleaseRoom(rctx, &pb.ReleaseRoomRequest{Room: 101}); err != nil {
 		t.Fatal(err)
 	}
 	root.End()
@@ -323,10 +323,10 @@ func TestE2EJaegerOneTracePerRoom(t *testing.T) {
 	// A failed room: aborted after admission, before any prefill claimed it.
 	fctx, froot := routerTP.Tracer("router").Start(ctx, "router.request")
 	failID := froot.SpanContext().TraceID()
-	if _, err := decode.OpenRoom(fctx, &pb.OpenRoomRequest{Rid: "traced-abort", BootstrapAddr: bootstrap, Room: 102, PromptLen: 100, MaxNewTokens: 16}); err != nil {
+	if _, err := decode.Engine().OpenRoom(fctx, &pb.OpenRoomRequest{Rid: "traced-abort", BootstrapAddr: bootstrap, Room: 102, PromptLen: 100, MaxNewTokens: 16}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := decode.AbortRoom(fctx, &pb.AbortRoomRequest{Room: 102, Reason: "client went away"}); err != nil {
+	if _, err := decode.Engine().AbortRoom(fctx, &pb.AbortRoomRequest{Room: 102, Reason: "client went away"}); err != nil {
 		t.Fatal(err)
 	}
 	froot.End()

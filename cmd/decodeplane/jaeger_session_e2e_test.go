@@ -48,7 +48,7 @@ func TestE2EJaegerOneTracePerRoomOverSessions(t *testing.T) {
 			done <- err
 		}()
 		go func() {
-			_, err := decode.OpenAndWait(rctx, &pb.OpenRoomRequest{Rid: r.rid, BootstrapAddr: bootstrap, Room: room, PromptLen: 300, MaxNewTokens: 16})
+			_, err := decode.Engine().OpenAndWait(rctx, &pb.OpenRoomRequest{Rid: r.rid, BootstrapAddr: bootstrap, Room: room, PromptLen: 300, MaxNewTokens: 16})
 			done <- err
 		}()
 	}
@@ -58,7 +58,7 @@ func TestE2EJaegerOneTracePerRoomOverSessions(t *testing.T) {
 		}
 	}
 	for _, r := range reqs {
-		if _, err := decode.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: r.room}); err != nil {
+		if _, err := decode.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: r.room}); err != nil {
 			t.Fatal(err)
 		}
 		r.root()

@@ -35,7 +35,7 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	hc, first, c := startForRestart(t, addr, base)
-	st, err := c.Status(ctx)
+	st, err := c.Admin().Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	}()
 	open := func(room uint64, addr string) {
 		t.Helper()
-		if _, err := c.OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r-" + string(rune('a'+room)), BootstrapAddr: addr, Room: room, PromptLen: 1000, MaxNewTokens: 256}); err != nil {
+		if _, err := c.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r-" + string(rune('a'+room)), BootstrapAddr: addr, Room: room, PromptLen: 1000, MaxNewTokens: 256}); err != nil {
 			t.Fatalf("OpenRoom(%d) = %v", room, err)
 		}
 	}
@@ -72,7 +72,7 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	}
 	pagesOf := func(room uint64) []int32 {
 		t.Helper()
-		r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: room, IncludePages: true})
+		r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: room, IncludePages: true})
 		if err != nil {
 			t.Fatalf("GetRoom(%d) = %v", room, err)
 		}
@@ -84,7 +84,7 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	for _, room := range []uint64{1, 2, 3, 6} {
 		handOff(room)
 	}
-	if rr, err := c.ReportRunning(ctx, &pb.ReportRunningRequest{Rooms: []*pb.RunningUsage{{Room: 1, OutputLen: 200}}}); err != nil || len(rr.GetGrown()) != 1 {
+	if rr, err := c.Engine().ReportRunning(ctx, &pb.ReportRunningRequest{Rooms: []*pb.RunningUsage{{Room: 1, OutputLen: 200}}}); err != nil || len(rr.GetGrown()) != 1 {
 		t.Fatalf("ReportRunning(1) = %v, %v; want room 1 grown", rr, err)
 	}
 	engine := map[uint64]*pb.ResyncRoom{ // what the engine still runs, as it knows it
@@ -120,10 +120,10 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	}
 	open(5, "10.9.9.9:8998")
 	// Retracted last: while a retracted room waits, nothing new is admitted.
-	if _, err := c.RetractRoom(ctx, &pb.RetractRoomRequest{Room: 6, Mode: pb.RetractMode_RETRACT_MODE_RETRACT}); err != nil {
+	if _, err := c.Engine().RetractRoom(ctx, &pb.RetractRoomRequest{Room: 6, Mode: pb.RetractMode_RETRACT_MODE_RETRACT}); err != nil {
 		t.Fatal(err)
 	}
-	st, _ = c.Status(ctx)
+	st, _ = c.Admin().Status(ctx)
 	t.Logf("before the kill: rooms %v, shard 0 %d of %d pages used", st.GetRoomsByPhase(), st.GetShards()[0].GetPagesTotal()-st.GetShards()[0].GetPagesFree(), st.GetShards()[0].GetPagesTotal())
 
 	// kill -9, restart on the same port with a resync wait.
@@ -138,7 +138,7 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the prefill never saw the new incarnation")
 	}
-	st, err = c.Status(ctx)
+	st, err = c.Admin().Status(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestE2EKill9EngineResync(t *testing.T) {
 
 	// The prefill's old destination is refused and changes nothing; its
 	// hand-off stops before the next write.
-	_, err = c.ReportTransfer(ctx, &pb.ReportTransferRequest{Room: 4, Rank: p.Rank(), ChunkIndex: 1, PageOffset: 4, NumPages: 4,
+	_, err = p.ReportTransfer(ctx, &pb.ReportTransferRequest{Room: 4, ChunkIndex: 1, PageOffset: 4, NumPages: 4,
 		Success: true, Bytes: 1, Attempt: oldDest.GetAttempt(), Incarnation: oldDest.GetIncarnation()})
 	if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "earlier decodeplane incarnation") {
 		t.Errorf("ReportTransfer on the old destination = %v; want FailedPrecondition STALE_INCARNATION", err)
@@ -166,11 +166,11 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	// prefill's re-registration, which the heartbeat sends after it learned
 	// the incarnation); nothing is pre-allocated.
 	open(10, bootstrap)
-	if r, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: 10}); err != nil ||
+	if r, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 10}); err != nil ||
 		r.GetPhase() != pb.RoomPhase_ROOM_PHASE_QUEUED && r.GetPhase() != pb.RoomPhase_ROOM_PHASE_WAITING_PREFILL {
 		t.Fatalf("room 10 during the wait = %v, %v; want QUEUED (or WAITING_PREFILL), not admitted", r.GetPhase(), err)
 	}
-	st, _ = c.Status(ctx)
+	st, _ = c.Admin().Status(ctx)
 	if sh := st.GetShards()[0]; sh.GetPagesFree() != sh.GetPagesTotal() || sh.GetAdmitted() != 0 {
 		t.Fatalf("before the resync %d of %d pages are free, %d admitted; want all free, none", sh.GetPagesFree(), sh.GetPagesTotal(), sh.GetAdmitted())
 	}
@@ -178,12 +178,12 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	// The engine's resync.
 	declared := []*pb.ResyncRoom{engine[1], engine[2], engine[3]}
 	resyncStart := time.Now()
-	resp, err := c.Resync(ctx, declared)
+	resp, err := c.Engine().Resync(ctx, declared)
 	if err != nil || !resp.GetAdmitting() || resp.GetDeclared() != 3 || resp.GetPages() != uint64(oldPages) {
 		t.Fatalf("Resync = %v, %v; want 3 rooms, %d pages, admitting", resp, err, oldPages)
 	}
 	resyncTook := time.Since(resyncStart)
-	if _, err := c.Resync(ctx, nil); status.Code(err) != codes.FailedPrecondition {
+	if _, err := c.Engine().Resync(ctx, nil); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("a second Resync = %v; want FailedPrecondition", err)
 	}
 
@@ -215,7 +215,7 @@ func TestE2EKill9EngineResync(t *testing.T) {
 	// did: without the resync room 10 would have got room 1's pages.
 	p1, p10 := engine[1].PageIndices, pagesOf(10)
 	t.Logf("adopted room 1 holds %[3]d pages (first %[1]d, last %[2]d); room 10, admitted after the resync, %[6]d (first %[4]d, last %[5]d)", p1[0], p1[len(p1)-1], len(p1), p10[0], p10[len(p10)-1], len(p10))
-	st, _ = c.Status(ctx)
+	st, _ = c.Admin().Status(ctx)
 	sh := st.GetShards()[0]
 	if used := int(sh.GetPagesTotal() - sh.GetPagesFree()); used != total || sh.GetRunning() != 8 {
 		t.Errorf("status: %d pages used, %d running; the rooms hold %d pages, 8 run", used, sh.GetRunning(), total)
@@ -226,7 +226,7 @@ func TestE2EKill9EngineResync(t *testing.T) {
 
 	// The adopted rooms are running rooms: they grow and are released; the
 	// pool is whole again.
-	rr, err := c.ReportRunning(ctx, &pb.ReportRunningRequest{Rooms: []*pb.RunningUsage{{Room: 1, OutputLen: 300}, {Room: 2, OutputLen: 100}}})
+	rr, err := c.Engine().ReportRunning(ctx, &pb.ReportRunningRequest{Rooms: []*pb.RunningUsage{{Room: 1, OutputLen: 300}, {Room: 2, OutputLen: 100}}})
 	if err != nil || len(rr.GetGrown()) != 2 {
 		t.Fatalf("ReportRunning(adopted rooms) = %v, %v; want both grown", rr, err)
 	}
@@ -238,18 +238,18 @@ func TestE2EKill9EngineResync(t *testing.T) {
 		}
 	}
 	for _, room := range append([]uint64{1, 2, 3}, fresh...) {
-		if _, err := c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
+		if _, err := c.Engine().ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room}); err != nil {
 			t.Fatalf("ReleaseRoom(%d) = %v", room, err)
 		}
 	}
-	st, _ = c.Status(ctx)
+	st, _ = c.Admin().Status(ctx)
 	sh = st.GetShards()[0]
 	if sh.GetPagesFree() != sh.GetPagesTotal() || sh.GetReqSlotsFree() != sh.GetReqSlotsTotal() || sh.GetRunning() != 0 {
 		t.Errorf("after the releases: %d of %d pages, %d of %d req slots free, %d running; want the pool whole",
 			sh.GetPagesFree(), sh.GetPagesTotal(), sh.GetReqSlotsFree(), sh.GetReqSlotsTotal(), sh.GetRunning())
 	}
 	for _, room := range []uint64{4, 5, 6} {
-		if _, err := c.GetRoom(ctx, &pb.GetRoomRequest{Room: room}); !errors.Is(err, client.ErrNotFound) {
+		if _, err := c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: room}); !errors.Is(err, client.ErrNotFound) {
 			t.Errorf("GetRoom(%d) at the new daemon = %v; want ErrNotFound (never declared)", room, err)
 		}
 	}

@@ -49,6 +49,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/internal/testing/sessiontest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -104,9 +105,10 @@ func TestRoomsE2ERequestErrors(t *testing.T) {
 			// Unknown prefills.
 			_, err = d.c.LookupDPRanks(ctx, &pb.LookupDPRanksRequest{BootstrapAddr: "10.0.8.99:1", Rooms: []uint64{1}})
 			roomsWantCode(t, "LookupDPRanks of an unknown prefill", err, codes.NotFound, client.ErrNotFound)
-			_, err = d.c.BindRoom(ctx, &pb.BindRoomRequest{BootstrapAddr: "10.0.8.99:1", Room: 1})
+			unknownRank := d.c.Prefill(&pb.RegisterPrefillRequest{BootstrapAddr: "10.0.8.99:1"}) // DP, TP ... rank 0
+			_, err = unknownRank.BindRoom(ctx, 1)
 			roomsWantCode(t, "BindRoom of an unknown prefill", err, codes.NotFound, client.ErrNotFound)
-			_, err = d.c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: &pb.PrefillRank{BootstrapAddr: "10.0.8.99:1"}})
+			_, err = unknownRank.Heartbeat(ctx)
 			roomsWantCode(t, "Heartbeat of an unknown rank", err, codes.NotFound, client.ErrNotFound, "register again")
 			d.assertDrained(t)
 		})
@@ -151,25 +153,26 @@ func TestRoomsE2ERequestErrors(t *testing.T) {
 			} {
 				reg := roomsReg("10.0.8.2:8998", 2, 0, 1, 0, "")
 				tc.mutate(reg)
-				_, err := d.c.RegisterPrefill(ctx, reg)
+				_, err := d.c.Prefill(reg).Register(ctx)
 				roomsWantCode(t, fmt.Sprintf("RegisterPrefill with bad %s", tc.field), err, codes.InvalidArgument, client.ErrInvalidArgument, tc.field)
 			}
 			_, err := d.c.ListRooms(ctx, &pb.ListRoomsRequest{Limit: 1 << 20})
 			roomsWantCode(t, "ListRooms with a huge limit", err, codes.InvalidArgument, client.ErrInvalidArgument, "limit")
-			_, err = d.c.Transfer(ctx, &pb.TransferRequest{Room: 1})
-			roomsWantCode(t, "Transfer without a rank", err, codes.InvalidArgument, client.ErrInvalidArgument, "rank")
+			// A rank without an address (a registration without one).
+			_, err = d.c.Prefill(&pb.RegisterPrefillRequest{}).Transfer(ctx, &pb.TransferRequest{Room: 1})
+			roomsWantCode(t, "Transfer without a rank's address", err, codes.InvalidArgument, client.ErrInvalidArgument, "rank")
 			roomsAssertPrefills(t, d, ctx, addr)
 			d.assertDrained(t)
 		})
 		t.Run("page size mismatch", func(t *testing.T) {
 			reg := roomsReg("10.0.8.3:8998", 1, 0, 1, 0, "")
 			reg.PageSize = 32
-			_, err := d.c.RegisterPrefill(ctx, reg)
+			_, err := d.c.Prefill(reg).Register(ctx)
 			want := "Page size mismatch: prefill server has page_size=32, but decode server has page_size=64. Both servers must use the same --page-size value."
 			roomsWantCode(t, "RegisterPrefill with page_size 32", err, codes.FailedPrecondition, client.ErrFailedPrecondition, want)
 			reg = roomsReg("10.0.8.3:8998", 1, 0, 1, 0, "")
 			reg.KvCacheDtype = "fp8_e4m3"
-			_, err = d.c.RegisterPrefill(ctx, reg)
+			_, err = d.c.Prefill(reg).Register(ctx)
 			want = "KV cache dtype mismatch: prefill server has kv_cache_dtype=fp8_e4m3, but decode server has kv_cache_dtype=bf16. Both servers must use the same --kv-cache-dtype value."
 			roomsWantCode(t, "RegisterPrefill with fp8", err, codes.FailedPrecondition, client.ErrFailedPrecondition, want)
 			// The refused prefill's heartbeat loop stops at once: it cannot fix it.
@@ -233,7 +236,7 @@ func TestRoomsE2EAuthToken(t *testing.T) {
 			roomsWantCode(t, name+": OpenRoom", err, codes.Unauthenticated, client.ErrUnauthenticated, "Bearer")
 			_, err = c.GetRoom(ctx, &pb.GetRoomRequest{Room: 11001})
 			roomsWantCode(t, name+": GetRoom after the refused OpenRoom", err, codes.NotFound, client.ErrNotFound)
-			_, err = c.RegisterPrefill(ctx, roomsReg(addr, 1, 0, 1, 0, ""))
+			_, err = c.Prefill(roomsReg(addr, 1, 0, 1, 0, "")).Register(ctx)
 			roomsWantCode(t, name+": RegisterPrefill", err, codes.Unauthenticated, client.ErrUnauthenticated)
 		}
 		roomsAssertPrefills(t, d, ctx)
@@ -246,21 +249,22 @@ func TestRoomsE2EAuthToken(t *testing.T) {
 		if _, err := d.c.WaitRoom(ctx, room, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
 			t.Fatal(err)
 		}
-		rank := ranks[0].Rank()
+		reg := roomsReg(addr, 1, 0, 1, 0, "") // ranks[0]'s
 		for name, c := range bad {
 			_, err := c.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room})
 			roomsWantCode(t, name+": AbortRoom", err, codes.Unauthenticated, client.ErrUnauthenticated)
 			_, err = c.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: room})
 			roomsWantCode(t, name+": ReleaseRoom", err, codes.Unauthenticated, client.ErrUnauthenticated)
-			_, err = c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: rank})
+			p := c.Prefill(reg) // the rank, through the client without the token
+			_, err = p.Heartbeat(ctx)
 			roomsWantCode(t, name+": Heartbeat", err, codes.Unauthenticated, client.ErrUnauthenticated)
-			_, err = c.BindRoom(ctx, &pb.BindRoomRequest{BootstrapAddr: addr, Room: room})
+			_, err = p.BindRoom(ctx, room)
 			roomsWantCode(t, name+": BindRoom", err, codes.Unauthenticated, client.ErrUnauthenticated)
-			_, err = c.Transfer(ctx, &pb.TransferRequest{Room: room, Rank: rank, NumPages: 1})
+			_, err = p.Transfer(ctx, &pb.TransferRequest{Room: room, NumPages: 1})
 			roomsWantCode(t, name+": Transfer", err, codes.Unauthenticated, client.ErrUnauthenticated)
-			_, err = c.ReportTransfer(ctx, &pb.ReportTransferRequest{Room: room, Rank: rank, NumPages: 1, Success: true})
+			_, err = p.ReportTransfer(ctx, &pb.ReportTransferRequest{Room: room, NumPages: 1, Success: true})
 			roomsWantCode(t, name+": ReportTransfer", err, codes.Unauthenticated, client.ErrUnauthenticated)
-			s, err := c.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: room, Rank: rank})
+			s, err := p.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: room})
 			if err == nil {
 				_, err = s.Next()
 				s.Close()
@@ -269,7 +273,8 @@ func TestRoomsE2EAuthToken(t *testing.T) {
 			if tr == overStream {
 				// The prefill session is refused as a whole (the ops above
 				// are the unary ones of the same client).
-				_, err := c.Prefill(roomsReg(addr, 1, 0, 1, 0, "")).Session(ctx)
+				hello := &pb.PrefillHello{Rank: p.Rank(), InstanceId: reg.GetInstanceId()}
+				_, err := sessiontest.OpenPrefill(ctx, c.Conn(), hello, c.callOpts()...)
 				roomsWantCode(t, name+": PrefillSession", err, codes.Unauthenticated, client.ErrUnauthenticated, "Bearer")
 			}
 			// Reads need no token.

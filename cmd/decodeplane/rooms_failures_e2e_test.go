@@ -166,12 +166,12 @@ func TestRoomsE2EPrefillDiesMidTransfer(t *testing.T) {
 			// A new session of the dead rank is refused as its Heartbeat is
 			// (below); its chunk, sent without a session (the unary
 			// Transfer), is refused as on unary.
-			_, serr := p.Session(ctx)
+			_, serr := p.openSession(ctx)
 			roomsWantCode(t, "PrefillSession of the dead instance", serr, codes.NotFound, client.ErrNotFound, "register again")
-			_, err = p.c.Transfer(ctx, &pb.TransferRequest{Room: mid, Rank: p.Rank(), ChunkIndex: 1, PageOffset: 1, NumPages: 1})
+			_, err = p.Transfer(ctx, &pb.TransferRequest{Room: mid, ChunkIndex: 1, PageOffset: 1, NumPages: 1})
 		}
 		roomsWantCode(t, "Transfer after the loss", err, codes.FailedPrecondition, client.ErrFailedPrecondition, "Lost connection")
-		_, err = p.c.Heartbeat(ctx, &pb.HeartbeatRequest{Rank: p.Rank(), InstanceId: "prefill@" + addr})
+		_, err = p.Heartbeat(ctx)
 		roomsWantCode(t, "Heartbeat of the dead instance", err, codes.NotFound, client.ErrNotFound, "register again")
 		st, err := d.c.Status(ctx)
 		if err != nil {

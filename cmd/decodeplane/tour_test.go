@@ -109,7 +109,7 @@ func TestBenchStopsWhenTheDaemonStops(t *testing.T) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
-		list, err := c.ListRooms(ctx, &pb.ListRoomsRequest{Phases: []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_RELEASED}, Limit: 1})
+		list, err := c.Admin().ListRooms(ctx, &pb.ListRoomsRequest{Phases: []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_RELEASED}, Limit: 1})
 		cancel()
 		if err == nil && list.GetTotal() >= 5 {
 			break

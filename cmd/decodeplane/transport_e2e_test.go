@@ -1,7 +1,7 @@
 package main
 
-// The rooms suite over both transports (issue 13: "Stream and unary paths
-// pass the same lifecycle, failure and abort tests"). A test written once
+// The rooms suite over both transports: the stream and unary paths pass the
+// same lifecycle, failure and abort tests. A test written once
 // runs as two subtests, unary and stream (roomsOverBoth), each with its own
 // daemon (its /metrics then counts that transport's ops only). The test
 // drives rooms through roomsClient (the decode engine) and roomsRank (a
@@ -9,7 +9,7 @@ package main
 //
 //	operation            unary                       stream
 //	open a room          Rooms.OpenRoom              EngineSession Open
-//	wait for a phase     Rooms.WatchRoom (WaitRoom)  the session's events (Resume for a room opened elsewhere)
+//	wait for a phase     Rooms.WatchRoom (WaitRoom)  the session's events (Watch for a room opened elsewhere)
 //	release, abort       ReleaseRoom, AbortRoom      EngineSession Release, Abort
 //	claim, destination   Rooms.AwaitDestination      PrefillSession Claim
 //	chunk                Rooms.Transfer              PrefillSession Chunk
@@ -17,6 +17,12 @@ package main
 //	acknowledge          Rooms.AckRoomEnd            PrefillSession Ack
 //	OpenAndWait,         client.TransportUnary       client.TransportStreams (the client's default)
 //	SendRoom, ReportRoom
+//
+// The unary ops are the Go client's (Engine, Prefill); the stream ops are
+// sent on the wire one at a time (internal/testing/sessiontest), since the
+// Go client rides the sessions only inside OpenAndWait, SendRoom and
+// ReportRoom: their refusals are the daemon's status (code and message),
+// not a *client.Error.
 //
 // Every other call (GetRoom, ListRooms, GetStatus, LookupDPRanks, BindRoom,
 // RetractRoom, Heartbeat) is the unary API on both: the sessions carry only
@@ -41,10 +47,12 @@ import (
 	"sync"
 	"testing"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/client"
+	"github.com/decodeplane/decodeplane/internal/testing/sessiontest"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -87,12 +95,46 @@ func roomsOverBoth(t *testing.T, f func(t *testing.T, tr roomsTransport)) {
 // ---- the decode engine's side ----
 
 // roomsClient is a client of the daemon whose OpenRoom, WaitRoom, AbortRoom
-// and ReleaseRoom take the daemon's transport (on stream: its
-// EngineSession); every other method is the Client's own.
+// and ReleaseRoom take the daemon's transport (on stream: an EngineSession
+// of its own); its other room calls are the unary API's on both.
 type roomsClient struct {
 	*client.Client
-	d   *roomsDaemon
-	eng *engineWatch // stream only
+	d     *roomsDaemon
+	token string       // the client's token ("": none), for its sessions
+	eng   *engineWatch // stream only
+}
+
+// callOpts are the call options of a session of the client: its token.
+func (c *roomsClient) callOpts() []grpc.CallOption {
+	if c.token == "" {
+		return nil
+	}
+	return []grpc.CallOption{sessiontest.WithToken(c.token)}
+}
+
+// GetRoom is Admin.GetRoom.
+func (c *roomsClient) GetRoom(ctx context.Context, req *pb.GetRoomRequest) (*pb.Room, error) {
+	return c.Admin().GetRoom(ctx, req)
+}
+
+// ListRooms is Admin.ListRooms.
+func (c *roomsClient) ListRooms(ctx context.Context, req *pb.ListRoomsRequest) (*pb.ListRoomsResponse, error) {
+	return c.Admin().ListRooms(ctx, req)
+}
+
+// Status is Admin.Status.
+func (c *roomsClient) Status(ctx context.Context) (*pb.GetStatusResponse, error) {
+	return c.Admin().Status(ctx)
+}
+
+// LookupDPRanks is Engine.LookupDPRanks.
+func (c *roomsClient) LookupDPRanks(ctx context.Context, req *pb.LookupDPRanksRequest) (*pb.LookupDPRanksResponse, error) {
+	return c.Engine().LookupDPRanks(ctx, req)
+}
+
+// RetractRoom is Engine.RetractRoom.
+func (c *roomsClient) RetractRoom(ctx context.Context, req *pb.RetractRoomRequest) (*pb.RetractRoomResponse, error) {
+	return c.Engine().RetractRoom(ctx, req)
 }
 
 // count records an engine-side op sent on the transport, unless it was
@@ -108,7 +150,7 @@ func (c *roomsClient) count(err error) {
 // subscribed on c's session).
 func (c *roomsClient) OpenRoom(ctx context.Context, req *pb.OpenRoomRequest) (*pb.OpenRoomResponse, error) {
 	if c.eng == nil {
-		resp, err := c.Client.OpenRoom(ctx, req)
+		resp, err := c.Engine().OpenRoom(ctx, req)
 		c.count(err)
 		return resp, err
 	}
@@ -117,13 +159,13 @@ func (c *roomsClient) OpenRoom(ctx context.Context, req *pb.OpenRoomRequest) (*p
 	return resp, err
 }
 
-// OpenAndWait is client.Client.OpenAndWait with the client built for the
+// OpenAndWait is client.Engine.OpenAndWait with the client built for the
 // daemon's transport (client.WithTransport). It counts one engine hand-off
 // (at least its open op) for the metrics check: on stream that check fails
 // until OpenAndWait rides the engine session under TransportStreams.
 func (c *roomsClient) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
 	c.d.engineHandOffs.Add(1)
-	return c.Client.OpenAndWait(ctx, req)
+	return c.Engine().OpenAndWait(ctx, req)
 }
 
 // WaitRoom is client.WaitRoom's contract (the room once it reached one of
@@ -131,7 +173,7 @@ func (c *roomsClient) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) 
 // transport.
 func (c *roomsClient) WaitRoom(ctx context.Context, room uint64, phases ...pb.RoomPhase) (*pb.Room, error) {
 	if c.eng == nil {
-		return c.Client.WaitRoom(ctx, room, phases...)
+		return c.Engine().WaitRoom(ctx, room, phases...)
 	}
 	return c.eng.wait(ctx, c, room, phases)
 }
@@ -139,7 +181,7 @@ func (c *roomsClient) WaitRoom(ctx context.Context, room uint64, phases ...pb.Ro
 // AbortRoom aborts a room (EngineSession Abort on stream).
 func (c *roomsClient) AbortRoom(ctx context.Context, req *pb.AbortRoomRequest) (*pb.AbortRoomResponse, error) {
 	if c.eng == nil {
-		resp, err := c.Client.AbortRoom(ctx, req)
+		resp, err := c.Engine().AbortRoom(ctx, req)
 		c.count(err)
 		return resp, err
 	}
@@ -151,7 +193,7 @@ func (c *roomsClient) AbortRoom(ctx context.Context, req *pb.AbortRoomRequest) (
 // ReleaseRoom releases a room (EngineSession Release on stream).
 func (c *roomsClient) ReleaseRoom(ctx context.Context, req *pb.ReleaseRoomRequest) (*pb.ReleaseRoomResponse, error) {
 	if c.eng == nil {
-		resp, err := c.Client.ReleaseRoom(ctx, req)
+		resp, err := c.Engine().ReleaseRoom(ctx, req)
 		c.count(err)
 		return resp, err
 	}
@@ -164,7 +206,7 @@ func (c *roomsClient) ReleaseRoom(ctx context.Context, req *pb.ReleaseRoomReques
 // per room, in order, for WaitRoom (a room's waits replay its events from
 // the first, as WatchRoom with history does).
 type engineWatch struct {
-	s *client.EngineSession
+	s *sessiontest.Engine
 
 	mu         sync.Mutex
 	events     map[uint64][]*pb.RoomEvent
@@ -175,10 +217,10 @@ type engineWatch struct {
 }
 
 // startEngineWatch opens c's session and its reader; both end at cleanup.
-func startEngineWatch(t *testing.T, c *client.Client) *engineWatch {
+func startEngineWatch(t *testing.T, c *roomsClient) *engineWatch {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s, err := c.EngineSession(ctx)
+	s, err := sessiontest.OpenEngine(ctx, c.Conn(), c.callOpts()...)
 	if err != nil {
 		cancel()
 		t.Fatalf("EngineSession: %v", err)
@@ -214,37 +256,26 @@ func (w *engineWatch) read() {
 }
 
 func (w *engineWatch) open(ctx context.Context, req *pb.OpenRoomRequest) (*pb.OpenRoomResponse, error) {
-	res, err := w.s.Open(ctx, req)
+	resp, err := w.s.Open(ctx, req)
 	if err != nil {
 		return nil, err
-	}
-	if len(res) != 1 {
-		return nil, fmt.Errorf("EngineSession.Open of one room answered %d results", len(res))
-	}
-	if res[0].Err != nil {
-		return nil, res[0].Err
 	}
 	w.mu.Lock()
 	w.subscribed[req.GetRoom()] = true
 	w.mu.Unlock()
-	return res[0].Open, nil
+	return resp, nil
 }
 
-// wait is client.WaitRoom over the session's events. A room this session
-// did not open is subscribed first (Resume from its first event).
+// wait is client.Engine.WaitRoom over the session's events. A room this
+// session did not open is subscribed first (Watch from its first event).
 func (w *engineWatch) wait(ctx context.Context, c *roomsClient, room uint64, phases []pb.RoomPhase) (*pb.Room, error) {
 	w.mu.Lock()
 	sub := w.subscribed[room]
 	w.subscribed[room] = true
 	w.mu.Unlock()
 	if !sub {
-		res, err := w.s.Resume(ctx, map[uint64]uint32{room: 0})
+		err := w.s.Watch(ctx, room, 0)
 		c.count(err)
-		if err == nil && len(res) == 1 {
-			err = res[0].Err
-		} else if err == nil {
-			err = fmt.Errorf("EngineSession.Resume of one room answered %d results", len(res))
-		}
 		if err != nil {
 			w.mu.Lock()
 			delete(w.subscribed, room)
@@ -301,14 +332,48 @@ type roomsClaim interface {
 	Close()
 }
 
+// sessionClaim is a claim on the rank's session, read as a
+// client.DestinationStream is: the destination, then Done; the room's
+// failure as a *client.RoomFailedError.
+type sessionClaim struct {
+	*sessiontest.Claim
+	room uint64
+}
+
+// Next returns the claim's next event.
+func (c sessionClaim) Next() (*client.Event, error) {
+	for {
+		ev, err := c.Claim.Next()
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case ev.GetDestination() != nil:
+			return &client.Event{Destination: ev.GetDestination()}, nil
+		case ev.GetDone() != nil:
+			return &client.Event{Done: ev.GetDone()}, nil
+		case ev.GetFailure() != nil:
+			f := ev.GetFailure()
+			return nil, &client.RoomFailedError{Room: c.room, Code: f.GetCode(), Message: f.GetMessage(),
+				FromAnotherRank: f.GetFromAnotherRank(), AckRequired: ev.GetAckRequired()}
+		}
+	}
+}
+
+// openSession opens a prefill session of the rank (its hello).
+func (r *roomsRank) openSession(ctx context.Context) (*sessiontest.Prefill, error) {
+	hello := &pb.PrefillHello{Rank: r.Rank(), InstanceId: r.instance, Incarnation: r.Incarnation()}
+	return sessiontest.OpenPrefill(ctx, r.c.Conn(), hello, r.c.callOpts()...)
+}
+
 // session is the rank's prefill session, opened on first use (a rank whose
 // test only calls SendRoom opens none here: on stream, SendRoom is the
 // client's, over its own streams). The session ends with stop.
-func (r *roomsRank) session() (*client.Session, error) {
+func (r *roomsRank) session() (*sessiontest.Prefill, error) {
 	r.sessMu.Lock()
 	defer r.sessMu.Unlock()
 	if r.sess == nil && r.sessErr == nil {
-		r.sess, r.sessErr = r.Session(r.sessCtx)
+		r.sess, r.sessErr = r.openSession(r.sessCtx)
 	}
 	return r.sess, r.sessErr
 }
@@ -318,20 +383,24 @@ func (r *roomsRank) claim(ctx context.Context, room uint64) (roomsClaim, error) 
 	req := &pb.AwaitDestinationRequest{Room: room, Rank: r.Rank()}
 	r.d.prefillOps.Add(1)
 	if r.tr == overUnary {
-		return r.c.AwaitDestination(ctx, req)
+		return r.AwaitDestination(ctx, req)
 	}
 	s, err := r.session()
 	if err != nil {
 		return nil, err
 	}
-	return s.Claim(ctx, req)
+	c, err := s.Claim(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return sessionClaim{Claim: c, room: room}, nil
 }
 
 // chunk is one Transfer of the rank.
 func (r *roomsRank) chunk(ctx context.Context, req *pb.TransferRequest) (*pb.TransferResponse, error) {
 	r.d.prefillOps.Add(1)
 	if r.tr == overUnary {
-		return r.c.Transfer(ctx, req)
+		return r.Transfer(ctx, req)
 	}
 	s, err := r.session()
 	if err != nil {
@@ -344,7 +413,7 @@ func (r *roomsRank) chunk(ctx context.Context, req *pb.TransferRequest) (*pb.Tra
 func (r *roomsRank) report(ctx context.Context, req *pb.ReportTransferRequest) (*pb.ReportTransferResponse, error) {
 	r.d.prefillOps.Add(1)
 	if r.tr == overUnary {
-		return r.c.ReportTransfer(ctx, req)
+		return r.ReportTransfer(ctx, req)
 	}
 	s, err := r.session()
 	if err != nil {

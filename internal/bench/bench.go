@@ -402,25 +402,11 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 		defer cancel()
 		_ = tr.shutdown(sctx)
 	}()
-
-	env := benchEnvMap(environ)
-	var tgt *benchTarget
-	if o.target == "" {
-		tgt, err = benchStartDaemon(ctx, o, environ, stderr)
-	} else {
-		tgt = &benchTarget{addr: o.target, metricsURL: o.metricsURL}
-	}
+	tgt, token, err := benchTargetOf(ctx, o, environ, stderr)
 	if err != nil {
 		return 0, err
 	}
 	defer tgt.stop()
-	token := o.token
-	if token == "" {
-		token = env["DECODEPLANE_TOKEN"]
-	}
-	if token == "" {
-		token = tgt.token
-	}
 
 	prog := newBenchProgress(stderr, o.progress)
 	defer prog.stop()
@@ -439,26 +425,8 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 
 	sum := &benchSummary{}
 	run.describe(sum)
-	if !o.rateMode() && o.warmup > 0 {
-		prog.setPhase("warmup", o.warmup)
-		run.phase(ctx, 0, o.warmup, false)
-	}
-	first := uint64(0)
-	if !o.rateMode() {
-		first = uint64(o.warmup)
-	}
-	total := o.rooms
-	if o.rateMode() && !o.roomsSet {
-		total = 0
-	}
-	prog.setPhase("measuring", total)
-	if err := benchCPUProfile(o.cpuProfile, func() { sum.lifecycle = run.phase(ctx, first, total, true) }); err != nil {
-		return 0, fmt.Errorf("--cpuprofile: %w", err)
-	}
-	if o.memProfile != "" {
-		if err := benchWriteHeapProfile(o.memProfile); err != nil {
-			return 0, fmt.Errorf("--memprofile: %w", err)
-		}
+	if err := run.lifecycle(ctx, prog, sum); err != nil {
+		return 0, err
 	}
 	// The rooms are done: the daemon may go (the bare measurement does not
 	// use it).
@@ -466,28 +434,8 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 	if tgt.metricsURL != "" && sum.lifecycle.daemonErr != nil && unreachable == nil {
 		fmt.Fprintf(stderr, "decodeplane bench: daemon metrics at %s: %v\n", tgt.metricsURL, sum.lifecycle.daemonErr)
 	}
-
-	switch {
-	case unreachable != nil:
-		sum.bareSkipped = "the daemon became unreachable"
-	case o.rateMode():
-		sum.bareSkipped = "rate mode: rooms arrive at the offered rate, so there is no throughput to compare"
-	case o.bareDuration == 0:
-		sum.bareSkipped = "--bare-duration 0"
-	case ctx.Err() != nil:
-		sum.bareSkipped = "interrupted"
-	default:
-		bare, noOtel, skipped, err := run.bare(ctx, prog, sum.lifecycle)
-		switch {
-		case err != nil && ctx.Err() != nil:
-			sum.bareSkipped = "interrupted"
-		case err != nil:
-			return 0, fmt.Errorf("bare-gRPC measurement: %w", err)
-		case skipped != "":
-			sum.bareSkipped = skipped
-		default:
-			sum.bare, sum.bareNoOtel = bare, noOtel
-		}
+	if err := run.bareUnlessSkipped(ctx, prog, sum, unreachable); err != nil {
+		return 0, err
 	}
 	prog.stop()
 	sum.compute()
@@ -498,8 +446,96 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 	} else {
 		sum.writeTable(stdout)
 	}
+	return run.exit(sum, unreachable, stderr)
+}
 
-	lc := sum.lifecycle
+// benchTargetOf is the daemon the bench runs against (one it starts, or
+// --target) and the token to call it with: --token, else
+// DECODEPLANE_TOKEN, else the started daemon's.
+func benchTargetOf(ctx context.Context, o *benchOptions, environ []string, stderr io.Writer) (*benchTarget, string, error) {
+	var tgt *benchTarget
+	var err error
+	if o.target == "" {
+		tgt, err = benchStartDaemon(ctx, o, environ, stderr)
+	} else {
+		tgt = &benchTarget{addr: o.target, metricsURL: o.metricsURL}
+	}
+	if err != nil {
+		return nil, "", err
+	}
+	token := o.token
+	if token == "" {
+		token = benchEnvMap(environ)["DECODEPLANE_TOKEN"]
+	}
+	if token == "" {
+		token = tgt.token
+	}
+	return tgt, token, nil
+}
+
+// lifecycle runs the warmup (closed loop only) and the measured phase,
+// under the profilers asked for, into sum.lifecycle.
+func (b *benchRun) lifecycle(ctx context.Context, prog *benchProgress, sum *benchSummary) error {
+	o := b.o
+	if !o.rateMode() && o.warmup > 0 {
+		prog.setPhase("warmup", o.warmup)
+		b.phase(ctx, 0, o.warmup, false)
+	}
+	first := uint64(0)
+	if !o.rateMode() {
+		first = uint64(o.warmup)
+	}
+	total := o.rooms
+	if o.rateMode() && !o.roomsSet {
+		total = 0
+	}
+	prog.setPhase("measuring", total)
+	if err := benchCPUProfile(o.cpuProfile, func() { sum.lifecycle = b.phase(ctx, first, total, true) }); err != nil {
+		return fmt.Errorf("--cpuprofile: %w", err)
+	}
+	if o.memProfile != "" {
+		if err := benchWriteHeapProfile(o.memProfile); err != nil {
+			return fmt.Errorf("--memprofile: %w", err)
+		}
+	}
+	return nil
+}
+
+// bareUnlessSkipped runs the bare-gRPC measurement into sum, or records why
+// it was skipped (the daemon became unreachable, rate mode,
+// --bare-duration 0, an interruption).
+func (b *benchRun) bareUnlessSkipped(ctx context.Context, prog *benchProgress, sum *benchSummary, unreachable error) error {
+	o := b.o
+	switch {
+	case unreachable != nil:
+		sum.bareSkipped = "the daemon became unreachable"
+	case o.rateMode():
+		sum.bareSkipped = "rate mode: rooms arrive at the offered rate, so there is no throughput to compare"
+	case o.bareDuration == 0:
+		sum.bareSkipped = "--bare-duration 0"
+	case ctx.Err() != nil:
+		sum.bareSkipped = "interrupted"
+	default:
+		bare, noOtel, skipped, err := b.bare(ctx, prog, sum.lifecycle)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			sum.bareSkipped = "interrupted"
+		case err != nil:
+			return fmt.Errorf("bare-gRPC measurement: %w", err)
+		case skipped != "":
+			sum.bareSkipped = skipped
+		default:
+			sum.bare, sum.bareNoOtel = bare, noOtel
+		}
+	}
+	return nil
+}
+
+// exit is the bench's exit code: a failure when the daemon became
+// unreachable, the run was interrupted (closed loop), rooms failed that
+// were not expected to, or no room finished.
+func (b *benchRun) exit(sum *benchSummary, unreachable error, stderr io.Writer) (int, error) {
+	o, lc := b.o, sum.lifecycle
 	switch {
 	case unreachable != nil:
 		fmt.Fprintf(stderr, "decodeplane bench: %v\n", unreachable)
@@ -507,7 +543,7 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 	case lc.interrupted && !o.rateMode():
 		fmt.Fprintln(stderr, "decodeplane bench: interrupted: the figures cover the rooms that finished")
 		return exitFailure, nil
-	case lc.failed > 0 && !run.failuresExpected:
+	case lc.failed > 0 && !b.failuresExpected:
 		fmt.Fprintf(stderr, "decodeplane bench: %d rooms failed\n", lc.failed)
 		return exitFailure, nil
 	case lc.ok == 0 && lc.failed == 0 && !o.rateMode():

@@ -188,117 +188,18 @@ func (b *benchRun) bareStreamMix(ctx context.Context, prog *benchProgress, e *be
 	res.Mix = mix
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	// Stream 0 on the engine's connection; the senders' on connections
-	// 1, 2, ... in group order.
-	streams := []*benchBareSessionStream{}
-	var groups [][]int
-	open := func(conn int) (int, error) {
-		s, err := e.clients[conn].Session(sctx)
-		if err != nil {
-			return 0, err
-		}
-		streams = append(streams, &benchBareSessionStream{s: s})
-		return len(streams) - 1, nil
-	}
-	if _, err := open(0); err != nil {
-		return fmt.Errorf("stream mix: open the engine stream: %w", err)
-	}
-	conn := 1
-	for _, g := range b.groups {
-		var idx []int
-		for range g {
-			i, err := open(conn)
-			if err != nil {
-				return fmt.Errorf("stream mix: open a prefill stream: %w", err)
-			}
-			idx = append(idx, i)
-			conn++
-		}
-		groups = append(groups, idx)
-	}
-	workers := make([]*benchBareWorker, b.o.concurrency)
-	for i := range workers {
-		workers[i] = &benchBareWorker{sig: make(chan struct{}, 1)}
+	m, err := b.openMix(sctx, e, mix)
+	if err != nil {
+		return err
 	}
 	var demux sync.WaitGroup
 	defer demux.Wait()
 	defer cancel()
-	for _, st := range streams {
-		demux.Go(func() {
-			for {
-				m, err := st.s.Recv()
-				if err != nil {
-					return
-				}
-				t := int(m.GetTag()) - 1
-				if t < 0 || t >= len(workers) {
-					continue
-				}
-				w := workers[t]
-				w.got.Add(1)
-				select {
-				case w.sig <- struct{}{}:
-				default:
-				}
-			}
-		})
-	}
-	engine, prefill := newBenchBareStreamPlan(mix.Engine), newBenchBareStreamPlan(mix.Prefill)
-	var pad []byte
-	if n := max(engine.pad, prefill.pad); n > 0 {
-		pad = make([]byte, n)
-	}
-	var next atomic.Uint64
-	worker := func(ctx context.Context, wi int, n *atomic.Int64) error {
-		w := workers[wi]
-		pending := make([]int64, len(streams))
-		var want int64
-		send := func(si int, plan *benchBareStreamPlan, k int64) error {
-			ns := benchSpread(k, plan.sent)
-			pending[si] += benchSpread(k, plan.received)
-			if ns == 0 {
-				return nil
-			}
-			st := streams[si]
-			for j := range ns {
-				r := pending[si] / ns
-				if j < pending[si]%ns {
-					r++
-				}
-				msg := &benchv1.SessionMessage{Tag: uint32(wi + 1), Replies: uint32(r), ReplyBytes: uint32(plan.replyPad), Payload: pad[:plan.pad]}
-				st.mu.Lock()
-				err := st.s.Send(msg)
-				st.mu.Unlock()
-				if err != nil {
-					return err
-				}
-			}
-			want += pending[si]
-			pending[si] = 0
-			return nil
-		}
-		for k := int64(0); ; k++ {
-			g := groups[next.Add(1)%uint64(len(groups))]
-			if err := send(0, &engine, k); err != nil {
-				return err
-			}
-			for _, si := range g {
-				if err := send(si, &prefill, k); err != nil {
-					return err
-				}
-			}
-			for w.got.Load() < want {
-				select {
-				case <-w.sig:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			}
-			n.Add(1)
-		}
+	for _, st := range m.streams {
+		demux.Go(func() { m.demux(st) })
 	}
 	prog.setPhase("bare stream mix"+suffix, 0)
-	r, counts, err := benchMeasure(ctx, &e.counters, b.o.concurrency, b.o.bareDuration, worker)
+	r, counts, err := benchMeasure(ctx, &e.counters, b.o.concurrency, b.o.bareDuration, m.work)
 	if err != nil {
 		return fmt.Errorf("stream mix: %w", err)
 	}
@@ -309,10 +210,143 @@ func (b *benchRun) bareStreamMix(ctx context.Context, prog *benchProgress, e *be
 		r.ReceivedPerOp = float64(counts.Msgs[benchBareSession]) / float64(r.Ops)
 	}
 	res.StreamMix = r
-	for _, st := range streams {
+	for _, st := range m.streams {
 		st.mu.Lock()
 		_ = st.s.CloseSend()
 		st.mu.Unlock()
 	}
+	return nil
+}
+
+// benchStreamMixRun is one stream-mix measurement: its streams (0 on the engine's
+// connection, then the prefill ranks' on connections 1, 2, ... in group
+// order), the workers' reply counts, and what a room sends on each side.
+type benchStreamMixRun struct {
+	streams         []*benchBareSessionStream
+	groups          [][]int // per DP group, its ranks' streams
+	workers         []*benchBareWorker
+	engine, prefill benchBareStreamPlan
+	pad             []byte
+	next            atomic.Uint64 // the next room's group
+}
+
+// openMix opens the mix's streams, under ctx.
+func (b *benchRun) openMix(ctx context.Context, e *benchBareEnv, mix *benchBareMix) (*benchStreamMixRun, error) {
+	m := &benchStreamMixRun{engine: newBenchBareStreamPlan(mix.Engine), prefill: newBenchBareStreamPlan(mix.Prefill)}
+	open := func(conn int) (int, error) {
+		s, err := e.clients[conn].Session(ctx)
+		if err != nil {
+			return 0, err
+		}
+		m.streams = append(m.streams, &benchBareSessionStream{s: s})
+		return len(m.streams) - 1, nil
+	}
+	if _, err := open(0); err != nil {
+		return nil, fmt.Errorf("stream mix: open the engine stream: %w", err)
+	}
+	conn := 1
+	for _, g := range b.groups {
+		var idx []int
+		for range g {
+			i, err := open(conn)
+			if err != nil {
+				return nil, fmt.Errorf("stream mix: open a prefill stream: %w", err)
+			}
+			idx = append(idx, i)
+			conn++
+		}
+		m.groups = append(m.groups, idx)
+	}
+	m.workers = make([]*benchBareWorker, b.o.concurrency)
+	for i := range m.workers {
+		m.workers[i] = &benchBareWorker{sig: make(chan struct{}, 1)}
+	}
+	if n := max(m.engine.pad, m.prefill.pad); n > 0 {
+		m.pad = make([]byte, n)
+	}
+	return m, nil
+}
+
+// demux counts each reply of st for the worker it tags, until st ends.
+func (m *benchStreamMixRun) demux(st *benchBareSessionStream) {
+	for {
+		msg, err := st.s.Recv()
+		if err != nil {
+			return
+		}
+		t := int(msg.GetTag()) - 1
+		if t < 0 || t >= len(m.workers) {
+			continue
+		}
+		w := m.workers[t]
+		w.got.Add(1)
+		select {
+		case w.sig <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// work is worker wi: bare rooms one after the other (each its group's
+// messages on the engine's and the ranks' streams, then the wait for every
+// reply), counted in n, until ctx ends.
+func (m *benchStreamMixRun) work(ctx context.Context, wi int, n *atomic.Int64) error {
+	w := m.workers[wi]
+	s := &benchStreamMixSender{m: m, tag: uint32(wi + 1), pending: make([]int64, len(m.streams))}
+	for k := int64(0); ; k++ {
+		g := m.groups[m.next.Add(1)%uint64(len(m.groups))]
+		if err := s.send(0, &m.engine, k); err != nil {
+			return err
+		}
+		for _, si := range g {
+			if err := s.send(si, &m.prefill, k); err != nil {
+				return err
+			}
+		}
+		for w.got.Load() < s.want {
+			select {
+			case <-w.sig:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		n.Add(1)
+	}
+}
+
+// benchStreamMixSender is a worker's sending side: the replies it asked for on
+// each stream and not sent yet (a room's fractional share carried over),
+// and every reply it waits for.
+type benchStreamMixSender struct {
+	m       *benchStreamMixRun
+	tag     uint32
+	pending []int64
+	want    int64
+}
+
+// send sends room k's messages of plan on stream si, spreading the replies
+// they ask for over them.
+func (s *benchStreamMixSender) send(si int, plan *benchBareStreamPlan, k int64) error {
+	ns := benchSpread(k, plan.sent)
+	s.pending[si] += benchSpread(k, plan.received)
+	if ns == 0 {
+		return nil
+	}
+	st := s.m.streams[si]
+	for j := range ns {
+		r := s.pending[si] / ns
+		if j < s.pending[si]%ns {
+			r++
+		}
+		msg := &benchv1.SessionMessage{Tag: s.tag, Replies: uint32(r), ReplyBytes: uint32(plan.replyPad), Payload: s.m.pad[:plan.pad]}
+		st.mu.Lock()
+		err := st.s.Send(msg)
+		st.mu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	s.want += s.pending[si]
+	s.pending[si] = 0
 	return nil
 }

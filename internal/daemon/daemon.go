@@ -19,7 +19,7 @@
 //     the daemon's incarnation: a random non-zero 64-bit value drawn from
 //     crypto/rand at every Build, returned by registration, heartbeat,
 //     status and every destination, logged at startup; requests naming
-//     another one are refused (server/incarnation.go);
+//     another one are refused (server/internal/ops/incarnation.go);
 //  7. the gRPC listener (server.listen) and the /metrics listener
 //     (server.metrics_listen).
 //

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -37,7 +36,6 @@ func (d *Daemon) addHTTP(srv *server.Server) error {
 		if err != nil {
 			return err
 		}
-		d.closers = append(d.closers, func(context.Context) error { return gw.Close() })
 		gw.Register(mux)
 	}
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}

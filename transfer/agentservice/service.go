@@ -23,8 +23,9 @@ import (
 )
 
 // Service is the reference decodeplane.transfer.v1.TransferAgent: every
-// buffer lives in host memory (transfer/hostmem) and every copy moves real
-// bytes. Batches run asynchronously; their completions fan out to every
+// buffer lives in host memory (transfer/hostmem): memory the agent
+// allocates, or a shared-memory file region an engine created; every copy
+// moves real bytes. GPU memory kinds are refused (FAILED_PRECONDITION). Batches run asynchronously; their completions fan out to every
 // WatchCompletions stream and are remembered (the last maxRemembered) so a
 // resubmitted batch id or a reconnecting watcher gets the outcome again.
 type Service struct {
@@ -108,8 +109,11 @@ func agentStatus(err error) error {
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, hostmem.ErrOutOfRange), errors.Is(err, hostmem.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, hostmem.ErrLengthMismatch), errors.Is(err, hostmem.ErrBusy):
+	case errors.Is(err, hostmem.ErrLengthMismatch), errors.Is(err, hostmem.ErrBusy), errors.Is(err, hostmem.ErrMemoryMismatch),
+		errors.Is(err, hostmem.ErrUnsupportedMemory), errors.Is(err, hostmem.ErrSharedMemory):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, hostmem.ErrClosed):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, hostmem.ErrTooLarge):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
@@ -120,11 +124,19 @@ func agentStatus(err error) error {
 
 // RegisterBuffers implements TransferAgent.
 func (a *Service) RegisterBuffers(_ context.Context, req *transferv1.RegisterBuffersRequest) (*transferv1.RegisterBuffersResponse, error) {
-	specs, err := a.agent.Store().Register(agentwire.BuffersFromProto(req.GetBuffers()))
+	regs, err := registrations(req.GetBuffers())
+	if err != nil {
+		return nil, err
+	}
+	specs, err := a.agent.Store().RegisterMemory(regs)
 	if err != nil {
 		return nil, agentStatus(err)
 	}
-	return &transferv1.RegisterBuffersResponse{Buffers: agentwire.BuffersToProto(specs), AgentInstance: a.instance}, nil
+	out := agentwire.BuffersToProto(specs)
+	for i, b := range out {
+		b.Memory = req.GetBuffers()[i].GetMemory()
+	}
+	return &transferv1.RegisterBuffersResponse{Buffers: out, AgentInstance: a.instance}, nil
 }
 
 // DeregisterBuffers implements TransferAgent.
@@ -149,19 +161,23 @@ func (a *Service) SubmitBatch(_ context.Context, req *transferv1.SubmitBatchRequ
 	if a.closed {
 		return nil, status.Error(codes.Unavailable, "the transfer agent is shutting down")
 	}
-	if err := a.agent.Store().Validate(b); err != nil {
+	// Accepted, the batch's buffers are busy (DeregisterBuffers refuses
+	// them) until it completes.
+	unpin, err := a.agent.Store().Pin(b)
+	if err != nil {
 		return nil, agentStatus(err)
 	}
 	rec := &batchRecord{room: b.Room}
 	a.batches[b.ID] = rec
 	a.wg.Add(1)
-	go a.run(b, rec)
+	go a.run(b, rec, unpin)
 	return &transferv1.SubmitBatchResponse{AgentInstance: a.instance}, nil
 }
 
 // run executes one batch and publishes its completion.
-func (a *Service) run(b kvcopy.Batch, rec *batchRecord) {
+func (a *Service) run(b kvcopy.Batch, rec *batchRecord, unpin func()) {
 	defer a.wg.Done()
+	defer unpin()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
@@ -172,6 +188,7 @@ func (a *Service) run(b kvcopy.Batch, rec *batchRecord) {
 		}
 	}()
 	err := a.agent.Execute(ctx, b)
+	unpin() // before the completion: whoever sees it may deregister the buffers
 	c := &transferv1.Completion{BatchId: b.ID, Room: b.Room, Ok: err == nil, AgentInstance: a.instance}
 	if err != nil {
 		c.Error = err.Error()

@@ -68,9 +68,12 @@ func (a *Agent) Check(context.Context) error { return nil }
 // Execute runs a batch until it finishes, its deadline passes, ctx is done
 // or CancelRoom cancels it; when it returns nothing of it is in flight.
 func (a *Agent) Execute(ctx context.Context, b kvcopy.Batch) error {
-	if err := a.store.Validate(b); err != nil {
+	// The batch's buffers are busy while it is in flight, held ones too.
+	unpin, err := a.store.Pin(b)
+	if err != nil {
 		return err
 	}
+	defer unpin()
 	rctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	if !b.Deadline.IsZero() {

@@ -3,6 +3,14 @@
 // (cmd/decodeplane-agent), usable in-process by tests and by prefills
 // without GPUs. It moves real bytes with the same offsets a GPU agent would
 // use, so a byte-exact check of the decode pages proves the copy plans.
+//
+// A buffer's memory is either allocated by the store (agent memory, within
+// its limit) or a region of a shared-memory file another process created
+// (an engine's KV cache in /dev/shm), mapped shared so that the process
+// sees every byte the store writes (Linux). The engine must keep such a
+// file at least as long as the region while it is registered: the store
+// checks the size before every batch, read and write, and a truncation
+// that races a copy fails the copy instead of crashing the process.
 package hostmem
 
 import (
@@ -35,62 +43,58 @@ var (
 // concurrent use; each copy runs atomically with respect to other copies,
 // reads and writes.
 type Store struct {
-	limit int64
+	limit      int64
+	sharedDirs []string
 
-	mu    sync.RWMutex
-	bufs  map[string]*buffer
-	total int64
+	mu     sync.RWMutex
+	bufs   map[string]*buffer
+	total  int64 // bytes of agent memory
+	closed bool
 }
 
 type buffer struct {
 	spec kvcopy.BufferSpec
+	mem  Memory
 	data []byte
+	shm  *mapping // shared memory; nil for agent memory
 	busy int
 }
 
-// New returns an empty store that allocates at most limit bytes in total
-// (0 means no limit).
-func New(limit int64) *Store {
-	return &Store{limit: limit, bufs: map[string]*buffer{}}
+// Options configure a store.
+type Options struct {
+	// Limit bounds the bytes the store allocates (agent memory) in total;
+	// 0 means no limit. Shared memory is another process's and not counted.
+	Limit int64
+	// SharedDirs are the directories whose files (symlinks resolved) may be
+	// registered as shared memory; none: shared memory is refused.
+	SharedDirs []string
 }
 
-// Register allocates the buffers (zeroed). It is idempotent by (name,
-// length): a known buffer keeps its bytes. It returns the specs with the
-// addresses used (host memory: a synthetic, non-zero handle).
+// New returns an empty store that allocates at most limit bytes in total
+// (0 means no limit) and admits no shared memory.
+func New(limit int64) *Store { return NewStore(Options{Limit: limit}) }
+
+// NewStore returns an empty store configured by o.
+func NewStore(o Options) *Store {
+	return &Store{limit: o.Limit, sharedDirs: append([]string(nil), o.SharedDirs...), bufs: map[string]*buffer{}}
+}
+
+// Register allocates the buffers (zeroed) in agent memory: RegisterMemory
+// with every buffer in agent memory.
 func (s *Store) Register(specs []kvcopy.BufferSpec) ([]kvcopy.BufferSpec, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var add int64
+	regs := make([]Registration, len(specs))
 	for i, sp := range specs {
-		if sp.Name == "" {
-			return nil, fmt.Errorf("buffers[%d]: %w: name is required", i, ErrInvalid)
-		}
-		if sp.Length <= 0 {
-			return nil, fmt.Errorf("buffer %q: %w: length must be > 0 (got %d)", sp.Name, ErrInvalid, sp.Length)
-		}
-		if b := s.bufs[sp.Name]; b != nil {
-			if b.spec.Length != sp.Length {
-				return nil, fmt.Errorf("register buffer %q with %d bytes: %w (%d bytes)", sp.Name, sp.Length, ErrLengthMismatch, b.spec.Length)
-			}
-			continue
-		}
-		add += sp.Length
+		regs[i] = Registration{Spec: sp}
 	}
-	if s.limit > 0 && s.total+add > s.limit {
-		return nil, fmt.Errorf("register %d bytes (%d in use): %w (%d bytes)", add, s.total, ErrTooLarge, s.limit)
-	}
-	out := make([]kvcopy.BufferSpec, len(specs))
-	for i, sp := range specs {
-		b := s.bufs[sp.Name]
-		if b == nil {
-			sp.Address = handle(sp.Name)
-			b = &buffer{spec: sp, data: make([]byte, sp.Length)}
-			s.bufs[sp.Name] = b
-			s.total += sp.Length
-		}
-		out[i] = b.spec
-	}
-	return out, nil
+	return s.RegisterMemory(regs)
+}
+
+// Allocated is the bytes of agent memory the buffers take (what counts
+// against the limit).
+func (s *Store) Allocated() int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.total
 }
 
 // handle is a stable, non-zero stand-in for a device address.
@@ -103,8 +107,9 @@ func handle(name string) uint64 {
 	return h | 1<<63
 }
 
-// Deregister forgets buffers; unknown names are ignored. A buffer with
-// copies in flight is ErrBusy and nothing is forgotten.
+// Deregister forgets buffers and releases their memory (shared memory is
+// unmapped; the file stays its owner's); unknown names are ignored. A
+// buffer with copies in flight is ErrBusy and nothing is forgotten.
 func (s *Store) Deregister(names []string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -113,13 +118,19 @@ func (s *Store) Deregister(names []string) error {
 			return fmt.Errorf("deregister %q: %w", n, ErrBusy)
 		}
 	}
+	var errs []error
 	for _, n := range names {
 		if b := s.bufs[n]; b != nil {
-			s.total -= b.spec.Length
+			if b.shm == nil {
+				s.total -= b.spec.Length
+			}
+			if err := b.release(); err != nil {
+				errs = append(errs, fmt.Errorf("deregister %q: unmap: %w", n, err))
+			}
 			delete(s.bufs, n)
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Buffers lists the registered buffers.
@@ -174,58 +185,122 @@ func (s *Store) validateLocked(b kvcopy.Batch) error {
 	return nil
 }
 
-// Execute validates the batch, then runs its copies in order and its writes
-// last. It stops between copies when ctx is done (the bytes copied so far
-// stay) and returns ctx's error; once it returns nothing of the batch is in
-// flight. It returns the bytes moved.
-func (s *Store) Execute(ctx context.Context, b kvcopy.Batch) (int64, error) {
+// Pin validates the batch and marks its buffers busy until unpin is
+// called (once; later calls do nothing): what an accepted batch does before
+// it runs, so that Deregister refuses its buffers from acceptance on.
+func (s *Store) Pin(b kvcopy.Batch) (unpin func(), err error) { return s.pin(b, false) }
+
+// pin is Pin; with check, it also checks the batch's shared-memory files
+// (their size now, before the copies).
+func (s *Store) pin(b kvcopy.Batch, check bool) (func(), error) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if err := s.validateLocked(b); err != nil {
-		s.mu.Unlock()
-		return 0, err
+		return nil, err
 	}
-	bufs := map[*buffer]bool{}
+	set := map[*buffer]bool{}
 	for _, c := range b.Copies {
-		bufs[s.bufs[c.SrcBuffer]], bufs[s.bufs[c.DstBuffer]] = true, true
+		set[s.bufs[c.SrcBuffer]], set[s.bufs[c.DstBuffer]] = true, true
 	}
 	for _, w := range b.Writes {
-		bufs[s.bufs[w.DstBuffer]] = true
+		set[s.bufs[w.DstBuffer]] = true
 	}
-	for buf := range bufs {
+	for buf := range set {
+		if check && buf.shm != nil {
+			if err := buf.shm.check(buf.spec.Name); err != nil {
+				return nil, fmt.Errorf("batch %s: %w", b.ID, err)
+			}
+		}
+	}
+	for buf := range set {
 		buf.busy++
 	}
-	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		for buf := range bufs {
-			buf.busy--
-		}
-		s.mu.Unlock()
-	}()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			for buf := range set {
+				buf.busy--
+			}
+		})
+	}, nil
+}
 
+// Execute validates the batch and checks its shared-memory files, then
+// runs its copies in order and its writes last. It stops between copies
+// when ctx is done (the bytes copied so far stay) and returns ctx's error;
+// once it returns nothing of the batch is in flight. It returns the bytes
+// moved.
+func (s *Store) Execute(ctx context.Context, b kvcopy.Batch) (int64, error) {
+	unpin, err := s.pin(b, true)
+	if err != nil {
+		return 0, err
+	}
+	defer unpin()
 	var moved int64
-	for _, c := range b.Copies {
+	for i, c := range b.Copies {
 		if err := ctx.Err(); err != nil {
 			return moved, err
 		}
-		s.mu.Lock()
-		src, dst := s.bufs[c.SrcBuffer].data, s.bufs[c.DstBuffer].data
-		for r := range int64(c.Rows()) {
-			so, do := c.SrcOffset+r*c.SrcStride, c.DstOffset+r*c.DstStride
-			copy(dst[do:do+c.Length], src[so:so+c.Length])
+		if err := s.copyRows(fmt.Sprintf("batch %s copy %d", b.ID, i), c); err != nil {
+			return moved, err
 		}
-		s.mu.Unlock()
 		moved += c.Bytes()
 	}
 	if err := ctx.Err(); err != nil {
 		return moved, err
 	}
+	n, err := s.writeInline(b)
+	return moved + n, err
+}
+
+// lookupLocked returns the named buffers, or ErrClosed when the store
+// released them while a batch ran (a batch's buffers are busy, so only
+// Close can).
+func (s *Store) lookupLocked(what string, names ...string) ([]*buffer, error) {
+	out := make([]*buffer, len(names))
+	for i, n := range names {
+		if out[i] = s.bufs[n]; out[i] == nil {
+			return nil, fmt.Errorf("%s: buffer %q: %w", what, n, ErrClosed)
+		}
+	}
+	return out, nil
+}
+
+// copyRows runs one (validated) copy.
+func (s *Store) copyRows(what string, c kvcopy.Copy) error {
 	s.mu.Lock()
-	for _, w := range b.Writes {
-		copy(s.bufs[w.DstBuffer].data[w.DstOffset:], w.Data)
+	defer s.mu.Unlock()
+	bufs, err := s.lookupLocked(what, c.SrcBuffer, c.DstBuffer)
+	if err != nil {
+		return err
+	}
+	src, dst := bufs[0].data, bufs[1].data
+	return guard(what, bufs, func() {
+		for r := range int64(c.Rows()) {
+			so, do := c.SrcOffset+r*c.SrcStride, c.DstOffset+r*c.DstStride
+			copy(dst[do:do+c.Length], src[so:so+c.Length])
+		}
+	})
+}
+
+// writeInline runs a (validated) batch's inline writes.
+func (s *Store) writeInline(b kvcopy.Batch) (int64, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var moved int64
+	for i, w := range b.Writes {
+		what := fmt.Sprintf("batch %s write %d", b.ID, i)
+		bufs, err := s.lookupLocked(what, w.DstBuffer)
+		if err != nil {
+			return moved, err
+		}
+		if err := guard(what, bufs, func() { copy(bufs[0].data[w.DstOffset:], w.Data) }); err != nil {
+			return moved, err
+		}
 		moved += int64(len(w.Data))
 	}
-	s.mu.Unlock()
 	return moved, nil
 }
 
@@ -240,7 +315,14 @@ func (s *Store) Read(name string, off, n int64) ([]byte, error) {
 	if off < 0 || n < 0 || off+n > b.spec.Length {
 		return nil, fmt.Errorf("read [%d, %d) of %q: %w (%d bytes)", off, off+n, name, ErrOutOfRange, b.spec.Length)
 	}
-	return append([]byte(nil), b.data[off:off+n]...), nil
+	if b.shm != nil {
+		if err := b.shm.check(name); err != nil {
+			return nil, fmt.Errorf("read: %w", err)
+		}
+	}
+	var out []byte
+	err := guard(fmt.Sprintf("read [%d, %d)", off, off+n), []*buffer{b}, func() { out = append([]byte(nil), b.data[off:off+n]...) })
+	return out, err
 }
 
 // Write copies data into a buffer at off.
@@ -254,6 +336,10 @@ func (s *Store) Write(name string, off int64, data []byte) error {
 	if off < 0 || off+int64(len(data)) > b.spec.Length {
 		return fmt.Errorf("write [%d, %d) of %q: %w (%d bytes)", off, off+int64(len(data)), name, ErrOutOfRange, b.spec.Length)
 	}
-	copy(b.data[off:], data)
-	return nil
+	if b.shm != nil {
+		if err := b.shm.check(name); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+	}
+	return guard(fmt.Sprintf("write [%d, %d)", off, off+int64(len(data))), []*buffer{b}, func() { copy(b.data[off:], data) })
 }

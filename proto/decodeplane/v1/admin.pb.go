@@ -140,7 +140,9 @@ type ShardStatus struct {
 	Running            uint32                 `protobuf:"varint,12,opt,name=running,proto3" json:"running,omitempty"`
 	Retracted          uint32                 `protobuf:"varint,13,opt,name=retracted,proto3" json:"retracted,omitempty"`
 	Held               uint32                 `protobuf:"varint,14,opt,name=held,proto3" json:"held,omitempty"`
-	// blocked_by is why the last admission pass stopped ("none", "tokens", ...).
+	// blocked_by is why the last admission pass stopped ("none", "tokens",
+	// ...), or "resync" while admission waits for the decode engine's
+	// resync: the same text as the shard's CapacityUpdate.blocked_by.
 	BlockedBy       string `protobuf:"bytes,15,opt,name=blocked_by,json=blockedBy,proto3" json:"blocked_by,omitempty"`
 	StateSlotsTotal uint64 `protobuf:"varint,16,opt,name=state_slots_total,json=stateSlotsTotal,proto3" json:"state_slots_total,omitempty"`
 	StateSlotsFree  uint64 `protobuf:"varint,17,opt,name=state_slots_free,json=stateSlotsFree,proto3" json:"state_slots_free,omitempty"`

@@ -228,6 +228,14 @@ func FuzzReportTransfer(f *testing.F) {
 		&ReportTransferRequest{Room: 5, Rank: seedRank, FailureReason: "rdma error"}, &ReportTransferRequest{Room: 5, Rank: seedRank, Bytes: 1 << 63, Success: true, NumPages: 1})
 }
 
+func FuzzAckRoomEnd(f *testing.F) {
+	fuzzValidate(f, func() *AckRoomEndRequest { return new(AckRoomEndRequest) }, func(b *bounds, m *AckRoomEndRequest) {
+		b.need(roomOK(m.GetRoom()), "room")
+		rankOK(b, m.GetRank())
+		b.need(m.GetAttempt() >= 1, "attempt >= 1")
+	}, &AckRoomEndRequest{Room: 5, Rank: seedRank, Attempt: 1}, &AckRoomEndRequest{Room: 5, Rank: seedRank, Attempt: 1 << 31})
+}
+
 func FuzzRoomByID(f *testing.F) {
 	// WatchRoom, GetRoom and ReleaseRoom name only a room.
 	for _, seed := range []uint64{1, 5, 1<<63 - 1, 0, 1 << 63} {

@@ -74,8 +74,10 @@ type PrefillSessionClient interface {
 	// decodeplane_stale_incarnation_total under the unary method's name).
 	// The rank of an op may be left unset (the session's rank is used); when
 	// set it must be the session's rank (INVALID_ARGUMENT naming
-	// "<op>.rank"). Claims, reports and acks are handled in the order
-	// received; a chunk waits for its transfer on its own (at most 4,096 in
+	// "<op>.rank"). Ops are handled in the order received: a chunk is
+	// checked and registered with its room in that order (a last chunk is
+	// checked against the chunks before it on the session, landed or in
+	// flight), then waits for its transfer on its own (at most 4,096 in
 	// flight per session, beyond that a result RESOURCE_EXHAUSTED), so its
 	// result comes when the chunk landed: match results by seq.
 	//
@@ -211,8 +213,10 @@ type PrefillSessionServer interface {
 	// decodeplane_stale_incarnation_total under the unary method's name).
 	// The rank of an op may be left unset (the session's rank is used); when
 	// set it must be the session's rank (INVALID_ARGUMENT naming
-	// "<op>.rank"). Claims, reports and acks are handled in the order
-	// received; a chunk waits for its transfer on its own (at most 4,096 in
+	// "<op>.rank"). Ops are handled in the order received: a chunk is
+	// checked and registered with its room in that order (a last chunk is
+	// checked against the chunks before it on the session, landed or in
+	// flight), then waits for its transfer on its own (at most 4,096 in
 	// flight per session, beyond that a result RESOURCE_EXHAUSTED), so its
 	// result comes when the chunk landed: match results by seq.
 	//

@@ -3214,7 +3214,9 @@ type AckRoomEndRequest struct {
 	// rank is the acknowledging prefill rank. bounds: required; see PrefillRank.
 	Rank *PrefillRank `protobuf:"bytes,2,opt,name=rank,proto3" json:"rank,omitempty"`
 	// attempt is the destination's attempt (Destination.attempt).
-	// bounds: >= 1.
+	// bounds: 1..2^32-1 (0 is refused INVALID_ARGUMENT "attempt: 0 is out of
+	// range (allowed 1..4294967295)"); an attempt other than the room's
+	// current one is FAILED_PRECONDITION STALE_ATTEMPT.
 	Attempt uint32 `protobuf:"varint,3,opt,name=attempt,proto3" json:"attempt,omitempty"`
 	// incarnation is the destination's daemon incarnation
 	// (Destination.incarnation); 0 is not checked.

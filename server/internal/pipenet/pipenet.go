@@ -1,8 +1,8 @@
-// Package pipenet is an in-memory network: a Listener whose connections are
-// net.Pipe pairs. The daemon's JSON-over-HTTP gateway reaches the gRPC
-// server through one (no socket, no TLS, the same interceptors); tests use
-// it to run HTTP servers inside a testing/synctest bubble, where blocking on
-// a pipe is durable and a real socket is not.
+// Package pipenet is an in-memory network for tests: a Listener whose
+// connections are net.Pipe pairs, to run HTTP servers inside a
+// testing/synctest bubble, where blocking on a pipe is durable and a real
+// socket is not. No server code uses it (the JSON gateway calls the
+// operation table in process: deps_test.go).
 package pipenet
 
 import (

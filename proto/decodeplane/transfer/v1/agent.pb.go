@@ -12,6 +12,18 @@
 // reference agent (cmd/decodeplane-agent) that keeps every buffer in host
 // memory; production agents live outside this repository.
 //
+// # Buffer memory
+//
+// A buffer's bytes live where its BufferMemory says: memory the agent
+// allocates (AgentMemory, also when memory is unset: what decodeplane's own
+// registrations use), or memory another process created and hands to the
+// agent so that it sees exactly the bytes the agent writes: a region of a
+// shared-memory file (SharedMemory: on Linux /dev/shm/<name>, or any file
+// the engine maps MAP_SHARED), a CUDA IPC handle (CudaIpc) or a NIXL
+// descriptor (NixlDescriptor). The reference agent holds host memory only:
+// it implements AgentMemory and SharedMemory and refuses the GPU kinds
+// (FAILED_PRECONDITION); a GPU transfer agent implements those.
+//
 // # Byte layouts
 //
 // Every KV buffer is page-major. For MHA/GQA, with L the buffer's layers, H
@@ -43,8 +55,10 @@
 //    14 little-endian int32 output ids, zero padded.
 //
 // Decode buffer names: "decode/dp{d}/tp{e}/kv", "decode/dp{d}/tp{e}/staging",
-// "decode/dp{d}/meta". Prefill ranks name their own buffers (kind PREFILL_KV)
-// and pass the name in Rooms.Transfer's source.
+// "decode/dp{d}/meta"; decodeplane registers them with memory unset (agent
+// memory), so a name already registered in other memory is refused like any
+// re-registration in other memory. Prefill ranks name their own buffers
+// (kind PREFILL_KV) and pass the name in Rooms.Transfer's source.
 
 package transferv1
 
@@ -131,14 +145,22 @@ type Buffer struct {
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// bounds: a defined kind other than BUFFER_KIND_UNSPECIFIED.
 	Kind BufferKind `protobuf:"varint,2,opt,name=kind,proto3,enum=decodeplane.transfer.v1.BufferKind" json:"kind,omitempty"`
-	// address is the device address; 0 asks the agent to allocate.
+	// address: in a request, informational (memory says where the bytes
+	// live; the reference agent ignores address); in the response, the
+	// address the agent uses (the reference agent: a stable, non-zero handle).
 	// bounds: any.
 	Address uint64 `protobuf:"varint,3,opt,name=address,proto3" json:"address,omitempty"`
-	// bounds: 1..2^62.
+	// length is the buffer's size in bytes; with shared memory, the size of
+	// the region from its offset. bounds: 1..2^62.
 	Length uint64 `protobuf:"varint,4,opt,name=length,proto3" json:"length,omitempty"`
 	// item_size is the size of one item (a page of one layer for KV, one slot
 	// for metadata); informational. bounds: 0..2^62.
-	ItemSize      uint64 `protobuf:"varint,5,opt,name=item_size,json=itemSize,proto3" json:"item_size,omitempty"`
+	ItemSize uint64 `protobuf:"varint,5,opt,name=item_size,json=itemSize,proto3" json:"item_size,omitempty"`
+	// memory says where the bytes live; unset is agent memory (the agent
+	// allocates), exactly as before the field existed. bounds: unset, or set
+	// with one kind (a BufferMemory without a kind is refused: leave memory
+	// unset for agent memory).
+	Memory        *BufferMemory `protobuf:"bytes,6,opt,name=memory,proto3" json:"memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -208,6 +230,339 @@ func (x *Buffer) GetItemSize() uint64 {
 	return 0
 }
 
+func (x *Buffer) GetMemory() *BufferMemory {
+	if x != nil {
+		return x.Memory
+	}
+	return nil
+}
+
+// BufferMemory is where a buffer's bytes live.
+type BufferMemory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*BufferMemory_Agent
+	//	*BufferMemory_Shared
+	//	*BufferMemory_CudaIpc
+	//	*BufferMemory_Nixl
+	Kind          isBufferMemory_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BufferMemory) Reset() {
+	*x = BufferMemory{}
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BufferMemory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BufferMemory) ProtoMessage() {}
+
+func (x *BufferMemory) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BufferMemory.ProtoReflect.Descriptor instead.
+func (*BufferMemory) Descriptor() ([]byte, []int) {
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *BufferMemory) GetKind() isBufferMemory_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *BufferMemory) GetAgent() *AgentMemory {
+	if x != nil {
+		if x, ok := x.Kind.(*BufferMemory_Agent); ok {
+			return x.Agent
+		}
+	}
+	return nil
+}
+
+func (x *BufferMemory) GetShared() *SharedMemory {
+	if x != nil {
+		if x, ok := x.Kind.(*BufferMemory_Shared); ok {
+			return x.Shared
+		}
+	}
+	return nil
+}
+
+func (x *BufferMemory) GetCudaIpc() *CudaIpc {
+	if x != nil {
+		if x, ok := x.Kind.(*BufferMemory_CudaIpc); ok {
+			return x.CudaIpc
+		}
+	}
+	return nil
+}
+
+func (x *BufferMemory) GetNixl() *NixlDescriptor {
+	if x != nil {
+		if x, ok := x.Kind.(*BufferMemory_Nixl); ok {
+			return x.Nixl
+		}
+	}
+	return nil
+}
+
+type isBufferMemory_Kind interface {
+	isBufferMemory_Kind()
+}
+
+type BufferMemory_Agent struct {
+	// agent: the agent allocates the buffer (zeroed); implemented by every
+	// agent.
+	Agent *AgentMemory `protobuf:"bytes,1,opt,name=agent,proto3,oneof"`
+}
+
+type BufferMemory_Shared struct {
+	// shared: a region of a file another process created; implemented by
+	// the reference agent (Linux).
+	Shared *SharedMemory `protobuf:"bytes,2,opt,name=shared,proto3,oneof"`
+}
+
+type BufferMemory_CudaIpc struct {
+	// cuda_ipc: GPU memory of another process; GPU agents only.
+	CudaIpc *CudaIpc `protobuf:"bytes,3,opt,name=cuda_ipc,json=cudaIpc,proto3,oneof"`
+}
+
+type BufferMemory_Nixl struct {
+	// nixl: memory described by NIXL; GPU agents only.
+	Nixl *NixlDescriptor `protobuf:"bytes,4,opt,name=nixl,proto3,oneof"`
+}
+
+func (*BufferMemory_Agent) isBufferMemory_Kind() {}
+
+func (*BufferMemory_Shared) isBufferMemory_Kind() {}
+
+func (*BufferMemory_CudaIpc) isBufferMemory_Kind() {}
+
+func (*BufferMemory_Nixl) isBufferMemory_Kind() {}
+
+// AgentMemory: the agent allocates the buffer's memory.
+type AgentMemory struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AgentMemory) Reset() {
+	*x = AgentMemory{}
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AgentMemory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AgentMemory) ProtoMessage() {}
+
+func (x *AgentMemory) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AgentMemory.ProtoReflect.Descriptor instead.
+func (*AgentMemory) Descriptor() ([]byte, []int) {
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+// SharedMemory is the region [offset, offset + Buffer.length) of a file the
+// engine created and sized (on Linux /dev/shm/<name>, as shm_open does, or
+// any file it maps MAP_SHARED). The agent maps the region read-write and
+// shared, so the engine's own mapping sees every byte the agent writes. The
+// engine keeps the file at least offset + length bytes long while the
+// buffer is registered: the agent checks the size when it registers the
+// buffer and again before each batch, ReadBuffer and WriteBuffer (a batch
+// on a truncated file completes with ok = false; nothing is written past
+// the file's end). The reference agent admits files under the directories
+// its --shared-memory-dirs flag lists (default /dev/shm).
+type SharedMemory struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// path is the file's absolute path. bounds: 1..4096 bytes, starting with
+	// "/", no NUL byte.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// offset is where the region starts in the file. bounds: a multiple of
+	// 4096 in 0..2^62, and offset + Buffer.length <= 2^62.
+	Offset        uint64 `protobuf:"varint,2,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SharedMemory) Reset() {
+	*x = SharedMemory{}
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SharedMemory) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SharedMemory) ProtoMessage() {}
+
+func (x *SharedMemory) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SharedMemory.ProtoReflect.Descriptor instead.
+func (*SharedMemory) Descriptor() ([]byte, []int) {
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SharedMemory) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *SharedMemory) GetOffset() uint64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+// CudaIpc is GPU memory another process exported with cudaIpcGetMemHandle.
+type CudaIpc struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// handle is the cudaIpcMemHandle_t. bounds: exactly 64 bytes.
+	Handle []byte `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	// device is the CUDA device ordinal the memory lives on. bounds: 0..1023.
+	Device        int32 `protobuf:"varint,2,opt,name=device,proto3" json:"device,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CudaIpc) Reset() {
+	*x = CudaIpc{}
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CudaIpc) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CudaIpc) ProtoMessage() {}
+
+func (x *CudaIpc) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CudaIpc.ProtoReflect.Descriptor instead.
+func (*CudaIpc) Descriptor() ([]byte, []int) {
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CudaIpc) GetHandle() []byte {
+	if x != nil {
+		return x.Handle
+	}
+	return nil
+}
+
+func (x *CudaIpc) GetDevice() int32 {
+	if x != nil {
+		return x.Device
+	}
+	return 0
+}
+
+// NixlDescriptor is memory described by NIXL.
+type NixlDescriptor struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// serialized is the descriptor the engine's NIXL agent serialized.
+	// bounds: 1..65,536 bytes.
+	Serialized    []byte `protobuf:"bytes,1,opt,name=serialized,proto3" json:"serialized,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NixlDescriptor) Reset() {
+	*x = NixlDescriptor{}
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NixlDescriptor) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NixlDescriptor) ProtoMessage() {}
+
+func (x *NixlDescriptor) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NixlDescriptor.ProtoReflect.Descriptor instead.
+func (*NixlDescriptor) Descriptor() ([]byte, []int) {
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *NixlDescriptor) GetSerialized() []byte {
+	if x != nil {
+		return x.Serialized
+	}
+	return nil
+}
+
 type RegisterBuffersRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bounds: 1..4096 entries.
@@ -218,7 +573,7 @@ type RegisterBuffersRequest struct {
 
 func (x *RegisterBuffersRequest) Reset() {
 	*x = RegisterBuffersRequest{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[1]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -230,7 +585,7 @@ func (x *RegisterBuffersRequest) String() string {
 func (*RegisterBuffersRequest) ProtoMessage() {}
 
 func (x *RegisterBuffersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[1]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -243,7 +598,7 @@ func (x *RegisterBuffersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterBuffersRequest.ProtoReflect.Descriptor instead.
 func (*RegisterBuffersRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{1}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *RegisterBuffersRequest) GetBuffers() []*Buffer {
@@ -255,7 +610,8 @@ func (x *RegisterBuffersRequest) GetBuffers() []*Buffer {
 
 type RegisterBuffersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// buffers echo the request with the addresses the agent uses.
+	// buffers echo the request (memory included) with the addresses the
+	// agent uses.
 	Buffers []*Buffer `protobuf:"bytes,1,rep,name=buffers,proto3" json:"buffers,omitempty"`
 	// agent_instance changes when the agent restarts (its memory is new).
 	AgentInstance string `protobuf:"bytes,2,opt,name=agent_instance,json=agentInstance,proto3" json:"agent_instance,omitempty"`
@@ -265,7 +621,7 @@ type RegisterBuffersResponse struct {
 
 func (x *RegisterBuffersResponse) Reset() {
 	*x = RegisterBuffersResponse{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[2]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -277,7 +633,7 @@ func (x *RegisterBuffersResponse) String() string {
 func (*RegisterBuffersResponse) ProtoMessage() {}
 
 func (x *RegisterBuffersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[2]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -290,7 +646,7 @@ func (x *RegisterBuffersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterBuffersResponse.ProtoReflect.Descriptor instead.
 func (*RegisterBuffersResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{2}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RegisterBuffersResponse) GetBuffers() []*Buffer {
@@ -317,7 +673,7 @@ type DeregisterBuffersRequest struct {
 
 func (x *DeregisterBuffersRequest) Reset() {
 	*x = DeregisterBuffersRequest{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[3]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +685,7 @@ func (x *DeregisterBuffersRequest) String() string {
 func (*DeregisterBuffersRequest) ProtoMessage() {}
 
 func (x *DeregisterBuffersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[3]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +698,7 @@ func (x *DeregisterBuffersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterBuffersRequest.ProtoReflect.Descriptor instead.
 func (*DeregisterBuffersRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{3}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DeregisterBuffersRequest) GetNames() []string {
@@ -360,7 +716,7 @@ type DeregisterBuffersResponse struct {
 
 func (x *DeregisterBuffersResponse) Reset() {
 	*x = DeregisterBuffersResponse{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[4]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -372,7 +728,7 @@ func (x *DeregisterBuffersResponse) String() string {
 func (*DeregisterBuffersResponse) ProtoMessage() {}
 
 func (x *DeregisterBuffersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[4]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -385,7 +741,7 @@ func (x *DeregisterBuffersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeregisterBuffersResponse.ProtoReflect.Descriptor instead.
 func (*DeregisterBuffersResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{4}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{9}
 }
 
 // Copy is a strided copy: count rows of length bytes, row i from
@@ -416,7 +772,7 @@ type Copy struct {
 
 func (x *Copy) Reset() {
 	*x = Copy{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[5]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -428,7 +784,7 @@ func (x *Copy) String() string {
 func (*Copy) ProtoMessage() {}
 
 func (x *Copy) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[5]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -441,7 +797,7 @@ func (x *Copy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Copy.ProtoReflect.Descriptor instead.
 func (*Copy) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{5}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Copy) GetSrcBuffer() string {
@@ -515,7 +871,7 @@ type InlineWrite struct {
 
 func (x *InlineWrite) Reset() {
 	*x = InlineWrite{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[6]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -527,7 +883,7 @@ func (x *InlineWrite) String() string {
 func (*InlineWrite) ProtoMessage() {}
 
 func (x *InlineWrite) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[6]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -540,7 +896,7 @@ func (x *InlineWrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InlineWrite.ProtoReflect.Descriptor instead.
 func (*InlineWrite) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{6}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *InlineWrite) GetDstBuffer() string {
@@ -584,7 +940,7 @@ type SubmitBatchRequest struct {
 
 func (x *SubmitBatchRequest) Reset() {
 	*x = SubmitBatchRequest{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[7]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +952,7 @@ func (x *SubmitBatchRequest) String() string {
 func (*SubmitBatchRequest) ProtoMessage() {}
 
 func (x *SubmitBatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[7]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +965,7 @@ func (x *SubmitBatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitBatchRequest.ProtoReflect.Descriptor instead.
 func (*SubmitBatchRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{7}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SubmitBatchRequest) GetBatchId() string {
@@ -657,7 +1013,7 @@ type SubmitBatchResponse struct {
 
 func (x *SubmitBatchResponse) Reset() {
 	*x = SubmitBatchResponse{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[8]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -669,7 +1025,7 @@ func (x *SubmitBatchResponse) String() string {
 func (*SubmitBatchResponse) ProtoMessage() {}
 
 func (x *SubmitBatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[8]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -682,7 +1038,7 @@ func (x *SubmitBatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SubmitBatchResponse.ProtoReflect.Descriptor instead.
 func (*SubmitBatchResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{8}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SubmitBatchResponse) GetDuplicate() bool {
@@ -710,7 +1066,7 @@ type WatchCompletionsRequest struct {
 
 func (x *WatchCompletionsRequest) Reset() {
 	*x = WatchCompletionsRequest{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[9]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -722,7 +1078,7 @@ func (x *WatchCompletionsRequest) String() string {
 func (*WatchCompletionsRequest) ProtoMessage() {}
 
 func (x *WatchCompletionsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[9]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -735,7 +1091,7 @@ func (x *WatchCompletionsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchCompletionsRequest.ProtoReflect.Descriptor instead.
 func (*WatchCompletionsRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{9}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *WatchCompletionsRequest) GetReplayBatchIds() []string {
@@ -761,7 +1117,7 @@ type Completion struct {
 
 func (x *Completion) Reset() {
 	*x = Completion{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[10]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -773,7 +1129,7 @@ func (x *Completion) String() string {
 func (*Completion) ProtoMessage() {}
 
 func (x *Completion) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[10]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -786,7 +1142,7 @@ func (x *Completion) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Completion.ProtoReflect.Descriptor instead.
 func (*Completion) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{10}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *Completion) GetBatchId() string {
@@ -843,7 +1199,7 @@ type CancelRoomRequest struct {
 
 func (x *CancelRoomRequest) Reset() {
 	*x = CancelRoomRequest{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[11]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -855,7 +1211,7 @@ func (x *CancelRoomRequest) String() string {
 func (*CancelRoomRequest) ProtoMessage() {}
 
 func (x *CancelRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[11]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -868,7 +1224,7 @@ func (x *CancelRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRoomRequest.ProtoReflect.Descriptor instead.
 func (*CancelRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{11}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *CancelRoomRequest) GetRoom() uint64 {
@@ -894,7 +1250,7 @@ type CancelRoomResponse struct {
 
 func (x *CancelRoomResponse) Reset() {
 	*x = CancelRoomResponse{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[12]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -906,7 +1262,7 @@ func (x *CancelRoomResponse) String() string {
 func (*CancelRoomResponse) ProtoMessage() {}
 
 func (x *CancelRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[12]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -919,7 +1275,7 @@ func (x *CancelRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRoomResponse.ProtoReflect.Descriptor instead.
 func (*CancelRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{12}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CancelRoomResponse) GetCancelled() uint32 {
@@ -943,7 +1299,7 @@ type ReadBufferRequest struct {
 
 func (x *ReadBufferRequest) Reset() {
 	*x = ReadBufferRequest{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[13]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -955,7 +1311,7 @@ func (x *ReadBufferRequest) String() string {
 func (*ReadBufferRequest) ProtoMessage() {}
 
 func (x *ReadBufferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[13]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -968,7 +1324,7 @@ func (x *ReadBufferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBufferRequest.ProtoReflect.Descriptor instead.
 func (*ReadBufferRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{13}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ReadBufferRequest) GetName() string {
@@ -1001,7 +1357,7 @@ type ReadBufferResponse struct {
 
 func (x *ReadBufferResponse) Reset() {
 	*x = ReadBufferResponse{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[14]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1013,7 +1369,7 @@ func (x *ReadBufferResponse) String() string {
 func (*ReadBufferResponse) ProtoMessage() {}
 
 func (x *ReadBufferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[14]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1026,7 +1382,7 @@ func (x *ReadBufferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadBufferResponse.ProtoReflect.Descriptor instead.
 func (*ReadBufferResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{14}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ReadBufferResponse) GetData() []byte {
@@ -1050,7 +1406,7 @@ type WriteBufferRequest struct {
 
 func (x *WriteBufferRequest) Reset() {
 	*x = WriteBufferRequest{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[15]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1062,7 +1418,7 @@ func (x *WriteBufferRequest) String() string {
 func (*WriteBufferRequest) ProtoMessage() {}
 
 func (x *WriteBufferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[15]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1075,7 +1431,7 @@ func (x *WriteBufferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteBufferRequest.ProtoReflect.Descriptor instead.
 func (*WriteBufferRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{15}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WriteBufferRequest) GetName() string {
@@ -1107,7 +1463,7 @@ type WriteBufferResponse struct {
 
 func (x *WriteBufferResponse) Reset() {
 	*x = WriteBufferResponse{}
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[16]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1119,7 +1475,7 @@ func (x *WriteBufferResponse) String() string {
 func (*WriteBufferResponse) ProtoMessage() {}
 
 func (x *WriteBufferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[16]
+	mi := &file_decodeplane_transfer_v1_agent_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1132,20 +1488,38 @@ func (x *WriteBufferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WriteBufferResponse.ProtoReflect.Descriptor instead.
 func (*WriteBufferResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{16}
+	return file_decodeplane_transfer_v1_agent_proto_rawDescGZIP(), []int{21}
 }
 
 var File_decodeplane_transfer_v1_agent_proto protoreflect.FileDescriptor
 
 const file_decodeplane_transfer_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"#decodeplane/transfer/v1/agent.proto\x12\x17decodeplane.transfer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x01\n" +
+	"#decodeplane/transfer/v1/agent.proto\x12\x17decodeplane.transfer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe3\x01\n" +
 	"\x06Buffer\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x127\n" +
 	"\x04kind\x18\x02 \x01(\x0e2#.decodeplane.transfer.v1.BufferKindR\x04kind\x12\x18\n" +
 	"\aaddress\x18\x03 \x01(\x04R\aaddress\x12\x16\n" +
 	"\x06length\x18\x04 \x01(\x04R\x06length\x12\x1b\n" +
-	"\titem_size\x18\x05 \x01(\x04R\bitemSize\"S\n" +
+	"\titem_size\x18\x05 \x01(\x04R\bitemSize\x12=\n" +
+	"\x06memory\x18\x06 \x01(\v2%.decodeplane.transfer.v1.BufferMemoryR\x06memory\"\x93\x02\n" +
+	"\fBufferMemory\x12<\n" +
+	"\x05agent\x18\x01 \x01(\v2$.decodeplane.transfer.v1.AgentMemoryH\x00R\x05agent\x12?\n" +
+	"\x06shared\x18\x02 \x01(\v2%.decodeplane.transfer.v1.SharedMemoryH\x00R\x06shared\x12=\n" +
+	"\bcuda_ipc\x18\x03 \x01(\v2 .decodeplane.transfer.v1.CudaIpcH\x00R\acudaIpc\x12=\n" +
+	"\x04nixl\x18\x04 \x01(\v2'.decodeplane.transfer.v1.NixlDescriptorH\x00R\x04nixlB\x06\n" +
+	"\x04kind\"\r\n" +
+	"\vAgentMemory\":\n" +
+	"\fSharedMemory\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x16\n" +
+	"\x06offset\x18\x02 \x01(\x04R\x06offset\"9\n" +
+	"\aCudaIpc\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\fR\x06handle\x12\x16\n" +
+	"\x06device\x18\x02 \x01(\x05R\x06device\"0\n" +
+	"\x0eNixlDescriptor\x12\x1e\n" +
+	"\n" +
+	"serialized\x18\x01 \x01(\fR\n" +
+	"serialized\"S\n" +
 	"\x16RegisterBuffersRequest\x129\n" +
 	"\abuffers\x18\x01 \x03(\v2\x1f.decodeplane.transfer.v1.BufferR\abuffers\"{\n" +
 	"\x17RegisterBuffersResponse\x129\n" +
@@ -1241,54 +1615,64 @@ func file_decodeplane_transfer_v1_agent_proto_rawDescGZIP() []byte {
 }
 
 var file_decodeplane_transfer_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_decodeplane_transfer_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_decodeplane_transfer_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_decodeplane_transfer_v1_agent_proto_goTypes = []any{
 	(BufferKind)(0),                   // 0: decodeplane.transfer.v1.BufferKind
 	(*Buffer)(nil),                    // 1: decodeplane.transfer.v1.Buffer
-	(*RegisterBuffersRequest)(nil),    // 2: decodeplane.transfer.v1.RegisterBuffersRequest
-	(*RegisterBuffersResponse)(nil),   // 3: decodeplane.transfer.v1.RegisterBuffersResponse
-	(*DeregisterBuffersRequest)(nil),  // 4: decodeplane.transfer.v1.DeregisterBuffersRequest
-	(*DeregisterBuffersResponse)(nil), // 5: decodeplane.transfer.v1.DeregisterBuffersResponse
-	(*Copy)(nil),                      // 6: decodeplane.transfer.v1.Copy
-	(*InlineWrite)(nil),               // 7: decodeplane.transfer.v1.InlineWrite
-	(*SubmitBatchRequest)(nil),        // 8: decodeplane.transfer.v1.SubmitBatchRequest
-	(*SubmitBatchResponse)(nil),       // 9: decodeplane.transfer.v1.SubmitBatchResponse
-	(*WatchCompletionsRequest)(nil),   // 10: decodeplane.transfer.v1.WatchCompletionsRequest
-	(*Completion)(nil),                // 11: decodeplane.transfer.v1.Completion
-	(*CancelRoomRequest)(nil),         // 12: decodeplane.transfer.v1.CancelRoomRequest
-	(*CancelRoomResponse)(nil),        // 13: decodeplane.transfer.v1.CancelRoomResponse
-	(*ReadBufferRequest)(nil),         // 14: decodeplane.transfer.v1.ReadBufferRequest
-	(*ReadBufferResponse)(nil),        // 15: decodeplane.transfer.v1.ReadBufferResponse
-	(*WriteBufferRequest)(nil),        // 16: decodeplane.transfer.v1.WriteBufferRequest
-	(*WriteBufferResponse)(nil),       // 17: decodeplane.transfer.v1.WriteBufferResponse
-	(*timestamppb.Timestamp)(nil),     // 18: google.protobuf.Timestamp
+	(*BufferMemory)(nil),              // 2: decodeplane.transfer.v1.BufferMemory
+	(*AgentMemory)(nil),               // 3: decodeplane.transfer.v1.AgentMemory
+	(*SharedMemory)(nil),              // 4: decodeplane.transfer.v1.SharedMemory
+	(*CudaIpc)(nil),                   // 5: decodeplane.transfer.v1.CudaIpc
+	(*NixlDescriptor)(nil),            // 6: decodeplane.transfer.v1.NixlDescriptor
+	(*RegisterBuffersRequest)(nil),    // 7: decodeplane.transfer.v1.RegisterBuffersRequest
+	(*RegisterBuffersResponse)(nil),   // 8: decodeplane.transfer.v1.RegisterBuffersResponse
+	(*DeregisterBuffersRequest)(nil),  // 9: decodeplane.transfer.v1.DeregisterBuffersRequest
+	(*DeregisterBuffersResponse)(nil), // 10: decodeplane.transfer.v1.DeregisterBuffersResponse
+	(*Copy)(nil),                      // 11: decodeplane.transfer.v1.Copy
+	(*InlineWrite)(nil),               // 12: decodeplane.transfer.v1.InlineWrite
+	(*SubmitBatchRequest)(nil),        // 13: decodeplane.transfer.v1.SubmitBatchRequest
+	(*SubmitBatchResponse)(nil),       // 14: decodeplane.transfer.v1.SubmitBatchResponse
+	(*WatchCompletionsRequest)(nil),   // 15: decodeplane.transfer.v1.WatchCompletionsRequest
+	(*Completion)(nil),                // 16: decodeplane.transfer.v1.Completion
+	(*CancelRoomRequest)(nil),         // 17: decodeplane.transfer.v1.CancelRoomRequest
+	(*CancelRoomResponse)(nil),        // 18: decodeplane.transfer.v1.CancelRoomResponse
+	(*ReadBufferRequest)(nil),         // 19: decodeplane.transfer.v1.ReadBufferRequest
+	(*ReadBufferResponse)(nil),        // 20: decodeplane.transfer.v1.ReadBufferResponse
+	(*WriteBufferRequest)(nil),        // 21: decodeplane.transfer.v1.WriteBufferRequest
+	(*WriteBufferResponse)(nil),       // 22: decodeplane.transfer.v1.WriteBufferResponse
+	(*timestamppb.Timestamp)(nil),     // 23: google.protobuf.Timestamp
 }
 var file_decodeplane_transfer_v1_agent_proto_depIdxs = []int32{
 	0,  // 0: decodeplane.transfer.v1.Buffer.kind:type_name -> decodeplane.transfer.v1.BufferKind
-	1,  // 1: decodeplane.transfer.v1.RegisterBuffersRequest.buffers:type_name -> decodeplane.transfer.v1.Buffer
-	1,  // 2: decodeplane.transfer.v1.RegisterBuffersResponse.buffers:type_name -> decodeplane.transfer.v1.Buffer
-	6,  // 3: decodeplane.transfer.v1.SubmitBatchRequest.copies:type_name -> decodeplane.transfer.v1.Copy
-	7,  // 4: decodeplane.transfer.v1.SubmitBatchRequest.writes:type_name -> decodeplane.transfer.v1.InlineWrite
-	18, // 5: decodeplane.transfer.v1.SubmitBatchRequest.deadline:type_name -> google.protobuf.Timestamp
-	2,  // 6: decodeplane.transfer.v1.TransferAgent.RegisterBuffers:input_type -> decodeplane.transfer.v1.RegisterBuffersRequest
-	4,  // 7: decodeplane.transfer.v1.TransferAgent.DeregisterBuffers:input_type -> decodeplane.transfer.v1.DeregisterBuffersRequest
-	8,  // 8: decodeplane.transfer.v1.TransferAgent.SubmitBatch:input_type -> decodeplane.transfer.v1.SubmitBatchRequest
-	10, // 9: decodeplane.transfer.v1.TransferAgent.WatchCompletions:input_type -> decodeplane.transfer.v1.WatchCompletionsRequest
-	12, // 10: decodeplane.transfer.v1.TransferAgent.CancelRoom:input_type -> decodeplane.transfer.v1.CancelRoomRequest
-	14, // 11: decodeplane.transfer.v1.TransferAgent.ReadBuffer:input_type -> decodeplane.transfer.v1.ReadBufferRequest
-	16, // 12: decodeplane.transfer.v1.TransferAgent.WriteBuffer:input_type -> decodeplane.transfer.v1.WriteBufferRequest
-	3,  // 13: decodeplane.transfer.v1.TransferAgent.RegisterBuffers:output_type -> decodeplane.transfer.v1.RegisterBuffersResponse
-	5,  // 14: decodeplane.transfer.v1.TransferAgent.DeregisterBuffers:output_type -> decodeplane.transfer.v1.DeregisterBuffersResponse
-	9,  // 15: decodeplane.transfer.v1.TransferAgent.SubmitBatch:output_type -> decodeplane.transfer.v1.SubmitBatchResponse
-	11, // 16: decodeplane.transfer.v1.TransferAgent.WatchCompletions:output_type -> decodeplane.transfer.v1.Completion
-	13, // 17: decodeplane.transfer.v1.TransferAgent.CancelRoom:output_type -> decodeplane.transfer.v1.CancelRoomResponse
-	15, // 18: decodeplane.transfer.v1.TransferAgent.ReadBuffer:output_type -> decodeplane.transfer.v1.ReadBufferResponse
-	17, // 19: decodeplane.transfer.v1.TransferAgent.WriteBuffer:output_type -> decodeplane.transfer.v1.WriteBufferResponse
-	13, // [13:20] is the sub-list for method output_type
-	6,  // [6:13] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	2,  // 1: decodeplane.transfer.v1.Buffer.memory:type_name -> decodeplane.transfer.v1.BufferMemory
+	3,  // 2: decodeplane.transfer.v1.BufferMemory.agent:type_name -> decodeplane.transfer.v1.AgentMemory
+	4,  // 3: decodeplane.transfer.v1.BufferMemory.shared:type_name -> decodeplane.transfer.v1.SharedMemory
+	5,  // 4: decodeplane.transfer.v1.BufferMemory.cuda_ipc:type_name -> decodeplane.transfer.v1.CudaIpc
+	6,  // 5: decodeplane.transfer.v1.BufferMemory.nixl:type_name -> decodeplane.transfer.v1.NixlDescriptor
+	1,  // 6: decodeplane.transfer.v1.RegisterBuffersRequest.buffers:type_name -> decodeplane.transfer.v1.Buffer
+	1,  // 7: decodeplane.transfer.v1.RegisterBuffersResponse.buffers:type_name -> decodeplane.transfer.v1.Buffer
+	11, // 8: decodeplane.transfer.v1.SubmitBatchRequest.copies:type_name -> decodeplane.transfer.v1.Copy
+	12, // 9: decodeplane.transfer.v1.SubmitBatchRequest.writes:type_name -> decodeplane.transfer.v1.InlineWrite
+	23, // 10: decodeplane.transfer.v1.SubmitBatchRequest.deadline:type_name -> google.protobuf.Timestamp
+	7,  // 11: decodeplane.transfer.v1.TransferAgent.RegisterBuffers:input_type -> decodeplane.transfer.v1.RegisterBuffersRequest
+	9,  // 12: decodeplane.transfer.v1.TransferAgent.DeregisterBuffers:input_type -> decodeplane.transfer.v1.DeregisterBuffersRequest
+	13, // 13: decodeplane.transfer.v1.TransferAgent.SubmitBatch:input_type -> decodeplane.transfer.v1.SubmitBatchRequest
+	15, // 14: decodeplane.transfer.v1.TransferAgent.WatchCompletions:input_type -> decodeplane.transfer.v1.WatchCompletionsRequest
+	17, // 15: decodeplane.transfer.v1.TransferAgent.CancelRoom:input_type -> decodeplane.transfer.v1.CancelRoomRequest
+	19, // 16: decodeplane.transfer.v1.TransferAgent.ReadBuffer:input_type -> decodeplane.transfer.v1.ReadBufferRequest
+	21, // 17: decodeplane.transfer.v1.TransferAgent.WriteBuffer:input_type -> decodeplane.transfer.v1.WriteBufferRequest
+	8,  // 18: decodeplane.transfer.v1.TransferAgent.RegisterBuffers:output_type -> decodeplane.transfer.v1.RegisterBuffersResponse
+	10, // 19: decodeplane.transfer.v1.TransferAgent.DeregisterBuffers:output_type -> decodeplane.transfer.v1.DeregisterBuffersResponse
+	14, // 20: decodeplane.transfer.v1.TransferAgent.SubmitBatch:output_type -> decodeplane.transfer.v1.SubmitBatchResponse
+	16, // 21: decodeplane.transfer.v1.TransferAgent.WatchCompletions:output_type -> decodeplane.transfer.v1.Completion
+	18, // 22: decodeplane.transfer.v1.TransferAgent.CancelRoom:output_type -> decodeplane.transfer.v1.CancelRoomResponse
+	20, // 23: decodeplane.transfer.v1.TransferAgent.ReadBuffer:output_type -> decodeplane.transfer.v1.ReadBufferResponse
+	22, // 24: decodeplane.transfer.v1.TransferAgent.WriteBuffer:output_type -> decodeplane.transfer.v1.WriteBufferResponse
+	18, // [18:25] is the sub-list for method output_type
+	11, // [11:18] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_transfer_v1_agent_proto_init() }
@@ -1296,13 +1680,19 @@ func file_decodeplane_transfer_v1_agent_proto_init() {
 	if File_decodeplane_transfer_v1_agent_proto != nil {
 		return
 	}
+	file_decodeplane_transfer_v1_agent_proto_msgTypes[1].OneofWrappers = []any{
+		(*BufferMemory_Agent)(nil),
+		(*BufferMemory_Shared)(nil),
+		(*BufferMemory_CudaIpc)(nil),
+		(*BufferMemory_Nixl)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_transfer_v1_agent_proto_rawDesc), len(file_decodeplane_transfer_v1_agent_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   17,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

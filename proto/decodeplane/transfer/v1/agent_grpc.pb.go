@@ -12,6 +12,18 @@
 // reference agent (cmd/decodeplane-agent) that keeps every buffer in host
 // memory; production agents live outside this repository.
 //
+// # Buffer memory
+//
+// A buffer's bytes live where its BufferMemory says: memory the agent
+// allocates (AgentMemory, also when memory is unset: what decodeplane's own
+// registrations use), or memory another process created and hands to the
+// agent so that it sees exactly the bytes the agent writes: a region of a
+// shared-memory file (SharedMemory: on Linux /dev/shm/<name>, or any file
+// the engine maps MAP_SHARED), a CUDA IPC handle (CudaIpc) or a NIXL
+// descriptor (NixlDescriptor). The reference agent holds host memory only:
+// it implements AgentMemory and SharedMemory and refuses the GPU kinds
+// (FAILED_PRECONDITION); a GPU transfer agent implements those.
+//
 // # Byte layouts
 //
 // Every KV buffer is page-major. For MHA/GQA, with L the buffer's layers, H
@@ -43,8 +55,10 @@
 //    14 little-endian int32 output ids, zero padded.
 //
 // Decode buffer names: "decode/dp{d}/tp{e}/kv", "decode/dp{d}/tp{e}/staging",
-// "decode/dp{d}/meta". Prefill ranks name their own buffers (kind PREFILL_KV)
-// and pass the name in Rooms.Transfer's source.
+// "decode/dp{d}/meta"; decodeplane registers them with memory unset (agent
+// memory), so a name already registered in other memory is refused like any
+// re-registration in other memory. Prefill ranks name their own buffers
+// (kind PREFILL_KV) and pass the name in Rooms.Transfer's source.
 
 package transferv1
 
@@ -76,15 +90,25 @@ const (
 //
 // TransferAgent moves KV bytes between registered buffers.
 type TransferAgentClient interface {
-	// RegisterBuffers registers memory regions. Idempotent by (name, length):
-	// registering a known name with the same length is OK and keeps its
-	// contents; another length is FAILED_PRECONDITION. address 0 asks the agent
-	// to allocate (the reference agent always allocates host memory).
+	// RegisterBuffers registers memory regions, all or none. Idempotent by
+	// (name, length, memory): registering a known name with the same length
+	// and the same memory is OK and keeps its contents; another length or
+	// another memory (another kind, path or offset, or a shared-memory file
+	// replaced at its path since) is FAILED_PRECONDITION. Buffers in agent
+	// memory are allocated zeroed and count against the agent's memory budget
+	// (RESOURCE_EXHAUSTED past it); memory another process created does not.
+	// FAILED_PRECONDITION also: a memory kind this agent does not implement
+	// (the reference agent: cuda_ipc, nixl), a shared-memory file that cannot
+	// be opened read-write, is not a regular file, lies outside the
+	// directories the agent admits, or is smaller than offset + length.
 	// Codes: OK; INVALID_ARGUMENT; FAILED_PRECONDITION; RESOURCE_EXHAUSTED.
 	// Safe to retry.
 	RegisterBuffers(ctx context.Context, in *RegisterBuffersRequest, opts ...grpc.CallOption) (*RegisterBuffersResponse, error)
-	// DeregisterBuffers forgets buffers (unknown names are ignored). Buffers
-	// with copies in flight are FAILED_PRECONDITION. Safe to retry.
+	// DeregisterBuffers forgets buffers (unknown names are ignored) and
+	// releases their memory (a shared-memory region is unmapped; the file
+	// stays the engine's). Buffers with copies in flight (of a batch accepted
+	// and not completed yet, held ones included) are FAILED_PRECONDITION and
+	// nothing is forgotten. Safe to retry.
 	DeregisterBuffers(ctx context.Context, in *DeregisterBuffersRequest, opts ...grpc.CallOption) (*DeregisterBuffersResponse, error)
 	// SubmitBatch accepts a batch of copies and returns once it is accepted;
 	// the outcome comes on WatchCompletions. batch_id is the idempotency key:
@@ -98,19 +122,24 @@ type TransferAgentClient interface {
 	// WatchCompletions streams completions of every batch. The first message
 	// is a hello (empty batch_id) carrying the agent's instance id; then the
 	// completions of replay_batch_ids that already finished; then every
-	// completion as it happens. Codes: OK; UNAVAILABLE. Safe to retry.
+	// completion as it happens. A batch whose shared-memory file was truncated
+	// below a registered region completes with ok = false saying so.
+	// Codes: OK; UNAVAILABLE. Safe to retry.
 	WatchCompletions(ctx context.Context, in *WatchCompletionsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[Completion], error)
 	// CancelRoom cancels the room's batches in flight (only batch_ids when
 	// set) and returns once none of their copies is in flight; each cancelled
 	// batch completes with ok = false. Codes: OK. Safe to retry.
 	CancelRoom(ctx context.Context, in *CancelRoomRequest, opts ...grpc.CallOption) (*CancelRoomResponse, error)
-	// ReadBuffer returns bytes of a registered buffer (at most 2 MiB per call).
-	// GPU agents may return UNIMPLEMENTED. Codes: OK; NOT_FOUND;
-	// INVALID_ARGUMENT; UNIMPLEMENTED. Safe to retry.
+	// ReadBuffer returns bytes of a registered buffer (at most 2 MiB per call),
+	// in any memory the agent holds. GPU agents may return UNIMPLEMENTED.
+	// Codes: OK; NOT_FOUND; INVALID_ARGUMENT; FAILED_PRECONDITION (a
+	// shared-memory file truncated below the region); UNIMPLEMENTED.
+	// Safe to retry.
 	ReadBuffer(ctx context.Context, in *ReadBufferRequest, opts ...grpc.CallOption) (*ReadBufferResponse, error)
 	// WriteBuffer writes bytes into a registered buffer (at most 2 MiB per
 	// call): how prefills without GPUs (and tests) fill their KV and staging
-	// regions. Codes: OK; NOT_FOUND; INVALID_ARGUMENT; UNIMPLEMENTED.
+	// regions. Codes: OK; NOT_FOUND; INVALID_ARGUMENT; FAILED_PRECONDITION (a
+	// shared-memory file truncated below the region); UNIMPLEMENTED.
 	// Safe to retry.
 	WriteBuffer(ctx context.Context, in *WriteBufferRequest, opts ...grpc.CallOption) (*WriteBufferResponse, error)
 }
@@ -208,15 +237,25 @@ func (c *transferAgentClient) WriteBuffer(ctx context.Context, in *WriteBufferRe
 //
 // TransferAgent moves KV bytes between registered buffers.
 type TransferAgentServer interface {
-	// RegisterBuffers registers memory regions. Idempotent by (name, length):
-	// registering a known name with the same length is OK and keeps its
-	// contents; another length is FAILED_PRECONDITION. address 0 asks the agent
-	// to allocate (the reference agent always allocates host memory).
+	// RegisterBuffers registers memory regions, all or none. Idempotent by
+	// (name, length, memory): registering a known name with the same length
+	// and the same memory is OK and keeps its contents; another length or
+	// another memory (another kind, path or offset, or a shared-memory file
+	// replaced at its path since) is FAILED_PRECONDITION. Buffers in agent
+	// memory are allocated zeroed and count against the agent's memory budget
+	// (RESOURCE_EXHAUSTED past it); memory another process created does not.
+	// FAILED_PRECONDITION also: a memory kind this agent does not implement
+	// (the reference agent: cuda_ipc, nixl), a shared-memory file that cannot
+	// be opened read-write, is not a regular file, lies outside the
+	// directories the agent admits, or is smaller than offset + length.
 	// Codes: OK; INVALID_ARGUMENT; FAILED_PRECONDITION; RESOURCE_EXHAUSTED.
 	// Safe to retry.
 	RegisterBuffers(context.Context, *RegisterBuffersRequest) (*RegisterBuffersResponse, error)
-	// DeregisterBuffers forgets buffers (unknown names are ignored). Buffers
-	// with copies in flight are FAILED_PRECONDITION. Safe to retry.
+	// DeregisterBuffers forgets buffers (unknown names are ignored) and
+	// releases their memory (a shared-memory region is unmapped; the file
+	// stays the engine's). Buffers with copies in flight (of a batch accepted
+	// and not completed yet, held ones included) are FAILED_PRECONDITION and
+	// nothing is forgotten. Safe to retry.
 	DeregisterBuffers(context.Context, *DeregisterBuffersRequest) (*DeregisterBuffersResponse, error)
 	// SubmitBatch accepts a batch of copies and returns once it is accepted;
 	// the outcome comes on WatchCompletions. batch_id is the idempotency key:
@@ -230,19 +269,24 @@ type TransferAgentServer interface {
 	// WatchCompletions streams completions of every batch. The first message
 	// is a hello (empty batch_id) carrying the agent's instance id; then the
 	// completions of replay_batch_ids that already finished; then every
-	// completion as it happens. Codes: OK; UNAVAILABLE. Safe to retry.
+	// completion as it happens. A batch whose shared-memory file was truncated
+	// below a registered region completes with ok = false saying so.
+	// Codes: OK; UNAVAILABLE. Safe to retry.
 	WatchCompletions(*WatchCompletionsRequest, grpc.ServerStreamingServer[Completion]) error
 	// CancelRoom cancels the room's batches in flight (only batch_ids when
 	// set) and returns once none of their copies is in flight; each cancelled
 	// batch completes with ok = false. Codes: OK. Safe to retry.
 	CancelRoom(context.Context, *CancelRoomRequest) (*CancelRoomResponse, error)
-	// ReadBuffer returns bytes of a registered buffer (at most 2 MiB per call).
-	// GPU agents may return UNIMPLEMENTED. Codes: OK; NOT_FOUND;
-	// INVALID_ARGUMENT; UNIMPLEMENTED. Safe to retry.
+	// ReadBuffer returns bytes of a registered buffer (at most 2 MiB per call),
+	// in any memory the agent holds. GPU agents may return UNIMPLEMENTED.
+	// Codes: OK; NOT_FOUND; INVALID_ARGUMENT; FAILED_PRECONDITION (a
+	// shared-memory file truncated below the region); UNIMPLEMENTED.
+	// Safe to retry.
 	ReadBuffer(context.Context, *ReadBufferRequest) (*ReadBufferResponse, error)
 	// WriteBuffer writes bytes into a registered buffer (at most 2 MiB per
 	// call): how prefills without GPUs (and tests) fill their KV and staging
-	// regions. Codes: OK; NOT_FOUND; INVALID_ARGUMENT; UNIMPLEMENTED.
+	// regions. Codes: OK; NOT_FOUND; INVALID_ARGUMENT; FAILED_PRECONDITION (a
+	// shared-memory file truncated below the region); UNIMPLEMENTED.
 	// Safe to retry.
 	WriteBuffer(context.Context, *WriteBufferRequest) (*WriteBufferResponse, error)
 	mustEmbedUnimplementedTransferAgentServer()

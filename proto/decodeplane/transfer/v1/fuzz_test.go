@@ -85,8 +85,36 @@ func FuzzRegisterBuffers(f *testing.F) {
 			seen[x.GetName()] = true
 			b.need(x.GetKind() >= BufferKind_BUFFER_KIND_KV_POOL && x.GetKind() <= BufferKind_BUFFER_KIND_PREFILL_KV, "buffers[i].kind defined")
 			b.need(x.GetLength() >= 1 && x.GetLength() <= 1<<62 && x.GetItemSize() <= 1<<62, "buffers[i].length, item_size")
+			if x.GetMemory() != nil {
+				memoryBounds(b, x.GetMemory(), x.GetLength())
+			}
 		}
-	}, &RegisterBuffersRequest{Buffers: []*Buffer{{Name: "decode/dp0/tp0/kv", Kind: BufferKind_BUFFER_KIND_KV_POOL, Length: 4096, ItemSize: 512}, {Name: "decode/dp0/meta", Kind: BufferKind_BUFFER_KIND_METADATA, Length: 64}}})
+	}, &RegisterBuffersRequest{Buffers: []*Buffer{{Name: "decode/dp0/tp0/kv", Kind: BufferKind_BUFFER_KIND_KV_POOL, Length: 4096, ItemSize: 512}, {Name: "decode/dp0/meta", Kind: BufferKind_BUFFER_KIND_METADATA, Length: 64}}},
+		&RegisterBuffersRequest{Buffers: []*Buffer{
+			{Name: "engine/kv", Kind: BufferKind_BUFFER_KIND_KV_POOL, Length: 8192, Memory: &BufferMemory{Kind: &BufferMemory_Shared{Shared: &SharedMemory{Path: "/dev/shm/kv", Offset: 4096}}}},
+			{Name: "engine/meta", Kind: BufferKind_BUFFER_KIND_METADATA, Length: 64, Memory: &BufferMemory{Kind: &BufferMemory_Agent{Agent: &AgentMemory{}}}},
+			{Name: "gpu/kv", Kind: BufferKind_BUFFER_KIND_KV_POOL, Length: 4096, Memory: &BufferMemory{Kind: &BufferMemory_CudaIpc{CudaIpc: &CudaIpc{Handle: make([]byte, 64), Device: 3}}}},
+			{Name: "nixl/kv", Kind: BufferKind_BUFFER_KIND_PREFILL_KV, Length: 4096, Memory: &BufferMemory{Kind: &BufferMemory_Nixl{Nixl: &NixlDescriptor{Serialized: []byte("nixl")}}}},
+		}})
+}
+
+// memoryBounds restates the bounds agent.proto documents for a buffer's
+// memory (length is the buffer's).
+func memoryBounds(b *bounds, m *BufferMemory, length uint64) {
+	switch k := m.GetKind().(type) {
+	case *BufferMemory_Agent:
+	case *BufferMemory_Shared:
+		p, off := k.Shared.GetPath(), k.Shared.GetOffset()
+		b.need(len(p) >= 1 && len(p) <= 4096 && p[0] == '/' && !strings.Contains(p, "\x00"), "memory.shared.path absolute, 1..4096 bytes, no NUL")
+		b.need(off <= 1<<62 && off%4096 == 0 && off+length <= 1<<62, "memory.shared.offset a multiple of 4096, offset + length <= 2^62")
+	case *BufferMemory_CudaIpc:
+		b.need(len(k.CudaIpc.GetHandle()) == 64, "memory.cuda_ipc.handle 64 bytes")
+		b.need(k.CudaIpc.GetDevice() >= 0 && k.CudaIpc.GetDevice() <= 1023, "memory.cuda_ipc.device 0..1023")
+	case *BufferMemory_Nixl:
+		b.need(len(k.Nixl.GetSerialized()) >= 1 && len(k.Nixl.GetSerialized()) <= 1<<16, "memory.nixl.serialized 1..65536 bytes")
+	default:
+		b.need(false, "memory has a kind")
+	}
 }
 
 func FuzzDeregisterBuffers(f *testing.F) {

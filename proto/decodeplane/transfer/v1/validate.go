@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"strings"
 
 	"github.com/decodeplane/decodeplane/proto/decodeplane/internal/fieldcheck"
 )
@@ -38,6 +39,16 @@ const (
 	MaxStride = 1 << 40
 	// MaxCopyRows bounds a copy's count.
 	MaxCopyRows = 1 << 24
+	// MaxSharedPath bounds a shared-memory file's path, in bytes.
+	MaxSharedPath = 4096
+	// SharedOffsetAlign: a shared-memory region's offset is a multiple of it.
+	SharedOffsetAlign = 4096
+	// CudaIpcHandleLen is the size of a cudaIpcMemHandle_t.
+	CudaIpcHandleLen = 64
+	// MaxCudaDevice bounds a CUDA IPC handle's device ordinal.
+	MaxCudaDevice = 1023
+	// MaxNixlDescriptor bounds a NIXL descriptor, in bytes.
+	MaxNixlDescriptor = 1 << 16
 )
 
 func fieldErr(field, format string, args ...any) error {
@@ -94,8 +105,64 @@ func (x *RegisterBuffersRequest) Validate() error {
 		if _, ok := BufferKind_name[int32(b.GetKind())]; !ok || b.GetKind() == BufferKind_BUFFER_KIND_UNSPECIFIED {
 			rep.Add(fieldErr(f+".kind", "%d is not a buffer kind (KV_POOL, STAGING_RING, METADATA, PREFILL_KV)", int32(b.GetKind())))
 		}
+		if m := b.GetMemory(); m != nil {
+			for _, err := range m.validate(f+".memory", b.GetLength()) {
+				rep.Add(err)
+			}
+		}
 	}
 	return rep.Err("buffers")
+}
+
+// validate checks a buffer's memory; length is the buffer's.
+func (m *BufferMemory) validate(f string, length uint64) []error {
+	switch k := m.GetKind().(type) {
+	case nil:
+		return []error{fieldErr(f, "has no kind (agent, shared, cuda_ipc or nixl; leave memory unset for agent memory)")}
+	case *BufferMemory_Agent:
+		return nil
+	case *BufferMemory_Shared:
+		return k.Shared.validate(f+".shared", length)
+	case *BufferMemory_CudaIpc:
+		var errs []error
+		if n := len(k.CudaIpc.GetHandle()); n != CudaIpcHandleLen {
+			errs = append(errs, fieldErr(f+".cuda_ipc.handle", "has %d bytes (a cudaIpcMemHandle_t: exactly %d)", n, CudaIpcHandleLen))
+		}
+		if d := k.CudaIpc.GetDevice(); d < 0 || d > MaxCudaDevice {
+			errs = append(errs, fieldErr(f+".cuda_ipc.device", "%d is out of range (allowed 0..%d)", d, MaxCudaDevice))
+		}
+		return errs
+	case *BufferMemory_Nixl:
+		if n := len(k.Nixl.GetSerialized()); n == 0 || n > MaxNixlDescriptor {
+			return []error{fieldErr(f+".nixl.serialized", "has %d bytes (allowed 1..%d)", n, MaxNixlDescriptor)}
+		}
+		return nil
+	}
+	return []error{fieldErr(f, "has an unknown kind %T", m.GetKind())}
+}
+
+// validate checks a shared-memory region; length is the buffer's.
+func (s *SharedMemory) validate(f string, length uint64) []error {
+	var errs []error
+	switch p := s.GetPath(); {
+	case p == "":
+		errs = append(errs, fieldErr(f+".path", "is required (the file's absolute path, 1..%d bytes)", MaxSharedPath))
+	case len(p) > MaxSharedPath:
+		errs = append(errs, fieldErr(f+".path", "is %d bytes long (at most %d)", len(p), MaxSharedPath))
+	case p[0] != '/':
+		errs = append(errs, fieldErr(f+".path", "%q is not absolute (it must start with /)", p))
+	case strings.IndexByte(p, 0) >= 0:
+		errs = append(errs, fieldErr(f+".path", "contains a NUL byte (at %d)", strings.IndexByte(p, 0)))
+	}
+	switch off := s.GetOffset(); {
+	case off > MaxExtent:
+		errs = append(errs, fieldErr(f+".offset", "%d is out of range (allowed 0..2^62, a multiple of %d)", off, SharedOffsetAlign))
+	case off%SharedOffsetAlign != 0:
+		errs = append(errs, fieldErr(f+".offset", "%d is not a multiple of %d", off, SharedOffsetAlign))
+	case length <= MaxExtent && off+length > MaxExtent:
+		errs = append(errs, fieldErr(f+".offset", "%d + length %d ends beyond 2^62 bytes", off, length))
+	}
+	return errs
 }
 
 // Validate implements the validator interceptor's contract.

@@ -12,19 +12,37 @@ BUFFER_KIND_STAGING_RING: BufferKind
 BUFFER_KIND_UNSPECIFIED: BufferKind
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class AgentMemory(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
 class Buffer(_message.Message):
-    __slots__ = ["address", "item_size", "kind", "length", "name"]
+    __slots__ = ["address", "item_size", "kind", "length", "memory", "name"]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ITEM_SIZE_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     address: int
     item_size: int
     kind: BufferKind
     length: int
+    memory: BufferMemory
     name: str
-    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[BufferKind, str]] = ..., address: _Optional[int] = ..., length: _Optional[int] = ..., item_size: _Optional[int] = ...) -> None: ...
+    def __init__(self, name: _Optional[str] = ..., kind: _Optional[_Union[BufferKind, str]] = ..., address: _Optional[int] = ..., length: _Optional[int] = ..., item_size: _Optional[int] = ..., memory: _Optional[_Union[BufferMemory, _Mapping]] = ...) -> None: ...
+
+class BufferMemory(_message.Message):
+    __slots__ = ["agent", "cuda_ipc", "nixl", "shared"]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    CUDA_IPC_FIELD_NUMBER: _ClassVar[int]
+    NIXL_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
+    agent: AgentMemory
+    cuda_ipc: CudaIpc
+    nixl: NixlDescriptor
+    shared: SharedMemory
+    def __init__(self, agent: _Optional[_Union[AgentMemory, _Mapping]] = ..., shared: _Optional[_Union[SharedMemory, _Mapping]] = ..., cuda_ipc: _Optional[_Union[CudaIpc, _Mapping]] = ..., nixl: _Optional[_Union[NixlDescriptor, _Mapping]] = ...) -> None: ...
 
 class CancelRoomRequest(_message.Message):
     __slots__ = ["batch_ids", "room"]
@@ -76,6 +94,14 @@ class Copy(_message.Message):
     src_stride: int
     def __init__(self, src_buffer: _Optional[str] = ..., src_offset: _Optional[int] = ..., dst_buffer: _Optional[str] = ..., dst_offset: _Optional[int] = ..., length: _Optional[int] = ..., count: _Optional[int] = ..., src_stride: _Optional[int] = ..., dst_stride: _Optional[int] = ...) -> None: ...
 
+class CudaIpc(_message.Message):
+    __slots__ = ["device", "handle"]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    device: int
+    handle: bytes
+    def __init__(self, handle: _Optional[bytes] = ..., device: _Optional[int] = ...) -> None: ...
+
 class DeregisterBuffersRequest(_message.Message):
     __slots__ = ["names"]
     NAMES_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +121,12 @@ class InlineWrite(_message.Message):
     dst_buffer: str
     dst_offset: int
     def __init__(self, dst_buffer: _Optional[str] = ..., dst_offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class NixlDescriptor(_message.Message):
+    __slots__ = ["serialized"]
+    SERIALIZED_FIELD_NUMBER: _ClassVar[int]
+    serialized: bytes
+    def __init__(self, serialized: _Optional[bytes] = ...) -> None: ...
 
 class ReadBufferRequest(_message.Message):
     __slots__ = ["length", "name", "offset"]
@@ -125,6 +157,14 @@ class RegisterBuffersResponse(_message.Message):
     agent_instance: str
     buffers: _containers.RepeatedCompositeFieldContainer[Buffer]
     def __init__(self, buffers: _Optional[_Iterable[_Union[Buffer, _Mapping]]] = ..., agent_instance: _Optional[str] = ...) -> None: ...
+
+class SharedMemory(_message.Message):
+    __slots__ = ["offset", "path"]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    path: str
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class SubmitBatchRequest(_message.Message):
     __slots__ = ["batch_id", "copies", "deadline", "room", "writes"]

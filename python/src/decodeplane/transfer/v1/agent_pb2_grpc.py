@@ -57,10 +57,17 @@ class TransferAgentServicer(object):
     """
 
     def RegisterBuffers(self, request, context):
-        """RegisterBuffers registers memory regions. Idempotent by (name, length):
-        registering a known name with the same length is OK and keeps its
-        contents; another length is FAILED_PRECONDITION. address 0 asks the agent
-        to allocate (the reference agent always allocates host memory).
+        """RegisterBuffers registers memory regions, all or none. Idempotent by
+        (name, length, memory): registering a known name with the same length
+        and the same memory is OK and keeps its contents; another length or
+        another memory (another kind, path or offset, or a shared-memory file
+        replaced at its path since) is FAILED_PRECONDITION. Buffers in agent
+        memory are allocated zeroed and count against the agent's memory budget
+        (RESOURCE_EXHAUSTED past it); memory another process created does not.
+        FAILED_PRECONDITION also: a memory kind this agent does not implement
+        (the reference agent: cuda_ipc, nixl), a shared-memory file that cannot
+        be opened read-write, is not a regular file, lies outside the
+        directories the agent admits, or is smaller than offset + length.
         Codes: OK; INVALID_ARGUMENT; FAILED_PRECONDITION; RESOURCE_EXHAUSTED.
         Safe to retry.
         """
@@ -69,8 +76,11 @@ class TransferAgentServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def DeregisterBuffers(self, request, context):
-        """DeregisterBuffers forgets buffers (unknown names are ignored). Buffers
-        with copies in flight are FAILED_PRECONDITION. Safe to retry.
+        """DeregisterBuffers forgets buffers (unknown names are ignored) and
+        releases their memory (a shared-memory region is unmapped; the file
+        stays the engine's). Buffers with copies in flight (of a batch accepted
+        and not completed yet, held ones included) are FAILED_PRECONDITION and
+        nothing is forgotten. Safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -94,7 +104,9 @@ class TransferAgentServicer(object):
         """WatchCompletions streams completions of every batch. The first message
         is a hello (empty batch_id) carrying the agent's instance id; then the
         completions of replay_batch_ids that already finished; then every
-        completion as it happens. Codes: OK; UNAVAILABLE. Safe to retry.
+        completion as it happens. A batch whose shared-memory file was truncated
+        below a registered region completes with ok = false saying so.
+        Codes: OK; UNAVAILABLE. Safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -110,9 +122,11 @@ class TransferAgentServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ReadBuffer(self, request, context):
-        """ReadBuffer returns bytes of a registered buffer (at most 2 MiB per call).
-        GPU agents may return UNIMPLEMENTED. Codes: OK; NOT_FOUND;
-        INVALID_ARGUMENT; UNIMPLEMENTED. Safe to retry.
+        """ReadBuffer returns bytes of a registered buffer (at most 2 MiB per call),
+        in any memory the agent holds. GPU agents may return UNIMPLEMENTED.
+        Codes: OK; NOT_FOUND; INVALID_ARGUMENT; FAILED_PRECONDITION (a
+        shared-memory file truncated below the region); UNIMPLEMENTED.
+        Safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -121,7 +135,8 @@ class TransferAgentServicer(object):
     def WriteBuffer(self, request, context):
         """WriteBuffer writes bytes into a registered buffer (at most 2 MiB per
         call): how prefills without GPUs (and tests) fill their KV and staging
-        regions. Codes: OK; NOT_FOUND; INVALID_ARGUMENT; UNIMPLEMENTED.
+        regions. Codes: OK; NOT_FOUND; INVALID_ARGUMENT; FAILED_PRECONDITION (a
+        shared-memory file truncated below the region); UNIMPLEMENTED.
         Safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
