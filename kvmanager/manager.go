@@ -360,7 +360,14 @@ type Status struct {
 	PendingClaims int
 	// Holds is every shard's hand-off ledger when the decode engine owns
 	// the pages (kv_pool.owner: engine; nil otherwise).
-	Holds []prealloc.HoldStats
+	Holds []ShardHolds
+}
+
+// ShardHolds is a shard's hand-off ledger (kv_pool.owner: engine), and
+// whether its engine has reported its capacity (ReportCapacity).
+type ShardHolds struct {
+	prealloc.HoldStats
+	CapacityReported bool
 }
 
 // PrefillStatus is one known prefill instance: the registry's view of it and
@@ -396,7 +403,7 @@ func (m *Manager) Status() Status {
 	st.PendingClaims = m.pend.len()
 	for _, sh := range m.shards {
 		if sh.holds != nil {
-			st.Holds = append(st.Holds, sh.holds.Stats())
+			st.Holds = append(st.Holds, ShardHolds{HoldStats: sh.holds.Stats(), CapacityReported: sh.engineCap.Load() != nil})
 		}
 	}
 	return st

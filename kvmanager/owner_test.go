@@ -41,7 +41,7 @@ func (h *harness) holdStats(i int) prealloc.HoldStats {
 	if i >= len(hs) {
 		h.t.Fatalf("Status().Holds has %d shards; want the engine's hand-off ledger of shard %d", len(hs), i)
 	}
-	return hs[i]
+	return hs[i].HoldStats
 }
 
 // TestEngineOwnerDeclaredRoomSucceeds: a room of an engine-owned pool

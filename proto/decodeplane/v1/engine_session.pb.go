@@ -26,13 +26,15 @@ const (
 type EngineEvents int32
 
 const (
-	// Every event of the room, from its opening to its terminal event.
+	// Every event of the room, from its opening to its last (pages_reusable).
 	EngineEvents_ENGINE_EVENTS_ALL EngineEvents = 0
 	// Only the room's outcome: its ROOM_PHASE_SUCCEEDED transition, or, for
-	// a room that ends without succeeding, its terminal event (FAILED). The
-	// event keeps its seq (its position in the room's timeline; the seqs a
-	// stream sends for a room then have gaps). The room is unsubscribed once
-	// its outcome was sent: a succeeded room's later events (RETRACTED, HELD,
+	// a room that ends without succeeding, its terminal event (FAILED), and
+	// then, when its pages were not reusable yet, the event that says they
+	// are. The event keeps its seq (its position in the room's timeline; the
+	// seqs a stream sends for a room then have gaps). The room is
+	// unsubscribed once its outcome (and that event) was sent: a succeeded
+	// room's later events (RETRACTED, HELD,
 	// RELEASED) are not sent (the Release's Reply says it; WatchRoom shows
 	// them). What the Go client's OpenAndWait needs:
 	// one event per room instead of one per transition.
