@@ -14,8 +14,10 @@ import (
 // rooms and waits for their KV (OpenAndWait, or OpenRoom then WaitRoom or
 // WatchRoom), releases or aborts them, reports its running rooms'
 // lengths, retracts and resumes rooms, and re-declares its rooms after a
-// daemon restart (Resync). LookupDPRanks resolves rooms to prefill DP
-// ranks. It holds no connection of its own: OpenAndWait's shared
+// daemon restart (Resync). An engine that allocates its own pages
+// (kv_pool.owner: engine) declares each room's destination
+// (DeclareDestination) and reports its capacity (ReportCapacity).
+// LookupDPRanks resolves rooms to prefill DP ranks. It holds no connection of its own: OpenAndWait's shared
 // EngineSession stream, like every call, belongs to its Client, whose
 // transport, retry policy, token and Close apply.
 //
@@ -161,6 +163,38 @@ func (e *Engine) Resync(ctx context.Context, rooms []*pb.ResyncRoom) (*pb.Resync
 			return resp, nil
 		}
 	}
+}
+
+// DeclareDestination declares the destination the decode engine allocated
+// for a room when the engine owns its pages (kv_pool.owner: engine): its
+// pages beyond the decode prefix in token order, its metadata row, its
+// state indices and the decode prefix's length. The room, which waited in
+// ROOM_PHASE_QUEUED, is admitted into them. ErrFailedPrecondition: the
+// daemon owns the pages, the room does not wait for a destination, or a
+// page, row or slot is still held by another room's hand-off (the *Error's
+// Reason is "PAGE_HELD" and its message names the index and the holder:
+// reuse that page only once the holder's WatchRoom says its pages are
+// reusable). ErrInvalidArgument names the field. A repeated declaration
+// answers Already; retried on Unavailable.
+//
+// Under TransportStreams it rides OpenAndWait's shared engine session when
+// one is up (engine_ops.go), with the same answers.
+func (e *Engine) DeclareDestination(ctx context.Context, req *pb.DeclareDestinationRequest) (*pb.DeclareDestinationResponse, error) {
+	c := e.c
+	if resp, ok, err := c.declareOnSession(ctx, req); ok {
+		return resp, err
+	}
+	return invoke(ctx, c, pb.Rooms_DeclareDestination_FullMethodName, req, c.rooms.DeclareDestination)
+}
+
+// ReportCapacity reports what the decode engine has free on one decode DP
+// shard when it owns its pages (kv_pool.owner: engine): the figures
+// routers then read from the daemon (WatchCapacity, the etcd capacity
+// record, metrics). Each report replaces the last; send one per scheduler
+// step or on change. ErrFailedPrecondition: the daemon owns the pages.
+// Retried on Unavailable.
+func (e *Engine) ReportCapacity(ctx context.Context, req *pb.ReportCapacityRequest) (*pb.ReportCapacityResponse, error) {
+	return invoke(ctx, e.c, pb.Capacity_ReportCapacity_FullMethodName, req, e.c.capacity.ReportCapacity)
 }
 
 // LookupDPRanks resolves rooms to prefill DP ranks, in SGLang's order;

@@ -8,9 +8,9 @@ import (
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// Release and abort over the shared engine session.
+// Release, abort and declare over the shared engine session.
 //
-// Under TransportStreams, ReleaseRoom and AbortRoom ride OpenAndWait's
+// Under TransportStreams, ReleaseRoom, AbortRoom and DeclareDestination ride OpenAndWait's
 // shared EngineSession when it is up (one message each way, packed with
 // whatever else is in flight, instead of a call per room), and are the
 // unary RPCs otherwise: no session is opened for them alone. Their answers
@@ -55,6 +55,24 @@ func (c *Client) abortOnSession(ctx context.Context, req *pb.AbortRoomRequest) (
 		return nil, true, reop(op, unprefix(err, "abort."))
 	}
 	return res.Abort, true, nil
+}
+
+// declareOnSession is DeclareDestination on the shared session (see
+// releaseOnSession; a repeated declaration answers already).
+func (c *Client) declareOnSession(ctx context.Context, req *pb.DeclareDestinationRequest) (resp *pb.DeclareDestinationResponse, ok bool, err error) {
+	const op = "DeclareDestination"
+	req = proto.CloneOf(req) // as releaseOnSession
+	if req == nil {
+		req = &pb.DeclareDestinationRequest{}
+	}
+	res, ok, err := c.engineOp(ctx, "EngineSession.Declare", &pb.EngineRequest{Op: &pb.EngineRequest_Declare{Declare: req}})
+	if !ok {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, true, reop(op, unprefix(err, "declare."))
+	}
+	return res.Declare, true, nil
 }
 
 // engineOp runs a one-room op on the shared session if one is up: its

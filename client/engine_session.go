@@ -84,6 +84,7 @@ type sessionResult struct {
 	Open    *pb.OpenRoomResponse
 	Release *pb.ReleaseRoomResponse
 	Abort   *pb.AbortRoomResponse
+	Declare *pb.DeclareDestinationResponse
 	Err     error
 	// Incarnation is the daemon's incarnation as the op's reply gave it.
 	Incarnation uint64
@@ -206,7 +207,9 @@ func (s *engineSession) Next() (*pb.EngineRoomEvent, error) {
 		return nil, s.err
 	}
 	s.mu.Lock()
-	if ev.GetEvent().GetTerminal() || (s.events == pb.EngineEvents_ENGINE_EVENTS_OUTCOME && ev.GetEvent().GetTransition().GetPhase() == pb.RoomPhase_ROOM_PHASE_SUCCEEDED) {
+	// A room's last event: the one saying its pages are reusable, or a
+	// succeeded room's outcome.
+	if ev.GetEvent().GetPagesReusable() || (s.events == pb.EngineEvents_ENGINE_EVENTS_OUTCOME && ev.GetEvent().GetTransition().GetPhase() == pb.RoomPhase_ROOM_PHASE_SUCCEEDED) {
 		delete(s.cursors, ev.GetRoom())
 	} else {
 		s.cursors[ev.GetRoom()] = ev.GetSeq()
@@ -372,7 +375,7 @@ func (s *engineSession) do(ctx context.Context, op string, req *pb.EngineRequest
 	}
 	out := make([]sessionResult, len(reply.GetResults()))
 	for i, r := range reply.GetResults() {
-		out[i] = sessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Err: resultError(op, r), Incarnation: reply.GetIncarnation()}
+		out[i] = sessionResult{Room: r.GetRoom(), Open: r.GetOpen(), Release: r.GetRelease(), Abort: r.GetAbort(), Declare: r.GetDeclare(), Err: resultError(op, r), Incarnation: reply.GetIncarnation()}
 	}
 	return out, nil
 }

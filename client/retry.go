@@ -139,6 +139,8 @@ var retryTable = map[string]retryClass{
 	// A repeat after a lost answer would see AlreadyExists for the rooms
 	// the first attempt adopted (client/resync.go resends the rest).
 	pb.Rooms_Resync_FullMethodName: retryNever,
+	// A repeated declaration answers already: the daemon deduplicates.
+	pb.Rooms_DeclareDestination_FullMethodName: retrySafe,
 
 	// Fleet: a read of the daemon's cached view.
 	pb.Fleet_GetFleet_FullMethodName: retrySafe,
@@ -147,6 +149,8 @@ var retryTable = map[string]retryClass{
 	// the stream is how a router learns that the daemon stopped or is
 	// unreachable, so the router re-opens it (capacity.go).
 	pb.Capacity_WatchCapacity_FullMethodName: retryNever,
+	// Each report replaces the last.
+	pb.Capacity_ReportCapacity_FullMethodName: retrySafe,
 	// EngineSession: a stream of ops, not re-opened as such
 	// (engine_session.go): OpenAndWait's shared session opens a new one and
 	// resumes its rooms' events (engine_mux.go).

@@ -246,9 +246,13 @@ type RoomWatch struct {
 	atLast []*pb.Transition
 }
 
-// Next returns the room's next event. The last event has Terminal set (the
-// room was released or failed: a failure is an event here, with
-// Room.Failure, not an error); after it Next returns io.EOF.
+// Next returns the room's next event. The terminal event has Terminal set
+// (the room was released or failed: a failure is an event here, with
+// Room.Failure, not an error). The last event has PagesReusable set: the
+// terminal event itself, or, for a room that failed while a prefill rank
+// could still write into its pages, one more event once they are reusable
+// (its drain ended); after it Next returns io.EOF. An engine that owns its
+// pages reuses a failed room's pages only then.
 //
 // Read the phase from Transition: events the daemon replays (History, and
 // the transitions missed while a cut stream was re-opened) carry the room's
@@ -284,7 +288,7 @@ func (w *RoomWatch) Next() (*pb.RoomEvent, error) {
 			continue
 		}
 		w.s.progressed()
-		if ev.GetTerminal() {
+		if ev.GetPagesReusable() {
 			w.s.end(io.EOF)
 		}
 		return ev, nil

@@ -279,6 +279,8 @@ type Layout struct {
 	MambaBytes    int64 // one request's Mamba state (hybrid-linear)
 	SWAWindow     int
 	DSAIndexBytes int // indexer-K bytes per token per layer (hybrid-mla): 132
+	// Owner is kv_pool.owner: who chooses the rooms' pages.
+	Owner Owner
 }
 
 // dsaIndexKBytesPerToken is one DSA indexer-K entry: a 128-byte key plus a
@@ -300,6 +302,7 @@ func (c Config) Layout() Layout {
 		Staging:    c.Staging.Enabled,
 		TotalPages: p.Pages(),
 		StateTypes: p.Kind.StateTypes(),
+		Owner:      p.Owner,
 	}
 	l.DType, _ = CanonicalDType(p.DType)
 	l.DTypeBytes = dtypeBytes[l.DType]

@@ -304,5 +304,25 @@ func (c Config) Warnings() []Warning {
 	if c.Staging.Enabled && c.Pool.Kind.HasHeads() && c.Parallel.AttnTP > 0 {
 		w = append(w, Warning{"staging.enabled", "staging is used only for prefill instances whose attention TP differs from parallel.attn_tp; same-TP prefills use direct page copies."})
 	}
+	return append(w, c.engineOwnerWarnings()...)
+}
+
+// engineOwnerWarnings names the admission settings an engine that owns its
+// pages makes moot: it admits by its own budget and priority.
+func (c Config) engineOwnerWarnings() []Warning {
+	if c.Pool.Owner != OwnerEngine {
+		return nil
+	}
+	var w []Warning
+	a, d := c.Admission, DefaultConfig().Admission
+	moot := func(key string, set bool) {
+		if set {
+			w = append(w, Warning{key, "ignored with kv_pool.owner engine: the decode engine admits requests by its own budget and order, and declares each room's destination (DeclareDestination)."})
+		}
+	}
+	moot("admission.reserved_decode_tokens", a.ReservedDecodeTokens != d.ReservedDecodeTokens)
+	moot("admission.clip_max_new_tokens", a.ClipMaxNewTokens != d.ClipMaxNewTokens)
+	moot("admission.max_bypass", a.MaxBypass != d.MaxBypass)
+	moot("admission.priority", a.Priority != d.Priority)
 	return w
 }

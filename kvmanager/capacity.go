@@ -42,17 +42,29 @@ type ShardCapacity struct {
 // decode engine's resync (resync.go).
 const BlockedResync = "resync"
 
+// BlockedUnreported is ShardCapacity.BlockedBy of a shard whose decode
+// engine owns the pages (kv_pool.owner: engine) and has not reported its
+// capacity yet (ReportCapacity): its free figures are 0 until it does, so
+// that no router sends requests to an engine whose room it cannot see.
+const BlockedUnreported = "engine_unreported"
+
 // Capacity returns every shard's capacity, index = decode DP rank. It reads
 // each shard's ledger once under the ledger's own lock, one shard at a
 // time, and takes no shard lock: a poller (the capacity stream polls at its
-// min_interval) costs the room path nothing but a ledger lock's wait.
+// min_interval) costs the room path nothing but a ledger lock's wait. When
+// the decode engine owns the pages the free figures, the queue and the
+// running rooms are its last report (ReportCapacity), the pool and the
+// draining pages the hand-off ledger's (shardStats).
 func (m *Manager) Capacity() []ShardCapacity {
 	gated := m.rs.gated.Load()
 	page := int64(m.layout.PageSize)
 	out := make([]ShardCapacity, len(m.shards))
 	for i, sh := range m.shards {
-		out[i] = shardCapacity(sh.led.Stats(), page, gated)
+		out[i] = shardCapacity(sh.stats(), page, gated)
 		out[i].ReservedDecodeTokens = m.dec.Admission.ReservedDecodeTokens
+		if sh.holds != nil && sh.engineCap.Load() == nil && !gated {
+			out[i].BlockedBy = BlockedUnreported
+		}
 	}
 	return out
 }
@@ -74,4 +86,40 @@ func shardCapacity(st prealloc.Stats, page int64, gated bool) ShardCapacity {
 		c.BlockedBy = BlockedResync
 	}
 	return c
+}
+
+// stats is the shard's ledger stats. When the decode engine owns the pages
+// the allocator stays empty, so they are made from what is known: the
+// pools' sizes (the allocator's totals), the hand-off ledger's holds
+// (queued rooms, declared rooms, draining pages) and the engine's last
+// capacity report (free figures and running rooms; 0 free before its first
+// report). Budget is the engine's free tokens: it admits by its own rules.
+func (sh *shard) stats() prealloc.Stats {
+	st := sh.led.Stats()
+	if sh.holds == nil {
+		return st
+	}
+	hs := sh.holds.Stats()
+	var rep EngineCapacity
+	if c := sh.engineCap.Load(); c != nil {
+		rep = *c
+	}
+	free := func(r *prealloc.ResourceStats, n int64) {
+		r.Free = min(n, r.Total)
+		r.Used = r.Total - r.Free
+	}
+	free(&st.Pages, rep.PagesFree)
+	st.Pages.Draining = hs.DrainingPages
+	free(&st.ReqSlots, rep.ReqSlotsFree)
+	free(&st.MetaSlots, rep.MetaSlotsFree)
+	if st.MambaSlots.Total > 0 {
+		free(&st.MambaSlots, rep.StateSlots)
+	}
+	if st.SWAPages.Total > 0 {
+		free(&st.SWAPages, rep.StateSlots)
+	}
+	st.Waiting, st.Ready = 0, max(hs.Queued, rep.QueueDepth)
+	st.Admitted, st.Running, st.Draining = hs.Held-hs.Draining, rep.Running, hs.Draining
+	st.Budget, st.FullBudget = rep.TokensFree, rep.TokensFree
+	return st
 }

@@ -106,7 +106,9 @@ func (ss shardSet) watch(id uint64, history, outcome bool, sink WatchSink) (*Wat
 	// (its last step says so).
 	reusable := terminal && !e.ReleasePending()
 	// The events already reached: every step (history), the current one, or
-	// the outcome (none yet: at is -1).
+	// the outcome (none yet: at is -1) — and, for an outcome reached by a
+	// room that ended before its pages were reusable, the step that says
+	// they are now.
 	first, last := len(steps)-1, len(steps)-1
 	if history {
 		first = 0
@@ -114,13 +116,10 @@ func (ss shardSet) watch(id uint64, history, outcome bool, sink WatchSink) (*Wat
 	if outcome {
 		first = -1
 		for i, t := range steps {
-			if t.Phase() == PhaseSucceeded {
+			if t.Phase() == PhaseSucceeded || t.Phase().Terminal() {
 				first = i
 				break
 			}
-		}
-		if first < 0 && terminal {
-			first = last
 		}
 		last = first
 	}
@@ -128,19 +127,24 @@ func (ss shardSet) watch(id uint64, history, outcome bool, sink WatchSink) (*Wat
 	if sink == nil {
 		n := watchBuffer + len(steps) - first
 		if outcome {
-			n = 1
+			n = 2 // the outcome, and the step saying the pages are reusable
 		}
 		w.ch = make(chan RoomEvent, n)
 	}
 	if first >= 0 {
 		snap := e.snapshot(false, false)
 		texts := e.Texts()
+		send := func(i int) bool {
+			return w.send(RoomEvent{Room: snap, Transition: steps[i].Public(e.Addr(), texts), Terminal: terminalStep(steps, i),
+				PagesReusable: reusable && i == len(steps)-1, Seq: uint32(i + 1)})
+		}
 		for i := first; i <= last; i++ {
-			last := i == len(steps)-1
-			if !w.send(RoomEvent{Room: snap, Transition: steps[i].Public(e.Addr(), texts), Terminal: terminal && steps[i].Phase().Terminal(),
-				PagesReusable: reusable && last, Seq: uint32(i + 1)}) {
+			if !send(i) {
 				return w, nil // the sink refused it: the watch ended (ErrSlowConsumer)
 			}
+		}
+		if outcome && reusable && steps[first].Phase().Terminal() && last < len(steps)-1 && !send(len(steps)-1) {
+			return w, nil
 		}
 	}
 	if reusable || (outcome && first >= 0 && !terminal) {
@@ -149,6 +153,13 @@ func (ss shardSet) watch(id uint64, history, outcome bool, sink WatchSink) (*Wat
 	}
 	e.s().watch(w)
 	return w, nil
+}
+
+// terminalStep reports whether steps[i] is the room's terminal transition:
+// the move into a terminal phase (a step after it, the one saying the
+// pages are reusable, keeps the phase and is not).
+func terminalStep(steps []room.Step, i int) bool {
+	return steps[i].Phase().Terminal() && (i == 0 || !steps[i-1].Phase().Terminal())
 }
 
 // watch registers w for the room's next transitions.

@@ -106,9 +106,6 @@ func (m *Manager) ReportCapacity(shard int, c EngineCapacity) error {
 			return invalid(f.name, "%d must be >= 0", f.v)
 		}
 	}
-	sh := m.shards[shard]
-	sh.mu.Lock()
-	sh.engineCap = &c
-	sh.mu.Unlock()
+	m.shards[shard].engineCap.Store(&c)
 	return nil
 }

@@ -448,6 +448,11 @@ func (h *harness) assertLedgersFull() {
 			h.t.Errorf("shard %d invariants: %v", i, err)
 		}
 	}
+	for _, hs := range h.m.Status().Holds { // the engine's pages (kv_pool.owner: engine)
+		if hs.Queued+hs.Held+hs.Draining != 0 || hs.HeldPages+hs.DrainingPages != 0 {
+			h.t.Errorf("shard %d hand-off ledger still holds: %+v", hs.Shard, hs)
+		}
+	}
 }
 
 // assertNoLiveRooms checks that every room the manager holds is terminal

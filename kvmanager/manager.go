@@ -339,11 +339,12 @@ func (m *Manager) ShutdownSummary() ShutdownSummary {
 	return m.shut.sum
 }
 
-// ShardStats returns every shard's ledger stats.
+// ShardStats returns every shard's ledger stats (with the engine as the
+// page owner, made from its holds and reports: shard.stats).
 func (m *Manager) ShardStats() []prealloc.Stats {
 	out := make([]prealloc.Stats, len(m.shards))
 	for i, sh := range m.shards {
-		out[i] = sh.led.Stats()
+		out[i] = sh.stats()
 	}
 	return out
 }
@@ -357,6 +358,16 @@ type Status struct {
 	// PendingClaims counts the claims waiting for rooms not opened yet (at
 	// most maxPendingClaims).
 	PendingClaims int
+	// Holds is every shard's hand-off ledger when the decode engine owns
+	// the pages (kv_pool.owner: engine; nil otherwise).
+	Holds []ShardHolds
+}
+
+// ShardHolds is a shard's hand-off ledger (kv_pool.owner: engine), and
+// whether its engine has reported its capacity (ReportCapacity).
+type ShardHolds struct {
+	prealloc.HoldStats
+	CapacityReported bool
 }
 
 // PrefillStatus is one known prefill instance: the registry's view of it and
@@ -390,6 +401,11 @@ func (m *Manager) Status() Status {
 	sort.Slice(st.Prefills, func(i, j int) bool { return st.Prefills[i].Addr < st.Prefills[j].Addr })
 	st.Shards = m.ShardStats()
 	st.PendingClaims = m.pend.len()
+	for _, sh := range m.shards {
+		if sh.holds != nil {
+			st.Holds = append(st.Holds, ShardHolds{HoldStats: sh.holds.Stats(), CapacityReported: sh.engineCap.Load() != nil})
+		}
+	}
 	return st
 }
 

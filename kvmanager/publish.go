@@ -115,7 +115,7 @@ func (sh *shard) moved(e *entry, mv room.Move) {
 				continue
 			}
 			if !built {
-				ev = RoomEvent{Room: e.snapshot(false, false), Transition: mv.Step.Public(e.Addr(), e.Texts()), Terminal: to.Terminal(),
+				ev = RoomEvent{Room: e.snapshot(false, false), Transition: mv.Step.Public(e.Addr(), e.Texts()), Terminal: to.Terminal() && !from.Terminal(),
 					PagesReusable: reusable, Seq: e.Seq()}
 				built = true
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
+	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/prealloc"
 )
@@ -53,6 +54,18 @@ type ResyncRoom struct {
 	// rebootstrap needs it); PrefillDP its prefill DP rank, -1 if unknown.
 	Addr      string
 	PrefillDP int
+	// InFlight: with the decode engine as the page owner (kv_pool.owner:
+	// engine) the engine re-declares only the hand-offs it still had in
+	// flight — declared and neither succeeded nor reusable — since a
+	// prefill rank may still write into their pages (its running requests
+	// are its own: there is nothing to adopt). Pages are then the declared
+	// pages beyond DecodePrefixLen, MetadataSlot and State the declared row
+	// and state indices; ReqSlot, OutputLen, SWAPages and MambaSlots are
+	// not used. See adoptInFlight.
+	InFlight        bool
+	MetadataSlot    int32
+	State           []kvlayout.StateIndices
+	DecodePrefixLen int
 }
 
 // ResyncState is the resync's progress.
@@ -149,6 +162,12 @@ func (m *Manager) adopt(i int, d *ResyncRoom) error {
 	if d.DecodeDP < 0 || d.DecodeDP >= len(m.shards) {
 		return invalid(at("decode_dp_rank"), "%d is out of range: this daemon hosts %d decode DP shards (allowed 0..%d)", d.DecodeDP, len(m.shards), len(m.shards)-1)
 	}
+	switch engine := m.shards[d.DecodeDP].holds != nil; {
+	case engine && !d.InFlight:
+		return invalid(at("in_flight"), "is false, but kv_pool.owner is engine: the engine's running requests are its own (there is nothing to adopt); re-declare only the hand-offs still in flight, with in_flight set")
+	case !engine && d.InFlight:
+		return invalid(at("in_flight"), "is set, but kv_pool.owner is daemon: re-declare the running rooms with what each holds (in_flight is for an engine that owns its pages)")
+	}
 	sh := m.shards[d.DecodeDP]
 	sh.mu.Lock()
 	defer sh.unlock()
@@ -158,6 +177,9 @@ func (m *Manager) adopt(i int, d *ResyncRoom) error {
 	defer m.openMu.Unlock()
 	if _, other := m.shards.find(d.Room); other != nil {
 		return fmt.Errorf("%s: room %d: %w (phase %s)", at("room"), d.Room, ErrRoomExists, other.Phase())
+	}
+	if d.InFlight {
+		return sh.adoptInFlight(i, d)
 	}
 	e := &entry{}
 	a := prealloc.Adoption{
@@ -186,6 +208,45 @@ func (m *Manager) adopt(i int, d *ResyncRoom) error {
 		m.dl.clear(&c.expiry)
 		sh.attach(e, c)
 	}
+	return nil
+}
+
+// adoptInFlight holds a hand-off the decode engine still had in flight when
+// the previous daemon stopped (kv_pool.owner: engine; mu and openMu held):
+// its declared pages, row and state slots are held in the hand-off ledger
+// (a *prealloc.HeldError when another room holds one) and the room starts
+// failed and draining (room.Adopt InFlight). The prefill ranks that may
+// still write are known only when its prefill instance is registered
+// complete at this daemon with the room's prefill DP rank given: they owe
+// an AckRoomEnd (any attempt, incarnation 0: their claims died with the
+// previous daemon); otherwise release.deferred_timeout alone ends the
+// hold. Either way the room's watchers then see its pages reusable.
+func (sh *shard) adoptInFlight(i int, d *ResyncRoom) error {
+	m := sh.m
+	at := fmt.Sprintf("rooms[%d].", i)
+	fill, err := room.DeclaredFill(m.layout.PageSize, d.PromptLen, d.DecodePrefixLen, len(d.Pages), at)
+	if err != nil {
+		return err
+	}
+	if err := sh.holds.Declare(d.Room, prealloc.Declared{Pages: d.Pages, MetadataSlot: d.MetadataSlot, State: d.State}); err != nil {
+		var fe *kvlayout.Invalid
+		if errors.As(err, &fe) {
+			return invalid(at+fe.Field, "%s", fe.Msg)
+		}
+		return fmt.Errorf("%s: %w", at+"page_indices", err)
+	}
+	var owing []ranks.RankID
+	if inst, ok := m.reg.Instance(d.Addr); ok && inst.Complete && d.PrefillDP >= 0 && d.PrefillDP < inst.Topology.DP {
+		for _, k := range inst.Plan.Required() {
+			owing = append(owing, ranks.RankID{Addr: inst.Addr, DP: d.PrefillDP, CP: k.CP, TP: k.TP, PP: k.PP})
+		}
+	}
+	e := &entry{}
+	ef := e.Apply(room.Adopt{Now: m.clock.Now(), ID: d.Room, Addr: d.Addr, DecodeDP: d.DecodeDP, PrefillDP: d.PrefillDP, Params: m.params,
+		Request: room.Request{RID: d.RID, PromptLen: d.PromptLen, MaxNewTokens: d.MaxNewTokens}, ReqSlot: -1,
+		Pages: d.Pages, FillLen: fill, State: d.State, InFlight: true, Owing: owing, DecodePrefixLen: d.DecodePrefixLen})
+	sh.insert(e)
+	sh.apply(e, &ef)
 	return nil
 }
 

@@ -106,7 +106,13 @@ func (sh *shard) open(ctx context.Context, req OpenRequest) (_ RoomSnapshot, _ e
 	m.openMu.Unlock()
 	preq := prealloc.Request{Room: req.Room, RID: req.RID, PromptLen: req.PromptLen, OutputLen: req.OutputLen,
 		MaxNewTokens: req.MaxNewTokens, Priority: req.Priority, Rebootstrap: req.Rebootstrap}
-	if err := sh.led.EnqueueEntry(&e.led, preq); err != nil { // the room's ledger record lives in its entry
+	var err error
+	if sh.holds != nil {
+		err = sh.holds.Enqueue(req.Room) // the engine admits and allocates: the room waits for its declaration
+	} else {
+		err = sh.led.EnqueueEntry(&e.led, preq) // the room's ledger record lives in its entry
+	}
+	if err != nil {
 		sh.forget(e)
 		if errors.Is(err, prealloc.ErrQueueFull) {
 			err = &RetryError{Err: err, RetryAfter: time.Second}

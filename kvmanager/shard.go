@@ -3,6 +3,7 @@ package kvmanager
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -35,9 +36,10 @@ type shard struct {
 	// holds is the hand-off ledger when the decode engine owns the pages
 	// (kv_pool.owner: engine; nil otherwise): the rooms' ledger operations
 	// go to it, and led stays empty. engineCap is the shard's capacity as
-	// the engine last reported it (ReportCapacity).
+	// the engine last reported it (ReportCapacity; nil until its first
+	// report), read without the shard lock by the capacity readers.
 	holds     *prealloc.Holds
-	engineCap *EngineCapacity
+	engineCap atomic.Pointer[EngineCapacity]
 
 	mu sync.Mutex
 	// dirMu guards rooms for readers that do not hold mu.

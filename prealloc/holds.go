@@ -161,7 +161,7 @@ func (h *Holds) check(room uint64, d Declared) error {
 	for si, s := range d.State {
 		tab, ok := h.state[s.Type]
 		if !ok {
-			return kvlayout.Invalidf(fmt.Sprintf("state_indices[%d].type", si), "%s is not a state of this pool", s.Type)
+			return kvlayout.Invalidf(fmt.Sprintf("state[%d].type", si), "%s is not a state of this pool", s.Type)
 		}
 		if s.Type == kvlayout.StateDSA {
 			continue // the indexer's pages follow the KV pages, checked above
@@ -169,10 +169,10 @@ func (h *Holds) check(room uint64, d Declared) error {
 		seen := make(map[int32]struct{}, len(s.Indices))
 		for i, v := range s.Indices {
 			if v < 0 || int(v) >= len(tab) {
-				return kvlayout.Invalidf(fmt.Sprintf("state_indices[%d].indices[%d]", si, i), "%d is outside the pool's %d %s slots (allowed 0..%d)", v, len(tab), s.Type, len(tab)-1)
+				return kvlayout.Invalidf(fmt.Sprintf("state[%d].indices[%d]", si, i), "%d is outside the pool's %d %s slots (allowed 0..%d)", v, len(tab), s.Type, len(tab)-1)
 			}
 			if _, dup := seen[v]; dup {
-				return kvlayout.Invalidf(fmt.Sprintf("state_indices[%d].indices[%d]", si, i), "%d is named twice", v)
+				return kvlayout.Invalidf(fmt.Sprintf("state[%d].indices[%d]", si, i), "%d is named twice", v)
 			}
 			seen[v] = struct{}{}
 			if holder := tab[v]; holder != 0 {

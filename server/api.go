@@ -47,6 +47,9 @@ const (
 	// ReasonStaleAttempt is the ErrorInfo reason of an AckRoomEnd that names
 	// an attempt other than the room's current one.
 	ReasonStaleAttempt = ops.ReasonStaleAttempt
+	// ReasonPageHeld is the ErrorInfo reason of a declaration naming a
+	// page, row or slot another room's hand-off still holds.
+	ReasonPageHeld = ops.ReasonPageHeld
 	// ErrorDomain is the ErrorInfo domain of decodeplane's error details.
 	ErrorDomain = ops.ErrorDomain
 	// ReadinessShuttingDown is the readiness of the last update of a

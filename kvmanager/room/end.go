@@ -238,12 +238,13 @@ func (r *Room) ack(a Ack, e *Effects) {
 		e.Err = invalid("rank.bootstrap_addr", "%q is not room %d's prefill instance (%q)", rank.Addr, r.id, r.addr)
 		return
 	}
-	if a.Attempt != r.attempt {
+	inherited := r.extra != nil && r.extra.inherited
+	if a.Attempt != r.attempt && !inherited {
 		e.Err = fmt.Errorf("ack end of room %d: %w: attempt %d, the room's attempt is %d", r.id, ErrStaleAttempt, a.Attempt, r.attempt)
 		return
 	}
 	d := r.drainOf()
-	if d == nil || d.attempt != a.Attempt {
+	if d == nil || (d.attempt != a.Attempt && !inherited) {
 		return
 	}
 	i := slices.IndexFunc(d.owing, func(o ranks.RankID) bool { return o.DP == rank.DP && o.Key() == rank.Key() })

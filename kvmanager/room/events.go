@@ -123,6 +123,16 @@ type Adopt struct {
 	FillLen   int
 	State     []kvlayout.StateIndices
 	Params    *Params
+	// InFlight: a hand-off the decode engine still had in flight when the
+	// previous daemon stopped (kv_pool.owner: engine): the room starts
+	// failed (its claims died with that daemon) with its declared pages,
+	// row and slots held, draining, until Owing (the prefill ranks that may
+	// still write, when known) acknowledge, or release.deferred_timeout
+	// from now passes — whichever ends the hold first for known ranks, the
+	// timeout alone otherwise. DecodePrefixLen is the declaration's.
+	InFlight        bool
+	Owing           []ranks.RankID
+	DecodePrefixLen int
 }
 
 // Gate holds (Hold) or lifts a named condition the room's success waits
@@ -188,8 +198,34 @@ func (r *Room) adopt(a Adopt, e *Effects) {
 	r.pages = slices.Clone(a.Pages)
 	r.fillLen = a.FillLen
 	r.state = cloneState(a.State)
+	if a.InFlight {
+		r.inherit(a, e)
+		return
+	}
 	r.move(a.Now, PhaseSucceeded, "", textNote(fmt.Sprintf(
 		"adopted at the engine's resync: %d pages, req slot %d (prompt %d + output %d tokens)", len(a.Pages), a.ReqSlot, a.Request.PromptLen, a.Request.OutputLen)), e)
+}
+
+// inherit makes an adopted room a hand-off that was in flight when the
+// previous daemon stopped: failed at once, its resources held (draining)
+// until its owing ranks acknowledge or release.deferred_timeout passes.
+func (r *Room) inherit(a Adopt, e *Effects) {
+	r.owner, r.decodePrefix = OwnerEngine, a.DecodePrefixLen
+	until := stampOf(a.Now.Add(r.cfg.DeferredTimeout))
+	fc := Failure{Code: FailureShutdown, Message: fmt.Sprintf(
+		"the daemon restarted while room %d's hand-off was in flight: inherited at the decode engine's resync with %d pages held until its prefill ranks acknowledge (AckRoomEnd) or release.deferred_timeout passes", r.id, len(a.Pages))}
+	x := r.x()
+	x.failure, x.inherited = &fc, true
+	r.move(a.Now, PhaseFailed, "", textNote(fc.Message), e)
+	e.Failure = &fc
+	if len(a.Owing) > 0 && r.cfg.DeferredTimeout > 0 {
+		r.drain = &drainState{attempt: r.attempt, owing: slices.Clone(a.Owing), started: true, until: until}
+		e.DrainStarted, e.Drain = true, DrainNote{Attempt: r.attempt, Ranks: r.drain.owing, Until: until.time()}
+	} else if r.cfg.DeferredTimeout > 0 {
+		r.handoff.quarantine = until // which ranks still write is not known: the bound alone ends the hold
+	}
+	e.Ledger |= LedgerDrain
+	r.end(a.Now, e)
 }
 
 func (r *Room) prefillKnown(p PrefillKnown, e *Effects) {
@@ -576,17 +612,27 @@ func (r *Room) CheckDeclaration(pages []int32, metaSlot int32, prefix int) (fill
 		}
 		return 0, false, fmt.Errorf("declare destination of room %d: %w: the room already has its destination (phase %s); a declaration is made once", r.id, ErrWrongState, r.phase)
 	}
-	ps := r.cfg.Layout.PageSize
 	origin := int(r.promptLen)
 	if r.rebootstrapReq {
 		origin += int(r.outputLen)
 	}
+	fill, err = DeclaredFill(r.cfg.Layout.PageSize, origin, prefix, len(pages), "")
+	return fill, false, err
+}
+
+// DeclaredFill checks the size of a declared destination: a decode prefix
+// that is page-aligned and shorter than the origin tokens prefill holds,
+// and exactly the pages of the tokens beyond it. It returns those tokens
+// (the destination's fill length); errors name the field under at ("" or
+// "rooms[3].").
+func DeclaredFill(pageSize, origin, prefix, pages int, at string) (int, error) {
+	ps := pageSize
 	if prefix < 0 || prefix%ps != 0 || prefix >= origin {
-		return 0, false, invalid("decode_prefix_len", "%d must be a multiple of the page size %d, at least 0 and below the %d tokens prefill holds", prefix, ps, origin)
+		return 0, invalid(at+"decode_prefix_len", "%d must be a multiple of the page size %d, at least 0 and below the %d tokens prefill holds", prefix, ps, origin)
 	}
-	fill = origin - prefix
-	if want := (fill + ps - 1) / ps; len(pages) != want {
-		return 0, false, invalid("page_indices", "has %d pages; the %d tokens beyond the decode prefix (%d of %d) at page size %d take %d", len(pages), fill, prefix, origin, ps, want)
+	fill := origin - prefix
+	if want := (fill + ps - 1) / ps; pages != want {
+		return 0, invalid(at+"page_indices", "has %d pages; the %d tokens beyond the decode prefix (%d of %d) at page size %d take %d", pages, fill, prefix, origin, ps, want)
 	}
-	return fill, false, nil
+	return fill, nil
 }

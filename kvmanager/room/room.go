@@ -166,6 +166,10 @@ type extra struct {
 	idemKey string
 	gates   map[string]bool // conditions success waits for (the staging gate)
 	texts   []string        // the timeline's notes of text of their own
+	// inherited: a hand-off in flight when the previous daemon stopped
+	// (Adopt.InFlight): its prefill ranks' acknowledgements name the
+	// attempt they knew, whatever it was.
+	inherited bool
 }
 
 // rankProgress is one required prefill rank's transfer of one attempt.

@@ -41,6 +41,9 @@ func (r *Room) WaitingFor(v WaitView) string {
 			return fmt.Sprintf("the decode engine's resync (admission is held until the engine re-declared the rooms it still runs); bounded by engine.resync_timeout%s, then KV admission on decode DP shard %d; the room itself by timeouts.bootstrap%s",
 				at(stampOf(v.ResyncUntil)), r.decodeDP, at(r.bootstrapAt))
 		}
+		if r.owner == OwnerEngine {
+			return fmt.Sprintf("the decode engine's declaration of the destination it allocated (DeclareDestination) on decode DP shard %d; bounded by timeouts.bootstrap%s", r.decodeDP, at(r.bootstrapAt))
+		}
 		reason := "the rooms ahead of it"
 		if v.Blocked != "" && v.Blocked != "none" {
 			reason = "blocked by " + v.Blocked

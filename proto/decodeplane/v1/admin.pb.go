@@ -150,6 +150,10 @@ type ShardStatus struct {
 	// prefill acknowledgements (AckRoomEnd): not free, not reusable.
 	DrainingRooms uint32 `protobuf:"varint,18,opt,name=draining_rooms,json=drainingRooms,proto3" json:"draining_rooms,omitempty"`
 	DrainingPages uint64 `protobuf:"varint,19,opt,name=draining_pages,json=drainingPages,proto3" json:"draining_pages,omitempty"`
+	// holds is the shard's hand-off ledger when the decode engine owns the
+	// pages (kv_pool.owner: engine; unset otherwise). The figures above are
+	// then the engine's last ReportCapacity and these holds.
+	Holds         *HandoffHolds `protobuf:"bytes,20,opt,name=holds,proto3" json:"holds,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -317,6 +321,116 @@ func (x *ShardStatus) GetDrainingPages() uint64 {
 	return 0
 }
 
+func (x *ShardStatus) GetHolds() *HandoffHolds {
+	if x != nil {
+		return x.Holds
+	}
+	return nil
+}
+
+// HandoffHolds is a decode DP shard's hand-off ledger (kv_pool.owner:
+// engine): what the engine declared and no prefill rank may still write.
+type HandoffHolds struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// queued counts the rooms waiting for their declaration
+	// (DeclareDestination).
+	Queued uint32 `protobuf:"varint,1,opt,name=queued,proto3" json:"queued,omitempty"`
+	// held counts the declared rooms whose hand-off has not ended, held_pages
+	// the pages they hold; draining and draining_pages are the part of them
+	// that failed and wait for their prefill ranks' AckRoomEnd (or
+	// release.deferred_timeout).
+	Held          uint32 `protobuf:"varint,2,opt,name=held,proto3" json:"held,omitempty"`
+	HeldPages     uint64 `protobuf:"varint,3,opt,name=held_pages,json=heldPages,proto3" json:"held_pages,omitempty"`
+	Draining      uint32 `protobuf:"varint,4,opt,name=draining,proto3" json:"draining,omitempty"`
+	DrainingPages uint64 `protobuf:"varint,5,opt,name=draining_pages,json=drainingPages,proto3" json:"draining_pages,omitempty"`
+	// declarations_refused counts the declarations refused because a page,
+	// row or slot they named was still held by another room.
+	DeclarationsRefused uint64 `protobuf:"varint,6,opt,name=declarations_refused,json=declarationsRefused,proto3" json:"declarations_refused,omitempty"`
+	// capacity_reported: the engine has sent ReportCapacity for this shard.
+	CapacityReported bool `protobuf:"varint,7,opt,name=capacity_reported,json=capacityReported,proto3" json:"capacity_reported,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
+}
+
+func (x *HandoffHolds) Reset() {
+	*x = HandoffHolds{}
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoffHolds) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoffHolds) ProtoMessage() {}
+
+func (x *HandoffHolds) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoffHolds.ProtoReflect.Descriptor instead.
+func (*HandoffHolds) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *HandoffHolds) GetQueued() uint32 {
+	if x != nil {
+		return x.Queued
+	}
+	return 0
+}
+
+func (x *HandoffHolds) GetHeld() uint32 {
+	if x != nil {
+		return x.Held
+	}
+	return 0
+}
+
+func (x *HandoffHolds) GetHeldPages() uint64 {
+	if x != nil {
+		return x.HeldPages
+	}
+	return 0
+}
+
+func (x *HandoffHolds) GetDraining() uint32 {
+	if x != nil {
+		return x.Draining
+	}
+	return 0
+}
+
+func (x *HandoffHolds) GetDrainingPages() uint64 {
+	if x != nil {
+		return x.DrainingPages
+	}
+	return 0
+}
+
+func (x *HandoffHolds) GetDeclarationsRefused() uint64 {
+	if x != nil {
+		return x.DeclarationsRefused
+	}
+	return 0
+}
+
+func (x *HandoffHolds) GetCapacityReported() bool {
+	if x != nil {
+		return x.CapacityReported
+	}
+	return false
+}
+
 // PrefillStatus is one prefill instance known to the daemon.
 type PrefillStatus struct {
 	state               protoimpl.MessageState `protogen:"open.v1"`
@@ -346,7 +460,7 @@ type PrefillStatus struct {
 
 func (x *PrefillStatus) Reset() {
 	*x = PrefillStatus{}
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[3]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -358,7 +472,7 @@ func (x *PrefillStatus) String() string {
 func (*PrefillStatus) ProtoMessage() {}
 
 func (x *PrefillStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[3]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -371,7 +485,7 @@ func (x *PrefillStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillStatus.ProtoReflect.Descriptor instead.
 func (*PrefillStatus) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{3}
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PrefillStatus) GetBootstrapAddr() string {
@@ -479,7 +593,7 @@ type SilentRank struct {
 
 func (x *SilentRank) Reset() {
 	*x = SilentRank{}
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[4]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -491,7 +605,7 @@ func (x *SilentRank) String() string {
 func (*SilentRank) ProtoMessage() {}
 
 func (x *SilentRank) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[4]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -504,7 +618,7 @@ func (x *SilentRank) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SilentRank.ProtoReflect.Descriptor instead.
 func (*SilentRank) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{4}
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SilentRank) GetRank() *PrefillRank {
@@ -566,7 +680,7 @@ type GetStatusResponse struct {
 
 func (x *GetStatusResponse) Reset() {
 	*x = GetStatusResponse{}
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[5]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -578,7 +692,7 @@ func (x *GetStatusResponse) String() string {
 func (*GetStatusResponse) ProtoMessage() {}
 
 func (x *GetStatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[5]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -591,7 +705,7 @@ func (x *GetStatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetStatusResponse.ProtoReflect.Descriptor instead.
 func (*GetStatusResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{5}
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetStatusResponse) GetVersion() string {
@@ -700,7 +814,7 @@ type DrainRequest struct {
 
 func (x *DrainRequest) Reset() {
 	*x = DrainRequest{}
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[6]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +826,7 @@ func (x *DrainRequest) String() string {
 func (*DrainRequest) ProtoMessage() {}
 
 func (x *DrainRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[6]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +839,7 @@ func (x *DrainRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
 func (*DrainRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{6}
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{7}
 }
 
 type DrainResponse struct {
@@ -738,7 +852,7 @@ type DrainResponse struct {
 
 func (x *DrainResponse) Reset() {
 	*x = DrainResponse{}
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[7]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -750,7 +864,7 @@ func (x *DrainResponse) String() string {
 func (*DrainResponse) ProtoMessage() {}
 
 func (x *DrainResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_admin_proto_msgTypes[7]
+	mi := &file_decodeplane_v1_admin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -763,7 +877,7 @@ func (x *DrainResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DrainResponse.ProtoReflect.Descriptor instead.
 func (*DrainResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{7}
+	return file_decodeplane_v1_admin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DrainResponse) GetRoomsInFlight() uint32 {
@@ -782,7 +896,7 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\vConfigValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value\x12\x16\n" +
-	"\x06source\x18\x03 \x01(\tR\x06source\"\x8d\x05\n" +
+	"\x06source\x18\x03 \x01(\tR\x06source\"\xc1\x05\n" +
 	"\vShardStatus\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12\x1f\n" +
 	"\vpages_total\x18\x02 \x01(\x04R\n" +
@@ -806,7 +920,17 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\x11state_slots_total\x18\x10 \x01(\x04R\x0fstateSlotsTotal\x12(\n" +
 	"\x10state_slots_free\x18\x11 \x01(\x04R\x0estateSlotsFree\x12%\n" +
 	"\x0edraining_rooms\x18\x12 \x01(\rR\rdrainingRooms\x12%\n" +
-	"\x0edraining_pages\x18\x13 \x01(\x04R\rdrainingPages\"\xb0\x04\n" +
+	"\x0edraining_pages\x18\x13 \x01(\x04R\rdrainingPages\x122\n" +
+	"\x05holds\x18\x14 \x01(\v2\x1c.decodeplane.v1.HandoffHoldsR\x05holds\"\xfc\x01\n" +
+	"\fHandoffHolds\x12\x16\n" +
+	"\x06queued\x18\x01 \x01(\rR\x06queued\x12\x12\n" +
+	"\x04held\x18\x02 \x01(\rR\x04held\x12\x1d\n" +
+	"\n" +
+	"held_pages\x18\x03 \x01(\x04R\theldPages\x12\x1a\n" +
+	"\bdraining\x18\x04 \x01(\rR\bdraining\x12%\n" +
+	"\x0edraining_pages\x18\x05 \x01(\x04R\rdrainingPages\x121\n" +
+	"\x14declarations_refused\x18\x06 \x01(\x04R\x13declarationsRefused\x12+\n" +
+	"\x11capacity_reported\x18\a \x01(\bR\x10capacityReported\"\xb0\x04\n" +
 	"\rPrefillStatus\x12%\n" +
 	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12)\n" +
 	"\x10registered_ranks\x18\x02 \x01(\rR\x0fregisteredRanks\x12%\n" +
@@ -869,43 +993,45 @@ func file_decodeplane_v1_admin_proto_rawDescGZIP() []byte {
 	return file_decodeplane_v1_admin_proto_rawDescData
 }
 
-var file_decodeplane_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_decodeplane_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_decodeplane_v1_admin_proto_goTypes = []any{
 	(*GetStatusRequest)(nil),      // 0: decodeplane.v1.GetStatusRequest
 	(*ConfigValue)(nil),           // 1: decodeplane.v1.ConfigValue
 	(*ShardStatus)(nil),           // 2: decodeplane.v1.ShardStatus
-	(*PrefillStatus)(nil),         // 3: decodeplane.v1.PrefillStatus
-	(*SilentRank)(nil),            // 4: decodeplane.v1.SilentRank
-	(*GetStatusResponse)(nil),     // 5: decodeplane.v1.GetStatusResponse
-	(*DrainRequest)(nil),          // 6: decodeplane.v1.DrainRequest
-	(*DrainResponse)(nil),         // 7: decodeplane.v1.DrainResponse
-	nil,                           // 8: decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
-	(*PrefillRank)(nil),           // 10: decodeplane.v1.PrefillRank
-	(*durationpb.Duration)(nil),   // 11: google.protobuf.Duration
-	(*KVLayout)(nil),              // 12: decodeplane.v1.KVLayout
+	(*HandoffHolds)(nil),          // 3: decodeplane.v1.HandoffHolds
+	(*PrefillStatus)(nil),         // 4: decodeplane.v1.PrefillStatus
+	(*SilentRank)(nil),            // 5: decodeplane.v1.SilentRank
+	(*GetStatusResponse)(nil),     // 6: decodeplane.v1.GetStatusResponse
+	(*DrainRequest)(nil),          // 7: decodeplane.v1.DrainRequest
+	(*DrainResponse)(nil),         // 8: decodeplane.v1.DrainResponse
+	nil,                           // 9: decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*PrefillRank)(nil),           // 11: decodeplane.v1.PrefillRank
+	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
+	(*KVLayout)(nil),              // 13: decodeplane.v1.KVLayout
 }
 var file_decodeplane_v1_admin_proto_depIdxs = []int32{
-	9,  // 0: decodeplane.v1.PrefillStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
-	4,  // 1: decodeplane.v1.PrefillStatus.silent_ranks:type_name -> decodeplane.v1.SilentRank
-	10, // 2: decodeplane.v1.SilentRank.rank:type_name -> decodeplane.v1.PrefillRank
-	11, // 3: decodeplane.v1.SilentRank.silent_for:type_name -> google.protobuf.Duration
-	9,  // 4: decodeplane.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
-	11, // 5: decodeplane.v1.GetStatusResponse.uptime:type_name -> google.protobuf.Duration
-	12, // 6: decodeplane.v1.GetStatusResponse.layout:type_name -> decodeplane.v1.KVLayout
-	1,  // 7: decodeplane.v1.GetStatusResponse.config:type_name -> decodeplane.v1.ConfigValue
-	8,  // 8: decodeplane.v1.GetStatusResponse.rooms_by_phase:type_name -> decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
-	2,  // 9: decodeplane.v1.GetStatusResponse.shards:type_name -> decodeplane.v1.ShardStatus
-	3,  // 10: decodeplane.v1.GetStatusResponse.prefills:type_name -> decodeplane.v1.PrefillStatus
-	0,  // 11: decodeplane.v1.Admin.GetStatus:input_type -> decodeplane.v1.GetStatusRequest
-	6,  // 12: decodeplane.v1.Admin.Drain:input_type -> decodeplane.v1.DrainRequest
-	5,  // 13: decodeplane.v1.Admin.GetStatus:output_type -> decodeplane.v1.GetStatusResponse
-	7,  // 14: decodeplane.v1.Admin.Drain:output_type -> decodeplane.v1.DrainResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	3,  // 0: decodeplane.v1.ShardStatus.holds:type_name -> decodeplane.v1.HandoffHolds
+	10, // 1: decodeplane.v1.PrefillStatus.last_heartbeat:type_name -> google.protobuf.Timestamp
+	5,  // 2: decodeplane.v1.PrefillStatus.silent_ranks:type_name -> decodeplane.v1.SilentRank
+	11, // 3: decodeplane.v1.SilentRank.rank:type_name -> decodeplane.v1.PrefillRank
+	12, // 4: decodeplane.v1.SilentRank.silent_for:type_name -> google.protobuf.Duration
+	10, // 5: decodeplane.v1.GetStatusResponse.started_at:type_name -> google.protobuf.Timestamp
+	12, // 6: decodeplane.v1.GetStatusResponse.uptime:type_name -> google.protobuf.Duration
+	13, // 7: decodeplane.v1.GetStatusResponse.layout:type_name -> decodeplane.v1.KVLayout
+	1,  // 8: decodeplane.v1.GetStatusResponse.config:type_name -> decodeplane.v1.ConfigValue
+	9,  // 9: decodeplane.v1.GetStatusResponse.rooms_by_phase:type_name -> decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
+	2,  // 10: decodeplane.v1.GetStatusResponse.shards:type_name -> decodeplane.v1.ShardStatus
+	4,  // 11: decodeplane.v1.GetStatusResponse.prefills:type_name -> decodeplane.v1.PrefillStatus
+	0,  // 12: decodeplane.v1.Admin.GetStatus:input_type -> decodeplane.v1.GetStatusRequest
+	7,  // 13: decodeplane.v1.Admin.Drain:input_type -> decodeplane.v1.DrainRequest
+	6,  // 14: decodeplane.v1.Admin.GetStatus:output_type -> decodeplane.v1.GetStatusResponse
+	8,  // 15: decodeplane.v1.Admin.Drain:output_type -> decodeplane.v1.DrainResponse
+	14, // [14:16] is the sub-list for method output_type
+	12, // [12:14] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_admin_proto_init() }
@@ -920,7 +1046,7 @@ func file_decodeplane_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_admin_proto_rawDesc), len(file_decodeplane_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

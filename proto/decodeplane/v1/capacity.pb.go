@@ -23,6 +23,155 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type ReportCapacityRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// decode_dp_rank is the shard reported. bounds: 0..parallel.dp−1.
+	DecodeDpRank uint32 `protobuf:"varint,1,opt,name=decode_dp_rank,json=decodeDpRank,proto3" json:"decode_dp_rank,omitempty"`
+	// tokens_free is what the engine would still admit now, in tokens (its
+	// own admission budget). bounds: 0..2^40.
+	TokensFree uint64 `protobuf:"varint,2,opt,name=tokens_free,json=tokensFree,proto3" json:"tokens_free,omitempty"`
+	// pages_free are its free KV pages. bounds: 0..2^40.
+	PagesFree uint64 `protobuf:"varint,3,opt,name=pages_free,json=pagesFree,proto3" json:"pages_free,omitempty"`
+	// req_slots_free are its free request (req_to_token) rows.
+	// bounds: 0..2^31−1.
+	ReqSlotsFree uint32 `protobuf:"varint,4,opt,name=req_slots_free,json=reqSlotsFree,proto3" json:"req_slots_free,omitempty"`
+	// metadata_slots_free are its free metadata (aux) rows.
+	// bounds: 0..2^31−1.
+	MetadataSlotsFree uint32 `protobuf:"varint,5,opt,name=metadata_slots_free,json=metadataSlotsFree,proto3" json:"metadata_slots_free,omitempty"`
+	// state_slots_free are its free state slots of the pool's kind (Mamba
+	// slots, SWA pages); 0 for pools without. bounds: 0..2^40.
+	StateSlotsFree uint64 `protobuf:"varint,6,opt,name=state_slots_free,json=stateSlotsFree,proto3" json:"state_slots_free,omitempty"`
+	// queue_depth counts the requests it queued and has not admitted yet.
+	// bounds: 0..2^31−1.
+	QueueDepth uint32 `protobuf:"varint,7,opt,name=queue_depth,json=queueDepth,proto3" json:"queue_depth,omitempty"`
+	// running counts the requests it decodes. bounds: 0..2^31−1.
+	Running       uint32 `protobuf:"varint,8,opt,name=running,proto3" json:"running,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportCapacityRequest) Reset() {
+	*x = ReportCapacityRequest{}
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportCapacityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportCapacityRequest) ProtoMessage() {}
+
+func (x *ReportCapacityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportCapacityRequest.ProtoReflect.Descriptor instead.
+func (*ReportCapacityRequest) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_capacity_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ReportCapacityRequest) GetDecodeDpRank() uint32 {
+	if x != nil {
+		return x.DecodeDpRank
+	}
+	return 0
+}
+
+func (x *ReportCapacityRequest) GetTokensFree() uint64 {
+	if x != nil {
+		return x.TokensFree
+	}
+	return 0
+}
+
+func (x *ReportCapacityRequest) GetPagesFree() uint64 {
+	if x != nil {
+		return x.PagesFree
+	}
+	return 0
+}
+
+func (x *ReportCapacityRequest) GetReqSlotsFree() uint32 {
+	if x != nil {
+		return x.ReqSlotsFree
+	}
+	return 0
+}
+
+func (x *ReportCapacityRequest) GetMetadataSlotsFree() uint32 {
+	if x != nil {
+		return x.MetadataSlotsFree
+	}
+	return 0
+}
+
+func (x *ReportCapacityRequest) GetStateSlotsFree() uint64 {
+	if x != nil {
+		return x.StateSlotsFree
+	}
+	return 0
+}
+
+func (x *ReportCapacityRequest) GetQueueDepth() uint32 {
+	if x != nil {
+		return x.QueueDepth
+	}
+	return 0
+}
+
+func (x *ReportCapacityRequest) GetRunning() uint32 {
+	if x != nil {
+		return x.Running
+	}
+	return 0
+}
+
+type ReportCapacityResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportCapacityResponse) Reset() {
+	*x = ReportCapacityResponse{}
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportCapacityResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportCapacityResponse) ProtoMessage() {}
+
+func (x *ReportCapacityResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportCapacityResponse.ProtoReflect.Descriptor instead.
+func (*ReportCapacityResponse) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_capacity_proto_rawDescGZIP(), []int{1}
+}
+
 type WatchCapacityRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// min_interval is the least time between two updates. Unset or 0 is
@@ -37,7 +186,7 @@ type WatchCapacityRequest struct {
 
 func (x *WatchCapacityRequest) Reset() {
 	*x = WatchCapacityRequest{}
-	mi := &file_decodeplane_v1_capacity_proto_msgTypes[0]
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -49,7 +198,7 @@ func (x *WatchCapacityRequest) String() string {
 func (*WatchCapacityRequest) ProtoMessage() {}
 
 func (x *WatchCapacityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_capacity_proto_msgTypes[0]
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -62,7 +211,7 @@ func (x *WatchCapacityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchCapacityRequest.ProtoReflect.Descriptor instead.
 func (*WatchCapacityRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_capacity_proto_rawDescGZIP(), []int{0}
+	return file_decodeplane_v1_capacity_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *WatchCapacityRequest) GetMinInterval() *durationpb.Duration {
@@ -115,7 +264,7 @@ type CapacityUpdate struct {
 
 func (x *CapacityUpdate) Reset() {
 	*x = CapacityUpdate{}
-	mi := &file_decodeplane_v1_capacity_proto_msgTypes[1]
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -127,7 +276,7 @@ func (x *CapacityUpdate) String() string {
 func (*CapacityUpdate) ProtoMessage() {}
 
 func (x *CapacityUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_capacity_proto_msgTypes[1]
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -140,7 +289,7 @@ func (x *CapacityUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CapacityUpdate.ProtoReflect.Descriptor instead.
 func (*CapacityUpdate) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_capacity_proto_rawDescGZIP(), []int{1}
+	return file_decodeplane_v1_capacity_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CapacityUpdate) GetIncarnation() uint64 {
@@ -199,7 +348,11 @@ func (x *CapacityUpdate) GetSequence() uint64 {
 	return 0
 }
 
-// ShardCapacity is one decode DP shard's ledger, as admission sees it.
+// ShardCapacity is one decode DP shard's ledger, as admission sees it. When
+// the decode engine owns the pages (kv_pool.owner: engine) the free
+// figures, queue_depth and running are the engine's last ReportCapacity
+// (at least the rooms waiting for a declaration in queue_depth), the totals
+// and draining_pages the daemon's hand-off ledger.
 type ShardCapacity struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	DpRank uint32                 `protobuf:"varint,1,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
@@ -232,7 +385,9 @@ type ShardCapacity struct {
 	// "metadata_slots", "mamba" (state slots), "swa" (the SWA pool),
 	// "retracted" (retracted rooms resume first), "draining" (the daemon
 	// stops), or "resync" while admission waits for the decode engine's
-	// resync (engine.resync_timeout).
+	// resync (engine.resync_timeout), or "engine_unreported" when the
+	// decode engine owns the pages (kv_pool.owner: engine) and has not sent
+	// its first ReportCapacity for the shard.
 	BlockedBy string `protobuf:"bytes,10,opt,name=blocked_by,json=blockedBy,proto3" json:"blocked_by,omitempty"`
 	// draining_pages are pages of ended rooms that wait for prefill
 	// acknowledgements (AckRoomEnd): neither free nor reusable yet.
@@ -248,7 +403,7 @@ type ShardCapacity struct {
 
 func (x *ShardCapacity) Reset() {
 	*x = ShardCapacity{}
-	mi := &file_decodeplane_v1_capacity_proto_msgTypes[2]
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -260,7 +415,7 @@ func (x *ShardCapacity) String() string {
 func (*ShardCapacity) ProtoMessage() {}
 
 func (x *ShardCapacity) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_capacity_proto_msgTypes[2]
+	mi := &file_decodeplane_v1_capacity_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -273,7 +428,7 @@ func (x *ShardCapacity) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ShardCapacity.ProtoReflect.Descriptor instead.
 func (*ShardCapacity) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_capacity_proto_rawDescGZIP(), []int{2}
+	return file_decodeplane_v1_capacity_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ShardCapacity) GetDpRank() uint32 {
@@ -371,7 +526,20 @@ var File_decodeplane_v1_capacity_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_capacity_proto_rawDesc = "" +
 	"\n" +
-	"\x1ddecodeplane/v1/capacity.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9e\x01\n" +
+	"\x1ddecodeplane/v1/capacity.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x02\n" +
+	"\x15ReportCapacityRequest\x12$\n" +
+	"\x0edecode_dp_rank\x18\x01 \x01(\rR\fdecodeDpRank\x12\x1f\n" +
+	"\vtokens_free\x18\x02 \x01(\x04R\n" +
+	"tokensFree\x12\x1d\n" +
+	"\n" +
+	"pages_free\x18\x03 \x01(\x04R\tpagesFree\x12$\n" +
+	"\x0ereq_slots_free\x18\x04 \x01(\rR\freqSlotsFree\x12.\n" +
+	"\x13metadata_slots_free\x18\x05 \x01(\rR\x11metadataSlotsFree\x12(\n" +
+	"\x10state_slots_free\x18\x06 \x01(\x04R\x0estateSlotsFree\x12\x1f\n" +
+	"\vqueue_depth\x18\a \x01(\rR\n" +
+	"queueDepth\x12\x18\n" +
+	"\arunning\x18\b \x01(\rR\arunning\"\x18\n" +
+	"\x16ReportCapacityResponse\"\x9e\x01\n" +
 	"\x14WatchCapacityRequest\x12<\n" +
 	"\fmin_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\vminInterval\x12H\n" +
 	"\x12keepalive_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11keepaliveInterval\"\x9b\x02\n" +
@@ -403,9 +571,10 @@ const file_decodeplane_v1_capacity_proto_rawDesc = "" +
 	" \x01(\tR\tblockedBy\x12%\n" +
 	"\x0edraining_pages\x18\v \x01(\x04R\rdrainingPages\x12\x18\n" +
 	"\arunning\x18\f \x01(\rR\arunning\x124\n" +
-	"\x16reserved_decode_tokens\x18\r \x01(\rR\x14reservedDecodeTokens2c\n" +
+	"\x16reserved_decode_tokens\x18\r \x01(\rR\x14reservedDecodeTokens2\xc4\x01\n" +
 	"\bCapacity\x12W\n" +
-	"\rWatchCapacity\x12$.decodeplane.v1.WatchCapacityRequest\x1a\x1e.decodeplane.v1.CapacityUpdate0\x01BGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
+	"\rWatchCapacity\x12$.decodeplane.v1.WatchCapacityRequest\x1a\x1e.decodeplane.v1.CapacityUpdate0\x01\x12_\n" +
+	"\x0eReportCapacity\x12%.decodeplane.v1.ReportCapacityRequest\x1a&.decodeplane.v1.ReportCapacityResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 
 var (
 	file_decodeplane_v1_capacity_proto_rawDescOnce sync.Once
@@ -419,23 +588,27 @@ func file_decodeplane_v1_capacity_proto_rawDescGZIP() []byte {
 	return file_decodeplane_v1_capacity_proto_rawDescData
 }
 
-var file_decodeplane_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_decodeplane_v1_capacity_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_decodeplane_v1_capacity_proto_goTypes = []any{
-	(*WatchCapacityRequest)(nil),  // 0: decodeplane.v1.WatchCapacityRequest
-	(*CapacityUpdate)(nil),        // 1: decodeplane.v1.CapacityUpdate
-	(*ShardCapacity)(nil),         // 2: decodeplane.v1.ShardCapacity
-	(*durationpb.Duration)(nil),   // 3: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(*ReportCapacityRequest)(nil),  // 0: decodeplane.v1.ReportCapacityRequest
+	(*ReportCapacityResponse)(nil), // 1: decodeplane.v1.ReportCapacityResponse
+	(*WatchCapacityRequest)(nil),   // 2: decodeplane.v1.WatchCapacityRequest
+	(*CapacityUpdate)(nil),         // 3: decodeplane.v1.CapacityUpdate
+	(*ShardCapacity)(nil),          // 4: decodeplane.v1.ShardCapacity
+	(*durationpb.Duration)(nil),    // 5: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 6: google.protobuf.Timestamp
 }
 var file_decodeplane_v1_capacity_proto_depIdxs = []int32{
-	3, // 0: decodeplane.v1.WatchCapacityRequest.min_interval:type_name -> google.protobuf.Duration
-	3, // 1: decodeplane.v1.WatchCapacityRequest.keepalive_interval:type_name -> google.protobuf.Duration
-	2, // 2: decodeplane.v1.CapacityUpdate.shards:type_name -> decodeplane.v1.ShardCapacity
-	4, // 3: decodeplane.v1.CapacityUpdate.at:type_name -> google.protobuf.Timestamp
-	0, // 4: decodeplane.v1.Capacity.WatchCapacity:input_type -> decodeplane.v1.WatchCapacityRequest
-	1, // 5: decodeplane.v1.Capacity.WatchCapacity:output_type -> decodeplane.v1.CapacityUpdate
-	5, // [5:6] is the sub-list for method output_type
-	4, // [4:5] is the sub-list for method input_type
+	5, // 0: decodeplane.v1.WatchCapacityRequest.min_interval:type_name -> google.protobuf.Duration
+	5, // 1: decodeplane.v1.WatchCapacityRequest.keepalive_interval:type_name -> google.protobuf.Duration
+	4, // 2: decodeplane.v1.CapacityUpdate.shards:type_name -> decodeplane.v1.ShardCapacity
+	6, // 3: decodeplane.v1.CapacityUpdate.at:type_name -> google.protobuf.Timestamp
+	2, // 4: decodeplane.v1.Capacity.WatchCapacity:input_type -> decodeplane.v1.WatchCapacityRequest
+	0, // 5: decodeplane.v1.Capacity.ReportCapacity:input_type -> decodeplane.v1.ReportCapacityRequest
+	3, // 6: decodeplane.v1.Capacity.WatchCapacity:output_type -> decodeplane.v1.CapacityUpdate
+	1, // 7: decodeplane.v1.Capacity.ReportCapacity:output_type -> decodeplane.v1.ReportCapacityResponse
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
 	4, // [4:4] is the sub-list for extension type_name
 	4, // [4:4] is the sub-list for extension extendee
 	0, // [0:4] is the sub-list for field type_name
@@ -452,7 +625,7 @@ func file_decodeplane_v1_capacity_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_capacity_proto_rawDesc), len(file_decodeplane_v1_capacity_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -86,6 +86,33 @@ func request_Capacity_WatchCapacity_1(ctx context.Context, marshaler runtime.Mar
 	return stream, metadata, nil
 }
 
+func request_Capacity_ReportCapacity_0(ctx context.Context, marshaler runtime.Marshaler, client CapacityClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq ReportCapacityRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.ReportCapacity(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_Capacity_ReportCapacity_0(ctx context.Context, marshaler runtime.Marshaler, server CapacityServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq ReportCapacityRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.ReportCapacity(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterCapacityHandlerServer registers the http handlers for service Capacity to "mux".
 // UnaryRPC     :call CapacityServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -104,6 +131,26 @@ func RegisterCapacityHandlerServer(ctx context.Context, mux *runtime.ServeMux, s
 		_, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
 		runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 		return
+	})
+	mux.Handle(http.MethodPost, pattern_Capacity_ReportCapacity_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/decodeplane.v1.Capacity/ReportCapacity", runtime.WithHTTPPathPattern("/decodeplane.v1.Capacity/ReportCapacity"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_Capacity_ReportCapacity_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_Capacity_ReportCapacity_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -179,15 +226,34 @@ func RegisterCapacityHandlerClient(ctx context.Context, mux *runtime.ServeMux, c
 		}
 		forward_Capacity_WatchCapacity_1(annotatedContext, mux, outboundMarshaler, w, req, func() (proto.Message, error) { return resp.Recv() }, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_Capacity_ReportCapacity_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/decodeplane.v1.Capacity/ReportCapacity", runtime.WithHTTPPathPattern("/decodeplane.v1.Capacity/ReportCapacity"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_Capacity_ReportCapacity_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_Capacity_ReportCapacity_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
 var (
-	pattern_Capacity_WatchCapacity_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Capacity", "WatchCapacity"}, ""))
-	pattern_Capacity_WatchCapacity_1 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "capacity"}, ""))
+	pattern_Capacity_WatchCapacity_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Capacity", "WatchCapacity"}, ""))
+	pattern_Capacity_WatchCapacity_1  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "capacity"}, ""))
+	pattern_Capacity_ReportCapacity_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Capacity", "ReportCapacity"}, ""))
 )
 
 var (
-	forward_Capacity_WatchCapacity_0 = runtime.ForwardResponseStream
-	forward_Capacity_WatchCapacity_1 = runtime.ForwardResponseStream
+	forward_Capacity_WatchCapacity_0  = runtime.ForwardResponseStream
+	forward_Capacity_WatchCapacity_1  = runtime.ForwardResponseStream
+	forward_Capacity_ReportCapacity_0 = runtime.ForwardResponseMessage
 )

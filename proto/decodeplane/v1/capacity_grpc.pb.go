@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Capacity_WatchCapacity_FullMethodName = "/decodeplane.v1.Capacity/WatchCapacity"
+	Capacity_WatchCapacity_FullMethodName  = "/decodeplane.v1.Capacity/WatchCapacity"
+	Capacity_ReportCapacity_FullMethodName = "/decodeplane.v1.Capacity/ReportCapacity"
 )
 
 // CapacityClient is the client API for Capacity service.
@@ -45,6 +46,21 @@ type CapacityClient interface {
 	// it like a mutating call). Safe to retry: each new stream starts with
 	// the current figures.
 	WatchCapacity(ctx context.Context, in *WatchCapacityRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CapacityUpdate], error)
+	// ReportCapacity is the decode engine's report of what its own
+	// allocator and scheduler have free on one decode DP shard, when the
+	// engine owns the pages (kv_pool.owner: engine): the daemon then neither
+	// budgets nor allocates, so the figures routers read (WatchCapacity's
+	// shards, the etcd capacity record, the decodeplane_shard_* gauges) are
+	// the engine's last report — tokens_free, pages_free, req_slots_free,
+	// queue_depth (at least the rooms that wait for a declaration) and
+	// running — with the pool's size and the draining pages from the
+	// daemon's hand-off ledger. Before a shard's first report its free
+	// figures are 0 and blocked_by is "engine_unreported". Report at every
+	// scheduler step or on change; each report replaces the previous one.
+	// Codes: OK; INVALID_ARGUMENT (a field out of its bounds, named);
+	// FAILED_PRECONDITION (kv_pool.owner is daemon: the daemon's ledger is
+	// the capacity); UNAUTHENTICATED. Safe to retry.
+	ReportCapacity(ctx context.Context, in *ReportCapacityRequest, opts ...grpc.CallOption) (*ReportCapacityResponse, error)
 }
 
 type capacityClient struct {
@@ -74,6 +90,16 @@ func (c *capacityClient) WatchCapacity(ctx context.Context, in *WatchCapacityReq
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Capacity_WatchCapacityClient = grpc.ServerStreamingClient[CapacityUpdate]
 
+func (c *capacityClient) ReportCapacity(ctx context.Context, in *ReportCapacityRequest, opts ...grpc.CallOption) (*ReportCapacityResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportCapacityResponse)
+	err := c.cc.Invoke(ctx, Capacity_ReportCapacity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CapacityServer is the server API for Capacity service.
 // All implementations must embed UnimplementedCapacityServer
 // for forward compatibility.
@@ -97,6 +123,21 @@ type CapacityServer interface {
 	// it like a mutating call). Safe to retry: each new stream starts with
 	// the current figures.
 	WatchCapacity(*WatchCapacityRequest, grpc.ServerStreamingServer[CapacityUpdate]) error
+	// ReportCapacity is the decode engine's report of what its own
+	// allocator and scheduler have free on one decode DP shard, when the
+	// engine owns the pages (kv_pool.owner: engine): the daemon then neither
+	// budgets nor allocates, so the figures routers read (WatchCapacity's
+	// shards, the etcd capacity record, the decodeplane_shard_* gauges) are
+	// the engine's last report — tokens_free, pages_free, req_slots_free,
+	// queue_depth (at least the rooms that wait for a declaration) and
+	// running — with the pool's size and the draining pages from the
+	// daemon's hand-off ledger. Before a shard's first report its free
+	// figures are 0 and blocked_by is "engine_unreported". Report at every
+	// scheduler step or on change; each report replaces the previous one.
+	// Codes: OK; INVALID_ARGUMENT (a field out of its bounds, named);
+	// FAILED_PRECONDITION (kv_pool.owner is daemon: the daemon's ledger is
+	// the capacity); UNAUTHENTICATED. Safe to retry.
+	ReportCapacity(context.Context, *ReportCapacityRequest) (*ReportCapacityResponse, error)
 	mustEmbedUnimplementedCapacityServer()
 }
 
@@ -109,6 +150,9 @@ type UnimplementedCapacityServer struct{}
 
 func (UnimplementedCapacityServer) WatchCapacity(*WatchCapacityRequest, grpc.ServerStreamingServer[CapacityUpdate]) error {
 	return status.Error(codes.Unimplemented, "method WatchCapacity not implemented")
+}
+func (UnimplementedCapacityServer) ReportCapacity(context.Context, *ReportCapacityRequest) (*ReportCapacityResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportCapacity not implemented")
 }
 func (UnimplementedCapacityServer) mustEmbedUnimplementedCapacityServer() {}
 func (UnimplementedCapacityServer) testEmbeddedByValue()                  {}
@@ -142,13 +186,36 @@ func _Capacity_WatchCapacity_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Capacity_WatchCapacityServer = grpc.ServerStreamingServer[CapacityUpdate]
 
+func _Capacity_ReportCapacity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportCapacityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CapacityServer).ReportCapacity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Capacity_ReportCapacity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CapacityServer).ReportCapacity(ctx, req.(*ReportCapacityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Capacity_ServiceDesc is the grpc.ServiceDesc for Capacity service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var Capacity_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "decodeplane.v1.Capacity",
 	HandlerType: (*CapacityServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "ReportCapacity",
+			Handler:    _Capacity_ReportCapacity_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "WatchCapacity",

@@ -637,7 +637,11 @@ type KVLayout struct {
 	StateTypes     []StateType `protobuf:"varint,16,rep,packed,name=state_types,json=stateTypes,proto3,enum=decodeplane.v1.StateType" json:"state_types,omitempty"`
 	StagingEnabled bool        `protobuf:"varint,17,opt,name=staging_enabled,json=stagingEnabled,proto3" json:"staging_enabled,omitempty"`
 	// total_pages is the pool size of one decode DP shard.
-	TotalPages    uint64 `protobuf:"varint,18,opt,name=total_pages,json=totalPages,proto3" json:"total_pages,omitempty"`
+	TotalPages uint64 `protobuf:"varint,18,opt,name=total_pages,json=totalPages,proto3" json:"total_pages,omitempty"`
+	// page_owner is kv_pool.owner: "daemon" (the daemon admits rooms and
+	// chooses their pages) or "engine" (the decode engine allocates and
+	// declares each room's destination: Rooms.DeclareDestination).
+	PageOwner     string `protobuf:"bytes,19,opt,name=page_owner,json=pageOwner,proto3" json:"page_owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -798,6 +802,13 @@ func (x *KVLayout) GetTotalPages() uint64 {
 	return 0
 }
 
+func (x *KVLayout) GetPageOwner() string {
+	if x != nil {
+		return x.PageOwner
+	}
+	return ""
+}
+
 // Transition is one step of a room's timeline.
 type Transition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -905,7 +916,7 @@ const file_decodeplane_v1_common_proto_rawDesc = "" +
 	"\app_rank\x18\x05 \x01(\rR\x06ppRank\"W\n" +
 	"\fStateIndices\x12-\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x19.decodeplane.v1.StateTypeR\x04type\x12\x18\n" +
-	"\aindices\x18\x02 \x03(\x05R\aindices\"\xd0\x04\n" +
+	"\aindices\x18\x02 \x03(\x05R\aindices\"\xef\x04\n" +
 	"\bKVLayout\x12\x12\n" +
 	"\x04kind\x18\x01 \x01(\tR\x04kind\x12\x15\n" +
 	"\x06is_mla\x18\x02 \x01(\bR\x05isMla\x12\x1d\n" +
@@ -931,7 +942,9 @@ const file_decodeplane_v1_common_proto_rawDesc = "" +
 	"stateTypes\x12'\n" +
 	"\x0fstaging_enabled\x18\x11 \x01(\bR\x0estagingEnabled\x12\x1f\n" +
 	"\vtotal_pages\x18\x12 \x01(\x04R\n" +
-	"totalPages\"\xdb\x01\n" +
+	"totalPages\x12\x1d\n" +
+	"\n" +
+	"page_owner\x18\x13 \x01(\tR\tpageOwner\"\xdb\x01\n" +
 	"\n" +
 	"Transition\x12/\n" +
 	"\x05phase\x18\x01 \x01(\x0e2\x19.decodeplane.v1.RoomPhaseR\x05phase\x12*\n" +

@@ -26,13 +26,15 @@ const (
 type EngineEvents int32
 
 const (
-	// Every event of the room, from its opening to its terminal event.
+	// Every event of the room, from its opening to its last (pages_reusable).
 	EngineEvents_ENGINE_EVENTS_ALL EngineEvents = 0
 	// Only the room's outcome: its ROOM_PHASE_SUCCEEDED transition, or, for
-	// a room that ends without succeeding, its terminal event (FAILED). The
-	// event keeps its seq (its position in the room's timeline; the seqs a
-	// stream sends for a room then have gaps). The room is unsubscribed once
-	// its outcome was sent: a succeeded room's later events (RETRACTED, HELD,
+	// a room that ends without succeeding, its terminal event (FAILED), and
+	// then, when its pages were not reusable yet, the event that says they
+	// are. The event keeps its seq (its position in the room's timeline; the
+	// seqs a stream sends for a room then have gaps). The room is
+	// unsubscribed once its outcome (and that event) was sent: a succeeded
+	// room's later events (RETRACTED, HELD,
 	// RELEASED) are not sent (the Release's Reply says it; WatchRoom shows
 	// them). What the Go client's OpenAndWait needs:
 	// one event per room instead of one per transition.
@@ -92,6 +94,8 @@ type EngineRequest struct {
 	//	*EngineRequest_Release
 	//	*EngineRequest_Abort
 	//	*EngineRequest_Watch
+	//	*EngineRequest_Declare
+	//	*EngineRequest_Capacity
 	Op isEngineRequest_Op `protobuf_oneof:"op"`
 	// traceparent is the op's W3C trace context ("00-<trace id>-<span
 	// id>-<flags>"). bounds: empty, or at most 128 bytes and a valid
@@ -192,6 +196,24 @@ func (x *EngineRequest) GetWatch() *EngineWatch {
 	return nil
 }
 
+func (x *EngineRequest) GetDeclare() *DeclareDestinationRequest {
+	if x != nil {
+		if x, ok := x.Op.(*EngineRequest_Declare); ok {
+			return x.Declare
+		}
+	}
+	return nil
+}
+
+func (x *EngineRequest) GetCapacity() *ReportCapacityRequest {
+	if x != nil {
+		if x, ok := x.Op.(*EngineRequest_Capacity); ok {
+			return x.Capacity
+		}
+	}
+	return nil
+}
+
 func (x *EngineRequest) GetTraceparent() string {
 	if x != nil {
 		return x.Traceparent
@@ -226,6 +248,20 @@ type EngineRequest_Watch struct {
 	Watch *EngineWatch `protobuf:"bytes,5,opt,name=watch,proto3,oneof"`
 }
 
+type EngineRequest_Declare struct {
+	// declare is Rooms.DeclareDestination (kv_pool.owner: engine): its
+	// Reply has one result, with the declared room (a held page's refusal
+	// is its FAILED_PRECONDITION result naming the holder). The room is
+	// not subscribed by it: it was when it was opened on the stream.
+	Declare *DeclareDestinationRequest `protobuf:"bytes,8,opt,name=declare,proto3,oneof"`
+}
+
+type EngineRequest_Capacity struct {
+	// capacity is Capacity.ReportCapacity (kv_pool.owner: engine): its
+	// Reply has one result (room 0).
+	Capacity *ReportCapacityRequest `protobuf:"bytes,9,opt,name=capacity,proto3,oneof"`
+}
+
 func (*EngineRequest_Open) isEngineRequest_Op() {}
 
 func (*EngineRequest_Release) isEngineRequest_Op() {}
@@ -233,6 +269,10 @@ func (*EngineRequest_Release) isEngineRequest_Op() {}
 func (*EngineRequest_Abort) isEngineRequest_Op() {}
 
 func (*EngineRequest_Watch) isEngineRequest_Op() {}
+
+func (*EngineRequest_Declare) isEngineRequest_Op() {}
+
+func (*EngineRequest_Capacity) isEngineRequest_Op() {}
 
 // EngineOpen opens a batch of rooms, each as OpenRoom would, in order.
 type EngineOpen struct {
@@ -625,6 +665,8 @@ type EngineResult struct {
 	//	*EngineResult_Open
 	//	*EngineResult_Release
 	//	*EngineResult_Abort
+	//	*EngineResult_Declare
+	//	*EngineResult_Capacity
 	Answer        isEngineResult_Answer `protobuf_oneof:"answer"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -722,6 +764,24 @@ func (x *EngineResult) GetAbort() *AbortRoomResponse {
 	return nil
 }
 
+func (x *EngineResult) GetDeclare() *DeclareDestinationResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*EngineResult_Declare); ok {
+			return x.Declare
+		}
+	}
+	return nil
+}
+
+func (x *EngineResult) GetCapacity() *ReportCapacityResponse {
+	if x != nil {
+		if x, ok := x.Answer.(*EngineResult_Capacity); ok {
+			return x.Capacity
+		}
+	}
+	return nil
+}
+
 type isEngineResult_Answer interface {
 	isEngineResult_Answer()
 }
@@ -738,11 +798,23 @@ type EngineResult_Abort struct {
 	Abort *AbortRoomResponse `protobuf:"bytes,7,opt,name=abort,proto3,oneof"`
 }
 
+type EngineResult_Declare struct {
+	Declare *DeclareDestinationResponse `protobuf:"bytes,8,opt,name=declare,proto3,oneof"`
+}
+
+type EngineResult_Capacity struct {
+	Capacity *ReportCapacityResponse `protobuf:"bytes,9,opt,name=capacity,proto3,oneof"`
+}
+
 func (*EngineResult_Open) isEngineResult_Answer() {}
 
 func (*EngineResult_Release) isEngineResult_Answer() {}
 
 func (*EngineResult_Abort) isEngineResult_Answer() {}
+
+func (*EngineResult_Declare) isEngineResult_Answer() {}
+
+func (*EngineResult_Capacity) isEngineResult_Answer() {}
 
 // EngineRoomEvent is one event of a subscribed room.
 type EngineRoomEvent struct {
@@ -813,13 +885,15 @@ var File_decodeplane_v1_engine_session_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_engine_session_proto_rawDesc = "" +
 	"\n" +
-	"#decodeplane/v1/engine_session.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1adecodeplane/v1/rooms.proto\"\xdd\x02\n" +
+	"#decodeplane/v1/engine_session.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1ddecodeplane/v1/capacity.proto\x1a\x1adecodeplane/v1/rooms.proto\"\xe9\x03\n" +
 	"\rEngineRequest\x12\x10\n" +
 	"\x03seq\x18\x01 \x01(\x04R\x03seq\x120\n" +
 	"\x04open\x18\x02 \x01(\v2\x1a.decodeplane.v1.EngineOpenH\x00R\x04open\x12>\n" +
 	"\arelease\x18\x03 \x01(\v2\".decodeplane.v1.ReleaseRoomRequestH\x00R\arelease\x128\n" +
 	"\x05abort\x18\x04 \x01(\v2 .decodeplane.v1.AbortRoomRequestH\x00R\x05abort\x123\n" +
-	"\x05watch\x18\x05 \x01(\v2\x1b.decodeplane.v1.EngineWatchH\x00R\x05watch\x12 \n" +
+	"\x05watch\x18\x05 \x01(\v2\x1b.decodeplane.v1.EngineWatchH\x00R\x05watch\x12E\n" +
+	"\adeclare\x18\b \x01(\v2).decodeplane.v1.DeclareDestinationRequestH\x00R\adeclare\x12C\n" +
+	"\bcapacity\x18\t \x01(\v2%.decodeplane.v1.ReportCapacityRequestH\x00R\bcapacity\x12 \n" +
 	"\vtraceparent\x18\x06 \x01(\tR\vtraceparent\x121\n" +
 	"\x04more\x18\a \x03(\v2\x1d.decodeplane.v1.EngineRequestR\x04moreB\x04\n" +
 	"\x02op\"\x9d\x01\n" +
@@ -844,7 +918,7 @@ const file_decodeplane_v1_engine_session_proto_rawDesc = "" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x126\n" +
 	"\aresults\x18\x04 \x03(\v2\x1c.decodeplane.v1.EngineResultR\aresults\x12 \n" +
-	"\vincarnation\x18\x05 \x01(\x06R\vincarnation\"\xca\x02\n" +
+	"\vincarnation\x18\x05 \x01(\x06R\vincarnation\"\xd8\x03\n" +
 	"\fEngineResult\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
@@ -853,7 +927,9 @@ const file_decodeplane_v1_engine_session_proto_rawDesc = "" +
 	"retryAfter\x126\n" +
 	"\x04open\x18\x05 \x01(\v2 .decodeplane.v1.OpenRoomResponseH\x00R\x04open\x12?\n" +
 	"\arelease\x18\x06 \x01(\v2#.decodeplane.v1.ReleaseRoomResponseH\x00R\arelease\x129\n" +
-	"\x05abort\x18\a \x01(\v2!.decodeplane.v1.AbortRoomResponseH\x00R\x05abortB\b\n" +
+	"\x05abort\x18\a \x01(\v2!.decodeplane.v1.AbortRoomResponseH\x00R\x05abort\x12F\n" +
+	"\adeclare\x18\b \x01(\v2*.decodeplane.v1.DeclareDestinationResponseH\x00R\adeclare\x12D\n" +
+	"\bcapacity\x18\t \x01(\v2&.decodeplane.v1.ReportCapacityResponseH\x00R\bcapacityB\b\n" +
 	"\x06answer\"h\n" +
 	"\x0fEngineRoomEvent\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x10\n" +
@@ -880,50 +956,58 @@ func file_decodeplane_v1_engine_session_proto_rawDescGZIP() []byte {
 var file_decodeplane_v1_engine_session_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_decodeplane_v1_engine_session_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_decodeplane_v1_engine_session_proto_goTypes = []any{
-	(EngineEvents)(0),           // 0: decodeplane.v1.EngineEvents
-	(*EngineRequest)(nil),       // 1: decodeplane.v1.EngineRequest
-	(*EngineOpen)(nil),          // 2: decodeplane.v1.EngineOpen
-	(*EngineWatch)(nil),         // 3: decodeplane.v1.EngineWatch
-	(*EngineWatchRoom)(nil),     // 4: decodeplane.v1.EngineWatchRoom
-	(*EngineEvent)(nil),         // 5: decodeplane.v1.EngineEvent
-	(*EngineReply)(nil),         // 6: decodeplane.v1.EngineReply
-	(*EngineResult)(nil),        // 7: decodeplane.v1.EngineResult
-	(*EngineRoomEvent)(nil),     // 8: decodeplane.v1.EngineRoomEvent
-	(*ReleaseRoomRequest)(nil),  // 9: decodeplane.v1.ReleaseRoomRequest
-	(*AbortRoomRequest)(nil),    // 10: decodeplane.v1.AbortRoomRequest
-	(*OpenRoomRequest)(nil),     // 11: decodeplane.v1.OpenRoomRequest
-	(*durationpb.Duration)(nil), // 12: google.protobuf.Duration
-	(*OpenRoomResponse)(nil),    // 13: decodeplane.v1.OpenRoomResponse
-	(*ReleaseRoomResponse)(nil), // 14: decodeplane.v1.ReleaseRoomResponse
-	(*AbortRoomResponse)(nil),   // 15: decodeplane.v1.AbortRoomResponse
-	(*RoomEvent)(nil),           // 16: decodeplane.v1.RoomEvent
+	(EngineEvents)(0),                  // 0: decodeplane.v1.EngineEvents
+	(*EngineRequest)(nil),              // 1: decodeplane.v1.EngineRequest
+	(*EngineOpen)(nil),                 // 2: decodeplane.v1.EngineOpen
+	(*EngineWatch)(nil),                // 3: decodeplane.v1.EngineWatch
+	(*EngineWatchRoom)(nil),            // 4: decodeplane.v1.EngineWatchRoom
+	(*EngineEvent)(nil),                // 5: decodeplane.v1.EngineEvent
+	(*EngineReply)(nil),                // 6: decodeplane.v1.EngineReply
+	(*EngineResult)(nil),               // 7: decodeplane.v1.EngineResult
+	(*EngineRoomEvent)(nil),            // 8: decodeplane.v1.EngineRoomEvent
+	(*ReleaseRoomRequest)(nil),         // 9: decodeplane.v1.ReleaseRoomRequest
+	(*AbortRoomRequest)(nil),           // 10: decodeplane.v1.AbortRoomRequest
+	(*DeclareDestinationRequest)(nil),  // 11: decodeplane.v1.DeclareDestinationRequest
+	(*ReportCapacityRequest)(nil),      // 12: decodeplane.v1.ReportCapacityRequest
+	(*OpenRoomRequest)(nil),            // 13: decodeplane.v1.OpenRoomRequest
+	(*durationpb.Duration)(nil),        // 14: google.protobuf.Duration
+	(*OpenRoomResponse)(nil),           // 15: decodeplane.v1.OpenRoomResponse
+	(*ReleaseRoomResponse)(nil),        // 16: decodeplane.v1.ReleaseRoomResponse
+	(*AbortRoomResponse)(nil),          // 17: decodeplane.v1.AbortRoomResponse
+	(*DeclareDestinationResponse)(nil), // 18: decodeplane.v1.DeclareDestinationResponse
+	(*ReportCapacityResponse)(nil),     // 19: decodeplane.v1.ReportCapacityResponse
+	(*RoomEvent)(nil),                  // 20: decodeplane.v1.RoomEvent
 }
 var file_decodeplane_v1_engine_session_proto_depIdxs = []int32{
 	2,  // 0: decodeplane.v1.EngineRequest.open:type_name -> decodeplane.v1.EngineOpen
 	9,  // 1: decodeplane.v1.EngineRequest.release:type_name -> decodeplane.v1.ReleaseRoomRequest
 	10, // 2: decodeplane.v1.EngineRequest.abort:type_name -> decodeplane.v1.AbortRoomRequest
 	3,  // 3: decodeplane.v1.EngineRequest.watch:type_name -> decodeplane.v1.EngineWatch
-	1,  // 4: decodeplane.v1.EngineRequest.more:type_name -> decodeplane.v1.EngineRequest
-	11, // 5: decodeplane.v1.EngineOpen.rooms:type_name -> decodeplane.v1.OpenRoomRequest
-	0,  // 6: decodeplane.v1.EngineOpen.events:type_name -> decodeplane.v1.EngineEvents
-	4,  // 7: decodeplane.v1.EngineWatch.rooms:type_name -> decodeplane.v1.EngineWatchRoom
-	0,  // 8: decodeplane.v1.EngineWatch.events:type_name -> decodeplane.v1.EngineEvents
-	6,  // 9: decodeplane.v1.EngineEvent.reply:type_name -> decodeplane.v1.EngineReply
-	8,  // 10: decodeplane.v1.EngineEvent.room:type_name -> decodeplane.v1.EngineRoomEvent
-	5,  // 11: decodeplane.v1.EngineEvent.more:type_name -> decodeplane.v1.EngineEvent
-	7,  // 12: decodeplane.v1.EngineReply.results:type_name -> decodeplane.v1.EngineResult
-	12, // 13: decodeplane.v1.EngineResult.retry_after:type_name -> google.protobuf.Duration
-	13, // 14: decodeplane.v1.EngineResult.open:type_name -> decodeplane.v1.OpenRoomResponse
-	14, // 15: decodeplane.v1.EngineResult.release:type_name -> decodeplane.v1.ReleaseRoomResponse
-	15, // 16: decodeplane.v1.EngineResult.abort:type_name -> decodeplane.v1.AbortRoomResponse
-	16, // 17: decodeplane.v1.EngineRoomEvent.event:type_name -> decodeplane.v1.RoomEvent
-	1,  // 18: decodeplane.v1.EngineSession.Session:input_type -> decodeplane.v1.EngineRequest
-	5,  // 19: decodeplane.v1.EngineSession.Session:output_type -> decodeplane.v1.EngineEvent
-	19, // [19:20] is the sub-list for method output_type
-	18, // [18:19] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	11, // 4: decodeplane.v1.EngineRequest.declare:type_name -> decodeplane.v1.DeclareDestinationRequest
+	12, // 5: decodeplane.v1.EngineRequest.capacity:type_name -> decodeplane.v1.ReportCapacityRequest
+	1,  // 6: decodeplane.v1.EngineRequest.more:type_name -> decodeplane.v1.EngineRequest
+	13, // 7: decodeplane.v1.EngineOpen.rooms:type_name -> decodeplane.v1.OpenRoomRequest
+	0,  // 8: decodeplane.v1.EngineOpen.events:type_name -> decodeplane.v1.EngineEvents
+	4,  // 9: decodeplane.v1.EngineWatch.rooms:type_name -> decodeplane.v1.EngineWatchRoom
+	0,  // 10: decodeplane.v1.EngineWatch.events:type_name -> decodeplane.v1.EngineEvents
+	6,  // 11: decodeplane.v1.EngineEvent.reply:type_name -> decodeplane.v1.EngineReply
+	8,  // 12: decodeplane.v1.EngineEvent.room:type_name -> decodeplane.v1.EngineRoomEvent
+	5,  // 13: decodeplane.v1.EngineEvent.more:type_name -> decodeplane.v1.EngineEvent
+	7,  // 14: decodeplane.v1.EngineReply.results:type_name -> decodeplane.v1.EngineResult
+	14, // 15: decodeplane.v1.EngineResult.retry_after:type_name -> google.protobuf.Duration
+	15, // 16: decodeplane.v1.EngineResult.open:type_name -> decodeplane.v1.OpenRoomResponse
+	16, // 17: decodeplane.v1.EngineResult.release:type_name -> decodeplane.v1.ReleaseRoomResponse
+	17, // 18: decodeplane.v1.EngineResult.abort:type_name -> decodeplane.v1.AbortRoomResponse
+	18, // 19: decodeplane.v1.EngineResult.declare:type_name -> decodeplane.v1.DeclareDestinationResponse
+	19, // 20: decodeplane.v1.EngineResult.capacity:type_name -> decodeplane.v1.ReportCapacityResponse
+	20, // 21: decodeplane.v1.EngineRoomEvent.event:type_name -> decodeplane.v1.RoomEvent
+	1,  // 22: decodeplane.v1.EngineSession.Session:input_type -> decodeplane.v1.EngineRequest
+	5,  // 23: decodeplane.v1.EngineSession.Session:output_type -> decodeplane.v1.EngineEvent
+	23, // [23:24] is the sub-list for method output_type
+	22, // [22:23] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_engine_session_proto_init() }
@@ -931,12 +1015,15 @@ func file_decodeplane_v1_engine_session_proto_init() {
 	if File_decodeplane_v1_engine_session_proto != nil {
 		return
 	}
+	file_decodeplane_v1_capacity_proto_init()
 	file_decodeplane_v1_rooms_proto_init()
 	file_decodeplane_v1_engine_session_proto_msgTypes[0].OneofWrappers = []any{
 		(*EngineRequest_Open)(nil),
 		(*EngineRequest_Release)(nil),
 		(*EngineRequest_Abort)(nil),
 		(*EngineRequest_Watch)(nil),
+		(*EngineRequest_Declare)(nil),
+		(*EngineRequest_Capacity)(nil),
 	}
 	file_decodeplane_v1_engine_session_proto_msgTypes[4].OneofWrappers = []any{
 		(*EngineEvent_Reply)(nil),
@@ -946,6 +1033,8 @@ func file_decodeplane_v1_engine_session_proto_init() {
 		(*EngineResult_Open)(nil),
 		(*EngineResult_Release)(nil),
 		(*EngineResult_Abort)(nil),
+		(*EngineResult_Declare)(nil),
+		(*EngineResult_Capacity)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -43,6 +43,9 @@ func (x *ResyncRoom) validate(at string) error {
 	if x.GetMaxNewTokens() == 0 {
 		errs = append(errs, fieldErr(f("max_new_tokens"), "must be > 0 (allowed 1..%d)", MaxTokens))
 	}
+	if x.GetInFlight() {
+		return errors.Join(append(errs, x.validateInFlight(f)...)...)
+	}
 	if x.GetReqSlot() <= 0 {
 		errs = append(errs, fieldErr(f("req_slot"), "%d is not a req_to_token row (rows are 1..request slots + pre-alloc slots)", x.GetReqSlot()))
 	}
@@ -71,6 +74,22 @@ func (x *ResyncRoom) validate(at string) error {
 		errs = append(errs, fieldErr(f("prefill_dp_rank"), "%d is not a plausible DP rank (allowed 0..%d)", x.GetPrefillDpRank(), MaxRank))
 	}
 	return errors.Join(errs...)
+}
+
+// validateInFlight checks a hand-off in flight (in_flight): a declaration's
+// fields, as DeclareDestinationRequest's.
+func (x *ResyncRoom) validateInFlight(f func(string) string) []error {
+	errs := checkDeclared(f(""), x.GetPageIndices(), x.GetMetadataSlot(), x.GetState(), x.GetDecodePrefixLen())
+	if len(x.GetPageIndices()) == 0 {
+		errs = append(errs, fieldErr(f("page_indices"), "is empty: a hand-off in flight holds the pages of ceil((prompt_len - decode_prefix_len) / page_size) tokens"))
+	}
+	if a := x.GetBootstrapAddr(); a != "" {
+		errs = append(errs, checkAddr(f("bootstrap_addr"), a))
+	}
+	if x.PrefillDpRank != nil && x.GetPrefillDpRank() > MaxRank {
+		errs = append(errs, fieldErr(f("prefill_dp_rank"), "%d is not a plausible DP rank (allowed 0..%d)", x.GetPrefillDpRank(), MaxRank))
+	}
+	return errs
 }
 
 // checkIndices refuses a negative index (the first one); ranges, repeats

@@ -72,6 +72,153 @@ func (RetractMode) EnumDescriptor() ([]byte, []int) {
 	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{0}
 }
 
+type DeclareDestinationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
+	Room uint64 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
+	// page_indices are the KV pages the engine allocated for the tokens
+	// beyond decode_prefix_len, in token order: exactly ceil((prompt_len −
+	// decode_prefix_len) / page_size) entries (prompt_len + output_len with
+	// a rebootstrap). bounds: each 0..pages−1 of the decode shard's pool
+	// (kv_pool), none twice; at most 2^24 entries.
+	PageIndices []int32 `protobuf:"varint,2,rep,packed,name=page_indices,json=pageIndices,proto3" json:"page_indices,omitempty"`
+	// metadata_slot is the room's metadata (aux) row. bounds:
+	// 0..metadata slots−1.
+	MetadataSlot int32 `protobuf:"varint,3,opt,name=metadata_slot,json=metadataSlot,proto3" json:"metadata_slot,omitempty"`
+	// state are the room's state indices, one entry per state type of the
+	// pool's kind (hybrid-linear: STATE_TYPE_MAMBA, its slots; hybrid-swa:
+	// STATE_TYPE_SWA, the SWA pages; hybrid-mla: STATE_TYPE_DSA, the indexer
+	// pages); none for mha, gqa and mla. bounds: at most 4 entries, each
+	// type once, each index in its pool's range and not named twice.
+	State []*StateIndices `protobuf:"bytes,4,rep,name=state,proto3" json:"state,omitempty"`
+	// decode_prefix_len is the tokens of the prompt the decode side already
+	// holds (its radix-cache match), which the prefill does not send.
+	// bounds: a multiple of page_size, below prompt_len.
+	DecodePrefixLen uint32 `protobuf:"varint,5,opt,name=decode_prefix_len,json=decodePrefixLen,proto3" json:"decode_prefix_len,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DeclareDestinationRequest) Reset() {
+	*x = DeclareDestinationRequest{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeclareDestinationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeclareDestinationRequest) ProtoMessage() {}
+
+func (x *DeclareDestinationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeclareDestinationRequest.ProtoReflect.Descriptor instead.
+func (*DeclareDestinationRequest) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *DeclareDestinationRequest) GetRoom() uint64 {
+	if x != nil {
+		return x.Room
+	}
+	return 0
+}
+
+func (x *DeclareDestinationRequest) GetPageIndices() []int32 {
+	if x != nil {
+		return x.PageIndices
+	}
+	return nil
+}
+
+func (x *DeclareDestinationRequest) GetMetadataSlot() int32 {
+	if x != nil {
+		return x.MetadataSlot
+	}
+	return 0
+}
+
+func (x *DeclareDestinationRequest) GetState() []*StateIndices {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *DeclareDestinationRequest) GetDecodePrefixLen() uint32 {
+	if x != nil {
+		return x.DecodePrefixLen
+	}
+	return 0
+}
+
+type DeclareDestinationResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// room is the room after the declaration (ROOM_PHASE_ADMITTED, or later
+	// for a repeated declaration).
+	Room *Room `protobuf:"bytes,1,opt,name=room,proto3" json:"room,omitempty"`
+	// already: this destination was declared before; nothing changed.
+	Already       bool `protobuf:"varint,2,opt,name=already,proto3" json:"already,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeclareDestinationResponse) Reset() {
+	*x = DeclareDestinationResponse{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeclareDestinationResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeclareDestinationResponse) ProtoMessage() {}
+
+func (x *DeclareDestinationResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeclareDestinationResponse.ProtoReflect.Descriptor instead.
+func (*DeclareDestinationResponse) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *DeclareDestinationResponse) GetRoom() *Room {
+	if x != nil {
+		return x.Room
+	}
+	return nil
+}
+
+func (x *DeclareDestinationResponse) GetAlready() bool {
+	if x != nil {
+		return x.Already
+	}
+	return false
+}
+
 type OpenRoomRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// rid is the request id. bounds: required, at most 512 bytes.
@@ -110,7 +257,7 @@ type OpenRoomRequest struct {
 
 func (x *OpenRoomRequest) Reset() {
 	*x = OpenRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[0]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -122,7 +269,7 @@ func (x *OpenRoomRequest) String() string {
 func (*OpenRoomRequest) ProtoMessage() {}
 
 func (x *OpenRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[0]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -135,7 +282,7 @@ func (x *OpenRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRoomRequest.ProtoReflect.Descriptor instead.
 func (*OpenRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{0}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *OpenRoomRequest) GetRid() string {
@@ -227,7 +374,7 @@ type OpenRoomResponse struct {
 
 func (x *OpenRoomResponse) Reset() {
 	*x = OpenRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[1]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -239,7 +386,7 @@ func (x *OpenRoomResponse) String() string {
 func (*OpenRoomResponse) ProtoMessage() {}
 
 func (x *OpenRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[1]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -252,7 +399,7 @@ func (x *OpenRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenRoomResponse.ProtoReflect.Descriptor instead.
 func (*OpenRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{1}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *OpenRoomResponse) GetRoom() *Room {
@@ -287,7 +434,7 @@ type AwaitDestinationRequest struct {
 
 func (x *AwaitDestinationRequest) Reset() {
 	*x = AwaitDestinationRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[2]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -299,7 +446,7 @@ func (x *AwaitDestinationRequest) String() string {
 func (*AwaitDestinationRequest) ProtoMessage() {}
 
 func (x *AwaitDestinationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[2]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -312,7 +459,7 @@ func (x *AwaitDestinationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AwaitDestinationRequest.ProtoReflect.Descriptor instead.
 func (*AwaitDestinationRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{2}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *AwaitDestinationRequest) GetRoom() uint64 {
@@ -355,7 +502,7 @@ type DecodeTarget struct {
 
 func (x *DecodeTarget) Reset() {
 	*x = DecodeTarget{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[3]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -367,7 +514,7 @@ func (x *DecodeTarget) String() string {
 func (*DecodeTarget) ProtoMessage() {}
 
 func (x *DecodeTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[3]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -380,7 +527,7 @@ func (x *DecodeTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecodeTarget.ProtoReflect.Descriptor instead.
 func (*DecodeTarget) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{3}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *DecodeTarget) GetDecodeTpRank() uint32 {
@@ -464,7 +611,7 @@ type Destination struct {
 
 func (x *Destination) Reset() {
 	*x = Destination{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[4]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -476,7 +623,7 @@ func (x *Destination) String() string {
 func (*Destination) ProtoMessage() {}
 
 func (x *Destination) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[4]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -489,7 +636,7 @@ func (x *Destination) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Destination.ProtoReflect.Descriptor instead.
 func (*Destination) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{4}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Destination) GetRoom() uint64 {
@@ -615,7 +762,7 @@ type RoomDone struct {
 
 func (x *RoomDone) Reset() {
 	*x = RoomDone{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[5]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +774,7 @@ func (x *RoomDone) String() string {
 func (*RoomDone) ProtoMessage() {}
 
 func (x *RoomDone) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[5]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +787,7 @@ func (x *RoomDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoomDone.ProtoReflect.Descriptor instead.
 func (*RoomDone) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{5}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RoomDone) GetPoll() KVPoll {
@@ -677,7 +824,7 @@ type DestinationEvent struct {
 
 func (x *DestinationEvent) Reset() {
 	*x = DestinationEvent{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[6]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -689,7 +836,7 @@ func (x *DestinationEvent) String() string {
 func (*DestinationEvent) ProtoMessage() {}
 
 func (x *DestinationEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[6]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -702,7 +849,7 @@ func (x *DestinationEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DestinationEvent.ProtoReflect.Descriptor instead.
 func (*DestinationEvent) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{6}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *DestinationEvent) GetEvent() isDestinationEvent_Event {
@@ -786,7 +933,7 @@ type TransferSource struct {
 
 func (x *TransferSource) Reset() {
 	*x = TransferSource{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[7]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -798,7 +945,7 @@ func (x *TransferSource) String() string {
 func (*TransferSource) ProtoMessage() {}
 
 func (x *TransferSource) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[7]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -811,7 +958,7 @@ func (x *TransferSource) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferSource.ProtoReflect.Descriptor instead.
 func (*TransferSource) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{7}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *TransferSource) GetBuffer() string {
@@ -845,7 +992,7 @@ type Aux struct {
 
 func (x *Aux) Reset() {
 	*x = Aux{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[8]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -857,7 +1004,7 @@ func (x *Aux) String() string {
 func (*Aux) ProtoMessage() {}
 
 func (x *Aux) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[8]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -870,7 +1017,7 @@ func (x *Aux) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Aux.ProtoReflect.Descriptor instead.
 func (*Aux) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{8}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Aux) GetRoomMarker() uint64 {
@@ -928,7 +1075,7 @@ type TransferRequest struct {
 
 func (x *TransferRequest) Reset() {
 	*x = TransferRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[9]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -940,7 +1087,7 @@ func (x *TransferRequest) String() string {
 func (*TransferRequest) ProtoMessage() {}
 
 func (x *TransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[9]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -953,7 +1100,7 @@ func (x *TransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferRequest.ProtoReflect.Descriptor instead.
 func (*TransferRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{9}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *TransferRequest) GetRoom() uint64 {
@@ -1039,7 +1186,7 @@ type TransferResponse struct {
 
 func (x *TransferResponse) Reset() {
 	*x = TransferResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[10]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1051,7 +1198,7 @@ func (x *TransferResponse) String() string {
 func (*TransferResponse) ProtoMessage() {}
 
 func (x *TransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[10]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1064,7 +1211,7 @@ func (x *TransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TransferResponse.ProtoReflect.Descriptor instead.
 func (*TransferResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{10}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TransferResponse) GetBytes() uint64 {
@@ -1131,7 +1278,7 @@ type ReportTransferRequest struct {
 
 func (x *ReportTransferRequest) Reset() {
 	*x = ReportTransferRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[11]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1143,7 +1290,7 @@ func (x *ReportTransferRequest) String() string {
 func (*ReportTransferRequest) ProtoMessage() {}
 
 func (x *ReportTransferRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[11]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1156,7 +1303,7 @@ func (x *ReportTransferRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTransferRequest.ProtoReflect.Descriptor instead.
 func (*ReportTransferRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{11}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ReportTransferRequest) GetRoom() uint64 {
@@ -1253,7 +1400,7 @@ type ReportTransferResponse struct {
 
 func (x *ReportTransferResponse) Reset() {
 	*x = ReportTransferResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[12]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1265,7 +1412,7 @@ func (x *ReportTransferResponse) String() string {
 func (*ReportTransferResponse) ProtoMessage() {}
 
 func (x *ReportTransferResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[12]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1278,7 +1425,7 @@ func (x *ReportTransferResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportTransferResponse.ProtoReflect.Descriptor instead.
 func (*ReportTransferResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{12}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ReportTransferResponse) GetPoll() KVPoll {
@@ -1307,7 +1454,7 @@ type WatchRoomRequest struct {
 
 func (x *WatchRoomRequest) Reset() {
 	*x = WatchRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[13]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1319,7 +1466,7 @@ func (x *WatchRoomRequest) String() string {
 func (*WatchRoomRequest) ProtoMessage() {}
 
 func (x *WatchRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[13]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1332,7 +1479,7 @@ func (x *WatchRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRoomRequest.ProtoReflect.Descriptor instead.
 func (*WatchRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{13}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *WatchRoomRequest) GetRoom() uint64 {
@@ -1356,21 +1503,38 @@ type RoomEvent struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	Room       *Room                  `protobuf:"bytes,1,opt,name=room,proto3" json:"room,omitempty"`
 	Transition *Transition            `protobuf:"bytes,2,opt,name=transition,proto3" json:"transition,omitempty"`
-	// terminal is true on the last event of the stream.
+	// terminal is true on the room's terminal transition (into FAILED or
+	// RELEASED). It is the stream's last event unless the room ended while a
+	// prefill rank may still write into its pages: then one more event
+	// follows, with the phase unchanged and pages_reusable set, once they
+	// are reusable.
 	Terminal bool `protobuf:"varint,3,opt,name=terminal,proto3" json:"terminal,omitempty"`
 	// incarnation is the daemon's incarnation (see
 	// RegisterPrefillResponse.incarnation). A watch re-opened after a daemon
 	// restart sees another one, or the room is NOT_FOUND there: the room died
 	// with the old incarnation (the Go client's RoomWatch then ends with
 	// ErrIncarnationChanged).
-	Incarnation   uint64 `protobuf:"fixed64,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation uint64 `protobuf:"fixed64,4,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// pages_reusable is set on the event after which no prefill rank writes
+	// into the room's pages, metadata row or state slots any more: the
+	// decode engine may reuse them (the last event of a room whose pages the
+	// engine owns, kv_pool.owner: engine, and of a room that ended before
+	// its release was decided: see docs/sglang-transitions.md, "Pages
+	// reusable"). For a room that failed while a prefill rank may still
+	// write, it comes after the terminal event, once the drain ended (every
+	// owing rank's AckRoomEnd, or release.deferred_timeout); that step is
+	// shown with the phase unchanged and the note "pages reusable". Until
+	// then the engine must not reuse them (SGLang releases a failed
+	// request's pages only then). WatchRoom and the EngineSession keep a
+	// room's stream open until this event.
+	PagesReusable bool `protobuf:"varint,5,opt,name=pages_reusable,json=pagesReusable,proto3" json:"pages_reusable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RoomEvent) Reset() {
 	*x = RoomEvent{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[14]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1382,7 +1546,7 @@ func (x *RoomEvent) String() string {
 func (*RoomEvent) ProtoMessage() {}
 
 func (x *RoomEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[14]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1395,7 +1559,7 @@ func (x *RoomEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoomEvent.ProtoReflect.Descriptor instead.
 func (*RoomEvent) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{14}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RoomEvent) GetRoom() *Room {
@@ -1426,6 +1590,13 @@ func (x *RoomEvent) GetIncarnation() uint64 {
 	return 0
 }
 
+func (x *RoomEvent) GetPagesReusable() bool {
+	if x != nil {
+		return x.PagesReusable
+	}
+	return false
+}
+
 type GetRoomRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bounds: 1..2^63-1 (room 0 is reserved wherever a room is named).
@@ -1438,7 +1609,7 @@ type GetRoomRequest struct {
 
 func (x *GetRoomRequest) Reset() {
 	*x = GetRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[15]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1450,7 +1621,7 @@ func (x *GetRoomRequest) String() string {
 func (*GetRoomRequest) ProtoMessage() {}
 
 func (x *GetRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[15]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1463,7 +1634,7 @@ func (x *GetRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoomRequest.ProtoReflect.Descriptor instead.
 func (*GetRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{15}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetRoomRequest) GetRoom() uint64 {
@@ -1523,7 +1694,7 @@ type Room struct {
 
 func (x *Room) Reset() {
 	*x = Room{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[16]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1706,7 @@ func (x *Room) String() string {
 func (*Room) ProtoMessage() {}
 
 func (x *Room) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[16]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1719,7 @@ func (x *Room) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Room.ProtoReflect.Descriptor instead.
 func (*Room) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{16}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Room) GetRoom() uint64 {
@@ -1747,7 +1918,7 @@ type RankCoverage struct {
 
 func (x *RankCoverage) Reset() {
 	*x = RankCoverage{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[17]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1759,7 +1930,7 @@ func (x *RankCoverage) String() string {
 func (*RankCoverage) ProtoMessage() {}
 
 func (x *RankCoverage) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[17]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1772,7 +1943,7 @@ func (x *RankCoverage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankCoverage.ProtoReflect.Descriptor instead.
 func (*RankCoverage) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{17}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RankCoverage) GetCpRank() uint32 {
@@ -1844,7 +2015,7 @@ type AbortRoomRequest struct {
 
 func (x *AbortRoomRequest) Reset() {
 	*x = AbortRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[18]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +2027,7 @@ func (x *AbortRoomRequest) String() string {
 func (*AbortRoomRequest) ProtoMessage() {}
 
 func (x *AbortRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[18]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +2040,7 @@ func (x *AbortRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRoomRequest.ProtoReflect.Descriptor instead.
 func (*AbortRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{18}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AbortRoomRequest) GetRoom() uint64 {
@@ -1897,7 +2068,7 @@ type AbortRoomResponse struct {
 
 func (x *AbortRoomResponse) Reset() {
 	*x = AbortRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1909,7 +2080,7 @@ func (x *AbortRoomResponse) String() string {
 func (*AbortRoomResponse) ProtoMessage() {}
 
 func (x *AbortRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1922,7 +2093,7 @@ func (x *AbortRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRoomResponse.ProtoReflect.Descriptor instead.
 func (*AbortRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{19}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AbortRoomResponse) GetRoom() *Room {
@@ -1949,7 +2120,7 @@ type ReleaseRoomRequest struct {
 
 func (x *ReleaseRoomRequest) Reset() {
 	*x = ReleaseRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1961,7 +2132,7 @@ func (x *ReleaseRoomRequest) String() string {
 func (*ReleaseRoomRequest) ProtoMessage() {}
 
 func (x *ReleaseRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1974,7 +2145,7 @@ func (x *ReleaseRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRoomRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{20}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReleaseRoomRequest) GetRoom() uint64 {
@@ -1994,7 +2165,7 @@ type ReleaseRoomResponse struct {
 
 func (x *ReleaseRoomResponse) Reset() {
 	*x = ReleaseRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2006,7 +2177,7 @@ func (x *ReleaseRoomResponse) String() string {
 func (*ReleaseRoomResponse) ProtoMessage() {}
 
 func (x *ReleaseRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2019,7 +2190,7 @@ func (x *ReleaseRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRoomResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{21}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseRoomResponse) GetPagesReleased() uint32 {
@@ -2059,7 +2230,7 @@ type ListRoomsRequest struct {
 
 func (x *ListRoomsRequest) Reset() {
 	*x = ListRoomsRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2071,7 +2242,7 @@ func (x *ListRoomsRequest) String() string {
 func (*ListRoomsRequest) ProtoMessage() {}
 
 func (x *ListRoomsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2084,7 +2255,7 @@ func (x *ListRoomsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoomsRequest.ProtoReflect.Descriptor instead.
 func (*ListRoomsRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{22}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListRoomsRequest) GetPhases() []RoomPhase {
@@ -2133,7 +2304,7 @@ type ListRoomsResponse struct {
 
 func (x *ListRoomsResponse) Reset() {
 	*x = ListRoomsResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2145,7 +2316,7 @@ func (x *ListRoomsResponse) String() string {
 func (*ListRoomsResponse) ProtoMessage() {}
 
 func (x *ListRoomsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2158,7 +2329,7 @@ func (x *ListRoomsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoomsResponse.ProtoReflect.Descriptor instead.
 func (*ListRoomsResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{23}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListRoomsResponse) GetRooms() []*Room {
@@ -2187,7 +2358,7 @@ type RunningUsage struct {
 
 func (x *RunningUsage) Reset() {
 	*x = RunningUsage{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2199,7 +2370,7 @@ func (x *RunningUsage) String() string {
 func (*RunningUsage) ProtoMessage() {}
 
 func (x *RunningUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2212,7 +2383,7 @@ func (x *RunningUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunningUsage.ProtoReflect.Descriptor instead.
 func (*RunningUsage) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{24}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RunningUsage) GetRoom() uint64 {
@@ -2239,7 +2410,7 @@ type ReportRunningRequest struct {
 
 func (x *ReportRunningRequest) Reset() {
 	*x = ReportRunningRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2251,7 +2422,7 @@ func (x *ReportRunningRequest) String() string {
 func (*ReportRunningRequest) ProtoMessage() {}
 
 func (x *ReportRunningRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2264,7 +2435,7 @@ func (x *ReportRunningRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRunningRequest.ProtoReflect.Descriptor instead.
 func (*ReportRunningRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{25}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ReportRunningRequest) GetRooms() []*RunningUsage {
@@ -2284,7 +2455,7 @@ type GrownPages struct {
 
 func (x *GrownPages) Reset() {
 	*x = GrownPages{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2296,7 +2467,7 @@ func (x *GrownPages) String() string {
 func (*GrownPages) ProtoMessage() {}
 
 func (x *GrownPages) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2309,7 +2480,7 @@ func (x *GrownPages) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrownPages.ProtoReflect.Descriptor instead.
 func (*GrownPages) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{26}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *GrownPages) GetRoom() uint64 {
@@ -2340,7 +2511,7 @@ type ReportRunningResponse struct {
 
 func (x *ReportRunningResponse) Reset() {
 	*x = ReportRunningResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2352,7 +2523,7 @@ func (x *ReportRunningResponse) String() string {
 func (*ReportRunningResponse) ProtoMessage() {}
 
 func (x *ReportRunningResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2365,7 +2536,7 @@ func (x *ReportRunningResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRunningResponse.ProtoReflect.Descriptor instead.
 func (*ReportRunningResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{27}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ReportRunningResponse) GetGrown() []*GrownPages {
@@ -2401,7 +2572,7 @@ type RetractRoomRequest struct {
 
 func (x *RetractRoomRequest) Reset() {
 	*x = RetractRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2413,7 +2584,7 @@ func (x *RetractRoomRequest) String() string {
 func (*RetractRoomRequest) ProtoMessage() {}
 
 func (x *RetractRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2426,7 +2597,7 @@ func (x *RetractRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetractRoomRequest.ProtoReflect.Descriptor instead.
 func (*RetractRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{28}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RetractRoomRequest) GetRoom() uint64 {
@@ -2452,7 +2623,7 @@ type RetractRoomResponse struct {
 
 func (x *RetractRoomResponse) Reset() {
 	*x = RetractRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2464,7 +2635,7 @@ func (x *RetractRoomResponse) String() string {
 func (*RetractRoomResponse) ProtoMessage() {}
 
 func (x *RetractRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2477,7 +2648,7 @@ func (x *RetractRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetractRoomResponse.ProtoReflect.Descriptor instead.
 func (*RetractRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{29}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RetractRoomResponse) GetRoom() *Room {
@@ -2495,7 +2666,7 @@ type ContinueGenerationRequest struct {
 
 func (x *ContinueGenerationRequest) Reset() {
 	*x = ContinueGenerationRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2507,7 +2678,7 @@ func (x *ContinueGenerationRequest) String() string {
 func (*ContinueGenerationRequest) ProtoMessage() {}
 
 func (x *ContinueGenerationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2520,7 +2691,7 @@ func (x *ContinueGenerationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContinueGenerationRequest.ProtoReflect.Descriptor instead.
 func (*ContinueGenerationRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{30}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{32}
 }
 
 type ContinueGenerationResponse struct {
@@ -2534,7 +2705,7 @@ type ContinueGenerationResponse struct {
 
 func (x *ContinueGenerationResponse) Reset() {
 	*x = ContinueGenerationResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2546,7 +2717,7 @@ func (x *ContinueGenerationResponse) String() string {
 func (*ContinueGenerationResponse) ProtoMessage() {}
 
 func (x *ContinueGenerationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2559,7 +2730,7 @@ func (x *ContinueGenerationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContinueGenerationResponse.ProtoReflect.Descriptor instead.
 func (*ContinueGenerationResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{31}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ContinueGenerationResponse) GetRooms() []uint64 {
@@ -2607,7 +2778,7 @@ type ResumedRoom struct {
 
 func (x *ResumedRoom) Reset() {
 	*x = ResumedRoom{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2619,7 +2790,7 @@ func (x *ResumedRoom) String() string {
 func (*ResumedRoom) ProtoMessage() {}
 
 func (x *ResumedRoom) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2632,7 +2803,7 @@ func (x *ResumedRoom) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumedRoom.ProtoReflect.Descriptor instead.
 func (*ResumedRoom) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{32}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ResumedRoom) GetRoom() uint64 {
@@ -2736,13 +2907,40 @@ type ResyncRoom struct {
 	// prefill_dp_rank is the prefill DP rank the room came from (a
 	// rebootstrap stays on it). bounds: 0..1023.
 	PrefillDpRank *uint32 `protobuf:"varint,12,opt,name=prefill_dp_rank,json=prefillDpRank,proto3,oneof" json:"prefill_dp_rank,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// in_flight: a hand-off the decode engine still had in flight when the
+	// daemon stopped, re-declared by an engine that owns its pages
+	// (kv_pool.owner: engine; required there, refused otherwise: an
+	// engine-owned pool's running requests are the engine's own and there
+	// is nothing to adopt). The room is held as it was declared
+	// (DeclareDestination): page_indices are the pages beyond
+	// decode_prefix_len, exactly ceil((prompt_len − decode_prefix_len) /
+	// page_size); metadata_slot and state the declared row and state
+	// indices; req_slot, output_len, swa_page_indices and mamba_slots are
+	// not used (req_slot may be 0). The room starts FAILED (its claims died
+	// with the previous daemon: FAILURE_CODE_SHUTDOWN) with its pages, row
+	// and slots draining — a declaration naming one is refused, PAGE_HELD —
+	// until its prefill ranks acknowledge (AckRoomEnd with any attempt and
+	// incarnation 0; only when bootstrap_addr's instance is registered
+	// complete and prefill_dp_rank is given, else the bound alone) or
+	// release.deferred_timeout passes; its WatchRoom then ends with
+	// pages_reusable.
+	InFlight bool `protobuf:"varint,13,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// metadata_slot (in_flight only) is the declared metadata row.
+	// bounds: 0..metadata slots−1.
+	MetadataSlot int32 `protobuf:"varint,14,opt,name=metadata_slot,json=metadataSlot,proto3" json:"metadata_slot,omitempty"`
+	// state (in_flight only): the declared state indices, as
+	// DeclareDestinationRequest.state.
+	State []*StateIndices `protobuf:"bytes,15,rep,name=state,proto3" json:"state,omitempty"`
+	// decode_prefix_len (in_flight only): as
+	// DeclareDestinationRequest.decode_prefix_len.
+	DecodePrefixLen uint32 `protobuf:"varint,16,opt,name=decode_prefix_len,json=decodePrefixLen,proto3" json:"decode_prefix_len,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ResyncRoom) Reset() {
 	*x = ResyncRoom{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2754,7 +2952,7 @@ func (x *ResyncRoom) String() string {
 func (*ResyncRoom) ProtoMessage() {}
 
 func (x *ResyncRoom) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2767,7 +2965,7 @@ func (x *ResyncRoom) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncRoom.ProtoReflect.Descriptor instead.
 func (*ResyncRoom) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{33}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResyncRoom) GetRoom() uint64 {
@@ -2854,6 +3052,34 @@ func (x *ResyncRoom) GetPrefillDpRank() uint32 {
 	return 0
 }
 
+func (x *ResyncRoom) GetInFlight() bool {
+	if x != nil {
+		return x.InFlight
+	}
+	return false
+}
+
+func (x *ResyncRoom) GetMetadataSlot() int32 {
+	if x != nil {
+		return x.MetadataSlot
+	}
+	return 0
+}
+
+func (x *ResyncRoom) GetState() []*StateIndices {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+func (x *ResyncRoom) GetDecodePrefixLen() uint32 {
+	if x != nil {
+		return x.DecodePrefixLen
+	}
+	return 0
+}
+
 type ResyncRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bounds: at most 4,096 rooms per call.
@@ -2867,7 +3093,7 @@ type ResyncRequest struct {
 
 func (x *ResyncRequest) Reset() {
 	*x = ResyncRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2879,7 +3105,7 @@ func (x *ResyncRequest) String() string {
 func (*ResyncRequest) ProtoMessage() {}
 
 func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2892,7 +3118,7 @@ func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncRequest.ProtoReflect.Descriptor instead.
 func (*ResyncRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{34}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResyncRequest) GetRooms() []*ResyncRoom {
@@ -2925,7 +3151,7 @@ type ResyncResponse struct {
 
 func (x *ResyncResponse) Reset() {
 	*x = ResyncResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2937,7 +3163,7 @@ func (x *ResyncResponse) String() string {
 func (*ResyncResponse) ProtoMessage() {}
 
 func (x *ResyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2950,7 +3176,7 @@ func (x *ResyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncResponse.ProtoReflect.Descriptor instead.
 func (*ResyncResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{35}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ResyncResponse) GetAdopted() uint32 {
@@ -3001,7 +3227,7 @@ type AckRoomEndRequest struct {
 
 func (x *AckRoomEndRequest) Reset() {
 	*x = AckRoomEndRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3013,7 +3239,7 @@ func (x *AckRoomEndRequest) String() string {
 func (*AckRoomEndRequest) ProtoMessage() {}
 
 func (x *AckRoomEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3026,7 +3252,7 @@ func (x *AckRoomEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRoomEndRequest.ProtoReflect.Descriptor instead.
 func (*AckRoomEndRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{36}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *AckRoomEndRequest) GetRoom() uint64 {
@@ -3073,7 +3299,7 @@ type AckRoomEndResponse struct {
 
 func (x *AckRoomEndResponse) Reset() {
 	*x = AckRoomEndResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3085,7 +3311,7 @@ func (x *AckRoomEndResponse) String() string {
 func (*AckRoomEndResponse) ProtoMessage() {}
 
 func (x *AckRoomEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3098,7 +3324,7 @@ func (x *AckRoomEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRoomEndResponse.ProtoReflect.Descriptor instead.
 func (*AckRoomEndResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{37}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AckRoomEndResponse) GetOwed() bool {
@@ -3126,7 +3352,16 @@ var File_decodeplane_v1_rooms_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\n" +
-	"\x1adecodeplane/v1/rooms.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bdecodeplane/v1/common.proto\"\xa8\x03\n" +
+	"\x1adecodeplane/v1/rooms.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bdecodeplane/v1/common.proto\"\xd7\x01\n" +
+	"\x19DeclareDestinationRequest\x12\x12\n" +
+	"\x04room\x18\x01 \x01(\x04R\x04room\x12!\n" +
+	"\fpage_indices\x18\x02 \x03(\x05R\vpageIndices\x12#\n" +
+	"\rmetadata_slot\x18\x03 \x01(\x05R\fmetadataSlot\x122\n" +
+	"\x05state\x18\x04 \x03(\v2\x1c.decodeplane.v1.StateIndicesR\x05state\x12*\n" +
+	"\x11decode_prefix_len\x18\x05 \x01(\rR\x0fdecodePrefixLen\"`\n" +
+	"\x1aDeclareDestinationResponse\x12(\n" +
+	"\x04room\x18\x01 \x01(\v2\x14.decodeplane.v1.RoomR\x04room\x12\x18\n" +
+	"\aalready\x18\x02 \x01(\bR\aalready\"\xa8\x03\n" +
 	"\x0fOpenRoomRequest\x12\x10\n" +
 	"\x03rid\x18\x01 \x01(\tR\x03rid\x12%\n" +
 	"\x0ebootstrap_addr\x18\x02 \x01(\tR\rbootstrapAddr\x12\x12\n" +
@@ -3234,14 +3469,15 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\tduplicate\x18\x02 \x01(\bR\tduplicate\"@\n" +
 	"\x10WatchRoomRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x18\n" +
-	"\ahistory\x18\x02 \x01(\bR\ahistory\"\xaf\x01\n" +
+	"\ahistory\x18\x02 \x01(\bR\ahistory\"\xd6\x01\n" +
 	"\tRoomEvent\x12(\n" +
 	"\x04room\x18\x01 \x01(\v2\x14.decodeplane.v1.RoomR\x04room\x12:\n" +
 	"\n" +
 	"transition\x18\x02 \x01(\v2\x1a.decodeplane.v1.TransitionR\n" +
 	"transition\x12\x1a\n" +
 	"\bterminal\x18\x03 \x01(\bR\bterminal\x12 \n" +
-	"\vincarnation\x18\x04 \x01(\x06R\vincarnation\"I\n" +
+	"\vincarnation\x18\x04 \x01(\x06R\vincarnation\x12%\n" +
+	"\x0epages_reusable\x18\x05 \x01(\bR\rpagesReusable\"I\n" +
 	"\x0eGetRoomRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12#\n" +
 	"\rinclude_pages\x18\x02 \x01(\bR\fincludePages\"\xf8\a\n" +
@@ -3342,7 +3578,7 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x11prefill_http_host\x18\x06 \x01(\tR\x0fprefillHttpHost\x12*\n" +
 	"\x11prefill_http_port\x18\a \x01(\rR\x0fprefillHttpPort\x12!\n" +
 	"\fgenerate_url\x18\b \x01(\tR\vgenerateUrl\x12&\n" +
-	"\x0fprefill_dp_rank\x18\t \x01(\x05R\rprefillDpRank\"\xad\x03\n" +
+	"\x0fprefill_dp_rank\x18\t \x01(\x05R\rprefillDpRank\"\xcf\x04\n" +
 	"\n" +
 	"ResyncRoom\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x10\n" +
@@ -3360,7 +3596,11 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	" \x03(\x05R\n" +
 	"mambaSlots\x12%\n" +
 	"\x0ebootstrap_addr\x18\v \x01(\tR\rbootstrapAddr\x12+\n" +
-	"\x0fprefill_dp_rank\x18\f \x01(\rH\x00R\rprefillDpRank\x88\x01\x01B\x12\n" +
+	"\x0fprefill_dp_rank\x18\f \x01(\rH\x00R\rprefillDpRank\x88\x01\x01\x12\x1b\n" +
+	"\tin_flight\x18\r \x01(\bR\binFlight\x12#\n" +
+	"\rmetadata_slot\x18\x0e \x01(\x05R\fmetadataSlot\x122\n" +
+	"\x05state\x18\x0f \x03(\v2\x1c.decodeplane.v1.StateIndicesR\x05state\x12*\n" +
+	"\x11decode_prefix_len\x18\x10 \x01(\rR\x0fdecodePrefixLenB\x12\n" +
 	"\x10_prefill_dp_rank\"U\n" +
 	"\rResyncRequest\x120\n" +
 	"\x05rooms\x18\x01 \x03(\v2\x1a.decodeplane.v1.ResyncRoomR\x05rooms\x12\x12\n" +
@@ -3382,7 +3622,8 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\vRetractMode\x12\x1c\n" +
 	"\x18RETRACT_MODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRACT_MODE_RETRACT\x10\x01\x12\x1c\n" +
-	"\x18RETRACT_MODE_REBOOTSTRAP\x10\x022\xb1\t\n" +
+	"\x18RETRACT_MODE_REBOOTSTRAP\x10\x022\x9e\n" +
+	"\n" +
 	"\x05Rooms\x12M\n" +
 	"\bOpenRoom\x12\x1f.decodeplane.v1.OpenRoomRequest\x1a .decodeplane.v1.OpenRoomResponse\x12_\n" +
 	"\x10AwaitDestination\x12'.decodeplane.v1.AwaitDestinationRequest\x1a .decodeplane.v1.DestinationEvent0\x01\x12M\n" +
@@ -3398,7 +3639,8 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x12ContinueGeneration\x12).decodeplane.v1.ContinueGenerationRequest\x1a*.decodeplane.v1.ContinueGenerationResponse\x12G\n" +
 	"\x06Resync\x12\x1d.decodeplane.v1.ResyncRequest\x1a\x1e.decodeplane.v1.ResyncResponse\x12S\n" +
 	"\n" +
-	"AckRoomEnd\x12!.decodeplane.v1.AckRoomEndRequest\x1a\".decodeplane.v1.AckRoomEndResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
+	"AckRoomEnd\x12!.decodeplane.v1.AckRoomEndRequest\x1a\".decodeplane.v1.AckRoomEndResponse\x12k\n" +
+	"\x12DeclareDestination\x12).decodeplane.v1.DeclareDestinationRequest\x1a*.decodeplane.v1.DeclareDestinationResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 
 var (
 	file_decodeplane_v1_rooms_proto_rawDescOnce sync.Once
@@ -3413,129 +3655,136 @@ func file_decodeplane_v1_rooms_proto_rawDescGZIP() []byte {
 }
 
 var file_decodeplane_v1_rooms_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 38)
+var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(RetractMode)(0),                   // 0: decodeplane.v1.RetractMode
-	(*OpenRoomRequest)(nil),            // 1: decodeplane.v1.OpenRoomRequest
-	(*OpenRoomResponse)(nil),           // 2: decodeplane.v1.OpenRoomResponse
-	(*AwaitDestinationRequest)(nil),    // 3: decodeplane.v1.AwaitDestinationRequest
-	(*DecodeTarget)(nil),               // 4: decodeplane.v1.DecodeTarget
-	(*Destination)(nil),                // 5: decodeplane.v1.Destination
-	(*RoomDone)(nil),                   // 6: decodeplane.v1.RoomDone
-	(*DestinationEvent)(nil),           // 7: decodeplane.v1.DestinationEvent
-	(*TransferSource)(nil),             // 8: decodeplane.v1.TransferSource
-	(*Aux)(nil),                        // 9: decodeplane.v1.Aux
-	(*TransferRequest)(nil),            // 10: decodeplane.v1.TransferRequest
-	(*TransferResponse)(nil),           // 11: decodeplane.v1.TransferResponse
-	(*ReportTransferRequest)(nil),      // 12: decodeplane.v1.ReportTransferRequest
-	(*ReportTransferResponse)(nil),     // 13: decodeplane.v1.ReportTransferResponse
-	(*WatchRoomRequest)(nil),           // 14: decodeplane.v1.WatchRoomRequest
-	(*RoomEvent)(nil),                  // 15: decodeplane.v1.RoomEvent
-	(*GetRoomRequest)(nil),             // 16: decodeplane.v1.GetRoomRequest
-	(*Room)(nil),                       // 17: decodeplane.v1.Room
-	(*RankCoverage)(nil),               // 18: decodeplane.v1.RankCoverage
-	(*AbortRoomRequest)(nil),           // 19: decodeplane.v1.AbortRoomRequest
-	(*AbortRoomResponse)(nil),          // 20: decodeplane.v1.AbortRoomResponse
-	(*ReleaseRoomRequest)(nil),         // 21: decodeplane.v1.ReleaseRoomRequest
-	(*ReleaseRoomResponse)(nil),        // 22: decodeplane.v1.ReleaseRoomResponse
-	(*ListRoomsRequest)(nil),           // 23: decodeplane.v1.ListRoomsRequest
-	(*ListRoomsResponse)(nil),          // 24: decodeplane.v1.ListRoomsResponse
-	(*RunningUsage)(nil),               // 25: decodeplane.v1.RunningUsage
-	(*ReportRunningRequest)(nil),       // 26: decodeplane.v1.ReportRunningRequest
-	(*GrownPages)(nil),                 // 27: decodeplane.v1.GrownPages
-	(*ReportRunningResponse)(nil),      // 28: decodeplane.v1.ReportRunningResponse
-	(*RetractRoomRequest)(nil),         // 29: decodeplane.v1.RetractRoomRequest
-	(*RetractRoomResponse)(nil),        // 30: decodeplane.v1.RetractRoomResponse
-	(*ContinueGenerationRequest)(nil),  // 31: decodeplane.v1.ContinueGenerationRequest
-	(*ContinueGenerationResponse)(nil), // 32: decodeplane.v1.ContinueGenerationResponse
-	(*ResumedRoom)(nil),                // 33: decodeplane.v1.ResumedRoom
-	(*ResyncRoom)(nil),                 // 34: decodeplane.v1.ResyncRoom
-	(*ResyncRequest)(nil),              // 35: decodeplane.v1.ResyncRequest
-	(*ResyncResponse)(nil),             // 36: decodeplane.v1.ResyncResponse
-	(*AckRoomEndRequest)(nil),          // 37: decodeplane.v1.AckRoomEndRequest
-	(*AckRoomEndResponse)(nil),         // 38: decodeplane.v1.AckRoomEndResponse
-	(*PrefillRank)(nil),                // 39: decodeplane.v1.PrefillRank
-	(*StateIndices)(nil),               // 40: decodeplane.v1.StateIndices
-	(KVPoll)(0),                        // 41: decodeplane.v1.KVPoll
-	(RoomPhase)(0),                     // 42: decodeplane.v1.RoomPhase
-	(*Failure)(nil),                    // 43: decodeplane.v1.Failure
-	(*durationpb.Duration)(nil),        // 44: google.protobuf.Duration
-	(*Transition)(nil),                 // 45: decodeplane.v1.Transition
-	(DPRankRule)(0),                    // 46: decodeplane.v1.DPRankRule
-	(*timestamppb.Timestamp)(nil),      // 47: google.protobuf.Timestamp
+	(*DeclareDestinationRequest)(nil),  // 1: decodeplane.v1.DeclareDestinationRequest
+	(*DeclareDestinationResponse)(nil), // 2: decodeplane.v1.DeclareDestinationResponse
+	(*OpenRoomRequest)(nil),            // 3: decodeplane.v1.OpenRoomRequest
+	(*OpenRoomResponse)(nil),           // 4: decodeplane.v1.OpenRoomResponse
+	(*AwaitDestinationRequest)(nil),    // 5: decodeplane.v1.AwaitDestinationRequest
+	(*DecodeTarget)(nil),               // 6: decodeplane.v1.DecodeTarget
+	(*Destination)(nil),                // 7: decodeplane.v1.Destination
+	(*RoomDone)(nil),                   // 8: decodeplane.v1.RoomDone
+	(*DestinationEvent)(nil),           // 9: decodeplane.v1.DestinationEvent
+	(*TransferSource)(nil),             // 10: decodeplane.v1.TransferSource
+	(*Aux)(nil),                        // 11: decodeplane.v1.Aux
+	(*TransferRequest)(nil),            // 12: decodeplane.v1.TransferRequest
+	(*TransferResponse)(nil),           // 13: decodeplane.v1.TransferResponse
+	(*ReportTransferRequest)(nil),      // 14: decodeplane.v1.ReportTransferRequest
+	(*ReportTransferResponse)(nil),     // 15: decodeplane.v1.ReportTransferResponse
+	(*WatchRoomRequest)(nil),           // 16: decodeplane.v1.WatchRoomRequest
+	(*RoomEvent)(nil),                  // 17: decodeplane.v1.RoomEvent
+	(*GetRoomRequest)(nil),             // 18: decodeplane.v1.GetRoomRequest
+	(*Room)(nil),                       // 19: decodeplane.v1.Room
+	(*RankCoverage)(nil),               // 20: decodeplane.v1.RankCoverage
+	(*AbortRoomRequest)(nil),           // 21: decodeplane.v1.AbortRoomRequest
+	(*AbortRoomResponse)(nil),          // 22: decodeplane.v1.AbortRoomResponse
+	(*ReleaseRoomRequest)(nil),         // 23: decodeplane.v1.ReleaseRoomRequest
+	(*ReleaseRoomResponse)(nil),        // 24: decodeplane.v1.ReleaseRoomResponse
+	(*ListRoomsRequest)(nil),           // 25: decodeplane.v1.ListRoomsRequest
+	(*ListRoomsResponse)(nil),          // 26: decodeplane.v1.ListRoomsResponse
+	(*RunningUsage)(nil),               // 27: decodeplane.v1.RunningUsage
+	(*ReportRunningRequest)(nil),       // 28: decodeplane.v1.ReportRunningRequest
+	(*GrownPages)(nil),                 // 29: decodeplane.v1.GrownPages
+	(*ReportRunningResponse)(nil),      // 30: decodeplane.v1.ReportRunningResponse
+	(*RetractRoomRequest)(nil),         // 31: decodeplane.v1.RetractRoomRequest
+	(*RetractRoomResponse)(nil),        // 32: decodeplane.v1.RetractRoomResponse
+	(*ContinueGenerationRequest)(nil),  // 33: decodeplane.v1.ContinueGenerationRequest
+	(*ContinueGenerationResponse)(nil), // 34: decodeplane.v1.ContinueGenerationResponse
+	(*ResumedRoom)(nil),                // 35: decodeplane.v1.ResumedRoom
+	(*ResyncRoom)(nil),                 // 36: decodeplane.v1.ResyncRoom
+	(*ResyncRequest)(nil),              // 37: decodeplane.v1.ResyncRequest
+	(*ResyncResponse)(nil),             // 38: decodeplane.v1.ResyncResponse
+	(*AckRoomEndRequest)(nil),          // 39: decodeplane.v1.AckRoomEndRequest
+	(*AckRoomEndResponse)(nil),         // 40: decodeplane.v1.AckRoomEndResponse
+	(*StateIndices)(nil),               // 41: decodeplane.v1.StateIndices
+	(*PrefillRank)(nil),                // 42: decodeplane.v1.PrefillRank
+	(KVPoll)(0),                        // 43: decodeplane.v1.KVPoll
+	(RoomPhase)(0),                     // 44: decodeplane.v1.RoomPhase
+	(*Failure)(nil),                    // 45: decodeplane.v1.Failure
+	(*durationpb.Duration)(nil),        // 46: google.protobuf.Duration
+	(*Transition)(nil),                 // 47: decodeplane.v1.Transition
+	(DPRankRule)(0),                    // 48: decodeplane.v1.DPRankRule
+	(*timestamppb.Timestamp)(nil),      // 49: google.protobuf.Timestamp
 }
 var file_decodeplane_v1_rooms_proto_depIdxs = []int32{
-	17, // 0: decodeplane.v1.OpenRoomResponse.room:type_name -> decodeplane.v1.Room
-	39, // 1: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	40, // 2: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
-	4,  // 3: decodeplane.v1.Destination.targets:type_name -> decodeplane.v1.DecodeTarget
-	41, // 4: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
-	42, // 5: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
-	5,  // 6: decodeplane.v1.DestinationEvent.destination:type_name -> decodeplane.v1.Destination
-	43, // 7: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
-	6,  // 8: decodeplane.v1.DestinationEvent.done:type_name -> decodeplane.v1.RoomDone
-	39, // 9: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	8,  // 10: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
-	9,  // 11: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
-	44, // 12: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
-	41, // 13: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	39, // 14: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	41, // 15: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	17, // 16: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
-	45, // 17: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
-	46, // 18: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
-	41, // 19: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
-	42, // 20: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
-	43, // 21: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
-	47, // 22: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
-	47, // 23: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
-	45, // 24: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
-	18, // 25: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
-	17, // 26: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
-	42, // 27: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
-	17, // 28: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
-	25, // 29: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
-	27, // 30: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
-	44, // 31: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
-	0,  // 32: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
-	17, // 33: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
-	33, // 34: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
-	42, // 35: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
-	34, // 36: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
-	39, // 37: decodeplane.v1.AckRoomEndRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	1,  // 38: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
-	3,  // 39: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
-	10, // 40: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
-	12, // 41: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
-	14, // 42: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
-	16, // 43: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
-	19, // 44: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
-	21, // 45: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
-	23, // 46: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
-	26, // 47: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
-	29, // 48: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
-	31, // 49: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
-	35, // 50: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
-	37, // 51: decodeplane.v1.Rooms.AckRoomEnd:input_type -> decodeplane.v1.AckRoomEndRequest
-	2,  // 52: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
-	7,  // 53: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
-	11, // 54: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
-	13, // 55: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
-	15, // 56: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
-	17, // 57: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
-	20, // 58: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
-	22, // 59: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
-	24, // 60: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
-	28, // 61: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
-	30, // 62: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
-	32, // 63: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
-	36, // 64: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
-	38, // 65: decodeplane.v1.Rooms.AckRoomEnd:output_type -> decodeplane.v1.AckRoomEndResponse
-	52, // [52:66] is the sub-list for method output_type
-	38, // [38:52] is the sub-list for method input_type
-	38, // [38:38] is the sub-list for extension type_name
-	38, // [38:38] is the sub-list for extension extendee
-	0,  // [0:38] is the sub-list for field type_name
+	41, // 0: decodeplane.v1.DeclareDestinationRequest.state:type_name -> decodeplane.v1.StateIndices
+	19, // 1: decodeplane.v1.DeclareDestinationResponse.room:type_name -> decodeplane.v1.Room
+	19, // 2: decodeplane.v1.OpenRoomResponse.room:type_name -> decodeplane.v1.Room
+	42, // 3: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	41, // 4: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
+	6,  // 5: decodeplane.v1.Destination.targets:type_name -> decodeplane.v1.DecodeTarget
+	43, // 6: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
+	44, // 7: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
+	7,  // 8: decodeplane.v1.DestinationEvent.destination:type_name -> decodeplane.v1.Destination
+	45, // 9: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
+	8,  // 10: decodeplane.v1.DestinationEvent.done:type_name -> decodeplane.v1.RoomDone
+	42, // 11: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	10, // 12: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
+	11, // 13: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
+	46, // 14: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
+	43, // 15: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	42, // 16: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	43, // 17: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	19, // 18: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
+	47, // 19: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
+	48, // 20: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
+	43, // 21: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
+	44, // 22: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
+	45, // 23: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
+	49, // 24: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
+	49, // 25: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
+	47, // 26: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
+	20, // 27: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
+	19, // 28: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
+	44, // 29: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
+	19, // 30: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
+	27, // 31: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
+	29, // 32: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
+	46, // 33: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
+	0,  // 34: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
+	19, // 35: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
+	35, // 36: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
+	44, // 37: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
+	41, // 38: decodeplane.v1.ResyncRoom.state:type_name -> decodeplane.v1.StateIndices
+	36, // 39: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
+	42, // 40: decodeplane.v1.AckRoomEndRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	3,  // 41: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
+	5,  // 42: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
+	12, // 43: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
+	14, // 44: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
+	16, // 45: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
+	18, // 46: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
+	21, // 47: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
+	23, // 48: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
+	25, // 49: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
+	28, // 50: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
+	31, // 51: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
+	33, // 52: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
+	37, // 53: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
+	39, // 54: decodeplane.v1.Rooms.AckRoomEnd:input_type -> decodeplane.v1.AckRoomEndRequest
+	1,  // 55: decodeplane.v1.Rooms.DeclareDestination:input_type -> decodeplane.v1.DeclareDestinationRequest
+	4,  // 56: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
+	9,  // 57: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
+	13, // 58: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
+	15, // 59: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
+	17, // 60: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
+	19, // 61: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
+	22, // 62: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
+	24, // 63: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
+	26, // 64: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
+	30, // 65: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
+	32, // 66: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
+	34, // 67: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
+	38, // 68: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
+	40, // 69: decodeplane.v1.Rooms.AckRoomEnd:output_type -> decodeplane.v1.AckRoomEndResponse
+	2,  // 70: decodeplane.v1.Rooms.DeclareDestination:output_type -> decodeplane.v1.DeclareDestinationResponse
+	56, // [56:71] is the sub-list for method output_type
+	41, // [41:56] is the sub-list for method input_type
+	41, // [41:41] is the sub-list for extension type_name
+	41, // [41:41] is the sub-list for extension extendee
+	0,  // [0:41] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_rooms_proto_init() }
@@ -3544,21 +3793,21 @@ func file_decodeplane_v1_rooms_proto_init() {
 		return
 	}
 	file_decodeplane_v1_common_proto_init()
-	file_decodeplane_v1_rooms_proto_msgTypes[0].OneofWrappers = []any{}
-	file_decodeplane_v1_rooms_proto_msgTypes[6].OneofWrappers = []any{
+	file_decodeplane_v1_rooms_proto_msgTypes[2].OneofWrappers = []any{}
+	file_decodeplane_v1_rooms_proto_msgTypes[8].OneofWrappers = []any{
 		(*DestinationEvent_Destination)(nil),
 		(*DestinationEvent_Failure)(nil),
 		(*DestinationEvent_Done)(nil),
 	}
-	file_decodeplane_v1_rooms_proto_msgTypes[16].OneofWrappers = []any{}
-	file_decodeplane_v1_rooms_proto_msgTypes[33].OneofWrappers = []any{}
+	file_decodeplane_v1_rooms_proto_msgTypes[18].OneofWrappers = []any{}
+	file_decodeplane_v1_rooms_proto_msgTypes[35].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_rooms_proto_rawDesc), len(file_decodeplane_v1_rooms_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   38,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

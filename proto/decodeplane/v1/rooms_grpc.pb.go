@@ -33,6 +33,7 @@ const (
 	Rooms_ContinueGeneration_FullMethodName = "/decodeplane.v1.Rooms/ContinueGeneration"
 	Rooms_Resync_FullMethodName             = "/decodeplane.v1.Rooms/Resync"
 	Rooms_AckRoomEnd_FullMethodName         = "/decodeplane.v1.Rooms/AckRoomEnd"
+	Rooms_DeclareDestination_FullMethodName = "/decodeplane.v1.Rooms/DeclareDestination"
 )
 
 // RoomsClient is the client API for Rooms service.
@@ -152,8 +153,11 @@ type RoomsClient interface {
 	// Transfer. Codes: as Transfer. Safe to retry (same key).
 	ReportTransfer(ctx context.Context, in *ReportTransferRequest, opts ...grpc.CallOption) (*ReportTransferResponse, error)
 	// WatchRoom streams the room's transitions: first its current state (and
-	// history when asked), then every transition until it is terminal; the
-	// terminal event is the last (terminal = true) and the stream ends OK. On
+	// history when asked), then every transition until it is terminal and
+	// its pages are reusable: the terminal event (terminal = true) is the
+	// last, or, for a room that ended while a prefill rank may still write
+	// into its pages, the event after it that says they are reusable
+	// (RoomEvent.pages_reusable); then the stream ends OK. On
 	// shutdown every room's terminal event comes before the server stops:
 	// FAILED with FAILURE_CODE_SHUTDOWN, or RELEASED for a succeeded room.
 	// Codes: OK; NOT_FOUND. Safe to retry.
@@ -238,6 +242,8 @@ type RoomsClient interface {
 	// (the room is known); FAILED_PRECONDITION (admission already started —
 	// no resync wait configured, done already sent, or the wait expired: the
 	// pool is in use; or a page, slot or row held by another declared room).
+	// With kv_pool.owner: engine the engine re-declares only the hand-offs
+	// it still had in flight (ResyncRoom.in_flight): see there.
 	Resync(ctx context.Context, in *ResyncRequest, opts ...grpc.CallOption) (*ResyncResponse, error)
 	// AckRoomEnd is a prefill rank's acknowledgement that it will write
 	// nothing more into the destination of one generation (attempt,
@@ -267,6 +273,41 @@ type RoomsClient interface {
 	// STALE_ATTEMPT; or STALE_INCARNATION: incarnation names an earlier
 	// daemon); nothing changes on an error; UNAUTHENTICATED.
 	AckRoomEnd(ctx context.Context, in *AckRoomEndRequest, opts ...grpc.CallOption) (*AckRoomEndResponse, error)
+	// DeclareDestination is the decode engine's declaration of the
+	// destination it allocated for a room, when the engine owns the pages
+	// (kv_pool.owner: engine; SGLang's receiver.send_metadata after its
+	// scheduler's _pre_alloc). Such a room opens as any other (bootstrap,
+	// prefill DP rank; claims may wait) and stops before admission, in
+	// ROOM_PHASE_QUEUED, until this call: the daemon neither budgets nor
+	// allocates. The declared pages become the room's destination exactly as
+	// if the daemon had chosen them (ROOM_PHASE_ADMITTED, offered to the
+	// prefill ranks' claims); claims, chunks, coverage, success, failure,
+	// aborts and the drain then run as for daemon-chosen pages.
+	//
+	// The hand-off ledger. Every page, the metadata row and every state slot
+	// named is held by the room from this call until its hand-off ends: at
+	// success (the engine decodes in them: nothing more is written by a
+	// prefill rank), or, for a room that fails, once its drain ended (every
+	// prefill rank that may still write acknowledged with AckRoomEnd, or
+	// release.deferred_timeout passed; the room's last RoomEvent has
+	// pages_reusable set). A declaration that names a page, row or slot
+	// still held by another room is refused with FAILED_PRECONDITION naming
+	// the index and the holder, and nothing changes (the engine must not
+	// reuse those pages yet: the counter decodeplane_declarations_refused_total
+	// counts such refusals).
+	//
+	// Idempotent: the same declaration again answers already = true. A
+	// different destination for a room that has one is refused.
+	// Codes: OK; INVALID_ARGUMENT (a field, named: page_indices not exactly
+	// the pages of the tokens beyond decode_prefix_len, a page, row or slot
+	// out of the pool's range or named twice, state indices that do not
+	// match the pool's state types); NOT_FOUND (unknown room);
+	// FAILED_PRECONDITION (kv_pool.owner is daemon; the room does not wait
+	// for its destination — it has not resolved its prefill DP rank yet, or
+	// it has another destination, or it ended; or a page, row or slot held by
+	// another room's hand-off: reason PAGE_HELD, with the holder in the
+	// message); UNAUTHENTICATED. Safe to retry.
+	DeclareDestination(ctx context.Context, in *DeclareDestinationRequest, opts ...grpc.CallOption) (*DeclareDestinationResponse, error)
 }
 
 type roomsClient struct {
@@ -435,6 +476,16 @@ func (c *roomsClient) AckRoomEnd(ctx context.Context, in *AckRoomEndRequest, opt
 	return out, nil
 }
 
+func (c *roomsClient) DeclareDestination(ctx context.Context, in *DeclareDestinationRequest, opts ...grpc.CallOption) (*DeclareDestinationResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeclareDestinationResponse)
+	err := c.cc.Invoke(ctx, Rooms_DeclareDestination_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RoomsServer is the server API for Rooms service.
 // All implementations must embed UnimplementedRoomsServer
 // for forward compatibility.
@@ -552,8 +603,11 @@ type RoomsServer interface {
 	// Transfer. Codes: as Transfer. Safe to retry (same key).
 	ReportTransfer(context.Context, *ReportTransferRequest) (*ReportTransferResponse, error)
 	// WatchRoom streams the room's transitions: first its current state (and
-	// history when asked), then every transition until it is terminal; the
-	// terminal event is the last (terminal = true) and the stream ends OK. On
+	// history when asked), then every transition until it is terminal and
+	// its pages are reusable: the terminal event (terminal = true) is the
+	// last, or, for a room that ended while a prefill rank may still write
+	// into its pages, the event after it that says they are reusable
+	// (RoomEvent.pages_reusable); then the stream ends OK. On
 	// shutdown every room's terminal event comes before the server stops:
 	// FAILED with FAILURE_CODE_SHUTDOWN, or RELEASED for a succeeded room.
 	// Codes: OK; NOT_FOUND. Safe to retry.
@@ -638,6 +692,8 @@ type RoomsServer interface {
 	// (the room is known); FAILED_PRECONDITION (admission already started —
 	// no resync wait configured, done already sent, or the wait expired: the
 	// pool is in use; or a page, slot or row held by another declared room).
+	// With kv_pool.owner: engine the engine re-declares only the hand-offs
+	// it still had in flight (ResyncRoom.in_flight): see there.
 	Resync(context.Context, *ResyncRequest) (*ResyncResponse, error)
 	// AckRoomEnd is a prefill rank's acknowledgement that it will write
 	// nothing more into the destination of one generation (attempt,
@@ -667,6 +723,41 @@ type RoomsServer interface {
 	// STALE_ATTEMPT; or STALE_INCARNATION: incarnation names an earlier
 	// daemon); nothing changes on an error; UNAUTHENTICATED.
 	AckRoomEnd(context.Context, *AckRoomEndRequest) (*AckRoomEndResponse, error)
+	// DeclareDestination is the decode engine's declaration of the
+	// destination it allocated for a room, when the engine owns the pages
+	// (kv_pool.owner: engine; SGLang's receiver.send_metadata after its
+	// scheduler's _pre_alloc). Such a room opens as any other (bootstrap,
+	// prefill DP rank; claims may wait) and stops before admission, in
+	// ROOM_PHASE_QUEUED, until this call: the daemon neither budgets nor
+	// allocates. The declared pages become the room's destination exactly as
+	// if the daemon had chosen them (ROOM_PHASE_ADMITTED, offered to the
+	// prefill ranks' claims); claims, chunks, coverage, success, failure,
+	// aborts and the drain then run as for daemon-chosen pages.
+	//
+	// The hand-off ledger. Every page, the metadata row and every state slot
+	// named is held by the room from this call until its hand-off ends: at
+	// success (the engine decodes in them: nothing more is written by a
+	// prefill rank), or, for a room that fails, once its drain ended (every
+	// prefill rank that may still write acknowledged with AckRoomEnd, or
+	// release.deferred_timeout passed; the room's last RoomEvent has
+	// pages_reusable set). A declaration that names a page, row or slot
+	// still held by another room is refused with FAILED_PRECONDITION naming
+	// the index and the holder, and nothing changes (the engine must not
+	// reuse those pages yet: the counter decodeplane_declarations_refused_total
+	// counts such refusals).
+	//
+	// Idempotent: the same declaration again answers already = true. A
+	// different destination for a room that has one is refused.
+	// Codes: OK; INVALID_ARGUMENT (a field, named: page_indices not exactly
+	// the pages of the tokens beyond decode_prefix_len, a page, row or slot
+	// out of the pool's range or named twice, state indices that do not
+	// match the pool's state types); NOT_FOUND (unknown room);
+	// FAILED_PRECONDITION (kv_pool.owner is daemon; the room does not wait
+	// for its destination — it has not resolved its prefill DP rank yet, or
+	// it has another destination, or it ended; or a page, row or slot held by
+	// another room's hand-off: reason PAGE_HELD, with the holder in the
+	// message); UNAUTHENTICATED. Safe to retry.
+	DeclareDestination(context.Context, *DeclareDestinationRequest) (*DeclareDestinationResponse, error)
 	mustEmbedUnimplementedRoomsServer()
 }
 
@@ -718,6 +809,9 @@ func (UnimplementedRoomsServer) Resync(context.Context, *ResyncRequest) (*Resync
 }
 func (UnimplementedRoomsServer) AckRoomEnd(context.Context, *AckRoomEndRequest) (*AckRoomEndResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method AckRoomEnd not implemented")
+}
+func (UnimplementedRoomsServer) DeclareDestination(context.Context, *DeclareDestinationRequest) (*DeclareDestinationResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeclareDestination not implemented")
 }
 func (UnimplementedRoomsServer) mustEmbedUnimplementedRoomsServer() {}
 func (UnimplementedRoomsServer) testEmbeddedByValue()               {}
@@ -978,6 +1072,24 @@ func _Rooms_AckRoomEnd_Handler(srv interface{}, ctx context.Context, dec func(in
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Rooms_DeclareDestination_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeclareDestinationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RoomsServer).DeclareDestination(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Rooms_DeclareDestination_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RoomsServer).DeclareDestination(ctx, req.(*DeclareDestinationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Rooms_ServiceDesc is the grpc.ServiceDesc for Rooms service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1032,6 +1144,10 @@ var Rooms_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "AckRoomEnd",
 			Handler:    _Rooms_AckRoomEnd_Handler,
+		},
+		{
+			MethodName: "DeclareDestination",
+			Handler:    _Rooms_DeclareDestination_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

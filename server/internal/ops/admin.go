@@ -53,6 +53,12 @@ func (t *Table) getStatus(context.Context, *pb.GetStatusRequest) (*pb.GetStatusR
 			}
 			resp.Shards = append(resp.Shards, ps)
 		}
+		for _, h := range st.Holds {
+			if h.Shard >= 0 && h.Shard < len(resp.Shards) {
+				resp.Shards[h.Shard].Holds = &pb.HandoffHolds{Queued: uint32(h.Queued), Held: uint32(h.Held), HeldPages: uint64(h.HeldPages),
+					Draining: uint32(h.Draining), DrainingPages: uint64(h.DrainingPages), DeclarationsRefused: h.Refused, CapacityReported: h.CapacityReported}
+			}
+		}
 		for _, p := range st.Prefills {
 			ps := &pb.PrefillStatus{
 				BootstrapAddr: p.Addr, RegisteredRanks: uint32(p.Registered), ExpectedRanks: clampU32(p.Expected),

@@ -19,6 +19,7 @@ func LayoutProto(l kvlayout.Layout) *pb.KVLayout { return layoutToProto(l) }
 func layoutToProto(l kvlayout.Layout) *pb.KVLayout {
 	out := &pb.KVLayout{
 		Kind:           l.Kind.String(),
+		PageOwner:      l.Owner.String(),
 		IsMla:          l.IsMLA,
 		NumLayers:      uint32(l.NumLayers),
 		TotalKvHeads:   uint32(l.TotalKVHeads),
@@ -229,7 +230,7 @@ func roomEventToProto(ev kvmanager.RoomEvent, incarnation uint64) *pb.RoomEvent 
 	b := &roomEventBlock{}
 	b.room.fill(ev.Room)
 	b.tr.fill(ev.Transition)
-	b.ev = pb.RoomEvent{Room: &b.room.room, Transition: &b.tr.tr, Terminal: ev.Terminal, Incarnation: incarnation}
+	b.ev = pb.RoomEvent{Room: &b.room.room, Transition: &b.tr.tr, Terminal: ev.Terminal, Incarnation: incarnation, PagesReusable: ev.PagesReusable}
 	return &b.ev
 }
 

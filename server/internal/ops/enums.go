@@ -103,3 +103,17 @@ func pollToProto(p kvmanager.KVPoll) pb.KVPoll                  { return wireOf(
 func failureCodeToProto(c kvmanager.FailureCode) pb.FailureCode { return wireOf(failureWire[:], c) }
 func dpRuleToProto(r kvmanager.DPRule) pb.DPRankRule            { return wireOf(dpRuleWire[:], r) }
 func stateTypeToProto(t kvlayout.StateType) pb.StateType        { return wireOf(stateTypeWire[:], t) }
+
+// stateFromProto maps declared state indices to the domain's (the
+// validator refused undefined types before a handler runs).
+func stateFromProto(in []*pb.StateIndices) []kvlayout.StateIndices {
+	if len(in) == 0 {
+		return nil
+	}
+	out := make([]kvlayout.StateIndices, len(in))
+	for i, s := range in {
+		t, _ := domainOf[kvlayout.StateType](stateTypeWire[:], s.GetType())
+		out[i] = kvlayout.StateIndices{Type: t, Indices: s.GetIndices()}
+	}
+	return out
+}

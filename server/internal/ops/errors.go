@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -73,6 +74,10 @@ func ToStatus(ctx context.Context, log *slog.Logger, err error) error {
 	if errors.Is(err, kvmanager.ErrStagingTooLarge) {
 		return status.Error(codes.ResourceExhausted, err.Error()) // no RetryInfo: it can never fit
 	}
+	var held *prealloc.HeldError
+	if errors.As(err, &held) {
+		return heldStatus(err, held)
+	}
 	for _, e := range errorCodes {
 		if errors.Is(err, e.err) {
 			st := status.New(e.code, err.Error())
@@ -84,6 +89,22 @@ func ToStatus(ctx context.Context, log *slog.Logger, err error) error {
 	}
 	log.ErrorContext(ctx, "unexpected error", "err", err)
 	return status.Error(codes.Internal, "internal error (logged by the daemon)")
+}
+
+// ReasonPageHeld is the ErrorInfo reason of a declaration refused because
+// a page, row or slot it names is still held by another room's hand-off
+// (DeclareDestination); its metadata name the index ("what", "index") and
+// the holder ("holder", and "draining" when the holder failed and drains).
+const ReasonPageHeld = "PAGE_HELD"
+
+func heldStatus(err error, h *prealloc.HeldError) error {
+	st := status.New(codes.FailedPrecondition, err.Error())
+	if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: ReasonPageHeld, Domain: ErrorDomain, Metadata: map[string]string{
+		"what": h.What, "index": strconv.Itoa(int(h.Index)), "holder": strconv.FormatUint(h.Holder, 10), "draining": strconv.FormatBool(h.Draining),
+	}}); derr == nil {
+		return d.Err()
+	}
+	return st.Err()
 }
 
 // withRetry attaches a RetryInfo so clients back off instead of hammering.

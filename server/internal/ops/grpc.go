@@ -41,13 +41,13 @@ func (t *Table) serviceOps() []*serviceOps {
 	return []*serviceOps{
 		{gen: &pb.Admin_ServiceDesc, handlers: []handler{t.GetStatus.handler(), t.Drain.handler()}},
 		{gen: &pb.Fleet_ServiceDesc, handlers: []handler{t.GetFleet.handler()}},
-		{gen: &pb.Capacity_ServiceDesc, handlers: []handler{t.WatchCapacity.handler()}},
+		{gen: &pb.Capacity_ServiceDesc, handlers: []handler{t.WatchCapacity.handler(), t.ReportCapacity.handler()}},
 		{gen: &pb.Bootstrap_ServiceDesc, manager: true, handlers: []handler{t.RegisterPrefill.handler(), t.Heartbeat.handler(),
 			t.BindRoom.handler(), t.LookupDPRanks.handler()}},
 		{gen: &pb.Rooms_ServiceDesc, manager: true, handlers: []handler{t.OpenRoom.handler(), t.AwaitDestination.handler(),
 			t.Transfer.handler(), t.ReportTransfer.handler(), t.WatchRoom.handler(), t.GetRoom.handler(), t.AbortRoom.handler(),
 			t.ReleaseRoom.handler(), t.ListRooms.handler(), t.ReportRunning.handler(), t.RetractRoom.handler(),
-			t.ContinueGeneration.handler(), t.Resync.handler(), t.AckRoomEnd.handler()}},
+			t.ContinueGeneration.handler(), t.Resync.handler(), t.AckRoomEnd.handler(), t.DeclareDestination.handler()}},
 		{gen: &pb.Staging_ServiceDesc, manager: true, handlers: []handler{t.SetupStaging.handler(), t.AllocateStaging.handler(),
 			t.ChunkReady.handler(), t.WatchWatermark.handler()}},
 	}

@@ -32,6 +32,8 @@ type EngineRooms interface {
 	ReportRunning(usage []kvmanager.Usage) (grown []kvmanager.Grown, noCapacity, notRunning []uint64, err error)
 	ContinueGenerationResumed(ctx context.Context) []kvmanager.Resumed
 	Resync(rooms []kvmanager.ResyncRoom, done bool) (int, kvmanager.ResyncState, error)
+	DeclareDestination(d kvmanager.Declaration) (kvmanager.RoomSnapshot, bool, error)
+	ReportCapacity(shard int, c kvmanager.EngineCapacity) error
 }
 
 // RoomReader is what the reads and watches of rooms call.

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
@@ -119,6 +121,8 @@ func (e *engineRooms) resync(ctx context.Context, req *pb.ResyncRequest) (*pb.Re
 			MaxNewTokens: int(r.GetMaxNewTokens()), DecodeDP: int(r.GetDecodeDpRank()), ReqSlot: r.GetReqSlot(),
 			Pages: r.GetPageIndices(), SWAPages: r.GetSwaPageIndices(), MambaSlots: r.GetMambaSlots(),
 			Addr: r.GetBootstrapAddr(), PrefillDP: pdp,
+			InFlight: r.GetInFlight(), MetadataSlot: r.GetMetadataSlot(), State: stateFromProto(r.GetState()),
+			DecodePrefixLen: int(r.GetDecodePrefixLen()),
 		}
 	}
 	n, st, err := e.m.Resync(rooms, req.GetDone())
@@ -126,6 +130,34 @@ func (e *engineRooms) resync(ctx context.Context, req *pb.ResyncRequest) (*pb.Re
 		return nil, e.t.status(ctx, fmt.Errorf("resync (%d rooms of this call adopted before it): %w", n, err))
 	}
 	return &pb.ResyncResponse{Adopted: uint32(n), Declared: uint32(st.Declared), Pages: uint64(st.Pages), Admitting: !st.Waiting}, nil
+}
+
+// declareDestination admits a room into the destination the decode engine
+// allocated (kv_pool.owner: engine). A page, row or slot another room's
+// hand-off holds is FAILED_PRECONDITION with reason PAGE_HELD.
+func (e *engineRooms) declareDestination(ctx context.Context, req *pb.DeclareDestinationRequest) (*pb.DeclareDestinationResponse, error) {
+	snap, already, err := e.m.DeclareDestination(kvmanager.Declaration{Room: req.GetRoom(), Pages: req.GetPageIndices(),
+		MetadataSlot: req.GetMetadataSlot(), State: stateFromProto(req.GetState()), DecodePrefixLen: int(req.GetDecodePrefixLen())})
+	if err != nil {
+		return nil, e.t.status(ctx, err)
+	}
+	return &pb.DeclareDestinationResponse{Room: roomToProto(snap), Already: already}, nil
+}
+
+// reportCapacity records the decode engine's capacity of one shard
+// (kv_pool.owner: engine).
+func (e *engineRooms) reportCapacity(ctx context.Context, req *pb.ReportCapacityRequest) (*pb.ReportCapacityResponse, error) {
+	if e.m == nil { // the Capacity service is served without a room manager (tests of the gRPC layer alone)
+		return nil, status.Error(codes.FailedPrecondition, "this server has no room manager: there is no capacity to report")
+	}
+	err := e.m.ReportCapacity(int(req.GetDecodeDpRank()), kvmanager.EngineCapacity{
+		TokensFree: int64(req.GetTokensFree()), PagesFree: int64(req.GetPagesFree()), ReqSlotsFree: int64(req.GetReqSlotsFree()),
+		MetaSlotsFree: int64(req.GetMetadataSlotsFree()), StateSlots: int64(req.GetStateSlotsFree()),
+		QueueDepth: int(req.GetQueueDepth()), Running: int(req.GetRunning())})
+	if err != nil {
+		return nil, e.t.status(ctx, err)
+	}
+	return &pb.ReportCapacityResponse{}, nil
 }
 
 // resyncReadiness is the readiness text while admission waits for the

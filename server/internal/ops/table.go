@@ -84,6 +84,7 @@ type Table struct {
 	ReportRunning      Unary[pb.ReportRunningRequest, pb.ReportRunningResponse]
 	ContinueGeneration Unary[pb.ContinueGenerationRequest, pb.ContinueGenerationResponse]
 	Resync             Unary[pb.ResyncRequest, pb.ResyncResponse]
+	DeclareDestination Unary[pb.DeclareDestinationRequest, pb.DeclareDestinationResponse]
 	GetRoom            Unary[pb.GetRoomRequest, pb.Room]
 	ListRooms          Unary[pb.ListRoomsRequest, pb.ListRoomsResponse]
 	WatchRoom          Stream[pb.WatchRoomRequest, pb.RoomEvent]
@@ -103,10 +104,11 @@ type Table struct {
 	ChunkReady      Unary[pb.ChunkReadyRequest, pb.ChunkReadyResponse]
 	WatchWatermark  Stream[pb.WatchWatermarkRequest, pb.Watermark]
 	// Admin, Capacity, Fleet.
-	GetStatus     Unary[pb.GetStatusRequest, pb.GetStatusResponse]
-	Drain         Unary[pb.DrainRequest, pb.DrainResponse]
-	WatchCapacity Stream[pb.WatchCapacityRequest, pb.CapacityUpdate]
-	GetFleet      Unary[pb.GetFleetRequest, pb.GetFleetResponse]
+	GetStatus      Unary[pb.GetStatusRequest, pb.GetStatusResponse]
+	Drain          Unary[pb.DrainRequest, pb.DrainResponse]
+	WatchCapacity  Stream[pb.WatchCapacityRequest, pb.CapacityUpdate]
+	ReportCapacity Unary[pb.ReportCapacityRequest, pb.ReportCapacityResponse]
+	GetFleet       Unary[pb.GetFleetRequest, pb.GetFleetResponse]
 	// The sessions, whose ops are the ones above.
 	EngineSession  Session
 	PrefillSession Session
@@ -147,6 +149,7 @@ func (t *Table) define() {
 	t.ReportRunning = unary(t, pb.Rooms_ReportRunning_FullMethodName, mutating, e.reportRunning)
 	t.ContinueGeneration = unary(t, pb.Rooms_ContinueGeneration_FullMethodName, mutating, e.continueGeneration)
 	t.Resync = unary(t, pb.Rooms_Resync_FullMethodName, mutating, e.resync)
+	t.DeclareDestination = unary(t, pb.Rooms_DeclareDestination_FullMethodName, mutating, e.declareDestination)
 	t.GetRoom = unary(t, pb.Rooms_GetRoom_FullMethodName, readOnly, r.getRoom)
 	t.ListRooms = unary(t, pb.Rooms_ListRooms_FullMethodName, readOnly, r.listRooms)
 	t.WatchRoom = stream(t, pb.Rooms_WatchRoom_FullMethodName, readOnly, r.watchRoom)
@@ -170,6 +173,7 @@ func (t *Table) define() {
 	t.Drain = unary(t, pb.Admin_Drain_FullMethodName, mutating, t.drain)
 	// capacity.proto: UNAUTHENTICATED when a token is configured.
 	t.WatchCapacity = stream(t, pb.Capacity_WatchCapacity_FullMethodName, mutating, t.watchCapacity)
+	t.ReportCapacity = unary(t, pb.Capacity_ReportCapacity_FullMethodName, mutating, e.reportCapacity)
 	// A read that needs the token all the same (fleet.proto): it lists the
 	// fleet's daemons and prefill instances.
 	t.GetFleet = unary(t, pb.Fleet_GetFleet_FullMethodName, mutating, t.getFleet)

@@ -386,33 +386,44 @@ func (es *engineSession) run(req *pb.EngineRequest) (reply *pb.EngineReply, subs
 	case *pb.EngineRequest_Open:
 		return reply, es.open(base, reply, o.Open)
 	case *pb.EngineRequest_Release:
-		req := o.Release
-		res := &pb.EngineResult{Room: req.GetRoom()}
-		if err := es.t.ReleaseRoom.CheckAs("release.", req); err != nil {
-			es.refuse(res, op, err)
-		} else if resp, err := es.t.ReleaseRoom.Call(base, req); err != nil {
-			es.answer(base, res, op, prefixInvalid("release.", err))
-		} else {
-			es.answer(base, res, op, nil)
-			res.Answer = &pb.EngineResult_Release{Release: resp}
-		}
-		reply.Results = []*pb.EngineResult{res}
+		reply.Results = []*pb.EngineResult{single(es, base, op, o.Release.GetRoom(), es.t.ReleaseRoom, o.Release,
+			func(r *pb.EngineResult, resp *pb.ReleaseRoomResponse) {
+				r.Answer = &pb.EngineResult_Release{Release: resp}
+			})}
 	case *pb.EngineRequest_Abort:
-		req := o.Abort
-		res := &pb.EngineResult{Room: req.GetRoom()}
-		if err := es.t.AbortRoom.CheckAs("abort.", req); err != nil {
-			es.refuse(res, op, err)
-		} else if resp, err := es.t.AbortRoom.Call(base, req); err != nil {
-			es.answer(base, res, op, prefixInvalid("abort.", err))
-		} else {
-			es.answer(base, res, op, nil)
-			res.Answer = &pb.EngineResult_Abort{Abort: resp}
-		}
-		reply.Results = []*pb.EngineResult{res}
+		reply.Results = []*pb.EngineResult{single(es, base, op, o.Abort.GetRoom(), es.t.AbortRoom, o.Abort,
+			func(r *pb.EngineResult, resp *pb.AbortRoomResponse) { r.Answer = &pb.EngineResult_Abort{Abort: resp} })}
+	case *pb.EngineRequest_Declare:
+		reply.Results = []*pb.EngineResult{single(es, base, op, o.Declare.GetRoom(), es.t.DeclareDestination, o.Declare,
+			func(r *pb.EngineResult, resp *pb.DeclareDestinationResponse) {
+				r.Answer = &pb.EngineResult_Declare{Declare: resp}
+			})}
+	case *pb.EngineRequest_Capacity:
+		reply.Results = []*pb.EngineResult{single(es, base, op, 0, es.t.ReportCapacity, o.Capacity,
+			func(r *pb.EngineResult, resp *pb.ReportCapacityResponse) {
+				r.Answer = &pb.EngineResult_Capacity{Capacity: resp}
+			})}
 	case *pb.EngineRequest_Watch:
 		return reply, es.watch(base, reply, o.Watch)
 	}
 	return reply, nil
+}
+
+// single runs an op of one result (release, abort, declare, capacity) as
+// its unary RPC: the same checks, with the field named under the op's
+// name ("declare.page_indices"), the same call and answer.
+func single[Req, Resp any](es *engineSession, base context.Context, op string, room uint64, u ops.Unary[Req, Resp], req *Req, set func(*pb.EngineResult, *Resp)) *pb.EngineResult {
+	res := &pb.EngineResult{Room: room}
+	prefix := op + "."
+	if err := u.CheckAs(prefix, req); err != nil {
+		es.refuse(res, op, err)
+	} else if resp, err := u.Call(base, req); err != nil {
+		es.answer(base, res, op, prefixInvalid(prefix, err))
+	} else {
+		es.answer(base, res, op, nil)
+		set(res, resp)
+	}
+	return res
 }
 
 // open runs each room of a batch as OpenRoom, in order, and subscribes the
@@ -548,6 +559,10 @@ func opName(req *pb.EngineRequest) string {
 		return "abort"
 	case *pb.EngineRequest_Watch:
 		return "watch"
+	case *pb.EngineRequest_Declare:
+		return "declare"
+	case *pb.EngineRequest_Capacity:
+		return "capacity"
 	}
 	return "protocol"
 }

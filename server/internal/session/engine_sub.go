@@ -112,7 +112,10 @@ func (es *engineSession) queueEventLocked(sb *engineSub, ev kvmanager.RoomEvent)
 	if ev.Seq <= sb.after {
 		return true
 	}
-	if ev.Terminal || sb.outcome {
+	// The last event: the one that says the room's pages are reusable (its
+	// terminal event, or the step after it once a drain ended), or a
+	// succeeded room's outcome.
+	if ev.PagesReusable || (sb.outcome && !ev.Terminal) {
 		es.forgetLocked(sb)
 	}
 	if es.end != nil || es.closed || es.violation != nil {

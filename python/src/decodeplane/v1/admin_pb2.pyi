@@ -71,6 +71,24 @@ class GetStatusResponse(_message.Message):
     version: str
     def __init__(self, version: _Optional[str] = ..., ready: bool = ..., readiness: _Optional[str] = ..., started_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., uptime: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., draining: bool = ..., transfer_path: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., config: _Optional[_Iterable[_Union[ConfigValue, _Mapping]]] = ..., rooms_by_phase: _Optional[_Mapping[str, int]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., prefills: _Optional[_Iterable[_Union[PrefillStatus, _Mapping]]] = ..., incarnation: _Optional[int] = ..., pending_claims: _Optional[int] = ...) -> None: ...
 
+class HandoffHolds(_message.Message):
+    __slots__ = ["capacity_reported", "declarations_refused", "draining", "draining_pages", "held", "held_pages", "queued"]
+    CAPACITY_REPORTED_FIELD_NUMBER: _ClassVar[int]
+    DECLARATIONS_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_PAGES_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HELD_PAGES_FIELD_NUMBER: _ClassVar[int]
+    QUEUED_FIELD_NUMBER: _ClassVar[int]
+    capacity_reported: bool
+    declarations_refused: int
+    draining: int
+    draining_pages: int
+    held: int
+    held_pages: int
+    queued: int
+    def __init__(self, queued: _Optional[int] = ..., held: _Optional[int] = ..., held_pages: _Optional[int] = ..., draining: _Optional[int] = ..., draining_pages: _Optional[int] = ..., declarations_refused: _Optional[int] = ..., capacity_reported: bool = ...) -> None: ...
+
 class PrefillStatus(_message.Message):
     __slots__ = ["active_rooms", "attn_cp_size", "attn_tp_size", "bootstrap_addr", "dp_size", "expected_ranks", "follow_bootstrap_room", "last_heartbeat", "missed_heartbeats", "pp_size", "registered_ranks", "silent_rank_count", "silent_ranks"]
     ACTIVE_ROOMS_FIELD_NUMBER: _ClassVar[int]
@@ -102,7 +120,7 @@ class PrefillStatus(_message.Message):
     def __init__(self, bootstrap_addr: _Optional[str] = ..., registered_ranks: _Optional[int] = ..., expected_ranks: _Optional[int] = ..., attn_tp_size: _Optional[int] = ..., dp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., attn_cp_size: _Optional[int] = ..., follow_bootstrap_room: bool = ..., last_heartbeat: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., missed_heartbeats: _Optional[int] = ..., active_rooms: _Optional[int] = ..., silent_ranks: _Optional[_Iterable[_Union[SilentRank, _Mapping]]] = ..., silent_rank_count: _Optional[int] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
-    __slots__ = ["admitted", "blocked_by", "claimed", "dp_rank", "draining_pages", "draining_rooms", "held", "metadata_slots_free", "metadata_slots_total", "pages_free", "pages_total", "queued", "req_slots_free", "req_slots_total", "retracted", "running", "state_slots_free", "state_slots_total", "waiting"]
+    __slots__ = ["admitted", "blocked_by", "claimed", "dp_rank", "draining_pages", "draining_rooms", "held", "holds", "metadata_slots_free", "metadata_slots_total", "pages_free", "pages_total", "queued", "req_slots_free", "req_slots_total", "retracted", "running", "state_slots_free", "state_slots_total", "waiting"]
     ADMITTED_FIELD_NUMBER: _ClassVar[int]
     BLOCKED_BY_FIELD_NUMBER: _ClassVar[int]
     CLAIMED_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +128,7 @@ class ShardStatus(_message.Message):
     DRAINING_PAGES_FIELD_NUMBER: _ClassVar[int]
     DRAINING_ROOMS_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    HOLDS_FIELD_NUMBER: _ClassVar[int]
     METADATA_SLOTS_FREE_FIELD_NUMBER: _ClassVar[int]
     METADATA_SLOTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +148,7 @@ class ShardStatus(_message.Message):
     draining_pages: int
     draining_rooms: int
     held: int
+    holds: HandoffHolds
     metadata_slots_free: int
     metadata_slots_total: int
     pages_free: int
@@ -141,7 +161,7 @@ class ShardStatus(_message.Message):
     state_slots_free: int
     state_slots_total: int
     waiting: int
-    def __init__(self, dp_rank: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., req_slots_total: _Optional[int] = ..., req_slots_free: _Optional[int] = ..., metadata_slots_total: _Optional[int] = ..., metadata_slots_free: _Optional[int] = ..., waiting: _Optional[int] = ..., queued: _Optional[int] = ..., admitted: _Optional[int] = ..., claimed: _Optional[int] = ..., running: _Optional[int] = ..., retracted: _Optional[int] = ..., held: _Optional[int] = ..., blocked_by: _Optional[str] = ..., state_slots_total: _Optional[int] = ..., state_slots_free: _Optional[int] = ..., draining_rooms: _Optional[int] = ..., draining_pages: _Optional[int] = ...) -> None: ...
+    def __init__(self, dp_rank: _Optional[int] = ..., pages_total: _Optional[int] = ..., pages_free: _Optional[int] = ..., req_slots_total: _Optional[int] = ..., req_slots_free: _Optional[int] = ..., metadata_slots_total: _Optional[int] = ..., metadata_slots_free: _Optional[int] = ..., waiting: _Optional[int] = ..., queued: _Optional[int] = ..., admitted: _Optional[int] = ..., claimed: _Optional[int] = ..., running: _Optional[int] = ..., retracted: _Optional[int] = ..., held: _Optional[int] = ..., blocked_by: _Optional[str] = ..., state_slots_total: _Optional[int] = ..., state_slots_free: _Optional[int] = ..., draining_rooms: _Optional[int] = ..., draining_pages: _Optional[int] = ..., holds: _Optional[_Union[HandoffHolds, _Mapping]] = ...) -> None: ...
 
 class SilentRank(_message.Message):
     __slots__ = ["missed_heartbeats", "rank", "silent_for"]

@@ -27,6 +27,30 @@ class CapacityUpdate(_message.Message):
     shards: _containers.RepeatedCompositeFieldContainer[ShardCapacity]
     def __init__(self, incarnation: _Optional[int] = ..., address: _Optional[str] = ..., ready: bool = ..., readiness: _Optional[str] = ..., draining: bool = ..., shards: _Optional[_Iterable[_Union[ShardCapacity, _Mapping]]] = ..., at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
+class ReportCapacityRequest(_message.Message):
+    __slots__ = ["decode_dp_rank", "metadata_slots_free", "pages_free", "queue_depth", "req_slots_free", "running", "state_slots_free", "tokens_free"]
+    DECODE_DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    METADATA_SLOTS_FREE_FIELD_NUMBER: _ClassVar[int]
+    PAGES_FREE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
+    REQ_SLOTS_FREE_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_FIELD_NUMBER: _ClassVar[int]
+    STATE_SLOTS_FREE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FREE_FIELD_NUMBER: _ClassVar[int]
+    decode_dp_rank: int
+    metadata_slots_free: int
+    pages_free: int
+    queue_depth: int
+    req_slots_free: int
+    running: int
+    state_slots_free: int
+    tokens_free: int
+    def __init__(self, decode_dp_rank: _Optional[int] = ..., tokens_free: _Optional[int] = ..., pages_free: _Optional[int] = ..., req_slots_free: _Optional[int] = ..., metadata_slots_free: _Optional[int] = ..., state_slots_free: _Optional[int] = ..., queue_depth: _Optional[int] = ..., running: _Optional[int] = ...) -> None: ...
+
+class ReportCapacityResponse(_message.Message):
+    __slots__ = []
+    def __init__(self) -> None: ...
+
 class ShardCapacity(_message.Message):
     __slots__ = ["blocked_by", "dp_rank", "draining_pages", "page_size", "pages_free", "pages_total", "queue_depth", "req_slots_free", "req_slots_total", "reserved_decode_tokens", "running", "tokens_free", "tokens_total"]
     BLOCKED_BY_FIELD_NUMBER: _ClassVar[int]

@@ -22,6 +22,11 @@ class CapacityStub(object):
                 request_serializer=decodeplane_dot_v1_dot_capacity__pb2.WatchCapacityRequest.SerializeToString,
                 response_deserializer=decodeplane_dot_v1_dot_capacity__pb2.CapacityUpdate.FromString,
                 )
+        self.ReportCapacity = channel.unary_unary(
+                '/decodeplane.v1.Capacity/ReportCapacity',
+                request_serializer=decodeplane_dot_v1_dot_capacity__pb2.ReportCapacityRequest.SerializeToString,
+                response_deserializer=decodeplane_dot_v1_dot_capacity__pb2.ReportCapacityResponse.FromString,
+                )
 
 
 class CapacityServicer(object):
@@ -50,6 +55,26 @@ class CapacityServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCapacity(self, request, context):
+        """ReportCapacity is the decode engine's report of what its own
+        allocator and scheduler have free on one decode DP shard, when the
+        engine owns the pages (kv_pool.owner: engine): the daemon then neither
+        budgets nor allocates, so the figures routers read (WatchCapacity's
+        shards, the etcd capacity record, the decodeplane_shard_* gauges) are
+        the engine's last report — tokens_free, pages_free, req_slots_free,
+        queue_depth (at least the rooms that wait for a declaration) and
+        running — with the pool's size and the draining pages from the
+        daemon's hand-off ledger. Before a shard's first report its free
+        figures are 0 and blocked_by is "engine_unreported". Report at every
+        scheduler step or on change; each report replaces the previous one.
+        Codes: OK; INVALID_ARGUMENT (a field out of its bounds, named);
+        FAILED_PRECONDITION (kv_pool.owner is daemon: the daemon's ledger is
+        the capacity); UNAUTHENTICATED. Safe to retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CapacityServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +82,11 @@ def add_CapacityServicer_to_server(servicer, server):
                     servicer.WatchCapacity,
                     request_deserializer=decodeplane_dot_v1_dot_capacity__pb2.WatchCapacityRequest.FromString,
                     response_serializer=decodeplane_dot_v1_dot_capacity__pb2.CapacityUpdate.SerializeToString,
+            ),
+            'ReportCapacity': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCapacity,
+                    request_deserializer=decodeplane_dot_v1_dot_capacity__pb2.ReportCapacityRequest.FromString,
+                    response_serializer=decodeplane_dot_v1_dot_capacity__pb2.ReportCapacityResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -85,5 +115,22 @@ class Capacity(object):
         return grpc.experimental.unary_stream(request, target, '/decodeplane.v1.Capacity/WatchCapacity',
             decodeplane_dot_v1_dot_capacity__pb2.WatchCapacityRequest.SerializeToString,
             decodeplane_dot_v1_dot_capacity__pb2.CapacityUpdate.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ReportCapacity(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/decodeplane.v1.Capacity/ReportCapacity',
+            decodeplane_dot_v1_dot_capacity__pb2.ReportCapacityRequest.SerializeToString,
+            decodeplane_dot_v1_dot_capacity__pb2.ReportCapacityResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

@@ -58,7 +58,7 @@ class Failure(_message.Message):
     def __init__(self, code: _Optional[_Union[FailureCode, str]] = ..., message: _Optional[str] = ..., from_another_rank: bool = ...) -> None: ...
 
 class KVLayout(_message.Message):
-    __slots__ = ["attn_tp_size", "dcp_size", "dp_size", "dtype_bytes", "head_dim", "heads_per_rank", "is_mla", "item_len", "kind", "kv_cache_dtype", "num_layers", "page_size", "pp_size", "staging_enabled", "state_types", "token_bytes", "total_kv_heads", "total_pages"]
+    __slots__ = ["attn_tp_size", "dcp_size", "dp_size", "dtype_bytes", "head_dim", "heads_per_rank", "is_mla", "item_len", "kind", "kv_cache_dtype", "num_layers", "page_owner", "page_size", "pp_size", "staging_enabled", "state_types", "token_bytes", "total_kv_heads", "total_pages"]
     ATTN_TP_SIZE_FIELD_NUMBER: _ClassVar[int]
     DCP_SIZE_FIELD_NUMBER: _ClassVar[int]
     DP_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -70,6 +70,7 @@ class KVLayout(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_OWNER_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PP_SIZE_FIELD_NUMBER: _ClassVar[int]
     STAGING_ENABLED_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +89,7 @@ class KVLayout(_message.Message):
     kind: str
     kv_cache_dtype: str
     num_layers: int
+    page_owner: str
     page_size: int
     pp_size: int
     staging_enabled: bool
@@ -95,7 +97,7 @@ class KVLayout(_message.Message):
     token_bytes: int
     total_kv_heads: int
     total_pages: int
-    def __init__(self, kind: _Optional[str] = ..., is_mla: bool = ..., num_layers: _Optional[int] = ..., total_kv_heads: _Optional[int] = ..., heads_per_rank: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., dtype_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., attn_tp_size: _Optional[int] = ..., dp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., dcp_size: _Optional[int] = ..., token_bytes: _Optional[int] = ..., item_len: _Optional[int] = ..., state_types: _Optional[_Iterable[_Union[StateType, str]]] = ..., staging_enabled: bool = ..., total_pages: _Optional[int] = ...) -> None: ...
+    def __init__(self, kind: _Optional[str] = ..., is_mla: bool = ..., num_layers: _Optional[int] = ..., total_kv_heads: _Optional[int] = ..., heads_per_rank: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., dtype_bytes: _Optional[int] = ..., page_size: _Optional[int] = ..., attn_tp_size: _Optional[int] = ..., dp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., dcp_size: _Optional[int] = ..., token_bytes: _Optional[int] = ..., item_len: _Optional[int] = ..., state_types: _Optional[_Iterable[_Union[StateType, str]]] = ..., staging_enabled: bool = ..., total_pages: _Optional[int] = ..., page_owner: _Optional[str] = ...) -> None: ...
 
 class PrefillRank(_message.Message):
     __slots__ = ["bootstrap_addr", "cp_rank", "dp_rank", "pp_rank", "tp_rank"]

@@ -12,10 +12,11 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
+from decodeplane.v1 import capacity_pb2 as decodeplane_dot_v1_dot_capacity__pb2
 from decodeplane.v1 import rooms_pb2 as decodeplane_dot_v1_dot_rooms__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#decodeplane/v1/engine_session.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1a\x64\x65\x63odeplane/v1/rooms.proto\"\xa8\x02\n\rEngineRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\x04open\x18\x02 \x01(\x0b\x32\x1a.decodeplane.v1.EngineOpenH\x00\x12\x35\n\x07release\x18\x03 \x01(\x0b\x32\".decodeplane.v1.ReleaseRoomRequestH\x00\x12\x31\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32 .decodeplane.v1.AbortRoomRequestH\x00\x12,\n\x05watch\x18\x05 \x01(\x0b\x32\x1b.decodeplane.v1.EngineWatchH\x00\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12+\n\x04more\x18\x07 \x03(\x0b\x32\x1d.decodeplane.v1.EngineRequestB\x04\n\x02op\"\x80\x01\n\nEngineOpen\x12.\n\x05rooms\x18\x01 \x03(\x0b\x32\x1f.decodeplane.v1.OpenRoomRequest\x12\x14\n\x0ctraceparents\x18\x02 \x03(\t\x12,\n\x06\x65vents\x18\x03 \x01(\x0e\x32\x1c.decodeplane.v1.EngineEvents\"k\n\x0b\x45ngineWatch\x12.\n\x05rooms\x18\x01 \x03(\x0b\x32\x1f.decodeplane.v1.EngineWatchRoom\x12,\n\x06\x65vents\x18\x02 \x01(\x0e\x32\x1c.decodeplane.v1.EngineEvents\".\n\x0f\x45ngineWatchRoom\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\r\n\x05\x61\x66ter\x18\x02 \x01(\r\"\xa0\x01\n\x0b\x45ngineEvent\x12,\n\x05reply\x18\x01 \x01(\x0b\x32\x1b.decodeplane.v1.EngineReplyH\x00\x12/\n\x04room\x18\x02 \x01(\x0b\x32\x1f.decodeplane.v1.EngineRoomEventH\x00\x12)\n\x04more\x18\x03 \x03(\x0b\x32\x1b.decodeplane.v1.EngineEventB\x07\n\x05\x65vent\"}\n\x0b\x45ngineReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12-\n\x07results\x18\x04 \x03(\x0b\x32\x1c.decodeplane.v1.EngineResult\x12\x13\n\x0bincarnation\x18\x05 \x01(\x06\"\x93\x02\n\x0c\x45ngineResult\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x04open\x18\x05 \x01(\x0b\x32 .decodeplane.v1.OpenRoomResponseH\x00\x12\x36\n\x07release\x18\x06 \x01(\x0b\x32#.decodeplane.v1.ReleaseRoomResponseH\x00\x12\x32\n\x05\x61\x62ort\x18\x07 \x01(\x0b\x32!.decodeplane.v1.AbortRoomResponseH\x00\x42\x08\n\x06\x61nswer\"V\n\x0f\x45ngineRoomEvent\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12(\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x19.decodeplane.v1.RoomEvent*@\n\x0c\x45ngineEvents\x12\x15\n\x11\x45NGINE_EVENTS_ALL\x10\x00\x12\x19\n\x15\x45NGINE_EVENTS_OUTCOME\x10\x01\x32Z\n\rEngineSession\x12I\n\x07Session\x12\x1d.decodeplane.v1.EngineRequest\x1a\x1b.decodeplane.v1.EngineEvent(\x01\x30\x01\x42GZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#decodeplane/v1/engine_session.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1d\x64\x65\x63odeplane/v1/capacity.proto\x1a\x1a\x64\x65\x63odeplane/v1/rooms.proto\"\xa1\x03\n\rEngineRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12*\n\x04open\x18\x02 \x01(\x0b\x32\x1a.decodeplane.v1.EngineOpenH\x00\x12\x35\n\x07release\x18\x03 \x01(\x0b\x32\".decodeplane.v1.ReleaseRoomRequestH\x00\x12\x31\n\x05\x61\x62ort\x18\x04 \x01(\x0b\x32 .decodeplane.v1.AbortRoomRequestH\x00\x12,\n\x05watch\x18\x05 \x01(\x0b\x32\x1b.decodeplane.v1.EngineWatchH\x00\x12<\n\x07\x64\x65\x63lare\x18\x08 \x01(\x0b\x32).decodeplane.v1.DeclareDestinationRequestH\x00\x12\x39\n\x08\x63\x61pacity\x18\t \x01(\x0b\x32%.decodeplane.v1.ReportCapacityRequestH\x00\x12\x13\n\x0btraceparent\x18\x06 \x01(\t\x12+\n\x04more\x18\x07 \x03(\x0b\x32\x1d.decodeplane.v1.EngineRequestB\x04\n\x02op\"\x80\x01\n\nEngineOpen\x12.\n\x05rooms\x18\x01 \x03(\x0b\x32\x1f.decodeplane.v1.OpenRoomRequest\x12\x14\n\x0ctraceparents\x18\x02 \x03(\t\x12,\n\x06\x65vents\x18\x03 \x01(\x0e\x32\x1c.decodeplane.v1.EngineEvents\"k\n\x0b\x45ngineWatch\x12.\n\x05rooms\x18\x01 \x03(\x0b\x32\x1f.decodeplane.v1.EngineWatchRoom\x12,\n\x06\x65vents\x18\x02 \x01(\x0e\x32\x1c.decodeplane.v1.EngineEvents\".\n\x0f\x45ngineWatchRoom\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\r\n\x05\x61\x66ter\x18\x02 \x01(\r\"\xa0\x01\n\x0b\x45ngineEvent\x12,\n\x05reply\x18\x01 \x01(\x0b\x32\x1b.decodeplane.v1.EngineReplyH\x00\x12/\n\x04room\x18\x02 \x01(\x0b\x32\x1f.decodeplane.v1.EngineRoomEventH\x00\x12)\n\x04more\x18\x03 \x03(\x0b\x32\x1b.decodeplane.v1.EngineEventB\x07\n\x05\x65vent\"}\n\x0b\x45ngineReply\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12-\n\x07results\x18\x04 \x03(\x0b\x32\x1c.decodeplane.v1.EngineResult\x12\x13\n\x0bincarnation\x18\x05 \x01(\x06\"\x8e\x03\n\x0c\x45ngineResult\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x0c\n\x04\x63ode\x18\x02 \x01(\x05\x12\x0f\n\x07message\x18\x03 \x01(\t\x12.\n\x0bretry_after\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x30\n\x04open\x18\x05 \x01(\x0b\x32 .decodeplane.v1.OpenRoomResponseH\x00\x12\x36\n\x07release\x18\x06 \x01(\x0b\x32#.decodeplane.v1.ReleaseRoomResponseH\x00\x12\x32\n\x05\x61\x62ort\x18\x07 \x01(\x0b\x32!.decodeplane.v1.AbortRoomResponseH\x00\x12=\n\x07\x64\x65\x63lare\x18\x08 \x01(\x0b\x32*.decodeplane.v1.DeclareDestinationResponseH\x00\x12:\n\x08\x63\x61pacity\x18\t \x01(\x0b\x32&.decodeplane.v1.ReportCapacityResponseH\x00\x42\x08\n\x06\x61nswer\"V\n\x0f\x45ngineRoomEvent\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x0b\n\x03seq\x18\x02 \x01(\r\x12(\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x19.decodeplane.v1.RoomEvent*@\n\x0c\x45ngineEvents\x12\x15\n\x11\x45NGINE_EVENTS_ALL\x10\x00\x12\x19\n\x15\x45NGINE_EVENTS_OUTCOME\x10\x01\x32Z\n\rEngineSession\x12I\n\x07Session\x12\x1d.decodeplane.v1.EngineRequest\x1a\x1b.decodeplane.v1.EngineEvent(\x01\x30\x01\x42GZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'decodeplane.v1.engine_session_pb2', globals())
@@ -23,24 +24,24 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'ZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1'
-  _ENGINEEVENTS._serialized_start=1358
-  _ENGINEEVENTS._serialized_end=1422
-  _ENGINEREQUEST._serialized_start=116
-  _ENGINEREQUEST._serialized_end=412
-  _ENGINEOPEN._serialized_start=415
-  _ENGINEOPEN._serialized_end=543
-  _ENGINEWATCH._serialized_start=545
-  _ENGINEWATCH._serialized_end=652
-  _ENGINEWATCHROOM._serialized_start=654
-  _ENGINEWATCHROOM._serialized_end=700
-  _ENGINEEVENT._serialized_start=703
-  _ENGINEEVENT._serialized_end=863
-  _ENGINEREPLY._serialized_start=865
-  _ENGINEREPLY._serialized_end=990
-  _ENGINERESULT._serialized_start=993
-  _ENGINERESULT._serialized_end=1268
-  _ENGINEROOMEVENT._serialized_start=1270
-  _ENGINEROOMEVENT._serialized_end=1356
-  _ENGINESESSION._serialized_start=1424
-  _ENGINESESSION._serialized_end=1514
+  _ENGINEEVENTS._serialized_start=1633
+  _ENGINEEVENTS._serialized_end=1697
+  _ENGINEREQUEST._serialized_start=147
+  _ENGINEREQUEST._serialized_end=564
+  _ENGINEOPEN._serialized_start=567
+  _ENGINEOPEN._serialized_end=695
+  _ENGINEWATCH._serialized_start=697
+  _ENGINEWATCH._serialized_end=804
+  _ENGINEWATCHROOM._serialized_start=806
+  _ENGINEWATCHROOM._serialized_end=852
+  _ENGINEEVENT._serialized_start=855
+  _ENGINEEVENT._serialized_end=1015
+  _ENGINEREPLY._serialized_start=1017
+  _ENGINEREPLY._serialized_end=1142
+  _ENGINERESULT._serialized_start=1145
+  _ENGINERESULT._serialized_end=1543
+  _ENGINEROOMEVENT._serialized_start=1545
+  _ENGINEROOMEVENT._serialized_end=1631
+  _ENGINESESSION._serialized_start=1699
+  _ENGINESESSION._serialized_end=1789
 # @@protoc_insertion_point(module_scope)

@@ -1,4 +1,5 @@
 from google.protobuf import duration_pb2 as _duration_pb2
+from decodeplane.v1 import capacity_pb2 as _capacity_pb2
 from decodeplane.v1 import rooms_pb2 as _rooms_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
@@ -45,8 +46,10 @@ class EngineReply(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., results: _Optional[_Iterable[_Union[EngineResult, _Mapping]]] = ..., incarnation: _Optional[int] = ...) -> None: ...
 
 class EngineRequest(_message.Message):
-    __slots__ = ["abort", "more", "open", "release", "seq", "traceparent", "watch"]
+    __slots__ = ["abort", "capacity", "declare", "more", "open", "release", "seq", "traceparent", "watch"]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
+    DECLARE_FIELD_NUMBER: _ClassVar[int]
     MORE_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
@@ -54,31 +57,37 @@ class EngineRequest(_message.Message):
     TRACEPARENT_FIELD_NUMBER: _ClassVar[int]
     WATCH_FIELD_NUMBER: _ClassVar[int]
     abort: _rooms_pb2.AbortRoomRequest
+    capacity: _capacity_pb2.ReportCapacityRequest
+    declare: _rooms_pb2.DeclareDestinationRequest
     more: _containers.RepeatedCompositeFieldContainer[EngineRequest]
     open: EngineOpen
     release: _rooms_pb2.ReleaseRoomRequest
     seq: int
     traceparent: str
     watch: EngineWatch
-    def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[EngineOpen, _Mapping]] = ..., release: _Optional[_Union[_rooms_pb2.ReleaseRoomRequest, _Mapping]] = ..., abort: _Optional[_Union[_rooms_pb2.AbortRoomRequest, _Mapping]] = ..., watch: _Optional[_Union[EngineWatch, _Mapping]] = ..., traceparent: _Optional[str] = ..., more: _Optional[_Iterable[_Union[EngineRequest, _Mapping]]] = ...) -> None: ...
+    def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[EngineOpen, _Mapping]] = ..., release: _Optional[_Union[_rooms_pb2.ReleaseRoomRequest, _Mapping]] = ..., abort: _Optional[_Union[_rooms_pb2.AbortRoomRequest, _Mapping]] = ..., watch: _Optional[_Union[EngineWatch, _Mapping]] = ..., declare: _Optional[_Union[_rooms_pb2.DeclareDestinationRequest, _Mapping]] = ..., capacity: _Optional[_Union[_capacity_pb2.ReportCapacityRequest, _Mapping]] = ..., traceparent: _Optional[str] = ..., more: _Optional[_Iterable[_Union[EngineRequest, _Mapping]]] = ...) -> None: ...
 
 class EngineResult(_message.Message):
-    __slots__ = ["abort", "code", "message", "open", "release", "retry_after", "room"]
+    __slots__ = ["abort", "capacity", "code", "declare", "message", "open", "release", "retry_after", "room"]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    CAPACITY_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
+    DECLARE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     abort: _rooms_pb2.AbortRoomResponse
+    capacity: _capacity_pb2.ReportCapacityResponse
     code: int
+    declare: _rooms_pb2.DeclareDestinationResponse
     message: str
     open: _rooms_pb2.OpenRoomResponse
     release: _rooms_pb2.ReleaseRoomResponse
     retry_after: _duration_pb2.Duration
     room: int
-    def __init__(self, room: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., open: _Optional[_Union[_rooms_pb2.OpenRoomResponse, _Mapping]] = ..., release: _Optional[_Union[_rooms_pb2.ReleaseRoomResponse, _Mapping]] = ..., abort: _Optional[_Union[_rooms_pb2.AbortRoomResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, room: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., open: _Optional[_Union[_rooms_pb2.OpenRoomResponse, _Mapping]] = ..., release: _Optional[_Union[_rooms_pb2.ReleaseRoomResponse, _Mapping]] = ..., abort: _Optional[_Union[_rooms_pb2.AbortRoomResponse, _Mapping]] = ..., declare: _Optional[_Union[_rooms_pb2.DeclareDestinationResponse, _Mapping]] = ..., capacity: _Optional[_Union[_capacity_pb2.ReportCapacityResponse, _Mapping]] = ...) -> None: ...
 
 class EngineRoomEvent(_message.Message):
     __slots__ = ["event", "room", "seq"]

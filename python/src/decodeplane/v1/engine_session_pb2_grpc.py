@@ -14,7 +14,8 @@ class EngineSessionStub(object):
     every room the stream is subscribed to, multiplexed.
 
     One state machine, two transports: every op runs the same code as its
-    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom) after the same
+    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom,
+    DeclareDestination, ReportCapacity) after the same
     validation, with the same codes and messages; each unary RPC's comment in
     rooms.proto is the contract of the op (idempotency keys, ALREADY_EXISTS,
     RESOURCE_EXHAUSTED with a retry delay, UNAVAILABLE while draining,
@@ -44,7 +45,8 @@ class EngineSessionServicer(object):
     every room the stream is subscribed to, multiplexed.
 
     One state machine, two transports: every op runs the same code as its
-    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom) after the same
+    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom,
+    DeclareDestination, ReportCapacity) after the same
     validation, with the same codes and messages; each unary RPC's comment in
     rooms.proto is the contract of the op (idempotency keys, ALREADY_EXISTS,
     RESOURCE_EXHAUSTED with a retry delay, UNAVAILABLE while draining,
@@ -75,9 +77,13 @@ class EngineSessionServicer(object):
         opening, each transition adds one), from its opening on: nothing of a
         room is skipped, nothing is sent twice while the room is subscribed (a
         room opened or watched again after its last event is subscribed anew,
-        from the event after the Watch's after: an Open from its opening). The
-        terminal event (RoomEvent.terminal) is a room's last; with
-        ENGINE_EVENTS_OUTCOME its outcome is (EngineEvents).
+        from the event after the Watch's after: an Open from its opening). A
+        room's last event is the one with RoomEvent.pages_reusable: its
+        terminal event (RoomEvent.terminal), or, for a room that failed while
+        a prefill rank could still write into its pages, the event after it
+        once they are reusable (an engine that owns its pages reuses them only
+        then); with ENGINE_EVENTS_OUTCOME a succeeded room's outcome is its
+        last (EngineEvents).
 
         Flow control. The events and replies of a stream go through one queue
         of at most 4,096 messages (MaxEngineSessionQueue), written to the wire
@@ -111,8 +117,8 @@ class EngineSessionServicer(object):
         span does not adopt the rooms).
 
         End. The client ends the stream by half-closing it (CloseSend): the
-        daemon ends it OK once every subscribed room sent its last event (its
-        terminal event, or its outcome with ENGINE_EVENTS_OUTCOME; the client
+        daemon ends it OK once every subscribed room sent its last event (the
+        one with pages_reusable, or its outcome with ENGINE_EVENTS_OUTCOME; the client
         may cancel instead: its rooms go on). On shutdown every
         subscribed room's last event comes first (FAILED with
         FAILURE_CODE_SHUTDOWN, or RELEASED for a succeeded room, as WatchRoom),
@@ -155,7 +161,8 @@ class EngineSession(object):
     every room the stream is subscribed to, multiplexed.
 
     One state machine, two transports: every op runs the same code as its
-    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom) after the same
+    unary RPC (OpenRoom, ReleaseRoom, AbortRoom, WatchRoom,
+    DeclareDestination, ReportCapacity) after the same
     validation, with the same codes and messages; each unary RPC's comment in
     rooms.proto is the contract of the op (idempotency keys, ALREADY_EXISTS,
     RESOURCE_EXHAUSTED with a retry delay, UNAVAILABLE while draining,

@@ -80,6 +80,28 @@ class ContinueGenerationResponse(_message.Message):
     rooms: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, rooms: _Optional[_Iterable[int]] = ..., resumed: _Optional[_Iterable[_Union[ResumedRoom, _Mapping]]] = ...) -> None: ...
 
+class DeclareDestinationRequest(_message.Message):
+    __slots__ = ["decode_prefix_len", "metadata_slot", "page_indices", "room", "state"]
+    DECODE_PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
+    METADATA_SLOT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    ROOM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    decode_prefix_len: int
+    metadata_slot: int
+    page_indices: _containers.RepeatedScalarFieldContainer[int]
+    room: int
+    state: _containers.RepeatedCompositeFieldContainer[_common_pb2.StateIndices]
+    def __init__(self, room: _Optional[int] = ..., page_indices: _Optional[_Iterable[int]] = ..., metadata_slot: _Optional[int] = ..., state: _Optional[_Iterable[_Union[_common_pb2.StateIndices, _Mapping]]] = ..., decode_prefix_len: _Optional[int] = ...) -> None: ...
+
+class DeclareDestinationResponse(_message.Message):
+    __slots__ = ["already", "room"]
+    ALREADY_FIELD_NUMBER: _ClassVar[int]
+    ROOM_FIELD_NUMBER: _ClassVar[int]
+    already: bool
+    room: Room
+    def __init__(self, room: _Optional[_Union[Room, _Mapping]] = ..., already: bool = ...) -> None: ...
+
 class DecodeTarget(_message.Message):
     __slots__ = ["decode_tp_rank", "dst_head_start", "dummy", "num_heads", "src_head_start"]
     DECODE_TP_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -343,11 +365,14 @@ class ResyncResponse(_message.Message):
     def __init__(self, adopted: _Optional[int] = ..., declared: _Optional[int] = ..., pages: _Optional[int] = ..., admitting: bool = ...) -> None: ...
 
 class ResyncRoom(_message.Message):
-    __slots__ = ["bootstrap_addr", "decode_dp_rank", "mamba_slots", "max_new_tokens", "output_len", "page_indices", "prefill_dp_rank", "prompt_len", "req_slot", "rid", "room", "swa_page_indices"]
+    __slots__ = ["bootstrap_addr", "decode_dp_rank", "decode_prefix_len", "in_flight", "mamba_slots", "max_new_tokens", "metadata_slot", "output_len", "page_indices", "prefill_dp_rank", "prompt_len", "req_slot", "rid", "room", "state", "swa_page_indices"]
     BOOTSTRAP_ADDR_FIELD_NUMBER: _ClassVar[int]
     DECODE_DP_RANK_FIELD_NUMBER: _ClassVar[int]
+    DECODE_PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     MAMBA_SLOTS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_SLOT_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_LEN_FIELD_NUMBER: _ClassVar[int]
     PAGE_INDICES_FIELD_NUMBER: _ClassVar[int]
     PREFILL_DP_RANK_FIELD_NUMBER: _ClassVar[int]
@@ -355,11 +380,15 @@ class ResyncRoom(_message.Message):
     REQ_SLOT_FIELD_NUMBER: _ClassVar[int]
     RID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     SWA_PAGE_INDICES_FIELD_NUMBER: _ClassVar[int]
     bootstrap_addr: str
     decode_dp_rank: int
+    decode_prefix_len: int
+    in_flight: bool
     mamba_slots: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
+    metadata_slot: int
     output_len: int
     page_indices: _containers.RepeatedScalarFieldContainer[int]
     prefill_dp_rank: int
@@ -367,8 +396,9 @@ class ResyncRoom(_message.Message):
     req_slot: int
     rid: str
     room: int
+    state: _containers.RepeatedCompositeFieldContainer[_common_pb2.StateIndices]
     swa_page_indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, room: _Optional[int] = ..., rid: _Optional[str] = ..., prompt_len: _Optional[int] = ..., output_len: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., decode_dp_rank: _Optional[int] = ..., req_slot: _Optional[int] = ..., page_indices: _Optional[_Iterable[int]] = ..., swa_page_indices: _Optional[_Iterable[int]] = ..., mamba_slots: _Optional[_Iterable[int]] = ..., bootstrap_addr: _Optional[str] = ..., prefill_dp_rank: _Optional[int] = ...) -> None: ...
+    def __init__(self, room: _Optional[int] = ..., rid: _Optional[str] = ..., prompt_len: _Optional[int] = ..., output_len: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., decode_dp_rank: _Optional[int] = ..., req_slot: _Optional[int] = ..., page_indices: _Optional[_Iterable[int]] = ..., swa_page_indices: _Optional[_Iterable[int]] = ..., mamba_slots: _Optional[_Iterable[int]] = ..., bootstrap_addr: _Optional[str] = ..., prefill_dp_rank: _Optional[int] = ..., in_flight: bool = ..., metadata_slot: _Optional[int] = ..., state: _Optional[_Iterable[_Union[_common_pb2.StateIndices, _Mapping]]] = ..., decode_prefix_len: _Optional[int] = ...) -> None: ...
 
 class RetractRoomRequest(_message.Message):
     __slots__ = ["mode", "room"]
@@ -447,16 +477,18 @@ class RoomDone(_message.Message):
     def __init__(self, poll: _Optional[_Union[_common_pb2.KVPoll, str]] = ..., phase: _Optional[_Union[_common_pb2.RoomPhase, str]] = ...) -> None: ...
 
 class RoomEvent(_message.Message):
-    __slots__ = ["incarnation", "room", "terminal", "transition"]
+    __slots__ = ["incarnation", "pages_reusable", "room", "terminal", "transition"]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    PAGES_REUSABLE_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     TERMINAL_FIELD_NUMBER: _ClassVar[int]
     TRANSITION_FIELD_NUMBER: _ClassVar[int]
     incarnation: int
+    pages_reusable: bool
     room: Room
     terminal: bool
     transition: _common_pb2.Transition
-    def __init__(self, room: _Optional[_Union[Room, _Mapping]] = ..., transition: _Optional[_Union[_common_pb2.Transition, _Mapping]] = ..., terminal: bool = ..., incarnation: _Optional[int] = ...) -> None: ...
+    def __init__(self, room: _Optional[_Union[Room, _Mapping]] = ..., transition: _Optional[_Union[_common_pb2.Transition, _Mapping]] = ..., terminal: bool = ..., incarnation: _Optional[int] = ..., pages_reusable: bool = ...) -> None: ...
 
 class RunningUsage(_message.Message):
     __slots__ = ["output_len", "room"]

@@ -107,6 +107,11 @@ class RoomsStub(object):
                 request_serializer=decodeplane_dot_v1_dot_rooms__pb2.AckRoomEndRequest.SerializeToString,
                 response_deserializer=decodeplane_dot_v1_dot_rooms__pb2.AckRoomEndResponse.FromString,
                 )
+        self.DeclareDestination = channel.unary_unary(
+                '/decodeplane.v1.Rooms/DeclareDestination',
+                request_serializer=decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationRequest.SerializeToString,
+                response_deserializer=decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationResponse.FromString,
+                )
 
 
 class RoomsServicer(object):
@@ -245,8 +250,11 @@ class RoomsServicer(object):
 
     def WatchRoom(self, request, context):
         """WatchRoom streams the room's transitions: first its current state (and
-        history when asked), then every transition until it is terminal; the
-        terminal event is the last (terminal = true) and the stream ends OK. On
+        history when asked), then every transition until it is terminal and
+        its pages are reusable: the terminal event (terminal = true) is the
+        last, or, for a room that ended while a prefill rank may still write
+        into its pages, the event after it that says they are reusable
+        (RoomEvent.pages_reusable); then the stream ends OK. On
         shutdown every room's terminal event comes before the server stops:
         FAILED with FAILURE_CODE_SHUTDOWN, or RELEASED for a succeeded room.
         Codes: OK; NOT_FOUND. Safe to retry.
@@ -371,6 +379,8 @@ class RoomsServicer(object):
         (the room is known); FAILED_PRECONDITION (admission already started —
         no resync wait configured, done already sent, or the wait expired: the
         pool is in use; or a page, slot or row held by another declared room).
+        With kv_pool.owner: engine the engine re-declares only the hand-offs
+        it still had in flight (ResyncRoom.in_flight): see there.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -404,6 +414,46 @@ class RoomsServicer(object):
         (a stale generation: attempt is not the room's current attempt, reason
         STALE_ATTEMPT; or STALE_INCARNATION: incarnation names an earlier
         daemon); nothing changes on an error; UNAUTHENTICATED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeclareDestination(self, request, context):
+        """DeclareDestination is the decode engine's declaration of the
+        destination it allocated for a room, when the engine owns the pages
+        (kv_pool.owner: engine; SGLang's receiver.send_metadata after its
+        scheduler's _pre_alloc). Such a room opens as any other (bootstrap,
+        prefill DP rank; claims may wait) and stops before admission, in
+        ROOM_PHASE_QUEUED, until this call: the daemon neither budgets nor
+        allocates. The declared pages become the room's destination exactly as
+        if the daemon had chosen them (ROOM_PHASE_ADMITTED, offered to the
+        prefill ranks' claims); claims, chunks, coverage, success, failure,
+        aborts and the drain then run as for daemon-chosen pages.
+
+        The hand-off ledger. Every page, the metadata row and every state slot
+        named is held by the room from this call until its hand-off ends: at
+        success (the engine decodes in them: nothing more is written by a
+        prefill rank), or, for a room that fails, once its drain ended (every
+        prefill rank that may still write acknowledged with AckRoomEnd, or
+        release.deferred_timeout passed; the room's last RoomEvent has
+        pages_reusable set). A declaration that names a page, row or slot
+        still held by another room is refused with FAILED_PRECONDITION naming
+        the index and the holder, and nothing changes (the engine must not
+        reuse those pages yet: the counter decodeplane_declarations_refused_total
+        counts such refusals).
+
+        Idempotent: the same declaration again answers already = true. A
+        different destination for a room that has one is refused.
+        Codes: OK; INVALID_ARGUMENT (a field, named: page_indices not exactly
+        the pages of the tokens beyond decode_prefix_len, a page, row or slot
+        out of the pool's range or named twice, state indices that do not
+        match the pool's state types); NOT_FOUND (unknown room);
+        FAILED_PRECONDITION (kv_pool.owner is daemon; the room does not wait
+        for its destination — it has not resolved its prefill DP rank yet, or
+        it has another destination, or it ended; or a page, row or slot held by
+        another room's hand-off: reason PAGE_HELD, with the holder in the
+        message); UNAUTHENTICATED. Safe to retry.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -481,6 +531,11 @@ def add_RoomsServicer_to_server(servicer, server):
                     servicer.AckRoomEnd,
                     request_deserializer=decodeplane_dot_v1_dot_rooms__pb2.AckRoomEndRequest.FromString,
                     response_serializer=decodeplane_dot_v1_dot_rooms__pb2.AckRoomEndResponse.SerializeToString,
+            ),
+            'DeclareDestination': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeclareDestination,
+                    request_deserializer=decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationRequest.FromString,
+                    response_serializer=decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -750,5 +805,22 @@ class Rooms(object):
         return grpc.experimental.unary_unary(request, target, '/decodeplane.v1.Rooms/AckRoomEnd',
             decodeplane_dot_v1_dot_rooms__pb2.AckRoomEndRequest.SerializeToString,
             decodeplane_dot_v1_dot_rooms__pb2.AckRoomEndResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeclareDestination(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/decodeplane.v1.Rooms/DeclareDestination',
+            decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationRequest.SerializeToString,
+            decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
