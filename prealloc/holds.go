@@ -3,6 +3,8 @@ package prealloc
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
@@ -35,6 +37,7 @@ type Holds struct {
 	pages []uint64 // page → the room holding it (0: none; room 0 is never a room)
 	meta  []uint64 // metadata row → room
 	state map[kvlayout.StateType][]uint64
+	types []kvlayout.StateType // the pool's state types, each declared once
 
 	rooms  map[uint64]*holding
 	queued int
@@ -99,7 +102,8 @@ func NewHolds(cfg kvlayout.Config, shard int) (*Holds, error) {
 		h.maxQueued = defaultMaxQueued
 	}
 	p := cfg.Pool
-	for _, st := range p.Kind.StateTypes() {
+	h.types = p.Kind.StateTypes()
+	for _, st := range h.types {
 		switch st {
 		case kvlayout.StateSWA:
 			h.state[st] = make([]uint64, max(p.SWA.TotalTokens/int64(p.PageSize), 0))
@@ -158,10 +162,15 @@ func (h *Holds) check(room uint64, d Declared) error {
 	if holder := h.meta[d.MetadataSlot]; holder != 0 {
 		return h.heldError(room, "metadata slot", d.MetadataSlot, holder)
 	}
+	for _, t := range h.types {
+		if !slices.ContainsFunc(d.State, func(s kvlayout.StateIndices) bool { return s.Type == t }) {
+			return kvlayout.Invalidf("state", "names no %s indices: the pool's kind holds %s state, declared once per type (one entry per state type of the pool)", t, stateTypeNames(h.types))
+		}
+	}
 	for si, s := range d.State {
 		tab, ok := h.state[s.Type]
 		if !ok {
-			return kvlayout.Invalidf(fmt.Sprintf("state[%d].type", si), "%s is not a state of this pool", s.Type)
+			return kvlayout.Invalidf(fmt.Sprintf("state[%d].type", si), "%s is not a state of this pool (its state types: %s)", s.Type, stateTypeNames(h.types))
 		}
 		if s.Type == kvlayout.StateDSA {
 			continue // the indexer's pages follow the KV pages, checked above
@@ -181,6 +190,19 @@ func (h *Holds) check(room uint64, d Declared) error {
 		}
 	}
 	return nil
+}
+
+// stateTypeNames lists state types for a message ("none" for a pool
+// without).
+func stateTypeNames(ts []kvlayout.StateType) string {
+	if len(ts) == 0 {
+		return "none"
+	}
+	names := make([]string, len(ts))
+	for i, t := range ts {
+		names[i] = t.String()
+	}
+	return strings.Join(names, ", ")
 }
 
 func (h *Holds) heldError(room uint64, what string, index int32, holder uint64) error {
