@@ -27,8 +27,12 @@ func newHolds(t *testing.T, cfg kvlayout.Config) *Holds {
 // its pool's range, once; a slot another room holds is refused naming it
 // and the holder; nothing changes on a refusal, and Release frees it all.
 func TestHoldsStateTypes(t *testing.T) {
-	mamba := func(idx ...int32) kvlayout.StateIndices { return kvlayout.StateIndices{Type: kvlayout.StateMamba, Indices: idx} }
-	swa := func(idx ...int32) kvlayout.StateIndices { return kvlayout.StateIndices{Type: kvlayout.StateSWA, Indices: idx} }
+	mamba := func(idx ...int32) kvlayout.StateIndices {
+		return kvlayout.StateIndices{Type: kvlayout.StateMamba, Indices: idx}
+	}
+	swa := func(idx ...int32) kvlayout.StateIndices {
+		return kvlayout.StateIndices{Type: kvlayout.StateSWA, Indices: idx}
+	}
 	t.Run("gqa", func(t *testing.T) {
 		h := newHolds(t, testConfig(kvlayout.KindGQA, 16, 64, 4))
 		if err := h.Check(1, Declared{Pages: []int32{0}, State: []kvlayout.StateIndices{mamba(0)}}); !isInvalid(err, "state[0].type", "its state types: none") {
