@@ -378,7 +378,9 @@ func TestEngineOwnerDeclareOverTheSession(t *testing.T) {
 		}
 		defer c.Close()
 		if tr == client.TransportStreams { // the shared session up, so that the declaration rides it
-			go func() { _, _ = c.Engine().OpenAndWait(w.ctx, &pb.OpenRoomRequest{Rid: "r-9", BootstrapAddr: ownerPrefill, Room: 9, PromptLen: 1000, MaxNewTokens: 16}) }()
+			go func() {
+				_, _ = c.Engine().OpenAndWait(w.ctx, &pb.OpenRoomRequest{Rid: "r-9", BootstrapAddr: ownerPrefill, Room: 9, PromptLen: 1000, MaxNewTokens: 16})
+			}()
 		}
 		_, err = c.Engine().DeclareDestination(w.ctx, declaration(2, 8, 2))
 		held, ok := client.PageHeld(err)
