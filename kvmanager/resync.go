@@ -233,6 +233,9 @@ func (sh *shard) adoptInFlight(i int, d *ResyncRoom) error {
 		if errors.As(err, &fe) {
 			return invalid(at+fe.Field, "%s", fe.Msg)
 		}
+		if errors.Is(err, prealloc.ErrHeld) {
+			m.obs.DeclarationRefused(sh.idx) // counted as the ledger counts it
+		}
 		return fmt.Errorf("%s: %w", at+heldField(err), err)
 	}
 	var owing []ranks.RankID
