@@ -15,7 +15,9 @@
 //   - Client.Engine, the decode engine (and a router that opens rooms):
 //     OpenRoom, OpenAndWait, WaitRoom, WatchRoom, ReleaseRoom, AbortRoom,
 //     ReportRunning, RetractRoom, ContinueGeneration, Resync and
-//     LookupDPRanks.
+//     LookupDPRanks; for an engine that owns its pages (kv_pool.owner:
+//     engine) OpenDeclareAndWait, DeclareDestination and ReportCapacity
+//     (PageHeld reads a refusal of a page another hand-off still holds).
 //   - Client.Prefill(reg), one prefill scheduler rank: Register,
 //     Heartbeat, RunHeartbeat, BindRoom, SendRoom, ReportRoom, the steps of
 //     a hand-off (AwaitDestination, Transfer, ReportTransfer, AckRoomEnd)

@@ -171,8 +171,8 @@ func (e *Engine) Resync(ctx context.Context, rooms []*pb.ResyncRoom) (*pb.Resync
 // state indices and the decode prefix's length. The room, which waited in
 // ROOM_PHASE_QUEUED, is admitted into them. ErrFailedPrecondition: the
 // daemon owns the pages, the room does not wait for a destination, or a
-// page, row or slot is still held by another room's hand-off (the *Error's
-// Reason is "PAGE_HELD" and its message names the index and the holder:
+// page, row or slot is still held by another room's hand-off (PageHeld
+// reports it, with the index and the holder, which the message names too:
 // reuse that page only once the holder's WatchRoom says its pages are
 // reusable). ErrInvalidArgument names the field. A repeated declaration
 // answers Already; retried on Unavailable.

@@ -18,8 +18,9 @@ import (
 // retried as OpenRoom is, then the wait for the room's outcome, resumed on
 // a new session when the one it was on ended.
 
-// openAndWaitStream is OpenAndWait on the shared session.
-func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
+// openAndWaitStream is OpenAndWait on the shared session (and
+// OpenDeclareAndWait with declare).
+func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest, declare DeclareFunc) (*pb.Room, error) {
 	const op = "OpenRoom"
 	if err := c.errIfClosed(op); err != nil {
 		return nil, err
@@ -30,26 +31,29 @@ func (c *Client) openAndWaitStream(ctx context.Context, req *pb.OpenRoomRequest)
 	}
 	m := c.engineMux
 	if time.Now().UnixNano() < m.unaryUntil.Load() {
-		return c.openAndWaitUnary(ctx, req)
+		return c.openAndWaitUnary(ctx, req, declare)
 	}
 	w, ok := m.join(req.GetRoom())
 	if !ok {
 		// Another call of this Client waits on this room (a caller's retry
 		// with the same key, or a mistake the daemon refuses): the unary
 		// path answers it exactly.
-		return c.openAndWaitUnary(ctx, req)
+		return c.openAndWaitUnary(ctx, req, declare)
 	}
 	defer m.leave(w)
 	for attempt := 1; ; attempt++ {
 		next := c.openAttempt(ctx, req, w, attempt)
 		switch {
 		case next.older:
-			return c.openAndWaitOlder(ctx, req, w)
+			return c.openAndWaitOlder(ctx, req, w, declare)
 		case next.err != nil:
 			return nil, next.err
 		case next.opened:
 			if next.room.GetPhase() == pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 				return next.room, nil
+			}
+			if err := c.declareOpened(ctx, next.room, declare); err != nil {
+				return nil, err
 			}
 			return c.waitStream(ctx, w)
 		}
@@ -202,10 +206,10 @@ var succeeded = []pb.RoomPhase{pb.RoomPhase_ROOM_PHASE_SUCCEEDED}
 // EngineSession (older than the sessions): w leaves the mux (its room was
 // not opened on a stream), and this call and those of the Client's next
 // unaryFallback take the unary path.
-func (c *Client) openAndWaitOlder(ctx context.Context, req *pb.OpenRoomRequest, w *muxWaiter) (*pb.Room, error) {
+func (c *Client) openAndWaitOlder(ctx context.Context, req *pb.OpenRoomRequest, w *muxWaiter, declare DeclareFunc) (*pb.Room, error) {
 	c.engineMux.unaryUntil.Store(time.Now().Add(unaryFallback).UnixNano())
 	c.engineMux.leave(w)
-	return c.openAndWaitUnary(ctx, req)
+	return c.openAndWaitUnary(ctx, req, declare)
 }
 
 // waitStream waits for the room's SUCCEEDED transition on the shared

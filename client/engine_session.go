@@ -401,5 +401,10 @@ func resultError(op string, r *pb.EngineResult) error {
 			st = withInfo
 		}
 	}
+	if reason := r.GetReason(); reason != "" { // the unary RPC's ErrorInfo (PAGE_HELD)
+		if withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: errorDomain, Metadata: r.GetMetadata()}); err == nil {
+			st = withInfo
+		}
+	}
 	return newError(op, st)
 }

@@ -46,14 +46,38 @@ import (
 //
 // Under TransportUnary it calls OpenRoom, then WaitRoom.
 func (e *Engine) OpenAndWait(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
-	if e.c.transport == TransportStreams {
-		return e.c.openAndWaitStream(ctx, req)
-	}
-	return e.c.openAndWaitUnary(ctx, req)
+	return e.OpenDeclareAndWait(ctx, req, nil)
 }
 
-// openAndWaitUnary is OpenAndWait over OpenRoom and WaitRoom.
-func (c *Client) openAndWaitUnary(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Room, error) {
+// DeclareFunc is a decode engine's allocation of a room's destination when
+// it owns its pages (kv_pool.owner: engine): given the room as it waits
+// for its declaration (ROOM_PHASE_QUEUED: its prefill known, its DP rank
+// resolved), the pages beyond the decode prefix, the metadata row and the
+// state indices the engine allocated for it, as a DeclareDestinationRequest
+// for that room. An error stops the call, which returns it (the room stays
+// open: abort it, or declare it later).
+type DeclareFunc func(ctx context.Context, room *pb.Room) (*pb.DeclareDestinationRequest, error)
+
+// OpenDeclareAndWait is OpenAndWait for a decode engine that owns its pages
+// (kv_pool.owner: engine): it opens the room, waits until the room waits
+// for its destination (at once when the prefill is known; else through a
+// watch of the room), asks declare for the destination the engine
+// allocated, declares it (DeclareDestination, on the shared engine session
+// under TransportStreams), and waits for the room's KV as OpenAndWait does.
+// A room found past ROOM_PHASE_QUEUED (a retried call whose destination was
+// declared) is not declared again. A refused declaration is returned as
+// DeclareDestination's *Error (PageHeld tells a held page); the room stays
+// open. A nil declare is OpenAndWait.
+func (e *Engine) OpenDeclareAndWait(ctx context.Context, req *pb.OpenRoomRequest, declare DeclareFunc) (*pb.Room, error) {
+	if e.c.transport == TransportStreams {
+		return e.c.openAndWaitStream(ctx, req, declare)
+	}
+	return e.c.openAndWaitUnary(ctx, req, declare)
+}
+
+// openAndWaitUnary is OpenAndWait (and OpenDeclareAndWait) over OpenRoom
+// and WaitRoom.
+func (c *Client) openAndWaitUnary(ctx context.Context, req *pb.OpenRoomRequest, declare DeclareFunc) (*pb.Room, error) {
 	resp, err := c.openRoom(ctx, req)
 	if err != nil {
 		return nil, err
@@ -62,7 +86,35 @@ func (c *Client) openAndWaitUnary(ctx context.Context, req *pb.OpenRoomRequest) 
 	if r.GetPhase() == pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
 		return r, nil
 	}
+	if err := c.declareOpened(ctx, r, declare); err != nil {
+		return nil, err
+	}
 	return c.waitRoom(ctx, r.GetRoom(), pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+}
+
+// declareOpened declares an opened room's destination with declare (nil:
+// nothing to do): once the room waits for it (a room still bootstrapping
+// is watched until it does), unless it is already past that.
+func (c *Client) declareOpened(ctx context.Context, r *pb.Room, declare DeclareFunc) error {
+	if declare == nil {
+		return nil
+	}
+	switch r.GetPhase() {
+	case pb.RoomPhase_ROOM_PHASE_WAITING_PREFILL, pb.RoomPhase_ROOM_PHASE_RESOLVING_DP_RANK:
+		var err error
+		if r, err = c.waitRoom(ctx, r.GetRoom(), pb.RoomPhase_ROOM_PHASE_QUEUED); err != nil {
+			return err
+		}
+	}
+	if r.GetPhase() != pb.RoomPhase_ROOM_PHASE_QUEUED {
+		return nil // declared already, or past it: the wait that follows tells
+	}
+	req, err := declare(ctx, r)
+	if err != nil {
+		return err
+	}
+	_, err = c.Engine().DeclareDestination(ctx, req)
+	return err
 }
 
 // WaitRoom watches a room until it has reached one of phases (a phase it

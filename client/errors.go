@@ -311,6 +311,51 @@ func StaleIncarnation(err error) (named, daemon uint64, ok bool) {
 	return 0, 0, false
 }
 
+// errorDomain is the domain of the daemon's ErrorInfo details
+// (server.ErrorDomain).
+const errorDomain = "decodeplane.v1"
+
+// reasonPageHeld is the daemon's ErrorInfo reason for a declaration that
+// names a page, row or slot another room's hand-off still holds
+// (server.ReasonPageHeld).
+const reasonPageHeld = "PAGE_HELD"
+
+// Held is what a refused declaration found held (PageHeld).
+type Held struct {
+	// What is "page", "metadata slot", or a state type and "slot"; Index
+	// its index.
+	What  string
+	Index int32
+	// Holder is the room whose hand-off holds it; Draining: that room
+	// failed and waits for its prefill ranks' acknowledgements (its
+	// WatchRoom ends with pages_reusable once they are reusable).
+	Holder   uint64
+	Draining bool
+}
+
+// PageHeld reports whether err is the daemon's refusal of a declaration
+// (DeclareDestination, over the unary RPC or the engine session) that
+// names a page, metadata row or state slot another room's hand-off still
+// holds (FAILED_PRECONDITION with ErrorInfo reason PAGE_HELD), and what it
+// found held, and by whom.
+func PageHeld(err error) (Held, bool) {
+	var e *Error
+	if !errors.As(err, &e) || e.Code() != codes.FailedPrecondition {
+		return Held{}, false
+	}
+	for _, d := range e.st.Details() {
+		if ei, isInfo := d.(*errdetails.ErrorInfo); isInfo && ei.GetReason() == reasonPageHeld {
+			md := ei.GetMetadata()
+			h := Held{What: md["what"], Draining: md["draining"] == "true"}
+			idx, _ := strconv.ParseInt(md["index"], 10, 32)
+			h.Index = int32(idx)
+			h.Holder, _ = strconv.ParseUint(md["holder"], 10, 64)
+			return h, true
+		}
+	}
+	return Held{}, false
+}
+
 // unprefix rebuilds an open's refusal as OpenRoom gives it: the batch's
 // field prefix (open.rooms[i].) removed from each line of the message.
 func unprefix(err error, prefix string) error {

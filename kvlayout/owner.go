@@ -1,6 +1,9 @@
 package kvlayout
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Owner is who allocates a decode instance's KV pages (kv_pool.owner).
 type Owner uint8
@@ -31,14 +34,15 @@ func (o Owner) String() string {
 	return fmt.Sprintf("Owner(%d)", int(o))
 }
 
-// ParseOwner parses kv_pool.owner.
+// ParseOwner parses kv_pool.owner (case-insensitive, as kv_pool.kind).
 func ParseOwner(s string) (Owner, error) {
+	v := strings.ToLower(strings.TrimSpace(s))
 	for i, n := range ownerNames {
-		if n == s {
+		if n == v {
 			return Owner(i), nil
 		}
 	}
-	return 0, fmt.Errorf("unknown kv_pool.owner %q (allowed: daemon, engine)", s)
+	return 0, fmt.Errorf("unknown kv_pool.owner %q (allowed: daemon, engine): set daemon when the decode engine takes its pages from decodeplane (OpenRoom admits and allocates), engine when it allocates them itself and declares each room's destination (DeclareDestination)", s)
 }
 
 // MarshalText implements encoding.TextMarshaler.

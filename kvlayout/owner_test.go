@@ -2,6 +2,7 @@ package kvlayout
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -12,8 +13,14 @@ func TestOwnerParse(t *testing.T) {
 			t.Errorf("ParseOwner(%q) = %v, %v", n, o, err)
 		}
 	}
-	if _, err := ParseOwner("vllm"); err == nil || err.Error() != `unknown kv_pool.owner "vllm" (allowed: daemon, engine)` {
-		t.Errorf("ParseOwner(vllm) = %v, want the allowed values named", err)
+	for _, in := range []string{"Engine", " ENGINE "} {
+		if o, err := ParseOwner(in); err != nil || o != OwnerEngine {
+			t.Errorf("ParseOwner(%q) = %v, %v; want engine (case-insensitive, as kv_pool.kind)", in, o, err)
+		}
+	}
+	_, err := ParseOwner("vllm")
+	if err == nil || !strings.HasPrefix(err.Error(), `unknown kv_pool.owner "vllm" (allowed: daemon, engine): `) || !strings.Contains(err.Error(), "DeclareDestination") {
+		t.Errorf("ParseOwner(vllm) = %v, want the value, the allowed values and what each is for", err)
 	}
 }
 

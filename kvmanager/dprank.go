@@ -54,3 +54,19 @@ func (m *Manager) LookupDPRanks(addr string, rooms []uint64, hints map[uint64]in
 	}
 	return lk.Resolved, lk.Unresolved, nil
 }
+
+// BoundDPRanks answers rooms from the instance's bindings alone (BindRoom,
+// SGLang's register_dp_rank), as SGLang's bootstrap server answers
+// /query_dp_ranks: rooms bound within dp_rank.binding_ttl, in the order
+// asked, appended to out; rooms without a binding are left out, whatever
+// else would resolve them (registry.Registry.BoundDPRanks). LookupDPRanks
+// applies every rule. The observer counts the answers as binding
+// resolutions.
+func (m *Manager) BoundDPRanks(addr string, rooms []uint64, out []DPResolution) []DPResolution {
+	n := len(out)
+	out = m.reg.BoundDPRanks(addr, rooms, out)
+	if k := len(out) - n; k > 0 {
+		m.obs.DPRankResolvedN(DPRuleBinding, k)
+	}
+	return out
+}

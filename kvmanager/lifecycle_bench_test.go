@@ -13,7 +13,7 @@ import (
 	"github.com/decodeplane/decodeplane/transfer/sim"
 )
 
-// The domain benchmarks (issue 10): the room path without gRPC, over a real
+// The domain benchmarks: the room path without gRPC, over a real
 // prealloc ledger and the simulated engine with zero latency, no watcher
 // and the default (no-op) tracer.
 //
@@ -63,9 +63,19 @@ func benchRegister(b *testing.B, m *Manager, dec kvlayout.Config) RankID {
 
 // BenchmarkRoomLifecycle is one room's walk: OpenRoom, admission, the claim
 // (AwaitDestination + Delivered), one last chunk moved by the engine,
-// success, ReleaseRoom and the claim stream's end.
+// success, ReleaseRoom and the claim stream's end — with each page owner:
+// owner=daemon admits and allocates at OpenRoom; owner=engine opens the
+// room QUEUED and admits it with DeclareDestination into pages the decode
+// engine allocated (held in the hand-off ledger until the success).
 func BenchmarkRoomLifecycle(b *testing.B) {
+	for _, owner := range []kvlayout.Owner{kvlayout.OwnerDaemon, kvlayout.OwnerEngine} {
+		b.Run("owner="+owner.String(), func(b *testing.B) { benchLifecycle(b, owner) })
+	}
+}
+
+func benchLifecycle(b *testing.B, owner kvlayout.Owner) {
 	dec := kvlayout.DefaultConfig()
+	dec.Pool.Owner = owner
 	m := benchManager(b, dec, DefaultConfig())
 	rk := benchRegister(b, m, dec)
 	ctx := context.Background()
@@ -73,13 +83,34 @@ func BenchmarkRoomLifecycle(b *testing.B) {
 	for i := range rids {
 		rids[i] = fmt.Sprintf("rid-%d", i)
 	}
+	// The engine's destinations, allocated up front: 16 pages (1000
+	// tokens at 64 a page) and a row each, cycled (a room's hold ends at
+	// its success, before the next room's declaration).
+	decls := make([]Declaration, 256)
+	for k := range decls {
+		decls[k].MetadataSlot = int32(k)
+		for p := range int32(16) {
+			decls[k].Pages = append(decls[k].Pages, int32(k)*16+p)
+		}
+	}
+	want := PhaseAdmitted
+	if owner == kvlayout.OwnerEngine {
+		want = PhaseQueued
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {
 		room := uint64(i + 1)
 		s, _, err := m.OpenRoom(ctx, OpenRequest{RID: rids[i%len(rids)], Addr: addrA, Room: room, PrefillDP: -1, DecodeDP: -1, PromptLen: 1000, MaxNewTokens: 128})
-		if err != nil || s.Phase != PhaseAdmitted {
-			b.Fatalf("OpenRoom(%d) = %s, %v; want admitted", room, s.Phase, err)
+		if err != nil || s.Phase != want {
+			b.Fatalf("OpenRoom(%d) = %s, %v; want %s", room, s.Phase, err, want)
+		}
+		if owner == kvlayout.OwnerEngine {
+			d := decls[i%len(decls)]
+			d.Room = room
+			if s, _, err := m.DeclareDestination(d); err != nil || s.Phase != PhaseAdmitted {
+				b.Fatalf("DeclareDestination(%d) = %s, %v; want admitted", room, s.Phase, err)
+			}
 		}
 		c, err := m.AwaitDestination(room, rk)
 		if err != nil {

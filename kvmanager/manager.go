@@ -363,6 +363,18 @@ type Status struct {
 	Holds []ShardHolds
 }
 
+// HoldStats returns every shard's hand-off ledger when the decode engine
+// owns the pages (nil otherwise), each read under its own leaf lock only.
+func (m *Manager) HoldStats() []prealloc.HoldStats {
+	var out []prealloc.HoldStats
+	for _, sh := range m.shards {
+		if sh.holds != nil {
+			out = append(out, sh.holds.Stats())
+		}
+	}
+	return out
+}
+
 // ShardHolds is a shard's hand-off ledger (kv_pool.owner: engine), and
 // whether its engine has reported its capacity (ReportCapacity).
 type ShardHolds struct {

@@ -233,7 +233,10 @@ func (sh *shard) adoptInFlight(i int, d *ResyncRoom) error {
 		if errors.As(err, &fe) {
 			return invalid(at+fe.Field, "%s", fe.Msg)
 		}
-		return fmt.Errorf("%s: %w", at+"page_indices", err)
+		if errors.Is(err, prealloc.ErrHeld) {
+			m.obs.DeclarationRefused(sh.idx) // counted as the ledger counts it
+		}
+		return fmt.Errorf("%s: %w", at+heldField(err), err)
 	}
 	var owing []ranks.RankID
 	if inst, ok := m.reg.Instance(d.Addr); ok && inst.Complete && d.PrefillDP >= 0 && d.PrefillDP < inst.Topology.DP {
@@ -248,6 +251,19 @@ func (sh *shard) adoptInFlight(i int, d *ResyncRoom) error {
 	sh.insert(e)
 	sh.apply(e, &ef)
 	return nil
+}
+
+// heldField names the field of a hand-off in flight whose index another
+// room holds (a *prealloc.HeldError).
+func heldField(err error) string {
+	var he *prealloc.HeldError
+	switch {
+	case !errors.As(err, &he) || he.What == "page":
+		return "page_indices"
+	case he.What == "metadata slot":
+		return "metadata_slot"
+	}
+	return "state"
 }
 
 // adoptField names the ResyncRoom field a ledger refusal is about.

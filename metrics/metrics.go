@@ -155,7 +155,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rooms, m.finished, m.handoff, m.openToDest, m.destToSuccess, m.chunks, m.chunkDuration,
 		m.transferBytes, m.dpResolutions, m.admissionPasses, m.admissionBlocked, m.registrations,
-		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m}, capacityCollector{m},
+		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m}, capacityCollector{m}, holdsCollector{m},
 	)
 	reg.MustRegister(m.grpc.collectors()...)
 	reg.MustRegister(m.resync.collectors()...)
@@ -446,7 +446,7 @@ var (
 	descMeta    = prometheus.NewDesc("decodeplane_metadata_slots", "Metadata (aux) slots, by state.", []string{"dp_rank", "state"}, nil)
 	descState   = prometheus.NewDesc("decodeplane_state_slots", "Per-request state slots (Mamba) or SWA pages, by state.", []string{"dp_rank", "state"}, nil)
 	descQueue   = prometheus.NewDesc("decodeplane_admission_queue_depth", "Rooms waiting before admission, by stage (waiting: handshake not done; ready: waiting for KV).", []string{"dp_rank", "stage"}, nil)
-	descBlock   = prometheus.NewDesc("decodeplane_admission_blocked", "1 for the reason the last admission pass stopped (none when it emptied the queue).", []string{"dp_rank", "reason"}, nil)
+	descBlock   = prometheus.NewDesc("decodeplane_admission_blocked", "1 for the reason the last admission pass stopped (none when it emptied the queue; resync while admission waits for the decode engine's resync; engine_unreported while a decode engine that owns the pages has not reported its capacity).", []string{"dp_rank", "reason"}, nil)
 	descLedger  = prometheus.NewDesc("decodeplane_ledger_rooms", "Rooms in a shard's ledger after admission, by state.", []string{"dp_rank", "state"}, nil)
 	descPrefill = prometheus.NewDesc("decodeplane_prefill_instances", "Known prefill instances, by registration completeness.", []string{"state"}, nil)
 	descRing    = prometheus.NewDesc("decodeplane_staging_ring_bytes", "Staging ring bytes per decode rank, by state (used: allocated and not yet scattered; free).", []string{"dp_rank", "tp_rank", "state"}, nil)
@@ -470,8 +470,17 @@ func (c ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	g := func(d *prometheus.Desc, v int64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
 	}
+	// The head-of-line reason as GetStatus and the capacity feed read it
+	// (Manager.Capacity): the ledger's, or "resync" while admission waits
+	// for the engine's resync, or "engine_unreported" before an engine that
+	// owns the pages first reported its capacity.
+	caps := mgr.Capacity()
 	for _, st := range mgr.ShardStats() {
 		s := strconv.Itoa(st.Shard)
+		blocked := st.LastBlocked.String()
+		if st.Shard >= 0 && st.Shard < len(caps) {
+			blocked = caps[st.Shard].BlockedBy
+		}
 		g(descPages, st.Pages.Free, s, "free")
 		g(descPages, st.Pages.Used, s, "used")
 		g(descReq, st.ReqSlots.Free, s, "free")
@@ -484,7 +493,7 @@ func (c ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		g(descQueue, int64(st.Waiting), s, "waiting")
 		g(descQueue, int64(st.Ready), s, "ready")
-		g(descBlock, 1, s, st.LastBlocked.String())
+		g(descBlock, 1, s, blocked)
 		g(descLedger, int64(st.Admitted), s, "admitted")
 		g(descLedger, int64(st.Claimed), s, "claimed")
 		g(descLedger, int64(st.Running), s, "running")

@@ -3,6 +3,8 @@ package prealloc
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
@@ -35,6 +37,7 @@ type Holds struct {
 	pages []uint64 // page → the room holding it (0: none; room 0 is never a room)
 	meta  []uint64 // metadata row → room
 	state map[kvlayout.StateType][]uint64
+	types []kvlayout.StateType // the pool's state types, each declared once
 
 	rooms  map[uint64]*holding
 	queued int
@@ -99,7 +102,8 @@ func NewHolds(cfg kvlayout.Config, shard int) (*Holds, error) {
 		h.maxQueued = defaultMaxQueued
 	}
 	p := cfg.Pool
-	for _, st := range p.Kind.StateTypes() {
+	h.types = p.Kind.StateTypes()
+	for _, st := range h.types {
 		switch st {
 		case kvlayout.StateSWA:
 			h.state[st] = make([]uint64, max(p.SWA.TotalTokens/int64(p.PageSize), 0))
@@ -139,18 +143,13 @@ func (h *Holds) check(room uint64, d Declared) error {
 	if _, ok := h.rooms[room]; ok {
 		return fmt.Errorf("declare destination of room %d: %w", room, errRoomExists)
 	}
-	seen := make(map[int32]struct{}, len(d.Pages))
-	for i, p := range d.Pages {
-		if p < 0 || int(p) >= len(h.pages) {
-			return kvlayout.Invalidf(fmt.Sprintf("page_indices[%d]", i), "page %d is outside the pool's %d pages (allowed 0..%d)", p, len(h.pages), len(h.pages)-1)
-		}
-		if _, dup := seen[p]; dup {
-			return kvlayout.Invalidf(fmt.Sprintf("page_indices[%d]", i), "page %d is named twice", p)
-		}
-		seen[p] = struct{}{}
-		if holder := h.pages[p]; holder != 0 {
-			return h.heldError(room, "page", p, holder)
-		}
+	// The indices are marked with room in their tables while they are
+	// checked (a mark met again is an index named twice) and unmarked
+	// before returning: nothing is allocated, nothing changes.
+	n, err := h.mark(h.pages, d.Pages, room, "page_indices", "page", "the pool's %d pages")
+	defer unmark(h.pages, d.Pages[:n])
+	if err != nil {
+		return err
 	}
 	if d.MetadataSlot < 0 || int(d.MetadataSlot) >= len(h.meta) {
 		return kvlayout.Invalidf("metadata_slot", "%d is outside the pool's %d metadata slots (allowed 0..%d)", d.MetadataSlot, len(h.meta), len(h.meta)-1)
@@ -158,29 +157,66 @@ func (h *Holds) check(room uint64, d Declared) error {
 	if holder := h.meta[d.MetadataSlot]; holder != 0 {
 		return h.heldError(room, "metadata slot", d.MetadataSlot, holder)
 	}
+	for _, t := range h.types {
+		if !slices.ContainsFunc(d.State, func(s kvlayout.StateIndices) bool { return s.Type == t }) {
+			return kvlayout.Invalidf("state", "names no %s indices: the pool's kind holds %s state, declared once per type (one entry per state type of the pool)", t, stateTypeNames(h.types))
+		}
+	}
 	for si, s := range d.State {
 		tab, ok := h.state[s.Type]
 		if !ok {
-			return kvlayout.Invalidf(fmt.Sprintf("state[%d].type", si), "%s is not a state of this pool", s.Type)
+			return kvlayout.Invalidf(fmt.Sprintf("state[%d].type", si), "%s is not a state of this pool (its state types: %s)", s.Type, stateTypeNames(h.types))
 		}
 		if s.Type == kvlayout.StateDSA {
 			continue // the indexer's pages follow the KV pages, checked above
 		}
-		seen := make(map[int32]struct{}, len(s.Indices))
-		for i, v := range s.Indices {
-			if v < 0 || int(v) >= len(tab) {
-				return kvlayout.Invalidf(fmt.Sprintf("state[%d].indices[%d]", si, i), "%d is outside the pool's %d %s slots (allowed 0..%d)", v, len(tab), s.Type, len(tab)-1)
-			}
-			if _, dup := seen[v]; dup {
-				return kvlayout.Invalidf(fmt.Sprintf("state[%d].indices[%d]", si, i), "%d is named twice", v)
-			}
-			seen[v] = struct{}{}
-			if holder := tab[v]; holder != 0 {
-				return h.heldError(room, s.Type.String()+" slot", v, holder)
-			}
+		n, err := h.mark(tab, s.Indices, room, fmt.Sprintf("state[%d].indices", si), s.Type.String()+" slot", "the pool's %d "+s.Type.String()+" slots")
+		defer unmark(tab, s.Indices[:n])
+		if err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// mark checks idx against tab (the holder of each index): each in range,
+// none named twice, none held by another room. It marks the ones it
+// checked with room and returns how many (the caller unmarks them).
+func (h *Holds) mark(tab []uint64, idx []int32, room uint64, field, what, pool string) (int, error) {
+	for i, v := range idx {
+		if v < 0 || int(v) >= len(tab) {
+			return i, kvlayout.Invalidf(fmt.Sprintf("%s[%d]", field, i), "%s %d is outside "+pool+" (allowed 0..%d)", what, v, len(tab), len(tab)-1)
+		}
+		switch holder := tab[v]; holder {
+		case 0:
+			tab[v] = room
+		case room:
+			return i, kvlayout.Invalidf(fmt.Sprintf("%s[%d]", field, i), "%s %d is named twice", what, v)
+		default:
+			return i, h.heldError(room, what, v, holder)
+		}
+	}
+	return len(idx), nil
+}
+
+// unmark clears what mark marked.
+func unmark(tab []uint64, idx []int32) {
+	for _, v := range idx {
+		tab[v] = 0
+	}
+}
+
+// stateTypeNames lists state types for a message ("none" for a pool
+// without).
+func stateTypeNames(ts []kvlayout.StateType) string {
+	if len(ts) == 0 {
+		return "none"
+	}
+	names := make([]string, len(ts))
+	for i, t := range ts {
+		names[i] = t.String()
+	}
+	return strings.Join(names, ", ")
 }
 
 func (h *Holds) heldError(room uint64, what string, index int32, holder uint64) error {

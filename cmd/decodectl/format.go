@@ -185,6 +185,9 @@ func writeStatus(w io.Writer, st *pb.GetStatusResponse, health string, showConfi
 		fmt.Fprintf(tw, "Uptime:\t%s\n", uptime)
 		fmt.Fprintf(tw, "Transfer path:\t%s\n", st.GetTransferPath())
 		fmt.Fprintf(tw, "KV layout:\t%s\n", formatLayout(st.GetLayout()))
+		if o := formatOwner(st.GetLayout().GetPageOwner()); o != "" {
+			fmt.Fprintf(tw, "Page owner:\t%s\n", o)
+		}
 		fmt.Fprintf(tw, "Rooms:\t%s\n", formatRoomsByPhase(st.GetRoomsByPhase()))
 		if n := st.GetPendingClaims(); n > 0 {
 			fmt.Fprintf(tw, "Pending claims:\t%d (prefill claims waiting for rooms not opened yet)\n", n)
@@ -198,6 +201,12 @@ func writeStatus(w io.Writer, st *pb.GetStatusResponse, health string, showConfi
 		fmt.Fprintln(w, "No shards (the daemon serves no room manager).")
 	} else if err := writeShards(w, st.GetShards()); err != nil {
 		return err
+	}
+	if hasHolds(st.GetShards()) {
+		fmt.Fprintln(w)
+		if err := writeHolds(w, st.GetShards()); err != nil {
+			return err
+		}
 	}
 	fmt.Fprintln(w)
 	if len(st.GetPrefills()) == 0 {
@@ -251,6 +260,51 @@ func formatLayout(l *pb.KVLayout) string {
 		b.WriteString("; staging on")
 	}
 	return b.String()
+}
+
+// formatOwner says who allocates the pages (KVLayout.page_owner; "" from a
+// daemon that does not report it).
+func formatOwner(owner string) string {
+	switch owner {
+	case "":
+		return ""
+	case "daemon":
+		return "daemon (OpenRoom admits each room and chooses its pages)"
+	case "engine":
+		return "engine (the decode engine allocates each room's pages and declares them: DeclareDestination)"
+	}
+	return owner
+}
+
+// hasHolds reports whether a shard reports a hand-off ledger (the engine
+// owns the pages).
+func hasHolds(shards []*pb.ShardStatus) bool {
+	for _, s := range shards {
+		if s.GetHolds() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// writeHolds renders the hand-off ledger of each shard whose pages the
+// decode engine owns: the rooms waiting for their declaration, what the
+// declared rooms hold until their hand-off ends, the part of it draining,
+// the declarations refused because another room still held what they
+// named, and whether the engine reported its capacity.
+func writeHolds(w io.Writer, shards []*pb.ShardStatus) error {
+	fmt.Fprintln(w, "Hand-off ledger (pages the engine declared, held until each hand-off ends):")
+	return table(w, func(tw io.Writer) {
+		fmt.Fprint(tw, "SHARD\tWAITING FOR DECLARATION\tHELD ROOMS/PAGES\tDRAINING ROOMS/PAGES\tREFUSED (PAGE HELD)\tCAPACITY REPORTED\n")
+		for _, s := range shards {
+			h := s.GetHolds()
+			if h == nil {
+				continue
+			}
+			fmt.Fprintf(tw, "%d\t%d\t%d/%d\t%d/%d\t%d\t%s\n", s.GetDpRank(), h.GetQueued(), h.GetHeld(), h.GetHeldPages(),
+				h.GetDraining(), h.GetDrainingPages(), h.GetDeclarationsRefused(), yesNo(h.GetCapacityReported()))
+		}
+	})
 }
 
 // formatRoomsByPhase renders the room counts in lifecycle order ("3 total:

@@ -49,7 +49,12 @@ type benchOptions struct {
 	// api is how the fleet talks to the daemon: "stream" (one
 	// EngineSession for the decode engine, one PrefillSession per prefill
 	// rank) or "unary" (a call or a stream per step of every room).
-	api          string
+	api string
+	// pageOwner is who allocates the KV pages: "daemon" (OpenRoom admits
+	// and allocates) or "engine" (the bench's decode engine allocates from
+	// its own free lists and declares each room's destination:
+	// bench_owner.go).
+	pageOwner    string
 	rooms        int
 	roomsSet     bool
 	concurrency  int
@@ -153,6 +158,7 @@ Flags:
 	fs.StringVar(&o.metricsURL, "metrics-url", "", "with --target: the daemon's /metrics URL, to report its CPU and allocations per room (e.g. http://127.0.0.1:7601/metrics)")
 	fs.StringVar(&o.token, "token", "", "bootstrap token for mutating RPCs (default $DECODEPLANE_TOKEN; in-process: the configured server.auth_token)")
 	fs.StringVar(&o.api, "api", "stream", "how the fleet talks to the daemon: stream (the decode engine on one EngineSession, each prefill rank on one PrefillSession, every room multiplexed) or unary (OpenRoom, WatchRoom, ReleaseRoom; AwaitDestination, Transfer per room)")
+	fs.StringVar(&o.pageOwner, "page-owner", "daemon", "who allocates the KV pages: daemon (OpenRoom admits each room and chooses its pages) or engine (the bench's decode engine allocates each room's pages and metadata row from its own free lists and declares them, DeclareDestination; it gives them back at release, or once a failed room's pages are reusable); in-process it sets kv_pool.owner, with --target it must be the daemon's")
 	fs.IntVar(&o.rooms, "rooms", 10000, "rooms to measure (with --rate: a cap, none unless given)")
 	fs.IntVar(&o.concurrency, "concurrency", 256, "rooms in flight at most")
 	fs.IntVar(&o.prefillRanks, "prefill-ranks", 1, "prefill attention TP size: ranks per prefill DP group")
@@ -201,6 +207,9 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 	}
 	if o.api != "unary" && o.api != "stream" {
 		bad("--api %q: must be unary or stream", o.api)
+	}
+	if o.pageOwner != "daemon" && o.pageOwner != "engine" {
+		bad("--page-owner %q: must be daemon or engine", o.pageOwner)
 	}
 	if o.concurrency < 1 {
 		bad("--concurrency %d: must be >= 1", o.concurrency)
@@ -259,6 +268,9 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 		}
 		if o.visited["api"] {
 			bad("--api applies to the lifecycle; --queued opens its rooms with OpenRoom")
+		}
+		if o.visited["page-owner"] {
+			bad("--page-owner applies to the lifecycle; --queued measures rooms queued for the daemon's admission")
 		}
 		if o.target != "" && o.targetPID <= 0 {
 			bad("--queued --target %s needs --target-pid, the daemon's process id (its RSS is read from /proc/<pid>/status)", o.target)

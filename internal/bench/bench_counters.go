@@ -20,6 +20,7 @@ const (
 	benchReleaseRoom
 	benchGetRoom
 	benchAbortRoom
+	benchDeclareDestination
 	benchRegisterPrefill
 	benchHeartbeat
 	benchGetStatus
@@ -33,7 +34,7 @@ const (
 )
 
 var benchMethodNames = [benchNumMethods]string{
-	"OpenRoom", "WatchRoom", "AwaitDestination", "Transfer", "ReleaseRoom", "GetRoom", "AbortRoom",
+	"OpenRoom", "WatchRoom", "AwaitDestination", "Transfer", "ReleaseRoom", "GetRoom", "AbortRoom", "DeclareDestination",
 	"RegisterPrefill", "Heartbeat", "GetStatus", "Bench/Unary", "Bench/Stream",
 	"EngineSession", "PrefillSession", "Bench/Session", "other",
 }
@@ -46,6 +47,7 @@ var benchMethodIndex = map[string]int{
 	pb.Rooms_ReleaseRoom_FullMethodName:         benchReleaseRoom,
 	pb.Rooms_GetRoom_FullMethodName:             benchGetRoom,
 	pb.Rooms_AbortRoom_FullMethodName:           benchAbortRoom,
+	pb.Rooms_DeclareDestination_FullMethodName:  benchDeclareDestination,
 	pb.Bootstrap_RegisterPrefill_FullMethodName: benchRegisterPrefill,
 	pb.Bootstrap_Heartbeat_FullMethodName:       benchHeartbeat,
 	pb.Admin_GetStatus_FullMethodName:           benchGetStatus,
@@ -58,7 +60,7 @@ var benchMethodIndex = map[string]int{
 
 // The lifecycle's share of the counted RPCs: what one room costs on the wire.
 var (
-	benchRoomUnary   = []int{benchOpenRoom, benchTransfer, benchReleaseRoom, benchGetRoom, benchAbortRoom}
+	benchRoomUnary   = []int{benchOpenRoom, benchTransfer, benchReleaseRoom, benchGetRoom, benchAbortRoom, benchDeclareDestination}
 	benchRoomStreams = []int{benchWatchRoom, benchAwaitDestination}
 	// benchRoomSessions are the --api stream sessions: bidirectional, so
 	// the messages the client sends are counted too.

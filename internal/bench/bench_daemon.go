@@ -92,6 +92,9 @@ func benchLoadConfig(o *benchOptions, environ []string) (*config.Loaded, []error
 	if o.visited["sim-latency"] {
 		pairs = append(pairs, config.FlagSetting{Flag: "--sim-latency", Key: "transfer.sim.latency", Value: o.simLatency.String()})
 	}
+	if o.visited["page-owner"] {
+		pairs = append(pairs, config.FlagSetting{Flag: "--page-owner", Key: "kv_pool.owner", Value: o.pageOwner})
+	}
 	pairs = append(pairs, o.sets...)
 	// DECODEPLANE_CONFIG is the operator's daemon configuration; the bench's
 	// daemon takes a file only from --config.

@@ -123,6 +123,11 @@ func (b *benchRun) describe(s *benchSummary) {
 		api = "stream: the Go client's default transport: OpenAndWait, ReleaseRoom and AbortRoom on the decode engine's shared EngineSession (opens batched as a group commit, one event per room), SendRoom on each prefill rank's shared PrefillSession; a session that ends is re-opened and its rooms resumed by the client"
 	}
 	s.setup = append(s.setup, "api         "+api)
+	owner := "daemon: OpenRoom admits each room and chooses its pages"
+	if b.alloc != nil {
+		owner = "engine: the bench's decode engine allocates each room's pages and metadata row from its own free lists and declares them (OpenDeclareAndWait: on the engine session with --api stream, DeclareDestination with --api unary), frees them at release"
+	}
+	s.setup = append(s.setup, "page owner  "+owner)
 	s.setup = append(s.setup, fmt.Sprintf("load        %s; prompt %s, max new tokens %d, %s, seed %d", load, o.prompt.String(), o.maxNewTokens, chunks, o.seed))
 	s.machine = benchMachine{NumCPU: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), CPUModel: benchCPUModel(), GoVersion: runtime.Version()}
 	s.setup = append(s.setup, fmt.Sprintf("machine     %d CPUs (GOMAXPROCS %d), %s, %s", s.machine.NumCPU, s.machine.GOMAXPROCS, s.machine.CPUModel, s.machine.GoVersion))
@@ -308,6 +313,7 @@ func (s *benchSummary) gcShare() float64 {
 // benchJSON is the --json summary.
 type benchJSON struct {
 	API               string                      `json:"api"`
+	PageOwner         string                      `json:"page_owner"`
 	Mode              string                      `json:"mode"`
 	Target            string                      `json:"target"`
 	InProcess         bool                        `json:"in_process"`
@@ -356,7 +362,7 @@ type benchDaemonJSON struct {
 func (s *benchSummary) json() benchJSON {
 	lc := s.lifecycle
 	j := benchJSON{
-		API: s.o.api, Mode: "closed-loop", Target: s.target, InProcess: s.inProcess, Setup: s.setup, Machine: s.machine,
+		API: s.o.api, PageOwner: s.o.pageOwner, Mode: "closed-loop", Target: s.target, InProcess: s.inProcess, Setup: s.setup, Machine: s.machine,
 		RoomsOK: lc.ok, RoomsFailed: lc.failed, Interrupted: lc.interrupted,
 		WallSeconds: lc.wall.Seconds(), RoomsPerSecond: s.rps,
 		LatencyMS: map[string]benchPercentiles{

@@ -81,6 +81,9 @@ type benchRun struct {
 	decTP  uint32
 
 	failuresExpected bool
+	// alloc is the decode engine's allocator when it owns the pages
+	// (--page-owner engine; nil otherwise).
+	alloc *benchAlloc
 	// abandon ends when the bench gives up on the daemon (the watchdog
 	// found it unreachable): no room starts, the rooms in flight end.
 	abandon  context.Context
@@ -116,6 +119,11 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 	prefills, err := b.registerFleet(sctx, token)
 	if err != nil {
 		return nil, err
+	}
+	if b.alloc != nil {
+		if err := b.alloc.report(sctx, b.engine); err != nil {
+			return nil, err
+		}
 	}
 	hbCtx, hbCancel := context.WithCancel(context.Background())
 	b.hbCancel = hbCancel
@@ -170,6 +178,20 @@ func (b *benchRun) checkDaemon(ctx context.Context, admin *client.Admin) error {
 		}
 	}
 	b.decTP = max(1, st.GetLayout().GetAttnTpSize())
+	owner := st.GetLayout().GetPageOwner()
+	if owner == "" {
+		owner = "daemon" // a daemon older than kv_pool.owner
+	}
+	if owner != b.o.pageOwner {
+		return fmt.Errorf("the daemon at %s has kv_pool.owner %s: run the bench with --page-owner %s (or start the daemon with --page-owner %s)", b.tgt.addr, owner, owner, b.o.pageOwner)
+	}
+	if owner == "engine" {
+		a, err := newBenchAlloc(st)
+		if err != nil {
+			return err
+		}
+		b.alloc = a
+	}
 	return nil
 }
 
@@ -431,6 +453,12 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 		} else if opened && !errors.Is(err, client.ErrRoomFailed) {
 			b.abort(room, benchReason(err))
 		}
+		if b.alloc != nil && b.abandon.Err() == nil {
+			// The engine's pages come back once no rank may write into them.
+			if werr := b.alloc.end(b.engine, room, false, b.o.roomTimeout); werr != nil {
+				err = errors.Join(err, werr)
+			}
+		}
 		rec.fail(err)
 		if span != nil {
 			span.RecordError(err)
@@ -471,6 +499,20 @@ func (b *benchRun) roomSpan(ctx context.Context, room uint64, rid string, prompt
 // opened the room: it is aborted, an unknown room's abort being a harmless
 // NotFound).
 func (b *benchRun) decodeRoom(ctx context.Context, req *pb.OpenRoomRequest) (opened bool, tSucc int64, err error) {
+	if b.alloc != nil {
+		// The engine owns the pages: it declares the destination it
+		// allocated once the room waits for it (bench_owner.go), on either
+		// transport; a room it could not declare is aborted.
+		_, err = b.engine.OpenDeclareAndWait(ctx, req, b.alloc.declare)
+		tSucc = b.now()
+		if err == nil {
+			_, err = b.engine.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: req.GetRoom()})
+		}
+		if err == nil {
+			b.alloc.free(req.GetRoom()) // decoded and released: the engine's own again
+		}
+		return true, tSucc, err
+	}
 	if b.o.stream() {
 		_, err = b.engine.OpenAndWait(ctx, req)
 		opened = true

@@ -63,6 +63,7 @@ func NewFlags(name string, stderr io.Writer) *Flags {
 		{"metrics-listen", "server.metrics_listen", "Prometheus /metrics address (server.metrics_listen, default 127.0.0.1:7601; empty disables)"},
 		{"transfer-path", "transfer.path", "transfer path: sim or delegate (transfer.path)"},
 		{"agent", "transfer.delegate.target", "transfer agent address for the delegate path (transfer.delegate.target)"},
+		{"page-owner", "kv_pool.owner", "who allocates the KV pages: daemon (the default: OpenRoom admits and chooses each room's pages) or engine (the decode engine allocates them and declares each room's destination, DeclareDestination) (kv_pool.owner)"},
 		{"log-level", "log.level", "log level: debug, info, warn, error (log.level)"},
 		{"log-format", "log.format", "log format: text or json (log.format)"},
 		{"tls-cert", "server.tls.cert_file", "serve gRPC over TLS with this PEM certificate (server.tls.cert_file)"},

@@ -120,6 +120,30 @@ func (g *Registry) LookupDPRanks(addr string, rooms []uint64, hints map[uint64]i
 	return lk, nil
 }
 
+// BoundDPRanks answers rooms from the instance's binding table alone
+// (BindRoom, SGLang's register_dp_rank), as SGLang's bootstrap server
+// answers /query_dp_ranks: a room bound within the binding TTL is
+// resolved to its rank (Rule DPRuleBinding), every other room is left out
+// — whatever the instance's topology, and whether or not it is known or
+// complete — and no rule that the decode side can apply by itself
+// (dp_size 1, follow_bootstrap_room) is applied. The results are appended
+// to out in the order of rooms.
+func (g *Registry) BoundDPRanks(addr string, rooms []uint64, out []DPResolution) []DPResolution {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	tab := g.bindings[addr]
+	if len(tab) == 0 {
+		return out
+	}
+	now := g.cfg.Now()
+	for _, room := range rooms {
+		if b, ok := tab[room]; ok && now.Sub(b.at) < g.cfg.BindingTTL {
+			out = append(out, DPResolution{Room: room, DP: b.dp, Rule: DPRuleBinding})
+		}
+	}
+	return out
+}
+
 // ExpireBindings forgets the bindings older than the binding TTL.
 func (g *Registry) ExpireBindings() {
 	g.mu.Lock()

@@ -244,6 +244,49 @@ func TestExpireBindings(t *testing.T) {
 	})
 }
 
+// TestBoundDPRanks: what /query_dp_ranks answers is the binding table
+// alone, as SGLang's bootstrap server: a bound room (within the TTL) with
+// its rank, in the order asked; no room the decode side resolves by itself
+// (dp_size 1, follow_bootstrap_room), none of an unknown instance.
+// LookupDPRanks applies every rule.
+func TestBoundDPRanks(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(prefill{addr: addrA, dp: 2, lb: "round_robin"})
+		h.register(prefill{addr: addrB}) // dp_size 1
+		for _, b := range []struct {
+			addr string
+			room uint64
+			dp   int
+		}{{addrA, 7, 1}, {addrA, 3, 0}, {addrB, 9, 0}} {
+			if _, _, err := h.g.BindRoom(b.addr, b.room, b.dp); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := h.g.BoundDPRanks(addrA, []uint64{3, 5, 7}, nil)
+		if want := []DPResolution{{Room: 3, DP: 0, Rule: DPRuleBinding}, {Room: 7, DP: 1, Rule: DPRuleBinding}}; !slices.Equal(got, want) {
+			t.Errorf("BoundDPRanks(A, 3 5 7) = %+v, want %+v (room 5 unbound: left out)", got, want)
+		}
+		if got := h.g.BoundDPRanks(addrB, []uint64{8, 9}, nil); !slices.Equal(got, []DPResolution{{Room: 9, DP: 0, Rule: DPRuleBinding}}) {
+			t.Errorf("BoundDPRanks(B, 8 9) = %+v, want room 9 only: dp_size 1 resolves nothing here", got)
+		}
+		if lk, err := h.g.LookupDPRanks(addrB, []uint64{8}, nil); err != nil || len(lk.Resolved) != 1 || lk.Resolved[0].Rule != DPRuleSingleDP {
+			t.Errorf("LookupDPRanks(B, 8) = %+v, %v; want room 8 by the single-DP rule", lk, err)
+		}
+		if got := h.g.BoundDPRanks("10.9.9.9:1", []uint64{7}, nil); len(got) != 0 {
+			t.Errorf("BoundDPRanks(unknown instance) = %+v, want none", got)
+		}
+		out := make([]DPResolution, 1, 4)
+		if got := h.g.BoundDPRanks(addrA, []uint64{7}, out); len(got) != 2 || got[1].Room != 7 {
+			t.Errorf("BoundDPRanks appended %+v to a slice of one, want room 7 after it", got)
+		}
+		advance(120 * time.Second)
+		if got := h.g.BoundDPRanks(addrA, []uint64{3, 7}, nil); len(got) != 0 {
+			t.Errorf("BoundDPRanks after binding_ttl = %+v, want none: the bindings expired", got)
+		}
+	})
+}
+
 // TestCheckLivenessDiscountsTheDaemonsStall: a check that comes long after
 // the previous one (the daemon was paused: its ranks' beats wait in its
 // sockets) does not count the pause as the ranks' silence; a rank already

@@ -607,7 +607,7 @@ func (r *Room) CheckDeclaration(pages []int32, metaSlot int32, prefix int) (fill
 	case r.phase == PhaseWaitingPrefill || r.phase == PhaseResolvingDP:
 		return 0, false, fmt.Errorf("declare destination of room %d: %w: the room is still bootstrapping (phase %s, KVPoll.Bootstrapping): declare its destination once it waits for input (phase queued, KVPoll.WaitingForInput)", r.id, ErrWrongState, r.phase)
 	case r.phase != PhaseQueued:
-		if r.handoff != nil && r.metaSlot == metaSlot && slices.Equal(r.pages, pages) {
+		if r.handoff != nil && r.metaSlot == metaSlot && r.decodePrefix == prefix && slices.Equal(r.pages, pages) {
 			return r.fillLen, true, nil
 		}
 		return 0, false, fmt.Errorf("declare destination of room %d: %w: the room already has its destination (phase %s); a declaration is made once", r.id, ErrWrongState, r.phase)

@@ -667,7 +667,14 @@ type EngineResult struct {
 	//	*EngineResult_Abort
 	//	*EngineResult_Declare
 	//	*EngineResult_Capacity
-	Answer        isEngineResult_Answer `protobuf_oneof:"answer"`
+	Answer isEngineResult_Answer `protobuf_oneof:"answer"`
+	// reason and metadata are the google.rpc.ErrorInfo the unary RPC's
+	// status carries (domain "decodeplane.v1"), when it carries one: a
+	// declaration naming a page, row or slot another room's hand-off still
+	// holds is reason PAGE_HELD with metadata what, index, holder and
+	// draining (DeclareDestination). Empty otherwise.
+	Reason        string            `protobuf:"bytes,10,opt,name=reason,proto3" json:"reason,omitempty"`
+	Metadata      map[string]string `protobuf:"bytes,11,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -778,6 +785,20 @@ func (x *EngineResult) GetCapacity() *ReportCapacityResponse {
 		if x, ok := x.Answer.(*EngineResult_Capacity); ok {
 			return x.Capacity
 		}
+	}
+	return nil
+}
+
+func (x *EngineResult) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *EngineResult) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
 	}
 	return nil
 }
@@ -918,7 +939,7 @@ const file_decodeplane_v1_engine_session_proto_rawDesc = "" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x126\n" +
 	"\aresults\x18\x04 \x03(\v2\x1c.decodeplane.v1.EngineResultR\aresults\x12 \n" +
-	"\vincarnation\x18\x05 \x01(\x06R\vincarnation\"\xd8\x03\n" +
+	"\vincarnation\x18\x05 \x01(\x06R\vincarnation\"\xf5\x04\n" +
 	"\fEngineResult\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\x05R\x04code\x12\x18\n" +
@@ -929,7 +950,13 @@ const file_decodeplane_v1_engine_session_proto_rawDesc = "" +
 	"\arelease\x18\x06 \x01(\v2#.decodeplane.v1.ReleaseRoomResponseH\x00R\arelease\x129\n" +
 	"\x05abort\x18\a \x01(\v2!.decodeplane.v1.AbortRoomResponseH\x00R\x05abort\x12F\n" +
 	"\adeclare\x18\b \x01(\v2*.decodeplane.v1.DeclareDestinationResponseH\x00R\adeclare\x12D\n" +
-	"\bcapacity\x18\t \x01(\v2&.decodeplane.v1.ReportCapacityResponseH\x00R\bcapacityB\b\n" +
+	"\bcapacity\x18\t \x01(\v2&.decodeplane.v1.ReportCapacityResponseH\x00R\bcapacity\x12\x16\n" +
+	"\x06reason\x18\n" +
+	" \x01(\tR\x06reason\x12F\n" +
+	"\bmetadata\x18\v \x03(\v2*.decodeplane.v1.EngineResult.MetadataEntryR\bmetadata\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\b\n" +
 	"\x06answer\"h\n" +
 	"\x0fEngineRoomEvent\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x10\n" +
@@ -954,7 +981,7 @@ func file_decodeplane_v1_engine_session_proto_rawDescGZIP() []byte {
 }
 
 var file_decodeplane_v1_engine_session_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_decodeplane_v1_engine_session_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_decodeplane_v1_engine_session_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_decodeplane_v1_engine_session_proto_goTypes = []any{
 	(EngineEvents)(0),                  // 0: decodeplane.v1.EngineEvents
 	(*EngineRequest)(nil),              // 1: decodeplane.v1.EngineRequest
@@ -965,28 +992,29 @@ var file_decodeplane_v1_engine_session_proto_goTypes = []any{
 	(*EngineReply)(nil),                // 6: decodeplane.v1.EngineReply
 	(*EngineResult)(nil),               // 7: decodeplane.v1.EngineResult
 	(*EngineRoomEvent)(nil),            // 8: decodeplane.v1.EngineRoomEvent
-	(*ReleaseRoomRequest)(nil),         // 9: decodeplane.v1.ReleaseRoomRequest
-	(*AbortRoomRequest)(nil),           // 10: decodeplane.v1.AbortRoomRequest
-	(*DeclareDestinationRequest)(nil),  // 11: decodeplane.v1.DeclareDestinationRequest
-	(*ReportCapacityRequest)(nil),      // 12: decodeplane.v1.ReportCapacityRequest
-	(*OpenRoomRequest)(nil),            // 13: decodeplane.v1.OpenRoomRequest
-	(*durationpb.Duration)(nil),        // 14: google.protobuf.Duration
-	(*OpenRoomResponse)(nil),           // 15: decodeplane.v1.OpenRoomResponse
-	(*ReleaseRoomResponse)(nil),        // 16: decodeplane.v1.ReleaseRoomResponse
-	(*AbortRoomResponse)(nil),          // 17: decodeplane.v1.AbortRoomResponse
-	(*DeclareDestinationResponse)(nil), // 18: decodeplane.v1.DeclareDestinationResponse
-	(*ReportCapacityResponse)(nil),     // 19: decodeplane.v1.ReportCapacityResponse
-	(*RoomEvent)(nil),                  // 20: decodeplane.v1.RoomEvent
+	nil,                                // 9: decodeplane.v1.EngineResult.MetadataEntry
+	(*ReleaseRoomRequest)(nil),         // 10: decodeplane.v1.ReleaseRoomRequest
+	(*AbortRoomRequest)(nil),           // 11: decodeplane.v1.AbortRoomRequest
+	(*DeclareDestinationRequest)(nil),  // 12: decodeplane.v1.DeclareDestinationRequest
+	(*ReportCapacityRequest)(nil),      // 13: decodeplane.v1.ReportCapacityRequest
+	(*OpenRoomRequest)(nil),            // 14: decodeplane.v1.OpenRoomRequest
+	(*durationpb.Duration)(nil),        // 15: google.protobuf.Duration
+	(*OpenRoomResponse)(nil),           // 16: decodeplane.v1.OpenRoomResponse
+	(*ReleaseRoomResponse)(nil),        // 17: decodeplane.v1.ReleaseRoomResponse
+	(*AbortRoomResponse)(nil),          // 18: decodeplane.v1.AbortRoomResponse
+	(*DeclareDestinationResponse)(nil), // 19: decodeplane.v1.DeclareDestinationResponse
+	(*ReportCapacityResponse)(nil),     // 20: decodeplane.v1.ReportCapacityResponse
+	(*RoomEvent)(nil),                  // 21: decodeplane.v1.RoomEvent
 }
 var file_decodeplane_v1_engine_session_proto_depIdxs = []int32{
 	2,  // 0: decodeplane.v1.EngineRequest.open:type_name -> decodeplane.v1.EngineOpen
-	9,  // 1: decodeplane.v1.EngineRequest.release:type_name -> decodeplane.v1.ReleaseRoomRequest
-	10, // 2: decodeplane.v1.EngineRequest.abort:type_name -> decodeplane.v1.AbortRoomRequest
+	10, // 1: decodeplane.v1.EngineRequest.release:type_name -> decodeplane.v1.ReleaseRoomRequest
+	11, // 2: decodeplane.v1.EngineRequest.abort:type_name -> decodeplane.v1.AbortRoomRequest
 	3,  // 3: decodeplane.v1.EngineRequest.watch:type_name -> decodeplane.v1.EngineWatch
-	11, // 4: decodeplane.v1.EngineRequest.declare:type_name -> decodeplane.v1.DeclareDestinationRequest
-	12, // 5: decodeplane.v1.EngineRequest.capacity:type_name -> decodeplane.v1.ReportCapacityRequest
+	12, // 4: decodeplane.v1.EngineRequest.declare:type_name -> decodeplane.v1.DeclareDestinationRequest
+	13, // 5: decodeplane.v1.EngineRequest.capacity:type_name -> decodeplane.v1.ReportCapacityRequest
 	1,  // 6: decodeplane.v1.EngineRequest.more:type_name -> decodeplane.v1.EngineRequest
-	13, // 7: decodeplane.v1.EngineOpen.rooms:type_name -> decodeplane.v1.OpenRoomRequest
+	14, // 7: decodeplane.v1.EngineOpen.rooms:type_name -> decodeplane.v1.OpenRoomRequest
 	0,  // 8: decodeplane.v1.EngineOpen.events:type_name -> decodeplane.v1.EngineEvents
 	4,  // 9: decodeplane.v1.EngineWatch.rooms:type_name -> decodeplane.v1.EngineWatchRoom
 	0,  // 10: decodeplane.v1.EngineWatch.events:type_name -> decodeplane.v1.EngineEvents
@@ -994,20 +1022,21 @@ var file_decodeplane_v1_engine_session_proto_depIdxs = []int32{
 	8,  // 12: decodeplane.v1.EngineEvent.room:type_name -> decodeplane.v1.EngineRoomEvent
 	5,  // 13: decodeplane.v1.EngineEvent.more:type_name -> decodeplane.v1.EngineEvent
 	7,  // 14: decodeplane.v1.EngineReply.results:type_name -> decodeplane.v1.EngineResult
-	14, // 15: decodeplane.v1.EngineResult.retry_after:type_name -> google.protobuf.Duration
-	15, // 16: decodeplane.v1.EngineResult.open:type_name -> decodeplane.v1.OpenRoomResponse
-	16, // 17: decodeplane.v1.EngineResult.release:type_name -> decodeplane.v1.ReleaseRoomResponse
-	17, // 18: decodeplane.v1.EngineResult.abort:type_name -> decodeplane.v1.AbortRoomResponse
-	18, // 19: decodeplane.v1.EngineResult.declare:type_name -> decodeplane.v1.DeclareDestinationResponse
-	19, // 20: decodeplane.v1.EngineResult.capacity:type_name -> decodeplane.v1.ReportCapacityResponse
-	20, // 21: decodeplane.v1.EngineRoomEvent.event:type_name -> decodeplane.v1.RoomEvent
-	1,  // 22: decodeplane.v1.EngineSession.Session:input_type -> decodeplane.v1.EngineRequest
-	5,  // 23: decodeplane.v1.EngineSession.Session:output_type -> decodeplane.v1.EngineEvent
-	23, // [23:24] is the sub-list for method output_type
-	22, // [22:23] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	15, // 15: decodeplane.v1.EngineResult.retry_after:type_name -> google.protobuf.Duration
+	16, // 16: decodeplane.v1.EngineResult.open:type_name -> decodeplane.v1.OpenRoomResponse
+	17, // 17: decodeplane.v1.EngineResult.release:type_name -> decodeplane.v1.ReleaseRoomResponse
+	18, // 18: decodeplane.v1.EngineResult.abort:type_name -> decodeplane.v1.AbortRoomResponse
+	19, // 19: decodeplane.v1.EngineResult.declare:type_name -> decodeplane.v1.DeclareDestinationResponse
+	20, // 20: decodeplane.v1.EngineResult.capacity:type_name -> decodeplane.v1.ReportCapacityResponse
+	9,  // 21: decodeplane.v1.EngineResult.metadata:type_name -> decodeplane.v1.EngineResult.MetadataEntry
+	21, // 22: decodeplane.v1.EngineRoomEvent.event:type_name -> decodeplane.v1.RoomEvent
+	1,  // 23: decodeplane.v1.EngineSession.Session:input_type -> decodeplane.v1.EngineRequest
+	5,  // 24: decodeplane.v1.EngineSession.Session:output_type -> decodeplane.v1.EngineEvent
+	24, // [24:25] is the sub-list for method output_type
+	23, // [23:24] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_engine_session_proto_init() }
@@ -1042,7 +1071,7 @@ func file_decodeplane_v1_engine_session_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_engine_session_proto_rawDesc), len(file_decodeplane_v1_engine_session_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

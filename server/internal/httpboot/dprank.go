@@ -15,7 +15,6 @@ import (
 
 	"github.com/decodeplane/decodeplane/kvmanager"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
-	"github.com/decodeplane/decodeplane/server/internal/ops"
 )
 
 func (h *Routes) registerDPRank(w http.ResponseWriter, r *http.Request) {
@@ -102,18 +101,13 @@ func (h *Routes) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 		writeText(w, http.StatusBadRequest, badRequest(err))
 		return
 	}
-	// The domain call of Bootstrap.LookupDPRanks (no hints here), answered
-	// without the proto round trip: this is the hot read.
-	var o pyObject
-	res, _, err := h.m.LookupDPRanks(addr, rooms, nil)
-	if errors.Is(err, kvmanager.ErrPrefillNotFound) {
-		writeJSON(w, o.close()) // SGLang: an empty table answers {}
-		return
-	}
-	if err != nil {
-		writeStatus(w, ops.ToStatus(r.Context(), h.t.Log(), err))
-		return
-	}
+	// SGLang's bootstrap server answers the rooms its /register_dp_rank
+	// bound and omits every other room: the bindings alone (BindRoom's and
+	// /register_dp_rank's, one table), never the rules a decode applies by
+	// itself (dp_size 1, follow_bootstrap_room), which Bootstrap.LookupDPRanks
+	// applies. An unknown instance has no bindings: {}.
+	res := h.m.BoundDPRanks(addr, rooms, qb.res[:0])
+	qb.res = res
 	// The answer is written into the request's buffer (the body is parsed
 	// by now) and handed to w, which copies it before Write returns.
 	// A local slice (no pyObject field writes in the loop) keeps the
@@ -133,21 +127,24 @@ func (h *Routes) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, out)
 }
 
-// queryBufs are one /query_dp_ranks call's request/answer bytes and parsed
-// rooms, reused through queryPool.
+// queryBufs are one /query_dp_ranks call's request/answer bytes, parsed
+// rooms and answered bindings, reused through queryPool.
 type queryBufs struct {
 	b     []byte
 	rooms []uint64
+	res   []kvmanager.DPResolution
 }
 
-var queryPool = sync.Pool{New: func() any { return &queryBufs{b: make([]byte, 0, 2048), rooms: make([]uint64, 0, 64)} }}
+var queryPool = sync.Pool{New: func() any {
+	return &queryBufs{b: make([]byte, 0, 2048), rooms: make([]uint64, 0, 64), res: make([]kvmanager.DPResolution, 0, 64)}
+}}
 
 func getQueryBufs() *queryBufs { return queryPool.Get().(*queryBufs) }
 
 // putQueryBufs returns the buffers to the pool unless they grew past 64 KiB
 // (a rare large call does not pin its memory).
 func putQueryBufs(q *queryBufs) {
-	if cap(q.b) <= 64<<10 && cap(q.rooms) <= 8<<10 {
+	if cap(q.b) <= 64<<10 && cap(q.rooms) <= 8<<10 && cap(q.res) <= 8<<10 {
 		queryPool.Put(q)
 	}
 }

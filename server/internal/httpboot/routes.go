@@ -60,14 +60,13 @@ type Routes struct {
 
 // Prefills is what the routes read of the room manager besides the
 // table's ops: the registry's view of an instance and its ranks, the
-// heartbeat policy, and the DP-rank lookup of /query_dp_ranks, the hot
-// read, answered in SGLang's JSON without the proto round trip of
-// Bootstrap.LookupDPRanks.
+// heartbeat policy, and the bindings /query_dp_ranks answers from, the hot
+// read, answered in SGLang's JSON without a proto round trip.
 type Prefills interface {
 	PrefillInfo(addr string) (info kvmanager.PrefillServerInfo, ok bool)
 	RankEndpoint(rank kvmanager.RankID) (endpoint string, complete, ok bool)
 	HeartbeatPolicy() (time.Duration, int)
-	LookupDPRanks(addr string, rooms []uint64, hints map[uint64]int) ([]kvmanager.DPResolution, []uint64, error)
+	BoundDPRanks(addr string, rooms []uint64, out []kvmanager.DPResolution) []kvmanager.DPResolution
 }
 
 // Options configure New.

@@ -222,7 +222,11 @@ func (r *roomReader) watchRoom(ctx context.Context, req *pb.WatchRoomRequest, se
 			if err := send(roomEventToProto(ev, inc)); err != nil {
 				return err
 			}
-			if ev.Terminal {
+			// The stream's last event says the room's pages are reusable:
+			// the terminal event itself, or, for a room that failed while
+			// a prefill rank may still write into its pages, the step after
+			// it once its drain ended (rooms.proto, WatchRoom).
+			if ev.PagesReusable {
 				return nil
 			}
 		case <-ctx.Done():

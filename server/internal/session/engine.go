@@ -513,8 +513,8 @@ func (es *engineSession) refuse(res *pb.EngineResult, op string, err error) {
 }
 
 // answer records a room's answer from its table op's error (a status):
-// the code, the message and a RetryInfo's delay; failures are logged as a
-// failed unary call would be.
+// the code, the message, a RetryInfo's delay and an ErrorInfo's reason and
+// metadata; failures are logged as a failed unary call would be.
 func (es *engineSession) answer(ctx context.Context, res *pb.EngineResult, op string, err error) {
 	if err == nil {
 		es.count(op, codes.OK) // res is OK as made
@@ -523,8 +523,11 @@ func (es *engineSession) answer(ctx context.Context, res *pb.EngineResult, op st
 	st := status.Convert(err)
 	res.Code, res.Message = int32(st.Code()), st.Message()
 	for _, d := range st.Details() {
-		if ri, ok := d.(*errdetails.RetryInfo); ok {
-			res.RetryAfter = ri.GetRetryDelay()
+		switch d := d.(type) {
+		case *errdetails.RetryInfo:
+			res.RetryAfter = d.GetRetryDelay()
+		case *errdetails.ErrorInfo: // a held page's PAGE_HELD, as the unary RPC carries it
+			res.Reason, res.Metadata = d.GetReason(), d.GetMetadata()
 		}
 	}
 	es.count(op, st.Code())

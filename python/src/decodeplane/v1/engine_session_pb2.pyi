@@ -68,13 +68,22 @@ class EngineRequest(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., open: _Optional[_Union[EngineOpen, _Mapping]] = ..., release: _Optional[_Union[_rooms_pb2.ReleaseRoomRequest, _Mapping]] = ..., abort: _Optional[_Union[_rooms_pb2.AbortRoomRequest, _Mapping]] = ..., watch: _Optional[_Union[EngineWatch, _Mapping]] = ..., declare: _Optional[_Union[_rooms_pb2.DeclareDestinationRequest, _Mapping]] = ..., capacity: _Optional[_Union[_capacity_pb2.ReportCapacityRequest, _Mapping]] = ..., traceparent: _Optional[str] = ..., more: _Optional[_Iterable[_Union[EngineRequest, _Mapping]]] = ...) -> None: ...
 
 class EngineResult(_message.Message):
-    __slots__ = ["abort", "capacity", "code", "declare", "message", "open", "release", "retry_after", "room"]
+    __slots__ = ["abort", "capacity", "code", "declare", "message", "metadata", "open", "reason", "release", "retry_after", "room"]
+    class MetadataEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ABORT_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     CODE_FIELD_NUMBER: _ClassVar[int]
     DECLARE_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
     OPEN_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     RETRY_AFTER_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
@@ -83,11 +92,13 @@ class EngineResult(_message.Message):
     code: int
     declare: _rooms_pb2.DeclareDestinationResponse
     message: str
+    metadata: _containers.ScalarMap[str, str]
     open: _rooms_pb2.OpenRoomResponse
+    reason: str
     release: _rooms_pb2.ReleaseRoomResponse
     retry_after: _duration_pb2.Duration
     room: int
-    def __init__(self, room: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., open: _Optional[_Union[_rooms_pb2.OpenRoomResponse, _Mapping]] = ..., release: _Optional[_Union[_rooms_pb2.ReleaseRoomResponse, _Mapping]] = ..., abort: _Optional[_Union[_rooms_pb2.AbortRoomResponse, _Mapping]] = ..., declare: _Optional[_Union[_rooms_pb2.DeclareDestinationResponse, _Mapping]] = ..., capacity: _Optional[_Union[_capacity_pb2.ReportCapacityResponse, _Mapping]] = ...) -> None: ...
+    def __init__(self, room: _Optional[int] = ..., code: _Optional[int] = ..., message: _Optional[str] = ..., retry_after: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., open: _Optional[_Union[_rooms_pb2.OpenRoomResponse, _Mapping]] = ..., release: _Optional[_Union[_rooms_pb2.ReleaseRoomResponse, _Mapping]] = ..., abort: _Optional[_Union[_rooms_pb2.AbortRoomResponse, _Mapping]] = ..., declare: _Optional[_Union[_rooms_pb2.DeclareDestinationResponse, _Mapping]] = ..., capacity: _Optional[_Union[_capacity_pb2.ReportCapacityResponse, _Mapping]] = ..., reason: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class EngineRoomEvent(_message.Message):
     __slots__ = ["event", "room", "seq"]
