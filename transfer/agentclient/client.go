@@ -228,16 +228,23 @@ func (c *Client) Check(ctx context.Context) error {
 	}
 }
 
-// RegisterBuffers implements delegate.Agent.
+// RegisterBuffers implements delegate.Agent, in calls of at most
+// transferv1.MaxBuffers buffers (each all or none; registration is
+// idempotent, so a retry after a partial failure is safe).
 func (c *Client) RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferSpec) error {
-	_, err := c.api.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: agentwire.BuffersToProto(bufs)})
-	switch {
-	case err == nil:
-		return nil
-	case status.Code(err) == codes.Unavailable:
-		return unreachable("register buffers", err)
+	for len(bufs) > 0 {
+		n := min(len(bufs), transferv1.MaxBuffers)
+		_, err := c.api.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: agentwire.BuffersToProto(bufs[:n])})
+		switch {
+		case err == nil:
+		case status.Code(err) == codes.Unavailable:
+			return unreachable("register buffers", err)
+		default:
+			return fmt.Errorf("register buffers: %s", status.Convert(err).Message())
+		}
+		bufs = bufs[n:]
 	}
-	return fmt.Errorf("register buffers: %s", status.Convert(err).Message())
+	return nil
 }
 
 // CancelRoom implements delegate.Agent.

@@ -56,9 +56,14 @@ func (a *Agent) SetHold(fn func(kvcopy.Batch) bool) {
 	a.hold = fn
 }
 
-// RegisterBuffers registers buffers in the store.
+// RegisterBuffers registers buffers in the store, each in the memory its
+// spec names (agent memory, or a shared-memory file region).
 func (a *Agent) RegisterBuffers(_ context.Context, bufs []kvcopy.BufferSpec) error {
-	_, err := a.store.Register(bufs)
+	regs := make([]Registration, len(bufs))
+	for i, b := range bufs {
+		regs[i] = Registration{Spec: b, Memory: MemoryOf(b.Memory)}
+	}
+	_, err := a.store.RegisterMemory(regs)
 	return err
 }
 
