@@ -144,7 +144,9 @@ func layoutRows(t *testing.T, conn *grpc.ClientConn, rooms pb.RoomsClient) []con
 		row("cuda device 1024", func(r *req) {
 			r.Layout.Kv[0].Memory = &pb.EngineMemory{Kind: &pb.EngineMemory_CudaIpc{CudaIpc: &pb.EngineCudaIpc{Handle: make([]byte, 64), Device: 1024}}}
 		}, inv, "layout.kv[0].memory.cuda_ipc.device"),
-		row("empty nixl descriptor", func(r *req) { r.Layout.Kv[0].Memory = &pb.EngineMemory{Kind: &pb.EngineMemory_Nixl{Nixl: &pb.EngineNixl{}}} }, inv, "layout.kv[0].memory.nixl.serialized"),
+		row("empty nixl descriptor", func(r *req) {
+			r.Layout.Kv[0].Memory = &pb.EngineMemory{Kind: &pb.EngineMemory_Nixl{Nixl: &pb.EngineNixl{}}}
+		}, inv, "layout.kv[0].memory.nixl.serialized"),
 		utf8Row(t, conn, pb.Rooms_RegisterEngineLayout_FullMethodName, false, good, func(r *req) { r.Layout.Kv[0].Name = utf8Slot }, "layout.kv[0].name"),
 		rawRow(conn, pb.Rooms_RegisterEngineLayout_FullMethodName, false, []byte{0x1a, 0x05, 0x0a}, "layout: cannot be decoded"),
 	}

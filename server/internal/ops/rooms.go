@@ -222,9 +222,8 @@ func (r *roomReader) watchRoom(ctx context.Context, req *pb.WatchRoomRequest, se
 			if err := send(roomEventToProto(ev, inc)); err != nil {
 				return err
 			}
-			if ev.Terminal {
-				return nil
-			}
+			// The watcher closes after the room's last event: its terminal
+			// one, or the pages-reusable step that follows it.
 		case <-ctx.Done():
 			return ContextStatus(ctx.Err())
 		}
