@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
@@ -39,9 +40,10 @@ func layoutSpecs(l *kvlayout.BufferLayout) []kvcopy.BufferSpec {
 }
 
 // RegisterLayout implements transfer.LayoutRegistrar: it registers the
-// layout's buffers with the agent (all or none, in the engine's memory),
-// then keeps them with the decode buffers, registered again after every
-// health check. An agent that cannot be reached is
+// layout's buffers with the agent (all or none, in the engine's memory;
+// the call bounded by transfer.delegate.batch_timeout), then keeps them
+// with the decode buffers, registered again after every health check. An
+// agent that cannot be reached (or does not answer within the bound) is
 // transfer.ErrEngineUnavailable; a refusal (a file it cannot map, a name
 // known in other memory) is returned with the agent's reason.
 func (e *DelegateEngine) RegisterLayout(ctx context.Context, dp, tp int, l *kvlayout.BufferLayout) error {
@@ -50,7 +52,16 @@ func (e *DelegateEngine) RegisterLayout(ctx context.Context, dp, tp int, l *kvla
 		if up, reason := e.Ready(); !up {
 			return fmt.Errorf("%w: %s", transfer.ErrEngineUnavailable, reason)
 		}
-		if err := e.agent.RegisterBuffers(ctx, specs); err != nil {
+		rctx, cancel := context.WithTimeout(ctx, max(e.cfg.BatchTimeout, time.Second))
+		defer cancel()
+		err := e.agent.RegisterBuffers(rctx, specs)
+		if err != nil && ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err != nil && rctx.Err() != nil {
+			err = fmt.Errorf("%w: no answer within transfer.delegate.batch_timeout (%s)", ErrAgentUnreachable, e.cfg.BatchTimeout)
+		}
+		if err != nil {
 			if isUnreachable(err) {
 				e.markDown(err)
 				return fmt.Errorf("%w: register the decode engine's buffers: %v", transfer.ErrEngineUnavailable, err)

@@ -146,7 +146,8 @@ type RoomsClient interface {
 	//     A marker other than the room fails the room (METADATA_CORRUPTION,
 	//     SGLang's "Metadata corruption detected" message).
 	//   - ReportTransfer's bytes must equal the chunk's weight by the layout
-	//     (Destination.token_bytes and state_bytes); a mismatch is
+	//     (Destination.token_bytes and state_bytes; with the decode engine's
+	//     buffer layout page_bytes, aux_bytes and state_bytes); a mismatch is
 	//     INVALID_ARGUMENT (bytes) and changes nothing.
 	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// ReportTransfer records a chunk the prefill moved itself (as Mooncake
@@ -632,7 +633,8 @@ type RoomsServer interface {
 	//     A marker other than the room fails the room (METADATA_CORRUPTION,
 	//     SGLang's "Metadata corruption detected" message).
 	//   - ReportTransfer's bytes must equal the chunk's weight by the layout
-	//     (Destination.token_bytes and state_bytes); a mismatch is
+	//     (Destination.token_bytes and state_bytes; with the decode engine's
+	//     buffer layout page_bytes, aux_bytes and state_bytes); a mismatch is
 	//     INVALID_ARGUMENT (bytes) and changes nothing.
 	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
 	// ReportTransfer records a chunk the prefill moved itself (as Mooncake

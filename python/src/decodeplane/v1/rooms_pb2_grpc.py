@@ -238,7 +238,8 @@ class RoomsServicer(object):
         A marker other than the room fails the room (METADATA_CORRUPTION,
         SGLang's "Metadata corruption detected" message).
         - ReportTransfer's bytes must equal the chunk's weight by the layout
-        (Destination.token_bytes and state_bytes); a mismatch is
+        (Destination.token_bytes and state_bytes; with the decode engine's
+        buffer layout page_bytes, aux_bytes and state_bytes); a mismatch is
         INVALID_ARGUMENT (bytes) and changes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
