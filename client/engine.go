@@ -16,7 +16,8 @@ import (
 // lengths, retracts and resumes rooms, and re-declares its rooms after a
 // daemon restart (Resync). An engine that allocates its own pages
 // (kv_pool.owner: engine) declares each room's destination
-// (DeclareDestination) and reports its capacity (ReportCapacity).
+// (DeclareDestination), reports its capacity (ReportCapacity) and
+// registers its buffer layout (RegisterEngineLayout).
 // LookupDPRanks resolves rooms to prefill DP ranks. It holds no connection of its own: OpenAndWait's shared
 // EngineSession stream, like every call, belongs to its Client, whose
 // transport, retry policy, token and Close apply.
@@ -185,6 +186,23 @@ func (e *Engine) DeclareDestination(ctx context.Context, req *pb.DeclareDestinat
 		return resp, err
 	}
 	return invoke(ctx, c, pb.Rooms_DeclareDestination_FullMethodName, req, c.rooms.DeclareDestination)
+}
+
+// RegisterEngineLayout registers the buffers the decode engine keeps one
+// decode rank's rooms in, when it owns its pages (kv_pool.owner: engine):
+// per layer its K and V buffers with their item lengths, its aux buffers
+// with their row lengths and the marker column, its state buffers, and
+// where each one's bytes live (pb.EngineLayout). Register every TP rank's
+// layout of a decode DP shard before declaring a destination there. The
+// answer's LayoutId names it in destinations; the same layout again
+// answers Already. ErrInvalidArgument names the field (a buffer missing or
+// of the wrong size for kv_pool); ErrFailedPrecondition: the daemon owns
+// the pages, staging is on, a different layout while hand-offs of the shard
+// hold pages, or the transfer agent refused the buffers (its reason in the
+// message); ErrUnavailable: the agent is unreachable. Retried on
+// Unavailable.
+func (e *Engine) RegisterEngineLayout(ctx context.Context, req *pb.RegisterEngineLayoutRequest) (*pb.RegisterEngineLayoutResponse, error) {
+	return invoke(ctx, e.c, pb.Rooms_RegisterEngineLayout_FullMethodName, req, e.c.rooms.RegisterEngineLayout)
 }
 
 // ReportCapacity reports what the decode engine has free on one decode DP

@@ -30,10 +30,19 @@ func (c Chunk) Pages() []int32 {
 }
 
 // Bytes is what the chunk weighs by the decode layout, for this rank:
-// tokens x Destination.token_bytes, plus state_bytes on the last chunk. The
-// daemon refuses a ReportTransfer whose bytes differ from it.
+// tokens x Destination.token_bytes, plus state_bytes on the last chunk; when
+// the decode engine registered its buffer layout (Destination.page_bytes
+// set), its pages x page_bytes, plus aux_bytes and state_bytes on the last
+// chunk. The daemon refuses a ReportTransfer whose bytes differ from it.
 func (c Chunk) Bytes() uint64 {
 	d := c.Destination
+	if pb := d.GetPageBytes(); pb > 0 {
+		n := uint64(max(c.NumPages, 0)) * pb
+		if c.Last {
+			n += d.GetAuxBytes() + d.GetStateBytes()
+		}
+		return n
+	}
 	ps := int64(d.GetPageSize())
 	tokens := min(int64(c.PageOffset+c.NumPages)*ps, int64(d.GetFillLen())) - int64(c.PageOffset)*ps
 	n := uint64(max(tokens, 0)) * d.GetTokenBytes()

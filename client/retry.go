@@ -141,6 +141,8 @@ var retryTable = map[string]retryClass{
 	pb.Rooms_Resync_FullMethodName: retryNever,
 	// A repeated declaration answers already: the daemon deduplicates.
 	pb.Rooms_DeclareDestination_FullMethodName: retrySafe,
+	// The same layout again answers already: registration is idempotent.
+	pb.Rooms_RegisterEngineLayout_FullMethodName: retrySafe,
 
 	// Fleet: a read of the daemon's cached view.
 	pb.Fleet_GetFleet_FullMethodName: retrySafe,

@@ -92,7 +92,7 @@ func startChunk(m *Manager, ctx context.Context, req ChunkRequest, onEnd func(tr
 		return chunkRun{}, nil, answer{known: true, err: errNoChunkRoom(req)}
 	}
 	defer sh.unlock()
-	ef := sh.exec(e, room.ChunkBegin{Now: m.clock.Now(), Req: req, Via: room.ViaEngine})
+	ef := sh.exec(e, room.ChunkBegin{Now: m.clock.Now(), Req: req, Via: room.ViaEngine, Check: m.layouts.check})
 	if ef.Err != nil {
 		return chunkRun{}, nil, answer{known: true, err: ef.Err}
 	}

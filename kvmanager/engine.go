@@ -62,6 +62,10 @@ func (m *Manager) DeclareDestination(d Declaration) (snap RoomSnapshot, already 
 	if err != nil || already {
 		return e.snapshot(false, false), already, err
 	}
+	layouts, err := sh.declLayouts()
+	if err != nil {
+		return RoomSnapshot{}, false, err
+	}
 	if err := sh.holds.Declare(d.Room, prealloc.Declared{Pages: d.Pages, MetadataSlot: d.MetadataSlot, State: d.State}); err != nil {
 		if errors.Is(err, prealloc.ErrHeld) {
 			m.obs.DeclarationRefused(sh.idx)
@@ -69,7 +73,7 @@ func (m *Manager) DeclareDestination(d Declaration) (snap RoomSnapshot, already 
 		return RoomSnapshot{}, false, err
 	}
 	sh.exec(e, room.Admitted{Now: m.clock.Now(), Pages: d.Pages, FillLen: fill, MetadataSlot: d.MetadataSlot, State: d.State,
-		DecodePrefixLen: d.DecodePrefixLen, Staged: e.Staging() && m.stg.ringBytes() > 0})
+		DecodePrefixLen: d.DecodePrefixLen, Staged: e.Staging() && m.stg.ringBytes() > 0, Layouts: layouts})
 	return e.snapshot(false, false), false, nil
 }
 

@@ -65,6 +65,9 @@ type Manager struct {
 	dl  deadlines          // every deadline, one heap and one timer (deadline.go; own lock)
 	stg stagingState       // the staging handler (staging.go; own lock)
 	rs  resyncGate         // the engine resync wait (resync.go; own lock)
+	// layouts serializes the decode engine's layout registrations
+	// (layout.go); the layouts live in their shards.
+	layouts layoutBook
 
 	// openMu makes a room id unique across the shards: OpenRoom holds it
 	// (under the new room's shard lock) for the lookup and the insert only.
@@ -123,6 +126,9 @@ func New(cfg Config, dec kvlayout.Config, deps Deps) (*Manager, error) {
 		engine:  deps.Engine,
 		reg:     newRegistry(cfg, dec.Layout(), deps.Clock, deps.LeaseLiveness),
 		stg:     stagingState{s: staging.New(dec.Layout(), StagingRingBytes(dec)), layout: dec.Layout(), engine: deps.Engine},
+	}
+	if oc, ok := deps.Engine.(transfer.OpChecker); ok {
+		m.layouts.check = oc.CheckOp // made once: a chunk's check allocates nothing
 	}
 	m.params = &room.Params{
 		Layout: m.layout, Bootstrap: cfg.Timeouts.Bootstrap, Waiting: cfg.Timeouts.Waiting,

@@ -8,6 +8,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
@@ -54,6 +55,13 @@ type shard struct {
 	// address (counts.go), so that Status, InFlight and RoomsFor walk no room.
 	byPhase [room.PhaseHeld + 1]int
 	byAddr  map[string]*addrRooms
+	// layouts are the decode engine's buffer layouts by decode TP rank (nil
+	// until one is registered; replaced, never changed in place, so that a
+	// room keeps the slice it was declared with), layoutChanging is set
+	// while one is being registered (layout.go). Written under mu and
+	// Manager.layouts.mu.
+	layouts        []*kvlayout.BufferLayout
+	layoutChanging bool
 }
 
 // entry is the shard's record of one room: the room itself (pure state),

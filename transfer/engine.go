@@ -71,6 +71,26 @@ type ChunkSource struct {
 	Pages  []int32
 }
 
+// OpChecker is implemented by an engine that checks a chunk of a room
+// whose decode engine registered its buffer layout (ChunkOp.Engine) before
+// the room records it: the delegated engine checks the source the layout's
+// copies need (source.aux_row, source.state, aux.output_ids left empty).
+// The room calls it under its shard's lock; it must not block.
+type OpChecker interface {
+	// CheckOp returns nil or a *FieldError naming the request field.
+	CheckOp(op ChunkOp) error
+}
+
+// LayoutRegistrar is implemented by an engine that must know the decode
+// engine's buffers: the delegated engine registers them with its transfer
+// agent (their memory is the engine's) and again whenever it registers its
+// own buffers (after an agent restart).
+type LayoutRegistrar interface {
+	// RegisterLayout makes l the buffers of decode rank (dp, tp), all or
+	// nothing, replacing what the rank had (nil: none). Idempotent.
+	RegisterLayout(ctx context.Context, dp, tp int, l *kvlayout.BufferLayout) error
+}
+
 // FieldError is a chunk request field an engine refuses (ChunkChecker): the
 // domain's one field error (kvlayout.Invalid), answered as an invalid
 // argument naming Field.
@@ -129,6 +149,17 @@ type ChunkOp struct {
 	// Marker is the room marker to write into the metadata slot (0 = none).
 	Marker    uint64
 	OutputIDs []int32
+	// Engine are the buffer layouts the decode engine registered for the
+	// room's decode DP shard, index = decode TP rank
+	// (RegisterEngineLayout); empty: the decode ranks use decodeplane's own
+	// page-major buffers (transfer/kvcopy). A room keeps the layouts it
+	// was declared with.
+	Engine []*kvlayout.BufferLayout
+	// SrcAuxRow is the prefill's aux row (source.aux_row; -1: not given)
+	// and SrcState its state indices (source.state): with an engine
+	// layout the last chunk copies the aux rows and state items from them.
+	SrcAuxRow int32
+	SrcState  []kvlayout.StateIndices
 }
 
 // ScatterOp is one staged region to scatter into a room's pages.

@@ -11,8 +11,18 @@ func StageLayers(layers, n, stage int) (begin, end int) {
 
 // ChunkBytes is what a chunk moves over the wire from one prefill rank:
 // tokens x the rank's per-token weight, plus on the last chunk the
-// per-request state (RankWeights).
+// per-request state (RankWeights); with an engine layout (op.Engine), its
+// pages x the rank's page weight, plus on the last chunk the aux rows, the
+// marker and the state items (LayoutWeights).
 func ChunkBytes(op ChunkOp) int64 {
+	if len(op.Engine) > 0 {
+		page, aux, state := LayoutWeights(op.Engine, op.Layout, op.Targets, op.PrefillPP, op.Rank.PP, op.State)
+		total := int64(len(op.DestPages)) * page
+		if op.Last {
+			total += aux + state
+		}
+		return total
+	}
 	perToken, state := RankWeights(op.Layout, op.Targets, op.PrefillPP, op.Rank.PP)
 	total := int64(op.Tokens) * perToken
 	if op.Last {

@@ -87,6 +87,7 @@ type options struct {
 	reflection      bool
 	shutdownTimeout time.Duration
 	holdRooms       []uint64
+	holdPastCancel  bool
 	failRooms       []uint64
 	sharedDirs      []string
 	tls             tlsOptions
@@ -125,6 +126,7 @@ func parse(args []string, stderr io.Writer) (options, error) {
 	fs.BoolVar(&o.reflection, "reflection", true, "register gRPC server reflection")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on the graceful stop")
 	fs.Var(roomList{&o.holdRooms}, "fault-hold-rooms", "testing: accept the batches of these rooms (comma-separated) but never run them until cancelled or past their deadline")
+	fs.BoolVar(&o.holdPastCancel, "fault-hold-past-cancel", false, "testing: the batches --fault-hold-rooms holds ignore CancelRoom and end only at their deadline (an agent whose copies cannot be recalled); CancelRoom waits for them")
 	fs.Var(roomList{&o.failRooms}, "fault-fail-rooms", "testing: fail every batch of these rooms (comma-separated) with an injected error")
 	fs.StringVar(&o.tls.cert, "tls-cert", "", "serve TLS with this PEM certificate (chain)")
 	fs.StringVar(&o.tls.key, "tls-key", "", "the PEM private key of --tls-cert")
@@ -270,9 +272,10 @@ func newAgent(o options, log *slog.Logger) *hostmem.Agent {
 			if !slices.Contains(o.holdRooms, b.Room) {
 				return false
 			}
-			log.Info("batch held (--fault-hold-rooms)", "batch", b.ID, "room", b.Room)
+			log.Info("batch held (--fault-hold-rooms)", "batch", b.ID, "room", b.Room, "past_cancel", o.holdPastCancel)
 			return true
 		})
+		agent.SetHoldPastCancel(o.holdPastCancel)
 	}
 	if len(o.failRooms) > 0 {
 		log.Warn("fault injection: failing the batches of rooms", "rooms", o.failRooms)

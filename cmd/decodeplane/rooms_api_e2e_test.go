@@ -335,7 +335,7 @@ func TestRoomsE2EReflection(t *testing.T) {
 	}
 	want := map[string][]string{
 		"decodeplane.v1.Bootstrap": {"RegisterPrefill", "Heartbeat", "BindRoom", "LookupDPRanks"},
-		"decodeplane.v1.Rooms":     {"OpenRoom", "AwaitDestination", "Transfer", "ReportTransfer", "WatchRoom", "GetRoom", "AbortRoom", "ReleaseRoom", "ListRooms", "DeclareDestination"},
+		"decodeplane.v1.Rooms":     {"OpenRoom", "AwaitDestination", "Transfer", "ReportTransfer", "WatchRoom", "GetRoom", "AbortRoom", "ReleaseRoom", "ListRooms", "DeclareDestination", "RegisterEngineLayout"},
 		"decodeplane.v1.Capacity":  {"WatchCapacity", "ReportCapacity"},
 		// EngineSession.Session is the one bidirectional stream.
 		"decodeplane.v1.EngineSession":  {"Session"},

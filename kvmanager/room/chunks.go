@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/ranks"
 	"github.com/decodeplane/decodeplane/transfer"
 )
@@ -25,6 +26,11 @@ type ChunkRequest struct {
 	// Transfer only.
 	SrcBuffer string
 	SrcPages  []int32
+	// SrcAuxRow (source.aux_row; -1: not given) and SrcState
+	// (source.state) locate the last chunk's aux rows and state items on
+	// the prefill side, with the decode engine's buffer layout.
+	SrcAuxRow int32
+	SrcState  []kvlayout.StateIndices
 	Marker    uint64
 	OutputIDs []int32
 	// Attempt is the destination's attempt; 0 is not checked.
@@ -55,6 +61,10 @@ type ChunkBegin struct {
 	Now time.Time
 	Req ChunkRequest
 	Via Via
+	// Check is the engine's check of a chunk of a room with the decode
+	// engine's buffer layouts (transfer.OpChecker), called on the chunk's
+	// operation once the room validated it; nil: none.
+	Check func(transfer.ChunkOp) error
 }
 
 // ChunkStart is ChunkBegin's answer.
@@ -215,7 +225,7 @@ func (r *Room) chunkBegin(c ChunkBegin, e *Effects) {
 		e.Err = fmt.Errorf("chunk %d of room %d from %s: %w: this rank has not claimed the destination (call AwaitDestination first)", req.Index, r.id, req.Rank, ErrWrongState)
 		return
 	}
-	if e.Err = r.checkChunk(req, rp, c.Via == ViaReport); e.Err != nil {
+	if e.Err = r.checkChunk(req, rp, c.Via == ViaReport, c.Check); e.Err != nil {
 		return
 	}
 	if !rp.claimed {
@@ -254,7 +264,7 @@ func (r *Room) wroteBeforeClaim(e *Effects) {
 }
 
 // checkChunk validates a new chunk of rank rp; it changes nothing.
-func (r *Room) checkChunk(req ChunkRequest, rp *rankProgress, checkBytes bool) error {
+func (r *Room) checkChunk(req ChunkRequest, rp *rankProgress, checkBytes bool, check func(transfer.ChunkOp) error) error {
 	if req.NumPages < 0 || req.PageOffset < 0 || req.PageOffset+req.NumPages > len(r.pages) {
 		return invalid("page_offset", "pages [%d, %d) are outside the destination's %d pages", req.PageOffset, req.PageOffset+req.NumPages, len(r.pages))
 	}
@@ -281,6 +291,11 @@ func (r *Room) checkChunk(req ChunkRequest, rp *rankProgress, checkBytes bool) e
 	}
 	if req.Last && req.Marker == 0 {
 		return invalid("aux", "the last chunk of every prefill rank carries the room marker (aux.room_marker / metadata_room_marker), and chunk %d has none", req.Index)
+	}
+	if check != nil && len(r.layouts) > 0 {
+		if err := check(r.ChunkOp(req)); err != nil {
+			return err
+		}
 	}
 	if checkBytes {
 		// The bytes a prefill reports are checked against what the layout

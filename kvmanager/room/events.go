@@ -63,6 +63,9 @@ type Admitted struct {
 	DecodePrefixLen int
 	Resumed         bool
 	Staged          bool
+	// Layouts are the decode engine's buffer layouts of the shard (index =
+	// decode TP rank), kept by the room for its hand-off; nil: none.
+	Layouts []*kvlayout.BufferLayout
 }
 
 // Attach: a prefill rank's claim stream attached to the room
@@ -302,6 +305,7 @@ func (r *Room) admitted(a Admitted, e *Effects) {
 	r.metaSlot = a.MetadataSlot
 	r.state = cloneState(a.State)
 	r.decodePrefix = a.DecodePrefixLen
+	r.layouts = a.Layouts
 	if a.Resumed {
 		// The engine reloads the room's KV from its CPU copy: the room runs
 		// again, so that it can grow, be retracted again and be released.

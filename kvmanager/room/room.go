@@ -143,6 +143,10 @@ type handoff struct {
 	fillLen      int
 	state        []kvlayout.StateIndices
 	decodePrefix int
+	// layouts are the decode engine's buffer layouts of the room's shard
+	// when it was admitted (index = decode TP rank; nil: decodeplane's own
+	// buffers). A layout cannot change while a hand-off holds pages.
+	layouts []*kvlayout.BufferLayout
 
 	ranks *rankSet // required ranks seen this attempt, made on first use
 	// claimedN, doneN count required ranks claimed / done this attempt.
@@ -478,7 +482,12 @@ func (r *Room) Destination(k ranks.RankKey) *Destination {
 		d.Targets = rp.Targets()
 		d.Dummy = rp.Dummy()
 		d.RequiredDstInfoNum = rp.RequiredDstInfoNum()
-		d.TokenBytes, d.StateBytes = transfer.RankWeights(r.cfg.Layout, rp.Targets(), int(r.topo.pp), k.PP)
+		if h := r.handoff; h != nil && len(h.layouts) > 0 {
+			d.Layouts = h.layouts
+			d.PageBytes, d.AuxBytes, d.StateBytes = transfer.LayoutWeights(h.layouts, r.cfg.Layout, d.Targets, int(r.topo.pp), k.PP, h.state)
+		} else {
+			d.TokenBytes, d.StateBytes = transfer.RankWeights(r.cfg.Layout, rp.Targets(), int(r.topo.pp), k.PP)
+		}
 	}
 	if d.Dummy {
 		// Dummy targets get an empty destination, as SGLang sends empty
@@ -504,7 +513,10 @@ func (r *Room) ChunkOp(req ChunkRequest) transfer.ChunkOp {
 		DestPages: r.pages[req.PageOffset : req.PageOffset+req.NumPages], Tokens: max(tokens, 0),
 		SrcBuffer: req.SrcBuffer, SrcPages: req.SrcPages, Layout: r.cfg.Layout, DecodeDP: int(r.decodeDP),
 		Last: req.Last, MetadataSlot: r.metaSlot, Marker: req.Marker, OutputIDs: req.OutputIDs,
-		PrefillTP: int(r.topo.attnTP), PrefillPP: int(r.topo.pp),
+		PrefillTP: int(r.topo.attnTP), PrefillPP: int(r.topo.pp), SrcAuxRow: req.SrcAuxRow, SrcState: req.SrcState,
+	}
+	if r.handoff != nil {
+		op.Engine = r.handoff.layouts
 	}
 	if rpl := r.plan.Rank(req.Rank.Key()); rpl != nil {
 		op.Targets = rpl.Targets()

@@ -175,9 +175,17 @@ type Destination struct {
 	Staging            bool
 	Attempt            uint32
 	// TokenBytes and StateBytes weigh a chunk of this rank (transfer.RankWeights):
-	// tokens x TokenBytes, plus StateBytes with the last chunk.
+	// tokens x TokenBytes, plus StateBytes with the last chunk. With the
+	// decode engine's buffer layouts (Layouts) a chunk weighs its pages x
+	// PageBytes, plus AuxBytes and StateBytes with the last chunk
+	// (transfer.LayoutWeights), and TokenBytes is 0.
 	TokenBytes int64
 	StateBytes int64
+	PageBytes  int64
+	AuxBytes   int64
+	// Layouts are the decode engine's buffer layouts of the room's shard
+	// (index = decode TP rank; nil: decodeplane's own buffers).
+	Layouts []*kvlayout.BufferLayout
 }
 
 // Snapshot is a room's state at one moment.

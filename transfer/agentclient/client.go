@@ -228,16 +228,23 @@ func (c *Client) Check(ctx context.Context) error {
 	}
 }
 
-// RegisterBuffers implements delegate.Agent.
+// RegisterBuffers implements delegate.Agent, in calls of at most
+// transferv1.MaxBuffers buffers (each all or none; registration is
+// idempotent, so a retry after a partial failure is safe).
 func (c *Client) RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferSpec) error {
-	_, err := c.api.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: agentwire.BuffersToProto(bufs)})
-	switch {
-	case err == nil:
-		return nil
-	case status.Code(err) == codes.Unavailable:
-		return unreachable("register buffers", err)
+	for len(bufs) > 0 {
+		n := min(len(bufs), transferv1.MaxBuffers)
+		_, err := c.api.RegisterBuffers(ctx, &transferv1.RegisterBuffersRequest{Buffers: agentwire.BuffersToProto(bufs[:n])})
+		switch {
+		case err == nil:
+		case status.Code(err) == codes.Unavailable:
+			return unreachable("register buffers", err)
+		default:
+			return fmt.Errorf("register buffers: %s", status.Convert(err).Message())
+		}
+		bufs = bufs[n:]
 	}
-	return fmt.Errorf("register buffers: %s", status.Convert(err).Message())
+	return nil
 }
 
 // CancelRoom implements delegate.Agent.
@@ -296,14 +303,16 @@ func (c *Client) Execute(ctx context.Context, b kvcopy.Batch) error {
 		forget()
 		switch {
 		case ctx.Err() != nil:
-			c.cancelQuietly(ctx, b)
+			if cerr := c.cancelQuietly(ctx, b); cerr != nil {
+				return unconfirmed(b, c.target, cerr)
+			}
 			return ctx.Err()
 		case status.Code(err) == codes.Unavailable:
 			// The request may have reached the agent before the connection
 			// broke (its answer lost): the outcome is unknown, so this is not
 			// "nothing was written". Cancel it in case the agent is still
 			// there (it also fails it at its deadline).
-			c.cancelQuietly(ctx, b)
+			_ = c.cancelQuietly(ctx, b)
 			return fmt.Errorf("%w: submit batch %s to %s: %s (it may have been accepted)", delegate.ErrAgentLost, b.ID, c.target, status.Convert(err).Message())
 		}
 		return fmt.Errorf("the agent refused batch %s: %s", b.ID, status.Convert(err).Message())
@@ -316,19 +325,36 @@ func (c *Client) Execute(ctx context.Context, b kvcopy.Batch) error {
 		return err
 	case <-ctx.Done():
 		forget()
-		c.cancelQuietly(ctx, b)
+		if cerr := c.cancelQuietly(ctx, b); cerr != nil {
+			return unconfirmed(b, c.target, cerr)
+		}
 		return ctx.Err()
 	}
 }
 
+// cancelWait bounds the wait for a cancellation's confirmation.
+const cancelWait = 5 * time.Second
+
 // cancelQuietly cancels one batch at the agent and waits until none of its
-// copies is in flight (bounded; an unreachable agent writes nothing).
-func (c *Client) cancelQuietly(ctx context.Context, b kvcopy.Batch) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+// copies is in flight, at most cancelWait. An error: the agent did not
+// confirm it within the bound (it did not answer, or refused), so the
+// batch may still be writing.
+func (c *Client) cancelQuietly(ctx context.Context, b kvcopy.Batch) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cancelWait)
 	defer cancel()
-	if err := c.cancel(cctx, b.Room, b.ID); err != nil {
+	err := c.cancel(cctx, b.Room, b.ID)
+	if err != nil {
 		c.log.Warn("could not cancel a batch at the transfer agent", "batch", b.ID, "room", b.Room, "err", err)
 	}
+	return err
+}
+
+// unconfirmed is the error of a batch whose cancellation the agent did not
+// confirm: its outcome is unknown and it may write until its deadline
+// (delegate.ErrAgentLost, which keeps the room's pages out of use until
+// then).
+func unconfirmed(b kvcopy.Batch, target string, err error) error {
+	return fmt.Errorf("%w: batch %s was cancelled, but %s did not confirm it (%v): it may still write until its deadline", delegate.ErrAgentLost, b.ID, target, err)
 }
 
 // telemetryDefaults fills in what the caller left nil: the default logger, a

@@ -8,6 +8,7 @@ package agentwire
 import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
@@ -40,22 +41,55 @@ func BufferKindToProto(k kvcopy.BufferKind) transferv1.BufferKind {
 	return bufferKindWire[k]
 }
 
-// BuffersFromProto converts registered buffers from the wire.
+// BuffersFromProto converts registered buffers from the wire (their
+// memory: MemoryFromProto).
 func BuffersFromProto(in []*transferv1.Buffer) []kvcopy.BufferSpec {
 	out := make([]kvcopy.BufferSpec, len(in))
 	for i, b := range in {
-		out[i] = kvcopy.BufferSpec{Name: b.GetName(), Kind: BufferKindFromProto(b.GetKind()), Address: b.GetAddress(), Length: int64(b.GetLength()), ItemSize: int64(b.GetItemSize())}
+		out[i] = kvcopy.BufferSpec{Name: b.GetName(), Kind: BufferKindFromProto(b.GetKind()), Address: b.GetAddress(), Length: int64(b.GetLength()),
+			ItemSize: int64(b.GetItemSize()), Memory: MemoryFromProto(b.GetMemory())}
 	}
 	return out
 }
 
-// BuffersToProto converts buffer specs to the wire.
+// BuffersToProto converts buffer specs to the wire: agent memory is sent
+// as memory unset (what an agent older than the field reads the same).
 func BuffersToProto(in []kvcopy.BufferSpec) []*transferv1.Buffer {
 	out := make([]*transferv1.Buffer, len(in))
 	for i, b := range in {
-		out[i] = &transferv1.Buffer{Name: b.Name, Kind: BufferKindToProto(b.Kind), Address: b.Address, Length: uint64(b.Length), ItemSize: uint64(b.ItemSize)}
+		out[i] = &transferv1.Buffer{Name: b.Name, Kind: BufferKindToProto(b.Kind), Address: b.Address, Length: uint64(b.Length), ItemSize: uint64(b.ItemSize),
+			Memory: MemoryToProto(b.Memory)}
 	}
 	return out
+}
+
+// MemoryToProto converts a buffer's memory to the wire (nil for agent
+// memory).
+func MemoryToProto(m kvlayout.Memory) *transferv1.BufferMemory {
+	switch m.Kind {
+	case kvlayout.MemoryShared:
+		return &transferv1.BufferMemory{Kind: &transferv1.BufferMemory_Shared{Shared: &transferv1.SharedMemory{Path: m.Path, Offset: uint64(m.Offset)}}}
+	case kvlayout.MemoryCudaIPC:
+		return &transferv1.BufferMemory{Kind: &transferv1.BufferMemory_CudaIpc{CudaIpc: &transferv1.CudaIpc{Handle: m.Handle, Device: int32(m.Device)}}}
+	case kvlayout.MemoryNixl:
+		return &transferv1.BufferMemory{Kind: &transferv1.BufferMemory_Nixl{Nixl: &transferv1.NixlDescriptor{Serialized: m.Descriptor}}}
+	}
+	return nil
+}
+
+// MemoryFromProto converts a buffer's memory from the wire: unset (and a
+// memory without a kind, which the validator refuses first) is agent
+// memory.
+func MemoryFromProto(m *transferv1.BufferMemory) kvlayout.Memory {
+	switch k := m.GetKind().(type) {
+	case *transferv1.BufferMemory_Shared:
+		return kvlayout.Memory{Kind: kvlayout.MemoryShared, Path: k.Shared.GetPath(), Offset: int64(min(k.Shared.GetOffset(), transferv1.MaxExtent+1))}
+	case *transferv1.BufferMemory_CudaIpc:
+		return kvlayout.Memory{Kind: kvlayout.MemoryCudaIPC, Handle: k.CudaIpc.GetHandle(), Device: int(k.CudaIpc.GetDevice())}
+	case *transferv1.BufferMemory_Nixl:
+		return kvlayout.Memory{Kind: kvlayout.MemoryNixl, Descriptor: k.Nixl.GetSerialized()}
+	}
+	return kvlayout.Memory{}
 }
 
 // BatchFromProto converts a submitted batch from the wire.

@@ -83,16 +83,19 @@ type DelegateEngine struct {
 	seq     atomic.Uint64
 	wake    chan struct{}
 
-	mu     sync.Mutex
-	up     bool
-	reason string
-	probed bool // a first state has been published
+	mu      sync.Mutex
+	layouts map[[2]int][]kvcopy.BufferSpec // the decode engine's buffers per decode rank (dp, tp): RegisterLayout
+	up      bool
+	reason  string
+	probed  bool // a first state has been published
 }
 
 var (
-	_ transfer.Engine       = (*DelegateEngine)(nil)
-	_ transfer.Scatterer    = (*DelegateEngine)(nil)
-	_ transfer.ChunkChecker = (*DelegateEngine)(nil)
+	_ transfer.Engine          = (*DelegateEngine)(nil)
+	_ transfer.Scatterer       = (*DelegateEngine)(nil)
+	_ transfer.ChunkChecker    = (*DelegateEngine)(nil)
+	_ transfer.OpChecker       = (*DelegateEngine)(nil)
+	_ transfer.LayoutRegistrar = (*DelegateEngine)(nil)
 )
 
 // NewDelegateEngine builds the engine; it is not ready until Run's first
@@ -108,7 +111,7 @@ func NewDelegateEngine(cfg DelegateConfig, agent Agent, deps DelegateDeps) *Dele
 		deps.OnReadiness = func(bool, string) {}
 	}
 	return &DelegateEngine{cfg: cfg, agent: agent, buffers: deps.Buffers, onReady: deps.OnReadiness, clock: deps.Clock,
-		log: deps.Logger, wake: make(chan struct{}, 1), reason: "transfer agent not checked yet"}
+		log: deps.Logger, wake: make(chan struct{}, 1), reason: "transfer agent not checked yet", layouts: map[[2]int][]kvcopy.BufferSpec{}}
 }
 
 // Ready reports whether the agent is reachable, and why not.
@@ -142,7 +145,7 @@ func (e *DelegateEngine) probe(ctx context.Context) {
 	defer cancel()
 	err := e.agent.Check(cctx)
 	if err == nil {
-		if rerr := e.agent.RegisterBuffers(cctx, e.buffers); rerr != nil {
+		if rerr := e.agent.RegisterBuffers(cctx, e.registered()); rerr != nil {
 			err = fmt.Errorf("register the decode buffers: %w", rerr)
 		}
 	}
@@ -280,6 +283,9 @@ func metadataWrite(dp int, slot int32, marker uint64, ids []int32) (kvcopy.Inlin
 func TransferBatch(op transfer.ChunkOp) (kvcopy.Batch, error) {
 	l := op.Layout
 	b := kvcopy.Batch{ID: fmt.Sprintf("t/%d/%d/%d.%d.%d.%d/%d", op.Room, op.Attempt, op.Rank.DP, op.Rank.CP, op.Rank.TP, op.Rank.PP, op.ChunkIndex), Room: op.Room}
+	if len(op.Engine) > 0 {
+		return layoutBatch(op, b)
+	}
 	if len(op.DestPages) > 0 {
 		if op.SrcBuffer == "" {
 			return b, fmt.Errorf("chunk %d of room %d: the delegated path needs source.buffer (the prefill rank's KV buffer at the transfer agent)", op.ChunkIndex, op.Room)
@@ -400,6 +406,8 @@ func (e *DelegateEngine) CheckChunk(src transfer.ChunkSource) error {
 	}
 	return nil
 }
+
+func isUnreachable(err error) bool { return errors.Is(err, ErrAgentUnreachable) }
 
 func invalid(field, format string, args ...any) error {
 	return &transfer.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}

@@ -23,6 +23,9 @@ type Agent struct {
 	running map[uint64]map[*run]struct{}
 	fault   func(kvcopy.Batch) error
 	hold    func(kvcopy.Batch) bool
+	// pastCancel: a held batch ignores cancellation (CancelRoom) and ends
+	// only at its deadline or when the caller's context ends.
+	pastCancel bool
 }
 
 type run struct {
@@ -56,9 +59,24 @@ func (a *Agent) SetHold(fn func(kvcopy.Batch) bool) {
 	a.hold = fn
 }
 
-// RegisterBuffers registers buffers in the store.
+// SetHoldPastCancel makes the batches SetHold holds ignore cancellation
+// (testing: an agent whose copies in flight cannot be recalled): such a
+// batch ends only at its deadline, or when Execute's context ends, and
+// CancelRoom waits for it.
+func (a *Agent) SetHoldPastCancel(on bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pastCancel = on
+}
+
+// RegisterBuffers registers buffers in the store, each in the memory its
+// spec names (agent memory, or a shared-memory file region).
 func (a *Agent) RegisterBuffers(_ context.Context, bufs []kvcopy.BufferSpec) error {
-	_, err := a.store.Register(bufs)
+	regs := make([]Registration, len(bufs))
+	for i, b := range bufs {
+		regs[i] = Registration{Spec: b, Memory: MemoryOf(b.Memory)}
+	}
+	_, err := a.store.RegisterMemory(regs)
 	return err
 }
 
@@ -89,7 +107,7 @@ func (a *Agent) Execute(ctx context.Context, b kvcopy.Batch) error {
 		a.running[b.Room] = set
 	}
 	set[r] = struct{}{}
-	fault, hold := a.fault, a.hold
+	fault, hold, pastCancel := a.fault, a.hold, a.pastCancel
 	a.mu.Unlock()
 	defer func() {
 		a.mu.Lock()
@@ -107,8 +125,17 @@ func (a *Agent) Execute(ctx context.Context, b kvcopy.Batch) error {
 		}
 	}
 	if hold != nil && hold(b) {
-		<-rctx.Done()
-		return runErr(rctx, b)
+		wait := rctx
+		if pastCancel {
+			wait = ctx
+			if !b.Deadline.IsZero() {
+				var dcancel context.CancelFunc
+				wait, dcancel = context.WithDeadline(ctx, b.Deadline)
+				defer dcancel()
+			}
+		}
+		<-wait.Done()
+		return runErr(wait, b)
 	}
 	if _, err := a.store.Execute(rctx, b); err != nil {
 		if rctx.Err() != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
@@ -56,6 +57,20 @@ func (m Memory) String() string {
 		return fmt.Sprintf("shared memory %s at offset %d", m.Path, m.Offset)
 	}
 	return m.Kind.String() + " memory"
+}
+
+// MemoryOf is the store's memory for a buffer spec's (the GPU kinds keep
+// their kind only: the store refuses them).
+func MemoryOf(m kvlayout.Memory) Memory {
+	switch m.Kind {
+	case kvlayout.MemoryShared:
+		return Memory{Kind: MemoryShared, Path: m.Path, Offset: m.Offset}
+	case kvlayout.MemoryCudaIPC:
+		return Memory{Kind: MemoryCudaIPC}
+	case kvlayout.MemoryNixl:
+		return Memory{Kind: MemoryNixl}
+	}
+	return Memory{}
 }
 
 // Registration is a buffer and where its bytes live.

@@ -72,6 +72,10 @@ type BufferSpec struct {
 	Address  uint64
 	Length   int64
 	ItemSize int64
+	// Memory is where the bytes live: agent memory (the zero value, what
+	// decodeplane's own buffers use), or the decode engine's memory for the
+	// buffers of its registered layout.
+	Memory kvlayout.Memory
 }
 
 // Copy is a strided copy: Rows() rows of Length bytes, row i from

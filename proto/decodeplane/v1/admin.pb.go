@@ -674,6 +674,11 @@ type GetStatusResponse struct {
 	// until timeouts.bootstrap; at 8,192 a new one is refused
 	// RESOURCE_EXHAUSTED.
 	PendingClaims uint32 `protobuf:"varint,14,opt,name=pending_claims,json=pendingClaims,proto3" json:"pending_claims,omitempty"`
+	// engine_layouts are the buffer layouts the decode engine registered
+	// (Rooms.RegisterEngineLayout), by decode DP then TP rank, without their
+	// memory: what a prefill rank that writes by itself fetches once per
+	// DecodeTarget.layout_id.
+	EngineLayouts []*RegisteredEngineLayout `protobuf:"bytes,15,rep,name=engine_layouts,json=engineLayouts,proto3" json:"engine_layouts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -806,6 +811,13 @@ func (x *GetStatusResponse) GetPendingClaims() uint32 {
 	return 0
 }
 
+func (x *GetStatusResponse) GetEngineLayouts() []*RegisteredEngineLayout {
+	if x != nil {
+		return x.EngineLayouts
+	}
+	return nil
+}
+
 type DrainRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -891,7 +903,7 @@ var File_decodeplane_v1_admin_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x1adecodeplane/v1/admin.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bdecodeplane/v1/common.proto\"\x12\n" +
+	"\x1adecodeplane/v1/admin.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bdecodeplane/v1/common.proto\x1a\"decodeplane/v1/engine_layout.proto\"\x12\n" +
 	"\x10GetStatusRequest\"M\n" +
 	"\vConfigValue\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -953,7 +965,7 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\x04rank\x18\x01 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x128\n" +
 	"\n" +
 	"silent_for\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\tsilentFor\x12+\n" +
-	"\x11missed_heartbeats\x18\x03 \x01(\rR\x10missedHeartbeats\"\xcc\x05\n" +
+	"\x11missed_heartbeats\x18\x03 \x01(\rR\x10missedHeartbeats\"\x9b\x06\n" +
 	"\x11GetStatusResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x14\n" +
 	"\x05ready\x18\x02 \x01(\bR\x05ready\x12\x1c\n" +
@@ -970,7 +982,8 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\x06shards\x18\v \x03(\v2\x1b.decodeplane.v1.ShardStatusR\x06shards\x129\n" +
 	"\bprefills\x18\f \x03(\v2\x1d.decodeplane.v1.PrefillStatusR\bprefills\x12 \n" +
 	"\vincarnation\x18\r \x01(\x06R\vincarnation\x12%\n" +
-	"\x0epending_claims\x18\x0e \x01(\rR\rpendingClaims\x1a?\n" +
+	"\x0epending_claims\x18\x0e \x01(\rR\rpendingClaims\x12M\n" +
+	"\x0eengine_layouts\x18\x0f \x03(\v2&.decodeplane.v1.RegisteredEngineLayoutR\rengineLayouts\x1a?\n" +
 	"\x11RoomsByPhaseEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\rR\x05value:\x028\x01\"\x0e\n" +
@@ -995,20 +1008,21 @@ func file_decodeplane_v1_admin_proto_rawDescGZIP() []byte {
 
 var file_decodeplane_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_decodeplane_v1_admin_proto_goTypes = []any{
-	(*GetStatusRequest)(nil),      // 0: decodeplane.v1.GetStatusRequest
-	(*ConfigValue)(nil),           // 1: decodeplane.v1.ConfigValue
-	(*ShardStatus)(nil),           // 2: decodeplane.v1.ShardStatus
-	(*HandoffHolds)(nil),          // 3: decodeplane.v1.HandoffHolds
-	(*PrefillStatus)(nil),         // 4: decodeplane.v1.PrefillStatus
-	(*SilentRank)(nil),            // 5: decodeplane.v1.SilentRank
-	(*GetStatusResponse)(nil),     // 6: decodeplane.v1.GetStatusResponse
-	(*DrainRequest)(nil),          // 7: decodeplane.v1.DrainRequest
-	(*DrainResponse)(nil),         // 8: decodeplane.v1.DrainResponse
-	nil,                           // 9: decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
-	(*PrefillRank)(nil),           // 11: decodeplane.v1.PrefillRank
-	(*durationpb.Duration)(nil),   // 12: google.protobuf.Duration
-	(*KVLayout)(nil),              // 13: decodeplane.v1.KVLayout
+	(*GetStatusRequest)(nil),       // 0: decodeplane.v1.GetStatusRequest
+	(*ConfigValue)(nil),            // 1: decodeplane.v1.ConfigValue
+	(*ShardStatus)(nil),            // 2: decodeplane.v1.ShardStatus
+	(*HandoffHolds)(nil),           // 3: decodeplane.v1.HandoffHolds
+	(*PrefillStatus)(nil),          // 4: decodeplane.v1.PrefillStatus
+	(*SilentRank)(nil),             // 5: decodeplane.v1.SilentRank
+	(*GetStatusResponse)(nil),      // 6: decodeplane.v1.GetStatusResponse
+	(*DrainRequest)(nil),           // 7: decodeplane.v1.DrainRequest
+	(*DrainResponse)(nil),          // 8: decodeplane.v1.DrainResponse
+	nil,                            // 9: decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
+	(*timestamppb.Timestamp)(nil),  // 10: google.protobuf.Timestamp
+	(*PrefillRank)(nil),            // 11: decodeplane.v1.PrefillRank
+	(*durationpb.Duration)(nil),    // 12: google.protobuf.Duration
+	(*KVLayout)(nil),               // 13: decodeplane.v1.KVLayout
+	(*RegisteredEngineLayout)(nil), // 14: decodeplane.v1.RegisteredEngineLayout
 }
 var file_decodeplane_v1_admin_proto_depIdxs = []int32{
 	3,  // 0: decodeplane.v1.ShardStatus.holds:type_name -> decodeplane.v1.HandoffHolds
@@ -1023,15 +1037,16 @@ var file_decodeplane_v1_admin_proto_depIdxs = []int32{
 	9,  // 9: decodeplane.v1.GetStatusResponse.rooms_by_phase:type_name -> decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry
 	2,  // 10: decodeplane.v1.GetStatusResponse.shards:type_name -> decodeplane.v1.ShardStatus
 	4,  // 11: decodeplane.v1.GetStatusResponse.prefills:type_name -> decodeplane.v1.PrefillStatus
-	0,  // 12: decodeplane.v1.Admin.GetStatus:input_type -> decodeplane.v1.GetStatusRequest
-	7,  // 13: decodeplane.v1.Admin.Drain:input_type -> decodeplane.v1.DrainRequest
-	6,  // 14: decodeplane.v1.Admin.GetStatus:output_type -> decodeplane.v1.GetStatusResponse
-	8,  // 15: decodeplane.v1.Admin.Drain:output_type -> decodeplane.v1.DrainResponse
-	14, // [14:16] is the sub-list for method output_type
-	12, // [12:14] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	14, // 12: decodeplane.v1.GetStatusResponse.engine_layouts:type_name -> decodeplane.v1.RegisteredEngineLayout
+	0,  // 13: decodeplane.v1.Admin.GetStatus:input_type -> decodeplane.v1.GetStatusRequest
+	7,  // 14: decodeplane.v1.Admin.Drain:input_type -> decodeplane.v1.DrainRequest
+	6,  // 15: decodeplane.v1.Admin.GetStatus:output_type -> decodeplane.v1.GetStatusResponse
+	8,  // 16: decodeplane.v1.Admin.Drain:output_type -> decodeplane.v1.DrainResponse
+	15, // [15:17] is the sub-list for method output_type
+	13, // [13:15] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_admin_proto_init() }
@@ -1040,6 +1055,7 @@ func file_decodeplane_v1_admin_proto_init() {
 		return
 	}
 	file_decodeplane_v1_common_proto_init()
+	file_decodeplane_v1_engine_layout_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -209,7 +209,19 @@ func FuzzTransfer(f *testing.F) {
 		}
 		auxOK(b, m.GetAux(), m.GetLast())
 		b.need(m.GetAttempt() <= 1<<20, "attempt")
+		b.need(src == nil || src.AuxRow == nil || (m.GetLast() && src.GetAuxRow() < 1<<24), "source.aux_row on the last chunk, < 2^24")
+		b.need(len(src.GetState()) == 0 || (m.GetLast() && len(src.GetState()) <= 4), "source.state on the last chunk, <= 4 entries")
+		seen := map[StateType]bool{}
+		for _, s := range src.GetState() {
+			b.need(s.GetType() >= StateType_STATE_TYPE_MAMBA && s.GetType() <= StateType_STATE_TYPE_DSA && !seen[s.GetType()], "source.state[i].type defined, once")
+			seen[s.GetType()] = true
+			for _, v := range s.GetIndices() {
+				b.need(v >= 0, "source.state[i].indices >= 0")
+			}
+		}
 	}, &TransferRequest{Room: 5, Rank: seedRank, NumPages: 2, Last: true, Source: &TransferSource{Buffer: "p/kv", PageIndices: []int32{3, 4}}, Aux: &Aux{RoomMarker: 5, OutputIds: []int32{1}}},
+		&TransferRequest{Room: 5, Rank: seedRank, NumPages: 1, Last: true, Source: &TransferSource{Buffer: "p", PageIndices: []int32{3}, AuxRow: proto.Uint32(7),
+			State: []*StateIndices{{Type: StateType_STATE_TYPE_MAMBA, Indices: []int32{2}}}}, Aux: &Aux{RoomMarker: 5}},
 		&TransferRequest{Room: 5, Rank: seedRank, ChunkIndex: 1, PageOffset: 2, NumPages: 2, Attempt: 1})
 }
 

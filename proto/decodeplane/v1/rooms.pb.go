@@ -493,9 +493,14 @@ type DecodeTarget struct {
 	// compute_head_slice_params): send num_heads heads starting at
 	// src_head_start of the prefill rank's heads into dst_head_start of the
 	// decode rank's heads. Equal TP: the whole rank, starts 0.
-	SrcHeadStart  uint32 `protobuf:"varint,3,opt,name=src_head_start,json=srcHeadStart,proto3" json:"src_head_start,omitempty"`
-	DstHeadStart  uint32 `protobuf:"varint,4,opt,name=dst_head_start,json=dstHeadStart,proto3" json:"dst_head_start,omitempty"`
-	NumHeads      uint32 `protobuf:"varint,5,opt,name=num_heads,json=numHeads,proto3" json:"num_heads,omitempty"`
+	SrcHeadStart uint32 `protobuf:"varint,3,opt,name=src_head_start,json=srcHeadStart,proto3" json:"src_head_start,omitempty"`
+	DstHeadStart uint32 `protobuf:"varint,4,opt,name=dst_head_start,json=dstHeadStart,proto3" json:"dst_head_start,omitempty"`
+	NumHeads     uint32 `protobuf:"varint,5,opt,name=num_heads,json=numHeads,proto3" json:"num_heads,omitempty"`
+	// layout_id names the decode rank's registered buffer layout
+	// (RegisterEngineLayoutResponse.layout_id; its buffers, item lengths and
+	// marker in GetStatusResponse.engine_layouts: fetch it once per id);
+	// 0 when the rank uses decodeplane's own page-major buffers.
+	LayoutId      uint64 `protobuf:"fixed64,6,opt,name=layout_id,json=layoutId,proto3" json:"layout_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -565,6 +570,13 @@ func (x *DecodeTarget) GetNumHeads() uint32 {
 	return 0
 }
 
+func (x *DecodeTarget) GetLayoutId() uint64 {
+	if x != nil {
+		return x.LayoutId
+	}
+	return 0
+}
+
 // Destination tells a prefill rank where to write a room's KV.
 type Destination struct {
 	state        protoimpl.MessageState `protogen:"open.v1"`
@@ -597,14 +609,33 @@ type Destination struct {
 	// weighs tokens x token_bytes (+ state_bytes on the last chunk), where
 	// tokens = min((page_offset+num_pages) x page_size, fill_len) -
 	// page_offset x page_size. ReportTransferRequest.bytes must equal it.
+	// 0 when the targets have the decode engine's buffer layout (then
+	// page_bytes weighs the chunk).
 	TokenBytes uint64 `protobuf:"varint,14,opt,name=token_bytes,json=tokenBytes,proto3" json:"token_bytes,omitempty"`
-	// state_bytes is the per-request state (Mamba) the last chunk carries.
+	// state_bytes is the per-request state the last chunk carries: the Mamba
+	// state per target; with the decode engine's layout, per target the
+	// state buffers' items (item_len x one Mamba slot, x every declared SWA
+	// page) when this rank is of the last PP stage.
 	StateBytes uint64 `protobuf:"varint,15,opt,name=state_bytes,json=stateBytes,proto3" json:"state_bytes,omitempty"`
 	// incarnation is the incarnation of the daemon that handed out this
 	// destination (see RegisterPrefillResponse.incarnation); with attempt it
 	// is the destination's generation. Every request about the destination
 	// carries it back; a destination of an earlier incarnation is void.
-	Incarnation   uint64 `protobuf:"fixed64,16,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation uint64 `protobuf:"fixed64,16,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// page_bytes is set when the targets have the decode engine's buffer
+	// layout (DecodeTarget.layout_id): what this rank moves per destination
+	// page, over every non-dummy target, whole pages as SGLang copies them —
+	// the item_len of every KV buffer of the rank's PP stage (the model's
+	// layers of the stage; the draft model's from the last stage), or its
+	// head share, item_len x num_heads / heads per decode rank. A chunk of
+	// num_pages pages weighs num_pages x page_bytes, plus aux_bytes and
+	// state_bytes on the last chunk; ReportTransferRequest.bytes must equal
+	// it.
+	PageBytes uint64 `protobuf:"varint,17,opt,name=page_bytes,json=pageBytes,proto3" json:"page_bytes,omitempty"`
+	// aux_bytes is what the last chunk writes into the metadata row, per
+	// target: the 8-byte room marker, and for a rank of the last PP stage
+	// the row_len of every aux buffer but the marker's.
+	AuxBytes      uint64 `protobuf:"varint,18,opt,name=aux_bytes,json=auxBytes,proto3" json:"aux_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -747,6 +778,20 @@ func (x *Destination) GetStateBytes() uint64 {
 func (x *Destination) GetIncarnation() uint64 {
 	if x != nil {
 		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *Destination) GetPageBytes() uint64 {
+	if x != nil {
+		return x.PageBytes
+	}
+	return 0
+}
+
+func (x *Destination) GetAuxBytes() uint64 {
+	if x != nil {
+		return x.AuxBytes
 	}
 	return 0
 }
@@ -921,12 +966,30 @@ func (*DestinationEvent_Done) isDestinationEvent_Event() {}
 // delegated transfer path (ignored by the simulated path).
 type TransferSource struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// buffer is the prefill KV buffer's name at the transfer agent.
-	// bounds: at most 256 bytes.
+	// buffer is the prefill KV buffer's name at the transfer agent. When the
+	// room's targets have the decode engine's buffer layout
+	// (DecodeTarget.layout_id != 0) it is the prefix of the prefill rank's
+	// buffers' names instead: <buffer>/k/<layer>, <buffer>/v/<layer>,
+	// <buffer>/draft/k/<layer>, <buffer>/aux/<i>, <buffer>/state/<j>
+	// (decodeplane.transfer.v1, "Byte layouts"). bounds: at most 256 bytes
+	// (with a layout, at most 243: the longest name it begins must fit).
 	Buffer string `protobuf:"bytes,1,opt,name=buffer,proto3" json:"buffer,omitempty"`
 	// page_indices are the prefill-side pages, one per destination page of the
 	// chunk, in order. bounds: empty or exactly num_pages entries, each >= 0.
-	PageIndices   []int32 `protobuf:"varint,2,rep,packed,name=page_indices,json=pageIndices,proto3" json:"page_indices,omitempty"`
+	PageIndices []int32 `protobuf:"varint,2,rep,packed,name=page_indices,json=pageIndices,proto3" json:"page_indices,omitempty"`
+	// aux_row is the prefill's metadata row the last chunk's aux rows are
+	// copied from, with the decode engine's layout (required then, on the
+	// last chunk of a rank of the last PP stage, when the layout has aux
+	// buffers besides the marker's). bounds: unset, or 0..2^24-1 on the last
+	// chunk only.
+	AuxRow *uint32 `protobuf:"varint,3,opt,name=aux_row,json=auxRow,proto3,oneof" json:"aux_row,omitempty"`
+	// state are the prefill's state indices the last chunk's state items are
+	// copied from, with the decode engine's layout: per state type of the
+	// layout's state buffers exactly the items the room moves (one Mamba
+	// slot; one SWA index per declared SWA page). bounds: on the last chunk
+	// only, at most 4 entries, each type once, at most 2^24 indices each,
+	// each >= 0.
+	State         []*StateIndices `protobuf:"bytes,4,rep,name=state,proto3" json:"state,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -975,6 +1038,20 @@ func (x *TransferSource) GetPageIndices() []int32 {
 	return nil
 }
 
+func (x *TransferSource) GetAuxRow() uint32 {
+	if x != nil && x.AuxRow != nil {
+		return *x.AuxRow
+	}
+	return 0
+}
+
+func (x *TransferSource) GetState() []*StateIndices {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
 // Aux is what prefill writes into the metadata slot with the last chunk.
 // bounds: required on every rank's last chunk (last = true) and absent (or
 // empty) on the others.
@@ -984,7 +1061,9 @@ type Aux struct {
 	// bounds: not 0 on the last chunk (a marker other than the room is
 	// accepted at the wire and fails the room with METADATA_CORRUPTION).
 	RoomMarker uint64 `protobuf:"varint,1,opt,name=room_marker,json=roomMarker,proto3" json:"room_marker,omitempty"`
-	// bounds: at most 14 ids (a 64-byte slot after the 8-byte marker).
+	// bounds: at most 14 ids (a 64-byte slot after the 8-byte marker); none
+	// when the decode engine registered its buffer layout (the first output
+	// ids travel in its aux rows: TransferSource.aux_row).
 	OutputIds     []int32 `protobuf:"varint,2,rep,packed,name=output_ids,json=outputIds,proto3" json:"output_ids,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -3352,7 +3431,7 @@ var File_decodeplane_v1_rooms_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\n" +
-	"\x1adecodeplane/v1/rooms.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bdecodeplane/v1/common.proto\"\xd7\x01\n" +
+	"\x1adecodeplane/v1/rooms.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bdecodeplane/v1/common.proto\x1a\"decodeplane/v1/engine_layout.proto\"\xd7\x01\n" +
 	"\x19DeclareDestinationRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12!\n" +
 	"\fpage_indices\x18\x02 \x03(\x05R\vpageIndices\x12#\n" +
@@ -3385,13 +3464,14 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x17AwaitDestinationRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12/\n" +
 	"\x04rank\x18\x02 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12 \n" +
-	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"\xb3\x01\n" +
+	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"\xd0\x01\n" +
 	"\fDecodeTarget\x12$\n" +
 	"\x0edecode_tp_rank\x18\x01 \x01(\rR\fdecodeTpRank\x12\x14\n" +
 	"\x05dummy\x18\x02 \x01(\bR\x05dummy\x12$\n" +
 	"\x0esrc_head_start\x18\x03 \x01(\rR\fsrcHeadStart\x12$\n" +
 	"\x0edst_head_start\x18\x04 \x01(\rR\fdstHeadStart\x12\x1b\n" +
-	"\tnum_heads\x18\x05 \x01(\rR\bnumHeads\"\xcf\x04\n" +
+	"\tnum_heads\x18\x05 \x01(\rR\bnumHeads\x12\x1b\n" +
+	"\tlayout_id\x18\x06 \x01(\x06R\blayoutId\"\x8b\x05\n" +
 	"\vDestination\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12$\n" +
 	"\x0edecode_dp_rank\x18\x02 \x01(\rR\fdecodeDpRank\x12!\n" +
@@ -3411,7 +3491,10 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"tokenBytes\x12\x1f\n" +
 	"\vstate_bytes\x18\x0f \x01(\x04R\n" +
 	"stateBytes\x12 \n" +
-	"\vincarnation\x18\x10 \x01(\x06R\vincarnation\"g\n" +
+	"\vincarnation\x18\x10 \x01(\x06R\vincarnation\x12\x1d\n" +
+	"\n" +
+	"page_bytes\x18\x11 \x01(\x04R\tpageBytes\x12\x1b\n" +
+	"\taux_bytes\x18\x12 \x01(\x04R\bauxBytes\"g\n" +
 	"\bRoomDone\x12*\n" +
 	"\x04poll\x18\x01 \x01(\x0e2\x16.decodeplane.v1.KVPollR\x04poll\x12/\n" +
 	"\x05phase\x18\x02 \x01(\x0e2\x19.decodeplane.v1.RoomPhaseR\x05phase\"\xe4\x01\n" +
@@ -3420,10 +3503,14 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\afailure\x18\x02 \x01(\v2\x17.decodeplane.v1.FailureH\x00R\afailure\x12.\n" +
 	"\x04done\x18\x03 \x01(\v2\x18.decodeplane.v1.RoomDoneH\x00R\x04done\x12!\n" +
 	"\fack_required\x18\x04 \x01(\bR\vackRequiredB\a\n" +
-	"\x05event\"K\n" +
+	"\x05event\"\xa9\x01\n" +
 	"\x0eTransferSource\x12\x16\n" +
 	"\x06buffer\x18\x01 \x01(\tR\x06buffer\x12!\n" +
-	"\fpage_indices\x18\x02 \x03(\x05R\vpageIndices\"E\n" +
+	"\fpage_indices\x18\x02 \x03(\x05R\vpageIndices\x12\x1c\n" +
+	"\aaux_row\x18\x03 \x01(\rH\x00R\x06auxRow\x88\x01\x01\x122\n" +
+	"\x05state\x18\x04 \x03(\v2\x1c.decodeplane.v1.StateIndicesR\x05stateB\n" +
+	"\n" +
+	"\b_aux_row\"E\n" +
 	"\x03Aux\x12\x1f\n" +
 	"\vroom_marker\x18\x01 \x01(\x04R\n" +
 	"roomMarker\x12\x1d\n" +
@@ -3622,8 +3709,7 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\vRetractMode\x12\x1c\n" +
 	"\x18RETRACT_MODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14RETRACT_MODE_RETRACT\x10\x01\x12\x1c\n" +
-	"\x18RETRACT_MODE_REBOOTSTRAP\x10\x022\x9e\n" +
-	"\n" +
+	"\x18RETRACT_MODE_REBOOTSTRAP\x10\x022\x91\v\n" +
 	"\x05Rooms\x12M\n" +
 	"\bOpenRoom\x12\x1f.decodeplane.v1.OpenRoomRequest\x1a .decodeplane.v1.OpenRoomResponse\x12_\n" +
 	"\x10AwaitDestination\x12'.decodeplane.v1.AwaitDestinationRequest\x1a .decodeplane.v1.DestinationEvent0\x01\x12M\n" +
@@ -3640,7 +3726,8 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x06Resync\x12\x1d.decodeplane.v1.ResyncRequest\x1a\x1e.decodeplane.v1.ResyncResponse\x12S\n" +
 	"\n" +
 	"AckRoomEnd\x12!.decodeplane.v1.AckRoomEndRequest\x1a\".decodeplane.v1.AckRoomEndResponse\x12k\n" +
-	"\x12DeclareDestination\x12).decodeplane.v1.DeclareDestinationRequest\x1a*.decodeplane.v1.DeclareDestinationResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
+	"\x12DeclareDestination\x12).decodeplane.v1.DeclareDestinationRequest\x1a*.decodeplane.v1.DeclareDestinationResponse\x12q\n" +
+	"\x14RegisterEngineLayout\x12+.decodeplane.v1.RegisterEngineLayoutRequest\x1a,.decodeplane.v1.RegisterEngineLayoutResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 
 var (
 	file_decodeplane_v1_rooms_proto_rawDescOnce sync.Once
@@ -3657,56 +3744,58 @@ func file_decodeplane_v1_rooms_proto_rawDescGZIP() []byte {
 var file_decodeplane_v1_rooms_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_decodeplane_v1_rooms_proto_goTypes = []any{
-	(RetractMode)(0),                   // 0: decodeplane.v1.RetractMode
-	(*DeclareDestinationRequest)(nil),  // 1: decodeplane.v1.DeclareDestinationRequest
-	(*DeclareDestinationResponse)(nil), // 2: decodeplane.v1.DeclareDestinationResponse
-	(*OpenRoomRequest)(nil),            // 3: decodeplane.v1.OpenRoomRequest
-	(*OpenRoomResponse)(nil),           // 4: decodeplane.v1.OpenRoomResponse
-	(*AwaitDestinationRequest)(nil),    // 5: decodeplane.v1.AwaitDestinationRequest
-	(*DecodeTarget)(nil),               // 6: decodeplane.v1.DecodeTarget
-	(*Destination)(nil),                // 7: decodeplane.v1.Destination
-	(*RoomDone)(nil),                   // 8: decodeplane.v1.RoomDone
-	(*DestinationEvent)(nil),           // 9: decodeplane.v1.DestinationEvent
-	(*TransferSource)(nil),             // 10: decodeplane.v1.TransferSource
-	(*Aux)(nil),                        // 11: decodeplane.v1.Aux
-	(*TransferRequest)(nil),            // 12: decodeplane.v1.TransferRequest
-	(*TransferResponse)(nil),           // 13: decodeplane.v1.TransferResponse
-	(*ReportTransferRequest)(nil),      // 14: decodeplane.v1.ReportTransferRequest
-	(*ReportTransferResponse)(nil),     // 15: decodeplane.v1.ReportTransferResponse
-	(*WatchRoomRequest)(nil),           // 16: decodeplane.v1.WatchRoomRequest
-	(*RoomEvent)(nil),                  // 17: decodeplane.v1.RoomEvent
-	(*GetRoomRequest)(nil),             // 18: decodeplane.v1.GetRoomRequest
-	(*Room)(nil),                       // 19: decodeplane.v1.Room
-	(*RankCoverage)(nil),               // 20: decodeplane.v1.RankCoverage
-	(*AbortRoomRequest)(nil),           // 21: decodeplane.v1.AbortRoomRequest
-	(*AbortRoomResponse)(nil),          // 22: decodeplane.v1.AbortRoomResponse
-	(*ReleaseRoomRequest)(nil),         // 23: decodeplane.v1.ReleaseRoomRequest
-	(*ReleaseRoomResponse)(nil),        // 24: decodeplane.v1.ReleaseRoomResponse
-	(*ListRoomsRequest)(nil),           // 25: decodeplane.v1.ListRoomsRequest
-	(*ListRoomsResponse)(nil),          // 26: decodeplane.v1.ListRoomsResponse
-	(*RunningUsage)(nil),               // 27: decodeplane.v1.RunningUsage
-	(*ReportRunningRequest)(nil),       // 28: decodeplane.v1.ReportRunningRequest
-	(*GrownPages)(nil),                 // 29: decodeplane.v1.GrownPages
-	(*ReportRunningResponse)(nil),      // 30: decodeplane.v1.ReportRunningResponse
-	(*RetractRoomRequest)(nil),         // 31: decodeplane.v1.RetractRoomRequest
-	(*RetractRoomResponse)(nil),        // 32: decodeplane.v1.RetractRoomResponse
-	(*ContinueGenerationRequest)(nil),  // 33: decodeplane.v1.ContinueGenerationRequest
-	(*ContinueGenerationResponse)(nil), // 34: decodeplane.v1.ContinueGenerationResponse
-	(*ResumedRoom)(nil),                // 35: decodeplane.v1.ResumedRoom
-	(*ResyncRoom)(nil),                 // 36: decodeplane.v1.ResyncRoom
-	(*ResyncRequest)(nil),              // 37: decodeplane.v1.ResyncRequest
-	(*ResyncResponse)(nil),             // 38: decodeplane.v1.ResyncResponse
-	(*AckRoomEndRequest)(nil),          // 39: decodeplane.v1.AckRoomEndRequest
-	(*AckRoomEndResponse)(nil),         // 40: decodeplane.v1.AckRoomEndResponse
-	(*StateIndices)(nil),               // 41: decodeplane.v1.StateIndices
-	(*PrefillRank)(nil),                // 42: decodeplane.v1.PrefillRank
-	(KVPoll)(0),                        // 43: decodeplane.v1.KVPoll
-	(RoomPhase)(0),                     // 44: decodeplane.v1.RoomPhase
-	(*Failure)(nil),                    // 45: decodeplane.v1.Failure
-	(*durationpb.Duration)(nil),        // 46: google.protobuf.Duration
-	(*Transition)(nil),                 // 47: decodeplane.v1.Transition
-	(DPRankRule)(0),                    // 48: decodeplane.v1.DPRankRule
-	(*timestamppb.Timestamp)(nil),      // 49: google.protobuf.Timestamp
+	(RetractMode)(0),                     // 0: decodeplane.v1.RetractMode
+	(*DeclareDestinationRequest)(nil),    // 1: decodeplane.v1.DeclareDestinationRequest
+	(*DeclareDestinationResponse)(nil),   // 2: decodeplane.v1.DeclareDestinationResponse
+	(*OpenRoomRequest)(nil),              // 3: decodeplane.v1.OpenRoomRequest
+	(*OpenRoomResponse)(nil),             // 4: decodeplane.v1.OpenRoomResponse
+	(*AwaitDestinationRequest)(nil),      // 5: decodeplane.v1.AwaitDestinationRequest
+	(*DecodeTarget)(nil),                 // 6: decodeplane.v1.DecodeTarget
+	(*Destination)(nil),                  // 7: decodeplane.v1.Destination
+	(*RoomDone)(nil),                     // 8: decodeplane.v1.RoomDone
+	(*DestinationEvent)(nil),             // 9: decodeplane.v1.DestinationEvent
+	(*TransferSource)(nil),               // 10: decodeplane.v1.TransferSource
+	(*Aux)(nil),                          // 11: decodeplane.v1.Aux
+	(*TransferRequest)(nil),              // 12: decodeplane.v1.TransferRequest
+	(*TransferResponse)(nil),             // 13: decodeplane.v1.TransferResponse
+	(*ReportTransferRequest)(nil),        // 14: decodeplane.v1.ReportTransferRequest
+	(*ReportTransferResponse)(nil),       // 15: decodeplane.v1.ReportTransferResponse
+	(*WatchRoomRequest)(nil),             // 16: decodeplane.v1.WatchRoomRequest
+	(*RoomEvent)(nil),                    // 17: decodeplane.v1.RoomEvent
+	(*GetRoomRequest)(nil),               // 18: decodeplane.v1.GetRoomRequest
+	(*Room)(nil),                         // 19: decodeplane.v1.Room
+	(*RankCoverage)(nil),                 // 20: decodeplane.v1.RankCoverage
+	(*AbortRoomRequest)(nil),             // 21: decodeplane.v1.AbortRoomRequest
+	(*AbortRoomResponse)(nil),            // 22: decodeplane.v1.AbortRoomResponse
+	(*ReleaseRoomRequest)(nil),           // 23: decodeplane.v1.ReleaseRoomRequest
+	(*ReleaseRoomResponse)(nil),          // 24: decodeplane.v1.ReleaseRoomResponse
+	(*ListRoomsRequest)(nil),             // 25: decodeplane.v1.ListRoomsRequest
+	(*ListRoomsResponse)(nil),            // 26: decodeplane.v1.ListRoomsResponse
+	(*RunningUsage)(nil),                 // 27: decodeplane.v1.RunningUsage
+	(*ReportRunningRequest)(nil),         // 28: decodeplane.v1.ReportRunningRequest
+	(*GrownPages)(nil),                   // 29: decodeplane.v1.GrownPages
+	(*ReportRunningResponse)(nil),        // 30: decodeplane.v1.ReportRunningResponse
+	(*RetractRoomRequest)(nil),           // 31: decodeplane.v1.RetractRoomRequest
+	(*RetractRoomResponse)(nil),          // 32: decodeplane.v1.RetractRoomResponse
+	(*ContinueGenerationRequest)(nil),    // 33: decodeplane.v1.ContinueGenerationRequest
+	(*ContinueGenerationResponse)(nil),   // 34: decodeplane.v1.ContinueGenerationResponse
+	(*ResumedRoom)(nil),                  // 35: decodeplane.v1.ResumedRoom
+	(*ResyncRoom)(nil),                   // 36: decodeplane.v1.ResyncRoom
+	(*ResyncRequest)(nil),                // 37: decodeplane.v1.ResyncRequest
+	(*ResyncResponse)(nil),               // 38: decodeplane.v1.ResyncResponse
+	(*AckRoomEndRequest)(nil),            // 39: decodeplane.v1.AckRoomEndRequest
+	(*AckRoomEndResponse)(nil),           // 40: decodeplane.v1.AckRoomEndResponse
+	(*StateIndices)(nil),                 // 41: decodeplane.v1.StateIndices
+	(*PrefillRank)(nil),                  // 42: decodeplane.v1.PrefillRank
+	(KVPoll)(0),                          // 43: decodeplane.v1.KVPoll
+	(RoomPhase)(0),                       // 44: decodeplane.v1.RoomPhase
+	(*Failure)(nil),                      // 45: decodeplane.v1.Failure
+	(*durationpb.Duration)(nil),          // 46: google.protobuf.Duration
+	(*Transition)(nil),                   // 47: decodeplane.v1.Transition
+	(DPRankRule)(0),                      // 48: decodeplane.v1.DPRankRule
+	(*timestamppb.Timestamp)(nil),        // 49: google.protobuf.Timestamp
+	(*RegisterEngineLayoutRequest)(nil),  // 50: decodeplane.v1.RegisterEngineLayoutRequest
+	(*RegisterEngineLayoutResponse)(nil), // 51: decodeplane.v1.RegisterEngineLayoutResponse
 }
 var file_decodeplane_v1_rooms_proto_depIdxs = []int32{
 	41, // 0: decodeplane.v1.DeclareDestinationRequest.state:type_name -> decodeplane.v1.StateIndices
@@ -3720,71 +3809,74 @@ var file_decodeplane_v1_rooms_proto_depIdxs = []int32{
 	7,  // 8: decodeplane.v1.DestinationEvent.destination:type_name -> decodeplane.v1.Destination
 	45, // 9: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
 	8,  // 10: decodeplane.v1.DestinationEvent.done:type_name -> decodeplane.v1.RoomDone
-	42, // 11: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	10, // 12: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
-	11, // 13: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
-	46, // 14: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
-	43, // 15: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	42, // 16: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	43, // 17: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	19, // 18: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
-	47, // 19: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
-	48, // 20: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
-	43, // 21: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
-	44, // 22: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
-	45, // 23: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
-	49, // 24: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
-	49, // 25: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
-	47, // 26: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
-	20, // 27: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
-	19, // 28: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
-	44, // 29: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
-	19, // 30: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
-	27, // 31: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
-	29, // 32: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
-	46, // 33: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
-	0,  // 34: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
-	19, // 35: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
-	35, // 36: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
-	44, // 37: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
-	41, // 38: decodeplane.v1.ResyncRoom.state:type_name -> decodeplane.v1.StateIndices
-	36, // 39: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
-	42, // 40: decodeplane.v1.AckRoomEndRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	3,  // 41: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
-	5,  // 42: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
-	12, // 43: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
-	14, // 44: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
-	16, // 45: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
-	18, // 46: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
-	21, // 47: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
-	23, // 48: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
-	25, // 49: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
-	28, // 50: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
-	31, // 51: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
-	33, // 52: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
-	37, // 53: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
-	39, // 54: decodeplane.v1.Rooms.AckRoomEnd:input_type -> decodeplane.v1.AckRoomEndRequest
-	1,  // 55: decodeplane.v1.Rooms.DeclareDestination:input_type -> decodeplane.v1.DeclareDestinationRequest
-	4,  // 56: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
-	9,  // 57: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
-	13, // 58: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
-	15, // 59: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
-	17, // 60: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
-	19, // 61: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
-	22, // 62: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
-	24, // 63: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
-	26, // 64: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
-	30, // 65: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
-	32, // 66: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
-	34, // 67: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
-	38, // 68: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
-	40, // 69: decodeplane.v1.Rooms.AckRoomEnd:output_type -> decodeplane.v1.AckRoomEndResponse
-	2,  // 70: decodeplane.v1.Rooms.DeclareDestination:output_type -> decodeplane.v1.DeclareDestinationResponse
-	56, // [56:71] is the sub-list for method output_type
-	41, // [41:56] is the sub-list for method input_type
-	41, // [41:41] is the sub-list for extension type_name
-	41, // [41:41] is the sub-list for extension extendee
-	0,  // [0:41] is the sub-list for field type_name
+	41, // 11: decodeplane.v1.TransferSource.state:type_name -> decodeplane.v1.StateIndices
+	42, // 12: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	10, // 13: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
+	11, // 14: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
+	46, // 15: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
+	43, // 16: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	42, // 17: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	43, // 18: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	19, // 19: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
+	47, // 20: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
+	48, // 21: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
+	43, // 22: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
+	44, // 23: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
+	45, // 24: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
+	49, // 25: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
+	49, // 26: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
+	47, // 27: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
+	20, // 28: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
+	19, // 29: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
+	44, // 30: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
+	19, // 31: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
+	27, // 32: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
+	29, // 33: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
+	46, // 34: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
+	0,  // 35: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
+	19, // 36: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
+	35, // 37: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
+	44, // 38: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
+	41, // 39: decodeplane.v1.ResyncRoom.state:type_name -> decodeplane.v1.StateIndices
+	36, // 40: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
+	42, // 41: decodeplane.v1.AckRoomEndRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	3,  // 42: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
+	5,  // 43: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
+	12, // 44: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
+	14, // 45: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
+	16, // 46: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
+	18, // 47: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
+	21, // 48: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
+	23, // 49: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
+	25, // 50: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
+	28, // 51: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
+	31, // 52: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
+	33, // 53: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
+	37, // 54: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
+	39, // 55: decodeplane.v1.Rooms.AckRoomEnd:input_type -> decodeplane.v1.AckRoomEndRequest
+	1,  // 56: decodeplane.v1.Rooms.DeclareDestination:input_type -> decodeplane.v1.DeclareDestinationRequest
+	50, // 57: decodeplane.v1.Rooms.RegisterEngineLayout:input_type -> decodeplane.v1.RegisterEngineLayoutRequest
+	4,  // 58: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
+	9,  // 59: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
+	13, // 60: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
+	15, // 61: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
+	17, // 62: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
+	19, // 63: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
+	22, // 64: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
+	24, // 65: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
+	26, // 66: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
+	30, // 67: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
+	32, // 68: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
+	34, // 69: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
+	38, // 70: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
+	40, // 71: decodeplane.v1.Rooms.AckRoomEnd:output_type -> decodeplane.v1.AckRoomEndResponse
+	2,  // 72: decodeplane.v1.Rooms.DeclareDestination:output_type -> decodeplane.v1.DeclareDestinationResponse
+	51, // 73: decodeplane.v1.Rooms.RegisterEngineLayout:output_type -> decodeplane.v1.RegisterEngineLayoutResponse
+	58, // [58:74] is the sub-list for method output_type
+	42, // [42:58] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_rooms_proto_init() }
@@ -3793,12 +3885,14 @@ func file_decodeplane_v1_rooms_proto_init() {
 		return
 	}
 	file_decodeplane_v1_common_proto_init()
+	file_decodeplane_v1_engine_layout_proto_init()
 	file_decodeplane_v1_rooms_proto_msgTypes[2].OneofWrappers = []any{}
 	file_decodeplane_v1_rooms_proto_msgTypes[8].OneofWrappers = []any{
 		(*DestinationEvent_Destination)(nil),
 		(*DestinationEvent_Failure)(nil),
 		(*DestinationEvent_Done)(nil),
 	}
+	file_decodeplane_v1_rooms_proto_msgTypes[9].OneofWrappers = []any{}
 	file_decodeplane_v1_rooms_proto_msgTypes[18].OneofWrappers = []any{}
 	file_decodeplane_v1_rooms_proto_msgTypes[35].OneofWrappers = []any{}
 	type x struct{}

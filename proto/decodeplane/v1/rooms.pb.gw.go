@@ -557,6 +557,33 @@ func local_request_Rooms_DeclareDestination_0(ctx context.Context, marshaler run
 	return msg, metadata, err
 }
 
+func request_Rooms_RegisterEngineLayout_0(ctx context.Context, marshaler runtime.Marshaler, client RoomsClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq RegisterEngineLayoutRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.RegisterEngineLayout(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_Rooms_RegisterEngineLayout_0(ctx context.Context, marshaler runtime.Marshaler, server RoomsServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq RegisterEngineLayoutRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.RegisterEngineLayout(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 // RegisterRoomsHandlerServer registers the http handlers for service Rooms to "mux".
 // UnaryRPC     :call RoomsServer directly.
 // StreamingRPC :currently unsupported pending https://github.com/grpc/grpc-go/issues/906.
@@ -883,6 +910,26 @@ func RegisterRoomsHandlerServer(ctx context.Context, mux *runtime.ServeMux, serv
 			return
 		}
 		forward_Rooms_DeclareDestination_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodPost, pattern_Rooms_RegisterEngineLayout_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/decodeplane.v1.Rooms/RegisterEngineLayout", runtime.WithHTTPPathPattern("/decodeplane.v1.Rooms/RegisterEngineLayout"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_Rooms_RegisterEngineLayout_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_Rooms_RegisterEngineLayout_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 
 	return nil
@@ -1230,47 +1277,66 @@ func RegisterRoomsHandlerClient(ctx context.Context, mux *runtime.ServeMux, clie
 		}
 		forward_Rooms_DeclareDestination_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_Rooms_RegisterEngineLayout_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/decodeplane.v1.Rooms/RegisterEngineLayout", runtime.WithHTTPPathPattern("/decodeplane.v1.Rooms/RegisterEngineLayout"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_Rooms_RegisterEngineLayout_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_Rooms_RegisterEngineLayout_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	return nil
 }
 
 var (
-	pattern_Rooms_OpenRoom_0           = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "OpenRoom"}, ""))
-	pattern_Rooms_AwaitDestination_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "AwaitDestination"}, ""))
-	pattern_Rooms_Transfer_0           = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "Transfer"}, ""))
-	pattern_Rooms_ReportTransfer_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ReportTransfer"}, ""))
-	pattern_Rooms_WatchRoom_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "WatchRoom"}, ""))
-	pattern_Rooms_WatchRoom_1          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "rooms", "room", "watch"}, ""))
-	pattern_Rooms_GetRoom_0            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "GetRoom"}, ""))
-	pattern_Rooms_GetRoom_1            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "rooms", "room"}, ""))
-	pattern_Rooms_AbortRoom_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "AbortRoom"}, ""))
-	pattern_Rooms_ReleaseRoom_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ReleaseRoom"}, ""))
-	pattern_Rooms_ListRooms_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ListRooms"}, ""))
-	pattern_Rooms_ListRooms_1          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "rooms"}, ""))
-	pattern_Rooms_ReportRunning_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ReportRunning"}, ""))
-	pattern_Rooms_RetractRoom_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "RetractRoom"}, ""))
-	pattern_Rooms_ContinueGeneration_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ContinueGeneration"}, ""))
-	pattern_Rooms_Resync_0             = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "Resync"}, ""))
-	pattern_Rooms_AckRoomEnd_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "AckRoomEnd"}, ""))
-	pattern_Rooms_DeclareDestination_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "DeclareDestination"}, ""))
+	pattern_Rooms_OpenRoom_0             = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "OpenRoom"}, ""))
+	pattern_Rooms_AwaitDestination_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "AwaitDestination"}, ""))
+	pattern_Rooms_Transfer_0             = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "Transfer"}, ""))
+	pattern_Rooms_ReportTransfer_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ReportTransfer"}, ""))
+	pattern_Rooms_WatchRoom_0            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "WatchRoom"}, ""))
+	pattern_Rooms_WatchRoom_1            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2, 2, 3}, []string{"v1", "rooms", "room", "watch"}, ""))
+	pattern_Rooms_GetRoom_0              = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "GetRoom"}, ""))
+	pattern_Rooms_GetRoom_1              = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 1, 5, 2}, []string{"v1", "rooms", "room"}, ""))
+	pattern_Rooms_AbortRoom_0            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "AbortRoom"}, ""))
+	pattern_Rooms_ReleaseRoom_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ReleaseRoom"}, ""))
+	pattern_Rooms_ListRooms_0            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ListRooms"}, ""))
+	pattern_Rooms_ListRooms_1            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "rooms"}, ""))
+	pattern_Rooms_ReportRunning_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ReportRunning"}, ""))
+	pattern_Rooms_RetractRoom_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "RetractRoom"}, ""))
+	pattern_Rooms_ContinueGeneration_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "ContinueGeneration"}, ""))
+	pattern_Rooms_Resync_0               = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "Resync"}, ""))
+	pattern_Rooms_AckRoomEnd_0           = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "AckRoomEnd"}, ""))
+	pattern_Rooms_DeclareDestination_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "DeclareDestination"}, ""))
+	pattern_Rooms_RegisterEngineLayout_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Rooms", "RegisterEngineLayout"}, ""))
 )
 
 var (
-	forward_Rooms_OpenRoom_0           = runtime.ForwardResponseMessage
-	forward_Rooms_AwaitDestination_0   = runtime.ForwardResponseStream
-	forward_Rooms_Transfer_0           = runtime.ForwardResponseMessage
-	forward_Rooms_ReportTransfer_0     = runtime.ForwardResponseMessage
-	forward_Rooms_WatchRoom_0          = runtime.ForwardResponseStream
-	forward_Rooms_WatchRoom_1          = runtime.ForwardResponseStream
-	forward_Rooms_GetRoom_0            = runtime.ForwardResponseMessage
-	forward_Rooms_GetRoom_1            = runtime.ForwardResponseMessage
-	forward_Rooms_AbortRoom_0          = runtime.ForwardResponseMessage
-	forward_Rooms_ReleaseRoom_0        = runtime.ForwardResponseMessage
-	forward_Rooms_ListRooms_0          = runtime.ForwardResponseMessage
-	forward_Rooms_ListRooms_1          = runtime.ForwardResponseMessage
-	forward_Rooms_ReportRunning_0      = runtime.ForwardResponseMessage
-	forward_Rooms_RetractRoom_0        = runtime.ForwardResponseMessage
-	forward_Rooms_ContinueGeneration_0 = runtime.ForwardResponseMessage
-	forward_Rooms_Resync_0             = runtime.ForwardResponseMessage
-	forward_Rooms_AckRoomEnd_0         = runtime.ForwardResponseMessage
-	forward_Rooms_DeclareDestination_0 = runtime.ForwardResponseMessage
+	forward_Rooms_OpenRoom_0             = runtime.ForwardResponseMessage
+	forward_Rooms_AwaitDestination_0     = runtime.ForwardResponseStream
+	forward_Rooms_Transfer_0             = runtime.ForwardResponseMessage
+	forward_Rooms_ReportTransfer_0       = runtime.ForwardResponseMessage
+	forward_Rooms_WatchRoom_0            = runtime.ForwardResponseStream
+	forward_Rooms_WatchRoom_1            = runtime.ForwardResponseStream
+	forward_Rooms_GetRoom_0              = runtime.ForwardResponseMessage
+	forward_Rooms_GetRoom_1              = runtime.ForwardResponseMessage
+	forward_Rooms_AbortRoom_0            = runtime.ForwardResponseMessage
+	forward_Rooms_ReleaseRoom_0          = runtime.ForwardResponseMessage
+	forward_Rooms_ListRooms_0            = runtime.ForwardResponseMessage
+	forward_Rooms_ListRooms_1            = runtime.ForwardResponseMessage
+	forward_Rooms_ReportRunning_0        = runtime.ForwardResponseMessage
+	forward_Rooms_RetractRoom_0          = runtime.ForwardResponseMessage
+	forward_Rooms_ContinueGeneration_0   = runtime.ForwardResponseMessage
+	forward_Rooms_Resync_0               = runtime.ForwardResponseMessage
+	forward_Rooms_AckRoomEnd_0           = runtime.ForwardResponseMessage
+	forward_Rooms_DeclareDestination_0   = runtime.ForwardResponseMessage
+	forward_Rooms_RegisterEngineLayout_0 = runtime.ForwardResponseMessage
 )

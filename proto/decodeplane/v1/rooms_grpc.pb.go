@@ -19,21 +19,22 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Rooms_OpenRoom_FullMethodName           = "/decodeplane.v1.Rooms/OpenRoom"
-	Rooms_AwaitDestination_FullMethodName   = "/decodeplane.v1.Rooms/AwaitDestination"
-	Rooms_Transfer_FullMethodName           = "/decodeplane.v1.Rooms/Transfer"
-	Rooms_ReportTransfer_FullMethodName     = "/decodeplane.v1.Rooms/ReportTransfer"
-	Rooms_WatchRoom_FullMethodName          = "/decodeplane.v1.Rooms/WatchRoom"
-	Rooms_GetRoom_FullMethodName            = "/decodeplane.v1.Rooms/GetRoom"
-	Rooms_AbortRoom_FullMethodName          = "/decodeplane.v1.Rooms/AbortRoom"
-	Rooms_ReleaseRoom_FullMethodName        = "/decodeplane.v1.Rooms/ReleaseRoom"
-	Rooms_ListRooms_FullMethodName          = "/decodeplane.v1.Rooms/ListRooms"
-	Rooms_ReportRunning_FullMethodName      = "/decodeplane.v1.Rooms/ReportRunning"
-	Rooms_RetractRoom_FullMethodName        = "/decodeplane.v1.Rooms/RetractRoom"
-	Rooms_ContinueGeneration_FullMethodName = "/decodeplane.v1.Rooms/ContinueGeneration"
-	Rooms_Resync_FullMethodName             = "/decodeplane.v1.Rooms/Resync"
-	Rooms_AckRoomEnd_FullMethodName         = "/decodeplane.v1.Rooms/AckRoomEnd"
-	Rooms_DeclareDestination_FullMethodName = "/decodeplane.v1.Rooms/DeclareDestination"
+	Rooms_OpenRoom_FullMethodName             = "/decodeplane.v1.Rooms/OpenRoom"
+	Rooms_AwaitDestination_FullMethodName     = "/decodeplane.v1.Rooms/AwaitDestination"
+	Rooms_Transfer_FullMethodName             = "/decodeplane.v1.Rooms/Transfer"
+	Rooms_ReportTransfer_FullMethodName       = "/decodeplane.v1.Rooms/ReportTransfer"
+	Rooms_WatchRoom_FullMethodName            = "/decodeplane.v1.Rooms/WatchRoom"
+	Rooms_GetRoom_FullMethodName              = "/decodeplane.v1.Rooms/GetRoom"
+	Rooms_AbortRoom_FullMethodName            = "/decodeplane.v1.Rooms/AbortRoom"
+	Rooms_ReleaseRoom_FullMethodName          = "/decodeplane.v1.Rooms/ReleaseRoom"
+	Rooms_ListRooms_FullMethodName            = "/decodeplane.v1.Rooms/ListRooms"
+	Rooms_ReportRunning_FullMethodName        = "/decodeplane.v1.Rooms/ReportRunning"
+	Rooms_RetractRoom_FullMethodName          = "/decodeplane.v1.Rooms/RetractRoom"
+	Rooms_ContinueGeneration_FullMethodName   = "/decodeplane.v1.Rooms/ContinueGeneration"
+	Rooms_Resync_FullMethodName               = "/decodeplane.v1.Rooms/Resync"
+	Rooms_AckRoomEnd_FullMethodName           = "/decodeplane.v1.Rooms/AckRoomEnd"
+	Rooms_DeclareDestination_FullMethodName   = "/decodeplane.v1.Rooms/DeclareDestination"
+	Rooms_RegisterEngineLayout_FullMethodName = "/decodeplane.v1.Rooms/RegisterEngineLayout"
 )
 
 // RoomsClient is the client API for Rooms service.
@@ -145,7 +146,8 @@ type RoomsClient interface {
 	//     A marker other than the room fails the room (METADATA_CORRUPTION,
 	//     SGLang's "Metadata corruption detected" message).
 	//   - ReportTransfer's bytes must equal the chunk's weight by the layout
-	//     (Destination.token_bytes and state_bytes); a mismatch is
+	//     (Destination.token_bytes and state_bytes; with the decode engine's
+	//     buffer layout page_bytes, aux_bytes and state_bytes); a mismatch is
 	//     INVALID_ARGUMENT (bytes) and changes nothing.
 	Transfer(ctx context.Context, in *TransferRequest, opts ...grpc.CallOption) (*TransferResponse, error)
 	// ReportTransfer records a chunk the prefill moved itself (as Mooncake
@@ -308,6 +310,32 @@ type RoomsClient interface {
 	// another room's hand-off: reason PAGE_HELD, with the holder in the
 	// message); UNAUTHENTICATED. Safe to retry.
 	DeclareDestination(ctx context.Context, in *DeclareDestinationRequest, opts ...grpc.CallOption) (*DeclareDestinationResponse, error)
+	// RegisterEngineLayout registers the buffers a decode engine that owns
+	// its pages (kv_pool.owner: engine) keeps one decode rank's rooms in:
+	// per layer its K and V buffers with their item lengths, its aux buffers
+	// with their row lengths and the marker column, its state buffers, and
+	// where each one's bytes live (EngineLayout). On the delegated transfer
+	// path the daemon registers them with its transfer agent in that memory
+	// (and again whenever the agent restarts), so that the agent writes into
+	// the engine's own buffers. The rooms declared on the shard afterwards
+	// keep it: their chunks are weighed (Destination.page_bytes) and copied
+	// from it, page by page and buffer by buffer; their destinations name it
+	// (DecodeTarget.layout_id; its description in
+	// GetStatusResponse.engine_layouts). A shard's TP ranks register a layout
+	// each before the engine declares a destination there: a declaration on a
+	// shard where some did and others not is FAILED_PRECONDITION.
+	// Idempotent: the same layout (memory included) answers already = true.
+	// Codes: OK; INVALID_ARGUMENT (a field, named: a bound, a buffer
+	// missing, doubled or of the wrong item length or size for kv_pool, a
+	// name another decode rank's layout has); FAILED_PRECONDITION
+	// (kv_pool.owner is daemon; staging.enabled is true — the staged path
+	// scatters into decodeplane's own buffers; a different layout while
+	// hand-offs of the shard hold pages — register it once they ended; the
+	// transfer agent refused the buffers, with its reason: a shared-memory
+	// file it cannot map, a name it knows in other memory, GPU memory it does
+	// not implement); UNAVAILABLE (the transfer agent is unreachable: nothing
+	// was registered); UNAUTHENTICATED. Safe to retry.
+	RegisterEngineLayout(ctx context.Context, in *RegisterEngineLayoutRequest, opts ...grpc.CallOption) (*RegisterEngineLayoutResponse, error)
 }
 
 type roomsClient struct {
@@ -486,6 +514,16 @@ func (c *roomsClient) DeclareDestination(ctx context.Context, in *DeclareDestina
 	return out, nil
 }
 
+func (c *roomsClient) RegisterEngineLayout(ctx context.Context, in *RegisterEngineLayoutRequest, opts ...grpc.CallOption) (*RegisterEngineLayoutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RegisterEngineLayoutResponse)
+	err := c.cc.Invoke(ctx, Rooms_RegisterEngineLayout_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RoomsServer is the server API for Rooms service.
 // All implementations must embed UnimplementedRoomsServer
 // for forward compatibility.
@@ -595,7 +633,8 @@ type RoomsServer interface {
 	//     A marker other than the room fails the room (METADATA_CORRUPTION,
 	//     SGLang's "Metadata corruption detected" message).
 	//   - ReportTransfer's bytes must equal the chunk's weight by the layout
-	//     (Destination.token_bytes and state_bytes); a mismatch is
+	//     (Destination.token_bytes and state_bytes; with the decode engine's
+	//     buffer layout page_bytes, aux_bytes and state_bytes); a mismatch is
 	//     INVALID_ARGUMENT (bytes) and changes nothing.
 	Transfer(context.Context, *TransferRequest) (*TransferResponse, error)
 	// ReportTransfer records a chunk the prefill moved itself (as Mooncake
@@ -758,6 +797,32 @@ type RoomsServer interface {
 	// another room's hand-off: reason PAGE_HELD, with the holder in the
 	// message); UNAUTHENTICATED. Safe to retry.
 	DeclareDestination(context.Context, *DeclareDestinationRequest) (*DeclareDestinationResponse, error)
+	// RegisterEngineLayout registers the buffers a decode engine that owns
+	// its pages (kv_pool.owner: engine) keeps one decode rank's rooms in:
+	// per layer its K and V buffers with their item lengths, its aux buffers
+	// with their row lengths and the marker column, its state buffers, and
+	// where each one's bytes live (EngineLayout). On the delegated transfer
+	// path the daemon registers them with its transfer agent in that memory
+	// (and again whenever the agent restarts), so that the agent writes into
+	// the engine's own buffers. The rooms declared on the shard afterwards
+	// keep it: their chunks are weighed (Destination.page_bytes) and copied
+	// from it, page by page and buffer by buffer; their destinations name it
+	// (DecodeTarget.layout_id; its description in
+	// GetStatusResponse.engine_layouts). A shard's TP ranks register a layout
+	// each before the engine declares a destination there: a declaration on a
+	// shard where some did and others not is FAILED_PRECONDITION.
+	// Idempotent: the same layout (memory included) answers already = true.
+	// Codes: OK; INVALID_ARGUMENT (a field, named: a bound, a buffer
+	// missing, doubled or of the wrong item length or size for kv_pool, a
+	// name another decode rank's layout has); FAILED_PRECONDITION
+	// (kv_pool.owner is daemon; staging.enabled is true — the staged path
+	// scatters into decodeplane's own buffers; a different layout while
+	// hand-offs of the shard hold pages — register it once they ended; the
+	// transfer agent refused the buffers, with its reason: a shared-memory
+	// file it cannot map, a name it knows in other memory, GPU memory it does
+	// not implement); UNAVAILABLE (the transfer agent is unreachable: nothing
+	// was registered); UNAUTHENTICATED. Safe to retry.
+	RegisterEngineLayout(context.Context, *RegisterEngineLayoutRequest) (*RegisterEngineLayoutResponse, error)
 	mustEmbedUnimplementedRoomsServer()
 }
 
@@ -812,6 +877,9 @@ func (UnimplementedRoomsServer) AckRoomEnd(context.Context, *AckRoomEndRequest) 
 }
 func (UnimplementedRoomsServer) DeclareDestination(context.Context, *DeclareDestinationRequest) (*DeclareDestinationResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeclareDestination not implemented")
+}
+func (UnimplementedRoomsServer) RegisterEngineLayout(context.Context, *RegisterEngineLayoutRequest) (*RegisterEngineLayoutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RegisterEngineLayout not implemented")
 }
 func (UnimplementedRoomsServer) mustEmbedUnimplementedRoomsServer() {}
 func (UnimplementedRoomsServer) testEmbeddedByValue()               {}
@@ -1090,6 +1158,24 @@ func _Rooms_DeclareDestination_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Rooms_RegisterEngineLayout_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RegisterEngineLayoutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RoomsServer).RegisterEngineLayout(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Rooms_RegisterEngineLayout_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RoomsServer).RegisterEngineLayout(ctx, req.(*RegisterEngineLayoutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Rooms_ServiceDesc is the grpc.ServiceDesc for Rooms service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1148,6 +1234,10 @@ var Rooms_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeclareDestination",
 			Handler:    _Rooms_DeclareDestination_Handler,
+		},
+		{
+			MethodName: "RegisterEngineLayout",
+			Handler:    _Rooms_RegisterEngineLayout_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -462,6 +462,7 @@ func (x *TransferRequest) Validate() error {
 			}
 			errs = append(errs, rep.Err("source.page_indices"))
 		}
+		errs = append(errs, checkSourceLast(src, x.GetLast())...)
 	}
 	errs = append(errs, checkAux(x.GetAux(), x.GetLast())...)
 	errs = append(errs, checkMax("attempt", uint64(x.GetAttempt()), MaxAttempt))

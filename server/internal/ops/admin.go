@@ -59,6 +59,9 @@ func (t *Table) getStatus(context.Context, *pb.GetStatusRequest) (*pb.GetStatusR
 					Draining: uint32(h.Draining), DrainingPages: uint64(h.DrainingPages), DeclarationsRefused: h.Refused, CapacityReported: h.CapacityReported}
 			}
 		}
+		for _, l := range m.EngineLayouts() {
+			resp.EngineLayouts = append(resp.EngineLayouts, engineLayoutToProto(l))
+		}
 		for _, p := range st.Prefills {
 			ps := &pb.PrefillStatus{
 				BootstrapAddr: p.Addr, RegisteredRanks: uint32(p.Registered), ExpectedRanks: clampU32(p.Expected),

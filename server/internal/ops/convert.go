@@ -268,6 +268,7 @@ func destinationEventToProto(ev kvmanager.DestinationEvent, incarnation uint64) 
 			RequiredDstInfoNum: uint32(d.RequiredDstInfoNum), DecodePrefixLen: uint32(d.DecodePrefixLen),
 			Dummy: d.Dummy, Staging: d.Staging, Attempt: d.Attempt,
 			TokenBytes: uint64(max(d.TokenBytes, 0)), StateBytes: uint64(max(d.StateBytes, 0)),
+			PageBytes: uint64(max(d.PageBytes, 0)), AuxBytes: uint64(max(d.AuxBytes, 0)),
 			Incarnation: incarnation,
 		}
 		if len(d.Targets) > 0 {
@@ -275,7 +276,8 @@ func destinationEventToProto(ev kvmanager.DestinationEvent, incarnation uint64) 
 			b.d.Targets = make([]*pb.DecodeTarget, len(d.Targets))
 			for i, t := range d.Targets {
 				ts[i] = pb.DecodeTarget{DecodeTpRank: uint32(t.DecodeTP), Dummy: t.Dummy,
-					SrcHeadStart: uint32(t.SrcHeadStart), DstHeadStart: uint32(t.DstHeadStart), NumHeads: uint32(t.NumHeads)}
+					SrcHeadStart: uint32(t.SrcHeadStart), DstHeadStart: uint32(t.DstHeadStart), NumHeads: uint32(t.NumHeads),
+					LayoutId: layoutID(d.Layouts, t.DecodeTP)}
 				b.d.Targets[i] = &ts[i]
 			}
 		}
@@ -302,6 +304,7 @@ func chunkFromTransfer(req *pb.TransferRequest) kvmanager.ChunkRequest {
 		Room: req.GetRoom(), Rank: rankFromProto(req.GetRank()), Index: int(req.GetChunkIndex()),
 		PageOffset: int(req.GetPageOffset()), NumPages: int(req.GetNumPages()), Last: req.GetLast(),
 		SrcBuffer: req.GetSource().GetBuffer(), SrcPages: req.GetSource().GetPageIndices(),
+		SrcAuxRow: sourceAuxRow(req.GetSource()), SrcState: stateFromProto(req.GetSource().GetState()),
 		Marker: req.GetAux().GetRoomMarker(), OutputIDs: req.GetAux().GetOutputIds(), Attempt: req.GetAttempt(),
 	}
 }
@@ -311,6 +314,6 @@ func chunkFromReport(req *pb.ReportTransferRequest) kvmanager.ChunkRequest {
 		Room: req.GetRoom(), Rank: rankFromProto(req.GetRank()), Index: int(req.GetChunkIndex()),
 		PageOffset: int(req.GetPageOffset()), NumPages: int(req.GetNumPages()), Last: req.GetLast(),
 		Failed: !req.GetSuccess(), Reason: req.GetFailureReason(), Bytes: int64(req.GetBytes()),
-		Marker: req.GetMetadataRoomMarker(), Attempt: req.GetAttempt(),
+		Marker: req.GetMetadataRoomMarker(), Attempt: req.GetAttempt(), SrcAuxRow: -1,
 	}
 }

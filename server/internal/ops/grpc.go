@@ -47,7 +47,8 @@ func (t *Table) serviceOps() []*serviceOps {
 		{gen: &pb.Rooms_ServiceDesc, manager: true, handlers: []handler{t.OpenRoom.handler(), t.AwaitDestination.handler(),
 			t.Transfer.handler(), t.ReportTransfer.handler(), t.WatchRoom.handler(), t.GetRoom.handler(), t.AbortRoom.handler(),
 			t.ReleaseRoom.handler(), t.ListRooms.handler(), t.ReportRunning.handler(), t.RetractRoom.handler(),
-			t.ContinueGeneration.handler(), t.Resync.handler(), t.AckRoomEnd.handler(), t.DeclareDestination.handler()}},
+			t.ContinueGeneration.handler(), t.Resync.handler(), t.AckRoomEnd.handler(), t.DeclareDestination.handler(),
+			t.RegisterEngineLayout.handler()}},
 		{gen: &pb.Staging_ServiceDesc, manager: true, handlers: []handler{t.SetupStaging.handler(), t.AllocateStaging.handler(),
 			t.ChunkReady.handler(), t.WatchWatermark.handler()}},
 	}

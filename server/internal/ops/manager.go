@@ -34,6 +34,7 @@ type EngineRooms interface {
 	Resync(rooms []kvmanager.ResyncRoom, done bool) (int, kvmanager.ResyncState, error)
 	DeclareDestination(d kvmanager.Declaration) (kvmanager.RoomSnapshot, bool, error)
 	ReportCapacity(shard int, c kvmanager.EngineCapacity) error
+	RegisterEngineLayout(ctx context.Context, dp, tp int, l *kvlayout.BufferLayout) (bool, error)
 }
 
 // RoomReader is what the reads and watches of rooms call.
@@ -77,6 +78,7 @@ type StatusReader interface {
 	Capacity() []kvmanager.ShardCapacity
 	InFlight() int
 	ResyncStatus() kvmanager.ResyncState
+	EngineLayouts() []kvmanager.RegisteredLayout
 }
 
 // Registrar records prefill registrations and heartbeats: the Manager

@@ -85,9 +85,11 @@ type Table struct {
 	ContinueGeneration Unary[pb.ContinueGenerationRequest, pb.ContinueGenerationResponse]
 	Resync             Unary[pb.ResyncRequest, pb.ResyncResponse]
 	DeclareDestination Unary[pb.DeclareDestinationRequest, pb.DeclareDestinationResponse]
-	GetRoom            Unary[pb.GetRoomRequest, pb.Room]
-	ListRooms          Unary[pb.ListRoomsRequest, pb.ListRoomsResponse]
-	WatchRoom          Stream[pb.WatchRoomRequest, pb.RoomEvent]
+	// RegisterEngineLayout registers a decode rank's buffer layout.
+	RegisterEngineLayout Unary[pb.RegisterEngineLayoutRequest, pb.RegisterEngineLayoutResponse]
+	GetRoom              Unary[pb.GetRoomRequest, pb.Room]
+	ListRooms            Unary[pb.ListRoomsRequest, pb.ListRoomsResponse]
+	WatchRoom            Stream[pb.WatchRoomRequest, pb.RoomEvent]
 	// Rooms, the prefill's side.
 	AwaitDestination Stream[pb.AwaitDestinationRequest, pb.DestinationEvent]
 	Transfer         Unary[pb.TransferRequest, pb.TransferResponse]
@@ -150,6 +152,7 @@ func (t *Table) define() {
 	t.ContinueGeneration = unary(t, pb.Rooms_ContinueGeneration_FullMethodName, mutating, e.continueGeneration)
 	t.Resync = unary(t, pb.Rooms_Resync_FullMethodName, mutating, e.resync)
 	t.DeclareDestination = unary(t, pb.Rooms_DeclareDestination_FullMethodName, mutating, e.declareDestination)
+	t.RegisterEngineLayout = unary(t, pb.Rooms_RegisterEngineLayout_FullMethodName, mutating, e.registerEngineLayout)
 	t.GetRoom = unary(t, pb.Rooms_GetRoom_FullMethodName, readOnly, r.getRoom)
 	t.ListRooms = unary(t, pb.Rooms_ListRooms_FullMethodName, readOnly, r.listRooms)
 	t.WatchRoom = stream(t, pb.Rooms_WatchRoom_FullMethodName, readOnly, r.watchRoom)

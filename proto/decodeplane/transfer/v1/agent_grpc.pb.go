@@ -59,6 +59,57 @@
 // memory), so a name already registered in other memory is refused like any
 // re-registration in other memory. Prefill ranks name their own buffers
 // (kind PREFILL_KV) and pass the name in Rooms.Transfer's source.
+//
+// # The decode engine's own layout
+//
+// A decode engine that owns its pages registers, per decode rank, the
+// buffers it keeps rooms in (decodeplane.v1.Rooms.RegisterEngineLayout):
+// one KV buffer per layer and K/V (MLA: one latent buffer per layer, its
+// K), the draft model's likewise, aux buffers of one row per metadata slot
+// (one of them the marker column), and typed state buffers. decodeplane
+// registers them here under the engine's names (which never begin with
+// "decode/": decodeplane's own buffers above stay registered beside them)
+// and in the memory the engine gave (a shared-memory region, CUDA IPC,
+// NIXL; agent memory only when it gave none), and again whenever it
+// registers its own buffers (after an agent restart): KV and state
+// buffers with kind KV_POOL and item_size their item length, aux buffers
+// with kind METADATA and item_size their row length. Inside a KV buffer
+// page p is the item at p·item_len, token-major (token, head, dim); aux row
+// s is at s·row_len; state item i at i·item_len.
+//
+// The rooms of such a rank name a prefix P in TransferSource.buffer, and
+// the prefill rank's buffers (kind PREFILL_KV, registered by the prefill)
+// are named from it: P/k/<layer> and P/v/<layer> for the model's layers
+// (its PP stage's, by their layer number in the model), P/draft/k/<layer>
+// and P/draft/v/<layer>, P/aux/<i> for the decode layout's aux[i], and
+// P/state/<j> for its state[j]. A prefill KV item is the decode item ×
+// prefill heads / decode heads per rank (prefill heads: max(1,
+// total_kv_heads / prefill_tp); MLA: the decode item); aux rows and state
+// items are the decode layout's.
+//
+// Copies decodeplane submits for such a rank, per target decode rank (as
+// SGLang's transfer code computes them: src + prefill_page × item_len →
+// dst + decode_page × item_len):
+//  * per KV buffer of the prefill rank's PP stage (the draft model's from
+//    the last stage) and page, when the prefill rank's heads are the decode
+//    rank's (and for MLA): one copy of the item, from P/… + src_page ×
+//    src_item to the engine's buffer + dst_page × item_len, pages that
+//    continue each other on both sides merged into one copy;
+//  * otherwise one strided copy of the head slice per buffer and page:
+//    count = page_size rows of num_heads × head_bytes bytes (head_bytes =
+//    item_len / (page_size × decode heads per rank)), src_offset = src_page
+//    × src_item + src_head_start × head_bytes, dst_offset = dst_page ×
+//    item_len + dst_head_start × head_bytes, src_stride = src_item /
+//    page_size, dst_stride = item_len / page_size (consecutive pages
+//    merged likewise);
+//  * with the last chunk of a rank of the last PP stage: per aux buffer but
+//    the marker's one row, P/aux/<i> + aux_row × row_len (aux_row:
+//    TransferSource.aux_row) to the buffer + metadata_row × row_len; per
+//    state buffer one item per state index moved (the room's Mamba slot,
+//    every declared SWA page), from the indices of TransferSource.state;
+//  * with every rank's last chunk, after every copy (writes run last): the
+//    room marker, 8 bytes little-endian, at the start of the marker
+//    buffer's row (the rest of that row is not written).
 
 package transferv1
 

@@ -14,9 +14,10 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 from decodeplane.v1 import common_pb2 as decodeplane_dot_v1_dot_common__pb2
+from decodeplane.v1 import engine_layout_pb2 as decodeplane_dot_v1_dot_engine__layout__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64\x65\x63odeplane/v1/admin.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1b\x64\x65\x63odeplane/v1/common.proto\"\x12\n\x10GetStatusRequest\"9\n\x0b\x43onfigValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"\xcf\x03\n\x0bShardStatus\x12\x0f\n\x07\x64p_rank\x18\x01 \x01(\r\x12\x13\n\x0bpages_total\x18\x02 \x01(\x04\x12\x12\n\npages_free\x18\x03 \x01(\x04\x12\x17\n\x0freq_slots_total\x18\x04 \x01(\r\x12\x16\n\x0ereq_slots_free\x18\x05 \x01(\r\x12\x1c\n\x14metadata_slots_total\x18\x06 \x01(\r\x12\x1b\n\x13metadata_slots_free\x18\x07 \x01(\r\x12\x0f\n\x07waiting\x18\x08 \x01(\r\x12\x0e\n\x06queued\x18\t \x01(\r\x12\x10\n\x08\x61\x64mitted\x18\n \x01(\r\x12\x0f\n\x07\x63laimed\x18\x0b \x01(\r\x12\x0f\n\x07running\x18\x0c \x01(\r\x12\x11\n\tretracted\x18\r \x01(\r\x12\x0c\n\x04held\x18\x0e \x01(\r\x12\x12\n\nblocked_by\x18\x0f \x01(\t\x12\x19\n\x11state_slots_total\x18\x10 \x01(\x04\x12\x18\n\x10state_slots_free\x18\x11 \x01(\x04\x12\x16\n\x0e\x64raining_rooms\x18\x12 \x01(\r\x12\x16\n\x0e\x64raining_pages\x18\x13 \x01(\x04\x12+\n\x05holds\x18\x14 \x01(\x0b\x32\x1c.decodeplane.v1.HandoffHolds\"\xa3\x01\n\x0cHandoffHolds\x12\x0e\n\x06queued\x18\x01 \x01(\r\x12\x0c\n\x04held\x18\x02 \x01(\r\x12\x12\n\nheld_pages\x18\x03 \x01(\x04\x12\x10\n\x08\x64raining\x18\x04 \x01(\r\x12\x16\n\x0e\x64raining_pages\x18\x05 \x01(\x04\x12\x1c\n\x14\x64\x65\x63larations_refused\x18\x06 \x01(\x04\x12\x19\n\x11\x63\x61pacity_reported\x18\x07 \x01(\x08\"\xf8\x02\n\rPrefillStatus\x12\x16\n\x0e\x62ootstrap_addr\x18\x01 \x01(\t\x12\x18\n\x10registered_ranks\x18\x02 \x01(\r\x12\x16\n\x0e\x65xpected_ranks\x18\x03 \x01(\r\x12\x14\n\x0c\x61ttn_tp_size\x18\x04 \x01(\r\x12\x0f\n\x07\x64p_size\x18\x05 \x01(\r\x12\x0f\n\x07pp_size\x18\x06 \x01(\r\x12\x14\n\x0c\x61ttn_cp_size\x18\x07 \x01(\r\x12\x1d\n\x15\x66ollow_bootstrap_room\x18\x08 \x01(\x08\x12\x32\n\x0elast_heartbeat\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11missed_heartbeats\x18\n \x01(\r\x12\x14\n\x0c\x61\x63tive_rooms\x18\x0b \x01(\r\x12\x30\n\x0csilent_ranks\x18\x0c \x03(\x0b\x32\x1a.decodeplane.v1.SilentRank\x12\x19\n\x11silent_rank_count\x18\r \x01(\r\"\x81\x01\n\nSilentRank\x12)\n\x04rank\x18\x01 \x01(\x0b\x32\x1b.decodeplane.v1.PrefillRank\x12-\n\nsilent_for\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x11missed_heartbeats\x18\x03 \x01(\r\"\xae\x04\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x11\n\treadiness\x18\x03 \x01(\t\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x06uptime\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x15\n\rtransfer_path\x18\x07 \x01(\t\x12(\n\x06layout\x18\x08 \x01(\x0b\x32\x18.decodeplane.v1.KVLayout\x12+\n\x06\x63onfig\x18\t \x03(\x0b\x32\x1b.decodeplane.v1.ConfigValue\x12K\n\x0erooms_by_phase\x18\n \x03(\x0b\x32\x33.decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry\x12+\n\x06shards\x18\x0b \x03(\x0b\x32\x1b.decodeplane.v1.ShardStatus\x12/\n\x08prefills\x18\x0c \x03(\x0b\x32\x1d.decodeplane.v1.PrefillStatus\x12\x13\n\x0bincarnation\x18\r \x01(\x06\x12\x16\n\x0epending_claims\x18\x0e \x01(\r\x1a\x33\n\x11RoomsByPhaseEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\x0e\n\x0c\x44rainRequest\"(\n\rDrainResponse\x12\x17\n\x0frooms_in_flight\x18\x01 \x01(\r2\x9f\x01\n\x05\x41\x64min\x12P\n\tGetStatus\x12 .decodeplane.v1.GetStatusRequest\x1a!.decodeplane.v1.GetStatusResponse\x12\x44\n\x05\x44rain\x12\x1c.decodeplane.v1.DrainRequest\x1a\x1d.decodeplane.v1.DrainResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x64\x65\x63odeplane/v1/admin.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1b\x64\x65\x63odeplane/v1/common.proto\x1a\"decodeplane/v1/engine_layout.proto\"\x12\n\x10GetStatusRequest\"9\n\x0b\x43onfigValue\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x0e\n\x06source\x18\x03 \x01(\t\"\xcf\x03\n\x0bShardStatus\x12\x0f\n\x07\x64p_rank\x18\x01 \x01(\r\x12\x13\n\x0bpages_total\x18\x02 \x01(\x04\x12\x12\n\npages_free\x18\x03 \x01(\x04\x12\x17\n\x0freq_slots_total\x18\x04 \x01(\r\x12\x16\n\x0ereq_slots_free\x18\x05 \x01(\r\x12\x1c\n\x14metadata_slots_total\x18\x06 \x01(\r\x12\x1b\n\x13metadata_slots_free\x18\x07 \x01(\r\x12\x0f\n\x07waiting\x18\x08 \x01(\r\x12\x0e\n\x06queued\x18\t \x01(\r\x12\x10\n\x08\x61\x64mitted\x18\n \x01(\r\x12\x0f\n\x07\x63laimed\x18\x0b \x01(\r\x12\x0f\n\x07running\x18\x0c \x01(\r\x12\x11\n\tretracted\x18\r \x01(\r\x12\x0c\n\x04held\x18\x0e \x01(\r\x12\x12\n\nblocked_by\x18\x0f \x01(\t\x12\x19\n\x11state_slots_total\x18\x10 \x01(\x04\x12\x18\n\x10state_slots_free\x18\x11 \x01(\x04\x12\x16\n\x0e\x64raining_rooms\x18\x12 \x01(\r\x12\x16\n\x0e\x64raining_pages\x18\x13 \x01(\x04\x12+\n\x05holds\x18\x14 \x01(\x0b\x32\x1c.decodeplane.v1.HandoffHolds\"\xa3\x01\n\x0cHandoffHolds\x12\x0e\n\x06queued\x18\x01 \x01(\r\x12\x0c\n\x04held\x18\x02 \x01(\r\x12\x12\n\nheld_pages\x18\x03 \x01(\x04\x12\x10\n\x08\x64raining\x18\x04 \x01(\r\x12\x16\n\x0e\x64raining_pages\x18\x05 \x01(\x04\x12\x1c\n\x14\x64\x65\x63larations_refused\x18\x06 \x01(\x04\x12\x19\n\x11\x63\x61pacity_reported\x18\x07 \x01(\x08\"\xf8\x02\n\rPrefillStatus\x12\x16\n\x0e\x62ootstrap_addr\x18\x01 \x01(\t\x12\x18\n\x10registered_ranks\x18\x02 \x01(\r\x12\x16\n\x0e\x65xpected_ranks\x18\x03 \x01(\r\x12\x14\n\x0c\x61ttn_tp_size\x18\x04 \x01(\r\x12\x0f\n\x07\x64p_size\x18\x05 \x01(\r\x12\x0f\n\x07pp_size\x18\x06 \x01(\r\x12\x14\n\x0c\x61ttn_cp_size\x18\x07 \x01(\r\x12\x1d\n\x15\x66ollow_bootstrap_room\x18\x08 \x01(\x08\x12\x32\n\x0elast_heartbeat\x18\t \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x19\n\x11missed_heartbeats\x18\n \x01(\r\x12\x14\n\x0c\x61\x63tive_rooms\x18\x0b \x01(\r\x12\x30\n\x0csilent_ranks\x18\x0c \x03(\x0b\x32\x1a.decodeplane.v1.SilentRank\x12\x19\n\x11silent_rank_count\x18\r \x01(\r\"\x81\x01\n\nSilentRank\x12)\n\x04rank\x18\x01 \x01(\x0b\x32\x1b.decodeplane.v1.PrefillRank\x12-\n\nsilent_for\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x19\n\x11missed_heartbeats\x18\x03 \x01(\r\"\xee\x04\n\x11GetStatusResponse\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x11\n\treadiness\x18\x03 \x01(\t\x12.\n\nstarted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12)\n\x06uptime\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x10\n\x08\x64raining\x18\x06 \x01(\x08\x12\x15\n\rtransfer_path\x18\x07 \x01(\t\x12(\n\x06layout\x18\x08 \x01(\x0b\x32\x18.decodeplane.v1.KVLayout\x12+\n\x06\x63onfig\x18\t \x03(\x0b\x32\x1b.decodeplane.v1.ConfigValue\x12K\n\x0erooms_by_phase\x18\n \x03(\x0b\x32\x33.decodeplane.v1.GetStatusResponse.RoomsByPhaseEntry\x12+\n\x06shards\x18\x0b \x03(\x0b\x32\x1b.decodeplane.v1.ShardStatus\x12/\n\x08prefills\x18\x0c \x03(\x0b\x32\x1d.decodeplane.v1.PrefillStatus\x12\x13\n\x0bincarnation\x18\r \x01(\x06\x12\x16\n\x0epending_claims\x18\x0e \x01(\r\x12>\n\x0e\x65ngine_layouts\x18\x0f \x03(\x0b\x32&.decodeplane.v1.RegisteredEngineLayout\x1a\x33\n\x11RoomsByPhaseEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\r:\x02\x38\x01\"\x0e\n\x0c\x44rainRequest\"(\n\rDrainResponse\x12\x17\n\x0frooms_in_flight\x18\x01 \x01(\r2\x9f\x01\n\x05\x41\x64min\x12P\n\tGetStatus\x12 .decodeplane.v1.GetStatusRequest\x1a!.decodeplane.v1.GetStatusResponse\x12\x44\n\x05\x44rain\x12\x1c.decodeplane.v1.DrainRequest\x1a\x1d.decodeplane.v1.DrainResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'decodeplane.v1.admin_pb2', globals())
@@ -26,26 +27,26 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   DESCRIPTOR._serialized_options = b'ZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1'
   _GETSTATUSRESPONSE_ROOMSBYPHASEENTRY._options = None
   _GETSTATUSRESPONSE_ROOMSBYPHASEENTRY._serialized_options = b'8\001'
-  _GETSTATUSREQUEST._serialized_start=140
-  _GETSTATUSREQUEST._serialized_end=158
-  _CONFIGVALUE._serialized_start=160
-  _CONFIGVALUE._serialized_end=217
-  _SHARDSTATUS._serialized_start=220
-  _SHARDSTATUS._serialized_end=683
-  _HANDOFFHOLDS._serialized_start=686
-  _HANDOFFHOLDS._serialized_end=849
-  _PREFILLSTATUS._serialized_start=852
-  _PREFILLSTATUS._serialized_end=1228
-  _SILENTRANK._serialized_start=1231
-  _SILENTRANK._serialized_end=1360
-  _GETSTATUSRESPONSE._serialized_start=1363
-  _GETSTATUSRESPONSE._serialized_end=1921
-  _GETSTATUSRESPONSE_ROOMSBYPHASEENTRY._serialized_start=1870
-  _GETSTATUSRESPONSE_ROOMSBYPHASEENTRY._serialized_end=1921
-  _DRAINREQUEST._serialized_start=1923
-  _DRAINREQUEST._serialized_end=1937
-  _DRAINRESPONSE._serialized_start=1939
-  _DRAINRESPONSE._serialized_end=1979
-  _ADMIN._serialized_start=1982
-  _ADMIN._serialized_end=2141
+  _GETSTATUSREQUEST._serialized_start=176
+  _GETSTATUSREQUEST._serialized_end=194
+  _CONFIGVALUE._serialized_start=196
+  _CONFIGVALUE._serialized_end=253
+  _SHARDSTATUS._serialized_start=256
+  _SHARDSTATUS._serialized_end=719
+  _HANDOFFHOLDS._serialized_start=722
+  _HANDOFFHOLDS._serialized_end=885
+  _PREFILLSTATUS._serialized_start=888
+  _PREFILLSTATUS._serialized_end=1264
+  _SILENTRANK._serialized_start=1267
+  _SILENTRANK._serialized_end=1396
+  _GETSTATUSRESPONSE._serialized_start=1399
+  _GETSTATUSRESPONSE._serialized_end=2021
+  _GETSTATUSRESPONSE_ROOMSBYPHASEENTRY._serialized_start=1970
+  _GETSTATUSRESPONSE_ROOMSBYPHASEENTRY._serialized_end=2021
+  _DRAINREQUEST._serialized_start=2023
+  _DRAINREQUEST._serialized_end=2037
+  _DRAINRESPONSE._serialized_start=2039
+  _DRAINRESPONSE._serialized_end=2079
+  _ADMIN._serialized_start=2082
+  _ADMIN._serialized_end=2241
 # @@protoc_insertion_point(module_scope)

@@ -1,6 +1,7 @@
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from decodeplane.v1 import common_pb2 as _common_pb2
+from decodeplane.v1 import engine_layout_pb2 as _engine_layout_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -33,7 +34,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStatusResponse(_message.Message):
-    __slots__ = ["config", "draining", "incarnation", "layout", "pending_claims", "prefills", "readiness", "ready", "rooms_by_phase", "shards", "started_at", "transfer_path", "uptime", "version"]
+    __slots__ = ["config", "draining", "engine_layouts", "incarnation", "layout", "pending_claims", "prefills", "readiness", "ready", "rooms_by_phase", "shards", "started_at", "transfer_path", "uptime", "version"]
     class RoomsByPhaseEntry(_message.Message):
         __slots__ = ["key", "value"]
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -43,6 +44,7 @@ class GetStatusResponse(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     CONFIG_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    ENGINE_LAYOUTS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     PENDING_CLAIMS_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +59,7 @@ class GetStatusResponse(_message.Message):
     VERSION_FIELD_NUMBER: _ClassVar[int]
     config: _containers.RepeatedCompositeFieldContainer[ConfigValue]
     draining: bool
+    engine_layouts: _containers.RepeatedCompositeFieldContainer[_engine_layout_pb2.RegisteredEngineLayout]
     incarnation: int
     layout: _common_pb2.KVLayout
     pending_claims: int
@@ -69,7 +72,7 @@ class GetStatusResponse(_message.Message):
     transfer_path: str
     uptime: _duration_pb2.Duration
     version: str
-    def __init__(self, version: _Optional[str] = ..., ready: bool = ..., readiness: _Optional[str] = ..., started_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., uptime: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., draining: bool = ..., transfer_path: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., config: _Optional[_Iterable[_Union[ConfigValue, _Mapping]]] = ..., rooms_by_phase: _Optional[_Mapping[str, int]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., prefills: _Optional[_Iterable[_Union[PrefillStatus, _Mapping]]] = ..., incarnation: _Optional[int] = ..., pending_claims: _Optional[int] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., ready: bool = ..., readiness: _Optional[str] = ..., started_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., uptime: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., draining: bool = ..., transfer_path: _Optional[str] = ..., layout: _Optional[_Union[_common_pb2.KVLayout, _Mapping]] = ..., config: _Optional[_Iterable[_Union[ConfigValue, _Mapping]]] = ..., rooms_by_phase: _Optional[_Mapping[str, int]] = ..., shards: _Optional[_Iterable[_Union[ShardStatus, _Mapping]]] = ..., prefills: _Optional[_Iterable[_Union[PrefillStatus, _Mapping]]] = ..., incarnation: _Optional[int] = ..., pending_claims: _Optional[int] = ..., engine_layouts: _Optional[_Iterable[_Union[_engine_layout_pb2.RegisteredEngineLayout, _Mapping]]] = ...) -> None: ...
 
 class HandoffHolds(_message.Message):
     __slots__ = ["capacity_reported", "declarations_refused", "draining", "draining_pages", "held", "held_pages", "queued"]

@@ -1,6 +1,7 @@
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from decodeplane.v1 import common_pb2 as _common_pb2
+from decodeplane.v1 import engine_layout_pb2 as _engine_layout_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -103,28 +104,32 @@ class DeclareDestinationResponse(_message.Message):
     def __init__(self, room: _Optional[_Union[Room, _Mapping]] = ..., already: bool = ...) -> None: ...
 
 class DecodeTarget(_message.Message):
-    __slots__ = ["decode_tp_rank", "dst_head_start", "dummy", "num_heads", "src_head_start"]
+    __slots__ = ["decode_tp_rank", "dst_head_start", "dummy", "layout_id", "num_heads", "src_head_start"]
     DECODE_TP_RANK_FIELD_NUMBER: _ClassVar[int]
     DST_HEAD_START_FIELD_NUMBER: _ClassVar[int]
     DUMMY_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_HEADS_FIELD_NUMBER: _ClassVar[int]
     SRC_HEAD_START_FIELD_NUMBER: _ClassVar[int]
     decode_tp_rank: int
     dst_head_start: int
     dummy: bool
+    layout_id: int
     num_heads: int
     src_head_start: int
-    def __init__(self, decode_tp_rank: _Optional[int] = ..., dummy: bool = ..., src_head_start: _Optional[int] = ..., dst_head_start: _Optional[int] = ..., num_heads: _Optional[int] = ...) -> None: ...
+    def __init__(self, decode_tp_rank: _Optional[int] = ..., dummy: bool = ..., src_head_start: _Optional[int] = ..., dst_head_start: _Optional[int] = ..., num_heads: _Optional[int] = ..., layout_id: _Optional[int] = ...) -> None: ...
 
 class Destination(_message.Message):
-    __slots__ = ["attempt", "decode_dp_rank", "decode_prefix_len", "dummy", "fill_len", "incarnation", "metadata_slot", "page_indices", "page_size", "required_dst_info_num", "room", "staging", "state_bytes", "state_indices", "targets", "token_bytes"]
+    __slots__ = ["attempt", "aux_bytes", "decode_dp_rank", "decode_prefix_len", "dummy", "fill_len", "incarnation", "metadata_slot", "page_bytes", "page_indices", "page_size", "required_dst_info_num", "room", "staging", "state_bytes", "state_indices", "targets", "token_bytes"]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    AUX_BYTES_FIELD_NUMBER: _ClassVar[int]
     DECODE_DP_RANK_FIELD_NUMBER: _ClassVar[int]
     DECODE_PREFIX_LEN_FIELD_NUMBER: _ClassVar[int]
     DUMMY_FIELD_NUMBER: _ClassVar[int]
     FILL_LEN_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     METADATA_SLOT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     PAGE_INDICES_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     REQUIRED_DST_INFO_NUM_FIELD_NUMBER: _ClassVar[int]
@@ -135,12 +140,14 @@ class Destination(_message.Message):
     TARGETS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_BYTES_FIELD_NUMBER: _ClassVar[int]
     attempt: int
+    aux_bytes: int
     decode_dp_rank: int
     decode_prefix_len: int
     dummy: bool
     fill_len: int
     incarnation: int
     metadata_slot: int
+    page_bytes: int
     page_indices: _containers.RepeatedScalarFieldContainer[int]
     page_size: int
     required_dst_info_num: int
@@ -150,7 +157,7 @@ class Destination(_message.Message):
     state_indices: _containers.RepeatedCompositeFieldContainer[_common_pb2.StateIndices]
     targets: _containers.RepeatedCompositeFieldContainer[DecodeTarget]
     token_bytes: int
-    def __init__(self, room: _Optional[int] = ..., decode_dp_rank: _Optional[int] = ..., page_indices: _Optional[_Iterable[int]] = ..., page_size: _Optional[int] = ..., fill_len: _Optional[int] = ..., metadata_slot: _Optional[int] = ..., state_indices: _Optional[_Iterable[_Union[_common_pb2.StateIndices, _Mapping]]] = ..., required_dst_info_num: _Optional[int] = ..., decode_prefix_len: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[DecodeTarget, _Mapping]]] = ..., dummy: bool = ..., staging: bool = ..., attempt: _Optional[int] = ..., token_bytes: _Optional[int] = ..., state_bytes: _Optional[int] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    def __init__(self, room: _Optional[int] = ..., decode_dp_rank: _Optional[int] = ..., page_indices: _Optional[_Iterable[int]] = ..., page_size: _Optional[int] = ..., fill_len: _Optional[int] = ..., metadata_slot: _Optional[int] = ..., state_indices: _Optional[_Iterable[_Union[_common_pb2.StateIndices, _Mapping]]] = ..., required_dst_info_num: _Optional[int] = ..., decode_prefix_len: _Optional[int] = ..., targets: _Optional[_Iterable[_Union[DecodeTarget, _Mapping]]] = ..., dummy: bool = ..., staging: bool = ..., attempt: _Optional[int] = ..., token_bytes: _Optional[int] = ..., state_bytes: _Optional[int] = ..., incarnation: _Optional[int] = ..., page_bytes: _Optional[int] = ..., aux_bytes: _Optional[int] = ...) -> None: ...
 
 class DestinationEvent(_message.Message):
     __slots__ = ["ack_required", "destination", "done", "failure"]
@@ -535,12 +542,16 @@ class TransferResponse(_message.Message):
     def __init__(self, bytes: _Optional[int] = ..., duration: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., poll: _Optional[_Union[_common_pb2.KVPoll, str]] = ..., duplicate: bool = ...) -> None: ...
 
 class TransferSource(_message.Message):
-    __slots__ = ["buffer", "page_indices"]
+    __slots__ = ["aux_row", "buffer", "page_indices", "state"]
+    AUX_ROW_FIELD_NUMBER: _ClassVar[int]
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     PAGE_INDICES_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    aux_row: int
     buffer: str
     page_indices: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, buffer: _Optional[str] = ..., page_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+    state: _containers.RepeatedCompositeFieldContainer[_common_pb2.StateIndices]
+    def __init__(self, buffer: _Optional[str] = ..., page_indices: _Optional[_Iterable[int]] = ..., aux_row: _Optional[int] = ..., state: _Optional[_Iterable[_Union[_common_pb2.StateIndices, _Mapping]]] = ...) -> None: ...
 
 class WatchRoomRequest(_message.Message):
     __slots__ = ["history", "room"]

@@ -2,6 +2,7 @@
 """Client and server classes corresponding to protobuf-defined services."""
 import grpc
 
+from decodeplane.v1 import engine_layout_pb2 as decodeplane_dot_v1_dot_engine__layout__pb2
 from decodeplane.v1 import rooms_pb2 as decodeplane_dot_v1_dot_rooms__pb2
 
 
@@ -111,6 +112,11 @@ class RoomsStub(object):
                 '/decodeplane.v1.Rooms/DeclareDestination',
                 request_serializer=decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationRequest.SerializeToString,
                 response_deserializer=decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationResponse.FromString,
+                )
+        self.RegisterEngineLayout = channel.unary_unary(
+                '/decodeplane.v1.Rooms/RegisterEngineLayout',
+                request_serializer=decodeplane_dot_v1_dot_engine__layout__pb2.RegisterEngineLayoutRequest.SerializeToString,
+                response_deserializer=decodeplane_dot_v1_dot_engine__layout__pb2.RegisterEngineLayoutResponse.FromString,
                 )
 
 
@@ -232,7 +238,8 @@ class RoomsServicer(object):
         A marker other than the room fails the room (METADATA_CORRUPTION,
         SGLang's "Metadata corruption detected" message).
         - ReportTransfer's bytes must equal the chunk's weight by the layout
-        (Destination.token_bytes and state_bytes); a mismatch is
+        (Destination.token_bytes and state_bytes; with the decode engine's
+        buffer layout page_bytes, aux_bytes and state_bytes); a mismatch is
         INVALID_ARGUMENT (bytes) and changes nothing.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -459,6 +466,37 @@ class RoomsServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterEngineLayout(self, request, context):
+        """RegisterEngineLayout registers the buffers a decode engine that owns
+        its pages (kv_pool.owner: engine) keeps one decode rank's rooms in:
+        per layer its K and V buffers with their item lengths, its aux buffers
+        with their row lengths and the marker column, its state buffers, and
+        where each one's bytes live (EngineLayout). On the delegated transfer
+        path the daemon registers them with its transfer agent in that memory
+        (and again whenever the agent restarts), so that the agent writes into
+        the engine's own buffers. The rooms declared on the shard afterwards
+        keep it: their chunks are weighed (Destination.page_bytes) and copied
+        from it, page by page and buffer by buffer; their destinations name it
+        (DecodeTarget.layout_id; its description in
+        GetStatusResponse.engine_layouts). A shard's TP ranks register a layout
+        each before the engine declares a destination there: a declaration on a
+        shard where some did and others not is FAILED_PRECONDITION.
+        Idempotent: the same layout (memory included) answers already = true.
+        Codes: OK; INVALID_ARGUMENT (a field, named: a bound, a buffer
+        missing, doubled or of the wrong item length or size for kv_pool, a
+        name another decode rank's layout has); FAILED_PRECONDITION
+        (kv_pool.owner is daemon; staging.enabled is true — the staged path
+        scatters into decodeplane's own buffers; a different layout while
+        hand-offs of the shard hold pages — register it once they ended; the
+        transfer agent refused the buffers, with its reason: a shared-memory
+        file it cannot map, a name it knows in other memory, GPU memory it does
+        not implement); UNAVAILABLE (the transfer agent is unreachable: nothing
+        was registered); UNAUTHENTICATED. Safe to retry.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_RoomsServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -536,6 +574,11 @@ def add_RoomsServicer_to_server(servicer, server):
                     servicer.DeclareDestination,
                     request_deserializer=decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationRequest.FromString,
                     response_serializer=decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationResponse.SerializeToString,
+            ),
+            'RegisterEngineLayout': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterEngineLayout,
+                    request_deserializer=decodeplane_dot_v1_dot_engine__layout__pb2.RegisterEngineLayoutRequest.FromString,
+                    response_serializer=decodeplane_dot_v1_dot_engine__layout__pb2.RegisterEngineLayoutResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -822,5 +865,22 @@ class Rooms(object):
         return grpc.experimental.unary_unary(request, target, '/decodeplane.v1.Rooms/DeclareDestination',
             decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationRequest.SerializeToString,
             decodeplane_dot_v1_dot_rooms__pb2.DeclareDestinationResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def RegisterEngineLayout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/decodeplane.v1.Rooms/RegisterEngineLayout',
+            decodeplane_dot_v1_dot_engine__layout__pb2.RegisterEngineLayoutRequest.SerializeToString,
+            decodeplane_dot_v1_dot_engine__layout__pb2.RegisterEngineLayoutResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
