@@ -92,6 +92,9 @@ func withParams(f func(*Params)) rigOpt { return func(g *rig) { f(g.cfg) } }
 // withHint opens the room with a router hint.
 func withHint(dp int) rigOpt { return func(g *rig) { g.hint = dp } }
 
+// withTimeout opens the room with the request's time budget.
+func withTimeout(d time.Duration) rigOpt { return func(g *rig) { g.timeout = d } }
+
 // rig is one room under test with its plan and settings. Every event is
 // applied through apply, which checks what must hold after any event.
 type rig struct {
@@ -100,9 +103,11 @@ type rig struct {
 	cfg   *Params
 	shape prefillShape
 	hint  int
-	plan  *registry.Plan
-	topo  registry.PrefillTopology
-	dp    int // the DP rank the room resolves to
+	// timeout is the request's time budget the room opens with (0: none).
+	timeout time.Duration
+	plan    *registry.Plan
+	topo    registry.PrefillTopology
+	dp      int // the DP rank the room resolves to
 	// scattersPending is what exec's success checks say of the staged
 	// regions still to scatter (the staging handler's answer).
 	scattersPending bool
@@ -182,7 +187,7 @@ func (g *rig) ranks() []RankID {
 
 func (g *rig) open() {
 	g.t.Helper()
-	g.want(g.apply(Open{Now: tOpen, ID: roomID, Addr: addrA, DecodeDP: 0, HintDP: g.hint, Params: g.cfg,
+	g.want(g.apply(Open{Now: tOpen, ID: roomID, Addr: addrA, DecodeDP: 0, HintDP: g.hint, Params: g.cfg, Timeout: g.timeout,
 		Request: Request{RID: "rid-7", PromptLen: 150, OutputLen: 0, MaxNewTokens: 50, Priority: 1}}), PhaseWaitingPrefill)
 }
 
