@@ -56,8 +56,8 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 		} else if shard >= len(m.shards) {
 			return RoomSnapshot{}, false, invalid("decode_dp_rank", "%d is out of range: this daemon hosts %d decode DP shards (allowed 0..%d)", shard, len(m.shards), len(m.shards)-1)
 		}
-		if t := req.Timeout; t != 0 && (t < time.Millisecond || t > room.MaxTimeout) {
-			return RoomSnapshot{}, false, invalid("timeout", "%s is out of range (allowed %s..%s, or none)", t, time.Millisecond, room.MaxTimeout)
+		if t := req.Timeout; t != 0 && (t < time.Millisecond || t > MaxRoomTimeout) {
+			return RoomSnapshot{}, false, invalid("timeout", "%s is out of range (allowed %s..%s, or none)", t, time.Millisecond, MaxRoomTimeout)
 		}
 		if inst, ok := m.reg.Instance(req.Addr); ok && inst.Complete && req.PrefillDP >= inst.Topology.DP {
 			return RoomSnapshot{}, false, invalid("prefill_dp_rank", "%d is out of range: %s has dp_size %d (allowed 0..%d)", req.PrefillDP, req.Addr, inst.Topology.DP, inst.Topology.DP-1)

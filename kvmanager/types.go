@@ -67,3 +67,6 @@ const (
 	FailureRetractTimeout     = room.FailureRetractTimeout
 	FailureDeadlineExceeded   = room.FailureDeadlineExceeded
 )
+
+// MaxRoomTimeout bounds OpenRequest.Timeout (room.MaxTimeout).
+const MaxRoomTimeout = room.MaxTimeout
