@@ -37,8 +37,10 @@ func TestDeadlineNoClaim(t *testing.T) {
 		}
 		advance(2*time.Second - time.Nanosecond)
 		s = h.wantPhase(1, PhaseAdmitted)
-		if got := room.PhaseTimesString(s.PhaseTimes); got != "waiting_prefill 0s, queued 0s, admitted 2s" {
-			t.Errorf("phase times just before the deadline %q", got)
+		// GetRoom's phase times are its timeline's: the phases it left (the
+		// one it is in started at UpdatedAt).
+		if got := room.PhaseTimesString(s.PhaseTimes); got != "waiting_prefill 0s, queued 0s" || !s.UpdatedAt.Equal(opened) {
+			t.Errorf("phase times just before the deadline %q (updated %v)", got, s.UpdatedAt)
 		}
 		advance(time.Nanosecond)
 		msg := h.wantFailure(1, FailureDeadlineExceeded, "Request 1 exceeded its deadline (timeout 2s from OpenRoom) in KVPoll.WaitingForInput, phase admitted: the destination was not claimed by prefill ranks cp 0 tp 0 pp 0 of 10.0.0.1:8998; phase admitted used most of the budget (2s)")

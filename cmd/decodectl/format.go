@@ -551,7 +551,7 @@ func writeRoom(w io.Writer, r *pb.Room, showPages bool, now time.Time) error {
 			fmt.Fprintf(tw, "Deadline:\t%s (timeout %s from opening; it bounds the first attempt's hand-off)\n", timestamp(r.GetDeadline()), to.AsDuration())
 		}
 		if pt := r.GetPhaseTimes(); len(pt) > 0 {
-			fmt.Fprintf(tw, "Time per phase:\t%s\n", formatPhaseTimes(pt, r.GetTimeout()))
+			fmt.Fprintf(tw, "Phase times:\t%s\n", formatPhaseTimes(pt, r.GetTimeout()))
 		}
 		if r.GetAttempt() > 1 {
 			fmt.Fprintf(tw, "Attempt:\t%d (rebootstrapped)\n", r.GetAttempt())

@@ -209,8 +209,8 @@ func TestWriteRoom(t *testing.T) {
 	}
 	for _, want := range []string{
 		" (timeout 2s from opening; it bounds the first attempt's hand-off)\n",
-		"Time per phase:  waiting_prefill 0s, queued 12ms, admitted 1.988s (2s in all, of a 2s budget)\n",
-		"Failure:         deadline_exceeded: Request 7 exceeded its deadline (timeout 2s from OpenRoom) in KVPoll.WaitingForInput, phase admitted\n",
+		"Phase times:  waiting_prefill 0s, queued 12ms, admitted 1.988s (2s in all, of a 2s budget)\n",
+		"Failure:      deadline_exceeded: Request 7 exceeded its deadline (timeout 2s from OpenRoom) in KVPoll.WaitingForInput, phase admitted\n",
 	} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("room output lacks %q:\n%s", want, b.String())

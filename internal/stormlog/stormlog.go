@@ -10,7 +10,8 @@
 // slog call would log it; the events of that cause that follow within the
 // interval are counted, and when the interval ends one line reports them:
 // the same message and cause, "count" (how many events the line stands
-// for), "ids" (the ids of the first few, space-separated), "first" (the
+// for), "ids" (the ids of the first few, space-separated; absent when the
+// events have none), "first" (the
 // detail of the first of them, as a group) and "over" (the time from the
 // first to the line). A cause quiet for a whole interval logs its next
 // event at once again. The detail of every event stays where it belongs:
@@ -111,7 +112,8 @@ func (l *Logger) Slog() *slog.Logger { return l.log }
 
 // Log records one event of the cause msg + causeAttrs at level: logged at
 // once (msg, causeAttrs, then detail, with ctx) when the cause wrote no line
-// within the interval, else counted into the cause's next summary under id.
+// within the interval, else counted into the cause's next summary under id
+// ("" for an event without one).
 // Nothing is recorded at a level the logger does not write.
 func (l *Logger) Log(ctx context.Context, level slog.Level, msg string, causeAttrs []slog.Attr, id string, detail ...slog.Attr) {
 	if !l.log.Enabled(ctx, level) {
@@ -249,10 +251,11 @@ func (l *Logger) due(now time.Time, all bool) []summary {
 	slices.Sort(keys)
 	for _, k := range keys {
 		c := l.causes[k]
-		attrs := slices.Concat(c.attrs, []slog.Attr{
-			slog.Int("count", c.n), slog.String("ids", strings.Join(c.ids, " ")),
-			{Key: "first", Value: slog.GroupValue(c.first...)}, slog.Duration("over", now.Sub(c.since)),
-		})
+		attrs := append(slices.Clip(c.attrs), slog.Int("count", c.n))
+		if len(c.ids) > 0 {
+			attrs = append(attrs, slog.String("ids", strings.Join(c.ids, " ")))
+		}
+		attrs = append(attrs, slog.Attr{Key: "first", Value: slog.GroupValue(c.first...)}, slog.Duration("over", now.Sub(c.since)))
 		out = append(out, summary{level: c.level, msg: c.msg, attrs: attrs})
 		c.last, c.n, c.ids, c.first = now, 0, nil, nil
 	}

@@ -352,3 +352,21 @@ level=WARN msg="room failed" code=prefill_lost bootstrap_addr=10.0.0.1:8998 coun
 		}
 	})
 }
+
+// Events without ids: the summary has a count and no ids.
+func TestNoIDs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, rec := newLogger(Options{})
+		for range 3 {
+			l.Log(context.Background(), slog.LevelWarn, "finished call", []slog.Attr{slog.String("grpc.code", "Unavailable")}, "", slog.Int("grpc.time_ms", 1))
+		}
+		l.Flush()
+		got := rec.take()
+		if len(got) != 2 || got[1].attrs["count"] != "2" || got[1].attrs["first.grpc.time_ms"] != "1" {
+			t.Fatalf("%+v, want the first call and a summary of 2", got)
+		}
+		if _, ok := got[1].attrs["ids"]; ok {
+			t.Errorf("summary %+v has ids", got[1])
+		}
+	})
+}

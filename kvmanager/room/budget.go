@@ -97,7 +97,9 @@ func (r *Room) waitedFor() string {
 
 // PhaseTimes is the time the current attempt's hand-off spent in each of
 // its phases up to now (or until it ended), in the order entered: at most
-// one entry per hand-off phase (waiting_prefill through transferring).
+// one entry per hand-off phase (waiting_prefill through transferring). A
+// zero now leaves the phase a live room is in out: the times are then
+// those its timeline records, the same whenever they are read.
 func (r *Room) PhaseTimes(now time.Time) []PhaseTime {
 	steps := r.transitions
 	start, startAt := -1, int64(r.openedAt) // -1: OpenRoom's derived step
@@ -125,10 +127,8 @@ func (r *Room) PhaseTimes(now time.Time) []PhaseTime {
 			return out
 		}
 	}
-	if d := time.Duration(now.UnixNano() - from); d > 0 {
-		add(cur, d)
-	} else {
-		add(cur, 0)
+	if !now.IsZero() {
+		add(cur, max(time.Duration(now.UnixNano()-from), 0))
 	}
 	return out
 }

@@ -90,11 +90,17 @@ func TestPhaseTimes(t *testing.T) {
 		{stSucceeded, 100, "waiting_prefill 1s, queued 1s, admitted 1s, claimed 1s, transferring 0s"},
 		{stFailed, 100, "waiting_prefill 1s, queued 1s, admitted 3s"},
 		{stReadmitted, 12, "waiting_prefill 0s, queued 0s, admitted 3s"},
+		{stAdmitted, 0, "waiting_prefill 1s, queued 1s"}, // no now: the phases it left
+		{stFailed, 0, "waiting_prefill 1s, queued 1s, admitted 3s"},
 	} {
 		t.Run(c.from.name, func(t *testing.T) {
 			g := newRig(t, c.from.opts...)
 			c.from.build(g)
-			if got := PhaseTimesString(g.r.PhaseTimes(sec(c.now))); got != c.want {
+			now := sec(c.now)
+			if c.now == 0 {
+				now = time.Time{}
+			}
+			if got := PhaseTimesString(g.r.PhaseTimes(now)); got != c.want {
 				t.Errorf("phase times at %vs %q, want %q", c.now, got, c.want)
 			}
 		})

@@ -220,7 +220,8 @@ type Snapshot struct {
 	Timeout  time.Duration
 	Deadline time.Time
 	// PhaseTimes is the time the current attempt's hand-off spent in each
-	// phase, in the order entered (filled when asked: GetRoom).
+	// phase it left, in the order entered (filled when asked: GetRoom; the
+	// phase a live room is in started at UpdatedAt).
 	PhaseTimes []PhaseTime
 }
 

@@ -1724,9 +1724,11 @@ type Room struct {
 	// none). The deadline bounds the first attempt's hand-off only.
 	Timeout  *durationpb.Duration   `protobuf:"bytes,26,opt,name=timeout,proto3" json:"timeout,omitempty"`
 	Deadline *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=deadline,proto3" json:"deadline,omitempty"`
-	// phase_times is the time the current attempt's hand-off spent in each of
-	// its phases so far (until it succeeded or failed), in the order entered:
-	// where a request's time went. Filled by GetRoom only.
+	// phase_times is the time the current attempt's hand-off spent in each
+	// phase it left, in the order entered (until it succeeded or failed):
+	// where a request's time went. The phase a live room is in started at
+	// updated_at (it is not listed, so that the answer is the same whenever
+	// it is read). Filled by GetRoom only.
 	// bounds: at most 6 entries, one per hand-off phase (waiting_prefill,
 	// resolving_dp_rank, queued, admitted, claimed, transferring).
 	PhaseTimes    []*PhaseTime `protobuf:"bytes,28,rep,name=phase_times,json=phaseTimes,proto3" json:"phase_times,omitempty"`

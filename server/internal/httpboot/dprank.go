@@ -15,7 +15,6 @@ import (
 
 	"github.com/decodeplane/decodeplane/kvmanager"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
-	"github.com/decodeplane/decodeplane/server/internal/ops"
 )
 
 func (h *Routes) registerDPRank(w http.ResponseWriter, r *http.Request) {
@@ -111,7 +110,7 @@ func (h *Routes) queryDPRanks(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		writeStatus(w, ops.ToStatus(r.Context(), h.t.Log(), err))
+		writeStatus(w, h.t.Status(r.Context(), err))
 		return
 	}
 	// The answer is written into the request's buffer (the body is parsed
