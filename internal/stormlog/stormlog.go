@@ -126,7 +126,11 @@ func (l *Logger) Log(ctx context.Context, level slog.Level, msg string, causeAtt
 	if l.closed || (c.n == 0 && (c.last.IsZero() || now.Sub(c.last) >= l.interval)) {
 		c.last = now
 		l.mu.Unlock()
-		l.log.LogAttrs(ctx, level, msg, slices.Concat(c.attrs, detail)...)
+		own := causeAttrs
+		if c.key != key { // counted with the other causes: said so
+			own = append(slices.Clip(causeAttrs), otherCauses)
+		}
+		l.log.LogAttrs(ctx, level, msg, slices.Concat(own, detail)...)
 		return
 	}
 	if c.n == 0 {
@@ -152,7 +156,7 @@ func (l *Logger) cause(key, msg string, attrs []slog.Attr, now time.Time) *cause
 		l.forgetIdle(now)
 	}
 	if len(l.causes) >= l.maxCauses {
-		key, attrs = "\x01"+msg, []slog.Attr{slog.Bool("other_causes", true)}
+		key, attrs = "\x01"+msg, []slog.Attr{otherCauses}
 		if c := l.causes[key]; c != nil {
 			return c
 		}
@@ -161,6 +165,10 @@ func (l *Logger) cause(key, msg string, attrs []slog.Attr, now time.Time) *cause
 	l.causes[key] = c
 	return c
 }
+
+// otherCauses marks the lines of the causes counted together past
+// MaxCauses.
+var otherCauses = slog.Bool("other_causes", true)
 
 // forgetIdle forgets the causes with nothing counted whose last line is an
 // interval old: their next event is logged at once anyway (l.mu held).

@@ -248,8 +248,8 @@ func TestCausesBounded(t *testing.T) {
 		if len(first) != 5 { // four causes, then the overflow's first
 			t.Fatalf("%d lines, want 5: %+v", len(first), first)
 		}
-		if first[4].attrs["other_causes"] != "true" {
-			t.Errorf("the fifth cause's line %+v, want other_causes=true", first[4])
+		if first[4].attrs["other_causes"] != "true" || first[4].attrs["addr"] != "4" {
+			t.Errorf("the fifth cause's line %+v, want its own cause and other_causes=true", first[4])
 		}
 		sleep(DefaultInterval)
 		got := rec.take()

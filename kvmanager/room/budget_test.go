@@ -12,6 +12,9 @@ import (
 // that used the budget, and bounds nothing once the hand-off succeeded or
 // in a rebootstrap's attempt.
 
+// withTimeout opens the room with the request's time budget.
+func withTimeout(d time.Duration) rigOpt { return func(g *rig) { g.timeout = d } }
+
 // budgetMsg is the failure of room 7 at its deadline in phase p.
 func budgetMsg(timeout string, p Phase, waited string, most Phase, mostSpent, times string) string {
 	return fmt.Sprintf("Request 7 exceeded its deadline (timeout %s from OpenRoom) in KVPoll.%s, phase %s: %s; phase %s used most of the budget (%s); time per phase: %s",

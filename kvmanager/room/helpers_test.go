@@ -92,19 +92,15 @@ func withParams(f func(*Params)) rigOpt { return func(g *rig) { f(g.cfg) } }
 // withHint opens the room with a router hint.
 func withHint(dp int) rigOpt { return func(g *rig) { g.hint = dp } }
 
-// withTimeout opens the room with the request's time budget.
-func withTimeout(d time.Duration) rigOpt { return func(g *rig) { g.timeout = d } }
-
 // rig is one room under test with its plan and settings. Every event is
 // applied through apply, which checks what must hold after any event.
 type rig struct {
-	t     *testing.T
-	r     *Room
-	cfg   *Params
-	shape prefillShape
-	hint  int
-	// timeout is the request's time budget the room opens with (0: none).
-	timeout time.Duration
+	t       *testing.T
+	r       *Room
+	cfg     *Params
+	shape   prefillShape
+	hint    int
+	timeout time.Duration // the request's time budget (withTimeout)
 	plan    *registry.Plan
 	topo    registry.PrefillTopology
 	dp      int // the DP rank the room resolves to
