@@ -298,6 +298,15 @@
 // WithTransport(TransportUnary) keeps OpenAndWait on OpenRoom and WaitRoom
 // (a WatchRoom stream per room).
 //
+// OpenRoom and OpenAndWait pass their context's deadline to the daemon as
+// the request's timeout (OpenRoomRequest.timeout), on either transport: what
+// the deadline leaves when the open is sent, less a reserve for the answer's
+// way back (a twentieth of it, at most 100 ms); a shorter timeout the
+// request carries is kept. The daemon caps every bound of the room's
+// hand-off with it, and a room it cannot hand off in time fails before the
+// context ends, with a *RoomFailedError (FAILURE_CODE_DEADLINE_EXCEEDED)
+// naming the phase that used the budget.
+//
 // Both sessions pack the ops queued while a message is being written into
 // it (EngineRequest.more, PrefillRequest.more) once the daemon's response
 // header said it reads them ("decodeplane-pack: more"), and ask the daemon

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -38,7 +39,9 @@ type Engine struct {
 // RetryAfter), ErrUnavailable (draining). Retried on Unavailable only when
 // the request has an idempotency key (see WithAutoIdempotencyKey); the
 // answer's Existing then says whether an earlier attempt opened the room.
-// It is a unary call whatever the transport.
+// It is a unary call whatever the transport. A deadline of ctx is sent as
+// the request's timeout (deadline.go): the daemon fails the room when it
+// passes, naming the phase that used it.
 func (e *Engine) OpenRoom(ctx context.Context, req *pb.OpenRoomRequest) (*pb.OpenRoomResponse, error) {
 	return e.c.openRoom(ctx, req)
 }
@@ -53,7 +56,10 @@ func (c *Client) openRoom(ctx context.Context, req *pb.OpenRoomRequest) (*pb.Ope
 		}
 		req.IdempotencyKey = "auto-" + rand.Text()
 	}
-	return invoke(ctx, c, pb.Rooms_OpenRoom_FullMethodName, req, c.rooms.OpenRoom)
+	return invoke(ctx, c, pb.Rooms_OpenRoom_FullMethodName, req,
+		func(ctx context.Context, r *pb.OpenRoomRequest, opts ...grpc.CallOption) (*pb.OpenRoomResponse, error) {
+			return c.rooms.OpenRoom(ctx, withDeadline(ctx, r), opts...) // what the deadline leaves at each attempt
+		})
 }
 
 // WatchRoom streams a room's transitions: its current state first (and every

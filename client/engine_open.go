@@ -119,7 +119,7 @@ func (c *Client) openAttempt(ctx context.Context, req *pb.OpenRoomRequest, w *mu
 	// Attached before the open: its events may follow its reply at once. A
 	// session that ended meanwhile refuses the open unsent.
 	m.attach(w, ms)
-	r := ms.open(ctx, req)
+	r := ms.open(ctx, withDeadline(ctx, req)) // what the deadline leaves at each attempt
 	if r.err == nil && r.res.Err == nil {
 		w.mu.Lock()
 		w.opened, w.inc = true, r.res.Incarnation

@@ -18,7 +18,12 @@ import (
 // *RoomFailedError (errors.Is(err, ErrRoomFailed)); a refused open is
 // returned as OpenRoom's *Error (code, message, RetryAfter), with a nil
 // room. Bound the wait with ctx; on ctx's end the room is left as it is
-// (abort it if it is no longer wanted).
+// (abort it if it is no longer wanted). A deadline of ctx is sent as the
+// request's timeout, less a reserve for the answer's way back
+// (deadline.go): a room the daemon cannot hand off in time fails before
+// ctx ends, with a *RoomFailedError whose code is
+// FAILURE_CODE_DEADLINE_EXCEEDED and whose message names the phase that
+// used the budget.
 //
 // Under TransportStreams (the default) the room travels on the Client's
 // one EngineSession stream, shared by every OpenAndWait and opened at the

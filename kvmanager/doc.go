@@ -89,7 +89,22 @@
 // dead (T15). Liveness is per rank: every registered rank must heartbeat,
 // and one rank silent for max_failures intervals kills its instance; the
 // rooms' failure and the log line name the silent ranks and their silence.
+// OpenRoom may carry the request's time budget (OpenRequest.Timeout): it
+// caps every bound of the first attempt's hand-off at what is left of it,
+// and a room whose budget ends first fails with FailureDeadlineExceeded,
+// naming its phase and the time each phase took (GetRoom's PhaseTimes, the
+// room span's decodeplane.phase_ms.* attributes; room/budget.go).
 // Tests drive all of them with testing/synctest.
+//
+// # Quiet under storms
+//
+// What can happen to many rooms at once is logged through one
+// internal/stormlog logger (logs.go): room failures (per failure code and
+// bootstrap address), drains, quarantines and internal errors write one
+// line per cause per interval, the first at once and then a summary with
+// the count and a few room ids, so that a prefill lost with a million rooms
+// queued writes a handful of lines. Each room's own account stays in its
+// events, its trace and GetRoom.
 //
 // # Nothing sized by a client's numbers
 //

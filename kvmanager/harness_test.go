@@ -10,6 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/prealloc"
 	"github.com/decodeplane/decodeplane/transfer"
@@ -45,6 +47,7 @@ type harnessOptions struct {
 	engine func(sim *sim.SimEngine) transfer.Engine
 	obs    Observer
 	log    *slog.Logger
+	tp     trace.TracerProvider
 }
 
 type option func(*harnessOptions)
@@ -83,6 +86,11 @@ func withEngine(f func(sim *sim.SimEngine) transfer.Engine) option {
 // withLogger installs a logger (default: discard).
 func withLogger(l *slog.Logger) option {
 	return func(o *harnessOptions) { o.log = l }
+}
+
+// withTracer installs a tracer provider (default: none).
+func withTracer(tp trace.TracerProvider) option {
+	return func(o *harnessOptions) { o.tp = tp }
 }
 
 // withObserver installs an observer.
@@ -137,7 +145,7 @@ func newHarness(t *testing.T, opts ...option) *harness {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	m, err := New(cfg, dec, Deps{Ledgers: ledgers, Engine: eng, Logger: logger, Observer: o.obs})
+	m, err := New(cfg, dec, Deps{Ledgers: ledgers, Engine: eng, Logger: logger, Observer: o.obs, TracerProvider: o.tp})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/decodeplane/decodeplane/internal/stormlog"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/kvmanager/registry"
 	"github.com/decodeplane/decodeplane/kvmanager/room"
@@ -49,6 +51,9 @@ type Manager struct {
 	layout kvlayout.Layout
 	clock  kvlayout.Clock
 	log    *slog.Logger
+	// storm logs what may happen to many rooms at once: one line per cause
+	// per interval (logs.go).
+	storm  *stormlog.Logger
 	tracer trace.Tracer
 	// selfWriters: prefill addresses known to write by themselves (drain.go).
 	selfWriters selfWriters
@@ -120,6 +125,7 @@ func New(cfg Config, dec kvlayout.Config, deps Deps) (*Manager, error) {
 		layout:  dec.Layout(),
 		clock:   deps.Clock,
 		log:     deps.Logger,
+		storm:   stormlog.New(deps.Logger, stormlog.Options{Clock: deps.Clock}),
 		tracer:  deps.TracerProvider.Tracer("github.com/decodeplane/decodeplane/kvmanager"),
 		tracing: tracing,
 		obs:     deps.Observer,
@@ -297,7 +303,8 @@ func (m *Manager) Shutdown(ctx context.Context) {
 	})
 	sum.PendingClaims = m.pend.failAll() // none can be left: AwaitDestination refuses them while draining
 	m.shut.add(sum)
-	m.dl.reset() // closed: no deadline applies any more
+	m.dl.reset()    // closed: no deadline applies any more
+	m.storm.Flush() // the summaries of what the shutdown ended
 }
 
 // shutdown is what Shutdown ended, behind its own lock.
@@ -447,7 +454,7 @@ func (m *Manager) invariant(what string, room uint64, err error) {
 	if strictInvariants {
 		panic(fmt.Sprintf("kvmanager: %s: room %d: %v", what, room, err))
 	}
-	m.log.Error("internal: "+what, "room", room, "err", err)
+	m.storm.Log(context.Background(), slog.LevelError, "internal: "+what, nil, strconv.FormatUint(room, 10), slog.Uint64("room", room), slog.Any("err", err))
 }
 
 // strictInvariants makes a broken invariant panic (set by the package's

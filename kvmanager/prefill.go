@@ -117,12 +117,16 @@ func (m *Manager) apply(evs []registry.Event) int {
 			m.obs.PrefillRegistered(addr, ev.Replaced)
 		case registry.InstanceReplaced:
 			m.obs.PrefillInstanceReplaced(addr)
-			failed += m.shards.fail(func(e *entry) bool { return e.Addr() == addr && e.HandingOff() },
+			n := m.shards.fail(func(e *entry) bool { return e.Addr() == addr && e.HandingOff() },
 				Failure{Code: FailurePrefillLost, Message: ev.Message})
+			m.log.Warn("prefill instance replaced: a new instance id registered at its address", "bootstrap_addr", addr, "rooms_failed", n, "reason", ev.Message)
+			failed += n
 		case registry.RankReplaced:
 			dp := ev.Rank.DP
-			failed += m.shards.fail(func(e *entry) bool { return e.Addr() == addr && e.PrefillDP() == dp && e.HandingOff() },
+			n := m.shards.fail(func(e *entry) bool { return e.Addr() == addr && e.PrefillDP() == dp && e.HandingOff() },
 				Failure{Code: FailurePrefillLost, Message: ev.Message})
+			m.log.Warn("prefill rank replaced: a new endpoint registered for it", "bootstrap_addr", addr, "rank", ev.Rank.String(), "rooms_failed", n, "reason", ev.Message)
+			failed += n
 		case registry.InstanceComplete:
 			topo := ev.Instance.Topology
 			m.log.Info("prefill instance registered", "bootstrap_addr", addr, "ranks", ev.Instance.Registered,

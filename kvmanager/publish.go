@@ -216,8 +216,19 @@ func (sh *shard) startSpan(ctx context.Context, e *entry) {
 		attribute.Int("decodeplane.prompt_len", e.Request().PromptLen),
 		attribute.Int("decodeplane.attempt", int(e.Attempt())),
 	}
+	if d := e.Deadline(); !d.IsZero() {
+		attrs = append(attrs, attribute.Int64("decodeplane.timeout_ms", e.Timeout().Milliseconds()))
+	}
 	_, span := m.tracer.Start(ctx, "room", trace.WithAttributes(attrs...))
 	e.s().tr = &roomTrace{span: span, spanCtx: trace.ContextWithSpan(context.Background(), span)}
+}
+
+// phaseTimeAttrs records on the room span the time each phase of its
+// hand-off took: decodeplane.phase_ms.<phase>, milliseconds.
+func phaseTimeAttrs(span trace.Span, times []PhaseTime) {
+	for _, pt := range times {
+		span.SetAttributes(attribute.Int64("decodeplane.phase_ms."+pt.Phase.String(), pt.Spent.Milliseconds()))
+	}
 }
 
 // phaseSpanName names the child span of each phase.
@@ -251,7 +262,16 @@ func (sh *shard) phaseSpan(e *entry, mv room.Move) {
 		t.phaseSpan.End()
 		t.phaseSpan = nil
 	}
-	t.span.AddEvent("phase", trace.WithAttributes(attribute.String("phase", to.String()), attribute.Int("kvpoll", int(to.Poll()))))
+	at := mv.Step.At()
+	if d := e.Deadline(); !d.IsZero() {
+		t.span.AddEvent("phase", trace.WithAttributes(attribute.String("phase", to.String()), attribute.Int("kvpoll", int(to.Poll())),
+			attribute.Int64("budget_left_ms", d.Sub(at).Milliseconds())))
+	} else {
+		t.span.AddEvent("phase", trace.WithAttributes(attribute.String("phase", to.String()), attribute.Int("kvpoll", int(to.Poll()))))
+	}
+	if to == PhaseFailed || (to == PhaseSucceeded && from != PhaseRetracted) {
+		phaseTimeAttrs(t.span, e.PhaseTimes(at))
+	}
 	switch {
 	case to == PhaseSucceeded && from != PhaseRetracted:
 		snap := e.Snapshot(false, false)
@@ -271,29 +291,6 @@ func (sh *shard) phaseSpan(e *entry, mv room.Move) {
 	default:
 		if name, ok := phaseSpanName[to]; ok {
 			_, t.phaseSpan = sh.m.tracer.Start(t.spanCtx, name, trace.WithAttributes(attribute.Int64("room", int64(e.ID()))))
-		}
-	}
-}
-
-// drainNotes logs and counts what the room's drain did.
-func (sh *shard) drainNotes(e *entry, ef *room.Effects) {
-	m := sh.m
-	if !ef.QuarantineUntil.IsZero() {
-		m.log.Warn("room's pages held until the transfer agent's deadline", "room", e.ID(), "until", ef.QuarantineUntil)
-	}
-	d := ef.Drain
-	switch {
-	case ef.DrainStarted:
-		m.log.Info("room's pages draining until its prefill ranks acknowledge", "room", e.ID(), "attempt", d.Attempt, "ranks", room.RankList(d.Ranks), "until", d.Until)
-	case ef.DrainExpired:
-		m.log.Warn("room's pages released without every prefill rank's acknowledgement: release.deferred_timeout expired",
-			"room", e.ID(), "attempt", d.Attempt, "ranks", room.RankList(d.Ranks), "deferred_timeout", m.cfg.Release.DeferredTimeout)
-		m.obs.RoomEndAcks("expired", len(d.Ranks))
-	}
-	if ef.Acked {
-		m.obs.RoomEndAcks("acked", 1)
-		if ef.AckResult.Released {
-			m.log.Info("room's pages released: every prefill rank acknowledged", "room", e.ID(), "attempt", d.Attempt, "acks", d.Acks)
 		}
 	}
 }

@@ -27,6 +27,11 @@ type OpenRequest struct {
 	Priority       int
 	Rebootstrap    bool
 	IdempotencyKey string
+	// Timeout is the request's time budget from now (0: none; else 1 ms to
+	// room.MaxTimeout, in whole milliseconds): its hand-off must succeed
+	// within it, and it caps every configured bound of the first attempt
+	// (room/budget.go).
+	Timeout time.Duration
 }
 
 // OpenRoom admits a request to the decode side. It returns at once: the
@@ -50,6 +55,9 @@ func (m *Manager) OpenRoom(ctx context.Context, req OpenRequest) (RoomSnapshot, 
 			shard = int(req.Room % uint64(len(m.shards)))
 		} else if shard >= len(m.shards) {
 			return RoomSnapshot{}, false, invalid("decode_dp_rank", "%d is out of range: this daemon hosts %d decode DP shards (allowed 0..%d)", shard, len(m.shards), len(m.shards)-1)
+		}
+		if t := req.Timeout; t != 0 && (t < time.Millisecond || t > MaxRoomTimeout) {
+			return RoomSnapshot{}, false, invalid("timeout", "%s is out of range (allowed %s..%s, or none)", t, time.Millisecond, MaxRoomTimeout)
 		}
 		if inst, ok := m.reg.Instance(req.Addr); ok && inst.Complete && req.PrefillDP >= inst.Topology.DP {
 			return RoomSnapshot{}, false, invalid("prefill_dp_rank", "%d is out of range: %s has dp_size %d (allowed 0..%d)", req.PrefillDP, req.Addr, inst.Topology.DP, inst.Topology.DP-1)
@@ -99,7 +107,7 @@ func (sh *shard) open(ctx context.Context, req OpenRequest) (_ RoomSnapshot, _ e
 		return RoomSnapshot{}, nil, true
 	}
 	opened := e.Apply(room.Open{Now: m.clock.Now(), ID: req.Room, Addr: addr, DecodeDP: sh.idx, HintDP: req.PrefillDP, Params: m.params,
-		IdempotencyKey: req.IdempotencyKey,
+		IdempotencyKey: req.IdempotencyKey, Timeout: req.Timeout,
 		Request: room.Request{RID: req.RID, PromptLen: req.PromptLen, OutputLen: req.OutputLen, MaxNewTokens: req.MaxNewTokens,
 			Priority: req.Priority, Rebootstrap: req.Rebootstrap}})
 	sh.insert(e)
@@ -203,6 +211,7 @@ func (m *Manager) GetRoom(id uint64, withPages bool) (RoomSnapshot, error) {
 	snap := e.snapshot(true, withPages)
 	snap.Coverage = e.Coverage()
 	snap.WaitingFor = e.WaitingFor(sh.waitView(e))
+	snap.PhaseTimes = e.PhaseTimes(time.Time{}) // its timeline's: the same whenever it is read
 	return snap, nil
 }
 

@@ -253,7 +253,7 @@ func (sh *shard) apply(e *entry, ef *room.Effects) {
 		m.obs.RoomFinished(ef.Outcome, ef.Code, ef.SinceOpen)
 	}
 	if f := ef.Failure; f != nil {
-		m.log.WarnContext(e.logCtx(), "room failed", "room", e.ID(), "rid", e.Request().RID, "bootstrap_addr", e.Addr(), "code", f.Code.String(), "phase", ef.Move.From.String(), "reason", f.Message)
+		m.roomFailed(e, f, ef.Move.From)
 	}
 	if ef.Move.Moved {
 		sh.moved(e, ef.Move)

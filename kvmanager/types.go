@@ -18,6 +18,7 @@ type (
 	RankCoverage     = room.RankCoverage
 	ChunkRequest     = room.ChunkRequest
 	AckResult        = room.AckResult
+	PhaseTime        = room.PhaseTime
 )
 
 // KVPoll values (SGLang's numbers).
@@ -64,4 +65,8 @@ const (
 	FailureStagingFailed      = room.FailureStagingFailed
 	FailureShutdown           = room.FailureShutdown
 	FailureRetractTimeout     = room.FailureRetractTimeout
+	FailureDeadlineExceeded   = room.FailureDeadlineExceeded
 )
+
+// MaxRoomTimeout bounds OpenRequest.Timeout (room.MaxTimeout).
+const MaxRoomTimeout = room.MaxTimeout

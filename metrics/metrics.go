@@ -65,7 +65,7 @@ type Metrics struct {
 	// at its first event), instead of on every event.
 	roomsByPhase  [kvmanager.PhaseHeld + 1]func() prometheus.Gauge
 	succeeded     func() prometheus.Counter
-	failedBy      [kvmanager.FailureRetractTimeout + 1]func() prometheus.Counter
+	failedBy      [kvmanager.FailureDeadlineExceeded + 1]func() prometheus.Counter
 	handoffOK     func() prometheus.Observer
 	handoffFailed func() prometheus.Observer
 	chunksOK      func() prometheus.Counter
@@ -272,7 +272,7 @@ func (m *Metrics) Attach(mgr *kvmanager.Manager) {
 		m.chunks.WithLabelValues(o)
 	}
 	m.finished.WithLabelValues("succeeded", "none")
-	for c := kvmanager.FailureAborted; c <= kvmanager.FailureRetractTimeout; c++ {
+	for c := kvmanager.FailureAborted; c <= kvmanager.FailureDeadlineExceeded; c++ {
 		m.finished.WithLabelValues("failed", c.String())
 	}
 	for _, r := range []string{"false", "true"} {

@@ -358,6 +358,7 @@ func (s *Server) Shutdown(ctx context.Context, beforeStop func(context.Context))
 		err = ctx.Err()
 	}
 	s.health.Shutdown()
+	s.ops.Close() // the pending summaries of failed calls
 	return err
 }
 

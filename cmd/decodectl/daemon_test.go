@@ -100,10 +100,12 @@ func (d *testDaemon) register(t *testing.T, reg *pb.RegisterPrefillRequest) *cli
 	return p
 }
 
-// open opens a room of prompt tokens for the prefill at addr.
+// open opens a room of prompt tokens for the prefill at addr. Its context
+// has no deadline: the rooms of these scenarios have no time budget (the
+// Go client would send the context's as the room's timeout).
 func (d *testDaemon) open(t *testing.T, addr string, room uint64, prompt uint32) {
 	t.Helper()
-	if _, err := d.c.Engine().OpenRoom(testCtx(t), &pb.OpenRoomRequest{
+	if _, err := d.c.Engine().OpenRoom(t.Context(), &pb.OpenRoomRequest{
 		Rid: fmt.Sprintf("req-%d", room), BootstrapAddr: addr, Room: room, PromptLen: prompt, MaxNewTokens: 128,
 	}); err != nil {
 		t.Fatalf("open room %d: %v", room, err)

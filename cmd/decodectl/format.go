@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -528,6 +529,24 @@ func formatPages(pages []int32) string {
 	return strings.Join(parts, ",")
 }
 
+// formatPhaseTimes renders the time each phase of a room's hand-off took,
+// their sum and the request's budget: "waiting_prefill 0s, queued 12ms,
+// admitted 1.988s (2s in all, of a 2s budget)".
+func formatPhaseTimes(pts []*pb.PhaseTime, budget *durationpb.Duration) string {
+	parts := make([]string, len(pts))
+	var sum time.Duration
+	for i, pt := range pts {
+		d := pt.GetSpent().AsDuration()
+		sum += d
+		parts[i] = phaseName(pt.GetPhase()) + " " + d.Round(time.Millisecond).String()
+	}
+	all := sum.Round(time.Millisecond).String() + " in all"
+	if budget != nil {
+		all += ", of a " + budget.AsDuration().String() + " budget"
+	}
+	return strings.Join(parts, ", ") + " (" + all + ")"
+}
+
 // formatCoverage renders one prefill rank's page coverage of a room.
 func formatCoverage(c *pb.RankCoverage) string {
 	out := fmt.Sprintf("prefill cp %d tp %d pp %d: %d/%d pages landed, %s", c.GetCpRank(), c.GetTpRank(), c.GetPpRank(),
@@ -582,6 +601,12 @@ func writeRoom(w io.Writer, r *pb.Room, showPages bool, now time.Time) error {
 		}
 		fmt.Fprintf(tw, "Opened:\t%s (%s ago)\n", timestamp(r.GetOpenedAt()), age(r.GetOpenedAt(), now))
 		fmt.Fprintf(tw, "Updated:\t%s (%s after opening)\n", timestamp(r.GetUpdatedAt()), offset(r.GetUpdatedAt(), r.GetOpenedAt()))
+		if to := r.GetTimeout(); to != nil {
+			fmt.Fprintf(tw, "Deadline:\t%s (timeout %s from opening; it bounds the first attempt's hand-off)\n", timestamp(r.GetDeadline()), to.AsDuration())
+		}
+		if pt := r.GetPhaseTimes(); len(pt) > 0 {
+			fmt.Fprintf(tw, "Phase times:\t%s\n", formatPhaseTimes(pt, r.GetTimeout()))
+		}
 		if r.GetAttempt() > 1 {
 			fmt.Fprintf(tw, "Attempt:\t%d (rebootstrapped)\n", r.GetAttempt())
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -190,6 +191,30 @@ func TestWriteRoom(t *testing.T) {
 `
 	if diff := cmp.Diff(want, tl); diff != "" {
 		t.Errorf("timeline (-want +got):\n%s", diff)
+	}
+
+	// A room with the request's budget: its deadline and the time each
+	// phase took.
+	b.Reset()
+	budgeted := sampleRooms()[1]
+	budgeted.Failure = &pb.Failure{Code: pb.FailureCode_FAILURE_CODE_DEADLINE_EXCEEDED, Message: "Request 7 exceeded its deadline (timeout 2s from OpenRoom) in KVPoll.WaitingForInput, phase admitted"}
+	budgeted.Timeout, budgeted.Deadline = durationpb.New(2*time.Second), ts(-73*time.Second)
+	budgeted.PhaseTimes = []*pb.PhaseTime{
+		{Phase: pb.RoomPhase_ROOM_PHASE_WAITING_PREFILL, Spent: durationpb.New(0)},
+		{Phase: pb.RoomPhase_ROOM_PHASE_QUEUED, Spent: durationpb.New(12 * time.Millisecond)},
+		{Phase: pb.RoomPhase_ROOM_PHASE_ADMITTED, Spent: durationpb.New(1988 * time.Millisecond)},
+	}
+	if err := writeRoom(&b, budgeted, false, t0); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		" (timeout 2s from opening; it bounds the first attempt's hand-off)\n",
+		"Phase times:  waiting_prefill 0s, queued 12ms, admitted 1.988s (2s in all, of a 2s budget)\n",
+		"Failure:      deadline_exceeded: Request 7 exceeded its deadline (timeout 2s from OpenRoom) in KVPoll.WaitingForInput, phase admitted\n",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("room output lacks %q:\n%s", want, b.String())
+		}
 	}
 
 	b.Reset()

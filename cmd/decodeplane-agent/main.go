@@ -56,6 +56,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/decodeplane/decodeplane/internal/buildinfo"
+	"github.com/decodeplane/decodeplane/internal/stormlog"
 	"github.com/decodeplane/decodeplane/internal/tlsreload"
 	"github.com/decodeplane/decodeplane/server/grpcdecode"
 	"github.com/decodeplane/decodeplane/transfer/agentservice"
@@ -215,14 +216,16 @@ func run(args []string, stderr io.Writer) int {
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	agent := newAgent(o, log)
+	storm := stormlog.New(log, stormlog.Options{}) // lines about many batches at once: one per interval
+	defer storm.Close()
+	agent := newAgent(o, log, storm)
 	defer func() { // after the batches and the server stopped: unmap the shared memory
 		if err := agent.Store().Close(); err != nil {
 			log.Error("releasing the buffers", "err", err)
 		}
 	}()
 	svc := agentservice.New(agent, log)
-	serverOpts, stopTLS, err := serverOptions(o, log)
+	serverOpts, stopTLS, err := serverOptions(o, log, storm)
 	if err != nil {
 		log.Error("TLS files", "err", err)
 		return exitUsage
@@ -263,8 +266,9 @@ func run(args []string, stderr io.Writer) int {
 }
 
 // newAgent is the reference agent over host memory, with the faults the
-// flags inject.
-func newAgent(o options, log *slog.Logger) *hostmem.Agent {
+// flags inject (each batch held is logged through storm: a line per
+// interval, not per batch).
+func newAgent(o options, log *slog.Logger, storm *stormlog.Logger) *hostmem.Agent {
 	agent := hostmem.NewAgent(hostmem.NewStore(hostmem.Options{Limit: o.maxMemoryMB << 20, SharedDirs: o.sharedDirs}))
 	if len(o.holdRooms) > 0 {
 		log.Warn("fault injection: holding the batches of rooms", "rooms", o.holdRooms)
@@ -272,7 +276,8 @@ func newAgent(o options, log *slog.Logger) *hostmem.Agent {
 			if !slices.Contains(o.holdRooms, b.Room) {
 				return false
 			}
-			log.Info("batch held (--fault-hold-rooms)", "batch", b.ID, "room", b.Room, "past_cancel", o.holdPastCancel)
+			storm.Log(context.Background(), slog.LevelInfo, "batch held (--fault-hold-rooms)", nil, strconv.FormatUint(b.Room, 10),
+				slog.String("batch", b.ID), slog.Uint64("room", b.Room), slog.Bool("past_cancel", o.holdPastCancel))
 			return true
 		})
 		agent.SetHoldPastCancel(o.holdPastCancel)
@@ -291,11 +296,11 @@ func newAgent(o options, log *slog.Logger) *hostmem.Agent {
 
 // serverOptions are the gRPC server's options: the decoding codec, the
 // message bounds, TLS (its reloader runs until stop), recovery and
-// validation.
-func serverOptions(o options, log *slog.Logger) (opts []grpc.ServerOption, stop func(), err error) {
+// validation (a panic is logged through storm: a line per interval).
+func serverOptions(o options, log *slog.Logger, storm *stormlog.Logger) (opts []grpc.ServerOption, stop func(), err error) {
 	stop = func() {}
 	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
-		log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
+		storm.Log(ctx, slog.LevelError, "panic in gRPC handler", nil, "", slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 		return status.Error(codes.Internal, "internal error (logged by the agent)")
 	})
 	serverOpts := append(grpcdecode.DecodeOptions(), // first: undecodable requests are InvalidArgument

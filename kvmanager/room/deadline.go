@@ -39,38 +39,18 @@ func (r *Room) NextDeadline() time.Time {
 }
 
 func (r *Room) nextDeadline() stamp {
-	var next stamp
-	consider := func(s stamp) {
-		if s != 0 && (next == 0 || s < next) {
-			next = s
-		}
-	}
 	if r.phase.Terminal() {
-		if !r.releasePending || r.handoff == nil || r.inflight > 0 {
+		if !r.releasePending || r.handoff == nil || r.inflight > 0 || r.closed {
 			return 0
 		}
-		if d := r.drain; d != nil && d.started && len(d.owing) > 0 && !r.closed {
+		if d := r.drain; d != nil && d.started && len(d.owing) > 0 {
 			return d.until
 		}
-		if !r.closed {
-			consider(r.quarantine)
-		}
-		return next
+		return r.quarantine
 	}
-	switch r.phase {
-	case PhaseWaitingPrefill, PhaseQueued:
-		consider(r.bootstrapAt)
-	case PhaseResolvingDP:
-		consider(r.bootstrapAt)
-		consider(r.dpBound())
-	case PhaseAdmitted:
-		consider(r.bootstrapAt)
-		consider(r.claimBy)
-	case PhaseClaimed, PhaseTransferring:
-		consider(r.waitingAt)
-		consider(r.stagingBy)
-	case PhaseRetracted, PhaseHeld:
-		consider(r.parkedAt)
+	next := r.phaseBound()
+	if dl := r.requestDeadline(); dl != 0 && (next == 0 || dl < next) {
+		next = dl // what is left of the request's budget caps the phase's bound
 	}
 	return next
 }
@@ -91,6 +71,15 @@ func (r *Room) deadline(d Deadline, e *Effects) {
 	elapsed := func(since stamp) float64 { return d.Now.Sub(since.time()).Seconds() }
 	recompute := r.recomputeNote(d.GenerateURL)
 	f := Fail{Now: d.Now, SelfWriter: d.SelfWriter}
+	if dl := r.requestDeadline(); due(dl) {
+		if pb := r.phaseBound(); pb == 0 || dl <= pb {
+			// The request's budget ended no later than the phase's own
+			// bounds: it decides.
+			f.Failure = r.deadlineExceeded(d.Now)
+			r.fail(f, e)
+			return
+		}
+	}
 	// The earliest bound that passed decides (each only in the phases it
 	// bounds; the DP-rank bound before timeouts.bootstrap).
 	switch {

@@ -24,6 +24,10 @@ type Open struct {
 	Request        Request
 	IdempotencyKey string
 	Params         *Params
+	// Timeout is the request's time budget from Now (0: none; at most
+	// MaxTimeout, in whole milliseconds): its hand-off must succeed by then,
+	// and every bound of its first attempt ends by then at the latest.
+	Timeout time.Duration
 }
 
 // PrefillKnown: the room's prefill instance completed its registration
@@ -182,6 +186,7 @@ func (r *Room) open(o Open, e *Effects) {
 		bootstrapAt: stampOf(o.Now.Add(o.Params.Bootstrap)), cfg: o.Params, inLedger: true, owner: o.Params.Owner,
 	}
 	r.setRequest(o.Request)
+	r.timeoutMS = uint32(min(max(o.Timeout, 0), MaxTimeout) / time.Millisecond)
 	if o.IdempotencyKey != "" {
 		r.x().idemKey = o.IdempotencyKey
 	}

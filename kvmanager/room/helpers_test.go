@@ -95,14 +95,15 @@ func withHint(dp int) rigOpt { return func(g *rig) { g.hint = dp } }
 // rig is one room under test with its plan and settings. Every event is
 // applied through apply, which checks what must hold after any event.
 type rig struct {
-	t     *testing.T
-	r     *Room
-	cfg   *Params
-	shape prefillShape
-	hint  int
-	plan  *registry.Plan
-	topo  registry.PrefillTopology
-	dp    int // the DP rank the room resolves to
+	t       *testing.T
+	r       *Room
+	cfg     *Params
+	shape   prefillShape
+	hint    int
+	timeout time.Duration // the request's time budget (withTimeout)
+	plan    *registry.Plan
+	topo    registry.PrefillTopology
+	dp      int // the DP rank the room resolves to
 	// scattersPending is what exec's success checks say of the staged
 	// regions still to scatter (the staging handler's answer).
 	scattersPending bool
@@ -182,7 +183,7 @@ func (g *rig) ranks() []RankID {
 
 func (g *rig) open() {
 	g.t.Helper()
-	g.want(g.apply(Open{Now: tOpen, ID: roomID, Addr: addrA, DecodeDP: 0, HintDP: g.hint, Params: g.cfg,
+	g.want(g.apply(Open{Now: tOpen, ID: roomID, Addr: addrA, DecodeDP: 0, HintDP: g.hint, Params: g.cfg, Timeout: g.timeout,
 		Request: Request{RID: "rid-7", PromptLen: 150, OutputLen: 0, MaxNewTokens: 50, Priority: 1}}), PhaseWaitingPrefill)
 }
 

@@ -27,6 +27,9 @@ type Room struct {
 	// -1: no hint; prefillDP -1: unresolved), in 4 bytes each.
 	promptLen, outputLen, maxNewTokens, priority int32
 	decodeDP, hintDP, prefillDP                  int32
+	// timeoutMS is the request's time budget in milliseconds (0: none),
+	// from openedAt: its deadline bounds the first attempt's hand-off.
+	timeoutMS uint32
 
 	openedAt  stamp
 	updatedAt stamp
@@ -436,6 +439,10 @@ func (r *Room) Snapshot(withTransitions, withPages bool) Snapshot {
 		PromptLen: int(r.promptLen), MaxNewTokens: int(r.maxNewTokens), Priority: int(r.priority),
 		MetadataSlot: r.metaSlot, OpenedAt: r.openedAt.time(), UpdatedAt: r.updatedAt.time(),
 		Attempt: r.attempt, Staging: r.staging,
+	}
+	if r.timeoutMS > 0 {
+		s.Timeout = time.Duration(r.timeoutMS) * time.Millisecond
+		s.Deadline = r.openedAt.time().Add(s.Timeout)
 	}
 	if h := r.handoff; h != nil {
 		s.NumPages, s.BytesTransferred, s.ChunksDone = len(h.pages), h.bytes, h.chunksDone

@@ -244,6 +244,9 @@ func (s Step) Public(addr string, texts []string) Transition { return s.t.public
 // Phase is the phase the step moved to.
 func (s Step) Phase() Phase { return Phase(s.t.phase) }
 
+// At is when the step was taken.
+func (s Step) At() time.Time { return time.Unix(0, s.t.at) }
+
 // Texts are the room's notes of text of their own (nil when none).
 func (r *Room) Texts() []string { return r.texts() }
 

@@ -128,9 +128,12 @@ const (
 	FailureStagingFailed
 	FailureShutdown
 	FailureRetractTimeout
+	// FailureDeadlineExceeded: the request's deadline (OpenRoom's timeout)
+	// passed before its hand-off succeeded.
+	FailureDeadlineExceeded
 )
 
-var failureNames = [...]string{"unspecified", "aborted", "prefill_unavailable", "prefill_lost", "dp_rank_unresolved", "dp_rank_conflict", "bootstrap_timeout", "claim_timeout", "waiting_timeout", "transfer_failed", "metadata_corruption", "staging_failed", "shutdown", "retract_timeout"}
+var failureNames = [...]string{"unspecified", "aborted", "prefill_unavailable", "prefill_lost", "dp_rank_unresolved", "dp_rank_conflict", "bootstrap_timeout", "claim_timeout", "waiting_timeout", "transfer_failed", "metadata_corruption", "staging_failed", "shutdown", "retract_timeout", "deadline_exceeded"}
 
 func (c FailureCode) String() string {
 	if c < 0 || int(c) >= len(failureNames) {
@@ -219,6 +222,22 @@ type Snapshot struct {
 	// WaitingFor says what a room that has not ended waits for and which
 	// bound ends the wait; empty for ended rooms.
 	WaitingFor string
+	// Timeout is the request's time budget (OpenRoom's timeout, 0: none)
+	// and Deadline when it ends (OpenedAt + Timeout; zero without one). It
+	// bounds the first attempt's hand-off.
+	Timeout  time.Duration
+	Deadline time.Time
+	// PhaseTimes is the time the current attempt's hand-off spent in each
+	// phase it left, in the order entered (filled when asked: GetRoom; the
+	// phase a live room is in started at UpdatedAt).
+	PhaseTimes []PhaseTime
+}
+
+// PhaseTime is the time a room's hand-off spent in one of its phases
+// (waiting_prefill through transferring): the budget that phase used.
+type PhaseTime struct {
+	Phase Phase
+	Spent time.Duration
 }
 
 // Change is one transition and the room's state after it (what a watcher

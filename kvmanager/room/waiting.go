@@ -22,6 +22,13 @@ type WaitView struct {
 // and which bound ends the wait ("" for an ended room that holds nothing;
 // a draining room says which acknowledgements it waits for).
 func (r *Room) WaitingFor(v WaitView) string {
+	if s := r.waitingFor(v); s != "" {
+		return s + r.deadlineNote()
+	}
+	return ""
+}
+
+func (r *Room) waitingFor(v WaitView) string {
 	if s := r.DrainWaiting(); s != "" {
 		return s
 	}

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/stormlog"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	"github.com/decodeplane/decodeplane/transfer/agentwire"
 	"github.com/decodeplane/decodeplane/transfer/delegate"
@@ -59,6 +61,9 @@ type Client struct {
 	api    transferv1.TransferAgentClient
 	health healthpb.HealthClient
 	log    *slog.Logger
+	// storm logs what may happen to many batches at once (cancellations
+	// the agent did not answer): one line per interval, the first at once.
+	storm *stormlog.Logger
 
 	mu        sync.Mutex
 	connected bool
@@ -93,11 +98,14 @@ func Dial(target string, opts Options) (*Client, error) {
 		return nil, fmt.Errorf("transfer agent %s: %w", target, err)
 	}
 	return &Client{target: target, conn: conn, api: transferv1.NewTransferAgentClient(conn), health: healthpb.NewHealthClient(conn),
-		log: opts.Logger, connCh: make(chan struct{}), pending: map[string]*pendingBatch{}}, nil
+		log: opts.Logger, storm: stormlog.New(opts.Logger, stormlog.Options{}), connCh: make(chan struct{}), pending: map[string]*pendingBatch{}}, nil
 }
 
 // Close closes the connection.
-func (c *Client) Close() error { return c.conn.Close() }
+func (c *Client) Close() error {
+	c.storm.Close()
+	return c.conn.Close()
+}
 
 func unreachable(op string, err error) error {
 	return fmt.Errorf("%w: %s: %s", delegate.ErrAgentUnreachable, op, status.Convert(err).Message())
@@ -344,7 +352,8 @@ func (c *Client) cancelQuietly(ctx context.Context, b kvcopy.Batch) error {
 	defer cancel()
 	err := c.cancel(cctx, b.Room, b.ID)
 	if err != nil {
-		c.log.Warn("could not cancel a batch at the transfer agent", "batch", b.ID, "room", b.Room, "err", err)
+		c.storm.Log(ctx, slog.LevelWarn, "could not cancel a batch at the transfer agent", []slog.Attr{slog.String("target", c.target)},
+			strconv.FormatUint(b.Room, 10), slog.String("batch", b.ID), slog.Uint64("room", b.Room), slog.Any("err", err))
 	}
 	return err
 }

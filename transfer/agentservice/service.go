@@ -10,12 +10,14 @@ import (
 	"encoding/hex"
 	"errors"
 	"log/slog"
+	"strconv"
 	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/decodeplane/decodeplane/internal/stormlog"
 	transferv1 "github.com/decodeplane/decodeplane/proto/decodeplane/transfer/v1"
 	"github.com/decodeplane/decodeplane/transfer/agentwire"
 	"github.com/decodeplane/decodeplane/transfer/hostmem"
@@ -30,8 +32,11 @@ import (
 // resubmitted batch id or a reconnecting watcher gets the outcome again.
 type Service struct {
 	transferv1.UnimplementedTransferAgentServer
-	agent    *hostmem.Agent
-	log      *slog.Logger
+	agent *hostmem.Agent
+	log   *slog.Logger
+	// storm logs what happens to many batches at once (failed batches,
+	// cancellations): one line per cause per interval, the first at once.
+	storm    *stormlog.Logger
 	instance string
 
 	mu       sync.Mutex
@@ -80,7 +85,7 @@ func New(agent *hostmem.Agent, log *slog.Logger) *Service {
 	}
 	var id [8]byte
 	_, _ = rand.Read(id[:])
-	return &Service{agent: agent, log: log, instance: hex.EncodeToString(id[:]), batches: map[string]*batchRecord{},
+	return &Service{agent: agent, log: log, storm: stormlog.New(log, stormlog.Options{}), instance: hex.EncodeToString(id[:]), batches: map[string]*batchRecord{},
 		watches: map[*completionWatch]struct{}{}, stopping: make(chan struct{})}
 }
 
@@ -99,6 +104,7 @@ func (a *Service) Close() {
 	}
 	a.mu.Unlock()
 	a.wg.Wait()
+	a.storm.Close() // the pending summaries of the batches' failures
 }
 
 func agentStatus(err error) error {
@@ -192,7 +198,8 @@ func (a *Service) run(b kvcopy.Batch, rec *batchRecord, unpin func()) {
 	c := &transferv1.Completion{BatchId: b.ID, Room: b.Room, Ok: err == nil, AgentInstance: a.instance}
 	if err != nil {
 		c.Error = err.Error()
-		a.log.Warn("batch failed", "batch", b.ID, "room", b.Room, "err", err)
+		a.storm.Log(context.Background(), slog.LevelWarn, "batch failed", nil, strconv.FormatUint(b.Room, 10),
+			slog.String("batch", b.ID), slog.Uint64("room", b.Room), slog.Any("err", err))
 	} else {
 		c.Bytes = uint64(b.Bytes())
 		a.log.Debug("batch done", "batch", b.ID, "room", b.Room, "copies", len(b.Copies), "bytes", c.Bytes)
@@ -272,7 +279,7 @@ func (a *Service) CancelRoom(ctx context.Context, req *transferv1.CancelRoomRequ
 		return nil, agentStatus(err)
 	}
 	if n > 0 {
-		a.log.Info("cancelled batches", "room", req.GetRoom(), "batches", n)
+		a.storm.Log(ctx, slog.LevelInfo, "cancelled batches", nil, strconv.FormatUint(req.GetRoom(), 10), slog.Uint64("room", req.GetRoom()), slog.Int("batches", n))
 	}
 	return &transferv1.CancelRoomResponse{Cancelled: uint32(n)}, nil
 }

@@ -228,6 +228,15 @@ const (
 	// (REBOOTSTRAP) room got no ContinueGeneration within timeouts.held, both
 	// counted from the retraction; the message names the setting.
 	FailureCode_FAILURE_CODE_RETRACT_TIMEOUT FailureCode = 13
+	// The request's deadline (OpenRoomRequest.timeout) passed before its
+	// hand-off succeeded. The message names the phase the room was in, what
+	// it waited for, the phase that used most of the budget and the time each
+	// phase took, e.g. "Request 7 exceeded its deadline (timeout 2s from
+	// OpenRoom) in KVPoll.WaitingForInput, phase admitted: the destination
+	// was not claimed by prefill ranks cp 0 tp 0 pp 0 of 10.0.0.1:8998; phase
+	// admitted used most of the budget (2s); time per phase: waiting_prefill
+	// 0s, queued 0s, admitted 2s".
+	FailureCode_FAILURE_CODE_DEADLINE_EXCEEDED FailureCode = 14
 )
 
 // Enum value maps for FailureCode.
@@ -247,6 +256,7 @@ var (
 		11: "FAILURE_CODE_STAGING_FAILED",
 		12: "FAILURE_CODE_SHUTDOWN",
 		13: "FAILURE_CODE_RETRACT_TIMEOUT",
+		14: "FAILURE_CODE_DEADLINE_EXCEEDED",
 	}
 	FailureCode_value = map[string]int32{
 		"FAILURE_CODE_UNSPECIFIED":         0,
@@ -263,6 +273,7 @@ var (
 		"FAILURE_CODE_STAGING_FAILED":      11,
 		"FAILURE_CODE_SHUTDOWN":            12,
 		"FAILURE_CODE_RETRACT_TIMEOUT":     13,
+		"FAILURE_CODE_DEADLINE_EXCEEDED":   14,
 	}
 )
 
@@ -972,7 +983,7 @@ const file_decodeplane_v1_common_proto_rawDesc = "" +
 	"\x11ROOM_PHASE_FAILED\x10\t\x12\x18\n" +
 	"\x14ROOM_PHASE_RETRACTED\x10\n" +
 	"\x12\x13\n" +
-	"\x0fROOM_PHASE_HELD\x10\v*\xde\x03\n" +
+	"\x0fROOM_PHASE_HELD\x10\v*\x82\x04\n" +
 	"\vFailureCode\x12\x1c\n" +
 	"\x18FAILURE_CODE_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FAILURE_CODE_ABORTED\x10\x01\x12$\n" +
@@ -988,7 +999,8 @@ const file_decodeplane_v1_common_proto_rawDesc = "" +
 	"\x12\x1f\n" +
 	"\x1bFAILURE_CODE_STAGING_FAILED\x10\v\x12\x19\n" +
 	"\x15FAILURE_CODE_SHUTDOWN\x10\f\x12 \n" +
-	"\x1cFAILURE_CODE_RETRACT_TIMEOUT\x10\r*e\n" +
+	"\x1cFAILURE_CODE_RETRACT_TIMEOUT\x10\r\x12\"\n" +
+	"\x1eFAILURE_CODE_DEADLINE_EXCEEDED\x10\x0e*e\n" +
 	"\tStateType\x12\x1a\n" +
 	"\x16STATE_TYPE_UNSPECIFIED\x10\x00\x12\x14\n" +
 	"\x10STATE_TYPE_MAMBA\x10\x01\x12\x12\n" +

@@ -175,8 +175,17 @@ func FuzzOpenRoom(f *testing.F) {
 		b.need(m.GetPriority() >= -1<<20 && m.GetPriority() <= 1<<20, "priority")
 		b.need(m.GetPrefillDpRank() < 1024 && m.GetDecodeDpRank() < 1024, "dp ranks")
 		b.need(len(m.GetIdempotencyKey()) <= 256, "idempotency_key")
+		if d := m.GetTimeout(); d != nil {
+			// A valid duration (seconds and nanos of one sign, nanos below a
+			// second) from 1 ms to 24 h.
+			s, n := d.GetSeconds(), int64(d.GetNanos())
+			b.need(n > -1e9 && n < 1e9 && (s == 0 || n == 0 || (s > 0) == (n > 0)), "timeout a valid duration")
+			b.need(s*1e9+n >= 1e6 && s*1e9+n <= 86400e9, "timeout 1ms..24h")
+		}
 	}, &OpenRoomRequest{Rid: "r1", BootstrapAddr: "10.0.0.1:8998", Room: 5, PromptLen: 300, MaxNewTokens: 4, IdempotencyKey: "k"},
-		&OpenRoomRequest{Rid: "r2", BootstrapAddr: "10.0.0.1:8998", Room: 6, PromptLen: 300, OutputLen: 2000000, MaxNewTokens: 1<<32 - 1, Rebootstrap: true})
+		&OpenRoomRequest{Rid: "r2", BootstrapAddr: "10.0.0.1:8998", Room: 6, PromptLen: 300, OutputLen: 2000000, MaxNewTokens: 1<<32 - 1, Rebootstrap: true},
+		&OpenRoomRequest{Rid: "r3", BootstrapAddr: "10.0.0.1:8998", Room: 7, PromptLen: 300, MaxNewTokens: 4, Timeout: durationpb.New(2 * time.Second)},
+		&OpenRoomRequest{Rid: "r4", BootstrapAddr: "10.0.0.1:8998", Room: 8, PromptLen: 300, MaxNewTokens: 4, Timeout: &durationpb.Duration{Nanos: 999999}})
 }
 
 func FuzzAwaitDestination(f *testing.F) {

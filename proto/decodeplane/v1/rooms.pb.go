@@ -251,8 +251,32 @@ type OpenRoomRequest struct {
 	// idempotency_key makes OpenRoom safe to retry: a second call with the same
 	// room and key returns the existing room. bounds: at most 256 bytes.
 	IdempotencyKey string `protobuf:"bytes,11,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// timeout is the request's time budget: the room's hand-off must succeed
+	// within it, counted from when the daemon receives the open. Each phase's
+	// bound is the earlier of its setting (timeouts.bootstrap,
+	// timeouts.dp_rank_resolution, admission.claim_timeout, timeouts.waiting)
+	// and what is left of the budget, never later than either; a room whose
+	// budget ends first fails with FAILURE_CODE_DEADLINE_EXCEEDED, naming the
+	// phase it was in and the time each phase took (Room.phase_times). It
+	// bounds the first attempt only: a rebootstrap (ContinueGeneration) is
+	// bounded by the settings alone, and a succeeded room by nothing. Unset:
+	// the settings alone.
+	//
+	// A relative field, not the call's gRPC deadline and not an absolute
+	// time: the same field means the same under every transport (the unary
+	// call, the EngineSession's open op, which has no gRPC deadline of its
+	// own, the JSON gateway); OpenRoom answers at once, so a call's deadline
+	// bounds the call, not the request (a router may give the call 1 s and
+	// the request 30 s); and, as gRPC's own grpc-timeout, a duration needs no
+	// agreement between the caller's clock and the daemon's. The caller sends
+	// what its own deadline leaves when it sends (the Go client:
+	// the context's deadline less a reserve for the answer's way back; the
+	// Python client: its timeout argument).
+	// bounds: unset, or 1 ms..24 h (86400 s); counted in whole milliseconds
+	// (a finer part is dropped).
+	Timeout       *durationpb.Duration `protobuf:"bytes,12,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *OpenRoomRequest) Reset() {
@@ -360,6 +384,13 @@ func (x *OpenRoomRequest) GetIdempotencyKey() string {
 		return x.IdempotencyKey
 	}
 	return ""
+}
+
+func (x *OpenRoomRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
 }
 
 type OpenRoomResponse struct {
@@ -1766,7 +1797,20 @@ type Room struct {
 	// who must act (e.g. "admission: blocked by tokens", "claim from prefill
 	// ranks cp 0 tp 1 pp 0", "pages from prefill rank ...", "the room marker
 	// (aux)"), and which bound ends the wait. Empty for ended rooms.
-	WaitingFor    string `protobuf:"bytes,25,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
+	WaitingFor string `protobuf:"bytes,25,opt,name=waiting_for,json=waitingFor,proto3" json:"waiting_for,omitempty"`
+	// timeout is the request's time budget (OpenRoomRequest.timeout; unset
+	// when none) and deadline when it ends (opened_at + timeout; unset when
+	// none). The deadline bounds the first attempt's hand-off only.
+	Timeout  *durationpb.Duration   `protobuf:"bytes,26,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,27,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// phase_times is the time the current attempt's hand-off spent in each
+	// phase it left, in the order entered (until it succeeded or failed):
+	// where a request's time went. The phase a live room is in started at
+	// updated_at (it is not listed, so that the answer is the same whenever
+	// it is read). Filled by GetRoom only.
+	// bounds: at most 6 entries, one per hand-off phase (waiting_prefill,
+	// resolving_dp_rank, queued, admitted, claimed, transferring).
+	PhaseTimes    []*PhaseTime `protobuf:"bytes,28,rep,name=phase_times,json=phaseTimes,proto3" json:"phase_times,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1976,6 +2020,80 @@ func (x *Room) GetWaitingFor() string {
 	return ""
 }
 
+func (x *Room) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+func (x *Room) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *Room) GetPhaseTimes() []*PhaseTime {
+	if x != nil {
+		return x.PhaseTimes
+	}
+	return nil
+}
+
+// PhaseTime is the time a room's hand-off spent in one phase.
+type PhaseTime struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Phase         RoomPhase              `protobuf:"varint,1,opt,name=phase,proto3,enum=decodeplane.v1.RoomPhase" json:"phase,omitempty"`
+	Spent         *durationpb.Duration   `protobuf:"bytes,2,opt,name=spent,proto3" json:"spent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PhaseTime) Reset() {
+	*x = PhaseTime{}
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PhaseTime) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PhaseTime) ProtoMessage() {}
+
+func (x *PhaseTime) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PhaseTime.ProtoReflect.Descriptor instead.
+func (*PhaseTime) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *PhaseTime) GetPhase() RoomPhase {
+	if x != nil {
+		return x.Phase
+	}
+	return RoomPhase_ROOM_PHASE_UNSPECIFIED
+}
+
+func (x *PhaseTime) GetSpent() *durationpb.Duration {
+	if x != nil {
+		return x.Spent
+	}
+	return nil
+}
+
 // RankCoverage is one required prefill rank's progress on a room.
 type RankCoverage struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
@@ -1997,7 +2115,7 @@ type RankCoverage struct {
 
 func (x *RankCoverage) Reset() {
 	*x = RankCoverage{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2127,7 @@ func (x *RankCoverage) String() string {
 func (*RankCoverage) ProtoMessage() {}
 
 func (x *RankCoverage) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[19]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2140,7 @@ func (x *RankCoverage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RankCoverage.ProtoReflect.Descriptor instead.
 func (*RankCoverage) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{19}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RankCoverage) GetCpRank() uint32 {
@@ -2094,7 +2212,7 @@ type AbortRoomRequest struct {
 
 func (x *AbortRoomRequest) Reset() {
 	*x = AbortRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2106,7 +2224,7 @@ func (x *AbortRoomRequest) String() string {
 func (*AbortRoomRequest) ProtoMessage() {}
 
 func (x *AbortRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[20]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2119,7 +2237,7 @@ func (x *AbortRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRoomRequest.ProtoReflect.Descriptor instead.
 func (*AbortRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{20}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *AbortRoomRequest) GetRoom() uint64 {
@@ -2147,7 +2265,7 @@ type AbortRoomResponse struct {
 
 func (x *AbortRoomResponse) Reset() {
 	*x = AbortRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2159,7 +2277,7 @@ func (x *AbortRoomResponse) String() string {
 func (*AbortRoomResponse) ProtoMessage() {}
 
 func (x *AbortRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[21]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2172,7 +2290,7 @@ func (x *AbortRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbortRoomResponse.ProtoReflect.Descriptor instead.
 func (*AbortRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{21}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *AbortRoomResponse) GetRoom() *Room {
@@ -2199,7 +2317,7 @@ type ReleaseRoomRequest struct {
 
 func (x *ReleaseRoomRequest) Reset() {
 	*x = ReleaseRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2211,7 +2329,7 @@ func (x *ReleaseRoomRequest) String() string {
 func (*ReleaseRoomRequest) ProtoMessage() {}
 
 func (x *ReleaseRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[22]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2224,7 +2342,7 @@ func (x *ReleaseRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRoomRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{22}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ReleaseRoomRequest) GetRoom() uint64 {
@@ -2244,7 +2362,7 @@ type ReleaseRoomResponse struct {
 
 func (x *ReleaseRoomResponse) Reset() {
 	*x = ReleaseRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2256,7 +2374,7 @@ func (x *ReleaseRoomResponse) String() string {
 func (*ReleaseRoomResponse) ProtoMessage() {}
 
 func (x *ReleaseRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[23]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2269,7 +2387,7 @@ func (x *ReleaseRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRoomResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{23}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ReleaseRoomResponse) GetPagesReleased() uint32 {
@@ -2309,7 +2427,7 @@ type ListRoomsRequest struct {
 
 func (x *ListRoomsRequest) Reset() {
 	*x = ListRoomsRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2321,7 +2439,7 @@ func (x *ListRoomsRequest) String() string {
 func (*ListRoomsRequest) ProtoMessage() {}
 
 func (x *ListRoomsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[24]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2334,7 +2452,7 @@ func (x *ListRoomsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoomsRequest.ProtoReflect.Descriptor instead.
 func (*ListRoomsRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{24}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListRoomsRequest) GetPhases() []RoomPhase {
@@ -2383,7 +2501,7 @@ type ListRoomsResponse struct {
 
 func (x *ListRoomsResponse) Reset() {
 	*x = ListRoomsResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2395,7 +2513,7 @@ func (x *ListRoomsResponse) String() string {
 func (*ListRoomsResponse) ProtoMessage() {}
 
 func (x *ListRoomsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[25]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2408,7 +2526,7 @@ func (x *ListRoomsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListRoomsResponse.ProtoReflect.Descriptor instead.
 func (*ListRoomsResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{25}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListRoomsResponse) GetRooms() []*Room {
@@ -2437,7 +2555,7 @@ type RunningUsage struct {
 
 func (x *RunningUsage) Reset() {
 	*x = RunningUsage{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2449,7 +2567,7 @@ func (x *RunningUsage) String() string {
 func (*RunningUsage) ProtoMessage() {}
 
 func (x *RunningUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[26]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2462,7 +2580,7 @@ func (x *RunningUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunningUsage.ProtoReflect.Descriptor instead.
 func (*RunningUsage) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{26}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RunningUsage) GetRoom() uint64 {
@@ -2489,7 +2607,7 @@ type ReportRunningRequest struct {
 
 func (x *ReportRunningRequest) Reset() {
 	*x = ReportRunningRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2501,7 +2619,7 @@ func (x *ReportRunningRequest) String() string {
 func (*ReportRunningRequest) ProtoMessage() {}
 
 func (x *ReportRunningRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[27]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2514,7 +2632,7 @@ func (x *ReportRunningRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRunningRequest.ProtoReflect.Descriptor instead.
 func (*ReportRunningRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{27}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ReportRunningRequest) GetRooms() []*RunningUsage {
@@ -2534,7 +2652,7 @@ type GrownPages struct {
 
 func (x *GrownPages) Reset() {
 	*x = GrownPages{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2546,7 +2664,7 @@ func (x *GrownPages) String() string {
 func (*GrownPages) ProtoMessage() {}
 
 func (x *GrownPages) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[28]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2559,7 +2677,7 @@ func (x *GrownPages) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GrownPages.ProtoReflect.Descriptor instead.
 func (*GrownPages) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{28}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *GrownPages) GetRoom() uint64 {
@@ -2590,7 +2708,7 @@ type ReportRunningResponse struct {
 
 func (x *ReportRunningResponse) Reset() {
 	*x = ReportRunningResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2602,7 +2720,7 @@ func (x *ReportRunningResponse) String() string {
 func (*ReportRunningResponse) ProtoMessage() {}
 
 func (x *ReportRunningResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[29]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2615,7 +2733,7 @@ func (x *ReportRunningResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportRunningResponse.ProtoReflect.Descriptor instead.
 func (*ReportRunningResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{29}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ReportRunningResponse) GetGrown() []*GrownPages {
@@ -2651,7 +2769,7 @@ type RetractRoomRequest struct {
 
 func (x *RetractRoomRequest) Reset() {
 	*x = RetractRoomRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +2781,7 @@ func (x *RetractRoomRequest) String() string {
 func (*RetractRoomRequest) ProtoMessage() {}
 
 func (x *RetractRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[30]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +2794,7 @@ func (x *RetractRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetractRoomRequest.ProtoReflect.Descriptor instead.
 func (*RetractRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{30}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RetractRoomRequest) GetRoom() uint64 {
@@ -2702,7 +2820,7 @@ type RetractRoomResponse struct {
 
 func (x *RetractRoomResponse) Reset() {
 	*x = RetractRoomResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2714,7 +2832,7 @@ func (x *RetractRoomResponse) String() string {
 func (*RetractRoomResponse) ProtoMessage() {}
 
 func (x *RetractRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[31]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2727,7 +2845,7 @@ func (x *RetractRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetractRoomResponse.ProtoReflect.Descriptor instead.
 func (*RetractRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{31}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *RetractRoomResponse) GetRoom() *Room {
@@ -2745,7 +2863,7 @@ type ContinueGenerationRequest struct {
 
 func (x *ContinueGenerationRequest) Reset() {
 	*x = ContinueGenerationRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2757,7 +2875,7 @@ func (x *ContinueGenerationRequest) String() string {
 func (*ContinueGenerationRequest) ProtoMessage() {}
 
 func (x *ContinueGenerationRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[32]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2770,7 +2888,7 @@ func (x *ContinueGenerationRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContinueGenerationRequest.ProtoReflect.Descriptor instead.
 func (*ContinueGenerationRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{32}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{33}
 }
 
 type ContinueGenerationResponse struct {
@@ -2784,7 +2902,7 @@ type ContinueGenerationResponse struct {
 
 func (x *ContinueGenerationResponse) Reset() {
 	*x = ContinueGenerationResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2796,7 +2914,7 @@ func (x *ContinueGenerationResponse) String() string {
 func (*ContinueGenerationResponse) ProtoMessage() {}
 
 func (x *ContinueGenerationResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[33]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2809,7 +2927,7 @@ func (x *ContinueGenerationResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContinueGenerationResponse.ProtoReflect.Descriptor instead.
 func (*ContinueGenerationResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{33}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ContinueGenerationResponse) GetRooms() []uint64 {
@@ -2857,7 +2975,7 @@ type ResumedRoom struct {
 
 func (x *ResumedRoom) Reset() {
 	*x = ResumedRoom{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2869,7 +2987,7 @@ func (x *ResumedRoom) String() string {
 func (*ResumedRoom) ProtoMessage() {}
 
 func (x *ResumedRoom) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[34]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2882,7 +3000,7 @@ func (x *ResumedRoom) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResumedRoom.ProtoReflect.Descriptor instead.
 func (*ResumedRoom) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{34}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ResumedRoom) GetRoom() uint64 {
@@ -3019,7 +3137,7 @@ type ResyncRoom struct {
 
 func (x *ResyncRoom) Reset() {
 	*x = ResyncRoom{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3031,7 +3149,7 @@ func (x *ResyncRoom) String() string {
 func (*ResyncRoom) ProtoMessage() {}
 
 func (x *ResyncRoom) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[35]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3044,7 +3162,7 @@ func (x *ResyncRoom) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncRoom.ProtoReflect.Descriptor instead.
 func (*ResyncRoom) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{35}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ResyncRoom) GetRoom() uint64 {
@@ -3172,7 +3290,7 @@ type ResyncRequest struct {
 
 func (x *ResyncRequest) Reset() {
 	*x = ResyncRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3184,7 +3302,7 @@ func (x *ResyncRequest) String() string {
 func (*ResyncRequest) ProtoMessage() {}
 
 func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[36]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3197,7 +3315,7 @@ func (x *ResyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncRequest.ProtoReflect.Descriptor instead.
 func (*ResyncRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{36}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ResyncRequest) GetRooms() []*ResyncRoom {
@@ -3230,7 +3348,7 @@ type ResyncResponse struct {
 
 func (x *ResyncResponse) Reset() {
 	*x = ResyncResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3242,7 +3360,7 @@ func (x *ResyncResponse) String() string {
 func (*ResyncResponse) ProtoMessage() {}
 
 func (x *ResyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[37]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3255,7 +3373,7 @@ func (x *ResyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResyncResponse.ProtoReflect.Descriptor instead.
 func (*ResyncResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{37}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ResyncResponse) GetAdopted() uint32 {
@@ -3306,7 +3424,7 @@ type AckRoomEndRequest struct {
 
 func (x *AckRoomEndRequest) Reset() {
 	*x = AckRoomEndRequest{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[38]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3318,7 +3436,7 @@ func (x *AckRoomEndRequest) String() string {
 func (*AckRoomEndRequest) ProtoMessage() {}
 
 func (x *AckRoomEndRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[38]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3331,7 +3449,7 @@ func (x *AckRoomEndRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRoomEndRequest.ProtoReflect.Descriptor instead.
 func (*AckRoomEndRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{38}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *AckRoomEndRequest) GetRoom() uint64 {
@@ -3378,7 +3496,7 @@ type AckRoomEndResponse struct {
 
 func (x *AckRoomEndResponse) Reset() {
 	*x = AckRoomEndResponse{}
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[39]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3390,7 +3508,7 @@ func (x *AckRoomEndResponse) String() string {
 func (*AckRoomEndResponse) ProtoMessage() {}
 
 func (x *AckRoomEndResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_rooms_proto_msgTypes[39]
+	mi := &file_decodeplane_v1_rooms_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3403,7 +3521,7 @@ func (x *AckRoomEndResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AckRoomEndResponse.ProtoReflect.Descriptor instead.
 func (*AckRoomEndResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{39}
+	return file_decodeplane_v1_rooms_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *AckRoomEndResponse) GetOwed() bool {
@@ -3440,7 +3558,7 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x11decode_prefix_len\x18\x05 \x01(\rR\x0fdecodePrefixLen\"`\n" +
 	"\x1aDeclareDestinationResponse\x12(\n" +
 	"\x04room\x18\x01 \x01(\v2\x14.decodeplane.v1.RoomR\x04room\x12\x18\n" +
-	"\aalready\x18\x02 \x01(\bR\aalready\"\xa8\x03\n" +
+	"\aalready\x18\x02 \x01(\bR\aalready\"\xdd\x03\n" +
 	"\x0fOpenRoomRequest\x12\x10\n" +
 	"\x03rid\x18\x01 \x01(\tR\x03rid\x12%\n" +
 	"\x0ebootstrap_addr\x18\x02 \x01(\tR\rbootstrapAddr\x12\x12\n" +
@@ -3455,7 +3573,8 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\bpriority\x18\t \x01(\x05R\bpriority\x12 \n" +
 	"\vrebootstrap\x18\n" +
 	" \x01(\bR\vrebootstrap\x12'\n" +
-	"\x0fidempotency_key\x18\v \x01(\tR\x0eidempotencyKeyB\x12\n" +
+	"\x0fidempotency_key\x18\v \x01(\tR\x0eidempotencyKey\x123\n" +
+	"\atimeout\x18\f \x01(\v2\x19.google.protobuf.DurationR\atimeoutB\x12\n" +
 	"\x10_prefill_dp_rankB\x11\n" +
 	"\x0f_decode_dp_rank\"X\n" +
 	"\x10OpenRoomResponse\x12(\n" +
@@ -3567,7 +3686,7 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\x0epages_reusable\x18\x05 \x01(\bR\rpagesReusable\"I\n" +
 	"\x0eGetRoomRequest\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12#\n" +
-	"\rinclude_pages\x18\x02 \x01(\bR\fincludePages\"\xf8\a\n" +
+	"\rinclude_pages\x18\x02 \x01(\bR\fincludePages\"\xa1\t\n" +
 	"\x04Room\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x10\n" +
 	"\x03rid\x18\x02 \x01(\tR\x03rid\x12%\n" +
@@ -3599,8 +3718,15 @@ const file_decodeplane_v1_rooms_proto_rawDesc = "" +
 	"\astaging\x18\x17 \x01(\bR\astaging\x128\n" +
 	"\bcoverage\x18\x18 \x03(\v2\x1c.decodeplane.v1.RankCoverageR\bcoverage\x12\x1f\n" +
 	"\vwaiting_for\x18\x19 \x01(\tR\n" +
-	"waitingForB\x12\n" +
-	"\x10_prefill_dp_rank\"\xf4\x01\n" +
+	"waitingFor\x123\n" +
+	"\atimeout\x18\x1a \x01(\v2\x19.google.protobuf.DurationR\atimeout\x126\n" +
+	"\bdeadline\x18\x1b \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12:\n" +
+	"\vphase_times\x18\x1c \x03(\v2\x19.decodeplane.v1.PhaseTimeR\n" +
+	"phaseTimesB\x12\n" +
+	"\x10_prefill_dp_rank\"m\n" +
+	"\tPhaseTime\x12/\n" +
+	"\x05phase\x18\x01 \x01(\x0e2\x19.decodeplane.v1.RoomPhaseR\x05phase\x12/\n" +
+	"\x05spent\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x05spent\"\xf4\x01\n" +
 	"\fRankCoverage\x12\x17\n" +
 	"\acp_rank\x18\x01 \x01(\rR\x06cpRank\x12\x17\n" +
 	"\atp_rank\x18\x02 \x01(\rR\x06tpRank\x12\x17\n" +
@@ -3742,7 +3868,7 @@ func file_decodeplane_v1_rooms_proto_rawDescGZIP() []byte {
 }
 
 var file_decodeplane_v1_rooms_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_decodeplane_v1_rooms_proto_msgTypes = make([]protoimpl.MessageInfo, 41)
 var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(RetractMode)(0),                     // 0: decodeplane.v1.RetractMode
 	(*DeclareDestinationRequest)(nil),    // 1: decodeplane.v1.DeclareDestinationRequest
@@ -3764,119 +3890,126 @@ var file_decodeplane_v1_rooms_proto_goTypes = []any{
 	(*RoomEvent)(nil),                    // 17: decodeplane.v1.RoomEvent
 	(*GetRoomRequest)(nil),               // 18: decodeplane.v1.GetRoomRequest
 	(*Room)(nil),                         // 19: decodeplane.v1.Room
-	(*RankCoverage)(nil),                 // 20: decodeplane.v1.RankCoverage
-	(*AbortRoomRequest)(nil),             // 21: decodeplane.v1.AbortRoomRequest
-	(*AbortRoomResponse)(nil),            // 22: decodeplane.v1.AbortRoomResponse
-	(*ReleaseRoomRequest)(nil),           // 23: decodeplane.v1.ReleaseRoomRequest
-	(*ReleaseRoomResponse)(nil),          // 24: decodeplane.v1.ReleaseRoomResponse
-	(*ListRoomsRequest)(nil),             // 25: decodeplane.v1.ListRoomsRequest
-	(*ListRoomsResponse)(nil),            // 26: decodeplane.v1.ListRoomsResponse
-	(*RunningUsage)(nil),                 // 27: decodeplane.v1.RunningUsage
-	(*ReportRunningRequest)(nil),         // 28: decodeplane.v1.ReportRunningRequest
-	(*GrownPages)(nil),                   // 29: decodeplane.v1.GrownPages
-	(*ReportRunningResponse)(nil),        // 30: decodeplane.v1.ReportRunningResponse
-	(*RetractRoomRequest)(nil),           // 31: decodeplane.v1.RetractRoomRequest
-	(*RetractRoomResponse)(nil),          // 32: decodeplane.v1.RetractRoomResponse
-	(*ContinueGenerationRequest)(nil),    // 33: decodeplane.v1.ContinueGenerationRequest
-	(*ContinueGenerationResponse)(nil),   // 34: decodeplane.v1.ContinueGenerationResponse
-	(*ResumedRoom)(nil),                  // 35: decodeplane.v1.ResumedRoom
-	(*ResyncRoom)(nil),                   // 36: decodeplane.v1.ResyncRoom
-	(*ResyncRequest)(nil),                // 37: decodeplane.v1.ResyncRequest
-	(*ResyncResponse)(nil),               // 38: decodeplane.v1.ResyncResponse
-	(*AckRoomEndRequest)(nil),            // 39: decodeplane.v1.AckRoomEndRequest
-	(*AckRoomEndResponse)(nil),           // 40: decodeplane.v1.AckRoomEndResponse
-	(*StateIndices)(nil),                 // 41: decodeplane.v1.StateIndices
-	(*PrefillRank)(nil),                  // 42: decodeplane.v1.PrefillRank
-	(KVPoll)(0),                          // 43: decodeplane.v1.KVPoll
-	(RoomPhase)(0),                       // 44: decodeplane.v1.RoomPhase
-	(*Failure)(nil),                      // 45: decodeplane.v1.Failure
-	(*durationpb.Duration)(nil),          // 46: google.protobuf.Duration
-	(*Transition)(nil),                   // 47: decodeplane.v1.Transition
-	(DPRankRule)(0),                      // 48: decodeplane.v1.DPRankRule
-	(*timestamppb.Timestamp)(nil),        // 49: google.protobuf.Timestamp
-	(*RegisterEngineLayoutRequest)(nil),  // 50: decodeplane.v1.RegisterEngineLayoutRequest
-	(*RegisterEngineLayoutResponse)(nil), // 51: decodeplane.v1.RegisterEngineLayoutResponse
+	(*PhaseTime)(nil),                    // 20: decodeplane.v1.PhaseTime
+	(*RankCoverage)(nil),                 // 21: decodeplane.v1.RankCoverage
+	(*AbortRoomRequest)(nil),             // 22: decodeplane.v1.AbortRoomRequest
+	(*AbortRoomResponse)(nil),            // 23: decodeplane.v1.AbortRoomResponse
+	(*ReleaseRoomRequest)(nil),           // 24: decodeplane.v1.ReleaseRoomRequest
+	(*ReleaseRoomResponse)(nil),          // 25: decodeplane.v1.ReleaseRoomResponse
+	(*ListRoomsRequest)(nil),             // 26: decodeplane.v1.ListRoomsRequest
+	(*ListRoomsResponse)(nil),            // 27: decodeplane.v1.ListRoomsResponse
+	(*RunningUsage)(nil),                 // 28: decodeplane.v1.RunningUsage
+	(*ReportRunningRequest)(nil),         // 29: decodeplane.v1.ReportRunningRequest
+	(*GrownPages)(nil),                   // 30: decodeplane.v1.GrownPages
+	(*ReportRunningResponse)(nil),        // 31: decodeplane.v1.ReportRunningResponse
+	(*RetractRoomRequest)(nil),           // 32: decodeplane.v1.RetractRoomRequest
+	(*RetractRoomResponse)(nil),          // 33: decodeplane.v1.RetractRoomResponse
+	(*ContinueGenerationRequest)(nil),    // 34: decodeplane.v1.ContinueGenerationRequest
+	(*ContinueGenerationResponse)(nil),   // 35: decodeplane.v1.ContinueGenerationResponse
+	(*ResumedRoom)(nil),                  // 36: decodeplane.v1.ResumedRoom
+	(*ResyncRoom)(nil),                   // 37: decodeplane.v1.ResyncRoom
+	(*ResyncRequest)(nil),                // 38: decodeplane.v1.ResyncRequest
+	(*ResyncResponse)(nil),               // 39: decodeplane.v1.ResyncResponse
+	(*AckRoomEndRequest)(nil),            // 40: decodeplane.v1.AckRoomEndRequest
+	(*AckRoomEndResponse)(nil),           // 41: decodeplane.v1.AckRoomEndResponse
+	(*StateIndices)(nil),                 // 42: decodeplane.v1.StateIndices
+	(*durationpb.Duration)(nil),          // 43: google.protobuf.Duration
+	(*PrefillRank)(nil),                  // 44: decodeplane.v1.PrefillRank
+	(KVPoll)(0),                          // 45: decodeplane.v1.KVPoll
+	(RoomPhase)(0),                       // 46: decodeplane.v1.RoomPhase
+	(*Failure)(nil),                      // 47: decodeplane.v1.Failure
+	(*Transition)(nil),                   // 48: decodeplane.v1.Transition
+	(DPRankRule)(0),                      // 49: decodeplane.v1.DPRankRule
+	(*timestamppb.Timestamp)(nil),        // 50: google.protobuf.Timestamp
+	(*RegisterEngineLayoutRequest)(nil),  // 51: decodeplane.v1.RegisterEngineLayoutRequest
+	(*RegisterEngineLayoutResponse)(nil), // 52: decodeplane.v1.RegisterEngineLayoutResponse
 }
 var file_decodeplane_v1_rooms_proto_depIdxs = []int32{
-	41, // 0: decodeplane.v1.DeclareDestinationRequest.state:type_name -> decodeplane.v1.StateIndices
+	42, // 0: decodeplane.v1.DeclareDestinationRequest.state:type_name -> decodeplane.v1.StateIndices
 	19, // 1: decodeplane.v1.DeclareDestinationResponse.room:type_name -> decodeplane.v1.Room
-	19, // 2: decodeplane.v1.OpenRoomResponse.room:type_name -> decodeplane.v1.Room
-	42, // 3: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	41, // 4: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
-	6,  // 5: decodeplane.v1.Destination.targets:type_name -> decodeplane.v1.DecodeTarget
-	43, // 6: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
-	44, // 7: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
-	7,  // 8: decodeplane.v1.DestinationEvent.destination:type_name -> decodeplane.v1.Destination
-	45, // 9: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
-	8,  // 10: decodeplane.v1.DestinationEvent.done:type_name -> decodeplane.v1.RoomDone
-	41, // 11: decodeplane.v1.TransferSource.state:type_name -> decodeplane.v1.StateIndices
-	42, // 12: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	10, // 13: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
-	11, // 14: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
-	46, // 15: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
-	43, // 16: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	42, // 17: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	43, // 18: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
-	19, // 19: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
-	47, // 20: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
-	48, // 21: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
-	43, // 22: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
-	44, // 23: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
-	45, // 24: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
-	49, // 25: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
-	49, // 26: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
-	47, // 27: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
-	20, // 28: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
-	19, // 29: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
-	44, // 30: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
-	19, // 31: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
-	27, // 32: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
-	29, // 33: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
-	46, // 34: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
-	0,  // 35: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
-	19, // 36: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
-	35, // 37: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
-	44, // 38: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
-	41, // 39: decodeplane.v1.ResyncRoom.state:type_name -> decodeplane.v1.StateIndices
-	36, // 40: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
-	42, // 41: decodeplane.v1.AckRoomEndRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	3,  // 42: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
-	5,  // 43: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
-	12, // 44: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
-	14, // 45: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
-	16, // 46: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
-	18, // 47: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
-	21, // 48: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
-	23, // 49: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
-	25, // 50: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
-	28, // 51: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
-	31, // 52: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
-	33, // 53: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
-	37, // 54: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
-	39, // 55: decodeplane.v1.Rooms.AckRoomEnd:input_type -> decodeplane.v1.AckRoomEndRequest
-	1,  // 56: decodeplane.v1.Rooms.DeclareDestination:input_type -> decodeplane.v1.DeclareDestinationRequest
-	50, // 57: decodeplane.v1.Rooms.RegisterEngineLayout:input_type -> decodeplane.v1.RegisterEngineLayoutRequest
-	4,  // 58: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
-	9,  // 59: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
-	13, // 60: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
-	15, // 61: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
-	17, // 62: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
-	19, // 63: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
-	22, // 64: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
-	24, // 65: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
-	26, // 66: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
-	30, // 67: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
-	32, // 68: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
-	34, // 69: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
-	38, // 70: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
-	40, // 71: decodeplane.v1.Rooms.AckRoomEnd:output_type -> decodeplane.v1.AckRoomEndResponse
-	2,  // 72: decodeplane.v1.Rooms.DeclareDestination:output_type -> decodeplane.v1.DeclareDestinationResponse
-	51, // 73: decodeplane.v1.Rooms.RegisterEngineLayout:output_type -> decodeplane.v1.RegisterEngineLayoutResponse
-	58, // [58:74] is the sub-list for method output_type
-	42, // [42:58] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	43, // 2: decodeplane.v1.OpenRoomRequest.timeout:type_name -> google.protobuf.Duration
+	19, // 3: decodeplane.v1.OpenRoomResponse.room:type_name -> decodeplane.v1.Room
+	44, // 4: decodeplane.v1.AwaitDestinationRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	42, // 5: decodeplane.v1.Destination.state_indices:type_name -> decodeplane.v1.StateIndices
+	6,  // 6: decodeplane.v1.Destination.targets:type_name -> decodeplane.v1.DecodeTarget
+	45, // 7: decodeplane.v1.RoomDone.poll:type_name -> decodeplane.v1.KVPoll
+	46, // 8: decodeplane.v1.RoomDone.phase:type_name -> decodeplane.v1.RoomPhase
+	7,  // 9: decodeplane.v1.DestinationEvent.destination:type_name -> decodeplane.v1.Destination
+	47, // 10: decodeplane.v1.DestinationEvent.failure:type_name -> decodeplane.v1.Failure
+	8,  // 11: decodeplane.v1.DestinationEvent.done:type_name -> decodeplane.v1.RoomDone
+	42, // 12: decodeplane.v1.TransferSource.state:type_name -> decodeplane.v1.StateIndices
+	44, // 13: decodeplane.v1.TransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	10, // 14: decodeplane.v1.TransferRequest.source:type_name -> decodeplane.v1.TransferSource
+	11, // 15: decodeplane.v1.TransferRequest.aux:type_name -> decodeplane.v1.Aux
+	43, // 16: decodeplane.v1.TransferResponse.duration:type_name -> google.protobuf.Duration
+	45, // 17: decodeplane.v1.TransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	44, // 18: decodeplane.v1.ReportTransferRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	45, // 19: decodeplane.v1.ReportTransferResponse.poll:type_name -> decodeplane.v1.KVPoll
+	19, // 20: decodeplane.v1.RoomEvent.room:type_name -> decodeplane.v1.Room
+	48, // 21: decodeplane.v1.RoomEvent.transition:type_name -> decodeplane.v1.Transition
+	49, // 22: decodeplane.v1.Room.dp_rank_rule:type_name -> decodeplane.v1.DPRankRule
+	45, // 23: decodeplane.v1.Room.poll:type_name -> decodeplane.v1.KVPoll
+	46, // 24: decodeplane.v1.Room.phase:type_name -> decodeplane.v1.RoomPhase
+	47, // 25: decodeplane.v1.Room.failure:type_name -> decodeplane.v1.Failure
+	50, // 26: decodeplane.v1.Room.opened_at:type_name -> google.protobuf.Timestamp
+	50, // 27: decodeplane.v1.Room.updated_at:type_name -> google.protobuf.Timestamp
+	48, // 28: decodeplane.v1.Room.transitions:type_name -> decodeplane.v1.Transition
+	21, // 29: decodeplane.v1.Room.coverage:type_name -> decodeplane.v1.RankCoverage
+	43, // 30: decodeplane.v1.Room.timeout:type_name -> google.protobuf.Duration
+	50, // 31: decodeplane.v1.Room.deadline:type_name -> google.protobuf.Timestamp
+	20, // 32: decodeplane.v1.Room.phase_times:type_name -> decodeplane.v1.PhaseTime
+	46, // 33: decodeplane.v1.PhaseTime.phase:type_name -> decodeplane.v1.RoomPhase
+	43, // 34: decodeplane.v1.PhaseTime.spent:type_name -> google.protobuf.Duration
+	19, // 35: decodeplane.v1.AbortRoomResponse.room:type_name -> decodeplane.v1.Room
+	46, // 36: decodeplane.v1.ListRoomsRequest.phases:type_name -> decodeplane.v1.RoomPhase
+	19, // 37: decodeplane.v1.ListRoomsResponse.rooms:type_name -> decodeplane.v1.Room
+	28, // 38: decodeplane.v1.ReportRunningRequest.rooms:type_name -> decodeplane.v1.RunningUsage
+	30, // 39: decodeplane.v1.ReportRunningResponse.grown:type_name -> decodeplane.v1.GrownPages
+	43, // 40: decodeplane.v1.ReportRunningResponse.retry_after:type_name -> google.protobuf.Duration
+	0,  // 41: decodeplane.v1.RetractRoomRequest.mode:type_name -> decodeplane.v1.RetractMode
+	19, // 42: decodeplane.v1.RetractRoomResponse.room:type_name -> decodeplane.v1.Room
+	36, // 43: decodeplane.v1.ContinueGenerationResponse.resumed:type_name -> decodeplane.v1.ResumedRoom
+	46, // 44: decodeplane.v1.ResumedRoom.phase:type_name -> decodeplane.v1.RoomPhase
+	42, // 45: decodeplane.v1.ResyncRoom.state:type_name -> decodeplane.v1.StateIndices
+	37, // 46: decodeplane.v1.ResyncRequest.rooms:type_name -> decodeplane.v1.ResyncRoom
+	44, // 47: decodeplane.v1.AckRoomEndRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	3,  // 48: decodeplane.v1.Rooms.OpenRoom:input_type -> decodeplane.v1.OpenRoomRequest
+	5,  // 49: decodeplane.v1.Rooms.AwaitDestination:input_type -> decodeplane.v1.AwaitDestinationRequest
+	12, // 50: decodeplane.v1.Rooms.Transfer:input_type -> decodeplane.v1.TransferRequest
+	14, // 51: decodeplane.v1.Rooms.ReportTransfer:input_type -> decodeplane.v1.ReportTransferRequest
+	16, // 52: decodeplane.v1.Rooms.WatchRoom:input_type -> decodeplane.v1.WatchRoomRequest
+	18, // 53: decodeplane.v1.Rooms.GetRoom:input_type -> decodeplane.v1.GetRoomRequest
+	22, // 54: decodeplane.v1.Rooms.AbortRoom:input_type -> decodeplane.v1.AbortRoomRequest
+	24, // 55: decodeplane.v1.Rooms.ReleaseRoom:input_type -> decodeplane.v1.ReleaseRoomRequest
+	26, // 56: decodeplane.v1.Rooms.ListRooms:input_type -> decodeplane.v1.ListRoomsRequest
+	29, // 57: decodeplane.v1.Rooms.ReportRunning:input_type -> decodeplane.v1.ReportRunningRequest
+	32, // 58: decodeplane.v1.Rooms.RetractRoom:input_type -> decodeplane.v1.RetractRoomRequest
+	34, // 59: decodeplane.v1.Rooms.ContinueGeneration:input_type -> decodeplane.v1.ContinueGenerationRequest
+	38, // 60: decodeplane.v1.Rooms.Resync:input_type -> decodeplane.v1.ResyncRequest
+	40, // 61: decodeplane.v1.Rooms.AckRoomEnd:input_type -> decodeplane.v1.AckRoomEndRequest
+	1,  // 62: decodeplane.v1.Rooms.DeclareDestination:input_type -> decodeplane.v1.DeclareDestinationRequest
+	51, // 63: decodeplane.v1.Rooms.RegisterEngineLayout:input_type -> decodeplane.v1.RegisterEngineLayoutRequest
+	4,  // 64: decodeplane.v1.Rooms.OpenRoom:output_type -> decodeplane.v1.OpenRoomResponse
+	9,  // 65: decodeplane.v1.Rooms.AwaitDestination:output_type -> decodeplane.v1.DestinationEvent
+	13, // 66: decodeplane.v1.Rooms.Transfer:output_type -> decodeplane.v1.TransferResponse
+	15, // 67: decodeplane.v1.Rooms.ReportTransfer:output_type -> decodeplane.v1.ReportTransferResponse
+	17, // 68: decodeplane.v1.Rooms.WatchRoom:output_type -> decodeplane.v1.RoomEvent
+	19, // 69: decodeplane.v1.Rooms.GetRoom:output_type -> decodeplane.v1.Room
+	23, // 70: decodeplane.v1.Rooms.AbortRoom:output_type -> decodeplane.v1.AbortRoomResponse
+	25, // 71: decodeplane.v1.Rooms.ReleaseRoom:output_type -> decodeplane.v1.ReleaseRoomResponse
+	27, // 72: decodeplane.v1.Rooms.ListRooms:output_type -> decodeplane.v1.ListRoomsResponse
+	31, // 73: decodeplane.v1.Rooms.ReportRunning:output_type -> decodeplane.v1.ReportRunningResponse
+	33, // 74: decodeplane.v1.Rooms.RetractRoom:output_type -> decodeplane.v1.RetractRoomResponse
+	35, // 75: decodeplane.v1.Rooms.ContinueGeneration:output_type -> decodeplane.v1.ContinueGenerationResponse
+	39, // 76: decodeplane.v1.Rooms.Resync:output_type -> decodeplane.v1.ResyncResponse
+	41, // 77: decodeplane.v1.Rooms.AckRoomEnd:output_type -> decodeplane.v1.AckRoomEndResponse
+	2,  // 78: decodeplane.v1.Rooms.DeclareDestination:output_type -> decodeplane.v1.DeclareDestinationResponse
+	52, // 79: decodeplane.v1.Rooms.RegisterEngineLayout:output_type -> decodeplane.v1.RegisterEngineLayoutResponse
+	64, // [64:80] is the sub-list for method output_type
+	48, // [48:64] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_rooms_proto_init() }
@@ -3894,14 +4027,14 @@ func file_decodeplane_v1_rooms_proto_init() {
 	}
 	file_decodeplane_v1_rooms_proto_msgTypes[9].OneofWrappers = []any{}
 	file_decodeplane_v1_rooms_proto_msgTypes[18].OneofWrappers = []any{}
-	file_decodeplane_v1_rooms_proto_msgTypes[35].OneofWrappers = []any{}
+	file_decodeplane_v1_rooms_proto_msgTypes[36].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_rooms_proto_rawDesc), len(file_decodeplane_v1_rooms_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   40,
+			NumMessages:   41,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

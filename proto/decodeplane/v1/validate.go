@@ -5,7 +5,10 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 	"unicode"
+
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/decodeplane/decodeplane/proto/decodeplane/internal/fieldcheck"
 )
@@ -388,7 +391,33 @@ func (x *OpenRoomRequest) Validate() error {
 		errs = append(errs, fieldErr("priority", "%d is out of range (allowed %d..%d)", p, -MaxPriority, MaxPriority))
 	}
 	errs = append(errs, checkLen("idempotency_key", x.GetIdempotencyKey(), false, MaxIdempotencyKeyLen, "the retry key"))
+	if _, err := RoomTimeout(x.GetTimeout()); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// Bounds of OpenRoomRequest.timeout.
+const (
+	MinRoomTimeout = time.Millisecond
+	MaxRoomTimeout = 24 * time.Hour
+)
+
+// RoomTimeout reads OpenRoomRequest.timeout: 0 when unset, else its value
+// in whole milliseconds within [MinRoomTimeout, MaxRoomTimeout] (an error
+// naming the field otherwise).
+func RoomTimeout(d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, fieldErr("timeout", "is not a valid duration (%v); allowed %s..%s, or unset for none", err, MinRoomTimeout, MaxRoomTimeout)
+	}
+	v := d.AsDuration()
+	if v < MinRoomTimeout || v > MaxRoomTimeout {
+		return 0, fieldErr("timeout", "%s is out of range: allowed %s..%s, or unset for none (the request's time budget)", v, MinRoomTimeout, MaxRoomTimeout)
+	}
+	return v.Truncate(time.Millisecond), nil
 }
 
 // checkTokens bounds a token count by MaxTokens, in the words of SGLang's

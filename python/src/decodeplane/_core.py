@@ -66,6 +66,32 @@ class Deadline:
         return min(d, r)
 
 
+#: The most of a deadline kept back for the answer's way back (with_deadline).
+MAX_DEADLINE_RESERVE = 0.1
+#: OpenRoomRequest.timeout's bounds, in milliseconds (rooms.proto).
+_ROOM_TIMEOUT_MS = (1, 86_400_000)
+
+
+def with_deadline(req: Any, deadline: Deadline) -> Any:
+    """An OpenRoomRequest with the time ``deadline`` leaves as its
+    ``timeout`` (the request's time budget: the daemon fails the room when
+    it ends, naming the phase that used it): what is left now less a reserve
+    for the answer's way back (a twentieth, at most 100 ms), in whole
+    milliseconds. ``req`` itself when the deadline is unbounded or the
+    request's own timeout is shorter; else a copy."""
+    left = deadline.remaining()
+    if left is None:
+        return req
+    budget_ms = int((left - min(left / 20, MAX_DEADLINE_RESERVE)) * 1000)
+    budget_ms = min(max(budget_ms, _ROOM_TIMEOUT_MS[0]), _ROOM_TIMEOUT_MS[1])
+    if req.HasField("timeout") and req.timeout.ToNanoseconds() <= budget_ms * 1_000_000:
+        return req
+    out = type(req)()
+    out.CopyFrom(req)
+    out.timeout.FromMilliseconds(budget_ms)
+    return out
+
+
 def wait_retry(op: str, delay: float, last: DecodeplaneError, deadline: Deadline, closed: threading.Event) -> None:
     """Sleeps ``delay`` before the next attempt of ``op``. Raises ``last`` at
     once when the deadline comes first (the retry could not succeed, and

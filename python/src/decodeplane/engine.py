@@ -55,6 +55,7 @@ from decodeplane._core import (
     Resumable,
     log,
     wait_retry,
+    with_deadline,
 )
 from decodeplane.admin import RoomReads
 from decodeplane.client import Transport, build, copy_of
@@ -712,8 +713,13 @@ class EngineAPI(RoomReads):
         named; a request that can never fit), AlreadyExistsError,
         ResourceExhaustedError (admission queue full: ``retry_after``),
         UnavailableError (draining). Retried on UNAVAILABLE only with an
-        ``idempotency_key`` (see ``Client(auto_idempotency_key=True)``)."""
+        ``idempotency_key`` (see ``Client(auto_idempotency_key=True)``).
+        A ``timeout`` given here is also the request's time budget
+        (``OpenRoomRequest.timeout``, less a reserve for the answer): see
+        open_and_wait."""
         req = self._keyed(build(rooms_pb2.OpenRoomRequest, request, fields))
+        if timeout is not None:
+            req = with_deadline(req, Deadline(timeout))
         return self._c._invoke(_OPEN_ROOM, self._c._rooms_stub.OpenRoom, req, timeout)
 
     def watch_room(self, room: int, *, history: bool = False, timeout: Optional[float] = None) -> RoomWatch:
@@ -876,7 +882,14 @@ class EngineAPI(RoomReads):
         open raises OpenRoom's typed error (code, message, retry_after, the
         field names without the session's prefix); after a daemon restart,
         IncarnationChangedError. ``timeout`` bounds the whole wait; when it
-        passes the room is left as it is (abort it if it is not wanted).
+        passes the room is left as it is (abort it if it is not wanted). It
+        is also the request's time budget: each open carries what it leaves
+        (``OpenRoomRequest.timeout``, less a reserve for the answer's way
+        back: a twentieth, at most 100 ms), so that a room the daemon cannot
+        hand off in time raises RoomFailedError
+        (FAILURE_CODE_DEADLINE_EXCEEDED, naming the phase that used the
+        budget) before ``timeout`` passes; a shorter timeout of the request's
+        own is kept.
 
         Under Transport.STREAMS the room travels on the client's shared
         engine session (see the module documentation). An open whose answer
@@ -892,7 +905,7 @@ class EngineAPI(RoomReads):
         return self._open_and_wait_stream(req, dl)
 
     def _open_and_wait_unary(self, req: rooms_pb2.OpenRoomRequest, dl: Deadline) -> rooms_pb2.Room:
-        resp = self._c._invoke(_OPEN_ROOM, self._c._rooms_stub.OpenRoom, req, deadline=dl)
+        resp = self._c._invoke(_OPEN_ROOM, self._c._rooms_stub.OpenRoom, with_deadline(req, dl), deadline=dl)
         if resp.room.phase == _SUCCEEDED:
             return resp.room
         return self.wait_room(resp.room.room, _SUCCEEDED, timeout=dl.remaining())
@@ -917,7 +930,7 @@ class EngineAPI(RoomReads):
                 res: Optional[SessionResult] = None
                 err: Optional[DecodeplaneError] = None
                 try:
-                    fut = s.open_async([req])
+                    fut = s.open_async([with_deadline(req, dl)])
                     res = s._wait(op, fut, dl.remaining())[0]
                 except DecodeplaneError as e:
                     err = e

@@ -11,9 +11,9 @@
 package httpboot
 
 import (
+	"log/slog"
 	"net"
 	"net/http"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"time"
@@ -108,7 +108,7 @@ func (h *Routes) guard(f func(http.ResponseWriter, *http.Request)) http.HandlerF
 				if p == http.ErrAbortHandler {
 					panic(p)
 				}
-				h.t.Log().ErrorContext(r.Context(), "panic in HTTP handler", "path", r.URL.Path, "panic", p, "stack", string(debug.Stack()))
+				h.t.Panicked(r.Context(), "panic in HTTP handler", []slog.Attr{slog.String("path", r.URL.Path)}, p)
 				writeText(w, http.StatusInternalServerError, "internal error (logged by the daemon)")
 			}
 		}()

@@ -132,6 +132,7 @@ func openFromProto(req *pb.OpenRoomRequest) kvmanager.OpenRequest {
 	if req.DecodeDpRank != nil {
 		o.DecodeDP = int(req.GetDecodeDpRank())
 	}
+	o.Timeout, _ = pb.RoomTimeout(req.GetTimeout()) // validated before
 	return o
 }
 
@@ -168,11 +169,13 @@ func setTimestamp(ts *timestamppb.Timestamp, t time.Time) {
 	ts.Seconds, ts.Nanos = t.Unix(), int32(t.Nanosecond())
 }
 
-// roomBlock is a Room, its two timestamps and its prefill DP rank.
+// roomBlock is a Room, its timestamps, its prefill DP rank and its
+// request's timeout.
 type roomBlock struct {
-	room            pb.Room
-	opened, updated timestamppb.Timestamp
-	prefillDP       uint32
+	room                      pb.Room
+	opened, updated, deadline timestamppb.Timestamp
+	timeout                   durationpb.Duration
+	prefillDP                 uint32
 }
 
 func roomToProto(s kvmanager.RoomSnapshot) *pb.Room {
@@ -207,6 +210,17 @@ func (b *roomBlock) fill(s kvmanager.RoomSnapshot) {
 	if s.PrefillDP >= 0 {
 		b.prefillDP = uint32(s.PrefillDP)
 		out.PrefillDpRank = &b.prefillDP
+	}
+	if s.Timeout > 0 {
+		b.timeout.Seconds, b.timeout.Nanos = int64(s.Timeout/time.Second), int32(s.Timeout%time.Second)
+		setTimestamp(&b.deadline, s.Deadline)
+		out.Timeout, out.Deadline = &b.timeout, &b.deadline
+	}
+	if len(s.PhaseTimes) > 0 {
+		out.PhaseTimes = make([]*pb.PhaseTime, len(s.PhaseTimes))
+		for i, pt := range s.PhaseTimes {
+			out.PhaseTimes[i] = &pb.PhaseTime{Phase: phaseToProto(pt.Phase), Spent: durationpb.New(pt.Spent)}
+		}
 	}
 	if len(s.Transitions) > 0 {
 		ts := make([]transitionBlock, len(s.Transitions))

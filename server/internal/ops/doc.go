@@ -2,7 +2,7 @@
 // operation of the API defined once — its request's checks (the message's
 // Validate and the incarnation check), its auth class, its span name and
 // metrics label (its gRPC method), the domain call and the mapping of its
-// answer and its errors (ToStatus, the one place where domain errors
+// answer and its errors (Table.Status, the one place where domain errors
 // become statuses) — and the gRPC services built from it (grpc.go).
 //
 // Every transport is an adapter over the table: the gRPC server registers

@@ -51,6 +51,7 @@ var failureWire = [...]pb.FailureCode{
 	kvmanager.FailureStagingFailed:      pb.FailureCode_FAILURE_CODE_STAGING_FAILED,
 	kvmanager.FailureShutdown:           pb.FailureCode_FAILURE_CODE_SHUTDOWN,
 	kvmanager.FailureRetractTimeout:     pb.FailureCode_FAILURE_CODE_RETRACT_TIMEOUT,
+	kvmanager.FailureDeadlineExceeded:   pb.FailureCode_FAILURE_CODE_DEADLINE_EXCEEDED,
 }
 
 var dpRuleWire = [...]pb.DPRankRule{

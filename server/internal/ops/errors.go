@@ -47,9 +47,14 @@ var errorCodes = []struct {
 	{transfer.ErrTransferFailed, codes.Aborted},
 }
 
-// ToStatus is the one place where errors become gRPC statuses. Unknown
-// errors become Internal with a generic message; the real error is logged.
-func ToStatus(ctx context.Context, log *slog.Logger, err error) error {
+// Status is the one place where errors become gRPC statuses (for every
+// transport; the HTTP routes map them on). Unknown errors become Internal
+// with a generic message; the real error is logged (through the table's
+// storm logger).
+func (t *Table) Status(ctx context.Context, err error) error { return t.status(ctx, err) }
+
+// toStatus maps err; unexpected reports an unknown error.
+func toStatus(ctx context.Context, err error, unexpected func(context.Context, error)) error {
 	if err == nil {
 		return nil
 	}
@@ -87,7 +92,7 @@ func ToStatus(ctx context.Context, log *slog.Logger, err error) error {
 			return st.Err()
 		}
 	}
-	log.ErrorContext(ctx, "unexpected error", "err", err)
+	unexpected(ctx, err)
 	return status.Error(codes.Internal, "internal error (logged by the daemon)")
 }
 
@@ -123,8 +128,12 @@ func withRetry(st *status.Status, err error) *status.Status {
 // defaultRetryAfter is the retry hint when the domain gives none.
 const defaultRetryAfter = time.Second
 
-// status is ToStatus with the table's logger.
-func (t *Table) status(ctx context.Context, err error) error { return ToStatus(ctx, t.log, err) }
+// status is Status.
+func (t *Table) status(ctx context.Context, err error) error {
+	return toStatus(ctx, err, func(ctx context.Context, err error) {
+		t.storm.Log(ctx, slog.LevelError, "unexpected error", nil, "", slog.Any("err", err))
+	})
+}
 
 // ContextStatus is status.FromContextError(err).Err(), made once for the
 // two context errors: a watch or claim stream the client cancels (as the

@@ -14,7 +14,13 @@ import (
 
 // Logs and panics, as every transport reports them: a call or an op that
 // failed is logged at its code's level (CallLevel) and a panic is INTERNAL
-// with a generic message, its value and stack logged.
+// with a generic message, its value and stack logged. All of them go
+// through the table's storm logger (internal/stormlog): what fails many
+// calls at once (a prefill lost while its ranks keep reporting chunks, a
+// full admission queue, a bug every request hits) writes one line per
+// cause per interval — the first at once, then a summary with the count —
+// not one line per call. A failed call's cause is its service, method and
+// code; a panic's and an unexpected error's, where it happened.
 
 // CallLevel logs successful calls at debug (the control path is hot) and
 // failures by severity.
@@ -39,14 +45,21 @@ func (t *Table) LogFailed(ctx context.Context, method, kind string, start time.T
 		return
 	}
 	service, name, _ := strings.Cut(strings.TrimPrefix(method, "/"), "/")
-	t.log.Log(ctx, lvl, "finished call", "protocol", "grpc", "grpc.component", "server",
-		"grpc.service", service, "grpc.method", name, "grpc.method_type", kind,
-		"grpc.code", st.Code().String(), "grpc.error", st.Message(), "grpc.time_ms", time.Since(start).Milliseconds())
+	t.storm.Log(ctx, lvl, "finished call", []slog.Attr{slog.String("protocol", "grpc"), slog.String("grpc.component", "server"),
+		slog.String("grpc.service", service), slog.String("grpc.method", name), slog.String("grpc.method_type", kind),
+		slog.String("grpc.code", st.Code().String())}, "",
+		slog.String("grpc.error", st.Message()), slog.Int64("grpc.time_ms", time.Since(start).Milliseconds()))
 }
 
 // Recovered is a recovered panic's answer: INTERNAL without details, the
 // panic and its stack logged.
 func (t *Table) Recovered(ctx context.Context, p any) error {
-	t.log.ErrorContext(ctx, "panic in gRPC handler", "panic", p, "stack", string(debug.Stack()))
+	t.Panicked(ctx, "panic in gRPC handler", nil, p)
 	return status.Error(codes.Internal, "internal error (logged by the daemon)")
+}
+
+// Panicked logs a recovered panic (msg, where: the cause) with its value and
+// stack.
+func (t *Table) Panicked(ctx context.Context, msg string, where []slog.Attr, p any) {
+	t.storm.Log(ctx, slog.LevelError, msg, where, "", slog.Any("panic", p), slog.String("stack", string(debug.Stack())))
 }

@@ -83,7 +83,7 @@ type StatusReader interface {
 
 // Registrar records prefill registrations and heartbeats: the Manager
 // itself with the memory registry, the fleet's shared registry with etcd.
-// Its errors are the domain's (ToStatus maps them;
+// Its errors are the domain's (Table.Status maps them;
 // kvmanager.ErrRegistryUnavailable is UNAVAILABLE with a retry hint).
 type Registrar interface {
 	RegisterPrefill(ctx context.Context, reg kvmanager.Registration) (kvmanager.RegistrationResult, error)

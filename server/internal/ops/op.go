@@ -52,7 +52,7 @@ func (o *op) CheckAs(prefix string, req any) error {
 func (o *op) CheckIncarnation(req any) error { return o.t.checkIncarnation(o.method, req) }
 
 // Unary is a unary operation: the checks of op, then call, whose errors
-// are statuses already (the domain's mapped by ToStatus).
+// are statuses already (the domain's mapped by Table.Status).
 type Unary[Req, Resp any] struct {
 	op
 	call func(context.Context, *Req) (*Resp, error)

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/decodeplane/decodeplane/internal/stormlog"
 	"github.com/decodeplane/decodeplane/kvlayout"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
@@ -64,8 +65,12 @@ type Host interface {
 // ops (package session), the JSON gateway (package gateway) and SGLang's
 // HTTP routes (package httpboot).
 type Table struct {
-	cfg   Config
-	log   *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// storm logs what every transport may report many times at once (failed
+	// calls, unexpected errors, panics: log.go): one line per cause per
+	// interval.
+	storm *stormlog.Logger
 	reads map[string]bool // the ops that need no token
 
 	engine   engineRooms
@@ -127,7 +132,7 @@ func New(cfg Config) *Table {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	t := &Table{cfg: cfg, log: cfg.Logger, reads: map[string]bool{}}
+	t := &Table{cfg: cfg, log: cfg.Logger, storm: stormlog.New(cfg.Logger, stormlog.Options{}), reads: map[string]bool{}}
 	if m := cfg.Manager; m != nil {
 		reg := cfg.Registrar
 		if reg == nil {
@@ -202,6 +207,10 @@ func stream[Req, Resp any](t *Table, method string, read bool, call func(context
 
 // Log is the table's logger.
 func (t *Table) Log() *slog.Logger { return t.log }
+
+// Close writes the summaries of what the table logged that are still
+// pending (the server stops).
+func (t *Table) Close() { t.storm.Close() }
 
 // HasManager reports whether the table has a room manager (and serves
 // Bootstrap, Rooms, Staging and the sessions).

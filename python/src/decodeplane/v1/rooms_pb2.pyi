@@ -210,7 +210,7 @@ class ListRoomsResponse(_message.Message):
     def __init__(self, rooms: _Optional[_Iterable[_Union[Room, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
 
 class OpenRoomRequest(_message.Message):
-    __slots__ = ["bootstrap_addr", "decode_dp_rank", "idempotency_key", "max_new_tokens", "output_len", "prefill_dp_rank", "priority", "prompt_len", "rebootstrap", "rid", "room"]
+    __slots__ = ["bootstrap_addr", "decode_dp_rank", "idempotency_key", "max_new_tokens", "output_len", "prefill_dp_rank", "priority", "prompt_len", "rebootstrap", "rid", "room", "timeout"]
     BOOTSTRAP_ADDR_FIELD_NUMBER: _ClassVar[int]
     DECODE_DP_RANK_FIELD_NUMBER: _ClassVar[int]
     IDEMPOTENCY_KEY_FIELD_NUMBER: _ClassVar[int]
@@ -222,6 +222,7 @@ class OpenRoomRequest(_message.Message):
     REBOOTSTRAP_FIELD_NUMBER: _ClassVar[int]
     RID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     bootstrap_addr: str
     decode_dp_rank: int
     idempotency_key: str
@@ -233,7 +234,8 @@ class OpenRoomRequest(_message.Message):
     rebootstrap: bool
     rid: str
     room: int
-    def __init__(self, rid: _Optional[str] = ..., bootstrap_addr: _Optional[str] = ..., room: _Optional[int] = ..., prefill_dp_rank: _Optional[int] = ..., decode_dp_rank: _Optional[int] = ..., prompt_len: _Optional[int] = ..., output_len: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., rebootstrap: bool = ..., idempotency_key: _Optional[str] = ...) -> None: ...
+    timeout: _duration_pb2.Duration
+    def __init__(self, rid: _Optional[str] = ..., bootstrap_addr: _Optional[str] = ..., room: _Optional[int] = ..., prefill_dp_rank: _Optional[int] = ..., decode_dp_rank: _Optional[int] = ..., prompt_len: _Optional[int] = ..., output_len: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., rebootstrap: bool = ..., idempotency_key: _Optional[str] = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class OpenRoomResponse(_message.Message):
     __slots__ = ["existing", "room"]
@@ -242,6 +244,14 @@ class OpenRoomResponse(_message.Message):
     existing: bool
     room: Room
     def __init__(self, room: _Optional[_Union[Room, _Mapping]] = ..., existing: bool = ...) -> None: ...
+
+class PhaseTime(_message.Message):
+    __slots__ = ["phase", "spent"]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SPENT_FIELD_NUMBER: _ClassVar[int]
+    phase: _common_pb2.RoomPhase
+    spent: _duration_pb2.Duration
+    def __init__(self, phase: _Optional[_Union[_common_pb2.RoomPhase, str]] = ..., spent: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RankCoverage(_message.Message):
     __slots__ = ["bytes", "claimed", "cp_rank", "last_landed", "pages_landed", "pages_required", "pp_rank", "tp_rank"]
@@ -422,12 +432,13 @@ class RetractRoomResponse(_message.Message):
     def __init__(self, room: _Optional[_Union[Room, _Mapping]] = ...) -> None: ...
 
 class Room(_message.Message):
-    __slots__ = ["attempt", "bootstrap_addr", "bytes_transferred", "chunks_done", "coverage", "decode_dp_rank", "dp_rank_rule", "failure", "max_new_tokens", "metadata_slot", "num_pages", "opened_at", "page_indices", "phase", "poll", "prefill_dp_rank", "priority", "prompt_len", "rid", "room", "staging", "trace_id", "transitions", "updated_at", "waiting_for"]
+    __slots__ = ["attempt", "bootstrap_addr", "bytes_transferred", "chunks_done", "coverage", "deadline", "decode_dp_rank", "dp_rank_rule", "failure", "max_new_tokens", "metadata_slot", "num_pages", "opened_at", "page_indices", "phase", "phase_times", "poll", "prefill_dp_rank", "priority", "prompt_len", "rid", "room", "staging", "timeout", "trace_id", "transitions", "updated_at", "waiting_for"]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     BOOTSTRAP_ADDR_FIELD_NUMBER: _ClassVar[int]
     BYTES_TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_DONE_FIELD_NUMBER: _ClassVar[int]
     COVERAGE_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_FIELD_NUMBER: _ClassVar[int]
     DECODE_DP_RANK_FIELD_NUMBER: _ClassVar[int]
     DP_RANK_RULE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
@@ -437,6 +448,7 @@ class Room(_message.Message):
     OPENED_AT_FIELD_NUMBER: _ClassVar[int]
     PAGE_INDICES_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_TIMES_FIELD_NUMBER: _ClassVar[int]
     POLL_FIELD_NUMBER: _ClassVar[int]
     PREFILL_DP_RANK_FIELD_NUMBER: _ClassVar[int]
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
@@ -444,6 +456,7 @@ class Room(_message.Message):
     RID_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     STAGING_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_FIELD_NUMBER: _ClassVar[int]
     TRACE_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSITIONS_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -453,6 +466,7 @@ class Room(_message.Message):
     bytes_transferred: int
     chunks_done: int
     coverage: _containers.RepeatedCompositeFieldContainer[RankCoverage]
+    deadline: _timestamp_pb2.Timestamp
     decode_dp_rank: int
     dp_rank_rule: _common_pb2.DPRankRule
     failure: _common_pb2.Failure
@@ -462,6 +476,7 @@ class Room(_message.Message):
     opened_at: _timestamp_pb2.Timestamp
     page_indices: _containers.RepeatedScalarFieldContainer[int]
     phase: _common_pb2.RoomPhase
+    phase_times: _containers.RepeatedCompositeFieldContainer[PhaseTime]
     poll: _common_pb2.KVPoll
     prefill_dp_rank: int
     priority: int
@@ -469,11 +484,12 @@ class Room(_message.Message):
     rid: str
     room: int
     staging: bool
+    timeout: _duration_pb2.Duration
     trace_id: str
     transitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.Transition]
     updated_at: _timestamp_pb2.Timestamp
     waiting_for: str
-    def __init__(self, room: _Optional[int] = ..., rid: _Optional[str] = ..., bootstrap_addr: _Optional[str] = ..., decode_dp_rank: _Optional[int] = ..., prefill_dp_rank: _Optional[int] = ..., dp_rank_rule: _Optional[_Union[_common_pb2.DPRankRule, str]] = ..., poll: _Optional[_Union[_common_pb2.KVPoll, str]] = ..., phase: _Optional[_Union[_common_pb2.RoomPhase, str]] = ..., failure: _Optional[_Union[_common_pb2.Failure, _Mapping]] = ..., prompt_len: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., num_pages: _Optional[int] = ..., metadata_slot: _Optional[int] = ..., bytes_transferred: _Optional[int] = ..., chunks_done: _Optional[int] = ..., opened_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., transitions: _Optional[_Iterable[_Union[_common_pb2.Transition, _Mapping]]] = ..., page_indices: _Optional[_Iterable[int]] = ..., trace_id: _Optional[str] = ..., staging: bool = ..., coverage: _Optional[_Iterable[_Union[RankCoverage, _Mapping]]] = ..., waiting_for: _Optional[str] = ...) -> None: ...
+    def __init__(self, room: _Optional[int] = ..., rid: _Optional[str] = ..., bootstrap_addr: _Optional[str] = ..., decode_dp_rank: _Optional[int] = ..., prefill_dp_rank: _Optional[int] = ..., dp_rank_rule: _Optional[_Union[_common_pb2.DPRankRule, str]] = ..., poll: _Optional[_Union[_common_pb2.KVPoll, str]] = ..., phase: _Optional[_Union[_common_pb2.RoomPhase, str]] = ..., failure: _Optional[_Union[_common_pb2.Failure, _Mapping]] = ..., prompt_len: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., priority: _Optional[int] = ..., num_pages: _Optional[int] = ..., metadata_slot: _Optional[int] = ..., bytes_transferred: _Optional[int] = ..., chunks_done: _Optional[int] = ..., opened_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., attempt: _Optional[int] = ..., transitions: _Optional[_Iterable[_Union[_common_pb2.Transition, _Mapping]]] = ..., page_indices: _Optional[_Iterable[int]] = ..., trace_id: _Optional[str] = ..., staging: bool = ..., coverage: _Optional[_Iterable[_Union[RankCoverage, _Mapping]]] = ..., waiting_for: _Optional[str] = ..., timeout: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., deadline: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., phase_times: _Optional[_Iterable[_Union[PhaseTime, _Mapping]]] = ...) -> None: ...
 
 class RoomDone(_message.Message):
     __slots__ = ["phase", "poll"]
