@@ -131,7 +131,7 @@ func TestOfferRoomsAtSubscribe(t *testing.T) {
 		h.open(addrA, 2)
 		own, _ := h.claim(2, rk)
 		h.open(addrA, 3)
-		h.complete(3) // succeeded: its hand-off ended
+		h.complete(3)    // succeeded: its hand-off ended
 		h.open(addrB, 9) // waits for its prefill: not resolved
 		l := newOfferLog()
 		stop := h.m.OfferRooms(rk, l.sink)
