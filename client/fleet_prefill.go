@@ -244,8 +244,13 @@ func (f *FleetPrefill) seedName() string {
 	return f.seed.c.conn.Target()
 }
 
-// refresh lists the fleet's daemons and starts or stops their sessions.
+// refresh lists the fleet's daemons and starts or stops their sessions,
+// once the rank registered through the seed (before, the other daemons
+// would not know it).
 func (f *FleetPrefill) refresh(ctx context.Context) {
+	if f.seed.p.Registration() == nil {
+		return
+	}
 	resp, from, err := f.getFleet(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -421,13 +426,14 @@ func (f *FleetPrefill) hold(ctx context.Context, m *fleetMember) {
 
 // unknownRank counts a daemon's NOT_FOUND refusals of the rank's session
 // (the registration through the seed has not reached it, or the instance
-// expired); the third in a row while the seed's session is down registers
-// the rank through this daemon. It returns the new count.
+// expired); the third in a row while the seed could not be reached for a
+// heartbeat interval registers the rank through this daemon. It returns
+// the new count.
 func (f *FleetPrefill) unknownRank(ctx context.Context, m *fleetMember, err error, n int) int {
 	if !errors.Is(err, ErrNotFound) {
 		return 0
 	}
-	if n++; n < 3 || f.seed.p.mux.live() != nil {
+	if n++; n < 3 || !f.seed.p.mux.down(f.seed.p.heartbeatInterval()) {
 		return n
 	}
 	rctx, cancel := context.WithTimeout(ctx, m.p.heartbeatInterval())
