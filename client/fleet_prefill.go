@@ -455,6 +455,46 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
+// BindRoom reports that this rank's DP group scheduled room (as
+// Prefill.BindRoom, SGLang's /register_dp_rank), for a prefill that does
+// not follow follow_bootstrap_room: a daemon offers a room only once its DP
+// rank is resolved, so the room's daemon is not known yet, and the binding
+// goes to every daemon the rank holds a session with (the seed included),
+// at once. It returns whether a daemon replaced an earlier binding, and
+// the first daemon's error, if any (ErrFailedPrecondition: the binding
+// contradicts follow_bootstrap_room).
+func (f *FleetPrefill) BindRoom(ctx context.Context, room uint64) (bool, error) {
+	f.mu.Lock()
+	ps := []*Prefill{f.seed.p}
+	for _, m := range f.members {
+		if m != f.seed {
+			ps = append(ps, m.p)
+		}
+	}
+	f.mu.Unlock()
+	type answer struct {
+		replaced bool
+		err      error
+	}
+	out := make(chan answer, len(ps))
+	for _, p := range ps {
+		go func() {
+			r, err := p.BindRoom(ctx, room)
+			out <- answer{r, err}
+		}()
+	}
+	var replaced bool
+	var first error
+	for range ps {
+		a := <-out
+		replaced = replaced || a.replaced
+		if first == nil {
+			first = a.err
+		}
+	}
+	return replaced, first
+}
+
 // SendRoom delivers a room's KV through the daemon that holds it, as
 // Prefill.SendRoom does (same options, results and errors), without the
 // caller naming the daemon: it waits for the room's offer (at most

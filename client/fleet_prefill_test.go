@@ -258,3 +258,42 @@ func TestFleetPrefillOfferWait(t *testing.T) {
 		t.Fatalf("SendRoom of a room never opened = %v, want ErrNotFound", err)
 	}
 }
+
+// TestFleetPrefillBindRoom: a prefill instance of two DP ranks that does not
+// follow follow_bootstrap_room; a room opened on B waits for its DP rank.
+// The DP-1 rank's BindRoom reaches every daemon (the rank does not know
+// B holds the room): B resolves the room to DP 1 and offers it to that
+// rank, whose SendRoom hands it off.
+func TestFleetPrefillBindRoom(t *testing.T) {
+	ds := startEtcdFleet(t, 2)
+	a, b := ds[0], ds[1]
+	const bootstrap = "10.0.3.4:8998"
+	var ranks []*client.FleetPrefill
+	for dp := range uint32(2) {
+		reg := prefillRank(bootstrap, 1, 0)
+		reg.Parallel.AttnDpSize, reg.Parallel.AttnDpRank = 2, dp
+		reg.LoadBalanceMethod = "round_robin"
+		reg.RankEndpoint = fmt.Sprintf("10.0.3.4:%d", 17000+dp)
+		f := runFleetPrefill(t, a.addr, reg)
+		sessionsWith(t, f, ds)
+		ranks = append(ranks, f)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := b.c.Engine().OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "bind", BootstrapAddr: bootstrap, Room: 40, PromptLen: 300, MaxNewTokens: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if replaced, err := ranks[1].BindRoom(ctx, 40); err != nil || replaced {
+		t.Fatalf("BindRoom = %v, %v", replaced, err)
+	}
+	if _, err := ranks[1].SendRoom(ctx, 40, client.SendOptions{}); err != nil {
+		t.Fatalf("SendRoom of the room bound to DP 1: %v", err)
+	}
+	r, err := b.c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 40})
+	if err != nil || r.GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED || r.GetPrefillDpRank() != 1 {
+		t.Fatalf("room 40 on B: %v (DP rank %d), %v; want SUCCEEDED from DP 1", r.GetPhase(), r.GetPrefillDpRank(), err)
+	}
+	if owner, ok := ranks[0].Owner(40); ok {
+		t.Fatalf("the DP-0 rank was offered room 40 (by %s)", owner)
+	}
+}

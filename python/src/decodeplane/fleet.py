@@ -217,6 +217,23 @@ class _OfferTable:
                 w.set()
 
 
+class _Call(threading.Thread):
+    """Runs fn on a daemon thread; result or error once joined."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(name="decodeplane-fleet-call", daemon=True)
+        self._fn = fn
+        self.result: Any = None
+        self.error: Optional[BaseException] = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self._fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            self.error = e
+
+
 class _Member:
     """One daemon of the fleet: its client and the rank's Prefill on it."""
 
@@ -470,6 +487,27 @@ class FleetPrefill:
         return 0
 
     # ---- hand-offs ----
+
+    def bind_room(self, room: int, *, timeout: Optional[float] = None) -> bool:
+        """:meth:`Prefill.bind_room` (SGLang's /register_dp_rank) for a prefill
+        that does not follow follow_bootstrap_room: a daemon offers a room only
+        once its DP rank is resolved, so the room's daemon is not known yet,
+        and the binding goes to every daemon the rank holds a session with
+        (the seed included). Returns whether a daemon replaced an earlier
+        binding; raises the first daemon's error, if any."""
+        with self._lock:
+            ps = [self._seed.prefill] + [m.prefill for m in self._members.values() if m is not self._seed]
+        calls = [_Call(lambda p=p: p.bind_room(room, timeout=timeout)) for p in ps]
+        replaced, first = False, None
+        for c in calls:
+            c.join()
+            if c.error is not None:
+                first = first or c.error
+            else:
+                replaced = replaced or bool(c.result)
+        if first is not None:
+            raise first
+        return replaced
 
     def send_room(self, room: int, *, chunk_pages: int = 0,
                   source: Optional[Callable[[Chunk], rooms_pb2.TransferSource]] = None,
