@@ -21,7 +21,7 @@ ETCD_DATA_DIR ?=
 
 export GOTOOLCHAIN := local
 
-.PHONY: help build run run-demo run-traced demo demo-traced dev-etcd test test-short python-test fuzz fuzz-smoke check fmt fmt-check vet proto proto-check proto-python proto-check-python tidy-check bench jaeger jaeger-build deploy-check clean
+.PHONY: help build run run-demo run-traced demo demo-traced demo-fleet dev-etcd test test-short python-test fuzz fuzz-smoke check fmt fmt-check vet proto proto-check proto-python proto-check-python tidy-check bench jaeger jaeger-build deploy-check clean
 
 # help colours the target names only on a terminal, and never with NO_COLOR
 # set (https://no-color.org), so that `make help | less` or a log stays clean.
@@ -54,8 +54,8 @@ run-traced: build ## Like run, exporting traces to a local Jaeger (make jaeger) 
 # writes after the rooms in flight finished.
 DEMO := $(BIN)/decodeplane bench --target 127.0.0.1:7600 --rate 3 --duration 0 --prefill-ranks 2 --concurrency 16 --chunk-pages 16
 DEMO_REPORT := (trap '' INT; exec awk '/^latency/ { stop = 1 } !stop && !/^  (layout|api|machine) / { print; fflush() }')
-demo demo-traced: SHELL := bash
-demo demo-traced: .SHELLFLAGS := -o pipefail -c
+demo demo-traced demo-fleet: SHELL := bash
+demo demo-traced demo-fleet: .SHELLFLAGS := -o pipefail -c
 
 demo: build ## Push 3 rooms/s (simulated prefills + decode engine) at make run-demo or make run.
 	@echo "demo: a simulated prefill (2 ranks) and decode engine open 3 rooms/s at 127.0.0.1:7600 until Ctrl-C"
@@ -64,6 +64,10 @@ demo: build ## Push 3 rooms/s (simulated prefills + decode engine) at make run-d
 demo-traced: build ## Like demo, with the fleet's spans in Jaeger too: one trace per request (make run-traced).
 	@echo "demo: a simulated prefill (2 ranks) and decode engine open 3 rooms/s at 127.0.0.1:7600 until Ctrl-C, traced to 127.0.0.1:4317"
 	@OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4317 $(DEMO) | $(DEMO_REPORT)
+
+demo-fleet: build ## Like demo, over every daemon of 127.0.0.1:7600's fleet: the prefill registers through 7600 only and is told only each room (docs/fleet.md).
+	@echo "demo-fleet: a simulated prefill (2 ranks, registered through 127.0.0.1:7600 only) and a decode engine per daemon of its fleet open 3 rooms/s until Ctrl-C"
+	@$(DEMO) --fleet | $(DEMO_REPORT)
 
 dev-etcd: build ## Run a single-member etcd on 127.0.0.1:2379 for a fleet on one machine (development only; ETCD_DATA_DIR=dir keeps the data).
 	$(BIN)/decodeplane-dev-etcd $(if $(ETCD_DATA_DIR),--data-dir $(ETCD_DATA_DIR))

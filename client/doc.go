@@ -152,7 +152,24 @@
 // (registry.backend etcd) form a fleet: a prefill rank registers through
 // any of them and every one sees it, and the instance stays alive while
 // its ranks heartbeat to any of them (an etcd lease the receiving daemon
-// keeps alive, for registry.etcd.lease_ttl). If that daemon dies, the rank
+// keeps alive, for registry.etcd.lease_ttl).
+//
+// A prefill that is told only each room, not which daemon opened it (as
+// SGLang's), is a FleetPrefill: it registers through one daemon (the
+// seed), keeps a PrefillSession with offers with every daemon of the fleet
+// (GetFleet), and each daemon offers the rank every room it holds for it,
+// so that SendRoom and ReportRoom take the room alone and hand it off on
+// the daemon that holds it; the sessions are its heartbeats to every
+// daemon. See FleetPrefill for the failure bounds.
+//
+//	f, err := client.NewFleetPrefill("10.0.0.5:7600", reg, client.FleetClientOptions(client.WithToken(token)))
+//	if err != nil { ... }
+//	defer f.Close()
+//	go f.Run(ctx)
+//	dest, err := f.SendRoom(ctx, room, client.SendOptions{ChunkPages: 4})
+//
+// A prefill that knows each room's daemon hands it off through that
+// daemon's Prefill instead. If the daemon it heartbeats to dies, the rank
 // must heartbeat to another before the lease runs out. Build the rank's
 // Prefill once per daemon, from the same registration, one Client each,
 // and run RunHeartbeatFailover over them instead of RunHeartbeat:

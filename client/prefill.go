@@ -48,6 +48,10 @@ type Prefill struct {
 	// mux is the rank's shared session (prefill_mux.go), under
 	// TransportStreams: the Client holds it while the rank uses it.
 	mux *prefillMux
+	// offers, for a FleetPrefill's member, are the rooms the fleet's
+	// daemons offered the rank: its sessions ask for offers
+	// (prefill_offers.go). nil otherwise.
+	offers *offerTable
 
 	mu       sync.Mutex
 	resp     *pb.RegisterPrefillResponse

@@ -50,6 +50,12 @@ type prefillMux struct {
 	// users are the hand-offs in flight and the running RunHeartbeat: the
 	// session is closed when the last one is done.
 	users int
+	// failed is when the last open failed (after its retries), err why:
+	// the callers that waited for that open get its error instead of
+	// trying again at once (a daemon that is gone fails each of its
+	// hand-offs after one series of opens, not after one per hand-off).
+	failed time.Time
+	err    error
 }
 
 // acquire counts a user of the session (a hand-off, RunHeartbeat) until
@@ -121,12 +127,53 @@ func (m *prefillMux) get(ctx context.Context) (*prefillSession, error) {
 	if s := m.live(); s != nil {
 		return s, nil
 	}
+	asked := time.Now()
 	select {
 	case m.open <- struct{}{}:
 	case <-ctx.Done():
 		return nil, toError(muxOp, ctx.Err())
 	}
 	defer func() { <-m.open }()
+	if err := m.failedSince(asked); err != nil {
+		return nil, err
+	}
+	s, err := m.openRetried(ctx)
+	m.mu.Lock()
+	switch {
+	case err == nil:
+		m.err = nil
+	case ctx.Err() == nil:
+		m.failed, m.err = time.Now(), err
+	}
+	m.mu.Unlock()
+	return s, err
+}
+
+// down reports that the mux has no live session and its last open failed
+// at least d ago (and none was opened since).
+func (m *prefillMux) down(d time.Duration) bool {
+	if m.live() != nil {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err != nil && time.Since(m.failed) >= d
+}
+
+// failedSince returns the error of an open that failed after asked (the
+// caller waited for it), nil if none did.
+func (m *prefillMux) failedSince(asked time.Time) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.err != nil && m.failed.After(asked) {
+		return m.err
+	}
+	return nil
+}
+
+// openRetried opens a session under the Client's RetryPolicy (the caller
+// holds the open slot).
+func (m *prefillMux) openRetried(ctx context.Context) (*prefillSession, error) {
 	c := m.p.c
 	for attempt := 1; ; attempt++ {
 		if s := m.live(); s != nil {

@@ -178,3 +178,28 @@ func (c *muxClaim) Close() {
 		cur.Close()
 	}
 }
+
+// transportOffered is the transport of a hand-off of a room a daemon
+// offered the rank (FleetPrefill): its claim is the offer (first, on
+// session s) while that session lives, then a claim on the next one, as a
+// muxClaim's; with no offer (a route), a claim on the shared session.
+// used reports whether the hand-off took the offer (its Close then ends
+// it).
+func (m *prefillMux) transportOffered(first *sessionClaim, s *prefillSession) (tr handTransport, used func() bool) {
+	tr = m.transport()
+	if first == nil {
+		return tr, func() bool { return true }
+	}
+	claim := tr.claim
+	var took bool
+	tr.claim = func(ctx context.Context, req *pb.AwaitDestinationRequest) (claimStream, error) {
+		if took {
+			return claim(ctx, req)
+		}
+		took = true
+		cctx, cancel := context.WithCancel(ctx)
+		first.endWith(cctx)
+		return &muxClaim{m: m, ctx: cctx, cancel: cancel, req: req, cur: first, sess: s}, nil
+	}
+	return tr, func() bool { return took }
+}

@@ -37,6 +37,9 @@ type prefillSession struct {
 	mu      sync.Mutex
 	waiting map[uint64]chan *pb.PrefillResult
 	claims  map[uint64]*sessionClaim
+	// offered are the claims the daemon made for the session (offers: a
+	// FleetPrefill's member), by room (prefill_offers.go).
+	offered map[uint64]*sessionClaim
 	err     error // the stream's end, once ended
 	done    chan struct{}
 }
@@ -56,7 +59,7 @@ func (p *Prefill) openSession(ctx context.Context) (*prefillSession, error) {
 		return nil, toError(op, err)
 	}
 	hello := &pb.PrefillRequest{Op: &pb.PrefillRequest_Hello{Hello: &pb.PrefillHello{
-		Rank: p.rank, InstanceId: p.reg.GetInstanceId(), Incarnation: p.Incarnation()}}}
+		Rank: p.rank, InstanceId: p.reg.GetInstanceId(), Incarnation: p.Incarnation(), Offers: p.offers != nil}}}
 	_ = st.Send(hello) // a failed send: Recv gives the stream's status
 	first, err := st.Recv()
 	if err != nil {
@@ -75,7 +78,8 @@ func (p *Prefill) openSession(ctx context.Context) (*prefillSession, error) {
 		p.mu.Unlock()
 	}
 	s := &prefillSession{p: p, cancel: cancel, welcome: w,
-		waiting: map[uint64]chan *pb.PrefillResult{}, claims: map[uint64]*sessionClaim{}, done: make(chan struct{})}
+		waiting: map[uint64]chan *pb.PrefillResult{}, claims: map[uint64]*sessionClaim{},
+		offered: map[uint64]*sessionClaim{}, done: make(chan struct{})}
 	// Packed requests only to a daemon that reads them: its header (which
 	// came before the welcome) says so.
 	perMessage := 1
@@ -168,10 +172,16 @@ func (s *prefillSession) read(recv func() (*pb.PrefillEvent, error)) {
 		close(ch)
 		delete(s.waiting, seq)
 	}
-	cs := s.claims
-	s.claims = map[uint64]*sessionClaim{}
+	cs, offered := s.claims, s.offered
+	s.claims, s.offered = map[uint64]*sessionClaim{}, map[uint64]*sessionClaim{}
 	s.mu.Unlock()
 	for _, c := range cs {
+		c.fail(end)
+	}
+	if len(offered) > 0 {
+		s.p.offers.lost(s, offered) // prefill_offers.go
+	}
+	for _, c := range offered {
 		c.fail(end)
 	}
 	s.cancel()
@@ -191,6 +201,8 @@ func (s *prefillSession) dispatch(ev *pb.PrefillEvent) {
 		if ch != nil {
 			ch <- r
 		}
+	case ev.GetRoom().GetClaimSeq() == 0 && ev.GetRoom() != nil:
+		s.offer(ev.GetRoom()) // prefill_offers.go
 	case ev.GetRoom() != nil:
 		re := ev.GetRoom()
 		s.mu.Lock()
@@ -330,8 +342,13 @@ func (s *prefillSession) Claim(ctx context.Context, req *pb.AwaitDestinationRequ
 		s.mu.Unlock()
 		return nil, err
 	}
-	// The claim's events end with ctx, as a DestinationStream's; Close
-	// stops the watch.
+	c.endWith(ctx)
+	return c, nil
+}
+
+// endWith ends the claim's events with ctx, as a DestinationStream's;
+// Close stops the watch.
+func (c *sessionClaim) endWith(ctx context.Context) {
 	stop := context.AfterFunc(ctx, func() { c.fail(toError("AwaitDestination", ctx.Err())) })
 	c.endMu.Lock()
 	c.stop = stop
@@ -341,7 +358,6 @@ func (s *prefillSession) Claim(ctx context.Context, req *pb.AwaitDestinationRequ
 		stop()
 	default:
 	}
-	return c, nil
 }
 
 // sessionClaim is one room's claim on a prefillSession: the destination, then the
@@ -431,8 +447,12 @@ func (c *sessionClaim) event(ev *pb.DestinationEvent) (*Event, error) {
 // again).
 func (c *sessionClaim) forget() {
 	c.s.mu.Lock()
-	if c.s.claims[c.room] == c {
-		delete(c.s.claims, c.room)
+	cs := c.s.claims
+	if c.seq == 0 {
+		cs = c.s.offered
+	}
+	if cs[c.room] == c {
+		delete(cs, c.room)
 	}
 	c.s.mu.Unlock()
 }

@@ -20,7 +20,41 @@
 // per request, and the measured and published etcd write rates
 // (docs/sizing.md) are below what a fleet's requests would need. They stay in
 // the daemon that owns the room, which is the daemon the prefill hands the
-// room's KV to, and which the caller of BindRoom therefore already knows.
+// room's KV to; a prefill that does not know that daemon sends its binding
+// to every daemon (client.FleetPrefill.BindRoom). Neither is which daemon
+// owns a room in etcd (# Claim routing).
+//
+// # Claim routing
+//
+// A prefill rank that registered through any daemon receives the
+// destination of every room opened for it on any daemon, and its chunks,
+// reports and acknowledgements reach the room's owner, without being told
+// the owner (SGLang's prefill knows the room, its own bootstrap address and
+// a DP hint). The owner tells it, as SGLang's decode side pushes its
+// TransferInfo: the rank keeps a PrefillSession with every daemon of the
+// fleet (found with Fleet.GetFleet, which this package answers from the
+// view), its hello asking for offers, and each daemon claims for the rank
+// every room it holds for the rank's instance and DP rank (those open at
+// the hello, then each as its DP rank resolves: kvmanager.OfferRooms) and
+// offers it on that session: an offer event, then the destination at
+// admission, then the room's end (prefill_session.proto, Session: Offers).
+// The rank hands the room off on the session the offer came on
+// (client.FleetPrefill; the Python client's FleetPrefill).
+//
+// Why: the destination takes one message from the owner at admission, as
+// for a claim that waited there, so the room path has no extra hop (a
+// daemon forwarding claims to the owner would add one to every room, and
+// need to know every room's owner); nothing is written to etcd per room (an
+// owner record per room is the write rate that keeps bindings out of etcd);
+// only the owner offers a room, and only to the ranks it is for (a claim
+// broadcast to every daemon would cost each a pending claim per room); and
+// the owner's death is the end of the rank's session with it, so the
+// rank's hand-offs of its rooms fail once that session could not be opened
+// again (the client's retry policy: under a second when the process died;
+// the connection's keepalive when its host vanished), or with the new
+// incarnation when it restarted. Each daemon is dialed with the rank's own
+// credentials (token, TLS) and no daemon calls another; an offer starts no
+// trace, the hand-off's ops carry the caller's.
 //
 // # Leases
 //
@@ -93,7 +127,8 @@
 //     no such window.
 //   - A daemon dies: its rooms are gone (they were its own); its prefills
 //     heartbeat elsewhere and keep their leases and their rooms on the
-//     other daemons.
+//     other daemons. A prefill rank's hand-offs of its rooms fail with its
+//     session (# Claim routing).
 //   - A prefill instance heartbeats to no daemon for lease_ttl: its lease
 //     expires (between lease_ttl and lease_ttl + lease_ttl/3 + 1 s after its
 //     last heartbeat, since keepalives go at most once per third of the TTL), every daemon forgets it and fails its rooms still handing off

@@ -214,9 +214,14 @@
 //     releases it, then handles each under the lock of what it bounds,
 //     re-checking (kind, id, generation);
 //   - the Shutdown progress signal and summary; draining and closed are
-//     atomics.
+//     atomics;
+//   - the ranks subscribed to their rooms (Manager.offers, offers.go):
+//     read under a room's shard lock when its DP rank resolves, written
+//     by OfferRooms and a subscription's stop under no other lock; the
+//     claims it makes are attached under the shard lock already held,
+//     and the registry is read under it.
 //
-// Lock order: the resync wait's lock → shard → openMu → pending claims → waiting addresses → the
+// Lock order: the resync wait's lock → shard → offers → openMu → pending claims → waiting addresses → the
 // directory, the registry, the staging handler, the ledger, the deadline
 // heap. No two shard locks are ever held at once: whatever concerns every
 // room (registry events, Status, ListRooms, InFlight, Shutdown,

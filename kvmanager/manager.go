@@ -79,7 +79,10 @@ type Manager struct {
 	openMu sync.Mutex
 
 	pend pendingClaims // claims for rooms not opened yet (claims.go; a leaf lock)
-	wait waitList      // rooms waiting for an instance's registration (prefill.go; a leaf lock)
+	// offers are the ranks subscribed to their rooms (offers.go; taken
+	// under a shard's lock, the registry's under it).
+	offers offers
+	wait   waitList // rooms waiting for an instance's registration (prefill.go; a leaf lock)
 
 	draining atomic.Bool
 	closed   atomic.Bool

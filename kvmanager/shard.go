@@ -223,6 +223,9 @@ func (sh *shard) exec(e *entry, ev room.Event) room.Effects {
 		sh.apply(e, &next)
 		then = next.Then
 	}
+	if first.Resolved {
+		sh.offerResolved(e) // offers.go
+	}
 	return first
 }
 

@@ -122,7 +122,17 @@ type Claim struct {
 	ended  bool      // its end was given to sink (or it was closed)
 	once   sync.Once
 	expiry deadline // while waiting for OpenRoom: fails the claim at timeouts.bootstrap
+	// offer is the subscription the manager made the claim for (offers.go),
+	// nil for a claim of the rank's own.
+	offer *offerSub
 }
+
+// Offered reports a claim the manager made for a subscribed rank
+// (OfferRooms).
+func (c *Claim) Offered() bool { return c.offer != nil }
+
+// Room is the claimed room.
+func (c *Claim) Room() uint64 { return c.room }
 
 // Events delivers the destination, then the room's end. The channel is
 // closed after a Failure or Done event, or on Close.

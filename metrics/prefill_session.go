@@ -14,7 +14,7 @@ import (
 // session is not a failed call there, so it is counted here.
 
 // prefillSessionOpNames are the op label's values, in index order.
-var prefillSessionOpNames = [...]string{"hello", "ping", "claim", "chunk", "report", "ack", "unknown"}
+var prefillSessionOpNames = [...]string{"hello", "ping", "claim", "chunk", "report", "ack", "offer", "unknown"}
 
 // maxSessionCode bounds the gRPC codes a series is kept for (codes.Unauthenticated
 // is the last defined one); others count as Unknown.
@@ -31,7 +31,7 @@ type prefillSessionOps struct {
 func newPrefillSessionOps() *prefillSessionOps {
 	return &prefillSessionOps{vec: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "decodeplane_prefill_session_ops_total",
-		Help: "Ops carried by prefill sessions (PrefillSession.Session), by op (hello, ping, claim, chunk, report, ack, unknown) and result code.",
+		Help: "Ops carried by prefill sessions (PrefillSession.Session), by op (hello, ping, claim, chunk, report, ack, offer: a room the daemon claimed for the session's rank, unknown) and result code.",
 	}, []string{"op", "code"})}
 }
 

@@ -105,17 +105,7 @@ func (f *fleet) start(t *testing.T, name string) *fleetDaemon {
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		addr, maddr := freeAddr(t), freeAddr(t)
-		args := []string{"serve", "--listen", addr,
-			"--set", "server.metrics_listen=" + maddr,
-			"--set", "registry.backend=etcd",
-			"--set", "registry.etcd.endpoints=" + f.etcd.Endpoint(),
-			"--set", "registry.etcd.advertise_address=" + addr,
-			"--set", "registry.etcd.prefix=" + f.prefix,
-			"--set", "registry.etcd.lease_ttl=" + fleetLeaseTTL.String(),
-			"--set", "timeouts.heartbeat_interval=" + fleetHeartbeat.String(),
-			"--set", "registry.etcd.request_timeout=" + fleetRequestTTL.String(),
-		}
-		p := e2e.Start(t, "decodeplane "+name+" ("+addr+")", decodeplaneBinary(t), e2eEnviron(), args...)
+		p := e2e.Start(t, "decodeplane "+name+" ("+addr+")", decodeplaneBinary(t), e2eEnviron(), f.serveArgs(addr, maddr)...)
 		if err := roomsWaitServing(t, p, addr); err != nil {
 			if out := p.Out.String(); attempt < 3 && strings.Contains(out, "address already in use") {
 				continue
@@ -130,6 +120,21 @@ func (f *fleet) start(t *testing.T, name string) *fleetDaemon {
 		}
 		t.Cleanup(func() { c.Close() })
 		return &fleetDaemon{name: name, addr: addr, metrics: maddr, p: p, c: c}
+	}
+}
+
+// serveArgs are the arguments of a daemon of the fleet listening on addr
+// (gRPC, advertised) and maddr (/metrics).
+func (f *fleet) serveArgs(addr, maddr string) []string {
+	return []string{"serve", "--listen", addr,
+		"--set", "server.metrics_listen=" + maddr,
+		"--set", "registry.backend=etcd",
+		"--set", "registry.etcd.endpoints=" + f.etcd.Endpoint(),
+		"--set", "registry.etcd.advertise_address=" + addr,
+		"--set", "registry.etcd.prefix=" + f.prefix,
+		"--set", "registry.etcd.lease_ttl=" + fleetLeaseTTL.String(),
+		"--set", "timeouts.heartbeat_interval=" + fleetHeartbeat.String(),
+		"--set", "registry.etcd.request_timeout=" + fleetRequestTTL.String(),
 	}
 }
 

@@ -86,6 +86,11 @@ type benchOptions struct {
 	queued        int
 	targetPID     int
 	settleTimeout time.Duration
+	// fleet: the prefill ranks are client.FleetPrefills registered through
+	// --target, and the rooms are spread over the daemons of its fleet
+	// (the first fleetDaemons of them, --target first; 0: all).
+	fleet        bool
+	fleetDaemons int
 	// visited are the flags given on the command line.
 	visited map[string]bool
 	// version is decodeplane's, reported by the in-process daemon and in
@@ -186,6 +191,8 @@ Flags:
 	fs.IntVar(&o.queued, "queued", 0, "measure the daemon's resident memory per QUEUED room instead of the lifecycle: start the daemon as a child process (or measure --target, --target-pid), keep N rooms queued behind a full KV pool, report (RSS, Go heap) delta / N")
 	fs.IntVar(&o.targetPID, "target-pid", 0, "with --queued --target: the daemon's process id, to read its RSS from /proc/<pid>/status")
 	fs.DurationVar(&o.settleTimeout, "settle-timeout", 3*time.Minute, "with --queued: how long each reading waits at most for a garbage collection in the daemon and a settled RSS")
+	fs.BoolVar(&o.fleet, "fleet", false, "with --target: spread the rooms over the daemons of --target's fleet (Fleet.GetFleet; registry.backend etcd), one decode engine per daemon, while each prefill rank is a client.FleetPrefill registered through --target only and told only each room (the daemon that holds it offers it)")
+	fs.IntVar(&o.fleetDaemons, "fleet-daemons", 0, "with --fleet: open the rooms on the first N daemons of the fleet only, --target first (0: all)")
 	return fs, o
 }
 
@@ -283,6 +290,15 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 	}
 	if o.targetPID < 0 {
 		bad("--target-pid %d: must be a process id", o.targetPID)
+	}
+	if o.fleet && (o.target == "" || o.api != "stream" || o.queued > 0) {
+		bad("--fleet needs --target (a daemon of a fleet) and --api stream (the rooms are offered on the prefill's sessions), and not --queued")
+	}
+	if o.fleet && o.pageOwner == "engine" {
+		bad("--fleet with --page-owner engine: the fleet bench's decode engines let their daemons allocate; use --page-owner daemon with --fleet")
+	}
+	if o.fleetDaemons < 0 || (o.fleetDaemons > 0 && !o.fleet) {
+		bad("--fleet-daemons %d: must be >= 0, and applies to --fleet only", o.fleetDaemons)
 	}
 	if o.target != "" {
 		for _, name := range benchInProcessFlags {
@@ -440,6 +456,7 @@ func runBench(ctx context.Context, o *benchOptions, environ []string, stdout, st
 	if err := run.lifecycle(ctx, prog, sum); err != nil {
 		return 0, err
 	}
+	sum.byDaemon = run.roomsByDaemon() // bench_fleet.go
 	// The rooms are done: the daemon may go (the bare measurement does not
 	// use it).
 	unreachable := watch.stop()
@@ -501,6 +518,10 @@ func (b *benchRun) lifecycle(ctx context.Context, prog *benchProgress, sum *benc
 	if o.rateMode() && !o.roomsSet {
 		total = 0
 	}
+	for _, e := range b.engines { // the measured rooms only
+		e.rooms.Store(0)
+		e.routed.Store(0)
+	}
 	prog.setPhase("measuring", total)
 	if err := benchCPUProfile(o.cpuProfile, func() { sum.lifecycle = b.phase(ctx, first, total, true) }); err != nil {
 		return fmt.Errorf("--cpuprofile: %w", err)
@@ -525,6 +546,8 @@ func (b *benchRun) bareUnlessSkipped(ctx context.Context, prog *benchProgress, s
 		sum.bareSkipped = "rate mode: rooms arrive at the offered rate, so there is no throughput to compare"
 	case o.bareDuration == 0:
 		sum.bareSkipped = "--bare-duration 0"
+	case o.fleet:
+		sum.bareSkipped = "--fleet: the rooms go to several daemons, which one bare server does not model"
 	case ctx.Err() != nil:
 		sum.bareSkipped = "interrupted"
 	default:

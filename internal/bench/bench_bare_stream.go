@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/decodeplane/decodeplane/client"
 	benchv1 "github.com/decodeplane/decodeplane/proto/decodeplane/bench/v1"
 )
 
@@ -97,7 +96,7 @@ func (m *benchBareMix) total() (sent, received float64) {
 
 // benchStreamMixOf derives the stream mix from the measured rooms: nil and
 // why when there is none to model.
-func benchStreamMixOf(lc *benchPhase, groups [][]*client.Prefill) (*benchBareMix, string) {
+func benchStreamMixOf(lc *benchPhase, groups [][]benchSender) (*benchBareMix, string) {
 	rooms := lc.ok + lc.failed
 	if rooms == 0 {
 		return nil, "no room finished: no stream mix to reproduce"

@@ -10,8 +10,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/encoding/protowire"
-
-	"github.com/decodeplane/decodeplane/client"
 )
 
 // benchTestClose reports whether a and b agree to a relative 1e-9.
@@ -153,7 +151,7 @@ func TestBenchPad(t *testing.T) {
 }
 
 func TestBenchStreamMixOf(t *testing.T) {
-	groups := [][]*client.Prefill{{nil, nil}}
+	groups := [][]benchSender{{nil, nil}}
 	lc := &benchPhase{ok: 10}
 	lc.counts.Sent[benchEngineSessionMethod], lc.counts.Msgs[benchEngineSessionMethod] = 10, 80
 	lc.counts.SentBytes[benchEngineSessionMethod], lc.counts.RecvBytes[benchEngineSessionMethod] = 500, 8000

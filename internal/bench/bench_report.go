@@ -22,6 +22,8 @@ type benchSummary struct {
 	machine   benchMachine
 
 	lifecycle *benchPhase
+	// byDaemon are the measured rooms of each daemon (--fleet).
+	byDaemon []benchDaemonRooms
 	// bare is the bare-gRPC limit with the otelgrpc handlers as the run
 	// has them (the bound the ratio compares with), bareNoOtel without any.
 	bare        *benchBare
@@ -101,6 +103,9 @@ func (b *benchRun) describe(s *benchSummary) {
 	}
 	s.setup = append(s.setup, fmt.Sprintf("fleet       prefill DP %d x TP %d -> decode TP %d: %d prefill rank(s) per room; %d connections (decode engine + one per prefill rank)",
 		o.dp, o.prefillRanks, b.decTP, senders, 1+b.ranks))
+	if o.fleet {
+		s.setup = append(s.setup, b.describeFleet()) // bench_fleet.go
+	}
 	chunks := "one chunk per rank"
 	if o.chunkPages > 0 {
 		chunks = fmt.Sprintf("%d pages per chunk", o.chunkPages)
@@ -318,6 +323,7 @@ type benchJSON struct {
 	Target            string                      `json:"target"`
 	InProcess         bool                        `json:"in_process"`
 	Setup             []string                    `json:"setup"`
+	ByDaemon          []benchDaemonRooms          `json:"by_daemon,omitempty"`
 	Machine           benchMachine                `json:"machine"`
 	RoomsOK           int64                       `json:"rooms_ok"`
 	RoomsFailed       int64                       `json:"rooms_failed"`
@@ -362,7 +368,7 @@ type benchDaemonJSON struct {
 func (s *benchSummary) json() benchJSON {
 	lc := s.lifecycle
 	j := benchJSON{
-		API: s.o.api, PageOwner: s.o.pageOwner, Mode: "closed-loop", Target: s.target, InProcess: s.inProcess, Setup: s.setup, Machine: s.machine,
+		API: s.o.api, PageOwner: s.o.pageOwner, Mode: "closed-loop", Target: s.target, InProcess: s.inProcess, Setup: s.setup, ByDaemon: s.byDaemon, Machine: s.machine,
 		RoomsOK: lc.ok, RoomsFailed: lc.failed, Interrupted: lc.interrupted,
 		WallSeconds: lc.wall.Seconds(), RoomsPerSecond: s.rps,
 		LatencyMS: map[string]benchPercentiles{

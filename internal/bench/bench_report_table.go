@@ -43,6 +43,9 @@ func (s *benchSummary) writeRooms(w io.Writer) {
 	}
 	fmt.Fprintf(w, "%-26s %.2f s\n", "wall time", lc.wall.Seconds())
 	fmt.Fprintf(w, "%-26s %.0f\n", "rooms/s", s.rps)
+	for _, d := range s.byDaemon {
+		fmt.Fprintf(w, "  %-24s %d rooms succeeded, %d handed off there by every prefill rank (told only the room)\n", "on "+d.Addr, d.Rooms, d.Routed)
+	}
 	fmt.Fprintln(w)
 }
 

@@ -69,16 +69,22 @@ type benchRun struct {
 
 	// engine is the decode engine's view of the daemon; clients are every
 	// connection of the run (the engine's, then one per prefill rank).
+	// engines are the decode engines the rooms are spread over: the
+	// daemon's, or with --fleet one per daemon of the fleet
+	// (bench_fleet.go).
 	engine  *client.Engine
+	engines []*benchEngine
 	clients []*client.Client
 	// groups are, per prefill DP rank, the ranks a room of that rank needs
 	// (every rank some decode TP rank addresses; dummies only wait).
-	groups [][]*client.Prefill
-	ranks  int
-	addr   string
-	base   uint64
-	status *pb.GetStatusResponse
-	decTP  uint32
+	groups [][]benchSender
+	// fleetRanks are the ranks with --fleet (their Close is the run's).
+	fleetRanks []*client.FleetPrefill
+	ranks      int
+	addr       string
+	base       uint64
+	status     *pb.GetStatusResponse
+	decTP      uint32
 
 	failuresExpected bool
 	// alloc is the decode engine's allocator when it owns the pages
@@ -111,10 +117,20 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 		return nil, err
 	}
 	b.engine = dc.Engine()
+	b.engines = []*benchEngine{{addr: tgt.addr, e: b.engine}}
 	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if err := b.checkDaemon(sctx, dc.Admin()); err != nil {
 		return nil, err
+	}
+	hbCtx, hbCancel := context.WithCancel(context.Background())
+	b.hbCancel = hbCancel
+	if o.fleet {
+		if err := b.joinFleet(sctx, hbCtx, token, dc.Admin()); err != nil { // bench_fleet.go
+			return nil, err
+		}
+		ok = true
+		return b, nil
 	}
 	prefills, err := b.registerFleet(sctx, token)
 	if err != nil {
@@ -125,8 +141,6 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 			return nil, err
 		}
 	}
-	hbCtx, hbCancel := context.WithCancel(context.Background())
-	b.hbCancel = hbCancel
 	for _, p := range prefills {
 		b.hbWG.Go(func() { _ = p.RunHeartbeat(hbCtx) })
 	}
@@ -137,6 +151,21 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 // connect opens one of the run's connections to the daemon, counted (and
 // telling onDest of each destination it receives).
 func (b *benchRun) connect(token string, onDest func(*pb.Destination)) (*client.Client, error) {
+	return b.connectTo(b.tgt.addr, token, onDest)
+}
+
+// connectTo is connect to the daemon at addr.
+func (b *benchRun) connectTo(addr, token string, onDest func(*pb.Destination)) (*client.Client, error) {
+	c, err := client.New(addr, b.clientOptions(token, onDest)...)
+	if err != nil {
+		return nil, err
+	}
+	b.clients = append(b.clients, c)
+	return c, nil
+}
+
+// clientOptions are the options of every connection of the run.
+func (b *benchRun) clientOptions(token string, onDest func(*pb.Destination)) []client.Option {
 	opts := []client.Option{
 		client.WithTracerProvider(b.tr.provider), client.WithPropagator(b.tr.propagator),
 		client.WithDialOptions(b.counters.dialOptions(onDest)...),
@@ -148,12 +177,7 @@ func (b *benchRun) connect(token string, onDest func(*pb.Destination)) (*client.
 	if token != "" {
 		opts = append(opts, client.WithToken(token))
 	}
-	c, err := client.New(b.tgt.addr, opts...)
-	if err != nil {
-		return nil, err
-	}
-	b.clients = append(b.clients, c)
-	return c, nil
+	return opts
 }
 
 // checkDaemon reads the daemon's status and refuses one the bench cannot
@@ -209,12 +233,8 @@ func (b *benchRun) registerFleet(ctx context.Context, token string) ([]*client.P
 	if !b.tgt.inProcess {
 		b.base = 1 + rand.Uint64N(1<<40)<<20
 	}
-	onDest := func(d *pb.Destination) {
-		if s := b.table.get(d.GetRoom()); s != nil {
-			s.dest.CompareAndSwap(0, b.now())
-		}
-	}
-	b.groups = make([][]*client.Prefill, o.dp)
+	onDest := b.onDest
+	b.groups = make([][]benchSender, o.dp)
 	var prefills []*client.Prefill
 	for dp := range o.dp {
 		for tp := range o.prefillRanks {
@@ -260,12 +280,24 @@ func (b *benchRun) registerFleet(ctx context.Context, token string) ([]*client.P
 	return prefills, nil
 }
 
+// onDest records when a room's first destination reached a prefill
+// rank.
+func (b *benchRun) onDest(d *pb.Destination) {
+	if s := b.table.get(d.GetRoom()); s != nil {
+		s.dest.CompareAndSwap(0, b.now())
+	}
+}
+
 func (b *benchRun) close() {
 	if b.hbCancel != nil {
 		b.hbCancel()
 		b.hbWG.Wait()
 		b.hbCancel = nil
 	}
+	for _, fp := range b.fleetRanks {
+		fp.Close()
+	}
+	b.fleetRanks = nil
 	for _, c := range b.clients {
 		c.Close()
 	}
@@ -473,6 +505,7 @@ func (b *benchRun) room(idx uint64, rec *benchRecorder) {
 	}
 	rec.chunkToTold(st, tSucc)
 	rec.done(openDest, destSucc, time.Duration(tEnd-t0))
+	b.routed(room, senders)
 	if span != nil {
 		span.End()
 	}
@@ -513,22 +546,23 @@ func (b *benchRun) decodeRoom(ctx context.Context, req *pb.OpenRoomRequest) (ope
 		}
 		return true, tSucc, err
 	}
+	engine := b.engineOf(req.GetRoom()).e
 	if b.o.stream() {
-		_, err = b.engine.OpenAndWait(ctx, req)
+		_, err = engine.OpenAndWait(ctx, req)
 		opened = true
 	} else {
 		var resp *pb.OpenRoomResponse
-		resp, err = b.engine.OpenRoom(ctx, req)
+		resp, err = engine.OpenRoom(ctx, req)
 		if err == nil {
 			opened = true
 			if resp.GetRoom().GetPhase() != pb.RoomPhase_ROOM_PHASE_SUCCEEDED {
-				_, err = b.engine.WaitRoom(ctx, req.GetRoom(), pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
+				_, err = engine.WaitRoom(ctx, req.GetRoom(), pb.RoomPhase_ROOM_PHASE_SUCCEEDED)
 			}
 		}
 	}
 	tSucc = b.now()
 	if err == nil {
-		_, err = b.engine.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: req.GetRoom()})
+		_, err = engine.ReleaseRoom(ctx, &pb.ReleaseRoomRequest{Room: req.GetRoom()})
 	}
 	return opened, tSucc, err
 }
@@ -537,5 +571,5 @@ func (b *benchRun) decodeRoom(ctx context.Context, req *pb.OpenRoomRequest) (ope
 func (b *benchRun) abort(room uint64, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, _ = b.engine.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room, Reason: "decodeplane bench: " + reason})
+	_, _ = b.engineOf(room).e.AbortRoom(ctx, &pb.AbortRoomRequest{Room: room, Reason: "decodeplane bench: " + reason})
 }

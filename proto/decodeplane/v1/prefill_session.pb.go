@@ -236,7 +236,11 @@ type PrefillHello struct {
 	// incarnation is the daemon incarnation the rank registered with; 0
 	// learns it from welcome. Another one than the daemon's ends the stream
 	// FAILED_PRECONDITION STALE_INCARNATION.
-	Incarnation   uint64 `protobuf:"fixed64,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	Incarnation uint64 `protobuf:"fixed64,3,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// offers asks the daemon to offer this session every room it holds for
+	// the rank (Session: Offers). A daemon that does not know the field
+	// ignores it: its welcome's offers is false.
+	Offers        bool `protobuf:"varint,4,opt,name=offers,proto3" json:"offers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -290,6 +294,13 @@ func (x *PrefillHello) GetIncarnation() uint64 {
 		return x.Incarnation
 	}
 	return 0
+}
+
+func (x *PrefillHello) GetOffers() bool {
+	if x != nil {
+		return x.Offers
+	}
+	return false
 }
 
 // PrefillPing keeps an idle session (and its rank) alive.
@@ -470,7 +481,11 @@ type PrefillWelcome struct {
 	HeartbeatInterval    *durationpb.Duration `protobuf:"bytes,2,opt,name=heartbeat_interval,json=heartbeatInterval,proto3" json:"heartbeat_interval,omitempty"`
 	HeartbeatMaxFailures uint32               `protobuf:"varint,3,opt,name=heartbeat_max_failures,json=heartbeatMaxFailures,proto3" json:"heartbeat_max_failures,omitempty"`
 	// max_queued is the bound of the session's queue (slow consumer).
-	MaxQueued     uint32 `protobuf:"varint,4,opt,name=max_queued,json=maxQueued,proto3" json:"max_queued,omitempty"`
+	MaxQueued uint32 `protobuf:"varint,4,opt,name=max_queued,json=maxQueued,proto3" json:"max_queued,omitempty"`
+	// offers is true when the hello asked for offers and the daemon makes
+	// them (Session: Offers). The offers of the rooms open at the hello are
+	// queued before anything else the session sends after the welcome.
+	Offers        bool `protobuf:"varint,5,opt,name=offers,proto3" json:"offers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -531,6 +546,13 @@ func (x *PrefillWelcome) GetMaxQueued() uint32 {
 		return x.MaxQueued
 	}
 	return 0
+}
+
+func (x *PrefillWelcome) GetOffers() bool {
+	if x != nil {
+		return x.Offers
+	}
+	return false
 }
 
 // PrefillPong answers ping.
@@ -826,9 +848,16 @@ func (x *PrefillClaimed) GetRoom() uint64 {
 type PrefillRoomEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Room  uint64                 `protobuf:"varint,1,opt,name=room,proto3" json:"room,omitempty"`
-	// claim_seq is the seq of the claim this event belongs to.
-	ClaimSeq      uint64            `protobuf:"varint,2,opt,name=claim_seq,json=claimSeq,proto3" json:"claim_seq,omitempty"`
-	Event         *DestinationEvent `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
+	// claim_seq is the seq of the claim this event belongs to; 0 for the
+	// events of an offer (Session: Offers).
+	ClaimSeq uint64 `protobuf:"varint,2,opt,name=claim_seq,json=claimSeq,proto3" json:"claim_seq,omitempty"`
+	// event is unset on an offer's first event (offer).
+	Event *DestinationEvent `protobuf:"bytes,3,opt,name=event,proto3" json:"event,omitempty"`
+	// offer is set on the first event of an offer: the daemon claimed the
+	// room for the session's rank (it holds the room: chunks, reports and
+	// acknowledgements of the room go to this daemon); its destination
+	// follows at admission, then its end, under claim_seq 0.
+	Offer         bool `protobuf:"varint,4,opt,name=offer,proto3" json:"offer,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -884,6 +913,13 @@ func (x *PrefillRoomEvent) GetEvent() *DestinationEvent {
 	return nil
 }
 
+func (x *PrefillRoomEvent) GetOffer() bool {
+	if x != nil {
+		return x.Offer
+	}
+	return false
+}
+
 var File_decodeplane_v1_prefill_session_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_prefill_session_proto_rawDesc = "" +
@@ -903,12 +939,13 @@ const file_decodeplane_v1_prefill_session_proto_rawDesc = "" +
 	"\x06report\x18\x0e \x01(\v2%.decodeplane.v1.ReportTransferRequestH\x00R\x06report\x125\n" +
 	"\x03ack\x18\x0f \x01(\v2!.decodeplane.v1.AckRoomEndRequestH\x00R\x03ack\x122\n" +
 	"\x04more\x18\x10 \x03(\v2\x1e.decodeplane.v1.PrefillRequestR\x04moreB\x04\n" +
-	"\x02op\"\x82\x01\n" +
+	"\x02op\"\x9a\x01\n" +
 	"\fPrefillHello\x12/\n" +
 	"\x04rank\x18\x01 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
 	"instanceId\x12 \n" +
-	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"\r\n" +
+	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\x12\x16\n" +
+	"\x06offers\x18\x04 \x01(\bR\x06offers\"\r\n" +
 	"\vPrefillPing\"\xa9\x02\n" +
 	"\fPrefillEvent\x12:\n" +
 	"\awelcome\x18\x01 \x01(\v2\x1e.decodeplane.v1.PrefillWelcomeH\x00R\awelcome\x121\n" +
@@ -916,13 +953,14 @@ const file_decodeplane_v1_prefill_session_proto_rawDesc = "" +
 	"\x06result\x18\x03 \x01(\v2\x1d.decodeplane.v1.PrefillResultH\x00R\x06result\x126\n" +
 	"\x04room\x18\x04 \x01(\v2 .decodeplane.v1.PrefillRoomEventH\x00R\x04room\x120\n" +
 	"\x04more\x18\x05 \x03(\v2\x1c.decodeplane.v1.PrefillEventR\x04moreB\a\n" +
-	"\x05event\"\xd1\x01\n" +
+	"\x05event\"\xe9\x01\n" +
 	"\x0ePrefillWelcome\x12 \n" +
 	"\vincarnation\x18\x01 \x01(\x06R\vincarnation\x12H\n" +
 	"\x12heartbeat_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11heartbeatInterval\x124\n" +
 	"\x16heartbeat_max_failures\x18\x03 \x01(\rR\x14heartbeatMaxFailures\x12\x1d\n" +
 	"\n" +
-	"max_queued\x18\x04 \x01(\rR\tmaxQueued\"\r\n" +
+	"max_queued\x18\x04 \x01(\rR\tmaxQueued\x12\x16\n" +
+	"\x06offers\x18\x05 \x01(\bR\x06offers\"\r\n" +
 	"\vPrefillPong\"\xd9\x01\n" +
 	"\fPrefillError\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\rR\x04code\x12\x18\n" +
@@ -942,11 +980,12 @@ const file_decodeplane_v1_prefill_session_proto_rawDesc = "" +
 	"\x03ack\x18\r \x01(\v2\".decodeplane.v1.AckRoomEndResponseH\x00R\x03ackB\b\n" +
 	"\x06result\"$\n" +
 	"\x0ePrefillClaimed\x12\x12\n" +
-	"\x04room\x18\x01 \x01(\x04R\x04room\"{\n" +
+	"\x04room\x18\x01 \x01(\x04R\x04room\"\x91\x01\n" +
 	"\x10PrefillRoomEvent\x12\x12\n" +
 	"\x04room\x18\x01 \x01(\x04R\x04room\x12\x1b\n" +
 	"\tclaim_seq\x18\x02 \x01(\x04R\bclaimSeq\x126\n" +
-	"\x05event\x18\x03 \x01(\v2 .decodeplane.v1.DestinationEventR\x05event2]\n" +
+	"\x05event\x18\x03 \x01(\v2 .decodeplane.v1.DestinationEventR\x05event\x12\x14\n" +
+	"\x05offer\x18\x04 \x01(\bR\x05offer2]\n" +
 	"\x0ePrefillSession\x12K\n" +
 	"\aSession\x12\x1e.decodeplane.v1.PrefillRequest\x1a\x1c.decodeplane.v1.PrefillEvent(\x010\x01BGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 

@@ -101,8 +101,9 @@ type PrefillSessionClient interface {
 	// their codes, idempotency and retry rules.
 	//
 	// Flow control. The daemon's messages (results and room events) go
-	// through one queue per session, of 4,096 messages, with one sender:
-	// the events of a room keep their order. A client that does not read
+	// through one queue per session, of 4,096 messages (beyond the offers
+	// queued at the hello), with one sender: the events of a room keep their
+	// order. A client that does not read
 	// fast enough for the queue to fill is cut: the stream ends
 	// RESOURCE_EXHAUSTED "slow consumer". Its claims and rooms stay as after
 	// a dropped AwaitDestination stream: a room whose destination was
@@ -123,6 +124,31 @@ type PrefillSessionClient interface {
 	// Tracing. Each message may carry a W3C traceparent (and tracestate):
 	// the op's work joins that trace, as a unary call's with the same
 	// metadata.
+	//
+	// Offers (hello.offers: the decode side tells the prefill where to write,
+	// as SGLang's decode pushes TransferInfo). The daemon claims, for the
+	// session's rank, every room it holds for the rank's prefill instance
+	// and DP rank (bootstrap_addr and dp_rank): the rooms open when the hello
+	// arrives whose DP rank is resolved and that have not ended, then each
+	// room whose DP rank resolves while the session lives. Such a claim is an
+	// offer: it is made as a claim op would make it, without a seq and
+	// without a result; its events carry claim_seq 0 (PrefillRoomEvent), the
+	// first of them is the offer itself (offer set, no event), and the room's
+	// destination follows at admission (once per attempt, as for a claim),
+	// then its end. The claims made at the hello supersede the rank's earlier
+	// claims of those rooms (its earlier session's, as a second claim does);
+	// a room whose DP rank resolves later is offered only when the rank has
+	// no claim of it (a claim op made before the room opened stands). A claim
+	// op of an offered room on the same session supersedes the offer (the
+	// offer then ends with the failure event "superseded by a newer
+	// AwaitDestination from the same rank", under claim_seq 0): how a
+	// hand-off claims again. An offered claim is withdrawn or stays as any
+	// claim of the session when the session ends. This is how a prefill rank
+	// of a fleet (registry.backend etcd) that registered through one daemon
+	// learns which daemon owns each of its rooms without being told: it keeps
+	// a session with offers with every daemon of the fleet (the Go client's
+	// FleetPrefill). An offer costs one message on the session and no etcd
+	// write.
 	//
 	// Shutdown. As AwaitDestination: every live claim gets the SHUTDOWN
 	// failure event, then the stream ends OK; a stream still open when
@@ -240,8 +266,9 @@ type PrefillSessionServer interface {
 	// their codes, idempotency and retry rules.
 	//
 	// Flow control. The daemon's messages (results and room events) go
-	// through one queue per session, of 4,096 messages, with one sender:
-	// the events of a room keep their order. A client that does not read
+	// through one queue per session, of 4,096 messages (beyond the offers
+	// queued at the hello), with one sender: the events of a room keep their
+	// order. A client that does not read
 	// fast enough for the queue to fill is cut: the stream ends
 	// RESOURCE_EXHAUSTED "slow consumer". Its claims and rooms stay as after
 	// a dropped AwaitDestination stream: a room whose destination was
@@ -262,6 +289,31 @@ type PrefillSessionServer interface {
 	// Tracing. Each message may carry a W3C traceparent (and tracestate):
 	// the op's work joins that trace, as a unary call's with the same
 	// metadata.
+	//
+	// Offers (hello.offers: the decode side tells the prefill where to write,
+	// as SGLang's decode pushes TransferInfo). The daemon claims, for the
+	// session's rank, every room it holds for the rank's prefill instance
+	// and DP rank (bootstrap_addr and dp_rank): the rooms open when the hello
+	// arrives whose DP rank is resolved and that have not ended, then each
+	// room whose DP rank resolves while the session lives. Such a claim is an
+	// offer: it is made as a claim op would make it, without a seq and
+	// without a result; its events carry claim_seq 0 (PrefillRoomEvent), the
+	// first of them is the offer itself (offer set, no event), and the room's
+	// destination follows at admission (once per attempt, as for a claim),
+	// then its end. The claims made at the hello supersede the rank's earlier
+	// claims of those rooms (its earlier session's, as a second claim does);
+	// a room whose DP rank resolves later is offered only when the rank has
+	// no claim of it (a claim op made before the room opened stands). A claim
+	// op of an offered room on the same session supersedes the offer (the
+	// offer then ends with the failure event "superseded by a newer
+	// AwaitDestination from the same rank", under claim_seq 0): how a
+	// hand-off claims again. An offered claim is withdrawn or stays as any
+	// claim of the session when the session ends. This is how a prefill rank
+	// of a fleet (registry.backend etcd) that registered through one daemon
+	// learns which daemon owns each of its rooms without being told: it keeps
+	// a session with offers with every daemon of the fleet (the Go client's
+	// FleetPrefill). An offer costs one message on the session and no etcd
+	// write.
 	//
 	// Shutdown. As AwaitDestination: every live claim gets the SHUTDOWN
 	// failure event, then the stream ends OK; a stream still open when

@@ -13,7 +13,9 @@ plane for prefill/decode disaggregated LLM serving.
 
 :class:`Client` owns one gRPC channel; its views are :attr:`Client.engine`
 (the decode engine), :meth:`Client.prefill` (one prefill rank) and
-:attr:`Client.admin` (operators). Errors are typed (:mod:`decodeplane.errors`),
+:attr:`Client.admin` (operators); :class:`FleetPrefill` is a prefill rank of
+a fleet of daemons, which hands each room off on the daemon that holds it
+without being told which. Errors are typed (:mod:`decodeplane.errors`),
 retries follow the Go client's rules (:mod:`decodeplane.retry`), and the
 generated stubs are :mod:`decodeplane.v1` (``decodeplane.v1.rooms_pb2``, ...).
 """
@@ -43,6 +45,7 @@ from decodeplane.retry import RetryPolicy
 from decodeplane.admin import AdminAPI
 from decodeplane.engine import ENGINE_EVENTS_ALL, ENGINE_EVENTS_OUTCOME, EngineAPI, EngineSession, RoomSubscription, SessionResult
 from decodeplane.prefill import Chunk, HeartbeatRunner, Prefill, PrefillSession, SessionClaim
+from decodeplane.fleet import FleetDaemonState, FleetPrefill
 from decodeplane.streams import CapacityStream, ClaimEvent, DestinationStream, RoomWatch, WatermarkStream
 
 __version__ = "0.1.0"
@@ -51,6 +54,7 @@ __all__ = [
     "Client", "TLSConfig", "Transport", "RetryPolicy",
     "AdminAPI", "EngineAPI", "EngineSession", "RoomSubscription", "SessionResult", "ENGINE_EVENTS_ALL",
     "ENGINE_EVENTS_OUTCOME", "Prefill", "PrefillSession", "SessionClaim", "Chunk", "HeartbeatRunner",
+    "FleetPrefill", "FleetDaemonState",
     "ClaimEvent", "DestinationStream", "RoomWatch", "CapacityStream", "WatermarkStream",
     "DecodeplaneError", "NotFoundError", "AlreadyExistsError", "InvalidArgumentError", "FailedPreconditionError",
     "ResourceExhaustedError", "UnavailableError", "UnauthenticatedError", "PermissionDeniedError", "AbortedError",

@@ -313,6 +313,8 @@ class PrefillSession:
         self._seq = 0
         self._waiting: dict[int, tuple[Future[Any], Callable[[prefill_session_pb2.PrefillResult], Any]]] = {}
         self._claims: dict[int, SessionClaim] = {}
+        #: The claims the daemon made for the session (offers: a FleetPrefill's member), by room.
+        self._offered: dict[int, SessionClaim] = {}
         self._end: Optional[BaseException] = None
         self._done = threading.Event()
         self._closing = False
@@ -320,7 +322,8 @@ class PrefillSession:
             idle=prefill._cadence(),
             idle_message=lambda: prefill_session_pb2.PrefillRequest(ping=prefill_session_pb2.PrefillPing()))
         self._outbox.push(prefill_session_pb2.PrefillRequest(hello=prefill_session_pb2.PrefillHello(
-            rank=prefill._rank, instance_id=prefill._reg.instance_id, incarnation=prefill.incarnation)))
+            rank=prefill._rank, instance_id=prefill._reg.instance_id, incarnation=prefill.incarnation,
+            offers=prefill._offers is not None)))
         self._call = c._prefill_session_stub.Session(iter(self._outbox), metadata=c._metadata(pack=True))
         dl = Deadline(timeout)
         fired = threading.Event()
@@ -389,6 +392,10 @@ class PrefillSession:
             self._waiting.clear()
             claims = list(self._claims.values())
             self._claims.clear()
+            offered, self._offered = self._offered, {}
+        if offered and self._p._offers is not None:
+            self._p._offers.lost(self, offered)  # decodeplane.fleet
+        claims += offered.values()
         self._outbox.abort()
         for fut, _ in waiting:
             fut.set_exception(self._ended_error(_MUX_OP))
@@ -408,6 +415,9 @@ class PrefillSession:
                     fut.set_result(convert(r))
                 except DecodeplaneError as e:
                     fut.set_exception(e)
+        elif which == "room" and ev.room.claim_seq == 0:
+            if self._p._offers is not None:
+                self._p._offers.session_event(self, ev.room)  # an offer's (decodeplane.fleet)
         elif which == "room":
             re_ = ev.room
             with self._lock:
@@ -428,8 +438,9 @@ class PrefillSession:
 
     def _forget(self, cl: SessionClaim) -> None:
         with self._lock:
-            if self._claims.get(cl.room) is cl:
-                del self._claims[cl.room]
+            claims = self._offered if cl.seq == 0 else self._claims
+            if claims.get(cl.room) is cl:
+                del claims[cl.room]
 
     # ---- ops ----
 
@@ -603,16 +614,18 @@ class _MuxClaim(_ClaimStream):
     """A hand-off's claim on the shared session, made again on the next
     session when the one it was on ended."""
 
-    def __init__(self, mux: "_PrefillMux", req: rooms_pb2.AwaitDestinationRequest, dl: Deadline) -> None:
+    def __init__(self, mux: "_PrefillMux", req: rooms_pb2.AwaitDestinationRequest, dl: Deadline,
+                 first: Optional[SessionClaim] = None) -> None:
         self._m = mux
         self._req = req
         self._lock = threading.Lock()
-        self._cur: Optional[SessionClaim] = None
+        self._cur: Optional[SessionClaim] = first  # an offer the daemon made (decodeplane.fleet)
         self._closed = False
         self._seen = False
         self._attempt = 0
         self._fails = 0
-        self._attach(dl)
+        if first is None:
+            self._attach(dl)
 
     def _attach(self, dl: Deadline) -> None:
         max_attempts = self._m._p._c._retry.max_attempts
@@ -785,11 +798,16 @@ class _PrefillMux:
                     raise
             n += 1
 
-    def transport(self) -> _Transport:
+    def transport(self, first: Optional[SessionClaim] = None) -> _Transport:
+        """The hand-off's claim and ack on the shared session; ``first``, an
+        offered claim (decodeplane.fleet), is the first claim's events while
+        its session lives."""
         p = self._p
+        offered = [first]
 
         def claim(req: rooms_pb2.AwaitDestinationRequest, dl: Deadline) -> _ClaimStream:
-            return _MuxClaim(self, req, dl)
+            first, offered[0] = offered[0], None
+            return _MuxClaim(self, req, dl, first)
 
         def ack(room: int, dest: rooms_pb2.Destination, dl: Deadline) -> Any:
             req = rooms_pb2.AckRoomEndRequest(room=room, rank=p._rank, attempt=dest.attempt, incarnation=dest.incarnation)
@@ -878,6 +896,8 @@ class Prefill:
         self._registered_ev = threading.Event()
         self._beating = 0
         self._mux = _PrefillMux(self)
+        #: The fleet's offers (decodeplane.fleet), for a FleetPrefill's member: its sessions ask for them.
+        self._offers: Any = None
         client._on_close(self.close)
 
     # ---- identity, incarnation ----

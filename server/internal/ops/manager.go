@@ -50,6 +50,7 @@ type RoomReader interface {
 type PrefillRooms interface {
 	AwaitDestination(id uint64, rank kvmanager.RankID) (*kvmanager.Claim, error)
 	AwaitDestinationFunc(id uint64, rank kvmanager.RankID, sink kvmanager.ClaimSink) (*kvmanager.Claim, error)
+	OfferRooms(rank kvmanager.RankID, sink kvmanager.OfferSink) (stop func())
 	Transfer(ctx context.Context, req kvmanager.ChunkRequest) (transfer.ChunkResult, bool, error)
 	TransferAsync(ctx context.Context, req kvmanager.ChunkRequest, done func(transfer.ChunkResult, bool, error))
 	Poll(id uint64) kvmanager.KVPoll

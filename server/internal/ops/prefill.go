@@ -77,6 +77,13 @@ func (t *Table) AwaitDestinationFunc(ctx context.Context, req *pb.AwaitDestinati
 	return c, nil
 }
 
+// OfferRooms subscribes a session's rank to the rooms this daemon holds
+// for it (PrefillSession's offers, kvmanager.Manager.OfferRooms): sink
+// makes each offered claim's sink; stop ends the subscription.
+func (t *Table) OfferRooms(rank *pb.PrefillRank, sink kvmanager.OfferSink) (stop func()) {
+	return t.prefill.m.OfferRooms(rankFromProto(rank), sink)
+}
+
 func (p *prefillRooms) transfer(ctx context.Context, req *pb.TransferRequest) (*pb.TransferResponse, error) {
 	res, dup, err := p.m.Transfer(ctx, chunkFromTransfer(req))
 	if err != nil {

@@ -102,6 +102,16 @@ type prefillSession struct {
 	// stops it after what is queued).
 	closed bool
 	claims map[uint64]*prefillClaim
+	// offers are the claims the room manager made for the session
+	// (hello.offers), by room; scanning: the hello's offers are being
+	// queued, burst: how many of them are still queued (neither counts
+	// toward the queue's bound).
+	offers   map[uint64]*prefillClaim
+	scanning bool
+	burst    int
+	// stopOffers ends the session's subscription to its rank's rooms
+	// (hello.offers; prefill_offers.go); nil without one.
+	stopOffers func()
 }
 
 // Session serves one stream: one goroutine receives and runs the ops, one
@@ -114,7 +124,8 @@ func (h *Prefill) Session(stream grpc.BidiStreamingServer[pb.PrefillRequest, pb.
 	defer cancel(nil)
 	ss := &prefillSession{h: h, t: h.t, stream: stream, ctx: ctx, cancel: cancel, recvDone: make(chan struct{}),
 		flush: make(chan struct{}), sent: make(chan struct{}),
-		idle: make(chan struct{}, 1), wake: make(chan struct{}, 1), claims: map[uint64]*prefillClaim{}}
+		idle: make(chan struct{}, 1), wake: make(chan struct{}, 1), claims: map[uint64]*prefillClaim{},
+		offers: map[uint64]*prefillClaim{}}
 	ss.pack = negotiatePack(stream)
 	first, err := stream.Recv()
 	if err != nil {
@@ -162,10 +173,16 @@ func (ss *prefillSession) hello(m *pb.PrefillRequest) error {
 	if err != nil {
 		return err
 	}
-	return ss.stream.Send(&pb.PrefillEvent{Event: &pb.PrefillEvent_Welcome{Welcome: &pb.PrefillWelcome{
+	if err := ss.stream.Send(&pb.PrefillEvent{Event: &pb.PrefillEvent_Welcome{Welcome: &pb.PrefillWelcome{
 		Incarnation: ss.t.Incarnation(), HeartbeatInterval: durationpb.New(ss.interval),
-		HeartbeatMaxFailures: hb.GetMaxFailures(), MaxQueued: Queue,
-	}}})
+		HeartbeatMaxFailures: hb.GetMaxFailures(), MaxQueued: Queue, Offers: hello.GetOffers(),
+	}}}); err != nil {
+		return err
+	}
+	if hello.GetOffers() {
+		ss.subscribe() // prefill_offers.go: queued before anything else
+	}
+	return nil
 }
 
 // heartbeat is the table's Heartbeat for the session's rank.
@@ -452,8 +469,12 @@ func (sc *prefillClaim) event(ev kvmanager.DestinationEvent) {
 // endClaim closes a claim whose end was sent and forgets it.
 func (ss *prefillSession) endClaim(sc *prefillClaim) {
 	ss.mu.Lock()
-	if ss.claims[sc.room] == sc {
-		delete(ss.claims, sc.room)
+	cs := ss.claims
+	if sc.seq == 0 {
+		cs = ss.offers
+	}
+	if cs[sc.room] == sc {
+		delete(cs, sc.room)
 	}
 	ss.mu.Unlock()
 	sc.c.Close()
@@ -506,13 +527,19 @@ func (ss *prefillSession) chunk(ctx context.Context, seq uint64, req *pb.Transfe
 // close ends the session's claims and stops its queue: as for a dropped
 // AwaitDestination stream, a delivered destination stays claimed.
 func (ss *prefillSession) close() {
+	if ss.stopOffers != nil {
+		ss.stopOffers() // no claim is offered to the session any more
+	}
 	ss.mu.Lock()
 	ss.closed = true
-	cs := ss.claims
-	ss.claims = map[uint64]*prefillClaim{}
+	cs, offers := ss.claims, ss.offers
+	ss.claims, ss.offers = map[uint64]*prefillClaim{}, map[uint64]*prefillClaim{}
 	ss.queue = nil
 	ss.mu.Unlock()
 	for _, sc := range cs {
+		sc.c.Close()
+	}
+	for _, sc := range offers {
 		sc.c.Close()
 	}
 }

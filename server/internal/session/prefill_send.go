@@ -28,7 +28,9 @@ func (ss *prefillSession) pushLocked(it prefillItem) {
 	if ss.closed || ss.ctx.Err() != nil {
 		return
 	}
-	if len(ss.queue) >= Queue {
+	if ss.scanning {
+		ss.burst++ // the hello's offers: outside the bound
+	} else if len(ss.queue) >= Queue+ss.burst {
 		ss.closed = true
 		ss.cancel(errSlowConsumer)
 		return
@@ -110,6 +112,7 @@ func (ss *prefillSession) take(batch []prefillItem, limit int) []prefillItem {
 	batch = append(batch, ss.queue[:n]...)
 	clear(ss.queue[:n])
 	ss.queue = ss.queue[n:]
+	ss.burst = max(0, ss.burst-n) // the hello's offers go first
 	return batch
 }
 

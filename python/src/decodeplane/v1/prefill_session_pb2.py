@@ -16,7 +16,7 @@ from decodeplane.v1 import common_pb2 as decodeplane_dot_v1_dot_common__pb2
 from decodeplane.v1 import rooms_pb2 as decodeplane_dot_v1_dot_rooms__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$decodeplane/v1/prefill_session.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1b\x64\x65\x63odeplane/v1/common.proto\x1a\x1a\x64\x65\x63odeplane/v1/rooms.proto\"\xad\x03\n\x0ePrefillRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x13\n\x0btraceparent\x18\x02 \x01(\t\x12\x12\n\ntracestate\x18\x03 \x01(\t\x12-\n\x05hello\x18\n \x01(\x0b\x32\x1c.decodeplane.v1.PrefillHelloH\x00\x12+\n\x04ping\x18\x0b \x01(\x0b\x32\x1b.decodeplane.v1.PrefillPingH\x00\x12\x38\n\x05\x63laim\x18\x0c \x01(\x0b\x32\'.decodeplane.v1.AwaitDestinationRequestH\x00\x12\x30\n\x05\x63hunk\x18\r \x01(\x0b\x32\x1f.decodeplane.v1.TransferRequestH\x00\x12\x37\n\x06report\x18\x0e \x01(\x0b\x32%.decodeplane.v1.ReportTransferRequestH\x00\x12\x30\n\x03\x61\x63k\x18\x0f \x01(\x0b\x32!.decodeplane.v1.AckRoomEndRequestH\x00\x12,\n\x04more\x18\x10 \x03(\x0b\x32\x1e.decodeplane.v1.PrefillRequestB\x04\n\x02op\"c\n\x0cPrefillHello\x12)\n\x04rank\x18\x01 \x01(\x0b\x32\x1b.decodeplane.v1.PrefillRank\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x06\"\r\n\x0bPrefillPing\"\x86\x02\n\x0cPrefillEvent\x12\x31\n\x07welcome\x18\x01 \x01(\x0b\x32\x1e.decodeplane.v1.PrefillWelcomeH\x00\x12+\n\x04pong\x18\x02 \x01(\x0b\x32\x1b.decodeplane.v1.PrefillPongH\x00\x12/\n\x06result\x18\x03 \x01(\x0b\x32\x1d.decodeplane.v1.PrefillResultH\x00\x12\x30\n\x04room\x18\x04 \x01(\x0b\x32 .decodeplane.v1.PrefillRoomEventH\x00\x12*\n\x04more\x18\x05 \x03(\x0b\x32\x1c.decodeplane.v1.PrefillEventB\x07\n\x05\x65vent\"\x90\x01\n\x0ePrefillWelcome\x12\x13\n\x0bincarnation\x18\x01 \x01(\x06\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x16heartbeat_max_failures\x18\x03 \x01(\r\x12\x12\n\nmax_queued\x18\x04 \x01(\r\"\r\n\x0bPrefillPong\"\xac\x01\n\x0cPrefillError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12<\n\x08metadata\x18\x04 \x03(\x0b\x32*.decodeplane.v1.PrefillError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x02\n\rPrefillResult\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12+\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1c.decodeplane.v1.PrefillError\x12/\n\x05\x63laim\x18\n \x01(\x0b\x32\x1e.decodeplane.v1.PrefillClaimedH\x00\x12\x31\n\x05\x63hunk\x18\x0b \x01(\x0b\x32 .decodeplane.v1.TransferResponseH\x00\x12\x38\n\x06report\x18\x0c \x01(\x0b\x32&.decodeplane.v1.ReportTransferResponseH\x00\x12\x31\n\x03\x61\x63k\x18\r \x01(\x0b\x32\".decodeplane.v1.AckRoomEndResponseH\x00\x42\x08\n\x06result\"\x1e\n\x0ePrefillClaimed\x12\x0c\n\x04room\x18\x01 \x01(\x04\"d\n\x10PrefillRoomEvent\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x11\n\tclaim_seq\x18\x02 \x01(\x04\x12/\n\x05\x65vent\x18\x03 \x01(\x0b\x32 .decodeplane.v1.DestinationEvent2]\n\x0ePrefillSession\x12K\n\x07Session\x12\x1e.decodeplane.v1.PrefillRequest\x1a\x1c.decodeplane.v1.PrefillEvent(\x01\x30\x01\x42GZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n$decodeplane/v1/prefill_session.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1b\x64\x65\x63odeplane/v1/common.proto\x1a\x1a\x64\x65\x63odeplane/v1/rooms.proto\"\xad\x03\n\x0ePrefillRequest\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12\x13\n\x0btraceparent\x18\x02 \x01(\t\x12\x12\n\ntracestate\x18\x03 \x01(\t\x12-\n\x05hello\x18\n \x01(\x0b\x32\x1c.decodeplane.v1.PrefillHelloH\x00\x12+\n\x04ping\x18\x0b \x01(\x0b\x32\x1b.decodeplane.v1.PrefillPingH\x00\x12\x38\n\x05\x63laim\x18\x0c \x01(\x0b\x32\'.decodeplane.v1.AwaitDestinationRequestH\x00\x12\x30\n\x05\x63hunk\x18\r \x01(\x0b\x32\x1f.decodeplane.v1.TransferRequestH\x00\x12\x37\n\x06report\x18\x0e \x01(\x0b\x32%.decodeplane.v1.ReportTransferRequestH\x00\x12\x30\n\x03\x61\x63k\x18\x0f \x01(\x0b\x32!.decodeplane.v1.AckRoomEndRequestH\x00\x12,\n\x04more\x18\x10 \x03(\x0b\x32\x1e.decodeplane.v1.PrefillRequestB\x04\n\x02op\"s\n\x0cPrefillHello\x12)\n\x04rank\x18\x01 \x01(\x0b\x32\x1b.decodeplane.v1.PrefillRank\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x06\x12\x0e\n\x06offers\x18\x04 \x01(\x08\"\r\n\x0bPrefillPing\"\x86\x02\n\x0cPrefillEvent\x12\x31\n\x07welcome\x18\x01 \x01(\x0b\x32\x1e.decodeplane.v1.PrefillWelcomeH\x00\x12+\n\x04pong\x18\x02 \x01(\x0b\x32\x1b.decodeplane.v1.PrefillPongH\x00\x12/\n\x06result\x18\x03 \x01(\x0b\x32\x1d.decodeplane.v1.PrefillResultH\x00\x12\x30\n\x04room\x18\x04 \x01(\x0b\x32 .decodeplane.v1.PrefillRoomEventH\x00\x12*\n\x04more\x18\x05 \x03(\x0b\x32\x1c.decodeplane.v1.PrefillEventB\x07\n\x05\x65vent\"\xa0\x01\n\x0ePrefillWelcome\x12\x13\n\x0bincarnation\x18\x01 \x01(\x06\x12\x35\n\x12heartbeat_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x16heartbeat_max_failures\x18\x03 \x01(\r\x12\x12\n\nmax_queued\x18\x04 \x01(\r\x12\x0e\n\x06offers\x18\x05 \x01(\x08\"\r\n\x0bPrefillPong\"\xac\x01\n\x0cPrefillError\x12\x0c\n\x04\x63ode\x18\x01 \x01(\r\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12<\n\x08metadata\x18\x04 \x03(\x0b\x32*.decodeplane.v1.PrefillError.MetadataEntry\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xa4\x02\n\rPrefillResult\x12\x0b\n\x03seq\x18\x01 \x01(\x04\x12+\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1c.decodeplane.v1.PrefillError\x12/\n\x05\x63laim\x18\n \x01(\x0b\x32\x1e.decodeplane.v1.PrefillClaimedH\x00\x12\x31\n\x05\x63hunk\x18\x0b \x01(\x0b\x32 .decodeplane.v1.TransferResponseH\x00\x12\x38\n\x06report\x18\x0c \x01(\x0b\x32&.decodeplane.v1.ReportTransferResponseH\x00\x12\x31\n\x03\x61\x63k\x18\r \x01(\x0b\x32\".decodeplane.v1.AckRoomEndResponseH\x00\x42\x08\n\x06result\"\x1e\n\x0ePrefillClaimed\x12\x0c\n\x04room\x18\x01 \x01(\x04\"s\n\x10PrefillRoomEvent\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x11\n\tclaim_seq\x18\x02 \x01(\x04\x12/\n\x05\x65vent\x18\x03 \x01(\x0b\x32 .decodeplane.v1.DestinationEvent\x12\r\n\x05offer\x18\x04 \x01(\x08\x32]\n\x0ePrefillSession\x12K\n\x07Session\x12\x1e.decodeplane.v1.PrefillRequest\x1a\x1c.decodeplane.v1.PrefillEvent(\x01\x30\x01\x42GZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'decodeplane.v1.prefill_session_pb2', globals())
@@ -29,25 +29,25 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _PREFILLREQUEST._serialized_start=146
   _PREFILLREQUEST._serialized_end=575
   _PREFILLHELLO._serialized_start=577
-  _PREFILLHELLO._serialized_end=676
-  _PREFILLPING._serialized_start=678
-  _PREFILLPING._serialized_end=691
-  _PREFILLEVENT._serialized_start=694
-  _PREFILLEVENT._serialized_end=956
-  _PREFILLWELCOME._serialized_start=959
-  _PREFILLWELCOME._serialized_end=1103
-  _PREFILLPONG._serialized_start=1105
-  _PREFILLPONG._serialized_end=1118
-  _PREFILLERROR._serialized_start=1121
-  _PREFILLERROR._serialized_end=1293
-  _PREFILLERROR_METADATAENTRY._serialized_start=1246
-  _PREFILLERROR_METADATAENTRY._serialized_end=1293
-  _PREFILLRESULT._serialized_start=1296
-  _PREFILLRESULT._serialized_end=1588
-  _PREFILLCLAIMED._serialized_start=1590
-  _PREFILLCLAIMED._serialized_end=1620
-  _PREFILLROOMEVENT._serialized_start=1622
-  _PREFILLROOMEVENT._serialized_end=1722
-  _PREFILLSESSION._serialized_start=1724
-  _PREFILLSESSION._serialized_end=1817
+  _PREFILLHELLO._serialized_end=692
+  _PREFILLPING._serialized_start=694
+  _PREFILLPING._serialized_end=707
+  _PREFILLEVENT._serialized_start=710
+  _PREFILLEVENT._serialized_end=972
+  _PREFILLWELCOME._serialized_start=975
+  _PREFILLWELCOME._serialized_end=1135
+  _PREFILLPONG._serialized_start=1137
+  _PREFILLPONG._serialized_end=1150
+  _PREFILLERROR._serialized_start=1153
+  _PREFILLERROR._serialized_end=1325
+  _PREFILLERROR_METADATAENTRY._serialized_start=1278
+  _PREFILLERROR_METADATAENTRY._serialized_end=1325
+  _PREFILLRESULT._serialized_start=1328
+  _PREFILLRESULT._serialized_end=1620
+  _PREFILLCLAIMED._serialized_start=1622
+  _PREFILLCLAIMED._serialized_end=1652
+  _PREFILLROOMEVENT._serialized_start=1654
+  _PREFILLROOMEVENT._serialized_end=1769
+  _PREFILLSESSION._serialized_start=1771
+  _PREFILLSESSION._serialized_end=1864
 # @@protoc_insertion_point(module_scope)

@@ -48,14 +48,16 @@ class PrefillEvent(_message.Message):
     def __init__(self, welcome: _Optional[_Union[PrefillWelcome, _Mapping]] = ..., pong: _Optional[_Union[PrefillPong, _Mapping]] = ..., result: _Optional[_Union[PrefillResult, _Mapping]] = ..., room: _Optional[_Union[PrefillRoomEvent, _Mapping]] = ..., more: _Optional[_Iterable[_Union[PrefillEvent, _Mapping]]] = ...) -> None: ...
 
 class PrefillHello(_message.Message):
-    __slots__ = ["incarnation", "instance_id", "rank"]
+    __slots__ = ["incarnation", "instance_id", "offers", "rank"]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFERS_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     incarnation: int
     instance_id: str
+    offers: bool
     rank: _common_pb2.PrefillRank
-    def __init__(self, rank: _Optional[_Union[_common_pb2.PrefillRank, _Mapping]] = ..., instance_id: _Optional[str] = ..., incarnation: _Optional[int] = ...) -> None: ...
+    def __init__(self, rank: _Optional[_Union[_common_pb2.PrefillRank, _Mapping]] = ..., instance_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., offers: bool = ...) -> None: ...
 
 class PrefillPing(_message.Message):
     __slots__ = []
@@ -106,23 +108,27 @@ class PrefillResult(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., error: _Optional[_Union[PrefillError, _Mapping]] = ..., claim: _Optional[_Union[PrefillClaimed, _Mapping]] = ..., chunk: _Optional[_Union[_rooms_pb2.TransferResponse, _Mapping]] = ..., report: _Optional[_Union[_rooms_pb2.ReportTransferResponse, _Mapping]] = ..., ack: _Optional[_Union[_rooms_pb2.AckRoomEndResponse, _Mapping]] = ...) -> None: ...
 
 class PrefillRoomEvent(_message.Message):
-    __slots__ = ["claim_seq", "event", "room"]
+    __slots__ = ["claim_seq", "event", "offer", "room"]
     CLAIM_SEQ_FIELD_NUMBER: _ClassVar[int]
     EVENT_FIELD_NUMBER: _ClassVar[int]
+    OFFER_FIELD_NUMBER: _ClassVar[int]
     ROOM_FIELD_NUMBER: _ClassVar[int]
     claim_seq: int
     event: _rooms_pb2.DestinationEvent
+    offer: bool
     room: int
-    def __init__(self, room: _Optional[int] = ..., claim_seq: _Optional[int] = ..., event: _Optional[_Union[_rooms_pb2.DestinationEvent, _Mapping]] = ...) -> None: ...
+    def __init__(self, room: _Optional[int] = ..., claim_seq: _Optional[int] = ..., event: _Optional[_Union[_rooms_pb2.DestinationEvent, _Mapping]] = ..., offer: bool = ...) -> None: ...
 
 class PrefillWelcome(_message.Message):
-    __slots__ = ["heartbeat_interval", "heartbeat_max_failures", "incarnation", "max_queued"]
+    __slots__ = ["heartbeat_interval", "heartbeat_max_failures", "incarnation", "max_queued", "offers"]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_MAX_FAILURES_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     MAX_QUEUED_FIELD_NUMBER: _ClassVar[int]
+    OFFERS_FIELD_NUMBER: _ClassVar[int]
     heartbeat_interval: _duration_pb2.Duration
     heartbeat_max_failures: int
     incarnation: int
     max_queued: int
-    def __init__(self, incarnation: _Optional[int] = ..., heartbeat_interval: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., heartbeat_max_failures: _Optional[int] = ..., max_queued: _Optional[int] = ...) -> None: ...
+    offers: bool
+    def __init__(self, incarnation: _Optional[int] = ..., heartbeat_interval: _Optional[_Union[_duration_pb2.Duration, _Mapping]] = ..., heartbeat_max_failures: _Optional[int] = ..., max_queued: _Optional[int] = ..., offers: bool = ...) -> None: ...
