@@ -222,7 +222,10 @@ func (r *roomReader) watchRoom(ctx context.Context, req *pb.WatchRoomRequest, se
 			if err := send(roomEventToProto(ev, inc)); err != nil {
 				return err
 			}
-			if ev.Terminal {
+			// The room's last event says its pages are reusable: the
+			// terminal event, or, for a room that failed while a prefill
+			// rank could still write, the event after it once it drained.
+			if ev.PagesReusable {
 				return nil
 			}
 		case <-ctx.Done():
