@@ -255,20 +255,26 @@ class EngineAPI(RoomReads):
         return self._c._invoke(_CONTINUE_GENERATION, self._c._rooms_stub.ContinueGeneration,
                                rooms_pb2.ContinueGenerationRequest(), timeout)
 
-    def resync(self, rooms: Sequence[rooms_pb2.ResyncRoom], *, timeout: Optional[float] = None) -> rooms_pb2.ResyncResponse:
+    def resync(self, rooms: Sequence[rooms_pb2.ResyncRoom], *, done: bool = True,
+               timeout: Optional[float] = None) -> rooms_pb2.ResyncResponse:
         """Resync: after a daemon restart, re-declares the rooms the engine
-        still runs, in calls of at most 4,096 rooms, the last with ``done``
-        (then the daemon admits); returns the last answer. A call refused
-        part-way (the error names ``rooms[i]`` of that call) stops it; the
-        rooms before stay adopted. FailedPreconditionError: admission has
-        already started. Never retried."""
+        still runs (with kv_pool.owner: engine, the hand-offs still in
+        flight: :func:`in_flight`), in calls of at most 4,096 rooms, the last
+        with ``done`` (then the daemon admits); returns the last answer.
+        ``done=False`` leaves the wait open: when several engines share the
+        daemon (decode DP shards in their own processes) none of them knows
+        it is the last, and the daemon's engine.resync_timeout ends the wait.
+        A call refused part-way (the error names ``rooms[i]`` of that call)
+        stops it; the rooms before stay adopted. FailedPreconditionError:
+        admission has already started. Never retried."""
         dl = self._c._deadline(timeout)
         start = 0
         while True:
             end = min(start + MAX_RESYNC_ROOMS, len(rooms))
-            req = rooms_pb2.ResyncRequest(rooms=list(rooms[start:end]), done=end == len(rooms))
+            final = end == len(rooms)
+            req = rooms_pb2.ResyncRequest(rooms=list(rooms[start:end]), done=final and done)
             resp = self._c._invoke(_RESYNC, self._c._rooms_stub.Resync, req, deadline=dl)
-            if req.done:
+            if final:
                 return resp
             start = end
 

@@ -148,6 +148,25 @@ class RoomSubscription(_Sink):
             yield ev
 
 
+class _FuncSink(_Sink):
+    """A room's events handed to a function on the reader thread."""
+
+    def __init__(self, room: int, on_event: Callable[[engine_session_pb2.EngineRoomEvent], None],
+                 on_lost: Optional[Callable[[Optional[BaseException]], None]]) -> None:
+        self.room = room
+        self._on_event = on_event
+        self._on_lost = on_lost
+
+    def deliver(self, session: "EngineSession", ev: engine_session_pb2.EngineRoomEvent) -> None:
+        if session._consumed(ev):
+            session._unsubscribe(self.room, self)
+        self._on_event(ev)
+
+    def lost(self, session: "EngineSession", err: BaseException) -> None:
+        if self._on_lost is not None:
+            self._on_lost(None if err is _OK_END else err)
+
+
 class EngineSession:
     """The decode engine's multiplexed stream (EngineSession.Session); see
     the module documentation. Build it with :meth:`EngineAPI.session`.
@@ -280,6 +299,18 @@ class EngineSession:
         sub = RoomSubscription(self, room)
         self._subscribe(room, sub)
         return sub
+
+    def listen(self, room: int, on_event: Callable[[engine_session_pb2.EngineRoomEvent], None],
+               on_lost: Optional[Callable[[Optional[BaseException]], None]] = None) -> Callable[[], None]:
+        """Hands the room's events to ``on_event``, called on the session's
+        reader thread in order up to the room's last event (then the room is
+        unsubscribed), and the session's end before that to ``on_lost`` (the
+        stream's error; None when it ended OK). Keep both short: they hold up
+        every room's events. Listen before the op that subscribes the room on the
+        stream (open, resume). Returns the function that stops listening."""
+        sink = _FuncSink(room, on_event, on_lost)
+        self._subscribe(room, sink)
+        return lambda: self._unsubscribe(room, sink)
 
     def _subscribe(self, room: int, sink: _Sink) -> None:
         with self._lock:

@@ -543,6 +543,13 @@ class Prefill(_HandOffs):
 
     # ---- sessions ----
 
+    def shared_session(self) -> Optional[PrefillSession]:
+        """The rank's shared session (Transport.STREAMS) when one is up, else
+        None: :meth:`run_heartbeat` keeps it open (its pings are the beats)
+        and opens a new one when it ended; send_room and report_room use it.
+        For callers that drive their own claims, chunks and acks on it."""
+        return self._mux.live()
+
     def session(self, *, timeout: Optional[float] = None) -> PrefillSession:
         """Opens a :class:`PrefillSession` of the rank's own (not re-opened by
         itself); ``timeout`` bounds the wait for the welcome. The rank must be

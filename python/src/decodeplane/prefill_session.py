@@ -301,6 +301,21 @@ class PrefillSession:
         inc = self._p.incarnation if incarnation is None else incarnation
         return self._claim(rooms_pb2.AwaitDestinationRequest(room=room, incarnation=inc), timeout)
 
+    def claim_async(self, room: int, *, incarnation: Optional[int] = None) -> tuple[SessionClaim, Future[Any]]:
+        """:meth:`claim` without waiting: the claim (its events come once the
+        op succeeded) and the op's future (its exception is the claim's
+        refusal, or the session's end; the claim then gets no events)."""
+        inc = self._p.incarnation if incarnation is None else incarnation
+        req = rooms_pb2.AwaitDestinationRequest(room=room, incarnation=inc)
+        cl = SessionClaim(self, room, inc)
+        fut = self._submit("AwaitDestination", "claim.", prefill_session_pb2.PrefillRequest(claim=req), "claim", claim=cl)
+
+        def forget(f: Future[Any]) -> None:
+            if f.exception() is not None:
+                self._forget(cl)
+        fut.add_done_callback(forget)
+        return cl, fut
+
     def _claim(self, req: rooms_pb2.AwaitDestinationRequest, timeout: Optional[float]) -> SessionClaim:
         op = "AwaitDestination"
         cl = SessionClaim(self, req.room, req.incarnation)
