@@ -129,6 +129,16 @@ def _memory(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
 
+def _like(buf: Any, values: np.ndarray) -> Any:
+    """values as a row of buf (a numpy array, or a torch tensor with SGLang's
+    own MetadataBuffers)."""
+    if isinstance(buf, np.ndarray):
+        return values
+    import torch
+
+    return torch.from_numpy(np.asarray(values))
+
+
 @dataclasses.dataclass(frozen=True)
 class Model:
     """The KV shape of the tests' model (the daemon's OWNER_SETS pool)."""
@@ -293,7 +303,24 @@ class Rank:
         kv_args.pp_rank = 0
         kv_args.prefill_start_layer = 0
         kv_args.state_types = []
+        kv_args.state_data_ptrs, kv_args.state_data_lens, kv_args.state_item_lens = [], [], []
         kv_args.parallel = {"attn_tp_size": self.e.tp, "attn_tp_rank": self.r}
+
+    def parallel(self) -> Any:
+        """The rank's parallel context while its KV manager is built."""
+        if _loaded == "real":
+            from tests import sglang_real
+
+            return sglang_real.parallel(self.e.tp, self.r)
+        return contextlib.nullcontext()
+
+    def set_metadata(self, req: Req) -> None:
+        """The prefill's metadata row of a request (SGLang's set_buf)."""
+        mb, i = self.metadata_buffers, req.metadata_buffer_index
+        mb.output_ids[i, 0] = req.output_ids[0]
+        mb.cached_tokens[i, 0] = req.cached_tokens
+        mb.output_hidden_states[i] = _like(mb.output_hidden_states, req.hidden_state)
+        mb.bootstrap_room[i, 0] = req.bootstrap_room
 
     def finish(self, req: Req) -> None:
         self.outcomes[req.rid] = req
@@ -340,7 +367,7 @@ class Engine:
     def make_server_args(self, backend: str, bootstrap_port: int) -> Any:
         from sglang.srt.server_args import ServerArgs
 
-        sa = ServerArgs() if _loaded == "standin" else SimpleNamespace()
+        sa = ServerArgs()
         for k, v in dict(host="127.0.0.1", port=30000, disaggregation_bootstrap_port=bootstrap_port,
                          disaggregation_transfer_backend=backend, dist_init_addr=None, nnodes=1, kv_cache_dtype="auto",
                          load_balance_method="follow_bootstrap_room", enable_dp_attention=False, dp_size=1, pp_size=1,

@@ -68,6 +68,31 @@ class RegistrationTest(unittest.TestCase):
         self.assertEqual(top, ["from __future__ import annotations", "import logging", "from typing import Any"])
 
 
+class WhichSGLangTest(unittest.TestCase):
+    def test_modules(self) -> None:
+        """Which SGLang the plugin met: with DECODEPLANE_SGLANG_SRC, SGLang's
+        own loader, hook registry, utils and Common* classes (the queues stay
+        the stand-in's); without, the stand-in's."""
+        import os
+
+        load_plugin()
+        import sglang.srt.disaggregation.common.conn  # noqa: F401
+        import sglang.srt.disaggregation.fake.conn  # noqa: F401
+
+        real = ("sglang.srt.plugins", "sglang.srt.plugins.hook_registry", "sglang.srt.disaggregation.utils",
+                "sglang.srt.disaggregation.base.conn", "sglang.srt.disaggregation.common.conn",
+                "sglang.srt.disaggregation.fake.conn")
+        src = os.environ.get("DECODEPLANE_SGLANG_SRC")
+        for name in real:
+            f = os.path.abspath(sys.modules[name].__file__ or "")
+            if MODE == "real":
+                assert src is not None
+                self.assertTrue(f.startswith(os.path.abspath(src)), f"{name} is {f}")
+            else:
+                self.assertIn(os.path.join("tests", "standin"), f, name)
+        self.assertIn(os.path.join("tests", "standin"), sys.modules["sglang.srt.disaggregation.decode"].__file__)
+
+
 class SettingsTest(unittest.TestCase):
     def test_settings(self) -> None:
         from decodeplane.sglang.config import Settings, SettingsError

@@ -66,7 +66,8 @@ class DecodePreallocQueue:
         kv_args = get_kv_class(self.transfer_backend, KVClassType.KVARGS)()
         self.scheduler.fill_kv_args(kv_args)
         cls = get_kv_class(self.transfer_backend, KVClassType.MANAGER)
-        return cls(kv_args, DisaggregationMode.DECODE, self.scheduler.server_args, False)
+        with self.scheduler.parallel():  # SGLang: the rank's runtime parallel context
+            return cls(kv_args, DisaggregationMode.DECODE, self.scheduler.server_args, False)
 
     def add(self, req: Any, is_retracted: bool = False, is_rebootstrap: bool = False) -> None:
         decode_req = self._create_receiver_and_enqueue(req, is_rebootstrap=is_rebootstrap)
@@ -217,10 +218,11 @@ class DecodeTransferQueue:
         return out
 
     def _commit_transfer_to_req(self, d: DecodeRequest) -> None:
-        row = self.metadata_buffers.get_buf(d.metadata_buffer_index)
-        marker = int(row[-1][0])
+        mb, i = self.metadata_buffers, d.metadata_buffer_index
+        marker = int(mb.bootstrap_room[i, 0])
         if not _is_fake_transfer(d.req, self.scheduler.server_args) and marker != d.req.bootstrap_room:
             prepare_abort(d.req, f"Metadata corruption detected: room {marker} in the row of {d.req.bootstrap_room}")
             self.scheduler.release_kv_cache(d.req)
             return
-        d.req.committed = row
+        d.req.committed = {"first_token": int(mb.output_ids[i, 0]), "cached_tokens": int(mb.cached_tokens[i, 0]),
+                           "hidden": np.array(mb.output_hidden_states[i], dtype=np.float16), "marker": marker}

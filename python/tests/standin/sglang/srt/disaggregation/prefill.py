@@ -40,7 +40,8 @@ class PrefillBootstrapQueue:
         kv_args = get_kv_class(self.transfer_backend, KVClassType.KVARGS)()
         self.scheduler.fill_kv_args(kv_args)
         cls = get_kv_class(self.transfer_backend, KVClassType.MANAGER)
-        return cls(kv_args, DisaggregationMode.PREFILL, self.scheduler.server_args, False)
+        with self.scheduler.parallel():  # SGLang: the rank's runtime parallel context
+            return cls(kv_args, DisaggregationMode.PREFILL, self.scheduler.server_args, False)
 
     def add(self, req: Any) -> None:
         req.disagg_kv_sender = self.create_sender(req)
@@ -88,7 +89,7 @@ def send_kv_chunks(scheduler: Any, req: Any, pages_per_chunk: int) -> None:
         chunk = pages[start:start + pages_per_chunk]
         last = i == len(starts) - 1
         if last:
-            scheduler.metadata_buffers.set_buf(req)
+            scheduler.set_metadata(req)  # SGLang: MetadataBuffers.set_buf(req)
         if sender.should_send_kv_chunk(len(chunk), last):
             sender.send(chunk, None)
 

@@ -97,7 +97,8 @@ class ReqToMetadataIdxAllocator:
 class MetadataBuffers:
     """One row per metadata slot in each buffer: first output ids, cached
     tokens, logprob values and indices, top logprobs, hidden states, and the
-    bootstrap_room column (uint64 x 8), whose row starts with the marker.
+    bootstrap_room column (uint64 x 8), whose row starts with the marker
+    (the prefill sets a request's row before its last chunk).
     ``zeros(shape, dtype)`` places each buffer (default: numpy.zeros)."""
 
     def __init__(self, size: int, hidden_size: int, hidden_states_dtype: Any = np.float16,
@@ -121,10 +122,3 @@ class MetadataBuffers:
 
     def get_buf(self, idx: int):
         return tuple(b[idx].copy() for b in self._bufs())
-
-    def set_buf(self, req: Any) -> None:
-        i = req.metadata_buffer_index
-        self.output_ids[i, 0] = req.output_ids[0]
-        self.cached_tokens[i, 0] = req.cached_tokens
-        self.output_hidden_states[i, :] = req.hidden_state
-        self.bootstrap_room[i, 0] = req.bootstrap_room
