@@ -3,6 +3,7 @@ package server_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -378,5 +379,68 @@ func TestDeferredReleaseShutdownAtTheWire(t *testing.T) {
 	}
 	if err := <-stopped; err != nil {
 		t.Fatalf("Stop = %v", err)
+	}
+}
+
+// TestWatchRoomEndsAtPagesReusable: a unary WatchRoom of a room that failed
+// while its prefill rank could still write sends the terminal FAILED event
+// without pages_reusable and stays open; the rank's AckRoomEnd sends the
+// room's last event (pages_reusable, the phase unchanged), then the stream
+// ends OK.
+func TestWatchRoomEndsAtPagesReusable(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	dec := stgDecodeConfig(1)
+	d := daemontest.Start(t, daemontest.Options{Config: func(c *config.Config) {
+		c.Transfer.Backend, c.KVPool, c.Parallel, c.Staging, c.Admission = dec.Backend, dec.Pool, dec.Parallel, dec.Staging, dec.Admission
+		c.Timeouts.HeartbeatInterval = time.Hour
+	}})
+	conn := d.Conn(t)
+	s := &stgServer{srv: d.Server(), conn: conn, boot: pb.NewBootstrapClient(conn), room: pb.NewRoomsClient(conn)}
+	own := d.Incarnation()
+	const addr = "p1:1"
+	s.register(t, ctx, addr, 1)
+	if _, err := s.room.OpenRoom(ctx, &pb.OpenRoomRequest{Rid: "r9", BootstrapAddr: addr, Room: 9, PromptLen: 600, MaxNewTokens: 4}); err != nil {
+		t.Fatal(err)
+	}
+	claim, err := s.room.AwaitDestination(ctx, &pb.AwaitDestinationRequest{Room: 9, Rank: prank(addr, 0), Incarnation: own})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ev, err := claim.Recv()
+	if err != nil || ev.GetDestination() == nil {
+		t.Fatalf("AwaitDestination = %v, %v", ev, err)
+	}
+	dst := ev.GetDestination()
+	if _, err := s.room.ReportTransfer(ctx, &pb.ReportTransferRequest{Room: 9, Rank: prank(addr, 0), ChunkIndex: 0, NumPages: 1, Success: true,
+		Bytes: uint64(dst.GetPageSize()) * dst.GetTokenBytes(), Attempt: dst.GetAttempt(), Incarnation: own}); err != nil {
+		t.Fatal(err)
+	}
+	watch, err := s.room.WatchRoom(ctx, &pb.WatchRoomRequest{Room: 9})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := watch.Recv(); err != nil { // the current state
+		t.Fatal(err)
+	}
+	if _, err := s.room.AbortRoom(ctx, &pb.AbortRoomRequest{Room: 9}); err != nil {
+		t.Fatal(err)
+	}
+	term, err := watch.Recv()
+	if err != nil || !term.GetTerminal() || term.GetPagesReusable() || term.GetTransition().GetPhase() != pb.RoomPhase_ROOM_PHASE_FAILED {
+		t.Fatalf("event after the abort = %v, %v; want the terminal FAILED event, pages not reusable", term, err)
+	}
+	if ev, err := claim.Recv(); err != nil || !ev.GetAckRequired() {
+		t.Fatalf("claim after the abort = %v, %v; want ack_required", ev, err)
+	}
+	if _, err := s.room.AckRoomEnd(ctx, &pb.AckRoomEndRequest{Room: 9, Rank: prank(addr, 0), Attempt: dst.GetAttempt(), Incarnation: own}); err != nil {
+		t.Fatal(err)
+	}
+	last, err := watch.Recv()
+	if err != nil || !last.GetPagesReusable() || last.GetTerminal() || last.GetTransition().GetPhase() != pb.RoomPhase_ROOM_PHASE_FAILED {
+		t.Fatalf("event after the ack = %v, %v; want pages_reusable with the phase unchanged", last, err)
+	}
+	if ev, err := watch.Recv(); err != io.EOF {
+		t.Fatalf("after the last event: %v, %v; want the stream's end", ev, err)
 	}
 }

@@ -22,6 +22,15 @@ from typing import Optional, Sequence
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("DECODEPLANE_BIN") or os.path.join(REPO, "bin", "decodeplane")
 
+#: A daemon whose KV pages the decode engine owns (kv_pool.owner: engine),
+#: with a small SGLang-shaped GQA pool: 4 layers, 2 KV heads of 16, bf16,
+#: pages of 16 tokens, 256 pages, 16 request slots (64 metadata rows).
+OWNER_SETS: tuple[str, ...] = (
+    "kv_pool.owner=engine", "kv_pool.kind=gqa", "kv_pool.num_layers=4", "kv_pool.kv_heads=2",
+    "kv_pool.head_dim=16", "kv_pool.dtype=bf16", "kv_pool.page_size=16", "kv_pool.total_tokens=0",
+    "kv_pool.total_pages=256", "kv_pool.request_slots=16",
+)
+
 _SERVING = re.compile(r'msg="decodeplane serving".*incarnation=([0-9a-f]+)')
 
 

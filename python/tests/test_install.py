@@ -33,7 +33,8 @@ class InstallTest(unittest.TestCase):
                              capture_output=True, text=True, timeout=300)
         self.assertEqual(out.returncode, 0, out.stdout + out.stderr)
         for rel in ("decodeplane/py.typed", "decodeplane/v1/rooms_pb2.pyi", "decodeplane/v1/rooms_pb2_grpc.py",
-                    "decodeplane/_vendor/rpc_status_pb2.py", "decodeplane/transfer/v1/agent_pb2.py"):
+                    "decodeplane/_vendor/rpc_status_pb2.py", "decodeplane/transfer/v1/agent_pb2.py",
+                    "decodeplane/sglang/plugin.py"):
             self.assertTrue(os.path.exists(os.path.join(target, rel)), rel)
         env = dict(os.environ, PYTHONPATH=target)
         code = ("import decodeplane, decodeplane.v1.rooms_pb2 as r; "
@@ -41,6 +42,11 @@ class InstallTest(unittest.TestCase):
         run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp, timeout=60)
         self.assertEqual(run.returncode, 0, run.stderr)
         self.assertEqual(run.stdout.splitlines(), [os.path.join(target, "decodeplane", "__init__.py"), "7"])
+        # SGLang's loader finds the plugin by its entry point.
+        code = ("from importlib.metadata import entry_points; "
+                "print([(e.name, e.value) for e in entry_points(group='sglang.srt.plugins')])")
+        eps = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp, timeout=60)
+        self.assertEqual(eps.stdout.strip(), "[('decodeplane', 'decodeplane.sglang.plugin:register')]", eps.stderr)
         cli = subprocess.run([sys.executable, "-m", "decodeplane", "status", "--target", f"127.0.0.1:{free_port()}",
                               "--timeout", "2"], capture_output=True, text=True, env=env, cwd=tmp, timeout=60)
         self.assertEqual(cli.returncode, 1, cli.stdout + cli.stderr)

@@ -110,6 +110,16 @@ class ErrorsTest(unittest.TestCase):
                                                               self.trailer(_any("google.rpc.ErrorInfo", info))))
         self.assertIsInstance(e, decodeplane.StaleAttemptError)
         self.assertNotIsInstance(e, decodeplane.IncarnationChangedError)
+        info = rpc_status_pb2.ErrorInfo(reason="PAGE_HELD", domain="decodeplane.v1", metadata={
+            "what": "metadata slot", "index": "7", "holder": "41", "draining": "true"})
+        e = errors.from_rpc_error("DeclareDestination", FakeCallError(grpc.StatusCode.FAILED_PRECONDITION, "held",
+                                                                      self.trailer(_any("google.rpc.ErrorInfo", info))))
+        self.assertIsInstance(e, decodeplane.PageHeldError)
+        assert isinstance(e, decodeplane.PageHeldError)
+        self.assertEqual((e.what, e.index, e.holder, e.draining), ("metadata slot", 7, 41, True))
+        bare = errors.make_error("DeclareDestination", grpc.StatusCode.FAILED_PRECONDITION, "held", reason="PAGE_HELD")
+        assert isinstance(bare, decodeplane.PageHeldError)
+        self.assertEqual((bare.what, bare.index, bare.holder, bare.draining), ("", -1, 0, False))
 
     def test_families_and_fields(self) -> None:
         cases = {
@@ -224,12 +234,15 @@ RPC_METHODS = {
     "/decodeplane.v1.Rooms/ContinueGeneration": "c.engine.continue_generation",
     "/decodeplane.v1.Rooms/Resync": "c.engine.resync",
     "/decodeplane.v1.Rooms/AckRoomEnd": "p.ack_room_end",
+    "/decodeplane.v1.Rooms/DeclareDestination": "c.engine.declare_destination",
+    "/decodeplane.v1.Rooms/RegisterEngineLayout": "c.engine.register_engine_layout",
     "/decodeplane.v1.Staging/SetupStaging": "p.setup_staging",
     "/decodeplane.v1.Staging/AllocateStaging": "p.allocate_staging",
     "/decodeplane.v1.Staging/ChunkReady": "p.chunk_ready",
     "/decodeplane.v1.Staging/WatchWatermark": "p.watch_watermark",
     "/decodeplane.v1.Fleet/GetFleet": "c.admin.get_fleet",
     "/decodeplane.v1.Capacity/WatchCapacity": "c.admin.watch_capacity",
+    "/decodeplane.v1.Capacity/ReportCapacity": "c.engine.report_capacity",
     "/decodeplane.v1.EngineSession/Session": "c.engine.session",
     "/decodeplane.v1.PrefillSession/Session": "p.session",
 }

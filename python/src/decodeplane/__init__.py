@@ -32,6 +32,7 @@ from decodeplane.errors import (
     InternalError,
     InvalidArgumentError,
     NotFoundError,
+    PageHeldError,
     PermissionDeniedError,
     ResourceExhaustedError,
     RoomFailedError,
@@ -43,7 +44,15 @@ from decodeplane.errors import (
 )
 from decodeplane.retry import RetryPolicy
 from decodeplane.admin import AdminAPI
-from decodeplane.engine import ENGINE_EVENTS_ALL, ENGINE_EVENTS_OUTCOME, EngineAPI, EngineSession, RoomSubscription, SessionResult
+from decodeplane.engine import (
+    ENGINE_EVENTS_ALL,
+    ENGINE_EVENTS_OUTCOME,
+    EngineAPI,
+    EngineSession,
+    RoomSubscription,
+    SessionResult,
+    in_flight,
+)
 from decodeplane.prefill import Chunk, HeartbeatRunner, Prefill, PrefillSession, SessionClaim
 from decodeplane.fleet import FleetDaemonState, FleetPrefill
 from decodeplane.streams import CapacityStream, ClaimEvent, DestinationStream, RoomWatch, WatermarkStream
@@ -53,11 +62,11 @@ __version__ = "0.1.0"
 __all__ = [
     "Client", "TLSConfig", "Transport", "RetryPolicy",
     "AdminAPI", "EngineAPI", "EngineSession", "RoomSubscription", "SessionResult", "ENGINE_EVENTS_ALL",
-    "ENGINE_EVENTS_OUTCOME", "Prefill", "PrefillSession", "SessionClaim", "Chunk", "HeartbeatRunner",
+    "ENGINE_EVENTS_OUTCOME", "in_flight", "Prefill", "PrefillSession", "SessionClaim", "Chunk", "HeartbeatRunner",
     "FleetPrefill", "FleetDaemonState",
     "ClaimEvent", "DestinationStream", "RoomWatch", "CapacityStream", "WatermarkStream",
     "DecodeplaneError", "NotFoundError", "AlreadyExistsError", "InvalidArgumentError", "FailedPreconditionError",
     "ResourceExhaustedError", "UnavailableError", "UnauthenticatedError", "PermissionDeniedError", "AbortedError",
     "DeadlineExceededError", "CanceledError", "UnimplementedError", "InternalError", "StaleIncarnationError",
-    "StaleAttemptError", "IncarnationChangedError", "RoomFailedError",
+    "StaleAttemptError", "PageHeldError", "IncarnationChangedError", "RoomFailedError",
 ]

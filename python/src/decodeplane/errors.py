@@ -6,7 +6,8 @@ Every error the client raises is a :class:`DecodeplaneError`, itself a
 written against plain gRPC keeps working. Each status code has its family
 (:class:`NotFoundError`, :class:`InvalidArgumentError`, ...), and the
 daemon's ``google.rpc.ErrorInfo`` reasons have their own classes
-(:class:`StaleIncarnationError`, :class:`StaleAttemptError`). Catch the
+(:class:`StaleIncarnationError`, :class:`StaleAttemptError`,
+:class:`PageHeldError`). Catch the
 class, never match the message text::
 
     try:
@@ -50,11 +51,13 @@ __all__ = [
     "InternalError",
     "StaleIncarnationError",
     "StaleAttemptError",
+    "PageHeldError",
     "IncarnationChangedError",
     "RoomFailedError",
     "ERROR_DOMAIN",
     "REASON_STALE_INCARNATION",
     "REASON_STALE_ATTEMPT",
+    "REASON_PAGE_HELD",
 ]
 
 #: The ErrorInfo domain of decodeplane's error details.
@@ -63,6 +66,8 @@ ERROR_DOMAIN = "decodeplane.v1"
 REASON_STALE_INCARNATION = "STALE_INCARNATION"
 #: ErrorInfo reason of an AckRoomEnd naming an attempt that is not the room's current one.
 REASON_STALE_ATTEMPT = "STALE_ATTEMPT"
+#: ErrorInfo reason of a DeclareDestination naming a page, row or slot another room's hand-off still holds.
+REASON_PAGE_HELD = "PAGE_HELD"
 
 _STATUS_DETAILS_KEY = "grpc-status-details-bin"
 _ERROR_INFO_TYPE = "google.rpc.ErrorInfo"
@@ -339,6 +344,37 @@ class StaleAttemptError(FailedPreconditionError):
     (FAILED_PRECONDITION, ErrorInfo reason ``STALE_ATTEMPT``); nothing changed."""
 
 
+class PageHeldError(FailedPreconditionError):
+    """DeclareDestination named a page, metadata row or state slot that
+    another room's hand-off still holds (FAILED_PRECONDITION, ErrorInfo
+    reason ``PAGE_HELD``); nothing changed. The engine reused it too early:
+    a prefill rank may still write into it until the holder's last event
+    (``pages_reusable``).
+
+    Attributes (from the ErrorInfo metadata; empty / -1 / 0 when absent):
+        what: ``"page"``, ``"metadata slot"``, or the state type's slot.
+        index: the page, row or slot.
+        holder: the room that holds it.
+        draining: the holder failed and waits for its prefill ranks'
+            acknowledgements (AckRoomEnd) or release.deferred_timeout.
+    """
+
+    def __init__(self, message: str, **kw: Any) -> None:
+        super().__init__(message, **kw)
+        md = self.error_metadata
+        self.what = md.get("what", "")
+        self.index = _int(md.get("index", ""), -1)
+        self.holder = _int(md.get("holder", ""), 0)
+        self.draining = md.get("draining", "") == "true"
+
+
+def _int(s: str, default: int) -> int:
+    try:
+        return int(s)
+    except ValueError:
+        return default
+
+
 class RoomFailedError(DecodeplaneError):
     """A room ended in ROOM_PHASE_FAILED (aborted, timed out, a chunk failed,
     the prefill was lost, ...), as a stream or a helper saw it.
@@ -431,7 +467,7 @@ def make_error(
     trailing_metadata: Sequence[tuple[str, Any]] = (),
 ) -> DecodeplaneError:
     """The typed error for a status: its family's class, or the class of its
-    ErrorInfo reason (STALE_INCARNATION, STALE_ATTEMPT)."""
+    ErrorInfo reason (STALE_INCARNATION, STALE_ATTEMPT, PAGE_HELD)."""
     if code == grpc.StatusCode.OK:
         code, message = grpc.StatusCode.UNKNOWN, message or "no error status"
     cls: type[DecodeplaneError] = _FAMILY.get(code, InternalError)
@@ -440,6 +476,8 @@ def make_error(
             cls = StaleIncarnationError
         elif reason == REASON_STALE_ATTEMPT:
             cls = StaleAttemptError
+        elif reason == REASON_PAGE_HELD:
+            cls = PageHeldError
     return cls(message, op=op, code=code, reason=reason, domain=domain, error_metadata=error_metadata,
                retry_after=retry_after, trailing_metadata=trailing_metadata)
 

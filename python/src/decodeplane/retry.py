@@ -11,8 +11,10 @@ contract in each RPC's proto comment:
 
 * retried: reads, and writes the daemon deduplicates (GetStatus, GetFleet,
   RegisterPrefill, Heartbeat, BindRoom, LookupDPRanks, GetRoom, ListRooms,
-  AbortRoom, ReleaseRoom, AckRoomEnd, Transfer and ReportTransfer — (room,
-  rank, chunk_index) is the daemon's idempotency key —, the Staging RPCs);
+  AbortRoom, ReleaseRoom, AckRoomEnd, DeclareDestination, RegisterEngineLayout,
+  ReportCapacity,
+  Transfer and ReportTransfer — (room, rank, chunk_index) is the daemon's
+  idempotency key —, the Staging RPCs);
   the streams AwaitDestination, WatchRoom and WatchWatermark are re-opened
   when they break;
 * OpenRoom: only when the request carries an ``idempotency_key``;
@@ -157,6 +159,11 @@ RETRY_TABLE: dict[str, RetryClass] = {
     _m(rooms_pb2, "Rooms", "AbortRoom"): _S,
     _m(rooms_pb2, "Rooms", "AckRoomEnd"): _S,  # idempotent per rank and generation
     _m(rooms_pb2, "Rooms", "ReleaseRoom"): _S,
+    # The same declaration again answers already; a refused one changed nothing.
+    _m(rooms_pb2, "Rooms", "DeclareDestination"): _S,
+    # The same layout again answers already; a different one is refused
+    # while hand-offs hold pages, changing nothing.
+    _m(rooms_pb2, "Rooms", "RegisterEngineLayout"): _S,
     # The engine re-reports absolute lengths on its own schedule; retracting
     # or resuming twice changes what happens; a repeated Resync sees
     # ALREADY_EXISTS for the rooms the first attempt adopted.
@@ -176,6 +183,8 @@ RETRY_TABLE: dict[str, RetryClass] = {
     # Capacity: safe to repeat, but not re-opened by the client: the end of
     # the stream is how a router learns that the daemon stopped.
     _m(capacity_pb2, "Capacity", "WatchCapacity"): _N,
+    # Each report replaces the last.
+    _m(capacity_pb2, "Capacity", "ReportCapacity"): _S,
     # Sessions: a session opened by hand is not re-opened; the client's
     # shared sessions open new ones and resume (engine) or claim again
     # (prefill).

@@ -130,8 +130,12 @@ def _ts(t: object) -> tuple[int, int]:
 class RoomWatch(_Stream):
     """A WatchRoom stream (:meth:`decodeplane.engine.EngineAPI.watch_room`).
 
-    :meth:`next` returns the room's events in order; the last has
-    ``terminal`` set (a failure is an event here, with ``room.failure``),
+    :meth:`next` returns the room's events in order: the terminal one has
+    ``terminal`` set (a failure is an event here, with ``room.failure``);
+    the last has ``pages_reusable`` set — the terminal event itself, or, for
+    a room that failed while a prefill rank could still write into its
+    pages, one more event (the phase unchanged) once they are reusable (an
+    engine that owns its pages reuses a failed room's pages only then);
     after it :meth:`next` returns None. A broken stream is re-opened (asking
     for the whole history) and transitions already returned are skipped.
     Read the phase from ``event.transition``: replayed events carry the
@@ -155,7 +159,7 @@ class RoomWatch(_Stream):
         self._at_last: list[bytes] = []
 
     def next(self) -> Optional[rooms_pb2.RoomEvent]:
-        """The next event, or None after the terminal one."""
+        """The next event, or None after the last one (``pages_reusable``)."""
         s = self._s
         while True:
             try:
@@ -181,7 +185,7 @@ class RoomWatch(_Stream):
             if not self._fresh(ev):
                 continue
             s.progressed()
-            if ev.terminal:
+            if ev.pages_reusable:
                 s.end(StopIteration())
             return ev
 

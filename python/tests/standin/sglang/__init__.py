@@ -1,0 +1,1 @@
+"""A stand-in of SGLang's package (see tests/standin/README.md)."""

@@ -1,0 +1,1 @@
+from sglang.srt.disaggregation.fake.conn import FakeKVManager, FakeKVReceiver, FakeKVSender  # noqa: F401
