@@ -269,6 +269,13 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 	if o.settleTimeout <= 0 {
 		bad("--settle-timeout %s: must be > 0", o.settleTimeout)
 	}
+	o.checkCombinations(bad)
+	return errors.Join(errs...)
+}
+
+// checkCombinations checks the flags that apply only with others (parse's
+// second half: each value alone was checked before).
+func (o *benchOptions) checkCombinations(bad func(format string, a ...any)) {
 	if o.queued > 0 {
 		if o.rate > 0 {
 			bad("--rate applies to the lifecycle; --queued opens its rooms at --concurrency")
@@ -309,7 +316,6 @@ func (o *benchOptions) parse(fs *flag.FlagSet, args []string) error {
 	} else if o.metricsURL != "" && o.queued == 0 {
 		bad("--metrics-url needs --target (in-process, the bench's own CPU and allocations include the daemon's)")
 	}
-	return errors.Join(errs...)
 }
 
 // benchDist is a prompt-length distribution: fixed:N or uniform:A-B.

@@ -38,6 +38,51 @@ type report struct {
 	rows    []string
 	notes   []string
 	missing int
+	// order is the runs the rows cite, in the order of their notes.
+	order []string
+}
+
+// ref is the note number of the run name ("[2]"), numbered as rows cite
+// them.
+func (r *report) ref(name string) string {
+	for i, n := range r.order {
+		if n == name {
+			return fmt.Sprintf("[%d]", i+1)
+		}
+	}
+	r.order = append(r.order, name)
+	return fmt.Sprintf("[%d]", len(r.order))
+}
+
+// tables reads the run's machine, commands and load averages.
+func (r *report) tables() (env, commands, loads map[string]string) {
+	env, commands, loads = map[string]string{}, map[string]string{}, map[string]string{}
+	if b, ok := r.read("machine.env"); ok {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, "="); ok {
+				env[k] = v
+			}
+		}
+	}
+	if b, ok := r.read("commands.tsv"); ok {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, "\t"); ok {
+				commands[k] = v
+			}
+		}
+	}
+	if b, ok := r.read("loads.tsv"); ok {
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.SplitN(l, "\t", 3); len(f) == 3 {
+				if f[1] == "start" {
+					loads[f[0]] = f[2]
+				} else {
+					loads[f[0]] += " → " + f[2]
+				}
+			}
+		}
+	}
+	return env, commands, loads
 }
 
 func (r *report) path(name string) string { return filepath.Join(r.dir, name) }
@@ -134,45 +179,16 @@ func metric(text, name string) (float64, bool) {
 }
 
 func (r *report) run() {
-	env := map[string]string{}
-	if b, ok := r.read("machine.env"); ok {
-		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, "="); ok {
-				env[k] = v
-			}
-		}
-	}
-	commands := map[string]string{}
-	if b, ok := r.read("commands.tsv"); ok {
-		for _, l := range strings.Split(string(b), "\n") {
-			if k, v, ok := strings.Cut(l, "\t"); ok {
-				commands[k] = v
-			}
-		}
-	}
-	loads := map[string]string{}
-	if b, ok := r.read("loads.tsv"); ok {
-		for _, l := range strings.Split(string(b), "\n") {
-			if f := strings.SplitN(l, "\t", 3); len(f) == 3 {
-				if f[1] == "start" {
-					loads[f[0]] = f[2]
-				} else {
-					loads[f[0]] += " → " + f[2]
-				}
-			}
-		}
-	}
-	var order []string
-	ref := func(name string) string {
-		for i, n := range order {
-			if n == name {
-				return fmt.Sprintf("[%d]", i+1)
-			}
-		}
-		order = append(order, name)
-		return fmt.Sprintf("[%d]", len(order))
-	}
+	env, commands, loads := r.tables()
+	r.lifecycleRows()
+	r.memoryAndHTTPRows()
+	r.fleetRows()
+	r.print(env, commands, loads)
+}
 
+// lifecycleRows are the closed-loop and fixed-rate runs' rows, both APIs.
+func (r *report) lifecycleRows() {
+	ref := r.ref
 	r.row("measure", "streams (the default)", "unary API", "how")
 	r.row("---", "---", "---", "---")
 	var closed, rate [2]lifecycle
@@ -245,6 +261,11 @@ func (r *report) run() {
 		}
 	}
 
+}
+
+// memoryAndHTTPRows are the queued rooms' memory and the HTTP routes'.
+func (r *report) memoryAndHTTPRows() {
+	ref := r.ref
 	var q queued
 	if r.json("queued.json", &q) {
 		r.row(fmt.Sprintf("daemon memory per queued room (%s rooms queued behind a full pool)", grouped(float64(q.Rooms))),
@@ -275,8 +296,19 @@ func (r *report) run() {
 		}
 	}
 
+}
+
+// fleetRows are the fleet's figures on etcd and etcd's load per fleet size.
+func (r *report) fleetRows() {
+	ref := r.ref
 	if b, ok := r.read("fleet.txt"); ok {
-		for name, m := range benchLines(string(b)) {
+		lines := benchLines(string(b))
+		// In a fixed order (the table's, not the map's).
+		for _, name := range []string{"BenchmarkFleetPropagation", "BenchmarkFleetRegister/clients=1", "BenchmarkFleetRegister/clients=16", "BenchmarkFleetHeartbeat/clients=1"} {
+			m, ok := lines[name]
+			if !ok {
+				continue
+			}
 			switch name {
 			case "BenchmarkFleetRegister/clients=1":
 				r.row("fleet on etcd: registrations through one daemon, 1 client (p50 / p99 ms)",
@@ -325,6 +357,10 @@ func (r *report) run() {
 			"(same)", ref("etcd"))
 	}
 
+}
+
+// print writes the table, the machine, each run's command and the notes.
+func (r *report) print(env, commands, loads map[string]string) {
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	fmt.Fprintf(out, "Machine: %s CPUs (`nproc`), %s, %s; %s; %s. Measured %s on %s (%s).\n\n",
@@ -335,7 +371,7 @@ func (r *report) run() {
 	fmt.Fprintln(out)
 	fmt.Fprintln(out, "How (each run by `tools/bench/current.sh`; P, M: free loopback ports; load average before → after):")
 	fmt.Fprintln(out)
-	for i, name := range order {
+	for i, name := range r.order {
 		fmt.Fprintf(out, "%d. `%s` (load %s)\n", i+1, commands[name], loadOf(loads, name))
 	}
 	if len(r.notes) > 0 {
