@@ -116,6 +116,10 @@ type Etcd struct {
 	synced    bool             // the view was built at least once
 	ownLease  clientv3.LeaseID // 0 until granted
 	heard     map[string]*heard
+
+	// afterKeepAlive, when set (tests only, before Run), runs between the
+	// answer to this daemon's keepalive and its check against the view.
+	afterKeepAlive func()
 }
 
 // heard is what this daemon knows of an instance's heartbeats to it.
@@ -325,21 +329,25 @@ func (e *Etcd) sessionLoop(ctx context.Context) {
 // also the probe of etcd.
 func (e *Etcd) keepSession(ctx context.Context, lastRecord *time.Time) error {
 	e.mu.Lock()
-	lease := e.ownLease
+	// viewRev is read before the request: the watch loop and this daemon's
+	// own publications advance the view while the keepalive is in flight,
+	// past the revision etcd answers it at, which is no sign of anything.
+	lease, viewRev := e.ownLease, e.view.rev
 	e.mu.Unlock()
 	rctx, cancel := e.requestCtx(ctx)
 	defer cancel()
 	if lease != 0 {
 		ka, err := e.cli.KeepAliveOnce(rctx, lease)
+		if h := e.afterKeepAlive; h != nil {
+			h()
+		}
 		if err == nil {
-			e.mu.Lock()
-			behind := ka.ResponseHeader != nil && ka.Revision < e.view.rev
-			e.mu.Unlock()
-			if behind {
-				// etcd's revision went back: it lost its data (restored or
-				// re-created); the view's watch would wait for a revision
+			if ka.ResponseHeader != nil && ka.Revision < viewRev {
+				// etcd answers at a revision below one the view had reached
+				// before the request was sent: etcd lost its data (restored
+				// or re-created); the view's watch would wait for a revision
 				// that may never come.
-				e.log.Warn("fleet registry: etcd's revision is behind the view's; rebuilding the view", "etcd_revision", ka.Revision)
+				e.log.Warn("fleet registry: etcd's revision is behind the view's; rebuilding the view", "etcd_revision", ka.Revision, "view_revision", viewRev)
 				e.wantResync()
 			}
 			if e.now().Sub(*lastRecord) < e.cfg.LeaseTTL/3 {
