@@ -116,6 +116,9 @@ type Etcd struct {
 	synced    bool             // the view was built at least once
 	ownLease  clientv3.LeaseID // 0 until granted
 	heard     map[string]*heard
+	// startupWarned: the warning that etcd is unreachable since startup
+	// was logged.
+	startupWarned bool
 
 	// afterKeepAlive, when set (tests only, before Run), runs between the
 	// answer to this daemon's keepalive and its check against the view.
@@ -263,6 +266,33 @@ func (e *Etcd) setState(degraded bool, reason string) {
 	}
 }
 
+// startupFix is what to check when etcd has not answered since startup.
+const startupFix = "check that etcd runs and that this host reaches it at registry.etcd.endpoints (address, port, firewall; " +
+	"an https:// endpoint needs registry.etcd.tls; an etcd with authentication needs registry.etcd.username and a password); " +
+	"the daemon connects by itself once etcd answers"
+
+// unreachable records that etcd did not answer a request of the session
+// or view loop: the registry is degraded. Until the first view was built
+// (etcd unreachable since startup) the reason says so, and the first such
+// failure is logged as a warning with the fix.
+func (e *Etcd) unreachable(err error) {
+	e.mu.Lock()
+	synced, warned := e.synced, e.startupWarned
+	if !synced {
+		e.startupWarned = true
+	}
+	e.mu.Unlock()
+	if synced {
+		e.setState(true, "etcd unreachable: "+err.Error())
+		return
+	}
+	if !warned {
+		e.log.Warn("fleet registry: etcd is unreachable since startup: rooms are served on an empty view (no prefill instance of the fleet is known) and prefill registrations are refused until etcd answers",
+			"endpoints", e.cfg.Endpoints, "err", err, "fix", startupFix)
+	}
+	e.setState(true, fmt.Sprintf("etcd unreachable since startup at registry.etcd.endpoints %s (%v): %s", e.cfg.Endpoints, err, startupFix))
+}
+
 // wantResync asks the view loop for a rebuild from a fresh revision.
 func (e *Etcd) wantResync() {
 	select {
@@ -300,7 +330,7 @@ func (e *Etcd) sessionLoop(ctx context.Context) {
 				return
 			}
 			e.obs.RegistryError("session")
-			e.setState(true, "etcd unreachable: "+err.Error())
+			e.unreachable(err)
 		} else {
 			if wasDegraded && synced {
 				// Reachable again: the view is rebuilt from a fresh revision

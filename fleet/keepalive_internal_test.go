@@ -38,7 +38,12 @@ func (l *lockedBuffer) String() string {
 // manager, whose loops are not running: the test drives keepSession itself.
 func newTestEtcd(t *testing.T) (*Etcd, *lockedBuffer) {
 	t.Helper()
-	srv := etcdtest.Start(t)
+	return newEtcdOn(t, etcdtest.Start(t).Endpoint(), nil)
+}
+
+// newEtcdOn is newTestEtcd on endpoint, with onState as Deps.OnState.
+func newEtcdOn(t *testing.T, endpoint string, onState func(bool, string)) (*Etcd, *lockedBuffer) {
+	t.Helper()
 	dec := kvlayout.DefaultConfig()
 	led, err := prealloc.NewLedger(dec, 0)
 	if err != nil {
@@ -51,11 +56,11 @@ func newTestEtcd(t *testing.T) (*Etcd, *lockedBuffer) {
 	}
 	t.Cleanup(func() { mgr.Shutdown(context.Background()) })
 	cfg := DefaultConfig().Etcd
-	cfg.Endpoints, cfg.AdvertiseAddress, cfg.Prefix = srv.Endpoint(), "10.9.0.1:7600", "/race/"
-	cfg.RequestTimeout = 5 * time.Second
+	cfg.Endpoints, cfg.AdvertiseAddress, cfg.Prefix = endpoint, "10.9.0.1:7600", "/race/"
+	cfg.RequestTimeout, cfg.DialTimeout = time.Second, time.Second
 	logs := &lockedBuffer{}
 	e, err := New(cfg, Deps{Rooms: mgr, Self: Self{Incarnation: 7, Version: "test", StartedAt: time.Now()},
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		Logger: slog.New(slog.NewTextHandler(logs, nil)), OnState: onState})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,5 +130,54 @@ func TestKeepAliveBehindViewRebuilds(t *testing.T) {
 	}
 	if !resyncAsked(e) || !strings.Contains(logs.String(), "behind the view") {
 		t.Fatalf("etcd behind the view did not rebuild it:\n%s", logs.String())
+	}
+}
+
+// TestUnreachableAtStartup: a daemon whose etcd does not answer from the
+// start logs a warning with the fix, and its readiness reason says that
+// etcd has been unreachable since startup and what to check; once etcd
+// answers, the registry is ok.
+func TestUnreachableAtStartup(t *testing.T) {
+	srv, err := etcdtest.New(etcdtest.Options{Dir: t.TempDir(), NoFsync: true, LogLevel: "fatal"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	type state struct {
+		degraded bool
+		reason   string
+	}
+	states := make(chan state, 1024) // never full: a state change is a failed request (1 s each) or a recovery
+	e, logs := newEtcdOn(t, srv.Endpoint(), func(d bool, r string) {
+		select {
+		case states <- state{d, r}:
+		default:
+		}
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for s := range states {
+		if !s.degraded {
+			t.Fatalf("registry ok with etcd down: %+v", s)
+		}
+		if strings.Contains(s.reason, "unreachable since startup at registry.etcd.endpoints "+srv.Endpoint()) {
+			if !strings.Contains(s.reason, "check that etcd runs") {
+				t.Fatalf("the reason names no fix: %q", s.reason)
+			}
+			break
+		}
+	}
+	if l := logs.String(); !strings.Contains(l, "level=WARN") || !strings.Contains(l, "unreachable since startup") || !strings.Contains(l, "fix=") {
+		t.Fatalf("no warning with the fix:\n%s", l)
+	}
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for s := range states {
+		if !s.degraded {
+			break
+		}
 	}
 }

@@ -155,7 +155,7 @@ func (e *Etcd) viewLoop(ctx context.Context) {
 				return
 			}
 			e.obs.RegistryError("snapshot")
-			e.setState(true, "etcd unreachable: "+err.Error())
+			e.unreachable(err)
 			select {
 			case <-ctx.Done():
 				return
