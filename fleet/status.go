@@ -97,3 +97,20 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 
 // LeaseTTL is registry.etcd.lease_ttl.
 func (e *Etcd) LeaseTTL() time.Duration { return e.cfg.LeaseTTL }
+
+// PrefillLease is the instance at addr as the view holds it, for
+// Admin.GetStatus: its lease, the last heartbeat (or registration) this
+// daemon received from any of its ranks (zero when none), the daemon that
+// created its record; ok is false when the view does not hold it.
+func (e *Etcd) PrefillLease(addr string) (lease int64, heardHere time.Time, registeredVia string, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	iv := e.view.instances[addr]
+	if iv == nil {
+		return 0, time.Time{}, "", false
+	}
+	if h := e.heard[addr]; h != nil {
+		heardHere = h.at
+	}
+	return iv.rec.Lease, heardHere, iv.rec.RegisteredVia, true
+}

@@ -193,6 +193,8 @@ func (v view) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 	return proto.CloneOf(v.resp), v.err
 }
 
+func (v view) PrefillLease(string) (int64, time.Time, string, bool) { return 0, time.Time{}, "", false }
+
 // TestGetFleetFromView: with Deps.Fleet the answer is the view's, sorted
 // and bounded at server.MaxFleetEntries per list; the view's errors keep
 // their code, and a view answering nothing is Internal.

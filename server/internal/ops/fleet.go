@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -18,6 +19,11 @@ import (
 // Deps.Fleet is set, after sorting and bounding its lists (MaxFleetEntries).
 type FleetView interface {
 	GetFleet(ctx context.Context) (*pb.GetFleetResponse, error)
+	// PrefillLease is an instance's liveness in the registry, for
+	// Admin.GetStatus: its lease, the last heartbeat this daemon received
+	// from it (zero when none), the daemon that created its record; ok is
+	// false when the view does not hold the instance.
+	PrefillLease(addr string) (lease int64, heardHere time.Time, registeredVia string, ok bool)
 }
 
 // MaxFleetEntries bounds each list of a GetFleet answer (daemons,
@@ -29,6 +35,7 @@ const (
 	registryMemory    = "memory"
 	registryOK        = "ok"
 	livenessHeartbeat = "heartbeat"
+	livenessLease     = "lease"
 )
 
 // getFleet answers from Config.Fleet, or, with the memory registry (nil),
