@@ -33,6 +33,7 @@ type Rooms interface {
 	LosePrefill(addr, instanceID, reason string) int
 	Heartbeat(kvmanager.RankID, string) (time.Duration, int, error)
 	TouchPrefill(addr, instanceID string) bool
+	DeregisterPrefill(addr, instanceID, reason string) (removed bool, roomsFailed int)
 }
 
 // Observer counts what the registry does (the daemon's metrics); every
@@ -41,8 +42,8 @@ type Observer interface {
 	// RegistryDegraded reports the state: true while etcd is unreachable.
 	RegistryDegraded(degraded bool)
 	// RegistryError counts one failed etcd request by operation
-	// ("register", "keepalive", "publish_capacity", "snapshot", "watch",
-	// "session").
+	// ("register", "deregister", "keepalive", "publish_capacity",
+	// "snapshot", "watch", "session").
 	RegistryError(op string)
 	// RegistryRebuilt counts one rebuild of the cached view from a fresh
 	// revision.
@@ -117,8 +118,9 @@ type Etcd struct {
 	ownLease  clientv3.LeaseID // 0 until granted
 	heard     map[string]*heard
 	// startupWarned: the warning that etcd is unreachable since startup
-	// was logged.
+	// was logged (under startupMu, which orders it before the state).
 	startupWarned bool
+	startupMu     sync.Mutex
 
 	// afterKeepAlive, when set (tests only, before Run), runs between the
 	// answer to this daemon's keepalive and its check against the view.
@@ -276,6 +278,10 @@ const startupFix = "check that etcd runs and that this host reaches it at regist
 // (etcd unreachable since startup) the reason says so, and the first such
 // failure is logged as a warning with the fix.
 func (e *Etcd) unreachable(err error) {
+	// Both loops fail at startup: the warning is logged before either
+	// reports the state, once.
+	e.startupMu.Lock()
+	defer e.startupMu.Unlock()
 	e.mu.Lock()
 	synced, warned := e.synced, e.startupWarned
 	if !synced {
@@ -455,7 +461,7 @@ func (e *Etcd) keepInstances(ctx context.Context) bool {
 			continue
 		}
 		inst := e.view.instances[addr]
-		if inst == nil || inst.rec.Lease == 0 {
+		if !inst.live() {
 			continue
 		}
 		todo = append(todo, due{addr, clientv3.LeaseID(inst.rec.Lease)})

@@ -113,8 +113,8 @@ func (e *Etcd) publishOnce(ctx context.Context, reg kvmanager.Registration, inst
 		var modRev int64
 		if len(g.Kvs) == 1 {
 			modRev = g.Kvs[0].ModRevision
-			if rec, err := decode[instanceRecord](g.Kvs[0].Value); err == nil && rec.Lease != 0 {
-				cur = &rec
+			if rec, err := decode[instanceRecord](g.Kvs[0].Value); err == nil && rec.Lease != 0 && rec.Deregistered == "" {
+				cur = &rec // a tombstone is no instance: a new one is created over it
 			}
 		}
 		if cur != nil && (reg.InstanceID == "" || cur.InstanceID == "" || cur.InstanceID == reg.InstanceID) {

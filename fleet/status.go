@@ -70,6 +70,9 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 			break
 		}
 		iv := e.view.instances[addr]
+		if iv.rec.Deregistered != "" {
+			continue // deregistered: its lease is being revoked
+		}
 		p := &pb.FleetPrefill{BootstrapAddr: addr, InstanceId: iv.rec.InstanceID, Liveness: "lease", LeaseId: iv.rec.Lease, RegisteredVia: iv.rec.RegisteredVia}
 		for _, r := range iv.ranks {
 			if r.InstanceID != iv.rec.InstanceID {
@@ -106,7 +109,7 @@ func (e *Etcd) PrefillLease(addr string) (lease int64, heardHere time.Time, regi
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	iv := e.view.instances[addr]
-	if iv == nil {
+	if !iv.live() {
 		return 0, time.Time{}, "", false
 	}
 	if h := e.heard[addr]; h != nil {

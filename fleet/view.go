@@ -50,6 +50,14 @@ type change struct {
 	rank *rankRecord   // a registration to record (if not already)
 	gone *instanceView // an instance whose records left the registry
 	addr string        // gone's address
+	// deregistered is why gone deregistered ("": its lease ended).
+	deregistered string
+}
+
+// live reports whether the view holds a live record of the instance: under
+// a lease, not a tombstone.
+func (iv *instanceView) live() bool {
+	return iv != nil && iv.rec.Lease != 0 && iv.rec.Deregistered == ""
 }
 
 // put applies one key's new value, written at revision rev, to the view
@@ -90,6 +98,16 @@ func (e *Etcd) put(v *view, key string, value []byte, rev int64) *change {
 			return nil // an older write than the view holds
 		}
 		rec.rev = rev
+		if rec.Deregistered != "" {
+			// A tombstone: the instance deregistered. Its rooms fail here
+			// once (not again when its records leave with the lease).
+			was := *iv
+			iv.rec, iv.ranks = rec, map[string]rankRecord{}
+			if was.live() && (was.rec.InstanceID == rec.InstanceID || rec.InstanceID == "") {
+				return &change{gone: &was, addr: addr, deregistered: rec.Deregistered}
+			}
+			return nil
+		}
 		if iv.rec.InstanceID != rec.InstanceID {
 			for k, r := range iv.ranks {
 				if r.InstanceID != rec.InstanceID {
@@ -110,7 +128,7 @@ func (e *Etcd) put(v *view, key string, value []byte, rev int64) *change {
 		}
 		rec.rev = rev
 		iv.ranks[key] = rec
-		if iv.rec.Lease == 0 || rec.InstanceID != iv.rec.InstanceID {
+		if !iv.live() || rec.InstanceID != iv.rec.InstanceID {
 			return nil // not (or no longer) of the instance on record
 		}
 		return &change{rank: &rec}
@@ -132,7 +150,7 @@ func (e *Etcd) del(v *view, key string, rev int64) *change {
 			return nil // unknown, or re-written here after the deletion
 		}
 		delete(v.instances, addr)
-		if iv.rec.Lease != 0 {
+		if iv.live() {
 			return &change{gone: iv, addr: addr}
 		}
 	case keyRank:
@@ -255,8 +273,12 @@ func (e *Etcd) rebuild(ctx context.Context) (int64, error) {
 	var changes []*change
 	gone := map[string]bool{}
 	for addr, oi := range old.instances {
-		if ni := nv.instances[addr]; (ni == nil || ni.rec.Lease == 0) && oi.rec.Lease != 0 {
-			changes = append(changes, &change{gone: oi, addr: addr})
+		if ni := nv.instances[addr]; !ni.live() && oi.live() {
+			c := &change{gone: oi, addr: addr}
+			if ni != nil {
+				c.deregistered = ni.rec.Deregistered
+			}
+			changes = append(changes, c)
 			gone[addr] = true
 		}
 	}
@@ -264,13 +286,17 @@ func (e *Etcd) rebuild(ctx context.Context) (int64, error) {
 	// the old view did not either (recorded here while their records were
 	// being removed): lost too, with no records to re-create them from.
 	for _, addr := range known {
-		if ni := nv.instances[addr]; (ni == nil || ni.rec.Lease == 0) && !gone[addr] {
-			changes = append(changes, &change{gone: &instanceView{}, addr: addr})
+		if ni := nv.instances[addr]; !ni.live() && !gone[addr] {
+			c := &change{gone: &instanceView{}, addr: addr}
+			if ni != nil {
+				c.deregistered = ni.rec.Deregistered
+			}
+			changes = append(changes, c)
 		}
 	}
 	for _, ni := range nv.instances {
 		for _, r := range ni.ranks {
-			if ni.rec.Lease != 0 && r.InstanceID == ni.rec.InstanceID {
+			if ni.live() && r.InstanceID == ni.rec.InstanceID {
 				changes = append(changes, &change{rank: &r})
 			}
 		}
@@ -301,6 +327,14 @@ func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
 		return
 	}
 	if c.gone == nil {
+		return
+	}
+	if c.deregistered != "" {
+		// It stopped: never re-created, however recently it heartbeated.
+		e.mu.Lock()
+		delete(e.heard, c.addr)
+		e.mu.Unlock()
+		e.deps.Rooms.LosePrefill(c.addr, c.gone.rec.InstanceID, c.deregistered)
 		return
 	}
 	if e.heardRecently(c.addr) && e.reattach(ctx, c.addr, c.gone) {

@@ -49,6 +49,16 @@ func (m *Manager) LosePrefill(addr, instanceID, reason string) int {
 	return m.apply(m.reg.Lose(addr, instanceID, reason))
 }
 
+// DeregisterPrefill forgets the prefill instance at addr because it
+// stopped cleanly (Bootstrap.DeregisterPrefill) and fails its rooms still
+// handing off with FailurePrefillLost and a message that names reason.
+// removed is false when there was nothing to forget: addr unknown, or the
+// instance there is not instanceID ("" matches any).
+func (m *Manager) DeregisterPrefill(addr, instanceID, reason string) (removed bool, roomsFailed int) {
+	evs := m.reg.Lose(addr, instanceID, reason)
+	return len(evs) > 0, m.apply(evs)
+}
+
 // PrefillAddrs lists the addresses of the prefill instances this daemon
 // knows, in no order (the fleet compares them with a fresh view).
 func (m *Manager) PrefillAddrs() []string { return m.reg.Addrs() }

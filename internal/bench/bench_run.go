@@ -74,11 +74,14 @@ type benchRun struct {
 	// groups are, per prefill DP rank, the ranks a room of that rank needs
 	// (every rank some decode TP rank addresses; dummies only wait).
 	groups [][]*client.Prefill
-	ranks  int
-	addr   string
-	base   uint64
-	status *pb.GetStatusResponse
-	decTP  uint32
+	// instance is one rank of the simulated prefill instance, through which
+	// close deregisters it.
+	instance *client.Prefill
+	ranks    int
+	addr     string
+	base     uint64
+	status   *pb.GetStatusResponse
+	decTP    uint32
 
 	failuresExpected bool
 	// abandon ends when the bench gives up on the daemon (the watchdog
@@ -119,6 +122,7 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 	}
 	hbCtx, hbCancel := context.WithCancel(context.Background())
 	b.hbCancel = hbCancel
+	b.instance = prefills[0]
 	for _, p := range prefills {
 		b.hbWG.Go(func() { _ = p.RunHeartbeat(hbCtx) })
 	}
@@ -243,6 +247,14 @@ func (b *benchRun) close() {
 		b.hbCancel()
 		b.hbWG.Wait()
 		b.hbCancel = nil
+	}
+	if p := b.instance; p != nil {
+		// The simulated prefill instance stops cleanly: the daemon (and its
+		// fleet) forget it now, not after its liveness bound. Best effort.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = p.Close(ctx)
+		cancel()
+		b.instance = nil
 	}
 	for _, c := range b.clients {
 		c.Close()

@@ -323,6 +323,13 @@ func (x *HeartbeatRequest) Validate() error {
 }
 
 // Validate implements the validator interceptor's contract.
+func (x *DeregisterPrefillRequest) Validate() error {
+	return errors.Join(checkAddr("bootstrap_addr", x.GetBootstrapAddr()),
+		checkLen("instance_id", x.GetInstanceId(), false, MaxInstanceIDLen, "the prefill process's id"),
+		checkLen("reason", x.GetReason(), false, MaxReasonLen, "why the instance stops"))
+}
+
+// Validate implements the validator interceptor's contract.
 func (x *BindRoomRequest) Validate() error {
 	return errors.Join(checkAddr("bootstrap_addr", x.GetBootstrapAddr()), checkRoom("room", x.GetRoom()),
 		checkMax("dp_rank", uint64(x.GetDpRank()), MaxRank))

@@ -96,8 +96,10 @@ type Table struct {
 	// Bootstrap.
 	RegisterPrefill Unary[pb.RegisterPrefillRequest, pb.RegisterPrefillResponse]
 	Heartbeat       Unary[pb.HeartbeatRequest, pb.HeartbeatResponse]
-	BindRoom        Unary[pb.BindRoomRequest, pb.BindRoomResponse]
-	LookupDPRanks   Unary[pb.LookupDPRanksRequest, pb.LookupDPRanksResponse]
+	// DeregisterPrefill removes an instance that stops cleanly.
+	DeregisterPrefill Unary[pb.DeregisterPrefillRequest, pb.DeregisterPrefillResponse]
+	BindRoom          Unary[pb.BindRoomRequest, pb.BindRoomResponse]
+	LookupDPRanks     Unary[pb.LookupDPRanksRequest, pb.LookupDPRanksResponse]
 	// Staging.
 	SetupStaging    Unary[pb.SetupStagingRequest, pb.SetupStagingResponse]
 	AllocateStaging Unary[pb.AllocateStagingRequest, pb.AllocateStagingResponse]
@@ -161,6 +163,7 @@ func (t *Table) define() {
 
 	t.RegisterPrefill = unary(t, pb.Bootstrap_RegisterPrefill_FullMethodName, mutating, b.registerPrefill)
 	t.Heartbeat = unary(t, pb.Bootstrap_Heartbeat_FullMethodName, mutating, b.heartbeat)
+	t.DeregisterPrefill = unary(t, pb.Bootstrap_DeregisterPrefill_FullMethodName, mutating, b.deregisterPrefill)
 	t.BindRoom = unary(t, pb.Bootstrap_BindRoom_FullMethodName, mutating, b.bindRoom)
 	t.LookupDPRanks = unary(t, pb.Bootstrap_LookupDPRanks_FullMethodName, readOnly, b.lookupDPRanks)
 

@@ -53,6 +53,24 @@ class DecodeRankMapping(_message.Message):
     target_tp_ranks: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, decode_tp_rank: _Optional[int] = ..., target_tp_ranks: _Optional[_Iterable[int]] = ..., target_tp_rank: _Optional[int] = ..., target_cp_ranks: _Optional[_Iterable[int]] = ..., target_pp_ranks: _Optional[_Iterable[int]] = ..., required_dst_info_num: _Optional[int] = ..., required_prefill_response_num: _Optional[int] = ..., dummy_tp_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class DeregisterPrefillRequest(_message.Message):
+    __slots__ = ["bootstrap_addr", "instance_id", "reason"]
+    BOOTSTRAP_ADDR_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    bootstrap_addr: str
+    instance_id: str
+    reason: str
+    def __init__(self, bootstrap_addr: _Optional[str] = ..., instance_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeregisterPrefillResponse(_message.Message):
+    __slots__ = ["deregistered", "rooms_failed"]
+    DEREGISTERED_FIELD_NUMBER: _ClassVar[int]
+    ROOMS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    deregistered: bool
+    rooms_failed: int
+    def __init__(self, deregistered: bool = ..., rooms_failed: _Optional[int] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
     __slots__ = ["instance_id", "rank"]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
