@@ -66,6 +66,10 @@ type Self struct {
 	Version     string
 	StartedAt   time.Time
 	Layout      *pb.KVLayout
+	// Fingerprint is what a prefill must match for this daemon to accept
+	// its hand-offs (published in its record; the registration check of
+	// the other daemons reads it).
+	Fingerprint *pb.Fingerprint
 }
 
 // CapacityFeed sends this daemon's capacity to send: the current figures at
@@ -117,6 +121,9 @@ type Etcd struct {
 	synced    bool             // the view was built at least once
 	ownLease  clientv3.LeaseID // 0 until granted
 	heard     map[string]*heard
+	// rejected: why this daemon refused the fleet's registration of an
+	// instance (noteRejected), by bootstrap address.
+	rejected map[string]string
 	// startupWarned: the warning that etcd is unreachable since startup
 	// was logged (under startupMu, which orders it before the state).
 	startupWarned bool
@@ -177,7 +184,7 @@ func New(cfg EtcdConfig, deps Deps) (*Etcd, error) {
 		return nil, fmt.Errorf("registry.etcd: %w", err)
 	}
 	e := &Etcd{cfg: cfg, keys: keys{prefix: cfg.Prefix}, deps: deps, log: deps.Logger, obs: deps.Observer, cli: cli, now: deps.Now,
-		resync: make(chan struct{}, 1), kick: make(chan struct{}, 1), heard: map[string]*heard{}, view: newView()}
+		resync: make(chan struct{}, 1), kick: make(chan struct{}, 1), heard: map[string]*heard{}, rejected: map[string]string{}, view: newView()}
 	e.degraded, e.reason, e.since = true, "connecting to etcd", e.now()
 	e.obs.RegistryDegraded(true) // until the first view is built
 	return e, nil
@@ -429,6 +436,13 @@ func (e *Etcd) selfRecord(lease clientv3.LeaseID) (string, error) {
 		}
 		rec.Layout = b
 	}
+	if s.Fingerprint != nil {
+		b, err := protojson.Marshal(s.Fingerprint)
+		if err != nil {
+			return "", err
+		}
+		rec.Fingerprint = b
+	}
 	return encode(rec)
 }
 
@@ -518,6 +532,7 @@ func (e *Etcd) capacityLoop(ctx context.Context) {
 			seq++
 			u.Sequence = seq
 			u.Address = e.cfg.AdvertiseAddress
+			u.Fingerprint = nil // in the daemon's record, written once, not at every publication
 			b, err := protojson.Marshal(u)
 			if err != nil {
 				return err

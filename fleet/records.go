@@ -13,7 +13,7 @@ import (
 
 // The key layout under the prefix P (registry.etcd.prefix):
 //
-//	P daemons/<advertise_address>                      daemonRecord, the daemon's lease
+//	P daemons/<advertise_address>                      daemonRecord (with its fingerprint), the daemon's lease
 //	P capacity/<advertise_address>                     CapacityUpdate (protobuf JSON), the daemon's lease
 //	P prefills/<bootstrap_addr>/instance               instanceRecord, the instance's lease (a tombstone once it deregistered)
 //	P prefills/<bootstrap_addr>/ranks/<dp>.<cp>.<tp>.<pp>  rankRecord, the instance's lease
@@ -94,6 +94,9 @@ type daemonRecord struct {
 	Lease       int64     `json:"lease"`
 	// Layout is the decode KV layout as protobuf JSON (KVLayout).
 	Layout json.RawMessage `json:"layout,omitempty"`
+	// Fingerprint is what a prefill must match for this daemon to accept
+	// its hand-offs, as protobuf JSON (Fingerprint).
+	Fingerprint json.RawMessage `json:"fingerprint,omitempty"`
 }
 
 func (d daemonRecord) incarnation() uint64 {

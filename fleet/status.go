@@ -55,6 +55,9 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 		if c := e.view.capacity[addr]; c != nil {
 			d.Capacity = proto.CloneOf(c)
 		}
+		if f := e.view.fingerprints[addr]; f != nil {
+			d.Fingerprint = proto.CloneOf(f.wire)
+		}
 		sawSelf = sawSelf || d.Self
 		resp.Daemons = append(resp.Daemons, d)
 	}
@@ -62,7 +65,7 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 		// Not (yet) in the view: degraded since startup, or just started.
 		s := e.deps.Self
 		resp.Daemons = append(resp.Daemons, &pb.FleetDaemon{Address: self, Incarnation: s.Incarnation, Self: true, Version: s.Version,
-			StartedAt: timestamppb.New(s.StartedAt), Layout: s.Layout})
+			StartedAt: timestamppb.New(s.StartedAt), Layout: s.Layout, Fingerprint: proto.CloneOf(s.Fingerprint)})
 	}
 	for _, addr := range sortedKeys(e.view.instances) {
 		if len(resp.Prefills) == MaxListed {
@@ -95,6 +98,7 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 		}
 		resp.Prefills = append(resp.Prefills, p)
 	}
+	e.handOffs(resp)
 	return resp, nil
 }
 

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/decodeplane/decodeplane/kvmanager"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -24,6 +26,9 @@ type view struct {
 	daemons   map[string]daemonRecord
 	capacity  map[string]*pb.CapacityUpdate
 	instances map[string]*instanceView
+	// fingerprints are the daemons' published fingerprints (a daemon
+	// whose record has none, or one out of bounds, is not in it).
+	fingerprints map[string]*fingerprint
 }
 
 type instanceView struct {
@@ -32,7 +37,8 @@ type instanceView struct {
 }
 
 func newView() view {
-	return view{daemons: map[string]daemonRecord{}, capacity: map[string]*pb.CapacityUpdate{}, instances: map[string]*instanceView{}}
+	return view{daemons: map[string]daemonRecord{}, capacity: map[string]*pb.CapacityUpdate{}, instances: map[string]*instanceView{},
+		fingerprints: map[string]*fingerprint{}}
 }
 
 func (v *view) instance(addr string) *instanceView {
@@ -77,6 +83,15 @@ func (e *Etcd) put(v *view, key string, value []byte, rev int64) *change {
 				"advertise_address", addr, "their_incarnation", rec.Incarnation, "our_incarnation", fmt.Sprintf("%016x", e.deps.Self.Incarnation))
 		}
 		v.daemons[addr] = rec
+		f, err := parseFingerprint(rec.Fingerprint)
+		if err != nil {
+			e.log.Warn("fleet registry: ignoring a daemon's fingerprint out of its bounds (the daemon is taken to accept no prefill)", "key", key, "err", err)
+		}
+		if f != nil {
+			v.fingerprints[addr] = f
+		} else {
+			delete(v.fingerprints, addr)
+		}
 	case keyCapacity:
 		if len(value) > maxValueBytes {
 			return nil
@@ -142,6 +157,7 @@ func (e *Etcd) del(v *view, key string, rev int64) *change {
 	switch kind {
 	case keyDaemon:
 		delete(v.daemons, addr)
+		delete(v.fingerprints, addr)
 	case keyCapacity:
 		delete(v.capacity, addr)
 	case keyInstance:
@@ -319,7 +335,9 @@ func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
 		if e.deps.Rooms.PrefillKnown(reg) {
 			return
 		}
-		if _, err := e.deps.Rooms.RegisterPrefill(reg); err != nil {
+		_, err := e.deps.Rooms.RegisterPrefill(reg)
+		e.noteRejected(reg.Addr, c.rank.Via, err)
+		if err != nil {
 			e.obs.RegistryRejected()
 			e.log.Warn("fleet registry: a prefill registration of the fleet is not accepted by this daemon (is its decode layout the fleet's?)",
 				"bootstrap_addr", reg.Addr, "rank", rankID(reg).String(), "registered_via", c.rank.Via, "err", err)
@@ -329,6 +347,7 @@ func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
 	if c.gone == nil {
 		return
 	}
+	e.noteRejected(c.addr, "", nil)
 	if c.deregistered != "" {
 		// It stopped: never re-created, however recently it heartbeated.
 		e.mu.Lock()
@@ -347,6 +366,21 @@ func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
 		reason = fmt.Sprintf("its fleet registry lease expired: no rank heartbeated to any decode daemon of the fleet within registry.etcd.lease_ttl %s", e.cfg.LeaseTTL)
 	}
 	e.deps.Rooms.LosePrefill(c.addr, c.gone.rec.InstanceID, reason)
+}
+
+// noteRejected records why this daemon refused the fleet's registration
+// of the instance at addr, registered through via (err nil: it accepted
+// it, or the instance left): a heartbeat or session hello of its ranks here
+// is then refused with the reason (Heartbeat), not as unregistered.
+func (e *Etcd) noteRejected(addr, via string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err == nil || !errors.Is(err, kvmanager.ErrPrefillMismatch) {
+		delete(e.rejected, addr)
+		return
+	}
+	e.rejected[addr] = fmt.Sprintf("the prefill instance registered in the fleet through %s is not accepted by this decode daemon: %s", via,
+		strings.TrimPrefix(err.Error(), kvmanager.ErrPrefillMismatch.Error()+": "))
 }
 
 // heardRecently: the instance heartbeated here within three quarters of

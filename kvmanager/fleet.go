@@ -1,6 +1,9 @@
 package kvmanager
 
-import "github.com/decodeplane/decodeplane/kvmanager/registry"
+import (
+	"github.com/decodeplane/decodeplane/kvlayout"
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
+)
 
 // CheckedRegistration is a registration that passed every check this
 // daemon applies before recording it (CheckPrefill).
@@ -58,6 +61,13 @@ func (m *Manager) DeregisterPrefill(addr, instanceID, reason string) (removed bo
 	evs := m.reg.Lose(addr, instanceID, reason)
 	return len(evs) > 0, m.apply(evs)
 }
+
+// PrefillCompat checks a registration against a decode pool's fingerprint
+// as RegisterPrefill checks it against this daemon's own (registry.Compat):
+// nil when that pool can take the prefill's KV, else ErrPrefillMismatch
+// naming every difference (or an InvalidError for a kind that is none).
+// The fleet asks it of the other daemons' published fingerprints.
+func PrefillCompat(reg Registration, fp kvlayout.Fingerprint) error { return registry.Compat(reg, fp) }
 
 // PrefillAddrs lists the addresses of the prefill instances this daemon
 // knows, in no order (the fleet compares them with a fresh view).

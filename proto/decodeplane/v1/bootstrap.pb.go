@@ -167,7 +167,8 @@ func (x *ParallelInfo) GetSystemDpRank() uint32 {
 // head_dim must match and kv_lora_rank, qk_rope_head_dim must be unset; on an
 // MLA pool (mla, hybrid-mla) total_kv_heads must be unset or 1, head_dim
 // (one KV entry's width) and kv_lora_rank + qk_rope_head_dim must equal the
-// pool's latent width.
+// pool's latent width; model_name and model_revision must equal the
+// daemon's model.name and model.revision where both sides set them.
 type ModelFacts struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bounds: empty, or one of mha, gqa, mla, hybrid-mla, hybrid-swa,
@@ -183,6 +184,16 @@ type ModelFacts struct {
 	KvLoraRank uint32 `protobuf:"varint,5,opt,name=kv_lora_rank,json=kvLoraRank,proto3" json:"kv_lora_rank,omitempty"`
 	// bounds: 0..16384; 0 unless kv_pool_kind is empty, mla or hybrid-mla.
 	QkRopeHeadDim uint32 `protobuf:"varint,6,opt,name=qk_rope_head_dim,json=qkRopeHeadDim,proto3" json:"qk_rope_head_dim,omitempty"`
+	// model_name is the model the prefill serves (its --served-model-name);
+	// checked against the decode daemon's model.name when both are set.
+	// bounds: empty, or at most 256 bytes of printable UTF-8 without
+	// whitespace.
+	ModelName string `protobuf:"bytes,7,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
+	// model_revision is the model's revision (a commit hash or tag);
+	// checked against model.revision when both are set.
+	// bounds: empty, or at most 128 bytes of printable UTF-8 without
+	// whitespace.
+	ModelRevision string `protobuf:"bytes,8,opt,name=model_revision,json=modelRevision,proto3" json:"model_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -257,6 +268,20 @@ func (x *ModelFacts) GetQkRopeHeadDim() uint32 {
 		return x.QkRopeHeadDim
 	}
 	return 0
+}
+
+func (x *ModelFacts) GetModelName() string {
+	if x != nil {
+		return x.ModelName
+	}
+	return ""
+}
+
+func (x *ModelFacts) GetModelRevision() string {
+	if x != nil {
+		return x.ModelRevision
+	}
+	return ""
 }
 
 type RegisterPrefillRequest struct {
@@ -1304,7 +1329,7 @@ const file_decodeplane_v1_bootstrap_proto_rawDesc = "" +
 	"\app_rank\x18\b \x01(\rR\x06ppRank\x12$\n" +
 	"\x0esystem_dp_size\x18\t \x01(\rR\fsystemDpSize\x12$\n" +
 	"\x0esystem_dp_rank\x18\n" +
-	" \x01(\rR\fsystemDpRank\"\xd9\x01\n" +
+	" \x01(\rR\fsystemDpRank\"\x9f\x02\n" +
 	"\n" +
 	"ModelFacts\x12 \n" +
 	"\fkv_pool_kind\x18\x01 \x01(\tR\n" +
@@ -1315,7 +1340,10 @@ const file_decodeplane_v1_bootstrap_proto_rawDesc = "" +
 	"\bhead_dim\x18\x04 \x01(\rR\aheadDim\x12 \n" +
 	"\fkv_lora_rank\x18\x05 \x01(\rR\n" +
 	"kvLoraRank\x12'\n" +
-	"\x10qk_rope_head_dim\x18\x06 \x01(\rR\rqkRopeHeadDim\"\xd0\x03\n" +
+	"\x10qk_rope_head_dim\x18\x06 \x01(\rR\rqkRopeHeadDim\x12\x1d\n" +
+	"\n" +
+	"model_name\x18\a \x01(\tR\tmodelName\x12%\n" +
+	"\x0emodel_revision\x18\b \x01(\tR\rmodelRevision\"\xd0\x03\n" +
 	"\x16RegisterPrefillRequest\x12%\n" +
 	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12#\n" +
 	"\rrank_endpoint\x18\x02 \x01(\tR\frankEndpoint\x128\n" +

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -73,7 +74,7 @@ func (t *Table) memoryFleet() *pb.GetFleetResponse {
 		Registry: &pb.RegistryState{Backend: registryMemory, State: registryOK, Since: timestamppb.New(c.Started)},
 		Daemons: []*pb.FleetDaemon{{
 			Address: self, Incarnation: c.Incarnation, Self: true, Version: c.Version,
-			StartedAt: timestamppb.New(c.Started), Layout: layoutToProto(c.Layout),
+			StartedAt: timestamppb.New(c.Started), Layout: layoutToProto(c.Layout), Fingerprint: proto.CloneOf(t.fp),
 		}},
 	}
 	m := t.stat.m
@@ -87,6 +88,7 @@ func (t *Table) memoryFleet() *pb.GetFleetResponse {
 			RegisteredRanks: clampU32(p.Registered), ExpectedRanks: clampU32(p.Expected),
 			AttnTpSize: clampU32(p.Topology.AttnTP), DpSize: clampU32(p.Topology.DP), PpSize: clampU32(p.Topology.PP),
 			AttnCpSize: clampU32(p.Topology.AttnCP), Liveness: livenessHeartbeat, RegisteredVia: self,
+			HandOffDigests: []string{t.fp.GetDigest()}, // registered here: this daemon's own check accepted it
 		}
 		if !p.LastHeartbeat.IsZero() {
 			fp.HeardHere = timestamppb.New(p.LastHeartbeat)

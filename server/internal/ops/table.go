@@ -64,8 +64,11 @@ type Host interface {
 // ops (package session), the JSON gateway (package gateway) and SGLang's
 // HTTP routes (package httpboot).
 type Table struct {
-	cfg   Config
-	log   *slog.Logger
+	cfg Config
+	log *slog.Logger
+	// fp is the layout's fingerprint (Config.Layout), as every capacity
+	// update and the memory registry's GetFleet carry it (cloned).
+	fp    *pb.Fingerprint
 	reads map[string]bool // the ops that need no token
 
 	engine   engineRooms
@@ -127,7 +130,7 @@ func New(cfg Config) *Table {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	t := &Table{cfg: cfg, log: cfg.Logger, reads: map[string]bool{}}
+	t := &Table{cfg: cfg, log: cfg.Logger, reads: map[string]bool{}, fp: FingerprintProto(cfg.Layout.Fingerprint())}
 	if m := cfg.Manager; m != nil {
 		reg := cfg.Registrar
 		if reg == nil {
