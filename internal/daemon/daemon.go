@@ -202,6 +202,9 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		return nil, err
 	}
 	d.metrics = metrics.New()
+	if cfg.Server.SGLangMetrics {
+		d.metrics.EnableSGLang(metrics.SGLangLabels{ModelName: cfg.Model.Name, DPShards: cfg.Parallel.DP})
+	}
 	serverTLS, agentTLS, err := buildTLS(cfg, log, d.metrics.Registry())
 	if err != nil {
 		return nil, err
