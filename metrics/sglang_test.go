@@ -170,11 +170,12 @@ func TestSGLangValuesEqualDecodeplane(t *testing.T) {
 	fams := d.scrape(t)
 
 	gauge := func(name string, labels map[string]string) float64 { return value(fams, name, labels) }
-	checks := []struct {
+	type equality struct {
 		name       string
 		sglang, dp float64
 		want       float64
-	}{
+	}
+	checks := []equality{
 		{"sglang:num_decode_prealloc_queue_reqs", gauge("sglang:num_decode_prealloc_queue_reqs", nil),
 			gauge("decodeplane_admission_queue_depth", nil), 1},
 		{"sglang:num_decode_transfer_queue_reqs", gauge("sglang:num_decode_transfer_queue_reqs", nil),
@@ -192,17 +193,9 @@ func TestSGLangValuesEqualDecodeplane(t *testing.T) {
 		return n
 	}
 	checks = append(checks,
-		struct {
-			name       string
-			sglang, dp float64
-			want       float64
-		}{"sglang:num_bootstrap_failed_reqs_total", gauge("sglang:num_bootstrap_failed_reqs_total", nil),
+		equality{"sglang:num_bootstrap_failed_reqs_total", gauge("sglang:num_bootstrap_failed_reqs_total", nil),
 			failed("unspecified", "waiting_prefill", "resolving_dp_rank", "queued", "held"), 1},
-		struct {
-			name       string
-			sglang, dp float64
-			want       float64
-		}{"sglang:num_transfer_failed_reqs_total", gauge("sglang:num_transfer_failed_reqs_total", nil),
+		equality{"sglang:num_transfer_failed_reqs_total", gauge("sglang:num_transfer_failed_reqs_total", nil),
 			failed("admitted", "claimed", "transferring"), 1})
 	for _, c := range checks {
 		if c.sglang != c.dp || c.sglang != c.want {
