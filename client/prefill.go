@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -68,6 +70,55 @@ type Prefill struct {
 	registered chan struct{}
 	// beating counts the RunHeartbeat loops on the shared session.
 	beating int
+
+	// closed: Close was called; the rank neither beats nor registers.
+	// done is closed then (once), waking a unary RunHeartbeat.
+	closed    atomic.Bool
+	done      chan struct{}
+	closeOnce sync.Once
+	// regMu orders registrations before the deregistration: Register
+	// holds it shared for its RPC, Close takes it once closed is set, so
+	// that no registration sent before Close lands after its goodbye.
+	regMu sync.RWMutex
+}
+
+// errRankClosed is what a closed rank's Register and RunHeartbeat return.
+func errRankClosed(op string) *Error {
+	return localError(op, codes.Canceled, "the prefill rank was closed (Prefill.Close)")
+}
+
+// Close tells the daemon that the rank's prefill instance stops cleanly
+// (Bootstrap.DeregisterPrefill): the instance leaves the registry (with a
+// fleet registry, on every daemon) and its rooms still handing off fail at
+// once with FAILURE_CODE_PREFILL_LOST, instead of when its heartbeats have
+// been missing for their liveness bound. It first stops the rank: its
+// shared session ends (a RunHeartbeat returns ErrCanceled, hand-offs in
+// flight end with ErrCanceled) and Register refuses from then on, so that
+// no beat registers the instance again. Call it once the instance stops
+// serving, from any one of its ranks (it removes every rank of the
+// instance, named by bootstrap_addr and instance_id). Bounded by ctx;
+// retried on Unavailable; a second Close, or one for an instance already
+// gone, is nil. A closed Prefill stays closed: a new instance (or the same
+// one starting again) registers through a new Prefill.
+func (p *Prefill) Close(ctx context.Context) error {
+	_, err := p.Deregister(ctx, "")
+	return err
+}
+
+// Deregister is Close with a reason (logged by the daemon and named in
+// the rooms' failure; "" is "the prefill instance stopped"), returning the
+// daemon's answer: whether the instance was registered and how many of
+// that daemon's rooms failed.
+func (p *Prefill) Deregister(ctx context.Context, reason string) (*pb.DeregisterPrefillResponse, error) {
+	p.closeOnce.Do(func() {
+		p.closed.Store(true)
+		close(p.done)
+		p.mux.close()
+	})
+	p.regMu.Lock()   // a registration in flight lands first
+	p.regMu.Unlock() //nolint:staticcheck // an empty critical section: a barrier
+	req := &pb.DeregisterPrefillRequest{BootstrapAddr: p.reg.GetBootstrapAddr(), InstanceId: p.reg.GetInstanceId(), Reason: reason}
+	return invoke(ctx, p.c, pb.Bootstrap_DeregisterPrefill_FullMethodName, req, p.c.boot.DeregisterPrefill)
 }
 
 // PrefillOption configures a Prefill.
@@ -108,7 +159,7 @@ func (c *Client) Prefill(reg *pb.RegisterPrefillRequest, opts ...PrefillOption) 
 	if par.GetSystemDpSize() > 1 {
 		dp = par.GetSystemDpRank()
 	}
-	p := &Prefill{c: c, reg: reg, rank: &pb.PrefillRank{
+	p := &Prefill{c: c, reg: reg, done: make(chan struct{}), rank: &pb.PrefillRank{
 		BootstrapAddr: reg.GetBootstrapAddr(),
 		DpRank:        dp,
 		CpRank:        par.GetAttnCpRank(),
@@ -138,6 +189,11 @@ func (p *Prefill) Rank() *pb.PrefillRank { return proto.CloneOf(p.rank) }
 // message; parallel sizes that contradict the instance's other ranks),
 // ErrUnauthenticated. Safe to repeat; retried on Unavailable.
 func (p *Prefill) Register(ctx context.Context) (*pb.RegisterPrefillResponse, error) {
+	p.regMu.RLock()
+	defer p.regMu.RUnlock()
+	if p.closed.Load() {
+		return nil, errRankClosed(opName(pb.Bootstrap_RegisterPrefill_FullMethodName))
+	}
 	resp, err := invoke(ctx, p.c, pb.Bootstrap_RegisterPrefill_FullMethodName, p.reg, p.c.boot.RegisterPrefill)
 	if err != nil {
 		return nil, err
@@ -237,6 +293,8 @@ func (p *Prefill) RunHeartbeat(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-p.done:
+			return errRankClosed("Heartbeat")
 		case <-t.C:
 		}
 		if err := p.beat(ctx); err != nil {

@@ -48,6 +48,9 @@ func (h *sessionBeats) round(ctx context.Context) error {
 		return err
 	}
 	if h.m.isClosed() {
+		if p.closed.Load() {
+			return errRankClosed(muxOp)
+		}
 		return errMuxClosed()
 	}
 	if p.Registration() == nil || p.mustReregister() {

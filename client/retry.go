@@ -111,8 +111,10 @@ var retryTable = map[string]retryClass{
 	// bindings overwrite; lookups read.
 	pb.Bootstrap_RegisterPrefill_FullMethodName: retrySafe,
 	pb.Bootstrap_Heartbeat_FullMethodName:       retrySafe,
-	pb.Bootstrap_BindRoom_FullMethodName:        retrySafe,
-	pb.Bootstrap_LookupDPRanks_FullMethodName:   retrySafe,
+	// A second deregistration finds nothing to remove (deregistered false).
+	pb.Bootstrap_DeregisterPrefill_FullMethodName: retrySafe,
+	pb.Bootstrap_BindRoom_FullMethodName:          retrySafe,
+	pb.Bootstrap_LookupDPRanks_FullMethodName:     retrySafe,
 
 	// Rooms.
 	// OpenRoom: a repeat without a key would see AlreadyExists for a room

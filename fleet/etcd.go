@@ -33,6 +33,7 @@ type Rooms interface {
 	LosePrefill(addr, instanceID, reason string) int
 	Heartbeat(kvmanager.RankID, string) (time.Duration, int, error)
 	TouchPrefill(addr, instanceID string) bool
+	DeregisterPrefill(addr, instanceID, reason string) (removed bool, roomsFailed int)
 }
 
 // Observer counts what the registry does (the daemon's metrics); every
@@ -41,8 +42,8 @@ type Observer interface {
 	// RegistryDegraded reports the state: true while etcd is unreachable.
 	RegistryDegraded(degraded bool)
 	// RegistryError counts one failed etcd request by operation
-	// ("register", "keepalive", "publish_capacity", "snapshot", "watch",
-	// "session").
+	// ("register", "deregister", "keepalive", "publish_capacity",
+	// "snapshot", "watch", "session").
 	RegistryError(op string)
 	// RegistryRebuilt counts one rebuild of the cached view from a fresh
 	// revision.
@@ -65,6 +66,10 @@ type Self struct {
 	Version     string
 	StartedAt   time.Time
 	Layout      *pb.KVLayout
+	// Fingerprint is what a prefill must match for this daemon to accept
+	// its hand-offs (published in its record; the registration check of
+	// the other daemons reads it).
+	Fingerprint *pb.Fingerprint
 }
 
 // CapacityFeed sends this daemon's capacity to send: the current figures at
@@ -116,6 +121,17 @@ type Etcd struct {
 	synced    bool             // the view was built at least once
 	ownLease  clientv3.LeaseID // 0 until granted
 	heard     map[string]*heard
+	// rejected: why this daemon refused the fleet's registration of an
+	// instance (noteRejected), by bootstrap address.
+	rejected map[string]string
+	// startupWarned: the warning that etcd is unreachable since startup
+	// was logged (under startupMu, which orders it before the state).
+	startupWarned bool
+	startupMu     sync.Mutex
+
+	// afterKeepAlive, when set (tests only, before Run), runs between the
+	// answer to this daemon's keepalive and its check against the view.
+	afterKeepAlive func()
 }
 
 // heard is what this daemon knows of an instance's heartbeats to it.
@@ -168,7 +184,7 @@ func New(cfg EtcdConfig, deps Deps) (*Etcd, error) {
 		return nil, fmt.Errorf("registry.etcd: %w", err)
 	}
 	e := &Etcd{cfg: cfg, keys: keys{prefix: cfg.Prefix}, deps: deps, log: deps.Logger, obs: deps.Observer, cli: cli, now: deps.Now,
-		resync: make(chan struct{}, 1), kick: make(chan struct{}, 1), heard: map[string]*heard{}, view: newView()}
+		resync: make(chan struct{}, 1), kick: make(chan struct{}, 1), heard: map[string]*heard{}, rejected: map[string]string{}, view: newView()}
 	e.degraded, e.reason, e.since = true, "connecting to etcd", e.now()
 	e.obs.RegistryDegraded(true) // until the first view is built
 	return e, nil
@@ -259,6 +275,37 @@ func (e *Etcd) setState(degraded bool, reason string) {
 	}
 }
 
+// startupFix is what to check when etcd has not answered since startup.
+const startupFix = "check that etcd runs and that this host reaches it at registry.etcd.endpoints (address, port, firewall; " +
+	"an https:// endpoint needs registry.etcd.tls; an etcd with authentication needs registry.etcd.username and a password); " +
+	"the daemon connects by itself once etcd answers"
+
+// unreachable records that etcd did not answer a request of the session
+// or view loop: the registry is degraded. Until the first view was built
+// (etcd unreachable since startup) the reason says so, and the first such
+// failure is logged as a warning with the fix.
+func (e *Etcd) unreachable(err error) {
+	// Both loops fail at startup: the warning is logged before either
+	// reports the state, once.
+	e.startupMu.Lock()
+	defer e.startupMu.Unlock()
+	e.mu.Lock()
+	synced, warned := e.synced, e.startupWarned
+	if !synced {
+		e.startupWarned = true
+	}
+	e.mu.Unlock()
+	if synced {
+		e.setState(true, "etcd unreachable: "+err.Error())
+		return
+	}
+	if !warned {
+		e.log.Warn("fleet registry: etcd is unreachable since startup: rooms are served on an empty view (no prefill instance of the fleet is known) and prefill registrations are refused until etcd answers",
+			"endpoints", e.cfg.Endpoints, "err", err, "fix", startupFix)
+	}
+	e.setState(true, fmt.Sprintf("etcd unreachable since startup at registry.etcd.endpoints %s (%v): %s", e.cfg.Endpoints, err, startupFix))
+}
+
 // wantResync asks the view loop for a rebuild from a fresh revision.
 func (e *Etcd) wantResync() {
 	select {
@@ -296,7 +343,7 @@ func (e *Etcd) sessionLoop(ctx context.Context) {
 				return
 			}
 			e.obs.RegistryError("session")
-			e.setState(true, "etcd unreachable: "+err.Error())
+			e.unreachable(err)
 		} else {
 			if wasDegraded && synced {
 				// Reachable again: the view is rebuilt from a fresh revision
@@ -325,21 +372,25 @@ func (e *Etcd) sessionLoop(ctx context.Context) {
 // also the probe of etcd.
 func (e *Etcd) keepSession(ctx context.Context, lastRecord *time.Time) error {
 	e.mu.Lock()
-	lease := e.ownLease
+	// viewRev is read before the request: the watch loop and this daemon's
+	// own publications advance the view while the keepalive is in flight,
+	// past the revision etcd answers it at, which is no sign of anything.
+	lease, viewRev := e.ownLease, e.view.rev
 	e.mu.Unlock()
 	rctx, cancel := e.requestCtx(ctx)
 	defer cancel()
 	if lease != 0 {
 		ka, err := e.cli.KeepAliveOnce(rctx, lease)
+		if h := e.afterKeepAlive; h != nil {
+			h()
+		}
 		if err == nil {
-			e.mu.Lock()
-			behind := ka.ResponseHeader != nil && ka.Revision < e.view.rev
-			e.mu.Unlock()
-			if behind {
-				// etcd's revision went back: it lost its data (restored or
-				// re-created); the view's watch would wait for a revision
+			if ka.ResponseHeader != nil && ka.Revision < viewRev {
+				// etcd answers at a revision below one the view had reached
+				// before the request was sent: etcd lost its data (restored
+				// or re-created); the view's watch would wait for a revision
 				// that may never come.
-				e.log.Warn("fleet registry: etcd's revision is behind the view's; rebuilding the view", "etcd_revision", ka.Revision)
+				e.log.Warn("fleet registry: etcd's revision is behind the view's; rebuilding the view", "etcd_revision", ka.Revision, "view_revision", viewRev)
 				e.wantResync()
 			}
 			if e.now().Sub(*lastRecord) < e.cfg.LeaseTTL/3 {
@@ -385,6 +436,13 @@ func (e *Etcd) selfRecord(lease clientv3.LeaseID) (string, error) {
 		}
 		rec.Layout = b
 	}
+	if s.Fingerprint != nil {
+		b, err := protojson.Marshal(s.Fingerprint)
+		if err != nil {
+			return "", err
+		}
+		rec.Fingerprint = b
+	}
 	return encode(rec)
 }
 
@@ -417,7 +475,7 @@ func (e *Etcd) keepInstances(ctx context.Context) bool {
 			continue
 		}
 		inst := e.view.instances[addr]
-		if inst == nil || inst.rec.Lease == 0 {
+		if !inst.live() {
 			continue
 		}
 		todo = append(todo, due{addr, clientv3.LeaseID(inst.rec.Lease)})
@@ -474,6 +532,7 @@ func (e *Etcd) capacityLoop(ctx context.Context) {
 			seq++
 			u.Sequence = seq
 			u.Address = e.cfg.AdvertiseAddress
+			u.Fingerprint = nil // in the daemon's record, written once, not at every publication
 			b, err := protojson.Marshal(u)
 			if err != nil {
 				return err

@@ -35,7 +35,16 @@ type member struct {
 // startMember starts a daemon of the fleet on e, advertised as addr.
 func startMember(t *testing.T, e *etcdtest.Server, addr string, ttl time.Duration) *member {
 	t.Helper()
+	return startMemberWith(t, e, addr, ttl, nil)
+}
+
+// startMemberWith is startMember with mod applied to the configuration.
+func startMemberWith(t *testing.T, e *etcdtest.Server, addr string, ttl time.Duration, mod func(*config.Config)) *member {
+	t.Helper()
 	d := daemontest.Start(t, daemontest.Options{Config: func(c *config.Config) {
+		if mod != nil {
+			defer mod(c)
+		}
 		c.Timeouts.HeartbeatInterval = 2 * time.Second
 		c.Registry.Backend = fleet.BackendEtcd
 		c.Registry.Etcd.Endpoints = e.Endpoint()

@@ -13,9 +13,9 @@ import (
 
 // The key layout under the prefix P (registry.etcd.prefix):
 //
-//	P daemons/<advertise_address>                      daemonRecord, the daemon's lease
+//	P daemons/<advertise_address>                      daemonRecord (with its fingerprint), the daemon's lease
 //	P capacity/<advertise_address>                     CapacityUpdate (protobuf JSON), the daemon's lease
-//	P prefills/<bootstrap_addr>/instance               instanceRecord, the instance's lease
+//	P prefills/<bootstrap_addr>/instance               instanceRecord, the instance's lease (a tombstone once it deregistered)
 //	P prefills/<bootstrap_addr>/ranks/<dp>.<cp>.<tp>.<pp>  rankRecord, the instance's lease
 //
 // Addresses are path-escaped (url.PathEscape), so a key never holds a
@@ -94,6 +94,9 @@ type daemonRecord struct {
 	Lease       int64     `json:"lease"`
 	// Layout is the decode KV layout as protobuf JSON (KVLayout).
 	Layout json.RawMessage `json:"layout,omitempty"`
+	// Fingerprint is what a prefill must match for this daemon to accept
+	// its hand-offs, as protobuf JSON (Fingerprint).
+	Fingerprint json.RawMessage `json:"fingerprint,omitempty"`
 }
 
 func (d daemonRecord) incarnation() uint64 {
@@ -110,6 +113,10 @@ type instanceRecord struct {
 	Lease         int64     `json:"lease"`
 	RegisteredVia string    `json:"registered_via"`
 	CreatedAt     time.Time `json:"created_at"`
+	// Deregistered, when set, marks the record a tombstone: the instance
+	// deregistered (Bootstrap.DeregisterPrefill) for this reason, and its
+	// lease is being revoked. No daemon counts it live or re-creates it.
+	Deregistered string `json:"deregistered,omitempty"`
 
 	rev int64 // the revision the view holds it at (not stored)
 }

@@ -22,6 +22,9 @@ import (
 // nowhere. The registration counts as the instance's heartbeat here.
 func (e *Etcd) RegisterPrefill(ctx context.Context, reg kvmanager.Registration) (kvmanager.RegistrationResult, error) {
 	c, err := e.deps.Rooms.CheckPrefill(reg)
+	if errors.Is(err, kvmanager.ErrPrefillMismatch) {
+		return kvmanager.RegistrationResult{}, e.fleetRefusal(reg, err)
+	}
 	if err != nil {
 		return kvmanager.RegistrationResult{}, err
 	}
@@ -50,6 +53,7 @@ func (e *Etcd) RegisterPrefill(ctx context.Context, reg kvmanager.Registration) 
 		}
 		return kvmanager.RegistrationResult{}, fmt.Errorf("%w: the registration could not be recorded in etcd (%v); retry", kvmanager.ErrRegistryUnavailable, err)
 	}
+	e.noteRejected(reg.Addr, "", nil)
 	return e.deps.Rooms.RecordPrefill(c)
 }
 
@@ -60,6 +64,13 @@ func (e *Etcd) Heartbeat(ctx context.Context, rank kvmanager.RankID, instanceID 
 	iv, mf, err := e.deps.Rooms.Heartbeat(rank, instanceID)
 	if err == nil {
 		e.noteHeard(rank.Addr)
+	} else if errors.Is(err, kvmanager.ErrPrefillNotFound) {
+		e.mu.Lock()
+		why := e.rejected[rank.Addr]
+		e.mu.Unlock()
+		if why != "" {
+			return 0, 0, fmt.Errorf("%w: %s", kvmanager.ErrPrefillMismatch, why)
+		}
 	}
 	return iv, mf, err
 }
@@ -113,8 +124,8 @@ func (e *Etcd) publishOnce(ctx context.Context, reg kvmanager.Registration, inst
 		var modRev int64
 		if len(g.Kvs) == 1 {
 			modRev = g.Kvs[0].ModRevision
-			if rec, err := decode[instanceRecord](g.Kvs[0].Value); err == nil && rec.Lease != 0 {
-				cur = &rec
+			if rec, err := decode[instanceRecord](g.Kvs[0].Value); err == nil && rec.Lease != 0 && rec.Deregistered == "" {
+				cur = &rec // a tombstone is no instance: a new one is created over it
 			}
 		}
 		if cur != nil && (reg.InstanceID == "" || cur.InstanceID == "" || cur.InstanceID == reg.InstanceID) {

@@ -55,6 +55,9 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 		if c := e.view.capacity[addr]; c != nil {
 			d.Capacity = proto.CloneOf(c)
 		}
+		if f := e.view.fingerprints[addr]; f != nil {
+			d.Fingerprint = proto.CloneOf(f.wire)
+		}
 		sawSelf = sawSelf || d.Self
 		resp.Daemons = append(resp.Daemons, d)
 	}
@@ -62,7 +65,7 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 		// Not (yet) in the view: degraded since startup, or just started.
 		s := e.deps.Self
 		resp.Daemons = append(resp.Daemons, &pb.FleetDaemon{Address: self, Incarnation: s.Incarnation, Self: true, Version: s.Version,
-			StartedAt: timestamppb.New(s.StartedAt), Layout: s.Layout})
+			StartedAt: timestamppb.New(s.StartedAt), Layout: s.Layout, Fingerprint: proto.CloneOf(s.Fingerprint)})
 	}
 	for _, addr := range sortedKeys(e.view.instances) {
 		if len(resp.Prefills) == MaxListed {
@@ -70,6 +73,9 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 			break
 		}
 		iv := e.view.instances[addr]
+		if iv.rec.Deregistered != "" {
+			continue // deregistered: its lease is being revoked
+		}
 		p := &pb.FleetPrefill{BootstrapAddr: addr, InstanceId: iv.rec.InstanceID, Liveness: "lease", LeaseId: iv.rec.Lease, RegisteredVia: iv.rec.RegisteredVia}
 		for _, r := range iv.ranks {
 			if r.InstanceID != iv.rec.InstanceID {
@@ -92,8 +98,26 @@ func (e *Etcd) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 		}
 		resp.Prefills = append(resp.Prefills, p)
 	}
+	e.handOffs(resp)
 	return resp, nil
 }
 
 // LeaseTTL is registry.etcd.lease_ttl.
 func (e *Etcd) LeaseTTL() time.Duration { return e.cfg.LeaseTTL }
+
+// PrefillLease is the instance at addr as the view holds it, for
+// Admin.GetStatus: its lease, the last heartbeat (or registration) this
+// daemon received from any of its ranks (zero when none), the daemon that
+// created its record; ok is false when the view does not hold it.
+func (e *Etcd) PrefillLease(addr string) (lease int64, heardHere time.Time, registeredVia string, ok bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	iv := e.view.instances[addr]
+	if !iv.live() {
+		return 0, time.Time{}, "", false
+	}
+	if h := e.heard[addr]; h != nil {
+		heardHere = h.at
+	}
+	return iv.rec.Lease, heardHere, iv.rec.RegisteredVia, true
+}

@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/decodeplane/decodeplane/kvmanager"
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
@@ -24,6 +26,9 @@ type view struct {
 	daemons   map[string]daemonRecord
 	capacity  map[string]*pb.CapacityUpdate
 	instances map[string]*instanceView
+	// fingerprints are the daemons' published fingerprints (a daemon
+	// whose record has none, or one out of bounds, is not in it).
+	fingerprints map[string]*fingerprint
 }
 
 type instanceView struct {
@@ -32,7 +37,8 @@ type instanceView struct {
 }
 
 func newView() view {
-	return view{daemons: map[string]daemonRecord{}, capacity: map[string]*pb.CapacityUpdate{}, instances: map[string]*instanceView{}}
+	return view{daemons: map[string]daemonRecord{}, capacity: map[string]*pb.CapacityUpdate{}, instances: map[string]*instanceView{},
+		fingerprints: map[string]*fingerprint{}}
 }
 
 func (v *view) instance(addr string) *instanceView {
@@ -50,6 +56,14 @@ type change struct {
 	rank *rankRecord   // a registration to record (if not already)
 	gone *instanceView // an instance whose records left the registry
 	addr string        // gone's address
+	// deregistered is why gone deregistered ("": its lease ended).
+	deregistered string
+}
+
+// live reports whether the view holds a live record of the instance: under
+// a lease, not a tombstone.
+func (iv *instanceView) live() bool {
+	return iv != nil && iv.rec.Lease != 0 && iv.rec.Deregistered == ""
 }
 
 // put applies one key's new value, written at revision rev, to the view
@@ -69,6 +83,15 @@ func (e *Etcd) put(v *view, key string, value []byte, rev int64) *change {
 				"advertise_address", addr, "their_incarnation", rec.Incarnation, "our_incarnation", fmt.Sprintf("%016x", e.deps.Self.Incarnation))
 		}
 		v.daemons[addr] = rec
+		f, err := parseFingerprint(rec.Fingerprint)
+		if err != nil {
+			e.log.Warn("fleet registry: ignoring a daemon's fingerprint out of its bounds (the daemon is taken to accept no prefill)", "key", key, "err", err)
+		}
+		if f != nil {
+			v.fingerprints[addr] = f
+		} else {
+			delete(v.fingerprints, addr)
+		}
 	case keyCapacity:
 		if len(value) > maxValueBytes {
 			return nil
@@ -90,6 +113,16 @@ func (e *Etcd) put(v *view, key string, value []byte, rev int64) *change {
 			return nil // an older write than the view holds
 		}
 		rec.rev = rev
+		if rec.Deregistered != "" {
+			// A tombstone: the instance deregistered. Its rooms fail here
+			// once (not again when its records leave with the lease).
+			was := *iv
+			iv.rec, iv.ranks = rec, map[string]rankRecord{}
+			if was.live() && (was.rec.InstanceID == rec.InstanceID || rec.InstanceID == "") {
+				return &change{gone: &was, addr: addr, deregistered: rec.Deregistered}
+			}
+			return nil
+		}
 		if iv.rec.InstanceID != rec.InstanceID {
 			for k, r := range iv.ranks {
 				if r.InstanceID != rec.InstanceID {
@@ -110,7 +143,7 @@ func (e *Etcd) put(v *view, key string, value []byte, rev int64) *change {
 		}
 		rec.rev = rev
 		iv.ranks[key] = rec
-		if iv.rec.Lease == 0 || rec.InstanceID != iv.rec.InstanceID {
+		if !iv.live() || rec.InstanceID != iv.rec.InstanceID {
 			return nil // not (or no longer) of the instance on record
 		}
 		return &change{rank: &rec}
@@ -124,6 +157,7 @@ func (e *Etcd) del(v *view, key string, rev int64) *change {
 	switch kind {
 	case keyDaemon:
 		delete(v.daemons, addr)
+		delete(v.fingerprints, addr)
 	case keyCapacity:
 		delete(v.capacity, addr)
 	case keyInstance:
@@ -132,7 +166,7 @@ func (e *Etcd) del(v *view, key string, rev int64) *change {
 			return nil // unknown, or re-written here after the deletion
 		}
 		delete(v.instances, addr)
-		if iv.rec.Lease != 0 {
+		if iv.live() {
 			return &change{gone: iv, addr: addr}
 		}
 	case keyRank:
@@ -155,7 +189,7 @@ func (e *Etcd) viewLoop(ctx context.Context) {
 				return
 			}
 			e.obs.RegistryError("snapshot")
-			e.setState(true, "etcd unreachable: "+err.Error())
+			e.unreachable(err)
 			select {
 			case <-ctx.Done():
 				return
@@ -255,8 +289,12 @@ func (e *Etcd) rebuild(ctx context.Context) (int64, error) {
 	var changes []*change
 	gone := map[string]bool{}
 	for addr, oi := range old.instances {
-		if ni := nv.instances[addr]; (ni == nil || ni.rec.Lease == 0) && oi.rec.Lease != 0 {
-			changes = append(changes, &change{gone: oi, addr: addr})
+		if ni := nv.instances[addr]; !ni.live() && oi.live() {
+			c := &change{gone: oi, addr: addr}
+			if ni != nil {
+				c.deregistered = ni.rec.Deregistered
+			}
+			changes = append(changes, c)
 			gone[addr] = true
 		}
 	}
@@ -264,13 +302,17 @@ func (e *Etcd) rebuild(ctx context.Context) (int64, error) {
 	// the old view did not either (recorded here while their records were
 	// being removed): lost too, with no records to re-create them from.
 	for _, addr := range known {
-		if ni := nv.instances[addr]; (ni == nil || ni.rec.Lease == 0) && !gone[addr] {
-			changes = append(changes, &change{gone: &instanceView{}, addr: addr})
+		if ni := nv.instances[addr]; !ni.live() && !gone[addr] {
+			c := &change{gone: &instanceView{}, addr: addr}
+			if ni != nil {
+				c.deregistered = ni.rec.Deregistered
+			}
+			changes = append(changes, c)
 		}
 	}
 	for _, ni := range nv.instances {
 		for _, r := range ni.ranks {
-			if ni.rec.Lease != 0 && r.InstanceID == ni.rec.InstanceID {
+			if ni.live() && r.InstanceID == ni.rec.InstanceID {
 				changes = append(changes, &change{rank: &r})
 			}
 		}
@@ -293,7 +335,9 @@ func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
 		if e.deps.Rooms.PrefillKnown(reg) {
 			return
 		}
-		if _, err := e.deps.Rooms.RegisterPrefill(reg); err != nil {
+		_, err := e.deps.Rooms.RegisterPrefill(reg)
+		e.noteRejected(reg.Addr, c.rank.Via, err)
+		if err != nil {
 			e.obs.RegistryRejected()
 			e.log.Warn("fleet registry: a prefill registration of the fleet is not accepted by this daemon (is its decode layout the fleet's?)",
 				"bootstrap_addr", reg.Addr, "rank", rankID(reg).String(), "registered_via", c.rank.Via, "err", err)
@@ -301,6 +345,15 @@ func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
 		return
 	}
 	if c.gone == nil {
+		return
+	}
+	e.noteRejected(c.addr, "", nil)
+	if c.deregistered != "" {
+		// It stopped: never re-created, however recently it heartbeated.
+		e.mu.Lock()
+		delete(e.heard, c.addr)
+		e.mu.Unlock()
+		e.deps.Rooms.LosePrefill(c.addr, c.gone.rec.InstanceID, c.deregistered)
 		return
 	}
 	if e.heardRecently(c.addr) && e.reattach(ctx, c.addr, c.gone) {
@@ -313,6 +366,21 @@ func (e *Etcd) applyChange(ctx context.Context, c *change, rebuilt bool) {
 		reason = fmt.Sprintf("its fleet registry lease expired: no rank heartbeated to any decode daemon of the fleet within registry.etcd.lease_ttl %s", e.cfg.LeaseTTL)
 	}
 	e.deps.Rooms.LosePrefill(c.addr, c.gone.rec.InstanceID, reason)
+}
+
+// noteRejected records why this daemon refused the fleet's registration
+// of the instance at addr, registered through via (err nil: it accepted
+// it, or the instance left): a heartbeat or session hello of its ranks here
+// is then refused with the reason (Heartbeat), not as unregistered.
+func (e *Etcd) noteRejected(addr, via string, err error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err == nil || !errors.Is(err, kvmanager.ErrPrefillMismatch) {
+		delete(e.rejected, addr)
+		return
+	}
+	e.rejected[addr] = fmt.Sprintf("the prefill instance registered in the fleet through %s is not accepted by this decode daemon: %s", via,
+		strings.TrimPrefix(err.Error(), kvmanager.ErrPrefillMismatch.Error()+": "))
 }
 
 // heardRecently: the instance heartbeated here within three quarters of

@@ -25,6 +25,9 @@ type Config struct {
 	Staging StagingConfig `yaml:"staging"`
 	// Admission holds the admission budget knobs (admission).
 	Admission AdmissionConfig `yaml:"admission"`
+	// Model names the served model (model; optional): part of the
+	// fingerprint, checked against a prefill that names its model.
+	Model ModelConfig `yaml:"model"`
 }
 
 // PoolConfig is the decode KV pool of one DP shard (kv_pool).
@@ -281,6 +284,11 @@ type Layout struct {
 	DSAIndexBytes int // indexer-K bytes per token per layer (hybrid-mla): 132
 	// Owner is kv_pool.owner: who chooses the rooms' pages.
 	Owner Owner
+	// KVLoraRank and QKRopeHeadDim are MLA's dimensions (0 elsewhere):
+	// HeadDim is their sum.
+	KVLoraRank, QKRopeHeadDim int
+	// ModelName and ModelRevision are model.name and model.revision.
+	ModelName, ModelRevision string
 }
 
 // dsaIndexKBytesPerToken is one DSA indexer-K entry: a 128-byte key plus a
@@ -303,11 +311,13 @@ func (c Config) Layout() Layout {
 		TotalPages: p.Pages(),
 		StateTypes: p.Kind.StateTypes(),
 		Owner:      p.Owner,
+		ModelName:  c.Model.Name, ModelRevision: c.Model.Revision,
 	}
 	l.DType, _ = CanonicalDType(p.DType)
 	l.DTypeBytes = dtypeBytes[l.DType]
 	if l.IsMLA {
 		l.HeadDim = p.KVLoraRank + p.QKRopeHeadDim
+		l.KVLoraRank, l.QKRopeHeadDim = p.KVLoraRank, p.QKRopeHeadDim
 	} else {
 		l.TotalKVHeads = p.KVHeads
 		l.HeadsPerRank = max(1, p.KVHeads/l.AttnTP)

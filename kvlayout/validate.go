@@ -76,6 +76,7 @@ func (c Config) Validate() error {
 	c.validateStaging(v)
 	c.validateDCP(v)
 	c.validateAdmission(v)
+	c.Model.validate(v)
 	return errors.Join(v.errs...)
 }
 

@@ -1,6 +1,9 @@
 package kvmanager
 
-import "github.com/decodeplane/decodeplane/kvmanager/registry"
+import (
+	"github.com/decodeplane/decodeplane/kvlayout"
+	"github.com/decodeplane/decodeplane/kvmanager/registry"
+)
 
 // CheckedRegistration is a registration that passed every check this
 // daemon applies before recording it (CheckPrefill).
@@ -48,6 +51,23 @@ func (m *Manager) PrefillKnown(reg Registration) bool { return m.reg.Known(reg) 
 func (m *Manager) LosePrefill(addr, instanceID, reason string) int {
 	return m.apply(m.reg.Lose(addr, instanceID, reason))
 }
+
+// DeregisterPrefill forgets the prefill instance at addr because it
+// stopped cleanly (Bootstrap.DeregisterPrefill) and fails its rooms still
+// handing off with FailurePrefillLost and a message that names reason.
+// removed is false when there was nothing to forget: addr unknown, or the
+// instance there is not instanceID ("" matches any).
+func (m *Manager) DeregisterPrefill(addr, instanceID, reason string) (removed bool, roomsFailed int) {
+	evs := m.reg.Lose(addr, instanceID, reason)
+	return len(evs) > 0, m.apply(evs)
+}
+
+// PrefillCompat checks a registration against a decode pool's fingerprint
+// as RegisterPrefill checks it against this daemon's own (registry.Compat):
+// nil when that pool can take the prefill's KV, else ErrPrefillMismatch
+// naming every difference (or an InvalidError for a kind that is none).
+// The fleet asks it of the other daemons' published fingerprints.
+func PrefillCompat(reg Registration, fp kvlayout.Fingerprint) error { return registry.Compat(reg, fp) }
 
 // PrefillAddrs lists the addresses of the prefill instances this daemon
 // knows, in no order (the fleet compares them with a fresh view).

@@ -23,8 +23,9 @@ type Observer interface {
 	// DestinationLatency is the time from OpenRoom to admission (the
 	// destination is ready for prefill).
 	DestinationLatency(d time.Duration)
-	// TransferLatency is the time from admission to success.
-	TransferLatency(d time.Duration)
+	// TransferLatency is the time from admission to success and the KV
+	// bytes the room's chunks landed (0 when none reported bytes).
+	TransferLatency(d time.Duration, bytes uint64)
 	// ChunkDone is one chunk that landed (ok) or failed; d < 0 means the
 	// duration is unknown (the prefill moved the chunk itself).
 	ChunkDone(bytes int64, d time.Duration, ok bool)
@@ -67,7 +68,7 @@ func (NopObserver) RoomPhase(from, to Phase)                       {}
 func (NopObserver) RoomForgotten(p Phase)                          {}
 func (NopObserver) RoomFinished(Phase, FailureCode, time.Duration) {}
 func (NopObserver) DestinationLatency(time.Duration)               {}
-func (NopObserver) TransferLatency(time.Duration)                  {}
+func (NopObserver) TransferLatency(time.Duration, uint64)          {}
 func (NopObserver) ChunkDone(int64, time.Duration, bool)           {}
 func (NopObserver) DPRankResolved(DPRule)                          {}
 func (NopObserver) DPRankResolvedN(DPRule, int)                    {}

@@ -251,7 +251,7 @@ func (sh *shard) apply(e *entry, ef *room.Effects) {
 	}
 	if ef.Finished {
 		if ef.Outcome == PhaseSucceeded {
-			m.obs.TransferLatency(ef.Transferred)
+			m.obs.TransferLatency(ef.Transferred, ef.TransferredBytes)
 		}
 		m.obs.RoomFinished(ef.Outcome, ef.Code, ef.SinceOpen)
 	}

@@ -40,12 +40,16 @@ type Metrics struct {
 	session sessionMetrics
 	// registry: the fleet registry (registry.go).
 	registry registryMetrics
+	// sglang: the sglang:* metrics (sglang.go); nil unless EnableSGLang.
+	sglang *sglangMetrics
 
 	rooms             *prometheus.GaugeVec
 	finished          *prometheus.CounterVec
 	handoff           *prometheus.HistogramVec
 	openToDest        prometheus.Histogram
 	destToSuccess     prometheus.Histogram
+	transferSpeed     prometheus.Histogram
+	failedByPhase     *prometheus.CounterVec
 	chunks            *prometheus.CounterVec
 	chunkDuration     *prometheus.HistogramVec
 	transferBytes     prometheus.Counter
@@ -64,6 +68,7 @@ type Metrics struct {
 	// once, on first use (a series appears when it did before: at Attach or
 	// at its first event), instead of on every event.
 	roomsByPhase  [kvmanager.PhaseHeld + 1]func() prometheus.Gauge
+	failedIn      [kvmanager.PhaseHeld + 1]func() prometheus.Counter
 	succeeded     func() prometheus.Counter
 	failedBy      [kvmanager.FailureDeadlineExceeded + 1]func() prometheus.Counter
 	handoffOK     func() prometheus.Observer
@@ -119,6 +124,13 @@ func New() *Metrics {
 		destToSuccess: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "decodeplane_room_destination_to_success_seconds", Help: "Time from admission to KV landed (success).", Buckets: latencyBuckets,
 		}),
+		transferSpeed: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "decodeplane_room_transfer_speed_bytes_per_second", Help: "A succeeded room's KV bytes over its time from admission to success (rooms whose chunks reported bytes).",
+			Buckets: prometheus.ExponentialBuckets(1e7, 4, 12), // 10 MB/s to ~42 TB/s
+		}),
+		failedByPhase: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "decodeplane_rooms_failed_by_phase_total", Help: "Rooms that failed, by the phase they were in when they failed.",
+		}, []string{"phase"}),
 		chunks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "decodeplane_chunks_total", Help: "KV chunks moved or reported, by outcome.",
 		}, []string{"outcome"}),
@@ -153,7 +165,7 @@ func New() *Metrics {
 	}
 	reg.MustRegister(
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		m.rooms, m.finished, m.handoff, m.openToDest, m.destToSuccess, m.chunks, m.chunkDuration,
+		m.rooms, m.finished, m.handoff, m.openToDest, m.destToSuccess, m.transferSpeed, m.failedByPhase, m.chunks, m.chunkDuration,
 		m.transferBytes, m.dpResolutions, m.admissionPasses, m.admissionBlocked, m.registrations,
 		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m}, capacityCollector{m}, holdsCollector{m},
 	)
@@ -169,6 +181,7 @@ func New() *Metrics {
 	reg.MustRegister(m.prefillSessionOps.vec)
 	for p := range m.roomsByPhase {
 		m.roomsByPhase[p] = child(m.rooms.MetricVec, kvmanager.Phase(p).String()).gauge
+		m.failedIn[p] = child(m.failedByPhase.MetricVec, kvmanager.Phase(p).String()).counter
 	}
 	m.succeeded = child(m.finished.MetricVec, "succeeded", "none").counter
 	for c := range m.failedBy {
@@ -252,6 +265,9 @@ func (m *Metrics) Attach(mgr *kvmanager.Manager) {
 	// dashboards and alerts see them before the first event.
 	for p := kvmanager.PhaseWaitingPrefill; p <= kvmanager.PhaseHeld; p++ {
 		m.rooms.WithLabelValues(p.String())
+		if !p.Terminal() {
+			m.failedByPhase.WithLabelValues(p.String())
+		}
 	}
 	stats := mgr.ShardStats()
 	m.admitted = make([]prometheus.Counter, len(stats))
@@ -286,6 +302,16 @@ func (m *Metrics) RoomPhase(from, to kvmanager.Phase) {
 		m.phaseGauge(from).Dec()
 	}
 	m.phaseGauge(to).Inc()
+	if to == kvmanager.PhaseFailed {
+		if from >= 0 && int(from) < len(m.failedIn) {
+			m.failedIn[from]().Inc()
+		} else {
+			m.failedByPhase.WithLabelValues(from.String()).Inc()
+		}
+		if m.sglang != nil {
+			m.sglang.roomFailed(from)
+		}
+	}
 }
 
 func (m *Metrics) phaseGauge(p kvmanager.Phase) prometheus.Gauge {
@@ -317,7 +343,16 @@ func (m *Metrics) RoomFinished(outcome kvmanager.Phase, code kvmanager.FailureCo
 func (m *Metrics) DestinationLatency(d time.Duration) { m.openToDest.Observe(d.Seconds()) }
 
 // TransferLatency implements kvmanager.Observer.
-func (m *Metrics) TransferLatency(d time.Duration) { m.destToSuccess.Observe(d.Seconds()) }
+func (m *Metrics) TransferLatency(d time.Duration, bytes uint64) {
+	s := d.Seconds()
+	m.destToSuccess.Observe(s)
+	if bytes > 0 && s > 0 {
+		m.transferSpeed.Observe(float64(bytes) / s)
+	}
+	if m.sglang != nil {
+		m.sglang.transferred(s, bytes)
+	}
+}
 
 // ChunkDone implements kvmanager.Observer.
 func (m *Metrics) ChunkDone(bytes int64, d time.Duration, ok bool) {
@@ -446,6 +481,7 @@ var (
 	descMeta    = prometheus.NewDesc("decodeplane_metadata_slots", "Metadata (aux) slots, by state.", []string{"dp_rank", "state"}, nil)
 	descState   = prometheus.NewDesc("decodeplane_state_slots", "Per-request state slots (Mamba) or SWA pages, by state.", []string{"dp_rank", "state"}, nil)
 	descQueue   = prometheus.NewDesc("decodeplane_admission_queue_depth", "Rooms waiting before admission, by stage (waiting: handshake not done; ready: waiting for KV).", []string{"dp_rank", "stage"}, nil)
+	descQTokens = prometheus.NewDesc("decodeplane_admission_queue_tokens", "Tokens the rooms waiting before admission would pre-allocate (their prompts), per decode DP shard.", []string{"dp_rank"}, nil)
 	descBlock   = prometheus.NewDesc("decodeplane_admission_blocked", "1 for the reason the last admission pass stopped (none when it emptied the queue; resync while admission waits for the decode engine's resync; engine_unreported while a decode engine that owns the pages has not reported its capacity).", []string{"dp_rank", "reason"}, nil)
 	descLedger  = prometheus.NewDesc("decodeplane_ledger_rooms", "Rooms in a shard's ledger after admission, by state.", []string{"dp_rank", "state"}, nil)
 	descPrefill = prometheus.NewDesc("decodeplane_prefill_instances", "Known prefill instances, by registration completeness.", []string{"state"}, nil)
@@ -455,7 +491,7 @@ var (
 )
 
 func (c ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPages, descReq, descMeta, descState, descQueue, descBlock, descLedger, descPrefill, descRing, descRegions, descPending} {
+	for _, d := range []*prometheus.Desc{descPages, descReq, descMeta, descState, descQueue, descQTokens, descBlock, descLedger, descPrefill, descRing, descRegions, descPending} {
 		ch <- d
 	}
 }
@@ -493,6 +529,7 @@ func (c ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		g(descQueue, int64(st.Waiting), s, "waiting")
 		g(descQueue, int64(st.Ready), s, "ready")
+		g(descQTokens, st.QueuedTokens, s)
 		g(descBlock, 1, s, blocked)
 		g(descLedger, int64(st.Admitted), s, "admitted")
 		g(descLedger, int64(st.Claimed), s, "claimed")

@@ -215,7 +215,7 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 	if err := json.Unmarshal(raw, &dash); err != nil {
 		t.Fatalf("dashboard JSON: %v", err)
 	}
-	name := regexp.MustCompile(`\b(decodeplane_[a-z_]+|grpc_server_[a-z_]+|process_[a-z_]+|go_[a-z_]+)\b`)
+	name := regexp.MustCompile(`\b(decodeplane_[a-z_]+|sglang:[a-z_]+|grpc_server_[a-z_]+|process_[a-z_]+|go_[a-z_]+)\b`)
 	// Series labelled by a prefill address exist only after an event this
 	// test does not cause (a lost prefill, a missed heartbeat); state slots
 	// only for hybrid pools.

@@ -20,7 +20,7 @@ func newRegistryMetrics() registryMetrics {
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "decodeplane_registry_etcd_errors_total",
-			Help: "Failed etcd requests of the fleet registry, by operation (register, keepalive, publish_capacity, snapshot, watch, session).",
+			Help: "Failed etcd requests of the fleet registry, by operation (register, deregister, keepalive, publish_capacity, snapshot, watch, session).",
 		}, []string{"op"}),
 		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "decodeplane_registry_view_rebuilds_total",

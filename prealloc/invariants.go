@@ -104,9 +104,9 @@ type invariantCheck struct {
 
 	pages, swa, req, meta, mamba *owners
 
-	counts                                                   [numRoomStates]int
-	retractable, retractableSWA, retractedFull, retractedSWA int64
-	drained                                                  drainedRes
+	counts                                                                 [numRoomStates]int
+	queuedTokens, retractable, retractableSWA, retractedFull, retractedSWA int64
+	drained                                                                drainedRes
 }
 
 func (c *invariantCheck) fail(format string, args ...any) {
@@ -170,6 +170,9 @@ func (c *invariantCheck) rooms() {
 		for i := 0; i < r.nMamba; i++ {
 			c.mamba.own(r.mamba[i], id)
 		}
+		if isQueued(r.state) {
+			c.queuedTokens += fillLen(r.req)
+		}
 		switch r.state {
 		case RoomRunning:
 			c.retractable += int64(r.req.PromptLen) + int64(r.req.OutputLen)
@@ -196,6 +199,9 @@ func (c *invariantCheck) totals() {
 	l := c.l
 	if c.counts != l.counts {
 		c.fail("state counters %v, rooms say %v", l.counts, c.counts)
+	}
+	if c.queuedTokens != l.queuedTokens {
+		c.fail("queued tokens %d, recomputed %d", l.queuedTokens, c.queuedTokens)
 	}
 	if c.retractable != l.retractable {
 		c.fail("retractable tokens %d, recomputed %d", l.retractable, c.retractable)

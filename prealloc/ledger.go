@@ -154,6 +154,7 @@ type Ledger struct {
 	held      roomList
 
 	counts         [numRoomStates]int
+	queuedTokens   int64      // Σ waiting and ready fillLen: what the queue would pre-allocate
 	retractable    int64      // Σ running (prompt + output)
 	retractableSWA int64      // Σ running (swa_tail_len(prompt) + output)
 	retractedFull  int64      // Σ retracted full_required
@@ -453,10 +454,19 @@ func (l *Ledger) hold(r *room) {
 func (l *Ledger) setState(r *room, s RoomState) {
 	if r.state != 0 {
 		l.counts[r.state]--
+		if isQueued(r.state) {
+			l.queuedTokens -= fillLen(r.req)
+		}
 	}
 	r.state = s
 	l.counts[s]++
+	if isQueued(s) {
+		l.queuedTokens += fillLen(r.req)
+	}
 }
+
+// isQueued: a room in the queue before admission (SGLang's prealloc queue).
+func isQueued(s RoomState) bool { return s == RoomWaiting || s == RoomReady }
 
 // active is _active_req_count without extra: running + transfer queue
 // (admitted and claimed) + waiting queue (resumed, not yet running).
@@ -583,6 +593,9 @@ func (l *Ledger) drop(r *room) {
 	l.detach(r)
 	l.freeResources(r)
 	l.counts[r.state]--
+	if isQueued(r.state) {
+		l.queuedTokens -= fillLen(r.req)
+	}
 	delete(l.rooms, r.id)
 	if h := r.held; h != nil {
 		retired := h.retired[:0]

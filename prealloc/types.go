@@ -184,11 +184,15 @@ type Stats struct {
 	SWAPages   ResourceStats // zero unless hybrid-swa
 	Waiting    int           // enqueued, handshake not ready
 	Ready      int           // ready, waiting for admission
-	Admitted   int           // pre-allocated, not yet claimed
-	Claimed    int           // claimed by prefill, transferring
-	Running    int           // transferred, decoding
-	Retracted  int
-	Held       int
+	// QueuedTokens are the tokens the waiting and ready rooms would
+	// pre-allocate (each one's fill length: prompt, plus the output so far
+	// for a rebootstrap).
+	QueuedTokens int64
+	Admitted     int // pre-allocated, not yet claimed
+	Claimed      int // claimed by prefill, transferring
+	Running      int // transferred, decoding
+	Retracted    int
+	Held         int
 	// Draining counts rooms that ended while a prefill rank may still write
 	// into their pages (DrainRoom); what they hold is in each pool's
 	// Draining.

@@ -24,6 +24,11 @@ type Config struct {
 	// every decodeplane.v1 RPC; empty (the default) disables it. SGLang's
 	// bootstrap port is 8998.
 	HTTPListen string `yaml:"http_listen"`
+	// SGLangMetrics serves, on /metrics next to decodeplane_*, SGLang's
+	// decode-side metrics under SGLang's names and labels
+	// (sglang:num_decode_prealloc_queue_reqs and its family; package
+	// metrics, sglang.go), for routers that read them. On by default.
+	SGLangMetrics bool `yaml:"sglang_metrics"`
 	// Reflection registers gRPC server reflection (on by default).
 	Reflection bool `yaml:"reflection"`
 	// ShutdownTimeout bounds the graceful stop on SIGINT/SIGTERM: the rooms
@@ -61,10 +66,10 @@ func ListenAddr(addr string, unix bool) (network, address string, err error) {
 	return "tcp", addr, nil
 }
 
-// DefaultConfig returns the defaults: loopback listeners, reflection on, 15s
-// shutdown, no token, no TLS.
+// DefaultConfig returns the defaults: loopback listeners, the sglang:*
+// metrics and reflection on, 15s shutdown, no token, no TLS.
 func DefaultConfig() Config {
-	return Config{Listen: "127.0.0.1:7600", MetricsListen: "127.0.0.1:7601", Reflection: true, ShutdownTimeout: 15 * time.Second, TLS: DefaultTLSConfig()}
+	return Config{Listen: "127.0.0.1:7600", MetricsListen: "127.0.0.1:7601", SGLangMetrics: true, Reflection: true, ShutdownTimeout: 15 * time.Second, TLS: DefaultTLSConfig()}
 }
 
 // Validate returns every problem at once (the TLS files are read and

@@ -194,6 +194,11 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 	}
 	heartbeat := func(ctx context.Context, r *pb.HeartbeatRequest) error { _, err := boot.Heartbeat(ctx, r); return err }
 	bind := func(ctx context.Context, r *pb.BindRoomRequest) error { _, err := boot.BindRoom(ctx, r); return err }
+	dereg := func(ctx context.Context, r *pb.DeregisterPrefillRequest) error {
+		_, err := boot.DeregisterPrefill(ctx, r)
+		return err
+	}
+	goodDereg := func() *pb.DeregisterPrefillRequest { return &pb.DeregisterPrefillRequest{BootstrapAddr: addr} }
 	lookup := func(ctx context.Context, r *pb.LookupDPRanksRequest) error {
 		_, err := boot.LookupDPRanks(ctx, r)
 		return err
@@ -305,6 +310,9 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		unaryRow("model heads", goodReg, func(r *reg) { r.Model = &pb.ModelFacts{TotalKvHeads: 5000} }, register, inv, "model.total_kv_heads"),
 		unaryRow("model head_dim", goodReg, func(r *reg) { r.Model = &pb.ModelFacts{HeadDim: 1 << 20} }, register, inv, "model.head_dim"),
 		unaryRow("MLA dims on a GQA model", goodReg, func(r *reg) { r.Model = &pb.ModelFacts{KvPoolKind: "gqa", KvLoraRank: 512} }, register, inv, "model.kv_lora_rank"),
+		unaryRow("model_name space", goodReg, func(r *reg) { r.Model = &pb.ModelFacts{ModelName: "llama 3"} }, register, inv, "model.model_name"),
+		unaryRow("model_name long", goodReg, func(r *reg) { r.Model = &pb.ModelFacts{ModelName: strings.Repeat("m", 257)} }, register, inv, "model.model_name: is 257 bytes long"),
+		unaryRow("model_revision long", goodReg, func(r *reg) { r.Model = &pb.ModelFacts{ModelRevision: strings.Repeat("r", 129)} }, register, inv, "model.model_revision: is 129 bytes long"),
 		unaryRow("model mismatch", goodReg, func(r *reg) { r.Model = &pb.ModelFacts{KvPoolKind: "gqa", NumLayers: 99} }, register, codes.FailedPrecondition, "num_layers 99"),
 		unaryRow("every problem at once", goodReg, func(r *reg) { r.PageSize, r.KvCacheDtype, r.Parallel.PpSize = 3, "", 0 }, register, inv, "page_size"),
 		utf8Row(t, s.conn, "/decodeplane.v1.Bootstrap/RegisterPrefill", false, goodReg, func(r *reg) { r.KvCacheDtype = utf8Slot }, "kv_cache_dtype"),
@@ -316,6 +324,13 @@ func TestConformanceDecodeplaneV1(t *testing.T) {
 		unaryRow("Heartbeat tp_rank", func() *pb.HeartbeatRequest { return &pb.HeartbeatRequest{Rank: rank()} }, func(r *pb.HeartbeatRequest) { r.Rank.TpRank = 1024 }, heartbeat, inv, "rank.tp_rank"),
 		unaryRow("Heartbeat instance_id", func() *pb.HeartbeatRequest { return &pb.HeartbeatRequest{Rank: rank()} }, func(r *pb.HeartbeatRequest) { r.InstanceId = strings.Repeat("i", 300) }, heartbeat, inv, "instance_id"),
 		utf8Row(t, s.conn, "/decodeplane.v1.Bootstrap/Heartbeat", false, func() *pb.HeartbeatRequest { return &pb.HeartbeatRequest{Rank: rank()} }, func(r *pb.HeartbeatRequest) { r.Rank.BootstrapAddr = utf8Slot }, "rank.bootstrap_addr"),
+
+		// Bootstrap.DeregisterPrefill
+		unaryRow("DeregisterPrefill without bootstrap_addr", goodDereg, func(r *pb.DeregisterPrefillRequest) { r.BootstrapAddr = "" }, dereg, inv, "bootstrap_addr: is required"),
+		unaryRow("DeregisterPrefill bootstrap_addr port", goodDereg, func(r *pb.DeregisterPrefillRequest) { r.BootstrapAddr = "10.0.0.1:0" }, dereg, inv, "bootstrap_addr"),
+		unaryRow("DeregisterPrefill instance_id", goodDereg, func(r *pb.DeregisterPrefillRequest) { r.InstanceId = strings.Repeat("i", 257) }, dereg, inv, "instance_id: is 257 bytes long"),
+		unaryRow("DeregisterPrefill reason", goodDereg, func(r *pb.DeregisterPrefillRequest) { r.Reason = strings.Repeat("r", pb.MaxReasonLen+1) }, dereg, inv, "reason: is 4097 bytes long"),
+		utf8Row(t, s.conn, "/decodeplane.v1.Bootstrap/DeregisterPrefill", false, goodDereg, func(r *pb.DeregisterPrefillRequest) { r.Reason = utf8Slot }, "reason"),
 
 		// Bootstrap.BindRoom
 		unaryRow("BindRoom room 0", func() *pb.BindRoomRequest { return &pb.BindRoomRequest{BootstrapAddr: addr, Room: 9} }, func(r *pb.BindRoomRequest) { r.Room = 0 }, bind, inv, "room: 0 is reserved"),

@@ -77,15 +77,21 @@ func TestGetFleetMemory(t *testing.T) {
 		t.Fatalf("GetFleet: %v", err)
 	}
 	self := d.Addr // the loopback host:port the daemon serves on
+	// The default layout's fingerprint; the two instances registered here,
+	// so this daemon's check accepted them: they hand off to its digest.
+	fp := &pb.Fingerprint{PageSize: 64, KvCacheDtype: "bf16", KvPoolKind: "gqa", NumLayers: 32, TotalKvHeads: 8, HeadDim: 128, PageOwner: "daemon",
+		Digest: kvlayout.Fingerprint{PageSize: 64, DType: "bf16", Kind: kvlayout.KindGQA, NumLayers: 32, TotalKVHeads: 8, HeadDim: 128, Owner: kvlayout.OwnerDaemon}.Digest()}
 	want := &pb.GetFleetResponse{
 		Registry: &pb.RegistryState{Backend: "memory", State: "ok", Since: st.GetStartedAt()},
 		Daemons: []*pb.FleetDaemon{{
 			Address: self, Incarnation: d.Incarnation(), Self: true, Version: "v-fleet",
-			StartedAt: st.GetStartedAt(), Layout: st.GetLayout(),
+			StartedAt: st.GetStartedAt(), Layout: st.GetLayout(), Fingerprint: fp,
 		}},
 		Prefills: []*pb.FleetPrefill{
-			{BootstrapAddr: "10.0.0.1:8998", InstanceId: "inst-a", RegisteredRanks: 1, ExpectedRanks: 2, AttnTpSize: 2, DpSize: 1, PpSize: 1, AttnCpSize: 1, Liveness: "heartbeat", RegisteredVia: self},
-			{BootstrapAddr: "10.0.0.2:8998", RegisteredRanks: 1, ExpectedRanks: 1, AttnTpSize: 1, DpSize: 1, PpSize: 1, AttnCpSize: 1, Liveness: "heartbeat", RegisteredVia: self},
+			{BootstrapAddr: "10.0.0.1:8998", InstanceId: "inst-a", RegisteredRanks: 1, ExpectedRanks: 2, AttnTpSize: 2, DpSize: 1, PpSize: 1, AttnCpSize: 1, Liveness: "heartbeat", RegisteredVia: self,
+				HandOffDigests: []string{fp.GetDigest()}},
+			{BootstrapAddr: "10.0.0.2:8998", RegisteredRanks: 1, ExpectedRanks: 1, AttnTpSize: 1, DpSize: 1, PpSize: 1, AttnCpSize: 1, Liveness: "heartbeat", RegisteredVia: self,
+				HandOffDigests: []string{fp.GetDigest()}},
 		},
 	}
 	if d.Incarnation() == 0 {
@@ -101,7 +107,8 @@ func TestGetFleetMemory(t *testing.T) {
 		t.Errorf("GetFleet (-want +got):\n%s", diff)
 	}
 	// The daemon's own capacity is read at the call (Server.Capacity).
-	if c := resp.GetDaemons()[0].GetCapacity(); c.GetIncarnation() != d.Incarnation() || c.GetAddress() != self || len(c.GetShards()) != 1 || c.GetShards()[0].GetTokensTotal() == 0 {
+	if c := resp.GetDaemons()[0].GetCapacity(); c.GetIncarnation() != d.Incarnation() || c.GetAddress() != self || len(c.GetShards()) != 1 || c.GetShards()[0].GetTokensTotal() == 0 ||
+		!proto.Equal(c.GetFingerprint(), fp) {
 		t.Errorf("the daemon's capacity in GetFleet: %v", c)
 	}
 
@@ -192,6 +199,8 @@ type view struct {
 func (v view) GetFleet(context.Context) (*pb.GetFleetResponse, error) {
 	return proto.CloneOf(v.resp), v.err
 }
+
+func (v view) PrefillLease(string) (int64, time.Time, string, bool) { return 0, time.Time{}, "", false }
 
 // TestGetFleetFromView: with Deps.Fleet the answer is the view's, sorted
 // and bounded at server.MaxFleetEntries per list; the view's errors keep

@@ -39,6 +39,10 @@ func registrySuffix(reason string) string {
 // it), for the daemon's record in the fleet registry.
 func LayoutProto(l kvlayout.Layout) *pb.KVLayout { return ops.LayoutProto(l) }
 
+// FingerprintProto is the wire form of a decode pool's fingerprint (with
+// its digest), for the daemon's record in the fleet registry.
+func FingerprintProto(f kvlayout.Fingerprint) *pb.Fingerprint { return ops.FingerprintProto(f) }
+
 // Address is the address this daemon goes by in its fleet:
 // Deps.AdvertiseAddress when set, else the address of the listener Serve
 // serves (a TCP host:port, or unix://path), else server.listen.

@@ -76,7 +76,7 @@ func TestStatus(t *testing.T) {
 		"KV layout:      gqa, 32 layers, 8 KV heads per rank (8 total) x 128 dim, bf16, page 64 tokens",
 		"Rooms:          5 total: waiting_prefill 1, admitted 1, succeeded 1, released 1, failed 1\n",
 		"SHARD  PAGES USED       REQ SLOTS  META SLOTS  QUEUE WAIT/READY  ADMITTED/CLAIMED/RUNNING  BLOCKED BY\n",
-		"PREFILL        RANKS  TP/DP/PP  LAST HEARTBEAT  MISSED  ACTIVE ROOMS\n",
+		"PREFILL        RANKS  TP/DP/PP  LIVENESS    LAST HEARTBEAT  MISSED  ACTIVE ROOMS\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
@@ -91,8 +91,8 @@ func TestStatus(t *testing.T) {
 		t.Errorf("shard row: %s", cmp.Diff(want, shard))
 	}
 	prefill := rowOf(out, prefillA)
-	if len(prefill) != 7 || prefill[1] != "1/1" || prefill[2] != "1/1/1" || prefill[4] != "ago" || prefill[5] != "0" || prefill[6] != "2" {
-		t.Errorf("prefill row = %q; want %s 1/1 1/1/1 <age> ago 0 2 (rooms 1 and 4 are active)", prefill, prefillA)
+	if len(prefill) != 8 || prefill[1] != "1/1" || prefill[2] != "1/1/1" || prefill[3] != "heartbeats" || prefill[5] != "ago" || prefill[6] != "0" || prefill[7] != "2" {
+		t.Errorf("prefill row = %q; want %s 1/1 1/1/1 heartbeats <age> ago 0 2 (rooms 1 and 4 are active)", prefill, prefillA)
 	}
 
 	out = d.mustCtl(t, "status", "--config")

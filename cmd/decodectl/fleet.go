@@ -21,11 +21,14 @@ etcd is unreachable. With the memory registry the daemon lists itself and the pr
 registered with it.
 Daemons: address, SELF (the daemon that answered), incarnation (hex, new at every start), READY, tokens
 FREE/TOTAL and QUEUE (rooms waiting for admission) summed over its shards, from the capacity it last
-published ("-" before any).
+published ("-" before any), FINGERPRINT (the digest of what a prefill must match to hand off to it:
+page size, KV dtype, pool kind, layers, heads or MLA dims, page owner, model; -o json has its fields).
 Prefills: bootstrap address, instance id, RANKS registered/expected, TP/DP/PP/CP sizes, LIVENESS
 ("heartbeat": the memory registry; "lease": etcd, alive while its ranks heartbeat to any daemon), LEASE
 (the etcd lease id, hex), HEARD HERE (the last heartbeat this daemon received from any of its ranks),
-REGISTERED VIA (the daemon that created its record).`,
+REGISTERED VIA (the daemon that created its record).
+Hand-offs: for each prefill instance, the daemons whose fingerprint its layout matches (it can hand off
+to them) and, for the others, what differs, as a registration through them would be refused.`,
 	run: cmdFleet,
 }
 
@@ -60,8 +63,13 @@ func writeFleet(w io.Writer, f *pb.GetFleetResponse, now time.Time) error {
 	fmt.Fprintln(w)
 	if len(f.GetPrefills()) == 0 {
 		fmt.Fprintln(w, "No prefill instances in the registry.")
-	} else if err := writeFleetPrefills(w, f.GetPrefills(), now); err != nil {
-		return err
+	} else {
+		if err := writeFleetPrefills(w, f.GetPrefills(), now); err != nil {
+			return err
+		}
+		if err := writeHandOffs(w, f); err != nil {
+			return err
+		}
 	}
 	if f.GetTruncated() {
 		_, err := fmt.Fprintf(w, "(truncated: the daemon lists at most %d daemons and %d prefill instances)\n", maxFleetEntries, maxFleetEntries)
@@ -108,7 +116,7 @@ func dash(s string) string {
 // before any), tokens and queue summed over its shards.
 func writeFleetDaemons(w io.Writer, daemons []*pb.FleetDaemon) error {
 	return table(w, func(tw io.Writer) {
-		fmt.Fprint(tw, "DAEMON\tSELF\tINCARNATION\tREADY\tVERSION\tTOKENS FREE/TOTAL\tQUEUE\n")
+		fmt.Fprint(tw, "DAEMON\tSELF\tINCARNATION\tREADY\tVERSION\tTOKENS FREE/TOTAL\tQUEUE\tFINGERPRINT\n")
 		for _, d := range daemons {
 			ready, tokens, queue := "-", "-", "-"
 			if c := d.GetCapacity(); c != nil {
@@ -124,8 +132,8 @@ func writeFleetDaemons(w io.Writer, daemons []*pb.FleetDaemon) error {
 				}
 				tokens, queue = fmt.Sprintf("%d/%d", free, total), fmt.Sprint(q)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%x\t%s\t%s\t%s\t%s\n", dash(d.GetAddress()), yesNo(d.GetSelf()), d.GetIncarnation(),
-				ready, dash(d.GetVersion()), tokens, queue)
+			fmt.Fprintf(tw, "%s\t%s\t%x\t%s\t%s\t%s\t%s\t%s\n", dash(d.GetAddress()), yesNo(d.GetSelf()), d.GetIncarnation(),
+				ready, dash(d.GetVersion()), tokens, queue, dash(d.GetFingerprint().GetDigest()))
 		}
 	})
 }
@@ -148,4 +156,39 @@ func writeFleetPrefills(w io.Writer, prefills []*pb.FleetPrefill, now time.Time)
 				dash(p.GetLiveness()), lease, heard, dash(p.GetRegisteredVia()))
 		}
 	})
+}
+
+// writeHandOffs renders, per prefill instance, the daemons it can hand off
+// to and those it cannot with why, joining each instance's fingerprint
+// digests with the daemons that publish them. Nothing is printed when the
+// daemon computed no hand-off (no fingerprints, or too large a fleet).
+func writeHandOffs(w io.Writer, f *pb.GetFleetResponse) error {
+	byDigest := map[string][]string{}
+	for _, d := range f.GetDaemons() {
+		if dg := d.GetFingerprint().GetDigest(); dg != "" {
+			byDigest[dg] = append(byDigest[dg], d.GetAddress())
+		}
+	}
+	var lines []string
+	for _, p := range f.GetPrefills() {
+		var to []string
+		for _, dg := range p.GetHandOffDigests() {
+			to = append(to, byDigest[dg]...)
+		}
+		if len(to) > 0 {
+			lines = append(lines, fmt.Sprintf("%s can hand off to %s", p.GetBootstrapAddr(), strings.Join(to, ", ")))
+		} else if len(p.GetRefused()) > 0 {
+			lines = append(lines, fmt.Sprintf("%s can hand off to no daemon of the fleet", p.GetBootstrapAddr()))
+		}
+		for _, r := range p.GetRefused() {
+			if addrs := byDigest[r.GetDigest()]; len(addrs) > 0 {
+				lines = append(lines, fmt.Sprintf("%s cannot hand off to %s: %s", p.GetBootstrapAddr(), strings.Join(addrs, ", "), r.GetDifferences()))
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return nil
+	}
+	_, err := fmt.Fprintf(w, "\nHand-offs:\n%s\n", strings.Join(lines, "\n"))
+	return err
 }

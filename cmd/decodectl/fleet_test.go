@@ -32,7 +32,7 @@ func TestFleet(t *testing.T) {
 			t.Errorf("fleet output lacks %q:\n%s", want, out)
 		}
 	}
-	if got, want := rowOf(out, "DAEMON"), []string{"DAEMON", "SELF", "INCARNATION", "READY", "VERSION", "TOKENS", "FREE/TOTAL", "QUEUE"}; !cmp.Equal(got, want) {
+	if got, want := rowOf(out, "DAEMON"), []string{"DAEMON", "SELF", "INCARNATION", "READY", "VERSION", "TOKENS", "FREE/TOTAL", "QUEUE", "FINGERPRINT"}; !cmp.Equal(got, want) {
 		t.Errorf("daemons header: %s\n%s", cmp.Diff(want, got), out)
 	}
 	// The daemon's own capacity, read now: free ≤ total tokens, and the
@@ -42,8 +42,8 @@ func TestFleet(t *testing.T) {
 		t.Errorf("daemon row: %s\n%s", cmp.Diff(want, got), out)
 	}
 	var free, total, queue int
-	if len(row) != 8 {
-		t.Fatalf("daemon row %q: want 8 fields", row)
+	if len(row) != 9 || len(row[8]) != 16 {
+		t.Fatalf("daemon row %q: want 9 fields, the last its 16-digit fingerprint digest", row)
 	}
 	if n, err := fmt.Sscanf(row[6]+" "+row[7], "%d/%d %d", &free, &total, &queue); n != 3 || err != nil || free > total || total == 0 || queue != 1 {
 		t.Errorf("tokens %q queue %q: want free/total with free <= total and a queue of 1 (%v)\n%s", row[6], row[7], err, out)
@@ -57,6 +57,10 @@ func TestFleet(t *testing.T) {
 	}
 	if got, want := append(p[:6:6], p[8]), []string{prefillA, "prefill-" + prefillA, "1/1", "1/1/1/1", "heartbeat", "-", d.addr}; !cmp.Equal(got, want) {
 		t.Errorf("prefill row: %s\n%s", cmp.Diff(want, got), out)
+	}
+	// The one daemon took the one prefill's registration: it can hand off to it.
+	if want := "\nHand-offs:\n" + prefillA + " can hand off to " + d.addr + "\n"; !strings.HasSuffix(out, want) {
+		t.Errorf("fleet output does not end with %q:\n%s", want, out)
 	}
 	// Prefill B has rooms waiting but never registered: not in the registry.
 	if rowOf(out, prefillB) != nil {
@@ -89,13 +93,17 @@ func TestWriteFleet(t *testing.T) {
 		Daemons: []*pb.FleetDaemon{
 			{Address: "decode-0:7600", Incarnation: 0xbeef, Self: true, Version: "v1", Capacity: &pb.CapacityUpdate{Ready: true, Readiness: "serving", Shards: []*pb.ShardCapacity{
 				{TokensFree: 1000, TokensTotal: 4096, QueueDepth: 2}, {TokensFree: 24, TokensTotal: 4096, QueueDepth: 1},
-			}}},
-			{Address: "decode-1:7600", Incarnation: 0xf00d, Version: "v1"},
+			}}, Fingerprint: &pb.Fingerprint{Digest: "0778297221776bc7"}},
+			{Address: "decode-1:7600", Incarnation: 0xf00d, Version: "v1", Fingerprint: &pb.Fingerprint{Digest: "0778297221776bc7"}},
+			{Address: "decode-2:7600", Incarnation: 0xfeed, Version: "v1", Fingerprint: &pb.Fingerprint{Digest: "a0a0a0a0a0a0a0a0"}},
+			{Address: "decode-3:7600", Incarnation: 0xface, Version: "v0"},
 		},
 		Prefills: []*pb.FleetPrefill{
 			{BootstrapAddr: "10.0.0.1:8998", InstanceId: "p-1", RegisteredRanks: 2, ExpectedRanks: 4, AttnTpSize: 2, DpSize: 2, PpSize: 1, AttnCpSize: 1,
-				Liveness: "lease", LeaseId: 0x694d, HeardHere: ts(-3 * time.Second), RegisteredVia: "decode-1:7600"},
-			{BootstrapAddr: "10.0.0.2:8998", RegisteredRanks: 1, ExpectedRanks: 1, AttnTpSize: 1, DpSize: 1, PpSize: 1, AttnCpSize: 1, Liveness: "lease", LeaseId: 7, RegisteredVia: "decode-0:7600"},
+				Liveness: "lease", LeaseId: 0x694d, HeardHere: ts(-3 * time.Second), RegisteredVia: "decode-1:7600",
+				HandOffDigests: []string{"0778297221776bc7"}, Refused: []*pb.FleetRefusal{{Digest: "a0a0a0a0a0a0a0a0", Differences: "Page size mismatch: ..."}}},
+			{BootstrapAddr: "10.0.0.2:8998", RegisteredRanks: 1, ExpectedRanks: 1, AttnTpSize: 1, DpSize: 1, PpSize: 1, AttnCpSize: 1, Liveness: "lease", LeaseId: 7, RegisteredVia: "decode-0:7600",
+				Refused: []*pb.FleetRefusal{{Digest: "0778297221776bc7", Differences: "KV cache dtype mismatch: ..."}, {Digest: "a0a0a0a0a0a0a0a0", Differences: "the prefill's model does not match ..."}}},
 		},
 		Truncated: true,
 	}
@@ -104,13 +112,22 @@ func TestWriteFleet(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "Registry: etcd, degraded: etcd unreachable since " + timestamp(ts(-90*time.Second)) + " (1m30s ago); revision 4711, prefix /decodeplane/, lease ttl 15s\n" + `
-DAEMON         SELF  INCARNATION  READY          VERSION  TOKENS FREE/TOTAL  QUEUE
-decode-0:7600  yes   beef         yes (serving)  v1       1024/8192          3
-decode-1:7600  no    f00d         -              v1       -                  -
+DAEMON         SELF  INCARNATION  READY          VERSION  TOKENS FREE/TOTAL  QUEUE  FINGERPRINT
+decode-0:7600  yes   beef         yes (serving)  v1       1024/8192          3      0778297221776bc7
+decode-1:7600  no    f00d         -              v1       -                  -      0778297221776bc7
+decode-2:7600  no    feed         -              v1       -                  -      a0a0a0a0a0a0a0a0
+decode-3:7600  no    face         -              v0       -                  -      -
 
 PREFILL        INSTANCE  RANKS  TP/DP/PP/CP  LIVENESS  LEASE  HEARD HERE  REGISTERED VIA
 10.0.0.1:8998  p-1       2/4    2/2/1/1      lease     694d   3.0s ago    decode-1:7600
 10.0.0.2:8998  -         1/1    1/1/1/1      lease     7      -           decode-0:7600
+
+Hand-offs:
+10.0.0.1:8998 can hand off to decode-0:7600, decode-1:7600
+10.0.0.1:8998 cannot hand off to decode-2:7600: Page size mismatch: ...
+10.0.0.2:8998 can hand off to no daemon of the fleet
+10.0.0.2:8998 cannot hand off to decode-0:7600, decode-1:7600: KV cache dtype mismatch: ...
+10.0.0.2:8998 cannot hand off to decode-2:7600: the prefill's model does not match ...
 (truncated: the daemon lists at most 10000 daemons and 10000 prefill instances)
 `
 	if diff := cmp.Diff(want, b.String()); diff != "" {

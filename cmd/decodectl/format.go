@@ -414,20 +414,41 @@ func writePrefills(w io.Writer, prefills []*pb.PrefillStatus, now time.Time) err
 
 func writePrefillTable(w io.Writer, prefills []*pb.PrefillStatus, now time.Time) error {
 	return table(w, func(tw io.Writer) {
-		fmt.Fprint(tw, "PREFILL\tRANKS\tTP/DP/PP\tLAST HEARTBEAT\tMISSED\tACTIVE ROOMS\n")
+		fmt.Fprint(tw, "PREFILL\tRANKS\tTP/DP/PP\tLIVENESS\tLAST HEARTBEAT\tMISSED\tACTIVE ROOMS\n")
 		for _, p := range prefills {
 			par := fmt.Sprintf("%d/%d/%d", p.GetAttnTpSize(), p.GetDpSize(), p.GetPpSize())
 			if p.GetAttnCpSize() > 1 {
 				par += fmt.Sprintf(" cp%d", p.GetAttnCpSize())
 			}
-			beat := "never"
-			if isSet(p.GetLastHeartbeat()) {
-				beat = age(p.GetLastHeartbeat(), now) + " ago"
-			}
-			fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%d\t%d\n", p.GetBootstrapAddr(), p.GetRegisteredRanks(), p.GetExpectedRanks(),
-				par, beat, p.GetMissedHeartbeats(), p.GetActiveRooms())
+			live, beat, missed := prefillLiveness(p, now)
+			fmt.Fprintf(tw, "%s\t%d/%d\t%s\t%s\t%s\t%s\t%d\n", p.GetBootstrapAddr(), p.GetRegisteredRanks(), p.GetExpectedRanks(),
+				par, live, beat, missed, p.GetActiveRooms())
 		}
 	})
+}
+
+// prefillLiveness is a prefill's LIVENESS, LAST HEARTBEAT and MISSED
+// cells. With the memory registry ("heartbeats") the daemon counts each
+// rank's heartbeats; in a fleet ("lease ID", hex as etcdctl prints it) the
+// instance's etcd lease decides, kept alive by heartbeats to any daemon:
+// the last heartbeat is the last one this daemon heard ("none here" when
+// the ranks beat to another daemon) and nothing is counted missed here.
+func prefillLiveness(p *pb.PrefillStatus, now time.Time) (live, beat, missed string) {
+	if p.GetLiveness() == "lease" {
+		live, beat = fmt.Sprintf("lease %x", p.GetLeaseId()), "none here"
+		if isSet(p.GetLastHeartbeat()) {
+			beat = age(p.GetLastHeartbeat(), now) + " ago here"
+		}
+		return live, beat, "-"
+	}
+	live, beat = "heartbeats", "never"
+	if p.GetLiveness() == "" {
+		live = "-" // a daemon that does not say
+	}
+	if isSet(p.GetLastHeartbeat()) {
+		beat = age(p.GetLastHeartbeat(), now) + " ago"
+	}
+	return live, beat, fmt.Sprint(p.GetMissedHeartbeats())
 }
 
 // writeConfig renders the effective configuration with each value's source.

@@ -273,15 +273,20 @@ func TestWriteStatusTables(t *testing.T) {
 
 	b.Reset()
 	err = writePrefills(&b, []*pb.PrefillStatus{
-		{BootstrapAddr: "10.0.0.1:8998", RegisteredRanks: 4, ExpectedRanks: 4, AttnTpSize: 2, DpSize: 2, PpSize: 1, LastHeartbeat: ts(-2 * time.Second), ActiveRooms: 12},
-		{BootstrapAddr: "10.0.0.2:8998", RegisteredRanks: 1, ExpectedRanks: 2, AttnTpSize: 2, DpSize: 1, PpSize: 1, AttnCpSize: 2, LastHeartbeat: timestamppb.New(time.Time{}), MissedHeartbeats: 1},
+		{BootstrapAddr: "10.0.0.1:8998", RegisteredRanks: 4, ExpectedRanks: 4, AttnTpSize: 2, DpSize: 2, PpSize: 1, LastHeartbeat: ts(-2 * time.Second), ActiveRooms: 12, Liveness: "heartbeat"},
+		{BootstrapAddr: "10.0.0.2:8998", RegisteredRanks: 1, ExpectedRanks: 2, AttnTpSize: 2, DpSize: 1, PpSize: 1, AttnCpSize: 2, LastHeartbeat: timestamppb.New(time.Time{}), MissedHeartbeats: 1, Liveness: "heartbeat"},
+		// In a fleet: the lease decides; this daemon heard one rank 27 s ago, or none.
+		{BootstrapAddr: "10.0.0.3:8998", RegisteredRanks: 1, ExpectedRanks: 1, AttnTpSize: 1, DpSize: 1, PpSize: 1, LastHeartbeat: ts(-27 * time.Second), Liveness: "lease", LeaseId: 0x694d8a0c},
+		{BootstrapAddr: "10.0.0.4:8998", RegisteredRanks: 1, ExpectedRanks: 1, AttnTpSize: 1, DpSize: 1, PpSize: 1, Liveness: "lease", LeaseId: 0x694d8a0d},
 	}, t0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want = `PREFILL        RANKS  TP/DP/PP   LAST HEARTBEAT  MISSED  ACTIVE ROOMS
-10.0.0.1:8998  4/4    2/2/1      2.0s ago        0       12
-10.0.0.2:8998  1/2    2/1/1 cp2  never           1       0
+	want = `PREFILL        RANKS  TP/DP/PP   LIVENESS        LAST HEARTBEAT  MISSED  ACTIVE ROOMS
+10.0.0.1:8998  4/4    2/2/1      heartbeats      2.0s ago        0       12
+10.0.0.2:8998  1/2    2/1/1 cp2  heartbeats      never           1       0
+10.0.0.3:8998  1/1    1/1/1      lease 694d8a0c  27s ago here    -       0
+10.0.0.4:8998  1/1    1/1/1      lease 694d8a0d  none here       -       0
 `
 	if diff := cmp.Diff(want, b.String()); diff != "" {
 		t.Errorf("prefills (-want +got):\n%s", diff)

@@ -334,7 +334,7 @@ func TestRoomsE2EReflection(t *testing.T) {
 		names = append(names, s.GetName())
 	}
 	want := map[string][]string{
-		"decodeplane.v1.Bootstrap": {"RegisterPrefill", "Heartbeat", "BindRoom", "LookupDPRanks"},
+		"decodeplane.v1.Bootstrap": {"RegisterPrefill", "Heartbeat", "DeregisterPrefill", "BindRoom", "LookupDPRanks"},
 		"decodeplane.v1.Rooms":     {"OpenRoom", "AwaitDestination", "Transfer", "ReportTransfer", "WatchRoom", "GetRoom", "AbortRoom", "ReleaseRoom", "ListRooms", "DeclareDestination", "RegisterEngineLayout"},
 		"decodeplane.v1.Capacity":  {"WatchCapacity", "ReportCapacity"},
 		// EngineSession.Session is the one bidirectional stream.

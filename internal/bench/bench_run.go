@@ -85,6 +85,9 @@ type benchRun struct {
 	base       uint64
 	status     *pb.GetStatusResponse
 	decTP      uint32
+	// instance is one rank of the simulated prefill instance, through which
+	// close deregisters it.
+	instance *client.Prefill
 
 	failuresExpected bool
 	// alloc is the decode engine's allocator when it owns the pages
@@ -141,6 +144,7 @@ func newBenchRun(ctx context.Context, o *benchOptions, tgt *benchTarget, token s
 			return nil, err
 		}
 	}
+	b.instance = prefills[0]
 	for _, p := range prefills {
 		b.hbWG.Go(func() { _ = p.RunHeartbeat(hbCtx) })
 	}
@@ -298,6 +302,14 @@ func (b *benchRun) close() {
 		fp.Close()
 	}
 	b.fleetRanks = nil
+	if p := b.instance; p != nil {
+		// The simulated prefill instance stops cleanly: the daemon (and its
+		// fleet) forget it now, not after its liveness bound. Best effort.
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = p.Close(ctx)
+		cancel()
+		b.instance = nil
+	}
 	for _, c := range b.clients {
 		c.Close()
 	}

@@ -44,10 +44,12 @@ type Config struct {
 	Parallel  kvlayout.ParallelConfig  `yaml:"parallel"`
 	Staging   kvlayout.StagingConfig   `yaml:"staging"`
 	Admission kvlayout.AdmissionConfig `yaml:"admission"`
-	Timeouts  kvmanager.TimeoutConfig  `yaml:"timeouts"`
-	DPRank    kvmanager.DPRankConfig   `yaml:"dp_rank"`
-	Rooms     kvmanager.RoomsConfig    `yaml:"rooms"`
-	Engine    EngineConfig             `yaml:"engine"` // engine.go
+	// Model names the served model (optional; kvlayout.ModelConfig).
+	Model    kvlayout.ModelConfig    `yaml:"model"`
+	Timeouts kvmanager.TimeoutConfig `yaml:"timeouts"`
+	DPRank   kvmanager.DPRankConfig  `yaml:"dp_rank"`
+	Rooms    kvmanager.RoomsConfig   `yaml:"rooms"`
+	Engine   EngineConfig            `yaml:"engine"` // engine.go
 	// Release is the deferred release of rooms a prefill may still write
 	// into (release.deferred_timeout, kvmanager/drain.go).
 	Release kvmanager.ReleaseConfig `yaml:"release"`
@@ -87,7 +89,7 @@ func DefaultConfig() Config {
 
 // Decode returns the prealloc view of the configuration.
 func (c Config) Decode() kvlayout.Config {
-	return kvlayout.Config{Backend: c.Transfer.Backend, Pool: c.KVPool, Parallel: c.Parallel, Staging: c.Staging, Admission: c.Admission}
+	return kvlayout.Config{Backend: c.Transfer.Backend, Pool: c.KVPool, Parallel: c.Parallel, Staging: c.Staging, Admission: c.Admission, Model: c.Model}
 }
 
 // Manager returns the kvmanager view of the configuration.

@@ -246,7 +246,7 @@ func TestStrictYAML(t *testing.T) {
 		want    []string
 	}{
 		{"unknown top-level key", "server:\n  listen: 127.0.0.1:1\nbogus: 1\n", 3,
-			[]string{`unknown key "bogus" at the top level`, "allowed: server, log, transfer, kv_pool, parallel, staging, admission, timeouts, dp_rank, rooms"}},
+			[]string{`unknown key "bogus" at the top level`, "allowed: server, log, transfer, kv_pool, parallel, staging, admission, model, timeouts, dp_rank, rooms"}},
 		{"unknown nested key", "kv_pool:\n  kind: gqa\n  heads: 8\n", 3,
 			[]string{`unknown key "heads" in kv_pool`, "allowed: kind, num_layers, kv_heads"}},
 		{"unknown key two levels down", "transfer:\n  sim:\n    latencyy: 1s\n", 3,

@@ -202,6 +202,9 @@ func Build(ctx context.Context, cfg config.Config, opts Options) (*Daemon, error
 		return nil, err
 	}
 	d.metrics = metrics.New()
+	if cfg.Server.SGLangMetrics {
+		d.metrics.EnableSGLang(metrics.SGLangLabels{ModelName: cfg.Model.Name, DPShards: cfg.Parallel.DP})
+	}
 	serverTLS, agentTLS, err := buildTLS(cfg, log, d.metrics.Registry())
 	if err != nil {
 		return nil, err
@@ -392,8 +395,9 @@ func (d *Daemon) listen(cfg config.Config) error {
 // down starts degraded.
 func (d *Daemon) buildFleet(cfg config.Config, opts Options) (*fleet.Etcd, error) {
 	fl, err := fleet.New(cfg.Registry.Etcd, fleet.Deps{
-		Rooms:    d.mgr,
-		Self:     fleet.Self{Incarnation: d.incarnation, Version: opts.Version, StartedAt: time.Now(), Layout: server.LayoutProto(cfg.Decode().Layout())},
+		Rooms: d.mgr,
+		Self: fleet.Self{Incarnation: d.incarnation, Version: opts.Version, StartedAt: time.Now(), Layout: server.LayoutProto(cfg.Decode().Layout()),
+			Fingerprint: server.FingerprintProto(cfg.Decode().Layout().Fingerprint())},
 		Logger:   d.log,
 		Observer: d.metrics,
 		// The capacity feed of the server (built after the registry; the

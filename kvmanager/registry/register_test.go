@@ -421,6 +421,12 @@ func TestModelFactsContradictingThePool(t *testing.T) {
 			want: `the prefill's model does not match the decode KV pool: kv_pool_kind "gqa" (decode: hybrid-mla), num_layers 61 (decode: 32)`},
 		{name: "MLA facts that match", dec: mlaDecode(kvlayout.KindMLA), model: ModelFacts{Kind: "MLA", NumLayers: 32, TotalKVHeads: 1, HeadDim: 576, KVLoraRank: 512, QKRopeHeadDim: 64}},
 		{name: "GQA facts that match", model: ModelFacts{Kind: "gqa", NumLayers: 32, TotalKVHeads: 8, HeadDim: 128}},
+		{name: "another model", dec: servesModel("m1", "r1"), model: ModelFacts{ModelName: "m2", ModelRevision: "r1"},
+			want: `the prefill's model does not match the decode KV pool: model_name "m2" (decode: "m1")`},
+		{name: "another revision", dec: servesModel("m1", "r1"), model: ModelFacts{ModelName: "m1", ModelRevision: "r0"},
+			want: `the prefill's model does not match the decode KV pool: model_revision "r0" (decode: "r1")`},
+		{name: "the model, no revision given", dec: servesModel("m1", "r1"), model: ModelFacts{ModelName: "m1"}},
+		{name: "a model name, none configured", model: ModelFacts{ModelName: "m2", ModelRevision: "r9"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -448,6 +454,34 @@ func TestModelFactsContradictingThePool(t *testing.T) {
 			})
 		})
 	}
+}
+
+func servesModel(name, rev string) func(*kvlayout.Config) {
+	return func(c *kvlayout.Config) { c.Model = kvlayout.ModelConfig{Name: name, Revision: rev} }
+}
+
+// TestCompatNamesEveryDifference: a prefill that differs in page size, KV
+// dtype and model is told all three at once, SGLang's page size and dtype
+// messages unchanged, in one FailedPrecondition; the same check against
+// another pool's fingerprint (Compat) answers as that pool would.
+func TestCompatNamesEveryDifference(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t, withDecode(servesModel("m1", "")))
+		reg := h.registration(prefill{addr: addrA}, 0, 0, 0, 0)
+		reg.PageSize, reg.KVDType, reg.Model = 32, "fp8_e4m3", ModelFacts{ModelName: "m2"}
+		_, _, err := h.g.Register(reg)
+		want := "Page size mismatch: prefill server has page_size=32, but decode server has page_size=64. Both servers must use the same --page-size value.; " +
+			"KV cache dtype mismatch: prefill server has kv_cache_dtype=fp8_e4m3, but decode server has kv_cache_dtype=bf16. Both servers must use the same --kv-cache-dtype value.; " +
+			`the prefill's model does not match the decode KV pool: model_name "m2" (decode: "m1")`
+		if got := mismatchText(t, err); got != want {
+			t.Fatalf("RegisterPrefill error:\n got %q\nwant %q", got, want)
+		}
+		other := kvlayout.DefaultConfig()
+		other.Pool.PageSize, other.Pool.DType, other.Model.Name = 32, "fp8_e4m3", "m2"
+		if err := Compat(reg, other.Layout().Fingerprint()); err != nil {
+			t.Fatalf("Compat against a pool that matches it = %v", err)
+		}
+	})
 }
 
 // TestIncompleteInstancesRetainLittle: what an instance keeps does not grow

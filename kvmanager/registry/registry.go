@@ -45,6 +45,7 @@ type Config struct {
 // it has its own mutex and calls nothing outside itself while holding it.
 type Registry struct {
 	cfg Config
+	fp  kvlayout.Fingerprint // cfg.Layout's: what Compat checks registrations against
 
 	mu        sync.Mutex
 	instances map[string]*instance
@@ -78,7 +79,7 @@ func New(cfg Config) *Registry {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Registry{cfg: cfg, instances: map[string]*instance{}, bindings: map[string]map[uint64]binding{}}
+	return &Registry{cfg: cfg, fp: cfg.Layout.Fingerprint(), instances: map[string]*instance{}, bindings: map[string]map[uint64]binding{}}
 }
 
 type instance struct {
@@ -114,13 +115,19 @@ func followsRoom(lbMethod string) bool {
 	return lbMethod == "" || lbMethod == "follow_bootstrap_room"
 }
 
-// checkCompat applies SGLang's fatal checks (topology fetch, decode startup) and the model
-// facts; messages are SGLang's where it has them. A kv_pool_kind that is no
-// kind at all is a bad value (InvalidError, InvalidArgument); facts that
-// contradict this decode pool are ErrPrefillMismatch (FailedPrecondition),
-// every contradiction listed at once.
-func (g *Registry) checkCompat(reg Registration) error {
-	d := g.cfg.Layout
+// checkCompat checks a registration against this decode pool (Compat).
+func (g *Registry) checkCompat(reg Registration) error { return Compat(reg, g.fp) }
+
+// Compat applies SGLang's fatal checks (topology fetch, decode startup) and
+// the model facts of a registration against a decode pool's fingerprint:
+// this daemon's own at registration, another daemon's when a fleet tells
+// which daemons can take a prefill's KV. Messages are SGLang's where it has
+// them. A kv_pool_kind that is no kind at all is a bad value (InvalidError,
+// InvalidArgument); everything that contradicts the pool is
+// ErrPrefillMismatch (FailedPrecondition), every contradiction named at
+// once ("; " between SGLang's page size and dtype messages and the list of
+// the model's).
+func Compat(reg Registration, fp kvlayout.Fingerprint) error {
 	f := reg.Model
 	var kind kvlayout.Kind
 	if f.Kind != "" {
@@ -130,52 +137,67 @@ func (g *Registry) checkCompat(reg Registration) error {
 		}
 		kind = k
 	}
-	if reg.PageSize != d.PageSize {
-		return fmt.Errorf("%w: Page size mismatch: prefill server has page_size=%d, but decode server has page_size=%d. Both servers must use the same --page-size value.", ErrPrefillMismatch, reg.PageSize, d.PageSize)
+	var parts []string
+	if reg.PageSize != fp.PageSize {
+		parts = append(parts, fmt.Sprintf("Page size mismatch: prefill server has page_size=%d, but decode server has page_size=%d. Both servers must use the same --page-size value.", reg.PageSize, fp.PageSize))
 	}
 	pd, ok := kvlayout.CanonicalDType(reg.KVDType)
-	if strings.EqualFold(strings.TrimSpace(reg.KVDType), "auto") && (d.DType == "bf16" || d.DType == "fp16") {
-		pd, ok = d.DType, true
+	if strings.EqualFold(strings.TrimSpace(reg.KVDType), "auto") && (fp.DType == "bf16" || fp.DType == "fp16") {
+		pd, ok = fp.DType, true
 	}
-	if !ok || pd != d.DType {
-		return fmt.Errorf("%w: KV cache dtype mismatch: prefill server has kv_cache_dtype=%s, but decode server has kv_cache_dtype=%s. Both servers must use the same --kv-cache-dtype value.", ErrPrefillMismatch, reg.KVDType, d.DType)
+	if !ok || pd != fp.DType {
+		parts = append(parts, fmt.Sprintf("KV cache dtype mismatch: prefill server has kv_cache_dtype=%s, but decode server has kv_cache_dtype=%s. Both servers must use the same --kv-cache-dtype value.", reg.KVDType, fp.DType))
 	}
-	if pp := reg.Parallel.PP; d.NumLayers > 0 && pp > d.NumLayers {
-		return fmt.Errorf("%w: parallel.pp_size=%d exceeds the model's %d layers: a pipeline stage would hold no layer, so its KV could not be mapped onto the decode pool", ErrPrefillMismatch, pp, d.NumLayers)
+	if pp := reg.Parallel.PP; fp.NumLayers > 0 && pp > fp.NumLayers {
+		parts = append(parts, fmt.Sprintf("parallel.pp_size=%d exceeds the model's %d layers: a pipeline stage would hold no layer, so its KV could not be mapped onto the decode pool", pp, fp.NumLayers))
 	}
+	if bad := modelDifferences(f, kind, fp); len(bad) > 0 {
+		parts = append(parts, "the prefill's model does not match the decode KV pool: "+strings.Join(bad, ", "))
+	}
+	if len(parts) > 0 {
+		return fmt.Errorf("%w: %s", ErrPrefillMismatch, strings.Join(parts, "; "))
+	}
+	return nil
+}
+
+// modelDifferences lists the model facts that contradict the pool (zero
+// facts are not checked).
+func modelDifferences(f ModelFacts, kind kvlayout.Kind, fp kvlayout.Fingerprint) []string {
 	var bad []string
-	if f.Kind != "" && kind != d.Kind {
-		bad = append(bad, fmt.Sprintf("kv_pool_kind %q (decode: %s)", f.Kind, d.Kind))
+	if f.Kind != "" && kind != fp.Kind {
+		bad = append(bad, fmt.Sprintf("kv_pool_kind %q (decode: %s)", f.Kind, fp.Kind))
 	}
 	check := func(name string, got, want int) {
 		if got != 0 && got != want {
 			bad = append(bad, fmt.Sprintf("%s %d (decode: %d)", name, got, want))
 		}
 	}
-	check("num_layers", f.NumLayers, d.NumLayers)
-	if d.IsMLA {
+	check("num_layers", f.NumLayers, fp.NumLayers)
+	if fp.Kind.IsMLA() {
 		if f.TotalKVHeads > 1 {
-			bad = append(bad, fmt.Sprintf("total_kv_heads %d (decode: %s pool, one latent KV vector per token)", f.TotalKVHeads, d.Kind))
+			bad = append(bad, fmt.Sprintf("total_kv_heads %d (decode: %s pool, one latent KV vector per token)", f.TotalKVHeads, fp.Kind))
 		}
 		// On an MLA pool head_dim is the width of one KV entry.
-		check("head_dim", f.HeadDim, d.HeadDim)
+		check("head_dim", f.HeadDim, fp.HeadDim)
 		if f.KVLoraRank != 0 || f.QKRopeHeadDim != 0 {
-			check("kv_lora_rank + qk_rope_head_dim", f.KVLoraRank+f.QKRopeHeadDim, d.HeadDim)
+			check("kv_lora_rank + qk_rope_head_dim", f.KVLoraRank+f.QKRopeHeadDim, fp.HeadDim)
 		}
 	} else {
-		check("total_kv_heads", f.TotalKVHeads, d.TotalKVHeads)
-		check("head_dim", f.HeadDim, d.HeadDim)
+		check("total_kv_heads", f.TotalKVHeads, fp.TotalKVHeads)
+		check("head_dim", f.HeadDim, fp.HeadDim)
 		if f.KVLoraRank != 0 {
-			bad = append(bad, fmt.Sprintf("kv_lora_rank %d (decode: %s pool, which has no latent dimension)", f.KVLoraRank, d.Kind))
+			bad = append(bad, fmt.Sprintf("kv_lora_rank %d (decode: %s pool, which has no latent dimension)", f.KVLoraRank, fp.Kind))
 		}
 		if f.QKRopeHeadDim != 0 {
-			bad = append(bad, fmt.Sprintf("qk_rope_head_dim %d (decode: %s pool, which has no decoupled RoPE part)", f.QKRopeHeadDim, d.Kind))
+			bad = append(bad, fmt.Sprintf("qk_rope_head_dim %d (decode: %s pool, which has no decoupled RoPE part)", f.QKRopeHeadDim, fp.Kind))
 		}
 	}
-	if len(bad) > 0 {
-		return fmt.Errorf("%w: the prefill's model does not match the decode KV pool: %s", ErrPrefillMismatch, strings.Join(bad, ", "))
+	if f.ModelName != "" && fp.ModelName != "" && f.ModelName != fp.ModelName {
+		bad = append(bad, fmt.Sprintf("model_name %q (decode: %q)", f.ModelName, fp.ModelName))
+	} else if f.ModelRevision != "" && fp.ModelRevision != "" && f.ModelRevision != fp.ModelRevision {
+		bad = append(bad, fmt.Sprintf("model_revision %q (decode: %q)", f.ModelRevision, fp.ModelRevision))
 	}
-	return nil
+	return bad
 }
 
 // Mapping is SGLang's mapping of this decode side against a prefill

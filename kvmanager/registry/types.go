@@ -32,6 +32,11 @@ type ModelFacts struct {
 	HeadDim       int
 	KVLoraRank    int
 	QKRopeHeadDim int
+	// ModelName and ModelRevision name the prefill's model; each is
+	// checked against the decode's model.name / model.revision when both
+	// sides set it.
+	ModelName     string `json:",omitempty"`
+	ModelRevision string `json:",omitempty"`
 }
 
 // Registration is one prefill rank registering (RegisterPrefill).

@@ -135,12 +135,15 @@ type Effects struct {
 	// phase it failed in, Move.From).
 	Failure *Failure
 	// Finished: the hand-off's outcome (an observer's RoomFinished), the
-	// time since OpenRoom and, on success, since admission.
-	Finished    bool
-	Outcome     Phase
-	Code        FailureCode
-	SinceOpen   time.Duration
-	Transferred time.Duration
+	// time since OpenRoom and, on success, since admission and the KV bytes
+	// the room's chunks landed (TransferredBytes; 0 when none reported
+	// bytes).
+	Finished         bool
+	Outcome          Phase
+	Code             FailureCode
+	SinceOpen        time.Duration
+	Transferred      time.Duration
+	TransferredBytes uint64
 	// Chunk: a chunk ended (landed when ChunkOK).
 	Chunk    bool
 	ChunkOK  bool

@@ -544,4 +544,5 @@ func (r *Room) checkSuccess(c CheckSuccess, e *Effects) {
 	r.attached.clear()
 	e.Finished, e.Outcome, e.Code = true, PhaseSucceeded, FailureUnspecified
 	e.SinceOpen, e.Transferred = c.Now.Sub(r.openedAt.time()), c.Now.Sub(r.admittedAt.time())
+	e.TransferredBytes = r.bytes
 }

@@ -81,6 +81,25 @@ class BootstrapTest(DaemonCase):
         with self.assertRaises(decodeplane.NotFoundError):
             self.client.prefill(registration(prefill_addr())).heartbeat()
 
+    def test_deregister(self) -> None:
+        p = self.registered()[0]
+        addr = p.rank.bootstrap_addr
+        room = room_id()
+        self.client.engine.open_room(**open_fields(room, addr))
+        poll("room admitted", lambda: self.client.admin.get_room(room).phase == common_pb2.ROOM_PHASE_ADMITTED or None)
+        resp = p.deregister("scaled down")
+        self.assertTrue(resp.deregistered)
+        self.assertEqual(resp.rooms_failed, 1)
+        r = self.client.admin.get_room(room)
+        self.assertEqual(r.phase, common_pb2.ROOM_PHASE_FAILED)
+        self.assertEqual(r.failure.code, common_pb2.FAILURE_CODE_PREFILL_LOST)
+        self.assertIn("it deregistered (Bootstrap.DeregisterPrefill through ", r.failure.message)
+        self.assertTrue(r.failure.message.endswith("): scaled down"), r.failure.message)
+        self.assertNotIn(addr, [x.bootstrap_addr for x in self.client.admin.status().prefills])
+        self.assertFalse(p.deregister().deregistered)  # idempotent
+        with self.assertRaises(decodeplane.CanceledError):
+            p.register()
+
     def test_bind_and_lookup(self) -> None:
         addr = prefill_addr()
         ps = [self.client.prefill(registration(addr, parallel=dict(attn_dp_size=2, attn_dp_rank=d),

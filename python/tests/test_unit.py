@@ -218,6 +218,7 @@ RPC_METHODS = {
     "/decodeplane.v1.Admin/Drain": "c.admin.drain",
     "/decodeplane.v1.Bootstrap/RegisterPrefill": "p.register",
     "/decodeplane.v1.Bootstrap/Heartbeat": "p.heartbeat",
+    "/decodeplane.v1.Bootstrap/DeregisterPrefill": "p.deregister",
     "/decodeplane.v1.Bootstrap/BindRoom": "p.bind_room",
     "/decodeplane.v1.Bootstrap/LookupDPRanks": "c.engine.lookup_dp_ranks",
     "/decodeplane.v1.Rooms/OpenRoom": "c.engine.open_room",

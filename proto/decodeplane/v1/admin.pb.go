@@ -444,7 +444,11 @@ type PrefillStatus struct {
 	FollowBootstrapRoom bool                   `protobuf:"varint,8,opt,name=follow_bootstrap_room,json=followBootstrapRoom,proto3" json:"follow_bootstrap_room,omitempty"`
 	// last_heartbeat is the most recent heartbeat of any rank;
 	// missed_heartbeats the most intervals any one rank missed. Liveness is
-	// per rank: silent_ranks names the ranks behind it.
+	// per rank: silent_ranks names the ranks behind it. With liveness
+	// "lease" (below) last_heartbeat is the last heartbeat THIS daemon
+	// received from any rank (unset when none reached it: the ranks may
+	// heartbeat to another daemon of the fleet), missed_heartbeats is 0 and
+	// silent_ranks is empty: the lease decides.
 	LastHeartbeat    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=last_heartbeat,json=lastHeartbeat,proto3" json:"last_heartbeat,omitempty"`
 	MissedHeartbeats uint32                 `protobuf:"varint,10,opt,name=missed_heartbeats,json=missedHeartbeats,proto3" json:"missed_heartbeats,omitempty"`
 	ActiveRooms      uint32                 `protobuf:"varint,11,opt,name=active_rooms,json=activeRooms,proto3" json:"active_rooms,omitempty"`
@@ -454,8 +458,19 @@ type PrefillStatus struct {
 	// is declared dead and leaves this list (its rooms' failure names them).
 	SilentRanks     []*SilentRank `protobuf:"bytes,12,rep,name=silent_ranks,json=silentRanks,proto3" json:"silent_ranks,omitempty"`
 	SilentRankCount uint32        `protobuf:"varint,13,opt,name=silent_rank_count,json=silentRankCount,proto3" json:"silent_rank_count,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// liveness is what keeps the instance alive here: "heartbeat" (the
+	// memory registry: every rank heartbeats to this daemon) or "lease" (the
+	// fleet registry, registry.backend etcd: the instance is alive while its
+	// etcd lease is, which heartbeats to ANY daemon of the fleet keep alive;
+	// listed here means the lease was live in this daemon's view).
+	Liveness string `protobuf:"bytes,14,opt,name=liveness,proto3" json:"liveness,omitempty"`
+	// lease_id is the instance's etcd lease (liveness "lease"; 0 otherwise).
+	LeaseId int64 `protobuf:"varint,15,opt,name=lease_id,json=leaseId,proto3" json:"lease_id,omitempty"`
+	// registered_via is the address of the daemon that created the
+	// instance's record in the fleet registry ("" with the memory registry).
+	RegisteredVia string `protobuf:"bytes,16,opt,name=registered_via,json=registeredVia,proto3" json:"registered_via,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PrefillStatus) Reset() {
@@ -577,6 +592,27 @@ func (x *PrefillStatus) GetSilentRankCount() uint32 {
 		return x.SilentRankCount
 	}
 	return 0
+}
+
+func (x *PrefillStatus) GetLiveness() string {
+	if x != nil {
+		return x.Liveness
+	}
+	return ""
+}
+
+func (x *PrefillStatus) GetLeaseId() int64 {
+	if x != nil {
+		return x.LeaseId
+	}
+	return 0
+}
+
+func (x *PrefillStatus) GetRegisteredVia() string {
+	if x != nil {
+		return x.RegisteredVia
+	}
+	return ""
 }
 
 // SilentRank is a registered prefill rank whose heartbeat is overdue.
@@ -942,7 +978,7 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	"\bdraining\x18\x04 \x01(\rR\bdraining\x12%\n" +
 	"\x0edraining_pages\x18\x05 \x01(\x04R\rdrainingPages\x121\n" +
 	"\x14declarations_refused\x18\x06 \x01(\x04R\x13declarationsRefused\x12+\n" +
-	"\x11capacity_reported\x18\a \x01(\bR\x10capacityReported\"\xb0\x04\n" +
+	"\x11capacity_reported\x18\a \x01(\bR\x10capacityReported\"\x8e\x05\n" +
 	"\rPrefillStatus\x12%\n" +
 	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12)\n" +
 	"\x10registered_ranks\x18\x02 \x01(\rR\x0fregisteredRanks\x12%\n" +
@@ -959,7 +995,10 @@ const file_decodeplane_v1_admin_proto_rawDesc = "" +
 	" \x01(\rR\x10missedHeartbeats\x12!\n" +
 	"\factive_rooms\x18\v \x01(\rR\vactiveRooms\x12=\n" +
 	"\fsilent_ranks\x18\f \x03(\v2\x1a.decodeplane.v1.SilentRankR\vsilentRanks\x12*\n" +
-	"\x11silent_rank_count\x18\r \x01(\rR\x0fsilentRankCount\"\xa4\x01\n" +
+	"\x11silent_rank_count\x18\r \x01(\rR\x0fsilentRankCount\x12\x1a\n" +
+	"\bliveness\x18\x0e \x01(\tR\bliveness\x12\x19\n" +
+	"\blease_id\x18\x0f \x01(\x03R\aleaseId\x12%\n" +
+	"\x0eregistered_via\x18\x10 \x01(\tR\rregisteredVia\"\xa4\x01\n" +
 	"\n" +
 	"SilentRank\x12/\n" +
 	"\x04rank\x18\x01 \x01(\v2\x1b.decodeplane.v1.PrefillRankR\x04rank\x128\n" +

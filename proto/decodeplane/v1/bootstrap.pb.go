@@ -167,7 +167,8 @@ func (x *ParallelInfo) GetSystemDpRank() uint32 {
 // head_dim must match and kv_lora_rank, qk_rope_head_dim must be unset; on an
 // MLA pool (mla, hybrid-mla) total_kv_heads must be unset or 1, head_dim
 // (one KV entry's width) and kv_lora_rank + qk_rope_head_dim must equal the
-// pool's latent width.
+// pool's latent width; model_name and model_revision must equal the
+// daemon's model.name and model.revision where both sides set them.
 type ModelFacts struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bounds: empty, or one of mha, gqa, mla, hybrid-mla, hybrid-swa,
@@ -183,6 +184,16 @@ type ModelFacts struct {
 	KvLoraRank uint32 `protobuf:"varint,5,opt,name=kv_lora_rank,json=kvLoraRank,proto3" json:"kv_lora_rank,omitempty"`
 	// bounds: 0..16384; 0 unless kv_pool_kind is empty, mla or hybrid-mla.
 	QkRopeHeadDim uint32 `protobuf:"varint,6,opt,name=qk_rope_head_dim,json=qkRopeHeadDim,proto3" json:"qk_rope_head_dim,omitempty"`
+	// model_name is the model the prefill serves (its --served-model-name);
+	// checked against the decode daemon's model.name when both are set.
+	// bounds: empty, or at most 256 bytes of printable UTF-8 without
+	// whitespace.
+	ModelName string `protobuf:"bytes,7,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
+	// model_revision is the model's revision (a commit hash or tag);
+	// checked against model.revision when both are set.
+	// bounds: empty, or at most 128 bytes of printable UTF-8 without
+	// whitespace.
+	ModelRevision string `protobuf:"bytes,8,opt,name=model_revision,json=modelRevision,proto3" json:"model_revision,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -257,6 +268,20 @@ func (x *ModelFacts) GetQkRopeHeadDim() uint32 {
 		return x.QkRopeHeadDim
 	}
 	return 0
+}
+
+func (x *ModelFacts) GetModelName() string {
+	if x != nil {
+		return x.ModelName
+	}
+	return ""
+}
+
+func (x *ModelFacts) GetModelRevision() string {
+	if x != nil {
+		return x.ModelRevision
+	}
+	return ""
 }
 
 type RegisterPrefillRequest struct {
@@ -819,6 +844,131 @@ func (x *HeartbeatResponse) GetIncarnation() uint64 {
 	return 0
 }
 
+type DeregisterPrefillRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bootstrap_addr is the instance's address.
+	// bounds: as PrefillRank.bootstrap_addr (required, at most 261 bytes,
+	// port 1..65535).
+	BootstrapAddr string `protobuf:"bytes,1,opt,name=bootstrap_addr,json=bootstrapAddr,proto3" json:"bootstrap_addr,omitempty"`
+	// instance_id is the instance's id as its ranks registered it; empty
+	// deregisters whatever instance is registered at bootstrap_addr.
+	// bounds: at most 256 bytes.
+	InstanceId string `protobuf:"bytes,2,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// reason says why (logged, and part of the rooms' failure); empty is
+	// "the prefill instance stopped". bounds: at most 4096 bytes.
+	Reason        string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeregisterPrefillRequest) Reset() {
+	*x = DeregisterPrefillRequest{}
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeregisterPrefillRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeregisterPrefillRequest) ProtoMessage() {}
+
+func (x *DeregisterPrefillRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeregisterPrefillRequest.ProtoReflect.Descriptor instead.
+func (*DeregisterPrefillRequest) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *DeregisterPrefillRequest) GetBootstrapAddr() string {
+	if x != nil {
+		return x.BootstrapAddr
+	}
+	return ""
+}
+
+func (x *DeregisterPrefillRequest) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *DeregisterPrefillRequest) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+type DeregisterPrefillResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// deregistered is true when the instance was registered (here, or in the
+	// fleet registry) and is now removed; false when there was nothing to
+	// remove.
+	Deregistered bool `protobuf:"varint,1,opt,name=deregistered,proto3" json:"deregistered,omitempty"`
+	// rooms_failed counts the rooms this daemon failed (the other daemons of
+	// a fleet fail theirs as the change reaches them).
+	RoomsFailed   uint32 `protobuf:"varint,2,opt,name=rooms_failed,json=roomsFailed,proto3" json:"rooms_failed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeregisterPrefillResponse) Reset() {
+	*x = DeregisterPrefillResponse{}
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeregisterPrefillResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeregisterPrefillResponse) ProtoMessage() {}
+
+func (x *DeregisterPrefillResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeregisterPrefillResponse.ProtoReflect.Descriptor instead.
+func (*DeregisterPrefillResponse) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *DeregisterPrefillResponse) GetDeregistered() bool {
+	if x != nil {
+		return x.Deregistered
+	}
+	return false
+}
+
+func (x *DeregisterPrefillResponse) GetRoomsFailed() uint32 {
+	if x != nil {
+		return x.RoomsFailed
+	}
+	return 0
+}
+
 type BindRoomRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// bounds: as PrefillRank.bootstrap_addr.
@@ -833,7 +983,7 @@ type BindRoomRequest struct {
 
 func (x *BindRoomRequest) Reset() {
 	*x = BindRoomRequest{}
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[8]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -845,7 +995,7 @@ func (x *BindRoomRequest) String() string {
 func (*BindRoomRequest) ProtoMessage() {}
 
 func (x *BindRoomRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[8]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -858,7 +1008,7 @@ func (x *BindRoomRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindRoomRequest.ProtoReflect.Descriptor instead.
 func (*BindRoomRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{8}
+	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *BindRoomRequest) GetBootstrapAddr() string {
@@ -892,7 +1042,7 @@ type BindRoomResponse struct {
 
 func (x *BindRoomResponse) Reset() {
 	*x = BindRoomResponse{}
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[9]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -904,7 +1054,7 @@ func (x *BindRoomResponse) String() string {
 func (*BindRoomResponse) ProtoMessage() {}
 
 func (x *BindRoomResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[9]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -917,7 +1067,7 @@ func (x *BindRoomResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BindRoomResponse.ProtoReflect.Descriptor instead.
 func (*BindRoomResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{9}
+	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *BindRoomResponse) GetReplaced() bool {
@@ -940,7 +1090,7 @@ type RoomHint struct {
 
 func (x *RoomHint) Reset() {
 	*x = RoomHint{}
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[10]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -952,7 +1102,7 @@ func (x *RoomHint) String() string {
 func (*RoomHint) ProtoMessage() {}
 
 func (x *RoomHint) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[10]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -965,7 +1115,7 @@ func (x *RoomHint) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RoomHint.ProtoReflect.Descriptor instead.
 func (*RoomHint) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{10}
+	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RoomHint) GetRoom() uint64 {
@@ -996,7 +1146,7 @@ type LookupDPRanksRequest struct {
 
 func (x *LookupDPRanksRequest) Reset() {
 	*x = LookupDPRanksRequest{}
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[11]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1008,7 +1158,7 @@ func (x *LookupDPRanksRequest) String() string {
 func (*LookupDPRanksRequest) ProtoMessage() {}
 
 func (x *LookupDPRanksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[11]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1021,7 +1171,7 @@ func (x *LookupDPRanksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupDPRanksRequest.ProtoReflect.Descriptor instead.
 func (*LookupDPRanksRequest) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{11}
+	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LookupDPRanksRequest) GetBootstrapAddr() string {
@@ -1056,7 +1206,7 @@ type DPRankResult struct {
 
 func (x *DPRankResult) Reset() {
 	*x = DPRankResult{}
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[12]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1068,7 +1218,7 @@ func (x *DPRankResult) String() string {
 func (*DPRankResult) ProtoMessage() {}
 
 func (x *DPRankResult) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[12]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1081,7 +1231,7 @@ func (x *DPRankResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DPRankResult.ProtoReflect.Descriptor instead.
 func (*DPRankResult) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{12}
+	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DPRankResult) GetRoom() uint64 {
@@ -1115,7 +1265,7 @@ type LookupDPRanksResponse struct {
 
 func (x *LookupDPRanksResponse) Reset() {
 	*x = LookupDPRanksResponse{}
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[13]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1127,7 +1277,7 @@ func (x *LookupDPRanksResponse) String() string {
 func (*LookupDPRanksResponse) ProtoMessage() {}
 
 func (x *LookupDPRanksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[13]
+	mi := &file_decodeplane_v1_bootstrap_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1140,7 +1290,7 @@ func (x *LookupDPRanksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LookupDPRanksResponse.ProtoReflect.Descriptor instead.
 func (*LookupDPRanksResponse) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{13}
+	return file_decodeplane_v1_bootstrap_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *LookupDPRanksResponse) GetResolved() []*DPRankResult {
@@ -1179,7 +1329,7 @@ const file_decodeplane_v1_bootstrap_proto_rawDesc = "" +
 	"\app_rank\x18\b \x01(\rR\x06ppRank\x12$\n" +
 	"\x0esystem_dp_size\x18\t \x01(\rR\fsystemDpSize\x12$\n" +
 	"\x0esystem_dp_rank\x18\n" +
-	" \x01(\rR\fsystemDpRank\"\xd9\x01\n" +
+	" \x01(\rR\fsystemDpRank\"\x9f\x02\n" +
 	"\n" +
 	"ModelFacts\x12 \n" +
 	"\fkv_pool_kind\x18\x01 \x01(\tR\n" +
@@ -1190,7 +1340,10 @@ const file_decodeplane_v1_bootstrap_proto_rawDesc = "" +
 	"\bhead_dim\x18\x04 \x01(\rR\aheadDim\x12 \n" +
 	"\fkv_lora_rank\x18\x05 \x01(\rR\n" +
 	"kvLoraRank\x12'\n" +
-	"\x10qk_rope_head_dim\x18\x06 \x01(\rR\rqkRopeHeadDim\"\xd0\x03\n" +
+	"\x10qk_rope_head_dim\x18\x06 \x01(\rR\rqkRopeHeadDim\x12\x1d\n" +
+	"\n" +
+	"model_name\x18\a \x01(\tR\tmodelName\x12%\n" +
+	"\x0emodel_revision\x18\b \x01(\tR\rmodelRevision\"\xd0\x03\n" +
 	"\x16RegisterPrefillRequest\x12%\n" +
 	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12#\n" +
 	"\rrank_endpoint\x18\x02 \x01(\tR\frankEndpoint\x128\n" +
@@ -1236,7 +1389,15 @@ const file_decodeplane_v1_bootstrap_proto_rawDesc = "" +
 	"\x11HeartbeatResponse\x125\n" +
 	"\binterval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12!\n" +
 	"\fmax_failures\x18\x02 \x01(\rR\vmaxFailures\x12 \n" +
-	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"e\n" +
+	"\vincarnation\x18\x03 \x01(\x06R\vincarnation\"z\n" +
+	"\x18DeregisterPrefillRequest\x12%\n" +
+	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12\x1f\n" +
+	"\vinstance_id\x18\x02 \x01(\tR\n" +
+	"instanceId\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\"b\n" +
+	"\x19DeregisterPrefillResponse\x12\"\n" +
+	"\fderegistered\x18\x01 \x01(\bR\fderegistered\x12!\n" +
+	"\frooms_failed\x18\x02 \x01(\rR\vroomsFailed\"e\n" +
 	"\x0fBindRoomRequest\x12%\n" +
 	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12\x12\n" +
 	"\x04room\x18\x02 \x01(\x04R\x04room\x12\x17\n" +
@@ -1258,10 +1419,11 @@ const file_decodeplane_v1_bootstrap_proto_rawDesc = "" +
 	"\bresolved\x18\x01 \x03(\v2\x1c.decodeplane.v1.DPRankResultR\bresolved\x12\x1e\n" +
 	"\n" +
 	"unresolved\x18\x02 \x03(\x04R\n" +
-	"unresolved2\xee\x02\n" +
+	"unresolved2\xd8\x03\n" +
 	"\tBootstrap\x12b\n" +
 	"\x0fRegisterPrefill\x12&.decodeplane.v1.RegisterPrefillRequest\x1a'.decodeplane.v1.RegisterPrefillResponse\x12P\n" +
-	"\tHeartbeat\x12 .decodeplane.v1.HeartbeatRequest\x1a!.decodeplane.v1.HeartbeatResponse\x12M\n" +
+	"\tHeartbeat\x12 .decodeplane.v1.HeartbeatRequest\x1a!.decodeplane.v1.HeartbeatResponse\x12h\n" +
+	"\x11DeregisterPrefill\x12(.decodeplane.v1.DeregisterPrefillRequest\x1a).decodeplane.v1.DeregisterPrefillResponse\x12M\n" +
 	"\bBindRoom\x12\x1f.decodeplane.v1.BindRoomRequest\x1a .decodeplane.v1.BindRoomResponse\x12\\\n" +
 	"\rLookupDPRanks\x12$.decodeplane.v1.LookupDPRanksRequest\x1a%.decodeplane.v1.LookupDPRanksResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 
@@ -1277,49 +1439,53 @@ func file_decodeplane_v1_bootstrap_proto_rawDescGZIP() []byte {
 	return file_decodeplane_v1_bootstrap_proto_rawDescData
 }
 
-var file_decodeplane_v1_bootstrap_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
+var file_decodeplane_v1_bootstrap_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_decodeplane_v1_bootstrap_proto_goTypes = []any{
-	(*ParallelInfo)(nil),            // 0: decodeplane.v1.ParallelInfo
-	(*ModelFacts)(nil),              // 1: decodeplane.v1.ModelFacts
-	(*RegisterPrefillRequest)(nil),  // 2: decodeplane.v1.RegisterPrefillRequest
-	(*DecodeRankMapping)(nil),       // 3: decodeplane.v1.DecodeRankMapping
-	(*PrefillRankMapping)(nil),      // 4: decodeplane.v1.PrefillRankMapping
-	(*RegisterPrefillResponse)(nil), // 5: decodeplane.v1.RegisterPrefillResponse
-	(*HeartbeatRequest)(nil),        // 6: decodeplane.v1.HeartbeatRequest
-	(*HeartbeatResponse)(nil),       // 7: decodeplane.v1.HeartbeatResponse
-	(*BindRoomRequest)(nil),         // 8: decodeplane.v1.BindRoomRequest
-	(*BindRoomResponse)(nil),        // 9: decodeplane.v1.BindRoomResponse
-	(*RoomHint)(nil),                // 10: decodeplane.v1.RoomHint
-	(*LookupDPRanksRequest)(nil),    // 11: decodeplane.v1.LookupDPRanksRequest
-	(*DPRankResult)(nil),            // 12: decodeplane.v1.DPRankResult
-	(*LookupDPRanksResponse)(nil),   // 13: decodeplane.v1.LookupDPRanksResponse
-	(*KVLayout)(nil),                // 14: decodeplane.v1.KVLayout
-	(*durationpb.Duration)(nil),     // 15: google.protobuf.Duration
-	(*PrefillRank)(nil),             // 16: decodeplane.v1.PrefillRank
-	(DPRankRule)(0),                 // 17: decodeplane.v1.DPRankRule
+	(*ParallelInfo)(nil),              // 0: decodeplane.v1.ParallelInfo
+	(*ModelFacts)(nil),                // 1: decodeplane.v1.ModelFacts
+	(*RegisterPrefillRequest)(nil),    // 2: decodeplane.v1.RegisterPrefillRequest
+	(*DecodeRankMapping)(nil),         // 3: decodeplane.v1.DecodeRankMapping
+	(*PrefillRankMapping)(nil),        // 4: decodeplane.v1.PrefillRankMapping
+	(*RegisterPrefillResponse)(nil),   // 5: decodeplane.v1.RegisterPrefillResponse
+	(*HeartbeatRequest)(nil),          // 6: decodeplane.v1.HeartbeatRequest
+	(*HeartbeatResponse)(nil),         // 7: decodeplane.v1.HeartbeatResponse
+	(*DeregisterPrefillRequest)(nil),  // 8: decodeplane.v1.DeregisterPrefillRequest
+	(*DeregisterPrefillResponse)(nil), // 9: decodeplane.v1.DeregisterPrefillResponse
+	(*BindRoomRequest)(nil),           // 10: decodeplane.v1.BindRoomRequest
+	(*BindRoomResponse)(nil),          // 11: decodeplane.v1.BindRoomResponse
+	(*RoomHint)(nil),                  // 12: decodeplane.v1.RoomHint
+	(*LookupDPRanksRequest)(nil),      // 13: decodeplane.v1.LookupDPRanksRequest
+	(*DPRankResult)(nil),              // 14: decodeplane.v1.DPRankResult
+	(*LookupDPRanksResponse)(nil),     // 15: decodeplane.v1.LookupDPRanksResponse
+	(*KVLayout)(nil),                  // 16: decodeplane.v1.KVLayout
+	(*durationpb.Duration)(nil),       // 17: google.protobuf.Duration
+	(*PrefillRank)(nil),               // 18: decodeplane.v1.PrefillRank
+	(DPRankRule)(0),                   // 19: decodeplane.v1.DPRankRule
 }
 var file_decodeplane_v1_bootstrap_proto_depIdxs = []int32{
 	0,  // 0: decodeplane.v1.RegisterPrefillRequest.parallel:type_name -> decodeplane.v1.ParallelInfo
 	1,  // 1: decodeplane.v1.RegisterPrefillRequest.model:type_name -> decodeplane.v1.ModelFacts
 	3,  // 2: decodeplane.v1.PrefillRankMapping.decode_ranks:type_name -> decodeplane.v1.DecodeRankMapping
-	14, // 3: decodeplane.v1.RegisterPrefillResponse.decode_layout:type_name -> decodeplane.v1.KVLayout
+	16, // 3: decodeplane.v1.RegisterPrefillResponse.decode_layout:type_name -> decodeplane.v1.KVLayout
 	4,  // 4: decodeplane.v1.RegisterPrefillResponse.mapping:type_name -> decodeplane.v1.PrefillRankMapping
-	15, // 5: decodeplane.v1.RegisterPrefillResponse.heartbeat_interval:type_name -> google.protobuf.Duration
-	16, // 6: decodeplane.v1.HeartbeatRequest.rank:type_name -> decodeplane.v1.PrefillRank
-	15, // 7: decodeplane.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
-	10, // 8: decodeplane.v1.LookupDPRanksRequest.hints:type_name -> decodeplane.v1.RoomHint
-	17, // 9: decodeplane.v1.DPRankResult.rule:type_name -> decodeplane.v1.DPRankRule
-	12, // 10: decodeplane.v1.LookupDPRanksResponse.resolved:type_name -> decodeplane.v1.DPRankResult
+	17, // 5: decodeplane.v1.RegisterPrefillResponse.heartbeat_interval:type_name -> google.protobuf.Duration
+	18, // 6: decodeplane.v1.HeartbeatRequest.rank:type_name -> decodeplane.v1.PrefillRank
+	17, // 7: decodeplane.v1.HeartbeatResponse.interval:type_name -> google.protobuf.Duration
+	12, // 8: decodeplane.v1.LookupDPRanksRequest.hints:type_name -> decodeplane.v1.RoomHint
+	19, // 9: decodeplane.v1.DPRankResult.rule:type_name -> decodeplane.v1.DPRankRule
+	14, // 10: decodeplane.v1.LookupDPRanksResponse.resolved:type_name -> decodeplane.v1.DPRankResult
 	2,  // 11: decodeplane.v1.Bootstrap.RegisterPrefill:input_type -> decodeplane.v1.RegisterPrefillRequest
 	6,  // 12: decodeplane.v1.Bootstrap.Heartbeat:input_type -> decodeplane.v1.HeartbeatRequest
-	8,  // 13: decodeplane.v1.Bootstrap.BindRoom:input_type -> decodeplane.v1.BindRoomRequest
-	11, // 14: decodeplane.v1.Bootstrap.LookupDPRanks:input_type -> decodeplane.v1.LookupDPRanksRequest
-	5,  // 15: decodeplane.v1.Bootstrap.RegisterPrefill:output_type -> decodeplane.v1.RegisterPrefillResponse
-	7,  // 16: decodeplane.v1.Bootstrap.Heartbeat:output_type -> decodeplane.v1.HeartbeatResponse
-	9,  // 17: decodeplane.v1.Bootstrap.BindRoom:output_type -> decodeplane.v1.BindRoomResponse
-	13, // 18: decodeplane.v1.Bootstrap.LookupDPRanks:output_type -> decodeplane.v1.LookupDPRanksResponse
-	15, // [15:19] is the sub-list for method output_type
-	11, // [11:15] is the sub-list for method input_type
+	8,  // 13: decodeplane.v1.Bootstrap.DeregisterPrefill:input_type -> decodeplane.v1.DeregisterPrefillRequest
+	10, // 14: decodeplane.v1.Bootstrap.BindRoom:input_type -> decodeplane.v1.BindRoomRequest
+	13, // 15: decodeplane.v1.Bootstrap.LookupDPRanks:input_type -> decodeplane.v1.LookupDPRanksRequest
+	5,  // 16: decodeplane.v1.Bootstrap.RegisterPrefill:output_type -> decodeplane.v1.RegisterPrefillResponse
+	7,  // 17: decodeplane.v1.Bootstrap.Heartbeat:output_type -> decodeplane.v1.HeartbeatResponse
+	9,  // 18: decodeplane.v1.Bootstrap.DeregisterPrefill:output_type -> decodeplane.v1.DeregisterPrefillResponse
+	11, // 19: decodeplane.v1.Bootstrap.BindRoom:output_type -> decodeplane.v1.BindRoomResponse
+	15, // 20: decodeplane.v1.Bootstrap.LookupDPRanks:output_type -> decodeplane.v1.LookupDPRanksResponse
+	16, // [16:21] is the sub-list for method output_type
+	11, // [11:16] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -1337,7 +1503,7 @@ func file_decodeplane_v1_bootstrap_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_bootstrap_proto_rawDesc), len(file_decodeplane_v1_bootstrap_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   14,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -89,6 +89,33 @@ func local_request_Bootstrap_Heartbeat_0(ctx context.Context, marshaler runtime.
 	return msg, metadata, err
 }
 
+func request_Bootstrap_DeregisterPrefill_0(ctx context.Context, marshaler runtime.Marshaler, client BootstrapClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq DeregisterPrefillRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.DeregisterPrefill(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_Bootstrap_DeregisterPrefill_0(ctx context.Context, marshaler runtime.Marshaler, server BootstrapServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq DeregisterPrefillRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.DeregisterPrefill(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 func request_Bootstrap_BindRoom_0(ctx context.Context, marshaler runtime.Marshaler, client BootstrapClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
 		protoReq BindRoomRequest
@@ -188,6 +215,26 @@ func RegisterBootstrapHandlerServer(ctx context.Context, mux *runtime.ServeMux, 
 			return
 		}
 		forward_Bootstrap_Heartbeat_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
+	mux.Handle(http.MethodPost, pattern_Bootstrap_DeregisterPrefill_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/decodeplane.v1.Bootstrap/DeregisterPrefill", runtime.WithHTTPPathPattern("/decodeplane.v1.Bootstrap/DeregisterPrefill"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_Bootstrap_DeregisterPrefill_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_Bootstrap_DeregisterPrefill_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
 	mux.Handle(http.MethodPost, pattern_Bootstrap_BindRoom_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
@@ -303,6 +350,23 @@ func RegisterBootstrapHandlerClient(ctx context.Context, mux *runtime.ServeMux, 
 		}
 		forward_Bootstrap_Heartbeat_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_Bootstrap_DeregisterPrefill_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/decodeplane.v1.Bootstrap/DeregisterPrefill", runtime.WithHTTPPathPattern("/decodeplane.v1.Bootstrap/DeregisterPrefill"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_Bootstrap_DeregisterPrefill_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_Bootstrap_DeregisterPrefill_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodPost, pattern_Bootstrap_BindRoom_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -341,15 +405,17 @@ func RegisterBootstrapHandlerClient(ctx context.Context, mux *runtime.ServeMux, 
 }
 
 var (
-	pattern_Bootstrap_RegisterPrefill_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Bootstrap", "RegisterPrefill"}, ""))
-	pattern_Bootstrap_Heartbeat_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Bootstrap", "Heartbeat"}, ""))
-	pattern_Bootstrap_BindRoom_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Bootstrap", "BindRoom"}, ""))
-	pattern_Bootstrap_LookupDPRanks_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Bootstrap", "LookupDPRanks"}, ""))
+	pattern_Bootstrap_RegisterPrefill_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Bootstrap", "RegisterPrefill"}, ""))
+	pattern_Bootstrap_Heartbeat_0         = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Bootstrap", "Heartbeat"}, ""))
+	pattern_Bootstrap_DeregisterPrefill_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Bootstrap", "DeregisterPrefill"}, ""))
+	pattern_Bootstrap_BindRoom_0          = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Bootstrap", "BindRoom"}, ""))
+	pattern_Bootstrap_LookupDPRanks_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"decodeplane.v1.Bootstrap", "LookupDPRanks"}, ""))
 )
 
 var (
-	forward_Bootstrap_RegisterPrefill_0 = runtime.ForwardResponseMessage
-	forward_Bootstrap_Heartbeat_0       = runtime.ForwardResponseMessage
-	forward_Bootstrap_BindRoom_0        = runtime.ForwardResponseMessage
-	forward_Bootstrap_LookupDPRanks_0   = runtime.ForwardResponseMessage
+	forward_Bootstrap_RegisterPrefill_0   = runtime.ForwardResponseMessage
+	forward_Bootstrap_Heartbeat_0         = runtime.ForwardResponseMessage
+	forward_Bootstrap_DeregisterPrefill_0 = runtime.ForwardResponseMessage
+	forward_Bootstrap_BindRoom_0          = runtime.ForwardResponseMessage
+	forward_Bootstrap_LookupDPRanks_0     = runtime.ForwardResponseMessage
 )

@@ -19,10 +19,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Bootstrap_RegisterPrefill_FullMethodName = "/decodeplane.v1.Bootstrap/RegisterPrefill"
-	Bootstrap_Heartbeat_FullMethodName       = "/decodeplane.v1.Bootstrap/Heartbeat"
-	Bootstrap_BindRoom_FullMethodName        = "/decodeplane.v1.Bootstrap/BindRoom"
-	Bootstrap_LookupDPRanks_FullMethodName   = "/decodeplane.v1.Bootstrap/LookupDPRanks"
+	Bootstrap_RegisterPrefill_FullMethodName   = "/decodeplane.v1.Bootstrap/RegisterPrefill"
+	Bootstrap_Heartbeat_FullMethodName         = "/decodeplane.v1.Bootstrap/Heartbeat"
+	Bootstrap_DeregisterPrefill_FullMethodName = "/decodeplane.v1.Bootstrap/DeregisterPrefill"
+	Bootstrap_BindRoom_FullMethodName          = "/decodeplane.v1.Bootstrap/BindRoom"
+	Bootstrap_LookupDPRanks_FullMethodName     = "/decodeplane.v1.Bootstrap/LookupDPRanks"
 )
 
 // BootstrapClient is the client API for Bootstrap service.
@@ -64,6 +65,31 @@ type BootstrapClient interface {
 	// Codes: OK; NOT_FOUND (not registered, or declared dead: register again);
 	// INVALID_ARGUMENT; UNAUTHENTICATED. Safe to retry.
 	Heartbeat(ctx context.Context, in *HeartbeatRequest, opts ...grpc.CallOption) (*HeartbeatResponse, error)
+	// DeregisterPrefill removes a prefill instance that stops cleanly, so
+	// that the decode side does not wait for its liveness bound (missed
+	// heartbeats, or the fleet lease TTL) to learn it. SGLang has no such
+	// call; the failure is worded as its lost-prefill one. Every room of the
+	// instance still handing off fails at once with FAILURE_CODE_PREFILL_LOST,
+	// "Lost connection with prefill instance (bootstrap_addr: A), N requests
+	// affected: it deregistered (Bootstrap.DeregisterPrefill through D):
+	// <reason>"; rooms that succeeded are the decode engine's and are not
+	// touched. Every rank of the instance leaves the registry: with the
+	// fleet registry (registry.backend etcd) the instance's records are
+	// marked deregistered and its lease revoked, and every daemon of the
+	// fleet fails its own rooms of it as the change reaches it through etcd
+	// (the registration's own propagation delay, milliseconds); none of them
+	// re-creates its records for ranks that still heartbeat to it. A rank
+	// that registers afterwards registers a new instance. Idempotent: an
+	// instance this daemon (and its fleet) does not know, or already
+	// deregistered, is OK with deregistered false; an instance_id that is
+	// not the registered instance's changes nothing (deregistered false: a
+	// replacement is never removed by its predecessor's late goodbye).
+	// Codes: OK; INVALID_ARGUMENT (a field, named); UNAUTHENTICATED;
+	// UNAVAILABLE (the fleet registry is degraded or etcd did not answer
+	// within registry.etcd.request_timeout: nothing changed; retry). Safe to
+	// retry. Bounded: one etcd read, one conditional write and one lease
+	// revocation, each within registry.etcd.request_timeout.
+	DeregisterPrefill(ctx context.Context, in *DeregisterPrefillRequest, opts ...grpc.CallOption) (*DeregisterPrefillResponse, error)
 	// BindRoom records the authoritative room → prefill DP rank binding,
 	// reported by the prefill rank that scheduled the room (SGLang's
 	// POST /register_dp_rank). Entries expire after the binding TTL.
@@ -101,6 +127,16 @@ func (c *bootstrapClient) Heartbeat(ctx context.Context, in *HeartbeatRequest, o
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(HeartbeatResponse)
 	err := c.cc.Invoke(ctx, Bootstrap_Heartbeat_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *bootstrapClient) DeregisterPrefill(ctx context.Context, in *DeregisterPrefillRequest, opts ...grpc.CallOption) (*DeregisterPrefillResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeregisterPrefillResponse)
+	err := c.cc.Invoke(ctx, Bootstrap_DeregisterPrefill_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -166,6 +202,31 @@ type BootstrapServer interface {
 	// Codes: OK; NOT_FOUND (not registered, or declared dead: register again);
 	// INVALID_ARGUMENT; UNAUTHENTICATED. Safe to retry.
 	Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error)
+	// DeregisterPrefill removes a prefill instance that stops cleanly, so
+	// that the decode side does not wait for its liveness bound (missed
+	// heartbeats, or the fleet lease TTL) to learn it. SGLang has no such
+	// call; the failure is worded as its lost-prefill one. Every room of the
+	// instance still handing off fails at once with FAILURE_CODE_PREFILL_LOST,
+	// "Lost connection with prefill instance (bootstrap_addr: A), N requests
+	// affected: it deregistered (Bootstrap.DeregisterPrefill through D):
+	// <reason>"; rooms that succeeded are the decode engine's and are not
+	// touched. Every rank of the instance leaves the registry: with the
+	// fleet registry (registry.backend etcd) the instance's records are
+	// marked deregistered and its lease revoked, and every daemon of the
+	// fleet fails its own rooms of it as the change reaches it through etcd
+	// (the registration's own propagation delay, milliseconds); none of them
+	// re-creates its records for ranks that still heartbeat to it. A rank
+	// that registers afterwards registers a new instance. Idempotent: an
+	// instance this daemon (and its fleet) does not know, or already
+	// deregistered, is OK with deregistered false; an instance_id that is
+	// not the registered instance's changes nothing (deregistered false: a
+	// replacement is never removed by its predecessor's late goodbye).
+	// Codes: OK; INVALID_ARGUMENT (a field, named); UNAUTHENTICATED;
+	// UNAVAILABLE (the fleet registry is degraded or etcd did not answer
+	// within registry.etcd.request_timeout: nothing changed; retry). Safe to
+	// retry. Bounded: one etcd read, one conditional write and one lease
+	// revocation, each within registry.etcd.request_timeout.
+	DeregisterPrefill(context.Context, *DeregisterPrefillRequest) (*DeregisterPrefillResponse, error)
 	// BindRoom records the authoritative room → prefill DP rank binding,
 	// reported by the prefill rank that scheduled the room (SGLang's
 	// POST /register_dp_rank). Entries expire after the binding TTL.
@@ -194,6 +255,9 @@ func (UnimplementedBootstrapServer) RegisterPrefill(context.Context, *RegisterPr
 }
 func (UnimplementedBootstrapServer) Heartbeat(context.Context, *HeartbeatRequest) (*HeartbeatResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Heartbeat not implemented")
+}
+func (UnimplementedBootstrapServer) DeregisterPrefill(context.Context, *DeregisterPrefillRequest) (*DeregisterPrefillResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeregisterPrefill not implemented")
 }
 func (UnimplementedBootstrapServer) BindRoom(context.Context, *BindRoomRequest) (*BindRoomResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method BindRoom not implemented")
@@ -258,6 +322,24 @@ func _Bootstrap_Heartbeat_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Bootstrap_DeregisterPrefill_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeregisterPrefillRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(BootstrapServer).DeregisterPrefill(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Bootstrap_DeregisterPrefill_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(BootstrapServer).DeregisterPrefill(ctx, req.(*DeregisterPrefillRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Bootstrap_BindRoom_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(BindRoomRequest)
 	if err := dec(in); err != nil {
@@ -308,6 +390,10 @@ var Bootstrap_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Heartbeat",
 			Handler:    _Bootstrap_Heartbeat_Handler,
+		},
+		{
+			MethodName: "DeregisterPrefill",
+			Handler:    _Bootstrap_DeregisterPrefill_Handler,
 		},
 		{
 			MethodName: "BindRoom",

@@ -256,8 +256,12 @@ type CapacityUpdate struct {
 	Shards   []*ShardCapacity `protobuf:"bytes,6,rep,name=shards,proto3" json:"shards,omitempty"`
 	// at is when the figures were read; sequence counts the updates of this
 	// stream (or of this daemon's publications to etcd) from 1.
-	At            *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=at,proto3" json:"at,omitempty"`
-	Sequence      uint64                 `protobuf:"varint,8,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	At       *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=at,proto3" json:"at,omitempty"`
+	Sequence uint64                 `protobuf:"varint,8,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// fingerprint is what a prefill must match for this daemon to accept its
+	// hand-offs (see Fingerprint), in every update: a router pairs a prefill
+	// only with daemons whose fingerprint it matches.
+	Fingerprint   *Fingerprint `protobuf:"bytes,9,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -346,6 +350,13 @@ func (x *CapacityUpdate) GetSequence() uint64 {
 		return x.Sequence
 	}
 	return 0
+}
+
+func (x *CapacityUpdate) GetFingerprint() *Fingerprint {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return nil
 }
 
 // ShardCapacity is one decode DP shard's ledger, as admission sees it. When
@@ -526,7 +537,7 @@ var File_decodeplane_v1_capacity_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_capacity_proto_rawDesc = "" +
 	"\n" +
-	"\x1ddecodeplane/v1/capacity.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x02\n" +
+	"\x1ddecodeplane/v1/capacity.proto\x12\x0edecodeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1bdecodeplane/v1/common.proto\"\xb8\x02\n" +
 	"\x15ReportCapacityRequest\x12$\n" +
 	"\x0edecode_dp_rank\x18\x01 \x01(\rR\fdecodeDpRank\x12\x1f\n" +
 	"\vtokens_free\x18\x02 \x01(\x04R\n" +
@@ -542,7 +553,7 @@ const file_decodeplane_v1_capacity_proto_rawDesc = "" +
 	"\x16ReportCapacityResponse\"\x9e\x01\n" +
 	"\x14WatchCapacityRequest\x12<\n" +
 	"\fmin_interval\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\vminInterval\x12H\n" +
-	"\x12keepalive_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11keepaliveInterval\"\x9b\x02\n" +
+	"\x12keepalive_interval\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x11keepaliveInterval\"\xda\x02\n" +
 	"\x0eCapacityUpdate\x12 \n" +
 	"\vincarnation\x18\x01 \x01(\x06R\vincarnation\x12\x18\n" +
 	"\aaddress\x18\x02 \x01(\tR\aaddress\x12\x14\n" +
@@ -551,7 +562,8 @@ const file_decodeplane_v1_capacity_proto_rawDesc = "" +
 	"\bdraining\x18\x05 \x01(\bR\bdraining\x125\n" +
 	"\x06shards\x18\x06 \x03(\v2\x1d.decodeplane.v1.ShardCapacityR\x06shards\x12*\n" +
 	"\x02at\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\x02at\x12\x1a\n" +
-	"\bsequence\x18\b \x01(\x04R\bsequence\"\xce\x03\n" +
+	"\bsequence\x18\b \x01(\x04R\bsequence\x12=\n" +
+	"\vfingerprint\x18\t \x01(\v2\x1b.decodeplane.v1.FingerprintR\vfingerprint\"\xce\x03\n" +
 	"\rShardCapacity\x12\x17\n" +
 	"\adp_rank\x18\x01 \x01(\rR\x06dpRank\x12\x1b\n" +
 	"\tpage_size\x18\x02 \x01(\rR\bpageSize\x12!\n" +
@@ -597,21 +609,23 @@ var file_decodeplane_v1_capacity_proto_goTypes = []any{
 	(*ShardCapacity)(nil),          // 4: decodeplane.v1.ShardCapacity
 	(*durationpb.Duration)(nil),    // 5: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),  // 6: google.protobuf.Timestamp
+	(*Fingerprint)(nil),            // 7: decodeplane.v1.Fingerprint
 }
 var file_decodeplane_v1_capacity_proto_depIdxs = []int32{
 	5, // 0: decodeplane.v1.WatchCapacityRequest.min_interval:type_name -> google.protobuf.Duration
 	5, // 1: decodeplane.v1.WatchCapacityRequest.keepalive_interval:type_name -> google.protobuf.Duration
 	4, // 2: decodeplane.v1.CapacityUpdate.shards:type_name -> decodeplane.v1.ShardCapacity
 	6, // 3: decodeplane.v1.CapacityUpdate.at:type_name -> google.protobuf.Timestamp
-	2, // 4: decodeplane.v1.Capacity.WatchCapacity:input_type -> decodeplane.v1.WatchCapacityRequest
-	0, // 5: decodeplane.v1.Capacity.ReportCapacity:input_type -> decodeplane.v1.ReportCapacityRequest
-	3, // 6: decodeplane.v1.Capacity.WatchCapacity:output_type -> decodeplane.v1.CapacityUpdate
-	1, // 7: decodeplane.v1.Capacity.ReportCapacity:output_type -> decodeplane.v1.ReportCapacityResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	7, // 4: decodeplane.v1.CapacityUpdate.fingerprint:type_name -> decodeplane.v1.Fingerprint
+	2, // 5: decodeplane.v1.Capacity.WatchCapacity:input_type -> decodeplane.v1.WatchCapacityRequest
+	0, // 6: decodeplane.v1.Capacity.ReportCapacity:input_type -> decodeplane.v1.ReportCapacityRequest
+	3, // 7: decodeplane.v1.Capacity.WatchCapacity:output_type -> decodeplane.v1.CapacityUpdate
+	1, // 8: decodeplane.v1.Capacity.ReportCapacity:output_type -> decodeplane.v1.ReportCapacityResponse
+	7, // [7:9] is the sub-list for method output_type
+	5, // [5:7] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_capacity_proto_init() }
@@ -619,6 +633,7 @@ func file_decodeplane_v1_capacity_proto_init() {
 	if File_decodeplane_v1_capacity_proto != nil {
 		return
 	}
+	file_decodeplane_v1_common_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

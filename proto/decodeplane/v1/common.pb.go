@@ -820,6 +820,168 @@ func (x *KVLayout) GetPageOwner() string {
 	return ""
 }
 
+// Fingerprint is what a prefill's KV must match for a decode daemon to
+// accept its hand-offs: the decode side of RegisterPrefill's compatibility
+// check (page size, KV dtype, pool kind, layers, KV heads and head dim or
+// MLA dims, model name and revision when configured), plus the page owner.
+// Each daemon publishes it in its fleet record (FleetDaemon.fingerprint,
+// etcd daemons/<address>) and in every WatchCapacity update, so that a
+// router drops incompatible prefill/decode pairs before it dispatches. A
+// fingerprint read from another daemon's record that breaks a bound below
+// is ignored (that daemon is treated as accepting nothing).
+type Fingerprint struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// page_size is tokens per KV page. bounds: a power of two, 1..65536.
+	PageSize uint32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// kv_cache_dtype is the canonical KV dtype. bounds: one of bf16, fp16,
+	// fp32, fp8_e4m3, fp8_e5m2.
+	KvCacheDtype string `protobuf:"bytes,2,opt,name=kv_cache_dtype,json=kvCacheDtype,proto3" json:"kv_cache_dtype,omitempty"`
+	// kv_pool_kind is the pool's kind. bounds: one of mha, gqa, mla,
+	// hybrid-mla, hybrid-swa, hybrid-linear.
+	KvPoolKind string `protobuf:"bytes,3,opt,name=kv_pool_kind,json=kvPoolKind,proto3" json:"kv_pool_kind,omitempty"`
+	// num_layers are the attention layers whose KV is transferred.
+	// bounds: 1..4096.
+	NumLayers uint32 `protobuf:"varint,4,opt,name=num_layers,json=numLayers,proto3" json:"num_layers,omitempty"`
+	// total_kv_heads are the model's KV heads; 0 on an MLA pool (mla,
+	// hybrid-mla). bounds: 0..4096.
+	TotalKvHeads uint32 `protobuf:"varint,5,opt,name=total_kv_heads,json=totalKvHeads,proto3" json:"total_kv_heads,omitempty"`
+	// head_dim is the per-head dimension, or on an MLA pool one KV entry's
+	// width (kv_lora_rank + qk_rope_head_dim). bounds: 1..16384.
+	HeadDim uint32 `protobuf:"varint,6,opt,name=head_dim,json=headDim,proto3" json:"head_dim,omitempty"`
+	// kv_lora_rank and qk_rope_head_dim are MLA's dimensions (0 on the
+	// other kinds). bounds: 0..16384 each.
+	KvLoraRank    uint32 `protobuf:"varint,7,opt,name=kv_lora_rank,json=kvLoraRank,proto3" json:"kv_lora_rank,omitempty"`
+	QkRopeHeadDim uint32 `protobuf:"varint,8,opt,name=qk_rope_head_dim,json=qkRopeHeadDim,proto3" json:"qk_rope_head_dim,omitempty"`
+	// page_owner is kv_pool.owner: "daemon" or "engine". A prefill's KV does
+	// not depend on it; routers that open rooms do.
+	PageOwner string `protobuf:"bytes,9,opt,name=page_owner,json=pageOwner,proto3" json:"page_owner,omitempty"`
+	// model_name and model_revision are the daemon's model.name and
+	// model.revision ("" when not configured: not checked).
+	// bounds: at most 256 and 128 bytes of printable UTF-8 without
+	// whitespace.
+	ModelName     string `protobuf:"bytes,10,opt,name=model_name,json=modelName,proto3" json:"model_name,omitempty"`
+	ModelRevision string `protobuf:"bytes,11,opt,name=model_revision,json=modelRevision,proto3" json:"model_revision,omitempty"`
+	// digest is 16 lowercase hex digits of a SHA-256 over the fields above:
+	// two daemons with the same digest accept the same prefills.
+	Digest        string `protobuf:"bytes,12,opt,name=digest,proto3" json:"digest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Fingerprint) Reset() {
+	*x = Fingerprint{}
+	mi := &file_decodeplane_v1_common_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Fingerprint) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Fingerprint) ProtoMessage() {}
+
+func (x *Fingerprint) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_common_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Fingerprint.ProtoReflect.Descriptor instead.
+func (*Fingerprint) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_common_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Fingerprint) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *Fingerprint) GetKvCacheDtype() string {
+	if x != nil {
+		return x.KvCacheDtype
+	}
+	return ""
+}
+
+func (x *Fingerprint) GetKvPoolKind() string {
+	if x != nil {
+		return x.KvPoolKind
+	}
+	return ""
+}
+
+func (x *Fingerprint) GetNumLayers() uint32 {
+	if x != nil {
+		return x.NumLayers
+	}
+	return 0
+}
+
+func (x *Fingerprint) GetTotalKvHeads() uint32 {
+	if x != nil {
+		return x.TotalKvHeads
+	}
+	return 0
+}
+
+func (x *Fingerprint) GetHeadDim() uint32 {
+	if x != nil {
+		return x.HeadDim
+	}
+	return 0
+}
+
+func (x *Fingerprint) GetKvLoraRank() uint32 {
+	if x != nil {
+		return x.KvLoraRank
+	}
+	return 0
+}
+
+func (x *Fingerprint) GetQkRopeHeadDim() uint32 {
+	if x != nil {
+		return x.QkRopeHeadDim
+	}
+	return 0
+}
+
+func (x *Fingerprint) GetPageOwner() string {
+	if x != nil {
+		return x.PageOwner
+	}
+	return ""
+}
+
+func (x *Fingerprint) GetModelName() string {
+	if x != nil {
+		return x.ModelName
+	}
+	return ""
+}
+
+func (x *Fingerprint) GetModelRevision() string {
+	if x != nil {
+		return x.ModelRevision
+	}
+	return ""
+}
+
+func (x *Fingerprint) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
 // Transition is one step of a room's timeline.
 type Transition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -840,7 +1002,7 @@ type Transition struct {
 
 func (x *Transition) Reset() {
 	*x = Transition{}
-	mi := &file_decodeplane_v1_common_proto_msgTypes[4]
+	mi := &file_decodeplane_v1_common_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -852,7 +1014,7 @@ func (x *Transition) String() string {
 func (*Transition) ProtoMessage() {}
 
 func (x *Transition) ProtoReflect() protoreflect.Message {
-	mi := &file_decodeplane_v1_common_proto_msgTypes[4]
+	mi := &file_decodeplane_v1_common_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -865,7 +1027,7 @@ func (x *Transition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Transition.ProtoReflect.Descriptor instead.
 func (*Transition) Descriptor() ([]byte, []int) {
-	return file_decodeplane_v1_common_proto_rawDescGZIP(), []int{4}
+	return file_decodeplane_v1_common_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *Transition) GetPhase() RoomPhase {
@@ -955,7 +1117,26 @@ const file_decodeplane_v1_common_proto_rawDesc = "" +
 	"\vtotal_pages\x18\x12 \x01(\x04R\n" +
 	"totalPages\x12\x1d\n" +
 	"\n" +
-	"page_owner\x18\x13 \x01(\tR\tpageOwner\"\xdb\x01\n" +
+	"page_owner\x18\x13 \x01(\tR\tpageOwner\"\x9a\x03\n" +
+	"\vFingerprint\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\rR\bpageSize\x12$\n" +
+	"\x0ekv_cache_dtype\x18\x02 \x01(\tR\fkvCacheDtype\x12 \n" +
+	"\fkv_pool_kind\x18\x03 \x01(\tR\n" +
+	"kvPoolKind\x12\x1d\n" +
+	"\n" +
+	"num_layers\x18\x04 \x01(\rR\tnumLayers\x12$\n" +
+	"\x0etotal_kv_heads\x18\x05 \x01(\rR\ftotalKvHeads\x12\x19\n" +
+	"\bhead_dim\x18\x06 \x01(\rR\aheadDim\x12 \n" +
+	"\fkv_lora_rank\x18\a \x01(\rR\n" +
+	"kvLoraRank\x12'\n" +
+	"\x10qk_rope_head_dim\x18\b \x01(\rR\rqkRopeHeadDim\x12\x1d\n" +
+	"\n" +
+	"page_owner\x18\t \x01(\tR\tpageOwner\x12\x1d\n" +
+	"\n" +
+	"model_name\x18\n" +
+	" \x01(\tR\tmodelName\x12%\n" +
+	"\x0emodel_revision\x18\v \x01(\tR\rmodelRevision\x12\x16\n" +
+	"\x06digest\x18\f \x01(\tR\x06digest\"\xdb\x01\n" +
 	"\n" +
 	"Transition\x12/\n" +
 	"\x05phase\x18\x01 \x01(\x0e2\x19.decodeplane.v1.RoomPhaseR\x05phase\x12*\n" +
@@ -1027,7 +1208,7 @@ func file_decodeplane_v1_common_proto_rawDescGZIP() []byte {
 }
 
 var file_decodeplane_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_decodeplane_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_decodeplane_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_decodeplane_v1_common_proto_goTypes = []any{
 	(KVPoll)(0),                   // 0: decodeplane.v1.KVPoll
 	(RoomPhase)(0),                // 1: decodeplane.v1.RoomPhase
@@ -1038,8 +1219,9 @@ var file_decodeplane_v1_common_proto_goTypes = []any{
 	(*PrefillRank)(nil),           // 6: decodeplane.v1.PrefillRank
 	(*StateIndices)(nil),          // 7: decodeplane.v1.StateIndices
 	(*KVLayout)(nil),              // 8: decodeplane.v1.KVLayout
-	(*Transition)(nil),            // 9: decodeplane.v1.Transition
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*Fingerprint)(nil),           // 9: decodeplane.v1.Fingerprint
+	(*Transition)(nil),            // 10: decodeplane.v1.Transition
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_decodeplane_v1_common_proto_depIdxs = []int32{
 	2,  // 0: decodeplane.v1.Failure.code:type_name -> decodeplane.v1.FailureCode
@@ -1047,7 +1229,7 @@ var file_decodeplane_v1_common_proto_depIdxs = []int32{
 	3,  // 2: decodeplane.v1.KVLayout.state_types:type_name -> decodeplane.v1.StateType
 	1,  // 3: decodeplane.v1.Transition.phase:type_name -> decodeplane.v1.RoomPhase
 	0,  // 4: decodeplane.v1.Transition.poll:type_name -> decodeplane.v1.KVPoll
-	10, // 5: decodeplane.v1.Transition.at:type_name -> google.protobuf.Timestamp
+	11, // 5: decodeplane.v1.Transition.at:type_name -> google.protobuf.Timestamp
 	6,  // [6:6] is the sub-list for method output_type
 	6,  // [6:6] is the sub-list for method input_type
 	6,  // [6:6] is the sub-list for extension type_name
@@ -1066,7 +1248,7 @@ func file_decodeplane_v1_common_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_common_proto_rawDesc), len(file_decodeplane_v1_common_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

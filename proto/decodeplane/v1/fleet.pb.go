@@ -246,7 +246,11 @@ type FleetDaemon struct {
 	// capacity is the last capacity it published to etcd (unset when none
 	// yet); for the daemon that answers (self) it is its figures read at the
 	// call, with sequence 0.
-	Capacity      *CapacityUpdate `protobuf:"bytes,7,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	Capacity *CapacityUpdate `protobuf:"bytes,7,opt,name=capacity,proto3" json:"capacity,omitempty"`
+	// fingerprint is what a prefill must match for this daemon to accept its
+	// hand-offs (unset for a daemon whose record has none: an older version,
+	// or one out of the bounds Fingerprint states).
+	Fingerprint   *Fingerprint `protobuf:"bytes,8,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -330,6 +334,13 @@ func (x *FleetDaemon) GetCapacity() *CapacityUpdate {
 	return nil
 }
 
+func (x *FleetDaemon) GetFingerprint() *Fingerprint {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return nil
+}
+
 // FleetPrefill is one prefill instance of the registry.
 type FleetPrefill struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -355,8 +366,20 @@ type FleetPrefill struct {
 	// registered_via is the address of the daemon that created the
 	// instance's record.
 	RegisteredVia string `protobuf:"bytes,12,opt,name=registered_via,json=registeredVia,proto3" json:"registered_via,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Which daemons can take this instance's KV, by fingerprint: its
+	// registered layout (page size, KV dtype, model facts, as one of its
+	// ranks registered them) checked against each distinct fingerprint of
+	// the daemons listed (FleetDaemon.fingerprint.digest), as RegisterPrefill
+	// checks it. hand_off_digests are the digests it matches; refused the
+	// others, each with the differences. Daemons without a fingerprint are in
+	// neither. Both are empty when the fleet holds more than 1,000,000
+	// (instance, distinct fingerprint) pairs. With the memory registry the
+	// daemon's own fingerprint is the one digest (the instance registered
+	// here, so it matches).
+	HandOffDigests []string        `protobuf:"bytes,13,rep,name=hand_off_digests,json=handOffDigests,proto3" json:"hand_off_digests,omitempty"`
+	Refused        []*FleetRefusal `protobuf:"bytes,14,rep,name=refused,proto3" json:"refused,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *FleetPrefill) Reset() {
@@ -473,6 +496,78 @@ func (x *FleetPrefill) GetRegisteredVia() string {
 	return ""
 }
 
+func (x *FleetPrefill) GetHandOffDigests() []string {
+	if x != nil {
+		return x.HandOffDigests
+	}
+	return nil
+}
+
+func (x *FleetPrefill) GetRefused() []*FleetRefusal {
+	if x != nil {
+		return x.Refused
+	}
+	return nil
+}
+
+// FleetRefusal is a fingerprint whose daemons cannot take a prefill
+// instance's KV.
+type FleetRefusal struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// digest is the fingerprint's (FleetDaemon.fingerprint.digest).
+	Digest string `protobuf:"bytes,1,opt,name=digest,proto3" json:"digest,omitempty"`
+	// differences name what differs, as RegisterPrefill would refuse it
+	// ("Page size mismatch: prefill server has page_size=32, but decode
+	// server has page_size=64. ...").
+	Differences   string `protobuf:"bytes,2,opt,name=differences,proto3" json:"differences,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FleetRefusal) Reset() {
+	*x = FleetRefusal{}
+	mi := &file_decodeplane_v1_fleet_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FleetRefusal) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FleetRefusal) ProtoMessage() {}
+
+func (x *FleetRefusal) ProtoReflect() protoreflect.Message {
+	mi := &file_decodeplane_v1_fleet_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FleetRefusal.ProtoReflect.Descriptor instead.
+func (*FleetRefusal) Descriptor() ([]byte, []int) {
+	return file_decodeplane_v1_fleet_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *FleetRefusal) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *FleetRefusal) GetDifferences() string {
+	if x != nil {
+		return x.Differences
+	}
+	return ""
+}
+
 var File_decodeplane_v1_fleet_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_fleet_proto_rawDesc = "" +
@@ -491,7 +586,7 @@ const file_decodeplane_v1_fleet_proto_rawDesc = "" +
 	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x12\x1a\n" +
 	"\brevision\x18\x05 \x01(\x03R\brevision\x12\x16\n" +
 	"\x06prefix\x18\x06 \x01(\tR\x06prefix\x126\n" +
-	"\tlease_ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\"\xa0\x02\n" +
+	"\tlease_ttl\x18\a \x01(\v2\x19.google.protobuf.DurationR\bleaseTtl\"\xdf\x02\n" +
 	"\vFleetDaemon\x12\x18\n" +
 	"\aaddress\x18\x01 \x01(\tR\aaddress\x12 \n" +
 	"\vincarnation\x18\x02 \x01(\x06R\vincarnation\x12\x12\n" +
@@ -500,7 +595,8 @@ const file_decodeplane_v1_fleet_proto_rawDesc = "" +
 	"\n" +
 	"started_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x120\n" +
 	"\x06layout\x18\x06 \x01(\v2\x18.decodeplane.v1.KVLayoutR\x06layout\x12:\n" +
-	"\bcapacity\x18\a \x01(\v2\x1e.decodeplane.v1.CapacityUpdateR\bcapacity\"\xb7\x03\n" +
+	"\bcapacity\x18\a \x01(\v2\x1e.decodeplane.v1.CapacityUpdateR\bcapacity\x12=\n" +
+	"\vfingerprint\x18\b \x01(\v2\x1b.decodeplane.v1.FingerprintR\vfingerprint\"\x99\x04\n" +
 	"\fFleetPrefill\x12%\n" +
 	"\x0ebootstrap_addr\x18\x01 \x01(\tR\rbootstrapAddr\x12\x1f\n" +
 	"\vinstance_id\x18\x02 \x01(\tR\n" +
@@ -518,7 +614,12 @@ const file_decodeplane_v1_fleet_proto_rawDesc = "" +
 	" \x01(\x03R\aleaseId\x129\n" +
 	"\n" +
 	"heard_here\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\theardHere\x12%\n" +
-	"\x0eregistered_via\x18\f \x01(\tR\rregisteredVia2V\n" +
+	"\x0eregistered_via\x18\f \x01(\tR\rregisteredVia\x12(\n" +
+	"\x10hand_off_digests\x18\r \x03(\tR\x0ehandOffDigests\x126\n" +
+	"\arefused\x18\x0e \x03(\v2\x1c.decodeplane.v1.FleetRefusalR\arefused\"H\n" +
+	"\fFleetRefusal\x12\x16\n" +
+	"\x06digest\x18\x01 \x01(\tR\x06digest\x12 \n" +
+	"\vdifferences\x18\x02 \x01(\tR\vdifferences2V\n" +
 	"\x05Fleet\x12M\n" +
 	"\bGetFleet\x12\x1f.decodeplane.v1.GetFleetRequest\x1a .decodeplane.v1.GetFleetResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 
@@ -534,35 +635,39 @@ func file_decodeplane_v1_fleet_proto_rawDescGZIP() []byte {
 	return file_decodeplane_v1_fleet_proto_rawDescData
 }
 
-var file_decodeplane_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_decodeplane_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_decodeplane_v1_fleet_proto_goTypes = []any{
 	(*GetFleetRequest)(nil),       // 0: decodeplane.v1.GetFleetRequest
 	(*GetFleetResponse)(nil),      // 1: decodeplane.v1.GetFleetResponse
 	(*RegistryState)(nil),         // 2: decodeplane.v1.RegistryState
 	(*FleetDaemon)(nil),           // 3: decodeplane.v1.FleetDaemon
 	(*FleetPrefill)(nil),          // 4: decodeplane.v1.FleetPrefill
-	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 6: google.protobuf.Duration
-	(*KVLayout)(nil),              // 7: decodeplane.v1.KVLayout
-	(*CapacityUpdate)(nil),        // 8: decodeplane.v1.CapacityUpdate
+	(*FleetRefusal)(nil),          // 5: decodeplane.v1.FleetRefusal
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 7: google.protobuf.Duration
+	(*KVLayout)(nil),              // 8: decodeplane.v1.KVLayout
+	(*CapacityUpdate)(nil),        // 9: decodeplane.v1.CapacityUpdate
+	(*Fingerprint)(nil),           // 10: decodeplane.v1.Fingerprint
 }
 var file_decodeplane_v1_fleet_proto_depIdxs = []int32{
 	2,  // 0: decodeplane.v1.GetFleetResponse.registry:type_name -> decodeplane.v1.RegistryState
 	3,  // 1: decodeplane.v1.GetFleetResponse.daemons:type_name -> decodeplane.v1.FleetDaemon
 	4,  // 2: decodeplane.v1.GetFleetResponse.prefills:type_name -> decodeplane.v1.FleetPrefill
-	5,  // 3: decodeplane.v1.RegistryState.since:type_name -> google.protobuf.Timestamp
-	6,  // 4: decodeplane.v1.RegistryState.lease_ttl:type_name -> google.protobuf.Duration
-	5,  // 5: decodeplane.v1.FleetDaemon.started_at:type_name -> google.protobuf.Timestamp
-	7,  // 6: decodeplane.v1.FleetDaemon.layout:type_name -> decodeplane.v1.KVLayout
-	8,  // 7: decodeplane.v1.FleetDaemon.capacity:type_name -> decodeplane.v1.CapacityUpdate
-	5,  // 8: decodeplane.v1.FleetPrefill.heard_here:type_name -> google.protobuf.Timestamp
-	0,  // 9: decodeplane.v1.Fleet.GetFleet:input_type -> decodeplane.v1.GetFleetRequest
-	1,  // 10: decodeplane.v1.Fleet.GetFleet:output_type -> decodeplane.v1.GetFleetResponse
-	10, // [10:11] is the sub-list for method output_type
-	9,  // [9:10] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	6,  // 3: decodeplane.v1.RegistryState.since:type_name -> google.protobuf.Timestamp
+	7,  // 4: decodeplane.v1.RegistryState.lease_ttl:type_name -> google.protobuf.Duration
+	6,  // 5: decodeplane.v1.FleetDaemon.started_at:type_name -> google.protobuf.Timestamp
+	8,  // 6: decodeplane.v1.FleetDaemon.layout:type_name -> decodeplane.v1.KVLayout
+	9,  // 7: decodeplane.v1.FleetDaemon.capacity:type_name -> decodeplane.v1.CapacityUpdate
+	10, // 8: decodeplane.v1.FleetDaemon.fingerprint:type_name -> decodeplane.v1.Fingerprint
+	6,  // 9: decodeplane.v1.FleetPrefill.heard_here:type_name -> google.protobuf.Timestamp
+	5,  // 10: decodeplane.v1.FleetPrefill.refused:type_name -> decodeplane.v1.FleetRefusal
+	0,  // 11: decodeplane.v1.Fleet.GetFleet:input_type -> decodeplane.v1.GetFleetRequest
+	1,  // 12: decodeplane.v1.Fleet.GetFleet:output_type -> decodeplane.v1.GetFleetResponse
+	12, // [12:13] is the sub-list for method output_type
+	11, // [11:12] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_decodeplane_v1_fleet_proto_init() }
@@ -578,7 +683,7 @@ func file_decodeplane_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_decodeplane_v1_fleet_proto_rawDesc), len(file_decodeplane_v1_fleet_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

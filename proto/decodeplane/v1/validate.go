@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -69,6 +70,8 @@ const (
 	MaxReasonLen         = 4096 // reason, failure_reason
 	MaxDTypeLen          = 32   // kv_cache_dtype
 	MaxKindLen           = 32   // model.kv_pool_kind
+	MaxModelNameLen      = 256  // model.model_name, Fingerprint.model_name
+	MaxModelRevisionLen  = 128  // model.model_revision, Fingerprint.model_revision
 	MaxBufferNameLen     = 256  // source.buffer
 
 	// Repeated-field lengths, to bound the work of one call.
@@ -278,7 +281,21 @@ func (x *ModelFacts) validate(field string) error {
 			errs = append(errs, fieldErr(field+".qk_rope_head_dim", "is set on a %s model: only MLA models (mla, hybrid-mla) have a rope head dim", kind))
 		}
 	}
+	errs = append(errs, checkModelID(field+".model_name", x.GetModelName(), MaxModelNameLen),
+		checkModelID(field+".model_revision", x.GetModelRevision(), MaxModelRevisionLen))
 	return errors.Join(errs...)
+}
+
+// checkModelID checks a model name or revision: empty, or at most maxLen
+// bytes of printable UTF-8 without whitespace.
+func checkModelID(field, s string, maxLen int) error {
+	switch {
+	case len(s) > maxLen:
+		return fieldErr(field, "is %d bytes long (at most %d)", len(s), maxLen)
+	case strings.ContainsFunc(s, func(r rune) bool { return r == utf8.RuneError || unicode.IsSpace(r) || !unicode.IsPrint(r) }):
+		return fieldErr(field, "%s holds whitespace or a character that is not printable (allowed: printable UTF-8 without whitespace, e.g. meta-llama/Llama-3.1-8B-Instruct)", short(s))
+	}
+	return nil
 }
 
 func contains(list []string, s string) bool {
@@ -323,6 +340,13 @@ func (x *RegisterPrefillRequest) Validate() error {
 // Validate implements the validator interceptor's contract.
 func (x *HeartbeatRequest) Validate() error {
 	return errors.Join(x.GetRank().validate("rank"), checkLen("instance_id", x.GetInstanceId(), false, MaxInstanceIDLen, "the prefill process's id"))
+}
+
+// Validate implements the validator interceptor's contract.
+func (x *DeregisterPrefillRequest) Validate() error {
+	return errors.Join(checkAddr("bootstrap_addr", x.GetBootstrapAddr()),
+		checkLen("instance_id", x.GetInstanceId(), false, MaxInstanceIDLen, "the prefill process's id"),
+		checkLen("reason", x.GetReason(), false, MaxReasonLen, "why the instance stops"))
 }
 
 // Validate implements the validator interceptor's contract.

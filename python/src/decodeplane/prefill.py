@@ -84,6 +84,7 @@ DEFAULT_HEARTBEAT_INTERVAL = 5.0
 
 _REGISTER = "/decodeplane.v1.Bootstrap/RegisterPrefill"
 _HEARTBEAT = "/decodeplane.v1.Bootstrap/Heartbeat"
+_DEREGISTER = "/decodeplane.v1.Bootstrap/DeregisterPrefill"
 _BIND_ROOM = "/decodeplane.v1.Bootstrap/BindRoom"
 _AWAIT = "/decodeplane.v1.Rooms/AwaitDestination"
 _TRANSFER = "/decodeplane.v1.Rooms/Transfer"
@@ -162,6 +163,7 @@ class Prefill(_HandOffs):
         self._reregister = False
         self._registered_ev = threading.Event()
         self._beating = 0
+        self._deregistered = False
         self._mux = _PrefillMux(self)
         #: The fleet's offers (decodeplane.fleet), for a FleetPrefill's member: its sessions ask for them.
         self._offers: Any = None
@@ -274,6 +276,10 @@ class Prefill(_HandOffs):
         FailedPreconditionError (page size or KV dtype mismatch, with
         SGLang's message), UnauthenticatedError. Safe to repeat; retried on
         UNAVAILABLE."""
+        with self._lock:
+            if self._deregistered:
+                raise local_error("RegisterPrefill", grpc.StatusCode.CANCELLED,
+                                  "the prefill rank was deregistered (Prefill.deregister)")
         resp = self._c._invoke(_REGISTER, self._c._boot_stub.RegisterPrefill, self._reg, timeout)
         self._learn(resp.incarnation, registered=True)
         with self._lock:
@@ -284,6 +290,30 @@ class Prefill(_HandOffs):
                 self._interval = iv
         ev.set()
         return resp
+
+    def deregister(self, reason: str = "", *,
+                   timeout: Optional[float] = None) -> bootstrap_pb2.DeregisterPrefillResponse:
+        """DeregisterPrefill: tells the daemon that this rank's prefill
+        instance stops cleanly. The instance leaves the registry (with a
+        fleet registry, on every daemon) and its rooms still handing off fail
+        at once with FAILURE_CODE_PREFILL_LOST, instead of when its heartbeats
+        have been missing for their liveness bound. ``reason`` is logged by
+        the daemon and named in the rooms' failure ("" is "the prefill
+        instance stopped"). Call it once the instance stops serving, from any
+        one of its ranks: it removes every rank of the instance.
+
+        It first stops the rank: it ends the shared session (:meth:`close`),
+        and :meth:`register` raises CanceledError from then on, so that a
+        run_heartbeat still running stops (CanceledError) instead of
+        registering the instance again; a new Prefill registers it afresh.
+        Idempotent (``deregistered`` is false when there was nothing to
+        remove); retried on UNAVAILABLE."""
+        with self._lock:
+            self._deregistered = True
+        self.close()
+        req = bootstrap_pb2.DeregisterPrefillRequest(bootstrap_addr=self._reg.bootstrap_addr,
+                                                     instance_id=self._reg.instance_id, reason=reason)
+        return self._c._invoke(_DEREGISTER, self._c._boot_stub.DeregisterPrefill, req, timeout)
 
     def heartbeat(self, *, timeout: Optional[float] = None) -> bootstrap_pb2.HeartbeatResponse:
         """One Heartbeat RPC (learning the daemon's incarnation).
@@ -346,7 +376,9 @@ class Prefill(_HandOffs):
             try:
                 self._beat()
             except DecodeplaneError as e:
-                if _permanent(e):
+                with self._lock:
+                    gone = self._deregistered
+                if _permanent(e) or gone:
                     raise
                 self._report(e)
             wait = self._cadence()

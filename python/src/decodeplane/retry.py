@@ -10,7 +10,7 @@ Which RPCs may be retried is fixed per RPC, in :data:`RETRY_TABLE`, from the
 contract in each RPC's proto comment:
 
 * retried: reads, and writes the daemon deduplicates (GetStatus, GetFleet,
-  RegisterPrefill, Heartbeat, BindRoom, LookupDPRanks, GetRoom, ListRooms,
+  RegisterPrefill, Heartbeat, DeregisterPrefill, BindRoom, LookupDPRanks, GetRoom, ListRooms,
   AbortRoom, ReleaseRoom, AckRoomEnd, DeclareDestination, RegisterEngineLayout,
   ReportCapacity,
   Transfer and ReportTransfer — (room, rank, chunk_index) is the daemon's
@@ -142,6 +142,8 @@ RETRY_TABLE: dict[str, RetryClass] = {
     # overwrite; lookups read.
     _m(bootstrap_pb2, "Bootstrap", "RegisterPrefill"): _S,
     _m(bootstrap_pb2, "Bootstrap", "Heartbeat"): _S,
+    # A second deregistration finds nothing to remove (deregistered false).
+    _m(bootstrap_pb2, "Bootstrap", "DeregisterPrefill"): _S,
     _m(bootstrap_pb2, "Bootstrap", "BindRoom"): _S,
     _m(bootstrap_pb2, "Bootstrap", "LookupDPRanks"): _S,
     # Rooms. OpenRoom: a repeat without a key would see ALREADY_EXISTS for a

@@ -73,6 +73,7 @@ func (t *Table) getStatus(context.Context, *pb.GetStatusRequest) (*pb.GetStatusR
 			for _, sr := range p.SilentRanks {
 				ps.SilentRanks = append(ps.SilentRanks, &pb.SilentRank{Rank: rankToProto(sr.Rank), SilentFor: durationpb.New(sr.Silent), MissedHeartbeats: uint32(sr.Missed)})
 			}
+			t.prefillLiveness(ps)
 			resp.Prefills = append(resp.Prefills, ps)
 		}
 	}
@@ -111,4 +112,27 @@ func (t *Table) drain(context.Context, *pb.DrainRequest) (*pb.DrainResponse, err
 		resp.RoomsInFlight = uint32(m.InFlight())
 	}
 	return resp, nil
+}
+
+// prefillLiveness says what keeps an instance alive: its ranks' heartbeats
+// to this daemon (the memory registry), or its lease in the fleet
+// registry, where the last heartbeat is the last one this daemon heard
+// (none when the ranks beat to another daemon) and no heartbeat is counted
+// missed here.
+func (t *Table) prefillLiveness(ps *pb.PrefillStatus) {
+	v := t.cfg.Fleet
+	if v == nil {
+		ps.Liveness = livenessHeartbeat
+		return
+	}
+	ps.Liveness, ps.MissedHeartbeats, ps.SilentRanks, ps.SilentRankCount = livenessLease, 0, nil, 0
+	lease, heard, via, ok := v.PrefillLease(ps.GetBootstrapAddr())
+	ps.LastHeartbeat = nil
+	if !ok {
+		return
+	}
+	ps.LeaseId, ps.RegisteredVia = lease, via
+	if !heard.IsZero() {
+		ps.LastHeartbeat = timestamppb.New(heard)
+	}
 }

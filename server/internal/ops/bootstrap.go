@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"fmt"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -32,6 +33,28 @@ func (b *bootstrap) heartbeat(ctx context.Context, req *pb.HeartbeatRequest) (*p
 		return nil, b.t.status(ctx, err)
 	}
 	return &pb.HeartbeatResponse{Interval: durationpb.New(iv), MaxFailures: uint32(mf), Incarnation: b.t.cfg.Incarnation}, nil
+}
+
+// defaultDeregisterReason is DeregisterPrefillRequest.reason when empty.
+const defaultDeregisterReason = "the prefill instance stopped"
+
+// deregisterPrefill removes an instance that stops cleanly: its rooms fail
+// with a reason that names this daemon and the caller's reason.
+func (b *bootstrap) deregisterPrefill(ctx context.Context, req *pb.DeregisterPrefillRequest) (*pb.DeregisterPrefillResponse, error) {
+	why := req.GetReason()
+	if why == "" {
+		why = defaultDeregisterReason
+	}
+	msg := fmt.Sprintf("it deregistered (Bootstrap.DeregisterPrefill through %s): %s", b.t.cfg.Host.Address(), why)
+	removed, failed, err := b.reg.DeregisterPrefill(ctx, req.GetBootstrapAddr(), req.GetInstanceId(), msg)
+	if err != nil {
+		return nil, b.t.status(ctx, err)
+	}
+	if removed {
+		b.t.log.InfoContext(ctx, "prefill instance deregistered", "bootstrap_addr", req.GetBootstrapAddr(), "instance_id", req.GetInstanceId(),
+			"rooms_failed", failed, "reason", why)
+	}
+	return &pb.DeregisterPrefillResponse{Deregistered: removed, RoomsFailed: clampU32(failed)}, nil
 }
 
 func (b *bootstrap) bindRoom(ctx context.Context, req *pb.BindRoomRequest) (*pb.BindRoomResponse, error) {

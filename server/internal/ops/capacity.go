@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/decodeplane/decodeplane/kvmanager"
@@ -60,7 +61,8 @@ func (t *Table) capacityProto(sn capacitySnap, seq uint64) *pb.CapacityUpdate {
 		Incarnation: t.cfg.Incarnation, Address: t.cfg.Host.Address(),
 		Ready: sn.ready, Readiness: sn.readiness, Draining: sn.draining,
 		At: timestamppb.New(sn.at), Sequence: seq,
-		Shards: make([]*pb.ShardCapacity, 0, len(sn.shards)),
+		Shards:      make([]*pb.ShardCapacity, 0, len(sn.shards)),
+		Fingerprint: proto.CloneOf(t.fp),
 	}
 	for _, c := range sn.shards {
 		u.Shards = append(u.Shards, &pb.ShardCapacity{

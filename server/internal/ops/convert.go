@@ -16,6 +16,16 @@ import (
 // it).
 func LayoutProto(l kvlayout.Layout) *pb.KVLayout { return layoutToProto(l) }
 
+// FingerprintProto is the wire form of a decode pool's fingerprint, with
+// its digest.
+func FingerprintProto(f kvlayout.Fingerprint) *pb.Fingerprint {
+	return &pb.Fingerprint{
+		PageSize: uint32(f.PageSize), KvCacheDtype: f.DType, KvPoolKind: f.Kind.String(), NumLayers: uint32(f.NumLayers),
+		TotalKvHeads: uint32(f.TotalKVHeads), HeadDim: uint32(f.HeadDim), KvLoraRank: uint32(f.KVLoraRank), QkRopeHeadDim: uint32(f.QKRopeHeadDim),
+		PageOwner: f.Owner.String(), ModelName: f.ModelName, ModelRevision: f.ModelRevision, Digest: f.Digest(),
+	}
+}
+
 func layoutToProto(l kvlayout.Layout) *pb.KVLayout {
 	out := &pb.KVLayout{
 		Kind:           l.Kind.String(),
@@ -77,6 +87,7 @@ func registrationFromProto(req *pb.RegisterPrefillRequest) kvmanager.Registratio
 		Model: kvmanager.ModelFacts{
 			Kind: m.GetKvPoolKind(), NumLayers: int(m.GetNumLayers()), TotalKVHeads: int(m.GetTotalKvHeads()),
 			HeadDim: int(m.GetHeadDim()), KVLoraRank: int(m.GetKvLoraRank()), QKRopeHeadDim: int(m.GetQkRopeHeadDim()),
+			ModelName: m.GetModelName(), ModelRevision: m.GetModelRevision(),
 		},
 	}
 }

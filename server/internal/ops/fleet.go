@@ -4,9 +4,11 @@ import (
 	"cmp"
 	"context"
 	"slices"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
@@ -18,6 +20,11 @@ import (
 // Deps.Fleet is set, after sorting and bounding its lists (MaxFleetEntries).
 type FleetView interface {
 	GetFleet(ctx context.Context) (*pb.GetFleetResponse, error)
+	// PrefillLease is an instance's liveness in the registry, for
+	// Admin.GetStatus: its lease, the last heartbeat this daemon received
+	// from it (zero when none), the daemon that created its record; ok is
+	// false when the view does not hold the instance.
+	PrefillLease(addr string) (lease int64, heardHere time.Time, registeredVia string, ok bool)
 }
 
 // MaxFleetEntries bounds each list of a GetFleet answer (daemons,
@@ -29,6 +36,7 @@ const (
 	registryMemory    = "memory"
 	registryOK        = "ok"
 	livenessHeartbeat = "heartbeat"
+	livenessLease     = "lease"
 )
 
 // getFleet answers from Config.Fleet, or, with the memory registry (nil),
@@ -66,7 +74,7 @@ func (t *Table) memoryFleet() *pb.GetFleetResponse {
 		Registry: &pb.RegistryState{Backend: registryMemory, State: registryOK, Since: timestamppb.New(c.Started)},
 		Daemons: []*pb.FleetDaemon{{
 			Address: self, Incarnation: c.Incarnation, Self: true, Version: c.Version,
-			StartedAt: timestamppb.New(c.Started), Layout: layoutToProto(c.Layout),
+			StartedAt: timestamppb.New(c.Started), Layout: layoutToProto(c.Layout), Fingerprint: proto.CloneOf(t.fp),
 		}},
 	}
 	m := t.stat.m
@@ -80,6 +88,7 @@ func (t *Table) memoryFleet() *pb.GetFleetResponse {
 			RegisteredRanks: clampU32(p.Registered), ExpectedRanks: clampU32(p.Expected),
 			AttnTpSize: clampU32(p.Topology.AttnTP), DpSize: clampU32(p.Topology.DP), PpSize: clampU32(p.Topology.PP),
 			AttnCpSize: clampU32(p.Topology.AttnCP), Liveness: livenessHeartbeat, RegisteredVia: self,
+			HandOffDigests: []string{t.fp.GetDigest()}, // registered here: this daemon's own check accepted it
 		}
 		if !p.LastHeartbeat.IsZero() {
 			fp.HeardHere = timestamppb.New(p.LastHeartbeat)

@@ -43,7 +43,7 @@ func (t *Table) serviceOps() []*serviceOps {
 		{gen: &pb.Fleet_ServiceDesc, handlers: []handler{t.GetFleet.handler()}},
 		{gen: &pb.Capacity_ServiceDesc, handlers: []handler{t.WatchCapacity.handler(), t.ReportCapacity.handler()}},
 		{gen: &pb.Bootstrap_ServiceDesc, manager: true, handlers: []handler{t.RegisterPrefill.handler(), t.Heartbeat.handler(),
-			t.BindRoom.handler(), t.LookupDPRanks.handler()}},
+			t.DeregisterPrefill.handler(), t.BindRoom.handler(), t.LookupDPRanks.handler()}},
 		{gen: &pb.Rooms_ServiceDesc, manager: true, handlers: []handler{t.OpenRoom.handler(), t.AwaitDestination.handler(),
 			t.Transfer.handler(), t.ReportTransfer.handler(), t.WatchRoom.handler(), t.GetRoom.handler(), t.AbortRoom.handler(),
 			t.ReleaseRoom.handler(), t.ListRooms.handler(), t.ReportRunning.handler(), t.RetractRoom.handler(),

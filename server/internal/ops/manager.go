@@ -93,6 +93,11 @@ type Registrar interface {
 	// (the HTTP bootstrap's health poll of an SGLang prefill); false when
 	// it is not registered or was replaced.
 	Touch(ctx context.Context, addr, instanceID string) bool
+	// DeregisterPrefill removes the instance at addr (any instance when
+	// instanceID is "", else only that one) and fails its rooms still
+	// handing off with FailurePrefillLost and reason; removed is false
+	// when there was nothing to remove.
+	DeregisterPrefill(ctx context.Context, addr, instanceID, reason string) (removed bool, roomsFailed int, err error)
 }
 
 // prefillRegistry is the memory registry's calls.
@@ -100,6 +105,7 @@ type prefillRegistry interface {
 	RegisterPrefill(reg kvmanager.Registration) (kvmanager.RegistrationResult, error)
 	Heartbeat(rank kvmanager.RankID, instanceID string) (time.Duration, int, error)
 	TouchPrefill(addr, instanceID string) bool
+	DeregisterPrefill(addr, instanceID, reason string) (removed bool, roomsFailed int)
 }
 
 // managerRegistrar is the memory registry: the Manager's own calls.
@@ -115,6 +121,11 @@ func (r managerRegistrar) Heartbeat(_ context.Context, rank kvmanager.RankID, in
 
 func (r managerRegistrar) Touch(_ context.Context, addr, instanceID string) bool {
 	return r.m.TouchPrefill(addr, instanceID)
+}
+
+func (r managerRegistrar) DeregisterPrefill(_ context.Context, addr, instanceID, reason string) (bool, int, error) {
+	removed, failed := r.m.DeregisterPrefill(addr, instanceID, reason)
+	return removed, failed, nil
 }
 
 // Registrar is the table's registrar (Config.Registrar, else the

@@ -71,6 +71,9 @@ type Table struct {
 	// calls, unexpected errors, panics: log.go): one line per cause per
 	// interval.
 	storm *stormlog.Logger
+	// fp is the layout's fingerprint (Config.Layout), as every capacity
+	// update and the memory registry's GetFleet carry it (cloned).
+	fp    *pb.Fingerprint
 	reads map[string]bool // the ops that need no token
 
 	engine   engineRooms
@@ -103,8 +106,10 @@ type Table struct {
 	// Bootstrap.
 	RegisterPrefill Unary[pb.RegisterPrefillRequest, pb.RegisterPrefillResponse]
 	Heartbeat       Unary[pb.HeartbeatRequest, pb.HeartbeatResponse]
-	BindRoom        Unary[pb.BindRoomRequest, pb.BindRoomResponse]
-	LookupDPRanks   Unary[pb.LookupDPRanksRequest, pb.LookupDPRanksResponse]
+	// DeregisterPrefill removes an instance that stops cleanly.
+	DeregisterPrefill Unary[pb.DeregisterPrefillRequest, pb.DeregisterPrefillResponse]
+	BindRoom          Unary[pb.BindRoomRequest, pb.BindRoomResponse]
+	LookupDPRanks     Unary[pb.LookupDPRanksRequest, pb.LookupDPRanksResponse]
 	// Staging.
 	SetupStaging    Unary[pb.SetupStagingRequest, pb.SetupStagingResponse]
 	AllocateStaging Unary[pb.AllocateStagingRequest, pb.AllocateStagingResponse]
@@ -132,7 +137,7 @@ func New(cfg Config) *Table {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	t := &Table{cfg: cfg, log: cfg.Logger, storm: stormlog.New(cfg.Logger, stormlog.Options{}), reads: map[string]bool{}}
+	t := &Table{cfg: cfg, log: cfg.Logger, storm: stormlog.New(cfg.Logger, stormlog.Options{}), reads: map[string]bool{}, fp: FingerprintProto(cfg.Layout.Fingerprint())}
 	if m := cfg.Manager; m != nil {
 		reg := cfg.Registrar
 		if reg == nil {
@@ -169,6 +174,7 @@ func (t *Table) define() {
 
 	t.RegisterPrefill = unary(t, pb.Bootstrap_RegisterPrefill_FullMethodName, mutating, b.registerPrefill)
 	t.Heartbeat = unary(t, pb.Bootstrap_Heartbeat_FullMethodName, mutating, b.heartbeat)
+	t.DeregisterPrefill = unary(t, pb.Bootstrap_DeregisterPrefill_FullMethodName, mutating, b.deregisterPrefill)
 	t.BindRoom = unary(t, pb.Bootstrap_BindRoom_FullMethodName, mutating, b.bindRoom)
 	t.LookupDPRanks = unary(t, pb.Bootstrap_LookupDPRanks_FullMethodName, readOnly, b.lookupDPRanks)
 

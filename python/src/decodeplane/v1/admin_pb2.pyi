@@ -93,7 +93,7 @@ class HandoffHolds(_message.Message):
     def __init__(self, queued: _Optional[int] = ..., held: _Optional[int] = ..., held_pages: _Optional[int] = ..., draining: _Optional[int] = ..., draining_pages: _Optional[int] = ..., declarations_refused: _Optional[int] = ..., capacity_reported: bool = ...) -> None: ...
 
 class PrefillStatus(_message.Message):
-    __slots__ = ["active_rooms", "attn_cp_size", "attn_tp_size", "bootstrap_addr", "dp_size", "expected_ranks", "follow_bootstrap_room", "last_heartbeat", "missed_heartbeats", "pp_size", "registered_ranks", "silent_rank_count", "silent_ranks"]
+    __slots__ = ["active_rooms", "attn_cp_size", "attn_tp_size", "bootstrap_addr", "dp_size", "expected_ranks", "follow_bootstrap_room", "last_heartbeat", "lease_id", "liveness", "missed_heartbeats", "pp_size", "registered_ranks", "registered_via", "silent_rank_count", "silent_ranks"]
     ACTIVE_ROOMS_FIELD_NUMBER: _ClassVar[int]
     ATTN_CP_SIZE_FIELD_NUMBER: _ClassVar[int]
     ATTN_TP_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -102,9 +102,12 @@ class PrefillStatus(_message.Message):
     EXPECTED_RANKS_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_BOOTSTRAP_ROOM_FIELD_NUMBER: _ClassVar[int]
     LAST_HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    LIVENESS_FIELD_NUMBER: _ClassVar[int]
     MISSED_HEARTBEATS_FIELD_NUMBER: _ClassVar[int]
     PP_SIZE_FIELD_NUMBER: _ClassVar[int]
     REGISTERED_RANKS_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_VIA_FIELD_NUMBER: _ClassVar[int]
     SILENT_RANKS_FIELD_NUMBER: _ClassVar[int]
     SILENT_RANK_COUNT_FIELD_NUMBER: _ClassVar[int]
     active_rooms: int
@@ -115,12 +118,15 @@ class PrefillStatus(_message.Message):
     expected_ranks: int
     follow_bootstrap_room: bool
     last_heartbeat: _timestamp_pb2.Timestamp
+    lease_id: int
+    liveness: str
     missed_heartbeats: int
     pp_size: int
     registered_ranks: int
+    registered_via: str
     silent_rank_count: int
     silent_ranks: _containers.RepeatedCompositeFieldContainer[SilentRank]
-    def __init__(self, bootstrap_addr: _Optional[str] = ..., registered_ranks: _Optional[int] = ..., expected_ranks: _Optional[int] = ..., attn_tp_size: _Optional[int] = ..., dp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., attn_cp_size: _Optional[int] = ..., follow_bootstrap_room: bool = ..., last_heartbeat: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., missed_heartbeats: _Optional[int] = ..., active_rooms: _Optional[int] = ..., silent_ranks: _Optional[_Iterable[_Union[SilentRank, _Mapping]]] = ..., silent_rank_count: _Optional[int] = ...) -> None: ...
+    def __init__(self, bootstrap_addr: _Optional[str] = ..., registered_ranks: _Optional[int] = ..., expected_ranks: _Optional[int] = ..., attn_tp_size: _Optional[int] = ..., dp_size: _Optional[int] = ..., pp_size: _Optional[int] = ..., attn_cp_size: _Optional[int] = ..., follow_bootstrap_room: bool = ..., last_heartbeat: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., missed_heartbeats: _Optional[int] = ..., active_rooms: _Optional[int] = ..., silent_ranks: _Optional[_Iterable[_Union[SilentRank, _Mapping]]] = ..., silent_rank_count: _Optional[int] = ..., liveness: _Optional[str] = ..., lease_id: _Optional[int] = ..., registered_via: _Optional[str] = ...) -> None: ...
 
 class ShardStatus(_message.Message):
     __slots__ = ["admitted", "blocked_by", "claimed", "dp_rank", "draining_pages", "draining_rooms", "held", "holds", "metadata_slots_free", "metadata_slots_total", "pages_free", "pages_total", "queued", "req_slots_free", "req_slots_total", "retracted", "running", "state_slots_free", "state_slots_total", "waiting"]

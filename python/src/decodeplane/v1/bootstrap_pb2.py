@@ -15,7 +15,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from decodeplane.v1 import common_pb2 as decodeplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x65\x63odeplane/v1/bootstrap.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1b\x64\x65\x63odeplane/v1/common.proto\"\xe4\x01\n\x0cParallelInfo\x12\x14\n\x0c\x61ttn_tp_size\x18\x01 \x01(\r\x12\x14\n\x0c\x61ttn_tp_rank\x18\x02 \x01(\r\x12\x14\n\x0c\x61ttn_cp_size\x18\x03 \x01(\r\x12\x14\n\x0c\x61ttn_cp_rank\x18\x04 \x01(\r\x12\x14\n\x0c\x61ttn_dp_size\x18\x05 \x01(\r\x12\x14\n\x0c\x61ttn_dp_rank\x18\x06 \x01(\r\x12\x0f\n\x07pp_size\x18\x07 \x01(\r\x12\x0f\n\x07pp_rank\x18\x08 \x01(\r\x12\x16\n\x0esystem_dp_size\x18\t \x01(\r\x12\x16\n\x0esystem_dp_rank\x18\n \x01(\r\"\x90\x01\n\nModelFacts\x12\x14\n\x0ckv_pool_kind\x18\x01 \x01(\t\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x16\n\x0etotal_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\x14\n\x0ckv_lora_rank\x18\x05 \x01(\r\x12\x18\n\x10qk_rope_head_dim\x18\x06 \x01(\r\"\xc0\x02\n\x16RegisterPrefillRequest\x12\x16\n\x0e\x62ootstrap_addr\x18\x01 \x01(\t\x12\x15\n\rrank_endpoint\x18\x02 \x01(\t\x12.\n\x08parallel\x18\x03 \x01(\x0b\x32\x1c.decodeplane.v1.ParallelInfo\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x16\n\x0ekv_cache_dtype\x18\x05 \x01(\t\x12\x1b\n\x13load_balance_method\x18\x06 \x01(\t\x12$\n\x1c\x65nable_dsa_cache_layer_split\x18\x07 \x01(\x08\x12\x19\n\x11prefill_http_port\x18\x08 \x01(\r\x12)\n\x05model\x18\t \x01(\x0b\x32\x1a.decodeplane.v1.ModelFacts\x12\x13\n\x0binstance_id\x18\n \x01(\t\"\xec\x01\n\x11\x44\x65\x63odeRankMapping\x12\x16\n\x0e\x64\x65\x63ode_tp_rank\x18\x01 \x01(\r\x12\x17\n\x0ftarget_tp_ranks\x18\x02 \x03(\r\x12\x16\n\x0etarget_tp_rank\x18\x03 \x01(\r\x12\x17\n\x0ftarget_cp_ranks\x18\x04 \x03(\r\x12\x17\n\x0ftarget_pp_ranks\x18\x05 \x03(\r\x12\x1d\n\x15required_dst_info_num\x18\x06 \x01(\r\x12%\n\x1drequired_prefill_response_num\x18\x07 \x01(\r\x12\x16\n\x0e\x64ummy_tp_ranks\x18\x08 \x03(\r\"\xb5\x01\n\x12PrefillRankMapping\x12\x37\n\x0c\x64\x65\x63ode_ranks\x18\x01 \x03(\x0b\x32!.decodeplane.v1.DecodeRankMapping\x12\x1e\n\x16serves_decode_tp_ranks\x18\x02 \x03(\r\x12\r\n\x05\x64ummy\x18\x03 \x01(\x08\x12\x1d\n\x15required_dst_info_num\x18\x04 \x01(\r\x12\x18\n\x10staging_required\x18\x05 \x01(\x08\"\xc5\x02\n\x17RegisterPrefillResponse\x12/\n\rdecode_layout\x18\x01 \x01(\x0b\x32\x18.decodeplane.v1.KVLayout\x12\x33\n\x07mapping\x18\x02 \x01(\x0b\x32\".decodeplane.v1.PrefillRankMapping\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x16heartbeat_max_failures\x18\x04 \x01(\r\x12\x18\n\x10registered_ranks\x18\x05 \x01(\r\x12\x16\n\x0e\x65xpected_ranks\x18\x06 \x01(\r\x12\x10\n\x08replaced\x18\x07 \x01(\x08\x12\x14\n\x0crooms_failed\x18\x08 \x01(\r\x12\x13\n\x0bincarnation\x18\t \x01(\x06\"R\n\x10HeartbeatRequest\x12)\n\x04rank\x18\x01 \x01(\x0b\x32\x1b.decodeplane.v1.PrefillRank\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\"k\n\x11HeartbeatResponse\x12+\n\x08interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_failures\x18\x02 \x01(\r\x12\x13\n\x0bincarnation\x18\x03 \x01(\x06\"H\n\x0f\x42indRoomRequest\x12\x16\n\x0e\x62ootstrap_addr\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x03 \x01(\r\"$\n\x10\x42indRoomResponse\x12\x10\n\x08replaced\x18\x01 \x01(\x08\")\n\x08RoomHint\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\"f\n\x14LookupDPRanksRequest\x12\x16\n\x0e\x62ootstrap_addr\x18\x01 \x01(\t\x12\r\n\x05rooms\x18\x02 \x03(\x04\x12\'\n\x05hints\x18\x03 \x03(\x0b\x32\x18.decodeplane.v1.RoomHint\"W\n\x0c\x44PRankResult\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12(\n\x04rule\x18\x03 \x01(\x0e\x32\x1a.decodeplane.v1.DPRankRule\"[\n\x15LookupDPRanksResponse\x12.\n\x08resolved\x18\x01 \x03(\x0b\x32\x1c.decodeplane.v1.DPRankResult\x12\x12\n\nunresolved\x18\x02 \x03(\x04\x32\xee\x02\n\tBootstrap\x12\x62\n\x0fRegisterPrefill\x12&.decodeplane.v1.RegisterPrefillRequest\x1a\'.decodeplane.v1.RegisterPrefillResponse\x12P\n\tHeartbeat\x12 .decodeplane.v1.HeartbeatRequest\x1a!.decodeplane.v1.HeartbeatResponse\x12M\n\x08\x42indRoom\x12\x1f.decodeplane.v1.BindRoomRequest\x1a .decodeplane.v1.BindRoomResponse\x12\\\n\rLookupDPRanks\x12$.decodeplane.v1.LookupDPRanksRequest\x1a%.decodeplane.v1.LookupDPRanksResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1e\x64\x65\x63odeplane/v1/bootstrap.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1b\x64\x65\x63odeplane/v1/common.proto\"\xe4\x01\n\x0cParallelInfo\x12\x14\n\x0c\x61ttn_tp_size\x18\x01 \x01(\r\x12\x14\n\x0c\x61ttn_tp_rank\x18\x02 \x01(\r\x12\x14\n\x0c\x61ttn_cp_size\x18\x03 \x01(\r\x12\x14\n\x0c\x61ttn_cp_rank\x18\x04 \x01(\r\x12\x14\n\x0c\x61ttn_dp_size\x18\x05 \x01(\r\x12\x14\n\x0c\x61ttn_dp_rank\x18\x06 \x01(\r\x12\x0f\n\x07pp_size\x18\x07 \x01(\r\x12\x0f\n\x07pp_rank\x18\x08 \x01(\r\x12\x16\n\x0esystem_dp_size\x18\t \x01(\r\x12\x16\n\x0esystem_dp_rank\x18\n \x01(\r\"\xbc\x01\n\nModelFacts\x12\x14\n\x0ckv_pool_kind\x18\x01 \x01(\t\x12\x12\n\nnum_layers\x18\x02 \x01(\r\x12\x16\n\x0etotal_kv_heads\x18\x03 \x01(\r\x12\x10\n\x08head_dim\x18\x04 \x01(\r\x12\x14\n\x0ckv_lora_rank\x18\x05 \x01(\r\x12\x18\n\x10qk_rope_head_dim\x18\x06 \x01(\r\x12\x12\n\nmodel_name\x18\x07 \x01(\t\x12\x16\n\x0emodel_revision\x18\x08 \x01(\t\"\xc0\x02\n\x16RegisterPrefillRequest\x12\x16\n\x0e\x62ootstrap_addr\x18\x01 \x01(\t\x12\x15\n\rrank_endpoint\x18\x02 \x01(\t\x12.\n\x08parallel\x18\x03 \x01(\x0b\x32\x1c.decodeplane.v1.ParallelInfo\x12\x11\n\tpage_size\x18\x04 \x01(\r\x12\x16\n\x0ekv_cache_dtype\x18\x05 \x01(\t\x12\x1b\n\x13load_balance_method\x18\x06 \x01(\t\x12$\n\x1c\x65nable_dsa_cache_layer_split\x18\x07 \x01(\x08\x12\x19\n\x11prefill_http_port\x18\x08 \x01(\r\x12)\n\x05model\x18\t \x01(\x0b\x32\x1a.decodeplane.v1.ModelFacts\x12\x13\n\x0binstance_id\x18\n \x01(\t\"\xec\x01\n\x11\x44\x65\x63odeRankMapping\x12\x16\n\x0e\x64\x65\x63ode_tp_rank\x18\x01 \x01(\r\x12\x17\n\x0ftarget_tp_ranks\x18\x02 \x03(\r\x12\x16\n\x0etarget_tp_rank\x18\x03 \x01(\r\x12\x17\n\x0ftarget_cp_ranks\x18\x04 \x03(\r\x12\x17\n\x0ftarget_pp_ranks\x18\x05 \x03(\r\x12\x1d\n\x15required_dst_info_num\x18\x06 \x01(\r\x12%\n\x1drequired_prefill_response_num\x18\x07 \x01(\r\x12\x16\n\x0e\x64ummy_tp_ranks\x18\x08 \x03(\r\"\xb5\x01\n\x12PrefillRankMapping\x12\x37\n\x0c\x64\x65\x63ode_ranks\x18\x01 \x03(\x0b\x32!.decodeplane.v1.DecodeRankMapping\x12\x1e\n\x16serves_decode_tp_ranks\x18\x02 \x03(\r\x12\r\n\x05\x64ummy\x18\x03 \x01(\x08\x12\x1d\n\x15required_dst_info_num\x18\x04 \x01(\r\x12\x18\n\x10staging_required\x18\x05 \x01(\x08\"\xc5\x02\n\x17RegisterPrefillResponse\x12/\n\rdecode_layout\x18\x01 \x01(\x0b\x32\x18.decodeplane.v1.KVLayout\x12\x33\n\x07mapping\x18\x02 \x01(\x0b\x32\".decodeplane.v1.PrefillRankMapping\x12\x35\n\x12heartbeat_interval\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x1e\n\x16heartbeat_max_failures\x18\x04 \x01(\r\x12\x18\n\x10registered_ranks\x18\x05 \x01(\r\x12\x16\n\x0e\x65xpected_ranks\x18\x06 \x01(\r\x12\x10\n\x08replaced\x18\x07 \x01(\x08\x12\x14\n\x0crooms_failed\x18\x08 \x01(\r\x12\x13\n\x0bincarnation\x18\t \x01(\x06\"R\n\x10HeartbeatRequest\x12)\n\x04rank\x18\x01 \x01(\x0b\x32\x1b.decodeplane.v1.PrefillRank\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\"k\n\x11HeartbeatResponse\x12+\n\x08interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0cmax_failures\x18\x02 \x01(\r\x12\x13\n\x0bincarnation\x18\x03 \x01(\x06\"W\n\x18\x44\x65registerPrefillRequest\x12\x16\n\x0e\x62ootstrap_addr\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\"G\n\x19\x44\x65registerPrefillResponse\x12\x14\n\x0c\x64\x65registered\x18\x01 \x01(\x08\x12\x14\n\x0crooms_failed\x18\x02 \x01(\r\"H\n\x0f\x42indRoomRequest\x12\x16\n\x0e\x62ootstrap_addr\x18\x01 \x01(\t\x12\x0c\n\x04room\x18\x02 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x03 \x01(\r\"$\n\x10\x42indRoomResponse\x12\x10\n\x08replaced\x18\x01 \x01(\x08\")\n\x08RoomHint\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\"f\n\x14LookupDPRanksRequest\x12\x16\n\x0e\x62ootstrap_addr\x18\x01 \x01(\t\x12\r\n\x05rooms\x18\x02 \x03(\x04\x12\'\n\x05hints\x18\x03 \x03(\x0b\x32\x18.decodeplane.v1.RoomHint\"W\n\x0c\x44PRankResult\x12\x0c\n\x04room\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12(\n\x04rule\x18\x03 \x01(\x0e\x32\x1a.decodeplane.v1.DPRankRule\"[\n\x15LookupDPRanksResponse\x12.\n\x08resolved\x18\x01 \x03(\x0b\x32\x1c.decodeplane.v1.DPRankResult\x12\x12\n\nunresolved\x18\x02 \x03(\x04\x32\xd8\x03\n\tBootstrap\x12\x62\n\x0fRegisterPrefill\x12&.decodeplane.v1.RegisterPrefillRequest\x1a\'.decodeplane.v1.RegisterPrefillResponse\x12P\n\tHeartbeat\x12 .decodeplane.v1.HeartbeatRequest\x1a!.decodeplane.v1.HeartbeatResponse\x12h\n\x11\x44\x65registerPrefill\x12(.decodeplane.v1.DeregisterPrefillRequest\x1a).decodeplane.v1.DeregisterPrefillResponse\x12M\n\x08\x42indRoom\x12\x1f.decodeplane.v1.BindRoomRequest\x1a .decodeplane.v1.BindRoomResponse\x12\\\n\rLookupDPRanks\x12$.decodeplane.v1.LookupDPRanksRequest\x1a%.decodeplane.v1.LookupDPRanksResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'decodeplane.v1.bootstrap_pb2', globals())
@@ -26,31 +26,35 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _PARALLELINFO._serialized_start=112
   _PARALLELINFO._serialized_end=340
   _MODELFACTS._serialized_start=343
-  _MODELFACTS._serialized_end=487
-  _REGISTERPREFILLREQUEST._serialized_start=490
-  _REGISTERPREFILLREQUEST._serialized_end=810
-  _DECODERANKMAPPING._serialized_start=813
-  _DECODERANKMAPPING._serialized_end=1049
-  _PREFILLRANKMAPPING._serialized_start=1052
-  _PREFILLRANKMAPPING._serialized_end=1233
-  _REGISTERPREFILLRESPONSE._serialized_start=1236
-  _REGISTERPREFILLRESPONSE._serialized_end=1561
-  _HEARTBEATREQUEST._serialized_start=1563
-  _HEARTBEATREQUEST._serialized_end=1645
-  _HEARTBEATRESPONSE._serialized_start=1647
-  _HEARTBEATRESPONSE._serialized_end=1754
-  _BINDROOMREQUEST._serialized_start=1756
-  _BINDROOMREQUEST._serialized_end=1828
-  _BINDROOMRESPONSE._serialized_start=1830
-  _BINDROOMRESPONSE._serialized_end=1866
-  _ROOMHINT._serialized_start=1868
-  _ROOMHINT._serialized_end=1909
-  _LOOKUPDPRANKSREQUEST._serialized_start=1911
-  _LOOKUPDPRANKSREQUEST._serialized_end=2013
-  _DPRANKRESULT._serialized_start=2015
-  _DPRANKRESULT._serialized_end=2102
-  _LOOKUPDPRANKSRESPONSE._serialized_start=2104
-  _LOOKUPDPRANKSRESPONSE._serialized_end=2195
-  _BOOTSTRAP._serialized_start=2198
-  _BOOTSTRAP._serialized_end=2564
+  _MODELFACTS._serialized_end=531
+  _REGISTERPREFILLREQUEST._serialized_start=534
+  _REGISTERPREFILLREQUEST._serialized_end=854
+  _DECODERANKMAPPING._serialized_start=857
+  _DECODERANKMAPPING._serialized_end=1093
+  _PREFILLRANKMAPPING._serialized_start=1096
+  _PREFILLRANKMAPPING._serialized_end=1277
+  _REGISTERPREFILLRESPONSE._serialized_start=1280
+  _REGISTERPREFILLRESPONSE._serialized_end=1605
+  _HEARTBEATREQUEST._serialized_start=1607
+  _HEARTBEATREQUEST._serialized_end=1689
+  _HEARTBEATRESPONSE._serialized_start=1691
+  _HEARTBEATRESPONSE._serialized_end=1798
+  _DEREGISTERPREFILLREQUEST._serialized_start=1800
+  _DEREGISTERPREFILLREQUEST._serialized_end=1887
+  _DEREGISTERPREFILLRESPONSE._serialized_start=1889
+  _DEREGISTERPREFILLRESPONSE._serialized_end=1960
+  _BINDROOMREQUEST._serialized_start=1962
+  _BINDROOMREQUEST._serialized_end=2034
+  _BINDROOMRESPONSE._serialized_start=2036
+  _BINDROOMRESPONSE._serialized_end=2072
+  _ROOMHINT._serialized_start=2074
+  _ROOMHINT._serialized_end=2115
+  _LOOKUPDPRANKSREQUEST._serialized_start=2117
+  _LOOKUPDPRANKSREQUEST._serialized_end=2219
+  _DPRANKRESULT._serialized_start=2221
+  _DPRANKRESULT._serialized_end=2308
+  _LOOKUPDPRANKSRESPONSE._serialized_start=2310
+  _LOOKUPDPRANKSRESPONSE._serialized_end=2401
+  _BOOTSTRAP._serialized_start=2404
+  _BOOTSTRAP._serialized_end=2876
 # @@protoc_insertion_point(module_scope)

@@ -53,6 +53,24 @@ class DecodeRankMapping(_message.Message):
     target_tp_ranks: _containers.RepeatedScalarFieldContainer[int]
     def __init__(self, decode_tp_rank: _Optional[int] = ..., target_tp_ranks: _Optional[_Iterable[int]] = ..., target_tp_rank: _Optional[int] = ..., target_cp_ranks: _Optional[_Iterable[int]] = ..., target_pp_ranks: _Optional[_Iterable[int]] = ..., required_dst_info_num: _Optional[int] = ..., required_prefill_response_num: _Optional[int] = ..., dummy_tp_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
+class DeregisterPrefillRequest(_message.Message):
+    __slots__ = ["bootstrap_addr", "instance_id", "reason"]
+    BOOTSTRAP_ADDR_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    bootstrap_addr: str
+    instance_id: str
+    reason: str
+    def __init__(self, bootstrap_addr: _Optional[str] = ..., instance_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeregisterPrefillResponse(_message.Message):
+    __slots__ = ["deregistered", "rooms_failed"]
+    DEREGISTERED_FIELD_NUMBER: _ClassVar[int]
+    ROOMS_FAILED_FIELD_NUMBER: _ClassVar[int]
+    deregistered: bool
+    rooms_failed: int
+    def __init__(self, deregistered: bool = ..., rooms_failed: _Optional[int] = ...) -> None: ...
+
 class HeartbeatRequest(_message.Message):
     __slots__ = ["instance_id", "rank"]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
@@ -90,20 +108,24 @@ class LookupDPRanksResponse(_message.Message):
     def __init__(self, resolved: _Optional[_Iterable[_Union[DPRankResult, _Mapping]]] = ..., unresolved: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ModelFacts(_message.Message):
-    __slots__ = ["head_dim", "kv_lora_rank", "kv_pool_kind", "num_layers", "qk_rope_head_dim", "total_kv_heads"]
+    __slots__ = ["head_dim", "kv_lora_rank", "kv_pool_kind", "model_name", "model_revision", "num_layers", "qk_rope_head_dim", "total_kv_heads"]
     HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
     KV_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
     KV_POOL_KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_REVISION_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
     QK_ROPE_HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
     TOTAL_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
     head_dim: int
     kv_lora_rank: int
     kv_pool_kind: str
+    model_name: str
+    model_revision: str
     num_layers: int
     qk_rope_head_dim: int
     total_kv_heads: int
-    def __init__(self, kv_pool_kind: _Optional[str] = ..., num_layers: _Optional[int] = ..., total_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_lora_rank: _Optional[int] = ..., qk_rope_head_dim: _Optional[int] = ...) -> None: ...
+    def __init__(self, kv_pool_kind: _Optional[str] = ..., num_layers: _Optional[int] = ..., total_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_lora_rank: _Optional[int] = ..., qk_rope_head_dim: _Optional[int] = ..., model_name: _Optional[str] = ..., model_revision: _Optional[str] = ...) -> None: ...
 
 class ParallelInfo(_message.Message):
     __slots__ = ["attn_cp_rank", "attn_cp_size", "attn_dp_rank", "attn_dp_size", "attn_tp_rank", "attn_tp_size", "pp_rank", "pp_size", "system_dp_rank", "system_dp_size"]

@@ -30,6 +30,11 @@ class BootstrapStub(object):
                 request_serializer=decodeplane_dot_v1_dot_bootstrap__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=decodeplane_dot_v1_dot_bootstrap__pb2.HeartbeatResponse.FromString,
                 )
+        self.DeregisterPrefill = channel.unary_unary(
+                '/decodeplane.v1.Bootstrap/DeregisterPrefill',
+                request_serializer=decodeplane_dot_v1_dot_bootstrap__pb2.DeregisterPrefillRequest.SerializeToString,
+                response_deserializer=decodeplane_dot_v1_dot_bootstrap__pb2.DeregisterPrefillResponse.FromString,
+                )
         self.BindRoom = channel.unary_unary(
                 '/decodeplane.v1.Bootstrap/BindRoom',
                 request_serializer=decodeplane_dot_v1_dot_bootstrap__pb2.BindRoomRequest.SerializeToString,
@@ -89,6 +94,36 @@ class BootstrapServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeregisterPrefill(self, request, context):
+        """DeregisterPrefill removes a prefill instance that stops cleanly, so
+        that the decode side does not wait for its liveness bound (missed
+        heartbeats, or the fleet lease TTL) to learn it. SGLang has no such
+        call; the failure is worded as its lost-prefill one. Every room of the
+        instance still handing off fails at once with FAILURE_CODE_PREFILL_LOST,
+        "Lost connection with prefill instance (bootstrap_addr: A), N requests
+        affected: it deregistered (Bootstrap.DeregisterPrefill through D):
+        <reason>"; rooms that succeeded are the decode engine's and are not
+        touched. Every rank of the instance leaves the registry: with the
+        fleet registry (registry.backend etcd) the instance's records are
+        marked deregistered and its lease revoked, and every daemon of the
+        fleet fails its own rooms of it as the change reaches it through etcd
+        (the registration's own propagation delay, milliseconds); none of them
+        re-creates its records for ranks that still heartbeat to it. A rank
+        that registers afterwards registers a new instance. Idempotent: an
+        instance this daemon (and its fleet) does not know, or already
+        deregistered, is OK with deregistered false; an instance_id that is
+        not the registered instance's changes nothing (deregistered false: a
+        replacement is never removed by its predecessor's late goodbye).
+        Codes: OK; INVALID_ARGUMENT (a field, named); UNAUTHENTICATED;
+        UNAVAILABLE (the fleet registry is degraded or etcd did not answer
+        within registry.etcd.request_timeout: nothing changed; retry). Safe to
+        retry. Bounded: one etcd read, one conditional write and one lease
+        revocation, each within registry.etcd.request_timeout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def BindRoom(self, request, context):
         """BindRoom records the authoritative room → prefill DP rank binding,
         reported by the prefill rank that scheduled the room (SGLang's
@@ -124,6 +159,11 @@ def add_BootstrapServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=decodeplane_dot_v1_dot_bootstrap__pb2.HeartbeatRequest.FromString,
                     response_serializer=decodeplane_dot_v1_dot_bootstrap__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'DeregisterPrefill': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeregisterPrefill,
+                    request_deserializer=decodeplane_dot_v1_dot_bootstrap__pb2.DeregisterPrefillRequest.FromString,
+                    response_serializer=decodeplane_dot_v1_dot_bootstrap__pb2.DeregisterPrefillResponse.SerializeToString,
             ),
             'BindRoom': grpc.unary_unary_rpc_method_handler(
                     servicer.BindRoom,
@@ -182,6 +222,23 @@ class Bootstrap(object):
         return grpc.experimental.unary_unary(request, target, '/decodeplane.v1.Bootstrap/Heartbeat',
             decodeplane_dot_v1_dot_bootstrap__pb2.HeartbeatRequest.SerializeToString,
             decodeplane_dot_v1_dot_bootstrap__pb2.HeartbeatResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def DeregisterPrefill(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/decodeplane.v1.Bootstrap/DeregisterPrefill',
+            decodeplane_dot_v1_dot_bootstrap__pb2.DeregisterPrefillRequest.SerializeToString,
+            decodeplane_dot_v1_dot_bootstrap__pb2.DeregisterPrefillResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 

@@ -13,9 +13,10 @@ _sym_db = _symbol_database.Default()
 
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from decodeplane.v1 import common_pb2 as decodeplane_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64\x65\x63odeplane/v1/capacity.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x01\n\x15ReportCapacityRequest\x12\x16\n\x0e\x64\x65\x63ode_dp_rank\x18\x01 \x01(\r\x12\x13\n\x0btokens_free\x18\x02 \x01(\x04\x12\x12\n\npages_free\x18\x03 \x01(\x04\x12\x16\n\x0ereq_slots_free\x18\x04 \x01(\r\x12\x1b\n\x13metadata_slots_free\x18\x05 \x01(\r\x12\x18\n\x10state_slots_free\x18\x06 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x07 \x01(\r\x12\x0f\n\x07running\x18\x08 \x01(\r\"\x18\n\x16ReportCapacityResponse\"~\n\x14WatchCapacityRequest\x12/\n\x0cmin_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12keepalive_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\xd3\x01\n\x0e\x43\x61pacityUpdate\x12\x13\n\x0bincarnation\x18\x01 \x01(\x06\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x11\n\treadiness\x18\x04 \x01(\t\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12-\n\x06shards\x18\x06 \x03(\x0b\x32\x1d.decodeplane.v1.ShardCapacity\x12&\n\x02\x61t\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08sequence\x18\x08 \x01(\x04\"\xaa\x02\n\rShardCapacity\x12\x0f\n\x07\x64p_rank\x18\x01 \x01(\r\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x14\n\x0ctokens_total\x18\x03 \x01(\x04\x12\x13\n\x0btokens_free\x18\x04 \x01(\x04\x12\x13\n\x0bpages_total\x18\x05 \x01(\x04\x12\x12\n\npages_free\x18\x06 \x01(\x04\x12\x17\n\x0freq_slots_total\x18\x07 \x01(\r\x12\x16\n\x0ereq_slots_free\x18\x08 \x01(\r\x12\x13\n\x0bqueue_depth\x18\t \x01(\r\x12\x12\n\nblocked_by\x18\n \x01(\t\x12\x16\n\x0e\x64raining_pages\x18\x0b \x01(\x04\x12\x0f\n\x07running\x18\x0c \x01(\r\x12\x1e\n\x16reserved_decode_tokens\x18\r \x01(\r2\xc4\x01\n\x08\x43\x61pacity\x12W\n\rWatchCapacity\x12$.decodeplane.v1.WatchCapacityRequest\x1a\x1e.decodeplane.v1.CapacityUpdate0\x01\x12_\n\x0eReportCapacity\x12%.decodeplane.v1.ReportCapacityRequest\x1a&.decodeplane.v1.ReportCapacityResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x64\x65\x63odeplane/v1/capacity.proto\x12\x0e\x64\x65\x63odeplane.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1b\x64\x65\x63odeplane/v1/common.proto\"\xcd\x01\n\x15ReportCapacityRequest\x12\x16\n\x0e\x64\x65\x63ode_dp_rank\x18\x01 \x01(\r\x12\x13\n\x0btokens_free\x18\x02 \x01(\x04\x12\x12\n\npages_free\x18\x03 \x01(\x04\x12\x16\n\x0ereq_slots_free\x18\x04 \x01(\r\x12\x1b\n\x13metadata_slots_free\x18\x05 \x01(\r\x12\x18\n\x10state_slots_free\x18\x06 \x01(\x04\x12\x13\n\x0bqueue_depth\x18\x07 \x01(\r\x12\x0f\n\x07running\x18\x08 \x01(\r\"\x18\n\x16ReportCapacityResponse\"~\n\x14WatchCapacityRequest\x12/\n\x0cmin_interval\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x35\n\x12keepalive_interval\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\"\x85\x02\n\x0e\x43\x61pacityUpdate\x12\x13\n\x0bincarnation\x18\x01 \x01(\x06\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05ready\x18\x03 \x01(\x08\x12\x11\n\treadiness\x18\x04 \x01(\t\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12-\n\x06shards\x18\x06 \x03(\x0b\x32\x1d.decodeplane.v1.ShardCapacity\x12&\n\x02\x61t\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x10\n\x08sequence\x18\x08 \x01(\x04\x12\x30\n\x0b\x66ingerprint\x18\t \x01(\x0b\x32\x1b.decodeplane.v1.Fingerprint\"\xaa\x02\n\rShardCapacity\x12\x0f\n\x07\x64p_rank\x18\x01 \x01(\r\x12\x11\n\tpage_size\x18\x02 \x01(\r\x12\x14\n\x0ctokens_total\x18\x03 \x01(\x04\x12\x13\n\x0btokens_free\x18\x04 \x01(\x04\x12\x13\n\x0bpages_total\x18\x05 \x01(\x04\x12\x12\n\npages_free\x18\x06 \x01(\x04\x12\x17\n\x0freq_slots_total\x18\x07 \x01(\r\x12\x16\n\x0ereq_slots_free\x18\x08 \x01(\r\x12\x13\n\x0bqueue_depth\x18\t \x01(\r\x12\x12\n\nblocked_by\x18\n \x01(\t\x12\x16\n\x0e\x64raining_pages\x18\x0b \x01(\x04\x12\x0f\n\x07running\x18\x0c \x01(\r\x12\x1e\n\x16reserved_decode_tokens\x18\r \x01(\r2\xc4\x01\n\x08\x43\x61pacity\x12W\n\rWatchCapacity\x12$.decodeplane.v1.WatchCapacityRequest\x1a\x1e.decodeplane.v1.CapacityUpdate0\x01\x12_\n\x0eReportCapacity\x12%.decodeplane.v1.ReportCapacityRequest\x1a&.decodeplane.v1.ReportCapacityResponseBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'decodeplane.v1.capacity_pb2', globals())
@@ -23,16 +24,16 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'ZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1'
-  _REPORTCAPACITYREQUEST._serialized_start=115
-  _REPORTCAPACITYREQUEST._serialized_end=320
-  _REPORTCAPACITYRESPONSE._serialized_start=322
-  _REPORTCAPACITYRESPONSE._serialized_end=346
-  _WATCHCAPACITYREQUEST._serialized_start=348
-  _WATCHCAPACITYREQUEST._serialized_end=474
-  _CAPACITYUPDATE._serialized_start=477
-  _CAPACITYUPDATE._serialized_end=688
-  _SHARDCAPACITY._serialized_start=691
-  _SHARDCAPACITY._serialized_end=989
-  _CAPACITY._serialized_start=992
-  _CAPACITY._serialized_end=1188
+  _REPORTCAPACITYREQUEST._serialized_start=144
+  _REPORTCAPACITYREQUEST._serialized_end=349
+  _REPORTCAPACITYRESPONSE._serialized_start=351
+  _REPORTCAPACITYRESPONSE._serialized_end=375
+  _WATCHCAPACITYREQUEST._serialized_start=377
+  _WATCHCAPACITYREQUEST._serialized_end=503
+  _CAPACITYUPDATE._serialized_start=506
+  _CAPACITYUPDATE._serialized_end=767
+  _SHARDCAPACITY._serialized_start=770
+  _SHARDCAPACITY._serialized_end=1068
+  _CAPACITY._serialized_start=1071
+  _CAPACITY._serialized_end=1267
 # @@protoc_insertion_point(module_scope)

@@ -1,5 +1,6 @@
 from google.protobuf import duration_pb2 as _duration_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from decodeplane.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
@@ -8,10 +9,11 @@ from typing import ClassVar as _ClassVar, Iterable as _Iterable, Mapping as _Map
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class CapacityUpdate(_message.Message):
-    __slots__ = ["address", "at", "draining", "incarnation", "readiness", "ready", "sequence", "shards"]
+    __slots__ = ["address", "at", "draining", "fingerprint", "incarnation", "readiness", "ready", "sequence", "shards"]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     AT_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     READINESS_FIELD_NUMBER: _ClassVar[int]
     READY_FIELD_NUMBER: _ClassVar[int]
@@ -20,12 +22,13 @@ class CapacityUpdate(_message.Message):
     address: str
     at: _timestamp_pb2.Timestamp
     draining: bool
+    fingerprint: _common_pb2.Fingerprint
     incarnation: int
     readiness: str
     ready: bool
     sequence: int
     shards: _containers.RepeatedCompositeFieldContainer[ShardCapacity]
-    def __init__(self, incarnation: _Optional[int] = ..., address: _Optional[str] = ..., ready: bool = ..., readiness: _Optional[str] = ..., draining: bool = ..., shards: _Optional[_Iterable[_Union[ShardCapacity, _Mapping]]] = ..., at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., sequence: _Optional[int] = ...) -> None: ...
+    def __init__(self, incarnation: _Optional[int] = ..., address: _Optional[str] = ..., ready: bool = ..., readiness: _Optional[str] = ..., draining: bool = ..., shards: _Optional[_Iterable[_Union[ShardCapacity, _Mapping]]] = ..., at: _Optional[_Union[_timestamp_pb2.Timestamp, _Mapping]] = ..., sequence: _Optional[int] = ..., fingerprint: _Optional[_Union[_common_pb2.Fingerprint, _Mapping]] = ...) -> None: ...
 
 class ReportCapacityRequest(_message.Message):
     __slots__ = ["decode_dp_rank", "metadata_slots_free", "pages_free", "queue_depth", "req_slots_free", "running", "state_slots_free", "tokens_free"]

@@ -58,6 +58,34 @@ class Failure(_message.Message):
     message: str
     def __init__(self, code: _Optional[_Union[FailureCode, str]] = ..., message: _Optional[str] = ..., from_another_rank: bool = ...) -> None: ...
 
+class Fingerprint(_message.Message):
+    __slots__ = ["digest", "head_dim", "kv_cache_dtype", "kv_lora_rank", "kv_pool_kind", "model_name", "model_revision", "num_layers", "page_owner", "page_size", "qk_rope_head_dim", "total_kv_heads"]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    KV_LORA_RANK_FIELD_NUMBER: _ClassVar[int]
+    KV_POOL_KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_REVISION_FIELD_NUMBER: _ClassVar[int]
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_OWNER_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    QK_ROPE_HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    digest: str
+    head_dim: int
+    kv_cache_dtype: str
+    kv_lora_rank: int
+    kv_pool_kind: str
+    model_name: str
+    model_revision: str
+    num_layers: int
+    page_owner: str
+    page_size: int
+    qk_rope_head_dim: int
+    total_kv_heads: int
+    def __init__(self, page_size: _Optional[int] = ..., kv_cache_dtype: _Optional[str] = ..., kv_pool_kind: _Optional[str] = ..., num_layers: _Optional[int] = ..., total_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., kv_lora_rank: _Optional[int] = ..., qk_rope_head_dim: _Optional[int] = ..., page_owner: _Optional[str] = ..., model_name: _Optional[str] = ..., model_revision: _Optional[str] = ..., digest: _Optional[str] = ...) -> None: ...
+
 class KVLayout(_message.Message):
     __slots__ = ["attn_tp_size", "dcp_size", "dp_size", "dtype_bytes", "head_dim", "heads_per_rank", "is_mla", "item_len", "kind", "kv_cache_dtype", "num_layers", "page_owner", "page_size", "pp_size", "staging_enabled", "state_types", "token_bytes", "total_kv_heads", "total_pages"]
     ATTN_TP_SIZE_FIELD_NUMBER: _ClassVar[int]
