@@ -14,8 +14,13 @@ Variable                               Meaning (default)
 ``DECODEPLANE_SGLANG_MOVER``           how a prefill rank's KV reaches the decode buffers:
                                        ``shm`` (the prefill copies into the decode engine's
                                        shared-memory buffers, then reports: same host, host
-                                       memory) or ``module:callable``, a site's mover factory
-                                       (``shm``)
+                                       memory), ``delegated`` (decodeplane's transfer agent
+                                       writes into the decode engine's shared-memory buffers:
+                                       the daemon's ``transfer.path: delegate``) or
+                                       ``module:callable``, a site's mover factory (``shm``)
+``DECODEPLANE_SGLANG_AGENT``           the transfer agent's gRPC target as the prefill ranks
+                                       reach it (plaintext), for the ``delegated`` mover: each
+                                       prefill rank registers its buffers there (unset: none)
 ``DECODEPLANE_SGLANG_SHM_DIR``         where a decode rank publishes its buffer manifest for the
                                        ``shm`` mover (``/dev/shm``)
 ``DECODEPLANE_SGLANG_NAMESPACE``       the manifests' name prefix, one per decode daemon
@@ -68,6 +73,7 @@ class Settings:
     tls_key: Optional[str] = None
     tls_server_name: Optional[str] = None
     mover: str = "shm"
+    agent: Optional[str] = None
     shm_dir: str = "/dev/shm"
     namespace: str = "decodeplane"
     bootstrap_addr: Optional[str] = None
@@ -100,9 +106,13 @@ class Settings:
                                 "is unset while its pair is set", "set both DECODEPLANE_TLS_CERT and DECODEPLANE_TLS_KEY "
                                 "for mutual TLS, or neither")
         mover = get("DECODEPLANE_SGLANG_MOVER") or Settings.mover
-        if mover != "shm" and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", mover):
-            raise SettingsError("DECODEPLANE_SGLANG_MOVER", mover, "is neither shm nor module:callable",
-                                "use shm, or name a mover factory such as mysite.movers:make_mover")
+        if mover not in ("shm", "delegated") and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", mover):
+            raise SettingsError("DECODEPLANE_SGLANG_MOVER", mover, "is neither shm, delegated nor module:callable",
+                                "use shm or delegated, or name a mover factory such as mysite.movers:make_mover")
+        agent = get("DECODEPLANE_SGLANG_AGENT")
+        if agent is not None and not _valid_hostport(agent):
+            raise SettingsError("DECODEPLANE_SGLANG_AGENT", agent, "is not host:port (port 1..65535)",
+                                "name the transfer agent as the prefill reaches it, e.g. 127.0.0.1:7700")
         addr = get("DECODEPLANE_SGLANG_BOOTSTRAP_ADDR")
         if addr is not None and not _valid_hostport(addr):
             raise SettingsError("DECODEPLANE_SGLANG_BOOTSTRAP_ADDR", addr, "is not host:port (port 1..65535)",
@@ -120,7 +130,7 @@ class Settings:
             raise SettingsError("DECODEPLANE_SGLANG_SHM_DIR", shm_dir, "is not an absolute path", "use e.g. /dev/shm")
         return Settings(
             target=target, token=token, tls_ca=get("DECODEPLANE_TLS_CA"), tls_cert=cert, tls_key=key,
-            tls_server_name=get("DECODEPLANE_TLS_SERVER_NAME"), mover=mover, shm_dir=shm_dir, namespace=ns,
+            tls_server_name=get("DECODEPLANE_TLS_SERVER_NAME"), mover=mover, agent=agent, shm_dir=shm_dir, namespace=ns,
             bootstrap_addr=addr, instance_id=inst,
             rpc_timeout=_number(get, "DECODEPLANE_SGLANG_RPC_TIMEOUT", Settings.rpc_timeout, 0.1, 3600.0),
             mover_threads=int(_number(get, "DECODEPLANE_SGLANG_MOVER_THREADS", Settings.mover_threads, 1, 256, True)),

@@ -6,7 +6,10 @@ ReportTransfer (its bytes by the daemon's layout, the room marker on the
 last chunk): decodeplane never sees the bytes, it proves every page of
 every required rank landed, and the room succeeds only then.
 
-Built in: :class:`ShmMover` (``DECODEPLANE_SGLANG_MOVER=shm``): both engines
+Built in: the delegated mover (``DECODEPLANE_SGLANG_MOVER=delegated``,
+:mod:`decodeplane.sglang.delegated`): decodeplane's transfer agent writes
+the chunk, sent with the Transfer op instead of being reported; and
+:class:`ShmMover` (``DECODEPLANE_SGLANG_MOVER=shm``): both engines
 keep their buffers in host shared memory on one host (a CPU test setup,
 or engines whose pools live in ``/dev/shm``); each decode rank publishes
 where its buffers are (a manifest, :mod:`decodeplane.sglang.buffers`) and
@@ -113,6 +116,16 @@ class Mover(abc.ABC):
         (nothing more is written), any other exception for a failed write
         (the room fails with its message)."""
 
+    def transfer_request(self, job: ChunkJob) -> Optional[rooms_pb2.TransferRequest]:
+        """None: :meth:`move` writes the chunk and the plugin reports it.
+        A TransferRequest: the daemon's transfer agent moves the chunk, which
+        the plugin sends with the Transfer op (the delegated mover,
+        :mod:`decodeplane.sglang.delegated`)."""
+        return None
+
+    def chunk_failed(self) -> None:
+        """Called when a chunk of :meth:`transfer_request` failed."""
+
     def close(self) -> None:
         """Releases what the mover holds."""
 
@@ -121,6 +134,10 @@ def load_mover(settings: Settings) -> Mover:
     """The mover ``DECODEPLANE_SGLANG_MOVER`` names."""
     if settings.mover == "shm":
         return ShmMover(settings)
+    if settings.mover == "delegated":
+        from decodeplane.sglang.delegated import DelegatedMover
+
+        return DelegatedMover(settings)
     mod, _, attr = settings.mover.partition(":")
     try:
         obj: Any = importlib.import_module(mod)

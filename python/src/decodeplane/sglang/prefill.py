@@ -421,7 +421,9 @@ class SenderCore:
         if self._stop.is_set():
             return  # the room ended here: nothing more is written
         try:
-            self.side.mover.move(job)
+            delegate = self.side.mover.transfer_request(job)
+            if delegate is None:
+                self.side.mover.move(job)
         except MoveStopped:
             return
         except Exception as e:  # noqa: BLE001 - the chunk failed: the room fails with its message
@@ -432,7 +434,42 @@ class SenderCore:
             self._report_failure(msg[:4096])
             self._ack(False)
             return
+        if delegate is not None:
+            self._transfer(job, delegate)
+            return
         self._report(job)
+
+    def _transfer(self, job: ChunkJob, req: rooms_pb2.TransferRequest) -> None:
+        """Sends a chunk the daemon's transfer agent moves (the Transfer op);
+        a refusal that leaves the room running fails it with the reason."""
+        d = job.destination
+        with self._lock:
+            req.chunk_index = self._chunks
+            self._chunks += 1
+        req.attempt, req.incarnation = d.attempt, d.incarnation
+        got: list[Any] = []
+
+        def call(s: PrefillSession) -> None:
+            try:
+                got.append(s.chunk(req, timeout=self.side.settings.rpc_timeout))
+            except (StaleIncarnationError, IncarnationChangedError):
+                raise
+            except DecodeplaneError as e:
+                if e._stream_end:
+                    raise
+                got.append(e)
+        if not self._send(call) or not got:
+            return
+        if not isinstance(got[0], DecodeplaneError):
+            with self._lock:
+                self._bytes += got[0].bytes
+            return
+        self.side.mover.chunk_failed()
+        msg = got[0].message
+        with self._lock:
+            self._fail(f"room {self.room}: moving a chunk failed: {msg}")
+            self._stop.set()
+        self._report_failure(msg[:4096])  # refused when the room failed already: nothing changes
 
     def _report(self, job: ChunkJob) -> None:
         d = job.destination
