@@ -18,8 +18,9 @@ Variable                               Meaning (default)
                                        (``shm``)
 ``DECODEPLANE_SGLANG_SHM_DIR``         where a decode rank publishes its buffer manifest for the
                                        ``shm`` mover (``/dev/shm``)
-``DECODEPLANE_SGLANG_NAMESPACE``       the manifests' name prefix, one per decode daemon
-                                       (``decodeplane``)
+``DECODEPLANE_SGLANG_NAMESPACE``       the manifests' name prefix, one per decode daemon on a
+                                       host (a fleet's prefill ranks find each daemon's by its
+                                       address: one may serve them all) (``decodeplane``)
 ``DECODEPLANE_SGLANG_BOOTSTRAP_ADDR``  the prefill instance's bootstrap address as routers name
                                        it (default: the server's host, or its IP when it listens
                                        on every address, and ``--disaggregation-bootstrap-port``)
