@@ -29,7 +29,7 @@ RELEASED = common_pb2.ROOM_PHASE_RELEASED
 TEST_MOVER = {"DECODEPLANE_SGLANG_MOVER": "tests.sglang_movers:mover"}
 
 
-class SGLangFleetTest(unittest.TestCase):
+class FleetCase(unittest.TestCase):
     """Two daemons of one fleet for the class; engines per test, all on one
     DECODEPLANE_SGLANG_NAMESPACE (a fleet's prefill finds each decode
     rank's buffers by the room's daemon)."""
@@ -97,6 +97,9 @@ class SGLangFleetTest(unittest.TestCase):
         p.submit(rid, room, prompt_len)
         return rid, room
 
+
+
+class SGLangFleetTest(FleetCase):
     def test_rooms_on_both_decode_instances(self) -> None:
         """Rooms alternate between the two decode instances; the prefill (TP
         2, registered through the first daemon) hands each off to the daemon
@@ -161,6 +164,36 @@ class SGLangFleetTest(unittest.TestCase):
         [preq] = p.outcome(rid)
         self.assertIn("Aborted by AbortReq", preq.failure)
         self.assertEqual(p.outcome(other_rid)[0].failure, "")
+
+
+class SGLangFleetOwnerKilledTest(FleetCase):
+    """A fleet of its own: the second daemon is killed (SIGKILL)."""
+
+    def test_owner_killed_mid_transfer(self) -> None:
+        """The second daemon is killed while the prefill rank writes a room
+        of its: the room fails on the prefill side once no session with that
+        daemon could be opened for DECODEPLANE_SGLANG_RPC_TIMEOUT (1 s here),
+        and rooms of the first daemon keep flowing."""
+        p = self.prefill(tp=1, DECODEPLANE_SGLANG_RPC_TIMEOUT="1", **TEST_MOVER)
+        f = self.fleet_rank(p, 0)
+        p.wait("the rank's session with the second daemon",
+               lambda: any(d.session and d.address == self.daemons[1].addr for d in f.daemons()))
+        room = room_id()
+        rid = f"fleet-killed-{room}"
+        entered, _release = sglang_movers.hold(room, 2)
+        self.decodes[1].submit(rid, room, 64, p.bootstrap_port)
+        p.submit(rid, room, 64)
+        self.assertTrue(entered.wait(WAIT), "chunk 1 never started")
+        self.daemons[1].kill()
+        start = time.monotonic()
+        [preq] = p.outcome(rid)
+        took = time.monotonic() - start
+        self.assertIn(f"its decode daemon {self.daemons[1].addr} could not be reached for 1s", preq.failure)
+        self.assertLess(took, 5.0)
+        rid0, _ = self.submit(p, 0, 40)
+        self.decodes[0].outcome(rid0)
+        self.decodes[0].verify(rid0, prefill_tp=1)
+        self.assertEqual(p.outcome(rid0)[0].failure, "")
 
 
 def _released(engine: Any, rid: str) -> list[float]:
