@@ -104,9 +104,8 @@ class PrefillSide:
                 raise RuntimeError(f"decodeplane: the daemon at {self.settings.target} refused this prefill rank's "
                                    f"registration: {e.message}") from e
             log.warning("decodeplane: registering with %s failed (%s); the heartbeat retries", self.settings.target, e)
-        finally:
-            if f is not None:
-                f.start()
+        if f is not None:
+            f.start()
 
     def _is_fleet(self) -> bool:
         mode = self.settings.fleet
