@@ -34,8 +34,8 @@ Variable                               Meaning (default)
                                        ``off`` (it claims every room on DECODEPLANE_TARGET), or
                                        ``auto``: ``on`` when the target's registry is etcd (the
                                        daemon is a fleet member) or the target does not answer
-                                       at startup, ``off`` when its registry is in memory
-                                       (``auto``)
+                                       at startup, ``off`` when its registry is in memory or it
+                                       has no Fleet service (``auto``)
 ``DECODEPLANE_SGLANG_RESTART_DRAIN``   seconds a decode rank keeps the pages of a hand-off it
                                        could not re-declare after a daemon restart (the daemon
                                        has no ``engine.resync_timeout``) before reusing them
