@@ -56,11 +56,11 @@ class DevEtcd:
         self._out.close()
 
 
-def fleet_daemon(etcd: DevEtcd, prefix: str) -> Daemon:
+def fleet_daemon(etcd: DevEtcd, prefix: str, *sets: str) -> Daemon:
     """A decode daemon of the fleet: the etcd registry, advertised at its
-    own address."""
+    own address (and ``sets``)."""
     port = free_port()
-    return Daemon("registry.backend=etcd", f"registry.etcd.endpoints={etcd.endpoint}",
+    return Daemon(*sets, "registry.backend=etcd", f"registry.etcd.endpoints={etcd.endpoint}",
                   f"registry.etcd.advertise_address=127.0.0.1:{port}", f"registry.etcd.prefix={prefix}",
                   "registry.etcd.lease_ttl=6s", "registry.etcd.request_timeout=1s", "timeouts.heartbeat_interval=2s",
                   port=port)

@@ -37,6 +37,27 @@ class HandoffTest(SGLangCase):
         for rk in p.outcome(rid):
             self.assertEqual(rk.failure, "")
 
+    def test_fleet_mode_on_one_daemon(self) -> None:
+        """DECODEPLANE_SGLANG_FLEET=on against a daemon whose registry is in
+        memory (a fleet of one): the daemon offers each room to the rank,
+        which hands it off as a fleet's rank; auto (the default) claims
+        instead."""
+        d = self.decode(tp=1)
+        p = self.prefill(tp=1, env={"DECODEPLANE_SGLANG_FLEET": "on"})
+        auto = self.prefill(tp=1)
+        self.assertTrue(p.manager().dp_prefill.fleet)
+        self.assertFalse(auto.manager().dp_prefill.fleet)
+        rooms = []
+        for e in (p, auto):
+            rid, room = self.handoff(e, d, 40)
+            rooms.append(room)
+            d.outcome(rid)
+            d.verify(rid, prefill_tp=1)
+            self.assertEqual(e.outcome(rid)[0].failure, "")
+        f = p.manager().dp_prefill.fleet_rank(f"127.0.0.1:{p.bootstrap_port}")
+        self.assertEqual(f.owner(rooms[0]), self.daemon.addr)
+        self.assertIsNone(auto.manager().dp_prefill.fleet_rank(f"127.0.0.1:{auto.bootstrap_port}"))
+
 
 class DecodeTP2Test(SGLangCase):
     SETS = SGLangCase.SETS + ("parallel.attn_tp=2",)

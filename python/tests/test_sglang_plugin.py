@@ -99,6 +99,13 @@ class SettingsTest(unittest.TestCase):
 
         s = Settings.from_env({"SGLANG_DISAGGREGATION_BOOTSTRAP_AUTH_TOKEN": "t0k", "DECODEPLANE_TARGET": "d:7600"})
         self.assertEqual((s.token, s.target, s.mover, s.rpc_timeout), ("t0k", "d:7600", "shm", 30.0))
+        self.assertEqual(s.fleet, "auto")
+        self.assertEqual(Settings.from_env({"DECODEPLANE_SGLANG_FLEET": "On"}).fleet, "on")
+        with self.assertRaises(SettingsError) as cm:
+            Settings.from_env({"DECODEPLANE_SGLANG_FLEET": "yes"})
+        self.assertEqual(str(cm.exception), "decodeplane: DECODEPLANE_SGLANG_FLEET='yes' is not one of auto, on, off; use "
+                         "on for a fleet of decode daemons (registry.backend etcd), off for one decode daemon, or auto to "
+                         "ask the daemon")
         bad = {
             "DECODEPLANE_SGLANG_MOVER": "rdma",
             "DECODEPLANE_SGLANG_BOOTSTRAP_ADDR": "host",
@@ -106,6 +113,7 @@ class SettingsTest(unittest.TestCase):
             "DECODEPLANE_SGLANG_MOVER_THREADS": "x",
             "DECODEPLANE_SGLANG_NAMESPACE": "a/b",
             "DECODEPLANE_TLS_CERT": "/c.pem",
+            "DECODEPLANE_SGLANG_FLEET": "yes",
         }
         for k, v in bad.items():
             with self.assertRaises(SettingsError) as cm:

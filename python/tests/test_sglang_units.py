@@ -72,6 +72,22 @@ class RegionTest(unittest.TestCase):
             shutil.rmtree(d, ignore_errors=True)
 
 
+    def test_manifest_path_per_daemon(self) -> None:
+        """A fleet's decode ranks on one host share a namespace: each rank's
+        manifest is also named by its daemon's advertised address, escaped
+        injectively into a file name."""
+        plain = buffers.manifest_path("/dev/shm", "ns", 0, 1)
+        self.assertEqual(plain, "/dev/shm/ns-decode-dp0-tp1.json")
+        self.assertEqual(buffers.manifest_path("/dev/shm", "ns", 0, 1, "10.0.0.5:7600"),
+                         "/dev/shm/ns-decode-10.0.0.5_3a7600-dp0-tp1.json")
+        names = {buffers.manifest_path("/s", "ns", 0, 0, a) for a in
+                 ("10.0.0.5:7600", "10.0.0.5:7610", "[::1]:7600", "a_3a1:2", "a:1_2", "a:1:2", "h\u00e9:1")}
+        self.assertEqual(len(names), 7)
+        for n in names:
+            self.assertEqual(os.path.dirname(n), "/s")
+            self.assertRegex(os.path.basename(n), r"^[A-Za-z0-9._-]+$")
+
+
 class PollTest(unittest.TestCase):
     def test_kv_poll(self) -> None:
         st = RoomState(1, None, True)

@@ -54,7 +54,7 @@ from decodeplane.engine import (
     in_flight,
 )
 from decodeplane.prefill import Chunk, HeartbeatRunner, Prefill, PrefillSession, SessionClaim
-from decodeplane.fleet import FleetDaemonState, FleetPrefill
+from decodeplane.fleet import FleetDaemonState, FleetOffer, FleetPrefill
 from decodeplane.streams import CapacityStream, ClaimEvent, DestinationStream, RoomWatch, WatermarkStream
 
 __version__ = "0.1.0"
@@ -63,7 +63,7 @@ __all__ = [
     "Client", "TLSConfig", "Transport", "RetryPolicy",
     "AdminAPI", "EngineAPI", "EngineSession", "RoomSubscription", "SessionResult", "ENGINE_EVENTS_ALL",
     "ENGINE_EVENTS_OUTCOME", "in_flight", "Prefill", "PrefillSession", "SessionClaim", "Chunk", "HeartbeatRunner",
-    "FleetPrefill", "FleetDaemonState",
+    "FleetPrefill", "FleetDaemonState", "FleetOffer",
     "ClaimEvent", "DestinationStream", "RoomWatch", "CapacityStream", "WatermarkStream",
     "DecodeplaneError", "NotFoundError", "AlreadyExistsError", "InvalidArgumentError", "FailedPreconditionError",
     "ResourceExhaustedError", "UnavailableError", "UnauthenticatedError", "PermissionDeniedError", "AbortedError",

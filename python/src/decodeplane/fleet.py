@@ -53,7 +53,7 @@ from decodeplane.errors import (
 from decodeplane.prefill import Chunk, Prefill, PrefillSession, SessionClaim
 from decodeplane.v1 import bootstrap_pb2, prefill_session_pb2, rooms_pb2
 
-__all__ = ["FleetPrefill", "FleetDaemonState", "DEFAULT_REFRESH", "DEFAULT_OFFER_WAIT"]
+__all__ = ["FleetPrefill", "FleetDaemonState", "FleetOffer", "DEFAULT_REFRESH", "DEFAULT_OFFER_WAIT"]
 
 #: How often the fleet's daemons are listed (seconds).
 DEFAULT_REFRESH = 2.0
@@ -73,6 +73,20 @@ class FleetDaemonState:
     seed: bool
     incarnation: int
     session: bool
+
+
+@dataclass(frozen=True)
+class FleetOffer:
+    """A room's daemon as :meth:`FleetPrefill.take_offer` hands it out: its
+    advertised address, the rank's Prefill on it and, when its offer was
+    not taken yet, the offered claim (the taker's: it reads the claim's
+    events and closes it); None for a room offered before whose claim
+    ended or whose session ended (claim it again on the Prefill's shared
+    session)."""
+
+    daemon: str
+    prefill: Prefill
+    claim: Optional[SessionClaim]
 
 
 class _Offer:
@@ -196,6 +210,18 @@ class _OfferTable:
                               f"room {room} was not offered by any daemon of the fleet within {wait}s (offer_wait): no daemon "
                               "holds it for this rank (its bootstrap_addr or DP rank is another's, it was never opened, or "
                               "its daemon is not in the fleet)")
+
+    def take_now(self, room: int) -> tuple[Optional[_Offer], Optional[tuple[Prefill, int]]]:
+        """take without waiting: (None, None) when no daemon offered the
+        room yet."""
+        with self._lock:
+            if self._closed:
+                return None, None
+            o = self._live.pop(room, None)
+            if o is not None:
+                self._route(room, o.prefill, o.claim.incarnation)
+                return o, None
+            return None, self._routes.get(room)
 
     def owner(self, room: int) -> Optional[Prefill]:
         with self._lock:
@@ -554,7 +580,30 @@ class FleetPrefill:
                 offer.claim.close()  # the hand-off's claim ended with it; a no-op then
             release()
 
+    def take_offer(self, room: int) -> Optional[FleetOffer]:
+        """For a caller that drives its own claims (a poll loop that must not
+        block, as SGLang's scheduler): the room's daemon and its offered
+        claim, without waiting; None while no daemon offered the room. The
+        offer is taken once: a second call answers the daemon without a
+        claim."""
+        offer, route = self._offers.take_now(room)
+        if offer is not None:
+            return FleetOffer(self.address_of(offer.prefill), offer.prefill, offer.claim)
+        if route is not None:
+            return FleetOffer(self.address_of(route[0]), route[0], None)
+        return None
+
     # ---- state ----
+
+    def address_of(self, prefill: Prefill) -> str:
+        """The advertised address of the daemon ``prefill`` (one of this
+        rank's Prefills) is on; the seed's address as given before GetFleet
+        named it; "" for a Prefill of a daemon that left the fleet."""
+        with self._lock:
+            for addr, m in self._members.items():
+                if m.prefill is prefill:
+                    return addr
+        return self._seed.addr if prefill is self._seed.prefill else ""
 
     def owner(self, room: int) -> Optional[str]:
         """The advertised address of the daemon that offered ``room`` (None
@@ -562,11 +611,16 @@ class FleetPrefill:
         p = self._offers.owner(room)
         if p is None:
             return None
-        with self._lock:
-            for addr, m in self._members.items():
-                if m.prefill is p:
-                    return addr
-        return self._seed.addr if p is self._seed.prefill else None
+        return self.address_of(p) or None
+
+    def refresh(self) -> None:
+        """Lists the fleet once now (as the loop does every ``refresh``
+        seconds): names the seed's advertised address and opens sessions with
+        the daemons not held yet. For a caller that wants the fleet's
+        sessions before the loop's first listing: call it before
+        :meth:`start`, once the rank is registered (:attr:`seed`'s
+        register)."""
+        self._refresh_once()
 
     def daemons(self) -> list[FleetDaemonState]:
         """The daemons the rank keeps a session with, sorted by address."""

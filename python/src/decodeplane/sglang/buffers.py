@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -145,8 +146,14 @@ def locate(bufs: EngineBuffers, what: str, maps: Optional[str] = None) -> Engine
                          [one("aux", i, b) for i, b in enumerate(bufs.aux)], bufs.heads_per_rank, dict(bufs.extra))
 
 
-def manifest_path(shm_dir: str, namespace: str, dp_rank: int, tp_rank: int) -> str:
-    """Where decode rank (dp_rank, tp_rank) publishes its buffers."""
+def manifest_path(shm_dir: str, namespace: str, dp_rank: int, tp_rank: int, daemon: str = "") -> str:
+    """Where decode rank (dp_rank, tp_rank) publishes its buffers; with
+    ``daemon`` (the advertised address of the rank's decode daemon, in a
+    fleet), the manifest of that daemon's rank (the address escaped
+    injectively into the name: every byte but [A-Za-z0-9.-] as _xx)."""
+    if daemon:
+        key = re.sub(r"[^A-Za-z0-9.-]", lambda m: "".join(f"_{b:02x}" for b in m.group().encode()), daemon)
+        return os.path.join(shm_dir, f"{namespace}-decode-{key}-dp{dp_rank}-tp{tp_rank}.json")
     return os.path.join(shm_dir, f"{namespace}-decode-dp{dp_rank}-tp{tp_rank}.json")
 
 

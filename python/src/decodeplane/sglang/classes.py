@@ -120,7 +120,8 @@ class DecodeplaneKVManager(CommonKVManager):
             side._resync_done = (st.layout.dp_size or 1) <= 1
             mover = load_mover(s)
             mover.start_decode(RankBuffers(self.decode_dp_rank, self.attn_tp_rank,
-                                           EngineBuffers.from_kv_args(self.kv_args), state_types=names))
+                                           EngineBuffers.from_kv_args(self.kv_args), state_types=names,
+                                           daemon=side.advertised_address(s.rpc_timeout)))
             hooks.install_decode_hooks()
         except BaseException:
             side.close()
@@ -184,7 +185,8 @@ class DecodeplaneKVManager(CommonKVManager):
             side.close()
             raise
         self.dp_prefill = side
-        log.info("decodeplane: prefill rank %s tp %d registered with %s", addr, self.attn_tp_rank, s.target)
+        log.info("decodeplane: prefill rank %s tp %d registered with %s%s", addr, self.attn_tp_rank, s.target,
+                 " (a fleet: every daemon of it offers its rooms)" if side.fleet else "")
 
 
 _LB_METHODS = {"follow_bootstrap_room", "round_robin", "shortest_queue", "minimum_tokens", "total_requests",
@@ -256,12 +258,12 @@ class DecodeplaneKVSender(CommonKVSender):
 
     def _register_prefill_dp_rank(self, *args: Any, **kwargs: Any) -> None:
         mgr = self.kv_mgr
-        p = mgr.dp_prefill.rank(self.bootstrap_server_url)
+        side, addr = mgr.dp_prefill, self.bootstrap_server_url
         room = self.bootstrap_room
 
         def bind() -> None:
             try:
-                p.bind_room(room)
+                side.bind_room(addr, room)
             except Exception as e:  # noqa: BLE001 - the room then waits for its DP rank and fails with the reason
                 log.warning("decodeplane: room %d: BindRoom failed: %s", room, e)
         mgr.dp_prefill.pool.submit(bind)

@@ -23,8 +23,9 @@ Variable                               Meaning (default)
                                        prefill rank registers its buffers there (unset: none)
 ``DECODEPLANE_SGLANG_SHM_DIR``         where a decode rank publishes its buffer manifest for the
                                        ``shm`` mover (``/dev/shm``)
-``DECODEPLANE_SGLANG_NAMESPACE``       the manifests' name prefix, one per decode daemon
-                                       (``decodeplane``)
+``DECODEPLANE_SGLANG_NAMESPACE``       the manifests' name prefix, one per decode daemon on a
+                                       host (a fleet's prefill ranks find each daemon's by its
+                                       address: one may serve them all) (``decodeplane``)
 ``DECODEPLANE_SGLANG_BOOTSTRAP_ADDR``  the prefill instance's bootstrap address as routers name
                                        it (default: the server's host, or its IP when it listens
                                        on every address, and ``--disaggregation-bootstrap-port``)
@@ -32,6 +33,14 @@ Variable                               Meaning (default)
                                        launcher process: a restart is a new instance)
 ``DECODEPLANE_SGLANG_RPC_TIMEOUT``     seconds bounding each call to the daemon (``30``)
 ``DECODEPLANE_SGLANG_MOVER_THREADS``   threads moving chunks per prefill rank (``4``)
+``DECODEPLANE_SGLANG_FLEET``          how a prefill rank finds its rooms: ``on`` (a fleet: the
+                                       rank registers through DECODEPLANE_TARGET and hands each
+                                       room off on the daemon of the fleet that offers it),
+                                       ``off`` (it claims every room on DECODEPLANE_TARGET), or
+                                       ``auto``: ``on`` when the target's registry is etcd (the
+                                       daemon is a fleet member) or the target does not answer
+                                       at startup, ``off`` when its registry is in memory or it
+                                       has no Fleet service (``auto``)
 ``DECODEPLANE_SGLANG_RESTART_DRAIN``   seconds a decode rank keeps the pages of a hand-off it
                                        could not re-declare after a daemon restart (the daemon
                                        has no ``engine.resync_timeout``) before reusing them
@@ -44,12 +53,15 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 if TYPE_CHECKING:
     from decodeplane import Client
 
-__all__ = ["Settings", "SettingsError", "make_client"]
+__all__ = ["Settings", "SettingsError", "make_client", "client_options", "FLEET_MODES"]
+
+#: DECODEPLANE_SGLANG_FLEET's values.
+FLEET_MODES = ("auto", "on", "off")
 
 _HOSTPORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})$")
 
@@ -81,6 +93,7 @@ class Settings:
     rpc_timeout: float = 30.0
     mover_threads: int = 4
     restart_drain: float = 30.0
+    fleet: str = "auto"
 
     @property
     def tls(self) -> bool:
@@ -128,6 +141,12 @@ class Settings:
         shm_dir = get("DECODEPLANE_SGLANG_SHM_DIR") or Settings.shm_dir
         if not shm_dir.startswith("/"):
             raise SettingsError("DECODEPLANE_SGLANG_SHM_DIR", shm_dir, "is not an absolute path", "use e.g. /dev/shm")
+        fleet = (get("DECODEPLANE_SGLANG_FLEET") or Settings.fleet).lower()
+        if fleet not in FLEET_MODES:
+            raise SettingsError("DECODEPLANE_SGLANG_FLEET", get("DECODEPLANE_SGLANG_FLEET") or "",
+                                f"is not one of {', '.join(FLEET_MODES)}",
+                                "use on for a fleet of decode daemons (registry.backend etcd), off for one decode daemon, "
+                                "or auto to ask the daemon")
         return Settings(
             target=target, token=token, tls_ca=get("DECODEPLANE_TLS_CA"), tls_cert=cert, tls_key=key,
             tls_server_name=get("DECODEPLANE_TLS_SERVER_NAME"), mover=mover, agent=agent, shm_dir=shm_dir, namespace=ns,
@@ -135,6 +154,7 @@ class Settings:
             rpc_timeout=_number(get, "DECODEPLANE_SGLANG_RPC_TIMEOUT", Settings.rpc_timeout, 0.1, 3600.0),
             mover_threads=int(_number(get, "DECODEPLANE_SGLANG_MOVER_THREADS", Settings.mover_threads, 1, 256, True)),
             restart_drain=_number(get, "DECODEPLANE_SGLANG_RESTART_DRAIN", Settings.restart_drain, 0.0, 3600.0),
+            fleet=fleet,
         )
 
 
@@ -157,12 +177,20 @@ def _number(get, name: str, default: float, lo: float, hi: float, integer: bool 
     return v
 
 
-def make_client(settings: Settings) -> "Client":
-    """A decodeplane Client for the settings' daemon."""
-    from decodeplane import Client, TLSConfig
+def client_options(settings: Settings) -> dict[str, Any]:
+    """The keyword arguments of every Client the plugin makes (TLS, token,
+    the RPC timeout): the same for every daemon of a fleet."""
+    from decodeplane import TLSConfig
 
     tls = None
     if settings.tls:
         tls = TLSConfig(ca=settings.tls_ca, cert=settings.tls_cert, key=settings.tls_key,
                         server_name=settings.tls_server_name)
-    return Client(settings.target, tls=tls, token=settings.token, timeout=settings.rpc_timeout)
+    return {"tls": tls, "token": settings.token, "timeout": settings.rpc_timeout}
+
+
+def make_client(settings: Settings) -> "Client":
+    """A decodeplane Client for the settings' daemon."""
+    from decodeplane import Client
+
+    return Client(settings.target, **client_options(settings))

@@ -215,6 +215,21 @@ class DecodeSide:
                                + "; ".join(problems))
         return st
 
+    def advertised_address(self, timeout: float) -> str:
+        """The daemon's address as its fleet advertises it (GetFleet's own
+        entry): the name a fleet's prefill ranks know the room's daemon by;
+        "" when the daemon does not say (logged)."""
+        try:
+            resp = self._c.admin.get_fleet(timeout=timeout)
+        except DecodeplaneError as e:
+            log.info("decodeplane: the daemon at %s did not name its fleet address (%s): prefill ranks of a fleet "
+                     "cannot address this decode rank's buffers", self._s.target, e)
+            return ""
+        for d in resp.daemons:
+            if d.self:
+                return str(d.address)
+        return ""
+
     def start(self, incarnation: int) -> None:
         self._incarnation = incarnation
         self._thread.start()

@@ -72,6 +72,9 @@ class RankBuffers:
     start_layer: int = 0
     #: SGLang's state types (Mamba, SWA, ...) the engine transfers.
     state_types: Sequence[str] = ()
+    #: A decode rank's daemon as its fleet advertises it (GetFleet's own
+    #: entry); "" when the daemon did not name itself.
+    daemon: str = ""
 
 
 @dataclass
@@ -90,6 +93,11 @@ class ChunkJob:
     aux_index: Optional[int] = None
     state_indices: Optional[list[Any]] = None
     stop: threading.Event = field(default_factory=threading.Event)
+    #: The advertised address of the decode daemon that holds the room, in a
+    #: fleet (DECODEPLANE_SGLANG_FLEET): which decode instance the
+    #: destination's ranks are (the decode rank's RankBuffers.daemon); ""
+    #: when the rank claims every room on DECODEPLANE_TARGET.
+    daemon: str = ""
 
     @property
     def dst_pages(self) -> np.ndarray:
@@ -177,7 +185,7 @@ class ShmMover(Mover):
     def __init__(self, settings: Settings) -> None:
         self._s = settings
         self._lock = threading.Lock()
-        self._decode: dict[tuple[int, int], _Mapped] = {}
+        self._decode: dict[tuple[str, int, int], _Mapped] = {}
         self._src_kv: list[np.ndarray] = []
         self._src_aux: list[np.ndarray] = []
         self._src: Optional[RankBuffers] = None
@@ -189,6 +197,9 @@ class ShmMover(Mover):
         located = locate(rank.buffers, f"decode rank dp {rank.dp_rank} tp {rank.tp_rank}")
         os.makedirs(self._s.shm_dir, exist_ok=True)
         write_manifest(manifest_path(self._s.shm_dir, self._s.namespace, rank.dp_rank, rank.tp_rank), located)
+        if rank.daemon:  # for the prefill ranks of a fleet, which know the room's daemon
+            write_manifest(manifest_path(self._s.shm_dir, self._s.namespace, rank.dp_rank, rank.tp_rank, rank.daemon),
+                           located)
 
     def start_prefill(self, rank: RankBuffers) -> None:
         if rank.state_types:
@@ -205,8 +216,8 @@ class ShmMover(Mover):
         self._src_kv = [_host_bytes(b) for b in rank.buffers.kv]
         self._src_aux = [_host_bytes(b) for b in rank.buffers.aux]
 
-    def _target(self, dp: int, tp: int) -> _Mapped:
-        path = manifest_path(self._s.shm_dir, self._s.namespace, dp, tp)
+    def _target(self, dp: int, tp: int, daemon: str) -> _Mapped:
+        path = manifest_path(self._s.shm_dir, self._s.namespace, dp, tp, daemon)
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -214,10 +225,10 @@ class ShmMover(Mover):
             raise
         stamp = (st.st_ino, st.st_mtime_ns)
         with self._lock:
-            m = self._decode.get((dp, tp))
+            m = self._decode.get((daemon, dp, tp))
             if m is None or m.stamp != stamp:
                 m = _Mapped(path, stamp, read_manifest(path))
-                self._decode[(dp, tp)] = m
+                self._decode[(daemon, dp, tp)] = m
             return m
 
     def move(self, job: ChunkJob) -> None:
@@ -228,7 +239,7 @@ class ShmMover(Mover):
         for t in d.targets:
             if t.dummy:
                 continue
-            dst = self._target(d.decode_dp_rank, t.decode_tp_rank)
+            dst = self._target(d.decode_dp_rank, t.decode_tp_rank, job.daemon)
             self._copy_kv(job, src, dst, t)
             if job.last:
                 self._copy_aux(job, dst)

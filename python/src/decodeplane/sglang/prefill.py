@@ -7,6 +7,16 @@ the :class:`~decodeplane.sglang.mover.Mover` and reports it
 (ReportTransfer), and acknowledges the room's end when the claim says the
 rank owes it (AckRoomEnd).
 
+In a fleet of decode daemons (``DECODEPLANE_SGLANG_FLEET``) the rank is a
+:class:`~decodeplane.FleetPrefill`: registered through DECODEPLANE_TARGET,
+it holds a session with every daemon of the fleet, and the daemon that
+holds a room offers it there. The sender takes the room's offer (the claim
+the owner made for the rank) instead of claiming, and reports and
+acknowledges on the owner's session: the prefill never needs to know which
+decode instance opened the room. When the owner's session stays down for
+DECODEPLANE_SGLANG_RPC_TIMEOUT, or the owner leaves the fleet, the room
+fails here (the decode side fails it with its daemon).
+
 Nothing here blocks SGLang's scheduler thread: claims are made and read
 without waiting (each ``poll`` takes what arrived), moves and reports run
 on the side's mover threads (one chunk of a room at a time, in order).
@@ -23,16 +33,17 @@ from typing import Any, Callable, Deque, Optional, Union
 
 import numpy as np
 
-from decodeplane import Chunk, Client, Prefill
+from decodeplane import Chunk, Client, FleetPrefill, Prefill
 from decodeplane.errors import (
     DecodeplaneError,
     IncarnationChangedError,
     NotFoundError,
     RoomFailedError,
     StaleIncarnationError,
+    UnimplementedError,
 )
 from decodeplane.prefill_session import PrefillSession, SessionClaim
-from decodeplane.sglang.config import Settings
+from decodeplane.sglang.config import Settings, client_options
 from decodeplane.sglang.mover import ChunkJob, MoveStopped, Mover
 from decodeplane.v1 import bootstrap_pb2, rooms_pb2
 
@@ -60,6 +71,9 @@ class PrefillSide:
         self._reg = registration
         self._lock = threading.Lock()
         self._ranks: dict[str, Prefill] = {}
+        self._fleets: dict[str, FleetPrefill] = {}
+        #: Whether the rank is a fleet's (decided at start).
+        self.fleet = False
         self._runners: list[Any] = []
         self.pool = ThreadPoolExecutor(max_workers=settings.mover_threads, thread_name_prefix="decodeplane-mover")
         self._acks: Deque[tuple[float, Prefill, int, int]] = collections.deque()
@@ -69,13 +83,20 @@ class PrefillSide:
         self._acker.start()
 
     def start(self) -> None:
-        """Registers the rank under its default address and starts its
-        heartbeat. Raises RuntimeError for a registration the daemon refuses
+        """Decides whether the rank is a fleet's (DECODEPLANE_SGLANG_FLEET),
+        registers the rank under its default address and starts its
+        heartbeat (a fleet's rank also opens its sessions with the fleet's
+        daemons). Raises RuntimeError for a registration the daemon refuses
         (a page size or dtype mismatch: SGLang's message); an unreachable
         daemon is retried by the heartbeat."""
-        p = self._add(self._reg.bootstrap_addr)
+        self.fleet = self._is_fleet()
+        addr = self._reg.bootstrap_addr
+        f = self._add_fleet(addr, start=False) if self.fleet else None
+        p = f.seed if f is not None else self._add(addr)
         try:
             p.register(timeout=self.settings.rpc_timeout)
+            if f is not None:
+                f.refresh()  # the fleet's sessions before the first request, not a refresh period later
         except DecodeplaneError as e:
             from decodeplane._handoff import _permanent
 
@@ -83,23 +104,72 @@ class PrefillSide:
                 raise RuntimeError(f"decodeplane: the daemon at {self.settings.target} refused this prefill rank's "
                                    f"registration: {e.message}") from e
             log.warning("decodeplane: registering with %s failed (%s); the heartbeat retries", self.settings.target, e)
+        if f is not None:
+            f.start()
+
+    def _is_fleet(self) -> bool:
+        mode = self.settings.fleet
+        if mode != "auto":
+            return mode == "on"
+        try:
+            resp = self.client.admin.get_fleet(timeout=self.settings.rpc_timeout)
+        except UnimplementedError:
+            return False  # a daemon without the Fleet service: no fleet, no offers
+        except DecodeplaneError as e:
+            log.warning("decodeplane: DECODEPLANE_SGLANG_FLEET=auto: the daemon at %s did not say whether it is a fleet "
+                        "member (%s): this prefill rank runs as a fleet's (which serves one daemon as well); set "
+                        "DECODEPLANE_SGLANG_FLEET=on or off to decide", self.settings.target, e)
+            return True
+        return resp.registry.backend == "etcd"
 
     def _add(self, addr: str) -> Prefill:
         with self._lock:
             p = self._ranks.get(addr)
             if p is not None:
                 return p
-            reg = bootstrap_pb2.RegisterPrefillRequest()
-            reg.CopyFrom(self._reg)
-            reg.bootstrap_addr = addr
-            p = self.client.prefill(reg, on_heartbeat_error=lambda e, a=addr: log.debug("decodeplane: %s: %s", a, e))
+            p = self.client.prefill(self._registration(addr),
+                                    on_heartbeat_error=lambda e, a=addr: log.debug("decodeplane: %s: %s", a, e))
             self._ranks[addr] = p
             self._runners.append(p.start_heartbeat())
             return p
 
+    def _registration(self, addr: str) -> bootstrap_pb2.RegisterPrefillRequest:
+        reg = bootstrap_pb2.RegisterPrefillRequest()
+        reg.CopyFrom(self._reg)
+        reg.bootstrap_addr = addr
+        return reg
+
+    def _add_fleet(self, addr: str, start: bool = True) -> FleetPrefill:
+        with self._lock:
+            f = self._fleets.get(addr)
+            if f is not None:
+                return f
+            f = FleetPrefill(self.settings.target, self._registration(addr), client_options=client_options(self.settings),
+                             on_error=lambda d, e, a=addr: log.debug("decodeplane: %s via %s: %s", a, d, e))
+            self._fleets[addr] = f
+        if start:
+            f.start()
+        return f
+
     def rank(self, addr: str) -> Prefill:
-        """The rank under ``addr`` (registered in the background when new)."""
+        """The rank under ``addr`` (registered in the background when new);
+        in a fleet, its Prefill on DECODEPLANE_TARGET."""
+        if self.fleet:
+            return self._add_fleet(addr).seed
         return self._add(addr)
+
+    def fleet_rank(self, addr: str) -> Optional[FleetPrefill]:
+        """In a fleet, the rank under ``addr`` (registered in the background
+        when new); None otherwise."""
+        return self._add_fleet(addr) if self.fleet else None
+
+    def bind_room(self, addr: str, room: int) -> None:
+        """BindRoom for the rank under ``addr``: on every daemon of a fleet
+        (the room's daemon is not known before its DP rank resolved)."""
+        if self.fleet:
+            self._add_fleet(addr).bind_room(room, timeout=self.settings.rpc_timeout)
+        else:
+            self._add(addr).bind_room(room, timeout=self.settings.rpc_timeout)
 
     def ack_later(self, p: Prefill, room: int, attempt: int) -> None:
         """AckRoomEnd for a destination of a daemon incarnation that is gone:
@@ -136,11 +206,13 @@ class PrefillSide:
         self._closed.set()
         self._ack_wake.set()
         with self._lock:
-            runners, ranks = list(self._runners), list(self._ranks.values())
+            runners, ranks, fleets = list(self._runners), list(self._ranks.values()), list(self._fleets.values())
         for r in runners:
             r.stop(5)
         for p in ranks:
             p.close()
+        for f in fleets:
+            f.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.mover.close()
         self.client.close()
@@ -158,7 +230,12 @@ class SenderCore:
         self._deadline = time.monotonic() + bootstrap_timeout
         self.room = room
         self.addr = bootstrap_addr
-        self._p = side.rank(bootstrap_addr)
+        #: In a fleet: the rank's FleetPrefill; the room's daemon (its Prefill
+        #: and address) is known once the daemon offered the room.
+        self._fleet = side.fleet_rank(bootstrap_addr)
+        self._p: Optional[Prefill] = side.rank(bootstrap_addr) if self._fleet is None else None
+        self.daemon = ""
+        self._down_since = 0.0
         self._lock = threading.Lock()
         self._claim: Optional[SessionClaim] = None
         self._claim_fut: Optional[Future[Any]] = None
@@ -185,8 +262,12 @@ class SenderCore:
         self._pump()
         with self._lock:
             if self.dest is None and not self.failure and not self.done and time.monotonic() >= self._deadline:
-                self._fail(f"room {self.room}: no destination from decodeplane ({self.side.settings.target}) within "
-                           "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")
+                if self._fleet is not None and self._p is None:
+                    self._fail(f"room {self.room}: no decode daemon of the fleet (registered through "
+                               f"{self.side.settings.target}) offered it within SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")
+                else:
+                    self._fail(f"room {self.room}: no destination from decodeplane ({self.daemon or self.side.settings.target}) "
+                               "within SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT")
                 self._close_claim()
             if self.failure:
                 return _FAILED_POLL
@@ -224,7 +305,7 @@ class SenderCore:
                 return
             last = self._sent + len(pages) >= (self.num_pages if self.num_pages >= 0 else len(d.page_indices))
             job = ChunkJob(room=self.room, destination=d, page_offset=self._sent, src_pages=pages, last=last,
-                           aux_index=self.aux_index, state_indices=state_indices, stop=self._stop)
+                           aux_index=self.aux_index, state_indices=state_indices, stop=self._stop, daemon=self.daemon)
             self._sent += len(pages)
             self._enqueue(job)
 
@@ -323,10 +404,18 @@ class SenderCore:
                                    f"engine declared {len(d.page_indices)}")
 
     def _make_claim(self) -> None:
-        s = self._p.shared_session()
-        if s is None:
-            return  # the heartbeat opens it (after registering)
-        inc = self._p.incarnation
+        if self._fleet is not None and self._take_offer():
+            return
+        p = self._p
+        if p is None:
+            return  # no daemon of the fleet offered the room yet
+        s = p.shared_session()
+        if s is None:  # the heartbeat (a fleet: its session holder) opens it
+            if self._fleet is not None:
+                self._owner_down(p)
+            return
+        self._down_since = 0.0
+        inc = p.incarnation
         with self._lock:
             d = self.dest
         if d is not None and d.incarnation and inc and d.incarnation != inc:
@@ -338,6 +427,52 @@ class SenderCore:
             return  # the session ended under the op: the next poll claims on the next one
         with self._lock:
             self._claim, self._claim_fut = cl, fut
+
+    def _take_offer(self) -> bool:
+        """A fleet's rank: takes the room's offer when its daemon made one
+        (the first, or again on the daemon's next session); learns the
+        room's daemon. True when it holds the offered claim now."""
+        assert self._fleet is not None
+        o = self._fleet.take_offer(self.room)
+        if o is None:
+            return False
+        with self._lock:
+            if self._p is not None and o.prefill is not self._p:
+                if o.claim is not None:  # another daemon's offer of the same room id: not this hand-off's
+                    o.claim.close()
+                return False
+            self._p, self.daemon = o.prefill, o.daemon
+            if o.claim is None:
+                return False
+            if self.done or self.failure:
+                o.claim.close()
+                return True
+            self._claim, self._claim_fut = o.claim, None
+        self._down_since = 0.0
+        return True
+
+    def _owner_down(self, p: Prefill) -> None:
+        """A fleet's rank without a session with the room's daemon: the room
+        fails here when the daemon left the fleet, or when no session could
+        be opened for DECODEPLANE_SGLANG_RPC_TIMEOUT (the decode side fails
+        the room with its daemon)."""
+        now = time.monotonic()
+        if not self._down_since:
+            self._down_since = now
+        gone = p._c.closed
+        if not gone and now - self._down_since < self.side.settings.rpc_timeout:
+            return
+        why = "left the fleet" if gone else \
+            f"could not be reached for {self.side.settings.rpc_timeout:g}s (DECODEPLANE_SGLANG_RPC_TIMEOUT)"
+        with self._lock:
+            if self.done or self.failure:
+                return
+            self._fail(f"room {self.room}: its decode daemon {self.daemon or '(unknown)'} {why}")
+            had = self.dest is not None and not self.dest.dummy
+            self._stop.set()
+            self._close_claim()
+            if had:
+                self._enqueue("restart-ack")  # a daemon that comes back learns that nothing writes any more
 
     def _claim_refused(self, err: BaseException) -> None:
         with self._lock:
@@ -351,6 +486,8 @@ class SenderCore:
                 self._fail(f"room {self.room}: decodeplane refused this rank's claim: {getattr(err, 'message', err)}")
 
     def _check_incarnation(self) -> None:
+        if self._p is None:
+            return
         inc = self._p.incarnation
         with self._lock:
             d = self.dest
@@ -507,7 +644,8 @@ class SenderCore:
         if d is None:
             return
         if restarted:
-            self.side.ack_later(self._p, self.room, d.attempt)
+            if self._p is not None:
+                self.side.ack_later(self._p, self.room, d.attempt)
             return
         req = rooms_pb2.AckRoomEndRequest(room=self.room, attempt=d.attempt, incarnation=d.incarnation)
         self._send(lambda s: s.ack(req, timeout=self.side.settings.rpc_timeout))
@@ -517,8 +655,11 @@ class SenderCore:
         session ended under it (within the RPC timeout). False when it failed
         (logged; the claim's events say what became of the room)."""
         end = time.monotonic() + self.side.settings.rpc_timeout
+        p = self._p
+        if p is None:
+            return False
         while True:
-            s = self._p.shared_session()
+            s = p.shared_session()
             if s is not None:
                 try:
                     call(s)
