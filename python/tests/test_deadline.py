@@ -38,17 +38,17 @@ class DeadlineTest(DaemonCase):
             room = room_id()
             start = time.monotonic()
             with self.assertRaises(decodeplane.RoomFailedError) as failed:
-                c.engine.open_and_wait(**open_fields(room, p.rank.bootstrap_addr), timeout=1.0)
+                c.engine.open_and_wait(**open_fields(room, p.rank.bootstrap_addr), timeout=2.0)
             took = time.monotonic() - start
             e = failed.exception
             self.assertEqual(e.failure_code, common_pb2.FAILURE_CODE_DEADLINE_EXCEEDED, transport)
             self.assertIn("in KVPoll.WaitingForInput, phase admitted", e.message)
-            self.assertLess(took, 1.0, f"{transport}: the failure came after the caller's timeout")
+            self.assertLess(took, 2.0, f"{transport}: the failure came after the caller's timeout")
             r = c.engine.get_room(room)
-            # What was left when the open went out (at least 1 s less the
-            # time the call took), less the reserve of a twentieth.
+            # What was left when the open went out (at least 2 s less the
+            # time the call took), less the reserve for the answer (100 ms).
             ms = r.timeout.ToMilliseconds()
-            self.assertTrue(0.95 * (1.0 - took) * 1000 - 1 <= ms <= 950, (ms, took))
+            self.assertTrue((1.9 - took) * 1000 - 1 <= ms <= 1_900, (ms, took))
             self.assertEqual([pt.phase for pt in r.phase_times][-1], common_pb2.ROOM_PHASE_ADMITTED)
 
     def test_open_room_sends_its_timeout(self) -> None:
