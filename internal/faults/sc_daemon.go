@@ -107,6 +107,16 @@ func kill9DaemonOwner(ctx context.Context, s *Stage) error {
 	if err := eng.Reconnect(ctx); err != nil {
 		return err
 	}
+	// The prefill's heartbeat learns the restart (its session ends) and
+	// registers again by itself; the new rooms wait for it, as an engine
+	// routes requests to a prefill its daemon knows.
+	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	err = registered(rctx, d, p.spec.addr, len(p.ranks))
+	cancel()
+	if err != nil {
+		return err
+	}
+	back := time.Since(s.faultTime())
 	if err := eng.Open(ctx, opens(p.spec.addr, fresh)); err != nil {
 		return err
 	}
@@ -119,7 +129,7 @@ func kill9DaemonOwner(ctx context.Context, s *Stage) error {
 	if err := eng.Release(ctx, append(append([]uint64(nil), running...), fresh...)); err != nil {
 		return err
 	}
-	s.note("resync adopted %d running rooms (%d pages)", resp.GetDeclared(), resp.GetPages())
+	s.note("resync adopted %d running rooms (%d pages); the prefill registered again %s after the kill", resp.GetDeclared(), resp.GetPages(), dur(back))
 	return nil
 }
 

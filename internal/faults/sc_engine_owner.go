@@ -110,7 +110,7 @@ func kill9EngineOwner(ctx context.Context, s *Stage) error {
 	n := s.rooms()
 	pages := n * roomPages
 	d, err := s.startDaemon(ctx, "decodeplane", baseSets("kv_pool.owner=engine", fmt.Sprintf("kv_pool.total_pages=%d", pages),
-		fmt.Sprintf("kv_pool.metadata_slots=%d", 2*n))...)
+		fmt.Sprintf("kv_pool.request_slots=%d", 2*n), fmt.Sprintf("kv_pool.metadata_slots=%d", 2*n))...)
 	if err != nil {
 		return err
 	}
