@@ -406,17 +406,22 @@ func (e *Engine) ResumeReading() {
 	}
 }
 
-// streamEnd waits up to d for the current stream to end and returns how.
+// streamEnd waits until the current stream ended (at once when it has,
+// even with ctx done) or ctx ends, and returns how it ended.
 func (e *Engine) streamEnd(ctx context.Context) (error, bool) {
 	e.sendMu.Lock()
 	ended := e.ended
 	e.sendMu.Unlock()
 	select {
 	case <-ended:
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return e.endErr, true
-	case <-ctx.Done():
-		return nil, false
+	default:
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			return nil, false
+		}
 	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.endErr, true
 }

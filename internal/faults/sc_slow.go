@@ -54,16 +54,8 @@ func slowEngine(ctx context.Context, s *Stage) error {
 		return err
 	}
 	ids := roomIDs(1_000_000, n)
-	// Opened in batches, each admitted before the next, so that the
-	// engine, reading, keeps up with the opening's events: the burst of
-	// thousands of opens at once would outrun its small window by itself.
-	for batch := range slices.Chunk(ids, 500) {
-		if err := eng.Open(ctx, opens(p.spec.addr, batch)); err != nil {
-			return err
-		}
-		if err := eng.waitPhase(ctx, batch, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
-			return err
-		}
+	if err := openPaced(ctx, eng, opens(p.spec.addr, ids)); err != nil {
+		return err
 	}
 	aborted := every(ids, 10)
 	if err := eng.Abort(ctx, aborted); err != nil {
@@ -91,6 +83,35 @@ func slowEngine(ctx context.Context, s *Stage) error {
 		return err
 	}
 	s.note("stream cut: %v", end)
+	return nil
+}
+
+// openPaced opens the rooms in batches, each admitted before the next, so
+// that the engine, reading, keeps up with the opening's events on its small
+// window: thousands of opens at once would outrun it by themselves, on a
+// loaded machine. A batch that does not reach ADMITTED within 20 s, or a
+// stream cut meanwhile, is an error that says so.
+func openPaced(ctx context.Context, eng *Engine, reqs []*pb.OpenRoomRequest) error {
+	for batch := range slices.Chunk(reqs, 200) {
+		ids := make([]uint64, len(batch))
+		for i, q := range batch {
+			ids[i] = q.GetRoom()
+		}
+		bctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := eng.Open(bctx, batch)
+		if err == nil {
+			err = eng.waitPhase(bctx, ids, pb.RoomPhase_ROOM_PHASE_ADMITTED)
+		}
+		cancel()
+		if err != nil {
+			done, stop := context.WithCancel(ctx)
+			stop()
+			if end, ended := eng.streamEnd(done); ended {
+				return fmt.Errorf("opening the rooms while the engine still read: its stream ended (%v): %w", end, err)
+			}
+			return err
+		}
+	}
 	return nil
 }
 
