@@ -425,3 +425,20 @@ func (e *Engine) streamEnd(ctx context.Context) (error, bool) {
 	defer e.mu.Unlock()
 	return e.endErr, true
 }
+
+// whileStreamUp is ctx, ended too when the current stream ends: a wait for
+// events that only this stream can bring ends with it.
+func (e *Engine) whileStreamUp(ctx context.Context) (context.Context, context.CancelFunc) {
+	e.sendMu.Lock()
+	ended := e.ended
+	e.sendMu.Unlock()
+	ctx, cancel := context.WithCancelCause(ctx)
+	go func() {
+		select {
+		case <-ended:
+			cancel(fmt.Errorf("%s: its stream ended", e.name))
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() { cancel(nil) }
+}

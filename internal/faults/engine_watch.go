@@ -52,18 +52,23 @@ func (e *Engine) Reconnect(ctx context.Context) error {
 		return err
 	}
 	sort.Slice(watch, func(i, j int) bool { return watch[i].Room < watch[j].Room })
-	var ops []*pb.EngineRequest
-	for batch := range slices.Chunk(watch, 4096) {
-		ops = append(ops, &pb.EngineRequest{Op: &pb.EngineRequest_Watch{Watch: &pb.EngineWatch{Rooms: batch}}})
-	}
+	// A watch replays each room's missed events onto the stream: batches
+	// of 256 rooms, each answered (its replay read) before the next, keep
+	// the replay within the session's queue however many rooms there are.
 	now := time.Now()
-	err = e.do(ctx, ops, func(rep *pb.EngineReply) {
-		for _, res := range rep.GetResults() {
-			if res.GetCode() == int32(codes.NotFound) {
-				e.setGone(res.GetRoom(), now)
+	for batch := range slices.Chunk(watch, 256) {
+		op := &pb.EngineRequest{Op: &pb.EngineRequest_Watch{Watch: &pb.EngineWatch{Rooms: batch}}}
+		err = e.do(ctx, []*pb.EngineRequest{op}, func(rep *pb.EngineReply) {
+			for _, res := range rep.GetResults() {
+				if res.GetCode() == int32(codes.NotFound) {
+					e.setGone(res.GetRoom(), now)
+				}
 			}
+		})
+		if err != nil {
+			break
 		}
-	})
+	}
 	for _, id := range release {
 		e.releases <- id
 	}

@@ -21,7 +21,9 @@ import (
 func silentRank(ctx context.Context, s *Stage) error {
 	n := s.rooms()
 	const addr = "10.12.0.1:8998"
-	d, err := s.startDaemon(ctx, "decodeplane", baseSets()...)
+	// Every room in flight is admitted at once (its pages only: no decode
+	// reserve), so that each waits on the silent rank, none in the queue.
+	d, err := s.startDaemon(ctx, "decodeplane", baseSets("admission.reserved_decode_tokens=0")...)
 	if err != nil {
 		return err
 	}

@@ -79,7 +79,13 @@ func slowEngine(ctx context.Context, s *Stage) error {
 	if err := eng.Reconnect(ctx); err != nil {
 		return err
 	}
-	if err := eng.waitSettled(ctx); err != nil {
+	wctx, stop := eng.whileStreamUp(ctx)
+	err = eng.waitSettled(wctx)
+	stop()
+	if err != nil {
+		if end, ended := eng.streamEnd(wctx); ended {
+			return fmt.Errorf("the new stream ended too (%v): %w", end, err)
+		}
 		return err
 	}
 	s.note("stream cut: %v", end)
