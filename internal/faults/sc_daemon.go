@@ -155,7 +155,9 @@ func engineKnows(ctx context.Context, d *Daemon, rooms []uint64, addr string) ([
 // during the pause; after it continues, the prefill delivers the rest.
 func daemonPaused(ctx context.Context, s *Stage) error {
 	n := s.rooms()
-	d, err := s.startDaemon(ctx, "decodeplane", baseSets()...)
+	// Every room in flight is admitted at once (its pages only: no decode
+	// reserve), so that each is claimed when the daemon stops.
+	d, err := s.startDaemon(ctx, "decodeplane", baseSets("admission.reserved_decode_tokens=0")...)
 	if err != nil {
 		return err
 	}

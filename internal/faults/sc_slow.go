@@ -93,9 +93,9 @@ func slowEngine(ctx context.Context, s *Stage) error {
 }
 
 // openPaced opens the rooms in batches, each admitted before the next, so
-// that the engine, reading, keeps up with the opening's events on its small
-// window: thousands of opens at once would outrun it by themselves, on a
-// loaded machine. A batch that does not reach ADMITTED within 20 s, or a
+// that the engine, reading, keeps up with the opening's events: thousands
+// of opens at once queue more events than its session holds (4096) before
+// it can read them, on a small window or a loaded machine. A batch that does not reach ADMITTED within 20 s, or a
 // stream cut meanwhile, is an error that says so.
 func openPaced(ctx context.Context, eng *Engine, reqs []*pb.OpenRoomRequest) error {
 	for batch := range slices.Chunk(reqs, 200) {
@@ -140,10 +140,7 @@ func slowPrefill(ctx context.Context, s *Stage) error {
 		return err
 	}
 	ids := roomIDs(1_000_000, n)
-	if err := eng.Open(ctx, opens(p.spec.addr, ids)); err != nil {
-		return err
-	}
-	if err := eng.waitPhase(ctx, ids, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
+	if err := openPaced(ctx, eng, opens(p.spec.addr, ids)); err != nil {
 		return err
 	}
 	conn, err := s.smallWindows(d.Addr)
@@ -221,16 +218,24 @@ func claimWithoutReading(ctx context.Context, conn *grpc.ClientConn, p *Prefill,
 	if ev, err := st.Recv(); err != nil || ev.GetWelcome() == nil {
 		return nil, 0, fmt.Errorf("PrefillSession hello: %v, %v", ev, err)
 	}
-	seq := uint64(0)
-send:
-	for range 4 {
-		for _, id := range ids {
-			seq++
-			if err := st.Send(&pb.PrefillRequest{Seq: seq, Op: &pb.PrefillRequest_Claim{Claim: &pb.AwaitDestinationRequest{Room: id, Incarnation: inc}}}); err != nil {
-				break send // the daemon cut the stream: its status comes from Recv
+	// The claims are sent from their own goroutine: once the daemon stops
+	// reading them (it cut the session), a Send waits for flow control
+	// until this side reads the stream, and the daemon's status waits
+	// behind the destinations queued to it.
+	sent := make(chan struct{})
+	defer func() { cancel(); <-sent }()
+	go func() {
+		defer close(sent)
+		seq := uint64(0)
+		for range 4 {
+			for _, id := range ids {
+				seq++
+				if err := st.Send(&pb.PrefillRequest{Seq: seq, Op: &pb.PrefillRequest_Claim{Claim: &pb.AwaitDestinationRequest{Room: id, Incarnation: inc}}}); err != nil {
+					return // the daemon cut the stream: its status comes from Recv
+				}
 			}
 		}
-	}
+	}()
 	if err := settled(ctx, p.d, "decodeplane_prefill_session_ops_total"); err != nil {
 		return nil, 0, err
 	}
