@@ -21,7 +21,7 @@ ETCD_DATA_DIR ?=
 
 export GOTOOLCHAIN := local
 
-.PHONY: help build run run-demo run-traced demo demo-traced demo-fleet dev-etcd test test-short python-test fuzz fuzz-smoke check fmt fmt-check vet proto proto-check proto-python proto-check-python tidy-check bench jaeger jaeger-build deploy-check clean
+.PHONY: help build run run-demo run-traced demo demo-traced demo-fleet dev-etcd test test-short python-test fuzz fuzz-smoke check fmt fmt-check vet proto proto-check proto-python proto-check-python tidy-check bench faults jaeger jaeger-build deploy-check clean
 
 # help colours the target names only on a terminal, and never with NO_COLOR
 # set (https://no-color.org), so that `make help | less` or a log stays clean.
@@ -75,6 +75,9 @@ dev-etcd: build ## Run a single-member etcd on 127.0.0.1:2379 for a fleet on one
 bench: build ## Benchmark the control path: the unary API against bare gRPC, then the streams (see BENCHMARKS.md).
 	$(BIN)/decodeplane bench --api unary --rooms 100000 --concurrency 256
 	$(BIN)/decodeplane bench --api stream --rooms 100000 --concurrency 256
+
+faults: build ## Run every fault scenario's full variant against the real binaries (decodeplane faults --full; TESTING.md).
+	$(BIN)/decodeplane faults --full
 
 jaeger-build: $(BIN)/jaeger ## Build Jaeger v2 (v1.76.0) from tools/jaeger into bin/jaeger (~6 min cold).
 

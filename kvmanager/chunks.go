@@ -161,6 +161,7 @@ func (r *chunkRun) finish(res transfer.ChunkResult, terr error) (transfer.ChunkR
 		Retryable:   terr != nil && (errors.Is(terr, transfer.ErrEngineUnavailable) || r.caller.Err() != nil),
 		WritesUntil: writesUntil(terr), SelfWriter: m.selfWriters.known(e.Addr())})
 	then := e.s().ended(req.Rank.Key(), req.Index, res, end.Err)
+	sh.settleReach(e)
 	sh.unlock()
 	for _, f := range then {
 		dup := end.Err == nil

@@ -173,6 +173,16 @@
 // earlier rule: resources go back when the room ends. Shutdown asks for no
 // acknowledgement and waits for none: the ledgers go away with the process.
 //
+// The ledgers' decisions are checked independently (reach.go): each shard
+// records the indices a writer may still reach — a destination from when it
+// goes out to a prefill rank until the room's writers are known to have
+// stopped (success, or its resources back) and the engine calls the
+// executor started into it have returned — and every hand-out (admission,
+// resumption, growth, a declaration, a resync) is checked against it. An
+// index handed out while reachable is counted (PageReuseViolations, the
+// metric decodeplane_page_reuse_violations_total) and logged, and panics
+// under this package's tests.
+//
 // # Engine resync after a restart
 //
 // With a resync wait (HoldForResync, engine.resync_timeout) the manager

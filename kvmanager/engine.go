@@ -72,6 +72,7 @@ func (m *Manager) DeclareDestination(d Declaration) (snap RoomSnapshot, already 
 		}
 		return RoomSnapshot{}, false, err
 	}
+	sh.handOut(e, d.Pages, d.MetadataSlot, d.State)
 	sh.exec(e, room.Admitted{Now: m.clock.Now(), Pages: d.Pages, FillLen: fill, MetadataSlot: d.MetadataSlot, State: d.State,
 		DecodePrefixLen: d.DecodePrefixLen, Staged: e.Staging() && m.stg.ringBytes() > 0, Layouts: layouts})
 	return e.snapshot(false, false), false, nil

@@ -146,6 +146,7 @@ func New(cfg Config, dec kvlayout.Config, deps Deps) (*Manager, error) {
 	}
 	for i, led := range deps.Ledgers {
 		sh := newShard(m, i, led)
+		sh.reach = newReachTable(dec)
 		if dec.Pool.Owner == kvlayout.OwnerEngine {
 			// The engine allocates: the shard holds what it declares.
 			h, err := prealloc.NewHolds(dec, i)

@@ -59,6 +59,11 @@ type Observer interface {
 	// named something another room's hand-off still held (kv_pool.owner:
 	// engine), on a decode DP shard.
 	DeclarationRefused(shard int)
+	// PageReuseViolations is n pages, metadata rows or state slots handed
+	// to a room on a decode DP shard while a writer of the room that held
+	// them may still land in them (reach.go): a broken invariant, never 0
+	// in a correct daemon.
+	PageReuseViolations(shard, n int)
 }
 
 // NopObserver ignores every event.
@@ -81,3 +86,4 @@ func (NopObserver) RoomEndAcks(string, int)                        {}
 func (NopObserver) RoomsAdopted(int)                               {}
 func (NopObserver) ResyncEnded(time.Duration, int, bool)           {}
 func (NopObserver) DeclarationRefused(int)                         {}
+func (NopObserver) PageReuseViolations(int, int)                   {}

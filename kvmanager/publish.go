@@ -53,7 +53,11 @@ func (sh *shard) offer(e *entry, ef *room.Effects) {
 		if ef.Offer == room.OfferOne && k != ef.OfferTo {
 			return
 		}
-		c.queue(DestinationEvent{Destination: e.Destination(k)})
+		d := e.Destination(k)
+		if !d.Dummy {
+			sh.noteReach(e, d.Pages, d.MetadataSlot, d.State)
+		}
+		c.queue(DestinationEvent{Destination: d})
 	})
 }
 

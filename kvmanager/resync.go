@@ -199,6 +199,7 @@ func (m *Manager) adopt(i int, d *ResyncRoom) error {
 	ef := e.Apply(room.Adopt{Now: m.clock.Now(), ID: d.Room, Addr: d.Addr, DecodeDP: d.DecodeDP, PrefillDP: d.PrefillDP, Params: m.params,
 		Request: room.Request{RID: d.RID, PromptLen: d.PromptLen, OutputLen: d.OutputLen, MaxNewTokens: d.MaxNewTokens},
 		ReqSlot: d.ReqSlot, Pages: d.Pages, FillLen: d.PromptLen + d.OutputLen, State: state})
+	sh.handOut(e, d.Pages, -1, state)
 	sh.insert(e)
 	sh.apply(e, &ef)
 	// Claims that came before the room was adopted (a prefill that claimed
@@ -248,6 +249,10 @@ func (sh *shard) adoptInFlight(i int, d *ResyncRoom) error {
 	ef := e.Apply(room.Adopt{Now: m.clock.Now(), ID: d.Room, Addr: d.Addr, DecodeDP: d.DecodeDP, PrefillDP: d.PrefillDP, Params: m.params,
 		Request: room.Request{RID: d.RID, PromptLen: d.PromptLen, MaxNewTokens: d.MaxNewTokens}, ReqSlot: -1,
 		Pages: d.Pages, FillLen: fill, State: d.State, InFlight: true, Owing: owing, DecodePrefixLen: d.DecodePrefixLen})
+	// The previous daemon's claims may still write into it: checked, then
+	// noted until its pages are reusable.
+	sh.handOut(e, d.Pages, d.MetadataSlot, d.State)
+	sh.noteReach(e, d.Pages, d.MetadataSlot, d.State)
 	sh.insert(e)
 	sh.apply(e, &ef)
 	return nil

@@ -82,6 +82,7 @@ func (m *Manager) ReportRunning(usage []Usage) (grown []Grown, noCapacity, notRu
 		case err != nil:
 			notRunning = append(notRunning, u.Room)
 		case len(pages) > 0:
+			sh.handOut(e, pages, -1, nil)
 			e.Apply(room.Grow{Pages: pages})
 			grown = append(grown, Grown{Room: e.ID(), NewPages: slices.Clone(pages)})
 		}

@@ -41,6 +41,9 @@ type shard struct {
 	// report), read without the shard lock by the capacity readers.
 	holds     *prealloc.Holds
 	engineCap atomic.Pointer[EngineCapacity]
+	// reach is the reuse invariant's record of the indices a writer may
+	// still reach (reach.go), guarded by mu.
+	reach *reachTable
 
 	mu sync.Mutex
 	// dirMu guards rooms for readers that do not hold mu.
@@ -93,6 +96,9 @@ type subscribers struct {
 	xferCtx    context.Context
 	xferCancel context.CancelFunc
 	tr         *roomTrace // nil unless the room's span is built
+	// reach is the destination the room noted in its shard's reuse record
+	// (reach.go).
+	reach reached
 }
 
 // call is one engine Transfer running into a room: its cancel, and what a
@@ -281,6 +287,7 @@ func (sh *shard) apply(e *entry, ef *room.Effects) {
 	if ef.Release {
 		sh.released(e)
 	}
+	sh.writersStopped(e, ef)
 	if ef.AdmitNow {
 		sh.admit()
 	}
@@ -390,6 +397,7 @@ func (sh *shard) admit() {
 			e.subs.xferCtx, e.subs.xferCancel = nil, nil
 		}
 		al := a.Alloc
+		sh.handOut(e, al.Pages, al.MetadataSlot, al.State)
 		sh.exec(e, room.Admitted{Now: now, Pages: al.Pages, FillLen: al.FillLen, MetadataSlot: al.MetadataSlot, State: al.State,
 			Resumed: a.Resumed, Staged: !a.Resumed && e.Staging() && staging})
 	}

@@ -62,6 +62,7 @@ type Metrics struct {
 	prefillLost       *prometheus.CounterVec
 	staleIncarnation  *prometheus.CounterVec
 	drain             drainMetrics       // deferred release (drain.go)
+	reuseViolations   prometheus.Counter // the reuse invariant (reuse.go)
 	prefillSessionOps *prefillSessionOps // prefill sessions' ops (prefill_session.go)
 
 	// The children the room path updates, each looked up by label values
@@ -104,11 +105,12 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.0001, 2.5, 16)
 func New() *Metrics {
 	reg := prometheus.NewRegistry()
 	m := &Metrics{
-		reg:      reg,
-		grpc:     newGRPCMetrics(),
-		resync:   newResyncMetrics(),
-		engine:   newEngineMetrics(),
-		registry: newRegistryMetrics(),
+		reg:             reg,
+		grpc:            newGRPCMetrics(),
+		resync:          newResyncMetrics(),
+		engine:          newEngineMetrics(),
+		reuseViolations: newReuseViolations(),
+		registry:        newRegistryMetrics(),
 		rooms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "decodeplane_rooms", Help: "Rooms held by the daemon, by phase (finished rooms stay until their retention ends).",
 		}, []string{"phase"}),
@@ -167,7 +169,7 @@ func New() *Metrics {
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		m.rooms, m.finished, m.handoff, m.openToDest, m.destToSuccess, m.transferSpeed, m.failedByPhase, m.chunks, m.chunkDuration,
 		m.transferBytes, m.dpResolutions, m.admissionPasses, m.admissionBlocked, m.registrations,
-		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m}, capacityCollector{m}, holdsCollector{m},
+		m.heartbeatMisses, m.prefillLost, m.staleIncarnation, ledgerCollector{m}, capacityCollector{m}, holdsCollector{m}, m.reuseViolations,
 	)
 	reg.MustRegister(m.grpc.collectors()...)
 	reg.MustRegister(m.resync.collectors()...)

@@ -12,30 +12,45 @@ import (
 	"syscall"
 )
 
-// benchCommand is the benchmark's own binary. `decodeplane bench ARGS` runs
-// `decodeplane-bench ARGS` from the directory of this executable, as git
-// runs git-foo, so that the daemon binary links neither the client library
-// nor the bench.
-const benchCommand = "decodeplane-bench"
+// benchCommand and faultsCommand are the benchmark's and the fault
+// suite's own binaries. `decodeplane bench ARGS` runs `decodeplane-bench
+// ARGS` (and `decodeplane faults ARGS`, `decodeplane-faults ARGS`) from the
+// directory of this executable, as git runs git-foo, so that the daemon
+// binary links neither the client library, the bench nor the fault suite.
+const (
+	benchCommand  = "decodeplane-bench"
+	faultsCommand = "decodeplane-faults"
+)
 
-// benchDir is the directory cmdBench runs decodeplane-bench from; empty
-// means the directory of this executable. The tests set it.
+// benchDir is the directory cmdBench and cmdFaults run their binary from;
+// empty means the directory of this executable. The tests set it.
 var benchDir string
 
-// cmdBench runs decodeplane-bench with args and environ, its output going
-// to stdout and stderr, and returns its exit code. A bench killed by a
-// signal exits 128 + the signal's number, as a shell reports it.
+// cmdBench runs decodeplane-bench with args and environ.
 func cmdBench(args, environ []string, stdout, stderr io.Writer) int {
-	path, err := benchExecutable()
+	return runSibling("bench", benchCommand, args, environ, stdout, stderr)
+}
+
+// cmdFaults runs decodeplane-faults with args and environ.
+func cmdFaults(args, environ []string, stdout, stderr io.Writer) int {
+	return runSibling("faults", faultsCommand, args, environ, stdout, stderr)
+}
+
+// runSibling runs command (the binary of `decodeplane sub`) with args and
+// environ, its output going to stdout and stderr, and returns its exit
+// code. A command killed by a signal exits 128 + the signal's number, as a
+// shell reports it.
+func runSibling(sub, command string, args, environ []string, stdout, stderr io.Writer) int {
+	path, err := siblingExecutable(command)
 	if err != nil {
-		fmt.Fprintf(stderr, "decodeplane bench: %v\n", err)
+		fmt.Fprintf(stderr, "decodeplane %s: %v\n", sub, err)
 		return exitFailure
 	}
 	cmd := exec.Command(path, args...)
 	cmd.Env = environ
 	cmd.Stdout, cmd.Stderr = stdout, stderr
 	// The terminal sends SIGINT (Ctrl-C) and SIGQUIT to the whole
-	// foreground process group, the bench included, which stops on the
+	// foreground process group, the command included, which stops on the
 	// first SIGINT and prints its summary: this process only waits for it.
 	// SIGTERM and SIGHUP sent to this process are passed on.
 	ignored := make(chan os.Signal, 1)
@@ -45,7 +60,7 @@ func cmdBench(args, environ []string, stdout, stderr io.Writer) int {
 	signal.Notify(passed, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(passed)
 	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(stderr, "decodeplane bench: start %s: %v\n", path, err)
+		fmt.Fprintf(stderr, "decodeplane %s: start %s: %v\n", sub, path, err)
 		return exitFailure
 	}
 	done := make(chan struct{})
@@ -74,37 +89,41 @@ func cmdBench(args, environ []string, stdout, stderr io.Writer) int {
 		}
 		return ee.ExitCode()
 	}
-	fmt.Fprintf(stderr, "decodeplane bench: %s: %v\n", path, err)
+	fmt.Fprintf(stderr, "decodeplane %s: %s: %v\n", sub, path, err)
 	return exitFailure
 }
 
-// benchExecutable returns the path of decodeplane-bench in benchDir, or
-// next to this executable (symbolic links resolved).
-func benchExecutable() (string, error) {
+// siblingExecutable returns the path of command in benchDir, or next to
+// this executable (symbolic links resolved).
+func siblingExecutable(command string) (string, error) {
 	dir := benchDir
 	if dir == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return "", fmt.Errorf("cannot find %s: the path of this executable: %w", benchCommand, err)
+			return "", fmt.Errorf("cannot find %s: the path of this executable: %w", command, err)
 		}
 		if real, err := filepath.EvalSymlinks(exe); err == nil {
 			exe = real
 		}
 		dir = filepath.Dir(exe)
 	}
-	return findBench(dir)
+	return findSibling(dir, command)
 }
 
 // findBench returns the path of decodeplane-bench in dir, or an error that
 // names it and how to build it.
-func findBench(dir string) (string, error) {
-	name := benchCommand
+func findBench(dir string) (string, error) { return findSibling(dir, benchCommand) }
+
+// findSibling returns the path of command in dir, or an error that names
+// it and how to build it.
+func findSibling(dir, command string) (string, error) {
+	name := command
 	if runtime.GOOS == "windows" {
 		name += ".exe"
 	}
 	path := filepath.Join(dir, name)
 	if fi, err := os.Stat(path); err != nil || fi.IsDir() {
-		return "", fmt.Errorf("the benchmark is its own binary, %s, and it is not next to decodeplane (%s is missing): build both with `make build` (or go build -o DIR/ ./cmd/...) and run this decodeplane from DIR", name, path)
+		return "", fmt.Errorf("this command is its own binary, %s, and it is not next to decodeplane (%s is missing): build both with `make build` (or go build -o DIR/ ./cmd/...) and run this decodeplane from DIR", name, path)
 	}
 	return path, nil
 }

@@ -4,6 +4,7 @@
 //	decodeplane serve    [--config FILE] [--listen ADDR] [flags]   run the daemon
 //	decodeplane validate [--config FILE] [--explain] [flags]       check a configuration
 //	decodeplane bench    [flags]                                    benchmark the control path (runs decodeplane-bench)
+//	decodeplane faults   [--list] [--full] [SCENARIO...]            run the fault scenarios (runs decodeplane-faults)
 //	decodeplane version
 //
 // Exit codes: 0 success, 1 runtime failure, 2 invalid configuration or usage,
@@ -61,6 +62,8 @@ func run(args, environ []string, stdout, stderr io.Writer) int {
 		return cmdValidate(args[1:], environ, stdout, stderr)
 	case "bench":
 		return cmdBench(args[1:], environ, stdout, stderr)
+	case "faults":
+		return cmdFaults(args[1:], environ, stdout, stderr)
 	case "version", "--version", "-v":
 		fmt.Fprintln(stdout, buildinfo.Line("decodeplane", version, commit))
 		return exitOK
@@ -80,6 +83,7 @@ Usage:
   decodeplane serve    [--config FILE] [--listen ADDR] [flags]   run the daemon
   decodeplane validate [--config FILE] [--explain] [flags]       check a configuration, print every problem
   decodeplane bench    [flags]                                    benchmark the control path against bare gRPC
+  decodeplane faults   [--list] [--full] [SCENARIO...]            run the named fault scenarios against the real binaries
   decodeplane version                                             the release tag, commit and Go version
 
 Configuration precedence: defaults < --config file < environment (SGLANG_* then

@@ -374,3 +374,68 @@ func TestCheckLivenessLateCheckIsNoStall(t *testing.T) {
 		}
 	})
 }
+
+// TestCheckLivenessStallAfterABeat: a daemon paused just after it served a
+// heartbeat (the beat came between a check and the pause, as it does when
+// the pause is not timed to the checks) still counts the pause as its own
+// stall: what it measures is the longest stretch in which it showed no sign
+// of running (no check, no heartbeat served), not whether any heartbeat
+// came since the last check.
+func TestCheckLivenessStallAfterABeat(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		h.register(prefill{addr: addrA})
+		a := RankID{Addr: addrA}
+		h.g.CheckLiveness()
+		advance(100 * time.Millisecond)
+		if _, _, err := h.g.Heartbeat(a, ""); err != nil {
+			t.Fatal(err)
+		}
+		// Paused 12 s (past the 10 s limit) right after that beat; the beat
+		// queued in its socket meanwhile is served as it resumes, before the
+		// check.
+		advance(12 * time.Second)
+		if _, _, err := h.g.Heartbeat(a, ""); err != nil {
+			t.Fatal(err)
+		}
+		if evs := h.g.CheckLiveness(); slices.Contains(kinds(evs), InstanceLost) {
+			t.Fatalf("check after a 12 s pause that began just after a beat: %+v, want no instance lost", evs)
+		}
+		// The same with the check first, the queued beat after it.
+		advance(100 * time.Millisecond)
+		if _, _, err := h.g.Heartbeat(a, ""); err != nil {
+			t.Fatal(err)
+		}
+		advance(12 * time.Second)
+		if evs := h.g.CheckLiveness(); slices.Contains(kinds(evs), InstanceLost) {
+			t.Fatalf("check first after a 12 s pause that began just after a beat: %+v, want no instance lost", evs)
+		}
+	})
+}
+
+// TestCheckLivenessStallBeforeTheFirstCheck: a daemon paused before its
+// first liveness check (just after a rank registered) counts the pause as
+// its own stall too: the registry's creation is its first sign of running.
+func TestCheckLivenessStallBeforeTheFirstCheck(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		h := newHarness(t)
+		advance(100 * time.Millisecond)
+		h.register(prefill{addr: addrA})
+		advance(12 * time.Second)
+		if evs := h.g.CheckLiveness(); slices.Contains(kinds(evs), InstanceLost) {
+			t.Fatalf("first check after a 12 s pause: %+v, want no instance lost", evs)
+		}
+		// Silent from here on: lost once the rank was silent 10 s of the
+		// daemon's running time (the pause credited less one check period).
+		var lostAt time.Duration
+		for i := 1; lostAt == 0 && i <= 12; i++ {
+			advance(1250 * time.Millisecond)
+			if slices.Contains(kinds(h.g.CheckLiveness()), InstanceLost) {
+				lostAt = time.Duration(i) * 1250 * time.Millisecond
+			}
+		}
+		if lostAt != 8750*time.Millisecond {
+			t.Errorf("lost %v after the pause, want 8.75s", lostAt)
+		}
+	})
+}

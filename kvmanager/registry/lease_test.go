@@ -56,8 +56,15 @@ func TestHeartbeatLivenessStillLoses(t *testing.T) {
 	bubble(t, func(t *testing.T) {
 		h := newHarness(t)
 		h.register(prefill{addr: addrA})
-		advance(time.Minute)
-		evs := h.g.CheckLiveness()
+		// The daemon runs its checks every quarter interval (a minute
+		// without any would be its own stall, CheckLiveness).
+		var evs []Event
+		for range 48 {
+			advance(1250 * time.Millisecond)
+			if evs = h.g.CheckLiveness(); len(evs) > 0 && evs[len(evs)-1].Kind == InstanceLost {
+				break
+			}
+		}
 		if k := kinds(evs); len(k) == 0 || k[len(k)-1] != InstanceLost {
 			t.Fatalf("CheckLiveness = %v, want InstanceLost last", k)
 		}

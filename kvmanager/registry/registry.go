@@ -50,10 +50,12 @@ type Registry struct {
 	mu        sync.Mutex
 	instances map[string]*instance
 	bindings  map[string]map[uint64]binding
-	// lastCheck is when CheckLiveness last ran (zero before the first);
-	// firstRecord when the first heartbeat or registration since then was
-	// recorded (zero: none yet).
-	lastCheck, firstRecord time.Time
+	// lastCheck is when CheckLiveness last ran (New, before the first),
+	// lastRecord when a heartbeat or registration was last recorded, and
+	// quiet the longest stretch since lastCheck in which neither happened
+	// (up to the last record; CheckLiveness adds the stretch since).
+	lastCheck, lastRecord time.Time
+	quiet                 time.Duration
 }
 
 // silence is how long the rank has been silent as liveness counts it: the
@@ -65,9 +67,17 @@ func (rk *rank) silence(now time.Time) time.Duration {
 // recordedLocked notes that a heartbeat or registration was served (a
 // daemon that serves them is running: CheckLiveness).
 func (g *Registry) recordedLocked(now time.Time) {
-	if g.firstRecord.IsZero() {
-		g.firstRecord = now
+	g.quiet = max(g.quiet, now.Sub(g.lastSign()))
+	g.lastRecord = now
+}
+
+// lastSign is when the daemon last showed it was running: the later of
+// the last check and the last record.
+func (g *Registry) lastSign() time.Time {
+	if g.lastRecord.After(g.lastCheck) {
+		return g.lastRecord
 	}
+	return g.lastCheck
 }
 
 // ChecksPerInterval is how often CheckLiveness is meant to run: every
@@ -79,7 +89,10 @@ func New(cfg Config) *Registry {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Registry{cfg: cfg, fp: cfg.Layout.Fingerprint(), instances: map[string]*instance{}, bindings: map[string]map[uint64]binding{}}
+	// Its creation is the first sign of the daemon running: a pause before
+	// the first check is a stall too (CheckLiveness).
+	now := cfg.Now()
+	return &Registry{cfg: cfg, fp: cfg.Layout.Fingerprint(), instances: map[string]*instance{}, bindings: map[string]map[uint64]binding{}, lastCheck: now}
 }
 
 type instance struct {
@@ -572,17 +585,17 @@ func describeSilent(ranks []SilentRank, total int) string {
 //
 // A daemon that did not run (paused: SIGSTOP, a frozen VM or container, a
 // clock jump) cannot tell whether its prefills were silent meanwhile: their
-// heartbeats may wait in its sockets. A check that comes more than a
-// heartbeat interval after the previous one (they run every quarter
-// interval), with no heartbeat or registration served during that gap but
-// in its last check period (the ones queued while paused, served as it
-// resumed), counts the gap, less one check period, as the daemon's own
-// stall, not the ranks' silence: each rank is credited with it (as etcd's
-// lessor extends every lease when a new leader takes over after a gap).
-// The credit counts for liveness only: Status shows the real last
-// heartbeat. A check loop that was merely late while heartbeats were served
-// credits nothing, and a rank that is really gone is found once it is
-// silent for MaxFailures intervals of the daemon's running time.
+// heartbeats may wait in its sockets. Its signs of running are the checks
+// (every quarter interval) and the heartbeats and registrations it serves;
+// a stretch of more than a heartbeat interval since the previous check with
+// none of them (the pause: the beats queued meanwhile are served as it
+// resumes, before or after this check) counts, less one check period, as
+// the daemon's own stall, not the ranks' silence: each rank is credited
+// with it (as etcd's lessor extends every lease when a new leader takes
+// over after a gap). The credit counts for liveness only: Status shows the
+// real last heartbeat. A check loop that was merely late while heartbeats
+// were served credits nothing, and a rank that is really gone is found once
+// it is silent for MaxFailures intervals of the daemon's running time.
 func (g *Registry) CheckLiveness() []Event {
 	if g.cfg.LeaseLiveness {
 		return nil
@@ -593,13 +606,13 @@ func (g *Registry) CheckLiveness() []Event {
 	limit := iv * time.Duration(mf)
 	now := g.cfg.Now()
 	period := iv / ChecksPerInterval
-	// A stall: the check is more than an interval late, and nothing was
-	// recorded during the gap but at its very end (a paused process serves
-	// no heartbeat; the ones waiting in its sockets come as it resumes). A
-	// check loop merely late while heartbeats were being served is not.
-	if gap := now.Sub(g.lastCheck); !g.lastCheck.IsZero() && gap > iv &&
-		(g.firstRecord.IsZero() || g.firstRecord.After(now.Add(-period))) {
-		stall := gap - period
+	// A stall: more than an interval without a check or a record (a paused
+	// process serves no heartbeat; the ones waiting in its sockets come as
+	// it resumes). A check loop merely late while heartbeats were being
+	// served is not.
+	quiet := max(g.quiet, now.Sub(g.lastSign()))
+	if quiet > iv {
+		stall := quiet - period
 		for _, inst := range g.instances {
 			for _, rk := range inst.ranks {
 				rk.credit = min(rk.credit+stall, now.Sub(rk.lastSeen))
@@ -607,7 +620,7 @@ func (g *Registry) CheckLiveness() []Event {
 			}
 		}
 	}
-	g.lastCheck, g.firstRecord = now, time.Time{}
+	g.lastCheck, g.quiet = now, 0
 	var evs []Event
 	var dead []string
 	for addr, inst := range g.instances {
