@@ -9,38 +9,21 @@ import (
 	"github.com/decodeplane/decodeplane/transfer/kvcopy"
 )
 
-// MemoryKind says where a buffer's bytes live.
-type MemoryKind int
+// MemoryKind says where a buffer's bytes live: kvlayout's kinds. The store
+// serves MemoryAgent (it allocates the buffer, zeroed, and counts it
+// against its limit; the zero value) and MemoryShared (a region of a file
+// another process created and sized, mapped shared so that process sees
+// every byte written; Linux only); the GPU kinds, MemoryCudaIPC and
+// MemoryNixl, are a GPU transfer agent's, and the store refuses them.
+type MemoryKind = kvlayout.MemoryKind
 
+// The memory kinds.
 const (
-	// MemoryAgent: the store allocates the buffer (zeroed) and counts it
-	// against its limit. The zero value.
-	MemoryAgent MemoryKind = iota
-	// MemoryShared: a region of a file another process created and sized;
-	// the store maps it shared, so that process sees every byte written.
-	// Linux only.
-	MemoryShared
-	// MemoryCudaIPC: GPU memory exported with a CUDA IPC handle. A GPU
-	// transfer agent's; the store refuses it.
-	MemoryCudaIPC
-	// MemoryNixl: memory described by NIXL. A GPU transfer agent's; the
-	// store refuses it.
-	MemoryNixl
+	MemoryAgent   = kvlayout.MemoryAgent
+	MemoryShared  = kvlayout.MemoryShared
+	MemoryCudaIPC = kvlayout.MemoryCudaIPC
+	MemoryNixl    = kvlayout.MemoryNixl
 )
-
-func (k MemoryKind) String() string {
-	switch k {
-	case MemoryAgent:
-		return "agent"
-	case MemoryShared:
-		return "shared"
-	case MemoryCudaIPC:
-		return "cuda_ipc"
-	case MemoryNixl:
-		return "nixl"
-	}
-	return fmt.Sprintf("MemoryKind(%d)", int(k))
-}
 
 // Memory is where a buffer's bytes live. The zero value is agent memory.
 type Memory struct {
