@@ -28,33 +28,11 @@ mkdir -p "$OUT"
 BIN=$ROOT/bin
 export GOTOOLCHAIN=local
 
-say() { printf '==> %s\n' "$*" >&2; }
+. "$ROOT/tools/bench/lib.sh"
+next_port=17700
 
 say "building bin/ (make build)"
 make -s build >&2
-
-# free_port VAR sets VAR to a loopback TCP port nobody listens on (not in a
-# subshell: the next call must not hand out the same port).
-next_port=17700
-free_port() {
-  while (exec 3<>"/dev/tcp/127.0.0.1/$next_port") 2>/dev/null; do next_port=$((next_port + 1)); done
-  printf -v "$1" '%s' "$next_port"
-  next_port=$((next_port + 1))
-}
-
-# wait_ready ADDR: until the daemon at ADDR answers decodectl status.
-wait_ready() {
-  for _ in $(seq 1 300); do
-    "$BIN/decodectl" --addr "$1" --timeout 1s status >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "daemon at $1 never answered" >&2
-  return 1
-}
-
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
 
 # The benchmark daemon: the defaults with a KV pool and request slots large
 # enough that admission never blocks at concurrency 256, and instant simulated
@@ -75,8 +53,6 @@ start_daemon() {
 }
 
 stop_daemon() { kill "$DPID" 2>/dev/null || true; wait "$DPID" 2>/dev/null || true; }
-
-load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime | sed 's/.*averages*: //'; }
 
 # record NAME COMMAND: the command a row was measured with (one line: the
 # report prints it as code). mark NAME start|end: the load average then.

@@ -27,20 +27,11 @@ mkdir -p "$OUT"
 BIN=$ROOT/bin
 export GOTOOLCHAIN=local
 
-say() { printf '==> %s\n' "$*" >&2; }
+. "$ROOT/tools/bench/lib.sh"
+next_port=18700
 say "building bin/ (make build)"
 make -s build >&2
 
-next_port=18700
-free_port() {
-  while (exec 3<>"/dev/tcp/127.0.0.1/$next_port") 2>/dev/null; do next_port=$((next_port + 1)); done
-  printf -v "$1" '%s' "$next_port"
-  next_port=$((next_port + 1))
-}
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime | sed 's/.*averages*: //'; }
 
 free_port ep
 "$BIN/decodeplane-dev-etcd" --listen "127.0.0.1:$ep" >"$OUT/etcd.log" 2>&1 &

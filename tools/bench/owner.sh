@@ -25,28 +25,11 @@ mkdir -p "$OUT"
 BIN=$ROOT/bin
 export GOTOOLCHAIN=local
 
-say() { printf '==> %s\n' "$*" >&2; }
+. "$ROOT/tools/bench/lib.sh"
+next_port=17800
 say "building bin/ (make build)"
 make -s build >&2
 
-next_port=17800
-free_port() {
-  while (exec 3<>"/dev/tcp/127.0.0.1/$next_port") 2>/dev/null; do next_port=$((next_port + 1)); done
-  printf -v "$1" '%s' "$next_port"
-  next_port=$((next_port + 1))
-}
-wait_ready() {
-  for _ in $(seq 1 300); do
-    "$BIN/decodectl" --addr "$1" --timeout 1s status >/dev/null 2>&1 && return 0
-    sleep 0.1
-  done
-  echo "daemon at $1 never answered" >&2
-  return 1
-}
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-load() { cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || uptime | sed 's/.*averages*: //'; }
 
 # The benchmark daemon of BENCHMARKS.md's closed-loop rows.
 DAEMON_SETS=(--log-level error --set kv_pool.total_tokens=2490368 --set kv_pool.request_slots=512
