@@ -36,15 +36,23 @@ type layoutEngine struct {
 	err   error
 	got   []*kvlayout.BufferLayout
 	check func(transfer.ChunkOp) error
+	// dropped is what LayoutDropped says (every rank's); a registration
+	// clears it.
+	dropped string
 }
 
-func (e *layoutEngine) RegisterLayout(_ context.Context, _, _ int, l *kvlayout.BufferLayout) error {
+func (e *layoutEngine) RegisterLayout(_ context.Context, _, _ int, l *kvlayout.BufferLayout) (bool, error) {
 	if e.err != nil {
-		return e.err
+		return false, e.err
 	}
-	e.got = append(e.got, l)
-	return nil
+	if n := len(e.got); n > 0 && e.got[n-1].Equal(l) && e.dropped == "" {
+		return true, nil
+	}
+	e.got, e.dropped = append(e.got, l), ""
+	return false, nil
 }
+
+func (e *layoutEngine) LayoutDropped(int, int) string { return e.dropped }
 
 func (e *layoutEngine) CheckOp(op transfer.ChunkOp) error {
 	if e.check != nil {
