@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
@@ -195,7 +196,17 @@ func (e *DelegateEngine) restore(ctx context.Context, prev *rankLayout, cause er
 		prev.released, prev.dropped = false, ""
 		return
 	}
-	prev.dropped = fmt.Sprintf("released for a layout the transfer agent refused (%v), and refused again (%v)", cause, err)
+	prev.dropped = capReason(fmt.Sprintf("released for a layout the transfer agent refused (%v), and refused again (%v)", cause, err))
+}
+
+// maxReason bounds a dropped layout's reason (GetStatus reports it).
+const maxReason = 1024
+
+func capReason(s string) string {
+	if len(s) <= maxReason {
+		return s
+	}
+	return strings.ToValidUTF8(s[:maxReason-3], "") + "..."
 }
 
 // LayoutDropped implements transfer.LayoutRegistrar.
@@ -251,7 +262,7 @@ func (e *DelegateEngine) probeLayouts(ctx context.Context) error {
 // drop records that the agent refused r's buffers, and says so once.
 func (e *DelegateEngine) drop(k [2]int, r *rankLayout, err error) {
 	e.mu.Lock()
-	r.dropped = fmt.Sprintf("the transfer agent refused its buffers on a health check: %v", err)
+	r.dropped = capReason(fmt.Sprintf("the transfer agent refused its buffers on a health check: %v", err))
 	e.mu.Unlock()
 	e.log.Warn("decode engine layout dropped: the transfer agent refused its buffers (the decode engine exited: its memory is gone or was replaced); rooms declared in it fail",
 		"decode_dp", k[0], "decode_tp", k[1], "layout_id", fmt.Sprintf("%016x", r.layout.ID()), "reason", err,
