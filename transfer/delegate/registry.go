@@ -222,10 +222,13 @@ func (e *DelegateEngine) LayoutDropped(dp, tp int) string {
 // probeLayouts registers each decode rank's layout again (the health
 // check's; the agent may have restarted) and releases the buffers of the
 // dropped ones. The agent unreachable is returned; a layout it refuses is
-// dropped. A registration in progress is waited for within ctx.
+// dropped. While a registration is in progress (it talks to the agent
+// itself) the layouts are left to the next check.
 func (e *DelegateEngine) probeLayouts(ctx context.Context) error {
-	if err := e.lockReg(ctx); err != nil {
-		return fmt.Errorf("%w: %v", ErrAgentUnreachable, err)
+	select {
+	case e.reg <- struct{}{}:
+	default:
+		return nil
 	}
 	defer e.unlockReg()
 	e.mu.Lock()
@@ -238,6 +241,10 @@ func (e *DelegateEngine) probeLayouts(ctx context.Context) error {
 	for _, k := range keys {
 		e.mu.Lock()
 		r := e.layouts[k]
+		if r == nil {
+			e.mu.Unlock()
+			continue
+		}
 		dropped, released := r.dropped != "", r.released
 		e.mu.Unlock()
 		var err error

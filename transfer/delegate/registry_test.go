@@ -37,15 +37,28 @@ type faultAgent struct {
 	deregErr    error
 	unreachable string
 	calls       []string
+	// hold blocks a registration naming buffer holdName until it is closed.
+	hold     chan struct{}
+	holdName string
 }
 
 func (f *faultAgent) set(fn func(*faultAgent)) { f.mu.Lock(); defer f.mu.Unlock(); fn(f) }
 
 func (f *faultAgent) RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferSpec) error {
 	f.mu.Lock()
-	refuse, unreachable := f.refuse, f.unreachable
+	refuse, unreachable, hold := f.refuse, f.unreachable, f.hold
+	if bufs[0].Name != f.holdName {
+		hold = nil
+	}
 	f.calls = append(f.calls, "register "+bufs[0].Name)
 	f.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
 	for _, b := range bufs {
 		if unreachable != "" && strings.HasPrefix(b.Name, unreachable) {
 			return fmt.Errorf("%w: connection refused", delegate.ErrAgentUnreachable)
@@ -307,6 +320,28 @@ func TestRegisterLayoutRefusedWhileCopiesInFlight(t *testing.T) {
 		}
 		if _, err := r.eng.Transfer(context.Background(), r.chunk(0, r.els)); err != nil {
 			t.Errorf("a chunk in the kept layout: %v", err)
+		}
+	})
+}
+
+// TestHealthCheckDuringSlowRegistration: a registration the agent is slow
+// to answer does not make the health checks meanwhile mark the agent down.
+func TestHealthCheckDuringSlowRegistration(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := newLayoutRig(t)
+		bigger := growLayout(r.els[1])
+		hold := make(chan struct{})
+		r.ag.set(func(f *faultAgent) { f.hold, f.holdName = hold, bigger.KV[0].Name })
+		done := make(chan error, 1)
+		go func() { _, err := r.eng.RegisterLayout(context.Background(), 0, 1, bigger); done <- err }()
+		time.Sleep(3 * rigInterval) // < the registration's bound (batch_timeout 5s)
+		synctest.Wait()
+		if up, why := r.eng.Ready(); !up {
+			t.Errorf("Ready = false (%s) while a registration waits for the agent", why)
+		}
+		close(hold)
+		if err := <-done; err != nil {
+			t.Errorf("RegisterLayout: %v", err)
 		}
 	})
 }
