@@ -62,7 +62,7 @@ func (m *Manager) DeclareDestination(d Declaration) (snap RoomSnapshot, already 
 	if err != nil || already {
 		return e.snapshot(false, false), already, err
 	}
-	layouts, err := sh.declLayouts()
+	layouts, err := sh.declLayouts(m.layoutDropped)
 	if err != nil {
 		return RoomSnapshot{}, false, err
 	}

@@ -21,7 +21,12 @@ import (
 // TP ranks registered one and others not is refused. A registration is
 // refused while a hand-off of its shard holds pages (a room's bytes would
 // move under a layout it was not declared with); the same layout again is
-// accepted (already).
+// accepted (already) once the engine confirmed it (the delegated engine:
+// its agent still maps the same memory). An engine may drop a layout (the
+// delegated engine: its agent refused the buffers, the decode engine's
+// memory is gone); a declaration on the shard is refused until the engine
+// registers it again, and the rooms declared before keep the dropped
+// layout, whose chunks fail.
 
 // layoutBook serializes registrations (one at a time: the engine's own
 // registration at the transfer agent is a network call made between the
@@ -41,6 +46,9 @@ var ErrLayoutChanging = errors.New("the decode engine's buffer layout of this sh
 type RegisteredLayout struct {
 	DecodeDP, DecodeTP int
 	Layout             *kvlayout.BufferLayout
+	// Dropped is why the engine dropped the layout (its memory is gone);
+	// "" while it is registered.
+	Dropped string
 }
 
 // RegisterEngineLayout registers the buffer layout of decode rank (dp, tp)
@@ -48,11 +56,13 @@ type RegisteredLayout struct {
 // another rank's layout is refused too), registered with the transfer
 // engine (the delegated engine registers the buffers with its agent, in
 // the engine's memory), then used by the rooms declared on the shard from
-// then on. The same layout again answers already. Refused with
-// ErrWrongState: the daemon owns the pages, staging is on (the staged
-// path scatters into decodeplane's own layout), or the shard has hand-offs
-// in flight and the layout differs. The layout is kept as given: the
-// caller must not change it afterwards.
+// then on. The same layout again answers already, unless the engine says
+// it registered it anew (it had dropped it, or its memory was replaced):
+// then the rooms declared before keep the old one, whose chunks fail.
+// Refused with ErrWrongState: the daemon owns the pages, staging is on
+// (the staged path scatters into decodeplane's own layout), or the shard
+// has hand-offs in flight and the layout differs. The layout is kept as
+// given: the caller must not change it afterwards.
 func (m *Manager) RegisterEngineLayout(ctx context.Context, dp, tp int, l *kvlayout.BufferLayout) (already bool, err error) {
 	switch {
 	case m.dec.Pool.Owner != kvlayout.OwnerEngine:
@@ -74,29 +84,31 @@ func (m *Manager) RegisterEngineLayout(ctx context.Context, dp, tp int, l *kvlay
 	if err := m.checkLayoutNames(dp, tp, l); err != nil {
 		return false, err
 	}
+	lr, _ := m.engine.(transfer.LayoutRegistrar)
 	sh := m.shards[dp]
 	sh.mu.Lock()
-	cur := sh.layoutOf(tp)
-	if cur.Equal(l) {
+	same := sh.layoutOf(tp).Equal(l)
+	if same && lr == nil {
 		sh.mu.Unlock()
 		return true, nil
 	}
-	if st := sh.holds.Stats(); st.Held > 0 {
+	if st := sh.holds.Stats(); st.Held > 0 && !same {
 		sh.mu.Unlock()
 		return false, fmt.Errorf("register engine layout of decode rank (dp %d, tp %d): %w: %d hand-offs of the shard hold pages (declared and not ended, %d draining): their bytes would move under a layout they were not declared with; register it once they ended",
 			dp, tp, ErrWrongState, st.Held, st.Draining)
 	}
 	sh.layoutChanging = true
 	sh.mu.Unlock()
-	if lr, ok := m.engine.(transfer.LayoutRegistrar); ok {
-		err = lr.RegisterLayout(ctx, dp, tp, l)
+	if lr != nil {
+		already, err = lr.RegisterLayout(ctx, dp, tp, l)
+		already = already && same
 		if err != nil && !errors.Is(err, transfer.ErrEngineUnavailable) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("%w: %v", ErrWrongState, err)
 		}
 	}
 	sh.mu.Lock()
 	sh.layoutChanging = false
-	if err == nil {
+	if err == nil && !already {
 		next := slices.Clone(sh.layouts)
 		if next == nil {
 			next = make([]*kvlayout.BufferLayout, m.layout.AttnTP)
@@ -105,11 +117,20 @@ func (m *Manager) RegisterEngineLayout(ctx context.Context, dp, tp int, l *kvlay
 		sh.layouts = next
 	}
 	sh.mu.Unlock()
-	if err == nil {
+	if err == nil && !already {
 		m.log.Info("decode engine layout registered", "decode_dp", dp, "decode_tp", tp, "layout_id", fmt.Sprintf("%016x", l.ID()),
 			"kv_buffers", len(l.KV), "aux_buffers", len(l.Aux), "state_buffers", len(l.State), "marker", l.Marker)
 	}
-	return false, err
+	return already, err
+}
+
+// layoutDropped is why the engine dropped decode rank (dp, tp)'s layout,
+// or "".
+func (m *Manager) layoutDropped(dp, tp int) string {
+	if lr, ok := m.engine.(transfer.LayoutRegistrar); ok {
+		return lr.LayoutDropped(dp, tp)
+	}
+	return ""
 }
 
 // checkLayoutNames refuses a name another decode rank's layout has (the
@@ -154,9 +175,10 @@ func (sh *shard) layoutOf(tp int) *kvlayout.BufferLayout {
 }
 
 // declLayouts are the layouts a room declared on the shard now keeps: all
-// TP ranks', or nil when none registered. A shard where only some did, or
-// whose layout is being registered, refuses the declaration. Under sh.mu.
-func (sh *shard) declLayouts() ([]*kvlayout.BufferLayout, error) {
+// TP ranks', or nil when none registered. A shard where only some did,
+// whose layout is being registered, or one the engine dropped (dropped:
+// why, by TP rank), refuses the declaration. Under sh.mu.
+func (sh *shard) declLayouts(dropped func(dp, tp int) string) ([]*kvlayout.BufferLayout, error) {
 	if sh.layoutChanging {
 		return nil, fmt.Errorf("declare destination: %w (decode DP shard %d): declare again once RegisterEngineLayout answered", ErrLayoutChanging, sh.idx)
 	}
@@ -176,6 +198,12 @@ func (sh *shard) declLayouts() ([]*kvlayout.BufferLayout, error) {
 		return nil, fmt.Errorf("declare destination: %w: decode DP shard %d has the engine's buffer layout for %d of its TP ranks, not for tp %s: register every TP rank's layout (RegisterEngineLayout) before declaring",
 			ErrWrongState, sh.idx, n, strings.Join(missing, ", "))
 	}
+	for tp := range sh.layouts {
+		if why := dropped(sh.idx, tp); why != "" {
+			return nil, fmt.Errorf("declare destination: %w: the decode engine's buffer layout of decode rank (dp %d, tp %d) was dropped (%s): the decode engine registers its layout again (RegisterEngineLayout) before declaring",
+				ErrWrongState, sh.idx, tp, why)
+		}
+	}
 	return sh.layouts, nil
 }
 
@@ -188,7 +216,7 @@ func (m *Manager) EngineLayouts() []RegisteredLayout {
 		sh.mu.Unlock()
 		for t, l := range ls {
 			if l != nil {
-				out = append(out, RegisteredLayout{DecodeDP: d, DecodeTP: t, Layout: l})
+				out = append(out, RegisteredLayout{DecodeDP: d, DecodeTP: t, Layout: l, Dropped: m.layoutDropped(d, t)})
 			}
 		}
 	}

@@ -36,15 +36,23 @@ type layoutEngine struct {
 	err   error
 	got   []*kvlayout.BufferLayout
 	check func(transfer.ChunkOp) error
+	// dropped is what LayoutDropped says (every rank's); a registration
+	// clears it.
+	dropped string
 }
 
-func (e *layoutEngine) RegisterLayout(_ context.Context, _, _ int, l *kvlayout.BufferLayout) error {
+func (e *layoutEngine) RegisterLayout(_ context.Context, _, _ int, l *kvlayout.BufferLayout) (bool, error) {
 	if e.err != nil {
-		return e.err
+		return false, e.err
 	}
-	e.got = append(e.got, l)
-	return nil
+	if n := len(e.got); n > 0 && e.got[n-1].Equal(l) && e.dropped == "" {
+		return true, nil
+	}
+	e.got, e.dropped = append(e.got, l), ""
+	return false, nil
 }
+
+func (e *layoutEngine) LayoutDropped(int, int) string { return e.dropped }
 
 func (e *layoutEngine) CheckOp(op transfer.ChunkOp) error {
 	if e.check != nil {
@@ -235,5 +243,50 @@ func TestEngineLayoutChunkCheck(t *testing.T) {
 		}
 		h.wantPhase(1, PhaseSucceeded)
 		h.release(1)
+	})
+}
+
+// TestEngineLayoutDropped: a layout the engine dropped (its memory is
+// gone) is reported so; a declaration on its shard is refused until the
+// engine registers it again — the same layout, accepted as new even while
+// a room declared before holds pages, which keeps the old one.
+func TestEngineLayoutDropped(t *testing.T) {
+	bubble(t, func(t *testing.T) {
+		le := &layoutEngine{}
+		h := newHarness(t, withDecode(engineOwnerPages(40)), withEngine(func(s *sim.SimEngine) transfer.Engine { le.SimEngine = s; return le }))
+		ctx := context.Background()
+		l := bufferLayout(h.dec, 0)
+		if _, err := h.m.RegisterEngineLayout(ctx, 0, 0, l); err != nil {
+			t.Fatal(err)
+		}
+		h.register(instance{addr: addrA})
+		h.open(addrA, 1)
+		if _, _, err := h.declare(1, 4, 16, 3); err != nil {
+			t.Fatal(err)
+		}
+		le.dropped = "the transfer agent refused its buffers on a health check: no such file"
+		if ls := h.m.EngineLayouts(); len(ls) != 1 || ls[0].Dropped != le.dropped {
+			t.Fatalf("EngineLayouts = %+v; want the layout reported dropped", ls)
+		}
+		h.open(addrA, 2)
+		if _, _, err := h.declare(2, 20, 16, 4); !errors.Is(err, ErrWrongState) || !strings.Contains(err.Error(), "was dropped (the transfer agent refused") {
+			t.Fatalf("a declaration on a dropped layout = %v; want ErrWrongState saying why", err)
+		}
+		again := bufferLayout(h.dec, 0)
+		if already, err := h.m.RegisterEngineLayout(ctx, 0, 0, again); err != nil || already {
+			t.Fatalf("the dropped layout registered again while room 1 holds pages = %v, already %v; want registered anew", err, already)
+		}
+		if ls := h.m.EngineLayouts(); len(ls) != 1 || ls[0].Layout != again || ls[0].Dropped != "" {
+			t.Fatalf("EngineLayouts = %+v; want the new registration", ls)
+		}
+		if _, _, err := h.declare(2, 20, 16, 4); err != nil {
+			t.Fatal(err)
+		}
+		if d := h.claimAll(2); d[h.requiredRanks(2)[0]].Layouts[0] != again {
+			t.Error("room 2 does not keep the new registration")
+		}
+		if d := h.claimAll(1); d[h.requiredRanks(1)[0]].Layouts[0] != l {
+			t.Error("room 1 does not keep the layout it was declared with")
+		}
 	})
 }

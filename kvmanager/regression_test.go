@@ -98,6 +98,7 @@ type rvLostAgent struct {
 }
 
 func (a *rvLostAgent) RegisterBuffers(context.Context, []kvcopy.BufferSpec) error { return nil }
+func (a *rvLostAgent) DeregisterBuffers(context.Context, []string) error          { return nil }
 func (a *rvLostAgent) CancelRoom(context.Context, uint64) error                   { return nil }
 func (a *rvLostAgent) Check(context.Context) error                                { return nil }
 func (a *rvLostAgent) Execute(_ context.Context, b kvcopy.Batch) error {

@@ -83,12 +83,21 @@ type OpChecker interface {
 
 // LayoutRegistrar is implemented by an engine that must know the decode
 // engine's buffers: the delegated engine registers them with its transfer
-// agent (their memory is the engine's) and again whenever it registers its
-// own buffers (after an agent restart).
+// agent (their memory is the engine's), again on every health check, and
+// drops a layout whose buffers the agent refuses then (the engine's memory
+// is gone: it exited). A chunk copies into the layout its room was
+// declared with only while that exact layout (the same *BufferLayout) is
+// the rank's registered one: a room of a dropped or replaced layout fails.
 type LayoutRegistrar interface {
 	// RegisterLayout makes l the buffers of decode rank (dp, tp), all or
-	// nothing, replacing what the rank had (nil: none). Idempotent.
-	RegisterLayout(ctx context.Context, dp, tp int, l *kvlayout.BufferLayout) error
+	// nothing, replacing what the rank had (its buffers are released
+	// first; nil: none). already: l equals the rank's registered layout,
+	// still held in the same memory: nothing changed and the registered
+	// layout stays the one chunks name.
+	RegisterLayout(ctx context.Context, dp, tp int, l *kvlayout.BufferLayout) (already bool, err error)
+	// LayoutDropped is why decode rank (dp, tp)'s layout was dropped, or ""
+	// (registered, or none).
+	LayoutDropped(dp, tp int) string
 }
 
 // FieldError is a chunk request field an engine refuses (ChunkChecker): the

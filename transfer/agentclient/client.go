@@ -255,6 +255,27 @@ func (c *Client) RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferSpec) 
 	return nil
 }
 
+// DeregisterBuffers implements delegate.Agent, in calls of at most
+// transferv1.MaxBuffers names (each all or none; unknown names are
+// ignored, so a retry after a partial failure is safe). The agent refuses
+// buffers with copies in flight (FAILED_PRECONDITION): the error carries
+// its reason.
+func (c *Client) DeregisterBuffers(ctx context.Context, names []string) error {
+	for len(names) > 0 {
+		n := min(len(names), transferv1.MaxBuffers)
+		_, err := c.api.DeregisterBuffers(ctx, &transferv1.DeregisterBuffersRequest{Names: names[:n]})
+		switch {
+		case err == nil:
+		case status.Code(err) == codes.Unavailable:
+			return unreachable("deregister buffers", err)
+		default:
+			return fmt.Errorf("deregister buffers: %s", status.Convert(err).Message())
+		}
+		names = names[n:]
+	}
+	return nil
+}
+
 // CancelRoom implements delegate.Agent.
 func (c *Client) CancelRoom(ctx context.Context, room uint64) error {
 	return c.cancel(ctx, room)

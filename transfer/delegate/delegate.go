@@ -22,6 +22,10 @@ type Agent interface {
 	// RegisterBuffers registers the decode buffers; idempotent by name and
 	// length (a known buffer keeps its bytes).
 	RegisterBuffers(ctx context.Context, bufs []kvcopy.BufferSpec) error
+	// DeregisterBuffers forgets buffers and releases their memory (unknown
+	// names are ignored). Buffers with copies in flight are refused (an
+	// error with the agent's reason) and nothing is forgotten.
+	DeregisterBuffers(ctx context.Context, names []string) error
 	// Execute submits a batch and waits for its outcome. nil: every copy
 	// landed. An error wrapping ErrAgentUnreachable: the batch was not
 	// submitted (the agent is known to be down), nothing was written, it may
@@ -83,8 +87,13 @@ type DelegateEngine struct {
 	seq     atomic.Uint64
 	wake    chan struct{}
 
+	// reg serializes the registrations of the decode engine's layouts at
+	// the agent (RegisterLayout, the health check's): a token, taken with
+	// a context.
+	reg chan struct{}
+
 	mu      sync.Mutex
-	layouts map[[2]int][]kvcopy.BufferSpec // the decode engine's buffers per decode rank (dp, tp): RegisterLayout
+	layouts map[[2]int]*rankLayout // the decode engine's buffers per decode rank (dp, tp): RegisterLayout
 	up      bool
 	reason  string
 	probed  bool // a first state has been published
@@ -111,7 +120,7 @@ func NewDelegateEngine(cfg DelegateConfig, agent Agent, deps DelegateDeps) *Dele
 		deps.OnReadiness = func(bool, string) {}
 	}
 	return &DelegateEngine{cfg: cfg, agent: agent, buffers: deps.Buffers, onReady: deps.OnReadiness, clock: deps.Clock,
-		log: deps.Logger, wake: make(chan struct{}, 1), reason: "transfer agent not checked yet", layouts: map[[2]int][]kvcopy.BufferSpec{}}
+		log: deps.Logger, wake: make(chan struct{}, 1), reg: make(chan struct{}, 1), reason: "transfer agent not checked yet", layouts: map[[2]int]*rankLayout{}}
 }
 
 // Ready reports whether the agent is reachable, and why not.
@@ -124,7 +133,9 @@ func (e *DelegateEngine) Ready() (bool, string) {
 // Run checks the agent at once and then every delegate.health_interval (and
 // right after a batch found it unreachable) until ctx is done: a successful
 // check registers the decode buffers again (idempotent; needed when the
-// agent restarted) and makes the engine ready.
+// agent restarted) and makes the engine ready, then registers each decode
+// engine layout again on its own: a layout the agent refuses is dropped
+// (the engine's memory is gone), which does not make the engine unready.
 func (e *DelegateEngine) Run(ctx context.Context) error {
 	e.probe(ctx)
 	t := kvlayout.NewTicker(e.clock, e.cfg.HealthInterval)
@@ -145,9 +156,12 @@ func (e *DelegateEngine) probe(ctx context.Context) {
 	defer cancel()
 	err := e.agent.Check(cctx)
 	if err == nil {
-		if rerr := e.agent.RegisterBuffers(cctx, e.registered()); rerr != nil {
+		if rerr := e.agent.RegisterBuffers(cctx, e.buffers); rerr != nil {
 			err = fmt.Errorf("register the decode buffers: %w", rerr)
 		}
+	}
+	if err == nil {
+		err = e.probeLayouts(cctx)
 	}
 	if ctx.Err() != nil {
 		return // shutting down: keep the last state
@@ -233,6 +247,13 @@ func batchGrace(d time.Duration) time.Duration {
 
 // Transfer implements transfer.Engine on the agent.
 func (e *DelegateEngine) Transfer(ctx context.Context, op transfer.ChunkOp) (transfer.ChunkResult, error) {
+	if len(op.Engine) > 0 {
+		done, err := e.useLayouts(op)
+		if err != nil {
+			return transfer.ChunkResult{}, err
+		}
+		defer done()
+	}
 	b, err := TransferBatch(op)
 	res, err := e.run(ctx, b, err)
 	if err == nil && op.Last && op.Marker != 0 {

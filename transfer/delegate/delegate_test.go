@@ -269,6 +269,9 @@ type unreachableAgent struct{}
 func (unreachableAgent) RegisterBuffers(context.Context, []kvcopy.BufferSpec) error {
 	return delegate.ErrAgentUnreachable
 }
+func (unreachableAgent) DeregisterBuffers(context.Context, []string) error {
+	return delegate.ErrAgentUnreachable
+}
 func (unreachableAgent) Execute(context.Context, kvcopy.Batch) error {
 	return delegate.ErrAgentUnreachable
 }

@@ -7,7 +7,10 @@
 //
 // It owns the agent's readiness (Run: a health check at once and every
 // DelegateConfig.HealthInterval, re-registering the decode buffers of
-// DelegateDeps.Buffers; OnReadiness is told every change), the per-batch
+// DelegateDeps.Buffers; OnReadiness is told every change), the decode
+// engine's layouts at the agent (RegisterLayout; each registered again on
+// every health check, and dropped when the agent refuses its memory: the
+// engine exited), the per-batch
 // deadline (DelegateConfig.BatchTimeout) and the mapping of the agent's
 // answers onto the transfer package's errors: a batch the agent failed is
 // transfer.ErrTransferFailed, an unreachable agent (ErrAgentUnreachable:

@@ -1,12 +1,10 @@
 package delegate
 
 import (
-	"context"
 	"encoding/binary"
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/decodeplane/decodeplane/kvlayout"
 	"github.com/decodeplane/decodeplane/transfer"
@@ -35,67 +33,6 @@ func layoutSpecs(l *kvlayout.BufferLayout) []kvcopy.BufferSpec {
 	}
 	for _, b := range l.State {
 		out = append(out, kvcopy.BufferSpec{Name: b.Name, Kind: kvcopy.KindKVPool, Length: b.Length, ItemSize: b.ItemLen, Memory: b.Memory})
-	}
-	return out
-}
-
-// RegisterLayout implements transfer.LayoutRegistrar: it registers the
-// layout's buffers with the agent (all or none, in the engine's memory;
-// the call bounded by transfer.delegate.batch_timeout), then keeps them
-// with the decode buffers, registered again after every health check. An
-// agent that cannot be reached (or does not answer within the bound) is
-// transfer.ErrEngineUnavailable; a refusal (a file it cannot map, a name
-// known in other memory) is returned with the agent's reason.
-func (e *DelegateEngine) RegisterLayout(ctx context.Context, dp, tp int, l *kvlayout.BufferLayout) error {
-	specs := layoutSpecs(l)
-	if len(specs) > 0 {
-		if up, reason := e.Ready(); !up {
-			return fmt.Errorf("%w: %s", transfer.ErrEngineUnavailable, reason)
-		}
-		rctx, cancel := context.WithTimeout(ctx, max(e.cfg.BatchTimeout, time.Second))
-		defer cancel()
-		err := e.agent.RegisterBuffers(rctx, specs)
-		if err != nil && ctx.Err() != nil {
-			return ctx.Err()
-		}
-		if err != nil && rctx.Err() != nil {
-			err = fmt.Errorf("%w: no answer within transfer.delegate.batch_timeout (%s)", ErrAgentUnreachable, e.cfg.BatchTimeout)
-		}
-		if err != nil {
-			if isUnreachable(err) {
-				e.markDown(err)
-				return fmt.Errorf("%w: register the decode engine's buffers: %v", transfer.ErrEngineUnavailable, err)
-			}
-			return fmt.Errorf("the transfer agent refused the decode engine's buffers of decode rank (dp %d, tp %d): %w", dp, tp, err)
-		}
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	k := [2]int{dp, tp}
-	if len(specs) == 0 {
-		delete(e.layouts, k)
-	} else {
-		e.layouts[k] = specs
-	}
-	return nil
-}
-
-// registered is every buffer registered with the agent on each health
-// check: the decode buffers, then each engine layout's.
-func (e *DelegateEngine) registered() []kvcopy.BufferSpec {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(e.layouts) == 0 {
-		return e.buffers
-	}
-	out := slices.Clone(e.buffers)
-	keys := make([][2]int, 0, len(e.layouts))
-	for k := range e.layouts {
-		keys = append(keys, k)
-	}
-	slices.SortFunc(keys, func(a, b [2]int) int { return (a[0]-b[0])<<16 + a[1] - b[1] })
-	for _, k := range keys {
-		out = append(out, e.layouts[k]...)
 	}
 	return out
 }

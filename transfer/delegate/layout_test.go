@@ -374,6 +374,9 @@ func (s *swappable) get() *hostmem.Agent { s.mu.Lock(); defer s.mu.Unlock(); ret
 func (s *swappable) RegisterBuffers(ctx context.Context, b []kvcopy.BufferSpec) error {
 	return s.get().RegisterBuffers(ctx, b)
 }
+func (s *swappable) DeregisterBuffers(ctx context.Context, n []string) error {
+	return s.get().DeregisterBuffers(ctx, n)
+}
 func (s *swappable) Execute(ctx context.Context, b kvcopy.Batch) error {
 	return s.get().Execute(ctx, b)
 }
@@ -393,7 +396,7 @@ func TestRegisterLayoutReRegisters(t *testing.T) {
 		rd := newReadiness()
 		eng := delegate.NewDelegateEngine(delegate.DelegateConfig{Target: "agent", BatchTimeout: time.Second, HealthInterval: time.Second}, ag,
 			delegate.DelegateDeps{Buffers: kvcopy.DecodeBuffers(dec.Layout(), 0, 24), OnReadiness: rd.on, Logger: quiet})
-		if err := eng.RegisterLayout(context.Background(), 0, 0, el); !errors.Is(err, transfer.ErrEngineUnavailable) {
+		if _, err := eng.RegisterLayout(context.Background(), 0, 0, el); !errors.Is(err, transfer.ErrEngineUnavailable) {
 			t.Fatalf("RegisterLayout before the agent was checked = %v; want ErrEngineUnavailable", err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
@@ -405,13 +408,13 @@ func TestRegisterLayoutReRegisters(t *testing.T) {
 		gpu := *el
 		gpu.KV = append([]kvlayout.KVBuffer(nil), el.KV...)
 		gpu.KV[1].Memory = kvlayout.Memory{Kind: kvlayout.MemoryCudaIPC, Handle: make([]byte, 64)}
-		if err := eng.RegisterLayout(context.Background(), 0, 0, &gpu); err == nil || !strings.Contains(err.Error(), "cuda_ipc") {
+		if _, err := eng.RegisterLayout(context.Background(), 0, 0, &gpu); err == nil || !strings.Contains(err.Error(), "cuda_ipc") {
 			t.Fatalf("RegisterLayout in CUDA IPC memory = %v; want the agent's refusal", err)
 		}
 		if _, err := ag.get().Store().Read(el.KV[0].Name, 0, 1); err == nil {
 			t.Fatal("a buffer of the refused layout was registered")
 		}
-		if err := eng.RegisterLayout(context.Background(), 0, 0, el); err != nil {
+		if _, err := eng.RegisterLayout(context.Background(), 0, 0, el); err != nil {
 			t.Fatal(err)
 		}
 		ag.mu.Lock()

@@ -80,6 +80,12 @@ func (a *Agent) RegisterBuffers(_ context.Context, bufs []kvcopy.BufferSpec) err
 	return err
 }
 
+// DeregisterBuffers forgets buffers (Store.Deregister): buffers with
+// copies in flight are ErrBusy and nothing is forgotten.
+func (a *Agent) DeregisterBuffers(_ context.Context, names []string) error {
+	return a.store.Deregister(names)
+}
+
 // Check always succeeds: an in-process store is always reachable.
 func (a *Agent) Check(context.Context) error { return nil }
 

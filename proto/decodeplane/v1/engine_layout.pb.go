@@ -751,11 +751,17 @@ func (x *RegisterEngineLayoutResponse) GetAlready() bool {
 // GetStatus reports it: every buffer's memory is left out (a CUDA IPC
 // handle or a file path is the engine's to hand out).
 type RegisteredEngineLayout struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	DecodeDpRank  uint32                 `protobuf:"varint,1,opt,name=decode_dp_rank,json=decodeDpRank,proto3" json:"decode_dp_rank,omitempty"`
-	DecodeTpRank  uint32                 `protobuf:"varint,2,opt,name=decode_tp_rank,json=decodeTpRank,proto3" json:"decode_tp_rank,omitempty"`
-	LayoutId      uint64                 `protobuf:"fixed64,3,opt,name=layout_id,json=layoutId,proto3" json:"layout_id,omitempty"`
-	Layout        *EngineLayout          `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	DecodeDpRank uint32                 `protobuf:"varint,1,opt,name=decode_dp_rank,json=decodeDpRank,proto3" json:"decode_dp_rank,omitempty"`
+	DecodeTpRank uint32                 `protobuf:"varint,2,opt,name=decode_tp_rank,json=decodeTpRank,proto3" json:"decode_tp_rank,omitempty"`
+	LayoutId     uint64                 `protobuf:"fixed64,3,opt,name=layout_id,json=layoutId,proto3" json:"layout_id,omitempty"`
+	Layout       *EngineLayout          `protobuf:"bytes,4,opt,name=layout,proto3" json:"layout,omitempty"`
+	// dropped says why the transfer agent no longer holds the layout's
+	// buffers for the engine (the delegated path's health check found its
+	// memory gone or replaced: the decode engine exited); empty while it is
+	// registered. Rooms cannot be declared on the shard until the engine
+	// registers its layout again. bounds: at most 1,024 bytes.
+	Dropped       string `protobuf:"bytes,5,opt,name=dropped,proto3" json:"dropped,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -818,6 +824,13 @@ func (x *RegisteredEngineLayout) GetLayout() *EngineLayout {
 	return nil
 }
 
+func (x *RegisteredEngineLayout) GetDropped() string {
+	if x != nil {
+		return x.Dropped
+	}
+	return ""
+}
+
 var File_decodeplane_v1_engine_layout_proto protoreflect.FileDescriptor
 
 const file_decodeplane_v1_engine_layout_proto_rawDesc = "" +
@@ -869,12 +882,13 @@ const file_decodeplane_v1_engine_layout_proto_rawDesc = "" +
 	"\x06layout\x18\x03 \x01(\v2\x1c.decodeplane.v1.EngineLayoutR\x06layout\"U\n" +
 	"\x1cRegisterEngineLayoutResponse\x12\x1b\n" +
 	"\tlayout_id\x18\x01 \x01(\x06R\blayoutId\x12\x18\n" +
-	"\aalready\x18\x02 \x01(\bR\aalready\"\xb7\x01\n" +
+	"\aalready\x18\x02 \x01(\bR\aalready\"\xd1\x01\n" +
 	"\x16RegisteredEngineLayout\x12$\n" +
 	"\x0edecode_dp_rank\x18\x01 \x01(\rR\fdecodeDpRank\x12$\n" +
 	"\x0edecode_tp_rank\x18\x02 \x01(\rR\fdecodeTpRank\x12\x1b\n" +
 	"\tlayout_id\x18\x03 \x01(\x06R\blayoutId\x124\n" +
-	"\x06layout\x18\x04 \x01(\v2\x1c.decodeplane.v1.EngineLayoutR\x06layoutBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
+	"\x06layout\x18\x04 \x01(\v2\x1c.decodeplane.v1.EngineLayoutR\x06layout\x12\x18\n" +
+	"\adropped\x18\x05 \x01(\tR\adroppedBGZEgithub.com/decodeplane/decodeplane/proto/decodeplane/v1;decodeplanev1b\x06proto3"
 
 var (
 	file_decodeplane_v1_engine_layout_proto_rawDescOnce sync.Once

@@ -324,16 +324,24 @@ type RoomsClient interface {
 	// GetStatusResponse.engine_layouts). A shard's TP ranks register a layout
 	// each before the engine declares a destination there: a declaration on a
 	// shard where some did and others not is FAILED_PRECONDITION.
-	// Idempotent: the same layout (memory included) answers already = true.
+	// Idempotent: the same layout (memory included) answers already = true
+	// while the transfer agent still holds it in the same memory. A decode
+	// engine that restarted registers its layout again: the daemon releases
+	// the rank's old buffers at the agent first (the health check drops a
+	// layout whose memory the agent refuses: GetStatusResponse.engine_layouts
+	// says why, and declarations on its shard are refused until then), and
+	// the rooms declared before fail on their next chunk.
 	// Codes: OK; INVALID_ARGUMENT (a field, named: a bound, a buffer
 	// missing, doubled or of the wrong item length or size for kv_pool, a
 	// name another decode rank's layout has); FAILED_PRECONDITION
 	// (kv_pool.owner is daemon; staging.enabled is true — the staged path
 	// scatters into decodeplane's own buffers; a different layout while
 	// hand-offs of the shard hold pages — register it once they ended; the
-	// transfer agent refused the buffers, with its reason: a shared-memory
-	// file it cannot map, a name it knows in other memory, GPU memory it does
-	// not implement); UNAVAILABLE (the transfer agent is unreachable: nothing
+	// rank's old buffers cannot be released while copies into them are in
+	// flight — register again once they completed; the transfer agent
+	// refused the buffers, with its reason: a shared-memory file it cannot
+	// map, a name it knows in other memory, GPU memory it does not
+	// implement); UNAVAILABLE (the transfer agent is unreachable: nothing
 	// was registered); UNAUTHENTICATED. Safe to retry.
 	RegisterEngineLayout(ctx context.Context, in *RegisterEngineLayoutRequest, opts ...grpc.CallOption) (*RegisterEngineLayoutResponse, error)
 }
@@ -811,16 +819,24 @@ type RoomsServer interface {
 	// GetStatusResponse.engine_layouts). A shard's TP ranks register a layout
 	// each before the engine declares a destination there: a declaration on a
 	// shard where some did and others not is FAILED_PRECONDITION.
-	// Idempotent: the same layout (memory included) answers already = true.
+	// Idempotent: the same layout (memory included) answers already = true
+	// while the transfer agent still holds it in the same memory. A decode
+	// engine that restarted registers its layout again: the daemon releases
+	// the rank's old buffers at the agent first (the health check drops a
+	// layout whose memory the agent refuses: GetStatusResponse.engine_layouts
+	// says why, and declarations on its shard are refused until then), and
+	// the rooms declared before fail on their next chunk.
 	// Codes: OK; INVALID_ARGUMENT (a field, named: a bound, a buffer
 	// missing, doubled or of the wrong item length or size for kv_pool, a
 	// name another decode rank's layout has); FAILED_PRECONDITION
 	// (kv_pool.owner is daemon; staging.enabled is true — the staged path
 	// scatters into decodeplane's own buffers; a different layout while
 	// hand-offs of the shard hold pages — register it once they ended; the
-	// transfer agent refused the buffers, with its reason: a shared-memory
-	// file it cannot map, a name it knows in other memory, GPU memory it does
-	// not implement); UNAVAILABLE (the transfer agent is unreachable: nothing
+	// rank's old buffers cannot be released while copies into them are in
+	// flight — register again once they completed; the transfer agent
+	// refused the buffers, with its reason: a shared-memory file it cannot
+	// map, a name it knows in other memory, GPU memory it does not
+	// implement); UNAVAILABLE (the transfer agent is unreachable: nothing
 	// was registered); UNAUTHENTICATED. Safe to retry.
 	RegisterEngineLayout(context.Context, *RegisterEngineLayoutRequest) (*RegisterEngineLayoutResponse, error)
 	mustEmbedUnimplementedRoomsServer()

@@ -340,7 +340,9 @@ class EngineAPI(RoomReads):
         InvalidArgumentError names the field (a buffer missing or of the
         wrong size for kv_pool); FailedPreconditionError: the daemon owns the
         pages, staging is on, a different layout while hand-offs of the
-        shard hold pages, or the transfer agent refused the buffers;
+        shard hold pages, copies into the rank's old buffers still in flight
+        (a restarted engine registering again: retry once they completed),
+        or the transfer agent refused the buffers;
         UnavailableError: the agent is unreachable. Retried on UNAVAILABLE."""
         req = build(engine_layout_pb2.RegisterEngineLayoutRequest, request, fields)
         return self._c._invoke(_REGISTER_LAYOUT, self._c._rooms_stub.RegisterEngineLayout, req, timeout)

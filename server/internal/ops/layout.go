@@ -64,7 +64,7 @@ func engineLayoutToProto(r kvmanager.RegisteredLayout) *pb.RegisteredEngineLayou
 	for _, b := range l.State {
 		out.State = append(out.State, &pb.EngineStateBuffer{Name: b.Name, Type: stateTypeToProto(b.Type), ItemLen: uint64(b.ItemLen), Length: uint64(b.Length)})
 	}
-	return &pb.RegisteredEngineLayout{DecodeDpRank: uint32(r.DecodeDP), DecodeTpRank: uint32(r.DecodeTP), LayoutId: l.ID(), Layout: out}
+	return &pb.RegisteredEngineLayout{DecodeDpRank: uint32(r.DecodeDP), DecodeTpRank: uint32(r.DecodeTP), LayoutId: l.ID(), Layout: out, Dropped: r.Dropped}
 }
 
 // layoutID is decode TP rank tp's layout id (0: none).

@@ -113,13 +113,15 @@ class RegisterEngineLayoutResponse(_message.Message):
     def __init__(self, layout_id: _Optional[int] = ..., already: bool = ...) -> None: ...
 
 class RegisteredEngineLayout(_message.Message):
-    __slots__ = ["decode_dp_rank", "decode_tp_rank", "layout", "layout_id"]
+    __slots__ = ["decode_dp_rank", "decode_tp_rank", "dropped", "layout", "layout_id"]
     DECODE_DP_RANK_FIELD_NUMBER: _ClassVar[int]
     DECODE_TP_RANK_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
     decode_dp_rank: int
     decode_tp_rank: int
+    dropped: str
     layout: EngineLayout
     layout_id: int
-    def __init__(self, decode_dp_rank: _Optional[int] = ..., decode_tp_rank: _Optional[int] = ..., layout_id: _Optional[int] = ..., layout: _Optional[_Union[EngineLayout, _Mapping]] = ...) -> None: ...
+    def __init__(self, decode_dp_rank: _Optional[int] = ..., decode_tp_rank: _Optional[int] = ..., layout_id: _Optional[int] = ..., layout: _Optional[_Union[EngineLayout, _Mapping]] = ..., dropped: _Optional[str] = ...) -> None: ...
