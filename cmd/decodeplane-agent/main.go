@@ -266,8 +266,8 @@ func run(args []string, stderr io.Writer) int {
 }
 
 // newAgent is the reference agent over host memory, with the faults the
-// flags inject (each batch held is logged through storm: a line per
-// interval, not per batch).
+// flags inject (each batch held is logged at Debug, and through storm at
+// Info: a line per interval, not per batch).
 func newAgent(o options, log *slog.Logger, storm *stormlog.Logger) *hostmem.Agent {
 	agent := hostmem.NewAgent(hostmem.NewStore(hostmem.Options{Limit: o.maxMemoryMB << 20, SharedDirs: o.sharedDirs}))
 	if len(o.holdRooms) > 0 {
@@ -276,6 +276,9 @@ func newAgent(o options, log *slog.Logger, storm *stormlog.Logger) *hostmem.Agen
 			if !slices.Contains(o.holdRooms, b.Room) {
 				return false
 			}
+			// Each batch at Debug (what a test waits on), and the count
+			// at Info through storm.
+			log.Debug("batch held (--fault-hold-rooms)", "batch", b.ID, "room", b.Room, "past_cancel", o.holdPastCancel)
 			storm.Log(context.Background(), slog.LevelInfo, "batch held (--fault-hold-rooms)", nil, strconv.FormatUint(b.Room, 10),
 				slog.String("batch", b.ID), slog.Uint64("room", b.Room), slog.Bool("past_cancel", o.holdPastCancel))
 			return true
