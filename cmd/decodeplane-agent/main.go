@@ -266,20 +266,12 @@ func run(args []string, stderr io.Writer) int {
 }
 
 // newAgent is the reference agent over host memory, with the faults the
-// flags inject (each batch held is logged through storm: a line per
-// interval, not per batch).
+// flags inject.
 func newAgent(o options, log *slog.Logger, storm *stormlog.Logger) *hostmem.Agent {
 	agent := hostmem.NewAgent(hostmem.NewStore(hostmem.Options{Limit: o.maxMemoryMB << 20, SharedDirs: o.sharedDirs}))
 	if len(o.holdRooms) > 0 {
 		log.Warn("fault injection: holding the batches of rooms", "rooms", o.holdRooms)
-		agent.SetHold(func(b kvcopy.Batch) bool {
-			if !slices.Contains(o.holdRooms, b.Room) {
-				return false
-			}
-			storm.Log(context.Background(), slog.LevelInfo, "batch held (--fault-hold-rooms)", nil, strconv.FormatUint(b.Room, 10),
-				slog.String("batch", b.ID), slog.Uint64("room", b.Room), slog.Bool("past_cancel", o.holdPastCancel))
-			return true
-		})
+		agent.SetHold(holdFunc(o, log, storm))
 		agent.SetHoldPastCancel(o.holdPastCancel)
 	}
 	if len(o.failRooms) > 0 {
@@ -292,6 +284,25 @@ func newAgent(o options, log *slog.Logger, storm *stormlog.Logger) *hostmem.Agen
 		})
 	}
 	return agent
+}
+
+// holdFunc says whether a batch is one --fault-hold-rooms holds; each held
+// batch is logged at Debug with its room, and counted at Info through
+// storm (a line per interval, however many rooms are held).
+func holdFunc(o options, log *slog.Logger, storm *stormlog.Logger) func(kvcopy.Batch) bool {
+	held := make(map[uint64]bool, len(o.holdRooms))
+	for _, r := range o.holdRooms {
+		held[r] = true
+	}
+	return func(b kvcopy.Batch) bool {
+		if !held[b.Room] {
+			return false
+		}
+		log.Debug("batch held (--fault-hold-rooms)", "batch", b.ID, "room", b.Room, "past_cancel", o.holdPastCancel)
+		storm.Log(context.Background(), slog.LevelInfo, "batch held (--fault-hold-rooms)", nil, strconv.FormatUint(b.Room, 10),
+			slog.String("batch", b.ID), slog.Uint64("room", b.Room), slog.Bool("past_cancel", o.holdPastCancel))
+		return true
+	}
 }
 
 // serverOptions are the gRPC server's options: the decoding codec, the

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -73,7 +74,13 @@ func (s *Stage) startAgent(ctx context.Context, extra ...string) (*Agent, error)
 }
 
 func (a *Agent) run(ctx context.Context, extra []string) error {
-	p, err := a.s.start("decodeplane-agent", a.s.o.Bins.Agent, append([]string{"--listen", a.Addr, "--log-level", "info"}, extra...)...)
+	// An agent holding batches logs each at debug level: the scenario waits
+	// on the line of each room (the lines at DEBUG are not counted).
+	level := "info"
+	if slices.Contains(extra, holdRoomsFlag) {
+		level = "debug"
+	}
+	p, err := a.s.start("decodeplane-agent", a.s.o.Bins.Agent, append([]string{"--listen", a.Addr, "--log-level", level}, extra...)...)
 	if err != nil {
 		return err
 	}
@@ -89,6 +96,8 @@ func (a *Agent) Kill() error { return a.p.signal(syscall.SIGKILL) }
 
 func (a *Agent) Restart(ctx context.Context, extra ...string) error { return a.run(ctx, extra) }
 
+const holdRoomsFlag = "--fault-hold-rooms"
+
 // holdFlag is the agent's flag that accepts the batches of rooms and
 // never runs them (until cancelled or past their deadline).
 func holdFlag(rooms []uint64) []string {
@@ -96,7 +105,7 @@ func holdFlag(rooms []uint64) []string {
 	for i, r := range rooms {
 		ids[i] = fmt.Sprint(r)
 	}
-	return []string{"--fault-hold-rooms", strings.Join(ids, ",")}
+	return []string{holdRoomsFlag, strings.Join(ids, ",")}
 }
 
 // useAgent registers each rank's KV buffer with the agent and makes the

@@ -56,7 +56,7 @@ func TestLookupAndList(t *testing.T) {
 		if sc.Fault == "" || sc.Proves == "" || sc.run == nil {
 			t.Errorf("scenario %s lacks its fault, what it proves or its function", sc.Name)
 		}
-		if sc.Short.Rooms <= 0 || sc.Full.Rooms < sc.Short.Rooms || sc.Short.Bound <= 0 || sc.Full.Bound < time.Second {
+		if sc.Short.Rooms <= 0 || sc.Full.Rooms < sc.Short.Rooms || sc.Short.Bound <= 0 || sc.Full.Bound < time.Second || sc.Short.Logs.Fixed <= 0 || sc.Full.Logs.Fixed <= 0 {
 			t.Errorf("scenario %s: variants %+v, %+v", sc.Name, sc.Short, sc.Full)
 		}
 	}

@@ -1,6 +1,7 @@
 package faults
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -24,15 +25,27 @@ type proc struct {
 	file   *os.File
 }
 
-// lines counts the lines written to it and keeps the last tailBytes.
+// lines counts the lines written to it, apart from those at DEBUG, and
+// keeps the last tailBytes. A process run at debug level (the agent whose
+// held batches a scenario waits on) writes lines per batch by design; the
+// bound is on what it writes at its default level.
 type lines struct {
 	mu      sync.Mutex
 	n       int
+	debug   int
+	head    []byte // the start of the current line (up to headBytes)
 	partial bool
 	tail    []byte
 	changed chan struct{}
 	file    *os.File
 }
+
+// headBytes is how much of a line is kept to read its level: slog's text
+// handler writes "time=<RFC 3339> level=DEBUG " first.
+const headBytes = 80
+
+// debugLevel marks a line at DEBUG (slog's text handler).
+var debugLevel = []byte(" level=DEBUG ")
 
 const tailBytes = 64 << 10
 
@@ -45,10 +58,14 @@ func (l *lines) Write(p []byte) (int, error) {
 		_, _ = l.file.Write(p)
 	}
 	for _, b := range p {
-		if !l.partial {
-			l.n++
+		if b != '\n' {
+			l.partial = true
+			if len(l.head) < headBytes {
+				l.head = append(l.head, b)
+			}
+			continue
 		}
-		l.partial = b != '\n'
+		l.endLine()
 	}
 	l.tail = append(l.tail, p...)
 	if len(l.tail) > 2*tailBytes {
@@ -59,11 +76,26 @@ func (l *lines) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// count is the number of lines written so far.
-func (l *lines) count() int {
+// endLine counts the line just ended (l.mu held).
+func (l *lines) endLine() {
+	if bytes.Contains(l.head, debugLevel) {
+		l.debug++
+	} else {
+		l.n++
+	}
+	l.head, l.partial = l.head[:0], false
+}
+
+// count is the number of lines written so far at INFO and above (a line
+// not ended yet included), and the number at DEBUG.
+func (l *lines) count() (n, debug int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.n
+	n = l.n
+	if l.partial && !bytes.Contains(l.head, debugLevel) {
+		n++
+	}
+	return n, l.debug
 }
 
 // snapshot is the recent output and a channel closed at the next write.
@@ -159,6 +191,28 @@ func (p *proc) waitLine(ctx context.Context, words ...string) error {
 			return fmt.Errorf("%s exited (%v) before writing %q", p.name, p.err, strings.Join(words, " … "))
 		case <-ctx.Done():
 			return fmt.Errorf("%s did not write %q: %w", p.name, strings.Join(words, " … "), ctx.Err())
+		}
+	}
+}
+
+// waitOutput waits until done holds for everything the process wrote so
+// far: its whole output file, not only the recent lines.
+func (p *proc) waitOutput(ctx context.Context, what string, done func(out []byte) bool) error {
+	for {
+		_, changed := p.out.snapshot()
+		out, err := os.ReadFile(p.file.Name())
+		if err != nil {
+			return err
+		}
+		if done(out) {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-p.exited:
+			return fmt.Errorf("%s exited (%v) before %s", p.name, p.err, what)
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %s: %w", p.name, what, ctx.Err())
 		}
 	}
 }

@@ -81,7 +81,7 @@ func (r *Result) Report() string {
 	} else {
 		b.WriteString(", no abort")
 	}
-	fmt.Fprintf(&b, ", reuse violations %g, log lines %d of %d (%s), %s\n", r.Violations, r.LogLines, r.LogLimit, r.LogBound, dur(r.Took))
+	fmt.Fprintf(&b, ", reuse violations %g, log lines %d of %d, %s\n", r.Violations, r.LogLines, r.LogLimit, dur(r.Took))
 	for _, n := range r.Notes {
 		fmt.Fprintf(&b, "    %s\n", n)
 	}

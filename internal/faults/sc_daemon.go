@@ -19,8 +19,8 @@ func daemonScenarios() []*Scenario {
 			Fault: "the daemon is killed (kill -9) mid-traffic and started again on its port with engine.resync_timeout; the decode engine re-declares the rooms it runs (Resync)",
 			Proves: "the new daemon admits nothing until the resync, adopts exactly the pages the engine names, hands new rooms other pages (none held twice), " +
 				"the rooms in flight died with the old daemon (the engine learns it from the new incarnation) and the prefill re-registers by itself",
-			Short: Variant{Rooms: 64, Bound: 20 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 40, PerRoom: 1}},
-			Full:  Variant{Rooms: 4000, Bound: 40 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 40, PerRoom: 1}},
+			Short: Variant{Rooms: 64, Bound: 20 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 40}},
+			Full:  Variant{Rooms: 4000, Bound: 40 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 40}},
 			run:   kill9DaemonOwner,
 		},
 		{
@@ -28,8 +28,8 @@ func daemonScenarios() []*Scenario {
 			Fault: "the daemon, whose decode engine owns the pages (kv_pool.owner: engine), is killed (kill -9) with hand-offs in flight, some written by the prefill itself; the engine re-declares them (Resync in_flight)",
 			Proves: "the re-declared hand-offs keep their pages out of every other room until their ranks acknowledge or release.deferred_timeout passes " +
 				"(a declaration naming one is refused PAGE_HELD), and the engine reuses them only after their pages_reusable event",
-			Short: Variant{Rooms: 64, Bound: deferred + 20*time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 40, PerRoom: 2}},
-			Full:  Variant{Rooms: 2000, Bound: deferred + 40*time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 40, PerRoom: 2}},
+			Short: Variant{Rooms: 64, Bound: deferred + 20*time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 40}},
+			Full:  Variant{Rooms: 2000, Bound: deferred + 40*time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 40}},
 			run:   kill9EngineOwner,
 		},
 		{
@@ -37,8 +37,8 @@ func daemonScenarios() []*Scenario {
 			Fault: fmt.Sprintf("the daemon is stopped (SIGSTOP) for %s, past the heartbeat bound (%s × %d), with rooms in flight, then continued (SIGCONT)", pause, heartbeat, misses),
 			Proves: "the daemon counts its own stall, not its prefills' silence: no prefill instance is declared lost, the rooms in flight succeed, " +
 				"and the aborts sent during the pause are applied when it resumes",
-			Short: Variant{Rooms: 64, Bound: pause + 10*time.Second, Reusable: pause + 3*time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
-			Full:  Variant{Rooms: 2000, Bound: pause + 20*time.Second, Reusable: pause + 5*time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
+			Short: Variant{Rooms: 64, Bound: pause + 10*time.Second, Reusable: pause + 3*time.Second, Logs: LogBound{Fixed: 30}},
+			Full:  Variant{Rooms: 2000, Bound: pause + 20*time.Second, Reusable: pause + 5*time.Second, Logs: LogBound{Fixed: 30}},
 			run:   daemonPaused,
 		},
 	}

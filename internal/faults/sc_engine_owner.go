@@ -237,7 +237,7 @@ func heldRefused(ctx context.Context, s *Stage, d *Daemon, pool *enginePool, dra
 	}
 	_, err := d.rooms.DeclareDestination(ctx, &pb.DeclareDestinationRequest{Room: room, PageIndices: h.pages, MetadataSlot: int32(2*len(draining) + 1)})
 	s.check(status.Code(err) == codes.FailedPrecondition && strings.Contains(err.Error(), "still held by room"),
-		"declaring a page of a draining hand-off = %v, want FAILED_PRECONDITION PAGE_HELD", err)
+		"declaring a page of a draining hand-off = %v, want FAILED_PRECONDITION PAGE_HELD (room %d: %v %v)", err, room, eng.room(room).Phase, eng.room(room).Failure)
 	if err := eng.Abort(ctx, []uint64{room}); err != nil {
 		s.check(false, "%v", err)
 	}

@@ -26,7 +26,7 @@ const (
 
 func etcdScenarios() []*Scenario {
 	v := func(rooms int, bound time.Duration) Variant {
-		return Variant{Rooms: rooms, Bound: bound, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 80, PerRoom: 1}}
+		return Variant{Rooms: rooms, Bound: bound, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 80}}
 	}
 	return []*Scenario{
 		{

@@ -17,8 +17,8 @@ func prefillScenarios() []*Scenario {
 			Fault: "the engine aborts rooms whose prefill rank wrote part of their KV by itself, and the rank never acknowledges the end (AckRoomEnd)",
 			Proves: "a failed room's pages stay out of every other room until release.deferred_timeout (no early reuse while the silent rank may still write), " +
 				"then come back by themselves: rooms queued behind them are admitted into them, and the expired acknowledgements are counted",
-			Short: Variant{Rooms: 48, Bound: deferred + 8*time.Second, Reusable: deferred + 2*time.Second, Logs: LogBound{Fixed: 30, PerRoom: 3}},
-			Full:  Variant{Rooms: 2000, Bound: deferred + 20*time.Second, Reusable: deferred + 3*time.Second, Logs: LogBound{Fixed: 30, PerRoom: 3}},
+			Short: Variant{Rooms: 48, Bound: deferred + 8*time.Second, Reusable: deferred + 2*time.Second, Logs: LogBound{Fixed: 30}},
+			Full:  Variant{Rooms: 2000, Bound: deferred + 20*time.Second, Reusable: deferred + 3*time.Second, Logs: LogBound{Fixed: 30}},
 			run:   lostAck,
 		},
 		{
@@ -26,8 +26,8 @@ func prefillScenarios() []*Scenario {
 			Fault: "a prefill instance (2 ranks) restarts on the same bootstrap address and rank endpoints with a new instance_id, rooms in every hand-off phase",
 			Proves: "every room of the old instance that had not succeeded fails at once (PREFILL_LOST), none waits for a timeout; " +
 				"rooms opened after it go to the new instance and succeed",
-			Short: Variant{Rooms: 64, Bound: 8 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
-			Full:  Variant{Rooms: 4000, Bound: 20 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
+			Short: Variant{Rooms: 64, Bound: 8 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30}},
+			Full:  Variant{Rooms: 4000, Bound: 20 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30}},
 			run:   func(ctx context.Context, s *Stage) error { return prefillSwap(ctx, s, false) },
 		},
 		{
@@ -35,8 +35,8 @@ func prefillScenarios() []*Scenario {
 			Fault: "a prefill instance behind one stable bootstrap address (a Service) is replaced by another: new instance_id, new rank endpoints, TP 2 → 4",
 			Proves: "the old instance's rooms fail at once (PREFILL_LOST) instead of waiting for ranks that no longer exist; " +
 				"rooms opened after it are planned for the new layout (4 ranks) and succeed",
-			Short: Variant{Rooms: 64, Bound: 8 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
-			Full:  Variant{Rooms: 4000, Bound: 20 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
+			Short: Variant{Rooms: 64, Bound: 8 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30}},
+			Full:  Variant{Rooms: 4000, Bound: 20 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30}},
 			run:   func(ctx context.Context, s *Stage) error { return prefillSwap(ctx, s, true) },
 		},
 		{
@@ -44,8 +44,8 @@ func prefillScenarios() []*Scenario {
 			Fault: "one prefill rank of four stops heartbeating and sending mid-traffic; it comes back later",
 			Proves: "the instance is declared lost after heartbeat_interval × heartbeat_max_failures of that rank's silence, not before, " +
 				"every room waiting on it fails naming the silent rank, and the instance serves again once the rank re-registers",
-			Short: Variant{Rooms: 64, Bound: misses*heartbeat + 6*time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 40, PerRoom: 1}},
-			Full:  Variant{Rooms: 2000, Bound: misses*heartbeat + 10*time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 40, PerRoom: 1}},
+			Short: Variant{Rooms: 64, Bound: misses*heartbeat + 6*time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 40}},
+			Full:  Variant{Rooms: 2000, Bound: misses*heartbeat + 10*time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 40}},
 			run:   silentRank,
 		},
 		{
@@ -55,8 +55,8 @@ func prefillScenarios() []*Scenario {
 				"and each room completes once, in pages of its own",
 			// Each refused foreign claim is a failed call, which the daemon
 			// logs ("finished call"), and each aborted room a line.
-			Short: Variant{Rooms: 64, Bound: 8 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 2}},
-			Full:  Variant{Rooms: 4000, Bound: 20 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 2}},
+			Short: Variant{Rooms: 64, Bound: 8 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30}},
+			Full:  Variant{Rooms: 4000, Bound: 20 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30}},
 			run:   duplicateRoom,
 		},
 	}

@@ -19,8 +19,8 @@ func stormScenarios() []*Scenario {
 				"for their DP rank, queued, admitted, claimed, transferring (engine-moved), transferring (prefill-written, acknowledging), running",
 			Proves: "every room fails ABORTED at once, each phase's resources come back (a prefill-written room's once its rank acknowledges, not at the " +
 				"deferred timeout), the pool is whole again, and the daemon keeps its pace through the storm",
-			Short: Variant{Rooms: 800, Bound: 10 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 40, PerRoom: 2}},
-			Full:  Variant{Rooms: 10000, Bound: 20 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 40, PerRoom: 2}},
+			Short: Variant{Rooms: 800, Bound: 10 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 40}},
+			Full:  Variant{Rooms: 10000, Bound: 20 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 40}},
 			run:   abortStorm,
 		},
 		{
@@ -28,8 +28,8 @@ func stormScenarios() []*Scenario {
 			Fault: "the decode engine stops reading its EngineSession while its rooms go on (thousands of events pile up)",
 			Proves: "the daemon cuts the stream (RESOURCE_EXHAUSTED slow consumer) instead of buffering without bound, the rooms go on unharmed, " +
 				"and a new stream's Watch re-delivers exactly the events missed: none skipped, none twice",
-			Short: Variant{Rooms: 3000, Bound: 30 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
-			Full:  Variant{Rooms: 10000, Bound: 60 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
+			Short: Variant{Rooms: 3000, Bound: 30 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30}},
+			Full:  Variant{Rooms: 10000, Bound: 60 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30}},
 			run:   slowEngine,
 		},
 		{
@@ -37,8 +37,8 @@ func stormScenarios() []*Scenario {
 			Fault: "a prefill rank claims thousands of rooms on its PrefillSession and stops reading it",
 			Proves: "the daemon cuts the session (RESOURCE_EXHAUSTED slow consumer), the claims whose destination was sent stay and the others are withdrawn, " +
 				"and the rank's new session claims every room again and delivers it",
-			Short: Variant{Rooms: 1200, Bound: 30 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
-			Full:  Variant{Rooms: 6000, Bound: 60 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30, PerRoom: 1}},
+			Short: Variant{Rooms: 1200, Bound: 30 * time.Second, Reusable: 2 * time.Second, Logs: LogBound{Fixed: 30}},
+			Full:  Variant{Rooms: 6000, Bound: 60 * time.Second, Reusable: 3 * time.Second, Logs: LogBound{Fixed: 30}},
 			run:   slowPrefill,
 		},
 	}

@@ -1,8 +1,10 @@
 package faults
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,8 +24,8 @@ func transferScenarios() []*Scenario {
 			Fault: "the transfer agent accepts the copy batches of a quarter of the rooms and never completes them (--fault-hold-rooms)",
 			Proves: "each such room fails TRANSFER_FAILED once transfer.delegate.batch_timeout passes, its batch is cancelled at the agent before its pages are reusable, " +
 				"and the other rooms, before and after, move their bytes through the agent and succeed",
-			Short: Variant{Rooms: 48, Bound: batchTimeout + 8*time.Second, Reusable: batchTimeout + 3*time.Second, Logs: LogBound{Fixed: 40, PerRoom: 4}},
-			Full:  Variant{Rooms: 800, Bound: batchTimeout + 20*time.Second, Reusable: batchTimeout + 5*time.Second, Logs: LogBound{Fixed: 40, PerRoom: 4}},
+			Short: Variant{Rooms: 48, Bound: batchTimeout + 8*time.Second, Reusable: batchTimeout + 3*time.Second, Logs: LogBound{Fixed: 40}},
+			Full:  Variant{Rooms: 800, Bound: batchTimeout + 20*time.Second, Reusable: batchTimeout + 5*time.Second, Logs: LogBound{Fixed: 40}},
 			run:   droppedCompletion,
 		},
 		{
@@ -31,8 +33,8 @@ func transferScenarios() []*Scenario {
 			Fault: "the transfer agent is killed (kill -9) with copy batches in flight, then started again on the same port",
 			Proves: "the rooms whose batches it may have accepted fail TRANSFER_FAILED and keep their pages until the batch deadline (a late write cannot land in a reused page); " +
 				"the daemon reports NOT_SERVING while the agent is gone, registers its buffers again when it is back, and new rooms succeed",
-			Short: Variant{Rooms: 48, Bound: batchTimeout + 10*time.Second, Reusable: batchTimeout + 3*time.Second, Logs: LogBound{Fixed: 60, PerRoom: 4}},
-			Full:  Variant{Rooms: 800, Bound: batchTimeout + 20*time.Second, Reusable: batchTimeout + 5*time.Second, Logs: LogBound{Fixed: 60, PerRoom: 4}},
+			Short: Variant{Rooms: 48, Bound: batchTimeout + 10*time.Second, Reusable: batchTimeout + 3*time.Second, Logs: LogBound{Fixed: 60}},
+			Full:  Variant{Rooms: 800, Bound: batchTimeout + 20*time.Second, Reusable: batchTimeout + 5*time.Second, Logs: LogBound{Fixed: 60}},
 			run:   agentRestart,
 		},
 	}
@@ -82,14 +84,40 @@ func (g *agentStage) deliverAll(ctx context.Context, rooms []uint64) error {
 }
 
 // waitHeld waits until the agent logged a held batch of every room of
-// held.
+// held (each at debug level: holdFlag runs it there).
 func (g *agentStage) waitHeld(ctx context.Context, held []uint64) error {
-	for _, room := range held {
-		if err := g.a.p.waitLine(ctx, "batch held", fmt.Sprintf("room=%d", room)); err != nil {
-			return err
+	what := fmt.Sprintf("logging a held batch of each of %d rooms", len(held))
+	return g.a.p.waitOutput(ctx, what, func(out []byte) bool {
+		seen := heldRooms(out)
+		for _, room := range held {
+			if !seen[room] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// heldRooms are the rooms of the agent's "batch held" lines in out.
+func heldRooms(out []byte) map[uint64]bool {
+	seen := map[uint64]bool{}
+	for line := range bytes.Lines(out) {
+		if !bytes.Contains(line, []byte("batch held")) {
+			continue
+		}
+		_, after, ok := bytes.Cut(line, []byte(" room="))
+		if !ok {
+			continue
+		}
+		end := bytes.IndexFunc(after, func(r rune) bool { return r < '0' || r > '9' })
+		if end < 0 {
+			end = len(after)
+		}
+		if room, err := strconv.ParseUint(string(after[:end]), 10, 64); err == nil {
+			seen[room] = true
 		}
 	}
-	return nil
+	return seen
 }
 
 // droppedCompletion: rooms before, then rooms of which a quarter have
