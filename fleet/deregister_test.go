@@ -48,14 +48,23 @@ func TestDeregisterAcrossTheFleet(t *testing.T) {
 	}
 	openRoom(t, ctx, a, 1)
 	openRoom(t, ctx, b, 2)
-	if _, err := b.c.Engine().WaitRoom(ctx, 2, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
-		t.Fatal(err)
+	// Both rooms admitted (past their DP rank and the registration's
+	// arrival) before the deregistration, so that each one's failure is the
+	// deregistration's.
+	for _, c := range []struct {
+		m    *member
+		room uint64
+	}{{a, 1}, {b, 2}} {
+		if _, err := c.m.c.Engine().WaitRoom(ctx, c.room, pb.RoomPhase_ROOM_PHASE_ADMITTED); err != nil {
+			t.Fatal(err)
+		}
 	}
 
 	start := time.Now()
 	resp, err := viaA.Deregister(ctx, "scaled down")
 	if err != nil || !resp.GetDeregistered() || resp.GetRoomsFailed() != 1 {
-		t.Fatalf("Deregister through A = %v, %v; want deregistered, A's 1 room failed", resp, err)
+		r, _ := a.c.Admin().GetRoom(ctx, &pb.GetRoomRequest{Room: 1})
+		t.Fatalf("Deregister through A = %v, %v; want deregistered, A's 1 room failed (room 1 on A: %v)", resp, err, r)
 	}
 	for _, c := range []struct {
 		m    *member
