@@ -169,6 +169,11 @@ func kill9EngineOwner(ctx context.Context, s *Stage) error {
 			return fmt.Errorf("AckRoomEnd(%d) after the restart: %w", id, err)
 		}
 	}
+	// The new room is a's: a must be known to the new daemon again, or the
+	// room fails for want of its prefill before it is declared.
+	if err := registered(ctx, d, a.spec.addr, 1); err != nil {
+		return err
+	}
 	heldRefused(ctx, s, d, pool, without(inflight, acked), 4_000_000, a.spec.addr, eng)
 	if err := engineRooms(ctx, d, eng, pool, a, fresh); err != nil {
 		s.check(false, "after the restart: %v", err)
