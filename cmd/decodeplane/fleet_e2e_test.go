@@ -17,7 +17,7 @@ import (
 	pb "github.com/decodeplane/decodeplane/proto/decodeplane/v1"
 )
 
-// Issue 12 §4: three daemon binaries sharing a real etcd (helpers in
+// A fleet: three daemon binaries sharing a real etcd (helpers in
 // fleet_helpers_test.go). Each test has its own etcd and key prefix.
 
 // TestFleetE2ERegisteredThroughOne: a prefill registers through daemon A

@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of issue 4 (rooms over gRPC) through the real daemon
+// End-to-end tests of rooms over gRPC through the real daemon
 // binary: every test starts `decodeplane serve` with its own configuration
 // (a YAML file in t.TempDir()) and drives it with the Go client library, as a
 // prefill server and a decode engine would.

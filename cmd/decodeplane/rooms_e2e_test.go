@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of issue 4 (rooms over gRPC) through the real daemon
+// End-to-end tests of rooms over gRPC through the real daemon
 // binary: every test starts `decodeplane serve` with its own configuration
 // (a YAML file in t.TempDir()) and drives it with the Go client library, as a
 // prefill server and a decode engine would.
@@ -26,7 +26,7 @@ package main
 // Each test names the SGLang transitions (T1–T23, docs/sglang-transitions.md) it
 // covers and asserts them on the room's timeline (Transition.sglang).
 //
-// Transports (issue 13): every TestRoomsE2E test but reflection runs twice,
+// Transports: every TestRoomsE2E test but reflection runs twice,
 // as subtests unary and stream, each on its own daemon: the same
 // assertions, the rooms carried by the unary API or by the EngineSession
 // and PrefillSession streams, and the daemon's /metrics proving which

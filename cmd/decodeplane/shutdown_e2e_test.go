@@ -1,6 +1,6 @@
 package main
 
-// End-to-end tests of the shutdown (issue 9 §3): SIGTERM to the real binary
+// End-to-end tests of the shutdown: SIGTERM to the real binary
 // with rooms in every phase and streams open on them. Every claim stream
 // (AwaitDestination) gets its room's FAILURE_CODE_SHUTDOWN event and every
 // WatchRoom stream its room's terminal event before the server stops, each
