@@ -166,7 +166,9 @@ for daemons in 1 3; do
     echo "seconds $FLEET_FOR"
     echo "daemons $daemons"
   } >"$OUT/etcd-$daemons.txt"
-  for p in "${bpids[@]}"; do kill -INT "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  # SIGTERM, which `decodeplane bench` passes on to the bench (it leaves
+  # SIGINT to the terminal, which sends it to the whole process group).
+  for p in "${bpids[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   for p in "${dpids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   kill "$epid" 2>/dev/null || true; wait "$epid" 2>/dev/null || true
   mark "etcd-$daemons" end
