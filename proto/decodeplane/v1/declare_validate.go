@@ -39,28 +39,36 @@ func checkDeclared(at string, pages []int32, slot int32, state []*StateIndices, 
 		errs = append(errs, fieldErr(at+"metadata_slot", "%d is not a metadata row (rows are 0..metadata slots-1)", slot))
 	}
 	errs = append(errs, checkMax(at+"decode_prefix_len", uint64(prefix), MaxTokens))
-	if len(state) > MaxDeclaredStates {
-		return append(errs, fieldErr(at+"state", "has %d entries (at most %d: one per state type)", len(state), MaxDeclaredStates))
+	return append(errs, checkStates(at+"state", state, MaxDeclaredStates)...)
+}
+
+// checkStates checks a list of typed state indices named f (a
+// declaration's, a resync's, a chunk's source): at most most entries, each
+// of a state type named once, its indices within their bounds.
+func checkStates(f string, state []*StateIndices, most int) []error {
+	if len(state) > most {
+		return []error{fieldErr(f, "has %d entries (at most %d: one per state type)", len(state), most)}
 	}
+	var errs []error
 	seen := map[StateType]int{}
 	for i, s := range state {
-		f := fmt.Sprintf("%sstate[%d]", at, i)
+		fi := fmt.Sprintf("%s[%d]", f, i)
 		if s == nil {
-			errs = append(errs, fieldErr(f, "is empty"))
+			errs = append(errs, fieldErr(fi, "is empty"))
 			continue
 		}
 		t := s.GetType()
 		if _, ok := StateType_name[int32(t)]; !ok || t == StateType_STATE_TYPE_UNSPECIFIED {
-			errs = append(errs, fieldErr(f+".type", "%d is not a state type (allowed STATE_TYPE_MAMBA, STATE_TYPE_SWA, STATE_TYPE_DSA)", int32(t)))
+			errs = append(errs, fieldErr(fi+".type", "%d is not a state type (allowed STATE_TYPE_MAMBA, STATE_TYPE_SWA, STATE_TYPE_DSA)", int32(t)))
 		} else if j, dup := seen[t]; dup {
-			errs = append(errs, fieldErr(f+".type", "%s is named twice (also state[%d])", t, j))
+			errs = append(errs, fieldErr(fi+".type", "%s is named twice (also %s[%d])", t, f, j))
 		} else {
 			seen[t] = i
 		}
 		if n := len(s.GetIndices()); n > MaxPages {
-			errs = append(errs, fieldErr(f+".indices", "has %d entries (at most %d)", n, MaxPages))
+			errs = append(errs, fieldErr(fi+".indices", "has %d entries (at most %d)", n, MaxPages))
 		} else {
-			errs = append(errs, checkIndices(f+".indices", s.GetIndices()))
+			errs = append(errs, checkIndices(fi+".indices", s.GetIndices()))
 		}
 	}
 	return errs

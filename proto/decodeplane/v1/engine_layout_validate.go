@@ -173,25 +173,5 @@ func checkSourceLast(src *TransferSource, last bool) []error {
 	if !last {
 		return append(errs, fieldErr("source.state", "is set on a chunk that is not the last: the state travels with the last chunk"))
 	}
-	if len(st) > MaxSourceStates {
-		return append(errs, fieldErr("source.state", "has %d entries (at most %d: one per state type)", len(st), MaxSourceStates))
-	}
-	seen := map[StateType]int{}
-	for i, s := range st {
-		f := fmt.Sprintf("source.state[%d]", i)
-		t := s.GetType()
-		if _, ok := StateType_name[int32(t)]; !ok || t == StateType_STATE_TYPE_UNSPECIFIED {
-			errs = append(errs, fieldErr(f+".type", "%d is not a state type (allowed STATE_TYPE_MAMBA, STATE_TYPE_SWA, STATE_TYPE_DSA)", int32(t)))
-		} else if j, dup := seen[t]; dup {
-			errs = append(errs, fieldErr(f+".type", "%s is named twice (also source.state[%d])", t, j))
-		} else {
-			seen[t] = i
-		}
-		if n := len(s.GetIndices()); n > MaxPages {
-			errs = append(errs, fieldErr(f+".indices", "has %d entries (at most %d)", n, MaxPages))
-		} else {
-			errs = append(errs, checkIndices(f+".indices", s.GetIndices()))
-		}
-	}
-	return errs
+	return append(errs, checkStates("source.state", st, MaxSourceStates)...)
 }
