@@ -31,9 +31,7 @@ func (c capacityCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c capacityCollector) Collect(ch chan<- prometheus.Metric) {
-	c.m.mu.Lock()
-	mgr := c.m.manager
-	c.m.mu.Unlock()
+	mgr := c.m.attached()
 	if mgr == nil {
 		return
 	}

@@ -44,9 +44,7 @@ type drainCollector struct{ m *Metrics }
 func (c drainCollector) Describe(ch chan<- *prometheus.Desc) { ch <- descDraining }
 
 func (c drainCollector) Collect(ch chan<- prometheus.Metric) {
-	c.m.mu.Lock()
-	mgr := c.m.manager
-	c.m.mu.Unlock()
+	mgr := c.m.attached()
 	if mgr == nil {
 		return
 	}

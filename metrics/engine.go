@@ -43,15 +43,11 @@ func (c holdsCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c holdsCollector) Collect(ch chan<- prometheus.Metric) {
-	c.m.mu.Lock()
-	mgr := c.m.manager
-	c.m.mu.Unlock()
+	mgr := c.m.attached()
 	if mgr == nil {
 		return
 	}
-	g := func(d *prometheus.Desc, v int64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
-	}
+	g := func(d *prometheus.Desc, v int64, labels ...string) { gauge(ch, d, v, labels...) }
 	for _, h := range mgr.HoldStats() {
 		s := strconv.Itoa(h.Shard)
 		g(descHoldRooms, int64(h.Queued), s, "queued")

@@ -499,15 +499,11 @@ func (c ledgerCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c ledgerCollector) Collect(ch chan<- prometheus.Metric) {
-	c.m.mu.Lock()
-	mgr := c.m.manager
-	c.m.mu.Unlock()
+	mgr := c.m.attached()
 	if mgr == nil {
 		return
 	}
-	g := func(d *prometheus.Desc, v int64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
-	}
+	g := func(d *prometheus.Desc, v int64, labels ...string) { gauge(ch, d, v, labels...) }
 	// The head-of-line reason as GetStatus and the capacity feed read it
 	// (Manager.Capacity): the ledger's, or "resync" while admission waits
 	// for the engine's resync, or "engine_unreported" before an engine that
@@ -568,4 +564,17 @@ func ringUsed(w kvmanager.Watermark) int64 {
 	}
 	used := (w.HeadRound-w.Round)*w.Size + w.Head - w.Tail
 	return min(max(used, 0), w.Size)
+}
+
+// attached is the room manager the scrape-time collectors read (nil before
+// Attach).
+func (m *Metrics) attached() *kvmanager.Manager {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.manager
+}
+
+// gauge sends one gauge sample of d.
+func gauge(ch chan<- prometheus.Metric, d *prometheus.Desc, v int64, labels ...string) {
+	ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), labels...)
 }

@@ -138,9 +138,7 @@ func (c sglangCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c sglangCollector) Collect(ch chan<- prometheus.Metric) {
-	c.m.mu.Lock()
-	mgr := c.m.manager
-	c.m.mu.Unlock()
+	mgr := c.m.attached()
 	if mgr == nil {
 		return
 	}
